@@ -1,0 +1,907 @@
+/*
+ * channel.c -- channels (Netty's AbstractNioChannel and its unsafe): the
+ * head handler that turns outbound operations into syscalls, reads with an
+ * adaptive buffer, flushes with gathered writes, writability, half-close,
+ * and the two-phase close. Loop thread only, except where a public function
+ * says "any thread": those hop to the loop with a task.
+ *
+ * Lifetime: the creator's reference becomes the loop's at registration. A
+ * close unregisters the channel at once but parks it in the loop's
+ * graveyard; the loop drops its reference only after the current pass, so
+ * an event already fetched for it finds memory that says CLOSED.
+ */
+#include <netinet/in.h>
+#include <stdio.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define CLOSE_LINGER NR_SEC(30)   /* longest drain of flushed data at close */
+#define MAX_IOV 64
+
+static _Atomic uint64_t next_id = 1;
+const nr_event_t NR_EVT_INPUT_SHUTDOWN = {"input_shutdown"};
+
+static const size_t read_sizes[] = {64,   128,   256,   512,   1024, 2048,
+                                    4096, 8192, 16384, 32768, 65536};
+#define NSIZES ((int)(sizeof read_sizes / sizeof read_sizes[0]))
+
+void nr_channel_opts_init(nr_channel_opts_t *o) {
+  memset(o, 0, sizeof *o);
+  o->tcp_nodelay = 1;
+  o->auto_read = 1;
+  o->write_buffer_low = 32 * 1024;
+  o->write_buffer_high = 64 * 1024;
+  o->max_reads = 16;
+  o->write_spin = 16;
+}
+
+static void fix_opts(nr_channel_opts_t *dst, const nr_channel_opts_t *src) {
+  static const nr_channel_opts_t zero;
+  if (src == NULL || memcmp(src, &zero, sizeof zero) == 0) {
+    nr_channel_opts_init(dst);
+    return;
+  }
+  *dst = *src;
+  if (dst->write_buffer_high == 0)
+    dst->write_buffer_high = 64 * 1024;
+  if (dst->write_buffer_low == 0 || dst->write_buffer_low > dst->write_buffer_high)
+    dst->write_buffer_low = dst->write_buffer_high / 2;
+  if (dst->max_reads <= 0)
+    dst->max_reads = 16;
+  if (dst->write_spin <= 0)
+    dst->write_spin = 16;
+}
+
+static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events);
+
+nr_channel_t *nr__channel_new(int kind, int family, int fd,
+                              const nr_channel_opts_t *opts) {
+  nr_channel_t *ch = calloc(1, sizeof *ch);
+  if (ch == NULL || (ch->close_future = nr_promise_new()) == NULL) {
+    free(ch);
+    return NULL;
+  }
+  atomic_init(&ch->refs, 1);
+  atomic_init(&ch->pub, NR__OPEN | NR__WRITABLE);
+  ch->id = atomic_fetch_add(&next_id, 1);
+  ch->kind = kind;
+  ch->family = family;
+  ch->io.fd = fd;
+  ch->io.cb = on_io;
+  ch->guess = 5;                               /* 2048 bytes */
+  fix_opts(&ch->opts, opts);
+  nr__pipeline_init(&ch->pipe, ch, &nr__head_handler);
+  nr__out_init(&ch->out);
+  return ch;
+}
+
+nr_channel_t *nr_channel_retain(nr_channel_t *ch) {
+  atomic_fetch_add_explicit(&ch->refs, 1, memory_order_relaxed);
+  return ch;
+}
+
+void nr_channel_release(nr_channel_t *ch) {
+  if (ch == NULL || atomic_fetch_sub(&ch->refs, 1) != 1)
+    return;
+  if (ch->user_free)
+    ch->user_free(ch->user);
+  if (ch->io.fd >= 0 && !(ch->st & NR__CLOSED))
+    close(ch->io.fd);                          /* never registered */
+  if (ch->reg_promise)
+    nr_promise_release(ch->reg_promise);
+  nr_promise_release(ch->close_future);
+  free(ch->srv);
+  free(ch);
+}
+
+/* ---- accessors ------------------------------------------------------------- */
+
+static inline int pub(const nr_channel_t *ch) {
+  return atomic_load_explicit(&((nr_channel_t *)ch)->pub, memory_order_acquire);
+}
+uint64_t nr_channel_id(const nr_channel_t *ch) { return ch->id; }
+nr_loop_t *nr_channel_loop(const nr_channel_t *ch) { return ch->loop; }
+nr_pipeline_t *nr_channel_pipeline(nr_channel_t *ch) { return &ch->pipe; }
+bool nr_channel_is_open(const nr_channel_t *ch) { return pub(ch) & NR__OPEN; }
+bool nr_channel_is_active(const nr_channel_t *ch) { return pub(ch) & NR__ACTIVE; }
+bool nr_channel_is_writable(const nr_channel_t *ch) {
+  return pub(ch) & NR__WRITABLE;
+}
+bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTEN; }
+bool nr_channel_is_datagram(const nr_channel_t *ch) { return ch->kind == NR__DGRAM; }
+int nr_channel_fd(const nr_channel_t *ch) { return ch->io.fd; }
+size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
+nr_promise_t *nr_channel_close_future(const nr_channel_t *ch) {
+  return ch->close_future;
+}
+const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch) {
+  return &ch->opts;
+}
+void *nr_channel_user(const nr_channel_t *ch) { return ch->user; }
+void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *)) {
+  ch->user = u;
+  ch->user_free = free_fn;
+}
+
+int nr_channel_local_address(const nr_channel_t *cch, char *host, size_t n,
+                             int *port) {
+  nr_channel_t *ch = (nr_channel_t *)cch;
+  if (ch->llen == 0) {
+    socklen_t len = sizeof ch->laddr;
+    if (!(pub(ch) & NR__OPEN) ||
+        getsockname(ch->io.fd, (struct sockaddr *)&ch->laddr, &len) < 0)
+      return -ENOTCONN;
+    ch->llen = len;
+  }
+  return nr__format_addr(&ch->laddr, ch->llen, host, n, port);
+}
+
+int nr_channel_remote_address(const nr_channel_t *ch, char *host, size_t n,
+                              int *port) {
+  if (ch->kind != NR__STREAM)
+    return -ENOTCONN;
+  return nr__format_addr(&ch->raddr, ch->rlen, host, n, port);
+}
+
+/* ---- registration and interest ------------------------------------------------ */
+
+void nr__channel_update_interest(nr_channel_t *ch) {
+  if (ch->st & NR__CLOSED || !(ch->st & NR__REGISTERED))
+    return;
+  uint32_t ev = 0;
+  bool active = pub(ch) & NR__ACTIVE;
+  if (ch->kind == NR__LISTEN) {
+    if (active && !(ch->st & NR__ACCEPT_PAUSED))
+      ev = EPOLLIN;
+  } else {
+    if (ch->st & (NR__CONNECTING | NR__WAIT_OUT))
+      ev |= EPOLLOUT;
+    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING)) &&
+        (ch->opts.auto_read || (ch->st & NR__READ_REQ)))
+      ev |= EPOLLIN;
+  }
+  int rc = nr__io_modify(ch->loop, &ch->io, ev);
+  if (rc < 0)
+    nr_log(NR_LOG_WARN, "channel %llu: epoll_ctl: %s",
+           (unsigned long long)ch->id, nr_strerror(rc));
+}
+
+int nr__channel_register(nr_channel_t *ch, uint32_t events) {
+  nr_loop_t *l = ch->loop;
+  int rc = nr__io_start(l, &ch->io, events);
+  if (rc < 0)
+    return rc;
+  ch->st |= NR__REGISTERED;
+  ch->lprev = NULL;
+  ch->lnext = l->channels;
+  if (l->channels)
+    l->channels->lprev = ch;
+  l->channels = ch;
+  atomic_fetch_add_explicit(&l->channel_count, 1, memory_order_relaxed);
+  if (ch->init)
+    ch->init(ch, ch->init_arg);
+  if (!(ch->st & NR__CLOSED))
+    nr__pipeline_fire_registered(&ch->pipe);
+  return 0;
+}
+
+void nr__channel_set_active(nr_channel_t *ch) {
+  atomic_fetch_or(&ch->pub, NR__ACTIVE);
+  ch->st |= NR__WAS_ACTIVE;
+  nr__pipeline_fire_active(&ch->pipe);
+  nr__channel_update_interest(ch);
+}
+
+static void unlink_from_loop(nr_channel_t *ch) {
+  nr_loop_t *l = ch->loop;
+  if (ch->lprev)
+    ch->lprev->lnext = ch->lnext;
+  else
+    l->channels = ch->lnext;
+  if (ch->lnext)
+    ch->lnext->lprev = ch->lprev;
+  atomic_fetch_sub_explicit(&l->channel_count, 1, memory_order_relaxed);
+  ch->lprev = NULL;
+  ch->lnext = l->graveyard;                  /* the loop's ref waits here */
+  l->graveyard = ch;
+}
+
+void nr__loop_reap(nr_loop_t *l) {
+  nr_channel_t *ch = l->graveyard;
+  l->graveyard = NULL;
+  for (nr_channel_t *n; ch; ch = n) {
+    n = ch->lnext;
+    nr_channel_release(ch);
+  }
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+static void check_writability(nr_channel_t *ch) {
+  bool w = pub(ch) & NR__WRITABLE;
+  if (w && ch->out.pending > ch->opts.write_buffer_high)
+    atomic_fetch_and(&ch->pub, ~NR__WRITABLE);
+  else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
+           (pub(ch) & NR__OPEN))
+    atomic_fetch_or(&ch->pub, NR__WRITABLE);
+  else
+    return;
+  nr__pipeline_fire_writability(&ch->pipe);
+}
+
+static void finish_close(nr_channel_t *ch, bool abort);
+static void do_write(nr_channel_t *ch);
+
+static int flush_task(void *arg) {
+  nr_channel_t *ch = arg;
+  ch->st &= ~NR__FLUSH_TASK;
+  if (!(ch->st & NR__CLOSED) && !(ch->st & NR__WAIT_OUT))
+    do_write(ch);
+  nr_channel_release(ch);
+  return 0;
+}
+
+/* The write spin ran out with the socket still writable: let other channels
+ * run and continue in a task (Netty's incompleteWrite(false)). */
+static void schedule_flush(nr_channel_t *ch) {
+  if (ch->st & NR__FLUSH_TASK)
+    return;
+  ch->st |= NR__FLUSH_TASK;
+  if (nr_loop_execute(ch->loop, flush_task, nr_channel_retain(ch)) < 0) {
+    ch->st &= ~NR__FLUSH_TASK;
+    nr_channel_release(ch);
+  }
+}
+
+static void write_failed(nr_channel_t *ch, int err) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "write: %s", nr__errname(err));
+  nr__out_fail_all(ch->loop, &ch->out, err, msg);
+  finish_close(ch, true);
+}
+
+static void write_stream(nr_channel_t *ch) {
+  nr_outbound_t *o = &ch->out;
+  struct iovec iov[MAX_IOV];
+  int spins = ch->opts.write_spin;
+  while (o->written < o->flushed) {
+    if (spins-- == 0) {
+      schedule_flush(ch);
+      return;
+    }
+    int n = nr__out_iov(o, iov, MAX_IOV);
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = n == 1 ? send(ch->io.fd, iov[0].iov_base, iov[0].iov_len,
+                              MSG_NOSIGNAL)
+                       : sendmsg(ch->io.fd, &mh, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN) {
+        if (!(ch->st & NR__WAIT_OUT)) {
+          ch->st |= NR__WAIT_OUT;
+          nr__channel_update_interest(ch);
+        }
+        return;
+      }
+      write_failed(ch, -errno);
+      return;
+    }
+    nr__out_consume(ch->loop, o, (size_t)w);
+  }
+}
+
+static void write_dgrams(nr_channel_t *ch) {
+  nr_outbound_t *o = &ch->out;
+  while (o->dq && o->dq_count > o->dq_unflushed) {
+    nr_dgram_t *g = o->dq;
+    ssize_t w = sendto(ch->io.fd, g->data, g->len, MSG_NOSIGNAL,
+                       (struct sockaddr *)&g->addr, g->addrlen);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && errno == EAGAIN) {
+      if (!(ch->st & NR__WAIT_OUT)) {
+        ch->st |= NR__WAIT_OUT;
+        nr__channel_update_interest(ch);
+      }
+      return;
+    }
+    int err = w < 0 ? -errno : 0;
+    o->dq = g->next;
+    if (o->dq == NULL)
+      o->dq_tail = &o->dq;
+    o->dq_count--;
+    o->pending -= g->len;
+    if (g->p) {
+      if (err)  /* per-datagram failures (e.g. ICMP refused) fail only it */
+        nr_promise_set_failure(g->p, err, nr__errname(err));
+      else
+        nr_promise_set_success(g->p, NULL, NULL);
+      nr_promise_release(g->p);
+    }
+    free(g);
+  }
+}
+
+static void do_write(nr_channel_t *ch) {
+  if (ch->kind == NR__DGRAM)
+    write_dgrams(ch);
+  else
+    write_stream(ch);
+  if (ch->st & NR__CLOSED)
+    return;
+  bool drained = ch->out.written == ch->out.flushed &&
+                 (ch->out.dq == NULL || ch->out.dq_count == ch->out.dq_unflushed);
+  if (drained && (ch->st & NR__WAIT_OUT)) {
+    ch->st &= ~NR__WAIT_OUT;
+    nr__channel_update_interest(ch);
+  }
+  check_writability(ch);
+  if (drained && (ch->st & NR__CLOSING))
+    finish_close(ch, false);
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+static void record_read(nr_channel_t *ch, size_t n) {
+  if (n <= read_sizes[ch->guess > 0 ? ch->guess - 1 : 0]) {
+    if (ch->shrink_next && ch->guess > 0) {
+      ch->guess--;
+      ch->shrink_next = 0;
+    } else {
+      ch->shrink_next = 1;
+    }
+  } else if (n >= read_sizes[ch->guess]) {
+    ch->guess = ch->guess + 2 < NSIZES ? ch->guess + 2 : NSIZES - 1;
+    ch->shrink_next = 0;
+  }
+}
+
+static void read_error(nr_channel_t *ch, int err) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "read: %s", nr__errname(err));
+  nr_pipeline_fire_exception(&ch->pipe, &(nr_err_t){err, msg});
+  nr__channel_close(ch, true);
+}
+
+static void input_closed(nr_channel_t *ch) {
+  if (!ch->opts.allow_half_closure) {
+    nr__channel_close(ch, false);
+    return;
+  }
+  ch->st |= NR__INPUT_SHUT;
+  shutdown(ch->io.fd, SHUT_RD);
+  nr__channel_update_interest(ch);
+  nr_pipeline_fire_user_event(&ch->pipe, (void *)&NR_EVT_INPUT_SHUTDOWN);
+}
+
+static void read_stream(nr_channel_t *ch) {
+  nr_loop_t *l = ch->loop;
+  if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL)
+    return;
+  int reads = 0, err = 0;
+  bool eof = false;
+  ch->st &= ~NR__READ_REQ;
+  while (reads < ch->opts.max_reads) {
+    size_t want = read_sizes[ch->guess];
+    ssize_t n = read(ch->io.fd, l->rbuf, want);
+    if (n > 0) {
+      reads++;
+      record_read(ch, (size_t)n);
+      nr_pipeline_fire_read(&ch->pipe, &(nr_bytes_t){l->rbuf, (size_t)n});
+      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || (size_t)n < want)
+        break;            /* a short read drained the socket: skip EAGAIN */
+      if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))
+        break;
+    } else if (n == 0) {
+      eof = true;
+      break;
+    } else if (errno == EINTR) {
+      continue;
+    } else {
+      if (errno != EAGAIN)
+        err = -errno;
+      break;
+    }
+  }
+  if (reads > 0 && !(ch->st & NR__CLOSED))
+    nr__pipeline_fire_read_complete(&ch->pipe);
+  if (ch->st & NR__CLOSED)
+    return;
+  if (err)
+    read_error(ch, err);
+  else if (eof)
+    input_closed(ch);
+  else if (!ch->opts.auto_read)
+    nr__channel_update_interest(ch);         /* one batch per read() */
+}
+
+static void read_dgrams(nr_channel_t *ch) {
+  nr_loop_t *l = ch->loop;
+  if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL)
+    return;
+  int reads = 0;
+  ch->st &= ~NR__READ_REQ;
+  while (reads < ch->opts.max_reads && !(ch->st & NR__CLOSED)) {
+    nr_datagram_t d;
+    d.addrlen = sizeof d.addr;
+    ssize_t n = recvfrom(ch->io.fd, l->rbuf, NR_READ_BUF, 0,
+                         (struct sockaddr *)&d.addr, &d.addrlen);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN) {
+        int err = -errno;
+        char msg[160];
+        snprintf(msg, sizeof msg, "recvfrom: %s", nr__errname(err));
+        nr_pipeline_fire_exception(&ch->pipe, &(nr_err_t){err, msg});
+      }
+      break;
+    }
+    reads++;
+    d.bytes = (nr_bytes_t){l->rbuf, (size_t)n};
+    nr_pipeline_fire_read(&ch->pipe, &d);
+  }
+  if (reads > 0 && !(ch->st & NR__CLOSED))
+    nr__pipeline_fire_read_complete(&ch->pipe);
+  if (!(ch->st & NR__CLOSED) && !ch->opts.auto_read)
+    nr__channel_update_interest(ch);
+}
+
+/* ---- connecting --------------------------------------------------------------- */
+
+static void connected(nr_channel_t *ch, nr_promise_t *p) {
+  ch->st &= ~NR__CONNECTING;
+  if (ch->connect_timer) {
+    nr_timer_cancel(ch->connect_timer);
+    nr_timer_release(ch->connect_timer);
+    ch->connect_timer = NULL;
+  }
+  nr__channel_set_active(ch);
+  if (p)
+    nr_promise_set_success(p, nr_channel_retain(ch),
+                           (void (*)(void *))nr_channel_release);
+}
+
+static void connect_failed(nr_channel_t *ch, int err, const char *msg) {
+  nr_promise_t *p = ch->connect_promise;
+  ch->connect_promise = NULL;
+  if (p) {
+    nr_promise_set_failure(p, err, msg);
+    nr_promise_release(p);
+  }
+  nr__channel_close(ch, true);
+}
+
+static void finish_connect(nr_channel_t *ch) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+    err = errno;
+  if (err != 0) {
+    char host[128], msg[256];
+    int port = 0;
+    nr__format_addr(&ch->raddr, ch->rlen, host, sizeof host, &port);
+    snprintf(msg, sizeof msg, "%s:%d: %s", host, port, nr__errname(-err));
+    connect_failed(ch, -err, msg);
+    return;
+  }
+  nr_promise_t *p = ch->connect_promise;
+  ch->connect_promise = NULL;
+  connected(ch, p);
+  if (p)
+    nr_promise_release(p);
+}
+
+static int connect_timed_out(void *arg) {
+  nr_channel_t *ch = arg;
+  if (ch->st & NR__CONNECTING) {
+    char host[128], msg[256];
+    int port = 0;
+    nr__format_addr(&ch->raddr, ch->rlen, host, sizeof host, &port);
+    snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
+             port, (double)ch->connect_timeout / 1e9);
+    connect_failed(ch, NR_ETIMEDOUT, msg);
+  }
+  return 0;
+}
+
+/* ---- closing ------------------------------------------------------------------ */
+
+static int linger_expired(void *arg) {
+  nr_channel_t *ch = arg;
+  if (ch->st & NR__CLOSING) {
+    nr_log(NR_LOG_WARN, "channel %llu: peer did not read %llu pending bytes "
+           "within the close linger; resetting",
+           (unsigned long long)ch->id,
+           (unsigned long long)(ch->out.flushed - ch->out.written));
+    finish_close(ch, true);
+  }
+  return 0;
+}
+
+void nr__channel_close(nr_channel_t *ch, bool abort) {
+  if (ch->st & NR__CLOSED)
+    return;
+  if ((ch->st & NR__CLOSING) && !abort)
+    return;
+  atomic_fetch_and(&ch->pub, ~NR__OPEN);
+  if (!abort && (ch->st & NR__REGISTERED)) {
+    nr__out_fail_unflushed(ch->loop, &ch->out, NR_ECLOSED);
+    bool pending = ch->out.written < ch->out.flushed || ch->out.dq != NULL;
+    if (pending && (pub(ch) & NR__ACTIVE)) {
+      /* Flush what was already flushed-to-channel, then close. */
+      ch->st |= NR__CLOSING;
+      nr__channel_update_interest(ch);
+      ch->linger_timer = nr_loop_schedule(ch->loop, CLOSE_LINGER, 0,
+                                          linger_expired, NULL, ch);
+      if (!(ch->st & NR__WAIT_OUT))
+        do_write(ch);
+      return;
+    }
+  }
+  finish_close(ch, abort);
+}
+
+static void drop_timer(nr_timer_t **t) {
+  if (*t) {
+    nr_timer_cancel(*t);
+    nr_timer_release(*t);
+    *t = NULL;
+  }
+}
+
+static void finish_close(nr_channel_t *ch, bool abort) {
+  if (ch->st & NR__CLOSED)
+    return;
+  bool was_active = pub(ch) & NR__ACTIVE;
+  ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
+  atomic_store(&ch->pub, 0);
+  drop_timer(&ch->connect_timer);
+  drop_timer(&ch->linger_timer);
+  if (ch->srv)
+    drop_timer(&ch->srv->backoff_timer);
+  if (ch->connect_promise) {
+    nr_promise_set_failure(ch->connect_promise, NR_ECLOSED,
+                           "channel closed before the connect completed");
+    nr_promise_release(ch->connect_promise);
+    ch->connect_promise = NULL;
+  }
+  if (ch->st & NR__REGISTERED)
+    nr__io_stop(ch->loop, &ch->io);
+  if (abort && ch->kind == NR__STREAM && was_active) {
+    struct linger lg = {1, 0};                 /* RST, not FIN */
+    setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  }
+  if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
+    unlink(((struct sockaddr_un *)&ch->laddr)->sun_path);
+  close(ch->io.fd);
+  if (ch->loop)
+    nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
+  if (was_active)
+    nr__pipeline_fire_inactive(&ch->pipe);
+  if (ch->st & NR__REGISTERED) {
+    nr__pipeline_fire_unregistered(&ch->pipe);
+    nr__pipeline_destroy(&ch->pipe);
+    ch->st &= ~NR__REGISTERED;
+    unlink_from_loop(ch);
+  }
+  nr_promise_set_success(ch->close_future, NULL, NULL);
+}
+
+/* Close every channel of a shutting-down loop (Netty's closeAll): flushed
+ * data still drains. With abort, reset whatever is left. */
+static void close_each(nr_loop_t *l, bool abort) {
+  size_t n = 0, i = 0;
+  for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
+    n++;
+  if (n == 0)
+    return;
+  nr_channel_t **v = malloc(n * sizeof *v);
+  if (v == NULL)
+    return;
+  for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
+    v[i++] = nr_channel_retain(ch);
+  for (i = 0; i < n; i++) {
+    if (abort || !(v[i]->st & NR__CLOSING))
+      nr__channel_close(v[i], abort);
+    nr_channel_release(v[i]);
+  }
+  free(v);
+}
+
+void nr__channels_close_all(nr_loop_t *l) { close_each(l, false); }
+
+void nr__channels_abort_all(nr_loop_t *l) {
+  close_each(l, true);
+  nr__loop_reap(l);
+}
+
+/* ---- readiness ----------------------------------------------------------------- */
+
+static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
+  (void)l;
+  nr_channel_t *ch = (nr_channel_t *)io;
+  if (ch->st & NR__CLOSED)
+    return 0;
+  if (ch->kind == NR__LISTEN) {
+    nr__accept_ready(ch);
+    return 1;
+  }
+  if (ch->st & NR__CONNECTING) {
+    finish_connect(ch);
+    return 1;
+  }
+  if ((events & (EPOLLOUT | EPOLLERR)) && (ch->st & NR__WAIT_OUT))
+    do_write(ch);
+  if (ch->st & NR__CLOSED)
+    return 1;
+  if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+    if (io->events & EPOLLIN) {
+      if (ch->kind == NR__DGRAM)
+        read_dgrams(ch);
+      else
+        read_stream(ch);
+    } else if (events & (EPOLLHUP | EPOLLERR)) {
+      nr__channel_close(ch, true);   /* gone, and nobody asked to read */
+    }
+  }
+  return 1;
+}
+
+/* ---- the head: outbound operations become syscalls ------------------------------- */
+
+static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+                     nr_promise_t *p) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  char host[128];
+  int port = 0;
+  nr__format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
+                  &port);
+  if (bind(ch->io.fd, sa, len) < 0 ||
+      (ch->kind == NR__LISTEN && listen(ch->io.fd, ch->backlog) < 0)) {
+    int err = -errno;
+    nr__channel_close(ch, true);
+    return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
+                     : nr_raise(err, "%s: %s", host, nr__errname(err));
+  }
+  if (sa->sa_family == AF_UNIX) {
+    memcpy(&ch->laddr, sa, len);
+    ch->llen = len;
+    ch->st |= NR__UNLINK_PATH;
+  }
+  nr__channel_set_active(ch);
+  if (p)
+    nr_promise_set_success(p, nr_channel_retain(ch),
+                           (void (*)(void *))nr_channel_release);
+  return 0;
+}
+
+static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
+                        socklen_t len, nr_promise_t *p) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  memcpy(&ch->raddr, sa, len);
+  ch->rlen = len;
+  if (connect(ch->io.fd, sa, len) == 0) {
+    connected(ch, p);
+    return 0;
+  }
+  if (errno != EINPROGRESS) {
+    int err = -errno, port = 0;
+    char host[128];
+    nr__format_addr(&ch->raddr, len, host, sizeof host, &port);
+    nr__channel_close(ch, true);
+    return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
+                     : nr_raise(err, "%s: %s", host, nr__errname(err));
+  }
+  ch->st |= NR__CONNECTING;
+  ch->connect_promise = p ? nr_promise_retain(p) : NULL;
+  nr__channel_update_interest(ch);
+  if (ch->connect_timeout)
+    ch->connect_timer = nr_loop_schedule(ch->loop, ch->connect_timeout, 0,
+                                         connect_timed_out, NULL, ch);
+  return 0;
+}
+
+static void complete_on_close(nr_promise_t *f, void *arg) {
+  (void)f;
+  nr_promise_t *p = arg;
+  nr_promise_set_success(p, NULL, NULL);
+  nr_promise_release(p);
+}
+
+static int head_close(nr_ctx_t *ctx, nr_promise_t *p) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (p)
+    nr_promise_add_listener(ch->close_future, NULL, complete_on_close,
+                            nr_promise_retain(p));
+  nr__channel_close(ch, false);
+  return 0;
+}
+
+static int head_do_read(nr_ctx_t *ctx) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  ch->st |= NR__READ_REQ;
+  nr__channel_update_interest(ch);
+  return 0;
+}
+
+static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (!(pub(ch) & NR__OPEN))
+    return nr_raise(NR_ECLOSED, "write on a closed channel");
+  int rc;
+  if (ch->kind == NR__DGRAM) {
+    rc = nr__out_append_dgram(&ch->out, msg, p);
+  } else if (ch->kind == NR__STREAM) {
+    const nr_bytes_t *b = msg;
+    rc = nr__out_append(ch->loop, &ch->out, b->data, b->len, p);
+  } else {
+    rc = nr_raise(-EOPNOTSUPP, "a server channel cannot be written to");
+  }
+  if (rc == 0)
+    check_writability(ch);
+  return rc;
+}
+
+static int head_flush(nr_ctx_t *ctx) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  nr__out_flush(&ch->out);
+  if (!(ch->st & (NR__WAIT_OUT | NR__CLOSED)))
+    do_write(ch);
+  return 0;
+}
+
+const nr_handler_t nr__head_handler = {
+    .type = "head", .bind = head_bind, .connect = head_connect,
+    .disconnect = head_close, .close = head_close, .do_read = head_do_read,
+    .write = head_write, .flush = head_flush};
+
+/* ---- any-thread entry points ----------------------------------------------------- */
+
+typedef struct write_job_s {
+  nr_channel_t *ch;
+  nr_promise_t *p;
+  bool flush;
+  size_t len;
+  char data[];
+} write_job_t;
+
+static int write_task(void *arg) {
+  write_job_t *j = arg;
+  nr_bytes_t b = {j->data, j->len};
+  if (j->len > 0 || j->p)
+    nr_pipeline_write(&j->ch->pipe, &b, j->p);
+  if (j->flush)
+    nr_pipeline_flush(&j->ch->pipe);
+  nr_promise_release(j->p);
+  nr_channel_release(j->ch);
+  free(j);
+  return 0;
+}
+
+int nr_channel_write(nr_channel_t *ch, const void *data, size_t len,
+                     bool flush, nr_promise_t *p) {
+  if (ch->loop && nr__in_loop(ch->loop)) {
+    nr_bytes_t b = {data, len};
+    int rc = nr_pipeline_write(&ch->pipe, &b, p);
+    if (flush)
+      nr_pipeline_flush(&ch->pipe);
+    return rc;
+  }
+  write_job_t *j = malloc(sizeof *j + len);
+  if (j == NULL)
+    return -ENOMEM;
+  j->ch = nr_channel_retain(ch);
+  j->p = p ? nr_promise_retain(p) : NULL;
+  j->flush = flush;
+  j->len = len;
+  memcpy(j->data, data, len);
+  if (ch->loop == NULL || nr_loop_execute(ch->loop, write_task, j) < 0) {
+    if (p)
+      nr_promise_set_failure(p, NR_ECLOSED, "write on a closed channel");
+    nr_promise_release(j->p);
+    nr_channel_release(ch);
+    free(j);
+    return NR_ECLOSED;
+  }
+  return 0;
+}
+
+static int flush_pipeline_task(void *arg) {
+  nr_channel_t *ch = arg;
+  nr_pipeline_flush(&ch->pipe);
+  nr_channel_release(ch);
+  return 0;
+}
+
+/* Run fn(ch) on the channel's loop, now if already there. */
+static int on_loop(nr_channel_t *ch, nr_task_fn fn) {
+  nr_channel_retain(ch);
+  if (ch->loop && nr__in_loop(ch->loop))
+    return fn(ch);
+  if (ch->loop == NULL || nr_loop_execute(ch->loop, fn, ch) < 0) {
+    nr_channel_release(ch);
+    return NR_ECLOSED;
+  }
+  return 0;
+}
+
+int nr_channel_flush(nr_channel_t *ch) {
+  return on_loop(ch, flush_pipeline_task);
+}
+
+typedef struct close_job_s {
+  nr_channel_t *ch;
+  nr_promise_t *p;
+} close_job_t;
+
+static int close_pipeline_task(void *arg) {
+  close_job_t *j = arg;
+  nr_pipeline_close(&j->ch->pipe, j->p);
+  nr_promise_release(j->p);
+  nr_channel_release(j->ch);
+  free(j);
+  return 0;
+}
+
+int nr_channel_close(nr_channel_t *ch, nr_promise_t *p) {
+  close_job_t *j = malloc(sizeof *j);
+  if (j == NULL)
+    return -ENOMEM;
+  j->ch = nr_channel_retain(ch);
+  j->p = p ? nr_promise_retain(p) : NULL;
+  if (ch->loop && nr__in_loop(ch->loop))
+    return close_pipeline_task(j);
+  if (ch->loop == NULL || nr_loop_execute(ch->loop, close_pipeline_task, j) < 0) {
+    /* The loop is gone, so the channel is closed already. */
+    if (p)
+      nr_promise_set_success(p, NULL, NULL);
+    nr_promise_release(j->p);
+    nr_channel_release(ch);
+    free(j);
+  }
+  return 0;
+}
+
+static int abort_task(void *arg) {
+  nr_channel_t *ch = arg;
+  nr__channel_close(ch, true);
+  nr_channel_release(ch);
+  return 0;
+}
+
+int nr_channel_abort(nr_channel_t *ch) { return on_loop(ch, abort_task); }
+
+static int read_task(void *arg) {
+  nr_channel_t *ch = arg;
+  if (!(ch->st & NR__CLOSED))
+    nr_ctx_read(&ch->pipe.tail);
+  nr_channel_release(ch);
+  return 0;
+}
+
+int nr_channel_read(nr_channel_t *ch) { return on_loop(ch, read_task); }
+
+static int auto_read_on(void *arg) {
+  nr_channel_t *ch = arg;
+  ch->opts.auto_read = 1;
+  nr__channel_update_interest(ch);
+  nr_channel_release(ch);
+  return 0;
+}
+
+static int auto_read_off(void *arg) {
+  nr_channel_t *ch = arg;
+  ch->opts.auto_read = 0;
+  nr__channel_update_interest(ch);
+  nr_channel_release(ch);
+  return 0;
+}
+
+int nr_channel_set_auto_read(nr_channel_t *ch, bool on) {
+  return on_loop(ch, on ? auto_read_on : auto_read_off);
+}

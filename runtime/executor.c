@@ -1,0 +1,612 @@
+/*
+ * executor.c -- the single-thread executor under every loop (Netty's
+ * SingleThreadEventExecutor): lazy thread start, states, the task queue with
+ * its shutdown-safe submission, timers, tail tasks, shutdown hooks and the
+ * graceful shutdown of confirmShutdown().
+ *
+ * Threads: producers touch only `tasks`, `tail_tasks`, `state`, `producers`,
+ * `enqueued` and `next_wakeup`. Everything else is the loop thread's.
+ *
+ * Nothing is lost at shutdown: a producer announces itself in `producers`
+ * before reading the state, and the loop, after moving to SHUTDOWN, waits
+ * for that count to reach zero and drains the queue once more. A producer
+ * that arrives later sees SHUTDOWN and is rejected.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define TASK_OWNED 1u
+#define SHUTDOWN_POLL NR_MS(100)   /* confirmShutdown's re-check period */
+
+static _Thread_local nr_loop_t *current;
+
+nr_loop_t *nr_loop_current(void) { return current; }
+
+void nr__loop_set_current(nr_loop_t *l) {
+  current = l;
+  nr__log_set_thread_name(l ? l->name : NULL);
+}
+
+bool nr_loop_in_thread(const nr_loop_t *l) { return current == l; }
+const char *nr_loop_name(const nr_loop_t *l) { return l->name; }
+int nr_loop_state(const nr_loop_t *l) {
+  return atomic_load(&((nr_loop_t *)l)->state);
+}
+bool nr_loop_is_shutting_down(const nr_loop_t *l) {
+  return nr_loop_state(l) >= NR_SHUTTING_DOWN;
+}
+bool nr_loop_is_shutdown(const nr_loop_t *l) {
+  return nr_loop_state(l) >= NR_SHUTDOWN;
+}
+bool nr_loop_is_terminated(const nr_loop_t *l) {
+  return nr_loop_state(l) == NR_TERMINATED;
+}
+nr_group_t *nr_loop_group(const nr_loop_t *l) { return l->group; }
+void *nr_loop_data(const nr_loop_t *l) { return l->data; }
+void nr_loop_set_data(nr_loop_t *l, void *d) { l->data = d; }
+nr_promise_t *nr_loop_termination_future(const nr_loop_t *l) {
+  return l->termination;
+}
+int nr_loop_selector_fd(const nr_loop_t *l) { return l->epfd; }
+
+/* ---- construction and the thread --------------------------------------- */
+
+int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o) {
+  nr__mpsc_init(&l->tasks);
+  nr__mpsc_init(&l->tail_tasks);
+  atomic_init(&l->next_wakeup, NR_AWAKE);
+  atomic_init(&l->state, o->external ? NR_STARTED : NR_NOT_STARTED);
+  pthread_mutex_init(&l->hook_lock, NULL);
+  l->name = strdup(o->name ? o->name : "loop");
+  l->io_ratio = o->io_ratio <= 0 ? 50 : o->io_ratio > 100 ? 100 : o->io_ratio;
+  l->rebuild_threshold = o->rebuild_threshold == 0 ? 512
+                         : o->rebuild_threshold < 0 ? 0 : o->rebuild_threshold;
+  l->max_pending = o->max_pending;
+  l->external = o->external;
+  l->on_start = o->on_start;
+  l->on_exit = o->on_exit;
+  l->ud = o->ud;
+  l->quiet = NR_SEC(2);
+  l->timeout = NR_SEC(15);
+  l->termination = nr_promise_new();
+  if (l->name == NULL || l->termination == NULL)
+    return -ENOMEM;
+  int rc = nr__selector_open(l);
+  if (rc == 0 && l->external)
+    nr__loop_set_current(l);
+  return rc;
+}
+
+nr_loop_t *nr_loop_new(const nr_loop_opts_t *o) {
+  nr_loop_opts_t dflt = {0};
+  nr_loop_t *l = aligned_alloc(NR_CACHELINE, sizeof *l);
+  if (l == NULL)
+    return NULL;
+  memset(l, 0, sizeof *l);
+  int rc = nr__loop_init(l, o ? o : &dflt);
+  if (rc < 0) {
+    errno = -rc;
+    nr_loop_free(l);
+    return NULL;
+  }
+  return l;
+}
+
+static void terminate(nr_loop_t *l);
+
+static void *thread_main(void *arg) {
+  nr_loop_t *l = arg;
+  nr__loop_set_current(l);
+  char tname[16];
+  snprintf(tname, sizeof tname, "%s", l->name);
+  pthread_setname_np(pthread_self(), tname);
+  if (l->on_start)
+    l->on_start(l, l->ud);
+  l->last_execution = nr_now();
+  nr__loop_run(l);
+  terminate(l);
+  nr__loop_set_current(NULL);
+  return NULL;
+}
+
+static void start_thread(nr_loop_t *l) {
+  l->thread_started = true;
+  if (pthread_create(&l->thread, NULL, thread_main, l) != 0) {
+    l->thread_started = false;
+    nr_log(NR_LOG_ERROR, "%s: cannot start thread: %s", l->name,
+           strerror(errno));
+    atomic_store(&l->state, NR_TERMINATED);
+    nr_promise_set_failure(l->termination, -EAGAIN, "cannot start thread");
+  }
+}
+
+/* CAS NOT_STARTED -> STARTED; the winner starts the thread. */
+static void ensure_started(nr_loop_t *l) {
+  int expect = NR_NOT_STARTED;
+  if (atomic_compare_exchange_strong(&l->state, &expect, NR_STARTED))
+    start_thread(l);
+}
+
+/* ---- submission ---------------------------------------------------------- */
+
+void nr__loop_wakeup(nr_loop_t *l) {
+  uint64_t one = 1;
+  atomic_fetch_add_explicit(&l->wakeups, 1, memory_order_relaxed);
+  ssize_t n = write(l->wakefd, &one, sizeof one);
+  (void)n;  /* EAGAIN means the counter is saturated: already awake */
+}
+
+/* Netty's coalesced wakeup: write the eventfd only if the loop is blocked or
+ * about to block. The loop publishes its deadline before it re-checks the
+ * queue; we pushed before reading it (both seq_cst), so one side sees the
+ * other. The plain load first keeps the line shared while the loop runs. */
+static inline void wakeup_if_blocked(nr_loop_t *l) {
+  if (atomic_load(&l->next_wakeup) != NR_AWAKE &&
+      atomic_exchange(&l->next_wakeup, NR_AWAKE) != NR_AWAKE)
+    nr__loop_wakeup(l);
+}
+
+static int submit(nr_loop_t *l, nr_mpsc_t *q, nr_task_t *t) {
+  /* Checked twice: the first check keeps rejected producers off the
+   * counter, so a loop waiting for it to drain cannot be starved. */
+  if (atomic_load_explicit(&l->state, memory_order_relaxed) >= NR_SHUTDOWN)
+    return NR_EREJECTED;
+  atomic_fetch_add(&l->producers, 1);
+  int st = atomic_load(&l->state);
+  if (st >= NR_SHUTDOWN) {
+    atomic_fetch_sub(&l->producers, 1);
+    return NR_EREJECTED;
+  }
+  if (l->max_pending && atomic_load_explicit(&l->enqueued,
+                                             memory_order_relaxed) -
+                                atomic_load_explicit(&l->dequeued,
+                                                     memory_order_relaxed) >=
+                            l->max_pending) {
+    atomic_fetch_sub(&l->producers, 1);
+    return NR_EFULL;
+  }
+  atomic_fetch_add_explicit(&l->enqueued, 1, memory_order_relaxed);
+  nr__mpsc_push(q, t);
+  atomic_fetch_sub_explicit(&l->producers, 1, memory_order_release);
+  if (st == NR_NOT_STARTED)
+    ensure_started(l);
+  if (current != l)
+    wakeup_if_blocked(l);
+  return 0;
+}
+
+int nr_loop_execute_task(nr_loop_t *l, nr_task_t *t) {
+  t->flags = 0;
+  return submit(l, &l->tasks, t);
+}
+
+static int submit_owned(nr_loop_t *l, nr_mpsc_t *q, nr_task_fn fn,
+                        void *arg) {
+  nr_task_t *t = malloc(sizeof *t);
+  if (t == NULL)
+    return -ENOMEM;
+  t->fn = fn;
+  t->arg = arg;
+  t->flags = TASK_OWNED;
+  int rc = submit(l, q, t);
+  if (rc < 0)
+    free(t);
+  return rc;
+}
+
+int nr_loop_execute(nr_loop_t *l, nr_task_fn fn, void *arg) {
+  return submit_owned(l, &l->tasks, fn, arg);
+}
+
+int nr_loop_after_iteration(nr_loop_t *l, nr_task_fn fn, void *arg) {
+  return submit_owned(l, &l->tail_tasks, fn, arg);
+}
+
+int nr_loop_add_shutdown_hook(nr_loop_t *l, nr_task_fn fn, void *arg) {
+  nr_hook_t *h = malloc(sizeof *h);
+  if (h == NULL)
+    return -ENOMEM;
+  h->fn = fn;
+  h->arg = arg;
+  pthread_mutex_lock(&l->hook_lock);
+  if (nr_loop_is_shutdown(l)) {
+    pthread_mutex_unlock(&l->hook_lock);
+    free(h);
+    return NR_EREJECTED;
+  }
+  h->next = l->hooks;
+  l->hooks = h;
+  pthread_mutex_unlock(&l->hook_lock);
+  return 0;
+}
+
+/* ---- running tasks ------------------------------------------------------- */
+
+bool nr__loop_has_tasks(nr_loop_t *l) {
+  return l->ready != NULL || !nr__mpsc_empty(&l->tasks) ||
+         !nr__mpsc_empty(&l->tail_tasks);
+}
+
+static inline void run_task(nr_loop_t *l, nr_task_t *t) {
+  nr_task_fn fn = t->fn;
+  void *arg = t->arg;
+  if (t->flags & TASK_OWNED)
+    free(t);
+  int rc = fn(arg);
+  if (rc != 0)
+    nr_log(NR_LOG_WARN, "%s: a task failed: %s", l->name, nr_strerror(rc));
+}
+
+static nr_task_t *next_task(nr_loop_t *l) {
+  nr_task_t *t = l->ready;
+  if (t != NULL) {
+    l->ready = atomic_load_explicit(&t->next, memory_order_relaxed);
+    return t;
+  }
+  return nr__mpsc_pop(&l->tasks);
+}
+
+static int fire_timer(void *arg);
+
+/* Move due timers to the ready list (Netty's fetchFromScheduledTaskQueue). */
+static void fetch_due(nr_loop_t *l, uint64_t now) {
+  nr_timer_t *t;
+  while ((t = nr__heap_peek(&l->heap)) != NULL && t->deadline <= now) {
+    nr__heap_pop(&l->heap);
+    t->task.fn = fire_timer;
+    t->task.arg = t;
+    t->task.flags = 0;
+    atomic_store_explicit(&t->task.next, NULL, memory_order_relaxed);
+    if (l->ready == NULL)
+      l->ready = &t->task;
+    else
+      atomic_store_explicit(&l->ready_tail->next, &t->task,
+                            memory_order_relaxed);
+    l->ready_tail = &t->task;
+  }
+}
+
+static void run_tail_tasks(nr_loop_t *l) {
+  nr_task_t *t;
+  while ((t = nr__mpsc_pop(&l->tail_tasks)) != NULL) {
+    atomic_fetch_add_explicit(&l->dequeued, 1, memory_order_relaxed);
+    run_task(l, t);
+  }
+}
+
+/* Netty's runAllTasks: due timers, then queued tasks. When `bounded`, stop
+ * once `timeout` ns have passed, checking the clock every 64 tasks (so a
+ * zero timeout runs at most 64). Tail tasks run afterwards. Returns whether
+ * any task ran. */
+int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
+  uint64_t start = nr_now(), n = 0;
+  fetch_due(l, start);
+  nr_task_t *t;
+  for (;;) {
+    bool from_queue = l->ready == NULL;
+    if ((t = next_task(l)) == NULL)
+      break;
+    if (from_queue)   /* single writer: a plain store, no read-modify-write */
+      atomic_store_explicit(&l->dequeued,
+                            atomic_load_explicit(&l->dequeued,
+                                                 memory_order_relaxed) + 1,
+                            memory_order_relaxed);
+    run_task(l, t);
+    if ((++n & 63) == 0) {
+      if (bounded && nr_now() - start >= timeout)
+        break;
+      if (!bounded)
+        fetch_due(l, nr_now());
+    }
+  }
+  run_tail_tasks(l);
+  l->spin = l->dequeued_seen != atomic_load_explicit(&l->dequeued,
+                                                     memory_order_relaxed);
+  l->dequeued_seen = atomic_load_explicit(&l->dequeued, memory_order_relaxed);
+  if (n) {
+    uint64_t end = nr_now();
+    l->last_execution = end;
+    atomic_store_explicit(&l->tasks_run,
+                          atomic_load_explicit(&l->tasks_run,
+                                               memory_order_relaxed) + n,
+                          memory_order_relaxed);
+    atomic_store_explicit(&l->task_time,
+                          atomic_load_explicit(&l->task_time,
+                                               memory_order_relaxed) +
+                              (end - start),
+                          memory_order_relaxed);
+  }
+  return n > 0;
+}
+
+/* ---- timers -------------------------------------------------------------- */
+
+static void timer_unref(nr_timer_t *t) {
+  if (atomic_fetch_sub(&t->refs, 1) == 1)
+    free(t);
+}
+
+void nr_timer_release(nr_timer_t *t) {
+  if (t)
+    timer_unref(t);
+}
+
+bool nr_timer_is_cancelled(const nr_timer_t *t) {
+  return atomic_load(&((nr_timer_t *)t)->state) == NR_TIMER_CANCELLED;
+}
+
+/* Drop a timer the loop will not run again. */
+static void discard(nr_loop_t *l, nr_timer_t *t, bool cancelled) {
+  if (cancelled && t->cancel_fn)
+    t->cancel_fn(t->arg);
+  atomic_fetch_sub_explicit(&l->timer_count, 1, memory_order_relaxed);
+  timer_unref(t);
+}
+
+static void add_timer(nr_loop_t *l, nr_timer_t *t) {
+  if (atomic_load(&t->state) != NR_TIMER_PENDING) {
+    discard(l, t, true);
+    return;
+  }
+  if (nr__heap_push(&l->heap, t, l->timer_seq++) < 0) {
+    nr_log(NR_LOG_ERROR, "%s: out of memory scheduling a timer", l->name);
+    atomic_store(&t->state, NR_TIMER_CANCELLED);
+    discard(l, t, true);
+  }
+}
+
+static int add_timer_task(void *arg) {
+  nr_timer_t *t = arg;
+  add_timer(t->loop, t);
+  return 0;
+}
+
+static int fire_timer(void *arg) {
+  nr_timer_t *t = arg;
+  nr_loop_t *l = t->loop;
+  int expect = NR_TIMER_PENDING;
+  if (t->period == 0 &&
+      !atomic_compare_exchange_strong(&t->state, &expect, NR_TIMER_DONE)) {
+    discard(l, t, true);
+    return 0;
+  }
+  if (t->period != 0 && atomic_load(&t->state) != NR_TIMER_PENDING) {
+    discard(l, t, true);
+    return 0;
+  }
+  int rc = t->fn(t->arg);
+  if (t->period == 0) {
+    discard(l, t, false);
+  } else if (atomic_load(&t->state) == NR_TIMER_PENDING &&
+             !nr_loop_is_shutting_down(l)) {
+    t->deadline = t->period > 0 ? t->deadline + (uint64_t)t->period
+                                : nr_now() + (uint64_t)-t->period;
+    add_timer(l, t);
+  } else {
+    atomic_store(&t->state, NR_TIMER_CANCELLED);
+    discard(l, t, true);
+  }
+  return rc;
+}
+
+nr_timer_t *nr_loop_schedule(nr_loop_t *l, uint64_t delay, int64_t period,
+                             nr_task_fn fn, nr_task_fn cancel_fn, void *arg) {
+  nr_timer_t *t = calloc(1, sizeof *t);
+  if (t == NULL)
+    return NULL;
+  atomic_init(&t->refs, 2);               /* the caller's and the loop's */
+  atomic_init(&t->state, NR_TIMER_PENDING);
+  t->loop = l;
+  t->deadline = nr_now() + delay;
+  t->period = period;
+  t->idx = NR_NOT_IN_HEAP;
+  t->fn = fn;
+  t->cancel_fn = cancel_fn;
+  t->arg = arg;
+  atomic_fetch_add_explicit(&l->timer_count, 1, memory_order_relaxed);
+  if (current == l) {
+    add_timer(l, t);
+    return t;
+  }
+  t->task.fn = add_timer_task;
+  t->task.arg = t;
+  int rc = nr_loop_execute_task(l, &t->task);
+  if (rc < 0) {
+    atomic_fetch_sub_explicit(&l->timer_count, 1, memory_order_relaxed);
+    free(t);
+    errno = rc == NR_EFULL ? EAGAIN : ESHUTDOWN;
+    return NULL;
+  }
+  return t;
+}
+
+static int remove_timer_task(void *arg) {
+  nr_timer_t *t = arg;
+  if (t->idx != NR_NOT_IN_HEAP) {
+    nr__heap_remove(&t->loop->heap, t);
+    discard(t->loop, t, true);
+  }
+  timer_unref(t);
+  return 0;
+}
+
+int nr_timer_cancel(nr_timer_t *t) {
+  int expect = NR_TIMER_PENDING;
+  if (!atomic_compare_exchange_strong(&t->state, &expect,
+                                      NR_TIMER_CANCELLED))
+    return -EALREADY;
+  /* Whoever holds the timer outside the heap (the add task, the ready list,
+   * a running periodic task) discards it on seeing CANCELLED; a timer in the
+   * heap is removed by its loop. */
+  atomic_fetch_add(&t->refs, 1);
+  if (current == t->loop)
+    remove_timer_task(t);
+  else if (nr_loop_execute(t->loop, remove_timer_task, t) < 0)
+    timer_unref(t);     /* loop shut down: its shutdown discarded the heap */
+  return 0;
+}
+
+uint64_t nr__next_deadline(nr_loop_t *l) {
+  nr_timer_t *t = nr__heap_peek(&l->heap);
+  return t ? t->deadline : NR_NONE;
+}
+
+void nr__cancel_timers(nr_loop_t *l) {
+  nr_timer_t *t;
+  while ((t = nr__heap_pop(&l->heap)) != NULL) {
+    atomic_store(&t->state, NR_TIMER_CANCELLED);
+    discard(l, t, true);
+  }
+}
+
+/* ---- shutdown ------------------------------------------------------------ */
+
+nr_promise_t *nr_loop_shutdown_gracefully(nr_loop_t *l, uint64_t quiet,
+                                          uint64_t timeout) {
+  if (quiet > timeout)
+    quiet = timeout;
+  pthread_mutex_lock(&l->hook_lock);
+  int old = atomic_load(&l->state);
+  while (old < NR_SHUTTING_DOWN &&
+         !atomic_compare_exchange_weak(&l->state, &old, NR_SHUTTING_DOWN))
+    ;
+  if (old < NR_SHUTTING_DOWN) {
+    l->quiet = quiet;
+    l->timeout = timeout;
+  }
+  pthread_mutex_unlock(&l->hook_lock);
+  if (old == NR_NOT_STARTED && !l->external)
+    start_thread(l);
+  if (old < NR_SHUTTING_DOWN)
+    nr__loop_wakeup(l);
+  return l->termination;
+}
+
+static bool run_hooks(nr_loop_t *l) {
+  pthread_mutex_lock(&l->hook_lock);
+  nr_hook_t *h = l->hooks;
+  l->hooks = NULL;
+  pthread_mutex_unlock(&l->hook_lock);
+  bool ran = h != NULL;
+  for (nr_hook_t *n; h; h = n) {
+    n = h->next;
+    int rc = h->fn(h->arg);
+    if (rc)
+      nr_log(NR_LOG_WARN, "%s: a shutdown hook failed: %s", l->name,
+             nr_strerror(rc));
+    free(h);
+  }
+  return ran;
+}
+
+/* Netty's confirmShutdown: true when the loop may stop. Called repeatedly;
+ * between calls the loop waits at most SHUTDOWN_POLL for new tasks. */
+bool nr__confirm_shutdown(nr_loop_t *l) {
+  if (!nr_loop_is_shutting_down(l))
+    return false;
+  nr__cancel_timers(l);
+  if (l->shutdown_start == 0) {
+    l->shutdown_start = nr_now();
+    l->last_execution = l->shutdown_start;  /* the quiet period starts now */
+  }
+  /* Bounded, so producers that never pause cannot hold off the timeout. */
+  bool ran = nr__run_all_tasks(l, SHUTDOWN_POLL, true);
+  ran |= run_hooks(l);
+  uint64_t now = nr_now();
+  bool timed_out = now - l->shutdown_start > l->timeout;
+  bool down = nr_loop_is_shutdown(l);
+  if (l->channels != NULL && !timed_out && !down)
+    return false;                  /* channels still flushing what they took */
+  if (ran)
+    return down || l->quiet == 0;
+  if (down || timed_out)
+    return true;
+  return now - l->last_execution > l->quiet;
+}
+
+uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline) {
+  (void)l;
+  uint64_t poll = nr_now() + SHUTDOWN_POLL;
+  return deadline < poll ? deadline : poll;
+}
+
+/* After run() returned: no new tasks from here on, then the final drain. */
+static void terminate(nr_loop_t *l) {
+  int old = atomic_load(&l->state);
+  while (old < NR_SHUTTING_DOWN &&
+         !atomic_compare_exchange_weak(&l->state, &old, NR_SHUTTING_DOWN))
+    ;
+  while (!nr__confirm_shutdown(l))
+    nr__loop_iteration(l);
+  atomic_store(&l->state, NR_SHUTDOWN);
+  while (atomic_load(&l->producers) != 0)
+    sched_yield();                 /* a submitter is mid-push: let it land */
+  nr__confirm_shutdown(l);
+  nr__run_all_tasks(l, 0, false);  /* finite now: no task can be added */
+  nr__channels_abort_all(l);
+  nr__run_all_tasks(l, 0, false);  /* tasks the aborts queued */
+  if (l->on_exit)
+    l->on_exit(l, l->ud);
+  atomic_store(&l->state, NR_TERMINATED);
+  nr_log(NR_LOG_DEBUG, "%s terminated", l->name);
+  nr_promise_set_success(l->termination, NULL, NULL);
+}
+
+void nr_loop_free(nr_loop_t *l) {
+  if (l == NULL)
+    return;
+  if (l->external && l->termination &&
+      atomic_load(&l->state) != NR_TERMINATED) {
+    atomic_store(&l->state, NR_SHUTDOWN);
+    while (atomic_load(&l->producers) != 0)
+      sched_yield();
+    nr__cancel_timers(l);
+    nr__run_all_tasks(l, 0, false);
+    atomic_store(&l->state, NR_TERMINATED);
+    nr_promise_set_success(l->termination, NULL, NULL);
+    if (current == l)
+      nr__loop_set_current(NULL);
+  }
+  if (l->thread_started && !pthread_equal(l->thread, pthread_self()))
+    pthread_join(l->thread, NULL);
+  nr__selector_close(l);
+  nr__heap_free(&l->heap);
+  for (nr_hook_t *h = l->hooks, *n; h; h = n) {
+    n = h->next;
+    free(h);
+  }
+  pthread_mutex_destroy(&l->hook_lock);
+  nr_promise_release(l->termination);
+  free(l->name);
+  free(l);
+}
+
+int nr_loop_run_once(nr_loop_t *l, uint64_t timeout) {
+  if (!l->external || current != l)
+    return -EPERM;
+  uint64_t before = atomic_load(&l->tasks_run);
+  l->run_once_deadline = timeout == UINT64_MAX ? NR_NONE : nr_now() + timeout;
+  nr__loop_iteration(l);
+  l->run_once_deadline = 0;
+  return (int)(atomic_load(&l->tasks_run) - before);
+}
+
+void nr_loop_stats(const nr_loop_t *cl, nr_loop_stats_t *o) {
+  nr_loop_t *l = (nr_loop_t *)cl;
+  uint64_t enq = atomic_load(&l->enqueued), deq = atomic_load(&l->dequeued);
+  o->name = l->name;
+  o->state = atomic_load(&l->state);
+  o->pending_tasks = enq > deq ? enq - deq : 0;
+  o->scheduled_tasks = atomic_load(&l->timer_count);
+  o->channels = atomic_load(&l->channel_count);
+  o->tasks_run = atomic_load(&l->tasks_run);
+  o->io_events = atomic_load(&l->io_events);
+  o->wakeups = atomic_load(&l->wakeups);
+  o->selector_rebuilds = atomic_load(&l->rebuilds);
+  o->iterations = atomic_load(&l->iterations);
+  o->io_time_ns = atomic_load(&l->io_time);
+  o->task_time_ns = atomic_load(&l->task_time);
+}

@@ -1,0 +1,118 @@
+/*
+ * group.c -- event-loop groups (Netty's MultithreadEventExecutorGroup): N
+ * loops created up front, a round-robin chooser with a power-of-two fast
+ * path, shutdown of every child, and a termination future that completes
+ * once all children have terminated.
+ */
+#include <stdio.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+struct nr_group_s {
+  _Alignas(NR_CACHELINE) _Atomic unsigned idx;   /* chooser position */
+  _Atomic int terminated;                        /* children terminated */
+  char *name;
+  int n;
+  unsigned mask;                                 /* n - 1 when n is 2^k */
+  nr_loop_t **loops;
+  nr_promise_t *termination;
+};
+
+static void child_terminated(nr_promise_t *p, void *arg) {
+  (void)p;
+  nr_group_t *g = arg;
+  if (atomic_fetch_add(&g->terminated, 1) + 1 == g->n)
+    nr_promise_set_success(g->termination, NULL, NULL);
+}
+
+nr_group_t *nr_group_new(const nr_group_opts_t *o) {
+  nr_group_t *g = aligned_alloc(NR_CACHELINE, sizeof *g);
+  if (g == NULL)
+    return NULL;
+  memset(g, 0, sizeof *g);
+  g->n = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (g->n < 1)
+    g->n = 1;
+  g->mask = (g->n & (g->n - 1)) == 0 ? (unsigned)g->n - 1 : 0;
+  g->name = strdup(o->name ? o->name : "group");
+  g->loops = calloc((size_t)g->n, sizeof *g->loops);
+  g->termination = nr_promise_new();
+  if (!g->name || !g->loops || !g->termination)
+    goto fail;
+  for (int i = 0; i < g->n; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s-%d", g->name, i + 1);
+    nr_loop_opts_t lo = {.name = name, .io_ratio = o->io_ratio,
+                         .rebuild_threshold = o->rebuild_threshold,
+                         .max_pending = o->max_pending,
+                         .on_start = o->on_start, .on_exit = o->on_exit,
+                         .ud = o->ud};
+    if ((g->loops[i] = nr_loop_new(&lo)) == NULL)
+      goto fail;
+    g->loops[i]->group = g;
+    nr_promise_add_listener(g->loops[i]->termination, NULL, child_terminated,
+                            g);
+  }
+  return g;
+fail:
+  for (int i = 0; g->loops && i < g->n && g->loops[i]; i++)
+    nr_loop_free(g->loops[i]);
+  free(g->loops);
+  free(g->name);
+  if (g->termination)
+    nr_promise_release(g->termination);
+  free(g);
+  errno = ENOMEM;
+  return NULL;
+}
+
+void nr_group_free(nr_group_t *g) {
+  if (g == NULL)
+    return;
+  for (int i = 0; i < g->n; i++)
+    nr_loop_free(g->loops[i]);
+  free(g->loops);
+  free(g->name);
+  nr_promise_release(g->termination);
+  free(g);
+}
+
+nr_loop_t *nr_group_next(nr_group_t *g) {
+  unsigned i = atomic_fetch_add_explicit(&g->idx, 1, memory_order_relaxed);
+  return g->loops[g->mask || g->n == 1 ? i & g->mask : i % (unsigned)g->n];
+}
+
+int nr_group_size(const nr_group_t *g) { return g->n; }
+const char *nr_group_name(const nr_group_t *g) { return g->name; }
+nr_loop_t *nr_group_loop(const nr_group_t *g, int i) {
+  return i >= 0 && i < g->n ? g->loops[i] : NULL;
+}
+
+nr_promise_t *nr_group_shutdown_gracefully(nr_group_t *g, uint64_t quiet,
+                                           uint64_t timeout) {
+  for (int i = 0; i < g->n; i++)
+    nr_loop_shutdown_gracefully(g->loops[i], quiet, timeout);
+  return g->termination;
+}
+
+nr_promise_t *nr_group_termination_future(const nr_group_t *g) {
+  return g->termination;
+}
+
+static bool all(const nr_group_t *g, bool (*pred)(const nr_loop_t *)) {
+  for (int i = 0; i < g->n; i++)
+    if (!pred(g->loops[i]))
+      return false;
+  return true;
+}
+
+bool nr_group_is_shutting_down(const nr_group_t *g) {
+  return all(g, nr_loop_is_shutting_down);
+}
+bool nr_group_is_shutdown(const nr_group_t *g) {
+  return all(g, nr_loop_is_shutdown);
+}
+bool nr_group_is_terminated(const nr_group_t *g) {
+  return all(g, nr_loop_is_terminated);
+}

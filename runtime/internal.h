@@ -1,0 +1,361 @@
+/*
+ * internal.h -- structures and cross-file helpers of the runtime core.
+ *
+ * Only the runtime/ sources include this. Ownership rules:
+ *  - a loop's heap, ready list, channel list, chunk cache and read buffer
+ *    belong to its thread; only the MPSC queues, the state and the wakeup
+ *    word are touched by other threads (atomics).
+ *  - channels and promises are reference counted and may be released on any
+ *    thread; everything else about a channel is loop-thread only.
+ */
+#ifndef NR_INTERNAL_H
+#define NR_INTERNAL_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdatomic.h>
+#include <sys/epoll.h>
+
+#include "netrun.h"
+
+#define NR_CACHELINE 64
+
+/* ---- MPSC queue (Vyukov's intrusive list): wait-free producers --------- */
+
+typedef struct nr_mpsc_s {
+  _Alignas(NR_CACHELINE) nr_task_t *_Atomic head;  /* producers swap here */
+  _Alignas(NR_CACHELINE) nr_task_t *tail;          /* consumer only */
+  nr_task_t stub;
+} nr_mpsc_t;
+
+void nr__mpsc_init(nr_mpsc_t *q);
+void nr__mpsc_push(nr_mpsc_t *q, nr_task_t *t);
+/* Consumer only. NULL when empty, or when a producer is mid-push (then
+ * nr__mpsc_empty is false and the caller retries later). */
+nr_task_t *nr__mpsc_pop(nr_mpsc_t *q);
+bool nr__mpsc_empty(nr_mpsc_t *q);
+
+/* ---- timer heap --------------------------------------------------------- */
+
+typedef struct nr_heap_entry_s {
+  uint64_t deadline, seq;
+  nr_timer_t *timer;
+} nr_heap_entry_t;
+
+typedef struct nr_heap_s {
+  nr_heap_entry_t *v;
+  size_t n, cap;
+} nr_heap_t;
+
+int nr__heap_push(nr_heap_t *h, nr_timer_t *t, uint64_t seq);
+nr_timer_t *nr__heap_peek(const nr_heap_t *h);
+nr_timer_t *nr__heap_pop(nr_heap_t *h);
+void nr__heap_remove(nr_heap_t *h, nr_timer_t *t);
+void nr__heap_free(nr_heap_t *h);
+
+enum { NR_TIMER_PENDING, NR_TIMER_DONE, NR_TIMER_CANCELLED };
+
+struct nr_timer_s {
+  nr_task_t task;            /* carries cross-thread add, ready-list links */
+  nr_loop_t *loop;
+  uint64_t deadline;
+  int64_t period;
+  nr_task_fn fn, cancel_fn;
+  void *arg;
+  uint32_t idx;              /* heap index, NR_NOT_IN_HEAP when not in it */
+  _Atomic int refs;
+  _Atomic int state;
+};
+#define NR_NOT_IN_HEAP UINT32_MAX
+
+/* ---- I/O watchers -------------------------------------------------------- */
+
+typedef struct nr_io_s nr_io_t;
+/* Returns 1 if the event did work (counts against spurious wakeups). */
+typedef int (*nr_io_cb)(nr_loop_t *loop, nr_io_t *io, uint32_t events);
+struct nr_io_s {
+  int fd;
+  uint32_t events;           /* registered interest */
+  nr_io_cb cb;
+  nr_io_t *prev, *next;      /* loop's registration list, for rebuilds */
+};
+
+int nr__io_start(nr_loop_t *loop, nr_io_t *io, uint32_t events);
+int nr__io_modify(nr_loop_t *loop, nr_io_t *io, uint32_t events);
+void nr__io_stop(nr_loop_t *loop, nr_io_t *io);
+
+/* ---- outbound chunk cache (per loop) ----------------------------------- */
+
+typedef struct nr_chunk_s {
+  struct nr_chunk_s *next;
+  size_t cap, start, end;
+  char data[];
+} nr_chunk_t;
+
+#define NR_CHUNK_SIZE 16384
+#define NR_READ_BUF 65536
+
+nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need);
+void nr__chunk_put(nr_loop_t *loop, nr_chunk_t *c);
+
+/* ---- loops --------------------------------------------------------------- */
+
+#define NR_AWAKE UINT64_MAX     /* next_wakeup: loop awake, no write needed */
+#define NR_NONE (UINT64_MAX - 1) /* next_wakeup: blocked with no deadline */
+
+typedef struct nr_hook_s {
+  struct nr_hook_s *next;
+  nr_task_fn fn;
+  void *arg;
+} nr_hook_t;
+
+struct nr_loop_s {
+  /* Cache lines are grouped by writer, so producers and the loop do not
+   * invalidate each other's lines on every task. */
+  nr_mpsc_t tasks;
+  nr_mpsc_t tail_tasks;
+  /* written by producers (RMW) */
+  _Alignas(NR_CACHELINE) _Atomic int producers;  /* inside execute() */
+  _Atomic uint64_t enqueued;        /* tasks ever queued */
+  _Atomic uint64_t wakeups;         /* eventfd writes */
+  _Atomic uint64_t timer_count;     /* timers alive (schedule/discard) */
+  /* read by producers on every task, written rarely */
+  _Alignas(NR_CACHELINE) _Atomic int state;
+  _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
+  /* written by the loop, read by stats and bounded producers */
+  _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
+  _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
+      task_time, channel_count;
+  pthread_mutex_t hook_lock;
+  nr_hook_t *hooks;
+  uint64_t quiet, timeout;          /* graceful shutdown, under hook_lock */
+
+  /* loop thread only */
+  _Alignas(NR_CACHELINE) int epfd, wakefd;
+  nr_io_t wake_io;
+  nr_io_t *ios;                     /* registered watchers */
+  nr_heap_t heap;
+  uint64_t timer_seq;
+  nr_task_t *ready, *ready_tail;    /* due timers' tasks, FIFO */
+  uint64_t shutdown_start, last_execution;
+  uint64_t run_once_deadline;       /* external loops: bound on blocking */
+  int select_cnt;
+  bool spin;                        /* queued tasks ran last pass */
+  uint64_t dequeued_seen;
+  nr_channel_t *channels;           /* registered channels, for close_all */
+  nr_channel_t *graveyard;          /* closed this pass, released after it */
+  nr_chunk_t *chunk_cache;
+  int chunk_cached;
+  char *rbuf;                       /* shared read buffer */
+  struct epoll_event *events;
+  int nevents;
+
+  /* configuration */
+  char *name;
+  int io_ratio, rebuild_threshold;
+  size_t max_pending;
+  bool external;
+  void (*on_start)(nr_loop_t *, void *);
+  void (*on_exit)(nr_loop_t *, void *);
+  void *ud, *data;
+  nr_group_t *group;
+  pthread_t thread;
+  bool thread_started;
+  nr_promise_t *termination;
+};
+
+
+/* ---- pipelines ------------------------------------------------------------ */
+
+struct nr_ctx_s {
+  nr_ctx_t *prev, *next;     /* kept after removal so in-flight events go on */
+  nr_pipeline_t *pipe;
+  const nr_handler_t *h;
+  void *state;
+  char *name;
+  unsigned mask;             /* skip mask: events this context handles */
+  bool removed, embedded;    /* embedded: the pipeline's head or tail */
+  int refs;                  /* loop thread only */
+  nr_ctx_t *zombie_next;
+};
+
+struct nr_pipeline_s {
+  nr_channel_t *ch;
+  nr_ctx_t head, tail;
+  int depth;                 /* handler calls in progress */
+  nr_ctx_t *zombies;         /* removed during a call: freed at depth 0 */
+  unsigned auto_names;
+};
+
+void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,
+                       const nr_handler_t *head);
+void nr__pipeline_destroy(nr_pipeline_t *p);   /* remove every handler */
+int nr__pipeline_bind(nr_pipeline_t *p, const struct sockaddr *sa,
+                      socklen_t len, nr_promise_t *prom);
+int nr__pipeline_connect(nr_pipeline_t *p, const struct sockaddr *sa,
+                         socklen_t len, nr_promise_t *prom);
+void nr__pipeline_fire_registered(nr_pipeline_t *p);
+void nr__pipeline_fire_unregistered(nr_pipeline_t *p);
+void nr__pipeline_fire_active(nr_pipeline_t *p);
+void nr__pipeline_fire_inactive(nr_pipeline_t *p);
+void nr__pipeline_fire_read_complete(nr_pipeline_t *p);
+void nr__pipeline_fire_writability(nr_pipeline_t *p);
+
+/* ---- outbound buffer -------------------------------------------------------- */
+
+typedef struct nr_wentry_s {
+  nr_promise_t *p;
+  uint64_t end;              /* stream offset at which the write completes */
+} nr_wentry_t;
+
+typedef struct nr_dgram_s {
+  struct nr_dgram_s *next;
+  nr_promise_t *p;
+  struct sockaddr_storage addr;
+  socklen_t addrlen;
+  size_t len;
+  char data[];
+} nr_dgram_t;
+
+typedef struct nr_outbound_s {
+  nr_chunk_t *head, *tail;
+  uint64_t appended, flushed, written;   /* stream offsets */
+  nr_wentry_t *ents;                     /* ring of write promises */
+  size_t ehead, ecount, ecap;
+  nr_dgram_t *dq, **dq_tail;             /* datagrams, in order */
+  size_t dq_count, dq_unflushed;         /* all / trailing not yet flushed */
+  size_t pending;                        /* bytes queued, for water marks */
+} nr_outbound_t;
+
+void nr__out_init(nr_outbound_t *o);
+int nr__out_append(nr_loop_t *l, nr_outbound_t *o, const void *data,
+                   size_t len, nr_promise_t *p);
+int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
+                         nr_promise_t *p);
+void nr__out_flush(nr_outbound_t *o);
+/* Fill iov with flushed, unwritten bytes; returns the count. */
+int nr__out_iov(nr_outbound_t *o, struct iovec *iov, int max);
+/* n bytes were written: drop them, complete finished writes. */
+void nr__out_consume(nr_loop_t *l, nr_outbound_t *o, size_t n);
+/* Fail writes not yet flushed and drop their bytes. */
+void nr__out_fail_unflushed(nr_loop_t *l, nr_outbound_t *o, int code);
+/* Fail everything and free the buffer. */
+void nr__out_fail_all(nr_loop_t *l, nr_outbound_t *o, int code,
+                      const char *msg);
+
+/* ---- channels -------------------------------------------------------------- */
+
+enum { NR__STREAM, NR__LISTEN, NR__DGRAM };
+
+/* Bits of nr_channel_t.pub, readable from any thread. */
+enum { NR__OPEN = 1, NR__ACTIVE = 2, NR__WRITABLE = 4 };
+
+/* Bits of nr_channel_t.st, loop thread only. */
+enum {
+  NR__REGISTERED = 1u << 0, NR__CONNECTING = 1u << 1, NR__CLOSING = 1u << 2,
+  NR__CLOSED = 1u << 3, NR__INPUT_SHUT = 1u << 4, NR__READ_REQ = 1u << 5,
+  NR__WAIT_OUT = 1u << 6, NR__FLUSH_TASK = 1u << 7, NR__WAS_ACTIVE = 1u << 8,
+  NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10
+};
+
+typedef struct nr_server_s {
+  nr_group_t *child_group;
+  nr_channel_opts_t child;
+  nr_init_fn child_init;
+  void *arg;
+  uint64_t backoff;
+  nr_timer_t *backoff_timer;
+} nr_server_t;
+
+struct nr_channel_s {
+  nr_io_t io;
+  _Atomic int refs;
+  _Atomic int pub;
+  nr_loop_t *loop;
+  uint64_t id;
+  int kind, family;
+  unsigned st;
+  nr_pipeline_t pipe;
+  nr_outbound_t out;
+  nr_channel_opts_t opts;
+  int guess, shrink_next;            /* adaptive read size */
+  nr_promise_t *close_future;
+  nr_promise_t *connect_promise;
+  nr_timer_t *connect_timer, *linger_timer;
+  nr_server_t *srv;
+  void *user;
+  void (*user_free)(void *);
+  nr_init_fn init;                   /* bootstrap: run at registration */
+  void *init_arg;
+  nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
+  uint64_t connect_timeout;
+  int backlog;
+  struct sockaddr_storage laddr, raddr;
+  socklen_t llen, rlen;
+  nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
+};
+
+nr_channel_t *nr__channel_new(int kind, int family, int fd,
+                              const nr_channel_opts_t *opts);
+/* On the channel's loop: add to the selector and the loop's list, run init,
+ * fire channel_registered. */
+int nr__channel_register(nr_channel_t *ch, uint32_t events);
+void nr__channel_update_interest(nr_channel_t *ch);
+void nr__accept_ready(nr_channel_t *ch);     /* bootstrap.c */
+void nr__channel_set_active(nr_channel_t *ch);
+void nr__channel_close(nr_channel_t *ch, bool abort);
+void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
+extern const nr_handler_t nr__head_handler;
+
+/* socket.c */
+int nr__resolve(const char *host, int port, int socktype, bool passive,
+                struct sockaddr_storage *ss, socklen_t *len);
+int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
+                  socklen_t *len);
+int nr__socket(int family, int type);
+void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
+int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
+                    char *host, size_t n, int *port);
+/* "ECONNREFUSED: connection refused" style text for a code. */
+const char *nr__errname(int code);
+/* The message last given to nr_raise for `code` on this thread, else the
+ * code's name. */
+const char *nr__raised(int code);
+
+/* executor.c */
+int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o);
+void nr__loop_wakeup(nr_loop_t *l);
+bool nr__loop_has_tasks(nr_loop_t *l);
+int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded);
+bool nr__confirm_shutdown(nr_loop_t *l);
+uint64_t nr__next_deadline(nr_loop_t *l);
+uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
+void nr__cancel_timers(nr_loop_t *l);
+void nr__loop_set_current(nr_loop_t *l);
+
+/* loop.c */
+int nr__selector_open(nr_loop_t *l);
+void nr__selector_close(nr_loop_t *l);
+int nr__loop_iteration(nr_loop_t *l);
+void nr__loop_run(nr_loop_t *l);
+
+/* channel.c */
+void nr__channels_close_all(nr_loop_t *l);
+void nr__channels_abort_all(nr_loop_t *l);
+
+
+/* log.c */
+void nr__log_set_thread_name(const char *name);
+
+/* promises: main-thread and loop listeners */
+nr_promise_t *nr__promise_done(void *value, void (*free_fn)(void *));
+nr_promise_t *nr__promise_failed(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static inline bool nr__in_loop(const nr_loop_t *l) {
+  return nr_loop_current() == l;
+}
+
+#endif /* NR_INTERNAL_H */

@@ -1,0 +1,260 @@
+/*
+ * loop.c -- the I/O side of a loop (Netty's NioEventLoop.run): the select
+ * strategy, io_ratio, coalesced wakeups, spurious-wakeup counting and the
+ * selector rebuild. Loop thread only, except nr__loop_wakeup (executor.c).
+ *
+ * One iteration reads like Netty's run():
+ *   1. tasks pending  -> epoll_wait(0) (select now, do not block);
+ *      otherwise      -> publish the next deadline in next_wakeup, re-check
+ *                        the queue, block until the deadline or a wakeup;
+ *   2. process ready events;
+ *   3. run tasks, for at most io_time * (100 - io_ratio) / io_ratio
+ *      (all of them when io_ratio is 100);
+ *   4. count selects that returned early having done nothing; after
+ *      rebuild_threshold of them in a row, rebuild the selector.
+ */
+#include <stdio.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define MAX_EVENTS 1024
+#define SPIN_NS 10000        /* see spin_for_tasks */
+
+static int on_wake(nr_loop_t *l, nr_io_t *io, uint32_t events) {
+  (void)events;
+  (void)l;
+  uint64_t v;
+  ssize_t n = read(io->fd, &v, sizeof v);
+  (void)n;                       /* EAGAIN: a concurrent read drained it */
+  return 0;                      /* wakeups are not work; tasks are */
+}
+
+int nr__selector_open(nr_loop_t *l) {
+  l->epfd = epoll_create1(EPOLL_CLOEXEC);
+  l->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  l->nevents = MAX_EVENTS;
+  l->events = malloc(sizeof *l->events * (size_t)l->nevents);
+  if (l->epfd < 0 || l->wakefd < 0 || l->events == NULL)
+    return l->events == NULL ? -ENOMEM : -errno;
+  l->wake_io.fd = l->wakefd;
+  l->wake_io.cb = on_wake;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &l->wake_io};
+  return epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->wakefd, &ev) < 0 ? -errno : 0;
+}
+
+void nr__selector_close(nr_loop_t *l) {
+  if (l->epfd > 0)
+    close(l->epfd);
+  if (l->wakefd > 0)
+    close(l->wakefd);
+  l->epfd = l->wakefd = -1;
+  free(l->events);
+  l->events = NULL;
+  free(l->rbuf);
+  l->rbuf = NULL;
+  for (nr_chunk_t *c = l->chunk_cache, *n; c; c = n) {
+    n = c->next;
+    free(c);
+  }
+  l->chunk_cache = NULL;
+}
+
+/* ---- watchers ------------------------------------------------------------ */
+
+int nr__io_start(nr_loop_t *l, nr_io_t *io, uint32_t events) {
+  struct epoll_event ev = {.events = events, .data.ptr = io};
+  if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, io->fd, &ev) < 0)
+    return -errno;
+  io->events = events;
+  io->prev = NULL;
+  io->next = l->ios;
+  if (l->ios)
+    l->ios->prev = io;
+  l->ios = io;
+  return 0;
+}
+
+int nr__io_modify(nr_loop_t *l, nr_io_t *io, uint32_t events) {
+  if (events == io->events)
+    return 0;
+  struct epoll_event ev = {.events = events, .data.ptr = io};
+  if (epoll_ctl(l->epfd, EPOLL_CTL_MOD, io->fd, &ev) < 0)
+    return -errno;
+  io->events = events;
+  return 0;
+}
+
+void nr__io_stop(nr_loop_t *l, nr_io_t *io) {
+  epoll_ctl(l->epfd, EPOLL_CTL_DEL, io->fd, NULL);
+  if (io->prev)
+    io->prev->next = io->next;
+  else if (l->ios == io)
+    l->ios = io->next;
+  if (io->next)
+    io->next->prev = io->prev;
+  io->prev = io->next = NULL;
+}
+
+/* ---- selector rebuild ---------------------------------------------------- */
+
+/* Netty's rebuildSelector: a new epoll instance with every watcher
+ * re-registered with its interest set; a watcher that cannot be moved is
+ * told so through its callback with EPOLLERR. */
+static void rebuild(nr_loop_t *l, int premature) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) {
+    nr_log(NR_LOG_WARN, "%s: selector rebuild failed: %s", l->name,
+           strerror(errno));
+    return;
+  }
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &l->wake_io};
+  epoll_ctl(ep, EPOLL_CTL_ADD, l->wakefd, &ev);
+  int moved = 0;
+  for (nr_io_t *io = l->ios; io; io = io->next) {
+    ev.events = io->events;
+    ev.data.ptr = io;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, io->fd, &ev) == 0)
+      moved++;
+    else
+      nr_log(NR_LOG_WARN, "%s: fd %d lost in selector rebuild: %s", l->name,
+             io->fd, strerror(errno));
+  }
+  close(l->epfd);
+  l->epfd = ep;
+  atomic_fetch_add(&l->rebuilds, 1);
+  nr_log(NR_LOG_WARN,
+         "%s: selector returned prematurely %d times in a row; rebuilt it "
+         "with %d watchers",
+         l->name, premature, moved);
+}
+
+/* ---- one iteration ------------------------------------------------------- */
+
+static int timeout_ms(uint64_t deadline, uint64_t now) {
+  if (deadline == NR_NONE)
+    return -1;
+  if (deadline <= now)
+    return 0;
+  uint64_t ms = (deadline - now + 999999) / 1000000;  /* never wake early */
+  return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+static int process(nr_loop_t *l, int n) {
+  int handled = 0;
+  for (int i = 0; i < n; i++) {
+    nr_io_t *io = l->events[i].data.ptr;
+    if (io == NULL)
+      continue;                  /* a stale registration: no work */
+    handled += io->cb(l, io, l->events[i].events);
+  }
+  atomic_store_explicit(&l->io_events,
+                        atomic_load_explicit(&l->io_events,
+                                             memory_order_relaxed) + (uint64_t)n,
+                        memory_order_relaxed);
+  return handled;
+}
+
+/* The deadline to block until when there is nothing to do. */
+static uint64_t block_deadline(nr_loop_t *l) {
+  uint64_t dl = nr__next_deadline(l);
+  if (nr_loop_is_shutting_down(l))
+    dl = nr__shutdown_poll_deadline(l, dl);
+  if (l->run_once_deadline && l->run_once_deadline < dl)
+    dl = l->run_once_deadline;
+  return dl;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* While producers are feeding the queue, their next task is usually a few
+ * hundred nanoseconds away: poll for it briefly before paying for a sleep
+ * here and an eventfd write there. Idle loops and pure I/O loops never
+ * spin, since `spin` is only set by a pass that ran queued tasks. */
+static void spin_for_tasks(nr_loop_t *l) {
+  uint64_t until = nr_now() + SPIN_NS;
+  for (int i = 1; !nr__loop_has_tasks(l); i++) {
+    cpu_relax();
+    if ((i & 63) == 0 && nr_now() >= until)
+      break;
+  }
+}
+
+int nr__loop_iteration(nr_loop_t *l) {
+  int n = 0;
+  bool blocked = false;
+  uint64_t dl = 0;
+  atomic_store_explicit(&l->iterations,
+                        atomic_load_explicit(&l->iterations,
+                                             memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  if (l->spin && !l->external)
+    spin_for_tasks(l);
+  if (nr__loop_has_tasks(l)) {
+    n = epoll_wait(l->epfd, l->events, l->nevents, 0);
+  } else {
+    dl = block_deadline(l);
+    atomic_store(&l->next_wakeup, dl);     /* seq_cst: before the re-check */
+    if (!nr__loop_has_tasks(l)) {
+      blocked = true;
+      n = epoll_wait(l->epfd, l->events, l->nevents, timeout_ms(dl, nr_now()));
+    }
+    atomic_store_explicit(&l->next_wakeup, NR_AWAKE, memory_order_relaxed);
+  }
+  if (n < 0) {
+    if (errno != EINTR)
+      nr_log(NR_LOG_WARN, "%s: epoll_wait: %s", l->name, strerror(errno));
+    n = 0;
+  }
+  int handled = 0;
+  bool ran;
+  if (l->io_ratio == 100) {
+    handled = n ? process(l, n) : 0;
+    ran = nr__run_all_tasks(l, 0, false);
+  } else if (n > 0) {
+    uint64_t t0 = nr_now();
+    handled = process(l, n);
+    uint64_t io = nr_now() - t0;
+    atomic_store_explicit(&l->io_time,
+                          atomic_load_explicit(&l->io_time,
+                                               memory_order_relaxed) + io,
+                          memory_order_relaxed);
+    ran = nr__run_all_tasks(
+        l, io * (uint64_t)(100 - l->io_ratio) / (uint64_t)l->io_ratio, true);
+  } else {
+    ran = nr__run_all_tasks(l, 0, true);
+  }
+  if (l->graveyard)
+    nr__loop_reap(l);
+  if (ran || handled > 0) {
+    l->select_cnt = 0;
+  } else if (blocked && (dl == NR_NONE || nr_now() < dl)) {
+    /* Woke before the deadline and found nothing to do. */
+    if (++l->select_cnt > 3)
+      nr_log(NR_LOG_DEBUG, "%s: selector returned prematurely %d times",
+             l->name, l->select_cnt);
+    if (l->rebuild_threshold > 0 && l->select_cnt >= l->rebuild_threshold) {
+      rebuild(l, l->select_cnt);
+      l->select_cnt = 0;
+    }
+  }
+  return ran;
+}
+
+void nr__loop_run(nr_loop_t *l) {
+  for (;;) {
+    nr__loop_iteration(l);
+    if (nr_loop_is_shutting_down(l)) {
+      nr__channels_close_all(l);
+      if (nr__confirm_shutdown(l))
+        break;
+    }
+  }
+}

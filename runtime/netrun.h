@@ -1,0 +1,477 @@
+/*
+ * netrun.h -- the public C API of the netrun runtime core.
+ *
+ * The core reproduces Netty's NioEventLoop model: groups of single-threaded
+ * loops, each owning an epoll selector, a lock-free task queue, a timer heap
+ * and tail tasks; channels bound to one loop for life; handler pipelines.
+ * It knows nothing of Lua: the bindings in runtime/lua/ sit on top of it.
+ *
+ * Conventions:
+ *  - Functions return 0 or -errno. Pointer-returning constructors return NULL
+ *    and set errno.
+ *  - "loop thread only" functions assert that the caller runs on the loop
+ *    that owns the object; "any thread" functions may be called anywhere.
+ *  - Durations are nanoseconds (uint64_t) on the monotonic clock.
+ */
+#ifndef NETRUN_H
+#define NETRUN_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#define NR_VERSION "0.1.0"
+
+typedef struct nr_loop_s nr_loop_t;
+typedef struct nr_group_s nr_group_t;
+typedef struct nr_promise_s nr_promise_t;
+typedef struct nr_timer_s nr_timer_t;
+typedef struct nr_channel_s nr_channel_t;
+typedef struct nr_pipeline_s nr_pipeline_t;
+typedef struct nr_ctx_s nr_ctx_t;
+
+/* netrun's own error codes, beside negative errno values. */
+#define NR_EREJECTED  (-10001)   /* task refused: executor shutting down/shut down */
+#define NR_EFULL      (-10002)   /* task refused: pending-task bound reached */
+#define NR_ECANCELLED (-10003)   /* future cancelled */
+#define NR_ECLOSED    (-10004)   /* channel closed */
+#define NR_ETOOLONG   (-10005)   /* frame longer than its limit */
+#define NR_EDEADLOCK  (-10006)   /* blocking wait on an event-loop thread */
+#define NR_ETIMEDOUT  (-10007)   /* operation timed out */
+#define NR_EHANDLER   (-10008)   /* a handler raised (message carries details) */
+
+/* A short, static description of an error code. Any thread. */
+const char *nr_strerror(int code);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t nr_now(void);
+#define NR_MS(x) ((uint64_t)(x) * 1000000ull)
+#define NR_SEC(x) ((uint64_t)(x) * 1000000000ull)
+
+/* ---- logging ------------------------------------------------------------ */
+
+enum { NR_LOG_DEBUG, NR_LOG_INFO, NR_LOG_WARN, NR_LOG_ERROR, NR_LOG_OFF };
+/* Level from NETRUN_LOG (debug|info|warn|error|off), default info. Each line
+ * names its thread: the loop's name, or "main". Any thread. */
+void nr_log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void nr_vlog(int level, const char *fmt, va_list ap);
+int nr_log_level(void);
+void nr_log_set_level(int level);
+/* Name of the calling thread as it appears in log lines. */
+const char *nr_thread_name(void);
+
+/* ---- tasks and loops ---------------------------------------------------- */
+
+/* A task function. A non-zero return (an error code) is logged; the loop
+ * goes on. */
+typedef int (*nr_task_fn)(void *arg);
+
+/* An intrusive task: the caller owns its memory until fn runs (or the
+ * submission fails). Lets hot paths submit work without allocating. */
+typedef struct nr_task_s {
+  struct nr_task_s *_Atomic next;
+  nr_task_fn fn;
+  void *arg;
+  unsigned flags;                         /* internal */
+} nr_task_t;
+
+enum { NR_NOT_STARTED, NR_STARTED, NR_SHUTTING_DOWN, NR_SHUTDOWN,
+       NR_TERMINATED };
+
+typedef struct nr_loop_opts_s {
+  const char *name;          /* thread and log name; copied */
+  int io_ratio;              /* 1..100, default 50; 100 = run all tasks */
+  int rebuild_threshold;     /* spurious wakeups before a selector rebuild;
+                                default 512; < 0 = never */
+  size_t max_pending;        /* bound on pending tasks; 0 = unbounded */
+  bool external;             /* no thread: the creating thread drives it with
+                                nr_loop_run_once (used for the main thread) */
+  /* Run on the loop thread when it starts and just before it terminates. */
+  void (*on_start)(nr_loop_t *loop, void *ud);
+  void (*on_exit)(nr_loop_t *loop, void *ud);
+  void *ud;
+} nr_loop_opts_t;
+
+typedef struct nr_loop_stats_s {
+  const char *name;
+  int state;
+  uint64_t pending_tasks, scheduled_tasks, channels, tasks_run, io_events,
+      wakeups, selector_rebuilds, iterations, io_time_ns, task_time_ns;
+} nr_loop_stats_t;
+
+/* Create a loop (not started: the thread starts on the first task). */
+nr_loop_t *nr_loop_new(const nr_loop_opts_t *opts);
+/* Free a terminated loop, joining its thread. Not from the loop itself. */
+void nr_loop_free(nr_loop_t *loop);
+
+/* Any thread. Queue fn(arg); 0, NR_EREJECTED, NR_EFULL or -ENOMEM. */
+int nr_loop_execute(nr_loop_t *loop, nr_task_fn fn, void *arg);
+/* Any thread. Queue an intrusive task (see nr_task_t). */
+int nr_loop_execute_task(nr_loop_t *loop, nr_task_t *task);
+/* Any thread. A tail task, run after the current/next iteration. */
+int nr_loop_after_iteration(nr_loop_t *loop, nr_task_fn fn, void *arg);
+/* Any thread. Register a hook run on the loop thread during shutdown. */
+int nr_loop_add_shutdown_hook(nr_loop_t *loop, nr_task_fn fn, void *arg);
+
+bool nr_loop_in_thread(const nr_loop_t *loop);
+/* The loop running the calling thread (or its external loop), else NULL. */
+nr_loop_t *nr_loop_current(void);
+const char *nr_loop_name(const nr_loop_t *loop);
+int nr_loop_state(const nr_loop_t *loop);
+bool nr_loop_is_shutting_down(const nr_loop_t *loop);  /* state >= SHUTTING_DOWN */
+bool nr_loop_is_shutdown(const nr_loop_t *loop);       /* state >= SHUTDOWN */
+bool nr_loop_is_terminated(const nr_loop_t *loop);
+nr_group_t *nr_loop_group(const nr_loop_t *loop);
+void *nr_loop_data(const nr_loop_t *loop);
+void nr_loop_set_data(nr_loop_t *loop, void *data);
+void nr_loop_stats(const nr_loop_t *loop, nr_loop_stats_t *out);  /* any thread */
+
+/* Start graceful shutdown (Netty's shutdownGracefully): tasks keep being
+ * accepted and run until none ran for `quiet` ns, or `timeout` ns elapsed.
+ * Returns the termination future (borrowed). Any thread; idempotent. */
+nr_promise_t *nr_loop_shutdown_gracefully(nr_loop_t *loop, uint64_t quiet,
+                                          uint64_t timeout);
+nr_promise_t *nr_loop_termination_future(const nr_loop_t *loop);
+
+/* External loops only, on the creating thread: run one iteration, blocking
+ * up to timeout ns (0 = poll) for tasks. Returns tasks run. */
+int nr_loop_run_once(nr_loop_t *loop, uint64_t timeout);
+
+/* Diagnostics: the current epoll fd (tests use it to provoke a spurious
+ * wakeup storm, as a stale registration would). */
+int nr_loop_selector_fd(const nr_loop_t *loop);
+
+/* ---- scheduled tasks ---------------------------------------------------- */
+
+/* Any thread. Run fn(arg) after `delay` ns; period > 0 repeats at a fixed
+ * rate, period < 0 with a fixed delay of -period ns. cancel_fn(arg), if
+ * given, runs on the loop thread when the task is discarded without running
+ * (cancelled, or the loop shut down); a periodic task that is cancelled gets
+ * it too. Returns a handle the caller releases with nr_timer_release. */
+nr_timer_t *nr_loop_schedule(nr_loop_t *loop, uint64_t delay, int64_t period,
+                             nr_task_fn fn, nr_task_fn cancel_fn, void *arg);
+/* Any thread. 0 if cancelled now, -EALREADY if it ran or was cancelled. */
+int nr_timer_cancel(nr_timer_t *t);
+bool nr_timer_is_cancelled(const nr_timer_t *t);
+void nr_timer_release(nr_timer_t *t);
+
+/* ---- groups ------------------------------------------------------------- */
+
+typedef struct nr_group_opts_s {
+  const char *name;          /* loops are named "<name>-1" .. "<name>-N" */
+  int threads;               /* default: number of CPUs */
+  int io_ratio;              /* as nr_loop_opts_t */
+  int rebuild_threshold;
+  size_t max_pending;
+  void (*on_start)(nr_loop_t *loop, void *ud);
+  void (*on_exit)(nr_loop_t *loop, void *ud);
+  void *ud;
+} nr_group_opts_t;
+
+nr_group_t *nr_group_new(const nr_group_opts_t *opts);
+/* Free a terminated group and its loops. Not from one of its loops. */
+void nr_group_free(nr_group_t *g);
+nr_loop_t *nr_group_next(nr_group_t *g);          /* round-robin, any thread */
+int nr_group_size(const nr_group_t *g);
+nr_loop_t *nr_group_loop(const nr_group_t *g, int i);
+const char *nr_group_name(const nr_group_t *g);
+nr_promise_t *nr_group_shutdown_gracefully(nr_group_t *g, uint64_t quiet,
+                                           uint64_t timeout);
+/* Completes once every loop of the group has terminated. */
+nr_promise_t *nr_group_termination_future(const nr_group_t *g);
+bool nr_group_is_shutting_down(const nr_group_t *g);
+bool nr_group_is_shutdown(const nr_group_t *g);
+bool nr_group_is_terminated(const nr_group_t *g);
+
+/* ---- promises ----------------------------------------------------------- */
+
+/* A promise is a reference-counted, thread-safe future. It completes once:
+ * success with a value (owned by the promise, freed with free_fn when the
+ * promise is freed), failure with a code and message, or cancellation. */
+typedef void (*nr_listener_fn)(nr_promise_t *p, void *arg);
+
+nr_promise_t *nr_promise_new(void);
+nr_promise_t *nr_promise_retain(nr_promise_t *p);
+void nr_promise_release(nr_promise_t *p);
+
+/* 0, or -EALREADY when already complete (the value is then freed). */
+int nr_promise_set_success(nr_promise_t *p, void *value,
+                           void (*free_fn)(void *));
+int nr_promise_set_failure(nr_promise_t *p, int code, const char *msg);
+int nr_promise_cancel(nr_promise_t *p);
+
+bool nr_promise_is_done(const nr_promise_t *p);
+bool nr_promise_is_success(const nr_promise_t *p);
+bool nr_promise_is_cancelled(const nr_promise_t *p);
+void *nr_promise_value(const nr_promise_t *p);      /* after success */
+int nr_promise_code(const nr_promise_t *p);         /* 0 unless failed */
+const char *nr_promise_message(const nr_promise_t *p);
+
+/* Call fn(p, arg) once when p completes, on loop `on` (NULL: on the thread
+ * that completes it, or now if already complete). If `on` has shut down the
+ * listener runs on the completing thread, with a warning. Any thread. */
+int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on,
+                            nr_listener_fn fn, void *arg);
+/* Block until p completes or timeout ns pass (UINT64_MAX = forever).
+ * On an event-loop thread returns NR_EDEADLOCK without waiting; on an
+ * external loop's thread it runs that loop's tasks while waiting.
+ * 0, or NR_ETIMEDOUT. */
+int nr_promise_wait(nr_promise_t *p, uint64_t timeout);
+
+/* ---- channels ----------------------------------------------------------- */
+
+/* A borrowed byte view: valid only during the call that passes it. Stream
+ * channels deliver these to the first handler and accept them on write (the
+ * bytes are copied into the outbound buffer). */
+typedef struct nr_bytes_s {
+  const char *data;
+  size_t len;
+} nr_bytes_t;
+
+/* A datagram: a borrowed byte view and the peer's address. */
+typedef struct nr_datagram_s {
+  nr_bytes_t bytes;
+  struct sockaddr_storage addr;
+  socklen_t addrlen;
+} nr_datagram_t;
+
+/* An error delivered to exception_caught. The message is borrowed. */
+typedef struct nr_err_s {
+  int code;
+  const char *msg;
+} nr_err_t;
+
+/* User events fired by the core: user_event(ctx, &NR_EVT_INPUT_SHUTDOWN)
+ * when the peer half-closed and allow_half_closure is set. */
+typedef struct nr_event_s { const char *name; } nr_event_t;
+extern const nr_event_t NR_EVT_INPUT_SHUTDOWN;
+
+typedef struct nr_channel_opts_s {
+  int tcp_nodelay;           /* default 1 */
+  int keepalive;             /* default 0 */
+  int sndbuf, rcvbuf;        /* 0 = system default */
+  int auto_read;             /* default 1 */
+  int allow_half_closure;    /* default 0: EOF closes the channel */
+  size_t write_buffer_low;   /* default 32 KiB */
+  size_t write_buffer_high;  /* default 64 KiB */
+  int max_reads;             /* reads per readiness event, default 16 */
+  int write_spin;            /* write syscalls per flush, default 16 */
+} nr_channel_opts_t;
+
+/* Fill *o with the defaults. */
+void nr_channel_opts_init(nr_channel_opts_t *o);
+
+/* Run on the channel's loop once it is registered, before it is active:
+ * the place to build its pipeline. */
+typedef void (*nr_init_fn)(nr_channel_t *ch, void *arg);
+
+typedef struct nr_server_opts_s {
+  nr_group_t *group;         /* accepts; required */
+  nr_group_t *child_group;   /* serves accepted channels; default: group */
+  const char *host;          /* default "0.0.0.0" */
+  int port;                  /* 0 = ephemeral */
+  const char *unix_path;     /* instead of host/port */
+  int backlog;               /* default 1024 */
+  bool reuseport;
+  uint64_t accept_backoff;   /* pause after EMFILE, default 1 s */
+  nr_channel_opts_t child;   /* defaults applied if all zero */
+  nr_init_fn init;           /* for the server channel itself (optional) */
+  nr_init_fn child_init;     /* for each accepted channel */
+  void *arg;                 /* passed to both inits */
+} nr_server_opts_t;
+
+typedef struct nr_connect_opts_s {
+  nr_group_t *group;         /* the channel's loop is group's next() */
+  nr_loop_t *loop;           /* or this loop */
+  const char *host;
+  int port;
+  const char *unix_path;
+  uint64_t timeout;          /* connect timeout, default 30 s */
+  nr_channel_opts_t opts;    /* defaults applied if all zero */
+  nr_init_fn init;
+  void *arg;
+} nr_connect_opts_t;
+
+typedef struct nr_udp_opts_s {
+  nr_group_t *group;
+  nr_loop_t *loop;
+  const char *host;          /* default "0.0.0.0" */
+  int port;
+  nr_channel_opts_t opts;
+  nr_init_fn init;
+  void *arg;
+} nr_udp_opts_t;
+
+/* Any thread. Each returns a future (the caller owns one reference) whose
+ * value on success is the channel (nr_channel_t *, borrowed: retain it to
+ * keep it). Address errors fail the future ("host:port: ECONNREFUSED"). */
+nr_promise_t *nr_server_bind(const nr_server_opts_t *opts);
+nr_promise_t *nr_connect(const nr_connect_opts_t *opts);
+nr_promise_t *nr_udp_bind(const nr_udp_opts_t *opts);
+
+/* Channels are reference counted; the loop holds one while registered. */
+nr_channel_t *nr_channel_retain(nr_channel_t *ch);
+void nr_channel_release(nr_channel_t *ch);
+
+uint64_t nr_channel_id(const nr_channel_t *ch);
+nr_loop_t *nr_channel_loop(const nr_channel_t *ch);
+nr_pipeline_t *nr_channel_pipeline(nr_channel_t *ch);
+bool nr_channel_is_open(const nr_channel_t *ch);      /* any thread */
+bool nr_channel_is_active(const nr_channel_t *ch);    /* any thread */
+bool nr_channel_is_writable(const nr_channel_t *ch);  /* any thread */
+bool nr_channel_is_server(const nr_channel_t *ch);
+bool nr_channel_is_datagram(const nr_channel_t *ch);
+int nr_channel_fd(const nr_channel_t *ch);
+/* Bytes waiting in the outbound buffer (written but not yet sent). */
+size_t nr_channel_pending_bytes(const nr_channel_t *ch);
+/* Format an address: "1.2.3.4" / port, or the unix path / -1. */
+int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
+                             int *port);
+int nr_channel_remote_address(const nr_channel_t *ch, char *host, size_t n,
+                              int *port);
+/* Future completed (success) once the channel is closed and unregistered.
+ * Borrowed. */
+nr_promise_t *nr_channel_close_future(const nr_channel_t *ch);
+
+/* Any thread: writes/closes from other threads are queued to the loop (the
+ * bytes copied first). Outbound operations enter the pipeline at the tail.
+ * `p` may be NULL (no notification). */
+int nr_channel_write(nr_channel_t *ch, const void *data, size_t len,
+                     bool flush, nr_promise_t *p);
+int nr_channel_flush(nr_channel_t *ch);
+int nr_channel_close(nr_channel_t *ch, nr_promise_t *p);
+/* Close at once: drop what is queued, RST the connection. */
+int nr_channel_abort(nr_channel_t *ch);
+int nr_channel_read(nr_channel_t *ch);      /* request a read (auto_read off) */
+int nr_channel_set_auto_read(nr_channel_t *ch, bool on);
+/* Loop thread only. */
+const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch);
+
+/* Per-channel slot for the bindings: freed with free_fn when the channel is
+ * freed (on whichever thread drops the last reference). */
+void *nr_channel_user(const nr_channel_t *ch);
+void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *));
+
+/* ---- pipelines ---------------------------------------------------------- */
+
+/* A handler is a vtable plus a per-context state pointer. NULL members pass
+ * the event on and cost nothing: each context's skip mask is computed once,
+ * from the non-NULL members, or from mask() when given.
+ *
+ * Inbound callbacks and outbound operations return 0 or an error code; an
+ * error is delivered to this same handler's exception callback (Netty's
+ * "exception thrown from channelRead goes to that handler's
+ * exceptionCaught"). All calls happen on the channel's loop thread. */
+typedef struct nr_handler_s {
+  const char *type;
+  void (*added)(nr_ctx_t *ctx);
+  void (*removed)(nr_ctx_t *ctx);     /* free the state here */
+  /* inbound */
+  int (*registered)(nr_ctx_t *ctx);
+  int (*unregistered)(nr_ctx_t *ctx);
+  int (*active)(nr_ctx_t *ctx);
+  int (*inactive)(nr_ctx_t *ctx);
+  int (*read)(nr_ctx_t *ctx, void *msg);
+  int (*read_complete)(nr_ctx_t *ctx);
+  int (*user_event)(nr_ctx_t *ctx, void *evt);
+  int (*writability_changed)(nr_ctx_t *ctx);
+  int (*exception)(nr_ctx_t *ctx, const nr_err_t *err);
+  /* outbound */
+  int (*bind)(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+              nr_promise_t *p);
+  int (*connect)(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+                 nr_promise_t *p);
+  int (*disconnect)(nr_ctx_t *ctx, nr_promise_t *p);
+  int (*close)(nr_ctx_t *ctx, nr_promise_t *p);
+  int (*do_read)(nr_ctx_t *ctx);
+  int (*write)(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+  int (*flush)(nr_ctx_t *ctx);
+  unsigned (*mask)(const struct nr_handler_s *h, void *state);
+} nr_handler_t;
+
+/* Record a message for `code` on this thread and return `code`: a handler
+ * returns nr_raise(NR_ETOOLONG, "frame of %zu bytes", n) and the pipeline
+ * delivers that message to exception_caught. */
+int nr_raise(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Event bits of a skip mask. */
+enum {
+  NR_EV_REGISTERED = 1u << 0, NR_EV_UNREGISTERED = 1u << 1,
+  NR_EV_ACTIVE = 1u << 2, NR_EV_INACTIVE = 1u << 3, NR_EV_READ = 1u << 4,
+  NR_EV_READ_COMPLETE = 1u << 5, NR_EV_USER_EVENT = 1u << 6,
+  NR_EV_WRITABILITY = 1u << 7, NR_EV_EXCEPTION = 1u << 8,
+  NR_OP_BIND = 1u << 9, NR_OP_CONNECT = 1u << 10, NR_OP_DISCONNECT = 1u << 11,
+  NR_OP_CLOSE = 1u << 12, NR_OP_READ = 1u << 13, NR_OP_WRITE = 1u << 14,
+  NR_OP_FLUSH = 1u << 15,
+  NR_EV_ALL_INBOUND = 0x1ffu, NR_OP_ALL_OUTBOUND = 0xfe00u
+};
+/* The mask a vtable's non-NULL members give. */
+unsigned nr_handler_mask(const nr_handler_t *h);
+
+/* Pipeline mutation: loop thread only. 0, -EEXIST (duplicate name),
+ * -ENOENT (unknown base/name), -ENOMEM. */
+int nr_pipeline_add_first(nr_pipeline_t *p, const char *name,
+                          const nr_handler_t *h, void *state);
+int nr_pipeline_add_last(nr_pipeline_t *p, const char *name,
+                         const nr_handler_t *h, void *state);
+int nr_pipeline_add_before(nr_pipeline_t *p, const char *base,
+                           const char *name, const nr_handler_t *h,
+                           void *state);
+int nr_pipeline_add_after(nr_pipeline_t *p, const char *base,
+                          const char *name, const nr_handler_t *h,
+                          void *state);
+int nr_pipeline_remove(nr_pipeline_t *p, const char *name);
+int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
+                        const char *new_name, const nr_handler_t *h,
+                        void *state);
+nr_ctx_t *nr_pipeline_context(nr_pipeline_t *p, const char *name);
+nr_ctx_t *nr_pipeline_first(nr_pipeline_t *p);   /* NULL when empty */
+nr_ctx_t *nr_pipeline_last(nr_pipeline_t *p);
+nr_channel_t *nr_pipeline_channel(nr_pipeline_t *p);
+
+/* Inbound events from the head; outbound operations from the tail. */
+void nr_pipeline_fire_read(nr_pipeline_t *p, void *msg);
+void nr_pipeline_fire_user_event(nr_pipeline_t *p, void *evt);
+void nr_pipeline_fire_exception(nr_pipeline_t *p, const nr_err_t *err);
+int nr_pipeline_write(nr_pipeline_t *p, void *msg, nr_promise_t *prom);
+int nr_pipeline_flush(nr_pipeline_t *p);
+int nr_pipeline_close(nr_pipeline_t *p, nr_promise_t *prom);
+
+/* Context accessors and Netty's ChannelHandlerContext operations: fire_*
+ * start at the next handler, outbound operations at the previous one. */
+const char *nr_ctx_name(const nr_ctx_t *ctx);
+void *nr_ctx_state(const nr_ctx_t *ctx);
+const nr_handler_t *nr_ctx_handler(const nr_ctx_t *ctx);
+nr_channel_t *nr_ctx_channel(const nr_ctx_t *ctx);
+nr_pipeline_t *nr_ctx_pipeline(const nr_ctx_t *ctx);
+nr_ctx_t *nr_ctx_next(const nr_ctx_t *ctx);   /* NULL at the end */
+bool nr_ctx_is_removed(const nr_ctx_t *ctx);
+nr_ctx_t *nr_ctx_retain(nr_ctx_t *ctx);
+void nr_ctx_release(nr_ctx_t *ctx);
+
+void nr_ctx_fire_registered(nr_ctx_t *ctx);
+void nr_ctx_fire_unregistered(nr_ctx_t *ctx);
+void nr_ctx_fire_active(nr_ctx_t *ctx);
+void nr_ctx_fire_inactive(nr_ctx_t *ctx);
+void nr_ctx_fire_read(nr_ctx_t *ctx, void *msg);
+void nr_ctx_fire_read_complete(nr_ctx_t *ctx);
+void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt);
+void nr_ctx_fire_writability_changed(nr_ctx_t *ctx);
+void nr_ctx_fire_exception(nr_ctx_t *ctx, const nr_err_t *err);
+
+int nr_ctx_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+                nr_promise_t *p);
+int nr_ctx_connect(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+                   nr_promise_t *p);
+int nr_ctx_disconnect(nr_ctx_t *ctx, nr_promise_t *p);
+int nr_ctx_close(nr_ctx_t *ctx, nr_promise_t *p);
+int nr_ctx_read(nr_ctx_t *ctx);
+int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+int nr_ctx_flush(nr_ctx_t *ctx);
+int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+
+#endif /* NETRUN_H */

@@ -1,0 +1,463 @@
+/*
+ * pipeline.c -- handler pipelines (Netty's DefaultChannelPipeline and
+ * AbstractChannelHandlerContext). Loop thread only.
+ *
+ * Contexts form a doubly linked list between an embedded head (which does
+ * the channel's outbound work) and tail (which logs what nobody handled).
+ * Inbound events travel head -> tail, outbound operations tail -> head, each
+ * hop skipping contexts whose mask lacks the event, so a handler pays
+ * nothing for what it does not implement.
+ *
+ * Removal while events flow: a removed context keeps its prev/next (and a
+ * reference on each), so an event already past it carries on; if a handler
+ * call is in progress (depth > 0) the context is parked on `zombies` and
+ * freed when the outermost call returns.
+ */
+#include <stdio.h>
+
+#include "internal.h"
+
+static _Thread_local int raised_code;
+static _Thread_local char raised_msg[512];
+
+int nr_raise(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(raised_msg, sizeof raised_msg, fmt, ap);
+  va_end(ap);
+  raised_code = code;
+  return code;
+}
+
+const char *nr__raised(int code) {
+  if (raised_code == code && code != 0)
+    return raised_msg;
+  return nr__errname(code);
+}
+
+unsigned nr_handler_mask(const nr_handler_t *h) {
+  unsigned m = 0;
+#define BIT(field, bit) if (h->field) m |= (bit)
+  BIT(registered, NR_EV_REGISTERED); BIT(unregistered, NR_EV_UNREGISTERED);
+  BIT(active, NR_EV_ACTIVE); BIT(inactive, NR_EV_INACTIVE);
+  BIT(read, NR_EV_READ); BIT(read_complete, NR_EV_READ_COMPLETE);
+  BIT(user_event, NR_EV_USER_EVENT);
+  BIT(writability_changed, NR_EV_WRITABILITY);
+  BIT(exception, NR_EV_EXCEPTION); BIT(bind, NR_OP_BIND);
+  BIT(connect, NR_OP_CONNECT); BIT(disconnect, NR_OP_DISCONNECT);
+  BIT(close, NR_OP_CLOSE); BIT(do_read, NR_OP_READ); BIT(write, NR_OP_WRITE);
+  BIT(flush, NR_OP_FLUSH);
+#undef BIT
+  return m;
+}
+
+/* ---- context lifetime ----------------------------------------------------- */
+
+nr_ctx_t *nr_ctx_retain(nr_ctx_t *c) {
+  c->refs++;
+  if (!c->embedded)
+    nr_channel_retain(c->pipe->ch);
+  return c;
+}
+
+static void ctx_unref(nr_ctx_t *c) {
+  if (c->embedded || --c->refs > 0)
+    return;
+  nr_ctx_t *prev = c->prev, *next = c->next;
+  free(c->name);
+  free(c);
+  if (prev)
+    ctx_unref(prev);
+  if (next)
+    ctx_unref(next);
+}
+
+void nr_ctx_release(nr_ctx_t *c) {
+  nr_channel_t *ch = c->pipe->ch;
+  bool embedded = c->embedded;
+  ctx_unref(c);
+  if (!embedded)
+    nr_channel_release(ch);
+}
+
+static inline void enter(nr_pipeline_t *p) { p->depth++; }
+
+static void leave(nr_pipeline_t *p) {
+  if (--p->depth > 0 || p->zombies == NULL)
+    return;
+  nr_ctx_t *z = p->zombies;
+  p->zombies = NULL;
+  for (nr_ctx_t *n; z; z = n) {
+    n = z->zombie_next;
+    ctx_unref(z);
+  }
+}
+
+/* ---- invocation ----------------------------------------------------------- */
+
+static inline nr_ctx_t *next_in(const nr_ctx_t *c, unsigned bit) {
+  do
+    c = c->next;
+  while (!(c->mask & bit));
+  return (nr_ctx_t *)c;
+}
+
+static inline nr_ctx_t *next_out(const nr_ctx_t *c, unsigned bit) {
+  do
+    c = c->prev;
+  while (!(c->mask & bit));
+  return (nr_ctx_t *)c;
+}
+
+static void invoke_exception(nr_ctx_t *c, const nr_err_t *err) {
+  nr_pipeline_t *p = c->pipe;
+  enter(p);
+  raised_code = 0;
+  int rc = c->h->exception(c, err);
+  if (rc != 0)
+    nr_log(NR_LOG_WARN, "exception_caught of handler '%s' failed: %s "
+           "(while handling: %s)", c->name,
+           raised_code == rc ? raised_msg : nr_strerror(rc), err->msg);
+  leave(p);
+}
+
+/* Handler c returned rc from a callback: deliver it to c's own
+ * exception_caught, or onwards if c has none. */
+static void raise_from(nr_ctx_t *c, int rc) {
+  nr_err_t err = {rc, raised_code == rc ? raised_msg : nr_strerror(rc)};
+  char copy[512];
+  if (err.msg == raised_msg) {         /* the handler may raise again */
+    snprintf(copy, sizeof copy, "%s", raised_msg);
+    err.msg = copy;
+  }
+  raised_code = 0;
+  invoke_exception(c->mask & NR_EV_EXCEPTION ? c : next_in(c, NR_EV_EXCEPTION),
+                   &err);
+}
+
+#define INVOKE(c, call)                                                      \
+  do {                                                                       \
+    nr_pipeline_t *p_ = (c)->pipe;                                           \
+    enter(p_);                                                               \
+    int rc_ = (call);                                                        \
+    if (rc_ != 0)                                                            \
+      raise_from((c), rc_);                                                  \
+    leave(p_);                                                               \
+  } while (0)
+
+/* Outbound failures fail the operation's promise; without one they are
+ * delivered as exceptions, like Netty's void promise. */
+static int outbound_result(nr_ctx_t *c, int rc, nr_promise_t *prom) {
+  if (rc == 0)
+    return 0;
+  if (prom != NULL) {
+    nr_promise_set_failure(prom, rc,
+                           raised_code == rc ? raised_msg : nr_strerror(rc));
+    raised_code = 0;
+  } else {
+    raise_from(c, rc);
+  }
+  return rc;
+}
+
+#define INVOKE_OUT(c, call, prom)                                            \
+  do {                                                                       \
+    nr_pipeline_t *p_ = (c)->pipe;                                           \
+    enter(p_);                                                               \
+    int rc_ = outbound_result((c), (call), (prom));                          \
+    leave(p_);                                                               \
+    return rc_;                                                              \
+  } while (0)
+
+void nr_ctx_fire_registered(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_REGISTERED);
+  INVOKE(c, c->h->registered(c));
+}
+void nr_ctx_fire_unregistered(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_UNREGISTERED);
+  INVOKE(c, c->h->unregistered(c));
+}
+void nr_ctx_fire_active(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_ACTIVE);
+  INVOKE(c, c->h->active(c));
+}
+void nr_ctx_fire_inactive(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_INACTIVE);
+  INVOKE(c, c->h->inactive(c));
+}
+void nr_ctx_fire_read(nr_ctx_t *ctx, void *msg) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_READ);
+  INVOKE(c, c->h->read(c, msg));
+}
+void nr_ctx_fire_read_complete(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_READ_COMPLETE);
+  INVOKE(c, c->h->read_complete(c));
+}
+void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_USER_EVENT);
+  INVOKE(c, c->h->user_event(c, evt));
+}
+void nr_ctx_fire_writability_changed(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_in(ctx, NR_EV_WRITABILITY);
+  INVOKE(c, c->h->writability_changed(c));
+}
+void nr_ctx_fire_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  invoke_exception(next_in(ctx, NR_EV_EXCEPTION), err);
+}
+
+int nr_ctx_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+                nr_promise_t *prom) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_BIND);
+  INVOKE_OUT(c, c->h->bind(c, sa, len, prom), prom);
+}
+int nr_ctx_connect(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
+                   nr_promise_t *prom) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_CONNECT);
+  INVOKE_OUT(c, c->h->connect(c, sa, len, prom), prom);
+}
+int nr_ctx_disconnect(nr_ctx_t *ctx, nr_promise_t *prom) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_DISCONNECT);
+  INVOKE_OUT(c, c->h->disconnect(c, prom), prom);
+}
+int nr_ctx_close(nr_ctx_t *ctx, nr_promise_t *prom) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_CLOSE);
+  INVOKE_OUT(c, c->h->close(c, prom), prom);
+}
+int nr_ctx_read(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_READ);
+  INVOKE_OUT(c, c->h->do_read(c), NULL);
+}
+int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_WRITE);
+  INVOKE_OUT(c, c->h->write(c, msg, prom), prom);
+}
+int nr_ctx_flush(nr_ctx_t *ctx) {
+  nr_ctx_t *c = next_out(ctx, NR_OP_FLUSH);
+  INVOKE_OUT(c, c->h->flush(c), NULL);
+}
+int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
+  int rc = nr_ctx_write(ctx, msg, prom);
+  nr_ctx_flush(ctx);
+  return rc;
+}
+
+/* Pipeline-level entry points: inbound from the head, outbound from the
+ * tail. */
+void nr_pipeline_fire_read(nr_pipeline_t *p, void *msg) {
+  nr_ctx_fire_read(&p->head, msg);
+}
+void nr_pipeline_fire_user_event(nr_pipeline_t *p, void *evt) {
+  nr_ctx_fire_user_event(&p->head, evt);
+}
+void nr_pipeline_fire_exception(nr_pipeline_t *p, const nr_err_t *err) {
+  nr_ctx_fire_exception(&p->head, err);
+}
+void nr__pipeline_fire_registered(nr_pipeline_t *p) {
+  nr_ctx_fire_registered(&p->head);
+}
+void nr__pipeline_fire_unregistered(nr_pipeline_t *p) {
+  nr_ctx_fire_unregistered(&p->head);
+}
+void nr__pipeline_fire_active(nr_pipeline_t *p) { nr_ctx_fire_active(&p->head); }
+void nr__pipeline_fire_inactive(nr_pipeline_t *p) {
+  nr_ctx_fire_inactive(&p->head);
+}
+void nr__pipeline_fire_read_complete(nr_pipeline_t *p) {
+  nr_ctx_fire_read_complete(&p->head);
+}
+void nr__pipeline_fire_writability(nr_pipeline_t *p) {
+  nr_ctx_fire_writability_changed(&p->head);
+}
+int nr_pipeline_write(nr_pipeline_t *p, void *msg, nr_promise_t *prom) {
+  return nr_ctx_write(&p->tail, msg, prom);
+}
+int nr_pipeline_flush(nr_pipeline_t *p) { return nr_ctx_flush(&p->tail); }
+int nr_pipeline_close(nr_pipeline_t *p, nr_promise_t *prom) {
+  return nr_ctx_close(&p->tail, prom);
+}
+int nr__pipeline_bind(nr_pipeline_t *p, const struct sockaddr *sa,
+                      socklen_t len, nr_promise_t *prom) {
+  return nr_ctx_bind(&p->tail, sa, len, prom);
+}
+int nr__pipeline_connect(nr_pipeline_t *p, const struct sockaddr *sa,
+                         socklen_t len, nr_promise_t *prom) {
+  return nr_ctx_connect(&p->tail, sa, len, prom);
+}
+
+/* ---- the tail: what nobody handled ---------------------------------------- */
+
+static int tail_read(nr_ctx_t *c, void *msg) {
+  (void)msg;
+  nr_log(NR_LOG_DEBUG, "channel %llu: an inbound message reached the tail "
+         "of the pipeline and was discarded",
+         (unsigned long long)nr_channel_id(c->pipe->ch));
+  return 0;
+}
+static int tail_exception(nr_ctx_t *c, const nr_err_t *err) {
+  nr_log(NR_LOG_WARN, "channel %llu: an exception reached the tail of the "
+         "pipeline: %s", (unsigned long long)nr_channel_id(c->pipe->ch),
+         err->msg ? err->msg : nr_strerror(err->code));
+  return 0;
+}
+static int tail_ignore(nr_ctx_t *c) { (void)c; return 0; }
+static int tail_ignore_evt(nr_ctx_t *c, void *e) { (void)c; (void)e; return 0; }
+
+static const nr_handler_t tail_handler = {
+    .type = "tail", .registered = tail_ignore, .unregistered = tail_ignore,
+    .active = tail_ignore, .inactive = tail_ignore, .read = tail_read,
+    .read_complete = tail_ignore, .user_event = tail_ignore_evt,
+    .writability_changed = tail_ignore, .exception = tail_exception};
+
+void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,
+                       const nr_handler_t *head) {
+  memset(p, 0, sizeof *p);
+  p->ch = ch;
+  p->head = (nr_ctx_t){.next = &p->tail, .pipe = p, .h = head,
+                       .name = "head", .mask = NR_OP_ALL_OUTBOUND,
+                       .embedded = true, .refs = 1};
+  p->tail = (nr_ctx_t){.prev = &p->head, .pipe = p, .h = &tail_handler,
+                       .name = "tail", .mask = NR_EV_ALL_INBOUND,
+                       .embedded = true, .refs = 1};
+}
+
+/* ---- mutation ------------------------------------------------------------- */
+
+static nr_ctx_t *find(nr_pipeline_t *p, const char *name) {
+  for (nr_ctx_t *c = p->head.next; c != &p->tail; c = c->next)
+    if (strcmp(c->name, name) == 0)
+      return c;
+  return NULL;
+}
+
+static int link_new(nr_pipeline_t *p, nr_ctx_t *prev, const char *name,
+                    const nr_handler_t *h, void *state) {
+  if (!nr_loop_in_thread(nr_channel_loop(p->ch)) &&
+      nr_channel_loop(p->ch) != NULL && (p->ch->st & NR__REGISTERED))
+    return -EPERM;
+  char auto_name[64];
+  if (name == NULL) {
+    snprintf(auto_name, sizeof auto_name, "%s#%u", h->type ? h->type : "handler",
+             p->auto_names++);
+    name = auto_name;
+  }
+  if (find(p, name) != NULL)
+    return -EEXIST;
+  nr_ctx_t *c = calloc(1, sizeof *c);
+  if (c == NULL || (c->name = strdup(name)) == NULL) {
+    free(c);
+    return -ENOMEM;
+  }
+  c->pipe = p;
+  c->h = h;
+  c->state = state;
+  c->mask = h->mask ? h->mask(h, state) : nr_handler_mask(h);
+  c->refs = 1;                             /* the pipeline's */
+  c->prev = prev;
+  c->next = prev->next;
+  prev->next->prev = c;
+  prev->next = c;
+  if (h->added) {
+    enter(p);
+    h->added(c);
+    leave(p);
+  }
+  return 0;
+}
+
+int nr_pipeline_add_first(nr_pipeline_t *p, const char *name,
+                          const nr_handler_t *h, void *state) {
+  return link_new(p, &p->head, name, h, state);
+}
+int nr_pipeline_add_last(nr_pipeline_t *p, const char *name,
+                         const nr_handler_t *h, void *state) {
+  return link_new(p, p->tail.prev, name, h, state);
+}
+int nr_pipeline_add_before(nr_pipeline_t *p, const char *base,
+                           const char *name, const nr_handler_t *h,
+                           void *state) {
+  nr_ctx_t *b = find(p, base);
+  return b ? link_new(p, b->prev, name, h, state) : -ENOENT;
+}
+int nr_pipeline_add_after(nr_pipeline_t *p, const char *base,
+                          const char *name, const nr_handler_t *h,
+                          void *state) {
+  nr_ctx_t *b = find(p, base);
+  return b ? link_new(p, b, name, h, state) : -ENOENT;
+}
+
+static void unlink_ctx(nr_pipeline_t *p, nr_ctx_t *c) {
+  c->prev->next = c->next;
+  c->next->prev = c->prev;
+  c->removed = true;
+  c->prev->refs++;                         /* keep the way on alive */
+  c->next->refs++;
+  if (c->h->removed) {
+    enter(p);
+    c->h->removed(c);
+    leave(p);
+  }
+  if (p->depth > 0) {
+    c->zombie_next = p->zombies;           /* the pipeline's ref moves here */
+    p->zombies = c;
+  } else {
+    ctx_unref(c);
+  }
+}
+
+int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
+  nr_ctx_t *c = find(p, name);
+  if (c == NULL)
+    return -ENOENT;
+  unlink_ctx(p, c);
+  return 0;
+}
+
+int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
+                        const char *new_name, const nr_handler_t *h,
+                        void *state) {
+  nr_ctx_t *c = find(p, old_name);
+  if (c == NULL)
+    return -ENOENT;
+  nr_ctx_t *other = find(p, new_name);
+  if (other != NULL && other != c)
+    return -EEXIST;
+  char tmp[64];
+  snprintf(tmp, sizeof tmp, "\x01replacing#%u", p->auto_names++);
+  int rc = link_new(p, c, tmp, h, state);   /* in place, after the old one */
+  if (rc < 0)
+    return rc;
+  nr_ctx_t *n = c->next;
+  unlink_ctx(p, c);
+  char *name = strdup(new_name);
+  if (name != NULL) {
+    free(n->name);
+    n->name = name;
+  }
+  return 0;
+}
+
+void nr__pipeline_destroy(nr_pipeline_t *p) {
+  while (p->tail.prev != &p->head)
+    unlink_ctx(p, p->tail.prev);
+}
+
+nr_ctx_t *nr_pipeline_context(nr_pipeline_t *p, const char *name) {
+  return find(p, name);
+}
+nr_ctx_t *nr_pipeline_first(nr_pipeline_t *p) {
+  return p->head.next == &p->tail ? NULL : p->head.next;
+}
+nr_ctx_t *nr_pipeline_last(nr_pipeline_t *p) {
+  return p->tail.prev == &p->head ? NULL : p->tail.prev;
+}
+nr_channel_t *nr_pipeline_channel(nr_pipeline_t *p) { return p->ch; }
+
+const char *nr_ctx_name(const nr_ctx_t *c) { return c->name; }
+void *nr_ctx_state(const nr_ctx_t *c) { return c->state; }
+const nr_handler_t *nr_ctx_handler(const nr_ctx_t *c) { return c->h; }
+nr_channel_t *nr_ctx_channel(const nr_ctx_t *c) { return c->pipe->ch; }
+nr_pipeline_t *nr_ctx_pipeline(const nr_ctx_t *c) { return c->pipe; }
+bool nr_ctx_is_removed(const nr_ctx_t *c) { return c->removed; }
+nr_ctx_t *nr_ctx_next(const nr_ctx_t *c) {
+  return c->removed || c->next == &c->pipe->tail ? NULL : c->next;
+}

@@ -1,0 +1,241 @@
+/*
+ * promise.c -- thread-safe, reference-counted promises (Netty's
+ * DefaultPromise).
+ *
+ * A promise completes once. Completion takes the lock only to swap the state
+ * and detach the listener list; listeners then run outside the lock, each on
+ * the loop it asked for (queued there as a task) or on the completing thread.
+ * Waiters block on a condition variable; a thread that owns an external loop
+ * (the main thread) keeps running that loop's tasks while it waits, so work
+ * sent to it by other threads cannot deadlock the wait.
+ */
+#include <stdio.h>
+#include <time.h>
+
+#include "internal.h"
+
+enum { PENDING, SUCCESS, FAILURE, CANCELLED };
+
+typedef struct listener_s {
+  struct listener_s *next;
+  nr_listener_fn fn;
+  void *arg;
+  nr_loop_t *on;
+  nr_promise_t *p;                 /* set when dispatched as a task */
+} listener_t;
+
+struct nr_promise_s {
+  _Atomic int refs;
+  _Atomic int state;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int waiters;
+  listener_t *listeners, **ltail;
+  void *value;
+  void (*free_fn)(void *);
+  int code;
+  char *msg;
+};
+
+nr_promise_t *nr_promise_new(void) {
+  nr_promise_t *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return NULL;
+  atomic_init(&p->refs, 1);
+  atomic_init(&p->state, PENDING);
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  p->ltail = &p->listeners;
+  return p;
+}
+
+nr_promise_t *nr_promise_retain(nr_promise_t *p) {
+  atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+  return p;
+}
+
+void nr_promise_release(nr_promise_t *p) {
+  if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1)
+    return;
+  for (listener_t *l = p->listeners, *n; l; l = n) {  /* never completed */
+    n = l->next;
+    free(l);
+  }
+  if (p->free_fn)
+    p->free_fn(p->value);
+  free(p->msg);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->cond);
+  free(p);
+}
+
+static int run_listener_task(void *arg) {
+  listener_t *l = arg;
+  l->fn(l->p, l->arg);
+  nr_promise_release(l->p);
+  free(l);
+  return 0;
+}
+
+/* Run l now if it may run on this thread, else queue it to its loop. */
+static void dispatch(nr_promise_t *p, listener_t *l) {
+  if (l->on != NULL && !nr__in_loop(l->on)) {
+    l->p = nr_promise_retain(p);
+    if (nr_loop_execute(l->on, run_listener_task, l) == 0)
+      return;
+    nr_promise_release(p);
+    nr_log(NR_LOG_WARN, "listener's loop %s is shut down: running it on %s",
+           nr_loop_name(l->on), nr_thread_name());
+  }
+  l->fn(p, l->arg);
+  free(l);
+}
+
+static int complete(nr_promise_t *p, int state, void *value,
+                    void (*free_fn)(void *), int code, const char *msg) {
+  /* Hold a reference while completing: a waiter that sees the new state
+   * may drop what it believed was the last one. */
+  nr_promise_retain(p);
+  pthread_mutex_lock(&p->lock);
+  if (atomic_load_explicit(&p->state, memory_order_relaxed) != PENDING) {
+    pthread_mutex_unlock(&p->lock);
+    nr_promise_release(p);
+    if (free_fn)
+      free_fn(value);
+    return -EALREADY;
+  }
+  p->value = value;
+  p->free_fn = free_fn;
+  p->code = code;
+  p->msg = msg ? strdup(msg) : NULL;
+  atomic_store_explicit(&p->state, state, memory_order_release);
+  listener_t *l = p->listeners;
+  p->listeners = NULL;
+  p->ltail = &p->listeners;
+  if (p->waiters)
+    pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  for (listener_t *n; l; l = n) {
+    n = l->next;
+    dispatch(p, l);
+  }
+  nr_promise_release(p);
+  return 0;
+}
+
+int nr_promise_set_success(nr_promise_t *p, void *value,
+                           void (*free_fn)(void *)) {
+  return complete(p, SUCCESS, value, free_fn, 0, NULL);
+}
+
+int nr_promise_set_failure(nr_promise_t *p, int code, const char *msg) {
+  return complete(p, FAILURE, NULL, NULL, code ? code : NR_EHANDLER,
+                  msg ? msg : nr_strerror(code));
+}
+
+int nr_promise_cancel(nr_promise_t *p) {
+  return complete(p, CANCELLED, NULL, NULL, NR_ECANCELLED, "cancelled");
+}
+
+static int state_of(const nr_promise_t *p) {
+  return atomic_load_explicit(&((nr_promise_t *)p)->state,
+                              memory_order_acquire);
+}
+
+bool nr_promise_is_done(const nr_promise_t *p) { return state_of(p) != PENDING; }
+bool nr_promise_is_success(const nr_promise_t *p) { return state_of(p) == SUCCESS; }
+bool nr_promise_is_cancelled(const nr_promise_t *p) { return state_of(p) == CANCELLED; }
+void *nr_promise_value(const nr_promise_t *p) {
+  return state_of(p) == SUCCESS ? p->value : NULL;
+}
+int nr_promise_code(const nr_promise_t *p) {
+  return state_of(p) == PENDING ? 0 : p->code;
+}
+const char *nr_promise_message(const nr_promise_t *p) {
+  return state_of(p) == PENDING ? NULL : p->msg;
+}
+
+int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
+                            void *arg) {
+  listener_t *l = calloc(1, sizeof *l);
+  if (l == NULL)
+    return -ENOMEM;
+  l->fn = fn;
+  l->arg = arg;
+  l->on = on;
+  pthread_mutex_lock(&p->lock);
+  if (atomic_load_explicit(&p->state, memory_order_relaxed) == PENDING) {
+    *p->ltail = l;
+    p->ltail = &l->next;
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+  }
+  pthread_mutex_unlock(&p->lock);
+  dispatch(p, l);
+  return 0;
+}
+
+static void wake_loop(nr_promise_t *p, void *arg) {
+  (void)p;
+  nr__loop_wakeup(arg);
+}
+
+/* The owner of an external loop waits by running it. */
+static int wait_running(nr_promise_t *p, nr_loop_t *l, uint64_t deadline) {
+  nr_promise_add_listener(p, NULL, wake_loop, l);
+  while (!nr_promise_is_done(p)) {
+    uint64_t now = nr_now();
+    if (now >= deadline)
+      return NR_ETIMEDOUT;
+    nr_loop_run_once(l, deadline - now);
+  }
+  return 0;
+}
+
+int nr_promise_wait(nr_promise_t *p, uint64_t timeout) {
+  if (nr_promise_is_done(p))
+    return 0;
+  nr_loop_t *cur = nr_loop_current();
+  if (cur != NULL && !cur->external)
+    return NR_EDEADLOCK;
+  uint64_t deadline = timeout == UINT64_MAX ? UINT64_MAX : nr_now() + timeout;
+  if (cur != NULL)
+    return wait_running(p, cur, deadline);
+  struct timespec ts = {(time_t)(deadline / 1000000000ull),
+                        (long)(deadline % 1000000000ull)};
+  int rc = 0;
+  pthread_mutex_lock(&p->lock);
+  p->waiters++;
+  while (atomic_load(&p->state) == PENDING && rc == 0) {
+    if (timeout == UINT64_MAX)
+      pthread_cond_wait(&p->cond, &p->lock);
+    else if (pthread_cond_timedwait(&p->cond, &p->lock, &ts) == ETIMEDOUT)
+      rc = atomic_load(&p->state) == PENDING ? NR_ETIMEDOUT : 0;
+  }
+  p->waiters--;
+  pthread_mutex_unlock(&p->lock);
+  return rc;
+}
+
+nr_promise_t *nr__promise_done(void *value, void (*free_fn)(void *)) {
+  nr_promise_t *p = nr_promise_new();
+  if (p)
+    nr_promise_set_success(p, value, free_fn);
+  return p;
+}
+
+nr_promise_t *nr__promise_failed(int code, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  nr_promise_t *p = nr_promise_new();
+  if (p)
+    nr_promise_set_failure(p, code, msg);
+  return p;
+}

@@ -1,0 +1,95 @@
+/*
+ * socket.c -- socket helpers that know nothing of loops (in the spirit of
+ * Redis's anet.c): address resolution, socket creation, options, address
+ * formatting and error names. Any thread.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+int nr__resolve(const char *host, int port, int socktype, bool passive,
+                struct sockaddr_storage *ss, socklen_t *len) {
+  if (port < 0 || port > 65535)
+    return nr_raise(-EINVAL, "port %d: out of range", port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = socktype,
+                           .ai_flags = passive ? AI_PASSIVE : 0}, *res;
+  char serv[16];
+  snprintf(serv, sizeof serv, "%d", port);
+  int rc = getaddrinfo(host, serv, &hints, &res);
+  if (rc != 0)
+    return nr_raise(-EHOSTUNREACH, "%s:%d: %s", host ? host : "*", port,
+                    gai_strerror(rc));
+  memcpy(ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return 0;
+}
+
+int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
+                  socklen_t *len) {
+  struct sockaddr_un *un = (struct sockaddr_un *)ss;
+  if (strlen(path) >= sizeof un->sun_path)
+    return nr_raise(-ENAMETOOLONG, "%s: path too long for a unix socket",
+                    path);
+  memset(un, 0, sizeof *un);
+  un->sun_family = AF_UNIX;
+  strcpy(un->sun_path, path);
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
+  return 0;
+}
+
+int nr__socket(int family, int type) {
+  int fd = socket(family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  return fd < 0 ? -errno : fd;
+}
+
+void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o) {
+  int on = 1;
+  if (family != AF_UNIX && o->tcp_nodelay)
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  if (family != AF_UNIX && o->keepalive)
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  if (o->sndbuf > 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o->sndbuf, sizeof o->sndbuf);
+  if (o->rcvbuf > 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o->rcvbuf, sizeof o->rcvbuf);
+}
+
+int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
+                    char *host, size_t n, int *port) {
+  if (len == 0)
+    return -ENOTCONN;
+  if (ss->ss_family == AF_UNIX) {
+    const struct sockaddr_un *un = (const struct sockaddr_un *)ss;
+    snprintf(host, n, "%s", un->sun_path);
+    *port = -1;
+    return 0;
+  }
+  char serv[16];
+  int rc = getnameinfo((const struct sockaddr *)ss, len, host, (socklen_t)n,
+                       serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+  if (rc != 0)
+    return -EINVAL;
+  *port = atoi(serv);
+  return 0;
+}
+
+const char *nr__errname(int code) {
+  static _Thread_local char buf[128];
+  if (code > -10000 && code < 0) {
+    const char *name = strerrorname_np(-code);
+    snprintf(buf, sizeof buf, "%s: %s", name ? name : "E?", strerror(-code));
+    char *s = strstr(buf, ": ");          /* "ECONNREFUSED: connection refused" */
+    if (s && s[2] >= 'A' && s[2] <= 'Z')
+      s[2] = (char)(s[2] - 'A' + 'a');
+    return buf;
+  }
+  return nr_strerror(code);
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages netrun needs, only those that are missing.
+# Run as root on Debian 12. Usage: scripts/deps.sh [extra packages...]
+set -euo pipefail
+
+PACKAGES=(
+  gcc make cmake pkg-config             # build
+  lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
+  lua-busted lua-socket                 # Lua specs and their independent client
+  curl redis-tools netcat-openbsd       # real clients used by tests
+  procps iproute2 util-linux            # ps, ss, setarch, taskset
+  clang libclang-rt-dev                 # libFuzzer targets
+  wrk                                   # benchmarks
+)
+PACKAGES+=("$@")
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+    missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
