@@ -22,7 +22,7 @@
 #define MAX_IOV 64
 
 static _Atomic uint64_t next_id = 1;
-const nr_event_t NR_EVT_INPUT_SHUTDOWN = {"input_shutdown"};
+const nr_event_t NR_EVT_INPUT_SHUTDOWN = {NR_MSG_EVENT, "input_shutdown"};
 
 static const size_t read_sizes[] = {64,   128,   256,   512,   1024, 2048,
                                     4096, 8192, 16384, 32768, 65536};
@@ -391,7 +391,8 @@ static void read_stream(nr_channel_t *ch) {
     if (n > 0) {
       reads++;
       record_read(ch, (size_t)n);
-      nr_pipeline_fire_read(&ch->pipe, &(nr_bytes_t){l->rbuf, (size_t)n});
+      nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
+      nr_pipeline_fire_read(&ch->pipe, &b);
       if ((ch->st & (NR__CLOSED | NR__CLOSING)) || (size_t)n < want)
         break;            /* a short read drained the socket: skip EAGAIN */
       if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))
@@ -427,6 +428,7 @@ static void read_dgrams(nr_channel_t *ch) {
   ch->st &= ~NR__READ_REQ;
   while (reads < ch->opts.max_reads && !(ch->st & NR__CLOSED)) {
     nr_datagram_t d;
+    d.type = NR_MSG_DATAGRAM;
     d.addrlen = sizeof d.addr;
     ssize_t n = recvfrom(ch->io.fd, l->rbuf, NR_READ_BUF, 0,
                          (struct sockaddr *)&d.addr, &d.addrlen);
@@ -442,7 +444,8 @@ static void read_dgrams(nr_channel_t *ch) {
       break;
     }
     reads++;
-    d.bytes = (nr_bytes_t){l->rbuf, (size_t)n};
+    d.data = l->rbuf;
+    d.len = (size_t)n;
     nr_pipeline_fire_read(&ch->pipe, &d);
   }
   if (reads > 0 && !(ch->st & NR__CLOSED))
@@ -734,11 +737,23 @@ static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (!(pub(ch) & NR__OPEN))
     return nr_raise(NR_ECLOSED, "write on a closed channel");
   int rc;
-  if (ch->kind == NR__DGRAM) {
+  int type = nr_msg_type(msg);
+  if (ch->kind == NR__DGRAM && type == NR_MSG_DATAGRAM) {
     rc = nr__out_append_dgram(&ch->out, msg, p);
-  } else if (ch->kind == NR__STREAM) {
+  } else if (ch->kind == NR__STREAM && type == NR_MSG_BYTES) {
     const nr_bytes_t *b = msg;
     rc = nr__out_append(ch->loop, &ch->out, b->data, b->len, p);
+  } else if (ch->kind == NR__STREAM && type == NR_MSG_SLICES) {
+    const nr_slices_t *s = msg;
+    rc = 0;
+    for (size_t i = 0; rc == 0 && i < s->n; i++)   /* the promise: last part */
+      rc = nr__out_append(ch->loop, &ch->out, s->v[i].data, s->v[i].len,
+                          i + 1 == s->n ? p : NULL);
+    if (s->n == 0 && p)
+      nr_promise_set_success(p, NULL, NULL);
+  } else if (ch->kind != NR__LISTEN) {
+    rc = nr_raise(-EINVAL, "unsupported message type %d reached the head "
+                  "of the pipeline (no handler encoded it)", type);
   } else {
     rc = nr_raise(-EOPNOTSUPP, "a server channel cannot be written to");
   }
@@ -772,7 +787,7 @@ typedef struct write_job_s {
 
 static int write_task(void *arg) {
   write_job_t *j = arg;
-  nr_bytes_t b = {j->data, j->len};
+  nr_bytes_t b = NR_BYTES(j->data, j->len);
   if (j->len > 0 || j->p)
     nr_pipeline_write(&j->ch->pipe, &b, j->p);
   if (j->flush)
@@ -786,7 +801,7 @@ static int write_task(void *arg) {
 int nr_channel_write(nr_channel_t *ch, const void *data, size_t len,
                      bool flush, nr_promise_t *p) {
   if (ch->loop && nr__in_loop(ch->loop)) {
-    nr_bytes_t b = {data, len};
+    nr_bytes_t b = NR_BYTES(data, len);
     int rc = nr_pipeline_write(&ch->pipe, &b, p);
     if (flush)
       nr_pipeline_flush(&ch->pipe);
@@ -904,4 +919,31 @@ static int auto_read_off(void *arg) {
 
 int nr_channel_set_auto_read(nr_channel_t *ch, bool on) {
   return on_loop(ch, on ? auto_read_on : auto_read_off);
+}
+
+int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
+  nr_channel_opts_t *o = &ch->opts;
+  if (strcmp(name, "auto_read") == 0) {
+    o->auto_read = v;
+    nr__channel_update_interest(ch);
+    return 0;
+  }
+  if (strcmp(name, "write_buffer_low") == 0 && v >= 0)
+    o->write_buffer_low = (size_t)v;
+  else if (strcmp(name, "write_buffer_high") == 0 && v > 0)
+    o->write_buffer_high = (size_t)v;
+  else if (strcmp(name, "allow_half_closure") == 0)
+    o->allow_half_closure = v;
+  else if (strcmp(name, "tcp_nodelay") == 0)
+    o->tcp_nodelay = v;
+  else if (strcmp(name, "keepalive") == 0)
+    o->keepalive = v;
+  else if (strcmp(name, "sndbuf") == 0)
+    o->sndbuf = v;
+  else if (strcmp(name, "rcvbuf") == 0)
+    o->rcvbuf = v;
+  else
+    return -ENOENT;
+  nr__apply_opts(ch->io.fd, ch->family, o);
+  return 0;
 }

@@ -17,6 +17,7 @@ struct nr_group_s {
   unsigned mask;                                 /* n - 1 when n is 2^k */
   nr_loop_t **loops;
   nr_promise_t *termination;
+  void *data;
 };
 
 static void child_terminated(nr_promise_t *p, void *arg) {
@@ -85,6 +86,8 @@ nr_loop_t *nr_group_next(nr_group_t *g) {
 
 int nr_group_size(const nr_group_t *g) { return g->n; }
 const char *nr_group_name(const nr_group_t *g) { return g->name; }
+void *nr_group_data(const nr_group_t *g) { return g->data; }
+void nr_group_set_data(nr_group_t *g, void *data) { g->data = data; }
 nr_loop_t *nr_group_loop(const nr_group_t *g, int i) {
   return i >= 0 && i < g->n ? g->loops[i] : NULL;
 }

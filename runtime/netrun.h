@@ -178,6 +178,8 @@ nr_loop_t *nr_group_next(nr_group_t *g);          /* round-robin, any thread */
 int nr_group_size(const nr_group_t *g);
 nr_loop_t *nr_group_loop(const nr_group_t *g, int i);
 const char *nr_group_name(const nr_group_t *g);
+void *nr_group_data(const nr_group_t *g);
+void nr_group_set_data(nr_group_t *g, void *data);
 nr_promise_t *nr_group_shutdown_gracefully(nr_group_t *g, uint64_t quiet,
                                            uint64_t timeout);
 /* Completes once every loop of the group has terminated. */
@@ -207,6 +209,8 @@ bool nr_promise_is_done(const nr_promise_t *p);
 bool nr_promise_is_success(const nr_promise_t *p);
 bool nr_promise_is_cancelled(const nr_promise_t *p);
 void *nr_promise_value(const nr_promise_t *p);      /* after success */
+/* The destructor given with the value: tells what kind of value it is. */
+void (*nr_promise_value_free_fn(const nr_promise_t *p))(void *);
 int nr_promise_code(const nr_promise_t *p);         /* 0 unless failed */
 const char *nr_promise_message(const nr_promise_t *p);
 
@@ -223,17 +227,47 @@ int nr_promise_wait(nr_promise_t *p, uint64_t timeout);
 
 /* ---- channels ----------------------------------------------------------- */
 
-/* A borrowed byte view: valid only during the call that passes it. Stream
- * channels deliver these to the first handler and accept them on write (the
- * bytes are copied into the outbound buffer). */
+/* Pipeline messages are `void *`; every message struct starts with an int
+ * type tag (Netty's instanceof), so adapters such as the Lua one know how
+ * to convert what they receive. Messages are borrowed: valid only during
+ * the call that passes them; a handler that keeps one copies it. */
+enum {
+  NR_MSG_BYTES = 1,          /* nr_bytes_t */
+  NR_MSG_SLICES,             /* nr_slices_t: gathered bytes, one write */
+  NR_MSG_DATAGRAM,           /* nr_datagram_t */
+  NR_MSG_LUA,                /* a Lua value (runtime/lua/) */
+  NR_MSG_HTTP_REQUEST,       /* runtime/codec/ */
+  NR_MSG_HTTP_RESPONSE,
+  NR_MSG_EVENT,              /* nr_event_t */
+  NR_MSG_USER = 1000         /* first tag free for applications */
+};
+static inline int nr_msg_type(const void *msg) { return *(const int *)msg; }
+
+/* Bytes. Stream channels deliver these to the first handler and accept them
+ * (and nr_slices_t) on write: the bytes are copied into the outbound buffer. */
 typedef struct nr_bytes_s {
+  int type;                  /* NR_MSG_BYTES */
   const char *data;
   size_t len;
 } nr_bytes_t;
+#define NR_BYTES(d, n) ((nr_bytes_t){NR_MSG_BYTES, (d), (n)})
 
-/* A datagram: a borrowed byte view and the peer's address. */
+typedef struct nr_slice_s {
+  const char *data;
+  size_t len;
+} nr_slice_t;
+
+typedef struct nr_slices_s {
+  int type;                  /* NR_MSG_SLICES */
+  const nr_slice_t *v;
+  size_t n;
+} nr_slices_t;
+
+/* A datagram: bytes and the peer's address (destination on write). */
 typedef struct nr_datagram_s {
-  nr_bytes_t bytes;
+  int type;                  /* NR_MSG_DATAGRAM */
+  const char *data;
+  size_t len;
   struct sockaddr_storage addr;
   socklen_t addrlen;
 } nr_datagram_t;
@@ -244,9 +278,13 @@ typedef struct nr_err_s {
   const char *msg;
 } nr_err_t;
 
-/* User events fired by the core: user_event(ctx, &NR_EVT_INPUT_SHUTDOWN)
- * when the peer half-closed and allow_half_closure is set. */
-typedef struct nr_event_s { const char *name; } nr_event_t;
+/* User events fired by the core carry the NR_MSG_EVENT tag:
+ * user_event(ctx, &NR_EVT_INPUT_SHUTDOWN) when the peer half-closed and
+ * allow_half_closure is set. */
+typedef struct nr_event_s {
+  int type;                  /* NR_MSG_EVENT */
+  const char *name;
+} nr_event_t;
 extern const nr_event_t NR_EVT_INPUT_SHUTDOWN;
 
 typedef struct nr_channel_opts_s {
@@ -350,6 +388,14 @@ int nr_channel_set_auto_read(nr_channel_t *ch, bool on);
 /* Loop thread only. */
 const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch);
 
+/* Loop thread only. Set an option by name: tcp_nodelay, keepalive, sndbuf,
+ * rcvbuf, allow_half_closure, write_buffer_low, write_buffer_high,
+ * auto_read. 0, -ENOENT (unknown name) or -errno. */
+int nr_channel_set_option(nr_channel_t *ch, const char *name, int value);
+/* Format a socket address: numeric host and port, or a unix path and -1. */
+int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
+                   char *host, size_t n, int *port);
+
 /* Per-channel slot for the bindings: freed with free_fn when the channel is
  * freed (on whichever thread drops the last reference). */
 void *nr_channel_user(const nr_channel_t *ch);
@@ -432,6 +478,10 @@ nr_ctx_t *nr_pipeline_context(nr_pipeline_t *p, const char *name);
 nr_ctx_t *nr_pipeline_first(nr_pipeline_t *p);   /* NULL when empty */
 nr_ctx_t *nr_pipeline_last(nr_pipeline_t *p);
 nr_channel_t *nr_pipeline_channel(nr_pipeline_t *p);
+/* The embedded head and tail: firing an inbound event from the head starts
+ * at the first handler; an outbound operation from the tail at the last. */
+nr_ctx_t *nr_pipeline_head(nr_pipeline_t *p);
+nr_ctx_t *nr_pipeline_tail(nr_pipeline_t *p);
 
 /* Inbound events from the head; outbound operations from the tail. */
 void nr_pipeline_fire_read(nr_pipeline_t *p, void *msg);

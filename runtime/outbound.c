@@ -99,15 +99,15 @@ int nr__out_append(nr_loop_t *l, nr_outbound_t *o, const void *data,
 
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p) {
-  nr_dgram_t *g = malloc(sizeof *g + d->bytes.len);
+  nr_dgram_t *g = malloc(sizeof *g + d->len);
   if (g == NULL)
     return -ENOMEM;
   g->next = NULL;
   g->p = p ? nr_promise_retain(p) : NULL;
   g->addr = d->addr;
   g->addrlen = d->addrlen;
-  g->len = d->bytes.len;
-  memcpy(g->data, d->bytes.data, d->bytes.len);
+  g->len = d->len;
+  memcpy(g->data, d->data, d->len);
   *o->dq_tail = g;
   o->dq_tail = &g->next;
   o->dq_unflushed++;

@@ -461,3 +461,6 @@ bool nr_ctx_is_removed(const nr_ctx_t *c) { return c->removed; }
 nr_ctx_t *nr_ctx_next(const nr_ctx_t *c) {
   return c->removed || c->next == &c->pipe->tail ? NULL : c->next;
 }
+
+nr_ctx_t *nr_pipeline_head(nr_pipeline_t *p) { return &p->head; }
+nr_ctx_t *nr_pipeline_tail(nr_pipeline_t *p) { return &p->tail; }

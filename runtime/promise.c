@@ -152,6 +152,9 @@ bool nr_promise_is_cancelled(const nr_promise_t *p) { return state_of(p) == CANC
 void *nr_promise_value(const nr_promise_t *p) {
   return state_of(p) == SUCCESS ? p->value : NULL;
 }
+void (*nr_promise_value_free_fn(const nr_promise_t *p))(void *) {
+  return state_of(p) == SUCCESS ? p->free_fn : NULL;
+}
 int nr_promise_code(const nr_promise_t *p) {
   return state_of(p) == PENDING ? 0 : p->code;
 }

@@ -93,3 +93,8 @@ const char *nr__errname(int code) {
   }
   return nr_strerror(code);
 }
+
+int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
+                   char *host, size_t n, int *port) {
+  return nr__format_addr(ss, len, host, n, port);
+}

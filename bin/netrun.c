@@ -1,0 +1,335 @@
+/*
+ * netrun.c -- the `netrun` executable: runs a script (the `lua` command's
+ * conventions: arg table, `-` for stdin, -e/-l/-i/-v/-h, exit status 1 and
+ * a traceback on failure), then lives while any group is alive.
+ *
+ * Signals: every thread blocks SIGINT/SIGTERM (the mask is set before any
+ * loop thread exists, so they inherit it); one thread takes them with
+ * sigwait. The first asks every group to shut down gracefully, which lets
+ * netrun.run() return and the process exit 0; a second exits at once with
+ * status 130.
+ */
+#include <errno.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "netrun.h"
+
+int luaopen_netrun_core(lua_State *L);
+void lnr_shutdown_groups_async(void);
+int lnr_console_start(lua_State *L, const char *path);
+
+static const char *progname = "netrun";
+static _Atomic int signals_seen;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: %s [options] [script [args...]]\n"
+          "  -e CODE          run CODE\n"
+          "  -l MOD           require MOD into the global MOD\n"
+          "  -i               enter the REPL after running the script\n"
+          "  -t N             default number of worker threads\n"
+          "  --console PATH   serve a REPL console on a unix socket\n"
+          "  -v               show the version\n"
+          "  -h               show this help\n"
+          "  -                run stdin as the script\n"
+          "  %s attach PATH   a REPL on a live process's console socket\n",
+          progname, progname);
+}
+
+static void *signal_thread(void *arg) {
+  sigset_t *set = arg;
+  for (;;) {
+    int sig;
+    if (sigwait(set, &sig) != 0)
+      continue;
+    if (atomic_fetch_add(&signals_seen, 1) > 0) {
+      static const char msg[] = "netrun: second signal, exiting now\n";
+      ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+      (void)w;
+      _exit(130);
+    }
+    nr_log(NR_LOG_INFO, "signal %d: shutting down gracefully (again to "
+           "exit at once)", sig);
+    lnr_shutdown_groups_async();
+  }
+  return NULL;
+}
+
+static void start_signal_thread(void) {
+  static sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  pthread_t th;
+  pthread_create(&th, NULL, signal_thread, &set);
+  pthread_detach(th);
+}
+
+/* ---- running chunks ------------------------------------------------------ */
+
+static int msgh(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)",
+                          luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+static int report(lua_State *L, int status) {
+  if (status != LUA_OK) {
+    fprintf(stderr, "%s: %s\n", progname, lua_tostring(L, -1));
+    fflush(stderr);
+    lua_pop(L, 1);
+  }
+  return status;
+}
+
+static int docall(lua_State *L, int narg, int nres) {
+  int base = lua_gettop(L) - narg;
+  lua_pushcfunction(L, msgh);
+  lua_insert(L, base);
+  int status = lua_pcall(L, narg, nres, base);
+  lua_remove(L, base);
+  return status;
+}
+
+static int dostring(lua_State *L, const char *s, const char *name) {
+  int status = luaL_loadbuffer(L, s, strlen(s), name);
+  if (status == LUA_OK)
+    status = docall(L, 0, 0);
+  return report(L, status);
+}
+
+static int dolibrary(lua_State *L, const char *name) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  int status = docall(L, 1, 1);
+  if (status == LUA_OK)
+    lua_setglobal(L, name);
+  return report(L, status);
+}
+
+/* The arg table: arg[0] is the script, arg[-n..-1] what came before it. */
+static void create_arg_table(lua_State *L, char **argv, int argc, int script) {
+  lua_createtable(L, argc - script - 1, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int dofile_args(lua_State *L, char **argv, int argc, int script) {
+  const char *fname = argv[script];
+  if (strcmp(fname, "-") == 0)
+    fname = NULL;                          /* stdin */
+  int status = luaL_loadfile(L, fname);
+  if (status == LUA_OK) {
+    int n = argc - script - 1;
+    luaL_checkstack(L, n + 3, "too many arguments to script");
+    for (int i = 1; i <= n; i++)
+      lua_pushstring(L, argv[script + i]);
+    status = docall(L, n, 0);
+  }
+  return report(L, status);
+}
+
+/* If the script used netrun, wait for every group (netrun.run()). */
+static int run_groups(lua_State *L) {
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  int used = lua_getfield(L, -1, "netrun.core") == LUA_TTABLE;
+  if (!used) {
+    lua_pop(L, 2);
+    return LUA_OK;
+  }
+  lua_getfield(L, -1, "run");
+  int status = docall(L, 0, 0);
+  lua_pop(L, 2);
+  return report(L, status);
+}
+
+static int run_repl(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.repl");
+  int status = docall(L, 1, 1);
+  if (status == LUA_OK) {
+    lua_getfield(L, -1, "run");
+    lua_remove(L, -2);
+    status = docall(L, 0, 0);
+  }
+  return report(L, status);
+}
+
+static int attach(lua_State *L, const char *path) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.repl");
+  int status = docall(L, 1, 1);
+  if (status == LUA_OK) {
+    lua_getfield(L, -1, "attach");
+    lua_remove(L, -2);
+    lua_pushstring(L, path);
+    status = docall(L, 1, 0);
+  }
+  return report(L, status);
+}
+
+static void set_paths(lua_State *L) {
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", NETRUN_LUA_DIR,
+                  NETRUN_LUA_DIR, lua_tostring(L, -1));
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 1);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, luaopen_netrun_core);
+  lua_setfield(L, -2, "netrun.core");
+  lua_pop(L, 2);
+}
+
+typedef struct opts_s {
+  int script;                /* index of the script in argv, or 0 */
+  bool interactive, version, has_e;
+  const char *console;
+} opts_t;
+
+/* First pass: find the script and the flags that matter before running. */
+static int parse(int argc, char **argv, opts_t *o) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || strcmp(a, "-") == 0) {
+      o->script = i;
+      return 0;
+    }
+    if (strcmp(a, "--") == 0) {
+      o->script = i + 1 < argc ? i + 1 : 0;
+      return 0;
+    }
+    if (strcmp(a, "-i") == 0) o->interactive = true;
+    else if (strcmp(a, "-v") == 0) o->version = true;
+    else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 2;
+    else if (strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 ||
+             strcmp(a, "-t") == 0 || strcmp(a, "--console") == 0) {
+      if (++i >= argc) {
+        fprintf(stderr, "%s: '%s' needs an argument\n", progname, a);
+        return 1;
+      }
+      if (a[1] == 'e') o->has_e = true;
+      if (a[1] == '-') o->console = argv[i];
+    } else {
+      fprintf(stderr, "%s: unrecognized option '%s'\n", progname, a);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Second pass: run -e and -l in order, set -t. */
+static int run_options(lua_State *L, char **argv, int upto) {
+  for (int i = 1; i < upto; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-e") == 0 && dostring(L, argv[++i], "=(command line)"))
+      return 1;
+    if (strcmp(a, "-l") == 0 && dolibrary(L, argv[++i]))
+      return 1;
+    if (strcmp(a, "-t") == 0) {
+      char *end;
+      long n = strtol(argv[++i], &end, 10);
+      if (*end || n < 1 || n > 1024) {
+        fprintf(stderr, "%s: -t needs a thread count from 1 to 1024\n",
+                progname);
+        return 1;
+      }
+      lua_pushinteger(L, n);
+      lua_setglobal(L, "NETRUN_THREADS");
+    }
+    if (strcmp(a, "--console") == 0)
+      i++;
+  }
+  return 0;
+}
+
+static int pmain(lua_State *L) {
+  int argc = (int)lua_tointeger(L, 1);
+  char **argv = lua_touserdata(L, 2);
+  opts_t o = {0};
+  int rc = parse(argc, argv, &o);
+  if (rc == 2) {
+    usage(stdout);
+    lua_pushinteger(L, 0);
+    return 1;
+  }
+  if (rc) {
+    usage(stderr);
+    lua_pushinteger(L, 1);
+    return 1;
+  }
+  luaL_openlibs(L);
+  set_paths(L);
+  if (o.version)
+    printf("netrun %s (%s)\n", NR_VERSION, LUA_RELEASE);
+  create_arg_table(L, argv, argc, o.script ? o.script : 0);
+  int upto = o.script ? o.script : argc;
+  if (run_options(L, argv, upto)) {
+    lua_pushinteger(L, 1);
+    return 1;
+  }
+  if (o.console && lnr_console_start(L, o.console) != 0) {
+    lua_pushinteger(L, 1);
+    return 1;
+  }
+  if (o.script && dofile_args(L, argv, argc, o.script) != LUA_OK) {
+    lua_pushinteger(L, 1);
+    return 1;
+  }
+  if (o.interactive || (!o.script && !o.has_e && !o.version)) {
+    if (run_repl(L) != LUA_OK) {
+      lua_pushinteger(L, 1);
+      return 1;
+    }
+  }
+  lua_pushinteger(L, run_groups(L) == LUA_OK ? 0 : 1);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argv[0] && argv[0][0])
+    progname = "netrun";
+  start_signal_thread();
+  lua_State *L = luaL_newstate();
+  if (L == NULL) {
+    fprintf(stderr, "%s: cannot create a Lua state\n", progname);
+    return 1;
+  }
+  int status;
+  if (argc == 3 && strcmp(argv[1], "attach") == 0) {
+    luaL_openlibs(L);
+    set_paths(L);
+    status = attach(L, argv[2]) == LUA_OK ? 0 : 1;
+  } else {
+    lua_pushcfunction(L, pmain);
+    lua_pushinteger(L, argc);
+    lua_pushlightuserdata(L, argv);
+    int rc = docall(L, 2, 1);
+    status = rc == LUA_OK ? (int)lua_tointeger(L, -1) : 1;
+    if (rc != LUA_OK)
+      report(L, rc);
+  }
+  fflush(stdout);
+  lua_close(L);
+  return status;
+}

@@ -1,0 +1,33 @@
+-- echo.lua -- an echo server: every byte a client sends comes back.
+--   netrun examples/echo.lua [--port N] [--threads N]     (or PORT=N)
+-- One group accepts and serves; each loop runs the handler in its own
+-- Lua state, one handler table shared by that loop's channels.
+local netrun = require "netrun"
+
+local function option(name, default)
+  for i = 1, #arg do
+    if arg[i] == "--" .. name then return arg[i + 1] end
+  end
+  return os.getenv(name:upper()) or default
+end
+
+local port = tonumber(option("port", 7000))
+local threads = tonumber(option("threads", 1))
+
+local Echo = {}
+function Echo:channel_read(ctx, msg) ctx:write(msg) end
+function Echo:channel_read_complete(ctx) ctx:flush() end
+function Echo:exception_caught(ctx, err)
+  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  ctx:close()
+end
+
+local workers = netrun.group { threads = threads, name = "echo" }
+local server = netrun.server {
+  group = workers,
+  host = option("host", "127.0.0.1"),
+  port = port,
+  init = function(ch) ch:pipeline():add_last("echo", Echo) end,
+}:sync()
+
+netrun.log.info("echo server listening on %s:%d", server:local_address())

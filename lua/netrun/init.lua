@@ -1,0 +1,66 @@
+-- netrun: the public Lua module. The C core (netrun.core) provides groups,
+-- loops, futures, channels, pipelines and shared dicts; this file adds the
+-- parts that are policy rather than mechanism.
+local core = require "netrun.core"
+
+local netrun = {}
+for k, v in pairs(core) do
+  netrun[k] = v
+end
+netrun.dict, netrun.log_level = nil, nil
+
+-- netrun.log.debug/info/warn/error(fmt, ...): formatted only when enabled.
+local LEVELS = { debug = 0, info = 1, warn = 2, error = 3 }
+netrun.log = {}
+for name, level in pairs(LEVELS) do
+  netrun.log[name] = function(fmt, ...)
+    if level >= core.log_level() then
+      if select("#", ...) > 0 then
+        fmt = string.format(fmt, ...)
+      end
+      core.log(level, tostring(fmt))
+    end
+  end
+end
+function netrun.log.level(name)
+  if name ~= nil then
+    local level = LEVELS[name] or error("unknown log level '" .. tostring(name) .. "'", 2)
+    core.log_level(level)
+  end
+  local current = core.log_level()
+  for k, v in pairs(LEVELS) do
+    if v == current then return k end
+  end
+  return "off"
+end
+
+netrun.shared = { dict = core.dict }
+
+-- netrun.all(futures): a future of the array of their results, failed by
+-- the first failure. Results are copied into the caller's state.
+function netrun.all(futures)
+  local all = core.promise()
+  local n = #futures
+  local results = {}
+  if n == 0 then
+    all:set_success(results)
+    return all
+  end
+  for i, f in ipairs(futures) do
+    f:add_listener(function(done)
+      if done:is_success() then
+        results[i] = done:result()
+        n = n - 1
+        if n == 0 then all:try_success(results) end
+      else
+        all:try_failure(done:cause())
+      end
+    end)
+  end
+  return all
+end
+
+netrun.codec = {}
+netrun.handler = {}
+
+return netrun

@@ -1,0 +1,826 @@
+/*
+ * lchannel.c -- servers, clients, UDP and channels in Lua; channel groups;
+ * per-channel attributes; messages converted between Lua and the C pipeline.
+ *
+ * Channel handles work from any thread: on the channel's loop a write goes
+ * straight into the pipeline; from elsewhere the message is packed and the
+ * write runs on the loop. An init function is packed once per server and
+ * unpacked once per loop state, so one handler table can serve every
+ * channel of that loop.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+
+#include "lnr.h"
+
+static nr_channel_t *check(lua_State *L, int idx) {
+  return lnr_check_handle(L, idx, LNR_CHANNEL);
+}
+
+/* ---- messages ------------------------------------------------------------- */
+
+static void push_addr(lua_State *L, const struct sockaddr_storage *ss,
+                      socklen_t len, const char *hf, const char *pf) {
+  char host[128];
+  int port = 0;
+  if (nr_format_addr(ss, len, host, sizeof host, &port) == 0) {
+    lua_pushstring(L, host);
+    lua_setfield(L, -2, hf);
+    lua_pushinteger(L, port);
+    lua_setfield(L, -2, pf);
+  }
+}
+
+static lnr_msg_push_fn converters[8];
+static int converter_types[8], nconverters;
+
+void lnr_register_msg(int type, lnr_msg_push_fn push) {
+  if (nconverters < 8) {
+    converter_types[nconverters] = type;
+    converters[nconverters++] = push;
+  }
+}
+
+void lnr_push_msg(lua_State *L, void *msg) {
+  switch (nr_msg_type(msg)) {
+  case NR_MSG_BYTES: {
+    nr_bytes_t *b = msg;
+    lua_pushlstring(L, b->data, b->len);
+    return;
+  }
+  case NR_MSG_DATAGRAM: {
+    nr_datagram_t *d = msg;
+    lua_createtable(L, 0, 3);
+    lua_pushlstring(L, d->data, d->len);
+    lua_setfield(L, -2, "data");
+    push_addr(L, &d->addr, d->addrlen, "host", "port");
+    return;
+  }
+  case NR_MSG_LUA: {
+    lnr_lmsg_t *m = msg;
+    if (m->L == L)
+      lua_pushvalue(L, m->idx);
+    else
+      lua_pushnil(L);
+    return;
+  }
+  case NR_MSG_EVENT:
+    lua_pushstring(L, ((nr_event_t *)msg)->name);
+    return;
+  default:
+    for (int i = 0; i < nconverters; i++)
+      if (converter_types[i] == nr_msg_type(msg)) {
+        converters[i](L, msg);
+        return;
+      }
+    lua_pushfstring(L, "(message of type %d)", nr_msg_type(msg));
+  }
+}
+
+static int resolve(lua_State *L, const char *host, int port,
+                   struct sockaddr_storage *ss, socklen_t *len) {
+  memset(ss, 0, sizeof *ss);
+  struct sockaddr_in *in = (struct sockaddr_in *)ss;
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+  if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)port);
+    *len = sizeof *in;
+  } else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons((uint16_t)port);
+    *len = sizeof *in6;
+  } else {
+    return luaL_error(L, "datagram host '%s' must be a numeric address", host);
+  }
+  return 0;
+}
+
+int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
+                 void *target, nr_promise_t *p) {
+  idx = lua_absindex(L, idx);
+  if (lua_type(L, idx) == LUA_TSTRING) {
+    size_t n;
+    const char *s = lua_tolstring(L, idx, &n);
+    nr_bytes_t b = NR_BYTES(s, n);
+    return fn(target, &b, p);
+  }
+  if (lua_type(L, idx) == LUA_TTABLE && ch && nr_channel_is_datagram(ch)) {
+    nr_datagram_t d = {.type = NR_MSG_DATAGRAM};
+    lua_getfield(L, idx, "data");
+    lua_getfield(L, idx, "host");
+    lua_getfield(L, idx, "port");
+    d.data = luaL_checklstring(L, -3, &d.len);
+    const char *host = luaL_checkstring(L, -2);
+    int port = (int)luaL_checkinteger(L, -1);
+    resolve(L, host, port, &d.addr, &d.addrlen);
+    int rc = fn(target, &d, p);
+    lua_pop(L, 3);
+    return rc;
+  }
+  if (lua_type(L, idx) == LUA_TTABLE && lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
+    lua_pop(L, 1);
+    size_t n = lua_rawlen(L, idx);
+    nr_slice_t small[16], *v = n <= 16 ? small : malloc(n * sizeof *v);
+    if (v == NULL)
+      return luaL_error(L, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+      lua_rawgeti(L, idx, (lua_Integer)i + 1);   /* anchored by the table */
+      if (lua_type(L, -1) != LUA_TSTRING) {
+        if (v != small)
+          free(v);
+        return luaL_error(L, "write: element %d of the array is a %s, not a "
+                          "string", (int)i + 1, luaL_typename(L, -1));
+      }
+      v[i].data = lua_tolstring(L, -1, &v[i].len);
+      lua_pop(L, 1);
+    }
+    nr_slices_t s = {NR_MSG_SLICES, v, n};
+    int rc = fn(target, &s, p);
+    if (v != small)
+      free(v);
+    return rc;
+  }
+  if (lua_type(L, idx) == LUA_TTABLE)
+    lua_pop(L, 1);                       /* the rawgeti probe */
+  lnr_lmsg_t m = {NR_MSG_LUA, L, idx};
+  return fn(target, &m, p);
+}
+
+/* ---- writes --------------------------------------------------------------- */
+
+static int write_fn(void *target, void *msg, nr_promise_t *p) {
+  return nr_pipeline_write(nr_channel_pipeline(target), msg, p);
+}
+
+typedef struct xwrite_s {
+  nr_channel_t *ch;
+  nr_promise_t *p;
+  lnr_blob_t *b;
+  bool flush;
+} xwrite_t;
+
+static int xwrite_p(lua_State *L) {
+  xwrite_t *w = lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  lnr_unpack(L, w->b);
+  lnr_with_msg(L, 1, w->ch, write_fn, w->ch, w->p);
+  if (w->flush)
+    nr_pipeline_flush(nr_channel_pipeline(w->ch));
+  return 0;
+}
+
+/* On the channel's loop: a write that came from another thread. */
+static int xwrite_task(void *arg) {
+  xwrite_t *w = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S && !S->closing) {
+    lua_State *L = S->L;
+    lua_pushcfunction(L, xwrite_p);
+    lua_pushlightuserdata(L, w);
+    if (lnr_pcall(L, 1, 0) != LUA_OK) {
+      if (w->p)
+        nr_promise_set_failure(w->p, NR_EHANDLER, lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
+  } else if (w->p) {
+    nr_promise_set_failure(w->p, NR_ECLOSED, "channel closed");
+  }
+  if (w->p)
+    nr_promise_release(w->p);
+  lnr_blob_free(w->b);
+  nr_channel_release(w->ch);
+  free(w);
+  return 0;
+}
+
+static int do_write(lua_State *L, bool flush) {
+  nr_channel_t *ch = check(L, 1);
+  luaL_checkany(L, 2);
+  nr_promise_t *p = nr_promise_new();
+  lnr_push_promise(L, p);
+  int fut = lua_gettop(L);
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (loop && nr_loop_in_thread(loop)) {
+    lnr_with_msg(L, 2, ch, write_fn, ch, p);
+    if (flush)
+      nr_pipeline_flush(nr_channel_pipeline(ch));
+    lua_pushvalue(L, fut);
+    return 1;
+  }
+  xwrite_t *w = malloc(sizeof *w);
+  if (w == NULL)
+    return luaL_error(L, "out of memory");
+  w->b = lnr_pack(L, 2, 1, "message");
+  w->ch = nr_channel_retain(ch);
+  w->p = nr_promise_retain(p);
+  w->flush = flush;
+  if (loop == NULL || nr_loop_execute(loop, xwrite_task, w) < 0) {
+    nr_promise_set_failure(p, NR_ECLOSED, "channel closed");
+    nr_promise_release(p);
+    lnr_blob_free(w->b);
+    nr_channel_release(ch);
+    free(w);
+  }
+  lua_pushvalue(L, fut);
+  return 1;
+}
+
+static int l_write(lua_State *L) { return do_write(L, false); }
+static int l_write_and_flush(lua_State *L) { return do_write(L, true); }
+
+static int l_flush(lua_State *L) {
+  nr_channel_flush(check(L, 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_close(lua_State *L) {
+  nr_channel_t *ch = check(L, 1);
+  nr_promise_t *p = nr_promise_new();
+  lnr_push_promise(L, p);
+  nr_channel_close(ch, p);
+  return 1;
+}
+
+static int l_close_future(lua_State *L) {
+  lnr_push_promise(L, nr_promise_retain(nr_channel_close_future(check(L, 1))));
+  return 1;
+}
+
+static int l_read(lua_State *L) {
+  nr_channel_read(check(L, 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- accessors ------------------------------------------------------------------ */
+
+static int push_address(lua_State *L, int remote) {
+  nr_channel_t *ch = check(L, 1);
+  char host[128];
+  int port;
+  int rc = remote ? nr_channel_remote_address(ch, host, sizeof host, &port)
+                  : nr_channel_local_address(ch, host, sizeof host, &port);
+  if (rc < 0) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushstring(L, host);
+  if (port < 0)
+    return 1;
+  lua_pushinteger(L, port);
+  return 2;
+}
+
+static int l_local_address(lua_State *L) { return push_address(L, 0); }
+static int l_remote_address(lua_State *L) { return push_address(L, 1); }
+
+static int l_id(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)nr_channel_id(check(L, 1)));
+  return 1;
+}
+static int l_loop(lua_State *L) {
+  lnr_push_handle(L, LNR_LOOP, nr_channel_loop(check(L, 1)));
+  return 1;
+}
+static int l_is_open(lua_State *L) {
+  lua_pushboolean(L, nr_channel_is_open(check(L, 1)));
+  return 1;
+}
+static int l_is_active(lua_State *L) {
+  lua_pushboolean(L, nr_channel_is_active(check(L, 1)));
+  return 1;
+}
+static int l_is_writable(lua_State *L) {
+  lua_pushboolean(L, nr_channel_is_writable(check(L, 1)));
+  return 1;
+}
+
+static void require_loop(lua_State *L, nr_channel_t *ch, const char *what) {
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (loop == NULL || !nr_loop_in_thread(loop))
+    luaL_error(L, "%s of channel %d can only be used on its loop (%s)", what,
+               (int)nr_channel_id(ch), loop ? nr_loop_name(loop) : "none");
+}
+
+static int l_option(lua_State *L) {
+  nr_channel_t *ch = check(L, 1);
+  const char *name = luaL_checkstring(L, 2);
+  if (!lua_isnoneornil(L, 3)) {
+    if (strcmp(name, "auto_read") == 0) {
+      nr_channel_set_auto_read(ch, lua_toboolean(L, 3));
+      lua_settop(L, 1);
+      return 1;
+    }
+    require_loop(L, ch, "options");
+    int v = lua_isboolean(L, 3) ? lua_toboolean(L, 3)
+                                : (int)luaL_checkinteger(L, 3);
+    int rc = nr_channel_set_option(ch, name, v);
+    if (rc < 0)
+      return luaL_error(L, "option '%s': %s", name, nr_strerror(rc));
+    lua_settop(L, 1);
+    return 1;
+  }
+  require_loop(L, ch, "options");
+  const nr_channel_opts_t *o = nr_channel_options(ch);
+  if (strcmp(name, "tcp_nodelay") == 0) lua_pushboolean(L, o->tcp_nodelay);
+  else if (strcmp(name, "keepalive") == 0) lua_pushboolean(L, o->keepalive);
+  else if (strcmp(name, "auto_read") == 0) lua_pushboolean(L, o->auto_read);
+  else if (strcmp(name, "allow_half_closure") == 0) lua_pushboolean(L, o->allow_half_closure);
+  else if (strcmp(name, "write_buffer_low") == 0) lua_pushinteger(L, (lua_Integer)o->write_buffer_low);
+  else if (strcmp(name, "write_buffer_high") == 0) lua_pushinteger(L, (lua_Integer)o->write_buffer_high);
+  else if (strcmp(name, "sndbuf") == 0) lua_pushinteger(L, o->sndbuf);
+  else if (strcmp(name, "rcvbuf") == 0) lua_pushinteger(L, o->rcvbuf);
+  else return luaL_error(L, "unknown channel option '%s'", name);
+  return 1;
+}
+
+/* Attributes live in the channel's loop state, dropped when it closes. */
+static const char ATTRS = 0;
+
+static void drop_attrs(nr_promise_t *p, void *arg) {
+  (void)p;
+  lnr_state_t *S = lnr_current_state();
+  if (S == NULL || S->closing)
+    return;
+  lua_State *L = S->L;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) == LUA_TTABLE) {
+    lua_pushnil(L);
+    lua_rawsetp(L, -2, arg);
+  }
+  lua_pop(L, 1);
+}
+
+static int l_attr(lua_State *L) {
+  nr_channel_t *ch = check(L, 1);
+  luaL_checkany(L, 2);
+  require_loop(L, ch, "attributes");
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &ATTRS);
+  }
+  if (lua_rawgetp(L, -1, ch) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    if (lua_gettop(L) < 3 + 1 && lua_isnone(L, 3)) {
+      lua_pushnil(L);
+      return 1;
+    }
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, -3, ch);
+    nr_promise_add_listener(nr_channel_close_future(ch), nr_channel_loop(ch),
+                            drop_attrs, ch);
+  }
+  if (lua_isnone(L, 3)) {
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);
+    return 1;
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_rawset(L, -3);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_tostring(lua_State *L) {
+  nr_channel_t *ch = check(L, 1);
+  lua_pushfstring(L, "netrun.channel(%d%s)", (int)nr_channel_id(ch),
+                  nr_channel_is_open(ch) ? "" : ", closed");
+  return 1;
+}
+
+static int l_eq(lua_State *L) {
+  lua_pushboolean(L, lnr_to_handle(L, 1, LNR_CHANNEL) ==
+                         lnr_to_handle(L, 2, LNR_CHANNEL));
+  return 1;
+}
+
+/* ---- creating channels ------------------------------------------------------------ */
+
+/* A packed init function, shared by every channel of a server. Kept for
+ * the life of the process: accepted channels may still be registering on
+ * other loops after the server closed. */
+typedef struct init_s {
+  lnr_blob_t *b;
+  bool once;          /* a client's: freed after its one use */
+  struct init_s *next;
+} init_t;
+
+static pthread_mutex_t inits_lock = PTHREAD_MUTEX_INITIALIZER;
+static init_t *inits;
+static const char INIT_CACHE = 0;
+
+static int run_init_p(lua_State *L) {
+  init_t *in = lua_touserdata(L, 1);
+  nr_channel_t *ch = lua_touserdata(L, 2);
+  lua_settop(L, 0);
+  if (in->once) {
+    lnr_unpack(L, in->b);
+  } else {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &INIT_CACHE) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      lua_newtable(L);
+      lua_pushvalue(L, -1);
+      lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_CACHE);
+    }
+    if (lua_rawgetp(L, -1, in) == LUA_TNIL) {
+      lua_pop(L, 1);
+      lnr_unpack(L, in->b);
+      lua_pushvalue(L, -1);
+      lua_rawsetp(L, -3, in);
+    }
+    lua_remove(L, -2);
+  }
+  lnr_push_handle(L, LNR_CHANNEL, ch);
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+static void run_init(nr_channel_t *ch, void *arg) {
+  init_t *in = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S == NULL)
+    return;
+  lua_State *L = S->L;
+  lua_pushcfunction(L, run_init_p);
+  lua_pushlightuserdata(L, in);
+  lua_pushlightuserdata(L, ch);
+  if (lnr_pcall(L, 2, 0) != LUA_OK) {
+    nr_log(NR_LOG_ERROR, "channel %d: init failed, closing it: %s",
+           (int)nr_channel_id(ch), lua_tostring(L, -1));
+    lua_pop(L, 1);
+    nr_channel_abort(ch);
+  }
+  if (in->once) {
+    lnr_blob_free(in->b);
+    free(in);
+  }
+}
+
+static init_t *pack_init(lua_State *L, int opts, bool once) {
+  lua_getfield(L, opts, "init");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  luaL_checktype(L, -1, LUA_TFUNCTION);
+  init_t *in = calloc(1, sizeof *in);
+  if (in == NULL)
+    luaL_error(L, "out of memory");
+  in->b = lnr_pack(L, -1, 1, "function 'init'");
+  in->once = once;
+  lua_pop(L, 1);
+  if (!once) {
+    pthread_mutex_lock(&inits_lock);
+    in->next = inits;
+    inits = in;
+    pthread_mutex_unlock(&inits_lock);
+  }
+  return in;
+}
+
+void lnr_free_inits(void) {
+  pthread_mutex_lock(&inits_lock);
+  init_t *in = inits;
+  inits = NULL;
+  pthread_mutex_unlock(&inits_lock);
+  for (init_t *n; in; in = n) {
+    n = in->next;
+    lnr_blob_free(in->b);
+    free(in);
+  }
+}
+
+static lnr_group_t *opt_group(lua_State *L, int t, const char *k) {
+  lua_getfield(L, t, k);
+  lnr_group_t *g = lua_isnil(L, -1) ? NULL : lnr_check_handle(L, -1, LNR_GROUP);
+  lua_pop(L, 1);
+  return g;
+}
+
+static const char *opt_str(lua_State *L, int t, const char *k, const char *d) {
+  lua_getfield(L, t, k);
+  const char *s = luaL_optstring(L, -1, d);
+  lua_pop(L, 1);                 /* anchored by the options table */
+  return s;
+}
+
+static lua_Integer opt_int(lua_State *L, int t, const char *k, lua_Integer d) {
+  lua_getfield(L, t, k);
+  lua_Integer v = luaL_optinteger(L, -1, d);
+  lua_pop(L, 1);
+  return v;
+}
+
+static bool opt_bool(lua_State *L, int t, const char *k, bool d) {
+  lua_getfield(L, t, k);
+  bool v = lua_isnil(L, -1) ? d : lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static void channel_opts(lua_State *L, int t, const char *field,
+                         nr_channel_opts_t *o) {
+  nr_channel_opts_init(o);
+  lua_getfield(L, t, field);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  luaL_checktype(L, -1, LUA_TTABLE);
+  int c = lua_gettop(L);
+  o->tcp_nodelay = opt_bool(L, c, "tcp_nodelay", true);
+  o->keepalive = opt_bool(L, c, "keepalive", false);
+  o->auto_read = opt_bool(L, c, "auto_read", true);
+  o->allow_half_closure = opt_bool(L, c, "allow_half_closure", false);
+  o->write_buffer_low = (size_t)opt_int(L, c, "write_buffer_low", 32768);
+  o->write_buffer_high = (size_t)opt_int(L, c, "write_buffer_high", 65536);
+  o->sndbuf = (int)opt_int(L, c, "sndbuf", 0);
+  o->rcvbuf = (int)opt_int(L, c, "rcvbuf", 0);
+  if (o->write_buffer_low > o->write_buffer_high)
+    luaL_error(L, "%s: write_buffer_low (%d) is above write_buffer_high (%d)",
+               field, (int)o->write_buffer_low, (int)o->write_buffer_high);
+  lua_pop(L, 1);
+}
+
+static int check_port(lua_State *L, int t, const char *what) {
+  lua_Integer port = opt_int(L, t, "port", -1);
+  if (port < 0 || port > 65535)
+    luaL_error(L, "%s: port must be an integer from 0 to 65535", what);
+  return (int)port;
+}
+
+static int l_server(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  nr_server_opts_t o = {0};
+  lnr_group_t *g = opt_group(L, 1, "group");
+  lnr_group_t *cg = opt_group(L, 1, "child_group");
+  if (g == NULL && cg == NULL) {
+    g = lnr_default_group(L, true);
+    cg = lnr_default_group(L, false);
+  }
+  o.group = lnr_group_core(g ? g : cg);
+  o.child_group = lnr_group_core(cg ? cg : g);
+  o.unix_path = opt_str(L, 1, "unix", NULL);
+  o.host = opt_str(L, 1, "host", "0.0.0.0");
+  o.port = o.unix_path ? 0 : check_port(L, 1, "netrun.server");
+  o.backlog = (int)opt_int(L, 1, "backlog", 1024);
+  o.reuseport = opt_bool(L, 1, "reuseport", false);
+  channel_opts(L, 1, "child_options", &o.child);
+  init_t *in = pack_init(L, 1, false);
+  o.child_init = in ? run_init : NULL;
+  o.arg = in;
+  lnr_push_promise(L, nr_server_bind(&o));
+  return 1;
+}
+
+static int l_connect(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  nr_connect_opts_t o = {0};
+  lnr_group_t *g = opt_group(L, 1, "group");
+  if (g == NULL)
+    g = lnr_default_group(L, false);
+  o.group = lnr_group_core(g);
+  o.unix_path = opt_str(L, 1, "unix", NULL);
+  o.host = opt_str(L, 1, "host", "127.0.0.1");
+  o.port = o.unix_path ? 0 : check_port(L, 1, "netrun.connect");
+  lua_getfield(L, 1, "timeout");
+  o.timeout = lua_isnil(L, -1) ? NR_SEC(30)
+                               : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
+  lua_pop(L, 1);
+  channel_opts(L, 1, "options", &o.opts);
+  init_t *in = pack_init(L, 1, true);
+  o.init = in ? run_init : NULL;
+  o.arg = in;
+  lnr_push_promise(L, nr_connect(&o));
+  return 1;
+}
+
+static int l_udp(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  nr_udp_opts_t o = {0};
+  lnr_group_t *g = opt_group(L, 1, "group");
+  if (g == NULL)
+    g = lnr_default_group(L, false);
+  o.group = lnr_group_core(g);
+  o.host = opt_str(L, 1, "host", "0.0.0.0");
+  o.port = check_port(L, 1, "netrun.udp");
+  channel_opts(L, 1, "options", &o.opts);
+  init_t *in = pack_init(L, 1, true);
+  o.init = in ? run_init : NULL;
+  o.arg = in;
+  lnr_push_promise(L, nr_udp_bind(&o));
+  return 1;
+}
+
+/* ---- channel groups ---------------------------------------------------------------- */
+
+typedef struct chgroup_s {
+  _Atomic int refs;
+  pthread_mutex_t lock;
+  nr_channel_t **v;
+  size_t n, cap;
+} chgroup_t;
+
+void lnr_chgroup_retain(void *p) { atomic_fetch_add(&((chgroup_t *)p)->refs, 1); }
+
+void lnr_chgroup_release(void *p) {
+  chgroup_t *g = p;
+  if (atomic_fetch_sub(&g->refs, 1) != 1)
+    return;
+  for (size_t i = 0; i < g->n; i++)
+    nr_channel_release(g->v[i]);
+  free(g->v);
+  pthread_mutex_destroy(&g->lock);
+  free(g);
+}
+
+static bool cg_remove(chgroup_t *g, nr_channel_t *ch) {
+  bool found = false;
+  pthread_mutex_lock(&g->lock);
+  for (size_t i = 0; i < g->n; i++)
+    if (g->v[i] == ch) {
+      g->v[i] = g->v[--g->n];
+      found = true;
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (found)
+    nr_channel_release(ch);
+  return found;
+}
+
+typedef struct membership_s {
+  chgroup_t *g;
+  nr_channel_t *ch;
+} membership_t;
+
+static void left_on_close(nr_promise_t *p, void *arg) {
+  (void)p;
+  membership_t *m = arg;
+  cg_remove(m->g, m->ch);
+  lnr_chgroup_release(m->g);
+  free(m);
+}
+
+static int l_channel_group(lua_State *L) {
+  chgroup_t *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return luaL_error(L, "out of memory");
+  atomic_init(&g->refs, 1);
+  pthread_mutex_init(&g->lock, NULL);
+  lnr_push_handle(L, LNR_CHGROUP, g);
+  lnr_chgroup_release(g);
+  return 1;
+}
+
+static int l_cg_add(lua_State *L) {
+  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
+  nr_channel_t *ch = check(L, 2);
+  pthread_mutex_lock(&g->lock);
+  bool dup = false;
+  for (size_t i = 0; i < g->n && !dup; i++)
+    dup = g->v[i] == ch;
+  if (!dup && g->n == g->cap) {
+    size_t cap = g->cap ? g->cap * 2 : 16;
+    nr_channel_t **v = realloc(g->v, cap * sizeof *v);
+    if (v == NULL) {
+      pthread_mutex_unlock(&g->lock);
+      return luaL_error(L, "out of memory");
+    }
+    g->v = v;
+    g->cap = cap;
+  }
+  if (!dup)
+    g->v[g->n++] = nr_channel_retain(ch);
+  pthread_mutex_unlock(&g->lock);
+  if (!dup) {
+    membership_t *m = malloc(sizeof *m);
+    m->g = g;
+    m->ch = ch;
+    lnr_chgroup_retain(g);
+    nr_promise_add_listener(nr_channel_close_future(ch), NULL, left_on_close, m);
+  }
+  lua_pushboolean(L, !dup);
+  return 1;
+}
+
+static int l_cg_remove(lua_State *L) {
+  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
+  lua_pushboolean(L, cg_remove(g, check(L, 2)));
+  return 1;
+}
+
+static int l_cg_len(lua_State *L) {
+  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
+  pthread_mutex_lock(&g->lock);
+  lua_pushinteger(L, (lua_Integer)g->n);
+  pthread_mutex_unlock(&g->lock);
+  return 1;
+}
+
+/* A future completed once every member's operation has. */
+typedef struct gather_s {
+  nr_promise_t *p;
+  _Atomic int left, failed;
+} gather_t;
+
+static void gather_one(nr_promise_t *p, void *arg) {
+  gather_t *g = arg;
+  if (!nr_promise_is_success(p))
+    atomic_fetch_add(&g->failed, 1);
+  nr_promise_release(p);
+  if (atomic_fetch_sub(&g->left, 1) != 1)
+    return;
+  int failed = atomic_load(&g->failed);
+  if (failed)
+    nr_promise_set_failure(g->p, NR_ECLOSED, "some channels of the group failed");
+  else
+    nr_promise_set_success(g->p, NULL, NULL);
+  nr_promise_release(g->p);
+  free(g);
+}
+
+static nr_channel_t **snapshot(chgroup_t *g, size_t *n) {
+  pthread_mutex_lock(&g->lock);
+  nr_channel_t **v = malloc((g->n + 1) * sizeof *v);
+  *n = 0;
+  for (size_t i = 0; v && i < g->n; i++)
+    v[(*n)++] = nr_channel_retain(g->v[i]);
+  pthread_mutex_unlock(&g->lock);
+  return v;
+}
+
+static int l_cg_op(lua_State *L, bool close) {
+  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
+  size_t len = 0;
+  const char *data = close ? NULL : luaL_checklstring(L, 2, &len);
+  size_t n;
+  nr_channel_t **v = snapshot(g, &n);
+  nr_promise_t *all = nr_promise_new();
+  lnr_push_promise(L, nr_promise_retain(all));
+  gather_t *gt = malloc(sizeof *gt);
+  gt->p = all;
+  atomic_init(&gt->left, (int)n + 1);
+  atomic_init(&gt->failed, 0);
+  for (size_t i = 0; i < n; i++) {
+    nr_promise_t *p = nr_promise_new();
+    nr_promise_add_listener(p, NULL, gather_one, gt);
+    if (close)
+      nr_channel_close(v[i], p);
+    else
+      nr_channel_write(v[i], data, len, true, p);
+    nr_channel_release(v[i]);
+  }
+  free(v);
+  nr_promise_t *self = nr_promise_new();   /* the +1: done dispatching */
+  nr_promise_add_listener(self, NULL, gather_one, gt);
+  nr_promise_set_success(self, NULL, NULL);
+  return 1;
+}
+
+static int l_cg_write(lua_State *L) { return l_cg_op(L, false); }
+static int l_cg_close(lua_State *L) { return l_cg_op(L, true); }
+
+static int l_cg_tostring(lua_State *L) {
+  l_cg_len(L);
+  lua_pushfstring(L, "netrun.channel_group(%d channels)", (int)lua_tointeger(L, -1));
+  return 1;
+}
+
+void lnr_open_channel(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"id", l_id}, {"loop", l_loop}, {"remote_address", l_remote_address},
+      {"local_address", l_local_address}, {"is_open", l_is_open},
+      {"is_active", l_is_active}, {"is_writable", l_is_writable},
+      {"write", l_write}, {"flush", l_flush},
+      {"write_and_flush", l_write_and_flush}, {"read", l_read},
+      {"option", l_option}, {"close", l_close},
+      {"close_future", l_close_future}, {"attr", l_attr}, {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {"__eq", l_eq},
+                                  {NULL, NULL}};
+  lnr_new_class(L, lnr_kind_names[LNR_CHANNEL], methods, meta);
+  lnr_handle_class(L, LNR_CHANNEL);
+  static const luaL_Reg cg_methods[] = {
+      {"add", l_cg_add}, {"remove", l_cg_remove},
+      {"write_and_flush", l_cg_write}, {"close", l_cg_close}, {NULL, NULL}};
+  static const luaL_Reg cg_meta[] = {{"__len", l_cg_len},
+                                     {"__tostring", l_cg_tostring},
+                                     {NULL, NULL}};
+  lnr_new_class(L, lnr_kind_names[LNR_CHGROUP], cg_methods, cg_meta);
+  lnr_handle_class(L, LNR_CHGROUP);
+  static const luaL_Reg funcs[] = {{"server", l_server},
+                                   {"connect", l_connect},
+                                   {"udp", l_udp},
+                                   {"channel_group", l_channel_group},
+                                   {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+}

@@ -1,0 +1,404 @@
+/*
+ * lfuture.c -- futures and coroutines in Lua: netrun.promise(), the future
+ * methods, sync() (which refuses to block a loop thread), netrun.spawn()
+ * with await() and netrun.sleep().
+ *
+ * A future's value is a blob: each state that reads it gets its own copy.
+ * Listeners stay in the state that added them and run on its thread.
+ * A spawned coroutine is kept in the registry while it lives; await() adds
+ * a listener that resumes it on its own loop.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lnr.h"
+
+static nr_promise_t *check(lua_State *L, int idx) {
+  return lnr_check_handle(L, idx, LNR_FUTURE);
+}
+
+void lnr_push_promise(lua_State *L, nr_promise_t *p) {
+  lnr_push_handle(L, LNR_FUTURE, p);
+  nr_promise_release(p);                  /* the proxy holds its own */
+}
+
+static void cancel_timer_on_cancel(nr_promise_t *p, void *arg) {
+  nr_timer_t *t = arg;
+  if (nr_promise_is_cancelled(p))
+    nr_timer_cancel(t);
+  nr_timer_release(t);
+}
+
+void lnr_push_scheduled(lua_State *L, nr_promise_t *p, nr_timer_t *t) {
+  nr_promise_add_listener(p, NULL, cancel_timer_on_cancel, t);
+  lnr_push_promise(L, p);
+}
+
+/* The loop whose state is L (the main loop for the main state). */
+static nr_loop_t *home(lua_State *L) {
+  lnr_state_t *S = lnr_state(L);
+  return S ? S->loop : NULL;
+}
+
+/* ---- completion ------------------------------------------------------------- */
+
+static int complete(lua_State *L, bool success, bool try) {
+  nr_promise_t *p = check(L, 1);
+  int rc;
+  if (success) {
+    lua_settop(L, 2);
+    lnr_blob_t *b = lnr_pack(L, 2, 1, "result");
+    rc = nr_promise_set_success(p, b, lnr_blob_free_fn);
+  } else {
+    const char *msg = luaL_tolstring(L, 2, NULL);
+    rc = nr_promise_set_failure(p, NR_EHANDLER, msg);
+  }
+  if (try) {
+    lua_pushboolean(L, rc == 0);
+    return 1;
+  }
+  if (rc != 0)
+    return luaL_error(L, "promise already completed");
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_set_success(lua_State *L) { return complete(L, true, false); }
+static int l_set_failure(lua_State *L) { return complete(L, false, false); }
+static int l_try_success(lua_State *L) { return complete(L, true, true); }
+static int l_try_failure(lua_State *L) { return complete(L, false, true); }
+
+static int l_promise(lua_State *L) {
+  lnr_push_promise(L, nr_promise_new());
+  return 1;
+}
+
+/* ---- queries ------------------------------------------------------------------ */
+
+static int l_is_done(lua_State *L) {
+  lua_pushboolean(L, nr_promise_is_done(check(L, 1)));
+  return 1;
+}
+static int l_is_success(lua_State *L) {
+  lua_pushboolean(L, nr_promise_is_success(check(L, 1)));
+  return 1;
+}
+static int l_is_cancelled(lua_State *L) {
+  lua_pushboolean(L, nr_promise_is_cancelled(check(L, 1)));
+  return 1;
+}
+
+static int l_cause(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  if (nr_promise_is_done(p) && !nr_promise_is_success(p))
+    lua_pushstring(L, nr_promise_message(p));
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+/* Push the result of a successful future: a copy of a Lua value, a channel
+ * (servers and connects complete in the C core), or nil. */
+static int l_result(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  void (*kind)(void *) = nr_promise_value_free_fn(p);
+  if (!nr_promise_is_success(p) || kind == NULL)
+    lua_pushnil(L);
+  else if (kind == lnr_blob_free_fn)
+    lnr_unpack(L, nr_promise_value(p));
+  else if (kind == (void (*)(void *))nr_channel_release)
+    lnr_push_handle(L, LNR_CHANNEL, nr_promise_value(p));
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+static int l_cancel(lua_State *L) {
+  lua_pushboolean(L, nr_promise_cancel(check(L, 1)) == 0);
+  return 1;
+}
+
+/* ---- listeners ------------------------------------------------------------- */
+
+typedef struct listener_s {
+  lnr_state_t *S;
+  int fn_ref;       /* the Lua listener, in S's registry */
+  int fut_ref;      /* the future proxy, kept so the listener sees it */
+} listener_t;
+
+static void run_listener(nr_promise_t *p, void *arg) {
+  (void)p;
+  listener_t *l = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S != l->S || S->closing) {
+    free(l);                 /* the state is gone; its refs went with it */
+    return;
+  }
+  lua_State *L = S->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, l->fn_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, l->fut_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, l->fn_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, l->fut_ref);
+  if (lnr_pcall(L, 1, 0) != LUA_OK)
+    lnr_log_error(L, "a future listener failed");
+  free(l);
+}
+
+static int l_add_listener(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  listener_t *l = malloc(sizeof *l);
+  if (l == NULL)
+    return luaL_error(L, "out of memory");
+  l->S = lnr_state(L);
+  lua_pushvalue(L, 2);
+  l->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 1);
+  l->fut_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  nr_promise_add_listener(p, home(L), run_listener, l);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- waiting ----------------------------------------------------------------- */
+
+static int finish_wait(lua_State *L, nr_promise_t *p) {
+  if (nr_promise_is_success(p)) {
+    lua_settop(L, 1);
+    return l_result(L);
+  }
+  return luaL_error(L, "%s", nr_promise_message(p));
+}
+
+static int l_sync(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  nr_loop_t *cur = nr_loop_current();
+  if (!nr_promise_is_done(p)) {
+    if (cur != NULL && cur != lnr_main_loop())
+      return luaL_error(L, "blocking operation on an event loop (%s): use "
+                        "add_listener, or await inside netrun.spawn",
+                        nr_loop_name(cur));
+    int rc = nr_promise_wait(p, UINT64_MAX);
+    if (rc != 0)
+      return luaL_error(L, "sync: %s", nr_strerror(rc));
+  }
+  return finish_wait(L, p);
+}
+
+/* ---- coroutines -------------------------------------------------------------- */
+
+static const char SPAWNED = 0;   /* registry: coroutine -> its promise */
+
+static void step(lua_State *L, lua_State *co, int nargs);
+
+static bool is_spawned(lua_State *L, lua_State *co) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &SPAWNED);
+  lua_pushthread(co);
+  lua_xmove(co, L, 1);
+  bool yes = lua_rawget(L, -2) != LUA_TNIL;
+  lua_pop(L, 2);
+  return yes;
+}
+
+typedef struct resume_s {
+  lnr_state_t *S;
+  int co_ref;
+} resume_t;
+
+/* Resume a coroutine parked in await/sleep/yield, on its own loop. */
+static void resume_later(nr_promise_t *p, void *arg) {
+  (void)p;
+  resume_t *r = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S != r->S || S->closing) {
+    free(r);
+    return;
+  }
+  lua_State *L = S->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->co_ref);
+  lua_State *co = lua_tothread(L, -1);
+  luaL_unref(L, LUA_REGISTRYINDEX, r->co_ref);
+  free(r);
+  lua_pop(L, 1);                       /* still anchored in SPAWNED */
+  step(L, co, 0);
+}
+
+static int resume_task(void *arg) {
+  resume_later(NULL, arg);
+  return 0;
+}
+
+static resume_t *parking(lua_State *L, lua_State *co) {
+  resume_t *r = malloc(sizeof *r);
+  if (r == NULL)
+    luaL_error(L, "out of memory");
+  r->S = lnr_state(L);
+  lua_pushthread(co);
+  if (co != L)
+    lua_xmove(co, L, 1);
+  r->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return r;
+}
+
+static void finish_spawn(lua_State *L, lua_State *co, bool ok) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &SPAWNED);
+  lua_pushthread(co);
+  lua_xmove(co, L, 1);
+  lua_pushvalue(L, -1);
+  lua_rawget(L, -3);
+  nr_promise_t *p = lnr_to_handle(L, -1, LNR_FUTURE);
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_rawset(L, -3);                   /* forget the coroutine */
+  lua_pop(L, 1);
+  if (p == NULL)
+    return;
+  if (ok) {
+    lnr_blob_t *b = NULL;
+    lua_settop(co, lua_gettop(co) > 0 ? 1 : 0);
+    if (lua_gettop(co) == 0)
+      lua_pushnil(co);
+    if (lnr_try_pack(co, -1, &b))
+      nr_promise_set_success(p, b, lnr_blob_free_fn);
+    else
+      nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(co, -1));
+  } else {
+    const char *msg = lua_tostring(co, -1);
+    luaL_traceback(L, co, msg ? msg : "(error object is not a string)", 0);
+    nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
+    nr_log(NR_LOG_DEBUG, "a spawned coroutine failed: %s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+}
+
+/* The marker await/sleep yield with, so step() knows a listener will
+ * resume the coroutine. Any other yield is a cooperative one. */
+static const char PARKED = 0;
+
+static void step(lua_State *L, lua_State *co, int nargs) {
+  int nres = 0;
+  int st = lua_resume(co, L, nargs, &nres);
+  if (st == LUA_YIELD) {
+    bool parked = nres == 1 && lua_touserdata(co, -1) == &PARKED;
+    lua_pop(co, nres);
+    if (!parked) {                      /* coroutine.yield(): run again soon */
+      resume_t *r = parking(L, co);
+      if (nr_loop_execute(home(L), resume_task, r) < 0) {
+        luaL_unref(L, LUA_REGISTRYINDEX, r->co_ref);
+        free(r);
+      }
+    }
+    return;
+  }
+  finish_spawn(L, co, st == LUA_OK);
+}
+
+static int l_spawn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  int n = lua_gettop(L);
+  lua_State *co = lua_newthread(L);
+  nr_promise_t *p = nr_promise_new();
+  lnr_push_promise(L, p);               /* result: the future */
+  int fut = lua_gettop(L);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &SPAWNED) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &SPAWNED);
+  }
+  lua_pushvalue(L, n + 1);              /* the coroutine */
+  lua_pushvalue(L, fut);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  for (int i = 1; i <= n; i++)
+    lua_pushvalue(L, i);
+  lua_xmove(L, co, n);                  /* fn and its arguments */
+  step(L, co, n - 1);
+  lua_pushvalue(L, fut);
+  return 1;
+}
+
+/* In a spawned coroutine: park until p completes. */
+static int await_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  return finish_wait(L, check(L, 1));
+}
+
+static int park_on(lua_State *L, nr_promise_t *p) {
+  lua_State *main = lnr_state(L)->L;
+  resume_t *r = parking(main, L);
+  nr_promise_add_listener(p, home(L), resume_later, r);
+  lua_pushlightuserdata(L, (void *)&PARKED);
+  return lua_yieldk(L, 1, 0, await_k);
+}
+
+static int l_await(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  lua_settop(L, 1);
+  if (nr_promise_is_done(p))
+    return finish_wait(L, p);
+  if (!lua_isyieldable(L) || !is_spawned(lnr_state(L)->L, L))
+    return l_sync(L);
+  return park_on(L, p);
+}
+
+static int complete_task(void *arg) {
+  nr_promise_set_success(arg, NULL, NULL);
+  nr_promise_release(arg);
+  return 0;
+}
+
+static int cancel_task(void *arg) {
+  nr_promise_release(arg);
+  return 0;
+}
+
+static int l_sleep(lua_State *L) {
+  double s = lnr_checkseconds(L, 1, "netrun.sleep");
+  lnr_state_t *S = lnr_state(L);
+  if (!lua_isyieldable(L) || !is_spawned(S->L, L))
+    return luaL_error(L, "netrun.sleep: only inside netrun.spawn");
+  nr_promise_t *p = nr_promise_new();
+  nr_timer_t *t = nr_loop_schedule(home(L), lnr_ns(s), 0, complete_task,
+                                   cancel_task, nr_promise_retain(p));
+  if (t == NULL) {
+    nr_promise_release(p);
+    nr_promise_release(p);
+    return luaL_error(L, "netrun.sleep: the loop is shut down");
+  }
+  nr_timer_release(t);
+  lnr_push_promise(L, p);              /* keep it alive while parked */
+  lua_replace(L, 1);
+  lua_settop(L, 1);
+  return park_on(L, check(L, 1));
+}
+
+static int l_tostring(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  const char *st = !nr_promise_is_done(p)      ? "pending"
+                   : nr_promise_is_success(p)  ? "success"
+                   : nr_promise_is_cancelled(p) ? "cancelled"
+                                               : "failure";
+  lua_pushfstring(L, "netrun.future(%s)", st);
+  return 1;
+}
+
+void lnr_open_future(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"set_success", l_set_success}, {"set_failure", l_set_failure},
+      {"try_success", l_try_success}, {"try_failure", l_try_failure},
+      {"is_done", l_is_done}, {"is_success", l_is_success},
+      {"is_cancelled", l_is_cancelled}, {"cause", l_cause},
+      {"result", l_result}, {"cancel", l_cancel},
+      {"add_listener", l_add_listener}, {"sync", l_sync}, {"await", l_await},
+      {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {NULL, NULL}};
+  lnr_new_class(L, lnr_kind_names[LNR_FUTURE], methods, meta);
+  lnr_handle_class(L, LNR_FUTURE);
+  static const luaL_Reg funcs[] = {{"promise", l_promise},
+                                   {"spawn", l_spawn},
+                                   {"sleep", l_sleep},
+                                   {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+}

@@ -1,0 +1,650 @@
+/*
+ * lgroup.c -- groups, executor groups and loops in Lua: creation (each loop
+ * with its own state), the chooser, execute/submit/schedule with values
+ * transferred, graceful shutdown, stats, netrun.current() and netrun.run().
+ *
+ * Lifetime: a group is reference counted by its proxies, by blobs carrying
+ * it, and by the list of live groups, which lets go once the group has
+ * terminated. The last release frees it -- on the main thread, since freeing
+ * joins the loop threads.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lnr.h"
+
+struct lnr_group_s {
+  _Atomic int refs;
+  nr_group_t *g;
+  void *paths;
+  bool listed;                /* in the live list (under live_lock) */
+  lnr_group_t *next;
+};
+
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static lnr_group_t *live;
+static lnr_group_t *default_boss, *default_workers;
+
+nr_group_t *lnr_group_core(lnr_group_t *g) { return g->g; }
+
+lnr_group_t *lnr_group_of_loop(nr_loop_t *l) {
+  nr_group_t *g = l ? nr_loop_group(l) : NULL;
+  return g ? nr_group_data(g) : NULL;
+}
+
+void lnr_group_retain(lnr_group_t *g) { atomic_fetch_add(&g->refs, 1); }
+
+static void group_free(lnr_group_t *g) {
+  nr_group_free(g->g);               /* joins threads: all terminated */
+  lnr_paths_free(g->paths);
+  free(g);
+}
+
+static int group_free_task(void *arg) {
+  group_free(arg);
+  return 0;
+}
+
+void lnr_group_release(lnr_group_t *g) {
+  if (atomic_fetch_sub(&g->refs, 1) != 1)
+    return;
+  nr_loop_t *cur = nr_loop_current();
+  if (cur == NULL || cur == lnr_main_loop()) {
+    group_free(g);
+  } else if (lnr_main_loop() == NULL ||
+             nr_loop_execute(lnr_main_loop(), group_free_task, g) < 0) {
+    /* The main thread is gone: the process is ending, let it go. */
+  }
+}
+
+/* A terminated group leaves the live list (on the main thread). */
+static int unlist_task(void *arg) {
+  lnr_group_t *g = arg;
+  pthread_mutex_lock(&live_lock);
+  bool listed = g->listed;
+  for (lnr_group_t **pp = &live; *pp; pp = &(*pp)->next)
+    if (*pp == g) {
+      *pp = g->next;
+      break;
+    }
+  g->listed = false;
+  if (default_boss == g)
+    default_boss = NULL;
+  if (default_workers == g)
+    default_workers = NULL;
+  pthread_mutex_unlock(&live_lock);
+  if (listed)
+    lnr_group_release(g);
+  return 0;
+}
+
+static void on_terminated(nr_promise_t *p, void *arg) {
+  (void)p;
+  if (lnr_main_loop() == NULL ||
+      nr_loop_execute(lnr_main_loop(), unlist_task, arg) < 0)
+    unlist_task(arg);
+}
+
+static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
+                              int io_ratio, bool executor) {
+  lnr_group_t *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    luaL_error(L, "netrun.group: out of memory");
+  g->paths = lnr_paths_new(L);
+  nr_group_opts_t o = {.name = name, .threads = threads,
+                       .io_ratio = executor ? 100 : io_ratio,
+                       .on_start = lnr_loop_started,
+                       .on_exit = lnr_loop_exiting, .ud = g->paths};
+  g->g = nr_group_new(&o);
+  if (g->g == NULL) {
+    int err = errno;
+    lnr_paths_free(g->paths);
+    free(g);
+    luaL_error(L, "netrun.group: cannot create the group: %s", strerror(err));
+    return NULL;
+  }
+  nr_group_set_data(g->g, g);
+  atomic_init(&g->refs, 1);                  /* the live list's */
+  pthread_mutex_lock(&live_lock);
+  g->listed = true;
+  g->next = live;
+  live = g;
+  pthread_mutex_unlock(&live_lock);
+  nr_promise_add_listener(nr_group_termination_future(g->g), NULL,
+                          on_terminated, g);
+  return g;
+}
+
+static int opt_int(lua_State *L, int t, const char *k, int dflt) {
+  lua_getfield(L, t, k);
+  int v = lua_isnil(L, -1) ? dflt : (int)luaL_checkinteger(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int new_group(lua_State *L, bool executor) {
+  const char *what = executor ? "netrun.executor_group" : "netrun.group";
+  if (!lua_isnoneornil(L, 1))
+    luaL_checktype(L, 1, LUA_TTABLE);
+  else
+    lua_newtable(L), lua_replace(L, 1);
+  int threads = opt_int(L, 1, "threads", 0);
+  int ratio = opt_int(L, 1, "io_ratio", 50);
+  lua_getfield(L, 1, "name");
+  const char *name = luaL_optstring(L, -1, executor ? "executor" : "worker");
+  if (threads < 0 || threads > 1024)
+    return luaL_error(L, "%s: threads must be between 1 and 1024, got %d",
+                      what, threads);
+  if (ratio < 1 || ratio > 100)
+    return luaL_error(L, "%s: io_ratio must be between 1 and 100, got %d",
+                      what, ratio);
+  if (threads == 0) {
+    lua_getglobal(L, "NETRUN_THREADS");       /* set by `netrun -t N` */
+    threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    lua_pop(L, 1);
+  }
+  lnr_group_t *g = group_new(L, name, threads, ratio, executor);
+  lnr_push_handle(L, LNR_GROUP, g);
+  return 1;
+}
+
+static int l_group(lua_State *L) { return new_group(L, false); }
+static int l_executor_group(lua_State *L) { return new_group(L, true); }
+
+lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
+  pthread_mutex_lock(&live_lock);
+  lnr_group_t *g = boss ? default_boss : default_workers;
+  pthread_mutex_unlock(&live_lock);
+  if (g)
+    return g;
+  int threads = 0;
+  if (boss) {
+    threads = 1;
+  } else {
+    lua_getglobal(L, "NETRUN_THREADS");
+    threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    lua_pop(L, 1);
+  }
+  g = group_new(L, boss ? "boss" : "worker", threads, 50, false);
+  pthread_mutex_lock(&live_lock);
+  lnr_group_t **slot = boss ? &default_boss : &default_workers;
+  if (*slot == NULL) {
+    *slot = g;
+  } else {                                      /* raced: keep the first */
+    pthread_mutex_unlock(&live_lock);
+    nr_group_shutdown_gracefully(g->g, 0, 0);
+    return *slot;
+  }
+  pthread_mutex_unlock(&live_lock);
+  return g;
+}
+
+/* ---- sending work -------------------------------------------------------- */
+
+static lnr_state_t *state_of_loop(nr_loop_t *l) { return nr_loop_data(l); }
+
+lnr_state_t *lnr_current_state(void) {
+  nr_loop_t *l = nr_loop_current();
+  return l ? state_of_loop(l) : NULL;
+}
+
+/* Runs a packed (fn, args...) on its loop; completes the blob's promise
+ * (user) with the first result, or fails it with the error. */
+static int lua_task(void *arg) {
+  lnr_blob_t *b = arg;
+  nr_promise_t *p = b->user;
+  lnr_state_t *S = lnr_current_state();
+  if (S == NULL || S->closing) {
+    if (p)
+      nr_promise_set_failure(p, NR_EREJECTED, "the loop's Lua state is gone");
+  } else {
+    lua_State *L = S->L;
+    int top = lua_gettop(L);
+    if (lnr_run_packed(L, b, p ? 1 : 0) != LUA_OK) {
+      if (p)
+        nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
+      else
+        nr_log(NR_LOG_ERROR, "a task failed: %s", lua_tostring(L, -1));
+    } else if (p) {
+      lnr_blob_t *r = NULL;
+      if (lnr_try_pack(L, -1, &r))    /* the result may not transfer */
+        nr_promise_set_success(p, r, lnr_blob_free_fn);
+      else
+        nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
+    }
+    lua_settop(L, top);
+  }
+  if (p)
+    nr_promise_release(p);
+  lnr_blob_free(b);
+  return 0;
+}
+
+static int try_pack_p(lua_State *L) {
+  lnr_blob_t **out = lua_touserdata(L, 2);
+  *out = lnr_pack(L, 1, 1, "result");
+  return 0;
+}
+
+int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out) {
+  idx = lua_absindex(L, idx);
+  lua_pushcfunction(L, try_pack_p);
+  lua_pushvalue(L, idx);
+  lua_pushlightuserdata(L, out);
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK)
+    return 0;                    /* the message is on the stack */
+  return 1;
+}
+
+void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
+                   nr_promise_t *p) {
+  b->user = p ? nr_promise_retain(p) : NULL;
+  b->task.fn = lua_task;
+  b->task.arg = b;
+  int rc = nr_loop_execute_task(loop, &b->task);
+  if (rc < 0) {
+    if (p)
+      nr_promise_release(p);
+    lnr_blob_free(b);
+    luaL_error(L, "%s: %s: task rejected", nr_loop_name(loop),
+               rc == NR_EFULL ? "too many pending tasks"
+                              : "loop is shut down");
+  }
+}
+
+/* Loop of a group or loop handle at idx 1: next() for groups. */
+static nr_loop_t *target_loop(lua_State *L) {
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  if (g)
+    return nr_group_next(g->g);
+  return lnr_check_handle(L, 1, LNR_LOOP);
+}
+
+static int l_execute(lua_State *L) {
+  nr_loop_t *loop = target_loop(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "execute");
+  lnr_send_task(L, loop, b, NULL);
+  return 0;
+}
+
+static int l_submit(lua_State *L) {
+  nr_loop_t *loop = target_loop(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "submit");
+  nr_promise_t *p = nr_promise_new();
+  lnr_push_promise(L, p);                    /* takes the reference */
+  lnr_send_task(L, loop, b, p);
+  return 1;
+}
+
+/* after_iteration: a tail task, run after the loop's current iteration. */
+static int tail_task(void *arg) {
+  return lua_task(arg);
+}
+
+static int l_after_iteration(lua_State *L) {
+  nr_loop_t *loop = lnr_check_handle(L, 1, LNR_LOOP);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "after_iteration");
+  b->user = NULL;
+  if (nr_loop_after_iteration(loop, tail_task, b) < 0) {
+    lnr_blob_free(b);
+    return luaL_error(L, "%s: loop is shut down: task rejected",
+                      nr_loop_name(loop));
+  }
+  return 0;
+}
+
+/* ---- scheduling --------------------------------------------------------------- */
+
+typedef struct sched_s {
+  lnr_blob_t *b;
+  nr_promise_t *p;
+  bool periodic;
+} sched_t;
+
+static int sched_fire(void *arg) {
+  sched_t *s = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S == NULL || S->closing)
+    return 0;
+  lua_State *L = S->L;
+  int top = lua_gettop(L);
+  if (lnr_run_packed(L, s->b, 1) != LUA_OK) {
+    if (s->periodic)
+      nr_log(NR_LOG_ERROR, "a scheduled task failed: %s", lua_tostring(L, -1));
+    nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));
+  } else if (!s->periodic) {
+    lnr_blob_t *r = NULL;
+    if (lnr_try_pack(L, -1, &r))
+      nr_promise_set_success(s->p, r, lnr_blob_free_fn);
+    else
+      nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));
+  }
+  lua_settop(L, top);
+  if (!s->periodic) {
+    nr_promise_release(s->p);
+    lnr_blob_free(s->b);
+    free(s);
+  }
+  return 0;
+}
+
+static int sched_cancelled(void *arg) {
+  sched_t *s = arg;
+  nr_promise_cancel(s->p);
+  nr_promise_release(s->p);
+  lnr_blob_free(s->b);
+  free(s);
+  return 0;
+}
+
+
+static int schedule(lua_State *L, int nargs_before_fn, double delay,
+                    int64_t period) {
+  nr_loop_t *loop = target_loop(L);
+  int fn = 2 + nargs_before_fn;
+  luaL_checktype(L, fn, LUA_TFUNCTION);
+  sched_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return luaL_error(L, "out of memory");
+  s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
+  s->periodic = period != 0;
+  s->p = nr_promise_new();
+  nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
+                                   sched_cancelled, s);
+  if (t == NULL) {
+    nr_promise_release(s->p);
+    nr_promise_release(s->p);
+    lnr_blob_free(s->b);
+    free(s);
+    return luaL_error(L, "%s: loop is shut down: task rejected",
+                      nr_loop_name(loop));
+  }
+  lnr_push_scheduled(L, nr_promise_retain(s->p), t);
+  return 1;
+}
+
+static int l_schedule(lua_State *L) {
+  double d = lnr_checkseconds(L, 2, "schedule");
+  return schedule(L, 1, d, 0);
+}
+
+static int l_fixed_rate(lua_State *L) {
+  double d = lnr_checkseconds(L, 2, "schedule_at_fixed_rate");
+  double p = lnr_checkseconds(L, 3, "schedule_at_fixed_rate");
+  if (p <= 0)
+    return luaL_error(L, "schedule_at_fixed_rate: period must be > 0");
+  return schedule(L, 2, d, (int64_t)lnr_ns(p));
+}
+
+static int l_fixed_delay(lua_State *L) {
+  double d = lnr_checkseconds(L, 2, "schedule_with_fixed_delay");
+  double p = lnr_checkseconds(L, 3, "schedule_with_fixed_delay");
+  if (p <= 0)
+    return luaL_error(L, "schedule_with_fixed_delay: delay must be > 0");
+  return schedule(L, 2, d, -(int64_t)lnr_ns(p));
+}
+
+/* ---- shutdown and state --------------------------------------------------------- */
+
+static double secs(lua_State *L, int idx) {
+  return lnr_checkseconds(L, idx, "shutdown_gracefully");
+}
+
+static int l_shutdown(lua_State *L) {
+  double quiet = luaL_opt(L, secs, 2, 2.0);
+  double timeout = luaL_opt(L, secs, 3, 15.0);
+  nr_promise_t *p;
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  if (g)
+    p = nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
+  else
+    p = nr_loop_shutdown_gracefully(lnr_check_handle(L, 1, LNR_LOOP),
+                                    lnr_ns(quiet), lnr_ns(timeout));
+  lnr_push_promise(L, nr_promise_retain(p));
+  return 1;
+}
+
+static int l_termination(lua_State *L) {
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  nr_promise_t *p = g ? nr_group_termination_future(g->g)
+                      : nr_loop_termination_future(lnr_check_handle(L, 1, LNR_LOOP));
+  lnr_push_promise(L, nr_promise_retain(p));
+  return 1;
+}
+
+#define PRED(fname, gfn, lfn)                                              \
+  static int fname(lua_State *L) {                                         \
+    lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);                       \
+    lua_pushboolean(L, g ? gfn(g->g) : lfn(lnr_check_handle(L, 1, LNR_LOOP))); \
+    return 1;                                                              \
+  }
+PRED(l_is_shutting_down, nr_group_is_shutting_down, nr_loop_is_shutting_down)
+PRED(l_is_shutdown, nr_group_is_shutdown, nr_loop_is_shutdown)
+PRED(l_is_terminated, nr_group_is_terminated, nr_loop_is_terminated)
+
+static const char *state_names[] = {"not_started", "started", "shutting_down",
+                                    "shutdown", "terminated"};
+
+static void push_stats(lua_State *L, nr_loop_t *loop) {
+  nr_loop_stats_t st;
+  nr_loop_stats(loop, &st);
+  lua_createtable(L, 0, 14);
+  lua_pushstring(L, st.name);
+  lua_setfield(L, -2, "name");
+  lua_pushstring(L, state_names[st.state]);
+  lua_setfield(L, -2, "state");
+#define F(field)                                                           \
+  lua_pushinteger(L, (lua_Integer)st.field);                               \
+  lua_setfield(L, -2, #field)
+  F(pending_tasks); F(scheduled_tasks); F(channels); F(tasks_run);
+  F(io_events); F(wakeups); F(selector_rebuilds); F(iterations);
+#undef F
+  lua_pushnumber(L, (double)st.io_time_ns / 1e9);
+  lua_setfield(L, -2, "io_time");
+  lua_pushnumber(L, (double)st.task_time_ns / 1e9);
+  lua_setfield(L, -2, "task_time");
+  lnr_state_t *S = nr_loop_data(loop);
+  if (S && !S->main)
+    lua_pushinteger(L, (lua_Integer)atomic_load(&S->memory));
+  else
+    lua_pushinteger(L, (lua_Integer)lua_gc(L, LUA_GCCOUNT, 0) * 1024);
+  lua_setfield(L, -2, "lua_memory");
+}
+
+static int l_stats(lua_State *L) {
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  if (g == NULL) {
+    push_stats(L, lnr_check_handle(L, 1, LNR_LOOP));
+    return 1;
+  }
+  int n = nr_group_size(g->g);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    push_stats(L, nr_group_loop(g->g, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_next(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  lnr_push_handle(L, LNR_LOOP, nr_group_next(g->g));
+  return 1;
+}
+
+static int l_loops(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  int n = nr_group_size(g->g);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lnr_push_handle(L, LNR_LOOP, nr_group_loop(g->g, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_len(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  lua_pushinteger(L, nr_group_size(g->g));
+  return 1;
+}
+
+static int l_group_tostring(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  lua_pushfstring(L, "netrun.group(%s, %d loops)", nr_group_name(g->g),
+                  nr_group_size(g->g));
+  return 1;
+}
+
+static int l_loop_name(lua_State *L) {
+  lua_pushstring(L, nr_loop_name(lnr_check_handle(L, 1, LNR_LOOP)));
+  return 1;
+}
+
+static int l_in_event_loop(lua_State *L) {
+  lua_pushboolean(L, nr_loop_in_thread(lnr_check_handle(L, 1, LNR_LOOP)));
+  return 1;
+}
+
+static int l_loop_group(lua_State *L) {
+  lnr_push_handle(L, LNR_GROUP,
+                  lnr_group_of_loop(lnr_check_handle(L, 1, LNR_LOOP)));
+  return 1;
+}
+
+static int l_loop_tostring(lua_State *L) {
+  nr_loop_t *l = lnr_check_handle(L, 1, LNR_LOOP);
+  lua_pushfstring(L, "netrun.loop(%s)", nr_loop_name(l));
+  return 1;
+}
+
+static int l_current(lua_State *L) {
+  nr_loop_t *l = nr_loop_current();
+  if (l == NULL || l == lnr_main_loop())
+    lua_pushnil(L);
+  else
+    lnr_push_handle(L, LNR_LOOP, l);
+  return 1;
+}
+
+/* Every live group, for netrun.groups() (the REPL's :loops). */
+static int l_groups(lua_State *L) {
+  lua_newtable(L);
+  pthread_mutex_lock(&live_lock);
+  int n = 0;
+  lnr_group_t *v[256];
+  for (lnr_group_t *g = live; g && n < 256; g = g->next) {
+    lnr_group_retain(g);
+    v[n++] = g;
+  }
+  pthread_mutex_unlock(&live_lock);
+  for (int i = n - 1; i >= 0; i--) {          /* oldest first */
+    lnr_push_handle(L, LNR_GROUP, v[i]);
+    lua_rawseti(L, -2, n - i);
+    lnr_group_release(v[i]);
+  }
+  return 1;
+}
+
+/* netrun.run(): wait until every group has terminated, running the main
+ * thread's work meanwhile. */
+static int l_run(lua_State *L) {
+  nr_loop_t *m = lnr_main_loop();
+  if (nr_loop_current() != m)
+    return luaL_error(L, "netrun.run: only the main thread can wait for groups");
+  for (;;) {
+    pthread_mutex_lock(&live_lock);
+    lnr_group_t *g = live;
+    if (g)
+      lnr_group_retain(g);
+    pthread_mutex_unlock(&live_lock);
+    if (g == NULL)
+      break;
+    nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
+    unlist_task(g);                 /* do not wait for the queued one */
+    lnr_group_release(g);
+  }
+  while (nr_loop_run_once(m, 0) > 0)
+    ;
+  return 0;
+}
+
+/* Shut everything down (the main state is closing, or the process ends). */
+void lnr_shutdown_all(lua_State *L) {
+  (void)L;
+  nr_loop_t *m = lnr_main_loop();
+  lnr_state_t *S = m ? nr_loop_data(m) : NULL;
+  if (S)
+    S->closing = true;
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next)
+    nr_group_shutdown_gracefully(g->g, 0, NR_SEC(5));
+  pthread_mutex_unlock(&live_lock);
+  for (;;) {
+    pthread_mutex_lock(&live_lock);
+    lnr_group_t *g = live;
+    if (g)
+      lnr_group_retain(g);
+    pthread_mutex_unlock(&live_lock);
+    if (g == NULL)
+      break;
+    nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
+    unlist_task(g);
+    lnr_group_release(g);
+  }
+  if (m)
+    while (nr_loop_run_once(m, 0) > 0)
+      ;
+}
+
+void lnr_open_group(lua_State *L) {
+  static const luaL_Reg group_methods[] = {
+      {"next", l_next}, {"loops", l_loops}, {"execute", l_execute},
+      {"submit", l_submit}, {"schedule", l_schedule},
+      {"schedule_at_fixed_rate", l_fixed_rate},
+      {"schedule_with_fixed_delay", l_fixed_delay},
+      {"shutdown_gracefully", l_shutdown},
+      {"termination_future", l_termination},
+      {"is_shutting_down", l_is_shutting_down}, {"is_shutdown", l_is_shutdown},
+      {"is_terminated", l_is_terminated}, {"stats", l_stats}, {NULL, NULL}};
+  static const luaL_Reg group_meta[] = {{"__len", l_len},
+                                        {"__tostring", l_group_tostring},
+                                        {NULL, NULL}};
+  static const luaL_Reg loop_methods[] = {
+      {"execute", l_execute}, {"submit", l_submit}, {"schedule", l_schedule},
+      {"schedule_at_fixed_rate", l_fixed_rate},
+      {"schedule_with_fixed_delay", l_fixed_delay},
+      {"after_iteration", l_after_iteration},
+      {"in_event_loop", l_in_event_loop}, {"name", l_loop_name},
+      {"group", l_loop_group}, {"stats", l_stats},
+      {"shutdown_gracefully", l_shutdown},
+      {"termination_future", l_termination},
+      {"is_shutting_down", l_is_shutting_down}, {"is_shutdown", l_is_shutdown},
+      {"is_terminated", l_is_terminated}, {NULL, NULL}};
+  static const luaL_Reg loop_meta[] = {{"__tostring", l_loop_tostring},
+                                       {NULL, NULL}};
+  lnr_new_class(L, lnr_kind_names[LNR_GROUP], group_methods, group_meta);
+  lnr_handle_class(L, LNR_GROUP);
+  lnr_new_class(L, lnr_kind_names[LNR_LOOP], loop_methods, loop_meta);
+  lnr_handle_class(L, LNR_LOOP);
+  static const luaL_Reg funcs[] = {
+      {"group", l_group}, {"executor_group", l_executor_group},
+      {"current", l_current}, {"run", l_run}, {"groups", l_groups},
+      {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+}
+
+/* From any thread (the signal thread): ask every group to shut down with
+ * the default quiet period and timeout. */
+void lnr_shutdown_groups_async(void) {
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next)
+    nr_group_shutdown_gracefully(g->g, NR_SEC(2), NR_SEC(15));
+  pthread_mutex_unlock(&live_lock);
+}

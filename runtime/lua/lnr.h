@@ -1,0 +1,160 @@
+/*
+ * lnr.h -- internals of the Lua bindings (runtime/lua/). Only these files
+ * include both lua.h and netrun.h.
+ *
+ * Threading: every lua_State belongs to one thread -- the main thread (the
+ * state that required "netrun") or a loop thread (its own state, created on
+ * that thread). Nothing here touches a lua_State from another thread: values
+ * cross threads as blobs (transfer.c) and run as tasks on the owner's loop.
+ */
+#ifndef LNR_H
+#define LNR_H
+
+#include <errno.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdatomic.h>
+
+#include "netrun.h"
+
+typedef struct lnr_blob_s lnr_blob_t;
+
+/* ---- per-state context -------------------------------------------------- */
+
+typedef struct lnr_state_s {
+  lua_State *L;
+  nr_loop_t *loop;            /* the loop this state runs on (main: external) */
+  bool main;
+  bool closing;               /* the state is being closed: run no more tasks */
+  _Atomic size_t memory;      /* bytes allocated by this state */
+} lnr_state_t;
+
+/* The context of the state L (every netrun state has one). */
+lnr_state_t *lnr_state(lua_State *L);
+/* The main thread's external loop, created when the module is first loaded. */
+nr_loop_t *lnr_main_loop(void);
+/* Loop state hooks; ud is what lnr_paths_new returned. */
+void lnr_loop_started(nr_loop_t *loop, void *ud);
+void lnr_loop_exiting(nr_loop_t *loop, void *ud);
+void *lnr_paths_new(lua_State *L);
+void lnr_paths_free(void *paths);
+/* The state running on the current thread's loop (or main), or NULL. */
+lnr_state_t *lnr_current_state(void);
+/* Queue a packed task (fn, args...) to a loop; raises if rejected. */
+void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
+                   nr_promise_t *p);
+
+/* Call the function below nargs arguments in protected mode, with a
+ * traceback on error. On error, leaves the message on the stack and returns
+ * non-zero. */
+int lnr_pcall(lua_State *L, int nargs, int nresults);
+/* Log the error on top of the stack ("<what>: <message>") and pop it. */
+void lnr_log_error(lua_State *L, const char *what);
+
+/* ---- value transfer (DESIGN.md §3) --------------------------------------- */
+
+/* Handle kinds that cross threads by reference count. */
+enum { LNR_GROUP = 1, LNR_LOOP, LNR_CHANNEL, LNR_FUTURE, LNR_DICT,
+       LNR_CHGROUP, LNR_NKINDS };
+
+struct lnr_blob_s {
+  nr_task_t task;             /* lets a blob travel as a task */
+  int nvalues;
+  size_t len, cap;
+  char *buf;
+  int nhandles, hcap;
+  struct lnr_href_s { int kind; void *ptr; } *handles;
+  void *user;                 /* for whoever sends the blob */
+  void *user2;
+  char small[96];
+};
+
+/* Pack n values starting at stack index `from`. Raises a Lua error naming
+ * the path of anything that cannot be transferred; `what` names the values
+ * ("argument", "result", "message"). */
+lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what);
+/* Push the blob's values; returns how many. Raises on failure. */
+int lnr_unpack(lua_State *L, const lnr_blob_t *b);
+void lnr_blob_free(lnr_blob_t *b);
+void lnr_blob_free_fn(void *b);   /* as a promise value destructor */
+
+/* ---- handles ----------------------------------------------------------------- */
+
+void lnr_handle_retain(int kind, void *ptr);
+void lnr_handle_release(int kind, void *ptr);
+/* Push this state's proxy for a handle (one per state), taking a ref. */
+void lnr_push_handle(lua_State *L, int kind, void *ptr);
+/* The handle at idx if it is of `kind`, else NULL. */
+void *lnr_to_handle(lua_State *L, int idx, int kind);
+void *lnr_check_handle(lua_State *L, int idx, int kind);
+/* Kind of the netrun handle at idx, or 0. */
+int lnr_handle_kind(lua_State *L, int idx);
+void lnr_handle_class(lua_State *L, int kind);
+
+/* Groups as the bindings know them: a core group plus its liveness. */
+typedef struct lnr_group_s lnr_group_t;
+nr_group_t *lnr_group_core(lnr_group_t *g);
+lnr_group_t *lnr_group_of_loop(nr_loop_t *l);
+/* Default groups for servers and clients without one (created lazily). */
+lnr_group_t *lnr_default_group(lua_State *L, bool boss);
+
+/* Futures are promises. Push one (taking the caller's reference); a
+ * scheduled one also cancels its timer when cancelled. */
+void lnr_push_promise(lua_State *L, nr_promise_t *p);
+void lnr_push_scheduled(lua_State *L, nr_promise_t *p, nr_timer_t *t);
+/* Pack the value at idx in protected mode: 1 and *out, or 0 with the error
+ * message pushed. */
+int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out);
+
+/* Run a Lua task packed as (fn, args...) in the current state. */
+int lnr_run_packed(lua_State *L, lnr_blob_t *b, int nresults);
+
+/* ---- module parts ------------------------------------------------------------- */
+
+void lnr_open_transfer(lua_State *L);
+void lnr_open_group(lua_State *L);
+void lnr_open_future(lua_State *L);
+void lnr_open_channel(lua_State *L);
+void lnr_open_pipeline(lua_State *L);
+void lnr_open_dict(lua_State *L);
+void lnr_open_state(lua_State *L);
+
+/* Messages: Lua value <-> C pipeline message. */
+void lnr_push_msg(lua_State *L, void *msg);
+/* Teach lnr_push_msg a message type (codec bindings do). */
+typedef void (*lnr_msg_push_fn)(lua_State *L, void *msg);
+void lnr_register_msg(int type, lnr_msg_push_fn push);
+void lnr_free_inits(void);
+/* Encode the value at idx as a message for the pipeline of ch and call
+ * fn(ctx, msg, arg). Strings become bytes, arrays of strings slices,
+ * {data, host, port} datagrams; other values travel as NR_MSG_LUA. */
+typedef int (*lnr_msg_fn)(void *target, void *msg, nr_promise_t *p);
+int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
+                 void *target, nr_promise_t *p);
+
+/* A Lua value travelling through a pipeline on its own loop. */
+typedef struct lnr_lmsg_s {
+  int type;                   /* NR_MSG_LUA */
+  lua_State *L;
+  int idx;                    /* absolute stack index in L */
+} lnr_lmsg_t;
+
+/* Native handlers: a userdata whose metatable has __netrun_native, a light
+ * userdata holding a function of this type that builds the C handler. */
+typedef const nr_handler_t *(*lnr_native_fn)(lua_State *L, int idx,
+                                             void **state);
+
+/* Helpers */
+void lnr_set_funcs(lua_State *L, const luaL_Reg *l);
+double lnr_checkseconds(lua_State *L, int idx, const char *what);
+uint64_t lnr_ns(double seconds);
+int lnr_error_code(lua_State *L, const char *prefix, int code, const char *msg);
+/* Register a metatable named `name` with methods and a __tostring. */
+void lnr_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
+                   const luaL_Reg *meta);
+
+#define LNR_NAME(kind) lnr_kind_names[kind]
+extern const char *const lnr_kind_names[];
+
+#endif /* LNR_H */

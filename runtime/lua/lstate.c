@@ -1,0 +1,269 @@
+/*
+ * lstate.c -- one lua_State per thread.
+ *
+ * The main state is whichever state first requires "netrun" on a thread
+ * that is not a loop; that thread gets an external loop (nr_loop_t with no
+ * thread of its own) so that work sent to it -- listeners it added, results
+ * sent to it -- runs whenever it waits inside netrun.
+ *
+ * Every loop thread creates its own state when it starts (on its thread),
+ * with the standard libraries, a generational collector, the main state's
+ * package.path/cpath, "netrun.core" preloaded and "netrun" required, and a
+ * counting allocator so its memory can be read from any thread. The state
+ * is closed on the same thread when the loop terminates.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lnr.h"
+
+int luaopen_netrun_core(lua_State *L);
+
+static const char STATE_KEY = 0;
+static nr_loop_t *main_loop;
+static lnr_state_t *main_state;
+
+lnr_state_t *lnr_state(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
+  lnr_state_t *S = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return S;
+}
+
+nr_loop_t *lnr_main_loop(void) { return main_loop; }
+
+/* ---- protected calls ---------------------------------------------------- */
+
+static int msgh(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      msg = lua_tostring(L, -1);
+    else
+      msg = lua_pushfstring(L, "(error object is a %s value)",
+                            luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+int lnr_pcall(lua_State *L, int nargs, int nresults) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, msgh);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, nresults, base);
+  lua_remove(L, base);
+  return rc;
+}
+
+void lnr_log_error(lua_State *L, const char *what) {
+  nr_log(NR_LOG_ERROR, "%s: %s", what, lua_tostring(L, -1));
+  lua_pop(L, 1);
+}
+
+/* ---- running packed tasks ----------------------------------------------- */
+
+static int run_packed_p(lua_State *L) {
+  lnr_blob_t *b = lua_touserdata(L, 1);
+  int nresults = (int)lua_tointeger(L, 2);
+  lua_settop(L, 0);
+  int n = lnr_unpack(L, b);
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_call(L, n - 1, nresults);
+  return nresults;
+}
+
+int lnr_run_packed(lua_State *L, lnr_blob_t *b, int nresults) {
+  lua_pushcfunction(L, run_packed_p);
+  lua_pushlightuserdata(L, b);
+  lua_pushinteger(L, nresults);
+  return lnr_pcall(L, 2, nresults);
+}
+
+/* ---- loop states ----------------------------------------------------------- */
+
+static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  lnr_state_t *S = ud;
+  size_t old = ptr ? osize : 0;
+  size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
+  if (nsize == 0) {
+    free(ptr);
+    atomic_store_explicit(&S->memory, m - old, memory_order_relaxed);
+    return NULL;
+  }
+  void *p = realloc(ptr, nsize);
+  if (p != NULL)
+    atomic_store_explicit(&S->memory, m - old + nsize, memory_order_relaxed);
+  return p;
+}
+
+/* What a loop state copies from the state that created its group. */
+typedef struct lnr_paths_s {
+  char *path, *cpath;
+} lnr_paths_t;
+
+static void set_path(lua_State *L, const char *field, const char *value) {
+  if (value == NULL)
+    return;
+  lua_getglobal(L, "package");
+  lua_pushstring(L, value);
+  lua_setfield(L, -2, field);
+  lua_pop(L, 1);
+}
+
+static int open_loop_state(lua_State *L) {
+  const lnr_paths_t *paths = lua_touserdata(L, 1);
+  luaL_openlibs(L);
+  lua_gc(L, LUA_GCGEN, 0, 0);
+  set_path(L, "path", paths->path);
+  set_path(L, "cpath", paths->cpath);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, luaopen_netrun_core);
+  lua_setfield(L, -2, "netrun.core");
+  lua_pop(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun");
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+void lnr_loop_started(nr_loop_t *loop, void *ud) {
+  lnr_state_t *S = calloc(1, sizeof *S);
+  lua_State *L = S ? lua_newstate(counting_alloc, S) : NULL;
+  if (L == NULL) {
+    nr_log(NR_LOG_ERROR, "%s: cannot create a Lua state", nr_loop_name(loop));
+    free(S);
+    return;
+  }
+  S->L = L;
+  S->loop = loop;
+  lua_pushlightuserdata(L, S);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
+  nr_loop_set_data(loop, S);
+  lua_pushcfunction(L, open_loop_state);
+  lua_pushlightuserdata(L, ud);
+  if (lnr_pcall(L, 1, 0) != LUA_OK)
+    lnr_log_error(L, "cannot set up the loop's Lua state");
+}
+
+void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
+  (void)ud;
+  lnr_state_t *S = nr_loop_data(loop);
+  if (S == NULL)
+    return;
+  nr_loop_set_data(loop, NULL);
+  lua_close(S->L);
+  free(S);
+}
+
+void *lnr_paths_new(lua_State *L) {
+  lnr_paths_t *p = calloc(1, sizeof *p);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  p->path = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+  lua_getfield(L, -2, "cpath");
+  p->cpath = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+  lua_pop(L, 3);
+  return p;
+}
+
+void lnr_paths_free(void *ud) {
+  lnr_paths_t *p = ud;
+  if (p) {
+    free(p->path);
+    free(p->cpath);
+    free(p);
+  }
+}
+
+/* ---- the main state ---------------------------------------------------------- */
+
+/* The main state registers itself the first time the module is opened on
+ * a thread that is not a loop. A sentinel's __gc tears the runtime down
+ * when that state closes. */
+extern void lnr_shutdown_all(lua_State *L);
+
+void lnr_free_dicts(void);
+
+static int sentinel_gc(lua_State *L) {
+  lnr_shutdown_all(L);
+  lnr_free_inits();
+  lnr_free_dicts();
+  if (main_state && main_state->L == L) {
+    nr_loop_set_data(main_loop, NULL);
+    nr_loop_free(main_loop);
+    main_loop = NULL;
+    free(main_state);
+    main_state = NULL;
+  }
+  return 0;
+}
+
+void lnr_open_state(lua_State *L) {
+  if (lnr_state(L) != NULL)
+    return;                                   /* a loop state, already set */
+  if (main_state != NULL) {
+    /* A second non-loop state (rare): give it a context on the same loop. */
+    lnr_state_t *S = lua_newuserdatauv(L, sizeof *S, 0);
+    memset(S, 0, sizeof *S);
+    S->L = L;
+    S->loop = main_loop;
+    luaL_ref(L, LUA_REGISTRYINDEX);          /* keep it alive */
+    lua_pushlightuserdata(L, S);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
+    return;
+  }
+  main_loop = nr_loop_new(&(nr_loop_opts_t){.name = "main", .external = true});
+  main_state = calloc(1, sizeof *main_state);
+  if (main_loop == NULL || main_state == NULL)
+    luaL_error(L, "netrun: cannot create the main loop");
+  main_state->L = L;
+  main_state->loop = main_loop;
+  main_state->main = true;
+  nr_loop_set_data(main_loop, main_state);
+  lua_pushlightuserdata(L, main_state);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
+  lua_newuserdatauv(L, 1, 0);
+  lua_newtable(L);
+  lua_pushcfunction(L, sentinel_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+void lnr_set_funcs(lua_State *L, const luaL_Reg *l) { luaL_setfuncs(L, l, 0); }
+
+double lnr_checkseconds(lua_State *L, int idx, const char *what) {
+  double s = luaL_checknumber(L, idx);
+  if (!(s >= 0) || s > 1e9)
+    luaL_error(L, "%s: expected a duration in seconds >= 0, got %f", what, s);
+  return s;
+}
+
+uint64_t lnr_ns(double seconds) { return (uint64_t)(seconds * 1e9 + 0.5); }
+
+int lnr_error_code(lua_State *L, const char *prefix, int code,
+                   const char *msg) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "%s: %s", prefix, msg ? msg : nr_strerror(code));
+  lua_pushinteger(L, code);
+  return 3;
+}
+
+void lnr_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
+                   const luaL_Reg *meta) {
+  luaL_newmetatable(L, name);
+  if (meta)
+    luaL_setfuncs(L, meta, 0);
+  if (methods) {
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+  }
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+}

@@ -1,0 +1,33 @@
+/*
+ * module.c -- luaopen_netrun_core: the C half of require "netrun". The Lua
+ * half (lua/netrun/init.lua) builds the public module on top of it.
+ */
+#include "lnr.h"
+
+void lnr_free_dicts(void);
+
+/* core.transfer(...): pack and unpack in this state -- what another state
+ * would receive. For tests and the curious. */
+static int l_transfer(lua_State *L) {
+  int n = lua_gettop(L);
+  lnr_blob_t *b = lnr_pack(L, 1, n, "argument");
+  lua_settop(L, 0);
+  int got = lnr_unpack(L, b);
+  lnr_blob_free(b);
+  return got;
+}
+
+int luaopen_netrun_core(lua_State *L) {
+  lnr_open_state(L);
+  lua_newtable(L);
+  lnr_open_group(L);
+  lnr_open_future(L);
+  lnr_open_channel(L);
+  lnr_open_pipeline(L);
+  lnr_open_dict(L);
+  lua_pushcfunction(L, l_transfer);
+  lua_setfield(L, -2, "transfer");
+  lua_pushliteral(L, NR_VERSION);
+  lua_setfield(L, -2, "version");
+  return 1;
+}

@@ -1,0 +1,791 @@
+/*
+ * transfer.c -- moving Lua values between states (DESIGN.md §3).
+ *
+ * A value is packed in the source state (on its thread) into a blob, and
+ * unpacked in the destination state (on its thread); no state is ever
+ * touched by two threads. The blob is a byte string of tagged values:
+ *
+ *  - nil, booleans, integers, floats and strings are copied;
+ *  - tables are copied deeply; each table or function gets an id on first
+ *    sight and later sightings become references, so shared references and
+ *    cycles survive; a metatable travels only if it is a module table;
+ *  - Lua functions travel as their prototype (bytecode, interned once per
+ *    process) plus their upvalues, packed recursively. An upvalue holding the
+ *    source's globals is rebound to the destination's. The destination
+ *    caches one closure per prototype, so a function whose only upvalue is
+ *    _ENV costs no load at all the second time;
+ *  - values reachable from package.loaded (modules, their fields, C
+ *    functions of _G) travel by name and are resolved with require;
+ *  - netrun handles travel by reference count;
+ *  - anything else raises "cannot transfer <type> (<path>)".
+ *
+ * Only bytecode produced here is ever loaded, in mode "b", unstripped so
+ * tracebacks keep their line numbers. Upvalues are copied, not shared.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lnr.h"
+
+enum {
+  T_NIL, T_FALSE, T_TRUE, T_INT, T_FLT, T_STR, T_TABLE, T_TABLE_MT, T_END,
+  T_REF, T_FUNC, T_GLOBALS, T_MODULE, T_HANDLE
+};
+
+#define MAX_DEPTH 200
+
+/* ---- the process-wide prototype registry -------------------------------- */
+
+typedef struct proto_s {
+  struct proto_s *next;
+  uint64_t hash;
+  size_t len;
+  char data[];
+} proto_t;
+
+#define PROTO_BUCKETS 1024
+static proto_t *protos[PROTO_BUCKETS];
+static pthread_mutex_t proto_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;              /* FNV-1a */
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+/* The one proto_t for these bytes; never freed (bounded by the program's
+ * distinct functions). */
+static proto_t *intern_proto(const char *s, size_t n) {
+  uint64_t h = hash_bytes(s, n);
+  proto_t **bucket = &protos[h % PROTO_BUCKETS];
+  pthread_mutex_lock(&proto_lock);
+  for (proto_t *p = *bucket; p; p = p->next)
+    if (p->hash == h && p->len == n && memcmp(p->data, s, n) == 0) {
+      pthread_mutex_unlock(&proto_lock);
+      return p;
+    }
+  proto_t *p = malloc(sizeof *p + n);
+  if (p) {
+    p->hash = h;
+    p->len = n;
+    memcpy(p->data, s, n);
+    p->next = *bucket;
+    *bucket = p;
+  }
+  pthread_mutex_unlock(&proto_lock);
+  return p;
+}
+
+/* ---- blobs ------------------------------------------------------------------- */
+
+static lnr_blob_t *blob_new(void) {
+  lnr_blob_t *b = malloc(sizeof *b);
+  if (b == NULL)
+    return NULL;
+  memset(b, 0, offsetof(lnr_blob_t, small));
+  b->buf = b->small;
+  b->cap = sizeof b->small;
+  return b;
+}
+
+void lnr_blob_free(lnr_blob_t *b) {
+  if (b == NULL)
+    return;
+  for (int i = 0; i < b->nhandles; i++)
+    lnr_handle_release(b->handles[i].kind, b->handles[i].ptr);
+  free(b->handles);
+  if (b->buf != b->small)
+    free(b->buf);
+  free(b);
+}
+
+void lnr_blob_free_fn(void *b) { lnr_blob_free(b); }
+
+/* ---- packing ---------------------------------------------------------------- */
+
+typedef struct packer_s {
+  lua_State *L;
+  lnr_blob_t *b;
+  int seen;            /* stack index: value -> id */
+  int nextid;
+  int depth;
+  bool map_fresh;      /* the module map was rebuilt during this pack */
+  bool map_checked;    /* package.loaded was counted during this pack */
+  const char *path[MAX_DEPTH + 2];
+  char names[MAX_DEPTH + 2][80];
+} packer_t;
+
+static void grow(packer_t *k, size_t need) {
+  lnr_blob_t *b = k->b;
+  if (b->len + need <= b->cap)
+    return;
+  size_t cap = b->cap * 2;
+  while (cap < b->len + need)
+    cap *= 2;
+  char *nb = b->buf == b->small ? malloc(cap) : realloc(b->buf, cap);
+  if (nb == NULL)
+    luaL_error(k->L, "out of memory transferring a value");
+  if (b->buf == b->small)
+    memcpy(nb, b->small, b->len);
+  b->buf = nb;
+  b->cap = cap;
+}
+
+static void put(packer_t *k, const void *p, size_t n) {
+  grow(k, n);
+  memcpy(k->b->buf + k->b->len, p, n);
+  k->b->len += n;
+}
+
+static void put_byte(packer_t *k, int c) {
+  unsigned char u = (unsigned char)c;
+  put(k, &u, 1);
+}
+
+static void put_size(packer_t *k, size_t n) {       /* varint */
+  do {
+    put_byte(k, (int)((n & 0x7f) | (n > 0x7f ? 0x80 : 0)));
+    n >>= 7;
+  } while (n);
+}
+
+static void put_str(packer_t *k, const char *s, size_t n) {
+  put_size(k, n);
+  put(k, s, n);
+}
+
+static void add_handle(packer_t *k, int kind, void *ptr) {
+  lnr_blob_t *b = k->b;
+  if (b->nhandles == b->hcap) {
+    int cap = b->hcap ? b->hcap * 2 : 4;
+    void *h = realloc(b->handles, (size_t)cap * sizeof *b->handles);
+    if (h == NULL)
+      luaL_error(k->L, "out of memory transferring a value");
+    b->handles = h;
+    b->hcap = cap;
+  }
+  lnr_handle_retain(kind, ptr);
+  b->handles[b->nhandles].kind = kind;
+  b->handles[b->nhandles++].ptr = ptr;
+}
+
+static void fail(packer_t *k, const char *type) {
+  luaL_Buffer buf;
+  luaL_buffinit(k->L, &buf);
+  luaL_addstring(&buf, "cannot transfer ");
+  luaL_addstring(&buf, type);
+  luaL_addstring(&buf, " (");
+  for (int i = k->depth; i >= 0; i--) {
+    luaL_addstring(&buf, k->path[i]);
+    if (i > 0)
+      luaL_addstring(&buf, " of ");
+  }
+  luaL_addstring(&buf, ")");
+  luaL_pushresult(&buf);
+  lua_error(k->L);
+}
+
+static void enter(packer_t *k, const char *fmt, const char *name) {
+  if (k->depth >= MAX_DEPTH)
+    fail(k, "a value nested this deeply");
+  k->depth++;
+  snprintf(k->names[k->depth], sizeof k->names[0], fmt, name);
+  k->path[k->depth] = k->names[k->depth];
+}
+
+/* The module map: value -> "module" or "module.field", in the registry. */
+static const char MODMAP_KEY = 0;
+
+static int count_loaded(lua_State *L) {
+  int n = 0;
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    lua_pop(L, 1);
+    n++;
+  }
+  lua_pop(L, 1);
+  return n;
+}
+
+static void map_value(lua_State *L, int map, int vidx, const char *name) {
+  lua_pushvalue(L, vidx);
+  if (lua_rawget(L, map) == LUA_TNIL) {
+    lua_pushvalue(L, vidx);
+    lua_pushstring(L, name);
+    lua_rawset(L, map);
+  }
+  lua_pop(L, 1);
+}
+
+static void build_modmap(lua_State *L) {
+  lua_newtable(L);
+  int map = lua_gettop(L);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  int loaded = lua_gettop(L);
+  lua_pushnil(L);
+  while (lua_next(L, loaded)) {          /* name, module */
+    if (lua_type(L, -2) == LUA_TSTRING && (lua_istable(L, -1) ||
+                                           lua_isfunction(L, -1))) {
+      const char *mod = lua_tostring(L, -2);
+      bool is_g = strcmp(mod, "_G") == 0;
+      if (!is_g)
+        map_value(L, map, lua_gettop(L), mod);
+      if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        lua_pushnil(L);
+        while (lua_next(L, t)) {         /* field, value */
+          int v = lua_gettop(L);
+          bool wanted = is_g ? lua_iscfunction(L, v)
+                             : (lua_istable(L, v) || lua_isfunction(L, v));
+          if (wanted && lua_type(L, -2) == LUA_TSTRING) {
+            char full[256];
+            snprintf(full, sizeof full, "%s.%s", mod, lua_tostring(L, -2));
+            map_value(L, map, v, full);
+          }
+          lua_pop(L, 1);
+        }
+      }
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);                          /* loaded */
+  lua_pushinteger(L, count_loaded(L));
+  lua_setfield(L, map, "\1count");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &MODMAP_KEY);
+}
+
+/* Push the module name of the value at idx, or nothing and return false.
+ * On a miss the map is rebuilt once per pack if modules were loaded. */
+static bool module_name(packer_t *k, int idx, bool must) {
+  lua_State *L = k->L;
+  for (int pass = 0; pass < 2; pass++) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &MODMAP_KEY) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      build_modmap(L);
+      k->map_fresh = true;
+      lua_rawgetp(L, LUA_REGISTRYINDEX, &MODMAP_KEY);
+    }
+    lua_pushvalue(L, idx);
+    if (lua_rawget(L, -2) == LUA_TSTRING) {
+      lua_remove(L, -2);
+      return true;
+    }
+    lua_pop(L, 1);
+    bool stale = false;
+    if (!k->map_fresh && (must || !k->map_checked)) {
+      lua_getfield(L, -1, "\1count");
+      stale = must || lua_tointeger(L, -1) != count_loaded(L);
+      lua_pop(L, 1);
+      k->map_checked = true;
+    }
+    lua_pop(L, 1);
+    if (!stale)
+      return false;
+    build_modmap(L);
+    k->map_fresh = true;
+  }
+  return false;
+}
+
+static void pack_value(packer_t *k, int idx);
+
+/* Returns true (and writes a reference) if the value was packed before. */
+static bool seen_before(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, k->seen) == LUA_TNUMBER) {
+    put_byte(k, T_REF);
+    put_size(k, (size_t)lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    return true;
+  }
+  lua_pop(L, 1);
+  lua_pushvalue(L, idx);
+  lua_pushinteger(L, k->nextid++);
+  lua_rawset(L, k->seen);
+  return false;
+}
+
+static bool is_globals(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
+  bool g = lua_rawequal(L, idx, -1);
+  lua_pop(L, 1);
+  return g;
+}
+
+static void pack_table(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  if (seen_before(k, idx))
+    return;
+  const char *mt_name = NULL;
+  if (lua_getmetatable(L, idx)) {
+    if (module_name(k, lua_gettop(L), false)) {
+      mt_name = lua_tostring(L, -1);
+      lua_remove(L, -2);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  if (mt_name) {
+    put_byte(k, T_TABLE_MT);
+    put_str(k, mt_name, strlen(mt_name));
+    lua_pop(L, 1);
+  } else {
+    put_byte(k, T_TABLE);
+  }
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    int v = lua_gettop(L), key = v - 1;
+    enter(k, "a key", NULL);
+    pack_value(k, key);
+    k->depth--;
+    if (lua_type(L, key) == LUA_TSTRING)
+      enter(k, "field '%s'", lua_tostring(L, key));
+    else if (lua_isinteger(L, key)) {
+      char n[32];
+      snprintf(n, sizeof n, "%lld", (long long)lua_tointeger(L, key));
+      enter(k, "element %s", n);
+    } else {
+      enter(k, "a field", NULL);
+    }
+    pack_value(k, v);
+    k->depth--;
+    lua_pop(L, 1);
+  }
+  put_byte(k, T_END);
+}
+
+typedef struct dumpbuf_s {
+  char *p;
+  size_t len, cap;
+} dumpbuf_t;
+
+static int dump_writer(lua_State *L, const void *p, size_t sz, void *ud) {
+  (void)L;
+  dumpbuf_t *d = ud;
+  if (d->len + sz > d->cap) {
+    size_t cap = d->cap ? d->cap * 2 : 1024;
+    while (cap < d->len + sz)
+      cap *= 2;
+    char *np = realloc(d->p, cap);
+    if (np == NULL)
+      return 1;
+    d->p = np;
+    d->cap = cap;
+  }
+  memcpy(d->p + d->len, p, sz);
+  d->len += sz;
+  return 0;
+}
+
+static const char FCACHE_SRC = 0;   /* function -> proto, weak keys */
+
+static proto_t *proto_of(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &FCACHE_SRC) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_newtable(L);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &FCACHE_SRC);
+  }
+  lua_pushvalue(L, idx);
+  proto_t *p = lua_rawget(L, -2) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, -1)
+                                                       : NULL;
+  lua_pop(L, 1);
+  if (p == NULL) {
+    dumpbuf_t d = {0};
+    lua_pushvalue(L, idx);
+    int rc = lua_dump(L, dump_writer, &d, 0);   /* unstripped: line info */
+    lua_pop(L, 1);
+    p = rc == 0 && d.len > 0 ? intern_proto(d.p, d.len) : NULL;
+    free(d.p);
+    if (p == NULL)
+      luaL_error(L, "out of memory transferring a function");
+    lua_pushvalue(L, idx);
+    lua_pushlightuserdata(L, p);
+    lua_rawset(L, -3);
+  }
+  lua_pop(L, 1);
+  return p;
+}
+
+static void pack_function(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  if (module_name(k, idx, lua_iscfunction(L, idx))) {
+    put_byte(k, T_MODULE);
+    size_t n;
+    const char *s = lua_tolstring(L, -1, &n);
+    put_str(k, s, n);
+    lua_pop(L, 1);
+    return;
+  }
+  if (lua_iscfunction(L, idx))
+    fail(k, "C function");
+  if (seen_before(k, idx))
+    return;
+  proto_t *p = proto_of(k, idx);
+  put_byte(k, T_FUNC);
+  put(k, &p, sizeof p);
+  lua_Debug ar;
+  lua_pushvalue(L, idx);
+  lua_getinfo(L, ">u", &ar);
+  put_byte(k, ar.nups);
+  size_t flag_at = k->b->len;
+  put_byte(k, 1);                       /* patched: all upvalues are globals */
+  bool all_globals = true;
+  for (int i = 1; i <= ar.nups; i++) {
+    const char *name = lua_getupvalue(L, idx, i);
+    if (is_globals(L, -1)) {
+      put_byte(k, T_GLOBALS);
+    } else {
+      all_globals = false;
+      enter(k, "upvalue '%s'", name && *name ? name : "?");
+      pack_value(k, lua_gettop(L));
+      k->depth--;
+    }
+    lua_pop(L, 1);
+  }
+  k->b->buf[flag_at] = all_globals;
+}
+
+static void pack_value(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  luaL_checkstack(L, 8, "transferring a value");
+  switch (lua_type(L, idx)) {
+  case LUA_TNIL: put_byte(k, T_NIL); break;
+  case LUA_TBOOLEAN: put_byte(k, lua_toboolean(L, idx) ? T_TRUE : T_FALSE); break;
+  case LUA_TNUMBER:
+    if (lua_isinteger(L, idx)) {
+      lua_Integer i = lua_tointeger(L, idx);
+      put_byte(k, T_INT);
+      put(k, &i, sizeof i);
+    } else {
+      lua_Number d = lua_tonumber(L, idx);
+      put_byte(k, T_FLT);
+      put(k, &d, sizeof d);
+    }
+    break;
+  case LUA_TSTRING: {
+    size_t n;
+    const char *s = lua_tolstring(L, idx, &n);
+    put_byte(k, T_STR);
+    put_str(k, s, n);
+    break;
+  }
+  case LUA_TTABLE:
+    if (is_globals(L, idx)) {
+      put_byte(k, T_GLOBALS);
+    } else if (module_name(k, idx, false)) {
+      size_t n;
+      const char *s = lua_tolstring(L, -1, &n);
+      put_byte(k, T_MODULE);
+      put_str(k, s, n);
+      lua_pop(L, 1);
+    } else {
+      pack_table(k, idx);
+    }
+    break;
+  case LUA_TFUNCTION: pack_function(k, idx); break;
+  case LUA_TUSERDATA: {
+    int kind = lnr_handle_kind(L, idx);
+    if (kind == 0)
+      fail(k, "userdata");
+    void *ptr = lnr_to_handle(L, idx, kind);
+    put_byte(k, T_HANDLE);
+    put_byte(k, kind);
+    put(k, &ptr, sizeof ptr);
+    add_handle(k, kind, ptr);
+    break;
+  }
+  default:
+    fail(k, luaL_typename(L, idx));
+  }
+}
+
+/* Packing runs protected so a failure frees the half-built blob. The
+ * values come as arguments 3.. (a protected call has its own stack). */
+static int pack_protected(lua_State *L) {
+  packer_t *k = lua_touserdata(L, 1);
+  const char *what = lua_tostring(L, 2);
+  int n = lua_gettop(L) - 2;
+  lua_newtable(L);
+  k->seen = lua_gettop(L);
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    if (n == 1)
+      snprintf(name, sizeof name, "%s", what);
+    else if (i == 0 && lua_isfunction(L, 3))
+      snprintf(name, sizeof name, "the function given to %s", what);
+    else
+      snprintf(name, sizeof name, "argument %d of %s", i, what);
+    k->depth = 0;
+    snprintf(k->names[0], sizeof k->names[0], "%s", name);
+    k->path[0] = k->names[0];
+    pack_value(k, 3 + i);
+  }
+  return 0;
+}
+
+lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what) {
+  from = lua_absindex(L, from);
+  lnr_blob_t *b = blob_new();
+  if (b == NULL)
+    luaL_error(L, "out of memory transferring a value");
+  b->nvalues = n;
+  /* Fast path: strings, numbers, booleans and nil need no bookkeeping. */
+  bool simple = true;
+  for (int i = 0; i < n && simple; i++) {
+    int t = lua_type(L, from + i);
+    simple = t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER ||
+             t == LUA_TSTRING;
+  }
+  if (simple) {
+    packer_t local;
+    memset(&local, 0, offsetof(packer_t, path));
+    local.L = L;
+    local.b = b;
+    for (int i = 0; i < n; i++)
+      pack_value(&local, from + i);
+    return b;
+  }
+  packer_t *k = lua_newuserdatauv(L, sizeof *k, 0);
+  memset(k, 0, offsetof(packer_t, path));
+  k->L = L;
+  k->b = b;
+  k->nextid = 1;                         /* as the unpacker counts */
+  luaL_checkstack(L, n + 4, "transferring values");
+  lua_pushcfunction(L, pack_protected);
+  lua_pushlightuserdata(L, k);
+  lua_pushstring(L, what);
+  for (int i = 0; i < n; i++)
+    lua_pushvalue(L, from + i);
+  if (lua_pcall(L, n + 2, 0, 0) != LUA_OK) {
+    lnr_blob_free(b);
+    lua_remove(L, -2);                   /* the packer */
+    lua_error(L);
+  }
+  lua_pop(L, 1);                         /* the packer */
+  return b;
+}
+
+/* ---- unpacking ----------------------------------------------------------- */
+
+typedef struct unpacker_s {
+  lua_State *L;
+  const lnr_blob_t *b;
+  size_t pos;
+  int refs;                              /* stack index: id -> value */
+  int nextid;
+} unpacker_t;
+
+static const char FCACHE_DST = 0;        /* proto -> closure */
+
+static int get_byte(unpacker_t *u) {
+  if (u->pos >= u->b->len)
+    luaL_error(u->L, "corrupt transfer blob");
+  return (unsigned char)u->b->buf[u->pos++];
+}
+
+static void get(unpacker_t *u, void *p, size_t n) {
+  if (u->pos + n > u->b->len)
+    luaL_error(u->L, "corrupt transfer blob");
+  memcpy(p, u->b->buf + u->pos, n);
+  u->pos += n;
+}
+
+static size_t get_size(unpacker_t *u) {
+  size_t n = 0;
+  for (int shift = 0;; shift += 7) {
+    int c = get_byte(u);
+    n |= (size_t)(c & 0x7f) << shift;
+    if (!(c & 0x80))
+      return n;
+  }
+}
+
+static const char *get_str(unpacker_t *u, size_t *n) {
+  *n = get_size(u);
+  if (u->pos + *n > u->b->len)
+    luaL_error(u->L, "corrupt transfer blob");
+  const char *s = u->b->buf + u->pos;
+  u->pos += *n;
+  return s;
+}
+
+static void remember(unpacker_t *u) {    /* value on top gets the next id */
+  lua_State *L = u->L;
+  if (u->refs == 0) {
+    lua_newtable(L);
+    lua_insert(L, -2);
+    u->refs = lua_gettop(L) - 1;
+    /* refs now sits below the value; values pushed later stay above it. */
+  }
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, u->refs, u->nextid++);
+}
+
+/* Resolve "mod" or "mod.field" in this state. */
+static void push_module(lua_State *L, const char *name, size_t n) {
+  const char *dot = memchr(name, '.', n);
+  if (dot == NULL) {
+    lua_getglobal(L, "require");
+    lua_pushlstring(L, name, n);
+    lua_call(L, 1, 1);
+    return;
+  }
+  if (dot - name == 2 && memcmp(name, "_G", 2) == 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
+  } else {
+    lua_getglobal(L, "require");
+    lua_pushlstring(L, name, (size_t)(dot - name));
+    lua_call(L, 1, 1);
+  }
+  lua_pushlstring(L, dot + 1, n - (size_t)(dot - name) - 1);
+  lua_gettable(L, -2);
+  lua_remove(L, -2);
+}
+
+static void unpack_value(unpacker_t *u);
+
+static void unpack_table(unpacker_t *u, bool with_mt) {
+  lua_State *L = u->L;
+  size_t n = 0;
+  const char *mt = with_mt ? get_str(u, &n) : NULL;
+  lua_newtable(L);
+  remember(u);
+  int t = lua_gettop(L);
+  if (mt) {
+    push_module(L, mt, n);
+    lua_setmetatable(L, t);
+  }
+  for (;;) {
+    if (u->pos < u->b->len && u->b->buf[u->pos] == T_END) {
+      u->pos++;
+      break;
+    }
+    unpack_value(u);
+    unpack_value(u);
+    if (lua_isnil(L, -2)) {
+      lua_pop(L, 2);
+      continue;
+    }
+    lua_rawset(L, t);
+  }
+}
+
+static void unpack_function(unpacker_t *u) {
+  lua_State *L = u->L;
+  proto_t *p;
+  get(u, &p, sizeof p);
+  int nups = get_byte(u);
+  bool all_globals = get_byte(u);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &FCACHE_DST) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &FCACHE_DST);
+  }
+  int cache = lua_gettop(L);
+  if (all_globals && lua_rawgetp(L, cache, p) == LUA_TFUNCTION) {
+    lua_remove(L, cache);
+    remember(u);
+    u->pos += (size_t)nups;               /* the T_GLOBALS markers */
+    return;
+  }
+  if (all_globals)
+    lua_pop(L, 1);
+  if (luaL_loadbufferx(L, p->data, p->len, "=transfer", "b") != LUA_OK)
+    lua_error(L);
+  int f = lua_gettop(L);
+  if (all_globals) {                      /* cache the shared closure */
+    lua_pushvalue(L, f);
+    lua_rawsetp(L, cache, p);
+  }
+  lua_remove(L, cache);
+  f--;
+  remember(u);                            /* before upvalues: recursion */
+  f = lua_gettop(L);
+  for (int i = 1; i <= nups; i++) {
+    unpack_value(u);
+    if (lua_setupvalue(L, f, i) == NULL)
+      lua_pop(L, 1);
+  }
+}
+
+static void unpack_value(unpacker_t *u) {
+  lua_State *L = u->L;
+  luaL_checkstack(L, 8, "transferring a value");
+  int tag = get_byte(u);
+  switch (tag) {
+  case T_NIL: lua_pushnil(L); break;
+  case T_FALSE: lua_pushboolean(L, 0); break;
+  case T_TRUE: lua_pushboolean(L, 1); break;
+  case T_INT: {
+    lua_Integer i;
+    get(u, &i, sizeof i);
+    lua_pushinteger(L, i);
+    break;
+  }
+  case T_FLT: {
+    lua_Number d;
+    get(u, &d, sizeof d);
+    lua_pushnumber(L, d);
+    break;
+  }
+  case T_STR: {
+    size_t n;
+    const char *s = get_str(u, &n);
+    lua_pushlstring(L, s, n);
+    break;
+  }
+  case T_TABLE: unpack_table(u, false); break;
+  case T_TABLE_MT: unpack_table(u, true); break;
+  case T_REF: {
+    size_t id = get_size(u);
+    if (u->refs == 0)
+      luaL_error(L, "corrupt transfer blob");
+    lua_rawgeti(L, u->refs, (lua_Integer)id);
+    break;
+  }
+  case T_FUNC: unpack_function(u); break;
+  case T_GLOBALS: lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS); break;
+  case T_MODULE: {
+    size_t n;
+    const char *s = get_str(u, &n);
+    push_module(L, s, n);
+    break;
+  }
+  case T_HANDLE: {
+    int kind = get_byte(u);
+    void *ptr;
+    get(u, &ptr, sizeof ptr);
+    lnr_push_handle(L, kind, ptr);
+    break;
+  }
+  default:
+    luaL_error(L, "corrupt transfer blob (tag %d)", tag);
+  }
+}
+
+int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
+  unpacker_t u = {.L = L, .b = b, .nextid = 1};
+  int base = lua_gettop(L);
+  luaL_checkstack(L, b->nvalues + 8, "transferring values");
+  for (int i = 0; i < b->nvalues; i++)
+    unpack_value(&u);
+  if (u.refs) {
+    lua_remove(L, u.refs);
+  }
+  return lua_gettop(L) - base;
+}
+
+void lnr_open_transfer(lua_State *L) { (void)L; }
