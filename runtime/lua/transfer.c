@@ -444,7 +444,9 @@ static void pack_function(packer_t *k, int idx) {
   bool all_globals = true;
   for (int i = 1; i <= ar.nups; i++) {
     const char *name = lua_getupvalue(L, idx, i);
-    if (is_globals(L, -1)) {
+    /* _ENV, or any upvalue holding the source's globals, binds to the
+     * destination's globals (a sandboxed _ENV included). */
+    if ((name && strcmp(name, "_ENV") == 0) || is_globals(L, -1)) {
       put_byte(k, T_GLOBALS);
     } else {
       all_globals = false;
@@ -521,7 +523,7 @@ static int pack_protected(lua_State *L) {
   k->seen = lua_gettop(L);
   for (int i = 0; i < n; i++) {
     char name[64];
-    if (n == 1)
+    if (n == 1 && !(lua_isfunction(L, 3) && !strchr(what, ' ')))
       snprintf(name, sizeof name, "%s", what);
     else if (i == 0 && lua_isfunction(L, 3))
       snprintf(name, sizeof name, "the function given to %s", what);

@@ -1,0 +1,58 @@
+-- spec/helper.lua -- shared by the busted specs: finds the module (source
+-- tree and build directory), and offers small helpers built on futures and
+-- LuaSocket, the independent client.
+local build = os.getenv("NETRUN_BUILD") or "build"
+local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/helper%.lua$") or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. root
+  .. "/spec/fixtures/?.lua;" .. package.path
+package.cpath = build .. "/lib/?.so;" .. package.cpath
+
+local netrun = require "netrun"
+local socket = require "socket"
+
+local H = { netrun = netrun, socket = socket, root = root, build = build }
+
+-- A LuaSocket client with a timeout, so a broken server fails the test
+-- instead of hanging it.
+function H.client(port, host)
+  local c = assert(socket.tcp())
+  c:settimeout(5)
+  assert(c:connect(host or "127.0.0.1", port))
+  return c
+end
+
+-- Read exactly n bytes.
+function H.recv(c, n)
+  local data, err, partial = c:receive(n)
+  assert(data, "receive failed: " .. tostring(err) .. " after " .. #(partial or "") .. " bytes")
+  return data
+end
+
+-- Shut a group down and wait for it (every spec ends this way).
+function H.shutdown(group)
+  group:shutdown_gracefully(0, 5):sync()
+  assert(group:is_terminated())
+end
+
+-- An echo server on an ephemeral port; returns the server channel and port.
+function H.echo_server(group, handler)
+  local Echo = handler or {
+    channel_read = function(self, ctx, msg) ctx:write(msg) end,
+    channel_read_complete = function(self, ctx) ctx:flush() end,
+  }
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch) ch:pipeline():add_last("echo", Echo) end,
+  }:sync()
+  local _, port = server:local_address()
+  return server, port
+end
+
+function H.tmpdir()
+  local p = os.tmpname()
+  os.remove(p)
+  assert(os.execute("mkdir -p " .. p))
+  return p
+end
+
+return H
