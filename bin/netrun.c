@@ -26,6 +26,7 @@
 int luaopen_netrun_core(lua_State *L);
 void lnr_shutdown_groups_async(void);
 int lnr_console_start(lua_State *L, const char *path);
+bool lnr_repl_interrupt(void);
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
@@ -51,6 +52,8 @@ static void *signal_thread(void *arg) {
     int sig;
     if (sigwait(set, &sig) != 0)
       continue;
+    if (sig == SIGINT && lnr_repl_interrupt())
+      continue;                           /* the REPL abandons its wait */
     if (atomic_fetch_add(&signals_seen, 1) > 0) {
       static const char msg[] = "netrun: second signal, exiting now\n";
       ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);

@@ -1,10 +1,196 @@
 /*
- * console.c -- placeholder until the console socket lands (issue 4).
+ * console.c -- what the REPL needs from C: line editing and history
+ * (libedit) when stdin is a terminal, plain reads otherwise; waits that
+ * Ctrl-C can abandon; the peer credentials of a console connection; and
+ * starting the console socket. The REPL itself is Lua (netrun.repl).
  */
+#include <editline/readline.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "lnr.h"
 
+static _Atomic int repl_active, interrupted;
+
+static int noop(void *arg) {
+  (void)arg;
+  return 0;
+}
+
+/* A task wakes the main thread if it is waiting in its loop. */
+static void wake_main(void) {
+  nr_loop_t *m = lnr_main_loop();
+  if (m)
+    nr_loop_execute(m, noop, NULL);
+}
+
+/* Called by the executable's signal thread on SIGINT. Returns true if the
+ * REPL took it (then the process goes on). */
+bool lnr_repl_interrupt(void) {
+  if (!atomic_load(&repl_active))
+    return false;
+  atomic_store(&interrupted, 1);
+  wake_main();
+  return true;
+}
+
+/* core.repl_mode(on): SIGINT interrupts waits instead of shutting down. */
+static int l_repl_mode(lua_State *L) {
+  atomic_store(&repl_active, lua_toboolean(L, 1));
+  return 0;
+}
+
+/* core.repl_wait(future): wait running the main loop; returns true when
+ * done, false if Ctrl-C abandoned the wait (the work goes on). */
+static int l_repl_wait(lua_State *L) {
+  nr_promise_t *p = lnr_check_handle(L, 1, LNR_FUTURE);
+  nr_loop_t *m = lnr_main_loop();
+  atomic_store(&interrupted, 0);
+  while (!nr_promise_is_done(p)) {
+    if (atomic_exchange(&interrupted, 0)) {
+      lua_pushboolean(L, 0);
+      return 1;
+    }
+    if (m && nr_loop_current() == m)
+      nr_loop_run_once(m, NR_MS(50));
+    else
+      nr_promise_wait(p, NR_MS(50));
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.interrupted(): consume a pending Ctrl-C. */
+static int l_interrupted(lua_State *L) {
+  lua_pushboolean(L, atomic_exchange(&interrupted, 0));
+  return 1;
+}
+
+static int l_isatty(lua_State *L) {
+  lua_pushboolean(L, isatty((int)luaL_optinteger(L, 1, 0)));
+  return 1;
+}
+
+static char *history_path(void) {
+  const char *home = getenv("HOME");
+  static char path[512];
+  if (home == NULL || !*home)
+    return NULL;
+  snprintf(path, sizeof path, "%s/.netrun_history", home);
+  return path;
+}
+
+/* core.readline(prompt): a line with editing and history on a terminal,
+ * a plain line otherwise; nil at end of input. */
+static int l_readline(lua_State *L) {
+  const char *prompt = luaL_optstring(L, 1, "");
+  if (isatty(0)) {
+    static bool loaded;
+    if (!loaded) {
+      loaded = true;
+      using_history();
+      if (history_path())
+        read_history(history_path());
+    }
+    char *line = readline(prompt);
+    if (line == NULL)
+      return 0;
+    if (*line) {
+      add_history(line);
+      if (history_path())
+        write_history(history_path());
+    }
+    lua_pushstring(L, line);
+    free(line);
+    return 1;
+  }
+  fputs(prompt, stdout);
+  fflush(stdout);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  int c, n = 0;
+  while ((c = getchar()) != EOF && c != '\n') {
+    luaL_addchar(&b, (char)c);
+    n++;
+  }
+  if (c == EOF && n == 0)
+    return 0;
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* core.peer_credentials(ch) -> pid, uid, gid of a unix socket's peer. */
+static int l_peer_credentials(lua_State *L) {
+  nr_channel_t *ch = lnr_check_handle(L, 1, LNR_CHANNEL);
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (getsockopt(nr_channel_fd(ch), SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+    return lnr_error_code(L, "peer_credentials", -errno, NULL);
+  lua_pushinteger(L, cr.pid);
+  lua_pushinteger(L, cr.uid);
+  lua_pushinteger(L, cr.gid);
+  return 3;
+}
+
+/* core.main_loop(): the main thread's loop, to send work to the main state. */
+static int l_main_loop(lua_State *L) {
+  lnr_push_handle(L, LNR_LOOP, lnr_main_loop());
+  return 1;
+}
+
+static int l_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+static int l_getuid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getuid());
+  return 1;
+}
+
+/* core.chmod(path, mode) */
+static int l_chmod(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (chmod(path, (mode_t)luaL_checkinteger(L, 2)) < 0)
+    return lnr_error_code(L, path, -errno, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.umask(mask) -> old mask */
+static int l_umask(lua_State *L) {
+  lua_pushinteger(L, umask((mode_t)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+void lnr_open_console(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+      {"repl_mode", l_repl_mode}, {"repl_wait", l_repl_wait},
+      {"interrupted", l_interrupted}, {"isatty", l_isatty},
+      {"readline", l_readline}, {"peer_credentials", l_peer_credentials},
+      {"getuid", l_getuid}, {"main_loop", l_main_loop},
+      {"getpid", l_getpid}, {"chmod", l_chmod}, {"umask", l_umask},
+      {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+}
+
+/* `netrun --console PATH`: listen before the script runs. */
 int lnr_console_start(lua_State *L, const char *path) {
-  (void)L;
-  nr_log(NR_LOG_ERROR, "--console %s: the console is not available yet", path);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.console");
+  if (lnr_pcall(L, 1, 1) == LUA_OK) {
+    lua_getfield(L, -1, "listen");
+    lua_remove(L, -2);
+    lua_pushstring(L, path);
+    if (lnr_pcall(L, 1, 0) == LUA_OK)
+      return 0;
+  }
+  nr_log(NR_LOG_ERROR, "--console %s: %s", path, lua_tostring(L, -1));
+  lua_pop(L, 1);
   return -1;
 }

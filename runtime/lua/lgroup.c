@@ -21,6 +21,7 @@ struct lnr_group_s {
   nr_group_t *g;
   void *paths;
   bool listed;                /* in the live list (under live_lock) */
+  bool daemon;                /* does not keep the process alive */
   lnr_group_t *next;
 };
 
@@ -60,12 +61,11 @@ void lnr_group_release(lnr_group_t *g) {
   }
 }
 
-/* A terminated group leaves the live list (on the main thread). */
-static int unlist_task(void *arg) {
-  lnr_group_t *g = arg;
+/* A terminated group leaves the live list, dropping the list's reference. */
+static void unlist(lnr_group_t *g) {
   pthread_mutex_lock(&live_lock);
   bool listed = g->listed;
-  for (lnr_group_t **pp = &live; *pp; pp = &(*pp)->next)
+  for (lnr_group_t **pp = &live; listed && *pp; pp = &(*pp)->next)
     if (*pp == g) {
       *pp = g->next;
       break;
@@ -78,11 +78,18 @@ static int unlist_task(void *arg) {
   pthread_mutex_unlock(&live_lock);
   if (listed)
     lnr_group_release(g);
+}
+
+static int unlist_task(void *arg) {
+  unlist(arg);
+  lnr_group_release(arg);                    /* the task's own reference */
   return 0;
 }
 
+/* On the last loop to terminate: leave the list on the main thread. */
 static void on_terminated(nr_promise_t *p, void *arg) {
   (void)p;
+  lnr_group_retain(arg);
   if (lnr_main_loop() == NULL ||
       nr_loop_execute(lnr_main_loop(), unlist_task, arg) < 0)
     unlist_task(arg);
@@ -146,7 +153,10 @@ static int new_group(lua_State *L, bool executor) {
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
+  lua_getfield(L, 1, "daemon");
+  bool daemon = lua_toboolean(L, -1);
   lnr_group_t *g = group_new(L, name, threads, ratio, executor);
+  g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
 }
@@ -450,10 +460,10 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_pushnumber(L, (double)st.task_time_ns / 1e9);
   lua_setfield(L, -2, "task_time");
   lnr_state_t *S = nr_loop_data(loop);
-  if (S && !S->main)
-    lua_pushinteger(L, (lua_Integer)atomic_load(&S->memory));
-  else
+  if (S && S->main)
     lua_pushinteger(L, (lua_Integer)lua_gc(L, LUA_GCCOUNT, 0) * 1024);
+  else   /* a loop state counts its own bytes; none before it starts */
+    lua_pushinteger(L, S ? (lua_Integer)atomic_load(&S->memory) : 0);
   lua_setfield(L, -2, "lua_memory");
 }
 
@@ -558,16 +568,27 @@ static int l_run(lua_State *L) {
   nr_loop_t *m = lnr_main_loop();
   if (nr_loop_current() != m)
     return luaL_error(L, "netrun.run: only the main thread can wait for groups");
-  for (;;) {
+  /* Wait for the groups that keep the process alive, then stop daemons. */
+  for (bool daemons = false;; ) {
     pthread_mutex_lock(&live_lock);
     lnr_group_t *g = live;
+    while (g && g->daemon && !daemons)
+      g = g->next;
     if (g)
       lnr_group_retain(g);
     pthread_mutex_unlock(&live_lock);
+    if (g == NULL && !daemons) {
+      daemons = true;
+      pthread_mutex_lock(&live_lock);
+      for (lnr_group_t *d = live; d; d = d->next)
+        nr_group_shutdown_gracefully(d->g, 0, NR_SEC(2));
+      pthread_mutex_unlock(&live_lock);
+      continue;
+    }
     if (g == NULL)
       break;
     nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
-    unlist_task(g);                 /* do not wait for the queued one */
+    unlist(g);                      /* do not wait for the queued task */
     lnr_group_release(g);
   }
   while (nr_loop_run_once(m, 0) > 0)
@@ -595,13 +616,15 @@ void lnr_shutdown_all(lua_State *L) {
     if (g == NULL)
       break;
     nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
-    unlist_task(g);
+    unlist(g);
     lnr_group_release(g);
   }
   if (m)
     while (nr_loop_run_once(m, 0) > 0)
       ;
 }
+
+int lnr_l_shutdown_all(lua_State *L);
 
 void lnr_open_group(lua_State *L) {
   static const luaL_Reg group_methods[] = {
@@ -636,6 +659,7 @@ void lnr_open_group(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"group", l_group}, {"executor_group", l_executor_group},
       {"current", l_current}, {"run", l_run}, {"groups", l_groups},
+      {"shutdown_all", lnr_l_shutdown_all},
       {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
@@ -647,4 +671,15 @@ void lnr_shutdown_groups_async(void) {
   for (lnr_group_t *g = live; g; g = g->next)
     nr_group_shutdown_gracefully(g->g, NR_SEC(2), NR_SEC(15));
   pthread_mutex_unlock(&live_lock);
+}
+
+/* core.shutdown_all([quiet [, timeout]]): start shutting every group down
+ * (what SIGTERM does; the REPL's :quit too). */
+int lnr_l_shutdown_all(lua_State *L) {
+  double quiet = luaL_opt(L, secs, 1, 2.0), timeout = luaL_opt(L, secs, 2, 15.0);
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next)
+    nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
+  pthread_mutex_unlock(&live_lock);
+  return 0;
 }

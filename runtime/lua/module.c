@@ -5,6 +5,7 @@
 #include "lnr.h"
 
 void lnr_free_dicts(void);
+void lnr_open_console(lua_State *L);
 
 /* core.transfer(...): pack and unpack in this state -- what another state
  * would receive. For tests and the curious. */
@@ -25,6 +26,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_channel(L);
   lnr_open_pipeline(L);
   lnr_open_dict(L);
+  lnr_open_console(L);
   lua_pushcfunction(L, l_transfer);
   lua_setfield(L, -2, "transfer");
   lua_pushliteral(L, NR_VERSION);

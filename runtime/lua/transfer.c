@@ -221,36 +221,42 @@ static void map_value(lua_State *L, int map, int vidx, const char *name) {
   lua_pop(L, 1);
 }
 
+/* Two passes: modules themselves first, so a module that is also a field
+ * of another travels under its own name. Fields are "module\1field". */
 static void build_modmap(lua_State *L) {
   lua_newtable(L);
   int map = lua_gettop(L);
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
   int loaded = lua_gettop(L);
-  lua_pushnil(L);
-  while (lua_next(L, loaded)) {          /* name, module */
-    if (lua_type(L, -2) == LUA_TSTRING && (lua_istable(L, -1) ||
-                                           lua_isfunction(L, -1))) {
+  for (int pass = 0; pass < 2; pass++) {
+    lua_pushnil(L);
+    while (lua_next(L, loaded)) {          /* name, module */
+      if (lua_type(L, -2) != LUA_TSTRING ||
+          !(lua_istable(L, -1) || lua_isfunction(L, -1))) {
+        lua_pop(L, 1);
+        continue;
+      }
       const char *mod = lua_tostring(L, -2);
       bool is_g = strcmp(mod, "_G") == 0;
-      if (!is_g)
+      if (pass == 0 && !is_g)
         map_value(L, map, lua_gettop(L), mod);
-      if (lua_istable(L, -1)) {
+      if (pass == 1 && lua_istable(L, -1)) {
         int t = lua_gettop(L);
         lua_pushnil(L);
-        while (lua_next(L, t)) {         /* field, value */
+        while (lua_next(L, t)) {           /* field, value */
           int v = lua_gettop(L);
           bool wanted = is_g ? lua_iscfunction(L, v)
                              : (lua_istable(L, v) || lua_isfunction(L, v));
           if (wanted && lua_type(L, -2) == LUA_TSTRING) {
             char full[256];
-            snprintf(full, sizeof full, "%s.%s", mod, lua_tostring(L, -2));
+            snprintf(full, sizeof full, "%s\1%s", mod, lua_tostring(L, -2));
             map_value(L, map, v, full);
           }
           lua_pop(L, 1);
         }
       }
+      lua_pop(L, 1);
     }
-    lua_pop(L, 1);
   }
   lua_pop(L, 1);                          /* loaded */
   lua_pushinteger(L, count_loaded(L));
@@ -635,23 +641,24 @@ static void remember(unpacker_t *u) {    /* value on top gets the next id */
   lua_rawseti(L, u->refs, u->nextid++);
 }
 
-/* Resolve "mod" or "mod.field" in this state. */
+static void require_module(lua_State *L, const char *name, size_t n) {
+  lua_getglobal(L, "require");
+  lua_pushlstring(L, name, n);
+  lua_call(L, 1, 1);
+}
+
+/* Resolve "mod" or "mod\1field" in this state (_G's fields: the globals). */
 static void push_module(lua_State *L, const char *name, size_t n) {
-  const char *dot = memchr(name, '.', n);
-  if (dot == NULL) {
-    lua_getglobal(L, "require");
-    lua_pushlstring(L, name, n);
-    lua_call(L, 1, 1);
+  const char *sep = memchr(name, '\1', n);
+  if (sep == NULL) {
+    require_module(L, name, n);
     return;
   }
-  if (dot - name == 2 && memcmp(name, "_G", 2) == 0) {
+  if (sep - name == 2 && memcmp(name, "_G", 2) == 0)
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
-  } else {
-    lua_getglobal(L, "require");
-    lua_pushlstring(L, name, (size_t)(dot - name));
-    lua_call(L, 1, 1);
-  }
-  lua_pushlstring(L, dot + 1, n - (size_t)(dot - name) - 1);
+  else
+    require_module(L, name, (size_t)(sep - name));
+  lua_pushlstring(L, sep + 1, n - (size_t)(sep - name) - 1);
   lua_gettable(L, -2);
   lua_remove(L, -2);
 }

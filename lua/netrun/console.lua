@@ -1,0 +1,101 @@
+-- netrun.console -- the console socket of `netrun --console PATH`: a unix
+-- socket (mode 0600, peers of another uid refused by SO_PEERCRED) on which
+-- each connection gets a REPL session. The sessions run on a daemon loop of
+-- their own, which never keeps the process alive.
+local netrun = require "netrun"
+local core = require "netrun.core"
+
+local M = {}
+
+function M.listen(path)
+  local group = netrun.group { threads = 1, name = "console", daemon = true }
+  local old = core.umask(tonumber("177", 8))        -- created 0600, no window
+  local ok, server = pcall(function()
+    return netrun.server {
+      group = group, unix = path,
+      init = function(ch) require("netrun.console").accept(ch) end,
+    }:sync()
+  end)
+  core.umask(old)
+  if not ok then
+    group:shutdown_gracefully(0, 1)
+    error(server, 0)
+  end
+  core.chmod(path, tonumber("600", 8))
+  netrun.log.info("console listening on %s", path)
+  return server
+end
+
+local Console = {}
+
+local function respond(ctx, text, prompt)
+  local repl = require "netrun.repl"
+  if text ~= "" and not text:match("\n$") then text = text .. "\n" end
+  ctx:write_and_flush(text .. repl.PROMPT_MARK .. prompt .. "\n")
+end
+
+function Console:channel_active(ctx)
+  local repl = require "netrun.repl"
+  local st = {
+    buffer = "", lines = {},
+    session = repl.session { remote_main = true, wait = function(f) f:await(); return true end },
+  }
+  ctx.channel:attr("console", st)
+  respond(ctx, "netrun " .. netrun.version .. " console of pid " .. tostring(core.getpid and core.getpid() or "?")
+    .. " -- :help for commands", st.session:prompt())
+end
+
+-- Lines are handled one at a time, in a coroutine, so an evaluation that
+-- waits on another loop parks here instead of blocking the console loop.
+local function drain(ctx, st)
+  st.busy = true
+  netrun.spawn(function()
+    while #st.lines > 0 do
+      local line = table.remove(st.lines, 1)
+      local ok, out, quit = pcall(st.session.feed, st.session, line)
+      if not ok then out = "console error: " .. tostring(out) end
+      if not ctx.channel:is_open() then break end
+      if quit then
+        ctx:write_and_flush("bye\n")
+        ctx:close()
+        break
+      end
+      respond(ctx, out, st.session:prompt())
+    end
+    st.busy = false
+  end)
+end
+
+function Console:channel_read(ctx, msg)
+  local st = ctx.channel:attr("console")
+  st.buffer = st.buffer .. msg
+  if #st.buffer > 1 << 20 then
+    netrun.log.warn("console: a line longer than 1 MiB; closing the session")
+    ctx:close()
+    return
+  end
+  for line in st.buffer:gmatch("([^\n]*)\n") do
+    st.lines[#st.lines + 1] = line:gsub("\r$", "")
+  end
+  st.buffer = st.buffer:match("[^\n]*$")
+  if not st.busy and #st.lines > 0 then drain(ctx, st) end
+end
+
+function Console:exception_caught(ctx, err)
+  netrun.log.warn("console: %s", err)
+  ctx:close()
+end
+
+-- On the console loop, for each connection: only the same uid may talk.
+function M.accept(ch)
+  local _, uid = core.peer_credentials(ch)
+  if uid ~= core.getuid() then
+    netrun.log.warn("console: refused a peer of uid %s", tostring(uid))
+    ch:write_and_flush("refused: this console belongs to another user\n")
+    ch:close()
+    return
+  end
+  ch:pipeline():add_last("console", Console)
+end
+
+return M
