@@ -8,7 +8,7 @@ PACKAGES=(
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
   curl redis-tools netcat-openbsd       # real clients used by tests
-  procps iproute2 util-linux            # ps, ss, setarch, taskset
+  procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
 )

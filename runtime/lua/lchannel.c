@@ -359,6 +359,8 @@ static void drop_attrs(nr_promise_t *p, void *arg) {
 static int l_attr(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
   luaL_checkany(L, 2);
+  bool set = !lua_isnone(L, 3);            /* before the stack grows */
+  lua_settop(L, set ? 3 : 2);
   require_loop(L, ch, "attributes");
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) != LUA_TTABLE) {
     lua_pop(L, 1);
@@ -368,7 +370,7 @@ static int l_attr(lua_State *L) {
   }
   if (lua_rawgetp(L, -1, ch) != LUA_TTABLE) {
     lua_pop(L, 1);
-    if (lua_gettop(L) < 3 + 1 && lua_isnone(L, 3)) {
+    if (!set) {
       lua_pushnil(L);
       return 1;
     }
@@ -378,7 +380,7 @@ static int l_attr(lua_State *L) {
     nr_promise_add_listener(nr_channel_close_future(ch), nr_channel_loop(ch),
                             drop_attrs, ch);
   }
-  if (lua_isnone(L, 3)) {
+  if (!set) {
     lua_pushvalue(L, 2);
     lua_rawget(L, -2);
     return 1;

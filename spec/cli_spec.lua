@@ -1,0 +1,209 @@
+-- cli_spec.lua -- the netrun executable (DESIGN.md §5) and its console.
+local H = require "spec.helper"
+local socket = H.socket
+local BIN = os.getenv("NETRUN_BIN") or (H.build .. "/bin/netrun")
+
+-- Run a shell command; returns its output and exit status.
+local function run(cmd)
+  local f = assert(io.popen(cmd .. " 2>&1; echo \"::status=$?\""))
+  local out = f:read("a")
+  f:close()
+  local status = tonumber(out:match("::status=(%d+)%s*$"))
+  return out:gsub("::status=%d+%s*$", ""), status
+end
+
+-- Start netrun in the background; returns its pid and its output file.
+local function spawn(args, env)
+  local log = os.tmpname()
+  local f = assert(io.popen(string.format("%s %s %s > %s 2>&1 & echo $!",
+    env or "", BIN, args, log)))
+  local pid = tonumber(f:read("l"))
+  f:close()
+  return pid, log
+end
+
+local function read_file(path)
+  local f = io.open(path)
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Wait (bounded) for a line in a log: the process tells us it is ready.
+local function wait_for(log, pattern, secs)
+  local deadline = socket.gettime() + (secs or 10)
+  repeat
+    local m = read_file(log):match(pattern)
+    if m then return m end
+    socket.sleep(0.02)
+  until socket.gettime() > deadline
+  error("timed out waiting for " .. pattern .. " in:\n" .. read_file(log))
+end
+
+local function alive(pid) return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true end
+
+-- Wait (bounded) for a process to exit; returns its status via `wait`-less
+-- polling of /proc (the shell that started it is gone).
+local function wait_exit(pid, secs)
+  local deadline = socket.gettime() + (secs or 20)
+  while alive(pid) and socket.gettime() < deadline do socket.sleep(0.02) end
+  return not alive(pid)
+end
+
+describe("netrun command", function()
+  it("prints its version with -v", function()
+    local out, st = run(BIN .. " -v")
+    assert.equal(0, st)
+    assert.matches("^netrun %d+%.%d+%.%d+ %(Lua 5%.4", out)
+  end)
+
+  it("runs -e code and -l modules in order", function()
+    local out, st = run(BIN .. " -l string -e 'print(type(string), 6 * 7)'")
+    assert.equal(0, st)
+    assert.equal("table\t42\n", out)
+  end)
+
+  it("passes the arg table and script arguments like lua", function()
+    local out, st = run(BIN .. " spec/fixtures/args.lua one two")
+    assert.equal(0, st)
+    assert.equal("spec/fixtures/args.lua|one|two|" .. BIN .. "|2|one two\n", out)
+  end)
+
+  it("runs a script from stdin with -", function()
+    local out, st = run("echo 'print(\"from stdin\", ...)' | " .. BIN .. " - x")
+    assert.equal(0, st)
+    assert.equal("from stdin\tx\n", out)
+  end)
+
+  it("exits 1 with a traceback when the script fails", function()
+    local out, st = run(BIN .. " -e 'local function f() error(\"kaput\") end f()'")
+    assert.equal(1, st)
+    assert.matches("netrun: %(command line%):1: kaput", out)
+    assert.matches("stack traceback:", out)
+    out, st = run(BIN .. " /nonexistent/script.lua")
+    assert.equal(1, st)
+    assert.matches("cannot open /nonexistent/script.lua", out)
+  end)
+
+  it("rejects unknown options and explains usage", function()
+    local out, st = run(BIN .. " --bogus")
+    assert.equal(1, st)
+    assert.matches("unrecognized option '%-%-bogus'", out)
+    assert.matches("usage:", out)
+    out, st = run(BIN .. " -t zero -e 1")
+    assert.equal(1, st)
+    assert.matches("%-t needs a thread count", out)
+  end)
+
+  it("uses -t N as the default number of worker threads", function()
+    local out, st = run(BIN .. " -t 3 -e 'local g = require(\"netrun\").group{} print(#g) g:shutdown_gracefully(0, 1):sync()'")
+    assert.equal(0, st)
+    assert.equal("3\n", out)
+  end)
+
+  it("exits once the script's groups have terminated", function()
+    local out, st = run(BIN .. " -e 'local n = require(\"netrun\"); local g = n.group{threads=1}; "
+      .. "g:schedule(0.05, function() require(\"netrun\").current():group():shutdown_gracefully(0, 1) end)'")
+    assert.equal(0, st)
+    assert.equal("", out)
+  end)
+
+  it("on SIGTERM shuts down gracefully: accepted writes are flushed, status 0", function()
+    local pid, log = spawn("spec/fixtures/bulk_server.lua")
+    local port = tonumber(wait_for(log, "ready (%d+)"))
+    local c = H.client(port)
+    local size = 8 * 1024 * 1024
+    assert(c:send("GET " .. size .. "\n"))
+    local first = H.recv(c, 1)               -- the write was accepted
+    os.execute("kill -TERM " .. pid)
+    local rest, err, partial = c:receive(size - 1)
+    assert.is_nil(err, "lost bytes: got " .. (rest and #rest or #(partial or "")))
+    assert.equal(size, #first + #rest)
+    assert.equal(string.rep("0123456789abcdef", 16), (first .. rest):sub(1, 256))
+    assert.is_nil((c:receive(1)))             -- then the server closed
+    c:close()
+    assert.is_true(wait_exit(pid))
+    assert.matches("signal 15: shutting down gracefully", read_file(log))
+  end)
+
+  it("exits at once with status 130 on a second signal", function()
+    local pid, log = spawn("spec/fixtures/bulk_server.lua")
+    wait_for(log, "ready (%d+)")
+    local f = assert(io.popen("kill -TERM " .. pid .. "; sleep 0.1; kill -TERM " .. pid
+      .. "; for i in $(seq 100); do kill -0 " .. pid .. " 2>/dev/null || break; sleep 0.05; done; echo done"))
+    f:read("a")
+    f:close()
+    assert.is_false(alive(pid))
+    assert.matches("second signal, exiting now", read_file(log))
+  end)
+end)
+
+describe("console", function()
+  local pid, log, path, dir
+  setup(function()
+    dir = H.tmpdir()
+    path = dir .. "/console.sock"
+    pid, log = spawn("--console " .. path .. " spec/fixtures/bulk_server.lua")
+    wait_for(log, "ready (%d+)")
+  end)
+  teardown(function()
+    os.execute("kill -TERM " .. pid)
+    wait_exit(pid)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("listens on a socket of mode 0600", function()
+    local out = run("stat -c %a " .. path)
+    assert.equal("600\n", out)
+  end)
+
+  it("attach evaluates inside the live server, commands included", function()
+    local out, st = run("printf ':loops\\n:loop bulk-1\\nreturn require(\"netrun\").current():name()\\n"
+      .. "x = 40\\nx + 2\\n:main\\nreturn require(\"netrun\").current()\\n:quit\\n' | " .. BIN .. " attach " .. path)
+    assert.equal(0, st)
+    assert.matches("bulk%-1%s+started", out)
+    assert.matches('"bulk%-1"', out)
+    assert.matches("\n42\n", out)
+    assert.matches("evaluating in the main state\nnil\n", out)
+  end)
+
+  it("serves several consoles at once and survives a client that vanishes mid-evaluation", function()
+    local unix = require "socket.unix"
+    local a = assert(unix())
+    a:settimeout(5)
+    assert(a:connect(path))
+    local b = assert(unix())
+    b:settimeout(5)
+    assert(b:connect(path))
+    a:receive("*l")                              -- greeting
+    assert(a:send(":loop 1\nlocal t = os.clock() while os.clock() - t < 0.3 do end return 1\n"))
+    a:close()                                    -- gone while it evaluates
+    b:receive("*l")
+    assert(b:send("return 6 * 7\n"))
+    local got = ""
+    local deadline = socket.gettime() + 5
+    while not got:find("42") and socket.gettime() < deadline do
+      local line = b:receive("*l")
+      if not line then break end
+      got = got .. line .. "\n"
+    end
+    assert.matches("42", got)
+    b:close()
+    local out = run("printf 'return 1 + 1\\n' | " .. BIN .. " attach " .. path)
+    assert.matches("\n2\n", out)
+  end)
+
+  it("refuses a peer of another uid", function()
+    if run("id -u") ~= "0\n" or not run("which setpriv"):match("setpriv") then
+      pending("needs root and setpriv to act as another user")
+      return
+    end
+    os.execute("chmod 0666 " .. path .. "; chmod 0755 " .. dir)
+    local out = run("setpriv --reuid=65534 --regid=65534 --clear-groups " .. BIN
+      .. " attach " .. path .. " < /dev/null")
+    os.execute("chmod 0600 " .. path .. "; chmod 0700 " .. dir)
+    assert.matches("refused: this console belongs to another user", out)
+    assert.matches("refused a peer of uid 65534", read_file(log))
+  end)
+end)
