@@ -8,6 +8,10 @@
  * Waiters block on a condition variable; a thread that owns an external loop
  * (the main thread) keeps running that loop's tasks while it waits, so work
  * sent to it by other threads cannot deadlock the wait.
+ *
+ * Locks and condition variables are striped: a promise hashes to one of 64
+ * shared pairs, so a promise is a few words with nothing to initialise --
+ * every channel has one (its close future) and every write may.
  */
 #include <stdio.h>
 #include <time.h>
@@ -27,9 +31,7 @@ typedef struct listener_s {
 struct nr_promise_s {
   _Atomic int refs;
   _Atomic int state;
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  int waiters;
+  int waiters;                     /* under the stripe's lock */
   listener_t *listeners, **ltail;
   void *value;
   void (*free_fn)(void *);
@@ -37,18 +39,37 @@ struct nr_promise_s {
   char *msg;
 };
 
+#define STRIPES 64
+
+static struct stripe_s {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+} stripes[STRIPES];
+static pthread_once_t stripes_once = PTHREAD_ONCE_INIT;
+
+static void stripes_init(void) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  for (int i = 0; i < STRIPES; i++) {
+    pthread_mutex_init(&stripes[i].lock, NULL);
+    pthread_cond_init(&stripes[i].cond, &ca);
+  }
+  pthread_condattr_destroy(&ca);
+}
+
+static inline struct stripe_s *stripe(const nr_promise_t *p) {
+  uintptr_t h = (uintptr_t)p;
+  return &stripes[(h >> 6 ^ h >> 12) % STRIPES];
+}
+
 nr_promise_t *nr_promise_new(void) {
+  pthread_once(&stripes_once, stripes_init);
   nr_promise_t *p = calloc(1, sizeof *p);
   if (p == NULL)
     return NULL;
   atomic_init(&p->refs, 1);
   atomic_init(&p->state, PENDING);
-  pthread_mutex_init(&p->lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&p->cond, &ca);
-  pthread_condattr_destroy(&ca);
   p->ltail = &p->listeners;
   return p;
 }
@@ -68,8 +89,6 @@ void nr_promise_release(nr_promise_t *p) {
   if (p->free_fn)
     p->free_fn(p->value);
   free(p->msg);
-  pthread_mutex_destroy(&p->lock);
-  pthread_cond_destroy(&p->cond);
   free(p);
 }
 
@@ -100,9 +119,10 @@ static int complete(nr_promise_t *p, int state, void *value,
   /* Hold a reference while completing: a waiter that sees the new state
    * may drop what it believed was the last one. */
   nr_promise_retain(p);
-  pthread_mutex_lock(&p->lock);
+  struct stripe_s *st = stripe(p);
+  pthread_mutex_lock(&st->lock);
   if (atomic_load_explicit(&p->state, memory_order_relaxed) != PENDING) {
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&st->lock);
     nr_promise_release(p);
     if (free_fn)
       free_fn(value);
@@ -117,8 +137,8 @@ static int complete(nr_promise_t *p, int state, void *value,
   p->listeners = NULL;
   p->ltail = &p->listeners;
   if (p->waiters)
-    pthread_cond_broadcast(&p->cond);
-  pthread_mutex_unlock(&p->lock);
+    pthread_cond_broadcast(&st->cond);
+  pthread_mutex_unlock(&st->lock);
   for (listener_t *n; l; l = n) {
     n = l->next;
     dispatch(p, l);
@@ -170,14 +190,15 @@ int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
   l->fn = fn;
   l->arg = arg;
   l->on = on;
-  pthread_mutex_lock(&p->lock);
+  struct stripe_s *st = stripe(p);
+  pthread_mutex_lock(&st->lock);
   if (atomic_load_explicit(&p->state, memory_order_relaxed) == PENDING) {
     *p->ltail = l;
     p->ltail = &l->next;
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&st->lock);
     return 0;
   }
-  pthread_mutex_unlock(&p->lock);
+  pthread_mutex_unlock(&st->lock);
   dispatch(p, l);
   return 0;
 }
@@ -211,16 +232,17 @@ int nr_promise_wait(nr_promise_t *p, uint64_t timeout) {
   struct timespec ts = {(time_t)(deadline / 1000000000ull),
                         (long)(deadline % 1000000000ull)};
   int rc = 0;
-  pthread_mutex_lock(&p->lock);
+  struct stripe_s *st = stripe(p);
+  pthread_mutex_lock(&st->lock);
   p->waiters++;
   while (atomic_load(&p->state) == PENDING && rc == 0) {
     if (timeout == UINT64_MAX)
-      pthread_cond_wait(&p->cond, &p->lock);
-    else if (pthread_cond_timedwait(&p->cond, &p->lock, &ts) == ETIMEDOUT)
+      pthread_cond_wait(&st->cond, &st->lock);
+    else if (pthread_cond_timedwait(&st->cond, &st->lock, &ts) == ETIMEDOUT)
       rc = atomic_load(&p->state) == PENDING ? NR_ETIMEDOUT : 0;
   }
   p->waiters--;
-  pthread_mutex_unlock(&p->lock);
+  pthread_mutex_unlock(&st->lock);
   return rc;
 }
 

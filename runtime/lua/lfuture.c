@@ -17,9 +17,12 @@ static nr_promise_t *check(lua_State *L, int idx) {
   return lnr_check_handle(L, idx, LNR_FUTURE);
 }
 
+/* A future proxy for a promise; the caller's reference moves to it. Not
+ * cached: most futures are made once and dropped (a write's, a submit's),
+ * and a promise that comes back through a transfer gets a proxy of its
+ * own. */
 void lnr_push_promise(lua_State *L, nr_promise_t *p) {
-  lnr_push_handle(L, LNR_FUTURE, p);
-  nr_promise_release(p);                  /* the proxy holds its own */
+  lnr_push_new_handle(L, LNR_FUTURE, p);
 }
 
 static void cancel_timer_on_cancel(nr_promise_t *p, void *arg) {

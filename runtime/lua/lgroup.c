@@ -241,6 +241,12 @@ static int try_pack_p(lua_State *L) {
 
 int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out) {
   idx = lua_absindex(L, idx);
+  int t = lua_type(L, idx);
+  if (t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER ||
+      t == LUA_TSTRING) {
+    *out = lnr_pack(L, idx, 1, "result");   /* cannot fail: no pcall */
+    return 1;
+  }
   lua_pushcfunction(L, try_pack_p);
   lua_pushvalue(L, idx);
   lua_pushlightuserdata(L, out);

@@ -100,6 +100,14 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
   lua_remove(L, -2);
 }
 
+/* A proxy that takes over the caller's reference, without the cache. */
+void lnr_push_new_handle(lua_State *L, int kind, void *ptr) {
+  proxy_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->kind = kind;
+  p->ptr = ptr;
+  luaL_setmetatable(L, lnr_kind_names[kind]);
+}
+
 int lnr_handle_kind(lua_State *L, int idx) {
   proxy_t *p = lua_touserdata(L, idx);
   if (p == NULL || lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))

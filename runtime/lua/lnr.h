@@ -85,6 +85,7 @@ void lnr_handle_retain(int kind, void *ptr);
 void lnr_handle_release(int kind, void *ptr);
 /* Push this state's proxy for a handle (one per state), taking a ref. */
 void lnr_push_handle(lua_State *L, int kind, void *ptr);
+void lnr_push_new_handle(lua_State *L, int kind, void *ptr);
 /* The handle at idx if it is of `kind`, else NULL. */
 void *lnr_to_handle(lua_State *L, int idx, int kind);
 void *lnr_check_handle(lua_State *L, int idx, int kind);

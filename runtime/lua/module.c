@@ -18,8 +18,15 @@ static int l_transfer(lua_State *L) {
   return got;
 }
 
+/* core.now(): the monotonic clock in seconds. */
+static int l_now(lua_State *L) {
+  lua_pushnumber(L, (double)nr_now() / 1e9);
+  return 1;
+}
+
 int luaopen_netrun_core(lua_State *L) {
   lnr_open_state(L);
+  lnr_open_transfer(L);
   lua_newtable(L);
   lnr_open_group(L);
   lnr_open_future(L);
@@ -27,6 +34,8 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_pipeline(L);
   lnr_open_dict(L);
   lnr_open_console(L);
+  lua_pushcfunction(L, l_now);
+  lua_setfield(L, -2, "now");
   lua_pushcfunction(L, l_transfer);
   lua_setfield(L, -2, "transfer");
   lua_pushliteral(L, NR_VERSION);

@@ -106,16 +106,25 @@ void lnr_blob_free_fn(void *b) { lnr_blob_free(b); }
 
 /* ---- packing ---------------------------------------------------------------- */
 
+/* Where the packer is, for error messages: formatted only on failure. */
+typedef struct step_s {
+  const char *fmt;     /* "field '%s'", "element %lld", "upvalue '%s'", ... */
+  const char *s;       /* a Lua string kept alive by the value being packed */
+  long long i;
+} step_t;
+
 typedef struct packer_s {
   lua_State *L;
   lnr_blob_t *b;
-  int seen;            /* stack index: value -> id */
+  int seen;            /* stack index: value -> id; 0 until needed */
   int nextid;
   int depth;
   bool map_fresh;      /* the module map was rebuilt during this pack */
   bool map_checked;    /* package.loaded was counted during this pack */
-  const char *path[MAX_DEPTH + 2];
-  char names[MAX_DEPTH + 2][80];
+  const char *what;    /* the caller's name for the values */
+  int nvalues, index;  /* which of them is being packed */
+  bool first_is_fn;
+  step_t path[MAX_DEPTH + 2];
 } packer_t;
 
 static void grow(packer_t *k, size_t need) {
@@ -172,35 +181,92 @@ static void add_handle(packer_t *k, int kind, void *ptr) {
   b->handles[b->nhandles++].ptr = ptr;
 }
 
-static void fail(packer_t *k, const char *type) {
-  luaL_Buffer buf;
-  luaL_buffinit(k->L, &buf);
-  luaL_addstring(&buf, "cannot transfer ");
-  luaL_addstring(&buf, type);
-  luaL_addstring(&buf, " (");
-  for (int i = k->depth; i >= 0; i--) {
-    luaL_addstring(&buf, k->path[i]);
-    if (i > 0)
-      luaL_addstring(&buf, " of ");
-  }
-  luaL_addstring(&buf, ")");
-  luaL_pushresult(&buf);
-  lua_error(k->L);
+static void push_top_name(packer_t *k) {
+  lua_State *L = k->L;
+  if (k->nvalues == 1 && !(k->index == 0 && k->first_is_fn && !strchr(k->what, ' ')))
+    lua_pushstring(L, k->what);
+  else if (k->index == 0 && k->first_is_fn)
+    lua_pushfstring(L, "the function given to %s", k->what);
+  else
+    lua_pushfstring(L, "argument %d of %s", k->index, k->what);
 }
 
-static void enter(packer_t *k, const char *fmt, const char *name) {
+static void fail(packer_t *k, const char *type) {
+  lua_State *L = k->L;
+  luaL_Buffer buf;
+  luaL_buffinit(L, &buf);
+  lua_pushfstring(L, "cannot transfer %s (", type);
+  luaL_addvalue(&buf);
+  for (int i = k->depth; i >= 1; i--) {
+    step_t *st = &k->path[i];
+    if (st->s)
+      lua_pushfstring(L, st->fmt, st->s);
+    else
+      lua_pushfstring(L, st->fmt, (lua_Integer)st->i);
+    luaL_addvalue(&buf);
+    luaL_addstring(&buf, " of ");
+  }
+  push_top_name(k);
+  luaL_addvalue(&buf);
+  luaL_addstring(&buf, ")");
+  luaL_pushresult(&buf);
+  lua_error(L);
+}
+
+static void enter(packer_t *k, const char *fmt, const char *s, long long i) {
   if (k->depth >= MAX_DEPTH)
     fail(k, "a value nested this deeply");
-  k->depth++;
-  snprintf(k->names[k->depth], sizeof k->names[0], fmt, name);
-  k->path[k->depth] = k->names[k->depth];
+  step_t *st = &k->path[++k->depth];
+  st->fmt = fmt;
+  st->s = s;
+  st->i = i;
 }
 
 /* The module map: value -> "module" or "module.field", in the registry. */
 static const char MODMAP_KEY = 0;
 
-static int count_loaded(lua_State *L) {
-  int n = 0;
+/* package.loaded's version: bumped by a __newindex on package.loaded,
+ * which require's store of a new module goes through. */
+static const char LOADED_VERSION = 0;
+
+static int loaded_newindex(lua_State *L) {
+  lua_rawset(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &LOADED_VERSION);
+  lua_Integer v = lua_tointeger(L, -1) + 1;
+  lua_pushinteger(L, v);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &LOADED_VERSION);
+  return 0;
+}
+
+static lua_Integer loaded_version(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &LOADED_VERSION);
+  lua_Integer v = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Watch package.loaded for new modules (once per state; leaves a
+ * metatable someone else set alone and falls back to counting). */
+void lnr_open_transfer(lua_State *L) {
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  if (!lua_getmetatable(L, -1)) {
+    lua_newtable(L);
+    lua_pushcfunction(L, loaded_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_setmetatable(L, -2);
+    lua_pushinteger(L, 1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &LOADED_VERSION);
+  } else {
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+static lua_Integer count_loaded(lua_State *L) {
+  lua_Integer v = loaded_version(L);
+  if (v > 0)
+    return -v;                  /* watched: the version is enough */
+  lua_Integer n = 0;
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
   lua_pushnil(L);
   while (lua_next(L, -2)) {
@@ -302,6 +368,10 @@ static void pack_value(packer_t *k, int idx);
 /* Returns true (and writes a reference) if the value was packed before. */
 static bool seen_before(packer_t *k, int idx) {
   lua_State *L = k->L;
+  if (k->seen == 0) {
+    lua_newtable(L);
+    k->seen = lua_gettop(L);
+  }
   lua_pushvalue(L, idx);
   if (lua_rawget(L, k->seen) == LUA_TNUMBER) {
     put_byte(k, T_REF);
@@ -347,18 +417,15 @@ static void pack_table(packer_t *k, int idx) {
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     int v = lua_gettop(L), key = v - 1;
-    enter(k, "a key", NULL);
+    enter(k, "a key%s", "", 0);
     pack_value(k, key);
     k->depth--;
     if (lua_type(L, key) == LUA_TSTRING)
-      enter(k, "field '%s'", lua_tostring(L, key));
-    else if (lua_isinteger(L, key)) {
-      char n[32];
-      snprintf(n, sizeof n, "%lld", (long long)lua_tointeger(L, key));
-      enter(k, "element %s", n);
-    } else {
-      enter(k, "a field", NULL);
-    }
+      enter(k, "field '%s'", lua_tostring(L, key), 0);
+    else if (lua_isinteger(L, key))
+      enter(k, "element %I", NULL, (long long)lua_tointeger(L, key));
+    else
+      enter(k, "a field%s", "", 0);
     pack_value(k, v);
     k->depth--;
     lua_pop(L, 1);
@@ -456,7 +523,7 @@ static void pack_function(packer_t *k, int idx) {
       put_byte(k, T_GLOBALS);
     } else {
       all_globals = false;
-      enter(k, "upvalue '%s'", name && *name ? name : "?");
+      enter(k, "upvalue '%s'", name && *name ? name : "?", 0);
       pack_value(k, lua_gettop(L));
       k->depth--;
     }
@@ -520,25 +587,15 @@ static void pack_value(packer_t *k, int idx) {
 }
 
 /* Packing runs protected so a failure frees the half-built blob. The
- * values come as arguments 3.. (a protected call has its own stack). */
+ * values come as arguments 2.. (a protected call has its own stack); the
+ * packer lives on the caller's C stack. */
 static int pack_protected(lua_State *L) {
   packer_t *k = lua_touserdata(L, 1);
-  const char *what = lua_tostring(L, 2);
-  int n = lua_gettop(L) - 2;
-  lua_newtable(L);
-  k->seen = lua_gettop(L);
-  for (int i = 0; i < n; i++) {
-    char name[64];
-    if (n == 1 && !(lua_isfunction(L, 3) && !strchr(what, ' ')))
-      snprintf(name, sizeof name, "%s", what);
-    else if (i == 0 && lua_isfunction(L, 3))
-      snprintf(name, sizeof name, "the function given to %s", what);
-    else
-      snprintf(name, sizeof name, "argument %d of %s", i, what);
+  k->first_is_fn = lua_isfunction(L, 2);
+  for (int i = 0; i < k->nvalues; i++) {
     k->depth = 0;
-    snprintf(k->names[0], sizeof k->names[0], "%s", name);
-    k->path[0] = k->names[0];
-    pack_value(k, 3 + i);
+    k->index = i;
+    pack_value(k, 2 + i);
   }
   return 0;
 }
@@ -549,7 +606,14 @@ lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what) {
   if (b == NULL)
     luaL_error(L, "out of memory transferring a value");
   b->nvalues = n;
-  /* Fast path: strings, numbers, booleans and nil need no bookkeeping. */
+  packer_t k;
+  memset(&k, 0, offsetof(packer_t, path));
+  k.L = L;
+  k.b = b;
+  k.nextid = 1;                          /* as the unpacker counts */
+  k.what = what;
+  k.nvalues = n;
+  /* Fast path: strings, numbers, booleans and nil cannot fail. */
   bool simple = true;
   for (int i = 0; i < n && simple; i++) {
     int t = lua_type(L, from + i);
@@ -557,31 +621,19 @@ lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what) {
              t == LUA_TSTRING;
   }
   if (simple) {
-    packer_t local;
-    memset(&local, 0, offsetof(packer_t, path));
-    local.L = L;
-    local.b = b;
     for (int i = 0; i < n; i++)
-      pack_value(&local, from + i);
+      pack_value(&k, from + i);
     return b;
   }
-  packer_t *k = lua_newuserdatauv(L, sizeof *k, 0);
-  memset(k, 0, offsetof(packer_t, path));
-  k->L = L;
-  k->b = b;
-  k->nextid = 1;                         /* as the unpacker counts */
   luaL_checkstack(L, n + 4, "transferring values");
   lua_pushcfunction(L, pack_protected);
-  lua_pushlightuserdata(L, k);
-  lua_pushstring(L, what);
+  lua_pushlightuserdata(L, &k);
   for (int i = 0; i < n; i++)
     lua_pushvalue(L, from + i);
-  if (lua_pcall(L, n + 2, 0, 0) != LUA_OK) {
+  if (lua_pcall(L, n + 1, 0, 0) != LUA_OK) {
     lnr_blob_free(b);
-    lua_remove(L, -2);                   /* the packer */
     lua_error(L);
   }
-  lua_pop(L, 1);                         /* the packer */
   return b;
 }
 
@@ -797,4 +849,3 @@ int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
   return lua_gettop(L) - base;
 }
 
-void lnr_open_transfer(lua_State *L) { (void)L; }
