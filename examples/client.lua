@@ -1,0 +1,44 @@
+-- client.lua -- connects to a server, sends a message, prints what comes
+-- back, and exits. With examples/echo.lua running:
+--   netrun examples/client.lua [--port 7000] [--message "hello"]
+local netrun = require "netrun"
+
+local function option(name, default)
+  for i = 1, #arg do
+    if arg[i] == "--" .. name then return arg[i + 1] end
+  end
+  return os.getenv(name:upper()) or default
+end
+
+local message = option("message", "hello from netrun\n")
+local group = netrun.group { threads = 1, name = "client" }
+local reply = netrun.promise()
+
+-- Collects bytes until the whole message has come back (an echo).
+local Collect = { got = "" }
+function Collect:channel_read(ctx, msg)
+  self.got = self.got .. msg
+  if #self.got >= #message then reply:try_success(self.got) end
+end
+function Collect:channel_inactive(ctx)
+  reply:try_failure("the server closed the connection")
+end
+function Collect:exception_caught(ctx, err) reply:try_failure(err) end
+
+local ok, ch = pcall(function()
+  return netrun.connect {
+    group = group, host = option("host", "127.0.0.1"), port = tonumber(option("port", 7000)),
+    timeout = 5,
+    init = function(c) c:pipeline():add_last("collect", Collect) end,
+  }:sync()
+end)
+if ok then
+  ch:write_and_flush(message)
+  local got, answer = pcall(reply.sync, reply)
+  io.write(got and answer or ("error: " .. tostring(answer) .. "\n"))
+  ch:close():sync()
+else
+  io.stderr:write("client: ", tostring(ch), "\n")
+end
+group:shutdown_gracefully(0, 1):sync()
+if not ok then os.exit(1) end
