@@ -60,7 +60,8 @@ function netrun.all(futures)
   return all
 end
 
-netrun.codec = {}
-netrun.handler = {}
+-- Batteries: native handlers from the C side (core.codec, core.handler).
+netrun.codec = core.codec
+netrun.handler = core.handler
 
 return netrun

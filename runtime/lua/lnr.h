@@ -120,6 +120,13 @@ void lnr_open_channel(lua_State *L);
 void lnr_open_pipeline(lua_State *L);
 void lnr_open_dict(lua_State *L);
 void lnr_open_state(lua_State *L);
+/* Batteries. Each is called with the core module table on top of the stack
+ * and adds its constructors to its subtables "codec" and "handler" (made
+ * before): lcodec.c the frame codecs, lhttp.c the HTTP codec, lhandlers.c
+ * idle_state, logging and any other native handler. */
+void lnr_open_codec(lua_State *L);
+void lnr_open_http(lua_State *L);
+void lnr_open_handlers(lua_State *L);
 
 /* Messages: Lua value <-> C pipeline message. */
 void lnr_push_msg(lua_State *L, void *msg);

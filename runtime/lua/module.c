@@ -34,6 +34,14 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_pipeline(L);
   lnr_open_dict(L);
   lnr_open_console(L);
+  /* Batteries: each fills core.codec / core.handler (see lnr.h). */
+  lua_newtable(L);
+  lua_setfield(L, -2, "codec");
+  lua_newtable(L);
+  lua_setfield(L, -2, "handler");
+  lnr_open_codec(L);
+  lnr_open_http(L);
+  lnr_open_handlers(L);
   lua_pushcfunction(L, l_now);
   lua_setfield(L, -2, "now");
   lua_pushcfunction(L, l_transfer);

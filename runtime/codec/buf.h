@@ -1,0 +1,38 @@
+/*
+ * buf.h -- a cumulation buffer for decoders (Netty's cumulation in
+ * ByteToMessageDecoder), loop thread only.
+ *
+ * Invariant: an empty buffer holds no memory, so an idle connection whose
+ * last read ended on a frame boundary costs nothing. Decoders parse straight
+ * from the channel's read buffer when nothing is cumulated, and append only
+ * the unconsumed tail of a read (nr_buf_append) when a frame is split.
+ *
+ *   data[0 .. r)     consumed, reclaimed by compaction
+ *   data[r .. w)     readable bytes
+ *   data[w .. cap)   free space
+ */
+#ifndef NR_CODEC_BUF_H
+#define NR_CODEC_BUF_H
+
+#include <stddef.h>
+
+typedef struct nr_buf_s {
+  char *data;
+  size_t r, w, cap;
+} nr_buf_t;
+
+#define NR_BUF_INIT ((nr_buf_t){0})
+
+static inline size_t nr_buf_len(const nr_buf_t *b) { return b->w - b->r; }
+static inline const char *nr_buf_peek(const nr_buf_t *b) {
+  return b->data + b->r;
+}
+
+/* Append n bytes; 0 or -ENOMEM. Compacts before growing. */
+int nr_buf_append(nr_buf_t *b, const void *p, size_t n);
+/* Drop n readable bytes (n <= len). An emptied buffer frees its memory. */
+void nr_buf_consume(nr_buf_t *b, size_t n);
+/* Free everything. */
+void nr_buf_free(nr_buf_t *b);
+
+#endif /* NR_CODEC_BUF_H */
