@@ -134,14 +134,54 @@ function Session:feed(line)
   return self:evaluate(code)
 end
 
+local COMMANDS = { ":help", ":loop", ":loops", ":main", ":quit" }
+
+-- Tab completion: the words that complete `word` -- a REPL command, or a
+-- path of names ("string.fo", "netrun.group", "t:ins") looked up in env
+-- (the main state's globals). Keys are read with rawget: completing never
+-- runs an __index metamethod.
+function M.complete(word, env)
+  local out = {}
+  if word:sub(1, 1) == ":" then
+    for _, c in ipairs(COMMANDS) do
+      if c:sub(1, #word) == word then out[#out + 1] = c end
+    end
+    return out
+  end
+  local prefix, sep, partial = word:match("^(.*)([.:])([%w_]*)$")
+  local t = env or _G
+  if prefix then
+    for name in prefix:gmatch("[^.:]+") do
+      t = type(t) == "table" and rawget(t, name) or nil
+      if t == nil then return out end
+    end
+    if type(t) ~= "table" then
+      local mt = getmetatable(t)      -- strings and objects: their methods
+      t = type(mt) == "table" and rawget(mt, "__index") or nil
+      if type(t) ~= "table" then return out end
+    end
+  else
+    prefix, sep, partial = "", "", word
+  end
+  for k, v in next, t do
+    if type(k) == "string" and k:match("^[%a_][%w_]*$") and k:sub(1, #partial) == partial
+        and (sep ~= ":" or type(v) == "function") then
+      out[#out + 1] = prefix .. sep .. k
+    end
+  end
+  table.sort(out)
+  return out
+end
+
 -- The terminal REPL (`netrun`, `netrun -i`). Prompts only on a terminal.
 function M.run()
   local tty = core.isatty(0)
   core.repl_mode(true)
   local s = M.session { wait = function(f) return core.repl_wait(f) end }
   if tty then io.write("netrun ", netrun.version, " (", _VERSION, ") -- :help for commands\n") end
+  local function completer(word) return M.complete(word, _G) end
   while true do
-    local line = core.readline(tty and s:prompt() or "")
+    local line = core.readline(tty and s:prompt() or "", completer)
     if not line then break end
     local out, quit = s:feed(line)
     if out ~= "" then io.write(out, "\n") end
@@ -210,7 +250,7 @@ function M.attach(path)
     if text ~= "" then io.write(text) end
     io.flush()
     if not prompt then break end
-    local line = core.readline(tty and prompt or "")
+    local line = core.readline(tty and prompt or "", function(word) return M.complete(word, _G) end)
     if not line then break end
     ch:write_and_flush(line .. "\n")
   end

@@ -85,7 +85,48 @@ static char *history_path(void) {
   return path;
 }
 
-/* core.readline(prompt): a line with editing and history on a terminal,
+/* ---- tab completion -------------------------------------------------------
+ * libedit asks for candidates one at a time; the Lua completer answers with
+ * an array of whole words at once, kept here while readline runs (which is
+ * always on the main thread, inside l_readline). */
+static lua_State *comp_L;        /* the state calling readline, or NULL */
+static int comp_ref = LUA_NOREF; /* array of candidates for the current word */
+
+static char *next_candidate(const char *text, int state) {
+  static lua_Integer i;
+  lua_State *L = comp_L;
+  if (L == NULL)
+    return NULL;
+  if (state == 0) {
+    i = 0;
+    luaL_unref(L, LUA_REGISTRYINDEX, comp_ref);
+    comp_ref = LUA_NOREF;
+    lua_pushvalue(L, 2);                     /* the completer */
+    lua_pushstring(L, text);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK || !lua_istable(L, -1)) {
+      lua_pop(L, 1);                         /* error or no candidates */
+      return NULL;
+    }
+    comp_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  if (comp_ref == LUA_NOREF)
+    return NULL;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, comp_ref);
+  lua_rawgeti(L, -1, ++i);
+  const char *c = lua_tostring(L, -1);
+  char *dup = c ? strdup(c) : NULL;
+  lua_pop(L, 2);
+  return dup;
+}
+
+static char **complete(const char *text, int start, int end) {
+  (void)start, (void)end;
+  rl_attempted_completion_over = 1;          /* never complete file names */
+  return rl_completion_matches(text, next_candidate);
+}
+
+/* core.readline(prompt [, completer]): a line with editing, history and,
+ * given completer(word) -> array of words, tab completion on a terminal;
  * a plain line otherwise; nil at end of input. */
 static int l_readline(lua_State *L) {
   const char *prompt = luaL_optstring(L, 1, "");
@@ -96,8 +137,16 @@ static int l_readline(lua_State *L) {
       using_history();
       if (history_path())
         read_history(history_path());
+      /* '.' and ':' stay inside a word: "string.fo" completes as a path. */
+      rl_completer_word_break_characters = " \t\n\"\\'`@$><=;|&{(,+-*/%^#~[]";
+      rl_attempted_completion_function = complete;
     }
+    lua_settop(L, 2);
+    comp_L = lua_isfunction(L, 2) ? L : NULL;
     char *line = readline(prompt);
+    comp_L = NULL;
+    luaL_unref(L, LUA_REGISTRYINDEX, comp_ref);
+    comp_ref = LUA_NOREF;
     if (line == NULL)
       return 0;
     if (*line) {
