@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 n=10000
 if [[ ${1:-} != -- ]]; then n=$1; shift; fi
 shift                                  # --
-hold=${CONN_HOLD:-$here/build/bench/conn_hold}
+hold=${CONN_HOLD:-$here/build/bench/bench/conn_hold}
 port=$((20000 + RANDOM % 20000))
 ulimit -n "$(ulimit -Hn)"
 cmd=("${@//\{port\}/$port}")

@@ -219,8 +219,10 @@ static void spawn_child(nr_channel_t *srv_ch, int fd,
     return;
   }
   nr__apply_opts(fd, srv_ch->family, &ch->opts);
-  ch->raddr = *ss;
-  ch->rlen = len;
+  if (nr__channel_set_raddr(ch, ss, len) < 0) {
+    nr_channel_release(ch);                   /* closes the fd */
+    return;
+  }
   ch->init = srv->child_init;
   ch->init_arg = srv->arg;
   ch->loop = nr_group_next(srv->child_group);

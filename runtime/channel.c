@@ -1,15 +1,16 @@
 /*
  * channel.c -- channels (Netty's AbstractNioChannel and its unsafe): the
- * head handler that turns outbound operations into syscalls, reads with an
- * adaptive buffer, flushes with gathered writes, writability, half-close,
- * and the two-phase close. Loop thread only, except where a public function
- * says "any thread": those hop to the loop with a task.
+ * head handler that turns outbound operations into syscalls, reads into
+ * the loop's shared buffer, flushes with gathered writes, writability,
+ * half-close, and the two-phase close. Loop thread only, except where a
+ * public function says "any thread": those hop to the loop with a task.
  *
  * Lifetime: the creator's reference becomes the loop's at registration. A
  * close unregisters the channel at once but parks it in the loop's
  * graveyard; the loop drops its reference only after the current pass, so
  * an event already fetched for it finds memory that says CLOSED.
  */
+#include <assert.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/uio.h>
@@ -23,10 +24,6 @@
 
 static _Atomic uint64_t next_id = 1;
 const nr_event_t NR_EVT_INPUT_SHUTDOWN = {NR_MSG_EVENT, "input_shutdown"};
-
-static const size_t read_sizes[] = {64,   128,   256,   512,   1024, 2048,
-                                    4096, 8192, 16384, 32768, 65536};
-#define NSIZES ((int)(sizeof read_sizes / sizeof read_sizes[0]))
 
 void nr_channel_opts_init(nr_channel_opts_t *o) {
   memset(o, 0, sizeof *o);
@@ -71,7 +68,6 @@ nr_channel_t *nr__channel_new(int kind, int family, int fd,
   ch->family = family;
   ch->io.fd = fd;
   ch->io.cb = on_io;
-  ch->guess = 5;                               /* 2048 bytes */
   fix_opts(&ch->opts, opts);
   nr__pipeline_init(&ch->pipe, ch, &nr__head_handler);
   nr__out_init(&ch->out);
@@ -93,6 +89,8 @@ void nr_channel_release(nr_channel_t *ch) {
   if (ch->reg_promise)
     nr_promise_release(ch->reg_promise);
   nr_promise_release(ch->close_future);
+  free(ch->raddr_big);
+  free(ch->unix_path);
   free(ch->srv);
   free(ch);
 }
@@ -114,6 +112,11 @@ bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTE
 bool nr_channel_is_datagram(const nr_channel_t *ch) { return ch->kind == NR__DGRAM; }
 int nr_channel_fd(const nr_channel_t *ch) { return ch->io.fd; }
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
+uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
+int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
+  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  return nr__out_watch(&ch->out, mark, p);
+}
 nr_promise_t *nr_channel_close_future(const nr_channel_t *ch) {
   return ch->close_future;
 }
@@ -126,24 +129,46 @@ void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *)) {
   ch->user_free = free_fn;
 }
 
-int nr_channel_local_address(const nr_channel_t *cch, char *host, size_t n,
+/* Any thread: nothing is cached, so there is nothing to race on. */
+int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
                              int *port) {
-  nr_channel_t *ch = (nr_channel_t *)cch;
-  if (ch->llen == 0) {
-    socklen_t len = sizeof ch->laddr;
-    if (!(pub(ch) & NR__OPEN) ||
-        getsockname(ch->io.fd, (struct sockaddr *)&ch->laddr, &len) < 0)
-      return -ENOTCONN;
-    ch->llen = len;
+  if (ch->unix_path) {                        /* set before the bind completed */
+    snprintf(host, n, "%s", ch->unix_path);
+    *port = -1;
+    return 0;
   }
-  return nr__format_addr(&ch->laddr, ch->llen, host, n, port);
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (!(pub(ch) & NR__OPEN) ||
+      getsockname(ch->io.fd, (struct sockaddr *)&ss, &len) < 0)
+    return -ENOTCONN;
+  return nr__format_addr(&ss, len, host, n, port);
+}
+
+static const struct sockaddr_storage *peer(const nr_channel_t *ch) {
+  return ch->raddr_big ? ch->raddr_big
+                       : (const struct sockaddr_storage *)(const void *)&ch->raddr;
+}
+
+int nr__channel_set_raddr(nr_channel_t *ch, const void *sa, socklen_t len) {
+  if (len <= sizeof ch->raddr && ((const struct sockaddr *)sa)->sa_family != AF_UNIX) {
+    memcpy(&ch->raddr, sa, len);
+  } else {
+    if (ch->raddr_big == NULL &&
+        (ch->raddr_big = malloc(sizeof *ch->raddr_big)) == NULL)
+      return -ENOMEM;
+    memset(ch->raddr_big, 0, sizeof *ch->raddr_big);  /* paths end in NUL */
+    memcpy(ch->raddr_big, sa, len < sizeof *ch->raddr_big ? len : sizeof *ch->raddr_big);
+  }
+  ch->rlen = len;
+  return 0;
 }
 
 int nr_channel_remote_address(const nr_channel_t *ch, char *host, size_t n,
                               int *port) {
   if (ch->kind != NR__STREAM)
     return -ENOTCONN;
-  return nr__format_addr(&ch->raddr, ch->rlen, host, n, port);
+  return nr__format_addr(peer(ch), ch->rlen, host, n, port);
 }
 
 /* ---- registration and interest ------------------------------------------------ */
@@ -326,6 +351,11 @@ static void write_dgrams(nr_channel_t *ch) {
   }
 }
 
+static bool drained(const nr_channel_t *ch) {
+  return ch->out.written == ch->out.flushed &&
+         (ch->out.dq == NULL || ch->out.dq_count == ch->out.dq_unflushed);
+}
+
 static void do_write(nr_channel_t *ch) {
   if (ch->kind == NR__DGRAM)
     write_dgrams(ch);
@@ -333,32 +363,19 @@ static void do_write(nr_channel_t *ch) {
     write_stream(ch);
   if (ch->st & NR__CLOSED)
     return;
-  bool drained = ch->out.written == ch->out.flushed &&
-                 (ch->out.dq == NULL || ch->out.dq_count == ch->out.dq_unflushed);
-  if (drained && (ch->st & NR__WAIT_OUT)) {
+  if (drained(ch) && (ch->st & NR__WAIT_OUT)) {
     ch->st &= ~NR__WAIT_OUT;
     nr__channel_update_interest(ch);
   }
   check_writability(ch);
-  if (drained && (ch->st & NR__CLOSING))
+  /* Ask again: a writability handler may have written, flushed and closed
+   * meanwhile (its flush runs a nested do_write), and what it flushed must
+   * still reach the peer before the close completes. */
+  if ((ch->st & NR__CLOSING) && drained(ch))
     finish_close(ch, false);
 }
 
 /* ---- reading ------------------------------------------------------------------ */
-
-static void record_read(nr_channel_t *ch, size_t n) {
-  if (n <= read_sizes[ch->guess > 0 ? ch->guess - 1 : 0]) {
-    if (ch->shrink_next && ch->guess > 0) {
-      ch->guess--;
-      ch->shrink_next = 0;
-    } else {
-      ch->shrink_next = 1;
-    }
-  } else if (n >= read_sizes[ch->guess]) {
-    ch->guess = ch->guess + 2 < NSIZES ? ch->guess + 2 : NSIZES - 1;
-    ch->shrink_next = 0;
-  }
-}
 
 static void read_error(nr_channel_t *ch, int err) {
   char msg[160];
@@ -385,15 +402,18 @@ static void read_stream(nr_channel_t *ch) {
   int reads = 0, err = 0;
   bool eof = false;
   ch->st &= ~NR__READ_REQ;
+  /* Every read asks for the whole shared buffer. Netty guesses a size
+   * because each read allocates a buffer; here the buffer is the loop's and
+   * the message is borrowed, so a smaller guess would only split what the
+   * socket holds into more read() calls (and make an exact fit cost an
+   * extra read that meets EAGAIN). */
   while (reads < ch->opts.max_reads) {
-    size_t want = read_sizes[ch->guess];
-    ssize_t n = read(ch->io.fd, l->rbuf, want);
+    ssize_t n = read(ch->io.fd, l->rbuf, NR_READ_BUF);
     if (n > 0) {
       reads++;
-      record_read(ch, (size_t)n);
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
       nr_pipeline_fire_read(&ch->pipe, &b);
-      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || (size_t)n < want)
+      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || n < NR_READ_BUF)
         break;            /* a short read drained the socket: skip EAGAIN */
       if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))
         break;
@@ -487,7 +507,7 @@ static void finish_connect(nr_channel_t *ch) {
   if (err != 0) {
     char host[128], msg[256];
     int port = 0;
-    nr__format_addr(&ch->raddr, ch->rlen, host, sizeof host, &port);
+    nr__format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: %s", host, port, nr__errname(-err));
     connect_failed(ch, -err, msg);
     return;
@@ -504,7 +524,7 @@ static int connect_timed_out(void *arg) {
   if (ch->st & NR__CONNECTING) {
     char host[128], msg[256];
     int port = 0;
-    nr__format_addr(&ch->raddr, ch->rlen, host, sizeof host, &port);
+    nr__format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
              port, (double)ch->connect_timeout / 1e9);
     connect_failed(ch, NR_ETIMEDOUT, msg);
@@ -580,7 +600,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
   }
   if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
-    unlink(((struct sockaddr_un *)&ch->laddr)->sun_path);
+    unlink(ch->unix_path);
   close(ch->io.fd);
   if (ch->loop)
     nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
@@ -671,11 +691,9 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
                      : nr_raise(err, "%s: %s", host, nr__errname(err));
   }
-  if (sa->sa_family == AF_UNIX) {
-    memcpy(&ch->laddr, sa, len);
-    ch->llen = len;
+  if (sa->sa_family == AF_UNIX &&
+      (ch->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)))
     ch->st |= NR__UNLINK_PATH;
-  }
   nr__channel_set_active(ch);
   if (p)
     nr_promise_set_success(p, nr_channel_retain(ch),
@@ -686,8 +704,10 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
 static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
                         socklen_t len, nr_promise_t *p) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
-  memcpy(&ch->raddr, sa, len);
-  ch->rlen = len;
+  if (nr__channel_set_raddr(ch, sa, len) < 0) {
+    nr__channel_close(ch, true);
+    return nr_raise(-ENOMEM, "connect: out of memory");
+  }
   if (connect(ch->io.fd, sa, len) == 0) {
     connected(ch, p);
     return 0;
@@ -695,7 +715,7 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (errno != EINPROGRESS) {
     int err = -errno, port = 0;
     char host[128];
-    nr__format_addr(&ch->raddr, len, host, sizeof host, &port);
+    nr__format_addr(peer(ch), len, host, sizeof host, &port);
     nr__channel_close(ch, true);
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
                      : nr_raise(err, "%s: %s", host, nr__errname(err));

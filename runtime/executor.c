@@ -294,6 +294,12 @@ int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
                             atomic_load_explicit(&l->dequeued,
                                                  memory_order_relaxed) + 1,
                             memory_order_relaxed);
+    /* Counted before it runs: whoever learns of a task's effects (say, a
+     * promise it completed) then also sees it in the stats. */
+    atomic_store_explicit(&l->tasks_run,
+                          atomic_load_explicit(&l->tasks_run,
+                                               memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     run_task(l, t);
     if ((++n & 63) == 0) {
       if (bounded && nr_now() - start >= timeout)
@@ -309,10 +315,6 @@ int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
   if (n) {
     uint64_t end = nr_now();
     l->last_execution = end;
-    atomic_store_explicit(&l->tasks_run,
-                          atomic_load_explicit(&l->tasks_run,
-                                               memory_order_relaxed) + n,
-                          memory_order_relaxed);
     atomic_store_explicit(&l->task_time,
                           atomic_load_explicit(&l->task_time,
                                                memory_order_relaxed) +
@@ -587,8 +589,11 @@ void nr_loop_free(nr_loop_t *l) {
 int nr_loop_run_once(nr_loop_t *l, uint64_t timeout) {
   if (!l->external || current != l)
     return -EPERM;
-  uint64_t before = atomic_load(&l->tasks_run);
-  l->run_once_deadline = timeout == UINT64_MAX ? NR_NONE : nr_now() + timeout;
+  uint64_t before = atomic_load(&l->tasks_run), now = nr_now();
+  /* Saturate: callers pass "deadline - now" for a deadline of UINT64_MAX,
+   * and a sum that wrapped around would be a deadline in the past, making
+   * every wait a busy poll. */
+  l->run_once_deadline = timeout >= NR_NONE - now ? NR_NONE : now + timeout;
   nr__loop_iteration(l);
   l->run_once_deadline = 0;
   return (int)(atomic_load(&l->tasks_run) - before);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 
 #include "netrun.h"
@@ -227,6 +228,12 @@ typedef struct nr_outbound_s {
   nr_dgram_t *dq, **dq_tail;             /* datagrams, in order */
   size_t dq_count, dq_unflushed;         /* all / trailing not yet flushed */
   size_t pending;                        /* bytes queued, for water marks */
+  /* Offsets never go back, so a write is known by the offset where it
+   * ends (its mark: nr_channel_write_mark). Bytes from dropped_from on were
+   * dropped unwritten (close, write error) with drop_code; UINT64_MAX when
+   * nothing was. */
+  uint64_t dropped_from;
+  int drop_code;
 } nr_outbound_t;
 
 void nr__out_init(nr_outbound_t *o);
@@ -244,6 +251,9 @@ void nr__out_fail_unflushed(nr_loop_t *l, nr_outbound_t *o, int code);
 /* Fail everything and free the buffer. */
 void nr__out_fail_all(nr_loop_t *l, nr_outbound_t *o, int code,
                       const char *msg);
+/* Complete p once the stream bytes up to `mark` are written: now if they
+ * are, failed if they were dropped, else from the promise ring. */
+int nr__out_watch(nr_outbound_t *o, uint64_t mark, nr_promise_t *p);
 
 /* ---- channels -------------------------------------------------------------- */
 
@@ -280,7 +290,6 @@ struct nr_channel_s {
   nr_pipeline_t pipe;
   nr_outbound_t out;
   nr_channel_opts_t opts;
-  int guess, shrink_next;            /* adaptive read size */
   nr_promise_t *close_future;
   nr_promise_t *connect_promise;
   nr_timer_t *connect_timer, *linger_timer;
@@ -292,8 +301,19 @@ struct nr_channel_s {
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
   uint64_t connect_timeout;
   int backlog;
-  struct sockaddr_storage laddr, raddr;
-  socklen_t llen, rlen;
+  /* The peer's address, inline when it is IPv4/IPv6 (the common, idle
+   * case: a sockaddr_storage here would cost every connection 100 bytes
+   * more), allocated for a unix path. The local address is asked of the
+   * socket; only a unix listener keeps its path, which close unlinks. */
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in in;
+    struct sockaddr_in6 in6;
+    uint64_t align;
+  } raddr;
+  struct sockaddr_storage *raddr_big;
+  char *unix_path;
+  socklen_t rlen;
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
 };
 
@@ -303,6 +323,8 @@ nr_channel_t *nr__channel_new(int kind, int family, int fd,
  * fire channel_registered. */
 int nr__channel_register(nr_channel_t *ch, uint32_t events);
 void nr__channel_update_interest(nr_channel_t *ch);
+/* Record the peer's address; 0 or -ENOMEM. */
+int nr__channel_set_raddr(nr_channel_t *ch, const void *sa, socklen_t len);
 void nr__accept_ready(nr_channel_t *ch);     /* bootstrap.c */
 void nr__channel_set_active(nr_channel_t *ch);
 void nr__channel_close(nr_channel_t *ch, bool abort);

@@ -28,7 +28,11 @@ static int on_wake(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   uint64_t v;
   ssize_t n = read(io->fd, &v, sizeof v);
   (void)n;                       /* EAGAIN: a concurrent read drained it */
-  return 0;                      /* wakeups are not work; tasks are */
+  /* A wakeup was asked for (a task, a shutdown, a promise an external loop
+   * waits on), so the select did not return prematurely even when no task
+   * ran; counting it would rebuild the selector of a main thread that only
+   * waits on futures (Netty resets selectCnt on wakeups too). */
+  return 1;
 }
 
 int nr__selector_open(nr_loop_t *l) {

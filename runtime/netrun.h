@@ -365,6 +365,14 @@ bool nr_channel_is_datagram(const nr_channel_t *ch);
 int nr_channel_fd(const nr_channel_t *ch);
 /* Bytes waiting in the outbound buffer (written but not yet sent). */
 size_t nr_channel_pending_bytes(const nr_channel_t *ch);
+/* Loop thread only. A stream channel's write mark: the offset at which
+ * everything written so far ends. Marks only grow. A write made without a
+ * promise can be watched later by the mark taken right after it:
+ * nr_channel_watch_write completes p when the bytes up to mark are
+ * written (at once if they are), or fails it if they were dropped. This
+ * lets bindings hand out write futures that cost nothing until used. */
+uint64_t nr_channel_write_mark(const nr_channel_t *ch);
+int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p);
 /* Format an address: "1.2.3.4" / port, or the unix path / -1. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
                              int *port);
@@ -523,5 +531,53 @@ int nr_ctx_read(nr_ctx_t *ctx);
 int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_ctx_flush(nr_ctx_t *ctx);
 int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+/* True when a write from ctx reaches the head of a stream channel with no
+ * outbound handler between them (so its bytes land in the outbound buffer
+ * at once, and nr_channel_write_mark tells where they end). */
+bool nr_ctx_writes_to_head(const nr_ctx_t *ctx);
+
+/* ---- embedded channels (Netty's EmbeddedChannel) ------------------------ */
+
+/* A channel with no socket, for testing handlers and codecs: inbound
+ * messages are fed by hand, what reaches the tail and what is written to
+ * the head is captured. It lives on `loop` and is used only on that loop's
+ * thread (the main thread's external loop works). */
+typedef struct nr_embedded_s nr_embedded_t;
+
+/* Where captured messages go (borrowed: copy what you keep). NULL sink
+ * members: bytes and slices are copied into the embedded channel's own
+ * queues (nr_embedded_read_*), other messages raise -EINVAL. The first
+ * exception that reaches the tail is kept (nr_embedded_error) unless
+ * `exception` takes it. */
+typedef struct nr_embedded_sink_s {
+  void (*inbound)(void *ud, void *msg);
+  void (*outbound)(void *ud, void *msg);
+  void (*exception)(void *ud, const nr_err_t *err);
+  void *ud;
+} nr_embedded_sink_t;
+
+/* Create one (not yet registered: add handlers to its pipeline, then
+ * nr_embedded_start). sink may be NULL. NULL and errno on failure. */
+nr_embedded_t *nr_embedded_new(nr_loop_t *loop, const nr_embedded_sink_t *sink);
+nr_channel_t *nr_embedded_channel(nr_embedded_t *e);
+/* Fire channel_registered and channel_active. */
+void nr_embedded_start(nr_embedded_t *e);
+/* Fire channel_read(msg) then, with complete, channel_read_complete. */
+void nr_embedded_write_inbound(nr_embedded_t *e, void *msg, bool complete);
+/* Write from the tail and flush: 0 or the write's error code. */
+int nr_embedded_write_outbound(nr_embedded_t *e, void *msg);
+/* Default queues: the next message's bytes (malloc'd, *len set; the caller
+ * frees) or NULL when empty. */
+char *nr_embedded_read_inbound(nr_embedded_t *e, size_t *len);
+char *nr_embedded_read_outbound(nr_embedded_t *e, size_t *len);
+/* The first exception that reached the tail since the last call (code 0
+ * when none); the message stays valid until the next call or the free. */
+nr_err_t nr_embedded_error(nr_embedded_t *e);
+/* Close: channel_inactive, channel_unregistered, handlers removed.
+ * Idempotent. */
+void nr_embedded_close(nr_embedded_t *e);
+/* Close and free. The channel may outlive it (handles keep references):
+ * it is closed, so writes to it fail. */
+void nr_embedded_free(nr_embedded_t *e);
 
 #endif /* NETRUN_H */

@@ -46,6 +46,14 @@ void nr__chunk_put(nr_loop_t *l, nr_chunk_t *c) {
 void nr__out_init(nr_outbound_t *o) {
   memset(o, 0, sizeof *o);
   o->dq_tail = &o->dq;
+  o->dropped_from = UINT64_MAX;
+}
+
+static void note_drop(nr_outbound_t *o, uint64_t from, int code) {
+  if (from < o->dropped_from) {
+    o->dropped_from = from;
+    o->drop_code = code;
+  }
 }
 
 static int push_entry(nr_outbound_t *o, nr_promise_t *p, uint64_t end) {
@@ -196,6 +204,8 @@ void nr__out_fail_unflushed(nr_loop_t *l, nr_outbound_t *o, int code) {
   *pp = NULL;
   o->tail = last;
   o->pending -= drop;
+  if (drop > 0)
+    note_drop(o, o->flushed, code);
   o->appended = o->flushed;
   while (o->ecount > 0) {                /* the newest entries are unflushed */
     nr_wentry_t *e = &o->ents[(o->ehead + o->ecount - 1) % o->ecap];
@@ -245,5 +255,41 @@ void nr__out_fail_all(nr_loop_t *l, nr_outbound_t *o, int code,
     }
     free(g);
   }
+  /* Keep the offsets (and what was dropped): marks stay meaningful. */
+  uint64_t written = o->written, from = o->dropped_from;
+  int dcode = o->drop_code;
+  bool dropped = o->appended > written;
   nr__out_init(o);
+  o->written = o->flushed = o->appended = written;
+  o->dropped_from = from;
+  o->drop_code = dcode;
+  if (dropped)
+    note_drop(o, written, code);
+}
+
+int nr__out_watch(nr_outbound_t *o, uint64_t mark, nr_promise_t *p) {
+  if (mark <= o->written) {
+    nr_promise_set_success(p, NULL, NULL);
+    return 0;
+  }
+  if (mark > o->dropped_from) {
+    nr_promise_set_failure(p, o->drop_code, nr_strerror(o->drop_code));
+    return 0;
+  }
+  int rc = push_entry(o, p, mark);
+  if (rc < 0)
+    return rc;
+  /* Keep the ring sorted by end: this mark may precede later writes'. */
+  size_t i = o->ecount - 1;
+  while (i > 0) {
+    nr_wentry_t *a = &o->ents[(o->ehead + i - 1) % o->ecap];
+    nr_wentry_t *b = &o->ents[(o->ehead + i) % o->ecap];
+    if (a->end <= b->end)
+      break;
+    nr_wentry_t t = *a;
+    *a = *b;
+    *b = t;
+    i--;
+  }
+  return 0;
 }

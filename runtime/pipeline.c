@@ -235,6 +235,12 @@ int nr_ctx_flush(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_out(ctx, NR_OP_FLUSH);
   INVOKE_OUT(c, c->h->flush(c), NULL);
 }
+bool nr_ctx_writes_to_head(const nr_ctx_t *ctx) {
+  const nr_ctx_t *c = next_out(ctx, NR_OP_WRITE);
+  return c->embedded && c->h == &nr__head_handler && c->pipe->ch &&
+         !nr_channel_is_datagram(c->pipe->ch) && !nr_channel_is_server(c->pipe->ch);
+}
+
 int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
   int rc = nr_ctx_write(ctx, msg, prom);
   nr_ctx_flush(ctx);

@@ -18,6 +18,11 @@ run() {  # run BUILD_DIR CMAKE_ARGS... -- CTEST_ARGS...
   ctest --test-dir "$dir" --output-on-failure "$@"
 }
 
+# A short, bounded run of every libFuzzer target (needs clang).
+if command -v clang >/dev/null; then
+  bash scripts/fuzz.sh 5
+fi
+
 run build/test-asan -DNETRUN_ASAN=ON -DCMAKE_BUILD_TYPE=Debug --
 run build/test-tsan -DNETRUN_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -- -L concurrent
 run build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo --

@@ -48,6 +48,38 @@ function H.echo_server(group, handler)
   return server, port
 end
 
+-- A daemon group for the helpers' own timers: it does not keep the
+-- process alive and is shut down with everything else at exit.
+local timers
+local function timer_group()
+  timers = timers or netrun.group { threads = 1, name = "spec-timer", daemon = true }
+  return timers
+end
+
+-- f:sync() bounded in time: past `timeout` seconds (default 10) the future
+-- is failed, so a missing completion fails the test instead of hanging it.
+function H.sync(f, timeout)
+  local t = timer_group():schedule(timeout or 10, function(ff, s)
+    ff:try_failure(string.format("timed out after %g s", s))
+  end, f, timeout or 10)
+  local ok, v = pcall(f.sync, f)
+  t:cancel()
+  if not ok then error(v, 2) end
+  return v
+end
+
+-- Poll pred() until it holds or `timeout` seconds pass, waiting on a
+-- scheduled task between tries (never a bare sleep); returns pred's value.
+function H.eventually(pred, timeout, step)
+  local deadline = socket.gettime() + (timeout or 5)
+  repeat
+    local v = pred()
+    if v then return v end
+    timer_group():schedule(step or 0.01, function() end):sync()
+  until socket.gettime() > deadline
+  return pred()
+end
+
 function H.tmpdir()
   local p = os.tmpname()
   os.remove(p)

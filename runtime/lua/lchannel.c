@@ -198,6 +198,26 @@ static int xwrite_task(void *arg) {
   return 0;
 }
 
+/* A write from another thread is encoded on the channel's loop; check the
+ * shape of an array of strings here, so the mistake raises in the caller
+ * like it does on the loop. */
+static void check_array(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TTABLE || lua_rawgeti(L, idx, 1) != LUA_TSTRING) {
+    if (lua_type(L, idx) == LUA_TTABLE)
+      lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+  for (lua_Integer i = 2; i <= n; i++) {
+    int t = lua_rawgeti(L, idx, i);
+    lua_pop(L, 1);
+    if (t != LUA_TSTRING)
+      luaL_error(L, "write: element %d of the array is a %s, not a string",
+                 (int)i, lua_typename(L, t));
+  }
+}
+
 static int do_write(lua_State *L, bool flush) {
   nr_channel_t *ch = check(L, 1);
   luaL_checkany(L, 2);
@@ -212,10 +232,15 @@ static int do_write(lua_State *L, bool flush) {
     lua_pushvalue(L, fut);
     return 1;
   }
+  if (!nr_channel_is_datagram(ch))
+    check_array(L, 2);
+  lnr_blob_t *b = lnr_pack(L, 2, 1, "message");   /* may raise: first */
   xwrite_t *w = malloc(sizeof *w);
-  if (w == NULL)
+  if (w == NULL) {
+    lnr_blob_free(b);
     return luaL_error(L, "out of memory");
-  w->b = lnr_pack(L, 2, 1, "message");
+  }
+  w->b = b;
   w->ch = nr_channel_retain(ch);
   w->p = nr_promise_retain(p);
   w->flush = flush;
@@ -764,7 +789,21 @@ static nr_channel_t **snapshot(chgroup_t *g, size_t *n) {
 static int l_cg_op(lua_State *L, bool close) {
   chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
   size_t len = 0;
-  const char *data = close ? NULL : luaL_checklstring(L, 2, &len);
+  const char *data = NULL;
+  if (!close && lua_type(L, 2) == LUA_TTABLE) {
+    luaL_Buffer buf;                    /* an array of strings: gathered */
+    luaL_buffinit(L, &buf);
+    for (lua_Integer i = 1, n = (lua_Integer)lua_rawlen(L, 2); i <= n; i++) {
+      if (lua_rawgeti(L, 2, i) != LUA_TSTRING)
+        return luaL_error(L, "write_and_flush: element %d of the array is a "
+                          "%s, not a string", (int)i, luaL_typename(L, -1));
+      luaL_addvalue(&buf);
+    }
+    luaL_pushresult(&buf);
+    lua_replace(L, 2);
+  }
+  if (!close)
+    data = luaL_checklstring(L, 2, &len);
   size_t n;
   nr_channel_t **v = snapshot(g, &n);
   nr_promise_t *all = nr_promise_new();

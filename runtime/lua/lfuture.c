@@ -1,13 +1,15 @@
 /*
  * lfuture.c -- futures and coroutines in Lua: netrun.promise(), the future
- * methods, sync() (which refuses to block a loop thread), netrun.spawn()
- * with await() and netrun.sleep().
+ * methods, sync() (which refuses to block an event loop's thread, but
+ * blocks an executor group's), netrun.spawn() with await() and
+ * netrun.sleep().
  *
  * A future's value is a blob: each state that reads it gets its own copy.
  * Listeners stay in the state that added them and run on its thread.
  * A spawned coroutine is kept in the registry while it lives; await() adds
  * a listener that resumes it on its own loop.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,10 +27,13 @@ void lnr_push_promise(lua_State *L, nr_promise_t *p) {
   lnr_push_new_handle(L, LNR_FUTURE, p);
 }
 
+/* Once a scheduled future is done its timer has no more to do: cancelled,
+ * or a periodic task that raised (which, as in Netty, stops repeating). A
+ * one-shot timer that ran is past cancelling, which is harmless. */
 static void cancel_timer_on_cancel(nr_promise_t *p, void *arg) {
+  (void)p;
   nr_timer_t *t = arg;
-  if (nr_promise_is_cancelled(p))
-    nr_timer_cancel(t);
+  nr_timer_cancel(t);
   nr_timer_release(t);
 }
 
@@ -173,18 +178,60 @@ static int finish_wait(lua_State *L, nr_promise_t *p) {
   return luaL_error(L, "%s", nr_promise_message(p));
 }
 
+/* Blocking on an executor group's thread: the core refuses to wait on any
+ * loop thread, so wait on a condition signalled by a listener that runs on
+ * the completing thread. The listener touches the waiter only under its
+ * lock, so the waiter may leave as soon as it sees `done`. */
+typedef struct waiter_s {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool done;
+} waiter_t;
+
+static void wake_waiter(nr_promise_t *p, void *arg) {
+  (void)p;
+  waiter_t *w = arg;
+  pthread_mutex_lock(&w->lock);
+  w->done = true;
+  pthread_cond_signal(&w->cond);
+  pthread_mutex_unlock(&w->lock);
+}
+
+static void wait_blocking(nr_promise_t *p) {
+  waiter_t w = {.done = false};
+  pthread_mutex_init(&w.lock, NULL);
+  pthread_cond_init(&w.cond, NULL);
+  nr_promise_add_listener(p, NULL, wake_waiter, &w);
+  pthread_mutex_lock(&w.lock);
+  while (!w.done)
+    pthread_cond_wait(&w.cond, &w.lock);
+  pthread_mutex_unlock(&w.lock);
+  pthread_cond_destroy(&w.cond);
+  pthread_mutex_destroy(&w.lock);
+}
+
 static int l_sync(lua_State *L) {
   nr_promise_t *p = check(L, 1);
   nr_loop_t *cur = nr_loop_current();
   if (!nr_promise_is_done(p)) {
-    if (cur != NULL && cur != lnr_main_loop())
-      return luaL_error(L, "blocking operation on an event loop (%s): use "
-                        "add_listener, or await inside netrun.spawn",
-                        nr_loop_name(cur));
+    if (cur != NULL && cur != lnr_main_loop()) {
+      if (!lnr_loop_may_block(cur))
+        return luaL_error(L, "blocking operation on an event loop (%s): use "
+                          "add_listener, or await inside netrun.spawn",
+                          nr_loop_name(cur));
+      wait_blocking(p);
+      return finish_wait(L, p);
+    }
     int rc = nr_promise_wait(p, UINT64_MAX);
     if (rc != 0)
       return luaL_error(L, "sync: %s", nr_strerror(rc));
   }
+  /* The main thread runs its queued work whenever it waits, even when the
+   * future was already done: a listener it added runs before sync returns
+   * once the listener was queued. */
+  if (cur != NULL && cur == lnr_main_loop())
+    while (nr_loop_run_once(cur, 0) > 0)
+      ;
   return finish_wait(L, p);
 }
 

@@ -22,6 +22,7 @@ struct lnr_group_s {
   void *paths;
   bool listed;                /* in the live list (under live_lock) */
   bool daemon;                /* does not keep the process alive */
+  bool executor;              /* task threads for blocking work */
   lnr_group_t *next;
 };
 
@@ -34,6 +35,13 @@ nr_group_t *lnr_group_core(lnr_group_t *g) { return g->g; }
 lnr_group_t *lnr_group_of_loop(nr_loop_t *l) {
   nr_group_t *g = l ? nr_loop_group(l) : NULL;
   return g ? nr_group_data(g) : NULL;
+}
+
+/* Executor groups exist to run blocking work, so their threads may wait
+ * for a future; an event loop's thread may not. */
+bool lnr_loop_may_block(nr_loop_t *l) {
+  lnr_group_t *g = lnr_group_of_loop(l);
+  return g != NULL && g->executor;
 }
 
 void lnr_group_retain(lnr_group_t *g) { atomic_fetch_add(&g->refs, 1); }
@@ -101,6 +109,7 @@ static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
   g->paths = lnr_paths_new(L);
+  g->executor = executor;
   nr_group_opts_t o = {.name = name, .threads = threads,
                        .io_ratio = executor ? 100 : io_ratio,
                        .on_start = lnr_loop_started,
@@ -373,8 +382,7 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   s->p = nr_promise_new();
   nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
                                    sched_cancelled, s);
-  if (t == NULL) {
-    nr_promise_release(s->p);
+  if (t == NULL) {                  /* rejected: cancel_fn is not called */
     nr_promise_release(s->p);
     lnr_blob_free(s->b);
     free(s);

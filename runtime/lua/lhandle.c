@@ -14,8 +14,10 @@ const char *const lnr_kind_names[] = {
     "netrun.dict", "netrun.channel_group"};
 
 typedef struct proxy_s {
+  const char *tag;            /* &CLASS_KEYS[kind]: proves the userdata is ours */
   int kind;
   void *ptr;
+  uint64_t mark;              /* lazy write futures: the write's mark */
 } proxy_t;
 
 /* Retain/release per kind; defined next to each kind. */
@@ -58,6 +60,102 @@ void lnr_handle_release(int kind, void *ptr) {
 
 static const char CACHE_KEY = 0;
 
+/* Each kind's metatable is also kept under a pointer key, so making a
+ * proxy costs no string hashing (luaL_setmetatable looks the name up). And
+ * a proxy carries the address of its kind's key: checking a handle (on
+ * every method call) reads the userdata instead of the registry. Only C
+ * code could forge such a tag, and netrun's C code does not. */
+static const char CLASS_KEYS[LNR_NKINDS];
+
+static void push_class(lua_State *L, int kind) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
+}
+
+/*
+ * Lazy write futures. Most writes' futures are never looked at, yet each
+ * would cost a promise, a proxy with a finalizer and their collection. A
+ * write that goes straight to the head of a stream channel (ctx:write of a
+ * string with no outbound handler in between) gets instead a proxy of the
+ * LAZY class: no promise, no __gc; it holds the channel (kept alive by the
+ * ctx in its user value) and the write's mark. The first time it is used
+ * as a future it becomes one in place: a promise watching that mark
+ * (nr_channel_watch_write), and the future class with its finalizer. It
+ * lives in the channel's loop state, so that happens on the channel's loop.
+ */
+static const char LAZY_TAG = 0, LAZY_CLASS = 0;
+
+static void materialize(lua_State *L, int idx, proxy_t *p) {
+  idx = lua_absindex(L, idx);
+  nr_promise_t *prom = nr_promise_new();
+  if (prom == NULL)
+    luaL_error(L, "out of memory");
+  if (nr_channel_watch_write(p->ptr, p->mark, prom) < 0) {
+    nr_promise_release(prom);
+    luaL_error(L, "out of memory");
+  }
+  p->tag = &CLASS_KEYS[LNR_FUTURE];
+  p->ptr = prom;                              /* the proxy's reference */
+  lua_pushnil(L);
+  lua_setiuservalue(L, idx, 1);               /* let go of the ctx */
+  push_class(L, LNR_FUTURE);
+  lua_setmetatable(L, idx);                   /* now with its finalizer */
+}
+
+/* The proxy at idx if it is a userdata of class `kind`, else NULL. */
+static proxy_t *test_proxy(lua_State *L, int idx, int kind) {
+  if (lua_type(L, idx) != LUA_TUSERDATA || lua_rawlen(L, idx) != sizeof(proxy_t))
+    return NULL;
+  proxy_t *p = lua_touserdata(L, idx);
+  if (p->tag == &CLASS_KEYS[kind])
+    return p;
+  if (kind == LNR_FUTURE && p->tag == &LAZY_TAG) {
+    materialize(L, idx, p);
+    return p;
+  }
+  return NULL;
+}
+
+void lnr_push_lazy_write(lua_State *L, nr_channel_t *ch, uint64_t mark,
+                         int keep, int lazy_mt) {
+  keep = lua_absindex(L, keep);
+  lazy_mt = lua_absindex(L, lazy_mt);
+  proxy_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->tag = &LAZY_TAG;
+  p->kind = LNR_FUTURE;
+  p->ptr = ch;
+  p->mark = mark;
+  lua_pushvalue(L, keep);
+  lua_setiuservalue(L, -2, 1);
+  lua_pushvalue(L, lazy_mt);
+  lua_setmetatable(L, -2);
+}
+
+void lnr_push_lazy_class(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &LAZY_CLASS);
+}
+
+/* The lazy class: the future class's methods and names, no finalizer. */
+static void make_lazy_class(lua_State *L) {
+  push_class(L, LNR_FUTURE);
+  lua_newtable(L);
+  static const char *const fields[] = {"__index", "__tostring", "__name",
+                                       "__netrun_kind"};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    lua_getfield(L, -2, fields[i]);
+    lua_setfield(L, -2, fields[i]);
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &LAZY_CLASS);
+  lua_pop(L, 1);
+}
+
+static proxy_t *new_proxy(lua_State *L, int kind, void *ptr) {
+  proxy_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->tag = &CLASS_KEYS[kind];
+  p->kind = kind;
+  p->ptr = ptr;
+  return p;
+}
+
 static int proxy_gc(lua_State *L) {
   proxy_t *p = lua_touserdata(L, 1);
   if (p && p->ptr) {
@@ -90,11 +188,10 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
     }
   }
   lua_pop(L, 1);
-  proxy_t *p = lua_newuserdatauv(L, sizeof *p, 1);
-  p->kind = kind;
-  p->ptr = ptr;
+  new_proxy(L, kind, ptr);
   lnr_handle_retain(kind, ptr);
-  luaL_setmetatable(L, lnr_kind_names[kind]);
+  push_class(L, kind);
+  lua_setmetatable(L, -2);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, -3, ptr);
   lua_remove(L, -2);
@@ -102,29 +199,34 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
 
 /* A proxy that takes over the caller's reference, without the cache. */
 void lnr_push_new_handle(lua_State *L, int kind, void *ptr) {
-  proxy_t *p = lua_newuserdatauv(L, sizeof *p, 1);
-  p->kind = kind;
-  p->ptr = ptr;
-  luaL_setmetatable(L, lnr_kind_names[kind]);
+  new_proxy(L, kind, ptr);
+  push_class(L, kind);
+  lua_setmetatable(L, -2);
+}
+
+void lnr_push_new_handle_mt(lua_State *L, int kind, void *ptr, int mt) {
+  mt = lua_absindex(L, mt);
+  new_proxy(L, kind, ptr);
+  lua_pushvalue(L, mt);
+  lua_setmetatable(L, -2);
 }
 
 int lnr_handle_kind(lua_State *L, int idx) {
-  proxy_t *p = lua_touserdata(L, idx);
-  if (p == NULL || lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
-    return 0;
-  lua_getfield(L, -1, "__netrun_kind");
-  int kind = (int)lua_tointeger(L, -1);
-  lua_pop(L, 2);
-  return kind > 0 && kind < LNR_NKINDS && p->kind == kind ? kind : 0;
+  for (int kind = 1; kind < LNR_NKINDS; kind++)
+    if (test_proxy(L, idx, kind))
+      return kind;
+  return 0;
 }
 
 void *lnr_to_handle(lua_State *L, int idx, int kind) {
-  proxy_t *p = luaL_testudata(L, idx, lnr_kind_names[kind]);
+  proxy_t *p = test_proxy(L, idx, kind);
   return p ? p->ptr : NULL;
 }
 
 void *lnr_check_handle(lua_State *L, int idx, int kind) {
-  proxy_t *p = luaL_checkudata(L, idx, lnr_kind_names[kind]);
+  proxy_t *p = test_proxy(L, idx, kind);
+  if (p == NULL)
+    p = luaL_checkudata(L, idx, lnr_kind_names[kind]);   /* raises */
   if (p->ptr == NULL)
     luaL_error(L, "%s: used after it was released", lnr_kind_names[kind]);
   return p->ptr;
@@ -133,6 +235,10 @@ void *lnr_check_handle(lua_State *L, int idx, int kind) {
 /* Called by each kind's opener after lnr_new_class. */
 void lnr_handle_class(lua_State *L, int kind) {
   luaL_getmetatable(L, lnr_kind_names[kind]);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
+  if (kind == LNR_FUTURE)
+    make_lazy_class(L);
   lua_pushinteger(L, kind);
   lua_setfield(L, -2, "__netrun_kind");
   lua_pushcfunction(L, proxy_gc);
@@ -141,3 +247,5 @@ void lnr_handle_class(lua_State *L, int kind) {
   lua_setfield(L, -2, "__close");
   lua_pop(L, 1);
 }
+
+void lnr_push_class(lua_State *L, int kind) { push_class(L, kind); }

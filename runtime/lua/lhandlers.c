@@ -1,7 +1,182 @@
 /*
- * lhandlers.c -- Lua constructors for native handlers: idle_state, logging.
- * (Scaffold: filled in by the batteries work.)
+ * lhandlers.c -- Lua constructors for native handlers:
+ *   netrun.handler.idle_state { reader = 30, writer = 0, all = 0 }
+ *   netrun.handler.logging { level = "debug" }
+ *   netrun.codec.resp { max_bulk = 1 << 20, max_args = 1024, max_inline = 65536 }
+ * and the converters that turn their messages into Lua values: an idle
+ * event becomes { idle = "reader" | "writer" | "all", first = bool }, a
+ * RESP request an array of strings.
+ *
+ * A constructor returns a small userdata holding the configuration; the
+ * per-channel C state is made each time it is added to a pipeline (the
+ * __netrun_native hook), so one value may serve many channels of its
+ * state. Like every Lua value it belongs to one state: make it inside
+ * `init`, which runs on the channel's loop.
  */
+#include <pthread.h>
+#include <string.h>
+
+#include "codec/resp.h"
+#include "handler/handler.h"
 #include "lnr.h"
 
-void lnr_open_handlers(lua_State *L) { (void)L; }
+#define IDLE_MT "netrun.handler.idle_state"
+#define LOGGING_MT "netrun.handler.logging"
+#define RESP_MT "netrun.codec.resp"
+
+typedef struct idle_cfg_s { uint64_t t[3]; } idle_cfg_t;
+typedef struct logging_cfg_s { int level; } logging_cfg_t;
+typedef struct resp_cfg_s { nr_resp_limits_t lim; } resp_cfg_t;
+
+/* ---- messages ----------------------------------------------------------- */
+
+static void push_idle(lua_State *L, void *msg) {
+  nr_idle_event_t *e = msg;
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, nr_idle_state_name(e->state));
+  lua_setfield(L, -2, "idle");
+  lua_pushboolean(L, e->first);
+  lua_setfield(L, -2, "first");
+}
+
+static void push_resp(lua_State *L, void *msg) {
+  nr_resp_cmd_t *c = msg;
+  lua_createtable(L, (int)c->argc, 0);
+  for (size_t i = 0; i < c->argc; i++) {
+    lua_pushlstring(L, c->argv[i].data, c->argv[i].len);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+}
+
+/* The converter table is process-wide: fill it once, from the first state
+ * (the main one, before any loop thread runs). */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static void register_msgs(void) {
+  lnr_register_msg(NR_MSG_IDLE, push_idle);
+  lnr_register_msg(NR_MSG_RESP, push_resp);
+}
+
+/* ---- option helpers ------------------------------------------------------ */
+
+static double opt_seconds(lua_State *L, int t, const char *k, const char *what) {
+  double s = 0;
+  if (lua_getfield(L, t, k) != LUA_TNIL)
+    s = lnr_checkseconds(L, -1, what);
+  lua_pop(L, 1);
+  return s;
+}
+
+static size_t opt_size(lua_State *L, int t, const char *k, size_t def,
+                       const char *what) {
+  size_t v = def;
+  if (lua_getfield(L, t, k) != LUA_TNIL) {
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)
+      luaL_error(L, "%s: %s must be a positive integer", what, k);
+    v = (size_t)lua_tointeger(L, -1);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* The options table at 1 (optional), as an absolute index or 0. */
+static int opts(lua_State *L, const char *what) {
+  if (lua_isnoneornil(L, 1))
+    return 0;
+  if (!lua_istable(L, 1))
+    luaL_error(L, "%s: expected an options table, got a %s", what,
+               luaL_typename(L, 1));
+  return 1;
+}
+
+static void *new_native(lua_State *L, size_t size, const char *mt,
+                        lnr_native_fn make) {
+  void *u = lua_newuserdatauv(L, size, 0);
+  if (luaL_newmetatable(L, mt)) {
+    lua_pushlightuserdata(L, (void *)(uintptr_t)make);
+    lua_setfield(L, -2, "__netrun_native");
+  }
+  lua_setmetatable(L, -2);
+  return u;
+}
+
+static void *check_state(lua_State *L, void *state, const char *what) {
+  if (state == NULL)
+    luaL_error(L, "%s: out of memory", what);
+  return state;
+}
+
+/* ---- idle_state ------------------------------------------------------------ */
+
+static const nr_handler_t *make_idle(lua_State *L, int idx, void **state) {
+  idle_cfg_t *c = luaL_checkudata(L, idx, IDLE_MT);
+  *state = check_state(L, nr_idle_new(c->t[0], c->t[1], c->t[2]),
+                       "idle_state");
+  return &nr_idle_handler;
+}
+
+static int l_idle_state(lua_State *L) {
+  static const char *const keys[] = {"reader", "writer", "all"};
+  const char *what = "netrun.handler.idle_state";
+  int t = opts(L, what);
+  idle_cfg_t cfg = {{0}};
+  for (int k = 0; t && k < 3; k++)
+    cfg.t[k] = lnr_ns(opt_seconds(L, t, keys[k], what));
+  *(idle_cfg_t *)new_native(L, sizeof cfg, IDLE_MT, make_idle) = cfg;
+  return 1;
+}
+
+/* ---- logging ------------------------------------------------------------------ */
+
+static const nr_handler_t *make_logging(lua_State *L, int idx, void **state) {
+  logging_cfg_t *c = luaL_checkudata(L, idx, LOGGING_MT);
+  *state = check_state(L, nr_logging_new(c->level), "logging");
+  return &nr_logging_handler;
+}
+
+static int l_logging(lua_State *L) {
+  static const char *const levels[] = {"debug", "info", "warn", "error", NULL};
+  int t = opts(L, "netrun.handler.logging");
+  logging_cfg_t cfg = {NR_LOG_DEBUG};
+  if (t) {
+    lua_getfield(L, t, "level");
+    cfg.level = luaL_checkoption(L, -1, "debug", levels);
+    lua_pop(L, 1);
+  }
+  *(logging_cfg_t *)new_native(L, sizeof cfg, LOGGING_MT, make_logging) = cfg;
+  return 1;
+}
+
+/* ---- resp ------------------------------------------------------------------------- */
+
+static const nr_handler_t *make_resp(lua_State *L, int idx, void **state) {
+  resp_cfg_t *c = luaL_checkudata(L, idx, RESP_MT);
+  *state = check_state(L, nr_resp_new(&c->lim), "resp");
+  return &nr_resp_handler;
+}
+
+static int l_resp(lua_State *L) {
+  const char *what = "netrun.codec.resp";
+  int t = opts(L, what);
+  resp_cfg_t cfg = {{NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS, NR_RESP_MAX_INLINE}};
+  if (t) {
+    cfg.lim.max_bulk = opt_size(L, t, "max_bulk", cfg.lim.max_bulk, what);
+    cfg.lim.max_args = opt_size(L, t, "max_args", cfg.lim.max_args, what);
+    cfg.lim.max_inline = opt_size(L, t, "max_inline", cfg.lim.max_inline, what);
+  }
+  *(resp_cfg_t *)new_native(L, sizeof cfg, RESP_MT, make_resp) = cfg;
+  return 1;
+}
+
+void lnr_open_handlers(lua_State *L) {
+  pthread_once(&once, register_msgs);
+  lua_getfield(L, -1, "handler");
+  lua_pushcfunction(L, l_idle_state);
+  lua_setfield(L, -2, "idle_state");
+  lua_pushcfunction(L, l_logging);
+  lua_setfield(L, -2, "logging");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "codec");
+  lua_pushcfunction(L, l_resp);
+  lua_setfield(L, -2, "resp");
+  lua_pop(L, 1);
+}

@@ -49,6 +49,8 @@ void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
  * traceback on error. On error, leaves the message on the stack and returns
  * non-zero. */
 int lnr_pcall(lua_State *L, int nargs, int nresults);
+/* The message handler lnr_pcall uses: adds a traceback. */
+int lnr_msgh(lua_State *L);
 /* Log the error on top of the stack ("<what>: <message>") and pop it. */
 void lnr_log_error(lua_State *L, const char *what);
 
@@ -86,6 +88,18 @@ void lnr_handle_release(int kind, void *ptr);
 /* Push this state's proxy for a handle (one per state), taking a ref. */
 void lnr_push_handle(lua_State *L, int kind, void *ptr);
 void lnr_push_new_handle(lua_State *L, int kind, void *ptr);
+/* The same, with the kind's metatable given at stack index mt (hot paths
+ * keep it as an upvalue). */
+void lnr_push_new_handle_mt(lua_State *L, int kind, void *ptr, int mt);
+/* Push the metatable of a handle kind. */
+void lnr_push_class(lua_State *L, int kind);
+/* A lazy write future (lhandle.c): the write on stream channel ch that
+ * ended at `mark`; the value at `keep` (the ctx) is held to keep ch alive;
+ * lazy_mt is the lazy class (lnr_push_lazy_class). It turns into a real
+ * future the first time it is used as one. Channel's loop only. */
+void lnr_push_lazy_write(lua_State *L, nr_channel_t *ch, uint64_t mark,
+                         int keep, int lazy_mt);
+void lnr_push_lazy_class(lua_State *L);
 /* The handle at idx if it is of `kind`, else NULL. */
 void *lnr_to_handle(lua_State *L, int idx, int kind);
 void *lnr_check_handle(lua_State *L, int idx, int kind);
@@ -97,6 +111,8 @@ void lnr_handle_class(lua_State *L, int kind);
 typedef struct lnr_group_s lnr_group_t;
 nr_group_t *lnr_group_core(lnr_group_t *g);
 lnr_group_t *lnr_group_of_loop(nr_loop_t *l);
+/* True on an executor group's thread, where sync() may block. */
+bool lnr_loop_may_block(nr_loop_t *l);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 

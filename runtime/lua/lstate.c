@@ -35,7 +35,7 @@ nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
 /* ---- protected calls ---------------------------------------------------- */
 
-static int msgh(lua_State *L) {
+int lnr_msgh(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
@@ -50,7 +50,7 @@ static int msgh(lua_State *L) {
 
 int lnr_pcall(lua_State *L, int nargs, int nresults) {
   int base = lua_gettop(L) - nargs;
-  lua_pushcfunction(L, msgh);
+  lua_pushcfunction(L, lnr_msgh);
   lua_insert(L, base);
   int rc = lua_pcall(L, nargs, nresults, base);
   lua_remove(L, base);

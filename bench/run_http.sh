@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# run_http.sh -- the HTTP hello benchmark (DESIGN.md §7): netrun
+# (examples/http_hello.lua, one worker loop, Lua handler behind the native
+# codec), nginx + Lua (1 worker, content_by_lua_block) and the C epoll
+# baseline (bench/http_baseline.c), each pinned to CPU 0, under
+# `taskset -c 1 wrk -t1 -c64 -d10s --latency` after a 2 s warm-up, keep-alive
+# and 16 pipelined requests per write; median of 3 runs by requests per
+# server CPU-second (utime+stime from /proc/PID/stat, nginx master+worker
+# summed). Prints a markdown table.
+#   bash bench/run_http.sh [DURATION_S] [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${1:-10}
+RUNS=${2:-3}
+CONNS=64
+bash scripts/deps.sh wrk nginx libnginx-mod-http-lua
+
+work=$(mktemp -d /tmp/netrun-http-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Builds: netrun optimised in its own directory, the baseline with cc -O2.
+cmake -S . -B build/http-bench -DCMAKE_BUILD_TYPE=Release -DNETRUN_BENCH=OFF >/dev/null
+cmake --build build/http-bench -j2 --target netrun_bin >/dev/null
+cc -O2 -o "$work/http_baseline" bench/http_baseline.c
+
+cat > "$work/pipeline.lua" <<'EOF'
+-- 16 requests per write; wrk counts each response.
+init = function(args)
+  local r = {}
+  for i = 1, 16 do r[i] = wrk.format(nil, "/") end
+  req = table.concat(r)
+end
+request = function() return req end
+EOF
+
+mkdir -p "$work/nginx/logs"
+cat > "$work/nginx/nginx.conf" <<'EOF'
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 1;
+daemon off;
+error_log stderr error;
+pid nginx.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  lua_code_cache on;
+  keepalive_requests 100000000;
+  server {
+    listen 127.0.0.1:PORT reuseport;
+    location / {
+      default_type text/plain;
+      content_by_lua_block { ngx.print("Hello, World!") }
+    }
+  }
+}
+EOF
+
+ticks() {   # summed utime+stime of the given pids, in clock ticks
+  local t=0 p
+  for p in "$@"; do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$t"
+}
+
+wait_port() {
+  for _ in $(seq 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "server on port $1 never came up" >&2
+  return 1
+}
+
+hz=$(getconf CLK_TCK)
+
+# measure NAME MODE PIDS...: prints "per_cpu_s req_s p99" of the median run.
+measure() {
+  local mode=$1 port=$2; shift 2
+  local script=() results=()
+  [[ $mode == pipelined ]] && script=(-s "$work/pipeline.lua")
+  taskset -c 1 wrk -t1 -c$CONNS -d2s "${script[@]}" "http://127.0.0.1:$port/" >/dev/null
+  for _ in $(seq "$RUNS"); do
+    local t0 t1 out reqs rps p99
+    t0=$(ticks "$@")
+    out=$(taskset -c 1 wrk -t1 -c$CONNS -d${DUR}s --latency "${script[@]}" "http://127.0.0.1:$port/")
+    t1=$(ticks "$@")
+    reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+    rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+    p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+    results+=("$(awk -v r="$reqs" -v t=$((t1 - t0)) -v hz="$hz" \
+      'BEGIN { printf "%d", (t > 0 ? r / (t / hz) : 0) }') $rps $p99")
+  done
+  printf '%s\n' "${results[@]}" | sort -n | sed -n "$(((RUNS + 1) / 2))p"
+}
+
+declare -A row
+run_server() {   # NAME PORT PIDS...
+  local name=$1 port=$2; shift 2
+  wait_port "$port"
+  for mode in keepalive pipelined; do
+    row[$name,$mode]=$(measure "$mode" "$port" "$@")
+  done
+}
+
+port=18181
+# C baseline
+taskset -c 0 "$work/http_baseline" $port 2>/dev/null &
+pids+=($!)
+run_server "C epoll baseline" $port "$!"
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+# netrun
+port=18182
+taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port $port --threads 1 \
+  >/dev/null 2>&1 &
+pids+=($!)
+run_server "netrun http_hello.lua" $port "$!"
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+# nginx + Lua: master and worker both pinned, their CPU summed
+port=18183
+sed -i "s/PORT/$port/" "$work/nginx/nginx.conf"
+taskset -c 0 nginx -p "$work/nginx" -c nginx.conf 2>"$work/nginx/err.log" &
+pids+=($!)
+wait_port $port
+worker=$(pgrep -P "${pids[-1]}" | head -1)
+run_server "nginx + Lua" $port "${pids[-1]}" "$worker"
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+base_ka=$(cut -d' ' -f1 <<<"${row[C epoll baseline,keepalive]}")
+base_pl=$(cut -d' ' -f1 <<<"${row[C epoll baseline,pipelined]}")
+echo
+echo "HTTP hello, wrk -t1 -c$CONNS -d${DUR}s, median of $RUNS; $(date -u '+%F %H:%M UTC'); load: $(uptime | sed 's/.*load average: //')"
+echo
+echo "| server | workload | req/s | p99 | req per server CPU-s | vs C baseline |"
+echo "|---|---|---:|---:|---:|---:|"
+for name in "C epoll baseline" "netrun http_hello.lua" "nginx + Lua"; do
+  for mode in keepalive pipelined; do
+    read -r per rps p99 <<<"${row[$name,$mode]}"
+    base=$base_ka; [[ $mode == pipelined ]] && base=$base_pl
+    label="keep-alive"; [[ $mode == pipelined ]] && label="16 pipelined"
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$name" "$label" "$rps" "$p99" "$per" \
+      "$(awk -v a="$per" -v b="$base" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
+  done
+done

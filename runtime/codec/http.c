@@ -1,0 +1,977 @@
+/*
+ * http.c -- the HTTP/1.1 server codec of http.h: request parser, response
+ * encoder and the pipeline handler. Loop thread only.
+ *
+ * Parsing. A request is parsed in place from the bytes fed to it: when a
+ * whole request sits in one read, nothing is copied or allocated. When it
+ * does not, the unparsed tail (from the request's first byte) goes to the
+ * cumulation `in` and parsing resumes there; the header block is then
+ * simply re-parsed (cheap, and it keeps every pointer valid whatever the
+ * buffer did), while the progress through a body is kept as offsets from
+ * the request's start. Chunked bodies are decoded into `body`.
+ *
+ * Answering. Responses go out in request order: the handler keeps a ring
+ * of what it must remember about each delivered, unanswered request (HEAD,
+ * HTTP/1.0, "close the connection after it"). Once a request that ends the
+ * connection is delivered nothing more is parsed. A protocol error waits
+ * for the responses still owed, then is answered and the channel closed.
+ *
+ * Encoding. The status line and headers are built in a per-thread scratch
+ * buffer (no allocation per response), with a small body appended, and
+ * handed to the next handler as one write; a large body goes as a second
+ * slice of the same gathered write.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec/http.h"
+
+enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
+
+/* Bytes allowed in a chunk-size line (size, extensions) before it is
+ * called malformed. */
+#define CHUNK_LINE_MAX 1024
+
+/* ---- character classes ------------------------------------------------------- */
+
+/* RFC 9110 tchar as a bitmap: ALPHA DIGIT and !#$%&'*+-.^_`|~ */
+static const uint64_t tchar_bits[2] = {0x03ff6cfa00000000ull,
+                                       0x57ffffffc7fffffeull};
+
+static inline bool is_tchar(unsigned char c) {
+  return c < 128 && (tchar_bits[c >> 6] >> (c & 63) & 1);
+}
+
+bool nr_http_is_token(const char *s, size_t n) {
+  if (n == 0)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!is_tchar((unsigned char)s[i]))
+      return false;
+  return true;
+}
+
+bool nr_http_is_field_value(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if ((c < 0x20 && c != '\t') || c == 0x7f)
+      return false;
+  }
+  return true;
+}
+
+static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* Case-insensitive equality with a lowercase literal. */
+static bool ieq(const char *a, size_t n, const char *lit, size_t ln) {
+  if (n != ln)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (lower((unsigned char)a[i]) != lit[i])
+      return false;
+  return true;
+}
+#define IEQ(a, n, lit) ieq((a), (n), lit, sizeof lit - 1)
+
+/* ---- the header block ---------------------------------------------------------- */
+
+/* The offset just past the blank line ending the header block, or 0 when it
+ * has not all arrived (p->scan then remembers where the last line began). */
+static size_t find_block_end(nr_http_parser_t *p, const char *s, size_t n) {
+  size_t ls = p->scan;
+  for (;;) {
+    const char *nl = ls < n ? memchr(s + ls, '\n', n - ls) : NULL;
+    if (nl == NULL) {
+      p->scan = ls;
+      return 0;
+    }
+    size_t j = (size_t)(nl - s);
+    if (j == ls || (j == ls + 1 && s[ls] == '\r'))
+      return j + 1;
+    ls = j + 1;
+  }
+}
+
+/* Parse one "name: value" line at *ip into the request's header array. */
+static int parse_field(nr_http_request_t *r, const char *s, size_t len,
+                       size_t *ip) {
+  size_t i = *ip, n0 = i;
+  while (i < len && is_tchar((unsigned char)s[i]))
+    i++;
+  if (i == n0 || i >= len || s[i] != ':')
+    return 400;              /* empty name, space before ':', obs-fold */
+  size_t n1 = i++;
+  while (i < len && (s[i] == ' ' || s[i] == '\t'))
+    i++;
+  size_t v0 = i;
+  while (i < len && s[i] != '\r' && s[i] != '\n') {
+    unsigned char c = (unsigned char)s[i];
+    if ((c < 0x20 && c != '\t') || c == 0x7f)
+      return 400;
+    i++;
+  }
+  size_t v1 = i;
+  if (i < len && s[i] == '\r')
+    i++;
+  if (i >= len || s[i] != '\n')
+    return 400;              /* a bare CR */
+  i++;
+  while (v1 > v0 && (s[v1 - 1] == ' ' || s[v1 - 1] == '\t'))
+    v1--;
+  if (r->nheaders == NR_HTTP_MAX_HEADERS)
+    return 431;
+  r->headers[r->nheaders++] = (nr_http_header_t){s + n0, s + v0, n1 - n0,
+                                                 v1 - v0};
+  *ip = i;
+  return 0;
+}
+
+/* Does the comma-separated list contain the (lowercase) token? */
+static bool has_token(const char *v, size_t n, const char *tok, size_t tn) {
+  size_t i = 0;
+  while (i < n) {
+    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+      i++;
+    size_t t0 = i;
+    while (i < n && v[i] != ',')
+      i++;
+    size_t t1 = i;
+    while (t1 > t0 && (v[t1 - 1] == ' ' || v[t1 - 1] == '\t'))
+      t1--;
+    if (ieq(v + t0, t1 - t0, tok, tn))
+      return true;
+  }
+  return false;
+}
+
+/* Content-Length: digits only; a repeat must agree. */
+static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
+                          bool *seen) {
+  uint64_t v = 0;
+  if (h->value_len == 0)
+    return 400;
+  for (size_t i = 0; i < h->value_len; i++) {
+    unsigned c = (unsigned char)h->value[i] - '0';
+    if (c > 9)
+      return 400;
+    if (v > (UINT64_MAX - c) / 10)
+      return 413;
+    v = v * 10 + c;
+  }
+  if (*seen && v != p->content_length)
+    return 400;
+  *seen = true;
+  p->content_length = v;
+  return 0;
+}
+
+/* The request line: METHOD SP target SP HTTP/1.x CRLF. */
+static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
+                              size_t *ip) {
+  size_t i = 0;
+  while (i < len && is_tchar((unsigned char)s[i]))
+    i++;
+  if (i == 0 || i >= len || s[i] != ' ')
+    return 400;
+  r->method = s;
+  r->method_len = i++;
+  size_t t0 = i, q = 0;
+  while (i < len && (unsigned char)s[i] > 0x20 && s[i] != 0x7f) {
+    if (s[i] == '?' && q == 0)
+      q = i;
+    i++;
+  }
+  if (i == t0 || q == t0 || i >= len || s[i] != ' ')
+    return 400;              /* no target, or no path before its query */
+  r->path = s + t0;
+  r->path_len = (q ? q : i) - t0;
+  r->query = q ? s + q + 1 : NULL;
+  r->query_len = q ? i - q - 1 : 0;
+  i++;
+  if (len - i < 9 || memcmp(s + i, "HTTP/", 5) != 0 ||
+      s[i + 5] < '0' || s[i + 5] > '9' || s[i + 6] != '.' ||
+      s[i + 7] < '0' || s[i + 7] > '9')
+    return 400;
+  int major = s[i + 5] - '0';
+  r->minor = s[i + 7] > '1' ? 1 : s[i + 7] - '0';
+  i += 8;
+  if (s[i] == '\r')
+    i++;
+  if (i >= len || s[i] != '\n')
+    return 400;
+  *ip = i + 1;
+  return major == 1 ? 0 : 505;
+}
+
+/* Parse the complete header block s[0 .. len) into r and decide how the
+ * body is framed. Idempotent: run again after the input moved. */
+static int parse_head(nr_http_parser_t *p, nr_http_request_t *r,
+                      const char *s, size_t len) {
+  r->type = NR_MSG_HTTP_REQUEST;
+  r->nheaders = 0;
+  r->expect_continue = r->chunked = false;
+  r->body = "";
+  r->body_len = 0;
+  p->content_length = 0;
+  size_t i;
+  int rc = parse_request_line(r, s, len, &i);
+  if (rc)
+    return rc;
+  r->head = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
+  bool close = false, keep = false, has_cl = false, has_te = false;
+  while (i < len && s[i] != '\n' && !(s[i] == '\r' && i + 1 < len &&
+                                       s[i + 1] == '\n')) {
+    if ((rc = parse_field(r, s, len, &i)) != 0)
+      return rc;
+    const nr_http_header_t *h = &r->headers[r->nheaders - 1];
+    if (IEQ(h->name, h->name_len, "content-length")) {
+      if ((rc = content_length(p, h, &has_cl)) != 0)
+        return rc;
+    } else if (IEQ(h->name, h->name_len, "transfer-encoding")) {
+      if (has_te || !IEQ(h->value, h->value_len, "chunked"))
+        return 501;          /* only "chunked" is understood */
+      has_te = true;
+    } else if (IEQ(h->name, h->name_len, "connection")) {
+      close |= has_token(h->value, h->value_len, "close", 5);
+      keep |= has_token(h->value, h->value_len, "keep-alive", 10);
+    } else if (IEQ(h->name, h->name_len, "expect")) {
+      r->expect_continue = IEQ(h->value, h->value_len, "100-continue");
+    }
+  }
+  if (has_cl && has_te)
+    return 400;              /* ambiguous framing: a smuggling vector */
+  r->chunked = has_te;
+  r->keep_alive = !close && (r->minor >= 1 || keep);
+  if (r->minor == 0)
+    r->expect_continue = false;
+  return 0;
+}
+
+/* ---- chunked bodies -------------------------------------------------------------- */
+
+/* Decode chunks from s[p->pos .. n): 0 need more, -status, or the offset
+ * just past the trailer section. */
+static long decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
+  for (;;) {
+    if (p->pos - p->head_len > 2 * p->max_body + 65536)
+      return -413;           /* chunk framing out of all proportion */
+    switch (p->phase) {
+    case P_CHUNK_SIZE: {
+      const char *nl = memchr(s + p->pos, '\n', n - p->pos);
+      if (nl == NULL)
+        return n - p->pos > CHUNK_LINE_MAX ? -400 : 0;
+      size_t i = p->pos, end = (size_t)(nl - s);
+      if (end - i > CHUNK_LINE_MAX)
+        return -400;
+      uint64_t v = 0;
+      int digits = 0;
+      for (; i < end; i++, digits++) {
+        int c = lower((unsigned char)s[i]);
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0)
+          break;
+        if (digits == 15)
+          return -413;
+        v = v * 16 + (uint64_t)d;
+      }
+      if (digits == 0)
+        return -400;
+      for (; i < end; i++) {  /* extensions are ignored, but must be sane */
+        unsigned char c = (unsigned char)s[i];
+        if ((c < 0x20 && c != '\t' && !(c == '\r' && i + 1 == end)) || c == 0x7f)
+          return -400;
+      }
+      if (s[p->pos + digits] != ';' && s[p->pos + digits] != ' ' &&
+          s[p->pos + digits] != '\t' && s[p->pos + digits] != '\r' &&
+          p->pos + digits != end)
+        return -400;
+      p->pos = end + 1;
+      if (v == 0) {
+        p->phase = P_TRAILER;
+        p->scan = p->pos;
+        break;
+      }
+      if (v > p->max_body - nr_buf_len(&p->body))
+        return -413;
+      p->chunk_left = v;
+      p->phase = P_CHUNK_DATA;
+      break;
+    }
+    case P_CHUNK_DATA: {
+      size_t take = n - p->pos;
+      if (take > p->chunk_left)
+        take = (size_t)p->chunk_left;
+      if (nr_buf_append(&p->body, s + p->pos, take) < 0)
+        return -500;
+      p->pos += take;
+      p->chunk_left -= take;
+      if (p->chunk_left > 0)
+        return 0;
+      p->phase = P_CHUNK_CRLF;
+      break;
+    }
+    case P_CHUNK_CRLF:
+      if (p->pos >= n)
+        return 0;
+      if (s[p->pos] == '\r') {
+        if (p->pos + 1 >= n)
+          return 0;
+        if (s[p->pos + 1] != '\n')
+          return -400;
+        p->pos++;
+      } else if (s[p->pos] != '\n') {
+        return -400;
+      }
+      p->pos++;
+      p->phase = P_CHUNK_SIZE;
+      break;
+    case P_TRAILER: {
+      size_t end = find_block_end(p, s, n);
+      if (end == 0)
+        return n - p->pos > p->max_header ? -431 : 0;
+      if (end - p->pos > p->max_header)
+        return -431;
+      return (long)end;
+    }
+    default:
+      return -500;
+    }
+  }
+}
+
+/* Append the trailer fields (s[from .. end) ends with the blank line). */
+static int parse_trailers(nr_http_request_t *r, const char *s, size_t from,
+                          size_t end) {
+  size_t i = from;
+  while (i < end && s[i] != '\n' && s[i] != '\r') {
+    int rc = parse_field(r, s, end, &i);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* ---- one request ---------------------------------------------------------------- */
+
+/* Parse one request at s[0 .. n): its length when complete (req is then
+ * filled in), 0 when more input is needed, or -status. */
+static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
+                      const char *s, size_t n) {
+  int rc;
+  if (p->phase == P_HEAD) {
+    if (!p->line_ok) {       /* judge the request line first: garbage
+                                gets its 400 without waiting for more */
+      const char *nl = memchr(s, '\n', n < p->max_header ? n : p->max_header);
+      if (nl == NULL)
+        return n >= p->max_header ? -431 : 0;
+      size_t i, l1 = (size_t)(nl - s) + 1;
+      if ((rc = parse_request_line(req, s, l1, &i)) != 0)
+        return -rc;
+      p->line_ok = true;
+      p->scan = l1;          /* the header search starts after it */
+    }
+    size_t end = find_block_end(p, s, n);
+    if (end == 0)
+      return n > p->max_header ? -431 : 0;
+    if (end > p->max_header)
+      return -431;
+    p->head_len = end;
+    if ((rc = parse_head(p, req, s, end)) != 0)
+      return -rc;
+    if (req->chunked) {
+      p->phase = P_CHUNK_SIZE;
+      p->pos = end;
+    } else if (p->content_length > 0) {
+      if (p->content_length > p->max_body)
+        return -413;
+      p->phase = P_BODY;
+    } else {
+      return (long)end;
+    }
+  } else if ((rc = parse_head(p, req, s, p->head_len)) != 0) {
+    return -rc;              /* cannot happen: it parsed before */
+  }
+  if (p->phase == P_BODY) {
+    if (n - p->head_len < p->content_length)
+      return 0;
+    req->body = s + p->head_len;
+    req->body_len = (size_t)p->content_length;
+    return (long)(p->head_len + p->content_length);
+  }
+  long end = decode_chunks(p, s, n);
+  if (end <= 0)
+    return end;
+  /* p->pos stayed where the trailer section began */
+  if ((rc = parse_trailers(req, s, p->pos, (size_t)end)) != 0)
+    return -rc;
+  req->body = nr_buf_len(&p->body) ? nr_buf_peek(&p->body) : "";
+  req->body_len = nr_buf_len(&p->body);
+  return end;
+}
+
+/* ---- feeding ------------------------------------------------------------------------ */
+
+void nr_http_parser_init(nr_http_parser_t *p, size_t max_header,
+                         size_t max_body) {
+  memset(p, 0, sizeof *p);
+  p->max_header = max_header;
+  p->max_body = max_body;
+}
+
+void nr_http_parser_free(nr_http_parser_t *p) {
+  nr_buf_free(&p->in);
+  nr_buf_free(&p->body);
+}
+
+static void next_request(nr_http_parser_t *p) {
+  p->phase = P_HEAD;
+  p->scan = p->head_len = p->pos = 0;
+  p->chunk_left = p->content_length = 0;
+  p->continue_sent = p->line_ok = false;
+  nr_buf_free(&p->body);
+}
+
+static int stop(nr_http_parser_t *p, int status) {
+  p->stopped = true;
+  nr_http_parser_free(p);
+  next_request(p);
+  return status;
+}
+
+/* Blank lines before a request line are skipped (RFC 9112 2.2). */
+static size_t skip_blank(const char *s, size_t off, size_t n) {
+  while (off < n) {
+    if (s[off] == '\n')
+      off++;
+    else if (s[off] == '\r' && off + 1 < n && s[off + 1] == '\n')
+      off += 2;
+    else
+      break;
+  }
+  return off;
+}
+
+int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
+                 nr_http_cb cb, void *arg) {
+  if (p->stopped)
+    return 1;
+  bool cum = nr_buf_len(&p->in) > 0;
+  if (cum && nr_buf_append(&p->in, data, len) < 0)
+    return stop(p, 500);
+  /* The request lives on the stack: it is rebuilt from the bytes on every
+   * call, so a connection between requests holds none of it. */
+  nr_http_request_t req;
+  req.expect_continue = false;
+  const char *s = cum ? nr_buf_peek(&p->in) : data;
+  size_t n = cum ? nr_buf_len(&p->in) : len, off = 0;
+  while (off < n) {
+    if (p->phase == P_HEAD && p->scan == 0 &&
+        (off = skip_blank(s, off, n)) == n)
+      break;
+    long r = parse_one(p, &req, s + off, n - off);
+    if (r < 0)
+      return stop(p, (int)-r);
+    if (r == 0) {
+      if (p->phase != P_HEAD && req.expect_continue && !p->continue_sent) {
+        p->continue_sent = true;
+        if (cb(arg, NR_HTTP_EV_CONTINUE, &req))
+          return stop(p, 1);
+      }
+      break;
+    }
+    int halt = cb(arg, NR_HTTP_EV_REQUEST, &req);
+    next_request(p);
+    off += (size_t)r;
+    if (halt)
+      return stop(p, 1);
+  }
+  if (cum)
+    nr_buf_consume(&p->in, off);
+  else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
+    return stop(p, 500);
+  return 0;
+}
+
+/* ---- encoding ------------------------------------------------------------------------ */
+
+const char *nr_http_reason(int status) {
+  switch (status) {
+  case 100: return "Continue";
+  case 101: return "Switching Protocols";
+  case 200: return "OK";
+  case 201: return "Created";
+  case 202: return "Accepted";
+  case 204: return "No Content";
+  case 206: return "Partial Content";
+  case 301: return "Moved Permanently";
+  case 302: return "Found";
+  case 303: return "See Other";
+  case 304: return "Not Modified";
+  case 307: return "Temporary Redirect";
+  case 308: return "Permanent Redirect";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 405: return "Method Not Allowed";
+  case 408: return "Request Timeout";
+  case 409: return "Conflict";
+  case 410: return "Gone";
+  case 411: return "Length Required";
+  case 413: return "Content Too Large";
+  case 414: return "URI Too Long";
+  case 415: return "Unsupported Media Type";
+  case 417: return "Expectation Failed";
+  case 422: return "Unprocessable Content";
+  case 429: return "Too Many Requests";
+  case 431: return "Request Header Fields Too Large";
+  case 500: return "Internal Server Error";
+  case 501: return "Not Implemented";
+  case 502: return "Bad Gateway";
+  case 503: return "Service Unavailable";
+  case 504: return "Gateway Timeout";
+  case 505: return "HTTP Version Not Supported";
+  default: return "Unknown";
+  }
+}
+
+/* The second nr_http_date last formatted (per thread). */
+static _Thread_local time_t date_sec = -1;
+
+const char *nr_http_date(void) {
+  static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri",
+                                  "Sat"};
+  static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  static _Thread_local char buf[40];
+  time_t now = time(NULL);
+  if (now != date_sec) {
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    snprintf(buf, sizeof buf, "%s, %02d %s %04d %02d:%02d:%02d GMT",
+             days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12],
+             tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    date_sec = now;
+  }
+  return buf;
+}
+
+/* An output buffer: the thread's scratch when free (encoding never nests in
+ * practice, but a handler between us and the head could write again), else
+ * the heap. */
+static _Thread_local char scratch[8192];
+static _Thread_local bool scratch_busy;
+
+typedef struct out_s {
+  char *p;
+  size_t len, cap;
+  bool scratch, failed;
+} out_t;
+
+static void out_init(out_t *o) {
+  *o = (out_t){0};
+  if (!scratch_busy) {
+    scratch_busy = o->scratch = true;
+    o->p = scratch;
+    o->cap = sizeof scratch;
+  }
+}
+
+static void out_grow(out_t *o, size_t n) {
+  size_t cap = o->cap * 2 > o->len + n + 256 ? o->cap * 2 : o->len + n + 256;
+  char *q = o->scratch || o->p == NULL ? malloc(cap) : realloc(o->p, cap);
+  if (q == NULL) {
+    o->failed = true;
+    return;
+  }
+  if (o->scratch) {
+    memcpy(q, o->p, o->len);
+    scratch_busy = o->scratch = false;
+  }
+  o->p = q;
+  o->cap = cap;
+}
+
+static inline void out_put(out_t *o, const char *s, size_t n) {
+  if (o->len + n > o->cap) {
+    out_grow(o, n);
+    if (o->failed)
+      return;
+  }
+  memcpy(o->p + o->len, s, n);
+  o->len += n;
+}
+#define OUT_LIT(o, lit) out_put((o), lit, sizeof lit - 1)
+
+static void out_str(out_t *o, const char *s) { out_put(o, s, strlen(s)); }
+
+static void out_uint(out_t *o, uint64_t v, int base) {
+  char b[24];
+  int i = sizeof b;
+  do {
+    b[--i] = "0123456789abcdef"[v % (unsigned)base];
+    v /= (unsigned)base;
+  } while (v);
+  out_put(o, b + i, sizeof b - (size_t)i);
+}
+
+static void out_done(out_t *o) {
+  if (o->scratch)
+    scratch_busy = false;
+  else
+    free(o->p);
+}
+
+/* ---- the handler ------------------------------------------------------------------------ */
+
+#define RING 64
+enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4 };
+enum { S_NONE, S_CHUNKED, S_RAW, S_DISCARD };
+
+struct nr_http_server_s {
+  nr_http_parser_t parser;
+  nr_ctx_t *ctx;
+  unsigned outstanding;       /* delivered, not yet answered */
+  unsigned oldest;            /* ring index of the oldest of those */
+  uint8_t flags[RING];
+  int pending_error;          /* status to answer once nothing is owed */
+  int stream;                 /* a streamed response is open: how */
+  bool stream_close;          /* close when that stream ends */
+  bool closing;               /* answered the last request: read nothing */
+  bool overflow;              /* too many unanswered requests */
+  int depth;                  /* inside read */
+  bool dead;                  /* removed during read: free when it returns */
+};
+
+nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body) {
+  nr_http_server_t *s = calloc(1, sizeof *s);
+  if (s)
+    nr_http_parser_init(&s->parser, max_header, max_body);
+  return s;
+}
+
+static void server_free(nr_http_server_t *s) {
+  nr_http_parser_free(&s->parser);
+  free(s);
+}
+
+void nr_http_server_added(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->ctx = ctx;
+}
+
+void nr_http_server_removed(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->depth > 0)
+    s->dead = true;
+  else
+    server_free(s);
+}
+
+static int write_out(nr_ctx_t *ctx, out_t *o, const char *body, size_t blen,
+                     nr_promise_t *p) {
+  int rc;
+  if (o->failed) {
+    rc = nr_raise(-ENOMEM, "http_server: out of memory encoding a response");
+  } else if (blen == 0) {
+    nr_bytes_t b = NR_BYTES(o->p, o->len);
+    rc = nr_ctx_write(ctx, &b, p);
+  } else {
+    nr_slice_t v[2] = {{o->p, o->len}, {body, blen}};
+    nr_slices_t sl = {NR_MSG_SLICES, v, 2};
+    rc = nr_ctx_write(ctx, &sl, p);
+  }
+  out_done(o);
+  return rc;
+}
+
+/* The status line plus Server and Date (each unless the user gives it).
+ * The usual case -- a standard reason, both headers -- is copied from a
+ * per-thread prefix rebuilt when the second or the status changes. */
+enum { U_SERVER = 1, U_DATE = 2, U_LENGTH = 4, U_CONN = 8, U_CLOSE = 16 };
+
+static void put_status(out_t *o, int status, const char *reason,
+                       unsigned user) {
+  static _Thread_local char prefix[160];
+  static _Thread_local size_t prefix_len;
+  static _Thread_local int prefix_status;
+  static _Thread_local const char *prefix_date;
+  static _Thread_local time_t prefix_sec = -1;
+  const char *date = nr_http_date();
+  bool plain = reason == NULL && !(user & (U_SERVER | U_DATE));
+  if (plain && status == prefix_status && date == prefix_date &&
+      date_sec == prefix_sec) {
+    out_put(o, prefix, prefix_len);
+    return;
+  }
+  size_t start = o->len;
+  OUT_LIT(o, "HTTP/1.1 ");
+  char d[4] = {(char)('0' + status / 100 % 10), (char)('0' + status / 10 % 10),
+               (char)('0' + status % 10), ' '};
+  out_put(o, d, 4);
+  out_str(o, reason ? reason : nr_http_reason(status));
+  OUT_LIT(o, "\r\n");
+  if (!(user & U_SERVER))
+    OUT_LIT(o, "Server: netrun\r\n");
+  if (!(user & U_DATE)) {
+    OUT_LIT(o, "Date: ");
+    out_put(o, date, 29);
+    OUT_LIT(o, "\r\n");
+  }
+  if (plain && !o->failed && o->len - start <= sizeof prefix) {
+    prefix_len = o->len - start;
+    memcpy(prefix, o->p + start, prefix_len);
+    prefix_status = status;
+    prefix_date = date;
+    prefix_sec = date_sec;
+  }
+}
+
+static void send_error(nr_http_server_t *s, int status) {
+  out_t o;
+  out_init(&o);
+  const char *reason = nr_http_reason(status);
+  put_status(&o, status, NULL, 0);
+  OUT_LIT(&o, "Content-Type: text/plain\r\nContent-Length: ");
+  out_uint(&o, strlen(reason) + 1, 10);
+  OUT_LIT(&o, "\r\nConnection: close\r\n\r\n");
+  out_str(&o, reason);
+  OUT_LIT(&o, "\n");
+  s->closing = true;
+  write_out(s->ctx, &o, NULL, 0, NULL);
+  nr_ctx_flush(s->ctx);
+  nr_ctx_close(s->ctx, NULL);
+}
+
+/* A response was completed: forget its request, close or answer a pending
+ * error if that was the last one owed. */
+static void finish_response(nr_http_server_t *s, bool close) {
+  s->oldest = (s->oldest + 1) % RING;
+  s->outstanding--;
+  if (close) {
+    s->closing = true;
+    nr_ctx_flush(s->ctx);
+    nr_ctx_close(s->ctx, NULL);
+  } else if (s->pending_error && s->outstanding == 0) {
+    send_error(s, s->pending_error);
+  }
+}
+
+static int deliver(void *arg, int ev, nr_http_request_t *req) {
+  nr_http_server_t *s = arg;
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (ev == NR_HTTP_EV_CONTINUE) {
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    nr_bytes_t b = NR_BYTES(cont, sizeof cont - 1);
+    nr_ctx_write(s->ctx, &b, NULL);
+    nr_ctx_flush(s->ctx);
+    return !nr_channel_is_open(ch);
+  }
+  if (s->outstanding == RING) {
+    s->overflow = true;
+    return 1;
+  }
+  uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
+              (req->minor == 0 ? F_HTTP10 : 0);
+  s->flags[(s->oldest + s->outstanding) % RING] = f;
+  s->outstanding++;
+  nr_ctx_fire_read(s->ctx, req);
+  return (f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch);
+}
+
+int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (nr_msg_type(msg) != NR_MSG_BYTES) {
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
+  if (s->closing || s->parser.stopped)
+    return 0;                /* after the last request: ignore the rest */
+  if (s->depth > 0)
+    return nr_raise(-EBUSY, "http_server: bytes fired into the codec while "
+                    "it is delivering a request");
+  const nr_bytes_t *b = msg;
+  s->depth++;
+  int rc = nr_http_feed(&s->parser, b->data, b->len, deliver, s);
+  s->depth--;
+  if (s->dead) {
+    server_free(s);
+    return 0;
+  }
+  if (s->overflow)
+    rc = 503;
+  if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(ctx))) {
+    if (s->outstanding > 0)
+      s->pending_error = rc;
+    else
+      send_error(s, rc);
+  }
+  return 0;
+}
+
+/* A response written wrongly is a programmer mistake: besides failing the
+ * write's future (which Lua code rarely watches) it is reported to the
+ * handlers after the codec, so exception_caught sees it. */
+static int misuse(nr_ctx_t *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int misuse(nr_ctx_t *ctx, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  nr_err_t err = {-EINVAL, msg};
+  nr_ctx_fire_exception(ctx, &err);
+  return nr_raise(-EINVAL, "%s", msg);
+}
+
+/* What the user's headers set that netrun would otherwise add. */
+static unsigned user_flags(const nr_http_response_t *r) {
+  unsigned u = 0;
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    switch (h->name_len) {
+    case 4: u |= IEQ(h->name, 4, "date") ? U_DATE : 0; break;
+    case 6: u |= IEQ(h->name, 6, "server") ? U_SERVER : 0; break;
+    case 14: u |= IEQ(h->name, 14, "content-length") ? U_LENGTH : 0; break;
+    case 10:
+      if (IEQ(h->name, 10, "connection"))
+        u |= U_CONN | (has_token(h->value, h->value_len, "close", 5) ? U_CLOSE : 0);
+      break;
+    }
+  }
+  return u;
+}
+
+static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
+                          const nr_http_response_t *r, nr_promise_t *p) {
+  if (s->stream != S_NONE)
+    return misuse(ctx, "http_server: a response written while a streamed "
+                  "one is open (end it with \"\" or false)");
+  if (s->outstanding == 0)
+    return misuse(ctx, "http_server: a response with no request to answer");
+  if (r->status < 100 || r->status > 999)
+    return misuse(ctx, "http_server: bad status %d", r->status);
+  uint8_t f = s->flags[s->oldest];
+  unsigned user = user_flags(r);
+  bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
+               (user & U_CLOSE);
+  bool has_conn = user & U_CONN;
+  bool bodyless = r->status < 200 || r->status == 204 || r->status == 304;
+  bool no_body = bodyless || (f & F_HEAD);
+  out_t o;
+  out_init(&o);
+  put_status(&o, r->status, r->reason, user);
+  if (r->stream) {
+    if (f & F_HTTP10)
+      close = true;          /* no chunked in 1.0: the close ends the body */
+    else if (!bodyless)
+      OUT_LIT(&o, "Transfer-Encoding: chunked\r\n");
+  } else if (!bodyless && !(user & U_LENGTH)) {
+    OUT_LIT(&o, "Content-Length: ");
+    out_uint(&o, r->body_len, 10);
+    OUT_LIT(&o, "\r\n");
+  }
+  if (close && !(user & U_CLOSE))  /* beside any Connection the user set:
+                                      in a list, close wins */
+    OUT_LIT(&o, "Connection: close\r\n");
+  else if (!close && !has_conn && (f & F_HTTP10))
+    OUT_LIT(&o, "Connection: keep-alive\r\n");
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    out_put(&o, h->name, h->name_len);
+    OUT_LIT(&o, ": ");
+    out_put(&o, h->value, h->value_len);
+    OUT_LIT(&o, "\r\n");
+  }
+  OUT_LIT(&o, "\r\n");
+  const char *body = no_body ? NULL : r->body;
+  size_t blen = no_body || body == NULL ? 0 : r->body_len;
+  if (r->stream && blen > 0 && !(f & F_HTTP10)) {
+    out_uint(&o, blen, 16);  /* the body given with a stream: first chunk */
+    OUT_LIT(&o, "\r\n");
+    out_put(&o, body, blen);
+    OUT_LIT(&o, "\r\n");
+    blen = 0;
+  } else if (blen > 0 && blen <= 4096) {
+    out_put(&o, body, blen); /* one copy now beats a second slice */
+    blen = 0;
+  }
+  int rc = write_out(ctx, &o, body, blen, p);
+  if (rc < 0)
+    return rc;
+  if (r->stream) {
+    s->stream = no_body ? S_DISCARD : (f & F_HTTP10) ? S_RAW : S_CHUNKED;
+    s->stream_close = close;
+  } else {
+    finish_response(s, close);
+  }
+  return 0;
+}
+
+/* A byte write while a stream is open: one chunk, or the end. */
+static int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx, void *msg,
+                       nr_promise_t *p) {
+  size_t total = 0, n = 1;
+  nr_slice_t one, *parts = &one;
+  if (nr_msg_type(msg) == NR_MSG_BYTES) {
+    one = (nr_slice_t){((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len};
+  } else {
+    nr_slices_t *sl = msg;
+    parts = (nr_slice_t *)sl->v;
+    n = sl->n;
+  }
+  for (size_t i = 0; i < n; i++)
+    total += parts[i].len;
+  int rc = 0;
+  if (total == 0) {
+    int how = s->stream;
+    s->stream = S_NONE;
+    if (how == S_CHUNKED) {
+      nr_bytes_t end = NR_BYTES("0\r\n\r\n", 5);
+      rc = nr_ctx_write(ctx, &end, p);
+    } else if (p) {
+      nr_promise_set_success(p, NULL, NULL);
+    }
+    finish_response(s, s->stream_close);
+    return rc;
+  }
+  if (s->stream == S_DISCARD) {
+    if (p)
+      nr_promise_set_success(p, NULL, NULL);
+    return 0;
+  }
+  if (s->stream == S_RAW)
+    return nr_ctx_write(ctx, msg, p);
+  char size[24];
+  int sl = snprintf(size, sizeof size, "%zx\r\n", total);
+  nr_slice_t small[18], *v = n + 2 <= 18 ? small : malloc((n + 2) * sizeof *v);
+  if (v == NULL)
+    return nr_raise(-ENOMEM, "http_server: out of memory");
+  v[0] = (nr_slice_t){size, (size_t)sl};
+  memcpy(v + 1, parts, n * sizeof *v);
+  v[n + 1] = (nr_slice_t){"\r\n", 2};
+  nr_slices_t out = {NR_MSG_SLICES, v, n + 2};
+  rc = nr_ctx_write(ctx, &out, p);
+  if (v != small)
+    free(v);
+  return rc;
+}
+
+int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  int type = nr_msg_type(msg);
+  if (type == NR_MSG_HTTP_RESPONSE)
+    return write_response(s, ctx, msg, p);
+  if (s->stream != S_NONE && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
+    return write_chunk(s, ctx, msg, p);
+  return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */
+}
+
+const nr_handler_t nr_http_server_handler = {
+    .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
+    .read = nr_http_server_read, .write = nr_http_server_write};

@@ -1,0 +1,124 @@
+/*
+ * http.h -- the HTTP/1.1 server codec: an incremental request parser, a
+ * response encoder and the native pipeline handler built from them.
+ *
+ * The parser is a plain function over bytes (no channel, no Lua), so tests
+ * and the fuzzer drive it directly. A request is parsed straight from the
+ * bytes it is fed; only an incomplete tail is cumulated (nr_buf_t), so an
+ * idle keep-alive connection holds no buffer. Parsed requests point into
+ * the fed bytes or the cumulation: they are borrowed, valid only during the
+ * callback that receives them (the pipeline's message convention).
+ *
+ * The handler (nr_http_server_*) is loop thread only, like every handler.
+ * Inbound it turns bytes into NR_MSG_HTTP_REQUEST messages; outbound it
+ * encodes NR_MSG_HTTP_RESPONSE messages (status line, Server, Date,
+ * Content-Length or chunked, Connection: close when closing) and, while a
+ * streamed response is open, turns byte writes into chunks (a zero-length
+ * write ends the stream).
+ */
+#ifndef NR_CODEC_HTTP_H
+#define NR_CODEC_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec/buf.h"
+#include "netrun.h"
+
+/* Header lines per request, trailers included; more is answered with 431. */
+#define NR_HTTP_MAX_HEADERS 64
+
+typedef struct nr_http_header_s {
+  const char *name, *value;       /* as received: names keep their case */
+  size_t name_len, value_len;
+} nr_http_header_t;
+
+typedef struct nr_http_request_s {
+  int type;                       /* NR_MSG_HTTP_REQUEST */
+  const char *method, *path, *query;   /* query: after '?', NULL if none */
+  size_t method_len, path_len, query_len;
+  int minor;                      /* HTTP/1.<minor>: 0 or 1 (higher reads as 1) */
+  bool keep_alive;                /* HTTP/1.0 and 1.1 rules with Connection */
+  bool expect_continue;           /* Expect: 100-continue */
+  bool chunked;                   /* the body came chunked */
+  bool head;                      /* method HEAD: the response has no body */
+  const char *body;               /* never NULL; "" when there is none */
+  size_t body_len;
+  size_t nheaders;
+  nr_http_header_t headers[NR_HTTP_MAX_HEADERS];
+} nr_http_request_t;
+
+typedef struct nr_http_response_s {
+  int type;                       /* NR_MSG_HTTP_RESPONSE */
+  int status;                     /* 100..999 */
+  const char *reason;             /* NULL: the standard phrase */
+  const nr_http_header_t *headers;
+  size_t nheaders;
+  const char *body;
+  size_t body_len;
+  bool stream;                    /* body follows as chunks: byte writes,
+                                     ended by a zero-length write */
+} nr_http_response_t;
+
+/* ---- parser --------------------------------------------------------------- */
+
+enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE };
+
+/* Receives each complete request (EV_REQUEST) and, for a request with
+ * Expect: 100-continue whose body has not all arrived, EV_CONTINUE once
+ * (req then holds the request line and headers, no body). A non-zero
+ * return stops the parser: the rest of the input is discarded. */
+typedef int (*nr_http_cb)(void *arg, int ev, nr_http_request_t *req);
+
+typedef struct nr_http_parser_s {
+  size_t max_header, max_body;
+  nr_buf_t in;                    /* cumulation, from a request's first byte */
+  nr_buf_t body;                  /* the decoded chunked body so far */
+  int phase;
+  size_t scan;                    /* header search resumes at this line */
+  size_t head_len;                /* request line + headers + blank line */
+  size_t pos;                     /* chunked: raw input parsed up to here */
+  uint64_t chunk_left;
+  uint64_t content_length;
+  bool continue_sent;
+  bool line_ok;                   /* the request line was checked already */
+  bool stopped;                   /* the callback stopped it, or an error */
+} nr_http_parser_t;
+
+void nr_http_parser_init(nr_http_parser_t *p, size_t max_header,
+                         size_t max_body);
+void nr_http_parser_free(nr_http_parser_t *p);
+/* Feed bytes. Returns 0 (all consumed or cumulated), an HTTP status for bad
+ * input (400 malformed, 413 body too large, 431 header too large, 501
+ * unsupported transfer coding, 505 version; 500 out of memory) after which
+ * the parser accepts nothing more, or 1 when the callback stopped it. */
+int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
+                 nr_http_cb cb, void *arg);
+
+/* ---- encoder -------------------------------------------------------------- */
+
+/* RFC 9110 token (header names, methods) and field-value checks. */
+bool nr_http_is_token(const char *s, size_t n);
+bool nr_http_is_field_value(const char *s, size_t n);
+/* The standard reason phrase of a status ("Unknown" if none). */
+const char *nr_http_reason(int status);
+/* The current time as an IMF-fixdate, cached per second, per thread. */
+const char *nr_http_date(void);
+
+/* ---- the handler ------------------------------------------------------------ */
+
+typedef struct nr_http_server_s nr_http_server_t;
+
+/* A handler state for nr_http_server_handler; freed by its removed(). */
+nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body);
+extern const nr_handler_t nr_http_server_handler;
+
+/* The handler's members, for bindings that wrap its vtable (lhttp.c puts
+ * a Lua-aware write in front of nr_http_server_write). */
+void nr_http_server_added(nr_ctx_t *ctx);
+void nr_http_server_removed(nr_ctx_t *ctx);
+int nr_http_server_read(nr_ctx_t *ctx, void *msg);
+int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+
+#endif /* NR_CODEC_HTTP_H */

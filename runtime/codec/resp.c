@@ -1,0 +1,273 @@
+/*
+ * resp.c -- the RESP request decoder (see resp.h). Loop thread only.
+ *
+ * nr_resp_parse restarts from the first byte of a request each time it is
+ * called: the cost of a split request is one re-walk of its header lines,
+ * never of its bulk data (lengths are known, so data is skipped, not
+ * scanned), and the decoder needs no resumable state. The handler parses
+ * straight from the channel's read buffer and cumulates only the tail of a
+ * read that holds an incomplete request.
+ *
+ * Removal during a read (a handler upgrades the protocol, or closes the
+ * channel, which empties the pipeline) is deferred: the state is freed when
+ * the read that is in progress returns.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "resp.h"
+
+/* A strict decimal integer: optional '-', then 1..18 digits. */
+static bool parse_int(const char *s, size_t n, long long *out) {
+  bool neg = n > 0 && s[0] == '-';
+  size_t i = neg ? 1 : 0;
+  if (n == i || n - i > 18)
+    return false;
+  long long v = 0;
+  for (; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    v = v * 10 + (s[i] - '0');
+  }
+  *out = neg ? -v : v;
+  return true;
+}
+
+/* A header line "<c><int>\r\n" at p (n bytes available, at most `max` long).
+ * 1 with *v and *len (line length with CRLF), 0 if incomplete, -1 if bad
+ * or too long. */
+static int header(const char *p, size_t n, size_t max, long long *v,
+                  size_t *len) {
+  size_t look = n < max ? n : max;
+  const char *cr = memchr(p, '\r', look);
+  if (cr == NULL)
+    return n > max ? -1 : 0;
+  size_t i = (size_t)(cr - p);
+  if (i + 1 == n)
+    return 0;
+  if (cr[1] != '\n' || !parse_int(p + 1, i - 1, v))
+    return -1;
+  *len = i + 2;
+  return 1;
+}
+
+#define FAIL(code, msg) (*why = (msg), (long)(code))
+
+static long parse_multibulk(const char *p, size_t n, const nr_resp_limits_t *lim,
+                            nr_slice_t *argv, size_t cap, size_t *argc,
+                            const char **why) {
+  long long count, blen;
+  size_t hl;
+  int h = header(p, n, lim->max_inline, &count, &hl);
+  if (h <= 0)
+    return h == 0 ? 0 : FAIL(-EPROTO, "invalid multibulk length");
+  if (count <= 0)                   /* "*0", "*-1": nothing to run */
+    return (long)hl;
+  if ((unsigned long long)count > lim->max_args)
+    return FAIL(NR_ETOOLONG, "too many arguments in a request");
+  size_t pos = hl;
+  for (long long i = 0; i < count; i++) {
+    if (pos == n)
+      return 0;
+    if (p[pos] != '$')
+      return FAIL(-EPROTO, "expected '$'");
+    h = header(p + pos, n - pos, 32, &blen, &hl);
+    if (h == 0)
+      return 0;
+    if (h < 0 || blen < 0)
+      return FAIL(-EPROTO, "invalid bulk length");
+    if ((unsigned long long)blen > lim->max_bulk)
+      return FAIL(NR_ETOOLONG, "bulk length over the limit");
+    size_t data = pos + hl, len = (size_t)blen;
+    if (n - data < len + 2)
+      return 0;
+    if (p[data + len] != '\r' || p[data + len + 1] != '\n')
+      return FAIL(-EPROTO, "bulk data not followed by CRLF");
+    if ((size_t)i < cap)
+      argv[i] = (nr_slice_t){p + data, len};
+    pos = data + len + 2;
+  }
+  *argc = (size_t)count;
+  return (long)pos;
+}
+
+/* Inline: one line, arguments separated by spaces or tabs (no quoting). */
+static long parse_inline(const char *p, size_t n, const nr_resp_limits_t *lim,
+                         nr_slice_t *argv, size_t cap, size_t *argc,
+                         const char **why) {
+  size_t look = n < lim->max_inline + 1 ? n : lim->max_inline + 1;
+  const char *nl = memchr(p, '\n', look);
+  if (nl == NULL)
+    return n > lim->max_inline ? FAIL(NR_ETOOLONG, "too big inline request") : 0;
+  const char *end = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+  size_t k = 0;
+  for (const char *s = p; s < end;) {
+    while (s < end && (*s == ' ' || *s == '\t'))
+      s++;
+    if (s == end)
+      break;
+    const char *e = s;
+    while (e < end && *e != ' ' && *e != '\t')
+      e++;
+    if (k == lim->max_args)
+      return FAIL(NR_ETOOLONG, "too many arguments in a request");
+    if (k < cap)
+      argv[k] = (nr_slice_t){s, (size_t)(e - s)};
+    k++;
+    s = e;
+  }
+  *argc = k;
+  return (long)(nl - p + 1);
+}
+
+long nr_resp_parse(const char *p, size_t n, const nr_resp_limits_t *lim,
+                   nr_slice_t *argv, size_t cap, size_t *argc,
+                   const char **why) {
+  *argc = 0;
+  *why = NULL;
+  if (n == 0)
+    return 0;
+  if (p[0] == '*')
+    return parse_multibulk(p, n, lim, argv, cap, argc, why);
+  return parse_inline(p, n, lim, argv, cap, argc, why);
+}
+
+/* ---- the pipeline handler ------------------------------------------------- */
+
+typedef struct resp_s {
+  nr_buf_t cum;             /* an incomplete request; empty between requests */
+  nr_resp_limits_t lim;
+  int busy;                 /* inside read */
+  bool removed;             /* removed while busy: free on the way out */
+  bool failed;              /* protocol error: discard everything after */
+} resp_t;
+
+void *nr_resp_new(const nr_resp_limits_t *lim) {
+  resp_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return NULL;
+  if (lim)
+    s->lim = *lim;
+  if (s->lim.max_bulk == 0)
+    s->lim.max_bulk = NR_RESP_MAX_BULK;
+  if (s->lim.max_args == 0)
+    s->lim.max_args = NR_RESP_MAX_ARGS;
+  if (s->lim.max_inline == 0)
+    s->lim.max_inline = NR_RESP_MAX_INLINE;
+  return s;
+}
+
+/* Tell the pipeline first, so that a handler holding replies to earlier
+ * requests can send them; then answer like Redis, and close. A handler that
+ * closed the channel itself gets no error reply written after its close. */
+static void fail(nr_ctx_t *ctx, resp_t *s, int code, const char *why) {
+  char line[160];
+  s->failed = true;
+  nr_buf_free(&s->cum);
+  snprintf(line, sizeof line, "RESP: Protocol error: %s", why);
+  nr_err_t err = {code, line};
+  nr_ctx_fire_exception(ctx, &err);
+  if (nr_channel_is_open(nr_ctx_channel(ctx))) {
+    int n = snprintf(line, sizeof line, "-ERR Protocol error: %s\r\n", why);
+    nr_bytes_t b = NR_BYTES(line, (size_t)n);
+    nr_ctx_write_and_flush(ctx, &b, NULL);
+    nr_ctx_close(ctx, NULL);
+  }
+}
+
+/* Fire every complete request in p[0 .. n); returns the bytes used. */
+static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
+  size_t off = 0;
+  while (off < n && !s->failed && !s->removed &&
+         nr_channel_is_open(nr_ctx_channel(ctx))) {
+    nr_slice_t small[16], *v = small;
+    size_t argc;
+    const char *why;
+    long r = nr_resp_parse(p + off, n - off, &s->lim, small, 16, &argc, &why);
+    if (r == 0)
+      break;
+    if (r < 0) {
+      fail(ctx, s, (int)r, why);
+      break;
+    }
+    if (argc > 16) {
+      if ((v = malloc(argc * sizeof *v)) == NULL) {
+        fail(ctx, s, -ENOMEM, "out of memory");
+        break;
+      }
+      nr_resp_parse(p + off, n - off, &s->lim, v, argc, &argc, &why);
+    }
+    off += (size_t)r;
+    if (argc > 0) {
+      nr_resp_cmd_t cmd = {NR_MSG_RESP, argc, v};
+      nr_ctx_fire_read(ctx, &cmd);
+    }
+    if (v != small)
+      free(v);
+  }
+  return off;
+}
+
+/* Free the state. Bytes not yet decoded (cumulated, or `rest` of the read
+ * in progress) belong to whoever comes next: Netty does the same when a
+ * decoder leaves the pipeline. */
+static void release(nr_ctx_t *ctx, resp_t *s, const char *rest, size_t n) {
+  if (nr_buf_len(&s->cum) > 0) {
+    rest = nr_buf_peek(&s->cum);
+    n = nr_buf_len(&s->cum);
+  }
+  if (!s->failed && n > 0 && nr_channel_is_open(nr_ctx_channel(ctx))) {
+    nr_bytes_t b = NR_BYTES(rest, n);
+    nr_ctx_fire_read(ctx, &b);
+  }
+  nr_buf_free(&s->cum);
+  free(s);
+}
+
+static int resp_read(nr_ctx_t *ctx, void *msg) {
+  resp_t *s = nr_ctx_state(ctx);
+  if (nr_msg_type(msg) != NR_MSG_BYTES) {
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
+  if (s->failed)
+    return 0;
+  const nr_bytes_t *b = msg;
+  const char *rest = NULL;
+  size_t nrest = 0;
+  s->busy++;
+  if (nr_buf_len(&s->cum) == 0) {
+    size_t used = decode(ctx, s, b->data, b->len);
+    rest = b->data + used;
+    nrest = b->len - used;
+    if (nrest > 0 && !s->failed && !s->removed &&
+        nr_buf_append(&s->cum, rest, nrest) < 0)
+      fail(ctx, s, -ENOMEM, "out of memory");
+  } else if (nr_buf_append(&s->cum, b->data, b->len) < 0) {
+    fail(ctx, s, -ENOMEM, "out of memory");
+  } else {
+    size_t used = decode(ctx, s, nr_buf_peek(&s->cum), nr_buf_len(&s->cum));
+    if (!s->failed)
+      nr_buf_consume(&s->cum, used);
+  }
+  if (--s->busy == 0 && s->removed)
+    release(ctx, s, rest, nrest);
+  return 0;
+}
+
+static void resp_removed(nr_ctx_t *ctx) {
+  resp_t *s = nr_ctx_state(ctx);
+  if (s->busy > 0)
+    s->removed = true;
+  else
+    release(ctx, s, NULL, 0);
+}
+
+const nr_handler_t nr_resp_handler = {
+    .type = "resp",
+    .removed = resp_removed,
+    .read = resp_read,
+};

@@ -1,0 +1,47 @@
+/*
+ * handler.h -- native utility handlers (runtime/handler/): idle-state
+ * detection and event logging. Loop thread only, like every handler.
+ *
+ * Each handler is a vtable (nr_handler_t) plus a state made by its _new
+ * function; the pipeline owns the state once the handler is added and frees
+ * it in `removed`. When adding fails, the caller frees it with free().
+ */
+#ifndef NR_HANDLER_H
+#define NR_HANDLER_H
+
+#include "netrun.h"
+
+/* ---- idle state (Netty's IdleStateHandler) --------------------------------- */
+
+/* The user event the idle handler fires. */
+#define NR_MSG_IDLE (NR_MSG_USER + 1)
+
+enum { NR_IDLE_READER, NR_IDLE_WRITER, NR_IDLE_ALL };
+
+typedef struct nr_idle_event_s {
+  int type;                 /* NR_MSG_IDLE */
+  int state;                /* NR_IDLE_READER, _WRITER or _ALL */
+  bool first;               /* first event of this kind since the last activity */
+} nr_idle_event_t;
+
+/* "reader", "writer" or "all". */
+const char *nr_idle_state_name(int state);
+
+extern const nr_handler_t nr_idle_handler;
+
+/* State for nr_idle_handler: timeouts in ns, 0 disables that kind. NULL on
+ * out of memory. Timers start on channel_active, or when the handler is
+ * added to an active channel, and stop on channel_inactive or removal.
+ * Reads (channel_read) and writes (the write operation) reset them. */
+void *nr_idle_new(uint64_t reader, uint64_t writer, uint64_t all);
+
+/* ---- logging (Netty's LoggingHandler) ------------------------------------- */
+
+extern const nr_handler_t nr_logging_handler;
+
+/* State for nr_logging_handler: every event and operation that passes is
+ * logged at `level` (NR_LOG_DEBUG..NR_LOG_ERROR) with the channel id and the
+ * handler's name, then passed on unchanged. NULL on out of memory. */
+void *nr_logging_new(int level);
+
+#endif /* NR_HANDLER_H */

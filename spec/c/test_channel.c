@@ -1,0 +1,759 @@
+/*
+ * test_channel.c -- channels on real loopback sockets: a C-handler echo
+ * server on two loops under 200 concurrent connections, backpressure
+ * against a peer that does not read, accept backoff on EMFILE, TCP client
+ * connect failures (refused, timed out), UDP, Unix stream sockets,
+ * half-close and the flushing close.
+ *
+ * Handlers run on loop threads; the test thread learns what they saw only
+ * through promises (whose completion orders memory) or atomics.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/un.h>
+
+#include "test.h"
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* Bytes go back as they came; a datagram goes back to its sender, since
+ * its address is the destination on write. */
+static int echo_read(nr_ctx_t *ctx, void *msg) { return nr_ctx_write(ctx, msg, NULL); }
+static int echo_flush(nr_ctx_t *ctx) { return nr_ctx_flush(ctx); }
+static const nr_handler_t echo = {.type = "echo", .read = echo_read,
+                                  .read_complete = echo_flush};
+
+static void echo_init(nr_channel_t *ch, void *arg) {
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "echo", &echo, NULL), 0);
+}
+
+/* Close a channel from the test thread and wait until it is closed. */
+static void close_and_wait(nr_channel_t *ch) {
+  nr_promise_t *p = nr_promise_new();
+  CHECK_EQ(nr_channel_close(ch, p), 0);
+  AWAIT_OK(p);
+  nr_promise_release(p);
+  CHECK(!nr_channel_is_open(ch));
+}
+
+static nr_group_t *group(const char *name, int threads) {
+  return nr_group_new(&(nr_group_opts_t){.name = name, .threads = threads});
+}
+
+/* The channel a successful future carries, retained for the caller. */
+static nr_channel_t *take_channel(nr_promise_t *f) {
+  AWAIT_OK(f);
+  nr_channel_t *ch = nr_channel_retain(nr_promise_value(f));
+  nr_promise_release(f);
+  return ch;
+}
+
+static int local_port(nr_channel_t *ch) {
+  char host[128];
+  int port = 0;
+  CHECK_EQ(nr_channel_local_address(ch, host, sizeof host, &port), 0);
+  return port;
+}
+
+static struct sockaddr_in loopback(int port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return sa;
+}
+
+static void set_timeout(int fd, int secs) {
+  struct timeval tv = {secs, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+static int dial(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK_GE(fd, 0);
+  struct sockaddr_in sa = loopback(port);
+  CHECK_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  set_timeout(fd, 10);
+  return fd;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      FAIL("write: %s", strerror(errno));
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static void read_all(int fd, char *p, size_t n) {
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      FAIL("read: %s (%zu bytes short)", r == 0 ? "EOF" : strerror(errno), n);
+    p += r;
+    n -= (size_t)r;
+  }
+}
+
+/* Returns once the peer closed cleanly; fails on data or a timeout. */
+static void expect_eof(int fd) {
+  char c;
+  ssize_t r;
+  while ((r = read(fd, &c, 1)) < 0 && errno == EINTR)
+    ;
+  if (r != 0)
+    FAIL("expected EOF, got %zd (%s)", r, r < 0 ? strerror(errno) : "data");
+}
+
+static void roundtrip(int fd, const char *msg) {
+  size_t n = strlen(msg);
+  char buf[512];
+  write_all(fd, msg, n);
+  read_all(fd, buf, n);
+  CHECK_EQ(memcmp(buf, msg, n), 0);
+}
+
+/* A byte of a deterministic stream, so every byte can be checked. */
+static inline char pattern(uint64_t seed, uint64_t i) {
+  uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
+  return (char)(x >> 56 ^ x >> 23);
+}
+
+/* ---- 200 concurrent connections on a 2-loop group ----------------------------- */
+
+enum { CLIENT_THREADS = 4, CONNS_PER_THREAD = 50, ROUNDS = 20, MAX_MSG = 8000 };
+
+static _Atomic int served_by[2];
+static nr_group_t *echo_group;
+
+static void counting_echo_init(nr_channel_t *ch, void *arg) {
+  nr_loop_t *l = nr_loop_current();
+  CHECK(l == nr_channel_loop(ch));
+  atomic_fetch_add(&served_by[l == nr_group_loop(echo_group, 0) ? 0 : 1], 1);
+  echo_init(ch, arg);
+}
+
+typedef struct client_s {
+  int port, index;
+  _Atomic long bytes;
+} client_t;
+
+/* One client thread: opens its connections, then in each round writes a
+ * message of varying size to every connection before reading any reply, so
+ * all 200 connections have data in flight at once. */
+static void *echo_client(void *arg) {
+  client_t *c = arg;
+  int fds[CONNS_PER_THREAD];
+  static _Thread_local char out[MAX_MSG], in[MAX_MSG];
+  for (int i = 0; i < CONNS_PER_THREAD; i++)
+    fds[i] = dial(c->port);
+  for (int r = 0; r < ROUNDS; r++) {
+    size_t len[CONNS_PER_THREAD];
+    for (int i = 0; i < CONNS_PER_THREAD; i++) {
+      uint64_t seed = (uint64_t)(c->index * CONNS_PER_THREAD + i) * 1000 + (uint64_t)r;
+      len[i] = 1 + (seed * 7919) % MAX_MSG;
+      for (size_t k = 0; k < len[i]; k++)
+        out[k] = pattern(seed, k);
+      write_all(fds[i], out, len[i]);
+    }
+    for (int i = 0; i < CONNS_PER_THREAD; i++) {
+      uint64_t seed = (uint64_t)(c->index * CONNS_PER_THREAD + i) * 1000 + (uint64_t)r;
+      read_all(fds[i], in, len[i]);
+      for (size_t k = 0; k < len[i]; k++)
+        if (in[k] != pattern(seed, k))
+          FAIL("connection %d round %d: byte %zu differs", i, r, k);
+      atomic_fetch_add(&c->bytes, (long)len[i]);
+    }
+  }
+  for (int i = 0; i < CONNS_PER_THREAD; i++)
+    close(fds[i]);
+  return NULL;
+}
+
+TEST(echo_200_connections_on_two_loops) {
+  echo_group = group("echo", 2);
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = echo_group, .host = "127.0.0.1", .child_init = counting_echo_init}));
+  CHECK(nr_channel_is_server(srv));
+  CHECK(nr_channel_is_active(srv));
+  client_t cl[CLIENT_THREADS];
+  pthread_t th[CLIENT_THREADS];
+  for (int i = 0; i < CLIENT_THREADS; i++) {
+    cl[i] = (client_t){.port = local_port(srv), .index = i};
+    CHECK_EQ(pthread_create(&th[i], NULL, echo_client, &cl[i]), 0);
+  }
+  long total = 0;
+  for (int i = 0; i < CLIENT_THREADS; i++) {
+    pthread_join(th[i], NULL);
+    total += atomic_load(&cl[i].bytes);
+  }
+  CHECK_GT(total, CLIENT_THREADS * CONNS_PER_THREAD * ROUNDS);
+  int n = CLIENT_THREADS * CONNS_PER_THREAD;
+  CHECK_EQ(atomic_load(&served_by[0]) + atomic_load(&served_by[1]), n);
+  CHECK_GE(atomic_load(&served_by[0]), n / 2 - 1);   /* round-robin */
+  CHECK_GE(atomic_load(&served_by[1]), n / 2 - 1);
+  close_and_wait(srv);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(echo_group);
+}
+
+/* ---- backpressure: a peer that does not read ---------------------------------- */
+
+enum { FLOOD_TOTAL = 4 << 20, FLOOD_CHUNK = 4096, HIGH = 64 * 1024, LOW = 32 * 1024 };
+
+typedef struct flood_s {
+  uint64_t sent;              /* loop thread only */
+  size_t max_pending;
+  int unwritable, writable_again;
+  bool filling;
+  nr_promise_t *blocked;      /* the channel became unwritable */
+  nr_promise_t *resumed;      /* ... and writable again */
+  nr_promise_t *done;         /* everything written, close requested */
+} flood_t;
+
+static flood_t flood;
+
+/* Write while writable; Netty's canonical backpressure loop. */
+static void fill(nr_ctx_t *ctx) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (flood.filling)
+    return;
+  flood.filling = true;
+  char buf[FLOOD_CHUNK];
+  while (nr_channel_is_writable(ch) && flood.sent < FLOOD_TOTAL) {
+    for (size_t k = 0; k < sizeof buf; k++)
+      buf[k] = pattern(7, flood.sent + k);
+    nr_bytes_t b = NR_BYTES(buf, sizeof buf);
+    CHECK_EQ(nr_ctx_write(ctx, &b, NULL), 0);
+    flood.sent += sizeof buf;
+    size_t pending = nr_channel_pending_bytes(ch);
+    if (pending > flood.max_pending)
+      flood.max_pending = pending;
+    nr_ctx_flush(ctx);
+  }
+  flood.filling = false;
+  if (flood.sent == FLOOD_TOTAL && nr_channel_is_open(ch)) {
+    nr_ctx_close(ctx, NULL);
+    nr_promise_set_success(flood.done, NULL, NULL);
+  }
+}
+
+static int flood_active(nr_ctx_t *ctx) {
+  fill(ctx);
+  return 0;
+}
+
+static int flood_writability(nr_ctx_t *ctx) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (!nr_channel_is_writable(ch)) {
+    /* It turned unwritable only after crossing the high water mark. */
+    CHECK_GT(nr_channel_pending_bytes(ch), HIGH);
+    if (flood.unwritable++ == 0)
+      nr_promise_set_success(flood.blocked, NULL, NULL);
+  } else {
+    CHECK_LT(nr_channel_pending_bytes(ch), LOW);
+    if (flood.writable_again++ == 0)
+      nr_promise_set_success(flood.resumed, NULL, NULL);
+    fill(ctx);
+  }
+  return 0;
+}
+
+static const nr_handler_t flooder = {.type = "flood", .active = flood_active,
+                                     .writability_changed = flood_writability};
+
+static void flood_init(nr_channel_t *ch, void *arg) {
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "flood", &flooder, NULL), 0);
+}
+
+TEST(unread_peer_makes_channel_unwritable_and_bounded) {
+  nr_group_t *g = group("bp", 1);
+  flood = (flood_t){.blocked = nr_promise_new(), .resumed = nr_promise_new(),
+                    .done = nr_promise_new()};
+  nr_channel_opts_t child;
+  nr_channel_opts_init(&child);
+  child.sndbuf = 16384;                 /* small kernel buffers: fill fast */
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child = child, .child_init = flood_init}));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int small = 16384;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  struct sockaddr_in sa = loopback(local_port(srv));
+  CHECK_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  set_timeout(fd, 10);
+
+  /* The client reads nothing: the server must stop at the high water mark. */
+  AWAIT_OK(flood.blocked);
+  CHECK(!nr_promise_is_done(flood.resumed));
+  CHECK(!nr_promise_is_done(flood.done));
+
+  /* Drain: every byte arrives in order, the channel turns writable again,
+   * the server finishes and its close flushes the tail. */
+  static char buf[65536];
+  uint64_t got = 0;
+  while (got < FLOOD_TOTAL) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r <= 0)
+      FAIL("read after %llu bytes: %s", (unsigned long long)got,
+           r == 0 ? "EOF" : strerror(errno));
+    for (ssize_t k = 0; k < r; k++)
+      if (buf[k] != pattern(7, got + (uint64_t)k))
+        FAIL("byte %llu differs", (unsigned long long)(got + (uint64_t)k));
+    got += (uint64_t)r;
+  }
+  expect_eof(fd);
+  AWAIT_OK(flood.resumed);
+  AWAIT_OK(flood.done);
+  close(fd);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+  /* The loop has terminated: its handler's counters are final. */
+  fprintf(stderr, "  %d unwritable / %d writable transitions, max pending %zu\n",
+          flood.unwritable, flood.writable_again, flood.max_pending);
+  CHECK_GE(flood.unwritable, 1);
+  CHECK_GE(flood.writable_again, 1);
+  CHECK_LE(flood.max_pending, HIGH + FLOOD_CHUNK);
+  nr_promise_release(flood.blocked);
+  nr_promise_release(flood.resumed);
+  nr_promise_release(flood.done);
+}
+
+/* ---- EMFILE on accept ------------------------------------------------------------ */
+
+static nr_promise_t *accept_failed;
+static _Atomic int accept_errors;
+
+static int srv_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  (void)ctx;
+  if (atomic_fetch_add(&accept_errors, 1) == 0) {
+    CHECK_EQ(err->code, -EMFILE);
+    CHECK_CONTAINS(err->msg, "EMFILE");
+    nr_promise_set_success(accept_failed, NULL, NULL);
+  }
+  return 0;
+}
+static const nr_handler_t srv_watch = {.type = "watch", .exception = srv_exception};
+static void srv_init(nr_channel_t *ch, void *arg) {
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "watch", &srv_watch, NULL), 0);
+}
+
+TEST(emfile_on_accept_backs_off_then_resumes) {
+  nr_group_t *g = group("emfile", 1);
+  nr_loop_t *l = nr_group_loop(g, 0);
+  accept_failed = nr_promise_new();
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .accept_backoff = NR_MS(600),
+      .init = srv_init, .child_init = echo_init}));
+  int port = local_port(srv);
+
+  /* Leave the process a small descriptor table and fill it, keeping one
+   * slot for the client socket. */
+  struct rlimit rl = {128, 128};
+  CHECK_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  int hog[128], nhog = 0;
+  for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;)
+    hog[nhog++] = fd;
+  CHECK_EQ(errno, EMFILE);
+  CHECK_GT(nhog, 0);
+  close(hog[--nhog]);
+  int fd = dial(port);                  /* queued in the kernel's backlog */
+
+  AWAIT_OK(accept_failed);
+  nr_loop_stats_t a, b;
+  nr_loop_stats(l, &a);
+  usleep(200 * 1000);                   /* inside the 600 ms backoff */
+  nr_loop_stats(l, &b);
+  fprintf(stderr, "  during backoff: %llu iterations, %llu io events\n",
+          (unsigned long long)(b.iterations - a.iterations),
+          (unsigned long long)(b.io_events - a.io_events));
+  CHECK_LT(b.iterations - a.iterations, 10);
+  CHECK_LT(b.io_events - a.io_events, 10);
+  CHECK_EQ(atomic_load(&accept_errors), 1);
+
+  /* Free the descriptors: after the backoff the pending connection is
+   * accepted and served. */
+  while (nhog > 0)
+    close(hog[--nhog]);
+  roundtrip(fd, "accepted after the backoff");
+  int fd2 = dial(port);
+  roundtrip(fd2, "and so are new ones");
+  close(fd);
+  close(fd2);
+  nr_promise_release(accept_failed);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+/* ---- TCP client ------------------------------------------------------------------ */
+
+TEST(connect_refused_fails_the_future) {
+  nr_group_t *g = group("refused", 1);
+  /* A bound socket that does not listen: a SYN to it is answered by RST. */
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = loopback(0);
+  socklen_t len = sizeof sa;
+  CHECK_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  CHECK_EQ(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  nr_promise_t *f = nr_connect(&(nr_connect_opts_t){
+      .group = g, .host = "127.0.0.1", .port = ntohs(sa.sin_port),
+      .init = echo_init});
+  CHECK_EQ(nr_promise_wait(f, NR_SEC(10)), 0);
+  CHECK(!nr_promise_is_success(f));
+  CHECK_EQ(nr_promise_code(f), -ECONNREFUSED);
+  CHECK_CONTAINS(nr_promise_message(f), "ECONNREFUSED");
+  CHECK_CONTAINS(nr_promise_message(f), "127.0.0.1:");
+  nr_promise_release(f);
+  close(fd);
+  SHUTDOWN_GROUP(g);
+}
+
+/* Loopback answers every SYN at once, so a connect times out only when the
+ * listener drops it: one with backlog 1 whose accept queue is full. */
+TEST(connect_timeout_fails_the_future) {
+  nr_group_t *g = group("timeout", 1);
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = loopback(0);
+  socklen_t len = sizeof sa;
+  CHECK_EQ(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  CHECK_EQ(listen(lfd, 1), 0);
+  CHECK_EQ(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+  int fill[16], nfill = 0;
+  bool full = false;
+  while (!full && nfill < 16) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fill[nfill++] = fd;
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    if (rc < 0 && errno == EINPROGRESS) {
+      struct pollfd pfd = {fd, POLLOUT, 0};
+      full = poll(&pfd, 1, 300) == 0;   /* its SYN was dropped */
+    }
+  }
+  CHECK(full);
+  uint64_t t0 = nr_now();
+  nr_promise_t *f = nr_connect(&(nr_connect_opts_t){
+      .group = g, .host = "127.0.0.1", .port = ntohs(sa.sin_port),
+      .timeout = NR_MS(300), .init = echo_init});
+  CHECK_EQ(nr_promise_wait(f, NR_SEC(10)), 0);
+  uint64_t took = nr_now() - t0;
+  CHECK(!nr_promise_is_success(f));
+  CHECK_EQ(nr_promise_code(f), NR_ETIMEDOUT);
+  CHECK_CONTAINS(nr_promise_message(f), "timed out");
+  CHECK_GE(took, NR_MS(300));
+  CHECK_LT(took, NR_MS(2000));
+  nr_promise_release(f);
+  while (nfill > 0)
+    close(fill[--nfill]);
+  close(lfd);
+  SHUTDOWN_GROUP(g);
+}
+
+/* A netrun client against a netrun server: the client's own handler checks
+ * the echo and completes a promise. */
+typedef struct got_s {
+  char buf[64];
+  size_t n;
+  nr_promise_t *done;
+} got_t;
+static got_t got;
+
+static int collect(nr_ctx_t *ctx, void *msg) {
+  (void)ctx;
+  const nr_bytes_t *b = msg;
+  CHECK_EQ(nr_msg_type(msg), NR_MSG_BYTES);
+  CHECK_LE(got.n + b->len, sizeof got.buf);
+  memcpy(got.buf + got.n, b->data, b->len);
+  if ((got.n += b->len) == 5)
+    nr_promise_set_success(got.done, NULL, NULL);
+  return 0;
+}
+static const nr_handler_t collector = {.type = "collect", .read = collect};
+static void collect_init(nr_channel_t *ch, void *arg) {
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "collect", &collector, NULL), 0);
+}
+
+TEST(client_connects_and_writes_from_another_thread) {
+  nr_group_t *g = group("client", 2);
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child_init = echo_init}));
+  got = (got_t){.done = nr_promise_new()};
+  nr_channel_t *ch = take_channel(nr_connect(&(nr_connect_opts_t){
+      .group = g, .host = "127.0.0.1", .port = local_port(srv),
+      .init = collect_init}));
+  CHECK(nr_channel_is_active(ch));
+  char host[128];
+  int port;
+  CHECK_EQ(nr_channel_remote_address(ch, host, sizeof host, &port), 0);
+  CHECK_STR(host, "127.0.0.1");
+  CHECK_EQ(port, local_port(srv));
+  nr_promise_t *w = nr_promise_new();
+  CHECK_EQ(nr_channel_write(ch, "hel", 3, false, NULL), 0);
+  CHECK_EQ(nr_channel_write(ch, "lo", 2, true, w), 0);
+  AWAIT_OK(w);
+  AWAIT_OK(got.done);
+  CHECK_EQ(memcmp(got.buf, "hello", 5), 0);
+  nr_promise_t *c = nr_promise_new();
+  CHECK_EQ(nr_channel_close(ch, c), 0);
+  AWAIT_OK(c);
+  CHECK(!nr_channel_is_open(ch));
+  /* A write after close fails its promise instead of vanishing. */
+  nr_promise_t *late = nr_promise_new();
+  nr_channel_write(ch, "x", 1, true, late);
+  CHECK_EQ(nr_promise_wait(late, NR_SEC(5)), 0);
+  CHECK(!nr_promise_is_success(late));
+  CHECK_EQ(nr_promise_code(late), NR_ECLOSED);
+  nr_promise_release(late);
+  nr_promise_release(w);
+  nr_promise_release(c);
+  nr_promise_release(got.done);
+  nr_channel_release(ch);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+/* Writes from several threads at once to one channel: each is queued to
+ * the channel's loop, nothing is lost and each thread's writes keep their
+ * order. The peer is a plain socket. */
+enum { WRITERS = 4, RECORDS = 2000, RECORD = 12 };
+
+typedef struct writer_s {
+  nr_channel_t *ch;
+  int id;
+  nr_promise_t *last;
+} writer_t;
+
+static void *write_records(void *arg) {
+  writer_t *w = arg;
+  for (int i = 0; i < RECORDS; i++) {
+    char rec[RECORD + 1];
+    snprintf(rec, sizeof rec, "%d:%09d\n", w->id, i);
+    nr_promise_t *p = i + 1 == RECORDS ? w->last : NULL;
+    CHECK_EQ(nr_channel_write(w->ch, rec, RECORD, (i & 7) == 7, p), 0);
+  }
+  CHECK_EQ(nr_channel_flush(w->ch), 0);
+  return NULL;
+}
+
+TEST(writes_from_many_threads_keep_each_threads_order) {
+  nr_group_t *g = group("mt", 1);
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = loopback(0);
+  socklen_t len = sizeof sa;
+  CHECK_EQ(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  CHECK_EQ(listen(lfd, 4), 0);
+  CHECK_EQ(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+  nr_channel_t *ch = take_channel(nr_connect(&(nr_connect_opts_t){
+      .group = g, .host = "127.0.0.1", .port = ntohs(sa.sin_port)}));
+  int fd = accept(lfd, NULL, NULL);
+  CHECK_GE(fd, 0);
+  set_timeout(fd, 10);
+  writer_t w[WRITERS];
+  pthread_t th[WRITERS];
+  for (int i = 0; i < WRITERS; i++) {
+    w[i] = (writer_t){.ch = ch, .id = i, .last = nr_promise_new()};
+    CHECK_EQ(pthread_create(&th[i], NULL, write_records, &w[i]), 0);
+  }
+  int next[WRITERS] = {0};
+  for (int n = 0; n < WRITERS * RECORDS; n++) {
+    char rec[RECORD + 1] = {0};
+    read_all(fd, rec, RECORD);
+    int id = -1, seq = -1;
+    if (sscanf(rec, "%d:%d", &id, &seq) != 2 || id < 0 || id >= WRITERS)
+      FAIL("record %d is garbled: \"%.*s\"", n, RECORD, rec);
+    CHECK_EQ(seq, next[id]);            /* in order, none missing */
+    next[id]++;
+  }
+  for (int i = 0; i < WRITERS; i++) {
+    pthread_join(th[i], NULL);
+    AWAIT_OK(w[i].last);                /* the last write completed */
+    nr_promise_release(w[i].last);
+  }
+  close_and_wait(ch);
+  expect_eof(fd);
+  close(fd);
+  close(lfd);
+  nr_channel_release(ch);
+  SHUTDOWN_GROUP(g);
+}
+
+/* ---- UDP ------------------------------------------------------------------------- */
+
+TEST(udp_echo_on_loopback) {
+  nr_group_t *g = group("udp", 1);
+  nr_channel_t *u = take_channel(nr_udp_bind(&(nr_udp_opts_t){
+      .group = g, .host = "127.0.0.1", .init = echo_init}));
+  CHECK(nr_channel_is_datagram(u));
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  set_timeout(fd, 10);
+  struct sockaddr_in sa = loopback(local_port(u));
+  CHECK_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  for (int i = 0; i < 200; i++) {
+    char out[1500], in[2000];
+    size_t n = 1 + (size_t)(i * 37) % sizeof out;
+    for (size_t k = 0; k < n; k++)
+      out[k] = pattern((uint64_t)i, k);
+    CHECK_EQ(send(fd, out, n, 0), (ssize_t)n);
+    ssize_t r = recv(fd, in, sizeof in, 0);
+    CHECK_EQ(r, (ssize_t)n);                /* one datagram, whole */
+    CHECK_EQ(memcmp(in, out, n), 0);
+  }
+  close(fd);
+  close_and_wait(u);
+  nr_channel_release(u);
+  SHUTDOWN_GROUP(g);
+}
+
+/* ---- Unix stream sockets --------------------------------------------------------- */
+
+TEST(unix_stream_echo) {
+  nr_group_t *g = group("unix", 1);
+  char path[108];
+  snprintf(path, sizeof path, "/tmp/nr_test_%d.sock", (int)getpid());
+  unlink(path);
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .unix_path = path, .child_init = echo_init}));
+  char host[128];
+  int port;
+  CHECK_EQ(nr_channel_local_address(srv, host, sizeof host, &port), 0);
+  CHECK_STR(host, path);
+  CHECK_EQ(port, -1);
+  int fds[8];
+  for (int i = 0; i < 8; i++) {
+    fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    strcpy(un.sun_path, path);
+    CHECK_EQ(connect(fds[i], (struct sockaddr *)&un, sizeof un), 0);
+    set_timeout(fds[i], 10);
+  }
+  for (int r = 0; r < 50; r++)
+    for (int i = 0; i < 8; i++)
+      roundtrip(fds[i], "over a unix socket");
+  for (int i = 0; i < 8; i++)
+    close(fds[i]);
+  close_and_wait(srv);
+  CHECK_NE(access(path, F_OK), 0);        /* the server removed its path */
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+/* ---- half-close -------------------------------------------------------------------- */
+
+static nr_promise_t *inactive_seen, *half_closed;
+
+static int note_inactive(nr_ctx_t *ctx) {
+  (void)ctx;
+  nr_promise_set_success(inactive_seen, NULL, NULL);   /* once */
+  return 0;
+}
+
+/* On input shutdown, answer and close: the output side is still open. */
+static int on_user_event(nr_ctx_t *ctx, void *evt) {
+  CHECK(evt == &NR_EVT_INPUT_SHUTDOWN);
+  CHECK_STR(((nr_event_t *)evt)->name, "input_shutdown");
+  CHECK(nr_channel_is_open(nr_ctx_channel(ctx)));
+  nr_promise_set_success(half_closed, NULL, NULL);
+  nr_bytes_t b = NR_BYTES("bye", 3);
+  nr_ctx_write_and_flush(ctx, &b, NULL);
+  nr_ctx_close(ctx, NULL);
+  return 0;
+}
+static const nr_handler_t half = {.type = "half", .read = echo_read,
+                                  .read_complete = echo_flush,
+                                  .inactive = note_inactive,
+                                  .user_event = on_user_event};
+static void half_init(nr_channel_t *ch, void *arg) {
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "half", &half, NULL), 0);
+}
+
+static void half_close_case(bool allow) {
+  nr_group_t *g = group("half", 1);
+  inactive_seen = nr_promise_new();
+  half_closed = nr_promise_new();
+  nr_channel_opts_t child;
+  nr_channel_opts_init(&child);
+  child.allow_half_closure = allow;
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child = child, .child_init = half_init}));
+  int fd = dial(local_port(srv));
+  roundtrip(fd, "before the half-close");
+  CHECK_EQ(shutdown(fd, SHUT_WR), 0);
+  if (allow) {
+    char buf[3];
+    read_all(fd, buf, 3);
+    CHECK_EQ(memcmp(buf, "bye", 3), 0);
+    AWAIT_OK(half_closed);
+  }
+  expect_eof(fd);
+  AWAIT_OK(inactive_seen);
+  CHECK_EQ(nr_promise_is_done(half_closed), allow);
+  close(fd);
+  nr_promise_release(inactive_seen);
+  nr_promise_release(half_closed);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+TEST(half_close_closes_the_channel_by_default) { half_close_case(false); }
+TEST(half_close_fires_input_shutdown_when_allowed) { half_close_case(true); }
+
+/* ---- close flushes ------------------------------------------------------------------ */
+
+enum { BIG = 2 << 20 };
+static nr_promise_t *unflushed_write;
+
+/* On active: a large flushed write, then an unflushed one, then close. The
+ * peer must get exactly the flushed bytes; the unflushed write fails. */
+static int write_then_close(nr_ctx_t *ctx) {
+  char *big = malloc(BIG);
+  for (size_t k = 0; k < BIG; k++)
+    big[k] = pattern(3, k);
+  nr_bytes_t b = NR_BYTES(big, BIG);
+  CHECK_EQ(nr_ctx_write_and_flush(ctx, &b, NULL), 0);
+  free(big);
+  nr_bytes_t tail = NR_BYTES("never sent", 10);
+  CHECK_EQ(nr_ctx_write(ctx, &tail, unflushed_write), 0);
+  nr_ctx_close(ctx, NULL);
+  return 0;
+}
+static const nr_handler_t closer = {.type = "closer", .active = write_then_close};
+static void closer_init(nr_channel_t *ch, void *arg) {
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "closer", &closer, NULL), 0);
+}
+
+TEST(close_flushes_what_was_flushed) {
+  nr_group_t *g = group("close", 1);
+  unflushed_write = nr_promise_new();
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child_init = closer_init}));
+  int fd = dial(local_port(srv));
+  /* Do not read until the close was requested, so the data cannot all have
+   * left before it. */
+  CHECK_EQ(nr_promise_wait(unflushed_write, NR_SEC(10)), 0);
+  CHECK(!nr_promise_is_success(unflushed_write));
+  CHECK_EQ(nr_promise_code(unflushed_write), NR_ECLOSED);
+  char *buf = malloc(BIG);
+  read_all(fd, buf, BIG);
+  for (size_t k = 0; k < BIG; k++)
+    if (buf[k] != pattern(3, k))
+      FAIL("byte %zu differs", k);
+  free(buf);
+  expect_eof(fd);
+  close(fd);
+  nr_promise_release(unflushed_write);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}

@@ -1,0 +1,271 @@
+/*
+ * test_http.c -- the HTTP/1.1 request parser (runtime/codec/http.c) over a
+ * corpus of real and malformed requests (spec/fixtures/http/NAME.http,
+ * each with the expected parse in NAME.out), fed whole, split at every byte
+ * boundary, and one byte at a time: every way of splitting must parse the
+ * same. NR_HTTP_WRITE_EXPECTED=1 writes missing .out files (review them!).
+ */
+#include <dirent.h>
+#include <stdarg.h>
+
+#include "codec/http.h"
+#include "test.h"
+
+#define MAX_HEADER 8192
+#define MAX_BODY (1 << 20)
+
+typedef struct dump_s {
+  char *p;
+  size_t len, cap;
+  int requests, continues;
+  int stop_after;            /* stop the parser after this many requests */
+} dump_t;
+
+static void put(dump_t *d, const char *s, size_t n) {
+  if (d->len + n + 1 > d->cap) {
+    d->cap = (d->len + n + 1) * 2;
+    d->p = realloc(d->p, d->cap);
+    CHECK(d->p != NULL);
+  }
+  memcpy(d->p + d->len, s, n);
+  d->len += n;
+  d->p[d->len] = '\0';
+}
+
+static void putf(dump_t *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void putf(dump_t *d, const char *fmt, ...) {
+  char b[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(b, sizeof b, fmt, ap);
+  va_end(ap);
+  put(d, b, (size_t)n < sizeof b ? (size_t)n : sizeof b - 1);
+}
+
+/* Printable form: control bytes escaped, so .out files stay text. */
+static void put_esc(dump_t *d, const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x20 || c >= 0x7f || c == '\\')
+      putf(d, "\\x%02x", c);
+    else
+      put(d, (const char *)&c, 1);
+  }
+}
+
+static int on_request(void *arg, int ev, nr_http_request_t *r) {
+  dump_t *d = arg;
+  if (ev == NR_HTTP_EV_CONTINUE) {
+    d->continues++;          /* depends on the split: not in the dump */
+    return 0;
+  }
+  CHECK_EQ(r->type, NR_MSG_HTTP_REQUEST);
+  CHECK(r->body != NULL);
+  put(d, "REQ ", 4);
+  put_esc(d, r->method, r->method_len);
+  put(d, " ", 1);
+  put_esc(d, r->path, r->path_len);
+  if (r->query) {
+    put(d, " ?", 2);
+    put_esc(d, r->query, r->query_len);
+  }
+  putf(d, " HTTP/1.%d keep_alive=%d chunked=%d head=%d expect=%d\n",
+       r->minor, r->keep_alive, r->chunked, r->head, r->expect_continue);
+  for (size_t i = 0; i < r->nheaders; i++) {
+    put(d, "  ", 2);
+    put_esc(d, r->headers[i].name, r->headers[i].name_len);
+    put(d, ": [", 3);
+    put_esc(d, r->headers[i].value, r->headers[i].value_len);
+    put(d, "]\n", 2);
+  }
+  putf(d, "  body %zu [", r->body_len);
+  put_esc(d, r->body, r->body_len);
+  put(d, "]\n", 2);
+  return ++d->requests == d->stop_after;
+}
+
+/* Feed data in pieces of at most `step` bytes after a first piece of
+ * `first` bytes; returns the dump (caller frees). */
+static char *run(const char *data, size_t n, size_t first, size_t step,
+                 size_t max_body) {
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, max_body);
+  dump_t d = {0};
+  put(&d, "", 0);
+  size_t off = 0;
+  int rc = 0;
+  while (off < n && rc == 0) {
+    size_t k = off == 0 ? first : step;
+    if (k > n - off)
+      k = n - off;
+    rc = nr_http_feed(&p, data + off, k, on_request, &d);
+    off += k;
+  }
+  if (rc > 1)
+    putf(&d, "ERROR %d\n", rc);
+  else if (nr_buf_len(&p.in) > 0)
+    putf(&d, "INCOMPLETE %zu\n", nr_buf_len(&p.in));
+  nr_http_parser_free(&p);
+  return d.p;
+}
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)len + 1);
+  CHECK(b != NULL);
+  CHECK_EQ(fread(b, 1, (size_t)len, f), len);
+  b[len] = '\0';
+  fclose(f);
+  *n = (size_t)len;
+  return b;
+}
+
+static const char *fixture_dir(void) {
+  static char dir[1024];
+  const char *src = __FILE__;                 /* .../spec/c/test_http.c */
+  const char *cut = strstr(src, "spec/c/test_http.c");
+  CHECK(cut != NULL);
+  snprintf(dir, sizeof dir, "%.*sspec/fixtures/http", (int)(cut - src), src);
+  return dir;
+}
+
+TEST_T(corpus_every_split, 120) {
+  const char *dir = fixture_dir();
+  DIR *dp = opendir(dir);
+  CHECK(dp != NULL);
+  struct dirent *e;
+  int files = 0;
+  while ((e = readdir(dp)) != NULL) {
+    size_t nl = strlen(e->d_name);
+    if (nl < 6 || strcmp(e->d_name + nl - 5, ".http") != 0)
+      continue;
+    char path[2048], out[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    snprintf(out, sizeof out, "%s/%.*s.out", dir, (int)(nl - 5), e->d_name);
+    size_t n, en;
+    char *data = slurp(path, &n);
+    CHECK(data != NULL);
+    char *whole = run(data, n, n, n, MAX_BODY);
+    char *expected = slurp(out, &en);
+    if (expected == NULL && getenv("NR_HTTP_WRITE_EXPECTED")) {
+      FILE *f = fopen(out, "wb");
+      CHECK(f != NULL);
+      fputs(whole, f);
+      fclose(f);
+      expected = strdup(whole);
+    }
+    if (expected == NULL)
+      FAIL("%s: no expected output %s", e->d_name, out);
+    if (strcmp(whole, expected) != 0)
+      FAIL("%s parsed whole:\n%s\nexpected:\n%s", e->d_name, whole, expected);
+    for (size_t k = 1; k < n; k++) {
+      char *split = run(data, n, k, n, MAX_BODY);
+      if (strcmp(split, expected) != 0)
+        FAIL("%s split at %zu:\n%s\nexpected:\n%s", e->d_name, k, split,
+             expected);
+      free(split);
+    }
+    char *bytes = run(data, n, 1, 1, MAX_BODY);
+    if (strcmp(bytes, expected) != 0)
+      FAIL("%s fed byte by byte:\n%s\nexpected:\n%s", e->d_name, bytes,
+           expected);
+    free(bytes);
+    free(whole);
+    free(expected);
+    free(data);
+    files++;
+  }
+  closedir(dp);
+  CHECK_GE(files, 30);
+}
+
+TEST(chunked_body_over_limit_is_413) {
+  static const char req[] = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+                            "\r\n6\r\nabcdef\r\n6\r\nghijkl\r\n0\r\n\r\n";
+  char *d = run(req, sizeof req - 1, sizeof req - 1, 1, 10);
+  CHECK_STR(d, "ERROR 413\n");
+  free(d);
+  d = run(req, sizeof req - 1, sizeof req - 1, 1, 12);
+  CHECK(strstr(d, "body 12 [abcdefghijkl]") != NULL);
+  free(d);
+}
+
+TEST(continue_only_while_the_body_is_missing) {
+  static const char head[] = "PUT /x HTTP/1.1\r\nExpect: 100-continue\r\n"
+                             "Content-Length: 3\r\n\r\n";
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  dump_t d = {0};
+  CHECK_EQ(nr_http_feed(&p, head, sizeof head - 1, on_request, &d), 0);
+  CHECK_EQ(d.continues, 1);
+  CHECK_EQ(nr_http_feed(&p, "a", 1, on_request, &d), 0);
+  CHECK_EQ(d.continues, 1);          /* once per request */
+  CHECK_EQ(nr_http_feed(&p, "bc", 2, on_request, &d), 0);
+  CHECK_EQ(d.requests, 1);
+  /* the same request arriving whole needs no 100 Continue */
+  char whole[256];
+  int n = snprintf(whole, sizeof whole, "%sabc", head);
+  CHECK_EQ(nr_http_feed(&p, whole, (size_t)n, on_request, &d), 0);
+  CHECK_EQ(d.continues, 1);
+  CHECK_EQ(d.requests, 2);
+  nr_http_parser_free(&p);
+  free(d.p);
+}
+
+TEST(idle_parser_holds_no_memory) {
+  static const char req[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  dump_t d = {0};
+  CHECK_EQ(nr_http_feed(&p, req, 10, on_request, &d), 0);
+  CHECK(p.in.data != NULL);          /* a split request is cumulated */
+  CHECK_EQ(nr_http_feed(&p, req + 10, sizeof req - 11, on_request, &d), 0);
+  CHECK_EQ(d.requests, 1);
+  CHECK(p.in.data == NULL);          /* and released once it is complete */
+  CHECK(p.body.data == NULL);
+  /* what a connection keeps between requests is small: the request and its
+   * header array are rebuilt on the stack from the bytes at each read */
+  CHECK_LE(sizeof p, 160);
+  nr_http_parser_free(&p);
+  free(d.p);
+}
+
+TEST(callback_stops_the_parser) {
+  static const char req[] = "GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\n\r\n";
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  dump_t d = {.stop_after = 1};
+  CHECK_EQ(nr_http_feed(&p, req, sizeof req - 1, on_request, &d), 1);
+  CHECK_EQ(d.requests, 1);
+  CHECK_EQ(nr_http_feed(&p, req, sizeof req - 1, on_request, &d), 1);
+  CHECK_EQ(d.requests, 1);           /* a stopped parser takes nothing */
+  CHECK(p.in.data == NULL);
+  nr_http_parser_free(&p);
+  free(d.p);
+}
+
+TEST(garbage_is_rejected_without_waiting_for_more) {
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  dump_t d = {0};
+  CHECK_EQ(nr_http_feed(&p, "HELLO\r\n", 7, on_request, &d), 400);
+  nr_http_parser_free(&p);
+  free(d.p);
+}
+
+TEST(reason_and_date) {
+  CHECK_STR(nr_http_reason(200), "OK");
+  CHECK_STR(nr_http_reason(431), "Request Header Fields Too Large");
+  CHECK_STR(nr_http_reason(799), "Unknown");
+  const char *date = nr_http_date();
+  CHECK_EQ(strlen(date), 29);
+  CHECK(strcmp(date + 25, " GMT") == 0);
+}
+
+

@@ -1,0 +1,183 @@
+-- future_spec.lua -- DESIGN.md §4 "Futures and coroutines": promises,
+-- listeners on the thread that added them, sync/await/spawn/sleep/all.
+local H = require "spec.helper"
+local netrun = H.netrun
+
+describe("futures", function()
+  local group
+  setup(function() group = netrun.group { threads = 2, name = "fut" } end)
+  teardown(function() H.shutdown(group) end)
+
+  it("set_success on a completed promise raises, try_success returns false", function()
+    local p = netrun.promise()
+    assert.is_false(p:is_done())
+    assert.equal(p, p:set_success("v"))
+    assert.is_true(p:is_done())
+    assert.is_true(p:is_success())
+    assert.is_false(p:is_cancelled())
+    assert.is_nil(p:cause())
+    assert.equal("v", p:result())
+    assert.equal("v", p:sync())
+    assert.has_error(function() p:set_success("again") end, "promise already completed")
+    assert.has_error(function() p:set_failure("again") end, "promise already completed")
+    assert.is_false(p:try_success("again"))
+    assert.is_false(p:try_failure("again"))
+    assert.equal("v", p:result())
+    assert.matches("netrun.future%(success%)", tostring(p))
+  end)
+
+  it("set_failure fails it: cause, sync raises, try_* on a fresh one return true", function()
+    local p = netrun.promise()
+    assert.is_true(p:try_failure("it broke"))
+    assert.is_true(p:is_done())
+    assert.is_false(p:is_success())
+    assert.equal("it broke", p:cause())
+    assert.is_nil(p:result())
+    local ok, err = pcall(p.sync, p)
+    assert.is_false(ok)
+    assert.matches("it broke", err)
+    local q = netrun.promise()
+    assert.is_true(q:try_success(1))
+    assert.equal(1, q:sync())
+    assert.matches("netrun.future%(failure%)", tostring(p))
+    assert.matches("netrun.future%(pending%)", tostring(netrun.promise()))
+  end)
+
+  it("cancel completes a pending future as cancelled, and not a done one", function()
+    local p = netrun.promise()
+    assert.is_true(p:cancel())
+    assert.is_true(p:is_done())
+    assert.is_true(p:is_cancelled())
+    assert.is_false(p:is_success())
+    assert.is_string(p:cause())
+    assert.is_false(p:try_success(1))
+    local q = netrun.promise():set_success(1)
+    assert.is_false(q:cancel())
+    assert.is_false(q:is_cancelled())
+  end)
+
+  it("keeps integers and floats apart through results", function()
+    local p = netrun.promise()
+    group:execute(function(pp) pp:set_success({ 3, 3.0, math.mininteger, 0.5 }) end, p)
+    local v = p:sync()
+    assert.equal("integer", math.type(v[1]))
+    assert.equal("float", math.type(v[2]))
+    assert.equal(math.mininteger, v[3])
+    assert.equal(0.5, v[4])
+    assert.equal("float", math.type(group:submit(function() return 2.0 end):sync()))
+    assert.equal("integer", math.type(group:submit(function() return 2 end):sync()))
+  end)
+
+  it("runs a listener on the thread and state that added it", function()
+    local l = group:loops()[1]
+    -- added on a loop, completed from the main thread: runs on that loop
+    local p, seen = netrun.promise(), netrun.promise()
+    l:submit(function(pp, s)
+      _G.mark = "loop state"
+      pp:add_listener(function(f)
+        s:set_success({ netrun.current() and netrun.current():name(), _G.mark, f:result() })
+      end)
+    end, p, seen):sync()
+    p:set_success("done")
+    assert.same({ "fut-1", "loop state", "done" }, seen:sync())
+    -- added on the main thread, completed on a loop: runs on the main thread
+    local q, got = netrun.promise(), nil
+    q:add_listener(function(f) got = { netrun.current(), f:result() } end)
+    l:submit(function(qq) qq:set_success(7) end, q):sync()
+    q:sync()                           -- main-thread work runs in sync
+    assert.is_table(got)
+    assert.is_nil(got[1])
+    assert.equal(7, got[2])
+    -- added to a done future: runs (soon) all the same
+    local r, ran = netrun.promise():set_success(1), false
+    r:add_listener(function() ran = true end)
+    r:sync()
+    assert.is_true(ran)
+  end)
+
+  it("sync on a loop raises instead of deadlocking", function()
+    local f = group:submit(function()
+      local p = netrun.promise()
+      local ok, err = pcall(p.sync, p)
+      return { ok, err }
+    end):sync()
+    assert.is_false(f[1])
+    assert.matches("blocking operation on an event loop", f[2])
+    -- a done future syncs fine on a loop
+    assert.equal(5, group:submit(function() return netrun.promise():set_success(5):sync() end):sync())
+  end)
+
+  it("spawn runs a coroutine on the current loop; await and sleep suspend it", function()
+    local l = group:loops()[2]
+    local res = l:submit(function(other)
+      return netrun.spawn(function(a)
+        local t0 = require("socket").gettime()
+        netrun.sleep(0.05)
+        local slept = require("socket").gettime() - t0
+        local v = other:submit(function() return 40 end):await()
+        return { a + v, slept, netrun.current():name() }
+      end, 2)
+    end, group:loops()[1]):sync():sync()
+    assert.equal(42, res[1])
+    assert.is_true(res[2] >= 0.045)
+    assert.equal("fut-2", res[3])
+  end)
+
+  it("lets spawned coroutines take turns with coroutine.yield", function()
+    local order = group:submit(function()
+      local log = {}
+      local a = netrun.spawn(function() for i = 1, 3 do log[#log + 1] = "a" .. i; coroutine.yield() end end)
+      local b = netrun.spawn(function() for i = 1, 3 do log[#log + 1] = "b" .. i; coroutine.yield() end end)
+      return netrun.spawn(function() netrun.all({ a, b }):await(); return log end)
+    end):sync():sync()
+    assert.same({ "a1", "b1", "a2", "b2", "a3", "b3" }, order)
+  end)
+
+  it("await raises the failure of the awaited future inside the coroutine", function()
+    local res = group:submit(function()
+      return netrun.spawn(function()
+        local p = netrun.promise()
+        netrun.current():schedule(0.01, function(pp) pp:set_failure("late failure") end, p)
+        local ok, err = pcall(p.await, p)
+        return { ok, err }
+      end)
+    end):sync():sync()
+    assert.is_false(res[1])
+    assert.matches("late failure", res[2])
+  end)
+
+  it("a spawned coroutine that raises fails its future with a traceback", function()
+    local f = group:submit(function()
+      return netrun.spawn(function() netrun.sleep(0.01); error("co boom") end)
+    end):sync()
+    local ok, err = pcall(f.sync, f)
+    assert.is_false(ok)
+    assert.matches("co boom", err)
+    assert.matches("stack traceback", err)
+  end)
+
+  it("await outside a coroutine is sync; sleep outside spawn raises", function()
+    local p = netrun.promise()
+    group:execute(function(pp) pp:set_success("x") end, p)
+    assert.equal("x", p:await())
+    assert.has_error(function() netrun.sleep(0.01) end, "netrun.sleep: only inside netrun.spawn")
+  end)
+
+  it("spawn works on the main thread while it waits", function()
+    local f = netrun.spawn(function()
+      return group:submit(function() return "from a loop" end):await() .. "!"
+    end)
+    assert.equal("from a loop!", f:sync())
+  end)
+
+  it("all gathers results in order, and fails with the first failure", function()
+    local fs = {}
+    for i = 1, 5 do fs[i] = group:schedule(0.01 * (6 - i), function(x) return x * x end, i) end
+    assert.same({ 1, 4, 9, 16, 25 }, netrun.all(fs):sync())
+    assert.same({}, netrun.all({}):sync())
+    local bad = netrun.all { group:submit(function() return 1 end), group:submit(function() error("nope") end) }
+    local ok, err = pcall(bad.sync, bad)
+    assert.is_false(ok)
+    assert.matches("nope", err)
+  end)
+end)

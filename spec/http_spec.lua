@@ -1,0 +1,386 @@
+-- http_spec.lua -- netrun.codec.http_server against real clients: curl for
+-- what a user's client does (keep-alive, POST, chunked uploads,
+-- 100-continue), raw LuaSocket connections for the protocol edges
+-- (pipelining order, errors and closes, HTTP/1.0), and the two HTTP
+-- examples run as `netrun examples/X.lua --port N`.
+local H = require "spec.helper"
+local netrun, socket = H.netrun, H.socket
+local BIN = os.getenv("NETRUN_BIN") or (H.build .. "/bin/netrun")
+
+-- The handler every in-process server runs: it describes the request.
+local Describe = {}
+function Describe:channel_read(ctx, req)
+  local names = {}
+  for k in pairs(req.headers) do names[#names + 1] = k end
+  table.sort(names)
+  local hs = {}
+  for _, k in ipairs(names) do hs[#hs + 1] = k .. "=" .. req.headers[k] end
+  if req.path == "/stream" then
+    ctx:write { status = 200, stream = true, headers = { ["content-type"] = "text/plain" } }
+    for i = 1, 3 do ctx:write("part " .. i .. ";") end
+    ctx:write(false)
+    return
+  end
+  if req.path == "/bad-header" then
+    ctx:write { status = 200, headers = { ["x-evil"] = "a\r\nInjected: 1" }, body = "no" }
+    return
+  end
+  ctx:write {
+    status = tonumber(req.headers["x-status"]) or 200,
+    headers = { ["content-type"] = "text/plain", ["x-count"] = 7 },
+    body = string.format("%s %s q=%s %s ka=%s ch=%d len=%d sum=%d hs=%s",
+      req.method, req.path, tostring(req.query), req.version,
+      tostring(req.keep_alive), ctx.channel:id(), #req.body,
+      (function(s) local n = 0 for i = 1, #s do n = (n + s:byte(i)) % 65536 end return n end)(req.body),
+      table.concat(hs, ",")),
+  }
+end
+function Describe:channel_read_complete(ctx) ctx:flush() end
+function Describe:exception_caught(ctx, err)
+  ctx:write { status = 500, body = "handler error: " .. tostring(err) }
+  ctx:flush()
+end
+
+local function serve(opts)
+  local group = netrun.group { threads = 1, name = "http" }
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch)
+      ch:pipeline():add_last("http", netrun.codec.http_server(opts or {}))
+      ch:pipeline():add_last("app", Describe)
+    end,
+  }:sync()
+  local _, port = server:local_address()
+  return group, port
+end
+
+local function run(cmd)
+  local f = assert(io.popen(cmd .. " 2>&1; echo \"::status=$?\""))
+  local out = f:read("a")
+  f:close()
+  return out:gsub("::status=%d+%s*$", ""), tonumber(out:match("::status=(%d+)%s*$"))
+end
+
+local function tmpfile(content)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "wb"))
+  f:write(content)
+  f:close()
+  return path
+end
+
+local function checksum(s)
+  local n = 0
+  for i = 1, #s do n = (n + s:byte(i)) % 65536 end
+  return n
+end
+
+-- Read one response from a raw connection: status, headers, body.
+local function read_response(c)
+  local line = assert(c:receive("*l"))
+  local status = tonumber(line:match("^HTTP/1%.1 (%d%d%d) "))
+  assert(status, "bad status line: " .. line)
+  local headers = {}
+  while true do
+    local l = assert(c:receive("*l"))
+    if l == "" then break end
+    local k, v = l:match("^([^:]+):%s*(.*)$")
+    headers[k:lower()] = v
+  end
+  local body = ""
+  if headers["content-length"] then
+    body = H.recv(c, tonumber(headers["content-length"]))
+  elseif headers["transfer-encoding"] == "chunked" then
+    local parts = {}
+    while true do
+      local size = tonumber(assert(c:receive("*l")), 16)
+      if size == 0 then assert(c:receive("*l")) break end
+      parts[#parts + 1] = H.recv(c, size)
+      assert(c:receive("*l") == "")
+    end
+    body = table.concat(parts)
+  end
+  return status, headers, body, line
+end
+
+local function assert_closed(c)
+  local data, err = c:receive(1)
+  assert.is_nil(data)
+  assert.equal("closed", err)
+end
+
+describe("http_server with curl", function()
+  local group, port
+  before_each(function() group, port = serve { max_body = 4 << 20 } end)
+  after_each(function() H.shutdown(group) end)
+
+  it("answers GET with Server, Date and Content-Length, and reuses the connection", function()
+    local url = "http://127.0.0.1:" .. port
+    local out, st = run(string.format("curl -sS -i %s/a?x=1 %s/b", url, url))
+    assert.equal(0, st)
+    assert.matches("HTTP/1.1 200 OK\r\n", out, 1, true)
+    assert.matches("Server: netrun\r\n", out, 1, true)
+    assert.matches("Date: %a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d GMT\r\n", out)
+    assert.matches("x-count: 7\r\n", out, 1, true)
+    local a = out:match("GET /a q=x=1 HTTP/1.1 ka=true ch=(%d+)")
+    local b = out:match("GET /b q=nil HTTP/1.1 ka=true ch=(%d+)")
+    assert.truthy(a and b, out)
+    assert.equal(a, b)                  -- one keep-alive connection for both
+    local len = out:match("Content%-Length: (%d+)\r\n")
+    local body = out:match("\r\n\r\n(GET /a[^\n]-hs=[^\n]-)HTTP/1%.1") or ""
+    assert.equal(tonumber(len), #body)
+  end)
+
+  it("receives POST bodies", function()
+    local data = string.rep("0123456789", 5000)
+    local path = tmpfile(data)
+    local out, st = run(string.format("curl -sS --data-binary @%s http://127.0.0.1:%d/post", path, port))
+    os.remove(path)
+    assert.equal(0, st)
+    assert.matches("^POST /post q=nil HTTP/1.1 ka=true ch=%d+ len=50000 sum=" .. checksum(data), out)
+  end)
+
+  it("receives chunked uploads with Transfer-Encoding: chunked", function()
+    local data = string.rep("chunky bacon ", 20000)
+    local path = tmpfile(data)
+    local out, st = run(string.format(
+      "curl -sS -H 'Transfer-Encoding: chunked' --data-binary @%s http://127.0.0.1:%d/up", path, port))
+    os.remove(path)
+    assert.equal(0, st)
+    assert.matches("^POST /up q=nil HTTP/1.1 ka=true ch=%d+ len=" .. #data .. " sum=" .. checksum(data), out)
+    assert.matches("transfer%-encoding=chunked", out)
+  end)
+
+  it("sends 100 Continue before reading a body with Expect: 100-continue", function()
+    local data = string.rep("x", 100000)
+    local path = tmpfile(data)
+    local out, st = run(string.format(
+      "curl -sS -v -H 'Expect: 100-continue' --expect100-timeout 30 --data-binary @%s http://127.0.0.1:%d/e",
+      path, port))
+    os.remove(path)
+    assert.equal(0, st)
+    assert.matches("< HTTP/1.1 100 Continue", out, 1, true)
+    assert.matches("POST /e q=nil HTTP/1.1 ka=true ch=%d+ len=100000", out)
+  end)
+
+  it("lowercases header names and joins repeated ones", function()
+    local out, st = run(string.format(
+      "curl -sS -H 'X-Multi: one' -H 'x-MULTI: two' http://127.0.0.1:%d/h", port))
+    assert.equal(0, st)
+    assert.matches("x%-multi=one, two", out)
+    assert.matches("user%-agent=curl/", out)
+  end)
+
+  it("streams a chunked response and leaves HEAD bodies out", function()
+    local out, st = run(string.format("curl -sS -i http://127.0.0.1:%d/stream", port))
+    assert.equal(0, st)
+    assert.matches("Transfer-Encoding: chunked\r\n", out, 1, true)
+    assert.matches("\r\n\r\npart 1;part 2;part 3;$", out)
+    out, st = run(string.format("curl -sS -I http://127.0.0.1:%d/x", port))
+    assert.equal(0, st)
+    assert.matches("^HTTP/1.1 200 OK\r\n", out)
+    assert.matches("Content%-Length: %d+\r\n", out)
+    assert.not_matches("HEAD /x", out)
+  end)
+end)
+
+describe("http_server on raw connections", function()
+  local group, port
+  before_each(function() group, port = serve { max_header = 1024, max_body = 1000 } end)
+  after_each(function() H.shutdown(group) end)
+
+  it("answers 16 pipelined requests in order on one connection", function()
+    local c = H.client(port)
+    local reqs = {}
+    for i = 1, 16 do
+      reqs[i] = string.format("GET /%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
+    end
+    reqs[8] = "POST /8 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+    assert(c:send(table.concat(reqs)))
+    for i = 1, 16 do
+      local status, _, body = read_response(c)
+      assert.equal(200, status)
+      assert.matches("^%u+ /" .. i .. " ", body)
+    end
+    -- still open: keep-alive
+    assert(c:send("GET /again HTTP/1.1\r\n\r\n"))
+    local _, _, body = read_response(c)
+    assert.matches("^GET /again ", body)
+    c:close()
+  end)
+
+  it("answers a malformed request line with 400 and closes", function()
+    local c = H.client(port)
+    assert(c:send("GET /ok HTTP/1.1\r\n\r\nNOT A REQUEST\r\n\r\n"))
+    local status, _, body = read_response(c)
+    assert.equal(200, status)
+    assert.matches("^GET /ok", body)
+    local headers
+    status, headers, body = read_response(c)
+    assert.equal(400, status)
+    assert.equal("close", headers.connection)
+    assert.equal("Bad Request\n", body)
+    assert_closed(c)
+    c:close()
+  end)
+
+  it("answers oversized headers with 431 and closes", function()
+    local c = H.client(port)
+    assert(c:send("GET / HTTP/1.1\r\nX-Big: " .. string.rep("a", 2000) .. "\r\n\r\n"))
+    local status, headers = read_response(c)
+    assert.equal(431, status)
+    assert.equal("close", headers.connection)
+    assert_closed(c)
+    c:close()
+  end)
+
+  it("answers an oversized body with 413 and closes, Content-Length or chunked", function()
+    local c = H.client(port)
+    assert(c:send("POST / HTTP/1.1\r\nContent-Length: 1001\r\n\r\n"))
+    local status, headers = read_response(c)
+    assert.equal(413, status)
+    assert.equal("close", headers.connection)
+    assert_closed(c)
+    c:close()
+    c = H.client(port)
+    assert(c:send("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" ..
+                  "200\r\n" .. string.rep("b", 512) .. "\r\n" ..
+                  "200\r\n" .. string.rep("b", 512) .. "\r\n0\r\n\r\n"))
+    status = read_response(c)
+    assert.equal(413, status)
+    assert_closed(c)
+    c:close()
+  end)
+
+  it("closes after answering HTTP/1.0 without keep-alive, keeps it with", function()
+    local c = H.client(port)
+    assert(c:send("GET /old HTTP/1.0\r\n\r\nGET /ignored HTTP/1.0\r\n\r\n"))
+    local status, headers, body = read_response(c)
+    assert.equal(200, status)
+    assert.equal("close", headers.connection)
+    assert.matches("^GET /old q=nil HTTP/1.0 ka=false", body)
+    assert_closed(c)
+    c:close()
+    c = H.client(port)
+    assert(c:send("GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"))
+    status, headers, body = read_response(c)
+    assert.equal("keep-alive", headers.connection)
+    assert(c:send("GET /b HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"))
+    status, headers, body = read_response(c)
+    assert.matches("^GET /b ", body)
+    c:close()
+  end)
+
+  it("closes after a request with Connection: close", function()
+    local c = H.client(port)
+    assert(c:send("GET /last HTTP/1.1\r\nConnection: close\r\n\r\n"))
+    local status, headers = read_response(c)
+    assert.equal(200, status)
+    assert.equal("close", headers.connection)
+    assert_closed(c)
+    c:close()
+  end)
+
+  it("handles a request split across many writes", function()
+    local c = H.client(port)
+    local req = "PUT /slow?a=b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" ..
+                "3\r\nabc\r\n2;ext=1\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"
+    for i = 1, #req, 7 do
+      assert(c:send(req:sub(i, i + 6)))
+      socket.select(nil, nil, 0.001)    -- let each piece arrive on its own
+    end
+    local status, _, body = read_response(c)
+    assert.equal(200, status)
+    assert.matches("^PUT /slow q=a=b HTTP/1.1 ka=true ch=%d+ len=5 sum=" .. checksum("abcde"), body)
+    assert.matches("x%-trailer=t", body)
+    c:close()
+  end)
+
+  it("refuses a response whose header carries CR LF (no injection)", function()
+    local c = H.client(port)
+    assert(c:send("GET /bad-header HTTP/1.1\r\n\r\n"))
+    local status, headers, body = read_response(c)
+    assert.equal(500, status)
+    assert.is_nil(headers.injected)
+    assert.matches("control character", body)
+    c:close()
+  end)
+end)
+
+describe("http_server construction", function()
+  it("checks its options", function()
+    assert.has_error(function() netrun.codec.http_server { max_body = "big" } end,
+      "netrun.codec.http_server: max_body must be an integer, got a string")
+    assert.has_error(function() netrun.codec.http_server { max_header = 1 } end,
+      "netrun.codec.http_server: max_header must be at least 64, got 1")
+    assert.matches("max_header = 8192", tostring(netrun.codec.http_server()))
+  end)
+end)
+
+-- The examples, run as users run them.
+local function free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, p = s:getsockname()
+  s:close()
+  return tonumber(p)
+end
+
+local function start(script, port)
+  local log = os.tmpname()
+  local f = assert(io.popen(string.format("%s %s --port %d > %s 2>&1 & echo $!", BIN, script, port, log)))
+  local pid = tonumber(f:read("l"))
+  f:close()
+  local deadline = socket.gettime() + 10
+  repeat
+    local lf = io.open(log)
+    local text = lf and lf:read("a") or ""
+    if lf then lf:close() end
+    if text:find("listening on 127.0.0.1:" .. port, 1, true) then os.remove(log) return pid end
+    socket.select(nil, nil, 0.02)
+  until socket.gettime() > deadline
+  os.execute("kill -KILL " .. pid)
+  error(script .. " never listened on " .. port)
+end
+
+local function stop(pid)
+  os.execute("kill -TERM " .. pid)
+  local deadline = socket.gettime() + 10
+  while os.execute("kill -0 " .. pid .. " 2>/dev/null") and socket.gettime() < deadline do
+    socket.select(nil, nil, 0.02)
+  end
+end
+
+describe("HTTP examples", function()
+  it("http_hello.lua says Hello, World! over keep-alive", function()
+    local port = free_port()
+    local pid = start("examples/http_hello.lua", port)
+    local url = "http://127.0.0.1:" .. port .. "/"
+    local out, st = run("curl -sS " .. url .. " " .. url)
+    stop(pid)
+    assert.equal(0, st)
+    assert.equal("Hello, World!Hello, World!", out)
+  end)
+
+  it("http_kv.lua stores, reads and deletes keys; 404 for missing ones", function()
+    local port = free_port()
+    local pid = start("examples/http_kv.lua", port)
+    local base = "http://127.0.0.1:" .. port
+    local function curl(args)
+      local out = run("curl -sS -o /dev/stderr -w '%{http_code}' " .. args .. " 2>&1")
+      return tonumber(out:sub(-3)), out:sub(1, -4)
+    end
+    local ok, err = pcall(function()
+      assert.equal(404, (curl(base .. "/k")))
+      assert.equal(201, (curl("-X PUT --data-binary 'some value' " .. base .. "/k")))
+      local code, body = curl(base .. "/k")
+      assert.equal(200, code)
+      assert.equal("some value", body)
+      assert.equal(200, (curl("-X PUT --data-binary v2 " .. base .. "/k")))
+      assert.equal(204, (curl("-X DELETE " .. base .. "/k")))
+      assert.equal(404, (curl(base .. "/k")))
+      assert.equal(404, (curl("-X DELETE " .. base .. "/k")))
+    end)
+    stop(pid)
+    assert(ok, err)
+  end)
+end)

@@ -1,0 +1,117 @@
+-- write_future_spec.lua -- the futures of ctx:write. Writes of strings that
+-- go straight to the socket get lazy futures (no promise until used); these
+-- specs check they behave like any future: success once the bytes are
+-- written, failure when they are dropped, usable after the fact, and
+-- transferable to another state.
+local H = require "spec.helper"
+local netrun = H.netrun
+
+describe("write futures", function()
+  local group
+  setup(function() group = netrun.group { threads = 1, name = "wf" } end)
+  teardown(function() H.shutdown(group) end)
+
+  -- A server whose handler runs `scenario(ctx, msg, report)` on the first
+  -- read; report(value) completes the spec's promise (from the loop).
+  local function serve(scenario)
+    local done = netrun.promise()
+    local handler = {
+      channel_read = function(self, ctx, msg) scenario(ctx, msg, done) end,
+    }
+    local server, port = H.echo_server(group, handler)
+    return server, port, done
+  end
+
+  it("succeed once flushed bytes are written, observed before and after", function()
+    local server, port, done = serve(function(ctx, msg, report)
+      local early = ctx:write("a")
+      local states = { early:is_done() }                 -- not flushed: pending
+      local late = ctx:write_and_flush("b")
+      early:add_listener(function(f)
+        states[#states + 1] = f:is_success()
+        late:add_listener(function(g)
+          states[#states + 1] = g:is_success()
+          states[#states + 1] = ctx:write_and_flush("c"):is_done() -- fresh, may still be pending
+          report:set_success(states)
+        end)
+      end)
+    end)
+    local c = H.client(port)
+    c:send("x")
+    assert.equal("abc", H.recv(c, 3))
+    local states = done:sync()
+    assert.same({ false, true, true }, { states[1], states[2], states[3] })
+    c:close()
+    server:close():sync()
+  end)
+
+  it("fail when the channel closes before they are flushed", function()
+    local server, port, done = serve(function(ctx, msg, report)
+      local f = ctx:write("never flushed")
+      ctx:close():add_listener(function()
+        report:set_success({ f:is_done(), f:is_success(), tostring(f:cause()) })
+      end)
+    end)
+    local c = H.client(port)
+    c:send("x")
+    local r = done:sync()
+    assert.is_true(r[1])
+    assert.is_false(r[2])
+    assert.matches("closed", r[3])
+    c:close()
+    server:close():sync()
+  end)
+
+  it("fail when used only after the write was dropped", function()
+    local server, port, done = serve(function(ctx, msg, report)
+      local f = ctx:write("dropped")
+      ctx:close()
+      netrun.current():execute(function()     -- long after the close
+        report:set_success({ f:is_done(), f:is_success() })
+      end)
+    end)
+    local c = H.client(port)
+    c:send("x")
+    assert.same({ true, false }, done:sync())
+    c:close()
+    server:close():sync()
+  end)
+
+  it("travel to another state as futures", function()
+    local server, port, done = serve(function(ctx, msg, report)
+      local f = ctx:write_and_flush("sent")
+      report:set_success(f)                     -- transferred to the main state
+    end)
+    local c = H.client(port)
+    c:send("x")
+    assert.equal("sent", H.recv(c, 4))
+    local f = done:sync()
+    f:sync()
+    assert.is_true(f:is_success())
+    c:close()
+    server:close():sync()
+  end)
+
+  it("keep order with futures of writes through other paths", function()
+    local server, port, done = serve(function(ctx, msg, report)
+      local order = {}
+      local a = ctx:write("1")
+      local b = ctx:write({ "2", "3" })         -- an array: a real future
+      local c = ctx:write("4")
+      c:add_listener(function() order[#order + 1] = "c" end)
+      a:add_listener(function() order[#order + 1] = "a" end)
+      b:add_listener(function()
+        order[#order + 1] = "b"
+      end)
+      ctx:flush()
+      c:add_listener(function() report:set_success(order) end)
+    end)
+    local cl = H.client(port)
+    cl:send("x")
+    assert.equal("1234", H.recv(cl, 4))
+    -- c was watched first, yet completes last: watches are kept in order
+    assert.same({ "a", "b", "c" }, done:sync())
+    cl:close()
+    server:close():sync()
+  end)
+end)
