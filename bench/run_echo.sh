@@ -15,7 +15,7 @@
 # times and prints a markdown table of medians: msgs/s, p99, msgs per
 # server CPU-second, and the ratio to the baseline per CPU-second.
 #
-# Usage: bench/run_echo.sh            (3 runs of 2 s + 10 s: about 6 minutes)
+# Usage: bench/run_echo.sh            (27 runs of 2 s + 10 s: about 8 minutes)
 #        RUNS=1 DURATION=3 bench/run_echo.sh      (a quick look)
 #        SERVERS="epoll nr_c" WORKLOADS=pp64 bench/run_echo.sh
 set -euo pipefail
@@ -59,8 +59,16 @@ describe() {
 }
 
 spid=""
-cleanup() { if [[ -n $spid ]]; then kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true; fi; }
-trap cleanup EXIT
+# SIGTERM (netrun shuts down gracefully), SIGKILL after 5 s at most.
+stop_server() {
+  [[ -n $spid ]] || return 0
+  kill -TERM "$spid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$spid" 2>/dev/null || true
+  wait "$spid" 2>/dev/null || true
+  spid=""
+}
+trap stop_server EXIT
 
 # One run, in this shell (so the EXIT trap can always kill the server):
 # sets R_RATE, R_P99, R_PER.
@@ -81,7 +89,7 @@ run_one() {   # $1 server, $2 workload
   # shellcheck disable=SC2046
   out=$(taskset -c 1 "$build/bench/echo_load" -P "$port" $(load_args "$2") \
         -w "$WARMUP" -d "$DURATION" -p "$spid")
-  kill -TERM "$spid"; wait "$spid" 2>/dev/null || true; spid=""
+  stop_server
   rm -f /tmp/run_echo.$$.log
   read -r R_RATE R_P99 R_PER < <(echo "$out" | awk '/^RESULT/ {
       for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }

@@ -74,17 +74,16 @@ run_one() {   # $1 server, $2 mode, $3 test
   local wn=$((p == 1 ? 20000 : 200000)) rate
   read -r rate _ < <(bench "$port" "$3" "$wn" "$p")
   local n
-  n=$(awk -v r="$rate" -v d="$DURATION" -v w="$WARMUP" -v wn="$wn" \
-      'BEGIN { n = int(r * d); if (n < 1000) n = 1000; printf "%d", n }')
+  n=$(awk -v r="$rate" -v d="$DURATION" 'BEGIN { n = int(r * d); if (n < 1000) n = 1000; printf "%d", n }')
   # The warm-up's own length follows from its count; top it up to WARMUP s.
   local extra
-  extra=$(awk -v r="$rate" -v w="$WARMUP" -v wn="$wn" 'BEGIN { e = int(r * w - wn); printf "%d", e > 0 ? e : 0 }')
+  extra=$(awk -v r="$rate" -v w="$WARMUP" -v wn="$wn" 'BEGIN { e = int(r * w - wn); printf "%d", (e > 0 ? e : 0) }')
   if ((extra > 0)); then bench "$port" "$3" "$extra" "$p" >/dev/null; fi
   local c0 c1
   c0=$(cpu_ticks "$spid")
   read -r R_RATE R_P99 < <(bench "$port" "$3" "$n" "$p")
   c1=$(cpu_ticks "$spid")
-  R_PER=$(awk -v n="$n" -v c=$((c1 - c0)) -v t="$tck" 'BEGIN { printf "%.0f", c > 0 ? n / (c / t) : 0 }')
+  R_PER=$(awk -v n="$n" -v c=$((c1 - c0)) -v t="$tck" 'BEGIN { printf "%.0f", (c > 0 ? n / (c / t) : 0) }')
   stop_server
 }
 
@@ -111,7 +110,7 @@ for m in $MODES; do
 done
 echo "run_redis: load after: $(uptime | sed 's/.*load average/load average/')"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", b > 0 ? 100 * a / b : 0 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", (b > 0 ? 100 * a / b : 0) }'; }
 k() { awk -v a="$1" 'BEGIN { printf "%.1fk", a / 1000 }'; }
 
 echo

@@ -5,12 +5,7 @@
 -- leaves it by itself when its connection closes.
 local netrun = require "netrun"
 
-local function option(name, default)
-  for i = 1, #arg do
-    if arg[i] == "--" .. name then return arg[i + 1] end
-  end
-  return os.getenv(name:upper()) or default
-end
+local option = netrun.option
 
 local members = netrun.channel_group()
 
@@ -51,8 +46,8 @@ function Chat:exception_caught(ctx, err)
 end
 
 local server = netrun.server {
-  group = netrun.group { threads = tonumber(option("threads", 2)), name = "chat" },
-  host = option("host", "127.0.0.1"), port = tonumber(option("port", 7001)),
+  group = netrun.group { threads = option("threads", 2), name = "chat" },
+  host = option("host", "127.0.0.1"), port = option("port", 7001),
   init = function(ch)
     ch:pipeline():add_last("lines", Lines.new())
     ch:pipeline():add_last("chat", Chat)

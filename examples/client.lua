@@ -3,12 +3,7 @@
 --   netrun examples/client.lua [--port 7000] [--message "hello"]
 local netrun = require "netrun"
 
-local function option(name, default)
-  for i = 1, #arg do
-    if arg[i] == "--" .. name then return arg[i + 1] end
-  end
-  return os.getenv(name:upper()) or default
-end
+local option = netrun.option
 
 local message = option("message", "hello from netrun\n")
 local group = netrun.group { threads = 1, name = "client" }
@@ -27,7 +22,7 @@ function Collect:exception_caught(ctx, err) reply:try_failure(err) end
 
 local ok, ch = pcall(function()
   return netrun.connect {
-    group = group, host = option("host", "127.0.0.1"), port = tonumber(option("port", 7000)),
+    group = group, host = option("host", "127.0.0.1"), port = option("port", 7000),
     timeout = 5,
     init = function(c) c:pipeline():add_last("collect", Collect) end,
   }:sync()

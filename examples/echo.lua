@@ -4,15 +4,10 @@
 -- Lua state, one handler table shared by that loop's channels.
 local netrun = require "netrun"
 
-local function option(name, default)
-  for i = 1, #arg do
-    if arg[i] == "--" .. name then return arg[i + 1] end
-  end
-  return os.getenv(name:upper()) or default
-end
+local option = netrun.option
 
-local port = tonumber(option("port", 7000))
-local threads = tonumber(option("threads", 1))
+local port = option("port", 7000)
+local threads = option("threads", 1)
 
 local Echo = {}
 function Echo:channel_read(ctx, msg) ctx:write(msg) end

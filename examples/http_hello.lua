@@ -5,15 +5,10 @@
 -- one response per request and flushes once per read.
 local netrun = require "netrun"
 
-local function option(name, default)
-  for i = 1, #arg do
-    if arg[i] == "--" .. name then return arg[i + 1] end
-  end
-  return os.getenv(name:upper()) or default
-end
+local option = netrun.option
 
-local port = tonumber(option("port", 8080))
-local threads = tonumber(option("threads", 1))
+local port = option("port", 8080)
+local threads = option("threads", 1)
 
 -- One response table, reused: the codec copies what it needs at write.
 local response = {

@@ -6,15 +6,10 @@
 --   curl -X DELETE localhost:8080/k                   -> 204, or 404
 local netrun = require "netrun"
 
-local function option(name, default)
-  for i = 1, #arg do
-    if arg[i] == "--" .. name then return arg[i + 1] end
-  end
-  return os.getenv(name:upper()) or default
-end
+local option = netrun.option
 
-local port = tonumber(option("port", 8080))
-local threads = tonumber(option("threads", 1))
+local port = option("port", 8080)
+local threads = option("threads", 1)
 
 local TEXT = { ["content-type"] = "text/plain" }
 

@@ -10,22 +10,17 @@
 -- integers, which makes INCR one atomic dict operation.
 local netrun = require "netrun"
 
-local function option(name, default)
-  for i = 1, #arg do
-    if arg[i] == "--" .. name then return arg[i + 1] end
-  end
-  return os.getenv(name:upper()) or default
-end
+local option = netrun.option
 
-local port = tonumber(option("port", 6379))
-local threads = tonumber(option("threads", 1))
-local capacity = tonumber(option("capacity", 1000000))
+local port = option("port", 6379)
+local threads = option("threads", 1)
+local capacity = option("capacity", 1000000)
 
 local db = netrun.shared.dict("redis", { capacity = capacity })
 
 local OK, PONG, NIL = "+OK\r\n", "+PONG\r\n", "$-1\r\n"
 local tostring, tointeger, upper, concat = tostring, math.tointeger, string.upper, table.concat
-local maxinteger, mininteger = math.maxinteger, math.mininteger
+local mininteger = math.mininteger
 
 local function bulk(s)
   if #s > 4096 then   -- large values go out gathered, not copied
@@ -46,8 +41,11 @@ local SYNTAX = "-ERR syntax error\r\n"
 -- A canonical decimal integer in range ("12", "-3", not "012" or "1e3"),
 -- else nil: such values are stored as integers so that INCR is atomic and
 -- GET gives back the very same string.
+local byte, find = string.byte, string.find
 local function as_integer(s)
-  if #s <= 20 and (s == "0" or s:find("^%-?[1-9]%d*$")) then
+  local b = byte(s)           -- most values are not numbers: decide early
+  if b == nil or (b ~= 45 and (b < 48 or b > 57)) or #s > 20 then return nil end
+  if s == "0" or find(s, "^%-?[1-9]%d*$") then
     local n = tointeger(s)
     if n and tostring(n) == s then return n end
   end

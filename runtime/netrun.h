@@ -444,7 +444,15 @@ typedef struct nr_handler_s {
   int (*write)(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
   int (*flush)(nr_ctx_t *ctx);
   unsigned (*mask)(const struct nr_handler_s *h, void *state);
+  unsigned flags;                     /* NR_HANDLER_* */
 } nr_handler_t;
+
+/* The handler's write either fails (returns an error) or, before it
+ * returns, passes everything on to the next handler's write, the promise
+ * with the last part. Writes through such handlers land in the outbound
+ * buffer at once, so a write mark can stand in for a promise (see
+ * nr_channel_write_mark): the bindings then make futures lazily. */
+#define NR_HANDLER_SYNC_WRITE 1u
 
 /* Record a message for `code` on this thread and return `code`: a handler
  * returns nr_raise(NR_ETOOLONG, "frame of %zu bytes", n) and the pipeline
@@ -531,10 +539,15 @@ int nr_ctx_read(nr_ctx_t *ctx);
 int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_ctx_flush(nr_ctx_t *ctx);
 int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
-/* True when a write from ctx reaches the head of a stream channel with no
- * outbound handler between them (so its bytes land in the outbound buffer
- * at once, and nr_channel_write_mark tells where they end). */
+/* True when a write from ctx reaches the head of a stream channel through
+ * no outbound handler, or only through NR_HANDLER_SYNC_WRITE ones (so its
+ * bytes land in the outbound buffer at once, and nr_channel_write_mark
+ * tells where they end). */
 bool nr_ctx_writes_to_head(const nr_ctx_t *ctx);
+/* nr_ctx_write without a promise (failures go to exception_caught, as
+ * always without one), returning the first error any handler on the way
+ * reported -- which a handler that passed the write on may not return. */
+int nr_ctx_write_void(nr_ctx_t *ctx, void *msg);
 
 /* ---- embedded channels (Netty's EmbeddedChannel) ------------------------ */
 

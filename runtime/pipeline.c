@@ -147,9 +147,14 @@ static void raise_from(nr_ctx_t *c, int rc) {
 
 /* Outbound failures fail the operation's promise; without one they are
  * delivered as exceptions, like Netty's void promise. */
+/* The first error reported during the innermost nr_ctx_write_void. */
+static _Thread_local int void_rc;
+
 static int outbound_result(nr_ctx_t *c, int rc, nr_promise_t *prom) {
   if (rc == 0)
     return 0;
+  if (void_rc == 0)
+    void_rc = rc;
   if (prom != NULL) {
     nr_promise_set_failure(prom, rc,
                            raised_code == rc ? raised_msg : nr_strerror(rc));
@@ -235,8 +240,19 @@ int nr_ctx_flush(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_out(ctx, NR_OP_FLUSH);
   INVOKE_OUT(c, c->h->flush(c), NULL);
 }
+int nr_ctx_write_void(nr_ctx_t *ctx, void *msg) {
+  int saved = void_rc;
+  void_rc = 0;
+  nr_ctx_write(ctx, msg, NULL);
+  int rc = void_rc;
+  void_rc = saved;
+  return rc;
+}
+
 bool nr_ctx_writes_to_head(const nr_ctx_t *ctx) {
   const nr_ctx_t *c = next_out(ctx, NR_OP_WRITE);
+  while (!c->embedded && (c->h->flags & NR_HANDLER_SYNC_WRITE))
+    c = next_out(c, NR_OP_WRITE);
   return c->embedded && c->h == &nr__head_handler && c->pipe->ch &&
          !nr_channel_is_datagram(c->pipe->ch) && !nr_channel_is_server(c->pipe->ch);
 }

@@ -1,41 +1,9 @@
 -- examples_spec.lua -- every example runs with `netrun examples/X.lua`.
 local H = require "spec.helper"
 local socket = H.socket
-local BIN = os.getenv("NETRUN_BIN") or (H.build .. "/bin/netrun")
+local BIN = H.BIN
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
--- Start an example in the background; wait (bounded) until it logs that
--- it listens (probing with a connection would disturb the chat room).
-local function start(script, port)
-  local log = os.tmpname()
-  local f = assert(io.popen(string.format("%s %s --port %d > %s 2>&1 & echo $!", BIN, script, port, log)))
-  local pid = tonumber(f:read("l"))
-  f:close()
-  local deadline = socket.gettime() + 10
-  repeat
-    local lf = io.open(log)
-    local text = lf and lf:read("a") or ""
-    if lf then lf:close() end
-    if text:find(":" .. port, 1, true) then return pid end
-    socket.sleep(0.02)
-  until socket.gettime() > deadline
-  error(script .. " never listened on " .. port)
-end
-
-local function stop(pid) os.execute("kill -TERM " .. pid) end
-
-local function run(cmd)
-  local f = assert(io.popen(cmd .. " 2>&1; echo \"::status=$?\""))
-  local out = f:read("a")
-  f:close()
-  return out:gsub("::status=%d+%s*$", ""), tonumber(out:match("::status=(%d+)%s*$"))
-end
+local free_port, start, stop, run = H.free_port, H.start, H.stop, H.run
 
 describe("examples", function()
   it("echo.lua echoes, and client.lua talks to it", function()

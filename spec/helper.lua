@@ -80,6 +80,59 @@ function H.eventually(pred, timeout, step)
   return pred()
 end
 
+-- ---- processes: the netrun binary, examples run as users run them ------
+
+H.BIN = os.getenv("NETRUN_BIN") or (build .. "/bin/netrun")
+
+-- Run a shell command; returns its output (stderr included) and status.
+function H.run(cmd)
+  local f = assert(io.popen(cmd .. " 2>&1; echo \"::status=$?\""))
+  local out = f:read("a")
+  f:close()
+  return (out:gsub("::status=%d+%s*$", "")), tonumber(out:match("::status=(%d+)%s*$"))
+end
+
+-- A port nobody listens on (bound and released).
+function H.free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+-- Start `netrun script --port N [args]` in the background and wait
+-- (bounded) until it logs that it listens on N: probing with a connection
+-- would disturb some servers (the chat room). Returns its pid and log file.
+function H.start(script, port, args)
+  local log = os.tmpname()
+  local f = assert(io.popen(string.format("%s %s --port %d %s > %s 2>&1 & echo $!",
+    H.BIN, script, port, args or "", log)))
+  local pid = tonumber(f:read("l"))
+  f:close()
+  local deadline = socket.gettime() + 10
+  repeat
+    local lf = io.open(log)
+    local text = lf and lf:read("a") or ""
+    if lf then lf:close() end
+    if text:find(":" .. port, 1, true) then return pid, log end
+    socket.select(nil, nil, 0.02)
+  until socket.gettime() > deadline
+  os.execute("kill -KILL " .. pid)
+  error(script .. " never listened on " .. port)
+end
+
+-- SIGTERM a started process and wait (bounded) until it is gone; true if
+-- it exited in time.
+function H.stop(pid)
+  os.execute("kill -TERM " .. pid)
+  local deadline = socket.gettime() + 10
+  while os.execute("kill -0 " .. pid .. " 2>/dev/null") do
+    if socket.gettime() > deadline then return false end
+    socket.select(nil, nil, 0.02)
+  end
+  return true
+end
+
 function H.tmpdir()
   local p = os.tmpname()
   os.remove(p)

@@ -4,40 +4,9 @@
 -- errors), and a short bounded redis-benchmark run.
 local H = require "spec.helper"
 local socket = H.socket
-local BIN = os.getenv("NETRUN_BIN") or (H.build .. "/bin/netrun")
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
--- Start the server in the background; wait (bounded) for its log line.
-local function start(port)
-  local log = os.tmpname()
-  local f = assert(io.popen(string.format("%s examples/redis.lua --port %d > %s 2>&1 & echo $!",
-    BIN, port, log)))
-  local pid = tonumber(f:read("l"))
-  f:close()
-  local deadline = socket.gettime() + 10
-  repeat
-    local lf = io.open(log)
-    local text = lf and lf:read("a") or ""
-    if lf then lf:close() end
-    if text:find("listening on 127.0.0.1:" .. port, 1, true) then return pid, log end
-    socket.sleep(0.02)
-  until socket.gettime() > deadline
-  os.execute("kill -TERM " .. pid)
-  error("examples/redis.lua never listened on " .. port)
-end
-
-local function run(cmd)
-  local f = assert(io.popen(cmd .. " 2>&1; echo \"::status=$?\""))
-  local out = f:read("a")
-  f:close()
-  return out:gsub("::status=%d+%s*$", ""), tonumber(out:match("::status=(%d+)%s*$"))
-end
+local free_port, run = H.free_port, H.run
+local function start(port) return H.start("examples/redis.lua", port) end
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 

@@ -97,6 +97,99 @@ describe("value transfer", function()
     assert.equal(1, f())
   end)
 
+  it("copies native handler configurations, so init may use them as upvalues", function()
+    local line = netrun.codec.line { max_length = 4 }
+    local http = netrun.codec.http_server { max_body = 10 }
+    local got = group:submit(function(a, b)
+      local ch = netrun.embedded(a)            -- a fresh line codec, in this state
+      local ok, err = pcall(ch.write_inbound, ch, "ok\nlonger than four\nno\n")
+      local frames = {}
+      for f in function() return ch:read_inbound() end do frames[#frames + 1] = f end
+      ch:finish()
+      return { tostring(a), tostring(b), frames, ok, err }
+    end, line, http):sync()
+    assert.matches("line", got[1])
+    assert.matches("http_server", got[2])
+    assert.same({ "ok", "no" }, got[3])
+    assert.is_false(got[4])
+    assert.matches("frame of more than 4 bytes", got[5])
+  end)
+
+  -- Within one blob, closures that share an upvalue in the source share one
+  -- copy of it in the destination (tables always did: they keep identity).
+  it("keeps a non-table upvalue shared between closures sent together", function()
+    local count = 0
+    local function bump() count = count + 1 end
+    local function read() return count end
+    assert.same({ 0, 3 }, there(function(inc, get)
+      local before = get()
+      inc(); inc(); inc()
+      return { before, get() }
+    end, bump, read))
+    assert.equal(0, count)                    -- still a copy of the source's
+    -- closures of one prototype sharing a variable, reached through a table
+    local n, fs = 10, {}
+    for i = 1, 2 do fs[i] = function(d) n = n + d; return n end end
+    assert.same({ 11, 13 }, there(function(t) return { t[1](1), t[2](2) } end, fs))
+  end)
+
+  it("keeps a handler's methods sharing the locals they capture", function()
+    local pending, reads = "", 0
+    local Handler = {}
+    function Handler.channel_read(ctx, msg) pending = pending .. msg; reads = reads + 1 end
+    function Handler.channel_read_complete(ctx)
+      local batch = pending
+      pending = ""
+      ctx[#ctx + 1] = batch .. "/" .. reads
+    end
+    assert.same({ "ab/2", "c/3" }, there(function(h)
+      local ctx = {}
+      h.channel_read(ctx, "a"); h.channel_read(ctx, "b"); h.channel_read_complete(ctx)
+      h.channel_read(ctx, "c"); h.channel_read_complete(ctx)
+      return ctx
+    end, Handler))
+    -- netrun.transfer packs and unpacks in this state: one blob too
+    local sum = 0
+    local Acc = {}
+    function Acc.add(x) sum = sum + x end
+    function Acc.get() return sum end
+    local copy = netrun.transfer(Acc)
+    copy.add(2); copy.add(3)
+    assert.equal(5, copy.get())
+    assert.equal(0, sum)
+  end)
+
+  it("keeps mutual recursion over shared upvalues working", function()
+    local depth = 0
+    local ping, pong
+    function ping(n) depth = depth + 1; if n == 0 then return depth end return pong(n - 1) end
+    function pong(n) depth = depth + 1; if n == 0 then return -depth end return ping(n - 1) end
+    assert.equal(-6, there(function(a) return a(5) end, ping))
+    assert.same({ 5, -10 }, there(function(a, b) return { a(4), b(4) } end, ping, pong))
+    assert.equal(0, depth)
+  end)
+
+  it("does not share upvalues with a copy sent in an earlier blob", function()
+    local l1 = group:loops()[1]
+    local count = 0
+    local function bump() count = count + 1; return count end
+    local function read() return count end
+    local function pure() return "pure" end   -- cached there: one closure
+    assert.equal(2, l1:submit(function(inc, get, p)
+      _G.first_inc, _G.first_get, _G.first_pure = inc, get, p
+      inc(); inc()
+      return get()
+    end, bump, read, pure):sync())
+    -- the same functions again, to the same loop: a fresh shared copy
+    assert.same({ 1, 1, 3, 3, false, true }, l1:submit(function(inc, get, p)
+      local r = { inc(), get(), _G.first_inc(), _G.first_get(), inc == _G.first_inc,
+        p == _G.first_pure }
+      _G.first_inc, _G.first_get, _G.first_pure = nil, nil, nil
+      return r
+    end, bump, read, pure):sync())
+    assert.equal(0, count)
+  end)
+
   it("caches compiled functions: the same function arrives as the same closure", function()
     local function pure() return "pure" end
     local same = group:loops()[1]:submit(function(a, b) return a == b and a() end, pure, pure):sync()

@@ -114,4 +114,31 @@ describe("write futures", function()
     cl:close()
     server:close():sync()
   end)
+
+  it("stay lazy through synchronous encoders, and fail once with exception_caught", function()
+    local done = netrun.promise()
+    local App = {}
+    function App:channel_read(ctx, msg)
+      local ok = ctx:write_and_flush("framed")            -- through length_prepender
+      local bad = ctx:write({ not_bytes = true })          -- the head cannot send a table
+      ok:add_listener(function(f)
+        done:try_success({ f:is_success(), bad:is_done(), bad:is_success(), self.errors or 0 })
+      end)
+    end
+    function App:exception_caught(ctx, err) self.errors = (self.errors or 0) + 1 end
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("prepend", netrun.codec.length_prepender { length = 2 })
+        ch:pipeline():add_last("app", setmetatable({}, { __index = App }))
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("x")
+    assert.equal("\0\6framed", H.recv(c, 8))
+    assert.same({ true, true, false, 1 }, done:sync())
+    c:close()
+    server:close():sync()
+  end)
 end)

@@ -60,6 +60,28 @@ function netrun.all(futures)
   return all
 end
 
+-- netrun.option(name, default): a script's option, for examples and small
+-- servers: `--name value` or `--name=value` in the global `arg` (what
+-- `netrun script.lua ...` passes), else the environment variable NAME,
+-- else default. A numeric default makes the value a number, and a value
+-- that is not one raises.
+function netrun.option(name, default)
+  local value
+  local args = rawget(_G, "arg") or {}
+  local flag = "--" .. name
+  for i = 1, #args do
+    if args[i] == flag then value = args[i + 1] break end
+    local v = args[i]:match("^" .. flag:gsub("%-", "%%-") .. "=(.*)$")
+    if v then value = v break end
+  end
+  value = value or os.getenv((name:upper():gsub("%-", "_")))
+  if value == nil then return default end
+  if type(default) == "number" then
+    return tonumber(value) or error("option --" .. name .. ": '" .. value .. "' is not a number", 2)
+  end
+  return value
+end
+
 -- Batteries: native handlers from the C side (core.codec, core.handler).
 netrun.codec = core.codec
 netrun.handler = core.handler

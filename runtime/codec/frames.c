@@ -384,4 +384,4 @@ static void prepender_removed(nr_ctx_t *ctx) { free(nr_ctx_state(ctx)); }
 
 const nr_handler_t nr_prepender_handler = {
     .type = "length_prepender", .removed = prepender_removed,
-    .write = prepender_write};
+    .write = prepender_write, .flags = NR_HANDLER_SYNC_WRITE};

@@ -14,7 +14,8 @@
  * of what it must remember about each delivered, unanswered request (HEAD,
  * HTTP/1.0, "close the connection after it"). Once a request that ends the
  * connection is delivered nothing more is parsed. A protocol error waits
- * for the responses still owed, then is answered and the channel closed.
+ * for the responses still owed, then is answered and the channel closed
+ * (after a half-close that lets the client stop sending: close_after_error).
  *
  * Encoding. The status line and headers are built in a per-thread scratch
  * buffer (no allocation per response), with a small body appended, and
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "codec/http.h"
@@ -731,6 +733,44 @@ static void put_status(out_t *o, int status, const char *reason,
   }
 }
 
+/* How long a connection that got an error response may go on sending
+ * before it is closed anyway. */
+#define ERROR_LINGER NR_SEC(2)
+
+static int linger_done(void *arg) {
+  nr_channel_close(arg, NULL);
+  nr_channel_release(arg);
+  return 0;
+}
+
+static int linger_cancelled(void *arg) {
+  nr_channel_release(arg);
+  return 0;
+}
+
+/* Closing a socket with unread input makes the kernel send a reset, which
+ * can destroy the error response before the client reads it (a client
+ * still uploading a body it was refused). So once the response has left,
+ * half-close instead: the client sees the response and EOF, and closes;
+ * its EOF closes the channel (what is still read meanwhile is discarded),
+ * or ERROR_LINGER does. If the response is still queued, close at once. */
+static void close_after_error(nr_http_server_t *s) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  int fd = nr_channel_fd(ch);
+  if (nr_channel_pending_bytes(ch) == 0 && fd >= 0 &&
+      shutdown(fd, SHUT_WR) == 0) {
+    nr_timer_t *t = nr_loop_schedule(nr_channel_loop(ch), ERROR_LINGER, 0,
+                                     linger_done, linger_cancelled,
+                                     nr_channel_retain(ch));
+    if (t != NULL) {
+      nr_timer_release(t);
+      return;
+    }
+    nr_channel_release(ch);
+  }
+  nr_ctx_close(s->ctx, NULL);
+}
+
 static void send_error(nr_http_server_t *s, int status) {
   out_t o;
   out_init(&o);
@@ -744,7 +784,7 @@ static void send_error(nr_http_server_t *s, int status) {
   s->closing = true;
   write_out(s->ctx, &o, NULL, 0, NULL);
   nr_ctx_flush(s->ctx);
-  nr_ctx_close(s->ctx, NULL);
+  close_after_error(s);
 }
 
 /* A response was completed: forget its request, close or answer a pending

@@ -10,8 +10,8 @@
  * A constructor returns a small userdata holding the configuration; the
  * per-channel C state is made each time it is added to a pipeline (the
  * __netrun_native hook), so one value may serve many channels of its
- * state. Like every Lua value it belongs to one state: make it inside
- * `init`, which runs on the channel's loop.
+ * state. Being plain bytes, it is copied when it crosses states (as an
+ * upvalue of `init`, say).
  */
 #include <pthread.h>
 #include <string.h>

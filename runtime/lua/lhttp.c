@@ -35,6 +35,19 @@
  * no request to answer, or one written while a stream is open fails the
  * write's future and is also reported to exception_caught of the handlers
  * after the codec; nothing is sent.
+ *
+ * Bad requests are answered by the codec itself and the channel closed
+ * once the responses still owed have gone out: 400 malformed, 413 body over
+ * max_body, 431 header block over max_header or more than 64 header lines,
+ * 501 a transfer coding other than chunked, 505 an HTTP major version
+ * other than 1, 503 more than 64 requests unanswered at once. An
+ * Expect: 100-continue request whose body has not arrived yet gets
+ * "100 Continue" at once (clients that use it do not pipeline).
+ *
+ * The value netrun.codec.http_server returns is a configuration: adding it
+ * to a pipeline makes a fresh codec, so one value may serve every channel
+ * of a state. Like every native handler configuration it is plain bytes,
+ * copied when it crosses states (an upvalue of `init`, say).
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -110,10 +123,16 @@ static void push_headers(lua_State *L, const nr_http_request_t *r) {
   lua_createtable(L, 0, (int)r->nheaders);
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
-    bool seen = false, repeated = false;
-    for (size_t j = 0; j < r->nheaders && !seen; j++)
-      if (j != i && same_name(h, &r->headers[j]))
-        j < i ? (void)(seen = true) : (void)(repeated = true);
+    bool seen = false, repeated = false;   /* before i, after i */
+    for (size_t j = 0; j < r->nheaders; j++) {
+      if (j == i || !same_name(h, &r->headers[j]))
+        continue;
+      if (j < i) {
+        seen = true;
+        break;
+      }
+      repeated = true;
+    }
     if (seen)
       continue;              /* joined when its first occurrence was */
     push_lower(L, h->name, h->name_len);
@@ -271,7 +290,8 @@ static int raw_field(lua_State *L, int idx, int kt, int k) {
   return lua_rawget(L, idx);
 }
 
-/* Fill r from the response table at idx (values left on the stack). */
+/* Fill r from the response table at idx (values left on the stack). Raw
+ * reads with interned keys: cheaper than a lua_next walk (measured). */
 static int to_response(lua_State *L, int idx, nr_http_response_t *r,
                        hdrs_t *h) {
   int kt = push_keys(L);
@@ -279,17 +299,18 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
   if (t == LUA_TNUMBER && lua_isinteger(L, -1))
     r->status = (int)lua_tointeger(L, -1);
   else if (t != LUA_TNIL)
-    return bad("http response: status must be an integer, "
-                    "got a %s", luaL_typename(L, -1));
+    return bad("http response: status must be an integer, got a %s",
+               luaL_typename(L, -1));
   t = raw_field(L, idx, kt, K_REASON);
   if (t == LUA_TSTRING)
     r->reason = lua_tostring(L, -1);
   t = raw_field(L, idx, kt, K_BODY);
   if (t == LUA_TSTRING || t == LUA_TNUMBER)
-    r->body = lua_tolstring(L, -1, &r->body_len);  /* converts the copy */
+    r->body = lua_tolstring(L, -1, &r->body_len);  /* converts the copy,
+                                                      which stays on the stack */
   else if (t != LUA_TNIL)
-    return bad("http response: body must be a string, got a "
-                    "%s", luaL_typename(L, -1));
+    return bad("http response: body must be a string, got a %s",
+               luaL_typename(L, -1));
   raw_field(L, idx, kt, K_STREAM);
   r->stream = lua_toboolean(L, -1);
   t = raw_field(L, idx, kt, K_HEADERS);
@@ -300,8 +321,8 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
     r->headers = h->v;
     r->nheaders = h->n;
   } else if (t != LUA_TNIL) {
-    return bad("http response: headers must be a table, got "
-                    "a %s", luaL_typename(L, -1));
+    return bad("http response: headers must be a table, got a %s",
+               luaL_typename(L, -1));
   }
   return 0;
 }
@@ -334,7 +355,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     char msg[sizeof bad_msg];
     memcpy(msg, bad_msg, sizeof msg);
     nr_err_t err = {rc, msg};
-    nr_ctx_fire_exception(ctx, &err);
+    if (p != NULL)           /* without one, the pipeline reports the error */
+      nr_ctx_fire_exception(ctx, &err);
     rc = nr_raise(rc, "%s", msg);
   } else if (rc == 0) {
     rc = nr_http_server_write(ctx, &r, p);
@@ -348,7 +370,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 static const nr_handler_t lua_http_vt = {
     .type = "http_server", .added = nr_http_server_added,
     .removed = nr_http_server_removed, .read = nr_http_server_read,
-    .write = lwrite};
+    .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- the constructor ------------------------------------------------------------ */
 

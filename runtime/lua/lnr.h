@@ -165,7 +165,9 @@ typedef struct lnr_lmsg_s {
 } lnr_lmsg_t;
 
 /* Native handlers: a userdata whose metatable has __netrun_native, a light
- * userdata holding a function of this type that builds the C handler. */
+ * userdata holding a function of this type that builds the C handler. Such
+ * a userdata is a configuration of plain bytes (no pointers, no user
+ * values): transfer.c copies it between states. */
 typedef const nr_handler_t *(*lnr_native_fn)(lua_State *L, int idx,
                                              void **state);
 

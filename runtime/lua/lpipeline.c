@@ -405,6 +405,11 @@ static int fire_event_fn(void *target, void *msg, nr_promise_t *p) {
   return 0;
 }
 
+static int ctx_write_void_fn(void *target, void *msg, nr_promise_t *p) {
+  (void)p;
+  return nr_ctx_write_void(target, msg);
+}
+
 static int ctx_write_fn(void *target, void *msg, nr_promise_t *p) {
   return nr_ctx_write(target, msg, p);
 }
@@ -474,20 +479,27 @@ static nr_promise_t *opt_promise(lua_State *L, int idx) {
   return p;
 }
 
-/* A string written straight to the head of an open stream channel, with no
- * promise given: its future is a lazy one (see lhandle.c), which costs
- * nothing unless it is used. */
+/* A write to an open stream channel that reaches its head at once (see
+ * nr_ctx_writes_to_head), with no promise given: its future is a lazy one
+ * (see lhandle.c), which costs nothing unless it is used. A write that
+ * fails was reported to exception_caught by the pipeline; its future is a
+ * failed one. */
 static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
-  if (!lua_isnoneornil(L, 3) || lua_type(L, 2) != LUA_TSTRING)
+  if (!lua_isnoneornil(L, 3))
     return false;
   nr_channel_t *ch = nr_ctx_channel(ctx);
   if (!nr_channel_is_open(ch) || !nr_ctx_writes_to_head(ctx))
     return false;
-  size_t n;
-  const char *s = lua_tolstring(L, 2, &n);
-  nr_bytes_t b = NR_BYTES(s, n);
-  nr_ctx_write(ctx, &b, NULL);
-  lnr_push_lazy_write(L, ch, nr_channel_write_mark(ch), 1, LAZY_MT);
+  int rc = lnr_with_msg(L, 2, ch, ctx_write_void_fn, ctx, NULL);
+  if (rc < 0) {
+    nr_promise_t *p = nr_promise_new();
+    if (p == NULL)
+      luaL_error(L, "out of memory");
+    nr_promise_set_failure(p, rc, nr_strerror(rc));
+    lnr_push_new_handle_mt(L, LNR_FUTURE, p, FUTURE_MT);
+  } else {
+    lnr_push_lazy_write(L, ch, nr_channel_write_mark(ch), 1, LAZY_MT);
+  }
   if (flush)
     nr_ctx_flush(ctx);
   return true;

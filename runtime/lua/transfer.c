@@ -13,14 +13,17 @@
  *    process) plus their upvalues, packed recursively. An upvalue holding the
  *    source's globals is rebound to the destination's. The destination
  *    caches one closure per prototype, so a function whose only upvalue is
- *    _ENV costs no load at all the second time;
+ *    _ENV costs no load at all the second time. Closures of one blob that
+ *    share an upvalue in the source share its copy in the destination: the
+ *    second sighting of an upvalue is sent as a join (T_UPJOIN);
  *  - values reachable from package.loaded (modules, their fields, C
  *    functions of _G) travel by name and are resolved with require;
  *  - netrun handles travel by reference count;
  *  - anything else raises "cannot transfer <type> (<path>)".
  *
  * Only bytecode produced here is ever loaded, in mode "b", unstripped so
- * tracebacks keep their line numbers. Upvalues are copied, not shared.
+ * tracebacks keep their line numbers. Upvalues are copied, not shared,
+ * between blobs: a function sent in two submits gets two copies.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -31,7 +34,8 @@
 
 enum {
   T_NIL, T_FALSE, T_TRUE, T_INT, T_FLT, T_STR, T_TABLE, T_TABLE_MT, T_END,
-  T_REF, T_FUNC, T_GLOBALS, T_MODULE, T_HANDLE
+  T_REF, T_FUNC, T_GLOBALS, T_MODULE, T_HANDLE, T_NATIVE,
+  T_UPJOIN             /* only in a function's upvalue list: ref id, index */
 };
 
 #define MAX_DEPTH 200
@@ -116,7 +120,8 @@ typedef struct step_s {
 typedef struct packer_s {
   lua_State *L;
   lnr_blob_t *b;
-  int seen;            /* stack index: value -> id; 0 until needed */
+  int seen;            /* stack index: value -> id, upvalue id -> where;
+                          0 until needed */
   int nextid;
   int depth;
   bool map_fresh;      /* the module map was rebuilt during this pack */
@@ -164,6 +169,35 @@ static void put_size(packer_t *k, size_t n) {       /* varint */
 static void put_str(packer_t *k, const char *s, size_t n) {
   put_size(k, n);
   put(k, s, n);
+}
+
+/* A native handler's configuration (netrun.codec.line {...} and the like:
+ * a userdata whose metatable has __netrun_native) is plain bytes, so it is
+ * copied: its class name, its builder and its bytes. */
+static bool pack_native(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  int t = luaL_getmetafield(L, idx, "__netrun_native");   /* pushes if found */
+  if (t != LUA_TLIGHTUSERDATA) {
+    if (t != LUA_TNIL)
+      lua_pop(L, 1);
+    return false;
+  }
+  void *builder = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  t = luaL_getmetafield(L, idx, "__name");
+  if (t != LUA_TSTRING) {
+    if (t != LUA_TNIL)
+      lua_pop(L, 1);
+    return false;
+  }
+  size_t n;
+  const char *name = lua_tolstring(L, -1, &n);
+  put_byte(k, T_NATIVE);
+  put_str(k, name, n);
+  put(k, &builder, sizeof builder);
+  lua_pop(L, 1);
+  put_str(k, lua_touserdata(L, idx), lua_rawlen(L, idx));
+  return true;
 }
 
 static void add_handle(packer_t *k, int kind, void *ptr) {
@@ -491,23 +525,42 @@ static proto_t *proto_of(packer_t *k, int idx) {
   return p;
 }
 
-static void pack_function(packer_t *k, int idx) {
+/* Upvalue i of the function fid (at idx), whose value is on top: the first
+ * sighting of the upvalue in this blob is packed and remembered in the seen
+ * table under its lua_upvalueid (a light userdata, so it cannot clash with
+ * the tables and functions kept there) as fid << 8 | i; a later sighting,
+ * through another closure, is sent as a join to that one.
+ *
+ * Only upvalues that are not rebound to the globals get here, so a join
+ * only ever names two closures that have such an upvalue: neither is ever
+ * taken from the destination's closure cache (which holds only closures
+ * whose upvalues are all globals), both are made for this blob, and no
+ * cached closure is ever re-joined. The globals themselves are rebound, not
+ * joined: every function of a chunk shares its _ENV, and joining it would
+ * reach into the cached closures. */
+static void pack_upvalue(packer_t *k, int idx, int fid, int i) {
   lua_State *L = k->L;
-  if (module_name(k, idx, lua_iscfunction(L, idx))) {
-    put_byte(k, T_MODULE);
-    size_t n;
-    const char *s = lua_tolstring(L, -1, &n);
-    put_str(k, s, n);
+  int v = lua_gettop(L);
+  lua_pushlightuserdata(L, lua_upvalueid(L, idx, i));
+  if (lua_rawget(L, k->seen) == LUA_TNUMBER) {
+    lua_Integer where = lua_tointeger(L, -1);
+    put_byte(k, T_UPJOIN);
+    put_size(k, (size_t)(where >> 8));
+    put_byte(k, (int)(where & 0xff));
     lua_pop(L, 1);
     return;
   }
-  if (lua_iscfunction(L, idx))
-    fail(k, "C function");
-  if (seen_before(k, idx))
-    return;
-  proto_t *p = proto_of(k, idx);
-  put_byte(k, T_FUNC);
-  put(k, &p, sizeof p);
+  lua_pop(L, 1);
+  lua_pushlightuserdata(L, lua_upvalueid(L, idx, i));
+  lua_pushinteger(L, (lua_Integer)fid << 8 | i);
+  lua_rawset(L, k->seen);
+  pack_value(k, v);
+}
+
+/* The upvalue count, a flag saying whether all upvalues are the globals
+ * (the destination caches such closures), and the upvalues by index. */
+static void pack_upvalues(packer_t *k, int idx, int fid) {
+  lua_State *L = k->L;
   lua_Debug ar;
   lua_pushvalue(L, idx);
   lua_getinfo(L, ">u", &ar);
@@ -524,12 +577,33 @@ static void pack_function(packer_t *k, int idx) {
     } else {
       all_globals = false;
       enter(k, "upvalue '%s'", name && *name ? name : "?", 0);
-      pack_value(k, lua_gettop(L));
+      pack_upvalue(k, idx, fid, i);
       k->depth--;
     }
     lua_pop(L, 1);
   }
   k->b->buf[flag_at] = all_globals;
+}
+
+static void pack_function(packer_t *k, int idx) {
+  lua_State *L = k->L;
+  if (module_name(k, idx, lua_iscfunction(L, idx))) {
+    put_byte(k, T_MODULE);
+    size_t n;
+    const char *s = lua_tolstring(L, -1, &n);
+    put_str(k, s, n);
+    lua_pop(L, 1);
+    return;
+  }
+  if (lua_iscfunction(L, idx))
+    fail(k, "C function");
+  if (seen_before(k, idx))
+    return;
+  int fid = k->nextid - 1;               /* the id seen_before just gave */
+  proto_t *p = proto_of(k, idx);
+  put_byte(k, T_FUNC);
+  put(k, &p, sizeof p);
+  pack_upvalues(k, idx, fid);
 }
 
 static void pack_value(packer_t *k, int idx) {
@@ -572,6 +646,8 @@ static void pack_value(packer_t *k, int idx) {
   case LUA_TFUNCTION: pack_function(k, idx); break;
   case LUA_TUSERDATA: {
     int kind = lnr_handle_kind(L, idx);
+    if (kind == 0 && pack_native(k, idx))
+      break;
     if (kind == 0)
       fail(k, "userdata");
     void *ptr = lnr_to_handle(L, idx, kind);
@@ -743,6 +819,29 @@ static void unpack_table(unpacker_t *u, bool with_mt) {
   }
 }
 
+/* Make upvalue i of the closure at f the very upvalue j of the closure
+ * with the given id, made earlier in this blob (see pack_upvalue). The
+ * earlier closure's upvalue may not hold its value yet (the join can come
+ * from inside that value); it is one cell, so it will. */
+static bool has_upvalue(lua_State *L, int f, int n) {
+  if (lua_getupvalue(L, f, n) == NULL)
+    return false;
+  lua_pop(L, 1);
+  return true;
+}
+
+static void join_upvalue(unpacker_t *u, int f, int i) {
+  lua_State *L = u->L;
+  size_t id = get_size(u);
+  int j = get_byte(u);
+  /* lua_upvaluejoin does not check its indices: a bad blob must not reach it */
+  if (u->refs == 0 || lua_rawgeti(L, u->refs, (lua_Integer)id) != LUA_TFUNCTION ||
+      lua_iscfunction(L, -1) || !has_upvalue(L, -1, j) || !has_upvalue(L, f, i))
+    luaL_error(L, "corrupt transfer blob");
+  lua_upvaluejoin(L, f, i, -1, j);
+  lua_pop(L, 1);                          /* the earlier closure */
+}
+
 static void unpack_function(unpacker_t *u) {
   lua_State *L = u->L;
   proto_t *p;
@@ -776,10 +875,34 @@ static void unpack_function(unpacker_t *u) {
   remember(u);                            /* before upvalues: recursion */
   f = lua_gettop(L);
   for (int i = 1; i <= nups; i++) {
+    if (u->pos < u->b->len && u->b->buf[u->pos] == T_UPJOIN) {
+      u->pos++;
+      join_upvalue(u, f, i);
+      continue;
+    }
     unpack_value(u);
     if (lua_setupvalue(L, f, i) == NULL)
       lua_pop(L, 1);
   }
+}
+
+/* The class is made on first use in each state; a state that has not made
+ * it yet gets it with the builder alone, which is all a pipeline needs. */
+static void unpack_native(unpacker_t *u) {
+  lua_State *L = u->L;
+  size_t nl, n;
+  const char *name = get_str(u, &nl);
+  lua_pushlstring(L, name, nl);
+  void *builder;
+  get(u, &builder, sizeof builder);
+  const char *bytes = get_str(u, &n);
+  memcpy(lua_newuserdatauv(L, n, 0), bytes, n);
+  if (luaL_newmetatable(L, lua_tostring(L, -2))) {
+    lua_pushlightuserdata(L, builder);
+    lua_setfield(L, -2, "__netrun_native");
+  }
+  lua_setmetatable(L, -2);
+  lua_remove(L, -2);                            /* the name */
 }
 
 static void unpack_value(unpacker_t *u) {
@@ -832,6 +955,7 @@ static void unpack_value(unpacker_t *u) {
     lnr_push_handle(L, kind, ptr);
     break;
   }
+  case T_NATIVE: unpack_native(u); break;
   default:
     luaL_error(L, "corrupt transfer blob (tag %d)", tag);
   }

@@ -2,8 +2,9 @@
  * test_channel.c -- channels on real loopback sockets: a C-handler echo
  * server on two loops under 200 concurrent connections, backpressure
  * against a peer that does not read, accept backoff on EMFILE, TCP client
- * connect failures (refused, timed out), UDP, Unix stream sockets,
- * half-close and the flushing close.
+ * connect failures (refused, timed out), writes from many threads, the
+ * main thread's external-loop wait, UDP, Unix stream sockets, half-close
+ * and the flushing close.
  *
  * Handlers run on loop threads; the test thread learns what they saw only
  * through promises (whose completion orders memory) or atomics.
@@ -586,6 +587,48 @@ TEST(writes_from_many_threads_keep_each_threads_order) {
   close(lfd);
   nr_channel_release(ch);
   SHUTDOWN_GROUP(g);
+}
+
+/* ---- the main thread's wait ---------------------------------------------------- */
+
+static int complete(void *arg) {
+  nr_promise_set_success(arg, NULL, NULL);
+  return 0;
+}
+
+/* The main thread of `netrun` waits on futures by running its external
+ * loop, and it serves every channel result that way (connect, bind,
+ * close). Waiting forever must sleep, not poll (a deadline of "forever"
+ * once wrapped around into the past: the echo server's main thread then
+ * burned 70 % of its CPU); and promises completed by other threads wake
+ * it without counting as spurious wakeups, so 600 waits do not rebuild
+ * its selector. */
+TEST(main_thread_waits_without_spinning) {
+  nr_loop_t *m = nr_loop_new(&(nr_loop_opts_t){.name = "main", .external = true});
+  CHECK(nr_loop_current() == m);
+  nr_group_t *g = group("peer", 1);
+  nr_loop_t *l = nr_group_loop(g, 0);
+  nr_promise_t *p = nr_promise_new();
+  nr_timer_t *t = nr_loop_schedule(l, NR_MS(300), 0, complete, NULL, p);
+  nr_loop_stats_t a, b;
+  nr_loop_stats(m, &a);
+  CHECK_EQ(nr_promise_wait(p, UINT64_MAX), 0);
+  nr_loop_stats(m, &b);
+  fprintf(stderr, "  a 300 ms wait took %llu iterations\n",
+          (unsigned long long)(b.iterations - a.iterations));
+  CHECK_LT(b.iterations - a.iterations, 10);
+  nr_timer_release(t);
+  nr_promise_release(p);
+  for (int i = 0; i < 600; i++) {
+    p = nr_promise_new();
+    CHECK_EQ(nr_loop_execute(l, complete, p), 0);
+    CHECK_EQ(nr_promise_wait(p, UINT64_MAX), 0);
+    nr_promise_release(p);
+  }
+  nr_loop_stats(m, &b);
+  CHECK_EQ(b.selector_rebuilds, 0);
+  SHUTDOWN_GROUP(g);
+  nr_loop_free(m);
 }
 
 /* ---- UDP ------------------------------------------------------------------------- */
