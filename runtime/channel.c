@@ -57,10 +57,8 @@ static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events);
 nr_channel_t *nr__channel_new(int kind, int family, int fd,
                               const nr_channel_opts_t *opts) {
   nr_channel_t *ch = calloc(1, sizeof *ch);
-  if (ch == NULL || (ch->close_future = nr_promise_new()) == NULL) {
-    free(ch);
+  if (ch == NULL)
     return NULL;
-  }
   atomic_init(&ch->refs, 1);
   atomic_init(&ch->pub, NR__OPEN | NR__WRITABLE);
   ch->id = atomic_fetch_add(&next_id, 1);
@@ -88,7 +86,7 @@ void nr_channel_release(nr_channel_t *ch) {
     close(ch->io.fd);                          /* never registered */
   if (ch->reg_promise)
     nr_promise_release(ch->reg_promise);
-  nr_promise_release(ch->close_future);
+  nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   free(ch->unix_path);
   free(ch->srv);
@@ -117,8 +115,31 @@ int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
   assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
   return nr__out_watch(&ch->out, mark, p);
 }
-nr_promise_t *nr_channel_close_future(const nr_channel_t *ch) {
-  return ch->close_future;
+/* Lazily made, from any thread. The closing loop sets `closed` then looks
+ * for a future; a requester installs its future then looks at `closed`:
+ * one of them (or both: completion is idempotent) completes it. */
+nr_promise_t *nr_channel_close_future(const nr_channel_t *cch) {
+  nr_channel_t *ch = (nr_channel_t *)cch;
+  nr_promise_t *p = atomic_load(&ch->close_future);
+  if (p != NULL)
+    return p;
+  nr_promise_t *n = nr_promise_new();
+  if (n == NULL)
+    return NULL;
+  if (!atomic_compare_exchange_strong(&ch->close_future, &p, n)) {
+    nr_promise_release(n);                  /* another thread was first */
+    return p;
+  }
+  if (atomic_load(&ch->closed))
+    nr_promise_set_success(n, NULL, NULL);
+  return n;
+}
+
+void nr__channel_closed(nr_channel_t *ch) {
+  atomic_store(&ch->closed, true);
+  nr_promise_t *p = atomic_load(&ch->close_future);
+  if (p != NULL)
+    nr_promise_set_success(p, NULL, NULL);
 }
 const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch) {
   return &ch->opts;
@@ -612,7 +633,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     ch->st &= ~NR__REGISTERED;
     unlink_from_loop(ch);
   }
-  nr_promise_set_success(ch->close_future, NULL, NULL);
+  nr__channel_closed(ch);
 }
 
 /* Close every channel of a shutting-down loop (Netty's closeAll): flushed
@@ -739,8 +760,8 @@ static void complete_on_close(nr_promise_t *f, void *arg) {
 static int head_close(nr_ctx_t *ctx, nr_promise_t *p) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   if (p)
-    nr_promise_add_listener(ch->close_future, NULL, complete_on_close,
-                            nr_promise_retain(p));
+    nr_promise_add_listener(nr_channel_close_future(ch), NULL,
+                            complete_on_close, nr_promise_retain(p));
   nr__channel_close(ch, false);
   return 0;
 }

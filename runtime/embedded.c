@@ -273,7 +273,7 @@ void nr_embedded_close(nr_embedded_t *e) {
     ch->st &= ~NR__REGISTERED;
   }
   nr__pipeline_destroy(&ch->pipe);
-  nr_promise_set_success(ch->close_future, NULL, NULL);
+  nr__channel_closed(ch);
 }
 
 void nr_embedded_free(nr_embedded_t *e) {

@@ -290,7 +290,12 @@ struct nr_channel_s {
   nr_pipeline_t pipe;
   nr_outbound_t out;
   nr_channel_opts_t opts;
-  nr_promise_t *close_future;
+  /* Made on first request (most channels are never asked for it: an idle
+   * connection should not pay for a promise); `closed` is set when the
+   * channel has closed, after which the future is completed by whoever
+   * sees both. See nr_channel_close_future. */
+  nr_promise_t *_Atomic close_future;
+  _Atomic bool closed;
   nr_promise_t *connect_promise;
   nr_timer_t *connect_timer, *linger_timer;
   nr_server_t *srv;
@@ -328,6 +333,8 @@ int nr__channel_set_raddr(nr_channel_t *ch, const void *sa, socklen_t len);
 void nr__accept_ready(nr_channel_t *ch);     /* bootstrap.c */
 void nr__channel_set_active(nr_channel_t *ch);
 void nr__channel_close(nr_channel_t *ch, bool abort);
+/* The channel has closed: complete its close future (if one was made). */
+void nr__channel_closed(nr_channel_t *ch);
 void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
 extern const nr_handler_t nr__head_handler;
 

@@ -17,13 +17,21 @@
 
 #include "lnr.h"
 
+/* What netrun learns of a handler table (or object) the first time it is
+ * added in a state, shared by every channel it serves: its skip mask and
+ * the two methods called per message (LUA_NOREF when absent). A userdata,
+ * kept in a weak-keyed table by the handler, so it lives as long as the
+ * handler does; its __gc drops the references. */
+typedef struct hrec_s {
+  unsigned mask;
+  int read_ref, read_complete_ref;
+} hrec_t;
+
 typedef struct lh_s {
   lnr_state_t *S;
   int ref;                   /* the handler (table or object) */
   int ctx_ref;               /* the ctx userdata */
-  /* The two methods called per message, looked up once when the handler
-   * is added (as its skip mask is); LUA_NOREF when absent. */
-  int read_ref, read_complete_ref;
+  const hrec_t *rec;         /* alive while ref is */
 } lh_t;
 
 typedef struct lctx_s {
@@ -50,40 +58,76 @@ static const struct {
     {"close", NR_OP_CLOSE}, {"read", NR_OP_READ}, {"write", NR_OP_WRITE},
     {"flush", NR_OP_FLUSH}};
 
-static const char MASKS = 0;          /* handler -> mask, weak keys */
+static const char RECS = 0, REC_MT = 0;   /* handler -> hrec_t, weak keys */
 
-/* The skip mask of the handler at idx, computed once per handler. */
-static unsigned handler_mask(lua_State *L, int idx) {
+static int rec_gc(lua_State *L) {
+  hrec_t *r = lua_touserdata(L, 1);
+  luaL_unref(L, LUA_REGISTRYINDEX, r->read_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, r->read_complete_ref);
+  r->read_ref = r->read_complete_ref = LUA_NOREF;
+  return 0;
+}
+
+/* Push the weak-keyed registry table at key, made the first time. */
+static void push_weak(lua_State *L, const char *key) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE)
+    return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+}
+
+/* A registry reference to the handler's method, or LUA_NOREF. */
+static int method_ref(lua_State *L, int idx, const char *name) {
+  lua_getfield(L, idx, name);
+  if (lua_isfunction(L, -1))
+    return luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pop(L, 1);
+  return LUA_NOREF;
+}
+
+/* The record of the handler at idx, made the first time (the skip mask
+ * is computed once per handler, as Netty computes it once per class). */
+static const hrec_t *handler_rec(lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &MASKS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_newtable(L);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &MASKS);
-  }
+  push_weak(L, &RECS);
   lua_pushvalue(L, idx);
-  if (lua_rawget(L, -2) == LUA_TNUMBER) {
-    unsigned m = (unsigned)lua_tointeger(L, -1);
-    lua_pop(L, 2);
-    return m;
+  if (lua_rawget(L, -2) == LUA_TUSERDATA) {
+    const hrec_t *r = lua_touserdata(L, -1);
+    lua_pop(L, 2);                    /* still referenced by the table */
+    return r;
   }
   lua_pop(L, 1);
-  unsigned m = 0;
+  hrec_t *r = lua_newuserdatauv(L, sizeof *r, 0);
+  r->mask = 0;
+  r->read_ref = r->read_complete_ref = LUA_NOREF;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &REC_MT) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushcfunction(L, rec_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &REC_MT);
+  }
+  lua_setmetatable(L, -2);
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
     lua_getfield(L, idx, methods[i].name);
     if (lua_isfunction(L, -1))
-      m |= methods[i].bit;
+      r->mask |= methods[i].bit;
     lua_pop(L, 1);
   }
+  r->read_ref = method_ref(L, idx, "channel_read");
+  r->read_complete_ref = method_ref(L, idx, "channel_read_complete");
   lua_pushvalue(L, idx);
-  lua_pushinteger(L, m);
-  lua_rawset(L, -3);
+  lua_insert(L, -2);
+  lua_rawset(L, -3);                  /* recs[handler] = r */
   lua_pop(L, 1);
-  return m;
+  return r;
 }
 
 /* ---- calling handler methods ------------------------------------------------ */
@@ -174,7 +218,7 @@ INBOUND0(lh_inactive, "channel_inactive")
 
 static int lh_read_complete(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
-  lua_State *L = begin_ref(ctx, h->read_complete_ref, "channel_read_complete");
+  lua_State *L = begin_ref(ctx, h->rec->read_complete_ref, "channel_read_complete");
   return finish(ctx, L, 0, "channel_read_complete");
 }
 INBOUND0(lh_writability, "channel_writability_changed")
@@ -183,7 +227,7 @@ INBOUND0(lh_do_read, "read")
 
 static int lh_read(nr_ctx_t *ctx, void *msg) {
   lh_t *h = nr_ctx_state(ctx);
-  lua_State *L = begin_ref(ctx, h->read_ref, "channel_read");
+  lua_State *L = begin_ref(ctx, h->rec->read_ref, "channel_read");
   lnr_push_msg(L, msg);
   return finish(ctx, L, 1, "channel_read");
 }
@@ -265,8 +309,6 @@ static void lh_added(nr_ctx_t *ctx) {
 static void lh_free(lua_State *L, lh_t *h) {
   luaL_unref(L, LUA_REGISTRYINDEX, h->ref);
   luaL_unref(L, LUA_REGISTRYINDEX, h->ctx_ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, h->read_ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, h->read_complete_ref);
   free(h);
 }
 
@@ -283,11 +325,7 @@ static void lh_removed(nr_ctx_t *ctx) {
 static unsigned lh_mask(const nr_handler_t *vt, void *state) {
   (void)vt;
   lh_t *h = state;
-  lua_State *L = h->S->L;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);
-  unsigned m = handler_mask(L, -1);
-  lua_pop(L, 1);
-  return m;
+  return h->rec->mask;
 }
 
 static const nr_handler_t lua_vt = {
@@ -602,15 +640,6 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
   return NULL;
 }
 
-/* A registry reference to the handler's method, or LUA_NOREF. */
-static int method_ref(lua_State *L, int idx, const char *name) {
-  lua_getfield(L, idx, name);
-  if (lua_isfunction(L, -1))
-    return luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_pop(L, 1);
-  return LUA_NOREF;
-}
-
 /* Builds the C handler for the value at idx: a Lua table or object, or a
  * native handler (userdata whose metatable has __netrun_native). */
 static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
@@ -630,8 +659,7 @@ static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
   lua_pushvalue(L, idx);
   h->ref = luaL_ref(L, LUA_REGISTRYINDEX);
   h->ctx_ref = LUA_NOREF;
-  h->read_ref = method_ref(L, idx, "channel_read");
-  h->read_complete_ref = method_ref(L, idx, "channel_read_complete");
+  h->rec = handler_rec(L, idx);
   *state = h;
   return &lua_vt;
 }
