@@ -7,6 +7,7 @@
 #   nr_lua  netrun examples/echo.lua   netrun, Lua echo handler, one worker loop
 # and each workload
 #   pp64     64 B ping-pong, 64 connections
+#   pp256    the same with 256 connections
 #   p16x64   64 B, 16 messages in flight per connection, 64 connections
 #   p16x256  the same with 256 connections
 # pins the server to CPU 0 and bench/echo_load to CPU 1, runs WARMUP s of
@@ -24,7 +25,7 @@ RUNS=${RUNS:-3}
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
 SERVERS=${SERVERS:-"epoll nr_c nr_lua"}
-WORKLOADS=${WORKLOADS:-"pp64 p16x64 p16x256"}
+WORKLOADS=${WORKLOADS:-"pp64 pp256 p16x64 p16x256"}
 build=$here/build/bench
 
 bash "$here/scripts/deps.sh" util-linux procps >/dev/null   # taskset, uptime
@@ -44,6 +45,7 @@ server_cmd() {   # $1 server, $2 port
 load_args() {
   case $1 in
     pp64) echo "-c 64 -k 1 -s 64" ;;
+    pp256) echo "-c 256 -k 1 -s 64" ;;
     p16x64) echo "-c 64 -k 16 -s 64" ;;
     p16x256) echo "-c 256 -k 16 -s 64" ;;
     *) echo "unknown workload $1" >&2; exit 2 ;;
@@ -53,6 +55,7 @@ load_args() {
 describe() {
   case $1 in
     pp64) echo "64 B ping-pong, 64 conns" ;;
+    pp256) echo "64 B ping-pong, 256 conns" ;;
     p16x64) echo "64 B, 16 in flight, 64 conns" ;;
     p16x256) echo "64 B, 16 in flight, 256 conns" ;;
   esac
@@ -72,15 +75,26 @@ trap stop_server EXIT
 
 # One run, in this shell (so the EXIT trap can always kill the server):
 # sets R_RATE, R_P99, R_PER.
-run_one() {   # $1 server, $2 workload
-  local port=$((20000 + RANDOM % 20000))
+start_server() {   # $1 server; sets spid and port, or returns 1
+  port=$((20000 + RANDOM % 20000))
+  # A port someone listens on would answer the probe for the wrong server.
+  [[ -z $(ss -Hltn "sport = :$port") ]] || return 1
   # shellcheck disable=SC2046
   taskset -c 0 $(server_cmd "$1" "$port") >/tmp/run_echo.$$.log 2>&1 &
   spid=$!
-  local up=""
   for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then up=1; break; fi
+    kill -0 "$spid" 2>/dev/null || return 1        # died: bind failed?
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
     sleep 0.05
+  done
+  return 1
+}
+
+run_one() {   # $1 server, $2 workload
+  local port up=""
+  for _ in 1 2 3 4 5; do
+    if start_server "$1"; then up=1; break; fi
+    stop_server
   done
   if [[ -z $up ]]; then
     echo "run_echo: $1 did not start:" >&2; cat /tmp/run_echo.$$.log >&2; exit 1

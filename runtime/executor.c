@@ -230,6 +230,11 @@ bool nr__loop_has_tasks(nr_loop_t *l) {
          !nr__mpsc_empty(&l->tail_tasks);
 }
 
+bool nr_loop_has_pending_tasks(nr_loop_t *l) {
+  return nr__loop_has_tasks(l) ||
+         (nr__heap_peek(&l->heap) && nr__next_deadline(l) <= nr_now());
+}
+
 static inline void run_task(nr_loop_t *l, nr_task_t *t) {
   nr_task_fn fn = t->fn;
   void *arg = t->arg;

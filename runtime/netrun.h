@@ -139,6 +139,9 @@ nr_promise_t *nr_loop_termination_future(const nr_loop_t *loop);
 /* External loops only, on the creating thread: run one iteration, blocking
  * up to timeout ns (0 = poll) for tasks. Returns tasks run. */
 int nr_loop_run_once(nr_loop_t *loop, uint64_t timeout);
+/* Loop thread only (an external loop's creating thread): tasks are queued
+ * or timers are due -- run_once would have work without waiting. */
+bool nr_loop_has_pending_tasks(nr_loop_t *loop);
 
 /* Diagnostics: the current epoll fd (tests use it to provoke a spurious
  * wakeup storm, as a stale registration would). */

@@ -230,8 +230,8 @@ static int l_sync(lua_State *L) {
    * future was already done: a listener it added runs before sync returns
    * once the listener was queued. */
   if (cur != NULL && cur == lnr_main_loop())
-    while (nr_loop_run_once(cur, 0) > 0)
-      ;
+    while (nr_loop_has_pending_tasks(cur) && nr_loop_run_once(cur, 0) > 0)
+      ;                          /* no select (a syscall) when nothing waits */
   return finish_wait(L, p);
 }
 
