@@ -170,16 +170,7 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
     lua_pushnil(L);
     return;
   }
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_newtable(L);
-    lua_pushliteral(L, "v");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
-  }
+  lnr_push_weak(L, &CACHE_KEY, "v");
   if (lua_rawgetp(L, -1, ptr) == LUA_TUSERDATA) {
     proxy_t *p = lua_touserdata(L, -1);
     if (p->kind == kind && p->ptr == ptr) {

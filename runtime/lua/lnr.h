@@ -172,6 +172,9 @@ typedef const nr_handler_t *(*lnr_native_fn)(lua_State *L, int idx,
                                              void **state);
 
 /* Helpers */
+/* Push the registry table stored under the address `key`, making it the
+ * first time as a weak table of the given __mode ("k", "v" or "kv"). */
+void lnr_push_weak(lua_State *L, const void *key, const char *mode);
 void lnr_set_funcs(lua_State *L, const luaL_Reg *l);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
 uint64_t lnr_ns(double seconds);

@@ -68,20 +68,6 @@ static int rec_gc(lua_State *L) {
   return 0;
 }
 
-/* Push the weak-keyed registry table at key, made the first time. */
-static void push_weak(lua_State *L, const char *key) {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE)
-    return;
-  lua_pop(L, 1);
-  lua_newtable(L);
-  lua_newtable(L);
-  lua_pushliteral(L, "k");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
-}
-
 /* A registry reference to the handler's method, or LUA_NOREF. */
 static int method_ref(lua_State *L, int idx, const char *name) {
   lua_getfield(L, idx, name);
@@ -95,7 +81,7 @@ static int method_ref(lua_State *L, int idx, const char *name) {
  * is computed once per handler, as Netty computes it once per class). */
 static const hrec_t *handler_rec(lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
-  push_weak(L, &RECS);
+  lnr_push_weak(L, &RECS, "k");
   lua_pushvalue(L, idx);
   if (lua_rawget(L, -2) == LUA_TUSERDATA) {
     const hrec_t *r = lua_touserdata(L, -1);

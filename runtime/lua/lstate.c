@@ -267,3 +267,16 @@ void lnr_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
   lua_setfield(L, -2, "__name");
   lua_pop(L, 1);
 }
+
+void lnr_push_weak(lua_State *L, const void *key, const char *mode) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE)
+    return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushstring(L, mode);
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+}

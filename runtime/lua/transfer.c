@@ -494,16 +494,7 @@ static const char FCACHE_SRC = 0;   /* function -> proto, weak keys */
 
 static proto_t *proto_of(packer_t *k, int idx) {
   lua_State *L = k->L;
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &FCACHE_SRC) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_newtable(L);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &FCACHE_SRC);
-  }
+  lnr_push_weak(L, &FCACHE_SRC, "k");
   lua_pushvalue(L, idx);
   proto_t *p = lua_rawget(L, -2) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, -1)
                                                        : NULL;
