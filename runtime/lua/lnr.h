@@ -22,8 +22,20 @@ typedef struct lnr_blob_s lnr_blob_t;
 
 /* ---- per-state context -------------------------------------------------- */
 
+/* A loop state's small blocks (lstate.c): size classes of 16 bytes up to
+ * 256, each a free list, carved from 16 KiB pages kept until the state is
+ * closed. Lua makes and frees such blocks for every message (strings,
+ * tables, futures); this is several times cheaper than malloc and free. */
+#define LNR_POOL_CLASSES 16
+typedef struct lnr_pool_s {
+  void *free[LNR_POOL_CLASSES];
+  char *cur, *end;              /* the page being carved */
+  void *pages;                  /* every page, linked through its start */
+} lnr_pool_t;
+
 typedef struct lnr_state_s {
   lua_State *L;
+  lnr_pool_t pool;
   nr_loop_t *loop;            /* the loop this state runs on (main: external) */
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */

@@ -83,17 +83,83 @@ int lnr_run_packed(lua_State *L, lnr_blob_t *b, int nresults) {
 
 /* ---- loop states ----------------------------------------------------------- */
 
+/* Under a sanitizer every block goes to malloc, so that its checks see
+ * each one. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define POOL_MAX 0
+#else
+#define POOL_MAX (LNR_POOL_CLASSES * 16)
+#endif
+#define POOL_PAGE 16384
+
+static size_t pool_class(size_t n) { return (n - 1) / 16; }
+
+static void *pool_get(lnr_pool_t *p, size_t n) {
+  size_t c = pool_class(n);
+  void *b = p->free[c];
+  if (b != NULL) {
+    p->free[c] = *(void **)b;
+    return b;
+  }
+  size_t size = (c + 1) * 16;
+  if (p->cur == NULL || (size_t)(p->end - p->cur) < size) {
+    char *page = malloc(POOL_PAGE);
+    if (page == NULL)
+      return NULL;
+    *(void **)page = p->pages;            /* the link takes the first block */
+    p->pages = page;
+    p->cur = page + 16;
+    p->end = page + POOL_PAGE;
+  }
+  b = p->cur;
+  p->cur += size;
+  return b;
+}
+
+static void pool_put(lnr_pool_t *p, void *b, size_t n) {
+  size_t c = pool_class(n);
+  *(void **)b = p->free[c];
+  p->free[c] = b;
+}
+
+static void pool_free_pages(lnr_pool_t *p) {
+  for (void *pg = p->pages, *next; pg != NULL; pg = next) {
+    next = *(void **)pg;
+    free(pg);
+  }
+  memset(p, 0, sizeof *p);
+}
+
+/* Lua's allocator for loop states: small blocks from the pool (Lua always
+ * tells a block's size, so its class is known), others from malloc; the
+ * state's memory is counted for stats(). Loop thread only. */
 static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   lnr_state_t *S = ud;
   size_t old = ptr ? osize : 0;
   size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
+  bool pooled = old > 0 && old <= POOL_MAX;
+  void *p = NULL;
   if (nsize == 0) {
-    free(ptr);
-    atomic_store_explicit(&S->memory, m - old, memory_order_relaxed);
-    return NULL;
+    if (pooled)
+      pool_put(&S->pool, ptr, old);
+    else
+      free(ptr);
+  } else if (pooled && nsize <= POOL_MAX &&
+             pool_class(old) == pool_class(nsize)) {
+    p = ptr;                               /* same class: stays in place */
+  } else if (nsize <= POOL_MAX || pooled) {
+    p = nsize <= POOL_MAX ? pool_get(&S->pool, nsize) : malloc(nsize);
+    if (p != NULL && old > 0) {            /* moved between pool and malloc */
+      memcpy(p, ptr, old < nsize ? old : nsize);
+      if (pooled)
+        pool_put(&S->pool, ptr, old);
+      else
+        free(ptr);
+    }
+  } else {
+    p = realloc(ptr, nsize);               /* large to large */
   }
-  void *p = realloc(ptr, nsize);
-  if (p != NULL)
+  if (nsize == 0 || p != NULL)
     atomic_store_explicit(&S->memory, m - old + nsize, memory_order_relaxed);
   return p;
 }
@@ -154,6 +220,7 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
     return;
   nr_loop_set_data(loop, NULL);
   lua_close(S->L);
+  pool_free_pages(&S->pool);
   free(S);
 }
 
