@@ -13,22 +13,10 @@
  *  - the parser alone agrees: the requests are exactly those that
  *    nr_resp_parse finds walking the whole input.
  */
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "codec/resp.h"
-#include "netrun.h"
+#include "common.h"
 
-#define CHECK(c)                                                             \
-  do {                                                                       \
-    if (!(c)) {                                                              \
-      fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #c, __FILE__,  \
-              __LINE__);                                                     \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
+#define CHECK FUZZ_ASSERT
 
 typedef struct out_s {
   char *bytes;                 /* requests: argc, then each arg as len+data */
@@ -40,23 +28,13 @@ typedef struct out_s {
 
 static nr_resp_limits_t lim;
 
-static void add(char **b, size_t *len, size_t *cap, const void *p, size_t n) {
-  if (*len + n > *cap) {
-    *cap = (*len + n) * 2 + 64;
-    *b = realloc(*b, *cap);
-    CHECK(*b != NULL);
-  }
-  memcpy(*b + *len, p, n);
-  *len += n;
-}
-
 static void add_cmd(out_t *o, const nr_slice_t *v, size_t argc) {
   uint64_t n = argc;
-  add(&o->bytes, &o->len, &o->cap, &n, sizeof n);
+  fuzz_append(&o->bytes, &o->len, &o->cap, &n, sizeof n);
   for (size_t i = 0; i < argc; i++) {
     n = v[i].len;
-    add(&o->bytes, &o->len, &o->cap, &n, sizeof n);
-    add(&o->bytes, &o->len, &o->cap, v[i].data, v[i].len);
+    fuzz_append(&o->bytes, &o->len, &o->cap, &n, sizeof n);
+    fuzz_append(&o->bytes, &o->len, &o->cap, v[i].data, v[i].len);
   }
 }
 
@@ -76,7 +54,7 @@ static void on_outbound(void *ud, void *msg) {
   CHECK(nr_msg_type(msg) == NR_MSG_BYTES);
   const nr_bytes_t *b = msg;
   CHECK(b->len > 22 && memcmp(b->data, "-ERR Protocol error: ", 21) == 0);
-  add(&o->replies, &o->rlen, &o->rcap, b->data, b->len);
+  fuzz_append(&o->replies, &o->rlen, &o->rcap, b->data, b->len);
 }
 
 static void on_exception(void *ud, const nr_err_t *err) {
@@ -85,33 +63,16 @@ static void on_exception(void *ud, const nr_err_t *err) {
   o->errors++;
 }
 
-static nr_loop_t *loop(void) {
-  static nr_loop_t *l;
-  if (l == NULL) {
-    nr_log_set_level(NR_LOG_OFF);
-    l = nr_loop_new(&(nr_loop_opts_t){.name = "fuzz", .external = true});
-    CHECK(l != NULL);
-  }
-  return l;
-}
-
 static void run(const uint8_t *data, size_t size, uint32_t seed, out_t *o) {
   nr_embedded_sink_t sink = {on_inbound, on_outbound, on_exception, o};
-  nr_embedded_t *e = nr_embedded_new(loop(), &sink);
+  nr_embedded_t *e = nr_embedded_new(fuzz_loop(), &sink);
   CHECK(e != NULL);
   nr_pipeline_t *p = nr_channel_pipeline(nr_embedded_channel(e));
   CHECK(nr_pipeline_add_last(p, "resp", &nr_resp_handler, nr_resp_new(&lim)) == 0);
   nr_embedded_start(e);
   size_t off = 0;
   while (off < size) {
-    size_t n = size - off;
-    if (seed) {
-      seed = seed * 1103515245u + 12345u;
-      size_t max = (seed >> 16) % 4 == 0 ? 64 : 8;
-      n = 1 + (seed >> 8) % max;
-      if (n > size - off)
-        n = size - off;
-    }
+    size_t n = fuzz_chunk(&seed, size - off);
     nr_bytes_t b = NR_BYTES((const char *)data + off, n);
     nr_embedded_write_inbound(e, &b, true);
     off += n;
@@ -155,12 +116,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   lim.max_inline = 1 + (data[2] & 63);
   data += 3;
   size -= 3;
-  uint32_t seed = 2166136261u;
-  for (size_t i = 0; i < size; i++)
-    seed = (seed ^ data[i]) * 16777619u;
   out_t whole = {0}, split = {0}, alone = {0};
   run(data, size, 0, &whole);
-  run(data, size, seed | 1, &split);
+  run(data, size, fuzz_seed(data, size), &split);
   parse_alone(data, size, &alone);
   same(&whole, &split);
   same(&whole, &alone);

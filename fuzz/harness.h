@@ -14,13 +14,8 @@
 #ifndef NR_FUZZ_HARNESS_H
 #define NR_FUZZ_HARNESS_H
 
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "codec/codec.h"
-#include "netrun.h"
+#include "common.h"
 
 typedef struct fuzz_out_s {
   char *bytes;               /* frames, each as 8-byte length + data */
@@ -36,23 +31,8 @@ static const nr_handler_t *fuzz_handler(const fuzz_cfg_t *cfg, void **state);
 static void check_frame(const fuzz_cfg_t *cfg, const char *f, size_t len);
 static size_t max_held(const fuzz_cfg_t *cfg, size_t chunk);
 
-#define FUZZ_ASSERT(c)                                                       \
-  do {                                                                       \
-    if (!(c)) {                                                              \
-      fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #c, __FILE__,  \
-              __LINE__);                                                     \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
-
 static void out_add(fuzz_out_t *o, const void *p, size_t n) {
-  if (o->len + n > o->cap) {
-    o->cap = (o->len + n) * 2 + 64;
-    o->bytes = realloc(o->bytes, o->cap);
-    FUZZ_ASSERT(o->bytes != NULL);
-  }
-  memcpy(o->bytes + o->len, p, n);
-  o->len += n;
+  fuzz_append(&o->bytes, &o->len, &o->cap, p, n);
 }
 
 static const fuzz_cfg_t *cur_cfg;
@@ -74,16 +54,6 @@ static void on_exception(void *ud, const nr_err_t *err) {
   o->errors++;
 }
 
-static nr_loop_t *fuzz_loop(void) {
-  static nr_loop_t *loop;
-  if (loop == NULL) {
-    nr_log_set_level(NR_LOG_OFF);
-    loop = nr_loop_new(&(nr_loop_opts_t){.name = "fuzz", .external = true});
-    FUZZ_ASSERT(loop != NULL);
-  }
-  return loop;
-}
-
 /* Feed data in chunks (chunk sizes from seed; seed 0: one piece). */
 static void run(const fuzz_cfg_t *cfg, const uint8_t *data, size_t size,
                 uint32_t seed, fuzz_out_t *o) {
@@ -98,14 +68,7 @@ static void run(const fuzz_cfg_t *cfg, const uint8_t *data, size_t size,
   nr_decoder_t *d = nr_ctx_state(nr_pipeline_context(p, "dec"));
   size_t off = 0;
   while (off < size) {
-    size_t n = size - off;
-    if (seed) {
-      seed = seed * 1103515245u + 12345u;
-      size_t max = (seed >> 16) % 4 == 0 ? 64 : 8;
-      n = 1 + (seed >> 8) % max;
-      if (n > size - off)
-        n = size - off;
-    }
+    size_t n = fuzz_chunk(&seed, size - off);
     nr_bytes_t b = NR_BYTES((const char *)data + off, n);
     nr_embedded_write_inbound(e, &b, true);
     FUZZ_ASSERT(nr_decoder_buffered(d) <= max_held(cfg, n));
@@ -122,12 +85,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data += used;
   size -= used;
   cur_cfg = &cfg;
-  uint32_t seed = 2166136261u;
-  for (size_t i = 0; i < size; i++)
-    seed = (seed ^ data[i]) * 16777619u;
   fuzz_out_t whole = {0}, split = {0};
   run(&cfg, data, size, 0, &whole);
-  run(&cfg, data, size, seed | 1, &split);
+  run(&cfg, data, size, fuzz_seed(data, size), &split);
   FUZZ_ASSERT(whole.frames == split.frames);
   FUZZ_ASSERT(whole.len == split.len);
   FUZZ_ASSERT(whole.len == 0 || memcmp(whole.bytes, split.bytes, whole.len) == 0);
