@@ -6,9 +6,20 @@
 local H = require "spec.helper"
 local netrun, socket = H.netrun, H.socket
 
+-- A prepared response, made in this state and copied to the loop's with
+-- the handler that writes it.
+local Prepared = netrun.codec.http_response {
+  status = 202, reason = "Taken", headers = { ["content-type"] = "text/plain", ["x-p"] = 1 },
+  body = "prepared body",
+}
+
 -- The handler every in-process server runs: it describes the request.
 local Describe = {}
 function Describe:channel_read(ctx, req)
+  if req.path == "/prepared" then
+    ctx:write(Prepared)
+    return
+  end
   local names = {}
   for k in pairs(req.headers) do names[#names + 1] = k end
   table.sort(names)
@@ -336,6 +347,25 @@ describe("http_server on raw connections", function()
     c:close()
   end)
 
+  it("writes a prepared response as often as asked, with Date, and no body for HEAD", function()
+    local c = H.client(port)
+    assert(c:send("GET /prepared HTTP/1.1\r\n\r\nHEAD /prepared HTTP/1.1\r\n\r\n" ..
+                  "GET /prepared HTTP/1.0\r\n\r\n"))
+    for i, head in ipairs { false, true, false } do
+      local status, headers, body, line = read_response(c, head)
+      assert.equal("HTTP/1.1 202 Taken", line)
+      assert.equal(202, status)
+      assert.equal("13", headers["content-length"])
+      assert.equal("netrun", headers.server)
+      assert.equal("1", headers["x-p"])
+      assert.truthy(headers.date)
+      assert.equal(head and "" or "prepared body", body)
+      if i == 3 then assert.equal("close", headers.connection) end
+    end
+    assert_closed(c)             -- the HTTP/1.0 request asked for the close
+    c:close()
+  end)
+
   it("encodes reason, numeric body and header values, and repeated headers", function()
     local c = H.client(port)
     assert(c:send("GET /fields HTTP/1.1\r\n\r\n"))
@@ -380,6 +410,88 @@ end)
 local free_port, start, stop = H.free_port, H.start, H.stop
 
 describe("HTTP examples", function()
+  describe("the request a handler receives", function()
+    local function parse(bytes)
+      local ch = netrun.embedded(netrun.codec.http_server {})
+      ch:write_inbound(bytes)
+      local reqs = ch:read_all_inbound()
+      return reqs[1], ch
+    end
+    local raw = "POST /p/a?x=1&y=2 HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 2\r\n" ..
+                "Content-Length: 4\r\n\r\nbody"
+
+    it("reads like a table: method, path, query, version, headers, body, keep_alive", function()
+      local req, ch = parse(raw)
+      assert.equal("userdata", type(req))
+      assert.equal("POST", req.method)
+      assert.equal("/p/a", req.path)
+      assert.equal("x=1&y=2", req.query)
+      assert.equal("HTTP/1.1", req.version)
+      assert.same({ host = "h", ["x-a"] = "1, 2", ["content-length"] = "4" }, req.headers)
+      assert.equal("body", req.body)
+      assert.is_true(req.keep_alive)
+      assert.is_nil(req.nothing)
+      assert.equal("netrun.http.request: POST /p/a", tostring(req))
+      local get = parse("GET / HTTP/1.0\r\n\r\n")
+      assert.is_nil(get.query)
+      assert.equal("", get.body)
+      assert.equal("HTTP/1.0", get.version)
+      assert.is_false(get.keep_alive)
+      assert.same({}, get.headers)
+      ch:close()
+    end)
+
+    it("keeps its headers table and the fields a handler assigns; pairs sees them all", function()
+      local req, ch = parse(raw)
+      assert.equal(req.headers, req.headers)
+      req.headers.added = "yes"
+      assert.equal("yes", req.headers.added)
+      req.user = { id = 7 }
+      req.path = "/rewritten"
+      assert.equal(7, req.user.id)
+      assert.equal("/rewritten", req.path)
+      local seen = {}
+      for k, v in pairs(req) do seen[k] = v end
+      assert.same({ method = "POST", path = "/rewritten", query = "x=1&y=2",
+                    version = "HTTP/1.1", body = "body", keep_alive = true,
+                    user = { id = 7 },
+                    headers = { host = "h", ["x-a"] = "1, 2", ["content-length"] = "4",
+                                added = "yes" } }, seen)
+      ch:close()
+    end)
+
+    it("is checked once when prepared; a bad one raises at once", function()
+      local r = netrun.codec.http_response { body = "x" }
+      assert.equal("netrun.codec.http_response (200, 1 bytes of body)", tostring(r))
+      assert.has_error(function() netrun.codec.http_response { status = "200" } end,
+        "netrun.codec.http_response: http response: status must be an integer, got a string")
+      assert.has_error(function() netrun.codec.http_response { stream = true } end,
+        "netrun.codec.http_response: http response: a prepared response cannot be streamed")
+      assert.has_error(function()
+        netrun.codec.http_response { headers = { ["x"] = "a\r\nb: c" } }
+      end, "netrun.codec.http_response: http response: the value of header 'x' contains a control character")
+      assert.has_error(function() netrun.codec.http_response { status = 42 } end,
+        "netrun.codec.http_response: http response: status 42 is not in 100..999")
+      local ch = netrun.embedded()
+      assert.has_error(function() ch:pipeline():add_last("r", r) end,
+        "netrun.codec.http_response: a response to write, not a handler")
+      ch:close()
+    end)
+
+    it("crosses to another state as a plain table of its fields", function()
+      local req, ch = parse(raw)
+      req.user = "u"
+      local group = netrun.group { threads = 1, name = "req-copy" }
+      local got = group:next():submit(function()
+        return { type(req), req.method, req.path, req.query, req.headers["x-a"], req.body,
+                 req.user, req.keep_alive }
+      end):sync()
+      H.shutdown(group)
+      assert.same({ "table", "POST", "/p/a", "x=1&y=2", "1, 2", "body", "u", true }, got)
+      ch:close()
+    end)
+  end)
+
   it("http_hello.lua says Hello, World! over keep-alive", function()
     local port = free_port()
     local pid = start("examples/http_hello.lua", port)

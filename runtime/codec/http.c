@@ -8,7 +8,10 @@
  * cumulation `in` and parsing resumes there; the header block is then
  * simply re-parsed (cheap, and it keeps every pointer valid whatever the
  * buffer did), while the progress through a body is kept as offsets from
- * the request's start. Chunked bodies are decoded into `body`.
+ * the request's start. Chunked bodies are decoded into `body`. A complete
+ * header block is validated and split in one pass (a byte class table,
+ * field values eight bytes at a time); the block's end is searched for on
+ * its own only while it is incomplete or after a bad line.
  *
  * Answering. Responses go out in request order: the handler keeps a ring
  * of what it must remember about each delivered, unanswered request (HEAD,
@@ -40,30 +43,75 @@ enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
 
 /* ---- character classes ------------------------------------------------------- */
 
-/* RFC 9110 tchar as a bitmap: ALPHA DIGIT and !#$%&'*+-.^_`|~ */
-static const uint64_t tchar_bits[2] = {0x03ff6cfa00000000ull,
-                                       0x57ffffffc7fffffeull};
+/* One table lookup per byte classifies it: C_TOKEN an RFC 9110 tchar (ALPHA
+ * DIGIT and !#$%&'*+-.^_`|~), C_VALUE a field-value byte (VCHAR, obs-text,
+ * SP, HTAB), C_TARGET a request-target byte (VCHAR, obs-text), C_PATH one
+ * of those but '?'. The table is built by the compiler from these rules. */
+enum { C_TOKEN = 1, C_VALUE = 2, C_TARGET = 4, C_PATH = 8 };
+#define TCHAR(c) ((c) < 128 && (((c) < 64 ? 0x03ff6cfa00000000ull        \
+                                           : 0x57ffffffc7fffffeull) >>   \
+                                 ((c) & 63) & 1))
+#define VALUE(c) (((c) >= 0x20 && (c) != 0x7f) || (c) == '\t')
+#define TARGET(c) ((c) > 0x20 && (c) != 0x7f)
+#define CLS(c) ((TCHAR(c) ? C_TOKEN : 0) | (VALUE(c) ? C_VALUE : 0) |     \
+                (TARGET(c) ? C_TARGET : 0) |                              \
+                (TARGET(c) && (c) != '?' ? C_PATH : 0))
+#define CLS4(c) CLS(c), CLS((c) + 1), CLS((c) + 2), CLS((c) + 3)
+#define CLS16(c) CLS4(c), CLS4((c) + 4), CLS4((c) + 8), CLS4((c) + 12)
+#define CLS64(c) CLS16(c), CLS16((c) + 16), CLS16((c) + 32), CLS16((c) + 48)
+static const uint8_t cls[256] = {CLS64(0), CLS64(64), CLS64(128), CLS64(192)};
 
-static inline bool is_tchar(unsigned char c) {
-  return c < 128 && (tchar_bits[c >> 6] >> (c & 63) & 1);
+/* Where the run of class `c` bytes from s[i] ends (n at most). Unrolled:
+ * headers are mostly long runs, and one bound check per four bytes halves
+ * the work per byte. */
+static inline size_t span(const char *s, size_t i, size_t n, int c) {
+  const unsigned char *u = (const unsigned char *)s;
+  for (; i + 4 <= n; i += 4) {
+    if (!(cls[u[i]] & c))
+      return i;
+    if (!(cls[u[i + 1]] & c))
+      return i + 1;
+    if (!(cls[u[i + 2]] & c))
+      return i + 2;
+    if (!(cls[u[i + 3]] & c))
+      return i + 3;
+  }
+  while (i < n && cls[u[i]] & c)
+    i++;
+  return i;
+}
+
+/* Where the field value from s[i] ends (at its first byte not C_VALUE, n at
+ * most): eight bytes at a time while none is a control byte or DEL (the
+ * classic "has a byte less than" tricks, whose lowest flag is exact), HTAB
+ * the one such byte allowed; then byte by byte. */
+static inline size_t value_end(const char *s, size_t i, size_t n) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  const uint64_t ones = 0x0101010101010101ull, highs = ones << 7;
+  while (i + 8 <= n) {
+    uint64_t x, d;
+    memcpy(&x, s + i, 8);
+    d = x ^ (0x7f * ones);                          /* DEL bytes become 0 */
+    uint64_t bad = (((x - 0x20 * ones) & ~x) | ((d - ones) & ~d)) & highs;
+    if (bad == 0) {
+      i += 8;
+      continue;
+    }
+    i += (size_t)__builtin_ctzll(bad) / 8;         /* the first of them */
+    if (s[i] != '\t')
+      return i;
+    i++;
+  }
+#endif
+  return span(s, i, n, C_VALUE);
 }
 
 bool nr_http_is_token(const char *s, size_t n) {
-  if (n == 0)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (!is_tchar((unsigned char)s[i]))
-      return false;
-  return true;
+  return n > 0 && span(s, 0, n, C_TOKEN) == n;
 }
 
 bool nr_http_is_field_value(const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if ((c < 0x20 && c != '\t') || c == 0x7f)
-      return false;
-  }
-  return true;
+  return value_end(s, 0, n) == n;
 }
 
 static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
@@ -98,29 +146,22 @@ static size_t find_block_end(nr_http_parser_t *p, const char *s, size_t n) {
   }
 }
 
-/* Parse one "name: value" line at *ip into the request's header array. */
-static int parse_field(nr_http_request_t *r, const char *s, size_t len,
-                       size_t *ip) {
-  size_t i = *ip, n0 = i;
-  while (i < len && is_tchar((unsigned char)s[i]))
-    i++;
+/* Parse one "name: value" line at *ip into the request's header array. A
+ * line running past len is malformed too: callers tell that from "not all
+ * here" with find_block_end. */
+static inline int parse_field(nr_http_request_t *r, const char *s,
+                              size_t len, size_t *ip) {
+  size_t n0 = *ip, n1 = span(s, n0, len, C_TOKEN), i = n1;
   if (i == n0 || i >= len || s[i] != ':')
     return 400;              /* empty name, space before ':', obs-fold */
-  size_t n1 = i++;
+  i++;
   while (i < len && (s[i] == ' ' || s[i] == '\t'))
     i++;
-  size_t v0 = i;
-  while (i < len && s[i] != '\r' && s[i] != '\n') {
-    unsigned char c = (unsigned char)s[i];
-    if ((c < 0x20 && c != '\t') || c == 0x7f)
-      return 400;
-    i++;
-  }
-  size_t v1 = i;
+  size_t v0 = i, v1 = i = value_end(s, i, len);
   if (i < len && s[i] == '\r')
     i++;
   if (i >= len || s[i] != '\n')
-    return 400;              /* a bare CR */
+    return 400;              /* a control byte, or a bare CR */
   i++;
   while (v1 > v0 && (s[v1 - 1] == ' ' || s[v1 - 1] == '\t'))
     v1--;
@@ -150,9 +191,12 @@ static bool has_token(const char *v, size_t n, const char *tok, size_t tn) {
   return false;
 }
 
+/* What the framing headers said so far. */
+enum { H_LENGTH = 1, H_CHUNKED = 2, H_CLOSE = 4, H_KEEP = 8 };
+
 /* Content-Length: digits only; a repeat must agree. */
 static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
-                          bool *seen) {
+                          unsigned *seen) {
   uint64_t v = 0;
   if (h->value_len == 0)
     return 400;
@@ -164,36 +208,36 @@ static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
       return 413;
     v = v * 10 + c;
   }
-  if (*seen && v != p->content_length)
+  if ((*seen & H_LENGTH) && v != p->content_length)
     return 400;
-  *seen = true;
+  *seen |= H_LENGTH;
   p->content_length = v;
   return 0;
 }
 
-/* The request line: METHOD SP target SP HTTP/1.x CRLF. */
+/* The request line: METHOD SP target SP HTTP/1.x CRLF. A line that parses
+ * with some len parses the same with any larger one. */
 static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
                               size_t *ip) {
-  size_t i = 0;
-  while (i < len && is_tchar((unsigned char)s[i]))
-    i++;
+  size_t i = span(s, 0, len, C_TOKEN);
   if (i == 0 || i >= len || s[i] != ' ')
     return 400;
   r->method = s;
   r->method_len = i++;
-  size_t t0 = i, q = 0;
-  while (i < len && (unsigned char)s[i] > 0x20 && s[i] != 0x7f) {
-    if (s[i] == '?' && q == 0)
-      q = i;
-    i++;
-  }
-  if (i == t0 || q == t0 || i >= len || s[i] != ' ')
+  size_t t0 = i, q = span(s, i, len, C_PATH);   /* q: '?' or the end */
+  i = q < len && s[q] == '?' ? span(s, q + 1, len, C_TARGET) : q;
+  if (q == t0 || i >= len || s[i] != ' ')
     return 400;              /* no target, or no path before its query */
   r->path = s + t0;
-  r->path_len = (q ? q : i) - t0;
-  r->query = q ? s + q + 1 : NULL;
-  r->query_len = q ? i - q - 1 : 0;
+  r->path_len = q - t0;
+  r->query = q < i ? s + q + 1 : NULL;
+  r->query_len = q < i ? i - q - 1 : 0;
   i++;
+  if (len - i >= 10 && memcmp(s + i, "HTTP/1.1\r\n", 10) == 0) {
+    r->minor = 1;            /* the usual case, in two compares */
+    *ip = i + 10;
+    return 0;
+  }
   if (len - i < 9 || memcmp(s + i, "HTTP/", 5) != 0 ||
       s[i + 5] < '0' || s[i + 5] > '9' || s[i + 6] != '.' ||
       s[i + 7] < '0' || s[i + 7] > '9')
@@ -209,48 +253,104 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
   return major == 1 ? 0 : 505;
 }
 
-/* Parse the complete header block s[0 .. len) into r and decide how the
- * body is framed. Idempotent: run again after the input moved. */
-static int parse_head(nr_http_parser_t *p, nr_http_request_t *r,
-                      const char *s, size_t len) {
+/* Apply a header that matters to the codec (chosen by its name's length
+ * first, so most headers cost one switch). 0 or an HTTP status. */
+static int framing(nr_http_parser_t *p, nr_http_request_t *r,
+                   const nr_http_header_t *h, unsigned *seen) {
+  switch (h->name_len) {
+  case 14:
+    if (IEQ(h->name, 14, "content-length"))
+      return content_length(p, h, seen);
+    break;
+  case 17:
+    if (IEQ(h->name, 17, "transfer-encoding")) {
+      if ((*seen & H_CHUNKED) || !IEQ(h->value, h->value_len, "chunked"))
+        return 501;          /* only "chunked" is understood */
+      *seen |= H_CHUNKED;
+    }
+    break;
+  case 10:
+    if (IEQ(h->name, 10, "connection")) {
+      if (has_token(h->value, h->value_len, "close", 5))
+        *seen |= H_CLOSE;
+      if (has_token(h->value, h->value_len, "keep-alive", 10))
+        *seen |= H_KEEP;
+    }
+    break;
+  case 6:
+    if (IEQ(h->name, 6, "expect"))
+      r->expect_continue = IEQ(h->value, h->value_len, "100-continue");
+    break;
+  }
+  return 0;
+}
+
+/* Parse the header fields from s[i] (just past the request line) into r,
+ * up to the blank line ending the block, and decide how the body is framed:
+ * one pass, each byte looked at once. Returns the offset just past that
+ * blank line, or 0 when the block has not all arrived (p->scan then holds
+ * where its last line began); *rc gets 0 or the status of the first bad
+ * line. At a bad line the rest is only searched for the block's end, as an
+ * incomplete or oversized block is judged before its lines. Idempotent: run
+ * again after the input moved. */
+static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
+                         const char *s, size_t n, size_t i, int *rc) {
   r->type = NR_MSG_HTTP_REQUEST;
   r->nheaders = 0;
   r->expect_continue = r->chunked = false;
+  r->head = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
   r->body = "";
   r->body_len = 0;
   p->content_length = 0;
-  size_t i;
-  int rc = parse_request_line(r, s, len, &i);
-  if (rc)
-    return rc;
-  r->head = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
-  bool close = false, keep = false, has_cl = false, has_te = false;
-  while (i < len && s[i] != '\n' && !(s[i] == '\r' && i + 1 < len &&
-                                       s[i + 1] == '\n')) {
-    if ((rc = parse_field(r, s, len, &i)) != 0)
-      return rc;
-    const nr_http_header_t *h = &r->headers[r->nheaders - 1];
-    if (IEQ(h->name, h->name_len, "content-length")) {
-      if ((rc = content_length(p, h, &has_cl)) != 0)
-        return rc;
-    } else if (IEQ(h->name, h->name_len, "transfer-encoding")) {
-      if (has_te || !IEQ(h->value, h->value_len, "chunked"))
-        return 501;          /* only "chunked" is understood */
-      has_te = true;
-    } else if (IEQ(h->name, h->name_len, "connection")) {
-      close |= has_token(h->value, h->value_len, "close", 5);
-      keep |= has_token(h->value, h->value_len, "keep-alive", 10);
-    } else if (IEQ(h->name, h->name_len, "expect")) {
-      r->expect_continue = IEQ(h->value, h->value_len, "100-continue");
+  *rc = 0;
+  unsigned seen = 0;
+  while (!(i < n && s[i] == '\n') &&
+         !(i + 1 < n && s[i] == '\r' && s[i + 1] == '\n')) {
+    size_t ls = i;
+    if ((*rc = parse_field(r, s, n, &i)) == 0)
+      *rc = framing(p, r, &r->headers[r->nheaders - 1], &seen);
+    if (*rc != 0) {
+      p->scan = ls;
+      return find_block_end(p, s, n);
     }
   }
-  if (has_cl && has_te)
-    return 400;              /* ambiguous framing: a smuggling vector */
-  r->chunked = has_te;
-  r->keep_alive = !close && (r->minor >= 1 || keep);
+  if ((seen & H_LENGTH) && (seen & H_CHUNKED))
+    *rc = 400;               /* ambiguous framing: a smuggling vector */
+  r->chunked = seen & H_CHUNKED;
+  r->keep_alive = !(seen & H_CLOSE) && (r->minor >= 1 || (seen & H_KEEP));
   if (r->minor == 0)
     r->expect_continue = false;
-  return 0;
+  return i + (s[i] == '\r') + 1;
+}
+
+/* The request line and header block at s[0 .. n): the block's length when
+ * it is whole and good (r filled in), 0 when more is needed, or -status.
+ * The request line is judged as soon as it is whole (within max_header),
+ * so garbage gets its 400 without waiting; the fields once the block is. */
+static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
+                        const char *s, size_t n) {
+  size_t i, max = p->max_header, first = n < max ? n : max;
+  int rc;
+  if (p->line_ok) {          /* resumed: search on from where the last call
+                                stopped, so a slow block is scanned once */
+    if (find_block_end(p, s, n) == 0)
+      return n > max ? -431 : 0;
+    if ((rc = parse_request_line(r, s, n, &i)) != 0)
+      return -rc;            /* cannot happen: it was judged before */
+  } else if (parse_request_line(r, s, first, &i) != 0) {
+    const char *nl = memchr(s, '\n', first);   /* bad, or not all here */
+    if (nl == NULL)
+      return n >= max ? -431 : 0;
+    if ((rc = parse_request_line(r, s, (size_t)(nl - s) + 1, &i)) != 0)
+      return -rc;
+  }
+  p->line_ok = true;
+  size_t end = parse_head(p, r, s, n, i, &rc);
+  if (end == 0)
+    return n > max ? -431 : 0;
+  if (end > max)
+    return -431;
+  return rc ? -rc : (long)end;
 }
 
 /* ---- chunked bodies -------------------------------------------------------------- */
@@ -363,39 +463,28 @@ static int parse_trailers(nr_http_request_t *r, const char *s, size_t from,
  * filled in), 0 when more input is needed, or -status. */
 static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
                       const char *s, size_t n) {
-  int rc;
+  int rc = 0;
   if (p->phase == P_HEAD) {
-    if (!p->line_ok) {       /* judge the request line first: garbage
-                                gets its 400 without waiting for more */
-      const char *nl = memchr(s, '\n', n < p->max_header ? n : p->max_header);
-      if (nl == NULL)
-        return n >= p->max_header ? -431 : 0;
-      size_t i, l1 = (size_t)(nl - s) + 1;
-      if ((rc = parse_request_line(req, s, l1, &i)) != 0)
-        return -rc;
-      p->line_ok = true;
-      p->scan = l1;          /* the header search starts after it */
-    }
-    size_t end = find_block_end(p, s, n);
-    if (end == 0)
-      return n > p->max_header ? -431 : 0;
-    if (end > p->max_header)
-      return -431;
-    p->head_len = end;
-    if ((rc = parse_head(p, req, s, end)) != 0)
-      return -rc;
+    long end = parse_block(p, req, s, n);
+    if (end <= 0)
+      return end;
+    p->head_len = (size_t)end;
     if (req->chunked) {
       p->phase = P_CHUNK_SIZE;
-      p->pos = end;
+      p->pos = p->head_len;
     } else if (p->content_length > 0) {
       if (p->content_length > p->max_body)
         return -413;
       p->phase = P_BODY;
     } else {
-      return (long)end;
+      return end;
     }
-  } else if ((rc = parse_head(p, req, s, p->head_len)) != 0) {
-    return -rc;              /* cannot happen: it parsed before */
+  } else {                   /* the head parsed before: again, in place */
+    size_t i;
+    if ((rc = parse_request_line(req, s, p->head_len, &i)) == 0)
+      parse_head(p, req, s, p->head_len, i, &rc);
+    if (rc != 0)
+      return -rc;            /* cannot happen: it parsed before */
   }
   if (p->phase == P_BODY) {
     if (n - p->head_len < p->content_length)
@@ -434,7 +523,8 @@ static void next_request(nr_http_parser_t *p) {
   p->scan = p->head_len = p->pos = 0;
   p->chunk_left = p->content_length = 0;
   p->continue_sent = p->line_ok = false;
-  nr_buf_free(&p->body);
+  if (p->body.data != NULL)
+    nr_buf_free(&p->body);
 }
 
 static int stop(nr_http_parser_t *p, int status) {
@@ -598,27 +688,49 @@ static void out_grow(out_t *o, size_t n) {
   o->cap = cap;
 }
 
-static inline void out_put(out_t *o, const char *s, size_t n) {
+/* Room for n more bytes: where to write them (then set o->len past what
+ * was written), or NULL when out of memory (o->failed). */
+static inline char *out_reserve(out_t *o, size_t n) {
   if (o->len + n > o->cap) {
     out_grow(o, n);
     if (o->failed)
-      return;
+      return NULL;
   }
-  memcpy(o->p + o->len, s, n);
-  o->len += n;
+  return o->p + o->len;
+}
+
+static inline void out_put(out_t *o, const char *s, size_t n) {
+  char *w = out_reserve(o, n);
+  if (w != NULL) {
+    memcpy(w, s, n);
+    o->len += n;
+  }
 }
 #define OUT_LIT(o, lit) out_put((o), lit, sizeof lit - 1)
 
 static void out_str(out_t *o, const char *s) { out_put(o, s, strlen(s)); }
 
-static void out_uint(out_t *o, uint64_t v, int base) {
-  char b[24];
-  int i = sizeof b;
-  do {
-    b[--i] = "0123456789abcdef"[v % (unsigned)base];
-    v /= (unsigned)base;
-  } while (v);
-  out_put(o, b + i, sizeof b - (size_t)i);
+/* Unchecked writes into reserved room: each returns the end of its bytes. */
+static inline char *put(char *w, const void *s, size_t n) {
+  memcpy(w, s, n);
+  return w + n;
+}
+#define PUT_LIT(w, lit) put((w), lit, sizeof lit - 1)
+
+/* v in base 10 or 16: at most 20 digits. */
+static inline char *put_uint(char *w, uint64_t v, unsigned base) {
+  size_t n = 1;
+  for (uint64_t t = v; t >= base; t /= base)
+    n++;
+  for (size_t i = n; i-- > 0; v /= base)
+    w[i] = "0123456789abcdef"[v % base];
+  return w + n;
+}
+
+static void out_uint(out_t *o, uint64_t v, unsigned base) {
+  char *w = out_reserve(o, 20);
+  if (w != NULL)
+    o->len = (size_t)(put_uint(w, v, base) - o->p);
 }
 
 static void out_done(out_t *o) {
@@ -691,13 +803,20 @@ static int write_out(nr_ctx_t *ctx, out_t *o, const char *body, size_t blen,
   return rc;
 }
 
-/* The status line plus Server and Date (each unless the user gives it).
- * The usual case -- a standard reason, both headers -- is copied from a
- * per-thread prefix rebuilt when the second or the status changes. */
+/* The status line plus Server and Date (each unless the user gives it) at
+ * w, in room for status_room(reason) bytes. The usual case -- a standard
+ * reason, both headers -- is copied from a per-thread prefix rebuilt when
+ * the second or the status changes. */
 enum { U_SERVER = 1, U_DATE = 2, U_LENGTH = 4, U_CONN = 8, U_CLOSE = 16 };
 
-static void put_status(out_t *o, int status, const char *reason,
-                       unsigned user) {
+static size_t status_room(const char *reason) {
+  /* "HTTP/1.1 NNN " reason CRLF, Server, Date: 68 bytes besides the reason,
+   * and no standard reason is longer than 31 */
+  return 68 + (reason ? strlen(reason) : 31);
+}
+
+static char *put_status(char *w, int status, const char *reason,
+                        unsigned user) {
   static _Thread_local char prefix[160];
   static _Thread_local size_t prefix_len;
   static _Thread_local int prefix_status;
@@ -706,31 +825,32 @@ static void put_status(out_t *o, int status, const char *reason,
   const char *date = nr_http_date();
   bool plain = reason == NULL && !(user & (U_SERVER | U_DATE));
   if (plain && status == prefix_status && date == prefix_date &&
-      date_sec == prefix_sec) {
-    out_put(o, prefix, prefix_len);
-    return;
-  }
-  size_t start = o->len;
-  OUT_LIT(o, "HTTP/1.1 ");
-  char d[4] = {(char)('0' + status / 100 % 10), (char)('0' + status / 10 % 10),
-               (char)('0' + status % 10), ' '};
-  out_put(o, d, 4);
-  out_str(o, reason ? reason : nr_http_reason(status));
-  OUT_LIT(o, "\r\n");
+      date_sec == prefix_sec)
+    return put(w, prefix, prefix_len);
+  char *start = w;
+  w = PUT_LIT(w, "HTTP/1.1 ");
+  *w++ = (char)('0' + status / 100 % 10);
+  *w++ = (char)('0' + status / 10 % 10);
+  *w++ = (char)('0' + status % 10);
+  *w++ = ' ';
+  reason = reason ? reason : nr_http_reason(status);
+  w = put(w, reason, strlen(reason));
+  w = PUT_LIT(w, "\r\n");
   if (!(user & U_SERVER))
-    OUT_LIT(o, "Server: netrun\r\n");
+    w = PUT_LIT(w, "Server: netrun\r\n");
   if (!(user & U_DATE)) {
-    OUT_LIT(o, "Date: ");
-    out_put(o, date, 29);
-    OUT_LIT(o, "\r\n");
+    w = PUT_LIT(w, "Date: ");
+    w = put(w, date, 29);
+    w = PUT_LIT(w, "\r\n");
   }
-  if (plain && !o->failed && o->len - start <= sizeof prefix) {
-    prefix_len = o->len - start;
-    memcpy(prefix, o->p + start, prefix_len);
+  if (plain && (size_t)(w - start) <= sizeof prefix) {
+    prefix_len = (size_t)(w - start);
+    memcpy(prefix, start, prefix_len);
     prefix_status = status;
     prefix_date = date;
     prefix_sec = date_sec;
   }
+  return w;
 }
 
 /* How long a connection that got an error response may go on sending
@@ -775,7 +895,9 @@ static void send_error(nr_http_server_t *s, int status) {
   out_t o;
   out_init(&o);
   const char *reason = nr_http_reason(status);
-  put_status(&o, status, NULL, 0);
+  char *w = out_reserve(&o, status_room(NULL));
+  if (w != NULL)
+    o.len = (size_t)(put_status(w, status, NULL, 0) - o.p);
   OUT_LIT(&o, "Content-Type: text/plain\r\nContent-Length: ");
   out_uint(&o, strlen(reason) + 1, 10);
   OUT_LIT(&o, "\r\nConnection: close\r\n\r\n");
@@ -869,11 +991,14 @@ static int misuse(nr_ctx_t *ctx, const char *fmt, ...) {
   return nr_raise(-EINVAL, "%s", msg);
 }
 
-/* What the user's headers set that netrun would otherwise add. */
-static unsigned user_flags(const nr_http_response_t *r) {
+/* What the user's headers set that netrun would otherwise add; *room gets
+ * the bytes they take in the head. */
+static unsigned user_flags(const nr_http_response_t *r, size_t *room) {
   unsigned u = 0;
+  *room = 0;
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
+    *room += h->name_len + h->value_len + 4;
     switch (h->name_len) {
     case 4: u |= IEQ(h->name, 4, "date") ? U_DATE : 0; break;
     case 6: u |= IEQ(h->name, 6, "server") ? U_SERVER : 0; break;
@@ -887,6 +1012,37 @@ static unsigned user_flags(const nr_http_response_t *r) {
   return u;
 }
 
+/* The rest of the head after the status prefix, into room reserved for
+ * it: framing, Connection, the user's headers, the blank line. */
+static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
+                      unsigned user, bool bodyless, bool close) {
+  if (r->stream) {
+    if (!bodyless && !(f & F_HTTP10))
+      w = PUT_LIT(w, "Transfer-Encoding: chunked\r\n");
+  } else if (!bodyless && !(user & U_LENGTH)) {
+    w = PUT_LIT(w, "Content-Length: ");
+    w = put_uint(w, r->body_len, 10);
+    w = PUT_LIT(w, "\r\n");
+  }
+  if (close && !(user & U_CLOSE))  /* beside any Connection the user set:
+                                      in a list, close wins */
+    w = PUT_LIT(w, "Connection: close\r\n");
+  else if (!close && !(user & U_CONN) && (f & F_HTTP10))
+    w = PUT_LIT(w, "Connection: keep-alive\r\n");
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    w = put(w, h->name, h->name_len);
+    w = PUT_LIT(w, ": ");
+    w = put(w, h->value, h->value_len);
+    w = PUT_LIT(w, "\r\n");
+  }
+  return PUT_LIT(w, "\r\n");
+}
+
+/* Room for what put_head writes besides the user's headers, and a first
+ * chunk's size line and CRLF: 38 + 24 + 2 + 20 bytes at most. */
+#define HEAD_FIXED 128
+
 static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
                           const nr_http_response_t *r, nr_promise_t *p) {
   if (s->stream != S_NONE)
@@ -897,51 +1053,38 @@ static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   if (r->status < 100 || r->status > 999)
     return misuse(ctx, "http_server: bad status %d", r->status);
   uint8_t f = s->flags[s->oldest];
-  unsigned user = user_flags(r);
+  size_t need;
+  unsigned user = user_flags(r, &need);
   bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
-               (user & U_CLOSE);
-  bool has_conn = user & U_CONN;
+               (user & U_CLOSE) ||
+               (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
+                                                  close ends the body */
   bool bodyless = r->status < 200 || r->status == 204 || r->status == 304;
   bool no_body = bodyless || (f & F_HEAD);
-  out_t o;
-  out_init(&o);
-  put_status(&o, r->status, r->reason, user);
-  if (r->stream) {
-    if (f & F_HTTP10)
-      close = true;          /* no chunked in 1.0: the close ends the body */
-    else if (!bodyless)
-      OUT_LIT(&o, "Transfer-Encoding: chunked\r\n");
-  } else if (!bodyless && !(user & U_LENGTH)) {
-    OUT_LIT(&o, "Content-Length: ");
-    out_uint(&o, r->body_len, 10);
-    OUT_LIT(&o, "\r\n");
-  }
-  if (close && !(user & U_CLOSE))  /* beside any Connection the user set:
-                                      in a list, close wins */
-    OUT_LIT(&o, "Connection: close\r\n");
-  else if (!close && !has_conn && (f & F_HTTP10))
-    OUT_LIT(&o, "Connection: keep-alive\r\n");
-  for (size_t i = 0; i < r->nheaders; i++) {
-    const nr_http_header_t *h = &r->headers[i];
-    out_put(&o, h->name, h->name_len);
-    OUT_LIT(&o, ": ");
-    out_put(&o, h->value, h->value_len);
-    OUT_LIT(&o, "\r\n");
-  }
-  OUT_LIT(&o, "\r\n");
   const char *body = no_body ? NULL : r->body;
   size_t blen = no_body || body == NULL ? 0 : r->body_len;
-  if (r->stream && blen > 0 && !(f & F_HTTP10)) {
-    out_uint(&o, blen, 16);  /* the body given with a stream: first chunk */
-    OUT_LIT(&o, "\r\n");
-    out_put(&o, body, blen);
-    OUT_LIT(&o, "\r\n");
-    blen = 0;
-  } else if (blen > 0 && blen <= 4096) {
-    out_put(&o, body, blen); /* one copy now beats a second slice */
-    blen = 0;
+  /* the body given with a stream goes as its first chunk; a small one is
+   * copied (one copy now beats a second slice) */
+  bool chunk = r->stream && blen > 0 && !(f & F_HTTP10);
+  size_t copy = chunk || blen <= 4096 ? blen : 0;
+  need += status_room(r->reason) + HEAD_FIXED + copy;
+  out_t o;
+  out_init(&o);
+  char *w = out_reserve(&o, need);
+  if (w != NULL) {
+    w = put_status(w, r->status, r->reason, user);
+    w = put_head(w, r, f, user, bodyless, close);
+    if (chunk) {
+      w = put_uint(w, blen, 16);
+      w = PUT_LIT(w, "\r\n");
+    }
+    if (copy > 0)
+      w = put(w, body, copy);
+    if (chunk)
+      w = PUT_LIT(w, "\r\n");
+    o.len = (size_t)(w - o.p);
   }
-  int rc = write_out(ctx, &o, body, blen, p);
+  int rc = write_out(ctx, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
   if (r->stream) {

@@ -7,11 +7,14 @@
  *     max_body = 1 << 20,     -- decoded body; more: 413 and close
  *   })
  *
- * The handler after it receives one table per request:
- *   { method = "GET", path = "/a", query = "x=1" (nil without '?'),
- *     version = "HTTP/1.1", headers = { host = "..." } (names lowercased,
- *     repeated fields joined with ", ", chunked trailers included),
- *     body = "" , keep_alive = true }
+ * The handler after it receives one request per message, read like a table:
+ *   req.method "GET", req.path "/a", req.query "x=1" (nil without '?'),
+ *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
+ *   repeated fields joined with ", ", chunked trailers included),
+ *   req.body "" , req.keep_alive true
+ * It is a userdata whose fields are made when read (see "requests to Lua"
+ * below); assignments to it are kept, pairs() walks it, and it crosses to
+ * other states as a plain table.
  * and answers, in request order, with a table:
  *   ctx:write { status = 200, reason = "OK" (optional),
  *               headers = { ["content-type"] = "text/plain",
@@ -66,19 +69,16 @@ typedef struct conf_s {
 
 /* ---- interned keys ---------------------------------------------------------------- */
 
-/* Field names, interned once per state and kept in a registry array:
- * lua_setfield with a C string pays a string-cache lookup with strcmp on
- * every call, a raw array read does not. */
-enum { K_METHOD = 1, K_PATH, K_QUERY, K_VERSION, K_HEADERS, K_BODY,
-       K_KEEP_ALIVE, K_HTTP11, K_HTTP10, K_STATUS, K_REASON, K_STREAM, NKEYS };
+/* Field names, interned once per state and kept in an array in a state
+ * slot: lua_setfield with a C string pays a string-cache lookup with strcmp
+ * on every call, a raw array read does not. */
+enum { K_STATUS = 1, K_REASON, K_BODY, K_STREAM, K_HEADERS, NKEYS };
 static const char *const key_names[NKEYS] = {
-    NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "HTTP/1.1", "HTTP/1.0", "status", "reason", "stream"};
-static const char KEYS = 0;
+    NULL, "status", "reason", "body", "stream", "headers"};
 
 /* Push the key array; returns its stack index. */
 static int push_keys(lua_State *L) {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &KEYS) != LUA_TTABLE) {
+  if (lnr_push_slot(L, LNR_SLOT_HTTP_KEYS) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_createtable(L, NKEYS, 0);
     for (int i = 1; i < NKEYS; i++) {
@@ -86,66 +86,116 @@ static int push_keys(lua_State *L) {
       lua_rawseti(L, -2, i);
     }
     lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &KEYS);
+    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS);
   }
   return lua_gettop(L);
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
 
-static bool same_name(const nr_http_header_t *a, const nr_http_header_t *b) {
-  if (a->name_len != b->name_len)
-    return false;
-  for (size_t i = 0; i < a->name_len; i++) {
-    int x = (unsigned char)a->name[i], y = (unsigned char)b->name[i];
-    if ((x | 0x20) != (y | 0x20))    /* names are tokens: ASCII only */
-      return false;
-  }
-  return true;
+/* A request reaches Lua as a userdata holding a copy of its parsed head
+ * (offsets into one block of text, header names lowercased) and its body as
+ * a user value. Its fields are made when they are read, so a handler that
+ * reads none pays one allocation per request, not two tables and a string
+ * per field. The headers table is made on first use and kept; fields the
+ * handler assigns are kept in a table beside it (user value 2), which
+ * reads see first. pairs() walks all of them; a request sent to another
+ * state (a submit, a shared.dict, a handler on an executor group) crosses
+ * as a plain table with the same fields. */
+#define REQ_CLASS "netrun.http.request"
+
+typedef struct rhdr_s {
+  uint32_t name, name_len, value, value_len;   /* offsets into the text */
+} rhdr_t;
+
+typedef struct req_s {
+  uint32_t method_len, path, path_len, query, query_len;
+  uint16_t nheaders;
+  bool has_query, keep_alive, http11;
+  rhdr_t h[];                  /* then the text */
+} req_t;
+
+static const char *req_text(const req_t *q) {
+  return (const char *)(q->h + q->nheaders);
 }
 
-static void push_lower(lua_State *L, const char *s, size_t n) {
-  char small[128];
-  char *b = n <= sizeof small ? small : malloc(n);
-  if (b == NULL) {
-    lua_pushlstring(L, s, n);
-    return;
+static uint32_t put_text(char *text, uint32_t *off, const char *s, size_t n,
+                         bool lower) {
+  uint32_t at = *off;
+  if (lower)
+    for (size_t i = 0; i < n; i++)
+      text[at + i] = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] + 32) : s[i];
+  else if (n > 0)               /* s may be NULL then (no query) */
+    memcpy(text + at, s, n);
+  *off += (uint32_t)n;
+  return at;
+}
+
+static void push_request(lua_State *L, void *msg) {
+  const nr_http_request_t *r = msg;
+  size_t len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
+  for (size_t i = 0; i < r->nheaders; i++)
+    len += r->headers[i].name_len + r->headers[i].value_len;
+  req_t *q = lua_newuserdatauv(L, sizeof *q + r->nheaders * sizeof(rhdr_t) +
+                                  len, 2);
+  char *text = (char *)(q->h + r->nheaders);
+  uint32_t off = 0;
+  q->nheaders = (uint16_t)r->nheaders;
+  q->method_len = (uint32_t)r->method_len;
+  put_text(text, &off, r->method, r->method_len, false);
+  q->path_len = (uint32_t)r->path_len;
+  q->path = put_text(text, &off, r->path, r->path_len, false);
+  q->has_query = r->query != NULL;
+  q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
+  q->query = put_text(text, &off, r->query, q->query_len, false);
+  q->keep_alive = r->keep_alive;
+  q->http11 = r->minor != 0;
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    q->h[i].name_len = (uint32_t)h->name_len;
+    q->h[i].name = put_text(text, &off, h->name, h->name_len, true);
+    q->h[i].value_len = (uint32_t)h->value_len;
+    q->h[i].value = put_text(text, &off, h->value, h->value_len, false);
   }
-  for (size_t i = 0; i < n; i++)
-    b[i] = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] + 32) : s[i];
-  lua_pushlstring(L, b, n);
-  if (b != small)
-    free(b);
+  if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    luaL_getmetatable(L, REQ_CLASS);
+  }
+  lua_setmetatable(L, -2);
+  if (r->body_len) {
+    lua_pushlstring(L, r->body, r->body_len);
+    lua_setiuservalue(L, -2, 1);
+  }
+}
+
+static bool same_name(const req_t *q, const rhdr_t *a, const rhdr_t *b) {
+  return a->name_len == b->name_len &&
+         memcmp(req_text(q) + a->name, req_text(q) + b->name, a->name_len) == 0;
 }
 
 /* headers = { name = value }: lowercased, repeats joined with ", ". */
-static void push_headers(lua_State *L, const nr_http_request_t *r) {
-  lua_createtable(L, 0, (int)r->nheaders);
-  for (size_t i = 0; i < r->nheaders; i++) {
-    const nr_http_header_t *h = &r->headers[i];
+static void push_headers(lua_State *L, const req_t *q) {
+  const char *text = req_text(q);
+  lua_createtable(L, 0, q->nheaders);
+  for (size_t i = 0; i < q->nheaders; i++) {
+    const rhdr_t *h = &q->h[i];
     bool seen = false, repeated = false;   /* before i, after i */
-    for (size_t j = 0; j < r->nheaders; j++) {
-      if (j == i || !same_name(h, &r->headers[j]))
-        continue;
-      if (j < i) {
-        seen = true;
-        break;
-      }
-      repeated = true;
-    }
+    for (size_t j = 0; j < q->nheaders && !seen; j++)
+      if (j != i && same_name(q, h, &q->h[j]))
+        *(j < i ? &seen : &repeated) = true;
     if (seen)
       continue;              /* joined when its first occurrence was */
-    push_lower(L, h->name, h->name_len);
+    lua_pushlstring(L, text + h->name, h->name_len);
     if (!repeated) {
-      lua_pushlstring(L, h->value, h->value_len);
+      lua_pushlstring(L, text + h->value, h->value_len);
     } else {
       luaL_Buffer b;
       luaL_buffinit(L, &b);
-      luaL_addlstring(&b, h->value, h->value_len);
-      for (size_t j = i + 1; j < r->nheaders; j++)
-        if (same_name(h, &r->headers[j])) {
+      luaL_addlstring(&b, text + h->value, h->value_len);
+      for (size_t j = i + 1; j < q->nheaders; j++)
+        if (same_name(q, h, &q->h[j])) {
           luaL_addlstring(&b, ", ", 2);
-          luaL_addlstring(&b, r->headers[j].value, r->headers[j].value_len);
+          luaL_addlstring(&b, text + q->h[j].value, q->h[j].value_len);
         }
       luaL_pushresult(&b);
     }
@@ -153,34 +203,143 @@ static void push_headers(lua_State *L, const nr_http_request_t *r) {
   }
 }
 
-static void push_request(lua_State *L, void *msg) {
-  const nr_http_request_t *r = msg;
-  int kt = push_keys(L);
-  lua_createtable(L, 0, 8);
-  lua_rawgeti(L, kt, K_METHOD);
-  lua_pushlstring(L, r->method, r->method_len);
-  lua_rawset(L, -3);
-  lua_rawgeti(L, kt, K_PATH);
-  lua_pushlstring(L, r->path, r->path_len);
-  lua_rawset(L, -3);
-  if (r->query) {
-    lua_rawgeti(L, kt, K_QUERY);
-    lua_pushlstring(L, r->query, r->query_len);
-    lua_rawset(L, -3);
+enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
+       F_KEEP_ALIVE, NFIELDS };
+static const char *const field_names[NFIELDS] = {
+    NULL, "method", "path", "query", "version", "headers", "body",
+    "keep_alive"};
+
+static int field_of(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TSTRING)
+    return F_NONE;
+  size_t n;
+  const char *k = lua_tolstring(L, idx, &n);
+  for (int f = F_METHOD; f < NFIELDS; f++)
+    if (strlen(field_names[f]) == n && memcmp(field_names[f], k, n) == 0)
+      return f;
+  return F_NONE;
+}
+
+/* The table of assigned and cached fields (made if make); pushes it, or
+ * nothing and returns 0. */
+static int req_fields(lua_State *L, int ud, bool make) {
+  if (lua_getiuservalue(L, ud, 2) == LUA_TTABLE)
+    return 1;
+  lua_pop(L, 1);
+  if (!make)
+    return 0;
+  lua_createtable(L, 0, 4);
+  lua_pushvalue(L, -1);
+  lua_setiuservalue(L, ud, 2);
+  return 1;
+}
+
+/* Push field f of the request at ud as it arrived. */
+static void push_field(lua_State *L, int ud, int f) {
+  const req_t *q = lua_touserdata(L, ud);
+  const char *text = req_text(q);
+  switch (f) {
+  case F_METHOD: lua_pushlstring(L, text, q->method_len); break;
+  case F_PATH: lua_pushlstring(L, text + q->path, q->path_len); break;
+  case F_QUERY:
+    if (q->has_query)
+      lua_pushlstring(L, text + q->query, q->query_len);
+    else
+      lua_pushnil(L);
+    break;
+  case F_VERSION: lua_pushstring(L, q->http11 ? "HTTP/1.1" : "HTTP/1.0"); break;
+  case F_BODY:
+    if (lua_getiuservalue(L, ud, 1) != LUA_TSTRING) {
+      lua_pop(L, 1);
+      lua_pushliteral(L, "");
+    }
+    break;
+  case F_KEEP_ALIVE: lua_pushboolean(L, q->keep_alive); break;
+  case F_HEADERS:            /* made once, kept: changes to it stay */
+    req_fields(L, ud, true);
+    push_headers(L, q);
+    lua_pushstring(L, "headers");
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+    lua_remove(L, -2);
+    break;
+  default: lua_pushnil(L);
   }
-  lua_rawgeti(L, kt, K_VERSION);
-  lua_rawgeti(L, kt, r->minor ? K_HTTP11 : K_HTTP10);
-  lua_rawset(L, -3);
-  lua_rawgeti(L, kt, K_HEADERS);
-  push_headers(L, r);
-  lua_rawset(L, -3);
-  lua_rawgeti(L, kt, K_BODY);
-  lua_pushlstring(L, r->body, r->body_len);
-  lua_rawset(L, -3);
-  lua_rawgeti(L, kt, K_KEEP_ALIVE);
-  lua_pushboolean(L, r->keep_alive);
-  lua_rawset(L, -3);
-  lua_replace(L, kt);           /* the request where the keys were */
+}
+
+static int req_index(lua_State *L) {
+  if (req_fields(L, 1, false)) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, -2) != LUA_TNIL)
+      return 1;
+    lua_pop(L, 2);
+  }
+  push_field(L, 1, field_of(L, 2));
+  return 1;
+}
+
+static int req_newindex(lua_State *L) {
+  req_fields(L, 1, true);
+  lua_insert(L, 2);
+  lua_rawset(L, 2);
+  return 0;
+}
+
+/* All fields in the fields table, which is left pushed. */
+static void req_materialize(lua_State *L, int ud) {
+  req_fields(L, ud, true);
+  for (int f = F_METHOD; f < NFIELDS; f++) {
+    if (lua_getfield(L, -1, field_names[f]) == LUA_TNIL) {
+      push_field(L, ud, f);
+      lua_setfield(L, -3, field_names[f]);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+static int req_pairs(lua_State *L) {
+  lua_getglobal(L, "next");
+  req_materialize(L, 1);
+  lua_pushnil(L);
+  return 3;
+}
+
+/* What crosses to another state: a plain table, a copy of the fields. */
+static int req_copy(lua_State *L) {
+  req_materialize(L, 1);
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+  }
+  return 1;
+}
+
+static int req_tostring(lua_State *L) {
+  const req_t *q = lua_touserdata(L, 1);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, REQ_CLASS ": ");
+  luaL_addlstring(&b, req_text(q), q->method_len);
+  luaL_addchar(&b, ' ');
+  luaL_addlstring(&b, req_text(q) + q->path, q->path_len > 200 ? 200 : q->path_len);
+  luaL_pushresult(&b);
+  return 1;
+}
+
+static void open_request_class(lua_State *L) {
+  if (luaL_newmetatable(L, REQ_CLASS)) {
+    static const luaL_Reg m[] = {
+        {"__index", req_index}, {"__newindex", req_newindex},
+        {"__pairs", req_pairs}, {"__netrun_copy", req_copy},
+        {"__tostring", req_tostring}, {NULL, NULL}};
+    luaL_setfuncs(L, m, 0);
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, LNR_SLOT_HTTP_REQUEST);
+  }
+  lua_pop(L, 1);
 }
 
 /* ---- responses from Lua -------------------------------------------------------- */
@@ -327,6 +486,125 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
   return 0;
 }
 
+/* ---- prepared responses ---------------------------------------------------------- */
+
+/* netrun.codec.http_response { status, reason, headers, body }: a response
+ * whose table is read and checked once. Writing it builds the response
+ * from its bytes (no table walk, no header checks); the codec still adds
+ * Server, Date, Content-Length and Connection: close as for a table, and
+ * leaves the body out for HEAD. It is plain bytes (offsets, no pointers),
+ * so it crosses states like a handler configuration. */
+#define RESP_CLASS "netrun.codec.http_response"
+
+typedef struct presp_s {
+  const void *tag;             /* &RESP_TAG: proves the userdata is one */
+  int32_t status;
+  uint32_t reason;             /* offset of a NUL-terminated phrase, or 0 */
+  uint32_t body, body_len, nheaders;
+  rhdr_t h[];                  /* then the text */
+} presp_t;
+
+static const char RESP_TAG = 0;
+
+static const presp_t *to_prepared(lua_State *L, int idx) {
+  if (lua_rawlen(L, idx) < sizeof(presp_t))
+    return NULL;
+  const presp_t *pr = lua_touserdata(L, idx);
+  return pr->tag == &RESP_TAG ? pr : NULL;
+}
+
+static int write_prepared(nr_ctx_t *ctx, const presp_t *pr, nr_promise_t *p) {
+  const char *text = (const char *)(pr->h + pr->nheaders);
+  nr_http_header_t hv[NR_HTTP_MAX_HEADERS];
+  for (uint32_t i = 0; i < pr->nheaders; i++)
+    hv[i] = (nr_http_header_t){text + pr->h[i].name, text + pr->h[i].value,
+                               pr->h[i].name_len, pr->h[i].value_len};
+  nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = pr->status,
+                          .reason = pr->reason ? text + pr->reason : NULL,
+                          .headers = hv, .nheaders = pr->nheaders,
+                          .body = text + pr->body, .body_len = pr->body_len};
+  return nr_http_server_write(ctx, &r, p);
+}
+
+static const nr_handler_t *not_a_handler(lua_State *L, int idx, void **state) {
+  (void)idx;
+  (void)state;
+  luaL_error(L, RESP_CLASS ": a response to write, not a handler");
+  return NULL;
+}
+
+static int l_http_response(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
+                          .body = ""};
+  hdrs_t h;
+  h.v = h.small;
+  h.n = 0;
+  h.cap = sizeof h.small / sizeof h.small[0];
+  h.nums_used = 0;
+  int rc = to_response(L, 1, &r, &h);
+  if (rc == 0 && r.stream)
+    rc = bad("http response: a prepared response cannot be streamed");
+  if (rc == 0 && r.nheaders > NR_HTTP_MAX_HEADERS)
+    rc = bad("http response: more than %d headers", NR_HTTP_MAX_HEADERS);
+  if (rc == 0 && (r.status < 100 || r.status > 999))
+    rc = bad("http response: status %d is not in 100..999", r.status);
+  if (rc != 0) {
+    if (h.v != h.small)
+      free(h.v);
+    return luaL_error(L, RESP_CLASS ": %s", rc == -EINVAL ? bad_msg : "out of memory");
+  }
+  size_t len = 1 + (r.reason ? strlen(r.reason) + 1 : 0) + r.body_len;
+  for (size_t i = 0; i < r.nheaders; i++)
+    len += r.headers[i].name_len + r.headers[i].value_len;
+  if (len > UINT32_MAX) {
+    if (h.v != h.small)
+      free(h.v);
+    return luaL_error(L, RESP_CLASS ": too large");
+  }
+  presp_t *pr = lua_newuserdatauv(L, sizeof *pr + r.nheaders * sizeof(rhdr_t) +
+                                        len, 0);
+  char *text = (char *)(pr->h + r.nheaders);
+  uint32_t off = 1;            /* offset 0 means "no reason" */
+  text[0] = '\0';
+  pr->tag = &RESP_TAG;
+  pr->status = r.status;
+  pr->reason = r.reason ? put_text(text, &off, r.reason, strlen(r.reason) + 1,
+                                   false)
+                        : 0;
+  pr->nheaders = (uint32_t)r.nheaders;
+  for (size_t i = 0; i < r.nheaders; i++) {
+    const nr_http_header_t *hd = &r.headers[i];
+    pr->h[i].name_len = (uint32_t)hd->name_len;
+    pr->h[i].name = put_text(text, &off, hd->name, hd->name_len, false);
+    pr->h[i].value_len = (uint32_t)hd->value_len;
+    pr->h[i].value = put_text(text, &off, hd->value, hd->value_len, false);
+  }
+  pr->body_len = (uint32_t)r.body_len;
+  pr->body = put_text(text, &off, r.body, r.body_len, false);
+  if (h.v != h.small)
+    free(h.v);
+  luaL_setmetatable(L, RESP_CLASS);
+  return 1;
+}
+
+static int resp_tostring(lua_State *L) {
+  const presp_t *pr = to_prepared(L, 1);
+  lua_pushfstring(L, RESP_CLASS " (%d, %d bytes of body)",
+                  pr ? (int)pr->status : 0, pr ? (int)pr->body_len : 0);
+  return 1;
+}
+
+static void open_response_class(lua_State *L) {
+  if (luaL_newmetatable(L, RESP_CLASS)) {
+    lua_pushlightuserdata(L, (void *)(uintptr_t)not_a_handler);
+    lua_setfield(L, -2, "__netrun_native");
+    lua_pushcfunction(L, resp_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+}
+
 /* The codec's write behind a Lua front: response tables are converted,
  * false ends a stream, everything else goes to the core as it is. */
 static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
@@ -339,6 +617,9 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     nr_bytes_t end = NR_BYTES("", 0);
     return nr_http_server_write(ctx, &end, p);
   }
+  const presp_t *pr;
+  if (t == LUA_TUSERDATA && (pr = to_prepared(L, m->idx)) != NULL)
+    return write_prepared(ctx, pr, p);
   if (t != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
@@ -428,6 +709,8 @@ static void register_converter(void) {
 void lnr_open_http(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
+  open_request_class(L);
+  open_response_class(L);
   if (luaL_newmetatable(L, CLASS)) {
     lua_pushlightuserdata(L, (void *)(uintptr_t)make);
     lua_setfield(L, -2, "__netrun_native");
@@ -438,5 +721,7 @@ void lnr_open_http(lua_State *L) {
   lua_getfield(L, -1, "codec");
   lua_pushcfunction(L, l_http_server);
   lua_setfield(L, -2, "http_server");
+  lua_pushcfunction(L, l_http_response);
+  lua_setfield(L, -2, "http_response");
   lua_pop(L, 1);
 }

@@ -33,8 +33,14 @@ typedef struct lnr_pool_s {
   void *pages;                  /* every page, linked through its start */
 } lnr_pool_t;
 
+/* Values a state's bindings fetch on every message, kept as registry
+ * integer references (an array read, where a registry lookup by pointer
+ * or name walks a hash chain). */
+enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_NSLOTS };
+
 typedef struct lnr_state_s {
   lua_State *L;
+  int slots[LNR_NSLOTS];      /* registry refs; 0: not set yet */
   lnr_pool_t pool;
   nr_loop_t *loop;            /* the loop this state runs on (main: external) */
   bool main;
@@ -44,6 +50,10 @@ typedef struct lnr_state_s {
 
 /* The context of the state L (every netrun state has one). */
 lnr_state_t *lnr_state(lua_State *L);
+/* Push the value in slot (nil if unset); returns its type. */
+int lnr_push_slot(lua_State *L, int slot);
+/* Pop the value on top into slot. */
+void lnr_set_slot(lua_State *L, int slot);
 /* The main thread's external loop, created when the module is first loaded. */
 nr_loop_t *lnr_main_loop(void);
 /* Loop state hooks; ud is what lnr_paths_new returned. */

@@ -24,11 +24,49 @@ static const char STATE_KEY = 0;
 static nr_loop_t *main_loop;
 static lnr_state_t *main_state;
 
+/* The last lookup, per thread: a thread runs one state (its loop's, or
+ * the main one), so this almost always hits. A thread that opens a second
+ * state stops caching; closing a state forgets it. */
+static _Thread_local lua_State *last_L;
+static _Thread_local lnr_state_t *last_S;
+static _Thread_local bool no_cache;
+
+static void forget_states(void) {
+  last_L = NULL;
+  last_S = NULL;
+}
+
 lnr_state_t *lnr_state(lua_State *L) {
+  if (L == last_L)
+    return last_S;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
   lnr_state_t *S = lua_touserdata(L, -1);
   lua_pop(L, 1);
+  if (S != NULL && !no_cache) {
+    last_L = L;
+    last_S = S;
+  }
   return S;
+}
+
+int lnr_push_slot(lua_State *L, int slot) {
+  lnr_state_t *S = lnr_state(L);
+  if (S == NULL || S->slots[slot] == 0) {
+    lua_pushnil(L);
+    return LUA_TNIL;
+  }
+  return lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+}
+
+void lnr_set_slot(lua_State *L, int slot) {
+  lnr_state_t *S = lnr_state(L);
+  if (S == NULL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (S->slots[slot] != 0)
+    luaL_unref(L, LUA_REGISTRYINDEX, S->slots[slot]);
+  S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 nr_loop_t *lnr_main_loop(void) { return main_loop; }
@@ -220,6 +258,7 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
     return;
   nr_loop_set_data(loop, NULL);
   lua_close(S->L);
+  forget_states();
   pool_free_pages(&S->pool);
   free(S);
 }
@@ -264,6 +303,7 @@ static int sentinel_gc(lua_State *L) {
     free(main_state);
     main_state = NULL;
   }
+  forget_states();
   return 0;
 }
 
@@ -272,6 +312,8 @@ void lnr_open_state(lua_State *L) {
     return;                                   /* a loop state, already set */
   if (main_state != NULL) {
     /* A second non-loop state (rare): give it a context on the same loop. */
+    no_cache = true;
+    forget_states();
     lnr_state_t *S = lua_newuserdatauv(L, sizeof *S, 0);
     memset(S, 0, sizeof *S);
     S->L = L;

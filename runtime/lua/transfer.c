@@ -18,7 +18,9 @@
  *    second sighting of an upvalue is sent as a join (T_UPJOIN);
  *  - values reachable from package.loaded (modules, their fields, C
  *    functions of _G) travel by name and are resolved with require;
- *  - netrun handles travel by reference count;
+ *  - netrun handles travel by reference count; native handler
+ *    configurations as their bytes; a userdata whose metatable has
+ *    __netrun_copy (an HTTP request) as the plain value that returns;
  *  - anything else raises "cannot transfer <type> (<path>)".
  *
  * Only bytecode produced here is ever loaded, in mode "b", unstripped so
@@ -639,6 +641,13 @@ static void pack_value(packer_t *k, int idx) {
     int kind = lnr_handle_kind(L, idx);
     if (kind == 0 && pack_native(k, idx))
       break;
+    if (kind == 0 && luaL_getmetafield(L, idx, "__netrun_copy") != LUA_TNIL) {
+      lua_pushvalue(L, idx);
+      lua_call(L, 1, 1);
+      pack_value(k, lua_gettop(L));
+      lua_pop(L, 1);
+      break;
+    }
     if (kind == 0)
       fail(k, "userdata");
     void *ptr = lnr_to_handle(L, idx, kind);
