@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_http.sh -- the HTTP hello benchmark (DESIGN.md §7): netrun
 # (examples/http_hello.lua, one worker loop, Lua handler behind the native
-# codec), nginx + Lua (1 worker, content_by_lua_block) and the C epoll
+# codec; also with --response table), nginx + Lua (1 worker, content_by_lua_block) and the C epoll
 # baseline (bench/http_baseline.c), each pinned to CPU 0, under
 # `taskset -c 1 wrk -t1 -c64 -d10s --latency` after a 2 s warm-up, keep-alive
 # and 16 pipelined requests per write; median of 3 runs by requests per
@@ -125,6 +125,14 @@ pids+=($!)
 run_server "netrun http_hello.lua" $port "$!"
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
+# netrun, answering with a table per response instead of a prepared one
+port=18184
+taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port $port --threads 1 \
+  --response table >/dev/null 2>&1 &
+pids+=($!)
+run_server "netrun http_hello.lua --response table" $port "$!"
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
 # nginx + Lua: master and worker both pinned, their CPU summed
 port=18183
 sed -i "s/PORT/$port/" "$work/nginx/nginx.conf"
@@ -142,7 +150,8 @@ echo "HTTP hello, wrk -t1 -c$CONNS -d${DUR}s, median of $RUNS; $(date -u '+%F %H
 echo
 echo "| server | workload | req/s | p99 | req per server CPU-s | vs C baseline |"
 echo "|---|---|---:|---:|---:|---:|"
-for name in "C epoll baseline" "netrun http_hello.lua" "nginx + Lua"; do
+for name in "C epoll baseline" "netrun http_hello.lua" "netrun http_hello.lua --response table" \
+  "nginx + Lua"; do
   for mode in keepalive pipelined; do
     read -r per rps p99 <<<"${row[$name,$mode]}"
     base=$base_ka; [[ $mode == pipelined ]] && base=$base_pl

@@ -241,6 +241,7 @@ enum {
   NR_MSG_LUA,                /* a Lua value (runtime/lua/) */
   NR_MSG_HTTP_REQUEST,       /* runtime/codec/ */
   NR_MSG_HTTP_RESPONSE,
+  NR_MSG_HTTP_PREPARED,      /* a response encoded ahead */
   NR_MSG_EVENT,              /* nr_event_t */
   NR_MSG_USER = 1000         /* first tag free for applications */
 };

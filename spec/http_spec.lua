@@ -478,6 +478,33 @@ describe("HTTP examples", function()
       ch:close()
     end)
 
+    it("prepared, encodes the bytes its table does; HEAD and HTTP/1.0 as for a table", function()
+      local t = { status = 404, reason = "Gone Fishing", body = "nothing here",
+                  headers = { ["content-type"] = "text/plain", ["x-a"] = { "1", "2" } } }
+      local prepared = netrun.codec.http_response(t)
+      local function answer(req, resp)
+        local ch = netrun.embedded(netrun.codec.http_server {})
+        ch:write_inbound(req)
+        assert.equal(1, #ch:read_all_inbound())
+        ch:write_outbound(resp)
+        local out = table.concat(ch:read_all_outbound())
+        ch:close()
+        local lines = {}
+        for l in out:gmatch("([^\n]*)\n") do
+          if not l:match("^Date: ") then lines[#lines + 1] = l end
+        end
+        table.sort(lines)
+        return table.concat(lines, "\n") .. "|" .. out:match("\r\n\r\n(.*)$")
+      end
+      for _, req in ipairs { "GET / HTTP/1.1\r\n\r\n", "HEAD / HTTP/1.1\r\n\r\n",
+                             "GET / HTTP/1.0\r\n\r\n",
+                             "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                             "GET / HTTP/1.1\r\nConnection: close\r\n\r\n" } do
+        assert.equal(answer(req, t), answer(req, prepared), req)
+      end
+      assert.matches("HTTP/1.1 404 Gone Fishing", answer("GET / HTTP/1.1\r\n\r\n", prepared), 1, true)
+    end)
+
     it("crosses to another state as a plain table of its fields", function()
       local req, ch = parse(raw)
       req.user = "u"

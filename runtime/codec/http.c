@@ -815,6 +815,27 @@ static size_t status_room(const char *reason) {
   return 68 + (reason ? strlen(reason) : 31);
 }
 
+/* The status line, and Server unless the user gives it. */
+static char *put_line(char *w, int status, const char *reason, unsigned user) {
+  w = PUT_LIT(w, "HTTP/1.1 ");
+  *w++ = (char)('0' + status / 100 % 10);
+  *w++ = (char)('0' + status / 10 % 10);
+  *w++ = (char)('0' + status % 10);
+  *w++ = ' ';
+  reason = reason ? reason : nr_http_reason(status);
+  w = put(w, reason, strlen(reason));
+  w = PUT_LIT(w, "\r\n");
+  if (!(user & U_SERVER))
+    w = PUT_LIT(w, "Server: netrun\r\n");
+  return w;
+}
+
+static char *put_date(char *w, const char *date) {
+  w = PUT_LIT(w, "Date: ");
+  w = put(w, date, 29);
+  return PUT_LIT(w, "\r\n");
+}
+
 static char *put_status(char *w, int status, const char *reason,
                         unsigned user) {
   static _Thread_local char prefix[160];
@@ -828,21 +849,9 @@ static char *put_status(char *w, int status, const char *reason,
       date_sec == prefix_sec)
     return put(w, prefix, prefix_len);
   char *start = w;
-  w = PUT_LIT(w, "HTTP/1.1 ");
-  *w++ = (char)('0' + status / 100 % 10);
-  *w++ = (char)('0' + status / 10 % 10);
-  *w++ = (char)('0' + status % 10);
-  *w++ = ' ';
-  reason = reason ? reason : nr_http_reason(status);
-  w = put(w, reason, strlen(reason));
-  w = PUT_LIT(w, "\r\n");
-  if (!(user & U_SERVER))
-    w = PUT_LIT(w, "Server: netrun\r\n");
-  if (!(user & U_DATE)) {
-    w = PUT_LIT(w, "Date: ");
-    w = put(w, date, 29);
-    w = PUT_LIT(w, "\r\n");
-  }
+  w = put_line(w, status, reason, user);
+  if (!(user & U_DATE))
+    w = put_date(w, date);
   if (plain && (size_t)(w - start) <= sizeof prefix) {
     prefix_len = (size_t)(w - start);
     memcpy(prefix, start, prefix_len);
@@ -1012,6 +1021,31 @@ static unsigned user_flags(const nr_http_response_t *r, size_t *room) {
   return u;
 }
 
+/* Connection: close beside any Connection the user set (in a list, close
+ * wins); keep-alive for an HTTP/1.0 client that keeps the connection. */
+static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
+  if (close && !(user & U_CLOSE))
+    return PUT_LIT(w, "Connection: close\r\n");
+  if (!close && !(user & U_CONN) && (f & F_HTTP10))
+    return PUT_LIT(w, "Connection: keep-alive\r\n");
+  return w;
+}
+
+static char *put_headers(char *w, const nr_http_response_t *r) {
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    w = put(w, h->name, h->name_len);
+    w = PUT_LIT(w, ": ");
+    w = put(w, h->value, h->value_len);
+    w = PUT_LIT(w, "\r\n");
+  }
+  return w;
+}
+
+static bool bodyless_status(int status) {
+  return status < 200 || status == 204 || status == 304;
+}
+
 /* The rest of the head after the status prefix, into room reserved for
  * it: framing, Connection, the user's headers, the blank line. */
 static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
@@ -1024,18 +1058,8 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
     w = put_uint(w, r->body_len, 10);
     w = PUT_LIT(w, "\r\n");
   }
-  if (close && !(user & U_CLOSE))  /* beside any Connection the user set:
-                                      in a list, close wins */
-    w = PUT_LIT(w, "Connection: close\r\n");
-  else if (!close && !(user & U_CONN) && (f & F_HTTP10))
-    w = PUT_LIT(w, "Connection: keep-alive\r\n");
-  for (size_t i = 0; i < r->nheaders; i++) {
-    const nr_http_header_t *h = &r->headers[i];
-    w = put(w, h->name, h->name_len);
-    w = PUT_LIT(w, ": ");
-    w = put(w, h->value, h->value_len);
-    w = PUT_LIT(w, "\r\n");
-  }
+  w = put_connection(w, f, user, close);
+  w = put_headers(w, r);
   return PUT_LIT(w, "\r\n");
 }
 
@@ -1059,7 +1083,7 @@ static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
                (user & U_CLOSE) ||
                (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
                                                   close ends the body */
-  bool bodyless = r->status < 200 || r->status == 204 || r->status == 304;
+  bool bodyless = bodyless_status(r->status);
   bool no_body = bodyless || (f & F_HEAD);
   const char *body = no_body ? NULL : r->body;
   size_t blen = no_body || body == NULL ? 0 : r->body_len;
@@ -1093,6 +1117,79 @@ static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   } else {
     finish_response(s, close);
   }
+  return 0;
+}
+
+/* ---- prepared responses ---- */
+
+/* Room for what nr_http_prepare writes besides the reason, the user's
+ * headers and the body: the status line, Server, Content-Length. */
+#define PREP_FIXED 80
+
+size_t nr_http_prepared_size(const nr_http_response_t *r) {
+  size_t room;
+  user_flags(r, &room);
+  return sizeof(nr_http_prepared_t) + PREP_FIXED +
+         strlen(r->reason ? r->reason : nr_http_reason(r->status)) + room +
+         r->body_len;
+}
+
+void nr_http_prepare(const nr_http_response_t *r, nr_http_prepared_t *out) {
+  size_t room;
+  unsigned user = user_flags(r, &room);
+  char *w = out->bytes, *rest;
+  w = put_line(w, r->status, r->reason, user);
+  out->line_len = (uint32_t)(w - out->bytes);
+  rest = w;
+  if (!bodyless_status(r->status) && !(user & U_LENGTH)) {
+    w = PUT_LIT(w, "Content-Length: ");
+    w = put_uint(w, r->body_len, 10);
+    w = PUT_LIT(w, "\r\n");
+  }
+  w = put_headers(w, r);
+  out->rest_len = (uint32_t)(w - rest);
+  if (r->body_len > 0)
+    memcpy(w, r->body, r->body_len);
+  out->body_len = (uint32_t)r->body_len;
+  out->type = NR_MSG_HTTP_PREPARED;
+  out->status = r->status;
+  out->user = user;
+}
+
+/* A prepared response: its bytes with Date, Connection and the blank line
+ * put in, the body copied when small, left out for HEAD. */
+static int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
+                          const nr_http_prepared_t *pr, nr_promise_t *p) {
+  if (s->stream != S_NONE)
+    return misuse(ctx, "http_server: a response written while a streamed "
+                  "one is open (end it with \"\" or false)");
+  if (s->outstanding == 0)
+    return misuse(ctx, "http_server: a response with no request to answer");
+  uint8_t f = s->flags[s->oldest];
+  bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
+               (pr->user & U_CLOSE);
+  bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
+  const char *rest = pr->bytes + pr->line_len, *body = rest + pr->rest_len;
+  size_t blen = no_body ? 0 : pr->body_len;
+  size_t copy = blen <= 4096 ? blen : 0;
+  out_t o;
+  out_init(&o);
+  /* Date: 37 bytes, Connection: 26, the blank line: 2 */
+  char *w = out_reserve(&o, pr->line_len + pr->rest_len + 65 + copy);
+  if (w != NULL) {
+    w = put(w, pr->bytes, pr->line_len);
+    if (!(pr->user & U_DATE))
+      w = put_date(w, nr_http_date());
+    w = put(w, rest, pr->rest_len);
+    w = put_connection(w, f, pr->user, close);
+    w = PUT_LIT(w, "\r\n");
+    w = put(w, body, copy);
+    o.len = (size_t)(w - o.p);
+  }
+  int rc = write_out(ctx, &o, body, blen - copy, p);
+  if (rc < 0)
+    return rc;
+  finish_response(s, close);
   return 0;
 }
 
@@ -1150,6 +1247,8 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   int type = nr_msg_type(msg);
   if (type == NR_MSG_HTTP_RESPONSE)
     return write_response(s, ctx, msg, p);
+  if (type == NR_MSG_HTTP_PREPARED)
+    return write_prepared(s, ctx, msg, p);
   if (s->stream != S_NONE && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
     return write_chunk(s, ctx, msg, p);
   return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */

@@ -61,6 +61,19 @@ typedef struct nr_http_response_s {
                                      ended by a zero-length write */
 } nr_http_response_t;
 
+/* A response encoded once, to be written many times: the status line,
+ * Server, Content-Length and the user's headers are kept as bytes; each
+ * write adds Date (unless the user's headers have one) and Connection as
+ * the request needs, copies the body and leaves it out for HEAD. It is
+ * plain bytes, no pointers, so it may be copied anywhere. */
+typedef struct nr_http_prepared_s {
+  int type;                       /* NR_MSG_HTTP_PREPARED */
+  int status;
+  unsigned user;                  /* what the user's headers set (private) */
+  uint32_t line_len, rest_len, body_len;
+  char bytes[];                   /* status line + Server; the rest; body */
+} nr_http_prepared_t;
+
 /* ---- parser --------------------------------------------------------------- */
 
 enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE };
@@ -103,6 +116,11 @@ bool nr_http_is_token(const char *s, size_t n);
 bool nr_http_is_field_value(const char *s, size_t n);
 /* The standard reason phrase of a status ("Unknown" if none). */
 const char *nr_http_reason(int status);
+/* The size of r prepared (header included), and the preparing of r into
+ * out, which has that many bytes; r must be checked (statuses 100..999,
+ * tokens, field values: what a Lua binding checks) and not a stream. */
+size_t nr_http_prepared_size(const nr_http_response_t *r);
+void nr_http_prepare(const nr_http_response_t *r, nr_http_prepared_t *out);
 /* The current time as an IMF-fixdate, cached per second, per thread. */
 const char *nr_http_date(void);
 

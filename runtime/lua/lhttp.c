@@ -94,7 +94,7 @@ static int push_keys(lua_State *L) {
 /* ---- requests to Lua ---------------------------------------------------------- */
 
 /* A request reaches Lua as a userdata holding a copy of its parsed head
- * (offsets into one block of text, header names lowercased) and its body as
+ * (offsets into one block of text) and its body as
  * a user value. Its fields are made when they are read, so a handler that
  * reads none pays one allocation per request, not two tables and a string
  * per field. The headers table is made on first use and kept; fields the
@@ -119,13 +119,9 @@ static const char *req_text(const req_t *q) {
   return (const char *)(q->h + q->nheaders);
 }
 
-static uint32_t put_text(char *text, uint32_t *off, const char *s, size_t n,
-                         bool lower) {
+static uint32_t put_text(char *text, uint32_t *off, const char *s, size_t n) {
   uint32_t at = *off;
-  if (lower)
-    for (size_t i = 0; i < n; i++)
-      text[at + i] = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] + 32) : s[i];
-  else if (n > 0)               /* s may be NULL then (no query) */
+  if (n > 0)                   /* s may be NULL then (no query) */
     memcpy(text + at, s, n);
   *off += (uint32_t)n;
   return at;
@@ -142,20 +138,20 @@ static void push_request(lua_State *L, void *msg) {
   uint32_t off = 0;
   q->nheaders = (uint16_t)r->nheaders;
   q->method_len = (uint32_t)r->method_len;
-  put_text(text, &off, r->method, r->method_len, false);
+  put_text(text, &off, r->method, r->method_len);
   q->path_len = (uint32_t)r->path_len;
-  q->path = put_text(text, &off, r->path, r->path_len, false);
+  q->path = put_text(text, &off, r->path, r->path_len);
   q->has_query = r->query != NULL;
   q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
-  q->query = put_text(text, &off, r->query, q->query_len, false);
+  q->query = put_text(text, &off, r->query, q->query_len);
   q->keep_alive = r->keep_alive;
   q->http11 = r->minor != 0;
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
     q->h[i].name_len = (uint32_t)h->name_len;
-    q->h[i].name = put_text(text, &off, h->name, h->name_len, true);
+    q->h[i].name = put_text(text, &off, h->name, h->name_len);
     q->h[i].value_len = (uint32_t)h->value_len;
-    q->h[i].value = put_text(text, &off, h->value, h->value_len, false);
+    q->h[i].value = put_text(text, &off, h->value, h->value_len);
   }
   if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
     lua_pop(L, 1);
@@ -168,9 +164,28 @@ static void push_request(lua_State *L, void *msg) {
   }
 }
 
+static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
 static bool same_name(const req_t *q, const rhdr_t *a, const rhdr_t *b) {
-  return a->name_len == b->name_len &&
-         memcmp(req_text(q) + a->name, req_text(q) + b->name, a->name_len) == 0;
+  if (a->name_len != b->name_len)
+    return false;
+  const char *x = req_text(q) + a->name, *y = req_text(q) + b->name;
+  for (size_t i = 0; i < a->name_len; i++)
+    if (lower(x[i]) != lower(y[i]))  /* names are tokens: ASCII only */
+      return false;
+  return true;
+}
+
+static void push_lower(lua_State *L, const char *s, size_t n) {
+  char small[128];
+  char *b = n <= sizeof small ? small : malloc(n);
+  if (b == NULL)
+    luaL_error(L, "out of memory");
+  for (size_t i = 0; i < n; i++)
+    b[i] = (char)lower(s[i]);
+  lua_pushlstring(L, b, n);
+  if (b != small)
+    free(b);
 }
 
 /* headers = { name = value }: lowercased, repeats joined with ", ". */
@@ -185,7 +200,7 @@ static void push_headers(lua_State *L, const req_t *q) {
         *(j < i ? &seen : &repeated) = true;
     if (seen)
       continue;              /* joined when its first occurrence was */
-    lua_pushlstring(L, text + h->name, h->name_len);
+    push_lower(L, text + h->name, h->name_len);
     if (!repeated) {
       lua_pushlstring(L, text + h->value, h->value_len);
     } else {
@@ -489,41 +504,24 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
 /* ---- prepared responses ---------------------------------------------------------- */
 
 /* netrun.codec.http_response { status, reason, headers, body }: a response
- * whose table is read and checked once. Writing it builds the response
- * from its bytes (no table walk, no header checks); the codec still adds
- * Server, Date, Content-Length and Connection: close as for a table, and
- * leaves the body out for HEAD. It is plain bytes (offsets, no pointers),
- * so it crosses states like a handler configuration. */
+ * whose table is read, checked and encoded once (nr_http_prepare); writing
+ * it copies its bytes, adding Date and Connection as the request needs and
+ * leaving the body out for HEAD. It is plain bytes, so it crosses states
+ * like a handler configuration: a tag, then the prepared response. */
 #define RESP_CLASS "netrun.codec.http_response"
 
 typedef struct presp_s {
   const void *tag;             /* &RESP_TAG: proves the userdata is one */
-  int32_t status;
-  uint32_t reason;             /* offset of a NUL-terminated phrase, or 0 */
-  uint32_t body, body_len, nheaders;
-  rhdr_t h[];                  /* then the text */
+  const void *pad;             /* the prepared response stays aligned */
 } presp_t;
 
 static const char RESP_TAG = 0;
 
-static const presp_t *to_prepared(lua_State *L, int idx) {
-  if (lua_rawlen(L, idx) < sizeof(presp_t))
+static const nr_http_prepared_t *to_prepared(lua_State *L, int idx) {
+  if (lua_rawlen(L, idx) < sizeof(presp_t) + sizeof(nr_http_prepared_t))
     return NULL;
   const presp_t *pr = lua_touserdata(L, idx);
-  return pr->tag == &RESP_TAG ? pr : NULL;
-}
-
-static int write_prepared(nr_ctx_t *ctx, const presp_t *pr, nr_promise_t *p) {
-  const char *text = (const char *)(pr->h + pr->nheaders);
-  nr_http_header_t hv[NR_HTTP_MAX_HEADERS];
-  for (uint32_t i = 0; i < pr->nheaders; i++)
-    hv[i] = (nr_http_header_t){text + pr->h[i].name, text + pr->h[i].value,
-                               pr->h[i].name_len, pr->h[i].value_len};
-  nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = pr->status,
-                          .reason = pr->reason ? text + pr->reason : NULL,
-                          .headers = hv, .nheaders = pr->nheaders,
-                          .body = text + pr->body, .body_len = pr->body_len};
-  return nr_http_server_write(ctx, &r, p);
+  return pr->tag == &RESP_TAG ? (const nr_http_prepared_t *)(pr + 1) : NULL;
 }
 
 static const nr_handler_t *not_a_handler(lua_State *L, int idx, void **state) {
@@ -545,43 +543,21 @@ static int l_http_response(lua_State *L) {
   int rc = to_response(L, 1, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
-  if (rc == 0 && r.nheaders > NR_HTTP_MAX_HEADERS)
-    rc = bad("http response: more than %d headers", NR_HTTP_MAX_HEADERS);
   if (rc == 0 && (r.status < 100 || r.status > 999))
     rc = bad("http response: status %d is not in 100..999", r.status);
+  if (rc == 0 && r.body_len > UINT32_MAX / 2)
+    rc = bad("http response: a prepared body is limited to 2 GiB");
   if (rc != 0) {
     if (h.v != h.small)
       free(h.v);
-    return luaL_error(L, RESP_CLASS ": %s", rc == -EINVAL ? bad_msg : "out of memory");
+    return luaL_error(L, RESP_CLASS ": %s",
+                      rc == -EINVAL ? bad_msg : "out of memory");
   }
-  size_t len = 1 + (r.reason ? strlen(r.reason) + 1 : 0) + r.body_len;
-  for (size_t i = 0; i < r.nheaders; i++)
-    len += r.headers[i].name_len + r.headers[i].value_len;
-  if (len > UINT32_MAX) {
-    if (h.v != h.small)
-      free(h.v);
-    return luaL_error(L, RESP_CLASS ": too large");
-  }
-  presp_t *pr = lua_newuserdatauv(L, sizeof *pr + r.nheaders * sizeof(rhdr_t) +
-                                        len, 0);
-  char *text = (char *)(pr->h + r.nheaders);
-  uint32_t off = 1;            /* offset 0 means "no reason" */
-  text[0] = '\0';
+  size_t n = nr_http_prepared_size(&r);
+  presp_t *pr = lua_newuserdatauv(L, sizeof *pr + n, 0);
   pr->tag = &RESP_TAG;
-  pr->status = r.status;
-  pr->reason = r.reason ? put_text(text, &off, r.reason, strlen(r.reason) + 1,
-                                   false)
-                        : 0;
-  pr->nheaders = (uint32_t)r.nheaders;
-  for (size_t i = 0; i < r.nheaders; i++) {
-    const nr_http_header_t *hd = &r.headers[i];
-    pr->h[i].name_len = (uint32_t)hd->name_len;
-    pr->h[i].name = put_text(text, &off, hd->name, hd->name_len, false);
-    pr->h[i].value_len = (uint32_t)hd->value_len;
-    pr->h[i].value = put_text(text, &off, hd->value, hd->value_len, false);
-  }
-  pr->body_len = (uint32_t)r.body_len;
-  pr->body = put_text(text, &off, r.body, r.body_len, false);
+  pr->pad = NULL;
+  nr_http_prepare(&r, (nr_http_prepared_t *)(pr + 1));
   if (h.v != h.small)
     free(h.v);
   luaL_setmetatable(L, RESP_CLASS);
@@ -589,9 +565,9 @@ static int l_http_response(lua_State *L) {
 }
 
 static int resp_tostring(lua_State *L) {
-  const presp_t *pr = to_prepared(L, 1);
+  const nr_http_prepared_t *pr = to_prepared(L, 1);
   lua_pushfstring(L, RESP_CLASS " (%d, %d bytes of body)",
-                  pr ? (int)pr->status : 0, pr ? (int)pr->body_len : 0);
+                  pr ? pr->status : 0, pr ? (int)pr->body_len : 0);
   return 1;
 }
 
@@ -617,9 +593,9 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     nr_bytes_t end = NR_BYTES("", 0);
     return nr_http_server_write(ctx, &end, p);
   }
-  const presp_t *pr;
+  const nr_http_prepared_t *pr;
   if (t == LUA_TUSERDATA && (pr = to_prepared(L, m->idx)) != NULL)
-    return write_prepared(ctx, pr, p);
+    return nr_http_server_write(ctx, (void *)pr, p);
   if (t != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
