@@ -103,13 +103,18 @@ static int resolve(lua_State *L, const char *host, int port,
 int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
                  void *target, nr_promise_t *p) {
   idx = lua_absindex(L, idx);
-  if (lua_type(L, idx) == LUA_TSTRING) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TSTRING) {
     size_t n;
     const char *s = lua_tolstring(L, idx, &n);
     nr_bytes_t b = NR_BYTES(s, n);
     return fn(target, &b, p);
   }
-  if (lua_type(L, idx) == LUA_TTABLE && ch && nr_channel_is_datagram(ch)) {
+  if (t != LUA_TTABLE) {        /* other values go as they are */
+    lnr_lmsg_t m = {NR_MSG_LUA, L, idx};
+    return fn(target, &m, p);
+  }
+  if (ch && nr_channel_is_datagram(ch)) {
     nr_datagram_t d = {.type = NR_MSG_DATAGRAM};
     lua_getfield(L, idx, "data");
     lua_getfield(L, idx, "host");
@@ -122,7 +127,7 @@ int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
     lua_pop(L, 3);
     return rc;
   }
-  if (lua_type(L, idx) == LUA_TTABLE && lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
+  if (lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
     lua_pop(L, 1);
     size_t n = lua_rawlen(L, idx);
     nr_slice_t small[16], *v = n <= 16 ? small : malloc(n * sizeof *v);
@@ -145,8 +150,7 @@ int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
       free(v);
     return rc;
   }
-  if (lua_type(L, idx) == LUA_TTABLE)
-    lua_pop(L, 1);                       /* the rawgeti probe */
+  lua_pop(L, 1);                         /* the rawgeti probe */
   lnr_lmsg_t m = {NR_MSG_LUA, L, idx};
   return fn(target, &m, p);
 }
