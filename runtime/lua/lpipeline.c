@@ -331,14 +331,22 @@ static const nr_handler_t lua_vt = {
 #define CTX "netrun.ctx"
 #define PIPELINE "netrun.pipeline"
 
-/* The ctx metatable under a pointer key: ctx methods are the hottest calls
- * of a Lua handler, and luaL_checkudata hashes the class name each time. */
-static const char CTX_KEY = 0;
+/* A ctx is a table: [1] holds the handle (a userdata that retains the C
+ * context, released by its __gc), and the shared metatable's __index finds
+ * methods and the fields channel, pipeline, name and handler, then stores
+ * them in the table, so the next ctx:write is a plain table read, not a
+ * metamethod call. Both metatables are kept under pointer keys. */
+#define CTX_HANDLE "netrun.ctx.handle"
+static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 static void push_ctx(lua_State *L, nr_ctx_t *ctx) {
+  lua_createtable(L, 1, 4);
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, -2, 1);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
   lua_setmetatable(L, -2);
 }
@@ -353,10 +361,16 @@ static void push_ctx(lua_State *L, nr_ctx_t *ctx) {
 #define CTX_METHODS lua_upvalueindex(4)
 
 static lctx_t *to_ctx(lua_State *L, int idx) {
-  lctx_t *c = lua_touserdata(L, idx);       /* a light one has length 0 */
-  if (c && lua_rawlen(L, idx) == sizeof *c && c->tag == &CTX_TAG)
-    return c;
-  return luaL_checkudata(L, idx, CTX);      /* raises the usual message */
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    lua_rawgeti(L, idx, 1);
+    lctx_t *c = lua_touserdata(L, -1);    /* a light one has length 0 */
+    bool ok = c && lua_rawlen(L, -1) == sizeof *c && c->tag == &CTX_TAG;
+    lua_pop(L, 1);                          /* still held by the table */
+    if (ok)
+      return c;
+  }
+  luaL_typeerror(L, idx, CTX);
+  return NULL;
 }
 
 static nr_ctx_t *check_ctx(lua_State *L, int idx) {
@@ -369,7 +383,7 @@ static nr_ctx_t *check_ctx(lua_State *L, int idx) {
 }
 
 static int ctx_gc(lua_State *L) {
-  lctx_t *c = luaL_checkudata(L, 1, CTX);
+  lctx_t *c = luaL_checkudata(L, 1, CTX_HANDLE);
   if (c->ctx) {
     nr_ctx_release(c->ctx);
     c->ctx = NULL;
@@ -391,29 +405,31 @@ static void push_handler(lua_State *L, nr_ctx_t *ctx) {
   }
 }
 
-/* __index, with the methods table as upvalue: methods first (one raw
- * lookup of an interned key), then the fields channel, pipeline, name and
- * handler. */
+/* __index, with the methods table as upvalue: a method, or one of the
+ * fields channel, pipeline, name and handler; either is stored in the ctx
+ * table, where the next lookup finds it. */
 static int ctx_index(lua_State *L) {
-  lua_settop(L, 2);
   lua_pushvalue(L, 2);
-  if (lua_rawget(L, CTX_METHODS) != LUA_TNIL)
-    return 1;
-  lua_pop(L, 1);
-  lctx_t *c = to_ctx(L, 1);
-  const char *k = luaL_checkstring(L, 2);
-  if (c->ctx == NULL)
-    return 0;
-  if (strcmp(k, "channel") == 0)
-    lnr_push_handle(L, LNR_CHANNEL, nr_ctx_channel(c->ctx));
-  else if (strcmp(k, "pipeline") == 0)
-    push_pipeline(L, nr_ctx_channel(c->ctx));
-  else if (strcmp(k, "name") == 0)
-    lua_pushstring(L, nr_ctx_name(c->ctx));
-  else if (strcmp(k, "handler") == 0)
-    push_handler(L, c->ctx);
-  else
-    lua_pushnil(L);
+  if (lua_rawget(L, CTX_METHODS) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lctx_t *c = to_ctx(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    if (c->ctx == NULL)
+      return 0;
+    if (strcmp(k, "channel") == 0)
+      lnr_push_handle(L, LNR_CHANNEL, nr_ctx_channel(c->ctx));
+    else if (strcmp(k, "pipeline") == 0)
+      push_pipeline(L, nr_ctx_channel(c->ctx));
+    else if (strcmp(k, "name") == 0)
+      lua_pushstring(L, nr_ctx_name(c->ctx));
+    else if (strcmp(k, "handler") == 0)
+      push_handler(L, c->ctx);
+    else
+      return 0;
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, 1);
   return 1;
 }
 
@@ -569,7 +585,7 @@ static int c_loop(lua_State *L) {
 }
 
 static int ctx_tostring(lua_State *L) {
-  lctx_t *c = luaL_checkudata(L, 1, CTX);
+  lctx_t *c = to_ctx(L, 1);
   lua_pushfstring(L, "netrun.ctx(%s)", c->ctx ? nr_ctx_name(c->ctx) : "released");
   return 1;
 }
@@ -1529,11 +1545,13 @@ void lnr_open_pipeline(lua_State *L) {
   lua_rotate(L, -4, 3);               /* mt ctx_mt future_mt lazy_mt methods */
   lua_pushcclosure(L, ctx_index, 4);
   lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, ctx_gc);
-  lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, ctx_tostring);
   lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
+  luaL_newmetatable(L, CTX_HANDLE);
+  lua_pushcfunction(L, ctx_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
   static const luaL_Reg pipe_methods[] = {
       {"add_first", p_add_first}, {"add_last", p_add_last},
       {"add_before", p_add_before}, {"add_after", p_add_after},
