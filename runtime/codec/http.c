@@ -9,9 +9,10 @@
  * simply re-parsed (cheap, and it keeps every pointer valid whatever the
  * buffer did), while the progress through a body is kept as offsets from
  * the request's start. Chunked bodies are decoded into `body`. A complete
- * header block is validated and split in one pass (a byte class table,
- * field values eight bytes at a time); the block's end is searched for on
- * its own only while it is incomplete or after a bad line.
+ * header block is validated and split in one pass (a byte class table for
+ * tokens, request targets and field values eight bytes at a time); the
+ * block's end is searched for on its own only while it is incomplete or
+ * after a bad line.
  *
  * Answering. Responses go out in request order: the handler keeps a ring
  * of what it must remember about each delivered, unanswered request (HEAD,
@@ -61,9 +62,9 @@ enum { C_TOKEN = 1, C_VALUE = 2, C_TARGET = 4, C_PATH = 8 };
 #define CLS64(c) CLS16(c), CLS16((c) + 16), CLS16((c) + 32), CLS16((c) + 48)
 static const uint8_t cls[256] = {CLS64(0), CLS64(64), CLS64(128), CLS64(192)};
 
-/* Where the run of class `c` bytes from s[i] ends (n at most). Unrolled:
- * headers are mostly long runs, and one bound check per four bytes halves
- * the work per byte. */
+/* Where the run of class `c` bytes from s[i] ends (n at most), byte by
+ * byte: for tokens, which are short. Unrolled: one bound check per four
+ * bytes. */
 static inline size_t span(const char *s, size_t i, size_t n, int c) {
   const unsigned char *u = (const unsigned char *)s;
   for (; i + 4 <= n; i += 4) {
@@ -81,29 +82,53 @@ static inline size_t span(const char *s, size_t i, size_t n, int c) {
   return i;
 }
 
-/* Where the field value from s[i] ends (at its first byte not C_VALUE, n at
- * most): eight bytes at a time while none is a control byte or DEL (the
- * classic "has a byte less than" tricks, whose lowest flag is exact), HTAB
- * the one such byte allowed; then byte by byte. */
-static inline size_t value_end(const char *s, size_t i, size_t n) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  const uint64_t ones = 0x0101010101010101ull, highs = ones << 7;
+/* Eight bytes at a time, for the long runs: request targets and field
+ * values. A word is loaded with the byte at the lowest address least
+ * significant, and a test sets the high bit of each byte it flags. Its
+ * borrows run upwards only, from a flagged byte, so the lowest flag is
+ * exact (the ones above it may be wrong, and are not used). */
+#define ONES 0x0101010101010101ull
+#define HIGHS (ONES << 7)
+
+static inline uint64_t load8(const char *s) {
+  uint64_t x;
+  memcpy(&x, s, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  x = __builtin_bswap64(x);
+#endif
+  return x;
+}
+
+/* The bytes of x below c, or equal to 0x7f after x | o (o is 0 or 0x40):
+ * x - c borrows into the high bit of a byte below c (c <= 0x80), and
+ * (x | o) ^ 0x7f - 1 into that of a byte that was 0x7f; ~x keeps the bytes
+ * that had no high bit of their own, and from them these borrows only. */
+static inline uint64_t flags(uint64_t x, unsigned c, unsigned o) {
+  return ((x - c * ONES) | (((x | o * ONES) ^ 0x7f * ONES) - ONES)) & ~x &
+         HIGHS;
+}
+
+/* Where the run of class `c` bytes (C_VALUE, C_TARGET or C_PATH) from s[i]
+ * ends, n at most. The bytes flagged are those outside the class (for
+ * targets, SP, controls, '?' and DEL: x | 0x40 is 0x7f for exactly these
+ * two), and also HTAB in a value and '?' in a query: the first flagged
+ * byte is looked up in the table, and the run goes on past it if it is of
+ * the class after all. */
+static inline size_t run(const char *s, size_t i, size_t n, int c) {
+  const unsigned char *u = (const unsigned char *)s;
   while (i + 8 <= n) {
-    uint64_t x, d;
-    memcpy(&x, s + i, 8);
-    d = x ^ (0x7f * ones);                          /* DEL bytes become 0 */
-    uint64_t bad = (((x - 0x20 * ones) & ~x) | ((d - ones) & ~d)) & highs;
-    if (bad == 0) {
+    uint64_t x = load8(s + i);
+    uint64_t m = c == C_VALUE ? flags(x, 0x20, 0) : flags(x, 0x21, 0x40);
+    if (m == 0) {
       i += 8;
       continue;
     }
-    i += (size_t)__builtin_ctzll(bad) / 8;         /* the first of them */
-    if (s[i] != '\t')
-      return i;
+    i += (size_t)__builtin_ctzll(m) / 8;
+    if (c == C_PATH || !(cls[u[i]] & c))
+      return i;              /* a path's flags are exact */
     i++;
   }
-#endif
-  return span(s, i, n, C_VALUE);
+  return span(s, i, n, c);
 }
 
 bool nr_http_is_token(const char *s, size_t n) {
@@ -111,7 +136,7 @@ bool nr_http_is_token(const char *s, size_t n) {
 }
 
 bool nr_http_is_field_value(const char *s, size_t n) {
-  return value_end(s, 0, n) == n;
+  return run(s, 0, n, C_VALUE) == n;
 }
 
 static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
@@ -146,30 +171,30 @@ static size_t find_block_end(nr_http_parser_t *p, const char *s, size_t n) {
   }
 }
 
-/* Parse one "name: value" line at *ip into the request's header array. A
- * line running past len is malformed too: callers tell that from "not all
- * here" with find_block_end. */
-static inline int parse_field(nr_http_request_t *r, const char *s,
-                              size_t len, size_t *ip) {
+/* Parse one "name: value" line at *ip into *h and append it to the
+ * request's headers: 0, 400, or 431 when they are full. A line running
+ * past len is malformed too: callers tell that from "not all here" with
+ * find_block_end. */
+static inline int parse_field(nr_http_request_t *r, nr_http_header_t *h,
+                              const char *s, size_t len, size_t *ip) {
   size_t n0 = *ip, n1 = span(s, n0, len, C_TOKEN), i = n1;
   if (i == n0 || i >= len || s[i] != ':')
     return 400;              /* empty name, space before ':', obs-fold */
   i++;
   while (i < len && (s[i] == ' ' || s[i] == '\t'))
     i++;
-  size_t v0 = i, v1 = i = value_end(s, i, len);
+  size_t v0 = i, v1 = i = run(s, i, len, C_VALUE);
   if (i < len && s[i] == '\r')
     i++;
   if (i >= len || s[i] != '\n')
     return 400;              /* a control byte, or a bare CR */
-  i++;
+  *ip = i + 1;
   while (v1 > v0 && (s[v1 - 1] == ' ' || s[v1 - 1] == '\t'))
     v1--;
+  *h = (nr_http_header_t){s + n0, s + v0, n1 - n0, v1 - v0};
   if (r->nheaders == NR_HTTP_MAX_HEADERS)
     return 431;
-  r->headers[r->nheaders++] = (nr_http_header_t){s + n0, s + v0, n1 - n0,
-                                                 v1 - v0};
-  *ip = i;
+  r->headers[r->nheaders++] = *h;
   return 0;
 }
 
@@ -224,8 +249,8 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
     return 400;
   r->method = s;
   r->method_len = i++;
-  size_t t0 = i, q = span(s, i, len, C_PATH);   /* q: '?' or the end */
-  i = q < len && s[q] == '?' ? span(s, q + 1, len, C_TARGET) : q;
+  size_t t0 = i, q = run(s, i, len, C_PATH);   /* q: '?' or the end */
+  i = q < len && s[q] == '?' ? run(s, q + 1, len, C_TARGET) : q;
   if (q == t0 || i >= len || s[i] != ' ')
     return 400;              /* no target, or no path before its query */
   r->path = s + t0;
@@ -304,22 +329,30 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
   p->content_length = 0;
   *rc = 0;
   unsigned seen = 0;
-  while (!(i < n && s[i] == '\n') &&
-         !(i + 1 < n && s[i] == '\r' && s[i + 1] == '\n')) {
+  for (;;) {
+    /* A name starts with a tchar: one compare tells most lines from the
+     * blank one ("\n" or "\r\n"; a lone CR fails as a field). */
+    if (i < n && (unsigned char)s[i] <= '\r' &&
+        (s[i] == '\n' || (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n')))
+      break;
     size_t ls = i;
-    if ((*rc = parse_field(r, s, n, &i)) == 0)
-      *rc = framing(p, r, &r->headers[r->nheaders - 1], &seen);
+    nr_http_header_t h;
+    if ((*rc = parse_field(r, &h, s, n, &i)) == 0)
+      *rc = framing(p, r, &h, &seen);
     if (*rc != 0) {
       p->scan = ls;
       return find_block_end(p, s, n);
     }
   }
-  if ((seen & H_LENGTH) && (seen & H_CHUNKED))
-    *rc = 400;               /* ambiguous framing: a smuggling vector */
-  r->chunked = seen & H_CHUNKED;
-  r->keep_alive = !(seen & H_CLOSE) && (r->minor >= 1 || (seen & H_KEEP));
-  if (r->minor == 0)
-    r->expect_continue = false;
+  r->keep_alive = true;      /* HTTP/1.1 and no framing header: the usual */
+  if (seen != 0 || r->minor == 0) {
+    if ((seen & H_LENGTH) && (seen & H_CHUNKED))
+      *rc = 400;             /* ambiguous framing: a smuggling vector */
+    r->chunked = seen & H_CHUNKED;
+    r->keep_alive = !(seen & H_CLOSE) && (r->minor >= 1 || (seen & H_KEEP));
+    if (r->minor == 0)
+      r->expect_continue = false;
+  }
   return i + (s[i] == '\r') + 1;
 }
 
@@ -331,23 +364,22 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
                         const char *s, size_t n) {
   size_t i, max = p->max_header, first = n < max ? n : max;
   int rc;
-  if (p->line_ok) {          /* resumed: search on from where the last call
-                                stopped, so a slow block is scanned once */
-    if (find_block_end(p, s, n) == 0)
-      return n > max ? -431 : 0;
-    if ((rc = parse_request_line(r, s, n, &i)) != 0)
-      return -rc;            /* cannot happen: it was judged before */
-  } else if (parse_request_line(r, s, first, &i) != 0) {
-    const char *nl = memchr(s, '\n', first);   /* bad, or not all here */
-    if (nl == NULL)
-      return n >= max ? -431 : 0;
-    if ((rc = parse_request_line(r, s, (size_t)(nl - s) + 1, &i)) != 0)
-      return -rc;
-  }
-  p->line_ok = true;
-  size_t end = parse_head(p, r, s, n, i, &rc);
-  if (end == 0)
+  /* Resumed (the line was judged good before): search on from where the
+   * last call stopped, so a slow block is scanned once. */
+  if (p->line_ok && find_block_end(p, s, n) == 0)
     return n > max ? -431 : 0;
+  if ((rc = parse_request_line(r, s, first, &i)) != 0) {
+    /* Bad, or not all here. The line's fate depends on nothing past its
+     * first '\n', so once that is in view, rc is the verdict. */
+    if (memchr(s, '\n', first) == NULL)
+      return n >= max ? -431 : 0;
+    return -rc;
+  }
+  size_t end = parse_head(p, r, s, n, i, &rc);
+  if (end == 0) {
+    p->line_ok = true;
+    return n > max ? -431 : 0;
+  }
   if (end > max)
     return -431;
   return rc ? -rc : (long)end;
@@ -450,7 +482,8 @@ static int parse_trailers(nr_http_request_t *r, const char *s, size_t from,
                           size_t end) {
   size_t i = from;
   while (i < end && s[i] != '\n' && s[i] != '\r') {
-    int rc = parse_field(r, s, end, &i);
+    nr_http_header_t h;
+    int rc = parse_field(r, &h, s, end, &i);
     if (rc)
       return rc;
   }
@@ -464,27 +497,24 @@ static int parse_trailers(nr_http_request_t *r, const char *s, size_t from,
 static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
                       const char *s, size_t n) {
   int rc = 0;
-  if (p->phase == P_HEAD) {
-    long end = parse_block(p, req, s, n);
-    if (end <= 0)
-      return end;
+  bool again = p->phase != P_HEAD;   /* the head parsed before: again, in
+                                        place (it cannot fail this time) */
+  long end = parse_block(p, req, s, again ? p->head_len : n);
+  if (end <= 0)
+    return end;
+  if (!again) {
+    if (!req->chunked && p->content_length == 0)
+      return end;            /* the usual: no body */
     p->head_len = (size_t)end;
+    p->line_ok = false;      /* parse_block reads it in the next phases */
     if (req->chunked) {
       p->phase = P_CHUNK_SIZE;
       p->pos = p->head_len;
-    } else if (p->content_length > 0) {
+    } else {
       if (p->content_length > p->max_body)
         return -413;
       p->phase = P_BODY;
-    } else {
-      return end;
     }
-  } else {                   /* the head parsed before: again, in place */
-    size_t i;
-    if ((rc = parse_request_line(req, s, p->head_len, &i)) == 0)
-      parse_head(p, req, s, p->head_len, i, &rc);
-    if (rc != 0)
-      return -rc;            /* cannot happen: it parsed before */
   }
   if (p->phase == P_BODY) {
     if (n - p->head_len < p->content_length)
@@ -493,7 +523,7 @@ static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
     req->body_len = (size_t)p->content_length;
     return (long)(p->head_len + p->content_length);
   }
-  long end = decode_chunks(p, s, n);
+  end = decode_chunks(p, s, n);
   if (end <= 0)
     return end;
   /* p->pos stayed where the trailer section began */
@@ -518,19 +548,25 @@ void nr_http_parser_free(nr_http_parser_t *p) {
   nr_buf_free(&p->body);
 }
 
+/* After a request: a head without a body leaves only the head search's
+ * state to reset (the rest is still or again as next_request left it). */
 static void next_request(nr_http_parser_t *p) {
-  p->phase = P_HEAD;
-  p->scan = p->head_len = p->pos = 0;
-  p->chunk_left = p->content_length = 0;
-  p->continue_sent = p->line_ok = false;
-  if (p->body.data != NULL)
-    nr_buf_free(&p->body);
+  p->scan = 0;
+  p->line_ok = false;
+  if (p->phase != P_HEAD) {
+    p->phase = P_HEAD;
+    p->head_len = p->pos = 0;
+    p->chunk_left = p->content_length = 0;
+    p->continue_sent = false;
+    if (p->body.data != NULL)
+      nr_buf_free(&p->body);
+  }
 }
 
 static int stop(nr_http_parser_t *p, int status) {
-  p->stopped = true;
   nr_http_parser_free(p);
-  next_request(p);
+  nr_http_parser_init(p, p->max_header, p->max_body);
+  p->stopped = true;
   return status;
 }
 
