@@ -6,7 +6,7 @@
 # `taskset -c 1 wrk -t1 -c64 -d10s --latency` after a 2 s warm-up, keep-alive
 # and 16 pipelined requests per write; median of 3 runs by requests per
 # server CPU-second (utime+stime from /proc/PID/stat, nginx master+worker
-# summed). Prints a markdown table.
+# summed), the servers taking turns run by run. Prints a markdown table.
 #   bash bench/run_http.sh [DURATION_S] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,67 +81,63 @@ wait_port() {
 
 hz=$(getconf CLK_TCK)
 
-# measure NAME MODE PIDS...: prints "per_cpu_s req_s p99" of the median run.
-measure() {
+# one MODE PORT PIDS...: one run; prints "per_cpu_s req_s p99".
+one() {
   local mode=$1 port=$2; shift 2
-  local script=() results=()
+  local script=() t0 t1 out reqs rps p99
   [[ $mode == pipelined ]] && script=(-s "$work/pipeline.lua")
-  taskset -c 1 wrk -t1 -c$CONNS -d2s "${script[@]}" "http://127.0.0.1:$port/" >/dev/null
-  for _ in $(seq "$RUNS"); do
-    local t0 t1 out reqs rps p99
-    t0=$(ticks "$@")
-    out=$(taskset -c 1 wrk -t1 -c$CONNS -d${DUR}s --latency "${script[@]}" "http://127.0.0.1:$port/")
-    t1=$(ticks "$@")
-    reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-    rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-    p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
-    results+=("$(awk -v r="$reqs" -v t=$((t1 - t0)) -v hz="$hz" \
-      'BEGIN { printf "%d", (t > 0 ? r / (t / hz) : 0) }') $rps $p99")
-  done
-  printf '%s\n' "${results[@]}" | sort -n | sed -n "$(((RUNS + 1) / 2))p"
+  t0=$(ticks "$@")
+  out=$(taskset -c 1 wrk -t1 -c$CONNS -d${DUR}s --latency "${script[@]}" "http://127.0.0.1:$port/")
+  t1=$(ticks "$@")
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  awk -v r="$reqs" -v t=$((t1 - t0)) -v hz="$hz" -v rps="$rps" -v p99="$p99" \
+    'BEGIN { printf "%d %s %s\n", (t > 0 ? r / (t / hz) : 0), rps, p99 }'
 }
 
-declare -A row
-run_server() {   # NAME PORT PIDS...
-  local name=$1 port=$2; shift 2
-  wait_port "$port"
-  for mode in keepalive pipelined; do
-    row[$name,$mode]=$(measure "$mode" "$port" "$@")
-  done
+warm() {   # MODE PORT
+  local script=()
+  [[ $1 == pipelined ]] && script=(-s "$work/pipeline.lua")
+  taskset -c 1 wrk -t1 -c$CONNS -d2s "${script[@]}" "http://127.0.0.1:$2/" >/dev/null
 }
 
-port=18181
-# C baseline
-taskset -c 0 "$work/http_baseline" $port 2>/dev/null &
-pids+=($!)
-run_server "C epoll baseline" $port "$!"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
-
-# netrun
-port=18182
-taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port $port --threads 1 \
+# Every server runs at once, idle but for the one under load; the runs go
+# round by round through the servers, so a slow spell of this shared VM
+# (its speed drifts by 10-20 % over minutes) falls on all of them alike.
+names=("C epoll baseline" "netrun http_hello.lua" "netrun http_hello.lua --response table"
+       "nginx + Lua")
+ports=(18181 18182 18184 18183)
+declare -A procs
+taskset -c 0 "$work/http_baseline" 18181 2>/dev/null &
+pids+=($!); procs[0]=$!
+taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port 18182 --threads 1 \
   >/dev/null 2>&1 &
-pids+=($!)
-run_server "netrun http_hello.lua" $port "$!"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
-
-# netrun, answering with a table per response instead of a prepared one
-port=18184
-taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port $port --threads 1 \
+pids+=($!); procs[1]=$!
+taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port 18184 --threads 1 \
   --response table >/dev/null 2>&1 &
-pids+=($!)
-run_server "netrun http_hello.lua --response table" $port "$!"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
-
-# nginx + Lua: master and worker both pinned, their CPU summed
-port=18183
-sed -i "s/PORT/$port/" "$work/nginx/nginx.conf"
+pids+=($!); procs[2]=$!
+sed -i "s/PORT/18183/" "$work/nginx/nginx.conf"
 taskset -c 0 nginx -p "$work/nginx" -c nginx.conf 2>"$work/nginx/err.log" &
 pids+=($!)
-wait_port $port
-worker=$(pgrep -P "${pids[-1]}" | head -1)
-run_server "nginx + Lua" $port "${pids[-1]}" "$worker"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+for p in "${ports[@]}"; do wait_port "$p"; done
+procs[3]="${pids[-1]} $(pgrep -P "${pids[-1]}" | head -1)"   # master and worker
+
+declare -A row runs every
+for mode in keepalive pipelined; do
+  for i in "${!names[@]}"; do warm "$mode" "${ports[$i]}"; done
+  for _ in $(seq "$RUNS"); do
+    for i in "${!names[@]}"; do
+      # shellcheck disable=SC2086
+      runs[$i]+="$(one "$mode" "${ports[$i]}" ${procs[$i]})"$'\n'
+    done
+  done
+  for i in "${!names[@]}"; do
+    row[${names[$i]},$mode]=$(printf '%s' "${runs[$i]}" | sort -n | sed -n "$(((RUNS + 1) / 2))p")
+    every[${names[$i]},$mode]=$(printf '%s' "${runs[$i]}" | cut -d' ' -f1 | paste -sd' ')
+    runs[$i]=""
+  done
+done
 
 base_ka=$(cut -d' ' -f1 <<<"${row[C epoll baseline,keepalive]}")
 base_pl=$(cut -d' ' -f1 <<<"${row[C epoll baseline,pipelined]}")
@@ -150,13 +146,19 @@ echo "HTTP hello, wrk -t1 -c$CONNS -d${DUR}s, median of $RUNS; $(date -u '+%F %H
 echo
 echo "| server | workload | req/s | p99 | req per server CPU-s | vs C baseline |"
 echo "|---|---|---:|---:|---:|---:|"
-for name in "C epoll baseline" "netrun http_hello.lua" "netrun http_hello.lua --response table" \
-  "nginx + Lua"; do
+for name in "${names[@]}"; do
   for mode in keepalive pipelined; do
     read -r per rps p99 <<<"${row[$name,$mode]}"
     base=$base_ka; [[ $mode == pipelined ]] && base=$base_pl
     label="keep-alive"; [[ $mode == pipelined ]] && label="16 pipelined"
     printf '| %s | %s | %s | %s | %s | %s |\n' "$name" "$label" "$rps" "$p99" "$per" \
       "$(awk -v a="$per" -v b="$base" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
+  done
+done
+echo
+echo "Every run, requests per server CPU-second, in order:"
+for name in "${names[@]}"; do
+  for mode in keepalive pipelined; do
+    echo "- $name, $mode: ${every[$name,$mode]}"
   done
 done
