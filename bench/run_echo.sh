@@ -116,18 +116,21 @@ median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "run_echo: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, RUNS=$RUNS WARMUP=${WARMUP}s DURATION=${DURATION}s"
 echo "run_echo: load before: $(uptime | sed 's/.*load average/load average/')"
 declare -A RATE P99 PER
+# The servers take turns run by run, so a slow spell of this shared VM (its
+# speed drifts by 10-20 % over minutes) falls on all of them alike.
+declare -A RATES P99S PERS
 for w in $WORKLOADS; do
-  for s in $SERVERS; do
-    rates=() p99s=() pers=()
-    for _ in $(seq "$RUNS"); do
+  for _ in $(seq "$RUNS"); do
+    for s in $SERVERS; do
       run_one "$s" "$w"
-      r=$R_RATE p=$R_P99 c=$R_PER
-      rates+=("$r") p99s+=("$p") pers+=("$c")
-      echo "run_echo: $w $s: $r msgs/s, p99 $p us, $c msgs per server CPU-s" >&2
+      RATES[$w.$s]+="$R_RATE " P99S[$w.$s]+="$R_P99 " PERS[$w.$s]+="$R_PER "
+      echo "run_echo: $w $s: $R_RATE msgs/s, p99 $R_P99 us, $R_PER msgs per server CPU-s" >&2
     done
-    RATE[$w.$s]=$(printf '%s\n' "${rates[@]}" | median)
-    P99[$w.$s]=$(printf '%s\n' "${p99s[@]}" | median)
-    PER[$w.$s]=$(printf '%s\n' "${pers[@]}" | median)
+  done
+  for s in $SERVERS; do
+    RATE[$w.$s]=$(printf '%s\n' ${RATES[$w.$s]} | median)
+    P99[$w.$s]=$(printf '%s\n' ${P99S[$w.$s]} | median)
+    PER[$w.$s]=$(printf '%s\n' ${PERS[$w.$s]} | median)
   done
 done
 echo "run_echo: load after: $(uptime | sed 's/.*load average/load average/')"
