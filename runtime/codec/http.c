@@ -1103,13 +1103,21 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
  * chunk's size line and CRLF: 38 + 24 + 2 + 20 bytes at most. */
 #define HEAD_FIXED 128
 
-static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
-                          const nr_http_response_t *r, nr_promise_t *p) {
+/* A response may be written: no stream open, a request to answer. */
+static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx) {
   if (s->stream != S_NONE)
     return misuse(ctx, "http_server: a response written while a streamed "
                   "one is open (end it with \"\" or false)");
   if (s->outstanding == 0)
     return misuse(ctx, "http_server: a response with no request to answer");
+  return 0;
+}
+
+static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
+                          const nr_http_response_t *r, nr_promise_t *p) {
+  int rc = check_turn(s, ctx);
+  if (rc < 0)
+    return rc;
   if (r->status < 100 || r->status > 999)
     return misuse(ctx, "http_server: bad status %d", r->status);
   uint8_t f = s->flags[s->oldest];
@@ -1144,7 +1152,7 @@ static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
       w = PUT_LIT(w, "\r\n");
     o.len = (size_t)(w - o.p);
   }
-  int rc = write_out(ctx, &o, body, blen - copy, p);
+  rc = write_out(ctx, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
   if (r->stream) {
@@ -1196,11 +1204,9 @@ void nr_http_prepare(const nr_http_response_t *r, nr_http_prepared_t *out) {
  * put in, the body copied when small, left out for HEAD. */
 static int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
                           const nr_http_prepared_t *pr, nr_promise_t *p) {
-  if (s->stream != S_NONE)
-    return misuse(ctx, "http_server: a response written while a streamed "
-                  "one is open (end it with \"\" or false)");
-  if (s->outstanding == 0)
-    return misuse(ctx, "http_server: a response with no request to answer");
+  int rc = check_turn(s, ctx);
+  if (rc < 0)
+    return rc;
   uint8_t f = s->flags[s->oldest];
   bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
                (pr->user & U_CLOSE);
@@ -1222,7 +1228,7 @@ static int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
     w = put(w, body, copy);
     o.len = (size_t)(w - o.p);
   }
-  int rc = write_out(ctx, &o, body, blen - copy, p);
+  rc = write_out(ctx, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
   finish_response(s, close);

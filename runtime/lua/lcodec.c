@@ -544,14 +544,20 @@ static int l_embedded(lua_State *L) {
   return 1;
 }
 
+void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
+                      lua_CFunction tostring) {
+  if (luaL_newmetatable(L, name)) {
+    lua_pushlightuserdata(L, (void *)(uintptr_t)make);
+    lua_setfield(L, -2, "__netrun_native");
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+}
+
 void lnr_open_codec(lua_State *L) {
   pthread_once(&slices_once, register_slices);
-  luaL_newmetatable(L, CODEC);
-  lua_pushlightuserdata(L, (void *)(uintptr_t)make_handler);
-  lua_setfield(L, -2, "__netrun_native");
-  lua_pushcfunction(L, codec_tostring);
-  lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
+  lnr_native_class(L, CODEC, make_handler, codec_tostring);
   static const luaL_Reg codecs[] = {
       {"line", l_line}, {"delimiter", l_delimiter},
       {"length_field", l_length_field},

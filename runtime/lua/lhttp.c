@@ -571,16 +571,6 @@ static int resp_tostring(lua_State *L) {
   return 1;
 }
 
-static void open_response_class(lua_State *L) {
-  if (luaL_newmetatable(L, RESP_CLASS)) {
-    lua_pushlightuserdata(L, (void *)(uintptr_t)not_a_handler);
-    lua_setfield(L, -2, "__netrun_native");
-    lua_pushcfunction(L, resp_tostring);
-    lua_setfield(L, -2, "__tostring");
-  }
-  lua_pop(L, 1);
-}
-
 /* The codec's write behind a Lua front: response tables are converted,
  * false ends a stream, everything else goes to the core as it is. */
 static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
@@ -686,14 +676,8 @@ void lnr_open_http(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
   open_request_class(L);
-  open_response_class(L);
-  if (luaL_newmetatable(L, CLASS)) {
-    lua_pushlightuserdata(L, (void *)(uintptr_t)make);
-    lua_setfield(L, -2, "__netrun_native");
-    lua_pushcfunction(L, l_tostring);
-    lua_setfield(L, -2, "__tostring");
-  }
-  lua_pop(L, 1);
+  lnr_native_class(L, RESP_CLASS, not_a_handler, resp_tostring);
+  lnr_native_class(L, CLASS, make, l_tostring);
   lua_getfield(L, -1, "codec");
   lua_pushcfunction(L, l_http_server);
   lua_setfield(L, -2, "http_server");

@@ -192,6 +192,10 @@ typedef struct lnr_lmsg_s {
  * values): transfer.c copies it between states. */
 typedef const nr_handler_t *(*lnr_native_fn)(lua_State *L, int idx,
                                              void **state);
+/* Make the metatable `name` of a native value (if the state has none yet):
+ * its __netrun_native is make, its __tostring tostring. */
+void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
+                      lua_CFunction tostring);
 
 /* Helpers */
 /* Push the registry table stored under the address `key`, making it the
