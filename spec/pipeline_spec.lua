@@ -163,6 +163,26 @@ describe("pipelines", function()
     server:close():sync()
   end)
 
+  it("a handler gets one ctx, the one p:context returns, made only when needed", function()
+    local server, port, accepted = accepting_server(group)
+    local c = H.client(port)
+    local ch = accepted[1]:sync()
+    local r = on_loop(ch, function(p)
+      local seen = {}
+      p:add_last("h", { channel_read = function(self, ctx, msg) seen[#seen + 1] = ctx end })
+      p:fire_channel_read("1")
+      local first = p:context("h")
+      p:fire_channel_read("2")
+      p:add_last("late", {})
+      local late = p:context("late")
+      return { seen[1] == first, seen[2] == first, late == p:context("late"),
+               late.name, first.name, first.write == late.write }
+    end)
+    assert.same({ true, true, true, "late", "h", true }, r)
+    c:close()
+    server:close():sync()
+  end)
+
   it("outbound handlers intercept write, flush and close", function()
     local server, port, accepted = accepting_server(group, function(ch)
       ch:pipeline():add_last("upper", {

@@ -24,6 +24,7 @@
  * handler does; its __gc drops the references. */
 typedef struct hrec_s {
   unsigned mask;
+  bool added, removed;       /* has handler_added, handler_removed */
   int read_ref, read_complete_ref;
 } hrec_t;
 
@@ -93,6 +94,7 @@ static const hrec_t *handler_rec(lua_State *L, int idx) {
   lua_pop(L, 1);
   hrec_t *r = lua_newuserdatauv(L, sizeof *r, 0);
   r->mask = 0;
+  r->added = r->removed = false;
   r->read_ref = r->read_complete_ref = LUA_NOREF;
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &REC_MT) != LUA_TTABLE) {
     lua_pop(L, 1);
@@ -109,6 +111,11 @@ static const hrec_t *handler_rec(lua_State *L, int idx) {
       r->mask |= methods[i].bit;
     lua_pop(L, 1);
   }
+  lua_getfield(L, idx, "handler_added");
+  r->added = lua_isfunction(L, -1);
+  lua_getfield(L, idx, "handler_removed");
+  r->removed = lua_isfunction(L, -1);
+  lua_pop(L, 2);
   r->read_ref = method_ref(L, idx, "channel_read");
   r->read_complete_ref = method_ref(L, idx, "channel_read_complete");
   lua_pushvalue(L, idx);
@@ -286,12 +293,12 @@ static int lh_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   return finish(ctx, L, 3, "connect");
 }
 
+/* A handler without handler_added costs no ctx until it is first called:
+ * idle connections hold none. */
 static void lh_added(nr_ctx_t *ctx) {
-  lua_State *L = begin(ctx, "handler_added");
-  if (lua_isfunction(L, -3))
-    finish(ctx, L, 0, "handler_added");
-  else
-    lua_pop(L, 4);
+  lh_t *h = nr_ctx_state(ctx);
+  if (h->rec->added)
+    finish(ctx, begin(ctx, "handler_added"), 0, "handler_added");
 }
 
 static void lh_free(lua_State *L, lh_t *h) {
@@ -302,12 +309,9 @@ static void lh_free(lua_State *L, lh_t *h) {
 
 static void lh_removed(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
-  lua_State *L = begin(ctx, "handler_removed");
-  if (lua_isfunction(L, -3))
-    finish(ctx, L, 0, "handler_removed");
-  else
-    lua_pop(L, 4);
-  lh_free(L, h);
+  if (h->rec->removed)
+    finish(ctx, begin(ctx, "handler_removed"), 0, "handler_removed");
+  lh_free(h->S->L, h);
 }
 
 static unsigned lh_mask(const nr_handler_t *vt, void *state) {
@@ -331,7 +335,8 @@ static const nr_handler_t lua_vt = {
 #define CTX "netrun.ctx"
 #define PIPELINE "netrun.pipeline"
 
-/* A ctx is a table: [1] holds the handle (a userdata that retains the C
+/* A ctx is a table, made when its handler is first called or asked for
+ * (p:context): [1] holds the handle (a userdata that retains the C
  * context, released by its __gc), and the shared metatable's __index finds
  * methods and the fields channel, pipeline, name and handler, then stores
  * them in the table, so the next ctx:write is a plain table read, not a
@@ -340,7 +345,7 @@ static const nr_handler_t lua_vt = {
 static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 static void push_ctx(lua_State *L, nr_ctx_t *ctx) {
-  lua_createtable(L, 1, 4);
+  lua_createtable(L, 1, 0);
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
@@ -666,19 +671,6 @@ static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
   return &lua_vt;
 }
 
-/* The ctx userdata exists once the context does: set it right after
- * linking (handler_added runs inside the link, so it is made there). */
-static void attach_ctx(lua_State *L, nr_pipeline_t *p, const char *name) {
-  nr_ctx_t *c = nr_pipeline_context(p, name);
-  if (c && nr_ctx_handler(c) == &lua_vt) {
-    lh_t *h = nr_ctx_state(c);
-    if (h->ctx_ref == LUA_NOREF) {
-      push_ctx(L, c);
-      h->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    }
-  }
-}
-
 static int add_error(lua_State *L, int rc, const char *name, const char *base) {
   if (rc == -EEXIST)
     return luaL_error(L, "duplicate handler name '%s'", name);
@@ -748,7 +740,6 @@ static int do_add(lua_State *L, adder_fn add, bool with_base) {
     }
     return add_error(L, rc, name, base);
   }
-  attach_ctx(L, p, name);
   lua_settop(L, 1);
   return 1;
 }
@@ -789,7 +780,6 @@ static int p_replace(lua_State *L) {
   int rc = nr_pipeline_replace(p, nr_ctx_name(c), name, vt, state);
   if (rc < 0)
     return add_error(L, rc, name, NULL);
-  attach_ctx(L, p, name);
   lua_pushvalue(L, old);
   return 1;
 }
@@ -811,6 +801,7 @@ static int p_context(lua_State *L) {
     lua_pushnil(L);
   } else if (nr_ctx_handler(c) == &lua_vt) {
     lh_t *h = nr_ctx_state(c);
+    ensure_ctx(c);
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->ctx_ref);
   } else {
     push_ctx(L, c);
