@@ -313,7 +313,7 @@ static void req_materialize(lua_State *L, int ud) {
 }
 
 static int req_pairs(lua_State *L) {
-  lua_getglobal(L, "next");
+  lua_pushvalue(L, lua_upvalueindex(1));   /* the base library's next */
   req_materialize(L, 1);
   lua_pushnil(L);
   return 3;
@@ -348,9 +348,12 @@ static void open_request_class(lua_State *L) {
   if (luaL_newmetatable(L, REQ_CLASS)) {
     static const luaL_Reg m[] = {
         {"__index", req_index}, {"__newindex", req_newindex},
-        {"__pairs", req_pairs}, {"__netrun_copy", req_copy},
-        {"__tostring", req_tostring}, {NULL, NULL}};
+        {"__netrun_copy", req_copy}, {"__tostring", req_tostring},
+        {NULL, NULL}};
     luaL_setfuncs(L, m, 0);
+    lua_getglobal(L, "next");       /* kept: a script may replace the global */
+    lua_pushcclosure(L, req_pairs, 1);
+    lua_setfield(L, -2, "__pairs");
     lua_pushvalue(L, -1);
     lnr_set_slot(L, LNR_SLOT_HTTP_REQUEST);
   }
