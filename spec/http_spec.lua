@@ -505,6 +505,23 @@ describe("HTTP examples", function()
       assert.matches("HTTP/1.1 404 Gone Fishing", answer("GET / HTTP/1.1\r\n\r\n", prepared), 1, true)
     end)
 
+    it("its metamethods and a prepared response's refuse other values", function()
+      local req, ch = parse(raw)
+      local mt = getmetatable(req)
+      for _, bad in ipairs { {}, "s", 1, io.stdout } do
+        assert.has_error(function() mt.__index(bad, "method") end)
+        assert.has_error(function() mt.__newindex(bad, "x", 1) end)
+        assert.has_error(function() mt.__pairs(bad) end)
+        assert.has_error(function() mt.__tostring(bad) end)
+      end
+      local big = {}
+      for i = 1, 64 do big[i] = i end
+      local rmt = getmetatable(netrun.codec.http_response { body = "x" })
+      assert.equal("netrun.codec.http_response (0, 0 bytes of body)", rmt.__tostring(big))
+      assert.equal("POST", req.method)
+      ch:close()
+    end)
+
     it("crosses to another state as a plain table of its fields", function()
       local req, ch = parse(raw)
       req.user = "u"

@@ -109,14 +109,26 @@ typedef struct rhdr_s {
 } rhdr_t;
 
 typedef struct req_s {
+  const void *tag;             /* &REQ_TAG: proves the userdata is one */
   uint32_t method_len, path, path_len, query, query_len;
   uint16_t nheaders;
   bool has_query, keep_alive, http11;
   rhdr_t h[];                  /* then the text */
 } req_t;
 
+static const char REQ_TAG = 0;
+
 static const char *req_text(const req_t *q) {
   return (const char *)(q->h + q->nheaders);
+}
+
+/* The request that is argument 1 of a metamethod (one fetched with
+ * getmetatable may be called with anything). */
+static const req_t *check_req(lua_State *L) {
+  const req_t *q = lua_touserdata(L, 1);    /* a light one has length 0 */
+  if (q == NULL || lua_rawlen(L, 1) < sizeof *q || q->tag != &REQ_TAG)
+    luaL_typeerror(L, 1, REQ_CLASS);
+  return q;
 }
 
 static uint32_t put_text(char *text, uint32_t *off, const char *s, size_t n) {
@@ -136,6 +148,7 @@ static void push_request(lua_State *L, void *msg) {
                                   len, 2);
   char *text = (char *)(q->h + r->nheaders);
   uint32_t off = 0;
+  q->tag = &REQ_TAG;
   q->nheaders = (uint16_t)r->nheaders;
   q->method_len = (uint32_t)r->method_len;
   put_text(text, &off, r->method, r->method_len);
@@ -283,6 +296,7 @@ static void push_field(lua_State *L, int ud, int f) {
 }
 
 static int req_index(lua_State *L) {
+  check_req(L);
   if (req_fields(L, 1, false)) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, -2) != LUA_TNIL)
@@ -294,6 +308,7 @@ static int req_index(lua_State *L) {
 }
 
 static int req_newindex(lua_State *L) {
+  check_req(L);
   req_fields(L, 1, true);
   lua_insert(L, 2);
   lua_rawset(L, 2);
@@ -313,6 +328,7 @@ static void req_materialize(lua_State *L, int ud) {
 }
 
 static int req_pairs(lua_State *L) {
+  check_req(L);
   lua_pushvalue(L, lua_upvalueindex(1));   /* the base library's next */
   req_materialize(L, 1);
   lua_pushnil(L);
@@ -321,6 +337,7 @@ static int req_pairs(lua_State *L) {
 
 /* What crosses to another state: a plain table, a copy of the fields. */
 static int req_copy(lua_State *L) {
+  check_req(L);
   req_materialize(L, 1);
   lua_newtable(L);
   lua_pushnil(L);
@@ -333,7 +350,7 @@ static int req_copy(lua_State *L) {
 }
 
 static int req_tostring(lua_State *L) {
-  const req_t *q = lua_touserdata(L, 1);
+  const req_t *q = check_req(L);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addstring(&b, REQ_CLASS ": ");
@@ -521,9 +538,10 @@ typedef struct presp_s {
 static const char RESP_TAG = 0;
 
 static const nr_http_prepared_t *to_prepared(lua_State *L, int idx) {
-  if (lua_rawlen(L, idx) < sizeof(presp_t) + sizeof(nr_http_prepared_t))
+  const presp_t *pr = lua_touserdata(L, idx);   /* a light one has length 0 */
+  if (pr == NULL ||
+      lua_rawlen(L, idx) < sizeof(presp_t) + sizeof(nr_http_prepared_t))
     return NULL;
-  const presp_t *pr = lua_touserdata(L, idx);
   return pr->tag == &RESP_TAG ? (const nr_http_prepared_t *)(pr + 1) : NULL;
 }
 

@@ -356,14 +356,13 @@ static void push_ctx(lua_State *L, nr_ctx_t *ctx) {
   lua_setmetatable(L, -2);
 }
 
-/* ctx methods and __index are closures whose upvalues are the ctx, future
- * and lazy-future metatables (and, for __index, the methods): making a
- * write's future then needs no registry lookup. A ctx is checked by the
- * tag in its block, which costs less than comparing metatables. */
-#define CTX_MT lua_upvalueindex(1)
-#define FUTURE_MT lua_upvalueindex(2)
-#define LAZY_MT lua_upvalueindex(3)
-#define CTX_METHODS lua_upvalueindex(4)
+/* ctx methods are closures whose upvalues are the future and lazy-future
+ * metatables, so making a write's future needs no registry lookup; __index
+ * has the methods as its upvalue. A ctx is checked by the tag in its
+ * handle, which costs less than comparing metatables. */
+#define FUTURE_MT lua_upvalueindex(1)
+#define LAZY_MT lua_upvalueindex(2)
+#define CTX_METHODS lua_upvalueindex(1)
 
 static lctx_t *to_ctx(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TTABLE) {
@@ -1524,17 +1523,12 @@ void lnr_open_pipeline(lua_State *L) {
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
   lua_newtable(L);                               /* mt methods */
-  lua_pushvalue(L, -2);
   lnr_push_class(L, LNR_FUTURE);
   lnr_push_lazy_class(L);
-  luaL_setfuncs(L, ctx_methods, 3);   /* upvalues: CTX_MT, FUTURE_MT, LAZY_MT */
+  luaL_setfuncs(L, ctx_methods, 2);   /* upvalues: FUTURE_MT, LAZY_MT */
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "methods");     /* mt methods */
-  lua_pushvalue(L, -2);
-  lnr_push_class(L, LNR_FUTURE);
-  lnr_push_lazy_class(L);
-  lua_rotate(L, -4, 3);               /* mt ctx_mt future_mt lazy_mt methods */
-  lua_pushcclosure(L, ctx_index, 4);
+  lua_pushcclosure(L, ctx_index, 1);  /* upvalue: CTX_METHODS */
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, ctx_tostring);
   lua_setfield(L, -2, "__tostring");
