@@ -201,8 +201,14 @@ typedef void (*nr_listener_fn)(nr_promise_t *p, void *arg);
 nr_promise_t *nr_promise_new(void);
 nr_promise_t *nr_promise_retain(nr_promise_t *p);
 void nr_promise_release(nr_promise_t *p);
+/* The void promise (Netty's voidPromise): a static promise meaning "no
+ * promise". It never completes: setting it, adding a listener or waiting
+ * on it returns -EINVAL. Retain and release do nothing to it. */
+nr_promise_t *nr_promise_void(void);
+bool nr_promise_is_void(const nr_promise_t *p);
 
-/* 0, or -EALREADY when already complete (the value is then freed). */
+/* 0, or -EALREADY when already complete (the value is then freed), or
+ * -EINVAL for the void promise. */
 int nr_promise_set_success(nr_promise_t *p, void *value,
                            void (*free_fn)(void *));
 int nr_promise_set_failure(nr_promise_t *p, int code, const char *msg);

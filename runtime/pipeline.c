@@ -210,21 +210,30 @@ void nr_ctx_fire_exception(nr_ctx_t *ctx, const nr_err_t *err) {
   invoke_exception(next_in(ctx, NR_EV_EXCEPTION), err);
 }
 
+/* The void promise stands for none (see nr_promise_void). */
+static nr_promise_t *real(nr_promise_t *p) {
+  return p != NULL && nr_promise_is_void(p) ? NULL : p;
+}
+
 int nr_ctx_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
                 nr_promise_t *prom) {
+  prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_BIND);
   INVOKE_OUT(c, c->h->bind(c, sa, len, prom), prom);
 }
 int nr_ctx_connect(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
                    nr_promise_t *prom) {
+  prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_CONNECT);
   INVOKE_OUT(c, c->h->connect(c, sa, len, prom), prom);
 }
 int nr_ctx_disconnect(nr_ctx_t *ctx, nr_promise_t *prom) {
+  prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_DISCONNECT);
   INVOKE_OUT(c, c->h->disconnect(c, prom), prom);
 }
 int nr_ctx_close(nr_ctx_t *ctx, nr_promise_t *prom) {
+  prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_CLOSE);
   INVOKE_OUT(c, c->h->close(c, prom), prom);
 }
@@ -233,6 +242,7 @@ int nr_ctx_read(nr_ctx_t *ctx) {
   INVOKE_OUT(c, c->h->do_read(c), NULL);
 }
 int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
+  prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_WRITE);
   INVOKE_OUT(c, c->h->write(c, msg, prom), prom);
 }

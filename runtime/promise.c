@@ -74,13 +74,27 @@ nr_promise_t *nr_promise_new(void) {
   return p;
 }
 
+/* The void promise (Netty's voidPromise): one static promise that stands
+ * for "no promise" where an API wants one. It never completes, takes no
+ * listeners and cannot be waited on; it is never freed. Whoever accepts
+ * promises from users treats it as none: a write given it reports its
+ * failure to exception_caught, as a write without a promise does. */
+static nr_promise_t void_promise = {
+    .refs = 1, .state = PENDING, .ltail = &void_promise.listeners};
+
+nr_promise_t *nr_promise_void(void) { return &void_promise; }
+
+bool nr_promise_is_void(const nr_promise_t *p) { return p == &void_promise; }
+
 nr_promise_t *nr_promise_retain(nr_promise_t *p) {
-  atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+  if (p != &void_promise)
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
   return p;
 }
 
 void nr_promise_release(nr_promise_t *p) {
-  if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1)
+  if (p == NULL || p == &void_promise ||
+      atomic_fetch_sub(&p->refs, 1) != 1)
     return;
   for (listener_t *l = p->listeners, *n; l; l = n) {  /* never completed */
     n = l->next;
@@ -116,6 +130,11 @@ static void dispatch(nr_promise_t *p, listener_t *l) {
 
 static int complete(nr_promise_t *p, int state, void *value,
                     void (*free_fn)(void *), int code, const char *msg) {
+  if (p == &void_promise) {
+    if (free_fn)
+      free_fn(value);
+    return -EINVAL;
+  }
   /* Hold a reference while completing: a waiter that sees the new state
    * may drop what it believed was the last one. */
   nr_promise_retain(p);
@@ -184,6 +203,8 @@ const char *nr_promise_message(const nr_promise_t *p) {
 
 int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
                             void *arg) {
+  if (p == &void_promise)
+    return -EINVAL;
   listener_t *l = calloc(1, sizeof *l);
   if (l == NULL)
     return -ENOMEM;
@@ -221,6 +242,8 @@ static int wait_running(nr_promise_t *p, nr_loop_t *l, uint64_t deadline) {
 }
 
 int nr_promise_wait(nr_promise_t *p, uint64_t timeout) {
+  if (p == &void_promise)
+    return -EINVAL;
   if (nr_promise_is_done(p))
     return 0;
   nr_loop_t *cur = nr_loop_current();

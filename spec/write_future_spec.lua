@@ -141,4 +141,64 @@ describe("write futures", function()
     c:close()
     server:close():sync()
   end)
+
+  it("are none with the void promise: writes return it, failures go to exception_caught", function()
+    local VOID = netrun.void_promise()          -- an upvalue: crosses to the loop
+    local done = netrun.promise()
+    local App = {}
+    function App:channel_read(ctx, msg)
+      local a = ctx:write("sent", VOID)
+      local b = ctx:write({ not_bytes = true }, ctx:void_promise())  -- fails
+      ctx:flush()
+      local ok, err = pcall(function() return a:add_listener(print) end)
+      done:try_success({ rawequal(a, VOID), rawequal(b, VOID), a:is_void(),
+                         a:is_done(), ok, tostring(err), self.errors or 0,
+                         ctx:write_and_flush("!", VOID) == VOID, VOID })
+    end
+    function App:exception_caught(ctx, err) self.errors = (self.errors or 0) + 1 end
+    local server, port = H.echo_server(group, App)
+    local c = H.client(port)
+    c:send("x")
+    assert.equal("sent!", H.recv(c, 5))
+    local r = done:sync()
+    assert.same({ true, true, true, false, false }, { r[1], r[2], r[3], r[4], r[5] })
+    assert.matches("add_listener: a void promise never completes", r[6])
+    assert.equal(1, r[7])
+    assert.is_true(r[8])
+    assert.equal(VOID, r[9])                     -- back in this state: the same value
+    c:close()
+    server:close():sync()
+  end)
+
+  it("the void promise cannot be waited on, and setting it does nothing", function()
+    local VOID = netrun.void_promise()
+    assert.equal("netrun.future(void)", tostring(VOID))
+    assert.is_false(netrun.promise():is_void())
+    assert.equal(VOID, VOID:set_success(1))
+    assert.equal(VOID, VOID:set_failure("x"))
+    assert.is_false(VOID:try_success(1))
+    assert.is_false(VOID:cancel())
+    assert.is_false(VOID:is_done())
+    assert.is_nil(VOID:result())
+    assert.has_error(function() VOID:sync() end,
+      "sync: a void promise never completes (pass a promise of your own, or none, to get a future)")
+    assert.has_error(function() VOID:await() end)
+  end)
+
+  it("close with the void promise", function()
+    local done = netrun.promise()
+    local server, port = H.echo_server(group, {
+      channel_read = function(self, ctx, msg)
+        local f = ctx:close(ctx:void_promise())
+        ctx.channel:close_future():add_listener(function()
+          done:try_success(f:is_void())
+        end)
+      end,
+    })
+    local c = H.client(port)
+    c:send("x")
+    assert.is_true(done:sync())
+    c:close()
+    server:close():sync()
+  end)
 end)

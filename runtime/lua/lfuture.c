@@ -50,9 +50,38 @@ static nr_loop_t *home(lua_State *L) {
 
 /* ---- completion ------------------------------------------------------------- */
 
+/* The void promise (netrun.void_promise(), Netty's voidPromise): passed
+ * where a write or close takes a promise, it asks for no future, and is
+ * what the call returns. Setting it does nothing; it cannot be listened to
+ * or waited on, since it never completes. */
+static nr_promise_t *check_not_void(lua_State *L, int idx, const char *what) {
+  nr_promise_t *p = check(L, idx);
+  if (nr_promise_is_void(p))
+    luaL_error(L, "%s: a void promise never completes (pass a promise of "
+               "your own, or none, to get a future)", what);
+  return p;
+}
+
+static int l_void_promise(lua_State *L) {
+  lnr_push_handle(L, LNR_FUTURE, nr_promise_void());
+  return 1;
+}
+
+static int l_is_void(lua_State *L) {
+  lua_pushboolean(L, nr_promise_is_void(check(L, 1)));
+  return 1;
+}
+
 static int complete(lua_State *L, bool success, bool try) {
   nr_promise_t *p = check(L, 1);
   int rc;
+  if (nr_promise_is_void(p)) {
+    if (try)
+      lua_pushboolean(L, 0);
+    else
+      lua_settop(L, 1);
+    return 1;
+  }
   if (success) {
     lua_settop(L, 2);
     lnr_blob_t *b = lnr_pack(L, 2, 1, "result");
@@ -153,7 +182,7 @@ static void run_listener(nr_promise_t *p, void *arg) {
 }
 
 static int l_add_listener(lua_State *L) {
-  nr_promise_t *p = check(L, 1);
+  nr_promise_t *p = check_not_void(L, 1, "add_listener");
   luaL_checktype(L, 2, LUA_TFUNCTION);
   listener_t *l = malloc(sizeof *l);
   if (l == NULL)
@@ -211,7 +240,7 @@ static void wait_blocking(nr_promise_t *p) {
 }
 
 static int l_sync(lua_State *L) {
-  nr_promise_t *p = check(L, 1);
+  nr_promise_t *p = check_not_void(L, 1, "sync");
   nr_loop_t *cur = nr_loop_current();
   if (!nr_promise_is_done(p)) {
     if (cur != NULL && cur != lnr_main_loop()) {
@@ -384,7 +413,7 @@ static int park_on(lua_State *L, nr_promise_t *p) {
 }
 
 static int l_await(lua_State *L) {
-  nr_promise_t *p = check(L, 1);
+  nr_promise_t *p = check_not_void(L, 1, "await");
   lua_settop(L, 1);
   if (nr_promise_is_done(p))
     return finish_wait(L, p);
@@ -426,7 +455,8 @@ static int l_sleep(lua_State *L) {
 
 static int l_tostring(lua_State *L) {
   nr_promise_t *p = check(L, 1);
-  const char *st = !nr_promise_is_done(p)      ? "pending"
+  const char *st = nr_promise_is_void(p)       ? "void"
+                   : !nr_promise_is_done(p)    ? "pending"
                    : nr_promise_is_success(p)  ? "success"
                    : nr_promise_is_cancelled(p) ? "cancelled"
                                                : "failure";
@@ -442,13 +472,14 @@ void lnr_open_future(lua_State *L) {
       {"is_cancelled", l_is_cancelled}, {"cause", l_cause},
       {"result", l_result}, {"cancel", l_cancel},
       {"add_listener", l_add_listener}, {"sync", l_sync}, {"await", l_await},
-      {NULL, NULL}};
+      {"is_void", l_is_void}, {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {NULL, NULL}};
   lnr_new_class(L, lnr_kind_names[LNR_FUTURE], methods, meta);
   lnr_handle_class(L, LNR_FUTURE);
   static const luaL_Reg funcs[] = {{"promise", l_promise},
                                    {"spawn", l_spawn},
                                    {"sleep", l_sleep},
+                                   {"void_promise", l_void_promise},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }

@@ -583,6 +583,14 @@ static int c_close(lua_State *L) {
   return 1;
 }
 
+/* The void promise (see lfuture.c): ctx:write(msg, ctx:void_promise())
+ * makes no future; a failure goes to exception_caught. */
+static int c_void_promise(lua_State *L) {
+  check_ctx(L, 1);
+  lnr_push_handle(L, LNR_FUTURE, nr_promise_void());
+  return 1;
+}
+
 static int c_loop(lua_State *L) {
   lnr_push_handle(L, LNR_LOOP, nr_channel_loop(nr_ctx_channel(check_ctx(L, 1))));
   return 1;
@@ -1518,7 +1526,7 @@ void lnr_open_pipeline(lua_State *L) {
       {"fire_exception_caught", c_fire_exception},
       {"write", c_write}, {"write_and_flush", c_write_and_flush},
       {"flush", c_flush}, {"read", c_read}, {"close", c_close},
-      {"loop", c_loop}, {NULL, NULL}};
+      {"loop", c_loop}, {"void_promise", c_void_promise}, {NULL, NULL}};
   luaL_newmetatable(L, CTX);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
