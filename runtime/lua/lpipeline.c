@@ -164,9 +164,10 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
 }
 
 /* Call what begin pushed plus nargs arguments; the message handler stays
- * below: on error the message is on top of it. */
+ * below (counted from the top: no lua_gettop): on error the message is on
+ * top of it. */
 static int call(lua_State *L, int nargs) {
-  return lua_pcall(L, nargs + 2, 0, lua_gettop(L) - nargs - 3);
+  return lua_pcall(L, nargs + 2, 0, -(nargs + 4));
 }
 
 static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
