@@ -45,6 +45,16 @@ void lnr_register_msg(int type, lnr_msg_push_fn push) {
   }
 }
 
+/* Out of line: its address buffer would make every message pay for a
+ * stack frame. */
+static __attribute__((noinline)) void push_datagram(lua_State *L,
+                                                    const nr_datagram_t *d) {
+  lua_createtable(L, 0, 3);
+  lua_pushlstring(L, d->data, d->len);
+  lua_setfield(L, -2, "data");
+  push_addr(L, &d->addr, d->addrlen, "host", "port");
+}
+
 void lnr_push_msg(lua_State *L, void *msg) {
   switch (nr_msg_type(msg)) {
   case NR_MSG_BYTES: {
@@ -52,14 +62,9 @@ void lnr_push_msg(lua_State *L, void *msg) {
     lua_pushlstring(L, b->data, b->len);
     return;
   }
-  case NR_MSG_DATAGRAM: {
-    nr_datagram_t *d = msg;
-    lua_createtable(L, 0, 3);
-    lua_pushlstring(L, d->data, d->len);
-    lua_setfield(L, -2, "data");
-    push_addr(L, &d->addr, d->addrlen, "host", "port");
+  case NR_MSG_DATAGRAM:
+    push_datagram(L, msg);
     return;
-  }
   case NR_MSG_LUA: {
     lnr_lmsg_t *m = msg;
     if (m->L == L)

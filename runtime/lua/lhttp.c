@@ -52,6 +52,7 @@
  * of a state. Like every native handler configuration it is plain bytes,
  * copied when it crosses states (an upvalue of `init`, say).
  */
+#include <assert.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -131,40 +132,85 @@ static const req_t *check_req(lua_State *L) {
   return q;
 }
 
-static uint32_t put_text(char *text, uint32_t *off, const char *s, size_t n) {
+/* The codec parses a head in place, so every field of a request without
+ * trailers lies in one block, in order, from its method to the end of its
+ * last header. That block is copied whole -- one memcpy however many
+ * headers -- and the fields kept as offsets into it. A chunked request's
+ * trailers lie past its body: its fields are copied one by one. */
+#ifndef NDEBUG
+static bool in_block(const char *base, size_t span, const char *s, size_t n) {
+  uintptr_t off = (uintptr_t)s - (uintptr_t)base;   /* huge if s < base */
+  return n == 0 || (off <= span && n <= span - off);
+}
+
+static bool all_in_block(const nr_http_request_t *r, size_t span) {
+  if (!in_block(r->method, span, r->path, r->path_len) ||
+      !in_block(r->method, span, r->query, r->query_len))
+    return false;
+  for (size_t i = 0; i < r->nheaders; i++)
+    if (!in_block(r->method, span, r->headers[i].name, r->headers[i].name_len) ||
+        !in_block(r->method, span, r->headers[i].value, r->headers[i].value_len))
+      return false;
+  return true;
+}
+#endif
+
+/* The length of the block holding every field, or 0. */
+static size_t head_block(const nr_http_request_t *r) {
+  if (r->chunked)
+    return 0;
+  const char *end = r->query ? r->query + r->query_len : r->path + r->path_len;
+  if (r->nheaders > 0)
+    end = r->headers[r->nheaders - 1].value + r->headers[r->nheaders - 1].value_len;
+  size_t span = (size_t)(end - r->method);
+  assert(span <= UINT32_MAX && all_in_block(r, span));
+  return span;
+}
+
+/* Where field s[0 .. n) goes in the text at q: its offset. */
+static uint32_t put_text(req_t *q, const char *base, uint32_t *off,
+                         const char *s, size_t n) {
+  if (n == 0)                  /* s may be NULL then (no query) */
+    return 0;
+  if (base != NULL)            /* the block was copied */
+    return (uint32_t)(s - base);
   uint32_t at = *off;
-  if (n > 0)                   /* s may be NULL then (no query) */
-    memcpy(text + at, s, n);
+  memcpy((char *)req_text(q) + at, s, n);
   *off += (uint32_t)n;
   return at;
 }
 
 static void push_request(lua_State *L, void *msg) {
   const nr_http_request_t *r = msg;
-  size_t len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
-  for (size_t i = 0; i < r->nheaders; i++)
-    len += r->headers[i].name_len + r->headers[i].value_len;
+  size_t len = head_block(r);
+  const char *base = len > 0 ? r->method : NULL;
+  if (base == NULL) {
+    len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
+    for (size_t i = 0; i < r->nheaders; i++)
+      len += r->headers[i].name_len + r->headers[i].value_len;
+  }
   req_t *q = lua_newuserdatauv(L, sizeof *q + r->nheaders * sizeof(rhdr_t) +
                                   len, 2);
-  char *text = (char *)(q->h + r->nheaders);
   uint32_t off = 0;
   q->tag = &REQ_TAG;
   q->nheaders = (uint16_t)r->nheaders;
+  if (base != NULL)
+    memcpy((char *)req_text(q), base, len);
   q->method_len = (uint32_t)r->method_len;
-  put_text(text, &off, r->method, r->method_len);
+  put_text(q, base, &off, r->method, r->method_len);
   q->path_len = (uint32_t)r->path_len;
-  q->path = put_text(text, &off, r->path, r->path_len);
+  q->path = put_text(q, base, &off, r->path, r->path_len);
   q->has_query = r->query != NULL;
   q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
-  q->query = put_text(text, &off, r->query, q->query_len);
+  q->query = put_text(q, base, &off, r->query, q->query_len);
   q->keep_alive = r->keep_alive;
   q->http11 = r->minor != 0;
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
     q->h[i].name_len = (uint32_t)h->name_len;
-    q->h[i].name = put_text(text, &off, h->name, h->name_len);
+    q->h[i].name = put_text(q, base, &off, h->name, h->name_len);
     q->h[i].value_len = (uint32_t)h->value_len;
-    q->h[i].value = put_text(text, &off, h->value, h->value_len);
+    q->h[i].value = put_text(q, base, &off, h->value, h->value_len);
   }
   if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
     lua_pop(L, 1);

@@ -46,6 +46,11 @@ typedef struct lnr_state_s {
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */
   _Atomic size_t memory;      /* bytes allocated by this state */
+  /* The ctx of the Lua handler called last (lpipeline.c): its table's
+   * address and C context, so that ctx:write knows it without reading the
+   * table. NULL when that handler has left its pipeline. */
+  const void *ctx_table;
+  nr_ctx_t *ctx;
 } lnr_state_t;
 
 /* The context of the state L (every netrun state has one). */

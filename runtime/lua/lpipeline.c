@@ -31,7 +31,8 @@ typedef struct hrec_s {
 typedef struct lh_s {
   lnr_state_t *S;
   int ref;                   /* the handler (table or object) */
-  int ctx_ref;               /* the ctx userdata */
+  int ctx_ref;               /* the ctx table */
+  const void *ctx_table;     /* its address (lua_topointer) */
   const hrec_t *rec;         /* alive while ref is */
 } lh_t;
 
@@ -136,6 +137,8 @@ static lua_State *begin(nr_ctx_t *ctx, const char *method) {
   lua_State *L = h->S->L;
   if (h->ctx_ref == LUA_NOREF)
     ensure_ctx(ctx);
+  h->S->ctx_table = h->ctx_table;                /* see check_ctx */
+  h->S->ctx = ctx;
   lua_pushcfunction(L, lnr_msgh);
   lua_pushnil(L);                                /* the method goes here */
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);
@@ -151,6 +154,8 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
   lua_State *L = h->S->L;
   if (fn_ref == LUA_NOREF || h->ctx_ref == LUA_NOREF)
     return begin(ctx, method);
+  h->S->ctx_table = h->ctx_table;
+  h->S->ctx = ctx;
   lua_pushcfunction(L, lnr_msgh);
   lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);
@@ -159,9 +164,10 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
 }
 
 /* Call what begin pushed plus nargs arguments; the message handler stays
- * below: on error the message is on top of it. */
+ * below (counted from the top: no lua_gettop): on error the message is on
+ * top of it. */
 static int call(lua_State *L, int nargs) {
-  return lua_pcall(L, nargs + 2, 0, lua_gettop(L) - nargs - 3);
+  return lua_pcall(L, nargs + 2, 0, -(nargs + 4));
 }
 
 static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
@@ -302,6 +308,8 @@ static void lh_added(nr_ctx_t *ctx) {
 }
 
 static void lh_free(lua_State *L, lh_t *h) {
+  if (h->ctx_table != NULL && h->S->ctx_table == h->ctx_table)
+    h->S->ctx_table = NULL;          /* no longer anchored by ctx_ref */
   luaL_unref(L, LUA_REGISTRYINDEX, h->ref);
   luaL_unref(L, LUA_REGISTRYINDEX, h->ctx_ref);
   free(h);
@@ -377,13 +385,26 @@ static lctx_t *to_ctx(lua_State *L, int idx) {
   return NULL;
 }
 
+/* The ctx of the handler being called is known by its table's address
+ * (begin notes it), which costs two API calls where reading the handle out
+ * of the table costs five. The address cannot be a forgery's: the table is
+ * anchored by its handler's ctx_ref, and forgotten when that is dropped,
+ * so no other table can be made at that address meanwhile; the C context
+ * lives as long as the handler is in its pipeline; and begin ran on this
+ * state's thread, which is the channel's loop. */
 static nr_ctx_t *check_ctx(lua_State *L, int idx) {
-  lctx_t *c = to_ctx(L, idx);
-  nr_loop_t *loop = nr_channel_loop(nr_ctx_channel(c->ctx));
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    const lnr_state_t *S = lnr_state(L);
+    if (S != NULL && S->ctx_table != NULL &&
+        lua_topointer(L, idx) == S->ctx_table)
+      return S->ctx;
+  }
+  nr_ctx_t *ctx = to_ctx(L, idx)->ctx;
+  nr_loop_t *loop = nr_channel_loop(nr_ctx_channel(ctx));
   if (!nr_loop_in_thread(loop))
     luaL_error(L, "a ctx can only be used on its channel's loop (%s)",
                nr_loop_name(loop));
-  return c->ctx;
+  return ctx;
 }
 
 static int ctx_gc(lua_State *L) {
@@ -712,6 +733,7 @@ static void ensure_ctx(nr_ctx_t *ctx) {
   if (h->ctx_ref == LUA_NOREF) {
     lua_State *L = h->S->L;
     push_ctx(L, ctx);
+    h->ctx_table = lua_topointer(L, -1);
     h->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   }
 }

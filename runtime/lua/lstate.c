@@ -36,9 +36,9 @@ static void forget_states(void) {
   last_S = NULL;
 }
 
-lnr_state_t *lnr_state(lua_State *L) {
-  if (L == last_L)
-    return last_S;
+/* The registry lookup, out of line so that the usual hit saves no
+ * registers. */
+static __attribute__((noinline)) lnr_state_t *lookup_state(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
   lnr_state_t *S = lua_touserdata(L, -1);
   lua_pop(L, 1);
@@ -49,8 +49,14 @@ lnr_state_t *lnr_state(lua_State *L) {
   return S;
 }
 
+static inline lnr_state_t *state_of(lua_State *L) {
+  return L == last_L ? last_S : lookup_state(L);
+}
+
+lnr_state_t *lnr_state(lua_State *L) { return state_of(L); }
+
 int lnr_push_slot(lua_State *L, int slot) {
-  lnr_state_t *S = lnr_state(L);
+  lnr_state_t *S = state_of(L);
   if (S == NULL || S->slots[slot] == 0) {
     lua_pushnil(L);
     return LUA_TNIL;
@@ -59,7 +65,7 @@ int lnr_push_slot(lua_State *L, int slot) {
 }
 
 void lnr_set_slot(lua_State *L, int slot) {
-  lnr_state_t *S = lnr_state(L);
+  lnr_state_t *S = state_of(L);
   if (S == NULL) {
     lua_pop(L, 1);
     return;
