@@ -186,6 +186,14 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
   lua_pushvalue(L, -1);
   lua_rawsetp(L, -3, ptr);
   lua_remove(L, -2);
+  if (kind == LNR_FUTURE && nr_promise_is_void(ptr)) {
+    lnr_state_t *S = lnr_state(L);       /* anchored: one proxy, one address */
+    if (S != NULL) {
+      lua_pushvalue(L, -1);
+      lnr_set_slot(L, LNR_SLOT_VOID);
+      S->void_proxy = lua_topointer(L, -1);
+    }
+  }
 }
 
 /* A proxy that takes over the caller's reference, without the cache. */

@@ -36,7 +36,7 @@ typedef struct lnr_pool_s {
 /* Values a state's bindings fetch on every message, kept as registry
  * integer references (an array read, where a registry lookup by pointer
  * or name walks a hash chain). */
-enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_NSLOTS };
+enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
 
 typedef struct lnr_state_s {
   lua_State *L;
@@ -51,6 +51,9 @@ typedef struct lnr_state_s {
    * table. NULL when that handler has left its pipeline. */
   const void *ctx_table;
   nr_ctx_t *ctx;
+  /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
+   * address stays): a write tells it by address. NULL until made. */
+  const void *void_proxy;
 } lnr_state_t;
 
 /* The context of the state L (every netrun state has one). */
@@ -114,6 +117,13 @@ void lnr_handle_retain(int kind, void *ptr);
 void lnr_handle_release(int kind, void *ptr);
 /* Push this state's proxy for a handle (one per state), taking a ref. */
 void lnr_push_handle(lua_State *L, int kind, void *ptr);
+/* Whether the value at idx is this state's void promise (a quick check:
+ * false for a void promise not made by lnr_push_handle here). */
+static inline bool lnr_is_void(lua_State *L, int idx) {
+  const void *p = lua_topointer(L, idx);
+  lnr_state_t *S = p != NULL ? lnr_state(L) : NULL;
+  return S != NULL && p == S->void_proxy;
+}
 void lnr_push_new_handle(lua_State *L, int kind, void *ptr);
 /* The same, with the kind's metatable given at stack index mt (hot paths
  * keep it as an upvalue). */

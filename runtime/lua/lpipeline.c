@@ -573,10 +573,15 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
 static int ctx_do_write(lua_State *L, bool flush) {
   nr_ctx_t *ctx = check_ctx(L, 1);
   luaL_checkany(L, 2);
-  if (write_lazily(L, ctx, flush))
+  if (lnr_is_void(L, 3)) {                 /* no future: a failure is raised */
+    lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, NULL);
+    lua_settop(L, 3);
+  } else if (write_lazily(L, ctx, flush)) {
     return 1;
-  nr_promise_t *p = write_promise(L, 3);
-  lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, p);
+  } else {
+    nr_promise_t *p = write_promise(L, 3);
+    lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, p);
+  }
   if (flush)
     nr_ctx_flush(ctx);
   return 1;
