@@ -477,6 +477,17 @@ describe("http_server writing in place", function()
     end
   end)
 
+  it("gives the same bytes when responses fill more than one outbound chunk", function()
+    local reqs, names = {}, { "plain", "reason", "empty", "none", "big" }
+    for i = 1, 300 do
+      local kind = i % 3 == 0 and "table" or "prepared"
+      reqs[i] = ("GET /%s/%s HTTP/1.1\r\n\r\n"):format(kind, names[i % #names + 1])
+    end
+    local a = exchange(direct, reqs)
+    assert.truthy(#a > 3 * 16384)
+    assert.equal(exchange(relayed, reqs), a)
+  end)
+
   it("fills a date in every response", function()
     local c = H.client(direct)
     assert(c:send("GET /prepared/plain HTTP/1.1\r\nConnection: close\r\n\r\n"))

@@ -21,10 +21,14 @@
  * for the responses still owed, then is answered and the channel closed
  * (after a half-close that lets the client stop sending: close_after_error).
  *
- * Encoding. The status line and headers are built in a per-thread scratch
- * buffer (no allocation per response), with a small body appended, and
- * handed to the next handler as one write; a large body goes as a second
- * slice of the same gathered write.
+ * Encoding. When the codec's writes go straight to the channel's head (no
+ * handler between, no promise), a response is encoded in place at the end
+ * of the outbound buffer (nr_ctx_write_reserve), so its bytes are written
+ * once; a prepared response's usual answer is then one copy and the date.
+ * Otherwise the status line and headers are built in a per-thread scratch
+ * buffer (no allocation per response) and handed to the next handler as
+ * one write. A small body goes with the head; a large one follows as a
+ * second write (in place) or slice (of the same gathered write).
  */
 #include <errno.h>
 #include <stdarg.h>
