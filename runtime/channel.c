@@ -803,6 +803,28 @@ static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   return rc;
 }
 
+/* Writes in place (netrun.h): only when the next handler out is this head
+ * of an open stream channel, so nothing would have seen the message. The
+ * caller is a handler's write, so the pipeline is entered already, as
+ * head_write's would be, when check_writability fires an event. */
+char *nr_ctx_write_reserve(nr_ctx_t *ctx, size_t n) {
+  nr_ctx_t *c = ctx->prev;
+  while (!(c->mask & NR_OP_WRITE))
+    c = c->prev;
+  if (c->h != &nr__head_handler)
+    return NULL;
+  nr_channel_t *ch = c->pipe->ch;
+  if (ch->kind != NR__STREAM || !(pub(ch) & NR__OPEN))
+    return NULL;
+  return nr__out_reserve(ch->loop, &ch->out, n);
+}
+
+void nr_ctx_write_commit(nr_ctx_t *ctx, size_t m) {
+  nr_channel_t *ch = ctx->pipe->ch;
+  nr__out_commit(&ch->out, m);
+  check_writability(ch);
+}
+
 static int head_flush(nr_ctx_t *ctx) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   nr__out_flush(&ch->out);

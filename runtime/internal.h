@@ -239,6 +239,22 @@ typedef struct nr_outbound_s {
 void nr__out_init(nr_outbound_t *o);
 int nr__out_append(nr_loop_t *l, nr_outbound_t *o, const void *data,
                    size_t len, nr_promise_t *p);
+/* Room for n contiguous bytes at the end of the stream (NULL: out of
+ * memory), then the appending of the 0 < m <= n bytes written there, with
+ * nothing in between: an encoder writes in place instead of copying. */
+char *nr__out_reserve_chunk(nr_loop_t *l, nr_outbound_t *o, size_t n);
+static inline char *nr__out_reserve(nr_loop_t *l, nr_outbound_t *o,
+                                    size_t n) {
+  nr_chunk_t *t = o->tail;
+  if (t != NULL && t->cap - t->end >= n)
+    return t->data + t->end;
+  return nr__out_reserve_chunk(l, o, n);
+}
+static inline void nr__out_commit(nr_outbound_t *o, size_t m) {
+  o->tail->end += m;
+  o->appended += m;
+  o->pending += m;
+}
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p);
 void nr__out_flush(nr_outbound_t *o);

@@ -554,6 +554,16 @@ int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
  * bytes land in the outbound buffer at once, and nr_channel_write_mark
  * tells where they end). */
 bool nr_ctx_writes_to_head(const nr_ctx_t *ctx);
+/* Writing in place, for encoders: when a write from ctx would go straight
+ * to the head of an open stream channel (no outbound handler between),
+ * nr_ctx_write_reserve returns room for n bytes at the end of its outbound
+ * buffer, else NULL (write as usual; NULL also when out of memory). The
+ * caller writes there, calling nothing that could write meanwhile, then
+ * nr_ctx_write_commit appends the m bytes written (0 < m <= n) as a
+ * promise-less nr_ctx_write of them would. Loop thread, inside ctx's
+ * handler's own write. */
+char *nr_ctx_write_reserve(nr_ctx_t *ctx, size_t n);
+void nr_ctx_write_commit(nr_ctx_t *ctx, size_t m);
 /* nr_ctx_write without a promise (failures go to exception_caught, as
  * always without one), returning the first error any handler on the way
  * reported -- which a handler that passed the write on may not return. */

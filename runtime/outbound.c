@@ -105,6 +105,22 @@ int nr__out_append(nr_loop_t *l, nr_outbound_t *o, const void *data,
   return 0;
 }
 
+/* In-place appends (internal.h): the tail had too little room for n bytes,
+ * so a new chunk is linked for them (the tail's unused room stays unused:
+ * less than n bytes). It stays empty until nr__out_commit, which follows
+ * at once. */
+char *nr__out_reserve_chunk(nr_loop_t *l, nr_outbound_t *o, size_t n) {
+  nr_chunk_t *c = nr__chunk_get(l, n);
+  if (c == NULL)
+    return NULL;
+  if (o->tail)
+    o->tail->next = c;
+  else
+    o->head = c;
+  o->tail = c;
+  return c->data;
+}
+
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p) {
   nr_dgram_t *g = malloc(sizeof *g + d->len);

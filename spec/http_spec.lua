@@ -396,6 +396,107 @@ describe("http_server on raw connections", function()
   end)
 end)
 
+-- Responses written in place in the outbound buffer (the codec's writes go
+-- straight to the head) and through a scratch buffer (a handler between
+-- them sees each write): the same bytes, but for the date. (A prepared
+-- response and its table differ in the order of their headers: the spec
+-- above compares them.)
+local Variants = {
+  plain = { status = 200, headers = { ["content-type"] = "text/plain" }, body = "Hello, World!" },
+  reason = { status = 202, reason = "Taken", headers = { ["x-p"] = 1 }, body = "prepared body" },
+  big = { status = 200, body = string.rep("0123456789abcdef", 400) },
+  none = { status = 204, headers = { ["x-n"] = "1" }, body = "dropped" },
+  empty = { status = 200 },
+  dated = { status = 200, headers = { date = "Tue, 01 Jan 2030 00:00:00 GMT" }, body = "d" },
+  closing = { status = 200, headers = { connection = "close" }, body = "bye" },
+  server = { status = 200, headers = { server = "other", ["content-length"] = "1" }, body = "s" },
+}
+local PreparedVariants = {}
+for k, v in pairs(Variants) do PreparedVariants[k] = netrun.codec.http_response(v) end
+
+local Variant = {}
+function Variant:channel_read(ctx, req)
+  local kind, name = req.path:match("^/(%a+)/(%a+)$")
+  ctx:write(kind == "prepared" and PreparedVariants[name] or Variants[name])
+end
+function Variant:channel_read_complete(ctx) ctx:flush() end
+
+describe("http_server writing in place", function()
+  local group, direct, relayed
+  setup(function()
+    group = netrun.group { threads = 1, name = "http" }
+    local function serve_variants(relay)
+      local server = netrun.server {
+        group = group, host = "127.0.0.1", port = 0,
+        init = function(ch)
+          if relay then
+            ch:pipeline():add_last("relay", {
+              write = function(_, ctx, msg, p) ctx:write(msg, p) end,
+            })
+          end
+          ch:pipeline():add_last("http", netrun.codec.http_server {})
+          ch:pipeline():add_last("app", Variant)
+        end,
+      }:sync()
+      local _, port = server:local_address()
+      return port
+    end
+    direct, relayed = serve_variants(false), serve_variants(true)
+  end)
+  teardown(function() H.shutdown(group) end)
+
+  -- Everything a connection gets for these requests (the last one closes
+  -- it), dates blanked.
+  local function exchange(port, reqs)
+    local c = H.client(port)
+    assert(c:send(table.concat(reqs) .. "GET /table/empty HTTP/1.1\r\nConnection: close\r\n\r\n"))
+    local all, err, partial = c:receive("*a")
+    c:close()
+    all = all or partial
+    assert.truthy(#all > 0, err)
+    return (all:gsub("\r\nDate: [^\r]*", "\r\nDate: -"))
+  end
+
+  it("gives the bytes a relayed write gives, prepared or not, for every kind of request", function()
+    local forms = { "GET /%s HTTP/1.1\r\n\r\n", "HEAD /%s HTTP/1.1\r\n\r\n",
+                    "GET /%s HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                    "GET /%s HTTP/1.1\r\nConnection: close\r\n\r\n",
+                    "GET /%s HTTP/1.0\r\n\r\n" }
+    for name in pairs(Variants) do
+      for _, form in ipairs(forms) do
+        for _, kind in ipairs { "prepared", "table" } do
+          local path = kind .. "/" .. name
+          -- three pipelined, so some land after others in one chunk
+          local reqs = { form:format(path) }
+          if not form:find("close") and not form:find("1.0\r\n\r\n") then
+            reqs = { reqs[1], reqs[1], reqs[1] }
+          end
+          assert.equal(exchange(relayed, reqs), exchange(direct, reqs), path .. " " .. form)
+        end
+      end
+    end
+  end)
+
+  it("gives the same bytes when responses fill more than one outbound chunk", function()
+    local reqs, names = {}, { "plain", "reason", "empty", "none", "big" }
+    for i = 1, 300 do
+      local kind = i % 3 == 0 and "table" or "prepared"
+      reqs[i] = ("GET /%s/%s HTTP/1.1\r\n\r\n"):format(kind, names[i % #names + 1])
+    end
+    local a = exchange(direct, reqs)
+    assert.truthy(#a > 3 * 16384)
+    assert.equal(exchange(relayed, reqs), a)
+  end)
+
+  it("fills a date in every response", function()
+    local c = H.client(direct)
+    assert(c:send("GET /prepared/plain HTTP/1.1\r\nConnection: close\r\n\r\n"))
+    local all = c:receive("*a")
+    c:close()
+    assert.matches("\r\nDate: %a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d GMT\r\n", all)
+  end)
+end)
+
 describe("http_server construction", function()
   it("checks its options", function()
     assert.has_error(function() netrun.codec.http_server { max_body = "big" } end,

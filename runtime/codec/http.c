@@ -21,10 +21,14 @@
  * for the responses still owed, then is answered and the channel closed
  * (after a half-close that lets the client stop sending: close_after_error).
  *
- * Encoding. The status line and headers are built in a per-thread scratch
- * buffer (no allocation per response), with a small body appended, and
- * handed to the next handler as one write; a large body goes as a second
- * slice of the same gathered write.
+ * Encoding. When the codec's writes go straight to the channel's head (no
+ * handler between, no promise), a response is encoded in place at the end
+ * of the outbound buffer (nr_ctx_write_reserve), so its bytes are written
+ * once; a prepared response's usual answer is then one copy and the date.
+ * Otherwise the status line and headers are built in a per-thread scratch
+ * buffer (no allocation per response) and handed to the next handler as
+ * one write. A small body goes with the head; a large one follows as a
+ * second write (in place) or slice (of the same gathered write).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -37,6 +41,10 @@
 #include "codec/http.h"
 
 enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
+
+/* Kept out of a caller whose usual path is short, so that path does not
+ * save and restore the registers the rest needs. */
+#define NOINLINE __attribute__((noinline))
 
 /* Bytes allowed in a chunk-size line (size, extensions) before it is
  * called malformed. */
@@ -667,30 +675,36 @@ const char *nr_http_reason(int status) {
   }
 }
 
-/* The second nr_http_date last formatted (per thread). */
+/* The second nr_http_date last formatted, and its text (per thread). */
 static _Thread_local time_t date_sec = -1;
+static _Thread_local char date_buf[40];
 
-const char *nr_http_date(void) {
+/* Once a second: kept out of line so that nr_http_date is a compare. */
+static NOINLINE void format_date(time_t now) {
   static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri",
                                   "Sat"};
   static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                      "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  static _Thread_local char buf[40];
-  time_t now = time(NULL);
-  if (now != date_sec) {
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    snprintf(buf, sizeof buf, "%s, %02d %s %04d %02d:%02d:%02d GMT",
-             days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12],
-             tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
-    date_sec = now;
-  }
-  return buf;
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  snprintf(date_buf, sizeof date_buf, "%s, %02d %s %04d %02d:%02d:%02d GMT",
+           days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12],
+           tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+  date_sec = now;
 }
 
-/* An output buffer: the thread's scratch when free (encoding never nests in
- * practice, but a handler between us and the head could write again), else
- * the heap. */
+const char *nr_http_date(void) {
+  time_t now = time(NULL);
+  if (now != date_sec)
+    format_date(now);
+  return date_buf;
+}
+
+/* An output buffer: the end of the channel's outbound buffer when the
+ * codec's writes go straight there (nr_ctx_write_reserve: the bytes are
+ * encoded in place, with no copy), else the thread's scratch when free
+ * (encoding never nests in practice, but a handler between us and the head
+ * could write again), else the heap. */
 static _Thread_local char scratch[8192];
 static _Thread_local bool scratch_busy;
 
@@ -698,6 +712,7 @@ typedef struct out_s {
   char *p;
   size_t len, cap;
   bool scratch, failed;
+  bool direct;                /* p is reserved room in the outbound buffer */
 } out_t;
 
 static void out_init(out_t *o) {
@@ -776,6 +791,19 @@ static void out_done(out_t *o) {
     free(o->p);
 }
 
+/* Room for a response of at most need bytes: in place when it can be (no
+ * promise to attach), else in a buffer written on as one message. */
+static inline char *out_start(out_t *o, nr_ctx_t *ctx, size_t need,
+                              nr_promise_t *p) {
+  char *w = p == NULL ? nr_ctx_write_reserve(ctx, need) : NULL;
+  if (w != NULL) {
+    *o = (out_t){.p = w, .cap = need, .direct = true};
+    return w;
+  }
+  out_init(o);
+  return out_reserve(o, need);
+}
+
 /* ---- the handler ------------------------------------------------------------------------ */
 
 #define RING 64
@@ -825,6 +853,13 @@ void nr_http_server_removed(nr_ctx_t *ctx) {
 static int write_out(nr_ctx_t *ctx, out_t *o, const char *body, size_t blen,
                      nr_promise_t *p) {
   int rc;
+  if (o->direct) {            /* in place: a body too big to copy follows */
+    nr_ctx_write_commit(ctx, o->len);
+    if (blen == 0)
+      return 0;
+    nr_bytes_t b = NR_BYTES(body, blen);
+    return nr_ctx_write(ctx, &b, p);
+  }
   if (o->failed) {
     rc = nr_raise(-ENOMEM, "http_server: out of memory encoding a response");
   } else if (blen == 0) {
@@ -1024,7 +1059,7 @@ int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
  * write's future (which Lua code rarely watches) it is reported to the
  * handlers after the codec, so exception_caught sees it. */
 static int misuse(nr_ctx_t *ctx, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+    __attribute__((format(printf, 2, 3), cold));
 static int misuse(nr_ctx_t *ctx, const char *fmt, ...) {
   char msg[256];
   va_list ap;
@@ -1113,8 +1148,9 @@ static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx) {
   return 0;
 }
 
-static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
-                          const nr_http_response_t *r, nr_promise_t *p) {
+static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
+                                   const nr_http_response_t *r,
+                                   nr_promise_t *p) {
   int rc = check_turn(s, ctx);
   if (rc < 0)
     return rc;
@@ -1137,8 +1173,7 @@ static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   size_t copy = chunk || blen <= 4096 ? blen : 0;
   need += status_room(r->reason) + HEAD_FIXED + copy;
   out_t o;
-  out_init(&o);
-  char *w = out_reserve(&o, need);
+  char *w = out_start(&o, ctx, need, p);
   if (w != NULL) {
     w = put_status(w, r->status, r->reason, user);
     w = put_head(w, r, f, user, bodyless, close);
@@ -1166,9 +1201,18 @@ static int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
 
 /* ---- prepared responses ---- */
 
+/* A prepared response's bytes are what most writes send as they are: the
+ * status line, Server, a Date line (its value is filled in per write,
+ * unless the user's headers have a Date), Content-Length, the user's
+ * headers, the blank line and the body. Only a Connection line, when one
+ * is needed, goes in between (before the blank line); HEAD stops at the
+ * blank line. */
+
 /* Room for what nr_http_prepare writes besides the reason, the user's
- * headers and the body: the status line, Server, Content-Length. */
-#define PREP_FIXED 80
+ * headers and the body: "HTTP/1.1 NNN " and CRLF, Server (16), Date (37),
+ * Content-Length (38 at most), the blank line. */
+#define PREP_FIXED 112
+#define DATE_LEN 29           /* an IMF-fixdate */
 
 size_t nr_http_prepared_size(const nr_http_response_t *r) {
   size_t room;
@@ -1181,29 +1225,38 @@ size_t nr_http_prepared_size(const nr_http_response_t *r) {
 void nr_http_prepare(const nr_http_response_t *r, nr_http_prepared_t *out) {
   size_t room;
   unsigned user = user_flags(r, &room);
-  char *w = out->bytes, *rest;
+  char *w = out->bytes;
   w = put_line(w, r->status, r->reason, user);
-  out->line_len = (uint32_t)(w - out->bytes);
-  rest = w;
+  out->date_at = 0;
+  if (!(user & U_DATE)) {
+    out->date_at = (uint32_t)(w - out->bytes) + 6;
+    w = put_date(w, nr_http_date());
+  }
   if (!bodyless_status(r->status) && !(user & U_LENGTH)) {
     w = PUT_LIT(w, "Content-Length: ");
     w = put_uint(w, r->body_len, 10);
     w = PUT_LIT(w, "\r\n");
   }
   w = put_headers(w, r);
-  out->rest_len = (uint32_t)(w - rest);
+  out->head_len = (uint32_t)(w - out->bytes);
+  w = PUT_LIT(w, "\r\n");
   if (r->body_len > 0)
     memcpy(w, r->body, r->body_len);
   out->body_len = (uint32_t)r->body_len;
+  /* what a keep-alive HTTP/1.1 GET gets: every byte but a big body's */
+  bool bodyless = bodyless_status(r->status);
+  out->plain_len = (user & U_CLOSE) || (!bodyless && r->body_len > 4096) ? 0
+                   : out->head_len + 2 + (bodyless ? 0 : out->body_len);
   out->type = NR_MSG_HTTP_PREPARED;
   out->status = r->status;
   out->user = user;
 }
 
-/* A prepared response: its bytes with Date, Connection and the blank line
- * put in, the body copied when small, left out for HEAD. */
-static int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
-                          const nr_http_prepared_t *pr, nr_promise_t *p) {
+/* A prepared response: its bytes, with the date and a Connection line put
+ * in, the body copied when small, left out for HEAD. */
+static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
+                                   const nr_http_prepared_t *pr,
+                                   nr_promise_t *p) {
   int rc = check_turn(s, ctx);
   if (rc < 0)
     return rc;
@@ -1211,21 +1264,18 @@ static int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
   bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
                (pr->user & U_CLOSE);
   bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
-  const char *rest = pr->bytes + pr->line_len, *body = rest + pr->rest_len;
-  size_t blen = no_body ? 0 : pr->body_len;
+  size_t head = pr->head_len, blen = no_body ? 0 : pr->body_len;
   size_t copy = blen <= 4096 ? blen : 0;
+  const char *body = pr->bytes + head + 2;
   out_t o;
-  out_init(&o);
-  /* Date: 37 bytes, Connection: 26, the blank line: 2 */
-  char *w = out_reserve(&o, pr->line_len + pr->rest_len + 65 + copy);
+  /* Connection: 26 at most */
+  char *w = out_start(&o, ctx, head + 26 + 2 + copy, p);
   if (w != NULL) {
-    w = put(w, pr->bytes, pr->line_len);
-    if (!(pr->user & U_DATE))
-      w = put_date(w, nr_http_date());
-    w = put(w, rest, pr->rest_len);
+    w = put(w, pr->bytes, head);
     w = put_connection(w, f, pr->user, close);
-    w = PUT_LIT(w, "\r\n");
-    w = put(w, body, copy);
+    w = put(w, pr->bytes + head, 2 + copy);
+    if (pr->date_at != 0)
+      memcpy(o.p + pr->date_at, nr_http_date(), DATE_LEN);
     o.len = (size_t)(w - o.p);
   }
   rc = write_out(ctx, &o, body, blen - copy, p);
@@ -1235,9 +1285,30 @@ static int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
   return 0;
 }
 
+/* The usual case of write_prepared -- a keep-alive HTTP/1.1 GET's turn, no
+ * stream open, no error waiting, no promise -- is the bytes as they are and
+ * the date, encoded in place in the outbound buffer: straight-line code
+ * with nothing to decide. 1 when it is not that case. */
+static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
+                              const nr_http_prepared_t *pr, nr_promise_t *p) {
+  if (s->outstanding == 0 || s->flags[s->oldest] != 0 || s->stream ||
+      s->pending_error || pr->plain_len == 0 || p != NULL)
+    return 1;
+  char *w = nr_ctx_write_reserve(ctx, pr->plain_len);
+  if (w == NULL)
+    return 1;
+  memcpy(w, pr->bytes, pr->plain_len);
+  if (pr->date_at != 0)
+    memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
+  nr_ctx_write_commit(ctx, pr->plain_len);
+  s->oldest = (s->oldest + 1) % RING;   /* finish_response(s, false) */
+  s->outstanding--;
+  return 0;
+}
+
 /* A byte write while a stream is open: one chunk, or the end. */
-static int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx, void *msg,
-                       nr_promise_t *p) {
+static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
+                                void *msg, nr_promise_t *p) {
   size_t total = 0, n = 1;
   nr_slice_t one, *parts = &one;
   if (nr_msg_type(msg) == NR_MSG_BYTES) {
@@ -1287,10 +1358,11 @@ static int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx, void *msg,
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   int type = nr_msg_type(msg);
+  if (type == NR_MSG_HTTP_PREPARED)
+    return write_plain(s, ctx, msg, p) == 0 ? 0
+           : write_prepared(s, ctx, msg, p);
   if (type == NR_MSG_HTTP_RESPONSE)
     return write_response(s, ctx, msg, p);
-  if (type == NR_MSG_HTTP_PREPARED)
-    return write_prepared(s, ctx, msg, p);
   if (s->stream != S_NONE && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
     return write_chunk(s, ctx, msg, p);
   return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */

@@ -62,16 +62,21 @@ typedef struct nr_http_response_s {
 } nr_http_response_t;
 
 /* A response encoded once, to be written many times: the status line,
- * Server, Content-Length and the user's headers are kept as bytes; each
- * write adds Date (unless the user's headers have one) and Connection as
- * the request needs, copies the body and leaves it out for HEAD. It is
- * plain bytes, no pointers, so it may be copied anywhere. */
+ * Server, Date, Content-Length, the user's headers, the blank line and the
+ * body are kept as bytes; each write fills in the date (unless the user's
+ * headers have one), adds Connection as the request needs and leaves the
+ * body out for HEAD. It is plain bytes, no pointers, so it may be copied
+ * anywhere. */
 typedef struct nr_http_prepared_s {
   int type;                       /* NR_MSG_HTTP_PREPARED */
   int status;
   unsigned user;                  /* what the user's headers set (private) */
-  uint32_t line_len, rest_len, body_len;
-  char bytes[];                   /* status line + Server; the rest; body */
+  uint32_t head_len;              /* the head up to its blank line */
+  uint32_t date_at;               /* where the Date value is; 0: no Date */
+  uint32_t body_len;
+  uint32_t plain_len;             /* bytes a keep-alive HTTP/1.1 GET gets
+                                     as they are; 0: none do */
+  char bytes[];                   /* head; CRLF; body */
 } nr_http_prepared_t;
 
 /* ---- parser --------------------------------------------------------------- */
