@@ -573,22 +573,28 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
  * whose table is read, checked and encoded once (nr_http_prepare); writing
  * it copies its bytes, adding Date and Connection as the request needs and
  * leaving the body out for HEAD. It is plain bytes, so it crosses states
- * like a handler configuration: a tag, then the prepared response. */
+ * like a handler configuration. It is a native message (lnr.h): written,
+ * it goes to the pipeline as the prepared response itself. */
 #define RESP_CLASS "netrun.codec.http_response"
 
-typedef struct presp_s {
-  const void *tag;             /* &RESP_TAG: proves the userdata is one */
-  const void *pad;             /* the prepared response stays aligned */
-} presp_t;
-
-static const char RESP_TAG = 0;
-
 static const nr_http_prepared_t *to_prepared(lua_State *L, int idx) {
-  const presp_t *pr = lua_touserdata(L, idx);   /* a light one has length 0 */
-  if (pr == NULL ||
-      lua_rawlen(L, idx) < sizeof(presp_t) + sizeof(nr_http_prepared_t))
-    return NULL;
-  return pr->tag == &RESP_TAG ? (const nr_http_prepared_t *)(pr + 1) : NULL;
+  const nr_http_prepared_t *pr = lnr_to_native(L, idx);
+  return pr && pr->type == NR_MSG_HTTP_PREPARED ? pr : NULL;
+}
+
+static size_t prepared_size(const nr_http_prepared_t *pr) {
+  return sizeof *pr + pr->head_len + 2 + pr->body_len;
+}
+
+/* A prepared response that a Lua handler is to see (an outbound handler
+ * between the writer and the codec): a copy. */
+static void push_prepared(lua_State *L, void *msg) {
+  const nr_http_prepared_t *pr = msg;
+  lnr_native_t *h = lua_newuserdatauv(L, sizeof *h + prepared_size(pr), 0);
+  h->tag = &lnr_native_tag;
+  h->pad = NULL;
+  memcpy(h + 1, pr, prepared_size(pr));
+  luaL_setmetatable(L, RESP_CLASS);
 }
 
 static const nr_handler_t *not_a_handler(lua_State *L, int idx, void **state) {
@@ -621,8 +627,8 @@ static int l_http_response(lua_State *L) {
                       rc == -EINVAL ? bad_msg : "out of memory");
   }
   size_t n = nr_http_prepared_size(&r);
-  presp_t *pr = lua_newuserdatauv(L, sizeof *pr + n, 0);
-  pr->tag = &RESP_TAG;
+  lnr_native_t *pr = lua_newuserdatauv(L, sizeof *pr + n, 0);
+  pr->tag = &lnr_native_tag;
   pr->pad = NULL;
   nr_http_prepare(&r, (nr_http_prepared_t *)(pr + 1));
   if (h.v != h.small)
@@ -650,9 +656,6 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     nr_bytes_t end = NR_BYTES("", 0);
     return nr_http_server_write(ctx, &end, p);
   }
-  const nr_http_prepared_t *pr;
-  if (t == LUA_TUSERDATA && (pr = to_prepared(L, m->idx)) != NULL)
-    return nr_http_server_write(ctx, (void *)pr, p);
   if (t != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
@@ -737,6 +740,7 @@ static int l_tostring(lua_State *L) {
 
 static void register_converter(void) {
   lnr_register_msg(NR_MSG_HTTP_REQUEST, push_request);
+  lnr_register_msg(NR_MSG_HTTP_PREPARED, push_prepared);
 }
 
 void lnr_open_http(lua_State *L) {

@@ -194,6 +194,19 @@ typedef int (*lnr_msg_fn)(void *target, void *msg, nr_promise_t *p);
 int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
                  void *target, nr_promise_t *p);
 
+/* Native messages: a full userdata that begins with an lnr_native_t, then
+ * a C pipeline message (its first int its NR_MSG type) holding no
+ * pointers, such as a prepared HTTP response. lnr_with_msg hands it to the
+ * pipeline as it is; the type's converter (lnr_register_msg) makes a Lua
+ * value of it again where one is needed. */
+typedef struct lnr_native_s {
+  const void *tag;            /* &lnr_native_tag: proves the userdata is one */
+  const void *pad;            /* the message stays aligned */
+} lnr_native_t;
+extern const char lnr_native_tag;
+/* The message of the native message at idx, or NULL. */
+void *lnr_to_native(lua_State *L, int idx);
+
 /* A Lua value travelling through a pipeline on its own loop. */
 typedef struct lnr_lmsg_s {
   int type;                   /* NR_MSG_LUA */

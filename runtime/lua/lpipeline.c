@@ -572,10 +572,12 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
 
 static int ctx_do_write(lua_State *L, bool flush) {
   nr_ctx_t *ctx = check_ctx(L, 1);
-  luaL_checkany(L, 2);
+  if (lua_gettop(L) < 2)
+    luaL_checkany(L, 2);                   /* raises */
   if (lnr_is_void(L, 3)) {                 /* no future: a failure is raised */
     lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, NULL);
-    lua_settop(L, 3);
+    if (lua_gettop(L) != 3)
+      lua_settop(L, 3);
   } else if (write_lazily(L, ctx, flush)) {
     return 1;
   } else {
