@@ -1148,6 +1148,14 @@ static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx) {
   return 0;
 }
 
+/* Whether the response to the oldest request (flags f) closes the
+ * connection: the request asked, an error answer waits behind it, or the
+ * user's headers say so. */
+static bool closes(const nr_http_server_t *s, uint8_t f, unsigned user) {
+  return (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
+         (user & U_CLOSE);
+}
+
 static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
                                    const nr_http_response_t *r,
                                    nr_promise_t *p) {
@@ -1159,8 +1167,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   uint8_t f = s->flags[s->oldest];
   size_t need;
   unsigned user = user_flags(r, &need);
-  bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
-               (user & U_CLOSE) ||
+  bool close = closes(s, f, user) ||
                (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
                                                   close ends the body */
   bool bodyless = bodyless_status(r->status);
@@ -1261,8 +1268,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
   if (rc < 0)
     return rc;
   uint8_t f = s->flags[s->oldest];
-  bool close = (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
-               (pr->user & U_CLOSE);
+  bool close = closes(s, f, pr->user);
   bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
   size_t head = pr->head_len, blen = no_body ? 0 : pr->body_len;
   size_t copy = blen <= 4096 ? blen : 0;
@@ -1301,8 +1307,7 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
   if (pr->date_at != 0)
     memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
   nr_ctx_write_commit(ctx, pr->plain_len);
-  s->oldest = (s->oldest + 1) % RING;   /* finish_response(s, false) */
-  s->outstanding--;
+  finish_response(s, false);
   return 0;
 }
 
