@@ -433,7 +433,14 @@ static void read_stream(nr_channel_t *ch) {
     if (n > 0) {
       reads++;
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
-      nr_pipeline_fire_read(&ch->pipe, &b);
+      /* A short read is the last of this batch whatever the handlers do,
+       * so they may take it later (before read_complete); after a full
+       * one, what they do (a close, auto_read off) decides whether to
+       * read again. */
+      if (n < NR_READ_BUF)
+        nr_pipeline_fire_read_deferrable(&ch->pipe, &b);
+      else
+        nr_pipeline_fire_read(&ch->pipe, &b);
       if ((ch->st & (NR__CLOSED | NR__CLOSING)) || n < NR_READ_BUF)
         break;            /* a short read drained the socket: skip EAGAIN */
       if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))

@@ -188,6 +188,7 @@ struct nr_pipeline_s {
   int depth;                 /* handler calls in progress */
   nr_ctx_t *zombies;         /* removed during a call: freed at depth 0 */
   unsigned auto_names;
+  const void *deferrable;    /* the read being fired may be taken later */
 };
 
 void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,

@@ -534,6 +534,17 @@ void nr_ctx_fire_unregistered(nr_ctx_t *ctx);
 void nr_ctx_fire_active(nr_ctx_t *ctx);
 void nr_ctx_fire_inactive(nr_ctx_t *ctx);
 void nr_ctx_fire_read(nr_ctx_t *ctx, void *msg);
+/* A read the handlers may take later, in order, up to the channel_read_complete
+ * that ends the read (a Lua handler then runs a read's messages in one
+ * protected call). A producer fires a message so when nothing it does next
+ * depends on what the handlers do with it: it would parse and fire the
+ * same messages either way, and a close stops the rest. Native handlers
+ * see no difference; one that passes the message on as it is keeps the
+ * permission. */
+void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg);
+void nr_pipeline_fire_read_deferrable(nr_pipeline_t *p, void *msg);
+/* Whether the read of msg now being delivered may be taken later. */
+bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg);
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx);
 void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt);
 void nr_ctx_fire_writability_changed(nr_ctx_t *ctx);

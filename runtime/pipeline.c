@@ -194,6 +194,16 @@ void nr_ctx_fire_read(nr_ctx_t *ctx, void *msg) {
   nr_ctx_t *c = next_in(ctx, NR_EV_READ);
   INVOKE(c, c->h->read(c, msg));
 }
+void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg) {
+  nr_pipeline_t *p = ctx->pipe;
+  const void *outer = p->deferrable;
+  p->deferrable = msg;
+  nr_ctx_fire_read(ctx, msg);
+  p->deferrable = outer;
+}
+bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg) {
+  return msg == ctx->pipe->deferrable;
+}
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_in(ctx, NR_EV_READ_COMPLETE);
   INVOKE(c, c->h->read_complete(c));
@@ -277,6 +287,9 @@ int nr_ctx_write_and_flush(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
  * tail. */
 void nr_pipeline_fire_read(nr_pipeline_t *p, void *msg) {
   nr_ctx_fire_read(&p->head, msg);
+}
+void nr_pipeline_fire_read_deferrable(nr_pipeline_t *p, void *msg) {
+  nr_ctx_fire_read_deferrable(&p->head, msg);
 }
 void nr_pipeline_fire_user_event(nr_pipeline_t *p, void *evt) {
   nr_ctx_fire_user_event(&p->head, evt);

@@ -310,6 +310,10 @@ static int framing(nr_http_parser_t *p, nr_http_request_t *r,
         *seen |= H_KEEP;
     }
     break;
+  case 7:
+    if (IEQ(h->name, 7, "upgrade"))
+      r->switches = true;
+    break;
   case 6:
     if (IEQ(h->name, 6, "expect"))
       r->expect_continue = IEQ(h->value, h->value_len, "100-continue");
@@ -332,6 +336,7 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
   r->nheaders = 0;
   r->expect_continue = r->chunked = false;
   r->head = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
+  r->switches = r->method_len == 7 && memcmp(r->method, "CONNECT", 7) == 0;
   r->body = "";
   r->body_len = 0;
   p->content_length = 0;
@@ -820,6 +825,7 @@ struct nr_http_server_s {
   int stream;                 /* a streamed response is open: how */
   bool stream_close;          /* close when that stream ends */
   bool closing;               /* answered the last request: read nothing */
+  bool continue_owed;         /* a "100 Continue" waits for responses */
   bool overflow;              /* too many unanswered requests */
   int depth;                  /* inside read */
   bool dead;                  /* removed during read: free when it returns */
@@ -989,8 +995,18 @@ static void send_error(nr_http_server_t *s, int status) {
   close_after_error(s);
 }
 
-/* A response was completed: forget its request, close or answer a pending
- * error if that was the last one owed. */
+/* "100 Continue" for the request whose body is awaited. */
+static void send_continue(nr_http_server_t *s) {
+  static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  nr_bytes_t b = NR_BYTES(cont, sizeof cont - 1);
+  s->continue_owed = false;
+  nr_ctx_write(s->ctx, &b, NULL);
+  nr_ctx_flush(s->ctx);
+}
+
+/* A response was completed: forget its request, close, or answer a
+ * pending error or send a "100 Continue" owed if that was the last
+ * response owed before them. */
 static void finish_response(nr_http_server_t *s, bool close) {
   s->oldest = (s->oldest + 1) % RING;
   s->outstanding--;
@@ -998,8 +1014,12 @@ static void finish_response(nr_http_server_t *s, bool close) {
     s->closing = true;
     nr_ctx_flush(s->ctx);
     nr_ctx_close(s->ctx, NULL);
-  } else if (s->pending_error && s->outstanding == 0) {
+  } else if (s->outstanding > 0) {
+    return;
+  } else if (s->pending_error) {
     send_error(s, s->pending_error);
+  } else if (s->continue_owed) {
+    send_continue(s);
   }
 }
 
@@ -1007,10 +1027,10 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   nr_http_server_t *s = arg;
   nr_channel_t *ch = nr_ctx_channel(s->ctx);
   if (ev == NR_HTTP_EV_CONTINUE) {
-    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    nr_bytes_t b = NR_BYTES(cont, sizeof cont - 1);
-    nr_ctx_write(s->ctx, &b, NULL);
-    nr_ctx_flush(s->ctx);
+    if (s->outstanding > 0)
+      s->continue_owed = true;   /* after the responses owed before it */
+    else
+      send_continue(s);
     return !nr_channel_is_open(ch);
   }
   if (s->outstanding == RING) {
@@ -1021,7 +1041,14 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
               (req->minor == 0 ? F_HTTP10 : 0);
   s->flags[(s->oldest + s->outstanding) % RING] = f;
   s->outstanding++;
-  nr_ctx_fire_read(s->ctx, req);
+  s->continue_owed = false;    /* it was for this request: its body came */
+  /* Whether the handlers answer now or later, the next requests parse the
+   * same, and a close stops them: they may take this one later -- unless
+   * it may switch protocols, when what follows is theirs to read. */
+  if (req->switches)
+    nr_ctx_fire_read(s->ctx, req);
+  else
+    nr_ctx_fire_read_deferrable(s->ctx, req);
   return (f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch);
 }
 
@@ -1149,11 +1176,10 @@ static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx) {
 }
 
 /* Whether the response to the oldest request (flags f) closes the
- * connection: the request asked, an error answer waits behind it, or the
- * user's headers say so. */
-static bool closes(const nr_http_server_t *s, uint8_t f, unsigned user) {
-  return (f & F_CLOSE) || (s->pending_error && s->outstanding == 1) ||
-         (user & U_CLOSE);
+ * connection: the request asked, or the user's headers say so. (An error
+ * answer waiting behind it follows it, and closes.) */
+static bool closes(uint8_t f, unsigned user) {
+  return (f & F_CLOSE) || (user & U_CLOSE);
 }
 
 static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
@@ -1167,7 +1193,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   uint8_t f = s->flags[s->oldest];
   size_t need;
   unsigned user = user_flags(r, &need);
-  bool close = closes(s, f, user) ||
+  bool close = closes(f, user) ||
                (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
                                                   close ends the body */
   bool bodyless = bodyless_status(r->status);
@@ -1268,7 +1294,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
   if (rc < 0)
     return rc;
   uint8_t f = s->flags[s->oldest];
-  bool close = closes(s, f, pr->user);
+  bool close = closes(f, pr->user);
   bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
   size_t head = pr->head_len, blen = no_body ? 0 : pr->body_len;
   size_t copy = blen <= 4096 ? blen : 0;

@@ -43,6 +43,8 @@ typedef struct nr_http_request_s {
   bool expect_continue;           /* Expect: 100-continue */
   bool chunked;                   /* the body came chunked */
   bool head;                      /* method HEAD: the response has no body */
+  bool switches;                  /* CONNECT, or an Upgrade header: what
+                                     follows may not be HTTP */
   const char *body;               /* never NULL; "" when there is none */
   size_t body_len;
   size_t nheaders;

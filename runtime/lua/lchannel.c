@@ -107,14 +107,6 @@ static int resolve(lua_State *L, const char *host, int port,
 
 const char lnr_native_tag = 0;
 
-void *lnr_to_native(lua_State *L, int idx) {
-  const lnr_native_t *h = lua_touserdata(L, idx);   /* a light one has length 0 */
-  if (h == NULL || lua_rawlen(L, idx) < sizeof *h + sizeof(int) ||
-      h->tag != &lnr_native_tag)
-    return NULL;
-  return (void *)(h + 1);
-}
-
 int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
                  void *target, nr_promise_t *p) {
   idx = lua_absindex(L, idx);

@@ -167,51 +167,18 @@ static size_t head_block(const nr_http_request_t *r) {
   return span;
 }
 
-/* Where field s[0 .. n) goes in the text at q: its offset. */
-static uint32_t put_text(req_t *q, const char *base, uint32_t *off,
-                         const char *s, size_t n) {
+/* Copy field s[0 .. n) to the text at q: its offset. */
+static uint32_t put_text(req_t *q, uint32_t *off, const char *s, size_t n) {
   if (n == 0)                  /* s may be NULL then (no query) */
     return 0;
-  if (base != NULL)            /* the block was copied */
-    return (uint32_t)(s - base);
   uint32_t at = *off;
   memcpy((char *)req_text(q) + at, s, n);
   *off += (uint32_t)n;
   return at;
 }
 
-static void push_request(lua_State *L, void *msg) {
-  const nr_http_request_t *r = msg;
-  size_t len = head_block(r);
-  const char *base = len > 0 ? r->method : NULL;
-  if (base == NULL) {
-    len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
-    for (size_t i = 0; i < r->nheaders; i++)
-      len += r->headers[i].name_len + r->headers[i].value_len;
-  }
-  req_t *q = lua_newuserdatauv(L, sizeof *q + r->nheaders * sizeof(rhdr_t) +
-                                  len, 2);
-  uint32_t off = 0;
-  q->tag = &REQ_TAG;
-  q->nheaders = (uint16_t)r->nheaders;
-  if (base != NULL)
-    memcpy((char *)req_text(q), base, len);
-  q->method_len = (uint32_t)r->method_len;
-  put_text(q, base, &off, r->method, r->method_len);
-  q->path_len = (uint32_t)r->path_len;
-  q->path = put_text(q, base, &off, r->path, r->path_len);
-  q->has_query = r->query != NULL;
-  q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
-  q->query = put_text(q, base, &off, r->query, q->query_len);
-  q->keep_alive = r->keep_alive;
-  q->http11 = r->minor != 0;
-  for (size_t i = 0; i < r->nheaders; i++) {
-    const nr_http_header_t *h = &r->headers[i];
-    q->h[i].name_len = (uint32_t)h->name_len;
-    q->h[i].name = put_text(q, base, &off, h->name, h->name_len);
-    q->h[i].value_len = (uint32_t)h->value_len;
-    q->h[i].value = put_text(q, base, &off, h->value, h->value_len);
-  }
+/* The request's metatable and body, once its fields are in place. */
+static void request_done(lua_State *L, const nr_http_request_t *r) {
   if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
     lua_pop(L, 1);
     luaL_getmetatable(L, REQ_CLASS);
@@ -221,6 +188,54 @@ static void push_request(lua_State *L, void *msg) {
     lua_pushlstring(L, r->body, r->body_len);
     lua_setiuservalue(L, -2, 1);
   }
+}
+
+static void push_request(lua_State *L, void *msg) {
+  const nr_http_request_t *r = msg;
+  size_t n = r->nheaders, len = head_block(r);
+  const char *base = r->method;
+  if (len > 0) {               /* the usual: one copy, fields as offsets */
+    req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
+    *q = (req_t){.tag = &REQ_TAG, .method_len = (uint32_t)r->method_len,
+                 .path = (uint32_t)(r->path - base),
+                 .path_len = (uint32_t)r->path_len,
+                 .query = r->query ? (uint32_t)(r->query - base) : 0,
+                 .query_len = r->query ? (uint32_t)r->query_len : 0,
+                 .nheaders = (uint16_t)n, .has_query = r->query != NULL,
+                 .keep_alive = r->keep_alive, .http11 = r->minor != 0};
+    for (size_t i = 0; i < n; i++) {
+      const nr_http_header_t *h = &r->headers[i];
+      q->h[i] = (rhdr_t){(uint32_t)(h->name - base), (uint32_t)h->name_len,
+                         (uint32_t)(h->value - base), (uint32_t)h->value_len};
+    }
+    memcpy((char *)req_text(q), base, len);
+    request_done(L, r);
+    return;
+  }
+  len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
+  for (size_t i = 0; i < n; i++)
+    len += r->headers[i].name_len + r->headers[i].value_len;
+  req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
+  uint32_t off = 0;
+  q->tag = &REQ_TAG;
+  q->nheaders = (uint16_t)n;
+  q->method_len = (uint32_t)r->method_len;
+  put_text(q, &off, r->method, r->method_len);
+  q->path_len = (uint32_t)r->path_len;
+  q->path = put_text(q, &off, r->path, r->path_len);
+  q->has_query = r->query != NULL;
+  q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
+  q->query = put_text(q, &off, r->query, q->query_len);
+  q->keep_alive = r->keep_alive;
+  q->http11 = r->minor != 0;
+  for (size_t i = 0; i < n; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    q->h[i].name_len = (uint32_t)h->name_len;
+    q->h[i].name = put_text(q, &off, h->name, h->name_len);
+    q->h[i].value_len = (uint32_t)h->value_len;
+    q->h[i].value = put_text(q, &off, h->value, h->value_len);
+  }
+  request_done(L, r);
 }
 
 static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }

@@ -38,6 +38,22 @@ typedef struct lnr_pool_s {
  * or name walks a hash chain). */
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
 
+/* Reads a Lua handler takes later (lpipeline.c, "read batches"): the
+ * messages of one read, converted, wait on the stack of a thread of their
+ * own until that read's channel_read_complete, which delivers them all in
+ * one protected call. One batch per state at a time. */
+typedef struct lnr_batch_s {
+  lua_State *Q;               /* the messages are Q's stack, 1 .. n */
+  int q_ref;                  /* anchors Q */
+  void *owner;                /* the handler (lh_t), NULL once removed */
+  nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
+  int n, next;                /* waiting, delivered (or dropped) */
+  bool draining;              /* being delivered: reads arriving now go
+                                 straight in */
+  bool complete;              /* read_complete goes in the same call */
+  const char *method;         /* the method being called, for errors */
+} lnr_batch_t;
+
 typedef struct lnr_state_s {
   lua_State *L;
   int slots[LNR_NSLOTS];      /* registry refs; 0: not set yet */
@@ -54,6 +70,7 @@ typedef struct lnr_state_s {
   /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
+  lnr_batch_t batch;
 } lnr_state_t;
 
 /* The context of the state L (every netrun state has one). */
@@ -205,7 +222,13 @@ typedef struct lnr_native_s {
 } lnr_native_t;
 extern const char lnr_native_tag;
 /* The message of the native message at idx, or NULL. */
-void *lnr_to_native(lua_State *L, int idx);
+static inline void *lnr_to_native(lua_State *L, int idx) {
+  const lnr_native_t *h = lua_touserdata(L, idx);   /* a light one has length 0 */
+  if (h == NULL || lua_rawlen(L, idx) < sizeof *h + sizeof(int) ||
+      h->tag != &lnr_native_tag)
+    return NULL;
+  return (void *)(h + 1);
+}
 
 /* A Lua value travelling through a pipeline on its own loop. */
 typedef struct lnr_lmsg_s {

@@ -23,7 +23,8 @@
  * kept in a weak-keyed table by the handler, so it lives as long as the
  * handler does; its __gc drops the references. */
 typedef struct hrec_s {
-  unsigned mask;
+  unsigned mask;             /* what reaches it (see read batches) */
+  unsigned has;              /* the methods it has */
   bool added, removed;       /* has handler_added, handler_removed */
   int read_ref, read_complete_ref;
 } hrec_t;
@@ -119,6 +120,11 @@ static const hrec_t *handler_rec(lua_State *L, int idx) {
   lua_pop(L, 2);
   r->read_ref = method_ref(L, idx, "channel_read");
   r->read_complete_ref = method_ref(L, idx, "channel_read_complete");
+  /* A handler that may take reads later sees every inbound event, so that
+   * it takes them first: it passes on those it has no method for. */
+  r->has = r->mask;
+  if (r->mask & NR_EV_READ)
+    r->mask |= NR_EV_ALL_INBOUND;
   lua_pushvalue(L, idx);
   lua_insert(L, -2);
   lua_rawset(L, -3);                  /* recs[handler] = r */
@@ -207,39 +213,240 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
   return 0;
 }
 
-#define INBOUND0(cname, method)                                             \
+/* ---- read batches -------------------------------------------------------------- */
+
+/* A read its producer lets wait (nr_ctx_fire_read_deferrable: the HTTP
+ * codec's requests, a socket's last read) reaching a Lua handler while its
+ * state runs nothing is converted at once and kept; the read's
+ * channel_read_complete then calls channel_read for each, in order, and
+ * channel_read_complete itself, in one protected call -- one where there
+ * were as many as the read had messages (the method lookups, the protected
+ * call and the message handler are a third of what a request costs). An
+ * error skips only the message that raised it: it goes to
+ * exception_caught, as from a call of its own, and the next message goes
+ * on. Nothing else reaches the handler meanwhile: every Lua handler takes
+ * the waiting reads first, and a handler with channel_read sees every
+ * inbound event (passing on those it has no method for). When the channel
+ * closes, the rest are dropped, as the producers drop what follows a
+ * close; when the handler leaves its pipeline, the rest go on to the next
+ * handler. BATCH_MAX bounds a batch, below the HTTP codec's limit of
+ * unanswered requests. */
+#define BATCH_MAX 32
+
+static bool state_idle(lua_State *L) {
+  lua_Debug ar;
+  return lua_getstack(L, 0, &ar) == 0;
+}
+
+/* Start a batch for handler h at ctx: false if it cannot. */
+static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
+  lnr_batch_t *b = &S->batch;
+  if (b->Q == NULL) {
+    b->Q = lua_newthread(S->L);
+    b->q_ref = luaL_ref(S->L, LUA_REGISTRYINDEX);
+  }
+  if (!lua_checkstack(b->Q, BATCH_MAX + LUA_MINSTACK))
+    return false;
+  if (h->ctx_ref == LUA_NOREF)
+    ensure_ctx(ctx);
+  b->owner = h;
+  b->ctx = nr_ctx_retain(ctx);
+  return true;
+}
+
+/* Protected: deliver what waits, from b->next on. */
+static int batch_run(lua_State *L) {
+  lnr_state_t *S = lnr_state(L);
+  lnr_batch_t *b = &S->batch;
+  nr_ctx_t *ctx = b->ctx;
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  lh_t *h = b->owner;
+  if (h != NULL) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->rec->read_ref);     /* 1 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);               /* 2 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->ctx_ref);           /* 3 */
+  }
+  b->method = "channel_read";
+  while (b->next < b->n) {
+    int i = ++b->next;
+    if (!nr_channel_is_open(ch)) {
+      b->next = b->n;                  /* closed: the rest is dropped */
+      break;
+    }
+    lua_pushvalue(b->Q, i);
+    if (b->owner == NULL) {            /* removed: the rest goes on */
+      lua_xmove(b->Q, L, 1);
+      lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
+      nr_ctx_fire_read(ctx, &m);
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    lua_xmove(b->Q, L, 1);
+    S->ctx_table = h->ctx_table;                  /* see check_ctx */
+    S->ctx = ctx;
+    lua_call(L, 3, 0);
+  }
+  if (b->complete) {
+    b->complete = false;
+    if (b->owner != NULL && (h->rec->has & NR_EV_READ_COMPLETE) &&
+        h->rec->read_complete_ref != LUA_NOREF) {
+      b->method = "channel_read_complete";
+      lua_rawgeti(L, LUA_REGISTRYINDEX, h->rec->read_complete_ref);
+      lua_pushvalue(L, 2);
+      lua_pushvalue(L, 3);
+      S->ctx_table = h->ctx_table;
+      S->ctx = ctx;
+      lua_call(L, 2, 0);
+    } else {
+      nr_ctx_fire_read_complete(ctx);
+    }
+  }
+  return 0;
+}
+
+/* Deliver the waiting reads (and read_complete after them if `complete`). */
+static void batch_settle(lnr_state_t *S, bool complete) {
+  lnr_batch_t *b = &S->batch;
+  lua_State *L = S->L;
+  nr_ctx_t *ctx = b->ctx;
+  b->draining = true;
+  b->complete = complete;
+  while (b->next < b->n || b->complete) {
+    lua_pushcfunction(L, lnr_msgh);
+    lua_pushcfunction(L, batch_run);
+    if (lua_pcall(L, 0, 0, -2) != LUA_OK) {
+      if (b->owner != NULL) {
+        route_error(ctx, L, b->method);          /* pops the message */
+      } else {
+        nr_err_t err = {NR_EHANDLER, lua_tostring(L, -1)};
+        nr_ctx_fire_exception(ctx, &err);
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);                               /* msgh */
+  }
+  lua_settop(b->Q, 0);
+  b->n = b->next = 0;
+  b->owner = NULL;
+  b->ctx = NULL;
+  b->draining = false;
+  nr_ctx_release(ctx);
+}
+
+/* Before anything else reaches a Lua handler, what waits is delivered.
+ * True when ctx left its pipeline meanwhile: its handler is gone, and the
+ * caller passes the event on. */
+static bool settle_first(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_batch_t *b = &h->S->batch;
+  if (b->n == 0 || b->draining)
+    return false;
+  batch_settle(h->S, false);
+  return nr_ctx_is_removed(ctx);
+}
+
+/* ---- inbound events ---------------------------------------------------------------- */
+
+#define INBOUND0(cname, method, bit, fire)                                  \
   static int cname(nr_ctx_t *ctx) {                                         \
+    if (settle_first(ctx) ||                                                \
+        !(((lh_t *)nr_ctx_state(ctx))->rec->has & (bit))) {                 \
+      fire(ctx);                                                            \
+      return 0;                                                             \
+    }                                                                       \
     lua_State *L = begin(ctx, method);                                      \
     return finish(ctx, L, 0, method);                                       \
   }
-INBOUND0(lh_registered, "channel_registered")
-INBOUND0(lh_unregistered, "channel_unregistered")
-INBOUND0(lh_active, "channel_active")
-INBOUND0(lh_inactive, "channel_inactive")
+INBOUND0(lh_registered, "channel_registered", NR_EV_REGISTERED,
+         nr_ctx_fire_registered)
+INBOUND0(lh_unregistered, "channel_unregistered", NR_EV_UNREGISTERED,
+         nr_ctx_fire_unregistered)
+INBOUND0(lh_active, "channel_active", NR_EV_ACTIVE, nr_ctx_fire_active)
+INBOUND0(lh_inactive, "channel_inactive", NR_EV_INACTIVE, nr_ctx_fire_inactive)
+INBOUND0(lh_writability, "channel_writability_changed", NR_EV_WRITABILITY,
+         nr_ctx_fire_writability_changed)
+
+/* Outbound operations take the waiting reads first too; one whose handler
+ * left meanwhile is passed on. */
+#define OUTBOUND0(cname, method, pass)                                      \
+  static int cname(nr_ctx_t *ctx) {                                         \
+    if (settle_first(ctx))                                                  \
+      return pass(ctx);                                                     \
+    lua_State *L = begin(ctx, method);                                      \
+    return finish(ctx, L, 0, method);                                       \
+  }
+OUTBOUND0(lh_flush, "flush", nr_ctx_flush)
+OUTBOUND0(lh_do_read, "read", nr_ctx_read)
 
 static int lh_read_complete(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
+  lnr_batch_t *b = &h->S->batch;
+  if (b->n > 0 && !b->draining) {
+    if (b->owner == h) {
+      batch_settle(h->S, true);                  /* with read_complete */
+      return 0;
+    }
+    batch_settle(h->S, false);
+    if (nr_ctx_is_removed(ctx)) {
+      nr_ctx_fire_read_complete(ctx);
+      return 0;
+    }
+  }
+  if (!(h->rec->has & NR_EV_READ_COMPLETE)) {
+    nr_ctx_fire_read_complete(ctx);
+    return 0;
+  }
   lua_State *L = begin_ref(ctx, h->rec->read_complete_ref, "channel_read_complete");
   return finish(ctx, L, 0, "channel_read_complete");
 }
-INBOUND0(lh_writability, "channel_writability_changed")
-INBOUND0(lh_flush, "flush")
-INBOUND0(lh_do_read, "read")
 
 static int lh_read(nr_ctx_t *ctx, void *msg) {
   lh_t *h = nr_ctx_state(ctx);
+  lnr_state_t *S = h->S;
+  lnr_batch_t *b = &S->batch;
+  if (b->owner == h && !b->draining) {           /* the usual: one more */
+    if (nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
+      lnr_push_msg(b->Q, msg);
+      if (++b->n == BATCH_MAX)
+        batch_settle(S, false);
+      return 0;
+    }
+  } else if (b->n == 0 && nr_ctx_read_deferrable(ctx, msg) &&
+             h->rec->read_ref != LUA_NOREF && state_idle(S->L) &&
+             batch_open(S, h, ctx)) {
+    lnr_push_msg(b->Q, msg);
+    b->n = 1;
+    return 0;
+  }
+  if (settle_first(ctx)) {                       /* taken in order */
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
   lua_State *L = begin_ref(ctx, h->rec->read_ref, "channel_read");
   lnr_push_msg(L, msg);
   return finish(ctx, L, 1, "channel_read");
 }
 
 static int lh_user_event(nr_ctx_t *ctx, void *evt) {
+  if (settle_first(ctx) ||
+      !(((lh_t *)nr_ctx_state(ctx))->rec->has & NR_EV_USER_EVENT)) {
+    nr_ctx_fire_user_event(ctx, evt);
+    return 0;
+  }
   lua_State *L = begin(ctx, "user_event_triggered");
   lnr_push_msg(L, evt);
   return finish(ctx, L, 1, "user_event_triggered");
 }
 
 static int lh_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  if (settle_first(ctx) ||
+      !(((lh_t *)nr_ctx_state(ctx))->rec->has & NR_EV_EXCEPTION)) {
+    nr_ctx_fire_exception(ctx, err);
+    return 0;
+  }
   lua_State *L = begin(ctx, "exception_caught");
   lua_pushstring(L, err->msg ? err->msg : nr_strerror(err->code));
   return finish(ctx, L, 1, "exception_caught");
@@ -253,6 +460,8 @@ static void push_opt_promise(lua_State *L, nr_promise_t *p) {
 }
 
 static int lh_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  if (settle_first(ctx))
+    return nr_ctx_write(ctx, msg, p);
   lua_State *L = begin(ctx, "write");
   lnr_push_msg(L, msg);
   push_opt_promise(L, p);
@@ -260,12 +469,16 @@ static int lh_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 }
 
 static int lh_close(nr_ctx_t *ctx, nr_promise_t *p) {
+  if (settle_first(ctx))
+    return nr_ctx_close(ctx, p);
   lua_State *L = begin(ctx, "close");
   push_opt_promise(L, p);
   return finish(ctx, L, 1, "close");
 }
 
 static int lh_disconnect(nr_ctx_t *ctx, nr_promise_t *p) {
+  if (settle_first(ctx))
+    return nr_ctx_disconnect(ctx, p);
   lua_State *L = begin(ctx, "disconnect");
   push_opt_promise(L, p);
   return finish(ctx, L, 1, "disconnect");
@@ -285,6 +498,8 @@ static int push_sockaddr(lua_State *L, const struct sockaddr *sa,
 
 static int lh_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
                    nr_promise_t *p) {
+  if (settle_first(ctx))
+    return nr_ctx_bind(ctx, sa, len, p);
   lua_State *L = begin(ctx, "bind");
   push_sockaddr(L, sa, len);
   push_opt_promise(L, p);
@@ -293,6 +508,8 @@ static int lh_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
 
 static int lh_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
                       socklen_t len, nr_promise_t *p) {
+  if (settle_first(ctx))
+    return nr_ctx_connect(ctx, sa, len, p);
   lua_State *L = begin(ctx, "connect");
   push_sockaddr(L, sa, len);
   push_opt_promise(L, p);
@@ -308,6 +525,8 @@ static void lh_added(nr_ctx_t *ctx) {
 }
 
 static void lh_free(lua_State *L, lh_t *h) {
+  if (h->S->batch.owner == h)
+    h->S->batch.owner = NULL;        /* the rest of its batch goes on */
   if (h->ctx_table != NULL && h->S->ctx_table == h->ctx_table)
     h->S->ctx_table = NULL;          /* no longer anchored by ctx_ref */
   luaL_unref(L, LUA_REGISTRYINDEX, h->ref);
@@ -317,6 +536,9 @@ static void lh_free(lua_State *L, lh_t *h) {
 
 static void lh_removed(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
+  lnr_batch_t *b = &h->S->batch;
+  if (b->n > 0 && !b->draining)
+    batch_settle(h->S, false);       /* it takes what waits for it first */
   if (h->rec->removed)
     finish(ctx, begin(ctx, "handler_removed"), 0, "handler_removed");
   lh_free(h->S->L, h);
@@ -589,7 +811,23 @@ static int ctx_do_write(lua_State *L, bool flush) {
   return 1;
 }
 
-static int c_write(lua_State *L) { return ctx_do_write(L, false); }
+/* The usual write, ctx:write(native, VOID) by the handler being called
+ * (a prepared response, say), is told by addresses: the ctx table's and
+ * the void promise's (see check_ctx and lnr_is_void), in five API calls
+ * where the general path makes a dozen. */
+static int c_write(lua_State *L) {
+  const lnr_state_t *S = lnr_state(L);
+  if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
+      S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
+      lua_topointer(L, 3) == S->void_proxy) {
+    void *native = lnr_to_native(L, 2);
+    if (native != NULL) {
+      nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
+      return 1;                            /* the void promise */
+    }
+  }
+  return ctx_do_write(L, false);
+}
 static int c_write_and_flush(lua_State *L) { return ctx_do_write(L, true); }
 
 static int c_flush(lua_State *L) {

@@ -49,8 +49,11 @@ static __attribute__((noinline)) lnr_state_t *lookup_state(lua_State *L) {
   return S;
 }
 
+/* The batch thread (lpipeline.c) is the other thread a state's converters
+ * run on: it hits too. */
 static inline lnr_state_t *state_of(lua_State *L) {
-  return L == last_L ? last_S : lookup_state(L);
+  return L == last_L || (last_S != NULL && L == last_S->batch.Q)
+             ? last_S : lookup_state(L);
 }
 
 lnr_state_t *lnr_state(lua_State *L) { return state_of(L); }
@@ -263,6 +266,8 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
   if (S == NULL)
     return;
   nr_loop_set_data(loop, NULL);
+  if (S->batch.ctx != NULL)        /* reads left waiting (none should be) */
+    nr_ctx_release(S->batch.ctx);
   lua_close(S->L);
   forget_states();
   pool_free_pages(&S->pool);
