@@ -37,8 +37,14 @@ static void push_addr(lua_State *L, const struct sockaddr_storage *ss,
 
 static lnr_msg_push_fn converters[8];
 static int converter_types[8], nconverters;
+static lnr_msg_push_fn core_converters[NR_MSG_USER > 16 ? 16 : NR_MSG_USER];
+#define NCORE (int)(sizeof core_converters / sizeof core_converters[0])
 
 void lnr_register_msg(int type, lnr_msg_push_fn push) {
+  if (type >= 0 && type < NCORE) {      /* the core's own types: by index */
+    core_converters[type] = push;
+    return;
+  }
   if (nconverters < 8) {
     converter_types[nconverters] = type;
     converters[nconverters++] = push;
@@ -77,6 +83,11 @@ void lnr_push_msg(lua_State *L, void *msg) {
     lua_pushstring(L, ((nr_event_t *)msg)->name);
     return;
   default:
+    if (nr_msg_type(msg) >= 0 && nr_msg_type(msg) < NCORE &&
+        core_converters[nr_msg_type(msg)] != NULL) {
+      core_converters[nr_msg_type(msg)](L, msg);
+      return;
+    }
     for (int i = 0; i < nconverters; i++)
       if (converter_types[i] == nr_msg_type(msg)) {
         converters[i](L, msg);
