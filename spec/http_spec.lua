@@ -86,36 +86,7 @@ local function checksum(s)
   return n
 end
 
--- Read one response from a raw connection: status, headers, body (none
--- for the answer to HEAD).
-local function read_response(c, head)
-  local line = assert(c:receive("*l"))
-  local status = tonumber(line:match("^HTTP/1%.1 (%d%d%d) "))
-  assert(status, "bad status line: " .. line)
-  local headers = {}
-  while true do
-    local l = assert(c:receive("*l"))
-    if l == "" then break end
-    local k, v = l:match("^([^:]+):%s*(.*)$")
-    headers[k:lower()] = v
-  end
-  local body = ""
-  if head then
-    body = ""
-  elseif headers["content-length"] then
-    body = H.recv(c, tonumber(headers["content-length"]))
-  elseif headers["transfer-encoding"] == "chunked" then
-    local parts = {}
-    while true do
-      local size = tonumber(assert(c:receive("*l")), 16)
-      if size == 0 then assert(c:receive("*l")) break end
-      parts[#parts + 1] = H.recv(c, size)
-      assert(c:receive("*l") == "")
-    end
-    body = table.concat(parts)
-  end
-  return status, headers, body, line
-end
+local read_response = H.read_response
 
 local function assert_closed(c)
   local data, err = c:receive(1)

@@ -8,24 +8,7 @@
 local H = require "spec.helper"
 local netrun = H.netrun
 
--- Read one response (status, headers, body) from a raw connection.
-local function read_response(c)
-  local line = assert(c:receive("*l"))
-  local status = tonumber(line:match("^HTTP/1%.1 (%d%d%d) "))
-  assert(status, "bad status line: " .. line)
-  local headers = {}
-  while true do
-    local l = assert(c:receive("*l"))
-    if l == "" then break end
-    local k, v = l:match("^([^:]+):%s*(.*)$")
-    headers[k:lower()] = v
-  end
-  local body = ""
-  if headers["content-length"] then
-    body = H.recv(c, tonumber(headers["content-length"]))
-  end
-  return status, headers, body
-end
+local read_response = H.read_response
 
 local function pipelined(paths)
   local r = {}
