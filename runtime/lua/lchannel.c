@@ -37,11 +37,12 @@ static void push_addr(lua_State *L, const struct sockaddr_storage *ss,
 
 static lnr_msg_push_fn converters[8];
 static int converter_types[8], nconverters;
-static lnr_msg_push_fn core_converters[NR_MSG_USER > 16 ? 16 : NR_MSG_USER];
-#define NCORE (int)(sizeof core_converters / sizeof core_converters[0])
+/* The core's own types (below NR_MSG_USER) are found by index. */
+#define NCORE 16
+static lnr_msg_push_fn core_converters[NCORE];
 
 void lnr_register_msg(int type, lnr_msg_push_fn push) {
-  if (type >= 0 && type < NCORE) {      /* the core's own types: by index */
+  if (type >= 0 && type < NCORE) {
     core_converters[type] = push;
     return;
   }
@@ -62,7 +63,8 @@ static __attribute__((noinline)) void push_datagram(lua_State *L,
 }
 
 void lnr_push_msg(lua_State *L, void *msg) {
-  switch (nr_msg_type(msg)) {
+  int type = nr_msg_type(msg);
+  switch (type) {
   case NR_MSG_BYTES: {
     nr_bytes_t *b = msg;
     lua_pushlstring(L, b->data, b->len);
@@ -83,17 +85,16 @@ void lnr_push_msg(lua_State *L, void *msg) {
     lua_pushstring(L, ((nr_event_t *)msg)->name);
     return;
   default:
-    if (nr_msg_type(msg) >= 0 && nr_msg_type(msg) < NCORE &&
-        core_converters[nr_msg_type(msg)] != NULL) {
-      core_converters[nr_msg_type(msg)](L, msg);
+    if (type >= 0 && type < NCORE && core_converters[type] != NULL) {
+      core_converters[type](L, msg);
       return;
     }
     for (int i = 0; i < nconverters; i++)
-      if (converter_types[i] == nr_msg_type(msg)) {
+      if (converter_types[i] == type) {
         converters[i](L, msg);
         return;
       }
-    lua_pushfstring(L, "(message of type %d)", nr_msg_type(msg));
+    lua_pushfstring(L, "(message of type %d)", type);
   }
 }
 

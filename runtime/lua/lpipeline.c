@@ -291,8 +291,7 @@ static int batch_run(lua_State *L) {
   }
   if (b->complete) {
     b->complete = false;
-    if (b->owner != NULL && (h->rec->has & NR_EV_READ_COMPLETE) &&
-        h->rec->read_complete_ref != LUA_NOREF) {
+    if (b->owner != NULL && h->rec->read_complete_ref != LUA_NOREF) {
       b->method = "channel_read_complete";
       lua_rawgeti(L, LUA_REGISTRYINDEX, h->rec->read_complete_ref);
       lua_pushvalue(L, 2);
@@ -350,10 +349,16 @@ static bool settle_first(nr_ctx_t *ctx) {
 
 /* ---- inbound events ---------------------------------------------------------------- */
 
+/* Whether an inbound event (bit) at ctx goes on past its Lua handler: the
+ * handler left during settle_first, or has no method for it. */
+static bool passes_on(nr_ctx_t *ctx, unsigned bit) {
+  return settle_first(ctx) ||
+         !(((const lh_t *)nr_ctx_state(ctx))->rec->has & bit);
+}
+
 #define INBOUND0(cname, method, bit, fire)                                  \
   static int cname(nr_ctx_t *ctx) {                                         \
-    if (settle_first(ctx) ||                                                \
-        !(((lh_t *)nr_ctx_state(ctx))->rec->has & (bit))) {                 \
+    if (passes_on(ctx, (bit))) {                                            \
       fire(ctx);                                                            \
       return 0;                                                             \
     }                                                                       \
@@ -415,7 +420,7 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
       return 0;
     }
   } else if (b->n == 0 && nr_ctx_read_deferrable(ctx, msg) &&
-             h->rec->read_ref != LUA_NOREF && state_idle(S->L) &&
+             state_idle(S->L) &&
              batch_open(S, h, ctx)) {
     lnr_push_msg(b->Q, msg);
     b->n = 1;
@@ -431,8 +436,7 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
 }
 
 static int lh_user_event(nr_ctx_t *ctx, void *evt) {
-  if (settle_first(ctx) ||
-      !(((lh_t *)nr_ctx_state(ctx))->rec->has & NR_EV_USER_EVENT)) {
+  if (passes_on(ctx, NR_EV_USER_EVENT)) {
     nr_ctx_fire_user_event(ctx, evt);
     return 0;
   }
@@ -442,8 +446,7 @@ static int lh_user_event(nr_ctx_t *ctx, void *evt) {
 }
 
 static int lh_exception(nr_ctx_t *ctx, const nr_err_t *err) {
-  if (settle_first(ctx) ||
-      !(((lh_t *)nr_ctx_state(ctx))->rec->has & NR_EV_EXCEPTION)) {
+  if (passes_on(ctx, NR_EV_EXCEPTION)) {
     nr_ctx_fire_exception(ctx, err);
     return 0;
   }
