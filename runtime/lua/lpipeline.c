@@ -814,20 +814,24 @@ static int ctx_do_write(lua_State *L, bool flush) {
   return 1;
 }
 
-/* The usual write, ctx:write(native, VOID) by the handler being called
- * (a prepared response, say), is told by addresses: the ctx table's and
- * the void promise's (see check_ctx and lnr_is_void), in five API calls
- * where the general path makes a dozen. */
+/* The usual write, ctx:write(msg, VOID) by the handler being called, is
+ * told by addresses: the ctx table's and the void promise's (see
+ * check_ctx and lnr_is_void), in five API calls where the general path
+ * makes a dozen; a native message (a prepared response, say) then goes to
+ * the pipeline as it is. */
 static int c_write(lua_State *L) {
   const lnr_state_t *S = lnr_state(L);
   if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
       S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
       lua_topointer(L, 3) == S->void_proxy) {
     void *native = lnr_to_native(L, 2);
-    if (native != NULL) {
+    if (native != NULL)
       nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
-      return 1;                            /* the void promise */
-    }
+    else                                   /* a string, a response table */
+      lnr_with_msg(L, 2, nr_ctx_channel(S->ctx), ctx_write_fn, S->ctx, NULL);
+    if (lua_gettop(L) != 3)
+      lua_settop(L, 3);
+    return 1;                              /* the void promise */
   }
   return ctx_do_write(L, false);
 }
