@@ -174,6 +174,62 @@ describe("groups and loops", function()
     sch:cancel()
   end)
 
+  it("keeps a loop state's values whole in blocks of every size, and counts them", function()
+    -- A loop state's allocator has three tiers (small pooled blocks,
+    -- medium ones kept for reuse, large ones from malloc): values grown
+    -- and shrunk across them keep their contents, and lua_memory goes
+    -- back down when they are collected.
+    local l = group:loops()[2]
+    local result = l:submit(function()
+      local function check()
+        local strs = {}
+        for k = 0, 18 do                       -- 1 B .. 256 KiB, off the class sizes
+          strs[k] = string.rep(string.char(65 + k), (1 << k) + k)
+        end
+        local t = {}                           -- an array grown through every tier
+        for i = 1, 100000 do t[i] = i * 3 end
+        local h = {}                           -- a hash grown, emptied, rehashed smaller
+        for i = 1, 20000 do h["k" .. i] = i end
+        for i = 1, 20000 do h["k" .. i] = nil end
+        collectgarbage()
+        for i = 1, 50 do h[i] = -i end
+        local parts = {}                       -- a buffer grown by one block's realloc
+        for i = 1, 20000 do parts[i] = tostring(i) end
+        local joined = table.concat(parts, ",")
+        collectgarbage()
+        for k = 0, 18 do
+          local s = strs[k]
+          if #s ~= (1 << k) + k or s:sub(1, 1) ~= string.char(65 + k) or
+             s:sub(-1) ~= string.char(65 + k) then
+            return false, "string " .. k
+          end
+        end
+        for i = 1, 100000 do if t[i] ~= i * 3 then return false, "array " .. i end end
+        for i = 1, 50 do if h[i] ~= -i then return false, "hash " .. i end end
+        if #joined ~= 108893 or joined:sub(-6) ~= ",20000" then return false, "concat" end
+        return true
+      end
+      for _ = 1, 3 do                          -- again, from blocks kept for reuse
+        local good, err = check()
+        if not good then return err end
+      end
+      return "whole"
+    end):sync()
+    assert.equal("whole", result)
+    local function settled()
+      return l:submit(function(loop)
+        collectgarbage(); collectgarbage()
+        return loop:stats().lua_memory
+      end, l):sync()
+    end
+    local before = settled()
+    l:submit(function()
+      local keep = {}
+      for i = 1, 2000 do keep[i % 100 + 1] = string.rep("x", 300 + i * 17) end
+    end):sync()
+    assert.is_true(math.abs(settled() - before) < 256 * 1024)
+  end)
+
   it("checks its arguments", function()
     assert.has_error(function() netrun.group { threads = -1 } end,
       "netrun.group: threads must be between 1 and 1024, got -1")

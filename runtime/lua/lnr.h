@@ -25,12 +25,18 @@ typedef struct lnr_blob_s lnr_blob_t;
 /* A loop state's small blocks (lstate.c): size classes of 16 bytes up to
  * 256, each a free list, carved from 16 KiB pages kept until the state is
  * closed. Lua makes and frees such blocks for every message (strings,
- * tables, futures); this is several times cheaper than malloc and free. */
+ * tables, futures); this is several times cheaper than malloc and free.
+ * Medium blocks (up to 64 KiB: a read's string, say) come from malloc in
+ * size classes, and freed ones are kept for the next, up to a bound
+ * (glibc's own cache stops at 1 KiB). */
 #define LNR_POOL_CLASSES 16
+#define LNR_MEDIUM_CLASSES 32         /* 320 B .. 64 KiB, four a doubling */
 typedef struct lnr_pool_s {
   void *free[LNR_POOL_CLASSES];
   char *cur, *end;              /* the page being carved */
   void *pages;                  /* every page, linked through its start */
+  void *mfree[LNR_MEDIUM_CLASSES];
+  size_t mkept;                 /* bytes on the medium lists */
 } lnr_pool_t;
 
 /* Values a state's bindings fetch on every message, kept as registry
