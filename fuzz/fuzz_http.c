@@ -1,8 +1,10 @@
 /*
  * fuzz_http.c -- libFuzzer target for the HTTP/1.1 request parser
  * (runtime/codec/http.c). The input is fed in pieces whose sizes come from
- * its first byte, and once whole: both runs must deliver the same requests
- * (a digest of every field) and end the same way, whatever the split.
+ * its first byte, once whole, and in those pieces again with the parser
+ * paused after every request (NR_HTTP_PAUSE) and resumed by empty feeds:
+ * every run must deliver the same requests (a digest of every field) and
+ * end the same way, whatever the split.
  * Every request is checked for the invariants the handler relies on (its
  * bytes readable, lengths within limits).
  *
@@ -28,6 +30,8 @@ static void check(int ok) {
 typedef struct run_s {
   size_t count;
   uint64_t digest;
+  int pause;                   /* answer each request with NR_HTTP_PAUSE */
+  int paused;                  /* it did, in the last feed */
 } run_t;
 
 static void mix(run_t *r, const char *p, size_t n) {
@@ -65,6 +69,10 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
     char flags[2] = {(char)(r->keep_alive | r->chunked << 1 | r->head << 2),
                      (char)r->minor};
     mix(run, flags, 2);
+    if (run->pause) {
+      run->paused = 1;
+      return NR_HTTP_PAUSE;
+    }
   }
   (void)sink;
   return 0;
@@ -82,8 +90,13 @@ static int feed_all(const uint8_t *data, size_t size, size_t step,
     char *piece = malloc(k);
     check(piece != NULL);
     memcpy(piece, data + off, k);
+    run->paused = 0;
     rc = nr_http_feed(&p, piece, k, on_request, run);
     free(piece);
+    while (rc == 0 && run->paused) {        /* resume what it held */
+      run->paused = 0;
+      rc = nr_http_feed(&p, NULL, 0, on_request, run);
+    }
     off += k;
     check(nr_buf_len(&p.in) <= MAX_HEADER + 2 * MAX_BODY + 65536 + step);
   }
@@ -100,11 +113,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0)
     return 0;
   size_t step = (size_t)data[0] % 64 + 1;   /* 1..64 bytes per feed */
-  run_t whole = {0, 14695981039346656037ull}, split = whole;
+  run_t whole = {0, 14695981039346656037ull, 0, 0}, split = whole, paused = whole;
+  paused.pause = 1;
   int a = feed_all(data + 1, size - 1, size, &whole);
   int b = feed_all(data + 1, size - 1, step, &split);
-  check(a == b);
-  check(whole.count == split.count);
-  check(whole.digest == split.digest);
+  int c = feed_all(data + 1, size - 1, step, &paused);
+  check(a == b && a == c);
+  check(whole.count == split.count && whole.count == paused.count);
+  check(whole.digest == split.digest && whole.digest == paused.digest);
   return 0;
 }

@@ -392,6 +392,62 @@ function Variant:channel_read(ctx, req)
 end
 function Variant:channel_read_complete(ctx) ctx:flush() end
 
+describe("http_server and a client that does not read", function()
+  it("stops reading and parsing while its answers cannot drain, then answers all in order", function()
+    local BIG = string.rep("x", 16384)
+    local paused = netrun.promise()
+    local group = netrun.group { threads = 1, name = "http-unread" }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", {
+          channel_read = function(_, ctx, req)
+            _G.ch = ctx.channel
+            _G.delivered = (_G.delivered or 0) + 1
+            ctx:write { status = 200, headers = { ["x-n"] = req.path:sub(2) }, body = BIG }
+          end,
+          channel_read_complete = function(_, ctx) ctx:flush() end,
+          channel_writability_changed = function(_, ctx)
+            if not ctx.channel:is_writable() then paused:try_success(_G.delivered) end
+          end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local N = 4000                              -- 120 KB of requests, 64 MB of answers
+    local c = H.client(port)
+    local reqs = {}
+    for i = 1, N do reqs[i] = "GET /" .. i .. " HTTP/1.1\r\nHost: x\r\n\r\n" end
+    assert(c:send(table.concat(reqs)))
+    H.sync(paused, 10)
+    -- Once the kernel's buffers are full too, the channel stays unwritable
+    -- and nothing more is delivered: a few hundred answers, not all.
+    local loop = group:next()
+    local function stuck()
+      return loop:submit(function()
+        if not _G.ch:is_writable() then return _G.delivered end
+      end):sync()
+    end
+    local n = H.eventually(function()
+      local a = stuck()
+      return a ~= nil and a == stuck() and a
+    end, 10)
+    assert.is_truthy(n)
+    assert.is_true(n < N / 4, "delivered " .. n .. " of " .. N .. " to a client that reads nothing")
+    -- reading drains the buffer: the held requests are parsed, every one answered in order
+    for i = 1, N do
+      local status, headers, body = read_response(c)
+      assert.equal(200, status)
+      assert.equal(tostring(i), headers["x-n"])
+      assert.equal(#BIG, #body)
+    end
+    assert.equal(N, loop:submit(function() return _G.delivered end):sync())
+    c:close()
+    H.shutdown(group)
+  end)
+end)
+
 describe("http_server writing in place", function()
   local group, direct, relayed
   setup(function()

@@ -601,7 +601,7 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
   if (p->stopped)
     return 1;
   bool cum = nr_buf_len(&p->in) > 0;
-  if (cum && nr_buf_append(&p->in, data, len) < 0)
+  if (cum && len > 0 && nr_buf_append(&p->in, data, len) < 0)
     return stop(p, 500);
   /* The request lives on the stack: it is rebuilt from the bytes on every
    * call, so a connection between requests holds none of it. */
@@ -627,6 +627,8 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
     int halt = cb(arg, NR_HTTP_EV_REQUEST, &req);
     next_request(p);
     off += (size_t)r;
+    if (halt == NR_HTTP_PAUSE)
+      break;
     if (halt)
       return stop(p, 1);
   }
@@ -829,6 +831,9 @@ struct nr_http_server_s {
   bool overflow;              /* too many unanswered requests */
   int depth;                  /* inside read */
   bool dead;                  /* removed during read: free when it returns */
+  bool paused;                /* auto_read turned off while unwritable */
+  bool held;                  /* parsing paused while unwritable */
+  bool resume_queued;         /* a task will parse what is held */
 };
 
 nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body) {
@@ -848,10 +853,17 @@ void nr_http_server_added(nr_ctx_t *ctx) {
   s->ctx = ctx;
 }
 
+/* s is in use while it delivers (depth) and while a resume task holds it. */
+static bool in_use(const nr_http_server_t *s) {
+  return s->depth > 0 || s->resume_queued;
+}
+
 void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
-  if (s->depth > 0)
-    s->dead = true;
+  if (s->paused)              /* the reads it stopped are not its to keep */
+    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
+  if (in_use(s))
+    s->dead = true;           /* freed when the last use ends */
   else
     server_free(s);
 }
@@ -1049,7 +1061,35 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
     nr_ctx_fire_read(s->ctx, req);
   else
     nr_ctx_fire_read_deferrable(s->ctx, req);
-  return (f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch);
+  if ((f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch))
+    return 1;
+  if (!nr_channel_is_writable(ch)) {
+    s->held = true;            /* the rest waits for the answers to drain */
+    return NR_HTTP_PAUSE;
+  }
+  return 0;
+}
+
+/* Parse bytes (none: what is held); false if s was freed meanwhile. */
+static bool feed(nr_http_server_t *s, const char *data, size_t len) {
+  s->held = false;
+  s->depth++;
+  int rc = nr_http_feed(&s->parser, data, len, deliver, s);
+  s->depth--;
+  if (s->dead) {
+    if (!in_use(s))
+      server_free(s);
+    return false;
+  }
+  if (s->overflow)
+    rc = 503;
+  if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
+    if (s->outstanding > 0)
+      s->pending_error = rc;
+    else
+      send_error(s, rc);
+  }
+  return true;
 }
 
 int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
@@ -1064,21 +1104,7 @@ int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
     return nr_raise(-EBUSY, "http_server: bytes fired into the codec while "
                     "it is delivering a request");
   const nr_bytes_t *b = msg;
-  s->depth++;
-  int rc = nr_http_feed(&s->parser, b->data, b->len, deliver, s);
-  s->depth--;
-  if (s->dead) {
-    server_free(s);
-    return 0;
-  }
-  if (s->overflow)
-    rc = 503;
-  if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(ctx))) {
-    if (s->outstanding > 0)
-      s->pending_error = rc;
-    else
-      send_error(s, rc);
-  }
+  feed(s, b->data, b->len);
   return 0;
 }
 
@@ -1399,6 +1425,54 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */
 }
 
+/* A client that sends requests and does not read the answers: once the
+ * channel turns unwritable (its outbound buffer above write_buffer_high)
+ * the codec stops reading (auto_read off) and parses nothing past the
+ * request just delivered (deliver); once the buffer has drained below
+ * write_buffer_low it reads again, and a task parses what it held and
+ * fires read_complete, as a read would. So the answers it owes cannot
+ * grow without bound. Only an auto_read the codec finds on is turned off,
+ * and back on. */
+static int resume_task(void *arg) {
+  nr_http_server_t *s = arg;
+  s->resume_queued = false;
+  if (s->dead) {
+    if (!in_use(s))
+      server_free(s);
+    return 0;
+  }
+  if (s->held && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx)) &&
+      feed(s, NULL, 0))
+    nr_ctx_fire_read_complete(s->ctx);   /* as after a read: handlers flush */
+  return 0;
+}
+
+int nr_http_server_writability(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (!nr_channel_is_writable(ch)) {
+    if (!s->paused && nr_channel_options(ch)->auto_read) {
+      s->paused = true;
+      nr_channel_set_option(ch, "auto_read", 0);
+    }
+  } else {
+    if (s->paused) {
+      s->paused = false;
+      nr_channel_set_option(ch, "auto_read", 1);
+    }
+    /* What is held is parsed from a task, not from inside the flush that
+     * drained the buffer. */
+    if (s->held && !s->resume_queued) {
+      s->resume_queued = true;
+      if (nr_loop_execute(nr_channel_loop(ch), resume_task, s) < 0)
+        s->resume_queued = false;          /* the loop is shutting down */
+    }
+  }
+  nr_ctx_fire_writability_changed(ctx);
+  return 0;
+}
+
 const nr_handler_t nr_http_server_handler = {
     .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
-    .read = nr_http_server_read, .write = nr_http_server_write};
+    .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
+    .write = nr_http_server_write};

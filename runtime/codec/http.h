@@ -87,8 +87,11 @@ enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE };
 
 /* Receives each complete request (EV_REQUEST) and, for a request with
  * Expect: 100-continue whose body has not all arrived, EV_CONTINUE once
- * (req then holds the request line and headers, no body). A non-zero
- * return stops the parser: the rest of the input is discarded. */
+ * (req then holds the request line and headers, no body). A return of
+ * NR_HTTP_PAUSE after a request keeps the rest of the input for a later
+ * feed (one of 0 bytes resumes); any other non-zero return stops the
+ * parser: the rest of the input is discarded. */
+#define NR_HTTP_PAUSE 2
 typedef int (*nr_http_cb)(void *arg, int ev, nr_http_request_t *req);
 
 typedef struct nr_http_parser_s {
@@ -145,5 +148,6 @@ void nr_http_server_added(nr_ctx_t *ctx);
 void nr_http_server_removed(nr_ctx_t *ctx);
 int nr_http_server_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+int nr_http_server_writability(nr_ctx_t *ctx);
 
 #endif /* NR_CODEC_HTTP_H */

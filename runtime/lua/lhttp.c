@@ -39,6 +39,11 @@
  * write's future and is also reported to exception_caught of the handlers
  * after the codec; nothing is sent.
  *
+ * A client that pipelines requests and reads no answers: while the
+ * channel is unwritable the codec reads nothing and parses no further
+ * request; it goes on once the outbound buffer has drained (http.c,
+ * nr_http_server_writability).
+ *
  * Bad requests are answered by the codec itself and the channel closed
  * once the responses still owed have gone out: 400 malformed, 413 body over
  * max_body, 431 header block over max_header or more than 64 header lines,
@@ -702,6 +707,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 static const nr_handler_t lua_http_vt = {
     .type = "http_server", .added = nr_http_server_added,
     .removed = nr_http_server_removed, .read = nr_http_server_read,
+    .writability_changed = nr_http_server_writability,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- the constructor ------------------------------------------------------------ */
