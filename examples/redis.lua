@@ -232,27 +232,16 @@ end
 -- mid-burst (no read_complete), its replies are dropped at the next read.
 -- The buffer is a table, not upvalues: functions reach a loop's state as
 -- copies, and upvalues shared by two functions would be copied apart.
--- It is reused: a write copies the strings before it returns.
-local out = { n = 0, owner = nil }
+-- It is reused: a write copies the strings before it returns. Past
+-- 64 KiB it is written at once (flushed at read_complete): a client that
+-- pipelines and reads nothing then turns the channel unwritable, and the
+-- RESP codec stops reading and decoding until the replies drain.
+local out = { n = 0, bytes = 0, owner = nil }
 
 local function clear()
   for i = 1, out.n do out[i] = nil end
   out.n = 0
-end
-
-local function reply(ctx, r)
-  if out.owner ~= ctx then
-    clear()
-    out.owner = ctx
-  end
-  local n = out.n
-  if type(r) == "table" then
-    for i = 1, #r do out[n + i] = r[i] end
-    out.n = n + #r
-  else
-    out[n + 1] = r
-    out.n = n + 1
-  end
+  out.bytes = 0
 end
 
 -- Send what is gathered (the buffer as an array, or its one string).
@@ -262,6 +251,27 @@ local function send(ctx)
     clear()
   end
   out.owner = nil
+end
+
+local function reply(ctx, r)
+  if out.owner ~= ctx then
+    clear()
+    out.owner = ctx
+  end
+  local n, bytes = out.n, out.bytes
+  if type(r) == "table" then
+    for i = 1, #r do
+      out[n + i] = r[i]
+      bytes = bytes + #r[i]
+    end
+    out.n = n + #r
+  else
+    out[n + 1] = r
+    out.n = n + 1
+    bytes = bytes + #r
+  end
+  out.bytes = bytes
+  if bytes >= 65536 then send(ctx) end
 end
 
 -- QUIT: send what is gathered and +OK, then close.

@@ -129,6 +129,39 @@ describe("examples/redis.lua", function()
     c:close()
   end)
 
+  it("holds no pile of replies for a client that pipelines and reads nothing", function()
+    local function rss()
+      local f = assert(io.open("/proc/" .. pid .. "/status"))
+      local kb = tonumber(f:read("a"):match("VmRSS:%s*(%d+)"))
+      f:close()
+      return kb
+    end
+    local value = string.rep("v", 16384)
+    local c = H.client(port)
+    c:send(resp("SET", "spec:unread", value))
+    assert.equal("+OK", c:receive("*l"))
+    local before = rss()
+    local N = 4000                              -- 100 KB of commands, 64 MB of replies
+    local one = resp("GET", "spec:unread")
+    assert(c:send(string.rep(one, N)))
+    -- Another client's round trip: the server has read the burst by then.
+    local other = H.client(port)
+    for _ = 1, 3 do
+      other:send("PING\r\n")
+      assert.equal("+PONG", other:receive("*l"))
+    end
+    other:close()
+    local grown = rss() - before
+    assert.is_true(grown < 16 * 1024, "server RSS grew by " .. grown .. " KiB")
+    -- Reading drains it: every reply comes, in order.
+    for _ = 1, N do
+      assert.equal("$16384", c:receive("*l"))
+      assert.equal(value, H.recv(c, 16384))
+      assert.equal("", c:receive("*l"))
+    end
+    c:close()
+  end)
+
   it("answers a protocol error like Redis, then closes", function()
     local c = H.client(port)
     c:send(resp("PING") .. "*1\r\n$x\r\n" .. resp("PING"))

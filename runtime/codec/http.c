@@ -1435,15 +1435,16 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
  * and back on. */
 static int resume_task(void *arg) {
   nr_http_server_t *s = arg;
+  nr_ctx_t *ctx = s->ctx;     /* retained when queued: valid even if removed */
   s->resume_queued = false;
   if (s->dead) {
     if (!in_use(s))
       server_free(s);
-    return 0;
+  } else if (s->held && !s->closing && nr_channel_is_open(nr_ctx_channel(ctx)) &&
+             feed(s, NULL, 0)) {
+    nr_ctx_fire_read_complete(ctx);      /* as after a read: handlers flush */
   }
-  if (s->held && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx)) &&
-      feed(s, NULL, 0))
-    nr_ctx_fire_read_complete(s->ctx);   /* as after a read: handlers flush */
+  nr_ctx_release(ctx);
   return 0;
 }
 
@@ -1464,8 +1465,11 @@ int nr_http_server_writability(nr_ctx_t *ctx) {
      * drained the buffer. */
     if (s->held && !s->resume_queued) {
       s->resume_queued = true;
-      if (nr_loop_execute(nr_channel_loop(ch), resume_task, s) < 0)
+      nr_ctx_retain(ctx);
+      if (nr_loop_execute(nr_channel_loop(ch), resume_task, s) < 0) {
         s->resume_queued = false;          /* the loop is shutting down */
+        nr_ctx_release(ctx);
+      }
     }
   }
   nr_ctx_fire_writability_changed(ctx);

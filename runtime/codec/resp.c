@@ -137,13 +137,24 @@ long nr_resp_parse(const char *p, size_t n, const nr_resp_limits_t *lim,
 
 /* ---- the pipeline handler ------------------------------------------------- */
 
+typedef struct resume_s resume_t;
+
 typedef struct resp_s {
   nr_buf_t cum;             /* an incomplete request; empty between requests */
   nr_resp_limits_t lim;
   int busy;                 /* inside read */
   bool removed;             /* removed while busy: free on the way out */
   bool failed;              /* protocol error: discard everything after */
+  bool paused;              /* auto_read turned off while unwritable */
+  bool held;                /* decoding paused while unwritable */
+  resume_t *resume;         /* a queued task that decodes what is held */
 } resp_t;
+
+/* The queued task's hold on the codec: cut (s = NULL) when it is freed. */
+struct resume_s {
+  resp_t *s;
+  nr_ctx_t *ctx;
+};
 
 void *nr_resp_new(const nr_resp_limits_t *lim) {
   resp_t *s = calloc(1, sizeof *s);
@@ -207,6 +218,10 @@ static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
     }
     if (v != small)
       free(v);
+    if (!nr_channel_is_writable(nr_ctx_channel(ctx))) {
+      s->held = true;         /* the rest waits for the replies to drain */
+      break;
+    }
   }
   return off;
 }
@@ -223,8 +238,36 @@ static void release(nr_ctx_t *ctx, resp_t *s, const char *rest, size_t n) {
     nr_bytes_t b = NR_BYTES(rest, n);
     nr_ctx_fire_read(ctx, &b);
   }
+  if (s->resume != NULL)
+    s->resume->s = NULL;      /* the queued task finds nothing to do */
   nr_buf_free(&s->cum);
   free(s);
+}
+
+/* Decode data[0 .. len) after what is cumulated (len 0: what is held). */
+static void feed(nr_ctx_t *ctx, resp_t *s, const char *data, size_t len) {
+  const char *rest = NULL;
+  size_t nrest = 0;
+  s->held = false;
+  s->busy++;
+  if (nr_buf_len(&s->cum) == 0) {
+    if (len > 0) {
+      size_t used = decode(ctx, s, data, len);
+      rest = data + used;
+      nrest = len - used;
+    }
+    if (nrest > 0 && !s->failed && !s->removed &&
+        nr_buf_append(&s->cum, rest, nrest) < 0)
+      fail(ctx, s, -ENOMEM, "out of memory");
+  } else if (len > 0 && nr_buf_append(&s->cum, data, len) < 0) {
+    fail(ctx, s, -ENOMEM, "out of memory");
+  } else {
+    size_t used = decode(ctx, s, nr_buf_peek(&s->cum), nr_buf_len(&s->cum));
+    if (!s->failed)
+      nr_buf_consume(&s->cum, used);
+  }
+  if (--s->busy == 0 && s->removed)
+    release(ctx, s, rest, nrest);
 }
 
 static int resp_read(nr_ctx_t *ctx, void *msg) {
@@ -236,38 +279,75 @@ static int resp_read(nr_ctx_t *ctx, void *msg) {
   if (s->failed)
     return 0;
   const nr_bytes_t *b = msg;
-  const char *rest = NULL;
-  size_t nrest = 0;
-  s->busy++;
-  if (nr_buf_len(&s->cum) == 0) {
-    size_t used = decode(ctx, s, b->data, b->len);
-    rest = b->data + used;
-    nrest = b->len - used;
-    if (nrest > 0 && !s->failed && !s->removed &&
-        nr_buf_append(&s->cum, rest, nrest) < 0)
-      fail(ctx, s, -ENOMEM, "out of memory");
-  } else if (nr_buf_append(&s->cum, b->data, b->len) < 0) {
-    fail(ctx, s, -ENOMEM, "out of memory");
-  } else {
-    size_t used = decode(ctx, s, nr_buf_peek(&s->cum), nr_buf_len(&s->cum));
-    if (!s->failed)
-      nr_buf_consume(&s->cum, used);
-  }
-  if (--s->busy == 0 && s->removed)
-    release(ctx, s, rest, nrest);
+  feed(ctx, s, b->data, b->len);
   return 0;
 }
 
 static void resp_removed(nr_ctx_t *ctx) {
   resp_t *s = nr_ctx_state(ctx);
+  if (s->paused)              /* the reads it stopped are not its to keep */
+    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
   if (s->busy > 0)
     s->removed = true;
   else
     release(ctx, s, NULL, 0);
 }
 
+/* A client that sends commands and reads no replies (as the HTTP codec
+ * does, http.c): while the channel is unwritable the codec reads nothing
+ * (auto_read off, if it found it on) and decodes no command past the one
+ * just delivered; once the outbound buffer has drained, it reads again
+ * and a task decodes what it held, then fires read_complete as a read
+ * would. */
+static int resume_task(void *arg) {
+  resume_t *r = arg;
+  resp_t *s = r->s;
+  nr_ctx_t *ctx = r->ctx;     /* retained: valid even if removed meanwhile */
+  free(r);
+  if (s != NULL) {
+    s->resume = NULL;
+    if (s->held && !s->failed && nr_channel_is_open(nr_ctx_channel(ctx))) {
+      feed(ctx, s, NULL, 0);  /* may free s */
+      nr_ctx_fire_read_complete(ctx);
+    }
+  }
+  nr_ctx_release(ctx);
+  return 0;
+}
+
+static int resp_writability(nr_ctx_t *ctx) {
+  resp_t *s = nr_ctx_state(ctx);
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (!nr_channel_is_writable(ch)) {
+    if (!s->paused && nr_channel_options(ch)->auto_read) {
+      s->paused = true;
+      nr_channel_set_option(ch, "auto_read", 0);
+    }
+  } else {
+    if (s->paused) {
+      s->paused = false;
+      nr_channel_set_option(ch, "auto_read", 1);
+    }
+    if (s->held && s->resume == NULL) {
+      resume_t *r = malloc(sizeof *r);
+      if (r != NULL) {
+        *r = (resume_t){s, nr_ctx_retain(ctx)};
+        s->resume = r;
+        if (nr_loop_execute(nr_channel_loop(ch), resume_task, r) < 0) {
+          s->resume = NULL;   /* the loop is shutting down */
+          nr_ctx_release(ctx);
+          free(r);
+        }
+      }
+    }
+  }
+  nr_ctx_fire_writability_changed(ctx);
+  return 0;
+}
+
 const nr_handler_t nr_resp_handler = {
     .type = "resp",
     .removed = resp_removed,
     .read = resp_read,
+    .writability_changed = resp_writability,
 };

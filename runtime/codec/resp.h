@@ -8,7 +8,9 @@
  * no allocation, so it can be tested and fuzzed on its own), and the
  * pipeline handler nr_resp_handler, which cumulates split requests in an
  * nr_buf_t (no memory held between complete requests) and fires one
- * nr_resp_cmd_t per request. Loop thread only.
+ * nr_resp_cmd_t per request. While the channel is unwritable the handler
+ * reads and decodes nothing more (a client that never reads its replies),
+ * and goes on once they have drained. Loop thread only.
  */
 #ifndef NR_CODEC_RESP_H
 #define NR_CODEC_RESP_H
