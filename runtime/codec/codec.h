@@ -84,6 +84,12 @@ int nr_decoder_inactive(nr_ctx_t *ctx);
 int nr_decoder_user_event(nr_ctx_t *ctx, void *evt);
 void nr_decoder_removed(nr_ctx_t *ctx);
 
+/* Backpressure for a codec whose peer may not read what it is sent: with
+ * ch unwritable, turn its auto_read off (if on; *paused remembers that this
+ * codec did), and back on once ch is writable. Returns whether ch is
+ * writable. Call it from the codec's writability_changed. */
+bool nr_codec_throttle(nr_channel_t *ch, bool *paused);
+
 #define NR_DECODER_HANDLER(type_)                                            \
   {.type = (type_), .removed = nr_decoder_removed,                           \
    .read = nr_decoder_read, .inactive = nr_decoder_inactive,                 \

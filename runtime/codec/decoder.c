@@ -152,6 +152,18 @@ void nr_decoder_end(nr_decoder_t *d, nr_ctx_t *ctx) {
     finalize(d, ctx, NULL, 0);
 }
 
+bool nr_codec_throttle(nr_channel_t *ch, bool *paused) {
+  bool writable = nr_channel_is_writable(ch);
+  if (!writable && !*paused && nr_channel_options(ch)->auto_read) {
+    *paused = true;
+    nr_channel_set_option(ch, "auto_read", 0);
+  } else if (writable && *paused) {
+    *paused = false;
+    nr_channel_set_option(ch, "auto_read", 1);
+  }
+  return writable;
+}
+
 /* ---- handler callbacks ----------------------------------------------------- */
 
 static int feed_error(const char *name, int rc) {

@@ -38,6 +38,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "codec/codec.h"
 #include "codec/http.h"
 
 enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
@@ -1451,25 +1452,14 @@ static int resume_task(void *arg) {
 int nr_http_server_writability(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   nr_channel_t *ch = nr_ctx_channel(ctx);
-  if (!nr_channel_is_writable(ch)) {
-    if (!s->paused && nr_channel_options(ch)->auto_read) {
-      s->paused = true;
-      nr_channel_set_option(ch, "auto_read", 0);
-    }
-  } else {
-    if (s->paused) {
-      s->paused = false;
-      nr_channel_set_option(ch, "auto_read", 1);
-    }
-    /* What is held is parsed from a task, not from inside the flush that
-     * drained the buffer. */
-    if (s->held && !s->resume_queued) {
-      s->resume_queued = true;
-      nr_ctx_retain(ctx);
-      if (nr_loop_execute(nr_channel_loop(ch), resume_task, s) < 0) {
-        s->resume_queued = false;          /* the loop is shutting down */
-        nr_ctx_release(ctx);
-      }
+  /* What is held is parsed from a task, not from inside the flush that
+   * drained the buffer. */
+  if (nr_codec_throttle(ch, &s->paused) && s->held && !s->resume_queued) {
+    s->resume_queued = true;
+    nr_ctx_retain(ctx);
+    if (nr_loop_execute(nr_channel_loop(ch), resume_task, s) < 0) {
+      s->resume_queued = false;            /* the loop is shutting down */
+      nr_ctx_release(ctx);
     }
   }
   nr_ctx_fire_writability_changed(ctx);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "codec.h"
 #include "resp.h"
 
 /* A strict decimal integer: optional '-', then 1..18 digits. */
@@ -318,26 +319,15 @@ static int resume_task(void *arg) {
 static int resp_writability(nr_ctx_t *ctx) {
   resp_t *s = nr_ctx_state(ctx);
   nr_channel_t *ch = nr_ctx_channel(ctx);
-  if (!nr_channel_is_writable(ch)) {
-    if (!s->paused && nr_channel_options(ch)->auto_read) {
-      s->paused = true;
-      nr_channel_set_option(ch, "auto_read", 0);
-    }
-  } else {
-    if (s->paused) {
-      s->paused = false;
-      nr_channel_set_option(ch, "auto_read", 1);
-    }
-    if (s->held && s->resume == NULL) {
-      resume_t *r = malloc(sizeof *r);
-      if (r != NULL) {
-        *r = (resume_t){s, nr_ctx_retain(ctx)};
-        s->resume = r;
-        if (nr_loop_execute(nr_channel_loop(ch), resume_task, r) < 0) {
-          s->resume = NULL;   /* the loop is shutting down */
-          nr_ctx_release(ctx);
-          free(r);
-        }
+  if (nr_codec_throttle(ch, &s->paused) && s->held && s->resume == NULL) {
+    resume_t *r = malloc(sizeof *r);
+    if (r != NULL) {
+      *r = (resume_t){s, nr_ctx_retain(ctx)};
+      s->resume = r;
+      if (nr_loop_execute(nr_channel_loop(ch), resume_task, r) < 0) {
+        s->resume = NULL;     /* the loop is shutting down */
+        nr_ctx_release(ctx);
+        free(r);
       }
     }
   }
