@@ -290,6 +290,45 @@ describe("codecs on a real socket", function()
     server:close():sync()
   end)
 
+  it("line codec: stops reading and decoding for a peer that reads nothing, then goes on", function()
+    local BIG = string.rep("y", 16384)
+    local paused = netrun.promise()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("frame", netrun.codec.line {})
+        ch:pipeline():add_last("app", {
+          channel_read = function(_, ctx, line)
+            _G.lines_ch = ctx.channel
+            _G.lines = (_G.lines or 0) + 1
+            ctx:write(line .. " " .. BIG .. "\n")
+          end,
+          channel_read_complete = function(_, ctx) ctx:flush() end,
+          channel_writability_changed = function(_, ctx)
+            if not ctx.channel:is_writable() then paused:try_success(true) end
+          end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local N = 4000                              -- 24 KB of lines, 64 MB of answers
+    local c = H.client(port)
+    local lines = {}
+    for i = 1, N do lines[i] = tostring(i) .. "\n" end
+    assert(c:send(table.concat(lines)))
+    H.sync(paused, 10)
+    local n = H.stalled(group:next(), function()
+      if not _G.lines_ch:is_writable() then return _G.lines end
+    end)
+    assert.is_truthy(n)
+    assert.is_true(n < N / 4, "decoded " .. n .. " of " .. N .. " lines for a peer that reads nothing")
+    for i = 1, N do
+      assert.equal(tostring(i) .. " " .. BIG, c:receive("*l"))
+    end
+    c:close()
+    server:close():sync()
+  end)
+
   it("a peer that half-closes mid-frame gets the incomplete frame reported", function()
     local server = netrun.server {
       group = group, host = "127.0.0.1", port = 0,

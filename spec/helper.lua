@@ -111,6 +111,17 @@ function H.eventually(pred, timeout, step)
   return pred()
 end
 
+-- A server that stopped serving a peer which reads nothing: poll (bounded)
+-- until `probe`, run on `loop`, returns the same value twice in a row (it
+-- returns nil while the server is still going); returns that value.
+function H.stalled(loop, probe, timeout)
+  local function once() return loop:submit(probe):sync() end
+  return H.eventually(function()
+    local a = once()
+    return a ~= nil and a == once() and a
+  end, timeout or 10)
+end
+
 -- ---- processes: the netrun binary, examples run as users run them ------
 
 H.BIN = os.getenv("NETRUN_BIN") or (build .. "/bin/netrun")

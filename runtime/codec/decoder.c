@@ -51,6 +51,10 @@ static size_t decode(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
       report(ctx, rc);
     if (used == 0)
       break;
+    if (!d->eof && !d->removed && !nr_channel_is_writable(nr_ctx_channel(ctx))) {
+      d->held = true;          /* the rest waits for the answers to drain */
+      break;
+    }
   }
   return off;
 }
@@ -75,6 +79,7 @@ static void forward(nr_ctx_t *ctx, const char *data, size_t len) {
  * dropped. `rest` is unconsumed input not yet cumulated. */
 static void finalize(nr_decoder_t *d, nr_ctx_t *ctx, const char *rest,
                      size_t n) {
+  nr_codec_resume_cancel(d->resume);
   if (nr_channel_is_open(nr_ctx_channel(ctx))) {
     forward(ctx, nr_buf_peek(&d->cum), nr_buf_len(&d->cum));
     forward(ctx, rest, n);
@@ -107,6 +112,7 @@ int nr_decoder_feed(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
   if (d->busy)
     return nr_buf_append(&d->pending, data, len);
   d->busy = true;
+  d->held = false;
   int rc = 0;
   size_t used = 0;
   if (nr_buf_len(&d->cum) == 0) {
@@ -150,6 +156,45 @@ void nr_decoder_end(nr_decoder_t *d, nr_ctx_t *ctx) {
   d->busy = false;
   if (d->removed)
     finalize(d, ctx, NULL, 0);
+}
+
+struct nr_codec_resume_s {
+  void *state;                 /* NULL: cancelled */
+  nr_ctx_t *ctx;               /* retained */
+  nr_codec_resume_t **slot;
+  void (*fn)(void *state, nr_ctx_t *ctx);
+};
+
+static int resume_run(void *arg) {
+  nr_codec_resume_t *r = arg;
+  if (r->state != NULL) {
+    *r->slot = NULL;
+    r->fn(r->state, r->ctx);
+  }
+  nr_ctx_release(r->ctx);
+  free(r);
+  return 0;
+}
+
+void nr_codec_resume(nr_ctx_t *ctx, void *state, nr_codec_resume_t **slot,
+                     void (*fn)(void *state, nr_ctx_t *ctx)) {
+  if (*slot != NULL)
+    return;
+  nr_codec_resume_t *r = malloc(sizeof *r);
+  if (r == NULL)
+    return;                    /* the next read decodes what is held */
+  *r = (nr_codec_resume_t){state, nr_ctx_retain(ctx), slot, fn};
+  *slot = r;
+  if (nr_loop_execute(nr_channel_loop(nr_ctx_channel(ctx)), resume_run, r) < 0) {
+    *slot = NULL;              /* the loop is shutting down */
+    nr_ctx_release(ctx);
+    free(r);
+  }
+}
+
+void nr_codec_resume_cancel(nr_codec_resume_t *r) {
+  if (r != NULL)
+    r->state = NULL;
 }
 
 bool nr_codec_throttle(nr_channel_t *ch, bool *paused) {
@@ -214,8 +259,27 @@ int nr_decoder_user_event(nr_ctx_t *ctx, void *evt) {
   return 0;
 }
 
+static void decode_held(void *state, nr_ctx_t *ctx) {
+  nr_decoder_t *d = state;
+  if (d->held && !d->busy && nr_channel_is_open(nr_ctx_channel(ctx))) {
+    static const char none[1];
+    nr_decoder_feed(d, ctx, none, 0);     /* may free d */
+    nr_ctx_fire_read_complete(ctx);       /* as after a read */
+  }
+}
+
+int nr_decoder_writability(nr_ctx_t *ctx) {
+  nr_decoder_t *d = nr_ctx_state(ctx);
+  if (nr_codec_throttle(nr_ctx_channel(ctx), &d->paused) && d->held)
+    nr_codec_resume(ctx, d, &d->resume, decode_held);
+  nr_ctx_fire_writability_changed(ctx);
+  return 0;
+}
+
 void nr_decoder_removed(nr_ctx_t *ctx) {
   nr_decoder_t *d = nr_ctx_state(ctx);
+  if (d->paused)              /* the reads it stopped are not its to keep */
+    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
   if (d->busy)
     d->removed = true;       /* the loop frees it when it unwinds */
   else

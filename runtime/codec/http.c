@@ -834,7 +834,7 @@ struct nr_http_server_s {
   bool dead;                  /* removed during read: free when it returns */
   bool paused;                /* auto_read turned off while unwritable */
   bool held;                  /* parsing paused while unwritable */
-  bool resume_queued;         /* a task will parse what is held */
+  nr_codec_resume_t *resume;  /* a queued task parses what is held */
 };
 
 nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body) {
@@ -845,6 +845,7 @@ nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body) {
 }
 
 static void server_free(nr_http_server_t *s) {
+  nr_codec_resume_cancel(s->resume);
   nr_http_parser_free(&s->parser);
   free(s);
 }
@@ -854,17 +855,12 @@ void nr_http_server_added(nr_ctx_t *ctx) {
   s->ctx = ctx;
 }
 
-/* s is in use while it delivers (depth) and while a resume task holds it. */
-static bool in_use(const nr_http_server_t *s) {
-  return s->depth > 0 || s->resume_queued;
-}
-
 void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   if (s->paused)              /* the reads it stopped are not its to keep */
     nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
-  if (in_use(s))
-    s->dead = true;           /* freed when the last use ends */
+  if (s->depth > 0)
+    s->dead = true;
   else
     server_free(s);
 }
@@ -1078,7 +1074,7 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   int rc = nr_http_feed(&s->parser, data, len, deliver, s);
   s->depth--;
   if (s->dead) {
-    if (!in_use(s))
+    if (s->depth == 0)
       server_free(s);
     return false;
   }
@@ -1434,34 +1430,17 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
  * fires read_complete, as a read would. So the answers it owes cannot
  * grow without bound. Only an auto_read the codec finds on is turned off,
  * and back on. */
-static int resume_task(void *arg) {
-  nr_http_server_t *s = arg;
-  nr_ctx_t *ctx = s->ctx;     /* retained when queued: valid even if removed */
-  s->resume_queued = false;
-  if (s->dead) {
-    if (!in_use(s))
-      server_free(s);
-  } else if (s->held && !s->closing && nr_channel_is_open(nr_ctx_channel(ctx)) &&
-             feed(s, NULL, 0)) {
+static void parse_held(void *state, nr_ctx_t *ctx) {
+  nr_http_server_t *s = state;
+  if (s->held && s->depth == 0 && !s->closing &&
+      nr_channel_is_open(nr_ctx_channel(ctx)) && feed(s, NULL, 0))
     nr_ctx_fire_read_complete(ctx);      /* as after a read: handlers flush */
-  }
-  nr_ctx_release(ctx);
-  return 0;
 }
 
 int nr_http_server_writability(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
-  nr_channel_t *ch = nr_ctx_channel(ctx);
-  /* What is held is parsed from a task, not from inside the flush that
-   * drained the buffer. */
-  if (nr_codec_throttle(ch, &s->paused) && s->held && !s->resume_queued) {
-    s->resume_queued = true;
-    nr_ctx_retain(ctx);
-    if (nr_loop_execute(nr_channel_loop(ch), resume_task, s) < 0) {
-      s->resume_queued = false;            /* the loop is shutting down */
-      nr_ctx_release(ctx);
-    }
-  }
+  if (nr_codec_throttle(nr_ctx_channel(ctx), &s->paused) && s->held)
+    nr_codec_resume(ctx, s, &s->resume, parse_held);
   nr_ctx_fire_writability_changed(ctx);
   return 0;
 }

@@ -138,8 +138,6 @@ long nr_resp_parse(const char *p, size_t n, const nr_resp_limits_t *lim,
 
 /* ---- the pipeline handler ------------------------------------------------- */
 
-typedef struct resume_s resume_t;
-
 typedef struct resp_s {
   nr_buf_t cum;             /* an incomplete request; empty between requests */
   nr_resp_limits_t lim;
@@ -148,14 +146,8 @@ typedef struct resp_s {
   bool failed;              /* protocol error: discard everything after */
   bool paused;              /* auto_read turned off while unwritable */
   bool held;                /* decoding paused while unwritable */
-  resume_t *resume;         /* a queued task that decodes what is held */
+  nr_codec_resume_t *resume;  /* a queued task that decodes what is held */
 } resp_t;
-
-/* The queued task's hold on the codec: cut (s = NULL) when it is freed. */
-struct resume_s {
-  resp_t *s;
-  nr_ctx_t *ctx;
-};
 
 void *nr_resp_new(const nr_resp_limits_t *lim) {
   resp_t *s = calloc(1, sizeof *s);
@@ -239,8 +231,7 @@ static void release(nr_ctx_t *ctx, resp_t *s, const char *rest, size_t n) {
     nr_bytes_t b = NR_BYTES(rest, n);
     nr_ctx_fire_read(ctx, &b);
   }
-  if (s->resume != NULL)
-    s->resume->s = NULL;      /* the queued task finds nothing to do */
+  nr_codec_resume_cancel(s->resume);
   nr_buf_free(&s->cum);
   free(s);
 }
@@ -300,37 +291,19 @@ static void resp_removed(nr_ctx_t *ctx) {
  * just delivered; once the outbound buffer has drained, it reads again
  * and a task decodes what it held, then fires read_complete as a read
  * would. */
-static int resume_task(void *arg) {
-  resume_t *r = arg;
-  resp_t *s = r->s;
-  nr_ctx_t *ctx = r->ctx;     /* retained: valid even if removed meanwhile */
-  free(r);
-  if (s != NULL) {
-    s->resume = NULL;
-    if (s->held && !s->failed && nr_channel_is_open(nr_ctx_channel(ctx))) {
-      feed(ctx, s, NULL, 0);  /* may free s */
-      nr_ctx_fire_read_complete(ctx);
-    }
+static void decode_held(void *state, nr_ctx_t *ctx) {
+  resp_t *s = state;
+  if (s->held && !s->failed && s->busy == 0 &&
+      nr_channel_is_open(nr_ctx_channel(ctx))) {
+    feed(ctx, s, NULL, 0);    /* may free s */
+    nr_ctx_fire_read_complete(ctx);
   }
-  nr_ctx_release(ctx);
-  return 0;
 }
 
 static int resp_writability(nr_ctx_t *ctx) {
   resp_t *s = nr_ctx_state(ctx);
-  nr_channel_t *ch = nr_ctx_channel(ctx);
-  if (nr_codec_throttle(ch, &s->paused) && s->held && s->resume == NULL) {
-    resume_t *r = malloc(sizeof *r);
-    if (r != NULL) {
-      *r = (resume_t){s, nr_ctx_retain(ctx)};
-      s->resume = r;
-      if (nr_loop_execute(nr_channel_loop(ch), resume_task, r) < 0) {
-        s->resume = NULL;     /* the loop is shutting down */
-        nr_ctx_release(ctx);
-        free(r);
-      }
-    }
-  }
+  if (nr_codec_throttle(nr_ctx_channel(ctx), &s->paused) && s->held)
+    nr_codec_resume(ctx, s, &s->resume, decode_held);
   nr_ctx_fire_writability_changed(ctx);
   return 0;
 }
