@@ -630,17 +630,18 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
     unlink(ch->unix_path);
   close(ch->io.fd);
+  ch->io.fd = -1;                  /* the number is anybody's from now on */
   if (ch->loop)
     nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
-  if (was_active)
-    nr__pipeline_fire_inactive(&ch->pipe);
+  unsigned td = was_active ? NR__TD_INACTIVE : 0;
   if (ch->st & NR__REGISTERED) {
-    nr__pipeline_fire_unregistered(&ch->pipe);
-    nr__pipeline_destroy(&ch->pipe);
+    td |= NR__TD_UNREGISTERED | NR__TD_DESTROY;
     ch->st &= ~NR__REGISTERED;
     unlink_from_loop(ch);
   }
   nr__channel_closed(ch);
+  if (td != 0)
+    nr__pipeline_teardown(&ch->pipe, td);
 }
 
 /* Close every channel of a shutting-down loop (Netty's closeAll): flushed

@@ -187,6 +187,7 @@ struct nr_pipeline_s {
   nr_ctx_t head, tail;
   int depth;                 /* handler calls in progress */
   nr_ctx_t *zombies;         /* removed during a call: freed at depth 0 */
+  unsigned teardown;         /* NR__TD_* of a close made during a call */
   unsigned auto_names;
   const void *deferrable;    /* the read being fired may be taken later */
 };
@@ -194,6 +195,11 @@ struct nr_pipeline_s {
 void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,
                        const nr_handler_t *head);
 void nr__pipeline_destroy(nr_pipeline_t *p);   /* remove every handler */
+/* What closing a channel does to its pipeline: inactive, unregistered,
+ * then every handler removed -- at once, or once the handler calls in
+ * progress have returned (see pipeline.c). */
+enum { NR__TD_INACTIVE = 1, NR__TD_UNREGISTERED = 2, NR__TD_DESTROY = 4 };
+void nr__pipeline_teardown(nr_pipeline_t *p, unsigned what);
 int nr__pipeline_bind(nr_pipeline_t *p, const struct sockaddr *sa,
                       socklen_t len, nr_promise_t *prom);
 int nr__pipeline_connect(nr_pipeline_t *p, const struct sockaddr *sa,

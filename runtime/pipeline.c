@@ -12,6 +12,13 @@
  * reference on each), so an event already past it carries on; if a handler
  * call is in progress (depth > 0) the context is parked on `zombies` and
  * freed when the outermost call returns.
+ *
+ * A close never takes the handlers away under a handler's feet. A handler
+ * may close its channel indirectly (its flush meets a peer that reset, and
+ * the failed write closes) and then go on using its own state; so, as
+ * Netty fires channelInactive and deregisters "later", a close made while a
+ * handler call is in progress only notes the teardown, and the outermost
+ * call runs it as it returns (nr__pipeline_teardown, unwound).
  */
 #include <stdio.h>
 
@@ -82,15 +89,12 @@ void nr_ctx_release(nr_ctx_t *c) {
 
 static inline void enter(nr_pipeline_t *p) { p->depth++; }
 
-static void leave(nr_pipeline_t *p) {
-  if (--p->depth > 0 || p->zombies == NULL)
+static void unwound(nr_pipeline_t *p);
+
+static inline void leave(nr_pipeline_t *p) {
+  if (--p->depth > 0 || (p->zombies == NULL && p->teardown == 0))
     return;
-  nr_ctx_t *z = p->zombies;
-  p->zombies = NULL;
-  for (nr_ctx_t *n; z; z = n) {
-    n = z->zombie_next;
-    ctx_unref(z);
-  }
+  unwound(p);
 }
 
 /* ---- invocation ----------------------------------------------------------- */
@@ -484,6 +488,43 @@ int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
 void nr__pipeline_destroy(nr_pipeline_t *p) {
   while (p->tail.prev != &p->head)
     unlink_ctx(p, p->tail.prev);
+}
+
+static void teardown_now(nr_pipeline_t *p, unsigned what) {
+  if (what & NR__TD_INACTIVE)
+    nr__pipeline_fire_inactive(p);
+  if (what & NR__TD_UNREGISTERED)
+    nr__pipeline_fire_unregistered(p);
+  if (what & NR__TD_DESTROY)
+    nr__pipeline_destroy(p);
+}
+
+void nr__pipeline_teardown(nr_pipeline_t *p, unsigned what) {
+  if (p->depth == 0) {
+    teardown_now(p, what);
+  } else if (p->teardown == 0) {
+    p->teardown = what;
+    nr_channel_retain(p->ch);          /* for unwound */
+  }
+}
+
+/* The outermost handler call returned: free what was removed during it,
+ * then carry out a close made during it (last: it may free the channel
+ * and with it p). */
+static void unwound(nr_pipeline_t *p) {
+  nr_ctx_t *z = p->zombies;
+  p->zombies = NULL;
+  for (nr_ctx_t *n; z; z = n) {
+    n = z->zombie_next;
+    ctx_unref(z);
+  }
+  unsigned what = p->teardown;
+  if (what != 0) {
+    nr_channel_t *ch = p->ch;
+    p->teardown = 0;
+    teardown_now(p, what);
+    nr_channel_release(ch);
+  }
 }
 
 nr_ctx_t *nr_pipeline_context(nr_pipeline_t *p, const char *name) {
