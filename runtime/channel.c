@@ -20,6 +20,7 @@
 #include "internal.h"
 
 #define CLOSE_LINGER NR_SEC(30)   /* longest drain of flushed data at close */
+#define INPUT_LINGER NR_SEC(5)    /* longest wait for the peer's FIN after ours */
 #define MAX_IOV 64
 
 static _Atomic uint64_t next_id = 1;
@@ -407,6 +408,7 @@ static void read_error(nr_channel_t *ch, int err) {
 
 static void input_closed(nr_channel_t *ch) {
   if (!ch->opts.allow_half_closure) {
+    ch->st |= NR__INPUT_SHUT;                /* nothing more will come */
     nr__channel_close(ch, false);
     return;
   }
@@ -605,6 +607,63 @@ static void drop_timer(nr_timer_t **t) {
   }
 }
 
+/* ---- lingering close (nginx's lingering_close) ---------------------------------- */
+
+/* Closing a socket while its peer is still sending makes the kernel answer
+ * with a reset, and a reset destroys whatever the peer had not yet read of
+ * our last writes -- a response, the last megabytes to a slow reader at
+ * shutdown. So a graceful close of a connection whose peer has not closed
+ * its side sends our FIN (shutdown), then reads and discards until the
+ * peer's FIN or reset, or INPUT_LINGER. The channel is closed for its users
+ * meanwhile (its pipeline gone, its close future done); only its fd waits,
+ * still on the loop's list, so a shutting-down loop waits for it (within
+ * its timeout) and aborts it at the end. */
+static void end_linger(nr_channel_t *ch) {
+  ch->st &= ~NR__LINGER;
+  drop_timer(&ch->linger_timer);
+  nr__io_stop(ch->loop, &ch->io);
+  close(ch->io.fd);
+  ch->io.fd = -1;
+  unlink_from_loop(ch);
+}
+
+static int linger_timed_out(void *arg) {
+  nr_channel_t *ch = arg;
+  if (ch->st & NR__LINGER)
+    end_linger(ch);
+  return 0;
+}
+
+static bool start_linger(nr_channel_t *ch) {
+  if (shutdown(ch->io.fd, SHUT_WR) < 0 ||
+      nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
+    return false;
+  ch->st |= NR__LINGER;
+  ch->linger_timer = nr_loop_schedule(ch->loop, INPUT_LINGER, 0,
+                                      linger_timed_out, NULL, ch);
+  return true;
+}
+
+/* Input on a lingering fd: discard it; the peer's FIN or an error ends it. */
+static void drain_linger(nr_channel_t *ch) {
+  nr_loop_t *l = ch->loop;
+  if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL) {
+    end_linger(ch);
+    return;
+  }
+  for (int i = 0; i < 16; i++) {   /* a flood waits for the next turn */
+    ssize_t n = read(ch->io.fd, l->rbuf, NR_READ_BUF);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EAGAIN)
+      return;
+    if (n <= 0) {
+      end_linger(ch);
+      return;
+    }
+  }
+}
+
 static void finish_close(nr_channel_t *ch, bool abort) {
   if (ch->st & NR__CLOSED)
     return;
@@ -621,23 +680,29 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr_promise_release(ch->connect_promise);
     ch->connect_promise = NULL;
   }
-  if (ch->st & NR__REGISTERED)
-    nr__io_stop(ch->loop, &ch->io);
-  if (abort && ch->kind == NR__STREAM && was_active) {
-    struct linger lg = {1, 0};                 /* RST, not FIN */
-    setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  bool linger = !abort && was_active && ch->kind == NR__STREAM &&
+                (ch->st & NR__REGISTERED) && !(ch->st & NR__INPUT_SHUT) &&
+                start_linger(ch);
+  if (!linger) {
+    if (ch->st & NR__REGISTERED)
+      nr__io_stop(ch->loop, &ch->io);
+    if (abort && ch->kind == NR__STREAM && was_active) {
+      struct linger lg = {1, 0};               /* RST, not FIN */
+      setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
+      unlink(ch->unix_path);
+    close(ch->io.fd);
+    ch->io.fd = -1;                /* the number is anybody's from now on */
   }
-  if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
-    unlink(ch->unix_path);
-  close(ch->io.fd);
-  ch->io.fd = -1;                  /* the number is anybody's from now on */
   if (ch->loop)
     nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
   unsigned td = was_active ? NR__TD_INACTIVE : 0;
   if (ch->st & NR__REGISTERED) {
     td |= NR__TD_UNREGISTERED | NR__TD_DESTROY;
     ch->st &= ~NR__REGISTERED;
-    unlink_from_loop(ch);
+    if (!linger)
+      unlink_from_loop(ch);                    /* else end_linger does */
   }
   nr__channel_closed(ch);
   if (td != 0)
@@ -658,8 +723,12 @@ static void close_each(nr_loop_t *l, bool abort) {
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     v[i++] = nr_channel_retain(ch);
   for (i = 0; i < n; i++) {
-    if (abort || !(v[i]->st & NR__CLOSING))
+    if (v[i]->st & NR__LINGER) {
+      if (abort)
+        end_linger(v[i]);
+    } else if (abort || !(v[i]->st & NR__CLOSING)) {
       nr__channel_close(v[i], abort);
+    }
     nr_channel_release(v[i]);
   }
   free(v);
@@ -677,8 +746,12 @@ void nr__channels_abort_all(nr_loop_t *l) {
 static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   (void)l;
   nr_channel_t *ch = (nr_channel_t *)io;
-  if (ch->st & NR__CLOSED)
-    return 0;
+  if (ch->st & NR__CLOSED) {
+    if (!(ch->st & NR__LINGER))
+      return 0;
+    drain_linger(ch);
+    return 1;
+  }
   if (ch->kind == NR__LISTEN) {
     nr__accept_ready(ch);
     return 1;

@@ -290,7 +290,8 @@ enum {
   NR__REGISTERED = 1u << 0, NR__CONNECTING = 1u << 1, NR__CLOSING = 1u << 2,
   NR__CLOSED = 1u << 3, NR__INPUT_SHUT = 1u << 4, NR__READ_REQ = 1u << 5,
   NR__WAIT_OUT = 1u << 6, NR__FLUSH_TASK = 1u << 7, NR__WAS_ACTIVE = 1u << 8,
-  NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10
+  NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10,
+  NR__LINGER = 1u << 11           /* closed; the fd waits for the peer's FIN */
 };
 
 typedef struct nr_server_s {

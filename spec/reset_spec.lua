@@ -36,10 +36,12 @@ local function serve(init)
   return group, port
 end
 
--- Every channel of the storm is gone: closed, torn down, released.
+-- Every channel of the storm is gone: closed, torn down, released; the
+-- loop holds only its listener.
 local function settled(group)
   local loop = group:loops()[1]
-  return H.eventually(function() return loop:stats().channels == 0 end, 10)
+  assert.is_true(H.eventually(function() return loop:stats().channels == 1 end, 15),
+                 "channels left: " .. loop:stats().channels)
 end
 
 local Prepared = netrun.codec.http_response {
