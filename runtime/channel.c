@@ -13,9 +13,12 @@
 #include <assert.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <sys/ioctl.h>
 
 #include "internal.h"
 
@@ -609,12 +612,13 @@ static void drop_timer(nr_timer_t **t) {
 
 /* ---- lingering close (nginx's lingering_close) ---------------------------------- */
 
-/* Closing a socket while its peer is still sending makes the kernel answer
- * with a reset, and a reset destroys whatever the peer had not yet read of
- * our last writes -- a response, the last megabytes to a slow reader at
- * shutdown. So a graceful close of a connection whose peer has not closed
- * its side sends our FIN (shutdown), then reads and discards until the
- * peer's FIN or reset, or INPUT_LINGER. The channel is closed for its users
+/* Closing a socket with unread input makes the kernel answer with a reset,
+ * and a reset destroys whatever the peer had not yet read of our last
+ * writes -- a response, the last megabytes to a slow reader at shutdown.
+ * So a graceful close of a connection that holds unread input sends our
+ * FIN (shutdown), then reads and discards until the peer's FIN or reset,
+ * or INPUT_LINGER. (Without unread input the close is immediate: an idle
+ * keep-alive peer must not hold a shutdown up.) The channel is closed for its users
  * meanwhile (its pipeline gone, its close future done); only its fd waits,
  * still on the loop's list, so a shutting-down loop waits for it (within
  * its timeout) and aborts it at the end. */
@@ -635,7 +639,9 @@ static int linger_timed_out(void *arg) {
 }
 
 static bool start_linger(nr_channel_t *ch) {
-  if (shutdown(ch->io.fd, SHUT_WR) < 0 ||
+  int unread = 0;
+  if (ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0 ||
+      shutdown(ch->io.fd, SHUT_WR) < 0 ||
       nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
     return false;
   ch->st |= NR__LINGER;

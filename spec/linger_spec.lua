@@ -68,18 +68,38 @@ describe("a graceful close", function()
   end)
 
   it("lets a peer that never closes go after the linger", function()
-    -- the server closes first; the client neither reads nor closes: the
-    -- loop releases the connection (channels back to 0) within seconds
+    local members = netrun.channel_group()
     local group, port = serve({
-      channel_read = function(_, ctx) ctx:write_and_flush("bye\n") ctx:close() end,
+      channel_active = function(_, ctx)
+        ctx.channel:option("auto_read", false)       -- what comes stays unread
+        members:add(ctx.channel)
+      end,
     })
+    local loop = group:loops()[1]
     local c = H.client(port)
-    c:send("x")
-    assert.are.equal("bye", c:receive("*l"))
-    local loop = group:loops()[1]    -- its channels: the listener and c
-    assert.are.equal(2, loop:stats().channels)
+    c:send("unread")
+    assert.is_true(H.eventually(function() return #members == 1 end))
+    assert.are.equal(2, loop:stats().channels)      -- the listener and c's
+    H.sync(members:write_and_flush("bye"))
+    H.sync(members:close())
+    assert.are.equal("bye", c:receive(3))
+    local data, err = c:receive(1)
+    assert.are.equal(nil, data)
+    assert.are.equal("closed", err)
+    -- c neither closes nor sends: the server lets go within the linger
     assert.is_true(H.eventually(function() return loop:stats().channels == 1 end, 10))
     c:close()
     H.shutdown(group)
+  end)
+
+  it("closes an idle connection at once at shutdown", function()
+    local group, port = serve({ channel_read = function(_, ctx, m) ctx:write_and_flush(m) end })
+    local c = H.client(port)
+    c:send("x")
+    assert.are.equal("x", H.recv(c, 1))
+    local t0 = H.socket.gettime()
+    H.sync(group:shutdown_gracefully(0, 10))
+    assert.is_true(H.socket.gettime() - t0 < 1, "shutdown waited for an idle peer")
+    c:close()
   end)
 end)
