@@ -209,7 +209,7 @@ void nr__channel_update_interest(nr_channel_t *ch) {
   } else {
     if (ch->st & (NR__CONNECTING | NR__WAIT_OUT))
       ev |= EPOLLOUT;
-    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING)) &&
+    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING | NR__CLOSE_IDLE)) &&
         (ch->opts.auto_read || (ch->st & NR__READ_REQ)))
       ev |= EPOLLIN;
   }
@@ -715,8 +715,34 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__pipeline_teardown(&ch->pipe, td);
 }
 
+void nr_channel_hold(nr_channel_t *ch) {
+  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  ch->holds++;
+}
+
+static int close_idle_task(void *arg) {
+  nr_channel_t *ch = arg;
+  if (ch->holds == 0)
+    nr__channel_close(ch, false);
+  nr_channel_release(ch);
+  return 0;
+}
+
+/* The last hold goes with the answer's write, whose flush may still come
+ * (write_and_flush, a read batch's read_complete): close from a task. */
+void nr_channel_unhold(nr_channel_t *ch) {
+  assert(ch->holds > 0);
+  if (--ch->holds == 0 && (ch->st & NR__CLOSE_IDLE) &&
+      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);
+    nr__channel_close(ch, false);
+  }
+}
+
 /* Close every channel of a shutting-down loop (Netty's closeAll): flushed
- * data still drains. With abort, reset whatever is left. */
+ * data still drains. A channel that holds work owed (nr_channel_hold)
+ * stops reading and closes when the work is done. With abort, reset
+ * whatever is left. */
 static void close_each(nr_loop_t *l, bool abort) {
   size_t n = 0, i = 0;
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
@@ -732,6 +758,11 @@ static void close_each(nr_loop_t *l, bool abort) {
     if (v[i]->st & NR__LINGER) {
       if (abort)
         end_linger(v[i]);
+    } else if (!abort && v[i]->holds > 0) {
+      if (!(v[i]->st & NR__CLOSE_IDLE)) {
+        v[i]->st |= NR__CLOSE_IDLE;
+        nr__channel_update_interest(v[i]);
+      }
     } else if (abort || !(v[i]->st & NR__CLOSING)) {
       nr__channel_close(v[i], abort);
     }

@@ -291,7 +291,8 @@ enum {
   NR__CLOSED = 1u << 3, NR__INPUT_SHUT = 1u << 4, NR__READ_REQ = 1u << 5,
   NR__WAIT_OUT = 1u << 6, NR__FLUSH_TASK = 1u << 7, NR__WAS_ACTIVE = 1u << 8,
   NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10,
-  NR__LINGER = 1u << 11           /* closed; the fd waits for the peer's FIN */
+  NR__LINGER = 1u << 11,          /* closed; the fd waits for the peer's FIN */
+  NR__CLOSE_IDLE = 1u << 12       /* shutting down: close once nothing is held */
 };
 
 typedef struct nr_server_s {
@@ -311,6 +312,7 @@ struct nr_channel_s {
   uint64_t id;
   int kind, family;
   unsigned st;
+  unsigned holds;            /* work owed (nr_channel_hold) */
   nr_pipeline_t pipe;
   nr_outbound_t out;
   nr_channel_opts_t opts;

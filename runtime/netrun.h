@@ -375,6 +375,12 @@ bool nr_channel_is_datagram(const nr_channel_t *ch);
 int nr_channel_fd(const nr_channel_t *ch);
 /* Bytes waiting in the outbound buffer (written but not yet sent). */
 size_t nr_channel_pending_bytes(const nr_channel_t *ch);
+/* Loop thread only. Work owed to the peer (a request delivered, its
+ * response still being computed): while any is held, a graceful shutdown
+ * leaves the channel open -- it reads nothing more -- and closes it as the
+ * last hold is released, or when the shutdown times out. */
+void nr_channel_hold(nr_channel_t *ch);
+void nr_channel_unhold(nr_channel_t *ch);
 /* Loop thread only. A stream channel's write mark: the offset at which
  * everything written so far ends. Marks only grow. A write made without a
  * promise can be watched later by the mark taken right after it:

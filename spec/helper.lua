@@ -163,12 +163,24 @@ function H.start(script, port, args)
   error(script .. " never listened on " .. port)
 end
 
+-- Whether process pid still runs. A started process is nobody's child
+-- here (its shell exited), so once it exits it may stay a zombie until
+-- init reaps it: a zombie counts as gone.
+function H.alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local stat = f:read("a") or ""
+  f:close()
+  local state = stat:match("^%d+ %b() (%a)")
+  return state ~= nil and state ~= "Z"
+end
+
 -- SIGTERM a started process and wait (bounded) until it is gone; true if
 -- it exited in time.
 function H.stop(pid)
   os.execute("kill -TERM " .. pid)
   local deadline = socket.gettime() + 10
-  while os.execute("kill -0 " .. pid .. " 2>/dev/null") do
+  while H.alive(pid) do
     if socket.gettime() > deadline then return false end
     socket.select(nil, nil, 0.02)
   end

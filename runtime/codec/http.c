@@ -857,6 +857,8 @@ void nr_http_server_added(nr_ctx_t *ctx) {
 
 void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->outstanding > 0)     /* nobody will answer them through us */
+    nr_channel_unhold(nr_ctx_channel(ctx));
   if (s->paused)              /* the reads it stopped are not its to keep */
     nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
   if (s->depth > 0)
@@ -1018,7 +1020,8 @@ static void send_continue(nr_http_server_t *s) {
  * response owed before them. */
 static void finish_response(nr_http_server_t *s, bool close) {
   s->oldest = (s->oldest + 1) % RING;
-  s->outstanding--;
+  if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
+    nr_channel_unhold(nr_ctx_channel(s->ctx));
   if (close) {
     s->closing = true;
     nr_ctx_flush(s->ctx);
@@ -1049,7 +1052,8 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
               (req->minor == 0 ? F_HTTP10 : 0);
   s->flags[(s->oldest + s->outstanding) % RING] = f;
-  s->outstanding++;
+  if (s->outstanding++ == 0)   /* a shutdown waits for the answers owed */
+    nr_channel_hold(ch);
   s->continue_owed = false;    /* it was for this request: its body came */
   /* Whether the handlers answer now or later, the next requests parse the
    * same, and a close stops them: they may take this one later -- unless

@@ -380,16 +380,20 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
   s->periodic = period != 0;
   s->p = nr_promise_new();
+  /* the caller's reference, taken first: once scheduled on another loop, s
+   * may fire and be freed before nr_loop_schedule has even returned */
+  nr_promise_t *p = nr_promise_retain(s->p);
   nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
                                    sched_cancelled, s);
   if (t == NULL) {                  /* rejected: cancel_fn is not called */
+    nr_promise_release(p);
     nr_promise_release(s->p);
     lnr_blob_free(s->b);
     free(s);
     return luaL_error(L, "%s: loop is shut down: task rejected",
                       nr_loop_name(loop));
   }
-  lnr_push_scheduled(L, nr_promise_retain(s->p), t);
+  lnr_push_scheduled(L, p, t);
   return 1;
 }
 
@@ -679,11 +683,16 @@ void lnr_open_group(lua_State *L) {
 }
 
 /* From any thread (the signal thread): ask every group to shut down with
- * the default quiet period and timeout. */
+ * the default timeout and a short quiet period. Every group stops at once,
+ * so the quiet period only has to cover tasks already on their way between
+ * loops; the answers a channel still owes hold it open by themselves
+ * (nr_channel_hold), so an idle server stops at once. */
+#define SIGNAL_QUIET NR_MS(200)
+
 void lnr_shutdown_groups_async(void) {
   pthread_mutex_lock(&live_lock);
   for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, NR_SEC(2), NR_SEC(15));
+    nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, NR_SEC(15));
   pthread_mutex_unlock(&live_lock);
 }
 
