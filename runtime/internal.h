@@ -190,6 +190,8 @@ struct nr_pipeline_s {
   unsigned teardown;         /* NR__TD_* of a close made during a call */
   unsigned auto_names;
   const void *deferrable;    /* the read being fired may be taken later */
+  const void *tokened;       /* the read being fired has a token: */
+  uint64_t token;
 };
 
 void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,

@@ -461,6 +461,10 @@ typedef struct nr_handler_s {
   int (*flush)(nr_ctx_t *ctx);
   unsigned (*mask)(const struct nr_handler_s *h, void *state);
   unsigned flags;                     /* NR_HANDLER_* */
+  /* A handler after this one raised on a message this one fired with a
+   * token (nr_ctx_fire_read_tokened): answer for it (the HTTP codec's 500
+   * in that request's turn). */
+  void (*read_failed)(nr_ctx_t *ctx, uint64_t token);
 } nr_handler_t;
 
 /* The handler's write either fails (returns an error) or, before it
@@ -551,6 +555,14 @@ void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg);
 void nr_pipeline_fire_read_deferrable(nr_pipeline_t *p, void *msg);
 /* Whether the read of msg now being delivered may be taken later. */
 bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg);
+/* nr_ctx_fire_read(_deferrable) of a message the producer wants to hear
+ * about if a handler fails on it: token (not 0) names it to the producer's
+ * read_failed. A consumer asks for the token while msg is delivered, and
+ * reports a failure with nr_ctx_read_failed from its own ctx. */
+void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
+                              bool deferrable);
+uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg);
+void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token);
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx);
 void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt);
 void nr_ctx_fire_writability_changed(nr_ctx_t *ctx);

@@ -208,6 +208,35 @@ void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg) {
 bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg) {
   return msg == ctx->pipe->deferrable;
 }
+void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
+                              bool deferrable) {
+  nr_pipeline_t *p = ctx->pipe;
+  const void *outer = p->tokened;
+  uint64_t outer_token = p->token;
+  p->tokened = msg;
+  p->token = token;
+  if (deferrable)
+    nr_ctx_fire_read_deferrable(ctx, msg);
+  else
+    nr_ctx_fire_read(ctx, msg);
+  p->tokened = outer;
+  p->token = outer_token;
+}
+uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg) {
+  return msg == ctx->pipe->tokened ? ctx->pipe->token : 0;
+}
+/* To the nearest handler before ctx that asked (a removed ctx keeps its
+ * way back). */
+void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token) {
+  for (nr_ctx_t *c = ctx->prev; c != NULL && !c->embedded; c = c->prev)
+    if (c->h->read_failed != NULL && !c->removed) {
+      nr_pipeline_t *p = c->pipe;
+      enter(p);
+      c->h->read_failed(c, token);
+      leave(p);
+      return;
+    }
+}
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_in(ctx, NR_EV_READ_COMPLETE);
   INVOKE(c, c->h->read_complete(c));

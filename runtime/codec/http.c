@@ -815,12 +815,13 @@ static inline char *out_start(out_t *o, nr_ctx_t *ctx, size_t need,
 /* ---- the handler ------------------------------------------------------------------------ */
 
 #define RING 64
-enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4 };
+enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8 };
 enum { S_NONE, S_CHUNKED, S_RAW, S_DISCARD };
 
 struct nr_http_server_s {
   nr_http_parser_t parser;
   nr_ctx_t *ctx;
+  uint64_t delivered;         /* requests delivered: the last one's token */
   unsigned outstanding;       /* delivered, not yet answered */
   unsigned oldest;            /* ring index of the oldest of those */
   uint8_t flags[RING];
@@ -988,7 +989,10 @@ static void close_after_error(nr_http_server_t *s) {
   nr_ctx_close(s->ctx, NULL);
 }
 
-static void send_error(nr_http_server_t *s, int status) {
+/* An answer of the codec's own: status, its reason as the plain-text body
+ * (none to HEAD). */
+static void write_status(nr_http_server_t *s, int status, bool close,
+                         bool head) {
   out_t o;
   out_init(&o);
   const char *reason = nr_http_reason(status);
@@ -997,11 +1001,19 @@ static void send_error(nr_http_server_t *s, int status) {
     o.len = (size_t)(put_status(w, status, NULL, 0) - o.p);
   OUT_LIT(&o, "Content-Type: text/plain\r\nContent-Length: ");
   out_uint(&o, strlen(reason) + 1, 10);
-  OUT_LIT(&o, "\r\nConnection: close\r\n\r\n");
-  out_str(&o, reason);
-  OUT_LIT(&o, "\n");
-  s->closing = true;
+  if (close)
+    OUT_LIT(&o, "\r\nConnection: close");
+  OUT_LIT(&o, "\r\n\r\n");
+  if (!head) {
+    out_str(&o, reason);
+    OUT_LIT(&o, "\n");
+  }
   write_out(s->ctx, &o, NULL, 0, NULL);
+}
+
+static void send_error(nr_http_server_t *s, int status) {
+  s->closing = true;
+  write_status(s, status, true, false);
   nr_ctx_flush(s->ctx);
   close_after_error(s);
 }
@@ -1018,6 +1030,35 @@ static void send_continue(nr_http_server_t *s) {
 /* A response was completed: forget its request, close, or answer a
  * pending error or send a "100 Continue" owed if that was the last
  * response owed before them. */
+static void finish_response(nr_http_server_t *s, bool close);
+
+/* A handler raised on the oldest request owed and left it unanswered: a
+ * 500 answers it in its turn, so that no later answer is taken for it. An
+ * answer it had begun (a stream) cannot end well: close. */
+static void answer_failed(nr_http_server_t *s) {
+  uint8_t f = s->flags[s->oldest];
+  if (s->stream != S_NONE) {
+    s->closing = true;
+    nr_ctx_close(s->ctx, NULL);
+    return;
+  }
+  bool close = (f & (F_CLOSE | F_HTTP10)) != 0;  /* 1.0: no keep-alive header */
+  write_status(s, 500, close, f & F_HEAD);
+  nr_ctx_flush(s->ctx);
+  finish_response(s, close);
+}
+
+/* nr_handler_t.read_failed: the handlers raised on request `token`. */
+void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  uint64_t oldest = s->delivered - s->outstanding + 1;
+  if (token < oldest || token > s->delivered || s->closing)
+    return;                   /* answered already (exception_caught did) */
+  s->flags[(s->oldest + (unsigned)(token - oldest)) % RING] |= F_FAILED;
+  if (token == oldest)
+    answer_failed(s);
+}
+
 static void finish_response(nr_http_server_t *s, bool close) {
   s->oldest = (s->oldest + 1) % RING;
   if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
@@ -1027,7 +1068,8 @@ static void finish_response(nr_http_server_t *s, bool close) {
     nr_ctx_flush(s->ctx);
     nr_ctx_close(s->ctx, NULL);
   } else if (s->outstanding > 0) {
-    return;
+    if (s->flags[s->oldest] & F_FAILED)
+      answer_failed(s);       /* its turn came */
   } else if (s->pending_error) {
     send_error(s, s->pending_error);
   } else if (s->continue_owed) {
@@ -1058,10 +1100,7 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   /* Whether the handlers answer now or later, the next requests parse the
    * same, and a close stops them: they may take this one later -- unless
    * it may switch protocols, when what follows is theirs to read. */
-  if (req->switches)
-    nr_ctx_fire_read(s->ctx, req);
-  else
-    nr_ctx_fire_read_deferrable(s->ctx, req);
+  nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
   if ((f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch))
     return 1;
   if (!nr_channel_is_writable(ch)) {
@@ -1452,4 +1491,4 @@ int nr_http_server_writability(nr_ctx_t *ctx) {
 const nr_handler_t nr_http_server_handler = {
     .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
     .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
-    .write = nr_http_server_write};
+    .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};

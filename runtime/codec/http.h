@@ -146,6 +146,7 @@ extern const nr_handler_t nr_http_server_handler;
  * a Lua-aware write in front of nr_http_server_write). */
 void nr_http_server_added(nr_ctx_t *ctx);
 void nr_http_server_removed(nr_ctx_t *ctx);
+void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token);
 int nr_http_server_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);

@@ -48,12 +48,14 @@ enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
  * messages of one read, converted, wait on the stack of a thread of their
  * own until that read's channel_read_complete, which delivers them all in
  * one protected call. One batch per state at a time. */
+#define LNR_BATCH_MAX 32
 typedef struct lnr_batch_s {
   lua_State *Q;               /* the messages are Q's stack, 1 .. n */
   int q_ref;                  /* anchors Q */
   void *owner;                /* the handler (lh_t), NULL once removed */
   nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
   int n, next;                /* waiting, delivered (or dropped) */
+  uint64_t tokens[LNR_BATCH_MAX];  /* each one's nr_ctx_read_token */
   bool draining;              /* being delivered: reads arriving now go
                                  straight in */
   bool complete;              /* read_complete goes in the same call */

@@ -231,7 +231,7 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
  * close; when the handler leaves its pipeline, the rest go on to the next
  * handler. BATCH_MAX bounds a batch, below the HTTP codec's limit of
  * unanswered requests. */
-#define BATCH_MAX 32
+#define BATCH_MAX LNR_BATCH_MAX
 
 static bool state_idle(lua_State *L) {
   lua_Debug ar;
@@ -318,7 +318,10 @@ static void batch_settle(lnr_state_t *S, bool complete) {
     lua_pushcfunction(L, batch_run);
     if (lua_pcall(L, 0, 0, -2) != LUA_OK) {
       if (b->owner != NULL) {
+        bool read = strcmp(b->method, "channel_read") == 0;
         route_error(ctx, L, b->method);          /* pops the message */
+        if (read && b->tokens[b->next - 1] != 0)
+          nr_ctx_read_failed(ctx, b->tokens[b->next - 1]);
       } else {
         nr_err_t err = {NR_EHANDLER, lua_tostring(L, -1)};
         nr_ctx_fire_exception(ctx, &err);
@@ -415,6 +418,7 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
   if (b->owner == h && !b->draining) {           /* the usual: one more */
     if (nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
       lnr_push_msg(b->Q, msg);
+      b->tokens[b->n] = nr_ctx_read_token(ctx, msg);
       if (++b->n == BATCH_MAX)
         batch_settle(S, false);
       return 0;
@@ -423,6 +427,7 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
              state_idle(S->L) &&
              batch_open(S, h, ctx)) {
     lnr_push_msg(b->Q, msg);
+    b->tokens[0] = nr_ctx_read_token(ctx, msg);
     b->n = 1;
     return 0;
   }
@@ -430,9 +435,16 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
     nr_ctx_fire_read(ctx, msg);
     return 0;
   }
+  uint64_t token = nr_ctx_read_token(ctx, msg);
   lua_State *L = begin_ref(ctx, h->rec->read_ref, "channel_read");
   lnr_push_msg(L, msg);
-  return finish(ctx, L, 1, "channel_read");
+  if (call(L, 1) != LUA_OK) {
+    route_error(ctx, L, "channel_read");         /* pops the message */
+    if (token != 0)                              /* its producer answers */
+      nr_ctx_read_failed(ctx, token);
+  }
+  lua_pop(L, 1);                                 /* msgh */
+  return 0;
 }
 
 static int lh_user_event(nr_ctx_t *ctx, void *evt) {
