@@ -57,6 +57,8 @@ typedef struct lnr_batch_s {
   bool draining;              /* being delivered: reads arriving now go
                                  straight in */
   bool complete;              /* read_complete goes in the same call */
+  bool may_hold;              /* the rest may wait for writability */
+  bool stalled;               /* the channel turned unwritable mid-batch */
   const char *method;         /* the method being called, for errors */
 } lnr_batch_t;
 
