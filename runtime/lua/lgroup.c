@@ -111,13 +111,24 @@ static void on_terminated(nr_promise_t *p, void *arg) {
  * memory, not the queue, would be the first thing to give. */
 #define MAX_PENDING_TASKS 1000000
 
+/* A loop state's Lua memory is bounded by default (lstate.c, "the memory
+ * limit"): past 512 MiB a state is almost surely leaking -- per-connection
+ * state of 100,000 connections at 1 KiB each is 100 MiB, and bigger data
+ * belongs in a shared dict, outside the states -- and a "not enough
+ * memory" error in the handler that asked is better than the kernel's
+ * OOM killer taking the whole process. At least 1 MiB: an empty state
+ * takes a few hundred KiB. */
+#define LUA_MEMORY_LIMIT ((size_t)512 << 20)
+#define LUA_MEMORY_MIN ((lua_Integer)1 << 20)
+
 static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
                               int io_ratio, bool executor,
-                              size_t max_pending) {
+                              size_t max_pending, size_t mem_limit) {
   lnr_group_t *g = calloc(1, sizeof *g);
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
   g->paths = lnr_paths_new(L);
+  lnr_paths_set_memory_limit(g->paths, mem_limit);
   g->executor = executor;
   g->max_pending = max_pending;
   nr_group_opts_t o = {.name = name, .threads = threads,
@@ -178,10 +189,15 @@ static int new_group(lua_State *L, bool executor) {
   if (max_pending < 1)
     return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
                       max_pending);
+  lua_getfield(L, 1, "lua_memory_limit");
+  lua_Integer mem = luaL_optinteger(L, -1, (lua_Integer)LUA_MEMORY_LIMIT);
+  if (mem != 0 && mem < LUA_MEMORY_MIN)
+    return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
+                      "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
   lua_getfield(L, 1, "daemon");
   bool daemon = lua_toboolean(L, -1);
   lnr_group_t *g = group_new(L, name, threads, ratio, executor,
-                             (size_t)max_pending);
+                             (size_t)max_pending, (size_t)mem);
   g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
@@ -205,7 +221,7 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
     lua_pop(L, 1);
   }
   g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
-                MAX_PENDING_TASKS);
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT);
   pthread_mutex_lock(&live_lock);
   lnr_group_t **slot = boss ? &default_boss : &default_workers;
   if (*slot == NULL) {

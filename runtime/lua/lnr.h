@@ -70,6 +70,12 @@ typedef struct lnr_state_s {
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */
   _Atomic size_t memory;      /* bytes allocated by this state */
+  /* lua_memory_limit (lstate.c, "the memory limit"): SIZE_MAX when off. */
+  size_t mem_limit;
+  size_t mem_refused;         /* the size refused last (Lua retries it) */
+  bool mem_reserve;           /* refused: the reserve is open */
+  bool converting;            /* the bindings push values for a call */
+  int resuming;               /* coroutines resumed from C */
   /* The ctx of the Lua handler called last (lpipeline.c): its table's
    * address and C context, so that ctx:write knows it without reading the
    * table. NULL when that handler has left its pipeline. */
@@ -94,6 +100,8 @@ void lnr_loop_started(nr_loop_t *loop, void *ud);
 void lnr_loop_exiting(nr_loop_t *loop, void *ud);
 void *lnr_paths_new(lua_State *L);
 void lnr_paths_free(void *paths);
+/* The Lua memory limit of the group's loop states, in bytes (0: none). */
+void lnr_paths_set_memory_limit(void *paths, size_t bytes);
 /* The state running on the current thread's loop (or main), or NULL. */
 lnr_state_t *lnr_current_state(void);
 /* Queue a packed task (fn, args...) to a loop; raises if rejected. */

@@ -144,6 +144,7 @@ static void ensure_ctx(nr_ctx_t *ctx);
 static lua_State *begin(nr_ctx_t *ctx, const char *method) {
   lh_t *h = nr_ctx_state(ctx);
   lua_State *L = h->S->L;
+  h->S->converting = true;                       /* until call() */
   if (h->ctx_ref == LUA_NOREF)
     ensure_ctx(ctx);
   h->S->ctx_table = h->ctx_table;                /* see check_ctx */
@@ -163,6 +164,7 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
   lua_State *L = h->S->L;
   if (fn_ref == LUA_NOREF || h->ctx_ref == LUA_NOREF)
     return begin(ctx, method);
+  h->S->converting = true;                       /* until call() */
   h->S->ctx_table = h->ctx_table;
   h->S->ctx = ctx;
   lua_pushcfunction(L, lnr_msgh);
@@ -174,8 +176,10 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
 
 /* Call what begin pushed plus nargs arguments; the message handler stays
  * below (counted from the top: no lua_gettop): on error the message is on
- * top of it. */
-static int call(lua_State *L, int nargs) {
+ * top of it. The arguments are made: from here on, what the call
+ * allocates counts against the state's memory limit. */
+static int call(nr_ctx_t *ctx, lua_State *L, int nargs) {
+  ((lh_t *)nr_ctx_state(ctx))->S->converting = false;
   return lua_pcall(L, nargs + 2, 0, -(nargs + 4));
 }
 
@@ -193,7 +197,7 @@ static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
     if (has) {
       begin(ctx, "exception_caught");
       lua_pushstring(L, msg);
-      if (call(L, 1) != LUA_OK)
+      if (call(ctx, L, 1) != LUA_OK)
         lnr_log_error(L, "exception_caught raised");
       lua_pop(L, 2);                             /* msgh, message */
       return;
@@ -210,7 +214,7 @@ static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
 }
 
 static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
-  if (call(L, nargs) != LUA_OK)
+  if (call(ctx, L, nargs) != LUA_OK)
     route_error(ctx, L, method);                 /* pops the message */
   lua_pop(L, 1);                                 /* msgh */
   return 0;
