@@ -175,6 +175,10 @@ function H.stop(pid)
   return true
 end
 
+-- Under a sanitizer (ASan keeps freed memory in quarantine) RSS says
+-- nothing of what a program holds: specs skip their RSS bounds there.
+H.sanitized = os.getenv("NETRUN_SANITIZED") ~= nil
+
 -- Resident memory of a process in KiB, from /proc/PID/status (this
 -- process when pid is nil).
 function H.rss(pid)
