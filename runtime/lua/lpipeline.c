@@ -274,6 +274,7 @@ static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
 static int batch_run(lua_State *L) {
   lnr_state_t *S = lnr_state(L);
   lnr_batch_t *b = &S->batch;
+  S->converting = false;               /* protected from here on */
   nr_ctx_t *ctx = b->ctx;
   nr_channel_t *ch = nr_ctx_channel(ctx);
   lh_t *h = b->owner;
@@ -353,6 +354,8 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   lnr_batch_t *b = &S->batch;
   lua_State *L = S->L;
   nr_ctx_t *ctx = b->ctx;
+  bool converting = S->converting;     /* may be called from a handler */
+  S->converting = true;                /* what is made here, unprotected */
   b->draining = true;
   b->complete = complete;
   b->may_hold = may_hold;
@@ -369,6 +372,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
       }
     }
     lua_pop(L, 1);                               /* msgh */
+    S->converting = true;
     if (b->stalled) {
       b->stalled = false;
       if (batch_hold(S))
@@ -381,6 +385,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   b->owner = NULL;
   b->ctx = NULL;
   b->draining = false;
+  S->converting = converting;
   nr_ctx_release(ctx);
 }
 
@@ -429,7 +434,11 @@ static void unhold(nr_ctx_t *ctx, bool may_hold) {
       return;
   }
   int k = lua_gettop(h->held);
-  if (!batch_open(S, h, ctx))
+  bool converting = S->converting;
+  S->converting = true;                /* the batch's thread may be made */
+  bool opened = batch_open(S, h, ctx);
+  S->converting = converting;
+  if (!opened)
     return;
   if (!lua_checkstack(b->Q, k + LUA_MINSTACK)) {   /* keep holding */
     nr_ctx_release(b->ctx);
