@@ -289,6 +289,13 @@ describe("graceful shutdown", function()
   it("refuses tasks past max_pending_tasks with a clear error, and runs the rest", function()
     local g = netrun.group { threads = 1, name = "full", max_pending_tasks = 1000 }
     local l = g:next()
+    local accepted_ch = netrun.promise()          -- a channel on that loop
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = function(ch) accepted_ch:set_success(ch) end,
+    }:sync()
+    local client = H.client(select(2, server:local_address()))
+    local ch = H.sync(accepted_ch)
     local started, release = netrun.promise(), netrun.promise()
     l:execute(function(st, rel)           -- keeps the loop busy until released
       st:set_success(true)
@@ -302,7 +309,10 @@ describe("graceful shutdown", function()
       if ok then accepted[#accepted + 1] = f else refused, err = refused + 1, f end
     end
     local ok, xerr = pcall(l.execute, l, function() end)
+    local w = ch:write_and_flush("x")             -- from another thread: a task too
     release:set_success(true)
+    assert.has_error(function() H.sync(w) end)
+    assert.matches("task queue full", w:cause())
     assert.equal(1000, #accepted)
     assert.equal(2000, refused)
     assert.matches("full%-1: task queue full %(max_pending_tasks = 1000%): task rejected", err)
@@ -313,6 +323,8 @@ describe("graceful shutdown", function()
     assert.equal("again", l:submit(function() return "again" end):sync())
     assert.has_error(function() netrun.group { max_pending_tasks = 0 } end,
       "netrun.group: max_pending_tasks must be >= 1, got 0")
+    client:close()
+    server:close():sync()
     H.shutdown(g)
   end)
 
