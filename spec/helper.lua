@@ -187,6 +187,35 @@ function H.stop(pid)
   return true
 end
 
+-- Under a sanitizer (ASan keeps freed memory in quarantine) RSS says
+-- nothing of what a program holds: specs skip their RSS bounds there.
+H.sanitized = os.getenv("NETRUN_SANITIZED") ~= nil
+
+-- Resident memory of a process in KiB, from /proc/PID/status (this
+-- process when pid is nil).
+function H.rss(pid)
+  local f = assert(io.open("/proc/" .. (pid or "self") .. "/status"))
+  local kb = tonumber(f:read("a"):match("VmRSS:%s*(%d+)"))
+  f:close()
+  return kb
+end
+
+-- Send `chunk` over c until the peer stops taking it (a send times out
+-- after c's timeout) or `limit` bytes went; returns the bytes sent.
+function H.flood(c, chunk, limit)
+  local sent = 0
+  while sent < limit do
+    local n, err, partial = c:send(chunk)
+    if not n then
+      sent = sent + (partial or 0)
+      assert(err == "timeout", "send failed: " .. tostring(err))
+      break
+    end
+    sent = sent + n
+  end
+  return sent
+end
+
 function H.tmpdir()
   local p = os.tmpname()
   os.remove(p)

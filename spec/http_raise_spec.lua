@@ -19,6 +19,11 @@ function App:channel_read(ctx, req)
     ctx:write_and_flush("first part")
     error("boom mid-stream")
   end
+  local n = req.path:match("^/big(%d+)$")
+  if n then                       -- big answers: the batch stalls on them
+    ctx:write_and_flush { status = 200, body = ("big " .. n):rep(200000) }
+    return
+  end
   ctx:write { status = 200, body = "ok " .. req.path }
 end
 function App:channel_read_complete(ctx) ctx:flush() end
@@ -81,6 +86,25 @@ describe("a handler that raises on an HTTP request", function()
     assert.are.same({ "200 late /slow", "500 Internal Server Error\n" }, got)
     c:send(get("/ok"))
     assert.are.equal("ok /ok", select(3, H.read_response(c)))
+    c:close()
+    H.shutdown(group)
+  end)
+
+  it("gets its 500 in turn among reads held while the channel was unwritable", function()
+    local group, port = serve(App)
+    local c = H.client(port)
+    local reqs = {}
+    for i = 1, 12 do reqs[i] = get(i == 9 and "/boom" or "/big" .. i) end
+    c:send(table.concat(reqs))                  -- and read nothing yet
+    for i = 1, 12 do
+      local status, _, body = H.read_response(c)
+      if i == 9 then
+        assert.are.equal(500, status)
+      else
+        assert.are.equal(200, status)
+        assert.are.equal(("big " .. i):rep(200000), body)
+      end
+    end
     c:close()
     H.shutdown(group)
   end)

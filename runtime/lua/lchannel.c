@@ -270,8 +270,13 @@ static int do_write(lua_State *L, bool flush) {
   w->ch = nr_channel_retain(ch);
   w->p = nr_promise_retain(p);
   w->flush = flush;
-  if (loop == NULL || nr_loop_execute(loop, xwrite_task, w) < 0) {
-    nr_promise_set_failure(p, NR_ECLOSED, "channel closed");
+  int rc = loop == NULL ? NR_ECLOSED : nr_loop_execute(loop, xwrite_task, w);
+  if (rc < 0) {
+    if (rc == NR_EFULL)      /* a write is an asynchronous failure */
+      nr_promise_set_failure(p, NR_EFULL, "channel's loop: task queue full "
+                             "(max_pending_tasks): write rejected");
+    else
+      nr_promise_set_failure(p, NR_ECLOSED, "channel closed");
     nr_promise_release(p);
     lnr_blob_free(w->b);
     nr_channel_release(ch);

@@ -356,7 +356,12 @@ static const char PARKED = 0;
 
 static void step(lua_State *L, lua_State *co, int nargs) {
   int nres = 0;
+  lnr_state_t *S = lnr_state(L);
+  if (S)
+    S->resuming++;                      /* the memory limit applies */
   int st = lua_resume(co, L, nargs, &nres);
+  if (S)
+    S->resuming--;
   if (st == LUA_YIELD) {
     bool parked = nres == 1 && lua_touserdata(co, -1) == &PARKED;
     lua_pop(co, nres);

@@ -23,6 +23,7 @@ struct lnr_group_s {
   bool listed;                /* in the live list (under live_lock) */
   bool daemon;                /* does not keep the process alive */
   bool executor;              /* task threads for blocking work */
+  size_t max_pending;         /* tasks a loop may have queued */
   lnr_group_t *next;
 };
 
@@ -103,15 +104,36 @@ static void on_terminated(nr_promise_t *p, void *arg) {
     unlist_task(arg);
 }
 
+/* A loop takes at most this many queued tasks by default; execute and
+ * submit past it raise (Netty's RejectedExecutionException). A second of
+ * work at the rate a loop runs small Lua tasks, and about 200 MiB of the
+ * smallest ones: a producer that far ahead has lost its consumer, and
+ * memory, not the queue, would be the first thing to give. */
+#define MAX_PENDING_TASKS 1000000
+
+/* A loop state's Lua memory is bounded by default (lstate.c, "the memory
+ * limit"): past 512 MiB a state is almost surely leaking -- per-connection
+ * state of 100,000 connections at 1 KiB each is 100 MiB, and bigger data
+ * belongs in a shared dict, outside the states -- and a "not enough
+ * memory" error in the handler that asked is better than the kernel's
+ * OOM killer taking the whole process. At least 1 MiB: an empty state
+ * takes a few hundred KiB. */
+#define LUA_MEMORY_LIMIT ((size_t)512 << 20)
+#define LUA_MEMORY_MIN ((lua_Integer)1 << 20)
+
 static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
-                              int io_ratio, bool executor) {
+                              int io_ratio, bool executor,
+                              size_t max_pending, size_t mem_limit) {
   lnr_group_t *g = calloc(1, sizeof *g);
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
   g->paths = lnr_paths_new(L);
+  lnr_paths_set_memory_limit(g->paths, mem_limit);
   g->executor = executor;
+  g->max_pending = max_pending;
   nr_group_opts_t o = {.name = name, .threads = threads,
                        .io_ratio = executor ? 100 : io_ratio,
+                       .max_pending = max_pending,
                        .on_start = lnr_loop_started,
                        .on_exit = lnr_loop_exiting, .ud = g->paths};
   g->g = nr_group_new(&o);
@@ -162,9 +184,20 @@ static int new_group(lua_State *L, bool executor) {
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
+  lua_getfield(L, 1, "max_pending_tasks");
+  lua_Integer max_pending = luaL_optinteger(L, -1, MAX_PENDING_TASKS);
+  if (max_pending < 1)
+    return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
+                      max_pending);
+  lua_getfield(L, 1, "lua_memory_limit");
+  lua_Integer mem = luaL_optinteger(L, -1, (lua_Integer)LUA_MEMORY_LIMIT);
+  if (mem != 0 && mem < LUA_MEMORY_MIN)
+    return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
+                      "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
   lua_getfield(L, 1, "daemon");
   bool daemon = lua_toboolean(L, -1);
-  lnr_group_t *g = group_new(L, name, threads, ratio, executor);
+  lnr_group_t *g = group_new(L, name, threads, ratio, executor,
+                             (size_t)max_pending, (size_t)mem);
   g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
@@ -187,7 +220,8 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
-  g = group_new(L, boss ? "boss" : "worker", threads, 50, false);
+  g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT);
   pthread_mutex_lock(&live_lock);
   lnr_group_t **slot = boss ? &default_boss : &default_workers;
   if (*slot == NULL) {
@@ -264,6 +298,17 @@ int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out) {
   return 1;
 }
 
+/* Raise the error of a task the loop refused (NR_EFULL or NR_EREJECTED). */
+static int reject(lua_State *L, nr_loop_t *loop, int rc) {
+  lnr_group_t *g = lnr_group_of_loop(loop);
+  if (rc == NR_EFULL && g != NULL)
+    return luaL_error(L, "%s: task queue full (max_pending_tasks = %I): "
+                      "task rejected", nr_loop_name(loop),
+                      (lua_Integer)g->max_pending);
+  return luaL_error(L, "%s: loop is shut down: task rejected",
+                    nr_loop_name(loop));
+}
+
 void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
                    nr_promise_t *p) {
   b->user = p ? nr_promise_retain(p) : NULL;
@@ -274,9 +319,7 @@ void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
     if (p)
       nr_promise_release(p);
     lnr_blob_free(b);
-    luaL_error(L, "%s: %s: task rejected", nr_loop_name(loop),
-               rc == NR_EFULL ? "too many pending tasks"
-                              : "loop is shut down");
+    reject(L, loop, rc);
   }
 }
 
@@ -316,10 +359,10 @@ static int l_after_iteration(lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "after_iteration");
   b->user = NULL;
-  if (nr_loop_after_iteration(loop, tail_task, b) < 0) {
+  int rc = nr_loop_after_iteration(loop, tail_task, b);
+  if (rc < 0) {
     lnr_blob_free(b);
-    return luaL_error(L, "%s: loop is shut down: task rejected",
-                      nr_loop_name(loop));
+    return reject(L, loop, rc);
   }
   return 0;
 }
@@ -390,8 +433,7 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
     nr_promise_release(s->p);
     lnr_blob_free(s->b);
     free(s);
-    return luaL_error(L, "%s: loop is shut down: task rejected",
-                      nr_loop_name(loop));
+    return reject(L, loop, errno == EAGAIN ? NR_EFULL : NR_EREJECTED);
   }
   lnr_push_scheduled(L, p, t);
   return 1;
