@@ -380,16 +380,20 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
   s->periodic = period != 0;
   s->p = nr_promise_new();
+  /* The caller's reference, taken first: a short delay may fire (and
+   * free s) on the loop's thread before nr_loop_schedule returns. */
+  nr_promise_t *p = nr_promise_retain(s->p);
   nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
                                    sched_cancelled, s);
   if (t == NULL) {                  /* rejected: cancel_fn is not called */
+    nr_promise_release(p);
     nr_promise_release(s->p);
     lnr_blob_free(s->b);
     free(s);
     return luaL_error(L, "%s: loop is shut down: task rejected",
                       nr_loop_name(loop));
   }
-  lnr_push_scheduled(L, nr_promise_retain(s->p), t);
+  lnr_push_scheduled(L, p, t);
   return 1;
 }
 
@@ -607,6 +611,7 @@ static int l_run(lua_State *L) {
   }
   while (nr_loop_run_once(m, 0) > 0)
     ;
+  nr_log_flush();                 /* the groups' last lines, before what follows */
   return 0;
 }
 
