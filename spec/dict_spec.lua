@@ -199,12 +199,17 @@ local d = require("netrun").shared.dict("big")
 local mib = string.rep("x", 1 << 20)
 local before = rss()
 for i = 1, 300 do assert(d:set("k" .. i, mib)) end
-print("grown", rss() - before, "bytes", d:stats().bytes, "entries", #d)']], H.BIN))
+print("grown", rss() - before, "bytes", d:stats().bytes, "entries", #d)
+local maps = io.open("/proc/self/maps"):read("a")
+print(maps:find("libtsan", 1, true) and "tsan" or "")']], H.BIN))
     assert.equal(0, st, out)
     local grown, bytes, n = out:match("grown%s+(%d+)%s+bytes%s+(%d+)%s+entries%s+(%d+)")
     assert.is_true(tonumber(bytes) <= 64 << 20, out)
     assert.equal(63, tonumber(n))
-    assert.is_true(tonumber(grown) < 96 * 1024, "RSS grew by " .. grown .. " KiB")
+    -- ThreadSanitizer's allocator holds freed memory: no RSS figure there
+    if not out:find("tsan", 1, true) then
+      assert.is_true(tonumber(grown) < 96 * 1024, "RSS grew by " .. grown .. " KiB")
+    end
   end)
 
   it("spreads keys crafted to collide under an unseeded hash", function()
