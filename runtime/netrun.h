@@ -331,6 +331,8 @@ typedef struct nr_server_opts_s {
   const char *host;          /* default "0.0.0.0" */
   int port;                  /* 0 = ephemeral */
   const char *unix_path;     /* instead of host/port */
+  int unix_mode;             /* the socket file's mode, narrowed by the
+                                umask; 0 = 0777 (the umask alone decides) */
   int backlog;               /* default 1024 */
   bool reuseport;
   uint64_t accept_backoff;   /* pause after EMFILE, default 1 s */
