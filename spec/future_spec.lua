@@ -180,4 +180,25 @@ describe("futures", function()
     assert.is_false(ok)
     assert.matches("nope", err)
   end)
+
+  it("completes netrun.all for a main thread that only polls is_done", function()
+    -- all's listeners run on the main thread, which is not a loop: a
+    -- query of a pending future runs its queued work. Bounded: 5 s.
+    local fs = { group:schedule(0.05, function() return 1 end),
+                 group:submit(function() return 2 end) }
+    local all = netrun.all(fs)
+    local deadline = H.socket.gettime() + 5
+    local polls = 0
+    while not all:is_done() and H.socket.gettime() < deadline do
+      polls = polls + 1
+    end
+    assert.is_true(all:is_done(), "still pending after " .. polls .. " polls")
+    assert.same({ 1, 2 }, all:result())
+    -- is_success and cause poll too: a failure seen without sync
+    local failed = netrun.all { group:submit(function() error("polled", 0) end) }
+    deadline = H.socket.gettime() + 5
+    while failed:cause() == nil and H.socket.gettime() < deadline do end
+    assert.is_false(failed:is_success())
+    assert.matches("polled", failed:cause())
+  end)
 end)
