@@ -201,4 +201,18 @@ describe("futures", function()
     assert.is_false(failed:is_success())
     assert.matches("polled", failed:cause())
   end)
+
+  it("await of a future that completes while the coroutine parks resumes it once", function()
+    -- The other loop completes each future at any moment, sometimes
+    -- between await's check and its listener: 20000 tries.
+    local l1, l2 = group:loops()[1], group:loops()[2]
+    local n = H.sync(l1:submit(function(other)
+      return netrun.spawn(function()
+        local n = 0
+        for _ = 1, 20000 do n = n + other:submit(function() return 1 end):await() end
+        return n
+      end)
+    end, l2), 30)
+    assert.equal(20000, H.sync(n, 30))
+  end)
 end)

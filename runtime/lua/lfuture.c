@@ -305,6 +305,8 @@ typedef struct resume_s {
   int co_ref;
 } resume_t;
 
+static int resume_task(void *arg);
+
 /* Resume a coroutine parked in await/sleep/yield, on its own loop. */
 static void resume_later(nr_promise_t *p, void *arg) {
   (void)p;
@@ -317,6 +319,17 @@ static void resume_later(nr_promise_t *p, void *arg) {
   lua_State *L = S->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->co_ref);
   lua_State *co = lua_tothread(L, -1);
+  if (lua_status(co) != LUA_YIELD) {
+    /* The future completed between await's check and its listener: the
+     * listener runs inline, in park_on, before the coroutine yields.
+     * Resume it from a task, which runs after the yield. */
+    lua_pop(L, 1);
+    if (nr_loop_execute(S->loop, resume_task, r) == 0)
+      return;
+    luaL_unref(L, LUA_REGISTRYINDEX, r->co_ref);
+    free(r);
+    return;
+  }
   luaL_unref(L, LUA_REGISTRYINDEX, r->co_ref);
   free(r);
   lua_pop(L, 1);                       /* still anchored in SPAWNED */
