@@ -31,7 +31,7 @@
 
 #define RING_SIZE (256 * 1024)        /* ~1500 lines of 160 bytes */
 #define CHUNK (64 * 1024)             /* written per write(2) at most */
-#define LINE_MAX_ 2048
+#define LOG_LINE_MAX 2048
 #define RL_SLOTS 16
 #define RL_BURST 10
 #define RL_WINDOW NR_SEC(1)
@@ -328,7 +328,7 @@ void nr_log_flush(void) {
 void nr_vlog(int level, const char *fmt, va_list ap) {
   if (level < nr_log_level() || level >= NR_LOG_OFF)
     return;
-  char line[LINE_MAX_];
+  char line[LOG_LINE_MAX];
   int n = prefix(line, sizeof line, level, nr_thread_name());
   int text = n;
   int m = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
