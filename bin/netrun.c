@@ -56,6 +56,7 @@ static void *signal_thread(void *arg) {
       continue;                           /* the REPL abandons its wait */
     if (atomic_fetch_add(&signals_seen, 1) > 0) {
       static const char msg[] = "netrun: second signal, exiting now\n";
+      nr_log_flush();                     /* bounded: stderr may be stuck */
       ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
       (void)w;
       _exit(130);
@@ -95,6 +96,7 @@ static int msgh(lua_State *L) {
 
 static int report(lua_State *L, int status) {
   if (status != LUA_OK) {
+    nr_log_flush();                       /* log lines first, in order */
     fprintf(stderr, "%s: %s\n", progname, lua_tostring(L, -1));
     fflush(stderr);
     lua_pop(L, 1);

@@ -27,7 +27,9 @@ function Echo:channel_writability_changed(ctx)
   ch:option("auto_read", ch:is_writable())
 end
 function Echo:exception_caught(ctx, err)
-  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  -- a peer that resets its connection is routine, not a warning
+  local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+  netrun.log[reset and "debug" or "warn"]("channel %d: %s", ctx.channel:id(), err)
   ctx:close()
 end
 

@@ -33,7 +33,9 @@ local Hello = {}
 function Hello:channel_read(ctx, req) ctx:write(response, VOID) end
 function Hello:channel_read_complete(ctx) ctx:flush() end
 function Hello:exception_caught(ctx, err)
-  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  -- a peer that resets its connection is routine, not a warning
+  local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+  netrun.log[reset and "debug" or "warn"]("channel %d: %s", ctx.channel:id(), err)
   ctx:close()
 end
 

@@ -697,7 +697,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
       setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     }
     if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
-      unlink(ch->unix_path);
+      nr__unlink_socket(ch->unix_path, ch->unix_dev, ch->unix_ino);
     close(ch->io.fd);
     ch->io.fd = -1;                /* the number is anybody's from now on */
   }
@@ -830,9 +830,14 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
                      : nr_raise(err, "%s: %s", host, nr__errname(err));
   }
+  struct stat st;
   if (sa->sa_family == AF_UNIX &&
-      (ch->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)))
+      (ch->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)) &&
+      lstat(ch->unix_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+    ch->unix_dev = st.st_dev;
+    ch->unix_ino = st.st_ino;
     ch->st |= NR__UNLINK_PATH;
+  }
   nr__channel_set_active(ch);
   if (p)
     nr_promise_set_success(p, nr_channel_retain(ch),

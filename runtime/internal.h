@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 
 #include "netrun.h"
 
@@ -345,7 +346,9 @@ struct nr_channel_s {
     uint64_t align;
   } raddr;
   struct sockaddr_storage *raddr_big;
-  char *unix_path;
+  char *unix_path;                   /* a listener's socket file, and */
+  dev_t unix_dev;                    /* its identity: close unlinks only */
+  ino_t unix_ino;                    /* the socket it bound */
   socklen_t rlen;
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
 };
@@ -371,6 +374,12 @@ int nr__resolve(const char *host, int port, int socktype, bool passive,
                 struct sockaddr_storage *ss, socklen_t *len);
 int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
                   socklen_t *len);
+/* Before binding a unix socket at ss: a socket file nobody answers on
+ * (ECONNREFUSED) is removed; anything else that is not a socket is left
+ * alone and fails with -EEXIST (raised). Returns 0 or -errno. */
+int nr__unix_prepare(const struct sockaddr_storage *ss, socklen_t len);
+/* Unlink path only if it is still the socket file (dev, ino) we bound. */
+void nr__unlink_socket(const char *path, dev_t dev, ino_t ino);
 int nr__socket(int family, int type);
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
 int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,

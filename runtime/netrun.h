@@ -54,12 +54,21 @@ uint64_t nr_now(void);
 
 enum { NR_LOG_DEBUG, NR_LOG_INFO, NR_LOG_WARN, NR_LOG_ERROR, NR_LOG_OFF };
 /* Level from NETRUN_LOG (debug|info|warn|error|off), default info. Each line
- * names its thread: the loop's name, or "main". Any thread. */
+ * names its thread: the loop's name, or "main". Any thread; never waits for
+ * stderr: a log thread writes the lines, in order, and a line that finds
+ * its bounded queue full is dropped and counted ("N log lines dropped").
+ * More than 10 identical lines a second are summed up ("message repeated
+ * N more times: ..."). */
 void nr_log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void nr_vlog(int level, const char *fmt, va_list ap);
 int nr_log_level(void);
 void nr_log_set_level(int level);
+/* Wait until the lines logged so far are written to stderr, for as long as
+ * they are being written: 1 s without progress ends the wait (stderr may be
+ * a pipe nobody reads). Runs at exit by itself; call it before _exit or
+ * before writing to stderr directly. Any thread. */
+void nr_log_flush(void);
 /* Name of the calling thread as it appears in log lines. */
 const char *nr_thread_name(void);
 
@@ -322,6 +331,8 @@ typedef struct nr_server_opts_s {
   const char *host;          /* default "0.0.0.0" */
   int port;                  /* 0 = ephemeral */
   const char *unix_path;     /* instead of host/port */
+  int unix_mode;             /* the socket file's mode, narrowed by the
+                                umask; 0 = 0777 (the umask alone decides) */
   int backlog;               /* default 1024 */
   bool reuseport;
   uint64_t accept_backoff;   /* pause after EMFILE, default 1 s */

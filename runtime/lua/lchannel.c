@@ -630,6 +630,11 @@ static int l_server(lua_State *L) {
   o.unix_path = opt_str(L, 1, "unix", NULL);
   o.host = opt_str(L, 1, "host", "0.0.0.0");
   o.port = o.unix_path ? 0 : check_port(L, 1, "netrun.server");
+  lua_Integer mode = opt_int(L, 1, "mode", 0);
+  if (mode < 0 || mode > 0777)
+    return luaL_error(L, "netrun.server: mode must be a file mode from 0 to "
+                      "0777 (e.g. tonumber(\"600\", 8))");
+  o.unix_mode = (int)mode;
   o.backlog = (int)opt_int(L, 1, "backlog", 1024);
   o.reuseport = opt_bool(L, 1, "reuseport", false);
   channel_opts(L, 1, "child_options", &o.child);

@@ -423,8 +423,8 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
   s->periodic = period != 0;
   s->p = nr_promise_new();
-  /* the caller's reference, taken first: once scheduled on another loop, s
-   * may fire and be freed before nr_loop_schedule has even returned */
+  /* The caller's reference, taken first: a short delay may fire (and
+   * free s) on the loop's thread before nr_loop_schedule returns. */
   nr_promise_t *p = nr_promise_retain(s->p);
   nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
                                    sched_cancelled, s);
@@ -653,6 +653,7 @@ static int l_run(lua_State *L) {
   }
   while (nr_loop_run_once(m, 0) > 0)
     ;
+  nr_log_flush();                 /* the groups' last lines, before what follows */
   return 0;
 }
 
