@@ -490,11 +490,11 @@ describe("http_server timeouts", function()
   end)
 
   it("times a body between two reads: a byte every 50 ms is not too slow", function()
-    local port = start { body_timeout = 0.2, header_timeout = 0.2 }
+    local port = start { body_timeout = 0.4, header_timeout = 0.4 }
     local c = H.client(port)
     c:setoption("tcp-nodelay", true)
     assert(c:send("POST /drip HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n"))
-    for _ = 1, 10 do                       -- 0.5 s in all
+    for _ = 1, 10 do                       -- 0.5 s in all: more than a timeout
       socket.select(nil, nil, 0.05)
       assert(c:send("x"))
     end
@@ -527,10 +527,10 @@ describe("http_server timeouts", function()
   end)
 
   it("leaves a client that keeps within every timeout alone", function()
-    local port = start { header_timeout = 0.5, body_timeout = 0.5, keepalive_timeout = 0.5 }
+    local port = start { header_timeout = 1, body_timeout = 1, keepalive_timeout = 1 }
     local c = H.client(port)
     c:setoption("tcp-nodelay", true)
-    for i = 1, 6 do                        -- about 2 s in all: four times each timeout
+    for i = 1, 8 do                        -- about 3 s in all: three times each timeout
       socket.select(nil, nil, 0.12)        -- idle between requests
       assert(c:send("POST /" .. i .. " HTTP/1.1\r\nHost: h\r\n"))
       socket.select(nil, nil, 0.12)        -- the head in two parts
@@ -545,19 +545,19 @@ describe("http_server timeouts", function()
   end)
 
   it("times each head from its own first byte, also behind a request answered at once", function()
-    local port = start { header_timeout = 0.3 }
+    local port = start { header_timeout = 0.6 }
     local c = H.client(port)
     c:setoption("tcp-nodelay", true)
     -- an Upgrade request reaches the handler at once (not in a read batch),
     -- so it is answered while the read that completed it is parsed, and
     -- that read also begins the next head
     assert(c:send("GET /a HTTP/1.1\r\nHost: h\r\nUpgrade: x\r\n"))
-    socket.select(nil, nil, 0.2)
+    socket.select(nil, nil, 0.4)
     assert(c:send("\r\nGET /b HTTP/1.1\r\n"))
     local status, _, body = read_response(c)
     assert.equal(200, status)
     assert.matches("^GET /a ", body)
-    socket.select(nil, nil, 0.2)           -- 0.4 s after /a began, 0.2 s after /b
+    socket.select(nil, nil, 0.4)           -- 0.8 s after /a began, 0.4 s after /b
     assert(c:send("Host: h\r\n\r\n"))
     status, _, body = read_response(c)
     assert.equal(200, status)
@@ -983,6 +983,31 @@ describe("HTTP examples", function()
     stop(pid)
     assert.equal(0, st)
     assert.equal("Hello, World!Hello, World!", out)
+  end)
+
+  it("http_hello.lua and http_kv.lua time their clients out (nginx's defaults, or as told)", function()
+    for _, script in ipairs { "examples/http_hello.lua", "examples/http_kv.lua" } do
+      local port = free_port()
+      local pid = start(script, port, "--header-timeout 0.2 --keepalive-timeout 0.2")
+      local ok, err = pcall(function()
+        local c = H.client(port)
+        assert(c:send("GET /half HTTP/1.1\r\nHost: h\r\n"))
+        local status, headers = read_response(c)
+        assert.equal(408, status)
+        assert.equal("close", headers.connection)
+        assert_closed(c)
+        c:close()
+        c = H.client(port)
+        assert(c:send("GET /k HTTP/1.1\r\nHost: h\r\n\r\n"))
+        assert.is_true(read_response(c) < 408)
+        local t0 = socket.gettime()
+        assert_closed(c)                     -- idle: closed silently
+        assert.is_true(socket.gettime() - t0 < 3)
+        c:close()
+      end)
+      stop(pid)
+      assert(ok, err)
+    end
   end)
 
   it("http_kv.lua stores, reads and deletes keys; 404 for missing ones", function()
