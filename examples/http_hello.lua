@@ -17,7 +17,7 @@ local threads = option("threads", 1)
 -- head must arrive within 60 s of its first byte, a body may pause 60 s
 -- between reads (both answered with 408), and an idle connection is
 -- closed after 75 s; 0 turns one off.
-local codec = netrun.codec.http_server {
+local limits = {
   header_timeout = option("header-timeout", 60),
   body_timeout = option("body-timeout", 60),
   keepalive_timeout = option("keepalive-timeout", 75),
@@ -55,7 +55,7 @@ local server = netrun.server {
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", codec)
+    ch:pipeline():add_last("http", netrun.codec.http_server(limits))
     ch:pipeline():add_last("hello", Hello)
   end,
 }:sync()

@@ -30,6 +30,7 @@
  * one write. A small body goes with the head; a large one follows as a
  * second write (in place) or slice (of the same gathered write).
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -966,7 +967,10 @@ enum { S_NONE, S_CHUNKED, S_RAW, S_DISCARD };
  * client reads: no timeout runs), the client's first request (W_FRESH),
  * its next one (W_IDLE), the rest of a request head (W_HEAD), the next
  * bytes of a body (W_BODY). */
-enum { W_NONE, W_FRESH, W_IDLE, W_HEAD, W_BODY };
+enum { W_NONE, W_FRESH, W_IDLE, W_HEAD, W_BODY, NWAITS };
+
+typedef struct wait_list_s wait_list_t;
+typedef struct profile_s profile_t;
 
 struct nr_http_server_s {
   nr_http_parser_t parser;
@@ -987,11 +991,11 @@ struct nr_http_server_s {
   bool started;               /* the first wait (W_FRESH) began */
   uint8_t wait;               /* W_*: what the connection waits for */
   nr_codec_resume_t *resume;  /* a queued task parses what is held */
-  uint64_t limit[W_BODY + 1]; /* each wait's timeout, ns; 0: none */
-  uint64_t tick;              /* the shortest of them: the longest the
-                                 timer is ever armed for */
-  uint64_t since;             /* when the wait began (coarse_now) */
-  nr_timer_t *timer;          /* armed, or NULL */
+  uint64_t timeout[3];        /* header, body, keep-alive (ns; 0: none) */
+  profile_t *prof;            /* its loop's wait lists for those timeouts */
+  wait_list_t *list;          /* the list it is in, or NULL */
+  nr_http_server_t *prev, *next;   /* in that list */
+  uint64_t since;             /* when it joined it (coarse_now) */
 };
 
 nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
@@ -999,39 +1003,63 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
   if (s == NULL)
     return NULL;
   nr_http_parser_init(&s->parser, o->max_header, o->max_body, o->max_headers);
-  s->limit[W_FRESH] = s->limit[W_HEAD] = o->header_timeout;
-  s->limit[W_IDLE] = o->keepalive_timeout;
-  s->limit[W_BODY] = o->body_timeout;
-  for (int w = W_FRESH; w <= W_BODY; w++)
-    if (s->limit[w] != 0 && (s->tick == 0 || s->limit[w] < s->tick))
-      s->tick = s->limit[w];
+  s->timeout[0] = o->header_timeout;
+  s->timeout[1] = o->body_timeout;
+  s->timeout[2] = o->keepalive_timeout;
   return s;
 }
 
 /* ---- timeouts ----
  *
- * One timer per connection at most, and activity never touches it: a
- * change of wait (watch) only records when the new wait began, and the
- * timer, when it fires, works out whether the current wait has run out --
- * answering 408 (a head or body) or closing silently (an idle connection)
- * -- or re-arms for the time left. Keeping the timer's deadline within
- * `tick` (the shortest timeout) of the moment it was armed makes that
- * safe: every wait that begins later ends later than the timer fires, so
- * no wait needs a timer of its own, and none is cancelled or re-armed as
- * the connection goes from one wait to the next.
+ * No connection has a timer of its own. Connections that wait for their
+ * clients are kept in FIFO lists, one per kind of wait and timeout value
+ * on each loop (a profile: the lists of the loops' connections that share
+ * header, body and keep-alive timeouts -- usually all of them). A
+ * connection joins the tail of its list when its wait begins (watch), so
+ * each list is in deadline order: it needs one loop timer, armed for its
+ * head's deadline. When that fires, the heads whose deadline passed are
+ * answered 408 (a head or body) or closed silently (an idle connection),
+ * and the timer is armed again for the next head.
+ *
+ * Activity touches no timer: a connection that stops waiting (a request
+ * delivered: W_NONE) stays in its list until it waits again -- when it
+ * moves to the tail of a list -- or until its old deadline passes, when
+ * the timer finds it waiting for something else and drops it. A timer
+ * armed for a head that has since left merely fires early.
  *
  * So a pipelined keep-alive connection costs, per read: a byte store per
- * request (deliver: W_NONE), and when its answers are all written and
- * nothing is buffered, one read of the coarse clock (vDSO, no TSC) for
- * the start of its idle time. A timer is scheduled only when a wait
- * begins with none armed: after a tick in which the timer found the
- * server busy (it is then not re-armed) -- at most once per tick.
+ * request (deliver), and when its answers are all written and nothing is
+ * buffered, one read of the coarse clock (vDSO, no TSC) and a move to the
+ * tail of the idle list (a few pointer stores). No allocation, no heap
+ * operation: the loop's timer heap holds one timer per list, not one per
+ * connection, and each fires about once per timeout while the list is
+ * busy.
  *
- * Lifetime: the timer's argument is the state; it is cancelled (on the
- * loop thread: it cannot fire afterwards) before the state is freed, and
- * when the channel goes inactive. A timer that closes the channel runs
- * with `depth` raised, as a read does, so a removal meanwhile frees the
- * state only once the timer is done with it. */
+ * Lifetime: a profile is counted by the connections using it, and by a
+ * list timer while it runs (an expiry may free connections); the last
+ * one cancels its timers (on the loop thread: they cannot fire
+ * afterwards) and frees it. A connection leaves its list before it is
+ * freed, and when its channel goes inactive. An expiry runs with the
+ * connection's `depth` raised, as a read does, so a removal meanwhile
+ * frees it only once the expiry is done with it. */
+
+struct wait_list_s {
+  nr_http_server_t *head, *tail;   /* oldest first: by deadline */
+  uint64_t limit;             /* each waits this long (0: none) */
+  nr_timer_t *timer;          /* armed while not empty, maybe early */
+  profile_t *prof;
+  uint8_t wait;               /* W_* of its members */
+};
+
+struct profile_s {
+  nr_loop_t *loop;
+  uint64_t timeout[3];        /* as nr_http_server_t's */
+  unsigned refs;
+  wait_list_t list[NWAITS];   /* by W_* (W_NONE's is unused) */
+  profile_t *next;            /* the thread's profiles */
+};
+
+static _Thread_local profile_t *profiles;
 
 /* The monotonic clock to within the kernel's tick (a few ms, and never
  * ahead of nr_now): cheap enough to read once per read burst. Timeouts
@@ -1042,27 +1070,79 @@ static uint64_t coarse_now(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int on_timer(void *arg);
-
-static void arm(nr_http_server_t *s, uint64_t delay) {
-  nr_loop_t *loop = nr_channel_loop(nr_ctx_channel(s->ctx));
-  s->timer = loop ? nr_loop_schedule(loop, delay, 0, on_timer, NULL, s) : NULL;
-}
-
-static void disarm(nr_http_server_t *s) {
-  if (s->timer != NULL) {
-    nr_timer_cancel(s->timer);
-    nr_timer_release(s->timer);
-    s->timer = NULL;
+static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
+  assert(nr_loop_in_thread(loop));
+  profile_t *p;
+  for (p = profiles; p != NULL; p = p->next)
+    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0)
+      break;
+  if (p == NULL && (p = calloc(1, sizeof *p)) != NULL) {
+    p->loop = loop;
+    memcpy(p->timeout, timeout, sizeof p->timeout);
+    static const int which[NWAITS] = {-1, 0, 2, 0, 1};  /* W_* -> timeout */
+    for (int w = W_FRESH; w < NWAITS; w++)
+      p->list[w] = (wait_list_t){.limit = timeout[which[w]], .prof = p,
+                                 .wait = (uint8_t)w};
+    p->next = profiles;
+    profiles = p;
   }
+  if (p != NULL)
+    p->refs++;
+  return p;
 }
 
-/* The connection begins to wait for its client (w). */
+static void profile_put(profile_t *p) {
+  if (--p->refs > 0)
+    return;
+  for (int w = W_FRESH; w < NWAITS; w++) {
+    assert(p->list[w].head == NULL);
+    if (p->list[w].timer != NULL) {
+      nr_timer_cancel(p->list[w].timer);
+      nr_timer_release(p->list[w].timer);
+    }
+  }
+  profile_t **pp = &profiles;
+  while (*pp != p)
+    pp = &(*pp)->next;
+  *pp = p->next;
+  free(p);
+}
+
+static void unlist(nr_http_server_t *s) {
+  wait_list_t *l = s->list;
+  if (l == NULL)
+    return;
+  *(s->prev ? &s->prev->next : &l->head) = s->next;
+  *(s->next ? &s->next->prev : &l->tail) = s->prev;
+  s->list = NULL;
+}
+
+static int on_list_timer(void *arg);
+
+static void arm(wait_list_t *l, uint64_t delay) {
+  l->timer = nr_loop_schedule(l->prof->loop, delay, 0, on_list_timer, NULL, l);
+}
+
+/* The connection begins to wait for its client (w): it joins the tail of
+ * its list, which then needs a timer if it has none. */
 static void watch(nr_http_server_t *s, int w) {
   s->wait = (uint8_t)w;
+  if (s->prof == NULL)
+    return;                    /* no timeouts, or no loop */
+  wait_list_t *l = &s->prof->list[w];
+  unlist(s);
+  if (l->limit == 0)
+    return;
   s->since = coarse_now();
-  if (s->timer == NULL && s->limit[w] != 0)
-    arm(s, s->tick);
+  s->prev = l->tail;
+  s->next = NULL;
+  *(l->tail ? &l->tail->next : &l->head) = s;
+  l->tail = s;
+  s->list = l;
+  if (l->timer == NULL) {      /* (its head is s, or older during an expiry) */
+    uint64_t end = l->head->since + l->limit;
+    arm(l, end > s->since ? end - s->since : 0);
+  }
 }
 
 /* What the connection waits for now that the server owes nothing more or
@@ -1089,45 +1169,56 @@ static void server_free(nr_http_server_t *s);
 /* The wait ran out: a request half sent gets 408, an idle connection is
  * closed silently (nginx does both). */
 static void expire(nr_http_server_t *s) {
+  s->depth++;
   if (s->wait == W_HEAD || s->wait == W_BODY) {
     send_error(s, 408);
   } else {
     s->closing = true;
     nr_ctx_close(s->ctx, NULL);
   }
-}
-
-static int on_timer(void *arg) {
-  nr_http_server_t *s = arg;
-  nr_timer_release(s->timer);    /* this one: the loop holds its own */
-  s->timer = NULL;
-  uint64_t limit = s->limit[s->wait];
-  if (limit == 0 || s->closing || s->depth > 0 ||
-      !nr_channel_is_open(nr_ctx_channel(s->ctx)))
-    return 0;                    /* the server's turn: armed again later */
-  uint64_t now = nr_now(), end = s->since + limit;
-  if (now < end) {
-    arm(s, end - now < s->tick ? end - now : s->tick);
-    return 0;
-  }
-  s->depth++;
-  expire(s);
   if (--s->depth == 0 && s->dead)
     server_free(s);
+}
+
+/* A list's timer: expire the heads whose deadline passed (dropping those
+ * that wait for something else now), then arm for the next one. */
+static int on_list_timer(void *arg) {
+  wait_list_t *l = arg;
+  profile_t *p = l->prof;
+  nr_timer_release(l->timer);  /* this one: the loop holds its own */
+  l->timer = NULL;
+  p->refs++;                   /* an expiry may free the last connection */
+  uint64_t now = nr_now();
+  nr_http_server_t *s;
+  while ((s = l->head) != NULL && s->since + l->limit <= now) {
+    unlist(s);
+    if (s->wait == l->wait && !s->closing && s->depth == 0 &&
+        nr_channel_is_open(nr_ctx_channel(s->ctx)))
+      expire(s);
+  }
+  if (l->head != NULL && l->timer == NULL)
+    arm(l, l->head->since + l->limit - now);
+  profile_put(p);
   return 0;
 }
 
 /* The first wait, for the first request: from when the channel is
- * active. */
+ * active, on its loop's lists. */
 static void start(nr_http_server_t *s) {
-  if (!s->started && nr_channel_is_active(nr_ctx_channel(s->ctx))) {
-    s->started = true;
-    watch(s, W_FRESH);
-  }
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (s->started || !nr_channel_is_active(ch))
+    return;
+  s->started = true;
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (loop != NULL && (s->timeout[0] | s->timeout[1] | s->timeout[2]) != 0)
+    s->prof = profile_get(loop, s->timeout);
+  watch(s, W_FRESH);
 }
 
 static void server_free(nr_http_server_t *s) {
-  disarm(s);
+  unlist(s);
+  if (s->prof != NULL)
+    profile_put(s->prof);
   nr_codec_resume_cancel(s->resume);
   nr_http_parser_free(&s->parser);
   free(s);
@@ -1159,7 +1250,7 @@ int nr_http_server_inactive(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   s->closing = true;          /* nothing more to read, nothing to time */
   s->wait = W_NONE;
-  disarm(s);
+  unlist(s);
   nr_ctx_fire_inactive(ctx);
   return 0;
 }
