@@ -1420,7 +1420,7 @@ static void send_continue(nr_http_server_t *s) {
 /* A response was completed: forget its request, close, or answer a
  * pending error or send a "100 Continue" owed if that was the last
  * response owed before them. */
-static void finish_response(nr_http_server_t *s, bool close);
+static inline void finish_response(nr_http_server_t *s, bool close);
 
 /* A handler raised on the oldest request owed and left it unanswered: a
  * 500 answers it in its turn, so that no later answer is taken for it. An
@@ -1449,10 +1449,19 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
     answer_failed(s);
 }
 
-static void finish_response(nr_http_server_t *s, bool close) {
+static NOINLINE void finished(nr_http_server_t *s, bool close);
+
+static inline void finish_response(nr_http_server_t *s, bool close) {
   s->oldest = (s->oldest + 1) % RING;
   if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
     nr_channel_unhold(nr_ctx_channel(s->ctx));
+  else if (!close && !(s->flags[s->oldest] & F_FAILED))
+    return;                    /* the usual when pipelined: more are owed */
+  finished(s, close);
+}
+
+/* What finish_response does besides forgetting the request. */
+static NOINLINE void finished(nr_http_server_t *s, bool close) {
   if (close) {
     s->closing = true;
     nr_ctx_flush(s->ctx);
