@@ -112,7 +112,11 @@ bool nr_channel_is_writable(const nr_channel_t *ch) {
 }
 bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTEN; }
 bool nr_channel_is_datagram(const nr_channel_t *ch) { return ch->kind == NR__DGRAM; }
-int nr_channel_fd(const nr_channel_t *ch) { return ch->io.fd; }
+/* Loop thread (or before registration). -1 once closed: the number is
+ * anybody's from then on. */
+int nr_channel_fd(const nr_channel_t *ch) {
+  return (ch->st & NR__CLOSED) ? -1 : ch->io.fd;
+}
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
 uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
@@ -627,7 +631,6 @@ static void end_linger(nr_channel_t *ch) {
   drop_timer(&ch->linger_timer);
   nr__io_stop(ch->loop, &ch->io);
   close(ch->io.fd);
-  ch->io.fd = -1;
   unlink_from_loop(ch);
 }
 
@@ -698,8 +701,8 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     }
     if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
       nr__unlink_socket(ch->unix_path, ch->unix_dev, ch->unix_ino);
-    close(ch->io.fd);
-    ch->io.fd = -1;                /* the number is anybody's from now on */
+    close(ch->io.fd);          /* (io.fd stays: other threads may read it;
+                                  the loop's own users ask nr_channel_fd) */
   }
   if (ch->loop)
     nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
@@ -1130,6 +1133,7 @@ int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
     o->rcvbuf = v;
   else
     return -ENOENT;
-  nr__apply_opts(ch->io.fd, ch->family, o);
+  if (!(ch->st & NR__CLOSED))
+    nr__apply_opts(ch->io.fd, ch->family, o);
   return 0;
 }
