@@ -262,6 +262,13 @@ enum {
 };
 static inline int nr_msg_type(const void *msg) { return *(const int *)msg; }
 
+/* Error text for a message a channel cannot write: the describer says what
+ * the message is ("a number (42)") in buf, for a type the core does not
+ * know (the Lua bindings describe NR_MSG_LUA). Set once, before any loop
+ * runs; called on the writing loop's thread while the message is valid. */
+typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size);
+void nr_set_msg_describer(nr_msg_describe_fn fn);
+
 /* Bytes. Stream channels deliver these to the first handler and accept them
  * (and nr_slices_t) on write: the bytes are copied into the outbound buffer. */
 typedef struct nr_bytes_s {

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -119,6 +120,43 @@ static int resolve(lua_State *L, const char *host, int port,
 
 const char lnr_native_tag = 0;
 
+/* What a Lua value no handler encoded is, for the head's error text (see
+ * nr_set_msg_describer): its type, and a number's or a boolean's value. */
+static void describe_lua(const void *msg, char *buf, size_t size) {
+  const lnr_lmsg_t *m = msg;
+  if (nr_msg_type(msg) != NR_MSG_LUA) {
+    snprintf(buf, size, "a message of type %d", nr_msg_type(msg));
+    return;
+  }
+  lua_State *L = m->L;
+  switch (lua_type(L, m->idx)) {
+  case LUA_TNUMBER:
+    if (lua_isinteger(L, m->idx))
+      snprintf(buf, size, "a number (%lld)", (long long)lua_tointeger(L, m->idx));
+    else
+      snprintf(buf, size, "a number (%g)", (double)lua_tonumber(L, m->idx));
+    break;
+  case LUA_TBOOLEAN:
+    snprintf(buf, size, "a boolean (%s)", lua_toboolean(L, m->idx) ? "true" : "false");
+    break;
+  case LUA_TTABLE:
+    snprintf(buf, size, "a table that is not an array of strings");
+    break;
+  case LUA_TNIL:
+    snprintf(buf, size, "nil");
+    break;
+  default:
+    snprintf(buf, size, "a %s", luaL_typename(L, m->idx));
+  }
+}
+
+/* A datagram's field, checked: the mistake names the shape expected. */
+static void datagram_field(lua_State *L, int idx, const char *field, int type) {
+  if (lua_getfield(L, idx, field) != type)
+    luaL_error(L, "write: a datagram is { data = string, host = string, "
+               "port = integer }: %s is a %s", field, luaL_typename(L, -1));
+}
+
 int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
                  void *target, nr_promise_t *p) {
   idx = lua_absindex(L, idx);
@@ -138,12 +176,16 @@ int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
   }
   if (ch && nr_channel_is_datagram(ch)) {
     nr_datagram_t d = {.type = NR_MSG_DATAGRAM};
-    lua_getfield(L, idx, "data");
-    lua_getfield(L, idx, "host");
-    lua_getfield(L, idx, "port");
-    d.data = luaL_checklstring(L, -3, &d.len);
-    const char *host = luaL_checkstring(L, -2);
-    int port = (int)luaL_checkinteger(L, -1);
+    datagram_field(L, idx, "data", LUA_TSTRING);
+    datagram_field(L, idx, "host", LUA_TSTRING);
+    datagram_field(L, idx, "port", LUA_TNUMBER);
+    d.data = lua_tolstring(L, -3, &d.len);
+    const char *host = lua_tostring(L, -2);
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 ||
+        lua_tointeger(L, -1) > 65535)
+      return luaL_error(L, "write: a datagram's port must be an integer from "
+                        "0 to 65535");
+    int port = (int)lua_tointeger(L, -1);
     resolve(L, host, port, &d.addr, &d.addrlen);
     int rc = fn(target, &d, p);
     lua_pop(L, 3);
@@ -886,6 +928,7 @@ void lnr_open_channel(lua_State *L) {
                                   {NULL, NULL}};
   lnr_new_class(L, lnr_kind_names[LNR_CHANNEL], methods, meta);
   lnr_handle_class(L, LNR_CHANNEL);
+  nr_set_msg_describer(describe_lua);
   static const luaL_Reg cg_methods[] = {
       {"add", l_cg_add}, {"remove", l_cg_remove},
       {"write_and_flush", l_cg_write}, {"close", l_cg_close}, {NULL, NULL}};

@@ -135,6 +135,138 @@ static const hrec_t *handler_rec(lua_State *L, int idx) {
   return r;
 }
 
+/* ---- misspelled methods ---------------------------------------------------- */
+
+/* A method netrun never calls is silently an absent one; a misspelled
+ * event name (channel_raed, channelRead) would leave the event passing by
+ * unseen. So when a handler is added, its function fields that look like
+ * an event but are none are logged once, with the closest event name.
+ * Each table scanned (the object and the tables its __index chain reaches)
+ * is remembered in a weak set of the state, so a class whose instances are
+ * made per channel is reported once per loop state, not per connection. */
+static const char CHECKED = 0;          /* tables already scanned, weak keys */
+
+static bool is_event(const char *name) {
+  if (strcmp(name, "handler_added") == 0 || strcmp(name, "handler_removed") == 0)
+    return true;
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+    if (strcmp(name, methods[i].name) == 0)
+      return true;
+  return false;
+}
+
+/* Levenshtein distance of two short names (64 and over: "far"). */
+static int edit_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na >= 64 || nb >= 64)
+    return 64;
+  int row[64];
+  for (size_t j = 0; j <= nb; j++)
+    row[j] = (int)j;
+  for (size_t i = 1; i <= na; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= nb; j++) {
+      int up = row[j];
+      int best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best)
+        best = up + 1;
+      if (row[j - 1] + 1 < best)
+        best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  return row[nb];
+}
+
+/* The event closest to name, and its distance; channelRead is spelled
+ * channel_read first (Netty's names translated). */
+static const char *closest_event(const char *name, int *dist) {
+  char snake[128];
+  size_t n = 0;
+  for (const char *c = name; *c && n + 2 < sizeof snake; c++) {
+    if (*c >= 'A' && *c <= 'Z') {
+      snake[n++] = '_';
+      snake[n++] = (char)(*c - 'A' + 'a');
+    } else {
+      snake[n++] = *c;
+    }
+  }
+  snake[n] = '\0';
+  const char *best = "handler_added";
+  *dist = 64;
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0] + 2; i++) {
+    const char *m = i < 2 ? (i ? "handler_removed" : "handler_added")
+                          : methods[i - 2].name;
+    int d = strcmp(snake, m) == 0 ? 0 : edit_distance(name, m);
+    if (d < *dist) {
+      *dist = d;
+      best = m;
+    }
+  }
+  return best;
+}
+
+/* Whether a function field of this name is likely a misspelled event:
+ * an event's prefix, or close to one of the long names (short ones --
+ * read, write, bind -- are too like ordinary verbs to guess at). */
+static const char *misspelled_event(const char *name) {
+  static const char *const prefixes[] = {"channel_", "handler_", "user_",
+                                         "exception"};
+  if (is_event(name))
+    return NULL;
+  int d;
+  const char *best = closest_event(name, &d);
+  if (d == 0)
+    return best;
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+    if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+      return best;
+  return d <= 2 && strlen(name) >= 6 && strlen(best) >= 8 ? best : NULL;
+}
+
+/* Warn about the misspelled events among the function fields of the
+ * table at t (not scanned before in this state). */
+static void check_table(lua_State *L, int t, const char *handler) {
+  lnr_push_weak(L, &CHECKED, "k");
+  lua_pushvalue(L, t);
+  bool seen = lua_rawget(L, -2) != LUA_TNIL;
+  lua_pop(L, 1);
+  if (seen) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pushvalue(L, t);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    const char *best;
+    if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1) &&
+        (best = misspelled_event(lua_tostring(L, -2))) != NULL)
+      nr_log(NR_LOG_WARN, "handler '%s': method '%s' is not a netrun event "
+             "and is never called (did you mean %s?)", handler,
+             lua_tostring(L, -2), best);
+    lua_pop(L, 1);
+  }
+}
+
+/* The handler at idx and the tables its metatables' __index lead to. */
+static void check_method_names(lua_State *L, int idx, const char *handler) {
+  lua_pushvalue(L, idx);
+  for (int depth = 0; depth < 8 && lua_istable(L, -1); depth++) {
+    check_table(L, lua_gettop(L), handler);
+    if (!lua_getmetatable(L, -1))
+      break;
+    lua_getfield(L, -1, "__index");           /* obj, mt, __index */
+    lua_remove(L, -2);
+    lua_remove(L, -2);
+  }
+  lua_pop(L, 1);
+}
+
 /* ---- calling handler methods ------------------------------------------------ */
 
 static void ensure_ctx(nr_ctx_t *ctx);
@@ -1015,6 +1147,17 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
   return true;
 }
 
+/* A write given no promise that fails at once reaches exception_caught
+ * too, as it does on the lazy path above (a datagram channel given a
+ * string, a message no handler encoded): its future is rarely looked at.
+ * A write on a closed channel only fails its future, as there. */
+static void report_write_failure(nr_ctx_t *ctx, int rc, nr_promise_t *p) {
+  if (rc == NR_ECLOSED)
+    return;
+  nr_err_t err = {rc, nr_promise_message(p)};
+  nr_pipeline_fire_exception(nr_channel_pipeline(nr_ctx_channel(ctx)), &err);
+}
+
 static int ctx_do_write(lua_State *L, bool flush) {
   nr_ctx_t *ctx = check_ctx(L, 1);
   if (lua_gettop(L) < 2)
@@ -1026,8 +1169,11 @@ static int ctx_do_write(lua_State *L, bool flush) {
   } else if (write_lazily(L, ctx, flush)) {
     return 1;
   } else {
+    bool implicit = lua_isnoneornil(L, 3);
     nr_promise_t *p = write_promise(L, 3);
-    lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, p);
+    int rc = lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, p);
+    if (rc < 0 && implicit)
+      report_write_failure(ctx, rc, p);
   }
   if (flush)
     nr_ctx_flush(ctx);
@@ -1149,7 +1295,8 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
 
 /* Builds the C handler for the value at idx: a Lua table or object, or a
  * native handler (userdata whose metatable has __netrun_native). */
-static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
+static const nr_handler_t *make_handler(lua_State *L, int idx,
+                                        const char *name, void **state) {
   if (lua_type(L, idx) == LUA_TUSERDATA &&
       luaL_getmetafield(L, idx, "__netrun_native") == LUA_TLIGHTUSERDATA) {
     lnr_native_fn make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
@@ -1167,6 +1314,7 @@ static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
   h->ref = luaL_ref(L, LUA_REGISTRYINDEX);
   h->ctx_ref = LUA_NOREF;
   h->rec = handler_rec(L, idx);
+  check_method_names(L, idx, name);
   *state = h;
   return &lua_vt;
 }
@@ -1228,7 +1376,7 @@ static int do_add(lua_State *L, adder_fn add, bool with_base) {
   void *state = NULL;
   const nr_handler_t *vt =
       exec ? make_exec_handler(L, exec, nr_pipeline_channel(p), name, arg, &state)
-           : make_handler(L, arg, &state);
+           : make_handler(L, arg, name, &state);
   int rc = add(p, base, name, vt, state);
   if (rc < 0) {
     if (vt == &exec_vt) {
@@ -1277,7 +1425,7 @@ static int p_replace(lua_State *L) {
   push_handler(L, c);
   int old = lua_gettop(L);
   void *state = NULL;
-  const nr_handler_t *vt = make_handler(L, 4, &state);
+  const nr_handler_t *vt = make_handler(L, 4, name, &state);
   int rc = nr_pipeline_replace(p, nr_ctx_name(c), name, vt, state);
   if (rc < 0)
     return add_error(L, rc, name, NULL);
@@ -1759,6 +1907,7 @@ static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
     luaL_error(L, "a handler must be a table or an object, got a %s",
                luaL_typename(L, idx));
   unsigned mask = X_INBOUND | X_OUTBOUND;      /* every event takes the hop */
+  check_method_names(L, idx, name);
   /* Metatables do not cross states (DESIGN.md §3): send h with its methods
    * as found here, through __index. */
   idx = lua_absindex(L, idx);

@@ -8,7 +8,9 @@
  *  - nil, booleans, integers, floats and strings are copied;
  *  - tables are copied deeply; each table or function gets an id on first
  *    sight and later sightings become references, so shared references and
- *    cycles survive; a metatable travels only if it is a module table;
+ *    cycles survive; a metatable travels by name if it is a module
+ *    table, and is copied like any table otherwise (objects keep their
+ *    class's methods);
  *  - Lua functions travel as their prototype (bytecode, interned once per
  *    process) plus their upvalues, packed recursively. An upvalue holding the
  *    source's globals is rebound to the destination's. The destination
@@ -41,7 +43,8 @@
 enum {
   T_NIL, T_FALSE, T_TRUE, T_INT, T_FLT, T_STR, T_TABLE, T_TABLE_MT, T_END,
   T_REF, T_FUNC, T_GLOBALS, T_MODULE, T_HANDLE, T_NATIVE,
-  T_UPJOIN             /* only in a function's upvalue list: ref id, index */
+  T_UPJOIN,            /* only in a function's upvalue list: ref id, index */
+  T_TABLE_META         /* a table, then after its T_END its metatable */
 };
 
 #define MAX_DEPTH 200
@@ -476,23 +479,26 @@ static bool is_globals(lua_State *L, int idx) {
   return g;
 }
 
+/* A table's metatable travels by name if it is a module; any other
+ * (a class table: Base.__index = Base) is copied after the table's
+ * fields, like any value, so that an object copied to a loop -- a handler
+ * made with setmetatable({}, Base) -- keeps its methods. */
 static void pack_table(packer_t *k, int idx) {
   lua_State *L = k->L;
   if (seen_before(k, idx))
     return;
-  const char *mt_name = NULL;
+  int mt = 0;
   if (lua_getmetatable(L, idx)) {
     if (module_name(k, lua_gettop(L), false)) {
-      mt_name = lua_tostring(L, -1);
-      lua_remove(L, -2);
+      size_t n;
+      const char *name = lua_tolstring(L, -1, &n);
+      put_byte(k, T_TABLE_MT);
+      put_str(k, name, n);
+      lua_pop(L, 2);
     } else {
-      lua_pop(L, 1);
+      mt = lua_gettop(L);
+      put_byte(k, T_TABLE_META);
     }
-  }
-  if (mt_name) {
-    put_byte(k, T_TABLE_MT);
-    put_str(k, mt_name, strlen(mt_name));
-    lua_pop(L, 1);
   } else {
     put_byte(k, T_TABLE);
   }
@@ -513,6 +519,12 @@ static void pack_table(packer_t *k, int idx) {
     lua_pop(L, 1);
   }
   put_byte(k, T_END);
+  if (mt) {
+    enter(k, "the metatable%s", "", 0);
+    pack_value(k, mt);
+    k->depth--;
+    lua_pop(L, 1);
+  }
 }
 
 typedef struct dumpbuf_s {
@@ -928,10 +940,13 @@ static void push_module(lua_State *L, const char *name, size_t n) {
 
 static void unpack_value(unpacker_t *u);
 
-static void unpack_table(unpacker_t *u, bool with_mt) {
+/* A table; with_mt: 1, a module metatable named before the fields; 2, a
+ * metatable value after them (set last, so that no __newindex sees the
+ * fields arrive). */
+static void unpack_table(unpacker_t *u, int with_mt) {
   lua_State *L = u->L;
   size_t n = 0;
-  const char *mt = with_mt ? get_str(u, &n) : NULL;
+  const char *mt = with_mt == 1 ? get_str(u, &n) : NULL;
   lua_newtable(L);
   remember(u);
   int t = lua_gettop(L);
@@ -951,6 +966,12 @@ static void unpack_table(unpacker_t *u, bool with_mt) {
       continue;
     }
     lua_rawset(L, t);
+  }
+  if (with_mt == 2) {
+    unpack_value(u);
+    if (!lua_istable(L, -1))
+      luaL_error(L, "corrupt transfer blob");
+    lua_setmetatable(L, t);
   }
 }
 
@@ -1065,8 +1086,9 @@ static void unpack_value(unpacker_t *u) {
     lua_pushlstring(L, s, n);
     break;
   }
-  case T_TABLE: unpack_table(u, false); break;
-  case T_TABLE_MT: unpack_table(u, true); break;
+  case T_TABLE: unpack_table(u, 0); break;
+  case T_TABLE_MT: unpack_table(u, 1); break;
+  case T_TABLE_META: unpack_table(u, 2); break;
   case T_REF: {
     size_t id = get_size(u);
     if (u->refs == 0)

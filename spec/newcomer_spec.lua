@@ -1,0 +1,131 @@
+-- newcomer_spec.lua -- no silent failures (issue 18): what a newcomer
+-- meets in the first hour says what went wrong and what to do. Objects
+-- with metatable methods work when copied; misspelled handler methods and
+-- option keys are named; unwritable messages say what a channel takes;
+-- a write nobody flushed is flushed; an undefined global on a loop says
+-- why; a loop is taken wherever a group is; modules next to the script
+-- are found from any directory.
+local H = require "spec.helper"
+local netrun, socket = H.netrun, H.socket
+
+-- Run a Lua script with the netrun binary (from dir, with args); returns
+-- its output (stderr included) and exit status.
+local function run_script(src, dir, name)
+  dir = dir or H.tmpdir()
+  local path = dir .. "/" .. (name or "script.lua")
+  local f = assert(io.open(path, "w"))
+  f:write(src)
+  f:close()
+  local root = H.root:sub(1, 1) == "/" and H.root or (os.getenv("PWD") .. "/" .. H.root)
+  local bin = H.BIN:sub(1, 1) == "/" and H.BIN or (os.getenv("PWD") .. "/" .. H.BIN)
+  return H.run(string.format("cd / && LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' timeout 30 %s %s",
+    root, root, bin, path))
+end
+
+local function count(s, pat)
+  local n = 0
+  for _ in s:gmatch(pat) do n = n + 1 end
+  return n
+end
+
+describe("issue 18: no silent failures", function()
+  local group
+  setup(function() group = netrun.group { threads = 2, name = "nc" } end)
+  teardown(function() H.shutdown(group) end)
+
+  it("relays through a handler object whose methods come from its metatable, copied to the loop", function()
+    local Base = {}
+    Base.__index = Base
+    function Base:channel_read(ctx, m) ctx:write(self.tag .. m) end
+    function Base:channel_read_complete(ctx) ctx:flush() end
+    local obj = setmetatable({ tag = "copied:" }, Base)
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("h", obj) end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("x")
+    assert.equal("copied:x", H.recv(c, 8))
+    c:close()
+    server:close():sync()
+    -- and the copy keeps its class across a plain transfer too
+    local back = group:next():submit(function(o) return getmetatable(o) ~= nil and o.channel_read ~= nil end, obj):sync()
+    assert.is_true(back)
+  end)
+
+  it("warns once about a misspelled handler method, naming the closest event", function()
+    local out, st = run_script([[
+local netrun = require "netrun"
+local socket = require "socket"
+local g = netrun.group { threads = 1, name = "w" }
+local Base = {}; Base.__index = Base
+function Base:channel_raed(ctx, m) end
+function Base:channel_read(ctx, m) ctx:write_and_flush(m) end
+function Base:send_reply(ctx) end
+function Base:reset() end
+function Base:writer() end
+local s = netrun.server { group = g, host = "127.0.0.1", port = 0,
+  init = function(ch) ch:pipeline():add_last("echo", setmetatable({}, Base)) end }:sync()
+local _, port = s:local_address()
+for i = 1, 3 do
+  local c = socket.tcp(); c:settimeout(5); assert(c:connect("127.0.0.1", port))
+  c:send("hi\n"); assert(c:receive("*l") == "hi"); c:close()
+end
+g:shutdown_gracefully(0, 5):sync()
+]])
+    assert.equal(0, st, out)
+    assert.equal(1, count(out, "WARN"), out)
+    assert.truthy(out:find("handler 'echo': method 'channel_raed' is not a netrun event", 1, true), out)
+    assert.truthy(out:find("did you mean channel_read?", 1, true), out)
+  end)
+
+  it("says what was written and what a channel takes when no handler encoded it", function()
+    local got = netrun.promise()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("h", {
+          errs = {},
+          channel_read = function(self, ctx)
+            ctx:write(42); ctx:write(true); ctx:write({ a = 1 })
+            got:try_success(self.errs)
+          end,
+          exception_caught = function(self, ctx, e) table.insert(self.errs, e) end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("x")
+    local errs = H.sync(got)
+    assert.equal(3, #errs)
+    assert.truthy(errs[1]:find("cannot write a number (42) to a stream channel: it takes a string or an array of strings", 1, true), errs[1])
+    assert.truthy(errs[2]:find("a boolean (true)", 1, true), errs[2])
+    assert.truthy(errs[3]:find("a table that is not an array of strings", 1, true), errs[3])
+    c:close()
+    server:close():sync()
+    -- a string on a datagram channel reaches exception_caught
+    local caught = netrun.promise()
+    local udp = netrun.udp {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("u", {
+          channel_read = function(self, ctx, d) ctx:write_and_flush("reply") end,
+          exception_caught = function(self, ctx, e) caught:try_success(e) end,
+        })
+      end,
+    }:sync()
+    local _, uport = udp:local_address()
+    local u = socket.udp()
+    u:setpeername("127.0.0.1", uport)
+    u:send("ping")
+    local e = H.sync(caught)
+    assert.truthy(e:find("cannot write a string to a datagram channel: it takes { data = ..., host = ..., port = ... }", 1, true), e)
+    local ok, err = pcall(function() return udp:write_and_flush("x"):sync() end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("datagram channel", 1, true))
+    u:close()
+    udp:close():sync()
+  end)
+end)
