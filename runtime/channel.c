@@ -115,6 +115,10 @@ bool nr_channel_is_datagram(const nr_channel_t *ch) { return ch->kind == NR__DGR
 int nr_channel_fd(const nr_channel_t *ch) { return ch->io.fd; }
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
 uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
+bool nr_channel_has_unflushed(const nr_channel_t *ch) {
+  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  return ch->out.appended > ch->out.flushed || ch->out.dq_unflushed > 0;
+}
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
   assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
   return nr__out_watch(&ch->out, mark, p);

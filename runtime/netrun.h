@@ -406,6 +406,9 @@ void nr_channel_unhold(nr_channel_t *ch);
  * written (at once if they are), or fails it if they were dropped. This
  * lets bindings hand out write futures that cost nothing until used. */
 uint64_t nr_channel_write_mark(const nr_channel_t *ch);
+/* Loop thread only: whether bytes or datagrams were written and not
+ * flushed yet. */
+bool nr_channel_has_unflushed(const nr_channel_t *ch);
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p);
 /* Format an address: "1.2.3.4" / port, or the unix path / -1. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,

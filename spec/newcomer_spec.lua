@@ -128,4 +128,39 @@ g:shutdown_gracefully(0, 5):sync()
     u:close()
     udp:close():sync()
   end)
+
+  it("flushes what a handler without channel_read_complete wrote, at the end of the read", function()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("echo", { channel_read = function(self, ctx, m) ctx:write(m) end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:settimeout(2)
+    c:send("unflushed\n")
+    assert.equal("unflushed", c:receive("*l"))
+    c:close()
+    -- behind the HTTP codec too
+    local http = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(self, ctx, req)
+          ctx:write { status = 200, body = "hi" }
+        end })
+      end,
+    }:sync()
+    local _, hport = http:local_address()
+    c = H.client(hport)
+    c:settimeout(2)
+    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(c)
+    assert.equal(200, status)
+    assert.equal("hi", body)
+    c:close()
+    server:close():sync()
+    http:close():sync()
+  end)
 end)

@@ -354,6 +354,19 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
 
 /* ---- read batches -------------------------------------------------------------- */
 
+/* The end of a read at a handler with channel_read but no
+ * channel_read_complete: what it wrote (or anyone before it) and did not
+ * flush is flushed, then the event goes on. Netty leaves such writes
+ * unsent until some later flush, and the peer waits forever; a handler
+ * that wants to gather writes across reads flushes in its own
+ * channel_read_complete, which turns this off. */
+static void read_complete_flushing(nr_ctx_t *ctx) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (nr_channel_is_open(ch) && nr_channel_has_unflushed(ch))
+    nr_ctx_flush(ctx);
+  nr_ctx_fire_read_complete(ctx);
+}
+
 /* A read its producer lets wait (nr_ctx_fire_read_deferrable: the HTTP
  * codec's requests, a socket's last read) reaching a Lua handler while its
  * state runs nothing is converted at once and kept; the read's
@@ -452,6 +465,8 @@ static int batch_run(lua_State *L) {
       S->ctx_table = h->ctx_table;
       S->ctx = ctx;
       lua_call(L, 2, 0);
+    } else if (b->owner != NULL) {
+      read_complete_flushing(ctx);
     } else {
       nr_ctx_fire_read_complete(ctx);
     }
@@ -709,7 +724,10 @@ static int lh_read_complete(nr_ctx_t *ctx) {
     return 0;
   }
   if (!(h->rec->has & NR_EV_READ_COMPLETE)) {
-    nr_ctx_fire_read_complete(ctx);
+    if (h->rec->has & NR_EV_READ)
+      read_complete_flushing(ctx);
+    else
+      nr_ctx_fire_read_complete(ctx);
     return 0;
   }
   lua_State *L = begin_ref(ctx, h->rec->read_complete_ref, "channel_read_complete");
