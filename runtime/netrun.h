@@ -333,8 +333,11 @@ void nr_channel_opts_init(nr_channel_opts_t *o);
 typedef void (*nr_init_fn)(nr_channel_t *ch, void *arg);
 
 typedef struct nr_server_opts_s {
-  nr_group_t *group;         /* accepts; required */
+  nr_group_t *group;         /* accepts; required unless loop is given */
+  nr_loop_t *loop;           /* or accepts on this loop */
   nr_group_t *child_group;   /* serves accepted channels; default: group */
+  nr_loop_t *child_loop;     /* or serves them all on this loop (default:
+                                loop, when neither group is given) */
   const char *host;          /* default "0.0.0.0" */
   int port;                  /* 0 = ephemeral */
   const char *unix_path;     /* instead of host/port */

@@ -163,4 +163,72 @@ g:shutdown_gracefully(0, 5):sync()
     server:close():sync()
     http:close():sync()
   end)
+
+  it("names a misspelled option and a badly typed one", function()
+    local cases = {
+      { function() netrun.server { group = group, port = 0, chlid_options = {} } end,
+        "netrun.server: unknown option 'chlid_options' (did you mean 'child_options'?)" },
+      { function() netrun.group { thread = 2 } end,
+        "netrun.group: unknown option 'thread' (did you mean 'threads'?)" },
+      { function() netrun.executor_group { thraeds = 2 } end,
+        "netrun.executor_group: unknown option 'thraeds' (did you mean 'threads'?)" },
+      { function() netrun.connect { group = group, port = 1, timout = 1 } end,
+        "netrun.connect: unknown option 'timout' (did you mean 'timeout'?)" },
+      { function() netrun.udp { group = group, port = 0, hots = "127.0.0.1" } end,
+        "netrun.udp: unknown option 'hots' (did you mean 'host'?)" },
+      { function() netrun.server { group = group, port = 0, child_options = { tcp_nodelya = true } } end,
+        "netrun.server: child_options: unknown option 'tcp_nodelya' (did you mean 'tcp_nodelay'?)" },
+      { function() netrun.server { group = group, port = "http" } end,
+        "netrun.server: port must be an integer from 0 to 65535, got string" },
+      { function() netrun.server { group = group, port = 0, backlog = "many" } end,
+        "netrun.server: backlog must be an integer" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
+  end)
+
+  it("takes a loop wherever a group is taken: an outbound connection on the caller's loop", function()
+    local server = netrun.server {
+      group = group:next(), host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("echo", { channel_read = function(_, ctx, m) ctx:write_and_flush(m) end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local loop = group:loops()[2]
+    local got = loop:submit(function(p)
+      local nr = require "netrun"
+      local here = nr.current()
+      local answer = nr.promise()
+      nr.connect {
+        group = here, host = "127.0.0.1", port = p,
+        init = function(ch)
+          ch:pipeline():add_last("c", { channel_read = function(_, ctx, m)
+            answer:try_success(m .. " " .. tostring(ctx:loop() == here))
+          end })
+        end,
+      }:add_listener(function(f) f:result():write_and_flush("ping") end)
+      return answer
+    end, port):sync()
+    assert.equal("ping true", H.sync(got))
+    -- a handler on a loop given instead of an executor group
+    local server2 = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last(loop, "echo", { channel_read = function(_, ctx, m)
+          ctx:write_and_flush(m .. "@" .. require("netrun").current():name())
+        end })
+      end,
+    }:sync()
+    local _, port2 = server2:local_address()
+    local c = H.client(port2)
+    c:send("x")
+    assert.equal("x@" .. loop:name(), H.recv(c, 2 + #loop:name()))
+    c:close()
+    server:close():sync()
+    server2:close():sync()
+  end)
 end)

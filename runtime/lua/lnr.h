@@ -274,6 +274,13 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
 void lnr_set_funcs(lua_State *L, const luaL_Reg *l);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
+/* Levenshtein distance of two names (64 or more: "far", for long ones). */
+int lnr_edit_distance(const char *a, const char *b);
+/* Raise "<what>: unknown option 'k' (did you mean 'x'?)" for a key of the
+ * options table at idx that is not in known (NULL-terminated): a typo
+ * would otherwise silently keep the default. */
+void lnr_check_options(lua_State *L, int idx, const char *what,
+                       const char *const *known);
 uint64_t lnr_ns(double seconds);
 int lnr_error_code(lua_State *L, const char *prefix, int code, const char *msg);
 /* Register a metatable named `name` with methods and a __tostring. */

@@ -155,31 +155,6 @@ static bool is_event(const char *name) {
   return false;
 }
 
-/* Levenshtein distance of two short names (64 and over: "far"). */
-static int edit_distance(const char *a, const char *b) {
-  size_t na = strlen(a), nb = strlen(b);
-  if (na >= 64 || nb >= 64)
-    return 64;
-  int row[64];
-  for (size_t j = 0; j <= nb; j++)
-    row[j] = (int)j;
-  for (size_t i = 1; i <= na; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
-    for (size_t j = 1; j <= nb; j++) {
-      int up = row[j];
-      int best = diag + (a[i - 1] != b[j - 1]);
-      if (up + 1 < best)
-        best = up + 1;
-      if (row[j - 1] + 1 < best)
-        best = row[j - 1] + 1;
-      row[j] = best;
-      diag = up;
-    }
-  }
-  return row[nb];
-}
-
 /* The event closest to name, and its distance; channelRead is spelled
  * channel_read first (Netty's names translated). */
 static const char *closest_event(const char *name, int *dist) {
@@ -199,7 +174,7 @@ static const char *closest_event(const char *name, int *dist) {
   for (size_t i = 0; i < sizeof methods / sizeof methods[0] + 2; i++) {
     const char *m = i < 2 ? (i ? "handler_removed" : "handler_added")
                           : methods[i - 2].name;
-    int d = strcmp(snake, m) == 0 ? 0 : edit_distance(name, m);
+    int d = strcmp(snake, m) == 0 ? 0 : lnr_edit_distance(name, m);
     if (d < *dist) {
       *dist = d;
       best = m;
@@ -1346,9 +1321,22 @@ static int add_error(lua_State *L, int rc, const char *name, const char *base) {
 }
 
 static void xh_release(xh_t *x);
-static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
+static const nr_handler_t *make_exec_handler(lua_State *L, nr_loop_t *exec,
                                              nr_channel_t *ch, const char *name,
                                              int idx, void **state);
+
+/* The loop a handler given with a group (or a loop) runs on: the group's
+ * next(), or that loop; NULL for none given. */
+static nr_loop_t *exec_loop(lua_State *L, int idx) {
+  lnr_group_t *g = lnr_to_handle(L, idx, LNR_GROUP);
+  if (g)
+    return nr_group_next(lnr_group_core(g));
+  nr_loop_t *l = lnr_to_handle(L, idx, LNR_LOOP);
+  if (l && lnr_group_of_loop(l) == NULL)
+    luaL_error(L, "add: the main thread's loop runs no handlers; give a "
+               "group or one of its loops");
+  return l;
+}
 
 typedef int (*adder_fn)(nr_pipeline_t *, const char *, const char *,
                         const nr_handler_t *, void *);
@@ -1379,9 +1367,9 @@ static void ensure_ctx(nr_ctx_t *ctx) {
 static int do_add(lua_State *L, adder_fn add, bool with_base) {
   nr_pipeline_t *p = check_pipe(L, 1, true);
   int arg = 2;
-  lnr_group_t *exec = lnr_to_handle(L, arg, LNR_GROUP);
+  nr_loop_t *exec = exec_loop(L, arg);
   if (exec)
-    arg++;                                     /* p:add_last(group, name, h) */
+    arg++;                        /* p:add_last(group or loop, name, h) */
   const char *base = with_base ? luaL_checkstring(L, arg++) : NULL;
   const char *name = luaL_checkstring(L, arg++);
   luaL_checkany(L, arg);
@@ -1918,7 +1906,7 @@ static const nr_handler_t exec_vt = {
     .flush = xh_flush, .mask = xh_mask};
 
 /* The proxy for handler h (at idx) on an executor of group g. */
-static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
+static const nr_handler_t *make_exec_handler(lua_State *L, nr_loop_t *exec,
                                              nr_channel_t *ch, const char *name,
                                              int idx, void **state) {
   if (!lua_istable(L, idx) && !lua_isuserdata(L, idx))
@@ -1952,7 +1940,7 @@ static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
   x->mask = mask;
   lua_pushvalue(L, idx);
   x->home_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  x->exec = nr_group_next(lnr_group_core(g));
+  x->exec = exec;
   x->ch = nr_channel_retain(ch);
   x->home = nr_channel_loop(ch);
   *state = x;

@@ -515,6 +515,72 @@ double lnr_checkseconds(lua_State *L, int idx, const char *what) {
   return s;
 }
 
+/* Optimal string alignment: insertions, deletions, substitutions and
+ * transpositions of neighbours (raed -> read) cost one each. */
+int lnr_edit_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na >= 64 || nb >= 64)
+    return 64;
+  int rows[3][65], *pp = rows[0], *prev = rows[1], *cur = rows[2];
+  for (size_t j = 0; j <= nb; j++)
+    prev[j] = (int)j;
+  for (size_t i = 1; i <= na; i++) {
+    cur[0] = (int)i;
+    for (size_t j = 1; j <= nb; j++) {
+      int best = prev[j - 1] + (a[i - 1] != b[j - 1]);
+      if (prev[j] + 1 < best)
+        best = prev[j] + 1;
+      if (cur[j - 1] + 1 < best)
+        best = cur[j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          pp[j - 2] + 1 < best)
+        best = pp[j - 2] + 1;
+      cur[j] = best;
+    }
+    int *t = pp;                          /* rotate: prev becomes pp ... */
+    pp = prev;
+    prev = cur;
+    cur = t;
+  }
+  return prev[nb];
+}
+
+/* The known name closest to k, if close enough to be a typo of it. */
+static const char *closest(const char *k, const char *const *known) {
+  const char *best = NULL;
+  int bd = 3;                            /* at most 2 edits ... */
+  for (int i = 0; known[i]; i++) {
+    int d = lnr_edit_distance(k, known[i]);
+    if (d < bd && (size_t)d * 2 <= strlen(known[i])) {  /* ... of a half */
+      bd = d;
+      best = known[i];
+    }
+  }
+  return best;
+}
+
+void lnr_check_options(lua_State *L, int idx, const char *what,
+                       const char *const *known) {
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_error(L, "%s: option names are strings, got a %s", what,
+                 luaL_typename(L, -1));
+    const char *k = lua_tostring(L, -1);
+    bool ok = false;
+    for (int i = 0; !ok && known[i]; i++)
+      ok = strcmp(k, known[i]) == 0;
+    if (ok)
+      continue;
+    const char *best = closest(k, known);
+    if (best)
+      luaL_error(L, "%s: unknown option '%s' (did you mean '%s'?)", what, k, best);
+    luaL_error(L, "%s: unknown option '%s'", what, k);
+  }
+}
+
 uint64_t lnr_ns(double seconds) { return (uint64_t)(seconds * 1e9 + 0.5); }
 
 int lnr_error_code(lua_State *L, const char *prefix, int code,
