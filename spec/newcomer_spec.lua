@@ -231,4 +231,46 @@ g:shutdown_gracefully(0, 5):sync()
     server:close():sync()
     server2:close():sync()
   end)
+
+  it("explains a nil global on a loop state: loop states do not see the main script's globals", function()
+    _G.NEWCOMER_PREFIX = "> "
+    local ok, err = pcall(function()
+      return group:next():submit(function(x) return NEWCOMER_PREFIX .. x end, "y"):sync()
+    end)
+    _G.NEWCOMER_PREFIX = nil
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.truthy(err:find("attempt to concatenate a nil value (global 'NEWCOMER_PREFIX')", 1, true), err)
+    assert.truthy(err:find("global 'NEWCOMER_PREFIX' is not defined in this loop's Lua state (nc-", 1, true), err)
+    assert.truthy(err:find("pass values as upvalues or arguments, or use netrun.shared / require", 1, true), err)
+    -- reading an undefined global stays legal
+    assert.equal("no jit", group:next():submit(function() return jit and "jit" or "no jit" end):sync())
+  end)
+
+  it("runs a task given to the caller's own loop as the same closure, so it may capture ctx", function()
+    local other = group:loops()[2]
+    local server = netrun.server {
+      group = group:loops()[1], host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("h", { channel_read = function(self, ctx, m)
+          if m:find("own") then
+            ctx:loop():schedule(0.01, function() ctx:write_and_flush("late\n") end)
+          else
+            local ok, e = pcall(other.execute, other, function() ctx:write_and_flush("x") end)
+            ctx:write_and_flush(tostring(e):gsub("\n", " ") .. "\n")
+          end
+        end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("own\n")
+    assert.equal("late", c:receive("*l"))
+    c:send("other\n")
+    local e = c:receive("*l")
+    assert.truthy(e:find("cannot transfer a netrun.ctx (upvalue 'ctx' of the function given to execute): "
+      .. "it cannot be copied to another loop; schedule on ctx:loop() to keep it, or pass plain values", 1, true), e)
+    c:close()
+    server:close():sync()
+  end)
 end)

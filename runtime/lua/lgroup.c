@@ -356,10 +356,23 @@ static nr_loop_t *target_loop(lua_State *L) {
   return lnr_check_handle(L, 1, LNR_LOOP);
 }
 
+/* A task for the caller's own loop, given as that loop (ctx:loop(),
+ * netrun.current()), crosses nothing (DESIGN.md §3): its function runs as
+ * the same closure and may capture ctx. Any other is copied -- a group's
+ * next() included, so that a task does not change meaning with the loop
+ * it happens to land on. */
+static lnr_blob_t *pack_task(lua_State *L, int from, int n, const char *what) {
+  nr_loop_t *loop = lnr_to_handle(L, 1, LNR_LOOP);
+  lnr_state_t *S = lnr_state(L);
+  if (loop && S && !S->main && S->loop == loop && nr_loop_in_thread(loop))
+    return lnr_keep(L, from, n);
+  return lnr_pack(L, from, n, what);
+}
+
 static int l_execute(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "execute");
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "execute");
   lnr_send_task(L, loop, b, NULL);
   return 0;
 }
@@ -367,7 +380,7 @@ static int l_execute(lua_State *L) {
 static int l_submit(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "submit");
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "submit");
   nr_promise_t *p = nr_promise_new();
   lnr_push_promise(L, p);                    /* takes the reference */
   lnr_send_task(L, loop, b, p);
@@ -382,7 +395,7 @@ static int tail_task(void *arg) {
 static int l_after_iteration(lua_State *L) {
   nr_loop_t *loop = lnr_check_handle(L, 1, LNR_LOOP);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "after_iteration");
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "after_iteration");
   b->user = NULL;
   int rc = nr_loop_after_iteration(loop, tail_task, b);
   if (rc < 0) {
@@ -445,7 +458,7 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   sched_t *s = calloc(1, sizeof *s);
   if (s == NULL)
     return luaL_error(L, "out of memory");
-  s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
+  s->b = pack_task(L, fn, lua_gettop(L) - fn + 1, "schedule");
   s->periodic = period != 0;
   s->p = nr_promise_new();
   /* The caller's reference, taken first: a short delay may fire (and

@@ -83,6 +83,29 @@ nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
 /* ---- protected calls ---------------------------------------------------- */
 
+/* Loop states do not see the main script's globals (DESIGN.md §3: a
+ * function's _ENV binds to its destination's globals), so a global the
+ * script set reads nil there. Reading one must stay legal (code probes
+ * `if jit then`), so the error it causes is explained instead: "attempt
+ * to index a nil value (global 'Base')" on a loop state gets the hint. */
+static const char *global_hint(lua_State *L, const char *msg) {
+  static const char pat[] = "a nil value (global '";
+  const lnr_state_t *S = state_of(L);
+  const char *at = strstr(msg, pat);
+  if (S == NULL || S->main || S->loop == NULL || S->loop == main_loop ||
+      at == NULL)
+    return msg;
+  const char *name = at + sizeof pat - 1, *end = strchr(name, '\'');
+  if (end == NULL)
+    return msg;
+  return lua_pushfstring(L, "%s; global '%s' is not defined in this loop's "
+                         "Lua state (%s): loop states do not share the main "
+                         "script's globals; pass values as upvalues or "
+                         "arguments, or use netrun.shared / require", msg,
+                         lua_pushlstring(L, name, (size_t)(end - name)),
+                         nr_loop_name(S->loop));
+}
+
 int lnr_msgh(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
@@ -91,6 +114,8 @@ int lnr_msgh(lua_State *L) {
     else
       msg = lua_pushfstring(L, "(error object is a %s value)",
                             luaL_typename(L, 1));
+  } else {
+    msg = global_hint(L, msg);
   }
   luaL_traceback(L, L, msg, 1);
   return 1;

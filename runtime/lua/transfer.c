@@ -143,6 +143,11 @@ static lnr_blob_t *blob_new(void) {
 void lnr_blob_free(lnr_blob_t *b) {
   if (b == NULL)
     return;
+  if (b->kept) {                 /* on its loop; a closing state lets go */
+    lnr_state_t *S = lnr_current_state();
+    if (S != NULL && S == b->home && !S->closing)
+      luaL_unref(S->L, LUA_REGISTRYINDEX, b->kept);
+  }
   for (int i = 0; i < b->nhandles; i++)
     if (b->handles[i].kind == PROTO_KIND)
       proto_release(b->handles[i].ptr);
@@ -294,6 +299,14 @@ static void fail(packer_t *k, const char *type) {
   push_top_name(k);
   luaL_addvalue(&buf);
   luaL_addstring(&buf, ")");
+  /* A task sent to another loop: the usual mistake is a closure over ctx
+   * or another loop-local value. */
+  static const char *const tasks[] = {"execute", "submit", "schedule",
+                                      "after_iteration", NULL};
+  for (int i = 0; tasks[i]; i++)
+    if (strcmp(k->what, tasks[i]) == 0)
+      luaL_addstring(&buf, ": it cannot be copied to another loop; schedule "
+                     "on ctx:loop() to keep it, or pass plain values");
   luaL_pushresult(&buf);
   lua_error(L);
 }
@@ -489,6 +502,11 @@ static void pack_table(packer_t *k, int idx) {
     return;
   int mt = 0;
   if (lua_getmetatable(L, idx)) {
+    /* netrun's own table objects (a ctx) belong to their loop */
+    if (lua_getfield(L, -1, "__name") == LUA_TSTRING &&
+        strncmp(lua_tostring(L, -1), "netrun.", 7) == 0)
+      fail(k, lua_pushfstring(L, "a %s", lua_tostring(L, -1)));
+    lua_pop(L, 1);
     if (module_name(k, lua_gettop(L), false)) {
       size_t n;
       const char *name = lua_tolstring(L, -1, &n);
@@ -1117,7 +1135,36 @@ static void unpack_value(unpacker_t *u) {
   }
 }
 
+lnr_blob_t *lnr_keep(lua_State *L, int from, int n) {
+  from = lua_absindex(L, from);
+  lnr_blob_t *b = blob_new();
+  if (b == NULL)
+    luaL_error(L, "out of memory");
+  b->nvalues = n;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushvalue(L, from + i);
+    lua_rawseti(L, -2, i + 1);
+  }
+  b->kept = luaL_ref(L, LUA_REGISTRYINDEX);
+  b->home = lnr_state(L);
+  return b;
+}
+
+static int unpack_kept(lua_State *L, const lnr_blob_t *b) {
+  if (lnr_state(L) != b->home)
+    luaL_error(L, "a task kept for one loop ran on another");
+  luaL_checkstack(L, b->nvalues + 2, "transferring values");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->kept);
+  for (int i = 1; i <= b->nvalues; i++)
+    lua_rawgeti(L, -i, i);
+  lua_remove(L, -b->nvalues - 1);
+  return b->nvalues;
+}
+
 int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
+  if (b->kept)
+    return unpack_kept(L, b);
   unpacker_t u = {.L = L, .b = b, .nextid = 1};
   int base = lua_gettop(L);
   luaL_checkstack(L, b->nvalues + 8, "transferring values");
