@@ -273,4 +273,45 @@ g:shutdown_gracefully(0, 5):sync()
     c:close()
     server:close():sync()
   end)
+
+  it("finds a module next to the script when run from another directory, on every state", function()
+    local dir = H.tmpdir()
+    local f = assert(io.open(dir .. "/nc_helper.lua", "w"))
+    f:write("return { greet = function(x) return 'hello ' .. x end }\n")
+    f:close()
+    local out, st = run_script([[
+local netrun = require "netrun"
+local helper = require "nc_helper"
+print(helper.greet("main"))
+local g = netrun.group { threads = 1, name = "w" }
+print(g:submit(function() return require("nc_helper").greet("loop") end):sync())
+g:shutdown_gracefully(0, 5):sync()
+]], dir, "main.lua")
+    assert.equal(0, st, out)
+    assert.equal("hello main\nhello loop\n", out)
+  end)
+
+  it("decodes query arguments into req.args, and offers netrun.http.unescape", function()
+    assert.equal("a b!c%2", netrun.http.unescape("a+b%21c%2"))
+    assert.equal("A%zz%", netrun.http.unescape("%41%zz%"))
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(self, ctx, req)
+          local a = req.args
+          ctx:write_and_flush { status = 200, body = table.concat({ a.q, type(a.t), a.t[1], a.t[2],
+            tostring(a.flag), tostring(req.args == a) }, "|") }
+        end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("GET /x?q=hello+world%21&t=1&t=%32&flag&&=z HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(c)
+    assert.equal(200, status)
+    assert.equal("hello world!|table|1|2|true|true", body)
+    c:close()
+    server:close():sync()
+  end)
 end)

@@ -451,6 +451,28 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
   free(S);
 }
 
+/* `netrun dir/server.lua` run from anywhere finds dir/helper.lua: the
+ * script's directory (made absolute, so a later chdir does not matter)
+ * goes first on the main state's package.path, which every loop state
+ * copies when its group is made. */
+void lnr_add_script_dir(lua_State *L, const char *script) {
+  char *abs = realpath(script, NULL);
+  char *slash = abs ? strrchr(abs, '/') : NULL;
+  if (slash == NULL) {
+    free(abs);
+    return;
+  }
+  *slash = '\0';
+  const char *dir = slash == abs ? "" : abs;     /* a script in / */
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir,
+                  lua_isstring(L, -1) ? lua_tostring(L, -1) : "");
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+  free(abs);
+}
+
 void *lnr_paths_new(lua_State *L) {
   lnr_paths_t *p = calloc(1, sizeof *p);
   lua_getglobal(L, "package");
