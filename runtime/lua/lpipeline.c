@@ -1140,12 +1140,13 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
   return true;
 }
 
-/* A write given no promise that fails at once reaches exception_caught
- * too, as it does on the lazy path above (a datagram channel given a
- * string, a message no handler encoded): its future is rarely looked at.
- * A write on a closed channel only fails its future, as there. */
+/* A write to a datagram channel given no promise that fails at once (a
+ * string instead of { data, host, port }) reaches exception_caught too, as
+ * a stream channel's does on the lazy path above: its future is rarely
+ * looked at. (Stream writes that pass through a codec are reported by the
+ * codec.) A write on a closed channel only fails its future, as there. */
 static void report_write_failure(nr_ctx_t *ctx, int rc, nr_promise_t *p) {
-  if (rc == NR_ECLOSED)
+  if (rc == NR_ECLOSED || !nr_channel_is_datagram(nr_ctx_channel(ctx)))
     return;
   nr_err_t err = {rc, nr_promise_message(p)};
   nr_pipeline_fire_exception(nr_channel_pipeline(nr_ctx_channel(ctx)), &err);

@@ -503,7 +503,8 @@ static void pack_table(packer_t *k, int idx) {
   int mt = 0;
   if (lua_getmetatable(L, idx)) {
     /* netrun's own table objects (a ctx) belong to their loop */
-    if (lua_getfield(L, -1, "__name") == LUA_TSTRING &&
+    lua_pushliteral(L, "__name");
+    if (lua_rawget(L, -2) == LUA_TSTRING &&
         strncmp(lua_tostring(L, -1), "netrun.", 7) == 0)
       fail(k, lua_pushfstring(L, "a %s", lua_tostring(L, -1)));
     lua_pop(L, 1);
