@@ -235,7 +235,8 @@ static void check_method_names(lua_State *L, int idx, const char *handler) {
     check_table(L, lua_gettop(L), handler);
     if (!lua_getmetatable(L, -1))
       break;
-    lua_getfield(L, -1, "__index");           /* obj, mt, __index */
+    lua_pushliteral(L, "__index");            /* as Lua reads it: raw */
+    lua_rawget(L, -2);                        /* obj, mt, __index */
     lua_remove(L, -2);
     lua_remove(L, -2);
   }
