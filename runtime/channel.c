@@ -119,6 +119,10 @@ int nr_channel_fd(const nr_channel_t *ch) {
 }
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
 uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
+bool nr_channel_has_unflushed(const nr_channel_t *ch) {
+  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  return ch->out.appended > ch->out.flushed || ch->out.dq_unflushed > 0;
+}
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
   assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
   return nr__out_watch(&ch->out, mark, p);
@@ -899,6 +903,34 @@ static int head_do_read(nr_ctx_t *ctx) {
   return 0;
 }
 
+static nr_msg_describe_fn describer;
+
+void nr_set_msg_describer(nr_msg_describe_fn fn) {
+  if (describer != fn)                 /* every Lua state sets the same one */
+    describer = fn;
+}
+
+/* What a channel of this kind takes, and what it was given instead: a
+ * message that reaches the head unencoded is a programmer's mistake. */
+static int unwritable(nr_channel_t *ch, void *msg) {
+  char what[96];
+  int type = nr_msg_type(msg);
+  if (type == NR_MSG_BYTES || type == NR_MSG_SLICES)
+    snprintf(what, sizeof what, "%s", type == NR_MSG_BYTES
+             ? "a string" : "an array of strings");
+  else if (type == NR_MSG_DATAGRAM)
+    snprintf(what, sizeof what, "a datagram");
+  else if (describer != NULL)
+    describer(msg, what, sizeof what);
+  else
+    snprintf(what, sizeof what, "a message of type %d", type);
+  if (ch->kind == NR__DGRAM)
+    return nr_raise(-EINVAL, "cannot write %s to a datagram channel: it takes "
+                    "{ data = ..., host = ..., port = ... }", what);
+  return nr_raise(-EINVAL, "cannot write %s to a stream channel: it takes a "
+                  "string or an array of strings (no handler encoded it)", what);
+}
+
 static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   if (!(pub(ch) & NR__OPEN))
@@ -919,8 +951,7 @@ static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     if (s->n == 0 && p)
       nr_promise_set_success(p, NULL, NULL);
   } else if (ch->kind != NR__LISTEN) {
-    rc = nr_raise(-EINVAL, "unsupported message type %d reached the head "
-                  "of the pipeline (no handler encoded it)", type);
+    rc = unwritable(ch, msg);
   } else {
     rc = nr_raise(-EOPNOTSUPP, "a server channel cannot be written to");
   }
