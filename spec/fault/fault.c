@@ -56,6 +56,7 @@ static struct {
   uint64_t seed;
 } cfg;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* calls: those asked to move bytes, on any fd; then the faults made. */
 static _Atomic uint64_t calls, shorts, eagains, eintrs, threads;
 
 /* ---- configuration --------------------------------------------------------- */
@@ -103,7 +104,7 @@ static void configure(void) {
 static _Thread_local uint64_t rng;
 
 static uint32_t rand32(void) {
-  if (rng == 0)               /* splitmix64 of seed and thread number */
+  if (rng == 0)               /* the seed, spread by the thread's number */
     rng = (cfg.seed + 0x9e3779b97f4a7c15ull * (atomic_fetch_add(&threads, 1) + 1)) | 1;
   rng ^= rng >> 12;           /* xorshift64* */
   rng ^= rng << 25;
@@ -172,10 +173,20 @@ static ssize_t fail(int f) {
   return -1;
 }
 
+/* The next definition of name (libc's, or a sanitizer's interceptor),
+ * looked up on first use; threads racing to it store the same pointer. */
+static void *resolve(void *_Atomic *slot, const char *name) {
+  void *p = atomic_load_explicit(slot, memory_order_relaxed);
+  if (p == NULL) {
+    p = dlsym(RTLD_NEXT, name);
+    atomic_store_explicit(slot, p, memory_order_relaxed);
+  }
+  return p;
+}
+
 #define REAL(name, ret, ...)                                               \
-  static ret (*real)(__VA_ARGS__);                                         \
-  if (real == NULL)                                                        \
-    real = (ret(*)(__VA_ARGS__))dlsym(RTLD_NEXT, name)
+  static void *_Atomic slot;                                               \
+  ret (*real)(__VA_ARGS__) = (ret(*)(__VA_ARGS__))resolve(&slot, name)
 
 /* ---- reads ---------------------------------------------------------------------- */
 
