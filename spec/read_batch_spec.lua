@@ -74,7 +74,8 @@ describe("read batches", function()
     c:close()
   end)
 
-  it("stop at a close: no channel_read after the response that closed", function()
+  -- pending under the fault shim: pipelined behind a close (see H.faults)
+  ;(H.faults and pending or it)("stop at a close: no channel_read after the response that closed", function()
     local d = netrun.shared.dict("read_batch_close")
     d:flush_all()
     local _, port = serve(group, "app", {
