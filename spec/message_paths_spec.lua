@@ -20,6 +20,11 @@ local function show(m)
   return "t:" .. tostring(m.type) .. ":" .. tostring(m.data)
 end
 
+-- Describes each message it is given on the wire.
+local Probe = {
+  write = function(self, ctx, msg, p) ctx:write(show(msg) .. "\n", p) end,
+}
+
 local MESSAGES = {
   { "a string", "s:a string" },
   { { "ab", "cd", "e" }, "a:ab,cd,e" },
@@ -65,9 +70,6 @@ describe("message paths", function()
     other = netrun.group { threads = 1, name = "paths-other" }
     local srv = assert(socket.bind("127.0.0.1", 0))
     local _, port = srv:getsockname()
-    local Probe = {
-      write = function(self, ctx, msg, p) ctx:write(show(msg) .. "\n", p) end,
-    }
     local Sink = {
       channel_read = function(self, ctx, msg)
         ctx:write_and_flush("read " .. show(msg))
@@ -158,4 +160,23 @@ describe("message paths", function()
       end
     end)
   end
+
+  it("a coroutine's messages reach a handler on an executor group", function()
+    local blocking = netrun.executor_group { threads = 1, name = "paths-exec" }
+    local srv = assert(socket.bind("127.0.0.1", 0))
+    local _, port = srv:getsockname()
+    local ch2 = netrun.connect { group = group, host = "127.0.0.1", port = tonumber(port),
+      timeout = 5, init = function(c) c:pipeline():add_last(blocking, "probe", Probe) end }:sync()
+    srv:settimeout(5)
+    local p2 = assert(srv:accept())
+    p2:settimeout(5)
+    srv:close()
+    for _, m in ipairs(MESSAGES) do
+      H.sync(group:submit(write_in_coroutine, ch2, "ch:write_and_flush", m[1], write):sync())
+      assert.equal(m[2], (assert(p2:receive("*l"))))
+    end
+    ch2:close():sync()
+    p2:close()
+    H.shutdown(blocking)
+  end)
 end)
