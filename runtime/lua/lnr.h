@@ -257,7 +257,11 @@ static inline void *lnr_to_native(lua_State *L, int idx) {
   return (void *)(h + 1);
 }
 
-/* A Lua value travelling through a pipeline on its own loop. */
+/* A Lua value travelling through a pipeline on its own loop, valid for
+ * the call that passes it on (nothing keeps one). L is the thread that
+ * wrote it -- a coroutine, say -- not necessarily the one a handler runs
+ * on: read it with lnr_push_msg (or with m->L itself), never as idx of
+ * another thread. */
 typedef struct lnr_lmsg_s {
   int type;                   /* NR_MSG_LUA */
   lua_State *L;
