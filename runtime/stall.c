@@ -34,8 +34,14 @@
 
 static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wd_cond;
+static bool cond_made;
 static nr_loop_t *watched;
+/* The watchdog runs while its generation is the current one: the removal
+ * that empties the list moves on and joins it, so that no watchdog code
+ * runs once the last loop is gone (the module may be unloaded then). */
+static pthread_t wd_thread;
 static bool started;
+static uintptr_t generation;
 static uint64_t period = PERIOD_MAX;
 
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
@@ -109,10 +115,10 @@ static void check(nr_loop_t *l, uint64_t now) {
 }
 
 static void *watchdog_main(void *arg) {
-  (void)arg;
+  uintptr_t gen = (uintptr_t)arg;
   nr__log_set_thread_name("watchdog");
   pthread_mutex_lock(&wd_lock);
-  for (;;) {
+  while (gen == generation) {
     uint64_t now = nr_now();
     for (nr_loop_t *l = watched; l; l = l->wd.next)
       check(l, now);
@@ -124,24 +130,28 @@ static void *watchdog_main(void *arg) {
     ts.tv_nsec = (long)(at % 1000000000ull);
     pthread_cond_timedwait(&wd_cond, &wd_lock, &ts);
   }
+  pthread_mutex_unlock(&wd_lock);
   return NULL;
 }
 
 /* Under wd_lock. */
 static void start(void) {
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&wd_cond, &ca);
-  pthread_condattr_destroy(&ca);
-  /* Signals stay blocked as in the creating thread; no stack of note. */
-  pthread_t th;
-  if (pthread_create(&th, NULL, watchdog_main, NULL) != 0) {
-    nr_log(NR_LOG_WARN, "cannot start the stall watchdog: %s",
-           strerror(errno));
+  if (!cond_made) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&wd_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    cond_made = true;
+  }
+  /* The thread keeps the creating loop's signal mask: in the netrun
+   * command, SIGINT and SIGTERM stay blocked, as everywhere but there. */
+  int rc = pthread_create(&wd_thread, NULL, watchdog_main,
+                          (void *)generation);
+  if (rc != 0) {
+    nr_log(NR_LOG_WARN, "cannot start the stall watchdog: %s", strerror(rc));
     return;
   }
-  pthread_detach(th);
   started = true;
 }
 
@@ -161,6 +171,8 @@ void nr__watch_add(nr_loop_t *l) {
 }
 
 void nr__watch_remove(nr_loop_t *l) {
+  bool stop = false;
+  pthread_t th = (pthread_t)0;
   pthread_mutex_lock(&wd_lock);
   if (l->wd.listed) {
     for (nr_loop_t **pp = &watched; *pp; pp = &(*pp)->wd.next)
@@ -169,6 +181,16 @@ void nr__watch_remove(nr_loop_t *l) {
         break;
       }
     l->wd.listed = false;
+    if (watched == NULL && started) {
+      stop = true;
+      th = wd_thread;
+      started = false;
+      generation++;
+      period = PERIOD_MAX;
+      pthread_cond_signal(&wd_cond);
+    }
   }
   pthread_mutex_unlock(&wd_lock);
+  if (stop)
+    pthread_join(th, NULL);
 }
