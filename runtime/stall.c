@@ -53,9 +53,11 @@ static void describe(nr_loop_t *l, char *buf, size_t n) {
   if (fn == 0) {
     snprintf(buf, n, "handling I/O events");
   } else if (dladdr((void *)fn, &info) && info.dli_fname) {
+    /* The object and offset are for addr2line: static functions have no
+     * dynamic symbol. */
     const char *file = strrchr(info.dli_fname, '/');
-    snprintf(buf, n, "the C task %s (%s+%#lx)",
-             info.dli_sname ? info.dli_sname : "?",
+    snprintf(buf, n, "the C task %s%sat %s+%#lx",
+             info.dli_sname ? info.dli_sname : "", info.dli_sname ? " " : "",
              file ? file + 1 : info.dli_fname,
              (unsigned long)(fn - (uintptr_t)info.dli_fbase));
   } else {

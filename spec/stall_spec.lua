@@ -142,6 +142,14 @@ describe("the stall detector", function()
     H.shutdown(g)
   end)
 
+  it("describes a run stuck outside Lua code (a blocking C call) once, from the watchdog", function()
+    local out, status = H.run("timeout -s KILL 30 " .. H.BIN .. " -e 'local g = require(\"netrun\").group{threads = 1, name = \"cwait\", stall_threshold = 0.1} "
+      .. "g:submit(function() os.execute(\"sleep 0.6\") end):sync() g:shutdown_gracefully(0, 1)'")
+    assert.equal(0, status)
+    assert.equal(1, count(out, "stalled"), out)
+    assert.matches("%[watchdog%] cwait%-1: stalled: one run has lasted %d+%.%d s, in the C task at netrun%+0x%x+ %(no Lua code answered", out)
+  end)
+
   it("checks its options", function()
     assert.has_error(function() netrun.group { stall_threshold = -1 } end)
     assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
