@@ -489,6 +489,10 @@ nr_promise_t *nr_loop_shutdown_gracefully(nr_loop_t *l, uint64_t quiet,
   if (old < NR_SHUTTING_DOWN) {
     l->quiet = quiet;
     l->timeout = timeout;
+    uint64_t now = nr_now();       /* for the stall watchdog; saturated */
+    atomic_store_explicit(&l->shutdown_deadline,
+                          timeout >= NR_NONE - now ? NR_NONE : now + timeout,
+                          memory_order_relaxed);
   }
   pthread_mutex_unlock(&l->hook_lock);
   if (old == NR_NOT_STARTED && !l->external)
@@ -529,7 +533,12 @@ bool nr__confirm_shutdown(nr_loop_t *l) {
   bool ran = nr__run_all_tasks(l, SHUTDOWN_POLL, true);
   ran |= run_hooks(l);
   uint64_t now = nr_now();
-  bool timed_out = now - l->shutdown_start > l->timeout;
+  /* Timed out also when the shutdown was asked long before this loop got
+   * to it: a stuck run held it up (and the stall watchdog broke it). */
+  uint64_t asked = atomic_load_explicit(&l->shutdown_deadline,
+                                        memory_order_relaxed);
+  bool timed_out = now - l->shutdown_start > l->timeout ||
+                   (asked != 0 && now >= asked);
   bool down = nr_loop_is_shutdown(l);
   if (l->channels != NULL && !timed_out && !down)
     return false;                  /* channels still flushing what they took */

@@ -136,6 +136,7 @@ struct nr_loop_s {
   _Atomic uintptr_t task_fn;
   /* written by the watchdog (stall.c), read by stats and the loop */
   _Atomic uint64_t stalls, max_busy, stall_claimed;
+  _Atomic uint64_t shutdown_deadline;  /* when a shutdown asked is overdue */
   pthread_mutex_t hook_lock;
   nr_hook_t *hooks;
   uint64_t quiet, timeout;          /* graceful shutdown, under hook_lock */

@@ -15,7 +15,9 @@
  * first: the loop's on_stall callback (the Lua bindings get a traceback on
  * the loop thread itself), or, if that cannot or does not answer within a
  * grace period, the watchdog, naming the C task. Past stall_timeout the
- * callback is asked to interrupt the run, again every stall_timeout.
+ * callback is asked to interrupt the run, again every stall_timeout; and
+ * so is a run still stuck once its loop's shutdown timeout has passed --
+ * the loop would check that timeout itself, were it not stuck.
  *
  * Threads: the list and every loop's `wd` fields belong to the watchdog,
  * under wd_lock. A loop is listed from after on_start until before on_exit
@@ -109,8 +111,17 @@ static void check(nr_loop_t *l, uint64_t now) {
     if (nr_loop_stall_claim(l, mark))
       log_stall(l, busy);
   }
-  if (l->stall_timeout && busy >= l->stall_timeout && l->on_stall &&
-      (w->interrupted_at == 0 || now - w->interrupted_at >= l->stall_timeout)) {
+  uint64_t every = l->stall_timeout;
+  uint64_t overdue = atomic_load_explicit(&l->shutdown_deadline,
+                                          memory_order_relaxed);
+  if (overdue != 0 && now >= overdue && w->reported &&
+      (every == 0 || every > l->stall_threshold))
+    every = l->stall_threshold;        /* shutdown timed out: stop it now */
+  if (every && busy >= every && l->on_stall &&
+      (w->interrupted_at == 0 || now - w->interrupted_at >= every)) {
+    if (every != l->stall_timeout)
+      nr_log(NR_LOG_WARN, "%s: shutdown timed out while a run is stuck: "
+             "interrupting it", l->name);
     w->interrupted_at = now;
     l->on_stall(l, NR_STALL_INTERRUPT, busy, mark, l->ud);
   }

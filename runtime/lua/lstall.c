@@ -82,7 +82,9 @@ void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
   o->stall_threshold = opt_seconds(L, t, "stall_threshold", what,
                                    executor ? 0 : 1);
   o->stall_timeout = opt_seconds(L, t, "stall_timeout", what, 0);
-  if (o->stall_timeout && !o->stall_threshold)
-    o->stall_threshold = o->stall_timeout;     /* watched for the timeout */
+  /* A run is reported before, or as, it is interrupted. */
+  if (o->stall_timeout &&
+      (!o->stall_threshold || o->stall_timeout < o->stall_threshold))
+    o->stall_threshold = o->stall_timeout;
   o->on_stall = lnr_on_stall;
 }
