@@ -16,6 +16,7 @@ end
 
 -- Start netrun in the background through a shell that records its exit
 -- status in log .. ".status"; returns its pid (told by the fixture), log.
+-- Whatever happens, the process is gone when the test ends.
 local function spawn(args, env)
   local log = os.tmpname()
   os.execute(string.format("(%s %s %s > %s 2>&1; echo $? > %s.status) &",
@@ -27,6 +28,7 @@ local function spawn(args, env)
     if not pid then socket.select(nil, nil, 0.02) end
   until pid or socket.gettime() > deadline
   assert(pid, "netrun did not start:\n" .. read_file(log))
+  finally(function() os.execute("kill -KILL " .. pid .. " 2>/dev/null") end)
   return pid, log
 end
 
