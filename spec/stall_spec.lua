@@ -133,11 +133,12 @@ describe("the stall detector", function()
   end)
 
   it("counts a slow run as a stall only when one run lasts past the threshold", function()
-    local g = netrun.group { threads = 1, name = "stall-ok", stall_threshold = 0.3 }
-    -- 40 tasks of 20 ms: 0.8 s busy, but no single run near the threshold
+    local g = netrun.group { threads = 1, name = "stall-ok", stall_threshold = 0.45 }
+    -- 64 tasks of 10 ms (CPU time): one iteration busy for 0.64 s or more,
+    -- but no single run near the threshold
     local fs = {}
-    for i = 1, 40 do
-      fs[i] = g:submit(function() local t = os.clock() while os.clock() - t < 0.02 do end end)
+    for i = 1, 64 do
+      fs[i] = g:submit(function() local t = os.clock() while os.clock() - t < 0.01 do end end)
     end
     H.sync(netrun.all(fs))
     assert.equal(0, g:stats()[1].stalls)
