@@ -178,7 +178,7 @@ struct nr_loop_s {
   /* watchdog thread only (under its lock) */
   struct nr_watch_s {
     nr_loop_t *next;
-    bool listed, reported, asked;
+    bool listed, reported, asked, overdue;
     uint64_t mark, since, start, asked_at, interrupted_at;
   } wd;
 };

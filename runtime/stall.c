@@ -76,6 +76,48 @@ static void log_stall(nr_loop_t *l, uint64_t busy) {
          l->name, secs(busy), what);
 }
 
+/* Report a run of `busy` ns once: ask the loop, or say what we know when
+ * it cannot answer, or has not within GRACE. */
+static void report(nr_loop_t *l, uint64_t mark, uint64_t busy, uint64_t now) {
+  struct nr_watch_s *w = &l->wd;
+  if (!w->reported && busy >= l->stall_threshold) {
+    w->reported = true;
+    atomic_fetch_add(&l->stalls, 1);
+    w->asked = l->on_stall &&
+               l->on_stall(l, NR_STALL_REPORT, busy, mark, l->ud);
+    w->asked_at = now;
+    if (!w->asked && nr_loop_stall_claim(l, mark))
+      log_stall(l, busy);
+  } else if (w->asked && now - w->asked_at >= GRACE) {
+    w->asked = false;
+    if (nr_loop_stall_claim(l, mark))
+      log_stall(l, busy);
+  }
+}
+
+/* Interrupt a run past stall_timeout, or a reported one once its loop's
+ * shutdown is overdue; again every such period while it lasts. */
+static void interrupt(nr_loop_t *l, uint64_t mark, uint64_t busy,
+                      uint64_t now) {
+  struct nr_watch_s *w = &l->wd;
+  uint64_t every = l->stall_timeout;
+  uint64_t overdue = atomic_load_explicit(&l->shutdown_deadline,
+                                          memory_order_relaxed);
+  if (overdue != 0 && now >= overdue && w->reported &&
+      (every == 0 || every > l->stall_threshold))
+    every = l->stall_threshold;
+  if (!every || busy < every || !l->on_stall ||
+      (w->interrupted_at != 0 && now - w->interrupted_at < every))
+    return;
+  if (every != l->stall_timeout && !w->overdue) {
+    w->overdue = true;                 /* said once: a C run stays stuck */
+    nr_log(NR_LOG_WARN, "%s: shutdown timed out while a run is stuck: "
+           "interrupting it", l->name);
+  }
+  w->interrupted_at = now;
+  l->on_stall(l, NR_STALL_INTERRUPT, busy, mark, l->ud);
+}
+
 /* One sample of one loop at `now`. */
 static void check(nr_loop_t *l, uint64_t now) {
   struct nr_watch_s *w = &l->wd;
@@ -92,39 +134,14 @@ static void check(nr_loop_t *l, uint64_t now) {
     w->start = since != w->since ? since : now;
     w->since = since;
     w->mark = mark;
-    w->reported = w->asked = false;
+    w->reported = w->asked = w->overdue = false;
     w->interrupted_at = 0;
   }
   uint64_t busy = now > w->start ? now - w->start : 0;
   if (busy > atomic_load_explicit(&l->max_busy, memory_order_relaxed))
     atomic_store_explicit(&l->max_busy, busy, memory_order_relaxed);
-  if (!w->reported && busy >= l->stall_threshold) {
-    w->reported = true;
-    atomic_fetch_add(&l->stalls, 1);
-    w->asked = l->on_stall &&
-               l->on_stall(l, NR_STALL_REPORT, busy, mark, l->ud);
-    w->asked_at = now;
-    if (!w->asked && nr_loop_stall_claim(l, mark))
-      log_stall(l, busy);
-  } else if (w->asked && now - w->asked_at >= GRACE) {
-    w->asked = false;
-    if (nr_loop_stall_claim(l, mark))
-      log_stall(l, busy);
-  }
-  uint64_t every = l->stall_timeout;
-  uint64_t overdue = atomic_load_explicit(&l->shutdown_deadline,
-                                          memory_order_relaxed);
-  if (overdue != 0 && now >= overdue && w->reported &&
-      (every == 0 || every > l->stall_threshold))
-    every = l->stall_threshold;        /* shutdown timed out: stop it now */
-  if (every && busy >= every && l->on_stall &&
-      (w->interrupted_at == 0 || now - w->interrupted_at >= every)) {
-    if (every != l->stall_timeout)
-      nr_log(NR_LOG_WARN, "%s: shutdown timed out while a run is stuck: "
-             "interrupting it", l->name);
-    w->interrupted_at = now;
-    l->on_stall(l, NR_STALL_INTERRUPT, busy, mark, l->ud);
-  }
+  report(l, mark, busy, now);
+  interrupt(l, mark, busy, now);
 }
 
 static void *watchdog_main(void *arg) {

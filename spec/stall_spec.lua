@@ -190,6 +190,7 @@ describe("a stuck loop and the process", function()
     local text = read_file(log)
     assert.matches("loop stall%-1 has not terminated %(shutting_down, busy for %d+%.%d s%)", text)
     assert.matches("shutdown did not finish within 1%.0 s: exiting now", text)
+    assert.equal(1, count(text, "shutdown timed out while a run is stuck"), text)
   end)
 
   it("a script that raises after starting a busy loop exits with status 1 and the traceback", function()
