@@ -9,9 +9,11 @@
  * netrun.run() return and the process exit 0; a second exits at once with
  * status 130. A signal that comes while the script still runs takes effect
  * when it returns (groups made after it are shut down too). The shutdown
- * timeout (NETRUN_SHUTDOWN_TIMEOUT, default 15 s) is enforced here, not by
- * the loops: a loop stuck in a task never checks it, so past it (and a
- * margin) the stuck loops are named and the process exits with status 1.
+ * timeout (NETRUN_SHUTDOWN_TIMEOUT, default 15 s) is enforced here too, not
+ * only by the loops: a loop stuck in a task never checks it. The stall
+ * watchdog interrupts a stuck Lua run once it has passed; past it and a
+ * margin, the loops still running (stuck in C) are named and the process
+ * exits with status 1.
  *
  * SIGPIPE is caught by a handler that does nothing rather than ignored:
  * writes to a closed pipe fail with EPIPE all the same, and a caught
