@@ -83,6 +83,7 @@ static bool give_up(uint64_t timeout) {
     return false;
   nr_log(NR_LOG_ERROR, "shutdown did not finish within %.1f s: exiting now",
          (double)timeout / 1e9);
+  nr_log_flush();                 /* _exit skips the log's own flush */
   _exit(1);
 }
 
@@ -128,6 +129,7 @@ static void *signal_thread(void *arg) {
       continue;                           /* the REPL abandons its wait */
     if (atomic_fetch_add(&signals_seen, 1) > 0) {
       static const char msg[] = "netrun: second signal, exiting now\n";
+      nr_log_flush();                     /* bounded: stderr may be stuck */
       ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
       (void)w;
       _exit(130);
@@ -171,6 +173,7 @@ static int msgh(lua_State *L) {
 
 static int report(lua_State *L, int status) {
   if (status != LUA_OK) {
+    nr_log_flush();                       /* log lines first, in order */
     fprintf(stderr, "%s: %s\n", progname, lua_tostring(L, -1));
     fflush(stderr);
     lua_pop(L, 1);

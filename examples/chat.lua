@@ -41,7 +41,9 @@ function Chat:channel_inactive(ctx)
   members:write_and_flush("* a user left\n")
 end
 function Chat:exception_caught(ctx, err)
-  netrun.log.warn("%s", err)
+  -- a peer that resets its connection is routine, not a warning
+  local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+  netrun.log[reset and "debug" or "warn"]("%s", err)
   ctx:close()
 end
 

@@ -17,8 +17,19 @@ local VOID = netrun.void_promise()
 local Echo = {}
 function Echo:channel_read(ctx, msg) ctx:write(msg, VOID) end
 function Echo:channel_read_complete(ctx) ctx:flush() end
+-- Backpressure (as Netty's echo examples): a client that sends and does
+-- not read would have its echoes pile up in the outbound buffer. Once the
+-- buffer is above write_buffer_high the channel turns unwritable and the
+-- server stops reading from it; once it drains below write_buffer_low it
+-- reads again. The event comes only on those changes: a read costs nothing.
+function Echo:channel_writability_changed(ctx)
+  local ch = ctx.channel
+  ch:option("auto_read", ch:is_writable())
+end
 function Echo:exception_caught(ctx, err)
-  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  -- a peer that resets its connection is routine, not a warning
+  local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+  netrun.log[reset and "debug" or "warn"]("channel %d: %s", ctx.channel:id(), err)
   ctx:close()
 end
 

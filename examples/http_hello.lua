@@ -1,7 +1,9 @@
 -- http_hello.lua -- "Hello, World!" over HTTP/1.1: the native codec parses
 -- and encodes, a Lua handler answers.
 --   netrun examples/http_hello.lua [--port N] [--threads N] [--host H]
---                                  [--response prepared|table]   (or PORT=N ...)
+--                                  [--response prepared|table]
+--                                  [--header-timeout S] [--body-timeout S]
+--                                  [--keepalive-timeout S]   (or PORT=N ...)
 -- Keep-alive and pipelining are handled by the codec: the handler writes
 -- one response per request and flushes once per read.
 local netrun = require "netrun"
@@ -10,6 +12,16 @@ local option = netrun.option
 
 local port = option("port", 8080)
 local threads = option("threads", 1)
+
+-- The codec faces clients, so it times them (nginx's defaults): a request
+-- head must arrive within 60 s of its first byte, a body may pause 60 s
+-- between reads (both answered with 408), and an idle connection is
+-- closed after 75 s; 0 turns one off.
+local limits = {
+  header_timeout = option("header-timeout", 60),
+  body_timeout = option("body-timeout", 60),
+  keepalive_timeout = option("keepalive-timeout", 75),
+}
 
 -- The response is prepared once: its table is read and its headers checked
 -- here, and each write copies its bytes (adding Date, and Connection: close
@@ -33,7 +45,9 @@ local Hello = {}
 function Hello:channel_read(ctx, req) ctx:write(response, VOID) end
 function Hello:channel_read_complete(ctx) ctx:flush() end
 function Hello:exception_caught(ctx, err)
-  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  -- a peer that resets its connection is routine, not a warning
+  local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+  netrun.log[reset and "debug" or "warn"]("channel %d: %s", ctx.channel:id(), err)
   ctx:close()
 end
 
@@ -43,7 +57,7 @@ local server = netrun.server {
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server {})
+    ch:pipeline():add_last("http", netrun.codec.http_server(limits))
     ch:pipeline():add_last("hello", Hello)
   end,
 }:sync()

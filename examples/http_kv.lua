@@ -1,6 +1,8 @@
 -- http_kv.lua -- a key-value store over HTTP on a netrun.shared.dict, so
 -- every worker loop sees the same data.
---   netrun examples/http_kv.lua [--port N] [--threads N] [--host H]   (or PORT=N)
+--   netrun examples/http_kv.lua [--port N] [--threads N] [--host H]
+--                               [--header-timeout S] [--body-timeout S]
+--                               [--keepalive-timeout S]   (or PORT=N ...)
 --   curl -X PUT --data-binary 'v' localhost:8080/k   -> 201 (200 if it existed)
 --   curl localhost:8080/k                             -> 200 "v", or 404
 --   curl -X DELETE localhost:8080/k                   -> 204, or 404
@@ -10,6 +12,16 @@ local option = netrun.option
 
 local port = option("port", 8080)
 local threads = option("threads", 1)
+
+-- The codec faces clients, so it times them (nginx's defaults): a request
+-- head must arrive within 60 s of its first byte, a body may pause 60 s
+-- between reads (both answered with 408), and an idle connection is
+-- closed after 75 s; 0 turns one off.
+local limits = {
+  header_timeout = option("header-timeout", 60),
+  body_timeout = option("body-timeout", 60),
+  keepalive_timeout = option("keepalive-timeout", 75),
+}
 
 local TEXT = { ["content-type"] = "text/plain" }
 
@@ -43,7 +55,9 @@ function KV:channel_read(ctx, req)
 end
 function KV:channel_read_complete(ctx) ctx:flush() end
 function KV:exception_caught(ctx, err)
-  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  -- a peer that resets its connection is routine, not a warning
+  local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+  netrun.log[reset and "debug" or "warn"]("channel %d: %s", ctx.channel:id(), err)
   ctx:close()
 end
 
@@ -54,7 +68,7 @@ local server = netrun.server {
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server {})
+    ch:pipeline():add_last("http", netrun.codec.http_server(limits))
     ch:pipeline():add_last("kv", KV)
   end,
 }:sync()

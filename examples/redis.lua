@@ -310,7 +310,9 @@ function Redis:exception_caught(ctx, err)
   send(ctx)
   ctx:flush()
   if not tostring(err):find("^RESP: Protocol error") then
-    netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+    -- a peer that resets its connection is routine, not a warning
+    local reset = tostring(err):find("ECONNRESET") or tostring(err):find("EPIPE")
+    netrun.log[reset and "debug" or "warn"]("channel %d: %s", ctx.channel:id(), err)
     ctx:close()
   end
 end

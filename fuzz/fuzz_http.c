@@ -45,9 +45,11 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
   check(r->type == NR_MSG_HTTP_REQUEST);
   check(r->method_len > 0 && r->path_len > 0);
   check(r->minor == 0 || r->minor == 1);
-  check(r->nheaders <= NR_HTTP_MAX_HEADERS);
+  check(r->nheaders + r->ntrailers <= NR_HTTP_DEFAULT_MAX_HEADERS);
+  check(r->trailers == r->headers + r->nheaders);
   volatile char sink = 0;
-  for (size_t i = 0; i < r->nheaders; i++) {   /* touch every byte: ASan */
+  for (size_t i = 0; i < r->nheaders + r->ntrailers; i++) {   /* touch every
+                                                               byte: ASan */
     const nr_http_header_t *h = &r->headers[i];
     check(h->name_len > 0);
     for (size_t j = 0; j < h->name_len; j++)
@@ -62,7 +64,8 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
     mix(run, r->path, r->path_len);
     mix(run, r->query ? r->query : "-", r->query ? r->query_len : 1);
     mix(run, r->body, r->body_len);
-    for (size_t i = 0; i < r->nheaders; i++) {
+    for (size_t i = 0; i < r->nheaders + r->ntrailers; i++) {
+      mix(run, i < r->nheaders ? "h" : "t", 1);
       mix(run, r->headers[i].name, r->headers[i].name_len);
       mix(run, r->headers[i].value, r->headers[i].value_len);
     }
@@ -81,7 +84,7 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
 static int feed_all(const uint8_t *data, size_t size, size_t step,
                     run_t *run) {
   nr_http_parser_t p;
-  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
   size_t off = 0;
   int rc = 0;
   while (off < size && rc == 0) {

@@ -8,6 +8,7 @@
  * and bind/connect enter its pipeline at the tail, as in Netty.
  */
 #include <stdio.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -82,21 +83,6 @@ static nr_promise_t *fail_with_raised(int rc) {
   return nr__promise_failed(rc, "%s", nr__raised(rc));
 }
 
-/* A unix socket path left by a dead process: nobody answers there. */
-static void remove_stale_socket(const struct sockaddr_storage *ss,
-                                socklen_t len) {
-  const char *path = ((const struct sockaddr_un *)ss)->sun_path;
-  if (access(path, F_OK) != 0)
-    return;
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return;
-  if (connect(fd, (const struct sockaddr *)ss, len) < 0 &&
-      errno == ECONNREFUSED)
-    unlink(path);
-  close(fd);
-}
-
 nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
   struct sockaddr_storage ss;
   socklen_t len;
@@ -106,14 +92,22 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
                    SOCK_STREAM, true, &ss, &len);
   if (rc < 0)
     return fail_with_raised(rc);
+  if (ss.ss_family == AF_UNIX && (rc = nr__unix_prepare(&ss, len)) < 0)
+    return fail_with_raised(rc);
   int fd = nr__socket(ss.ss_family, SOCK_STREAM);
   if (fd < 0)
     return fail_with_raised(fd);
   int on = 1;
   if (ss.ss_family != AF_UNIX)
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  else
-    remove_stale_socket(&ss, len);
+  else if (o->unix_mode && fchmod(fd, (mode_t)(o->unix_mode & 0777)) < 0) {
+    /* bind(2) gives the file the socket's own mode less the umask (Linux
+     * af_unix), so the file is born with it: no chmod after, no window. */
+    rc = -errno;
+    close(fd);
+    return fail_with_raised(nr_raise(rc, "%s: fchmod: %s", o->unix_path,
+                                     nr__errname(rc)));
+  }
   if (o->reuseport)
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
   nr_channel_t *ch = nr__channel_new(NR__LISTEN, ss.ss_family, fd, NULL);

@@ -13,13 +13,17 @@
 #include <assert.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <sys/ioctl.h>
+
 #include "internal.h"
 
 #define CLOSE_LINGER NR_SEC(30)   /* longest drain of flushed data at close */
+#define INPUT_LINGER NR_SEC(5)    /* longest wait for the peer's FIN after ours */
 #define MAX_IOV 64
 
 static _Atomic uint64_t next_id = 1;
@@ -205,7 +209,7 @@ void nr__channel_update_interest(nr_channel_t *ch) {
   } else {
     if (ch->st & (NR__CONNECTING | NR__WAIT_OUT))
       ev |= EPOLLOUT;
-    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING)) &&
+    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING | NR__CLOSE_IDLE)) &&
         (ch->opts.auto_read || (ch->st & NR__READ_REQ)))
       ev |= EPOLLIN;
   }
@@ -407,6 +411,7 @@ static void read_error(nr_channel_t *ch, int err) {
 
 static void input_closed(nr_channel_t *ch) {
   if (!ch->opts.allow_half_closure) {
+    ch->st |= NR__INPUT_SHUT;                /* nothing more will come */
     nr__channel_close(ch, false);
     return;
   }
@@ -605,6 +610,66 @@ static void drop_timer(nr_timer_t **t) {
   }
 }
 
+/* ---- lingering close (nginx's lingering_close) ---------------------------------- */
+
+/* Closing a socket with unread input makes the kernel answer with a reset,
+ * and a reset destroys whatever the peer had not yet read of our last
+ * writes -- a response, the last megabytes to a slow reader at shutdown.
+ * So a graceful close of a connection that holds unread input sends our
+ * FIN (shutdown), then reads and discards until the peer's FIN or reset,
+ * or INPUT_LINGER. (Without unread input the close is immediate: an idle
+ * keep-alive peer must not hold a shutdown up.) The channel is closed for its users
+ * meanwhile (its pipeline gone, its close future done); only its fd waits,
+ * still on the loop's list, so a shutting-down loop waits for it (within
+ * its timeout) and aborts it at the end. */
+static void end_linger(nr_channel_t *ch) {
+  ch->st &= ~NR__LINGER;
+  drop_timer(&ch->linger_timer);
+  nr__io_stop(ch->loop, &ch->io);
+  close(ch->io.fd);
+  ch->io.fd = -1;
+  unlink_from_loop(ch);
+}
+
+static int linger_timed_out(void *arg) {
+  nr_channel_t *ch = arg;
+  if (ch->st & NR__LINGER)
+    end_linger(ch);
+  return 0;
+}
+
+static bool start_linger(nr_channel_t *ch) {
+  int unread = 0;
+  if (ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0 ||
+      shutdown(ch->io.fd, SHUT_WR) < 0 ||
+      nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
+    return false;
+  ch->st |= NR__LINGER;
+  ch->linger_timer = nr_loop_schedule(ch->loop, INPUT_LINGER, 0,
+                                      linger_timed_out, NULL, ch);
+  return true;
+}
+
+/* Input on a lingering fd: discard it; the peer's FIN or an error ends it. */
+static void drain_linger(nr_channel_t *ch) {
+  nr_loop_t *l = ch->loop;
+  if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL) {
+    end_linger(ch);
+    return;
+  }
+  for (int i = 0; i < 16; i++) {   /* a flood waits for the next turn */
+    ssize_t n = read(ch->io.fd, l->rbuf, NR_READ_BUF);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EAGAIN)
+      return;
+    if (n <= 0) {
+      end_linger(ch);
+      return;
+    }
+  }
+}
+
 static void finish_close(nr_channel_t *ch, bool abort) {
   if (ch->st & NR__CLOSED)
     return;
@@ -621,30 +686,63 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr_promise_release(ch->connect_promise);
     ch->connect_promise = NULL;
   }
-  if (ch->st & NR__REGISTERED)
-    nr__io_stop(ch->loop, &ch->io);
-  if (abort && ch->kind == NR__STREAM && was_active) {
-    struct linger lg = {1, 0};                 /* RST, not FIN */
-    setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  bool linger = !abort && was_active && ch->kind == NR__STREAM &&
+                (ch->st & NR__REGISTERED) && !(ch->st & NR__INPUT_SHUT) &&
+                start_linger(ch);
+  if (!linger) {
+    if (ch->st & NR__REGISTERED)
+      nr__io_stop(ch->loop, &ch->io);
+    if (abort && ch->kind == NR__STREAM && was_active) {
+      struct linger lg = {1, 0};               /* RST, not FIN */
+      setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
+      nr__unlink_socket(ch->unix_path, ch->unix_dev, ch->unix_ino);
+    close(ch->io.fd);
+    ch->io.fd = -1;                /* the number is anybody's from now on */
   }
-  if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
-    unlink(ch->unix_path);
-  close(ch->io.fd);
   if (ch->loop)
     nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
-  if (was_active)
-    nr__pipeline_fire_inactive(&ch->pipe);
+  unsigned td = was_active ? NR__TD_INACTIVE : 0;
   if (ch->st & NR__REGISTERED) {
-    nr__pipeline_fire_unregistered(&ch->pipe);
-    nr__pipeline_destroy(&ch->pipe);
+    td |= NR__TD_UNREGISTERED | NR__TD_DESTROY;
     ch->st &= ~NR__REGISTERED;
-    unlink_from_loop(ch);
+    if (!linger)
+      unlink_from_loop(ch);                    /* else end_linger does */
   }
   nr__channel_closed(ch);
+  if (td != 0)
+    nr__pipeline_teardown(&ch->pipe, td);
+}
+
+void nr_channel_hold(nr_channel_t *ch) {
+  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  ch->holds++;
+}
+
+static int close_idle_task(void *arg) {
+  nr_channel_t *ch = arg;
+  if (ch->holds == 0)
+    nr__channel_close(ch, false);
+  nr_channel_release(ch);
+  return 0;
+}
+
+/* The last hold goes with the answer's write, whose flush may still come
+ * (write_and_flush, a read batch's read_complete): close from a task. */
+void nr_channel_unhold(nr_channel_t *ch) {
+  assert(ch->holds > 0);
+  if (--ch->holds == 0 && (ch->st & NR__CLOSE_IDLE) &&
+      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);
+    nr__channel_close(ch, false);
+  }
 }
 
 /* Close every channel of a shutting-down loop (Netty's closeAll): flushed
- * data still drains. With abort, reset whatever is left. */
+ * data still drains. A channel that holds work owed (nr_channel_hold)
+ * stops reading and closes when the work is done. With abort, reset
+ * whatever is left. */
 static void close_each(nr_loop_t *l, bool abort) {
   size_t n = 0, i = 0;
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
@@ -657,8 +755,17 @@ static void close_each(nr_loop_t *l, bool abort) {
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     v[i++] = nr_channel_retain(ch);
   for (i = 0; i < n; i++) {
-    if (abort || !(v[i]->st & NR__CLOSING))
+    if (v[i]->st & NR__LINGER) {
+      if (abort)
+        end_linger(v[i]);
+    } else if (!abort && v[i]->holds > 0) {
+      if (!(v[i]->st & NR__CLOSE_IDLE)) {
+        v[i]->st |= NR__CLOSE_IDLE;
+        nr__channel_update_interest(v[i]);
+      }
+    } else if (abort || !(v[i]->st & NR__CLOSING)) {
       nr__channel_close(v[i], abort);
+    }
     nr_channel_release(v[i]);
   }
   free(v);
@@ -676,8 +783,12 @@ void nr__channels_abort_all(nr_loop_t *l) {
 static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   (void)l;
   nr_channel_t *ch = (nr_channel_t *)io;
-  if (ch->st & NR__CLOSED)
-    return 0;
+  if (ch->st & NR__CLOSED) {
+    if (!(ch->st & NR__LINGER))
+      return 0;
+    drain_linger(ch);
+    return 1;
+  }
   if (ch->kind == NR__LISTEN) {
     nr__accept_ready(ch);
     return 1;
@@ -719,9 +830,14 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
                      : nr_raise(err, "%s: %s", host, nr__errname(err));
   }
+  struct stat st;
   if (sa->sa_family == AF_UNIX &&
-      (ch->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)))
+      (ch->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)) &&
+      lstat(ch->unix_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+    ch->unix_dev = st.st_dev;
+    ch->unix_ino = st.st_ino;
     ch->st |= NR__UNLINK_PATH;
+  }
   nr__channel_set_active(ch);
   if (p)
     nr_promise_set_success(p, nr_channel_retain(ch),

@@ -266,14 +266,13 @@ void nr_embedded_close(nr_embedded_t *e) {
   bool was_active = atomic_load(&ch->pub) & NR__ACTIVE;
   ch->st |= NR__CLOSED;
   atomic_store(&ch->pub, 0);
-  if (was_active)
-    nr__pipeline_fire_inactive(&ch->pipe);
+  unsigned td = NR__TD_DESTROY | (was_active ? NR__TD_INACTIVE : 0);
   if (ch->st & NR__REGISTERED) {
-    nr__pipeline_fire_unregistered(&ch->pipe);
+    td |= NR__TD_UNREGISTERED;
     ch->st &= ~NR__REGISTERED;
   }
-  nr__pipeline_destroy(&ch->pipe);
   nr__channel_closed(ch);
+  nr__pipeline_teardown(&ch->pipe, td);
 }
 
 void nr_embedded_free(nr_embedded_t *e) {

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 
 #include "netrun.h"
 
@@ -203,13 +204,21 @@ struct nr_pipeline_s {
   nr_ctx_t head, tail;
   int depth;                 /* handler calls in progress */
   nr_ctx_t *zombies;         /* removed during a call: freed at depth 0 */
+  unsigned teardown;         /* NR__TD_* of a close made during a call */
   unsigned auto_names;
   const void *deferrable;    /* the read being fired may be taken later */
+  const void *tokened;       /* the read being fired has a token: */
+  uint64_t token;
 };
 
 void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,
                        const nr_handler_t *head);
 void nr__pipeline_destroy(nr_pipeline_t *p);   /* remove every handler */
+/* What closing a channel does to its pipeline: inactive, unregistered,
+ * then every handler removed -- at once, or once the handler calls in
+ * progress have returned (see pipeline.c). */
+enum { NR__TD_INACTIVE = 1, NR__TD_UNREGISTERED = 2, NR__TD_DESTROY = 4 };
+void nr__pipeline_teardown(nr_pipeline_t *p, unsigned what);
 int nr__pipeline_bind(nr_pipeline_t *p, const struct sockaddr *sa,
                       socklen_t len, nr_promise_t *prom);
 int nr__pipeline_connect(nr_pipeline_t *p, const struct sockaddr *sa,
@@ -300,7 +309,9 @@ enum {
   NR__REGISTERED = 1u << 0, NR__CONNECTING = 1u << 1, NR__CLOSING = 1u << 2,
   NR__CLOSED = 1u << 3, NR__INPUT_SHUT = 1u << 4, NR__READ_REQ = 1u << 5,
   NR__WAIT_OUT = 1u << 6, NR__FLUSH_TASK = 1u << 7, NR__WAS_ACTIVE = 1u << 8,
-  NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10
+  NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10,
+  NR__LINGER = 1u << 11,          /* closed; the fd waits for the peer's FIN */
+  NR__CLOSE_IDLE = 1u << 12       /* shutting down: close once nothing is held */
 };
 
 typedef struct nr_server_s {
@@ -320,6 +331,7 @@ struct nr_channel_s {
   uint64_t id;
   int kind, family;
   unsigned st;
+  unsigned holds;            /* work owed (nr_channel_hold) */
   nr_pipeline_t pipe;
   nr_outbound_t out;
   nr_channel_opts_t opts;
@@ -350,7 +362,9 @@ struct nr_channel_s {
     uint64_t align;
   } raddr;
   struct sockaddr_storage *raddr_big;
-  char *unix_path;
+  char *unix_path;                   /* a listener's socket file, and */
+  dev_t unix_dev;                    /* its identity: close unlinks only */
+  ino_t unix_ino;                    /* the socket it bound */
   socklen_t rlen;
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
 };
@@ -376,6 +390,12 @@ int nr__resolve(const char *host, int port, int socktype, bool passive,
                 struct sockaddr_storage *ss, socklen_t *len);
 int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
                   socklen_t *len);
+/* Before binding a unix socket at ss: a socket file nobody answers on
+ * (ECONNREFUSED) is removed; anything else that is not a socket is left
+ * alone and fails with -EEXIST (raised). Returns 0 or -errno. */
+int nr__unix_prepare(const struct sockaddr_storage *ss, socklen_t len);
+/* Unlink path only if it is still the socket file (dev, ino) we bound. */
+void nr__unlink_socket(const char *path, dev_t dev, ino_t ino);
 int nr__socket(int family, int type);
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
 int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,

@@ -54,12 +54,21 @@ uint64_t nr_now(void);
 
 enum { NR_LOG_DEBUG, NR_LOG_INFO, NR_LOG_WARN, NR_LOG_ERROR, NR_LOG_OFF };
 /* Level from NETRUN_LOG (debug|info|warn|error|off), default info. Each line
- * names its thread: the loop's name, or "main". Any thread. */
+ * names its thread: the loop's name, or "main". Any thread; never waits for
+ * stderr: a log thread writes the lines, in order, and a line that finds
+ * its bounded queue full is dropped and counted ("N log lines dropped").
+ * More than 10 identical lines a second are summed up ("message repeated
+ * N more times: ..."). */
 void nr_log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void nr_vlog(int level, const char *fmt, va_list ap);
 int nr_log_level(void);
 void nr_log_set_level(int level);
+/* Wait until the lines logged so far are written to stderr, for as long as
+ * they are being written: 1 s without progress ends the wait (stderr may be
+ * a pipe nobody reads). Runs at exit by itself; call it before _exit or
+ * before writing to stderr directly. Any thread. */
+void nr_log_flush(void);
 /* Name of the calling thread as it appears in log lines. */
 const char *nr_thread_name(void);
 
@@ -351,6 +360,8 @@ typedef struct nr_server_opts_s {
   const char *host;          /* default "0.0.0.0" */
   int port;                  /* 0 = ephemeral */
   const char *unix_path;     /* instead of host/port */
+  int unix_mode;             /* the socket file's mode, narrowed by the
+                                umask; 0 = 0777 (the umask alone decides) */
   int backlog;               /* default 1024 */
   bool reuseport;
   uint64_t accept_backoff;   /* pause after EMFILE, default 1 s */
@@ -404,6 +415,12 @@ bool nr_channel_is_datagram(const nr_channel_t *ch);
 int nr_channel_fd(const nr_channel_t *ch);
 /* Bytes waiting in the outbound buffer (written but not yet sent). */
 size_t nr_channel_pending_bytes(const nr_channel_t *ch);
+/* Loop thread only. Work owed to the peer (a request delivered, its
+ * response still being computed): while any is held, a graceful shutdown
+ * leaves the channel open -- it reads nothing more -- and closes it as the
+ * last hold is released, or when the shutdown times out. */
+void nr_channel_hold(nr_channel_t *ch);
+void nr_channel_unhold(nr_channel_t *ch);
 /* Loop thread only. A stream channel's write mark: the offset at which
  * everything written so far ends. Marks only grow. A write made without a
  * promise can be watched later by the mark taken right after it:
@@ -484,6 +501,10 @@ typedef struct nr_handler_s {
   int (*flush)(nr_ctx_t *ctx);
   unsigned (*mask)(const struct nr_handler_s *h, void *state);
   unsigned flags;                     /* NR_HANDLER_* */
+  /* A handler after this one raised on a message this one fired with a
+   * token (nr_ctx_fire_read_tokened): answer for it (the HTTP codec's 500
+   * in that request's turn). */
+  void (*read_failed)(nr_ctx_t *ctx, uint64_t token);
 } nr_handler_t;
 
 /* The handler's write either fails (returns an error) or, before it
@@ -574,6 +595,14 @@ void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg);
 void nr_pipeline_fire_read_deferrable(nr_pipeline_t *p, void *msg);
 /* Whether the read of msg now being delivered may be taken later. */
 bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg);
+/* nr_ctx_fire_read(_deferrable) of a message the producer wants to hear
+ * about if a handler fails on it: token (not 0) names it to the producer's
+ * read_failed. A consumer asks for the token while msg is delivered, and
+ * reports a failure with nr_ctx_read_failed from its own ctx. */
+void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
+                              bool deferrable);
+uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg);
+void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token);
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx);
 void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt);
 void nr_ctx_fire_writability_changed(nr_ctx_t *ctx);

@@ -12,6 +12,13 @@
  * reference on each), so an event already past it carries on; if a handler
  * call is in progress (depth > 0) the context is parked on `zombies` and
  * freed when the outermost call returns.
+ *
+ * A close never takes the handlers away under a handler's feet. A handler
+ * may close its channel indirectly (its flush meets a peer that reset, and
+ * the failed write closes) and then go on using its own state; so, as
+ * Netty fires channelInactive and deregisters "later", a close made while a
+ * handler call is in progress only notes the teardown, and the outermost
+ * call runs it as it returns (nr__pipeline_teardown, unwound).
  */
 #include <stdio.h>
 
@@ -82,15 +89,12 @@ void nr_ctx_release(nr_ctx_t *c) {
 
 static inline void enter(nr_pipeline_t *p) { p->depth++; }
 
-static void leave(nr_pipeline_t *p) {
-  if (--p->depth > 0 || p->zombies == NULL)
+static void unwound(nr_pipeline_t *p);
+
+static inline void leave(nr_pipeline_t *p) {
+  if (--p->depth > 0 || (p->zombies == NULL && p->teardown == 0))
     return;
-  nr_ctx_t *z = p->zombies;
-  p->zombies = NULL;
-  for (nr_ctx_t *n; z; z = n) {
-    n = z->zombie_next;
-    ctx_unref(z);
-  }
+  unwound(p);
 }
 
 /* ---- invocation ----------------------------------------------------------- */
@@ -203,6 +207,35 @@ void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg) {
 }
 bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg) {
   return msg == ctx->pipe->deferrable;
+}
+void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
+                              bool deferrable) {
+  nr_pipeline_t *p = ctx->pipe;
+  const void *outer = p->tokened;
+  uint64_t outer_token = p->token;
+  p->tokened = msg;
+  p->token = token;
+  if (deferrable)
+    nr_ctx_fire_read_deferrable(ctx, msg);
+  else
+    nr_ctx_fire_read(ctx, msg);
+  p->tokened = outer;
+  p->token = outer_token;
+}
+uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg) {
+  return msg == ctx->pipe->tokened ? ctx->pipe->token : 0;
+}
+/* To the nearest handler before ctx that asked (a removed ctx keeps its
+ * way back). */
+void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token) {
+  for (nr_ctx_t *c = ctx->prev; c != NULL && !c->embedded; c = c->prev)
+    if (c->h->read_failed != NULL && !c->removed) {
+      nr_pipeline_t *p = c->pipe;
+      enter(p);
+      c->h->read_failed(c, token);
+      leave(p);
+      return;
+    }
 }
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_in(ctx, NR_EV_READ_COMPLETE);
@@ -484,6 +517,43 @@ int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
 void nr__pipeline_destroy(nr_pipeline_t *p) {
   while (p->tail.prev != &p->head)
     unlink_ctx(p, p->tail.prev);
+}
+
+static void teardown_now(nr_pipeline_t *p, unsigned what) {
+  if (what & NR__TD_INACTIVE)
+    nr__pipeline_fire_inactive(p);
+  if (what & NR__TD_UNREGISTERED)
+    nr__pipeline_fire_unregistered(p);
+  if (what & NR__TD_DESTROY)
+    nr__pipeline_destroy(p);
+}
+
+void nr__pipeline_teardown(nr_pipeline_t *p, unsigned what) {
+  if (p->depth == 0) {
+    teardown_now(p, what);
+  } else if (p->teardown == 0) {
+    p->teardown = what;
+    nr_channel_retain(p->ch);          /* for unwound */
+  }
+}
+
+/* The outermost handler call returned: free what was removed during it,
+ * then carry out a close made during it (last: it may free the channel
+ * and with it p). */
+static void unwound(nr_pipeline_t *p) {
+  nr_ctx_t *z = p->zombies;
+  p->zombies = NULL;
+  for (nr_ctx_t *n; z; z = n) {
+    n = z->zombie_next;
+    ctx_unref(z);
+  }
+  unsigned what = p->teardown;
+  if (what != 0) {
+    nr_channel_t *ch = p->ch;
+    p->teardown = 0;
+    teardown_now(p, what);
+    nr_channel_release(ch);
+  }
 }
 
 nr_ctx_t *nr_pipeline_context(nr_pipeline_t *p, const char *name) {

@@ -8,6 +8,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -43,6 +44,34 @@ int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
   strcpy(un->sun_path, path);
   *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
   return 0;
+}
+
+/* lstat, not stat: a symbolic link at the path is not a socket, and what
+ * it points to is nobody's to remove. connect() to a regular file fails
+ * with ECONNREFUSED too, which is why the type is checked first. */
+int nr__unix_prepare(const struct sockaddr_storage *ss, socklen_t len) {
+  const char *path = ((const struct sockaddr_un *)ss)->sun_path;
+  struct stat st;
+  if (lstat(path, &st) < 0)
+    return 0;                            /* nothing there (or unreachable) */
+  if (!S_ISSOCK(st.st_mode))
+    return nr_raise(-EEXIST, "%s: exists and is not a socket; not replaced",
+                    path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  if (connect(fd, (const struct sockaddr *)ss, len) < 0 &&
+      errno == ECONNREFUSED)
+    nr__unlink_socket(path, st.st_dev, st.st_ino);   /* stale */
+  close(fd);
+  return 0;
+}
+
+void nr__unlink_socket(const char *path, dev_t dev, ino_t ino) {
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == dev &&
+      st.st_ino == ino)
+    unlink(path);
 }
 
 int nr__socket(int family, int type) {

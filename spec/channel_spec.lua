@@ -305,6 +305,66 @@ describe("channels", function()
     os.remove(dir)
   end)
 
+  it("replaces only a stale socket at a unix path, and unlinks only its own", function()
+    local dir = H.tmpdir()
+    local path = dir .. "/s.sock"
+    local function slurp(p)
+      local f = io.open(p)
+      if not f then return nil end
+      local s = f:read("a")
+      f:close()
+      return s
+    end
+    local function serve()
+      return pcall(function()
+        return netrun.server { group = group, unix = path, init = function() end }:sync()
+      end)
+    end
+    -- a regular file: connect(2) to it fails with ECONNREFUSED, as to a
+    -- stale socket, but it is nobody's socket: left alone, the bind fails
+    local f = assert(io.open(path, "w")); f:write("precious"); f:close()
+    local ok, err = serve()
+    assert.is_false(ok)
+    assert.matches("s.sock: exists and is not a socket; not replaced", tostring(err))
+    assert.equal("precious", slurp(path))
+    os.remove(path)
+    -- a stale socket (its listener closed without unlinking) is replaced
+    local unix = require "socket.unix"
+    local stale = assert(unix())
+    assert(stale:bind(path))
+    stale:close()
+    assert.equal("socket\n", H.run("stat -c %F " .. path))
+    local server
+    ok, server = serve()
+    assert.is_true(ok, tostring(server))
+    -- a live one is not: the second server fails, the first still serves
+    local ok2, err2 = serve()
+    assert.is_false(ok2)
+    assert.matches("EADDRINUSE", tostring(err2))
+    local c = assert(unix())
+    assert(c:connect(path))
+    c:close()
+    -- whatever replaced the socket file by close time is not ours to unlink
+    f = assert(io.open(dir .. "/other", "w")); f:write("mine"); f:close()
+    assert(os.rename(dir .. "/other", path))
+    server:close():sync()
+    assert.equal("mine", slurp(path))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("creates a unix socket with the mode asked for", function()
+    local dir = H.tmpdir()
+    local path = dir .. "/m.sock"
+    local server = netrun.server { group = group, unix = path, mode = tonumber("600", 8),
+                                   init = function() end }:sync()
+    assert.equal("600\n", (H.run("stat -c %a " .. path)))   -- less the umask
+    server:close():sync()
+    assert.is_nil(io.open(path))                 -- its own socket is unlinked at close
+    assert.has_error(function() netrun.server { group = group, unix = path, mode = -1 } end,
+      'netrun.server: mode must be a file mode from 0 to 0777 (e.g. tonumber("600", 8))')
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("sends and receives datagrams", function()
     local got = netrun.promise()
     local udp = netrun.udp {

@@ -203,7 +203,51 @@ describe("console", function()
     local out = run("setpriv --reuid=65534 --regid=65534 --clear-groups " .. BIN
       .. " attach " .. path .. " < /dev/null")
     os.execute("chmod 0600 " .. path .. "; chmod 0700 " .. dir)
-    assert.matches("refused: this console belongs to another user", out)
+    -- the server refuses it, and attach itself refuses a server of another uid
+    assert.matches("runs as uid 0, not as you %(uid 65534%); not attaching", out)
     assert.matches("refused a peer of uid 65534", read_file(log))
+  end)
+end)
+
+describe("console paths", function()
+  local dir
+  before_each(function() dir = H.tmpdir() end)
+  after_each(function() os.execute("rm -rf " .. dir) end)
+
+  it("--console never replaces a file that is not a socket", function()
+    local path = dir .. "/notes.txt"
+    local f = assert(io.open(path, "w")); f:write("keep me"); f:close()
+    local out, st = run(BIN .. " --console " .. path .. " -e 'print(1)'")
+    assert.equal(1, st)
+    assert.matches("notes.txt: exists and is not a socket; not replaced", out)
+    assert.equal("keep me", read_file(path))
+  end)
+
+  it("attach shows a console's control characters escaped, never raw", function()
+    local path = dir .. "/fake.sock"
+    local script = dir .. "/fake.lua"
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local netrun = require "netrun"
+netrun.server { group = netrun.group { threads = 1, name = "fake" }, unix = arg[1],
+  init = function(ch) ch:pipeline():add_last("evil", {
+    channel_active = function(self, ctx)
+      ctx:write_and_flush("hello\27]0;owned\7\27[2J\tend\1netrun\27[31m> \n")
+    end,
+    channel_read = function(self, ctx, msg)
+      ctx:write_and_flush("bye\27[0m\n")
+      ctx:close()
+    end }) end }:sync()
+print("ready")
+]])
+    f:close()
+    local pid, log = spawn(script .. " " .. path)
+    wait_for(log, "ready")
+    local out = run("printf 'x\\n' | " .. BIN .. " attach " .. path)
+    os.execute("kill -TERM " .. pid)
+    wait_exit(pid)
+    assert.is_nil(out:find("[\1-\8\11-\31\127]"), out)
+    assert.matches("hello\\027]0;owned\\007\\027[2J\tend", out, 1, true)
+    assert.matches("bye\\027[0m", out, 1, true)
   end)
 end)

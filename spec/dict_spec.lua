@@ -124,4 +124,129 @@ describe("netrun.shared.dict", function()
     assert.equal(4 * 2000, d:get("hits"))
     assert.equal(11, #d)
   end)
+
+  it("lets a __gc finalizer use the dict while keys() builds its table", function()
+    -- In a child process, bounded: a deadlock shows as timeout's status 124.
+    local out, st = H.run(string.format([[timeout 20 %s -e '
+local d = require("netrun").shared.dict("gc")
+for i = 1, 3000 do d:set("key" .. i, i) end
+local mt = { __gc = function() d:set("from_gc", (d:get("from_gc") or 0) + 1) end }
+for _ = 1, 50 do
+  for _ = 1, 300 do setmetatable({}, mt) end
+  assert(#d:keys(0) >= 3000)
+end
+collectgarbage()
+print("finalizers", d:get("from_gc"))']], H.BIN))
+    assert.equal(0, st, out)
+    assert.matches("finalizers%s+%d+", out)
+  end)
+
+  it("holds its byte capacity: set evicts the least recently used, safe_set refuses", function()
+    local d = netrun.shared.dict("bytes", { memory = 16 << 20 })
+    d:flush_all()
+    local mib = string.rep("x", 1 << 20)
+    for i = 1, 300 do assert.is_true(d:set("k" .. i, mib)) end
+    local s = d:stats()
+    assert.is_true(s.bytes <= 16 << 20, "dict holds " .. s.bytes .. " bytes")
+    assert.equal(16 << 20, s.memory)
+    assert.equal(15, #d)                         -- 16 MiB minus the headers
+    assert.equal(285, s.evictions)
+    assert.equal(mib, d:get("k300"))
+    assert.is_nil(d:get("k1"))
+    -- a value larger than the whole dict is refused, the rest kept
+    local ok, err = d:set("huge", string.rep("y", 17 << 20))
+    assert.is_nil(ok); assert.equal("no memory", err)
+    assert.equal(15, #d)
+    -- safe_set and safe_add refuse instead of evicting
+    ok, err = d:safe_set("k301", mib)
+    assert.is_nil(ok); assert.equal("no memory", err)
+    ok, err = d:safe_add("k302", mib)
+    assert.is_nil(ok); assert.equal("no memory", err)
+    assert.is_true(d:safe_set("k300", "small"))  -- replacing in place fits
+    assert.is_true(d:safe_add("fits", "small"))
+    assert.equal(16, #d)
+    ok, err = d:safe_add("fits", "again")
+    assert.is_nil(ok); assert.equal("exists", err)
+
+    -- least recently used by bytes: a and c survive, b goes
+    local lru = netrun.shared.dict("bytes-lru", { memory = 3 * (1024 + 200) })
+    lru:set("a", string.rep("a", 1024)); lru:set("b", string.rep("b", 1024))
+    lru:set("c", string.rep("c", 1024))
+    assert.equal(3, #lru)
+    assert.equal(1024, #lru:get("a"))
+    lru:set("d", string.rep("d", 1024))
+    assert.is_nil(lru:get("b"))
+    assert.same({ 1024, 1024, 1024 }, { #lru:get("a"), #lru:get("c"), #lru:get("d") })
+    assert.equal(64 << 20, netrun.shared.dict("bytes-default"):stats().memory)
+    assert.has_error(function() netrun.shared.dict("bad-mem", { memory = 0 }) end,
+      "netrun.shared.dict: memory must be >= 1")
+    d:flush_all()
+    assert.equal(0, d:stats().bytes)
+  end)
+
+  it("keeps the process's memory within the default byte capacity", function()
+    -- 300 values of 1 MiB in a child process (ASan without its quarantine,
+    -- which would hold every freed value): RSS grows by the 64 MiB limit.
+    local out, st = H.run(string.format([[ASAN_OPTIONS=quarantine_size_mb=0:$ASAN_OPTIONS \
+      timeout 60 %s -e '
+local function rss()
+  local f = io.open("/proc/self/status")
+  local kb = tonumber(f:read("a"):match("VmRSS:%%s*(%%d+)"))
+  f:close()
+  return kb
+end
+local d = require("netrun").shared.dict("big")
+local mib = string.rep("x", 1 << 20)
+local before = rss()
+for i = 1, 300 do assert(d:set("k" .. i, mib)) end
+print("grown", rss() - before, "bytes", d:stats().bytes, "entries", #d)
+local maps = io.open("/proc/self/maps"):read("a")
+print(maps:find("libtsan", 1, true) and "tsan" or "")']], H.BIN))
+    assert.equal(0, st, out)
+    local grown, bytes, n = out:match("grown%s+(%d+)%s+bytes%s+(%d+)%s+entries%s+(%d+)")
+    assert.is_true(tonumber(bytes) <= 64 << 20, out)
+    assert.equal(63, tonumber(n))
+    -- ThreadSanitizer's allocator holds freed memory: no RSS figure there
+    if not out:find("tsan", 1, true) then
+      assert.is_true(tonumber(grown) < 96 * 1024, "RSS grew by " .. grown .. " KiB")
+    end
+  end)
+
+  it("spreads keys crafted to collide under an unseeded hash", function()
+    -- FNV-1a as netrun hashed keys before (with its offset basis): keys
+    -- sharing their low 10 bits shared one of 1024 buckets.
+    local function fnv(s)
+      local h = 1469598103934665603
+      for i = 1, #s do h = (h ~ s:byte(i)) * 1099511628211 end
+      return h
+    end
+    local keys, i = {}, 0
+    while #keys < 300 do
+      i = i + 1
+      local k = "k" .. i
+      if fnv(k) & 1023 == 0 then keys[#keys + 1] = k end
+    end
+    local d = netrun.shared.dict("collide", { capacity = 1000 })
+    d:flush_all()
+    for j, k in ipairs(keys) do d:set(k, j) end
+    local s = d:stats()
+    assert.equal(300, s.entries)
+    assert.is_true(s.max_chain <= 10, "longest chain " .. s.max_chain)
+    for j, k in ipairs(keys) do assert.equal(j, d:get(k)) end
+  end)
+
+  it("grows its bucket array and keeps every key", function()
+    local d = netrun.shared.dict("grow", { capacity = 50000 })
+    d:flush_all()
+    assert.equal(16, d:stats().buckets)
+    for j = 1, 20000 do d:set("g" .. j, j) end
+    local s = d:stats()
+    assert.equal(20000, s.entries)
+    assert.is_true(s.buckets >= 16384, "buckets " .. s.buckets)
+    assert.is_true(s.max_chain <= 12, "longest chain " .. s.max_chain)
+    for j = 1, 20000 do
+      if d:get("g" .. j) ~= j then error("lost g" .. j) end
+    end
+    assert.equal(20000, #d:keys(0))
+  end)
 end)

@@ -19,6 +19,33 @@ describe("examples", function()
     stop(pid)
   end)
 
+  it("echo.lua stops reading from a client that does not read its echoes", function()
+    local port = free_port()
+    local pid = start("examples/echo.lua", port)
+    local c = H.client(port)
+    c:settimeout(1)
+    local before = H.rss(pid)
+    local LIMIT = 256 << 20
+    local sent = H.flood(c, string.rep("x", 65536), LIMIT)
+    local grown = H.rss(pid) - before
+    -- The kernel's buffers hold a few MiB; the server holds little more.
+    assert.is_true(sent < LIMIT, "the server took all " .. sent .. " bytes")
+    assert.is_true(grown < 32 * 1024, "server RSS grew by " .. grown .. " KiB")
+    -- Reading drains it: every byte comes back, then it reads again.
+    local got = 0
+    while got < sent do
+      local data, err, partial = c:receive(math.min(65536, sent - got))
+      data = data or partial
+      assert(err == nil or #data > 0, "receive failed: " .. tostring(err))
+      got = got + #data
+    end
+    c:settimeout(5)
+    c:send("ping\n")
+    assert.equal("ping", c:receive("*l"))
+    c:close()
+    stop(pid)
+  end)
+
   it("client.lua reports a refused connection and exits 1", function()
     local out, st = run(BIN .. " examples/client.lua --port " .. free_port())
     assert.equal(1, st)

@@ -180,4 +180,39 @@ describe("futures", function()
     assert.is_false(ok)
     assert.matches("nope", err)
   end)
+
+  it("completes netrun.all for a main thread that only polls is_done", function()
+    -- all's listeners run on the main thread, which is not a loop: a
+    -- query of a pending future runs its queued work. Bounded: 5 s.
+    local fs = { group:schedule(0.05, function() return 1 end),
+                 group:submit(function() return 2 end) }
+    local all = netrun.all(fs)
+    local deadline = H.socket.gettime() + 5
+    local polls = 0
+    while not all:is_done() and H.socket.gettime() < deadline do
+      polls = polls + 1
+    end
+    assert.is_true(all:is_done(), "still pending after " .. polls .. " polls")
+    assert.same({ 1, 2 }, all:result())
+    -- is_success and cause poll too: a failure seen without sync
+    local failed = netrun.all { group:submit(function() error("polled", 0) end) }
+    deadline = H.socket.gettime() + 5
+    while failed:cause() == nil and H.socket.gettime() < deadline do end
+    assert.is_false(failed:is_success())
+    assert.matches("polled", failed:cause())
+  end)
+
+  it("await of a future that completes while the coroutine parks resumes it once", function()
+    -- The other loop completes each future at any moment, sometimes
+    -- between await's check and its listener: 20000 tries.
+    local l1, l2 = group:loops()[1], group:loops()[2]
+    local n = H.sync(l1:submit(function(other)
+      return netrun.spawn(function()
+        local n = 0
+        for _ = 1, 20000 do n = n + other:submit(function() return 1 end):await() end
+        return n
+      end)
+    end, l2), 30)
+    assert.equal(20000, H.sync(n, 30))
+  end)
 end)

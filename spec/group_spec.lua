@@ -286,6 +286,48 @@ describe("graceful shutdown", function()
       "rej-1: loop is shut down: task rejected")
   end)
 
+  it("refuses tasks past max_pending_tasks with a clear error, and runs the rest", function()
+    local g = netrun.group { threads = 1, name = "full", max_pending_tasks = 1000 }
+    local l = g:next()
+    local accepted_ch = netrun.promise()          -- a channel on that loop
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = function(ch) accepted_ch:set_success(ch) end,
+    }:sync()
+    local client = H.client(select(2, server:local_address()))
+    local ch = H.sync(accepted_ch)
+    local started, release = netrun.promise(), netrun.promise()
+    l:execute(function(st, rel)           -- keeps the loop busy until released
+      st:set_success(true)
+      local deadline = os.clock() + 10
+      while not rel:is_done() and os.clock() < deadline do end
+    end, started, release)
+    H.sync(started)
+    local accepted, refused, err = {}, 0, nil
+    for i = 1, 3000 do
+      local ok, f = pcall(l.submit, l, function(x) return x end, i)
+      if ok then accepted[#accepted + 1] = f else refused, err = refused + 1, f end
+    end
+    local ok, xerr = pcall(l.execute, l, function() end)
+    local w = ch:write_and_flush("x")             -- from another thread: a task too
+    release:set_success(true)
+    assert.has_error(function() H.sync(w) end)
+    assert.matches("task queue full", w:cause())
+    assert.equal(1000, #accepted)
+    assert.equal(2000, refused)
+    assert.matches("full%-1: task queue full %(max_pending_tasks = 1000%): task rejected", err)
+    assert.is_false(ok)
+    assert.matches("task queue full", xerr)
+    for i, f in ipairs(accepted) do assert.equal(i, H.sync(f)) end
+    -- drained: it takes tasks again
+    assert.equal("again", l:submit(function() return "again" end):sync())
+    assert.has_error(function() netrun.group { max_pending_tasks = 0 } end,
+      "netrun.group: max_pending_tasks must be >= 1, got 0")
+    client:close()
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
   it("still runs a task submitted during the quiet period", function()
     local g = netrun.group { threads = 1, name = "quiet" }
     g:submit(function() end):sync()

@@ -163,16 +163,57 @@ function H.start(script, port, args)
   error(script .. " never listened on " .. port)
 end
 
+-- Whether process pid still runs. A started process is nobody's child
+-- here (its shell exited), so once it exits it may stay a zombie until
+-- init reaps it: a zombie counts as gone.
+function H.alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local stat = f:read("a") or ""
+  f:close()
+  local state = stat:match("^%d+ %b() (%a)")
+  return state ~= nil and state ~= "Z"
+end
+
 -- SIGTERM a started process and wait (bounded) until it is gone; true if
 -- it exited in time.
 function H.stop(pid)
   os.execute("kill -TERM " .. pid)
   local deadline = socket.gettime() + 10
-  while os.execute("kill -0 " .. pid .. " 2>/dev/null") do
+  while H.alive(pid) do
     if socket.gettime() > deadline then return false end
     socket.select(nil, nil, 0.02)
   end
   return true
+end
+
+-- Under a sanitizer (ASan keeps freed memory in quarantine) RSS says
+-- nothing of what a program holds: specs skip their RSS bounds there.
+H.sanitized = os.getenv("NETRUN_SANITIZED") ~= nil
+
+-- Resident memory of a process in KiB, from /proc/PID/status (this
+-- process when pid is nil).
+function H.rss(pid)
+  local f = assert(io.open("/proc/" .. (pid or "self") .. "/status"))
+  local kb = tonumber(f:read("a"):match("VmRSS:%s*(%d+)"))
+  f:close()
+  return kb
+end
+
+-- Send `chunk` over c until the peer stops taking it (a send times out
+-- after c's timeout) or `limit` bytes went; returns the bytes sent.
+function H.flood(c, chunk, limit)
+  local sent = 0
+  while sent < limit do
+    local n, err, partial = c:send(chunk)
+    if not n then
+      sent = sent + (partial or 0)
+      assert(err == "timeout", "send failed: " .. tostring(err))
+      break
+    end
+    sent = sent + n
+  end
+  return sent
 end
 
 function H.tmpdir()

@@ -25,6 +25,9 @@ function Describe:channel_read(ctx, req)
   table.sort(names)
   local hs = {}
   for _, k in ipairs(names) do hs[#hs + 1] = k .. "=" .. req.headers[k] end
+  local ts = {}
+  for k, v in pairs(req.trailers) do ts[#ts + 1] = k .. "=" .. v end
+  table.sort(ts)
   if req.path == "/stream" then
     ctx:write { status = 200, stream = true, headers = { ["content-type"] = "text/plain" } }
     for i = 1, 3 do ctx:write("part " .. i .. ";") end
@@ -37,6 +40,18 @@ function Describe:channel_read(ctx, req)
                             ["content-type"] = "text/plain" } }
     return
   end
+  if req.path == "/slow-answer" then      -- a slow handler, not a slow client
+    -- (the task is copied into this state: it finds ctx by a number)
+    _G.slow, _G.slow_n = _G.slow or {}, (_G.slow_n or 0) + 1
+    _G.slow[_G.slow_n] = { ctx, req.method }
+    netrun.current():schedule(0.4, function(n)
+      local c, method = _G.slow[n][1], _G.slow[n][2]
+      _G.slow[n] = nil
+      c:write { status = 200, body = "slow " .. method }
+      c:flush()
+    end, _G.slow_n)
+    return
+  end
   if req.path == "/bad-header" then
     ctx:write { status = 200, headers = { ["x-evil"] = "a\r\nInjected: 1" }, body = "no" }
     return
@@ -44,11 +59,11 @@ function Describe:channel_read(ctx, req)
   ctx:write {
     status = tonumber(req.headers["x-status"]) or 200,
     headers = { ["content-type"] = "text/plain", ["x-count"] = 7 },
-    body = string.format("%s %s q=%s %s ka=%s ch=%d len=%d sum=%d hs=%s",
+    body = string.format("%s %s q=%s %s ka=%s ch=%d len=%d sum=%d hs=%s ts=%s",
       req.method, req.path, tostring(req.query), req.version,
       tostring(req.keep_alive), ctx.channel:id(), #req.body,
       (function(s) local n = 0 for i = 1, #s do n = (n + s:byte(i)) % 65536 end return n end)(req.body),
-      table.concat(hs, ",")),
+      table.concat(hs, ","), table.concat(ts, ",")),
   }
 end
 function Describe:channel_read_complete(ctx) ctx:flush() end
@@ -180,7 +195,7 @@ describe("http_server on raw connections", function()
     for i = 1, 16 do
       reqs[i] = string.format("GET /%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
     end
-    reqs[8] = "POST /8 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+    reqs[8] = "POST /8 HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
     assert(c:send(table.concat(reqs)))
     for i = 1, 16 do
       local status, _, body = read_response(c)
@@ -188,7 +203,7 @@ describe("http_server on raw connections", function()
       assert.matches("^%u+ /" .. i .. " ", body)
     end
     -- still open: keep-alive
-    assert(c:send("GET /again HTTP/1.1\r\n\r\n"))
+    assert(c:send("GET /again HTTP/1.1\r\nHost: h\r\n\r\n"))
     local _, _, body = read_response(c)
     assert.matches("^GET /again ", body)
     c:close()
@@ -196,7 +211,7 @@ describe("http_server on raw connections", function()
 
   it("answers a malformed request line with 400 and closes", function()
     local c = H.client(port)
-    assert(c:send("GET /ok HTTP/1.1\r\n\r\nNOT A REQUEST\r\n\r\n"))
+    assert(c:send("GET /ok HTTP/1.1\r\nHost: h\r\n\r\nNOT A REQUEST\r\n\r\n"))
     local status, _, body = read_response(c)
     assert.equal(200, status)
     assert.matches("^GET /ok", body)
@@ -211,7 +226,7 @@ describe("http_server on raw connections", function()
 
   it("answers oversized headers with 431 and closes", function()
     local c = H.client(port)
-    assert(c:send("GET / HTTP/1.1\r\nX-Big: " .. string.rep("a", 2000) .. "\r\n\r\n"))
+    assert(c:send("GET / HTTP/1.1\r\nHost: h\r\nX-Big: " .. string.rep("a", 2000) .. "\r\n\r\n"))
     local status, headers = read_response(c)
     assert.equal(431, status)
     assert.equal("close", headers.connection)
@@ -221,14 +236,14 @@ describe("http_server on raw connections", function()
 
   it("answers an oversized body with 413 and closes, Content-Length or chunked", function()
     local c = H.client(port)
-    assert(c:send("POST / HTTP/1.1\r\nContent-Length: 1001\r\n\r\n"))
+    assert(c:send("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1001\r\n\r\n"))
     local status, headers = read_response(c)
     assert.equal(413, status)
     assert.equal("close", headers.connection)
     assert_closed(c)
     c:close()
     c = H.client(port)
-    assert(c:send("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" ..
+    assert(c:send("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n" ..
                   "200\r\n" .. string.rep("b", 512) .. "\r\n" ..
                   "200\r\n" .. string.rep("b", 512) .. "\r\n0\r\n\r\n"))
     status = read_response(c)
@@ -242,7 +257,7 @@ describe("http_server on raw connections", function()
     -- more than socket buffers hold: a server that closed at once would
     -- reset the connection under this send
     local big = string.rep("u", 8 << 20)
-    assert(c:send("POST /up HTTP/1.1\r\nContent-Length: " .. #big .. "\r\n\r\n" .. big))
+    assert(c:send("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: " .. #big .. "\r\n\r\n" .. big))
     local status, headers = read_response(c)
     assert.equal(413, status)
     assert.equal("close", headers.connection)
@@ -271,7 +286,7 @@ describe("http_server on raw connections", function()
 
   it("closes after a request with Connection: close", function()
     local c = H.client(port)
-    assert(c:send("GET /last HTTP/1.1\r\nConnection: close\r\n\r\n"))
+    assert(c:send("GET /last HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"))
     local status, headers = read_response(c)
     assert.equal(200, status)
     assert.equal("close", headers.connection)
@@ -290,7 +305,8 @@ describe("http_server on raw connections", function()
     local status, _, body = read_response(c)
     assert.equal(200, status)
     assert.matches("^PUT /slow q=a=b HTTP/1.1 ka=true ch=%d+ len=5 sum=" .. checksum("abcde"), body)
-    assert.matches("x%-trailer=t", body)
+    -- the trailer is in req.trailers only, never among the headers
+    assert.matches("hs=host=x,transfer%-encoding=chunked ts=x%-trailer=t$", body)
     c:close()
   end)
 
@@ -309,7 +325,7 @@ describe("http_server on raw connections", function()
 
   it("answers pipelined HEAD and GET in order, HEAD without a body", function()
     local c = H.client(port)
-    assert(c:send("HEAD /h HTTP/1.1\r\n\r\nGET /g HTTP/1.1\r\n\r\n"))
+    assert(c:send("HEAD /h HTTP/1.1\r\nHost: h\r\n\r\nGET /g HTTP/1.1\r\nHost: h\r\n\r\n"))
     local status, headers = read_response(c, true)
     assert.equal(200, status)
     assert.truthy(tonumber(headers["content-length"]) > 0)
@@ -320,7 +336,7 @@ describe("http_server on raw connections", function()
 
   it("writes a prepared response as often as asked, with Date, and no body for HEAD", function()
     local c = H.client(port)
-    assert(c:send("GET /prepared HTTP/1.1\r\n\r\nHEAD /prepared HTTP/1.1\r\n\r\n" ..
+    assert(c:send("GET /prepared HTTP/1.1\r\nHost: h\r\n\r\nHEAD /prepared HTTP/1.1\r\nHost: h\r\n\r\n" ..
                   "GET /prepared HTTP/1.0\r\n\r\n"))
     for i, head in ipairs { false, true, false } do
       local status, headers, body, line = read_response(c, head)
@@ -339,7 +355,7 @@ describe("http_server on raw connections", function()
 
   it("encodes reason, numeric body and header values, and repeated headers", function()
     local c = H.client(port)
-    assert(c:send("GET /fields HTTP/1.1\r\n\r\n"))
+    assert(c:send("GET /fields HTTP/1.1\r\nHost: h\r\n\r\n"))
     local line = assert(c:receive("*l"))
     assert.equal("HTTP/1.1 201 Made It", line)
     local cookies, headers = {}, {}
@@ -358,7 +374,7 @@ describe("http_server on raw connections", function()
 
   it("refuses a response whose header carries CR LF (no injection)", function()
     local c = H.client(port)
-    assert(c:send("GET /bad-header HTTP/1.1\r\n\r\n"))
+    assert(c:send("GET /bad-header HTTP/1.1\r\nHost: h\r\n\r\n"))
     local status, headers, body = read_response(c)
     assert.equal(500, status)
     assert.is_nil(headers.injected)
@@ -391,6 +407,307 @@ function Variant:channel_read(ctx, req)
   ctx:write(kind == "prepared" and PreparedVariants[name] or Variants[name])
 end
 function Variant:channel_read_complete(ctx) ctx:flush() end
+
+describe("http_server timeouts", function()
+  local group
+  after_each(function()
+    if group then H.shutdown(group) end
+    group = nil
+  end)
+  local function start(opts)
+    local g, port = serve(opts)
+    group = g
+    return port
+  end
+  local function since(t0) return socket.gettime() - t0 end
+
+  it("has nginx's defaults -- 60 s a head, 60 s between body reads, 75 s idle -- and checks them", function()
+    assert.matches("max_headers = 64, header_timeout = 60, body_timeout = 60, keepalive_timeout = 75 }",
+                   tostring(netrun.codec.http_server {}), 1, true)
+    assert.matches("header_timeout = 0.25, body_timeout = 0, keepalive_timeout = 1.5 }",
+                   tostring(netrun.codec.http_server { header_timeout = 0.25, body_timeout = 0,
+                                                      keepalive_timeout = 1.5 }), 1, true)
+    assert.has_error(function() netrun.codec.http_server { header_timeout = "1" } end,
+      "netrun.codec.http_server: header_timeout must be a number of seconds, got a string")
+    assert.has_error(function() netrun.codec.http_server { keepalive_timeout = -1 } end,
+      "netrun.codec.http_server: keepalive_timeout must be 0 (off) or a positive number of seconds, got -1.0")
+    assert.has_error(function() netrun.codec.http_server { max_headers = 513 } end,
+      "netrun.codec.http_server: max_headers must be at most 512, got 513")
+  end)
+
+  it("answers a half-sent head with 408 and closes", function()
+    local port = start { header_timeout = 0.2 }
+    local c = H.client(port)
+    local t0 = socket.gettime()
+    assert(c:send("GET /half HTTP/1.1\r\nHost: h\r\nX-Partial: "))
+    local status, headers, body = read_response(c)
+    local took = since(t0)
+    assert.equal(408, status)
+    assert.equal("close", headers.connection)
+    assert.equal("Request Timeout\n", body)
+    assert_closed(c)
+    c:close()
+    assert.is_true(took > 0.18 and took < 3, "408 after " .. took .. " s")
+  end)
+
+  it("times a head from its first byte: one byte every 50 ms still gets 408 at the timeout", function()
+    local port = start { header_timeout = 0.2 }
+    local c = H.client(port)
+    c:setoption("tcp-nodelay", true)      -- each byte its own segment
+    local head = "GET /drip HTTP/1.1\r\nHost: h\r\nX-Drip: " .. string.rep("d", 100) .. "\r\n\r\n"
+    local t0, sent = socket.gettime(), 0
+    for i = 1, #head do
+      assert(c:send(head:sub(i, i)))
+      sent = i
+      if socket.select({ c }, nil, 0.05)[1] then break end   -- the client's pace
+    end
+    local status, headers = read_response(c)
+    local took = since(t0)
+    assert.equal(408, status)
+    assert.equal("close", headers.connection)
+    assert_closed(c)
+    c:close()
+    assert.is_true(sent < 20, sent .. " bytes sent")
+    assert.is_true(took > 0.18 and took < 1.5, "408 after " .. took .. " s")
+  end)
+
+  it("answers a body that stalls with 408 and closes, Content-Length or chunked", function()
+    local port = start { body_timeout = 0.2 }
+    for _, req in ipairs { "POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc",
+                           "POST /b HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+                           "POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n" } do
+      local c = H.client(port)
+      local t0 = socket.gettime()
+      assert(c:send(req))
+      local status, headers = read_response(c)
+      local took = since(t0)
+      assert.equal(408, status)
+      assert.equal("close", headers.connection)
+      assert_closed(c)
+      c:close()
+      assert.is_true(took > 0.18 and took < 3, "408 after " .. took .. " s")
+    end
+  end)
+
+  it("times a body between two reads: a byte every 50 ms is not too slow", function()
+    local port = start { body_timeout = 0.4, header_timeout = 0.4 }
+    local c = H.client(port)
+    c:setoption("tcp-nodelay", true)
+    assert(c:send("POST /drip HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n"))
+    for _ = 1, 10 do                       -- 0.5 s in all: more than a timeout
+      socket.select(nil, nil, 0.05)
+      assert(c:send("x"))
+    end
+    local status, _, body = read_response(c)
+    assert.equal(200, status)
+    assert.matches("^POST /drip .* len=10 ", body)
+    c:close()
+  end)
+
+  it("closes an idle keep-alive connection after keepalive_timeout, silently", function()
+    local port = start { keepalive_timeout = 0.2 }
+    local c = H.client(port)
+    assert(c:send("GET /1 HTTP/1.1\r\nHost: h\r\n\r\n"))
+    assert.equal(200, (read_response(c)))
+    local t0 = socket.gettime()
+    assert_closed(c)                       -- no 408: nothing was asked
+    local took = since(t0)
+    c:close()
+    assert.is_true(took > 0.18 and took < 3, "closed after " .. took .. " s")
+  end)
+
+  it("closes a connection that sends nothing after header_timeout, silently", function()
+    local port = start { header_timeout = 0.2, keepalive_timeout = 5 }
+    local c = H.client(port)
+    local t0 = socket.gettime()
+    assert_closed(c)
+    local took = since(t0)
+    c:close()
+    assert.is_true(took > 0.18 and took < 3, "closed after " .. took .. " s")
+  end)
+
+  it("leaves a client that keeps within every timeout alone", function()
+    local port = start { header_timeout = 1, body_timeout = 1, keepalive_timeout = 1 }
+    local c = H.client(port)
+    c:setoption("tcp-nodelay", true)
+    for i = 1, 8 do                        -- about 3 s in all: three times each timeout
+      socket.select(nil, nil, 0.12)        -- idle between requests
+      assert(c:send("POST /" .. i .. " HTTP/1.1\r\nHost: h\r\n"))
+      socket.select(nil, nil, 0.12)        -- the head in two parts
+      assert(c:send("Content-Length: 2\r\n\r\na"))
+      socket.select(nil, nil, 0.12)        -- the body in two reads
+      assert(c:send("b"))
+      local status, _, body = read_response(c)
+      assert.equal(200, status)
+      assert.matches("^POST /" .. i .. " .* len=2 ", body)
+    end
+    c:close()
+  end)
+
+  it("times each head from its own first byte, also behind a request answered at once", function()
+    local port = start { header_timeout = 0.6 }
+    local c = H.client(port)
+    c:setoption("tcp-nodelay", true)
+    -- an Upgrade request reaches the handler at once (not in a read batch),
+    -- so it is answered while the read that completed it is parsed, and
+    -- that read also begins the next head
+    assert(c:send("GET /a HTTP/1.1\r\nHost: h\r\nUpgrade: x\r\n"))
+    socket.select(nil, nil, 0.4)
+    assert(c:send("\r\nGET /b HTTP/1.1\r\n"))
+    local status, _, body = read_response(c)
+    assert.equal(200, status)
+    assert.matches("^GET /a ", body)
+    socket.select(nil, nil, 0.4)           -- 0.8 s after /a began, 0.4 s after /b
+    assert(c:send("Host: h\r\n\r\n"))
+    status, _, body = read_response(c)
+    assert.equal(200, status)
+    assert.matches("^GET /b ", body)
+    c:close()
+  end)
+
+  it("does not time out requests the handler answers slowly, nor the connection after", function()
+    local port = start { header_timeout = 0.1, body_timeout = 0.1, keepalive_timeout = 0.25 }
+    local c = H.client(port)
+    c:setoption("tcp-nodelay", true)
+    local t0 = socket.gettime()
+    assert(c:send("POST /slow-answer HTTP/1.1\r\nHost: h\r\n"))
+    socket.select(nil, nil, 0.05)          -- the head's timer runs, then it is whole
+    assert(c:send("Content-Length: 2\r\n\r\nab" ..
+                  "GET /slow-answer HTTP/1.1\r\nHost: h\r\n\r\n"))
+    for _, method in ipairs { "POST", "GET" } do
+      local status, _, body = read_response(c)
+      assert.equal(200, status)
+      assert.equal("slow " .. method, body)
+    end
+    assert.is_true(since(t0) > 0.4)        -- past every timeout: the handler's
+                                           -- time is not the client's
+    assert(c:send("GET /after HTTP/1.1\r\nHost: h\r\n\r\n"))
+    local status, _, body = read_response(c)
+    assert.equal(200, status)
+    assert.matches("^GET /after ", body)
+    c:close()
+  end)
+
+  it("takes its timer along when it leaves the pipeline (a protocol switch)", function()
+    local Switch = {}
+    function Switch:channel_read(ctx, msg)
+      if type(msg) == "string" then          -- after the switch: echo
+        ctx:write(msg)
+        ctx:flush()
+        return
+      end
+      ctx:write { status = 101, headers = { upgrade = "echo", connection = "upgrade" } }
+      ctx:flush()
+      ctx.channel:pipeline():remove("http")
+    end
+    group = netrun.group { threads = 1, name = "http" }
+    local codec = netrun.codec.http_server { header_timeout = 0.1, keepalive_timeout = 0.1 }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", codec)
+        ch:pipeline():add_last("switch", Switch)
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    assert(c:send("GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: echo\r\nConnection: upgrade\r\n\r\n"))
+    assert.equal(101, (read_response(c, true)))
+    socket.select(nil, nil, 0.35)            -- past both timeouts, twice
+    assert(c:send("ping"))
+    assert.equal("ping", H.recv(c, 4))
+    c:close()
+  end)
+
+  it("cancels the timers of connections that go away mid-request", function()
+    local port = start { header_timeout = 0.15, body_timeout = 0.15 }
+    local gone, stay = {}, {}
+    for i = 1, 40 do
+      local c = H.client(port)
+      assert(c:send(i % 2 == 0 and "GET /half HTTP/1.1\r\nHo"
+                    or "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 9\r\n\r\nab"))
+      if i % 4 < 2 then gone[#gone + 1] = c else stay[#stay + 1] = c end
+    end
+    for _, c in ipairs(gone) do c:close() end
+    for _, c in ipairs(stay) do
+      assert.equal(408, (read_response(c)))
+      assert_closed(c)
+      c:close()
+    end
+    local c = H.client(port)                 -- and the server goes on
+    assert(c:send("GET /ok HTTP/1.1\r\nHost: h\r\n\r\n"))
+    assert.equal(200, (read_response(c)))
+    c:close()
+  end)
+end)
+
+-- What differential testing against llhttp and nginx found: one request
+-- per rule, on a raw connection, and the exact status it gets (the codec
+-- then closes).
+describe("http_server conformance", function()
+  local group, port
+  before_each(function() group, port = serve { max_headers = 4, max_body = 1000 } end)
+  after_each(function() H.shutdown(group) end)
+
+  local CHUNKED = "POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+  local function status_of(req)
+    local c = H.client(port)
+    assert(c:send(req))
+    local status, headers, body = read_response(c)
+    if status >= 400 then
+      assert.equal("close", headers.connection)
+      assert_closed(c)
+    end
+    c:close()
+    return status, body
+  end
+
+  local rules = {
+    { "a trailer Host", CHUNKED .. "1\r\na\r\n0\r\nHost: evil\r\n\r\n", 400 },
+    { "a trailer Content-Length", CHUNKED .. "1\r\na\r\n0\r\nContent-Length: 5\r\n\r\n", 400 },
+    { "a trailer Transfer-Encoding", CHUNKED .. "1\r\na\r\n0\r\nTransfer-Encoding: chunked\r\n\r\n", 400 },
+    { "a trailer line starting with a bare CR", CHUNKED .. "1\r\na\r\n0\r\n\rX-A: 1\r\n\r\n", 400 },
+    { "HTTP/1.1 without Host", "GET / HTTP/1.1\r\n\r\n", 400 },
+    { "two Hosts", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400 },
+    { "two Hosts in HTTP/1.0", "GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400 },
+    { "an invalid Host", "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400 },
+    { "an IPv6 Host", "GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n", 200 },
+    { "Transfer-Encoding in HTTP/1.0", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400 },
+    { "a Content-Length past int64", "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 9223372036854775808\r\n\r\n", 400 },
+    { "a Content-Length within int64 but over max_body", "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 9223372036854775807\r\n\r\n", 413 },
+    { "a chunk size past int64", CHUNKED .. "10000000000000000\r\n", 400 },
+    { "a chunk size with leading zeros", CHUNKED .. "000000000000000A\r\n0123456789\r\n0\r\n\r\n", 200 },
+    { "two Transfer-Encoding lines", "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400 },
+    { "chunked twice in one Transfer-Encoding", "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n", 400 },
+    { "a folded Transfer-Encoding", "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n", 400 },
+    { "max_headers header lines", "GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n", 200 },
+    { "more than max_headers header lines", "GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n", 431 },
+    { "more than max_headers with the trailers", CHUNKED .. "0\r\nX-A: 1\r\nX-B: 2\r\nX-C: 3\r\n\r\n", 431 },
+  }
+  for _, rule in ipairs(rules) do
+    it(("answers %s with %d"):format(rule[1], rule[3]), function()
+      assert.equal(rule[3], (status_of(rule[2])))
+    end)
+  end
+
+  it("keeps trailers in req.trailers only", function()
+    local status, body = status_of(CHUNKED .. "3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n")
+    assert.equal(200, status)
+    assert.matches("len=3 .* hs=host=h,transfer%-encoding=chunked ts=x%-sum=1$", body)
+  end)
+
+  it("refuses a bad request line at its first bad byte, without waiting for its end", function()
+    for _, start in ipairs { "\22\3\1\2\0", "GET /a\1", "G@T", "GET / HTTX" } do
+      local c = H.client(port)
+      assert(c:send(start))                 -- no line end follows
+      local status, headers = read_response(c)
+      assert.equal(400, status)
+      assert.equal("close", headers.connection)
+      assert_closed(c)
+      c:close()
+    end
+  end)
+end)
 
 describe("http_server and a client that does not read", function()
   it("stops reading and parsing while its answers cannot drain, then answers all in order", function()
@@ -470,7 +787,7 @@ describe("http_server writing in place", function()
   -- it), dates blanked.
   local function exchange(port, reqs)
     local c = H.client(port)
-    assert(c:send(table.concat(reqs) .. "GET /table/empty HTTP/1.1\r\nConnection: close\r\n\r\n"))
+    assert(c:send(table.concat(reqs) .. "GET /table/empty HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"))
     local all, err, partial = c:receive("*a")
     c:close()
     all = all or partial
@@ -479,9 +796,9 @@ describe("http_server writing in place", function()
   end
 
   it("gives the bytes a relayed write gives, prepared or not, for every kind of request", function()
-    local forms = { "GET /%s HTTP/1.1\r\n\r\n", "HEAD /%s HTTP/1.1\r\n\r\n",
+    local forms = { "GET /%s HTTP/1.1\r\nHost: h\r\n\r\n", "HEAD /%s HTTP/1.1\r\nHost: h\r\n\r\n",
                     "GET /%s HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-                    "GET /%s HTTP/1.1\r\nConnection: close\r\n\r\n",
+                    "GET /%s HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
                     "GET /%s HTTP/1.0\r\n\r\n" }
     for name in pairs(Variants) do
       for _, form in ipairs(forms) do
@@ -502,7 +819,7 @@ describe("http_server writing in place", function()
     local reqs, names = {}, { "plain", "reason", "empty", "none", "big" }
     for i = 1, 300 do
       local kind = i % 3 == 0 and "table" or "prepared"
-      reqs[i] = ("GET /%s/%s HTTP/1.1\r\n\r\n"):format(kind, names[i % #names + 1])
+      reqs[i] = ("GET /%s/%s HTTP/1.1\r\nHost: h\r\n\r\n"):format(kind, names[i % #names + 1])
     end
     local a = exchange(direct, reqs)
     assert.truthy(#a > 3 * 16384)
@@ -511,7 +828,7 @@ describe("http_server writing in place", function()
 
   it("fills a date in every response", function()
     local c = H.client(direct)
-    assert(c:send("GET /prepared/plain HTTP/1.1\r\nConnection: close\r\n\r\n"))
+    assert(c:send("GET /prepared/plain HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"))
     local all = c:receive("*a")
     c:close()
     assert.matches("\r\nDate: %a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d GMT\r\n", all)
@@ -576,7 +893,7 @@ describe("HTTP examples", function()
       for k, v in pairs(req) do seen[k] = v end
       assert.same({ method = "POST", path = "/rewritten", query = "x=1&y=2",
                     version = "HTTP/1.1", body = "body", keep_alive = true,
-                    user = { id = 7 },
+                    user = { id = 7 }, trailers = {},
                     headers = { host = "h", ["x-a"] = "1, 2", ["content-length"] = "4",
                                 added = "yes" } }, seen)
       ch:close()
@@ -618,13 +935,13 @@ describe("HTTP examples", function()
         table.sort(lines)
         return table.concat(lines, "\n") .. "|" .. out:match("\r\n\r\n(.*)$")
       end
-      for _, req in ipairs { "GET / HTTP/1.1\r\n\r\n", "HEAD / HTTP/1.1\r\n\r\n",
+      for _, req in ipairs { "GET / HTTP/1.1\r\nHost: h\r\n\r\n", "HEAD / HTTP/1.1\r\nHost: h\r\n\r\n",
                              "GET / HTTP/1.0\r\n\r\n",
                              "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-                             "GET / HTTP/1.1\r\nConnection: close\r\n\r\n" } do
+                             "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n" } do
         assert.equal(answer(req, t), answer(req, prepared), req)
       end
-      assert.matches("HTTP/1.1 404 Gone Fishing", answer("GET / HTTP/1.1\r\n\r\n", prepared), 1, true)
+      assert.matches("HTTP/1.1 404 Gone Fishing", answer("GET / HTTP/1.1\r\nHost: h\r\n\r\n", prepared), 1, true)
     end)
 
     it("its metamethods and a prepared response's refuse other values", function()
@@ -666,6 +983,31 @@ describe("HTTP examples", function()
     stop(pid)
     assert.equal(0, st)
     assert.equal("Hello, World!Hello, World!", out)
+  end)
+
+  it("http_hello.lua and http_kv.lua time their clients out (nginx's defaults, or as told)", function()
+    for _, script in ipairs { "examples/http_hello.lua", "examples/http_kv.lua" } do
+      local port = free_port()
+      local pid = start(script, port, "--header-timeout 0.2 --keepalive-timeout 0.2")
+      local ok, err = pcall(function()
+        local c = H.client(port)
+        assert(c:send("GET /half HTTP/1.1\r\nHost: h\r\n"))
+        local status, headers = read_response(c)
+        assert.equal(408, status)
+        assert.equal("close", headers.connection)
+        assert_closed(c)
+        c:close()
+        c = H.client(port)
+        assert(c:send("GET /k HTTP/1.1\r\nHost: h\r\n\r\n"))
+        assert.is_true(read_response(c) < 408)
+        local t0 = socket.gettime()
+        assert_closed(c)                     -- idle: closed silently
+        assert.is_true(socket.gettime() - t0 < 3)
+        c:close()
+      end)
+      stop(pid)
+      assert(ok, err)
+    end
   end)
 
   it("http_kv.lua stores, reads and deletes keys; 404 for missing ones", function()

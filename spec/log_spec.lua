@@ -121,4 +121,110 @@ print("ok")
     assert.matches("%[tail%-1%] [^\n]*unhandled oops", err)
     assert.matches("stack traceback", err)
   end)
+
+  it("collapses a repeated line", function()
+    local err, _, st = run([[
+local netrun = require "netrun"
+for i = 1, 1000 do netrun.log.warn("same line") end
+netrun.log.warn("other")
+]])
+    assert.equal(0, st)
+    local l = lines(err)
+    assert.equal(12, #l, err)
+    for i = 1, 10 do assert.matches("WARN  %[main%] same line$", l[i]) end
+    assert.matches("WARN  %[main%] other$", l[11])
+    assert.matches("WARN  %[log%] message repeated 990 more times: same line$", l[12])
+  end)
+
+  it("never loses a line silently: drops while stderr is full are counted", function()
+    -- 20000 lines at once, read by a reader that starts late: what the
+    -- pipe and the log's ring cannot hold is dropped and counted, and each
+    -- count reaches the reader where the drops happened.
+    local dir = H.tmpdir()
+    local f = assert(io.open(dir .. "/flood.lua", "w"))
+    f:write([[
+local netrun = require "netrun"
+for i = 1, 20000 do netrun.log.warn("line %d", i) end
+]])
+    f:close()
+    local _, st = H.run(string.format("(%s %s/flood.lua 2>&1 >/dev/null) | (sleep 0.3; cat > %s/err)",
+      BIN, dir, dir))
+    assert.equal(0, st)
+    local ef = assert(io.open(dir .. "/err"))
+    local l = lines(ef:read("a"))
+    ef:close()
+    os.execute("rm -rf " .. dir)
+    local got, dropped = 0, 0
+    for i, line in ipairs(l) do
+      local n = line:match("%[main%] line (%d+)$")
+      if n then
+        got = got + 1                -- every line numbered as counted
+        assert.equal(got + dropped, tonumber(n), "line " .. i .. " out of order")
+      else
+        dropped = dropped + tonumber((assert(line:match("%[log%] (%d+) log lines dropped"), line)))
+      end
+    end
+    assert.is_true(dropped > 0)
+    assert.equal(20000, got + dropped)
+  end)
+
+  it("serves clients while its stderr is a pipe nobody reads", function()
+    -- One distinct WARN line per connection reset (no rate limit helps);
+    -- a pipe holds 64 KiB: a loop that wrote its log itself stopped there.
+    local dir = H.tmpdir()
+    local port = H.free_port()
+    assert(os.execute("mkfifo " .. dir .. "/stderr"))
+    local f = assert(io.open(dir .. "/server.lua", "w"))
+    f:write(([[
+local netrun = require "netrun"
+local Echo = {}
+function Echo:channel_read(ctx, msg) ctx:write_and_flush(msg) end
+function Echo:exception_caught(ctx, err)
+  netrun.log.warn("channel %d: %s", ctx.channel:id(), err)
+  ctx:close()
+end
+netrun.server { group = netrun.group { threads = 1, name = "stuck" },
+  host = "127.0.0.1", port = PORT,
+  init = function(ch) ch:pipeline():add_last("echo", Echo) end }:sync()
+print("listening")
+io.stdout:flush()
+]]):gsub("PORT", port) .. "")
+    f:close()
+    -- stderr opened read-write on a fifo: a pipe whose reader never reads
+    local p = assert(io.popen(string.format("%s %s/server.lua > %s/out 2<>%s/stderr & echo $!",
+      BIN, dir, dir, dir)))
+    local pid = tonumber(p:read("l"))
+    p:close()
+    local up = H.eventually(function()
+      local o = io.open(dir .. "/out")
+      local text = o and o:read("a") or ""
+      if o then o:close() end
+      return text:find("listening", 1, true)
+    end, 10)
+    local resets = 0
+    if up then
+      for i = 1, 5000 do
+        local c = H.client(port)
+        c:send("x")
+        if c:receive(1) ~= "x" then c:close() break end
+        c:setoption("linger", { on = true, timeout = 0 })
+        c:close()                              -- RST: a WARN line on the server
+        resets = i
+      end
+    end
+    local answer
+    if resets == 5000 then
+      local c = H.client(port)
+      c:send("hello\n")
+      answer = c:receive("*l")
+      c:close()
+    end
+    local stopped = H.stop(pid)
+    if not stopped then os.execute("kill -KILL " .. pid) end
+    os.execute("rm -rf " .. dir)
+    assert.truthy(up)
+    assert.equal(5000, resets)
+    assert.equal("hello", answer)
+    assert.is_true(stopped, "the server did not exit on SIGTERM")
+  end)
 end)

@@ -193,4 +193,40 @@ describe("read batches", function()
     c:close()
     server:close():sync()
   end)
+
+  it("stop answering when the channel turns unwritable mid-batch, then answer the rest in order", function()
+    local N, BIG = 64, string.rep("x", 1 << 20)    -- 64 answers of 1 MiB to one read
+    local server, port = serve(group, "app", {
+      channel_read = function(self, ctx, req)
+        _G.unread_ch = ctx.channel
+        _G.unread_n = (_G.unread_n or 0) + 1
+        ctx:write { status = 200, headers = { ["x-n"] = req.path:sub(2) }, body = BIG }
+      end,
+      channel_read_complete = function(self, ctx) ctx:flush() end,
+    })
+    local loop = group:next()
+    loop:submit(function() _G.unread_n = 0 end):sync()
+    local paths = {}
+    for i = 1, N do paths[i] = "/" .. i end
+    local c = H.client(port)
+    assert(c:send(pipelined(paths)))
+    -- Once the kernel's buffers are full, the channel stays unwritable
+    -- and no more is answered: a few MiB, not a batch of 32 (or 64).
+    local n = H.stalled(loop, function()
+      local ch = _G.unread_ch
+      if ch and not ch:is_writable() then return _G.unread_n end
+    end)
+    assert.is_truthy(n)
+    assert.is_true(n < 16, "answered " .. n .. " of " .. N .. " to a client that reads nothing")
+    -- reading drains it: the held requests are answered, every one in order
+    for i = 1, N do
+      local status, headers, body = read_response(c)
+      assert.equal(200, status)
+      assert.equal(tostring(i), headers["x-n"])
+      assert.equal(#BIG, #body)
+    end
+    assert.equal(N, loop:submit(function() return _G.unread_n end):sync())
+    c:close()
+    server:close():sync()
+  end)
 end)

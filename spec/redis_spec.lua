@@ -180,6 +180,33 @@ describe("examples/redis.lua", function()
     assert.equal("PONG", cli("PING"))
   end)
 
+  it("refuses a request over max_request (64 MiB) before its data comes, then closes", function()
+    local before = H.rss(pid)
+    local c = H.client(port)
+    local MiB, LIMIT = 1 << 20, 64 << 20
+    local bulk = string.rep("b", MiB)
+    local head = "$" .. MiB .. "\r\n"
+    -- 100 arguments of 1 MiB, each under max_bulk; sent up to the header
+    -- that takes the request past 64 MiB (the server reads all of it).
+    local sent = 6
+    assert(c:send("*100\r\n"))
+    while sent + #head + MiB + 2 <= LIMIT do
+      assert(c:send(head .. bulk .. "\r\n"))
+      sent = sent + #head + MiB + 2
+    end
+    assert(c:send(head))
+    assert.equal("-ERR Protocol error: request size over the limit", c:receive("*l"))
+    local data, err = c:receive("*l")
+    assert.is_nil(data)
+    assert.equal("closed", err)
+    c:close()
+    local grown = H.rss(pid) - before
+    if not H.sanitized then
+      assert.is_true(grown < 96 * 1024, "server RSS grew by " .. grown .. " KiB")
+    end
+    assert.equal("PONG", cli("PING"))
+  end)
+
   it("completes a short redis-benchmark run", function()
     local out, st = run("timeout 120 redis-benchmark -p " .. port
       .. " -t ping,set,get -n 2000 -c 10 -q")

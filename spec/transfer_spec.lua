@@ -198,4 +198,35 @@ describe("value transfer", function()
     l1:submit(function(f) _G.kept = f end, pure):sync()
     assert.is_true(l1:submit(function(f) return _G.kept == f end, pure):sync())
   end)
+
+  it("keeps memory flat when ever new functions are sent (the caches are bounded)", function()
+    local l1 = group:loops()[1]
+    local hot = function() return "hot" end
+    local function send(from, to)
+      local fs = {}
+      for i = from, to do
+        local f = load("return function(x) return x + " .. i .. " end")()
+        fs[#fs + 1] = l1:submit(f, 1)
+        if i % 500 == 0 then assert.equal("hot", l1:submit(hot):sync()) end
+        if #fs == 1000 then for _, x in ipairs(fs) do x:sync() end fs = {} end
+      end
+      for _, x in ipairs(fs) do x:sync() end
+      collectgarbage(); collectgarbage()
+      return l1:submit(function()
+        collectgarbage(); collectgarbage()
+        return netrun.current():stats().lua_memory
+      end):sync()
+    end
+    local before = send(1, 2000)
+    local rss = H.rss()
+    local after = send(2001, 32000)              -- 30,000 distinct functions
+    local grown, rgrown = after - before, H.rss() - rss
+    assert.is_true(grown < 1 << 20, "the loop's Lua memory grew by " .. grown .. " bytes")
+    if not H.sanitized then
+      assert.is_true(rgrown < 4096, "RSS grew by " .. rgrown .. " KiB")
+    end
+    -- a function sent often stays cached: the same closure
+    l1:submit(function(f) _G.hot = f end, hot):sync()
+    assert.is_true(l1:submit(function(f) return _G.hot == f end, hot):sync())
+  end)
 end)

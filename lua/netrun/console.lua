@@ -1,5 +1,6 @@
 -- netrun.console -- the console socket of `netrun --console PATH`: a unix
--- socket (mode 0600, peers of another uid refused by SO_PEERCRED) on which
+-- socket (created with mode 0600, peers of another uid refused by
+-- SO_PEERCRED; only a stale socket at the path is replaced) on which
 -- each connection gets a REPL session. The sessions run on a daemon loop of
 -- their own, which never keeps the process alive.
 local netrun = require "netrun"
@@ -9,19 +10,16 @@ local M = {}
 
 function M.listen(path)
   local group = netrun.group { threads = 1, name = "console", daemon = true }
-  local old = core.umask(tonumber("177", 8))        -- created 0600, no window
   local ok, server = pcall(function()
     return netrun.server {
-      group = group, unix = path,
+      group = group, unix = path, mode = tonumber("600", 8),   -- born 0600
       init = function(ch) require("netrun.console").accept(ch) end,
     }:sync()
   end)
-  core.umask(old)
   if not ok then
     group:shutdown_gracefully(0, 1)
     error(server, 0)
   end
-  core.chmod(path, tonumber("600", 8))
   netrun.log.info("console listening on %s", path)
   return server
 end

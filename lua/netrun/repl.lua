@@ -208,6 +208,11 @@ function M._attach_feed(data, closed)
   end
 end
 
+function M._attach_refused(uid)
+  inbox.refused = uid
+  M._attach_feed(nil, true)
+end
+
 -- Wait for one response: returns its text and the next prompt (nil: closed).
 local function next_response()
   if not (inbox.data:find(M.PROMPT_MARK, 1, true) or inbox.closed) then
@@ -224,12 +229,32 @@ local function next_response()
   return text, prompt
 end
 
+-- What a console sends is shown, not obeyed: control characters (escape
+-- sequences that retitle, recolour or rewrite the terminal) are written
+-- as \ddd, like %q; newlines and tabs pass.
+function M.printable(s)
+  return (s:gsub("[%c\127]", function(c)
+    if c == "\n" or c == "\t" then return c end
+    return string.format("\\%03d", c:byte())
+  end))
+end
+
 function M.attach(path)
   local group = netrun.group { threads = 1, name = "attach" }
   local main = core.main_loop()
   local Client = {
     channel_read = function(self, ctx, msg)
       main:execute(function(d) require("netrun.repl")._attach_feed(d) end, msg)
+    end,
+    -- Only a console of our own user: a socket somebody else listens on
+    -- would see every line typed, and answer what it likes. Checked here,
+    -- while the socket is surely open, before anything is read or sent.
+    channel_active = function(self, ctx)
+      local _, uid = core.peer_credentials(ctx.channel)
+      if uid ~= core.getuid() then
+        main:execute(function(u) require("netrun.repl")._attach_refused(u) end, uid)
+        ctx:close()
+      end
     end,
     channel_inactive = function(self, ctx)
       main:execute(function() require("netrun.repl")._attach_feed(nil, true) end)
@@ -243,14 +268,21 @@ function M.attach(path)
     group:shutdown_gracefully(0, 1):sync()
     error("netrun attach: " .. tostring(ch), 0)
   end
+
   core.repl_mode(true)
   local tty = core.isatty(0)
   while true do
     local text, prompt = next_response()
-    if text ~= "" then io.write(text) end
+    if inbox.refused then
+      group:shutdown_gracefully(0, 1):sync()
+      error(string.format("netrun attach: %s: the process listening there runs as uid %s, "
+        .. "not as you (uid %d); not attaching", path, tostring(inbox.refused), core.getuid()), 0)
+    end
+    if text ~= "" then io.write(M.printable(text)) end
     io.flush()
     if not prompt then break end
-    local line = core.readline(tty and prompt or "", function(word) return M.complete(word, _G) end)
+    local line = core.readline(tty and M.printable(prompt) or "",
+      function(word) return M.complete(word, _G) end)
     if not line then break end
     ch:write_and_flush(line .. "\n")
   end

@@ -30,6 +30,7 @@
  * one write. A small body goes with the head; a large one follows as a
  * second write (in place) or slice (of the same gathered write).
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,16 +57,24 @@ enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
 /* One table lookup per byte classifies it: C_TOKEN an RFC 9110 tchar (ALPHA
  * DIGIT and !#$%&'*+-.^_`|~), C_VALUE a field-value byte (VCHAR, obs-text,
  * SP, HTAB), C_TARGET a request-target byte (VCHAR, obs-text), C_PATH one
- * of those but '?'. The table is built by the compiler from these rules. */
-enum { C_TOKEN = 1, C_VALUE = 2, C_TARGET = 4, C_PATH = 8 };
+ * of those but '?', C_HOST a byte of an RFC 3986 reg-name or IPv4 address
+ * (unreserved, sub-delims, '%'). The table is built by the compiler from
+ * these rules. */
+enum { C_TOKEN = 1, C_VALUE = 2, C_TARGET = 4, C_PATH = 8, C_HOST = 16 };
 #define TCHAR(c) ((c) < 128 && (((c) < 64 ? 0x03ff6cfa00000000ull        \
                                            : 0x57ffffffc7fffffeull) >>   \
                                  ((c) & 63) & 1))
 #define VALUE(c) (((c) >= 0x20 && (c) != 0x7f) || (c) == '\t')
 #define TARGET(c) ((c) > 0x20 && (c) != 0x7f)
+#define HOSTC(c) (((c) >= 'a' && (c) <= 'z') || ((c) >= 'A' && (c) <= 'Z') || \
+                  ((c) >= '0' && (c) <= '9') || (c) == '-' || (c) == '.' ||  \
+                  (c) == '_' || (c) == '~' || (c) == '!' || (c) == '$' ||    \
+                  ((c) >= '&' && (c) <= ',') || (c) == ';' || (c) == '=' ||  \
+                  (c) == '%')
 #define CLS(c) ((TCHAR(c) ? C_TOKEN : 0) | (VALUE(c) ? C_VALUE : 0) |     \
                 (TARGET(c) ? C_TARGET : 0) |                              \
-                (TARGET(c) && (c) != '?' ? C_PATH : 0))
+                (TARGET(c) && (c) != '?' ? C_PATH : 0) |                  \
+                (HOSTC(c) ? C_HOST : 0))
 #define CLS4(c) CLS(c), CLS((c) + 1), CLS((c) + 2), CLS((c) + 3)
 #define CLS16(c) CLS4(c), CLS4((c) + 4), CLS4((c) + 8), CLS4((c) + 12)
 #define CLS64(c) CLS16(c), CLS16((c) + 16), CLS16((c) + 32), CLS16((c) + 48)
@@ -180,12 +189,11 @@ static size_t find_block_end(nr_http_parser_t *p, const char *s, size_t n) {
   }
 }
 
-/* Parse one "name: value" line at *ip into *h and append it to the
- * request's headers: 0, 400, or 431 when they are full. A line running
+/* Parse one "name: value" line at *ip into *h: 0 or 400. A line running
  * past len is malformed too: callers tell that from "not all here" with
  * find_block_end. */
-static inline int parse_field(nr_http_request_t *r, nr_http_header_t *h,
-                              const char *s, size_t len, size_t *ip) {
+static inline int parse_field(nr_http_header_t *h, const char *s, size_t len,
+                              size_t *ip) {
   size_t n0 = *ip, n1 = span(s, n0, len, C_TOKEN), i = n1;
   if (i == n0 || i >= len || s[i] != ':')
     return 400;              /* empty name, space before ':', obs-fold */
@@ -201,9 +209,6 @@ static inline int parse_field(nr_http_request_t *r, nr_http_header_t *h,
   while (v1 > v0 && (s[v1 - 1] == ' ' || s[v1 - 1] == '\t'))
     v1--;
   *h = (nr_http_header_t){s + n0, s + v0, n1 - n0, v1 - v0};
-  if (r->nheaders == NR_HTTP_MAX_HEADERS)
-    return 431;
-  r->headers[r->nheaders++] = *h;
   return 0;
 }
 
@@ -225,8 +230,14 @@ static bool has_token(const char *v, size_t n, const char *tok, size_t tn) {
   return false;
 }
 
-/* What the framing headers said so far. */
-enum { H_LENGTH = 1, H_CHUNKED = 2, H_CLOSE = 4, H_KEEP = 8 };
+/* What the framing and routing headers said so far. */
+enum { H_LENGTH = 1, H_CHUNKED = 2, H_CLOSE = 4, H_KEEP = 8, H_HOST = 16,
+       H_TE = 32 };
+
+/* The largest length a message may state (RFC 9112 leaves the bound to
+ * the recipient; past int64 no peer agrees on it, so it is malformed, not
+ * merely too large). */
+#define LENGTH_MAX ((uint64_t)INT64_MAX)
 
 /* Content-Length: digits only; a repeat must agree. */
 static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
@@ -238,8 +249,8 @@ static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
     unsigned c = (unsigned char)h->value[i] - '0';
     if (c > 9)
       return 400;
-    if (v > (UINT64_MAX - c) / 10)
-      return 413;
+    if (v > (LENGTH_MAX - c) / 10)
+      return 400;
     v = v * 10 + c;
   }
   if ((*seen & H_LENGTH) && v != p->content_length)
@@ -249,18 +260,53 @@ static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
   return 0;
 }
 
-/* The request line: METHOD SP target SP HTTP/1.x CRLF. A line that parses
- * with some len parses the same with any larger one. */
+/* parse_request_line's "every byte so far may begin a good line". */
+#define NEED (-1)
+
+/* The version and line end from s[i]: "HTTP/" DIGIT "." DIGIT, then CRLF
+ * or LF. Judged byte by byte, so a wrong byte is refused at once. */
+static int parse_version(nr_http_request_t *r, const char *s, size_t len,
+                         size_t i, size_t *ip) {
+  static const char form[] = "HTTP/#.#";     /* '#': a digit */
+  size_t v = i;
+  for (size_t k = 0; k < sizeof form - 1; k++, i++) {
+    if (i >= len)
+      return NEED;
+    bool ok = form[k] == '#' ? s[i] >= '0' && s[i] <= '9' : s[i] == form[k];
+    if (!ok)
+      return 400;
+  }
+  if (i < len && s[i] == '\r')
+    i++;
+  if (i >= len)
+    return NEED;
+  if (s[i] != '\n')
+    return 400;
+  *ip = i + 1;
+  r->minor = s[v + 7] > '1' ? 1 : s[v + 7] - '0';
+  return s[v + 5] == '1' ? 0 : 505;
+}
+
+/* The request line at s[0 .. len): METHOD SP target SP HTTP/1.x CRLF.
+ * 0 when it is whole and good (*ip just past it), NEED when every byte so
+ * far may still begin a good line, else the status refusing it -- decided
+ * at its first bad byte, not at the line's end, so garbage is refused
+ * without waiting for more. A line that parses with some len parses the
+ * same with any larger one. */
 static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
                               size_t *ip) {
   size_t i = span(s, 0, len, C_TOKEN);
-  if (i == 0 || i >= len || s[i] != ' ')
+  if (i == len || (len == 1 && s[0] == '\r'))
+    return NEED;             /* (a CR may begin a blank line, skipped) */
+  if (i == 0 || s[i] != ' ')
     return 400;
   r->method = s;
   r->method_len = i++;
   size_t t0 = i, q = run(s, i, len, C_PATH);   /* q: '?' or the end */
   i = q < len && s[q] == '?' ? run(s, q + 1, len, C_TARGET) : q;
-  if (q == t0 || i >= len || s[i] != ' ')
+  if (i == len)
+    return NEED;
+  if (q == t0 || s[i] != ' ')
     return 400;              /* no target, or no path before its query */
   r->path = s + t0;
   r->path_len = q - t0;
@@ -272,19 +318,74 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
     *ip = i + 10;
     return 0;
   }
-  if (len - i < 9 || memcmp(s + i, "HTTP/", 5) != 0 ||
-      s[i + 5] < '0' || s[i + 5] > '9' || s[i + 6] != '.' ||
-      s[i + 7] < '0' || s[i + 7] > '9')
-    return 400;
-  int major = s[i + 5] - '0';
-  r->minor = s[i + 7] > '1' ? 1 : s[i + 7] - '0';
-  i += 8;
-  if (s[i] == '\r')
+  return parse_version(r, s, len, i, ip);
+}
+
+/* Host = uri-host [ ":" port ] (RFC 9110 7.2): a reg-name or IPv4
+ * address, or an IP literal in brackets; empty is allowed (a target
+ * without authority). */
+static bool valid_host(const char *v, size_t n) {
+  size_t i;
+  if (n > 0 && v[0] == '[') {
+    for (i = 1; i < n && v[i] != ']'; i++)
+      if (!(cls[(unsigned char)v[i]] & C_HOST) && v[i] != ':')
+        return false;
+    if (i == n || i == 1)
+      return false;
     i++;
-  if (i >= len || s[i] != '\n')
+  } else {
+    i = span(v, 0, n, C_HOST);
+  }
+  if (i < n && v[i] == ':')
+    for (i++; i < n && v[i] >= '0' && v[i] <= '9'; i++)
+      ;
+  return i == n;
+}
+
+/* Is h named Host? Every request has one, so a word compare: OR 0x20
+ * lowercases a letter and maps no other byte onto one of "host". */
+static inline bool named_host(const nr_http_header_t *h) {
+  uint32_t w;
+  memcpy(&w, h->name, 4);
+  uint32_t host;
+  memcpy(&host, "host", 4);
+  return (w | 0x20202020u) == host;
+}
+
+/* Transfer-Encoding: only "chunked", last, once (501 for any other
+ * coding). None in HTTP/1.0 and no second Transfer-Encoding line: a
+ * message framed two ways is how requests are smuggled past a proxy that
+ * reads the other (RFC 9112 6.1, 6.3). */
+static int transfer_encoding(const nr_http_request_t *r,
+                             const nr_http_header_t *h, unsigned *seen) {
+  if (r->minor == 0 || (*seen & H_TE))
     return 400;
-  *ip = i + 1;
-  return major == 1 ? 0 : 505;
+  *seen |= H_TE;
+  if (IEQ(h->value, h->value_len, "chunked")) {
+    *seen |= H_CHUNKED;      /* the usual */
+    return 0;
+  }
+  const char *v = h->value;
+  size_t n = h->value_len, i = 0, chunked = 0, other = 0;
+  bool last = false;
+  while (i < n) {
+    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+      i++;
+    size_t t0 = i;
+    while (i < n && v[i] != ',')
+      i++;
+    size_t t1 = i;
+    while (t1 > t0 && (v[t1 - 1] == ' ' || v[t1 - 1] == '\t'))
+      t1--;
+    if (t1 == t0)
+      continue;
+    last = IEQ(v + t0, t1 - t0, "chunked");
+    chunked += last;
+    other += !last;
+  }
+  if (chunked > 1 || (chunked == 1 && !last) || chunked + other == 0)
+    return 400;
+  return other > 0 ? 501 : (*seen |= H_CHUNKED, 0);
 }
 
 /* Apply a header that matters to the codec (chosen by its name's length
@@ -292,16 +393,20 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
 static int framing(nr_http_parser_t *p, nr_http_request_t *r,
                    const nr_http_header_t *h, unsigned *seen) {
   switch (h->name_len) {
+  case 4:
+    if (named_host(h)) {     /* one, and well formed (RFC 9112 3.2) */
+      if ((*seen & H_HOST) || !valid_host(h->value, h->value_len))
+        return 400;
+      *seen |= H_HOST;
+    }
+    break;
   case 14:
     if (IEQ(h->name, 14, "content-length"))
       return content_length(p, h, seen);
     break;
   case 17:
-    if (IEQ(h->name, 17, "transfer-encoding")) {
-      if ((*seen & H_CHUNKED) || !IEQ(h->value, h->value_len, "chunked"))
-        return 501;          /* only "chunked" is understood */
-      *seen |= H_CHUNKED;
-    }
+    if (IEQ(h->name, 17, "transfer-encoding"))
+      return transfer_encoding(r, h, seen);
     break;
   case 10:
     if (IEQ(h->name, 10, "connection")) {
@@ -351,16 +456,27 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
       break;
     size_t ls = i;
     nr_http_header_t h;
-    if ((*rc = parse_field(r, &h, s, n, &i)) == 0)
-      *rc = framing(p, r, &h, &seen);
+    if ((*rc = parse_field(&h, s, n, &i)) == 0) {
+      if (r->nheaders == p->max_headers) {
+        *rc = 431;
+      } else {
+        r->headers[r->nheaders++] = h;
+        *rc = framing(p, r, &h, &seen);
+      }
+    }
     if (*rc != 0) {
       p->scan = ls;
       return find_block_end(p, s, n);
     }
   }
-  r->keep_alive = true;      /* HTTP/1.1 and no framing header: the usual */
-  if (seen != 0 || r->minor == 0) {
-    if ((seen & H_LENGTH) && (seen & H_CHUNKED))
+  r->ntrailers = 0;
+  r->trailers = r->headers + r->nheaders;
+  r->keep_alive = true;      /* HTTP/1.1, a Host and no framing header: the
+                                usual */
+  if (seen != H_HOST || r->minor == 0) {
+    if (r->minor != 0 && !(seen & H_HOST))
+      *rc = 400;             /* HTTP/1.1 requires it (RFC 9112 3.2) */
+    if ((seen & H_LENGTH) && (seen & H_TE))
       *rc = 400;             /* ambiguous framing: a smuggling vector */
     r->chunked = seen & H_CHUNKED;
     r->keep_alive = !(seen & H_CLOSE) && (r->minor >= 1 || (seen & H_KEEP));
@@ -382,13 +498,8 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
    * last call stopped, so a slow block is scanned once. */
   if (p->line_ok && find_block_end(p, s, n) == 0)
     return n > max ? -431 : 0;
-  if ((rc = parse_request_line(r, s, first, &i)) != 0) {
-    /* Bad, or not all here. The line's fate depends on nothing past its
-     * first '\n', so once that is in view, rc is the verdict. */
-    if (memchr(s, '\n', first) == NULL)
-      return n >= max ? -431 : 0;
-    return -rc;
-  }
+  if ((rc = parse_request_line(r, s, first, &i)) != 0)
+    return rc != NEED ? -rc : n >= max ? -431 : 0;
   size_t end = parse_head(p, r, s, n, i, &rc);
   if (end == 0) {
     p->line_ok = true;
@@ -416,14 +527,14 @@ static long decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
       if (end - i > CHUNK_LINE_MAX)
         return -400;
       uint64_t v = 0;
-      int digits = 0;
+      size_t digits = 0;     /* any number: leading zeros are fine */
       for (; i < end; i++, digits++) {
         int c = lower((unsigned char)s[i]);
         int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
         if (d < 0)
           break;
-        if (digits == 15)
-          return -413;
+        if (v > LENGTH_MAX >> 4)
+          return -400;       /* past 2^63 - 1: no size at all */
         v = v * 16 + (uint64_t)d;
       }
       if (digits == 0)
@@ -491,15 +602,45 @@ static long decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
   }
 }
 
-/* Append the trailer fields (s[from .. end) ends with the blank line). */
-static int parse_trailers(nr_http_request_t *r, const char *s, size_t from,
-                          size_t end) {
+/* Fields a trailer may not carry (RFC 9110 6.5.1): those that frame,
+ * route or authorise the message, or modify how it is handled. A
+ * recipient that merged trailers into the headers -- as netrun once did --
+ * would let a trailer "Host: evil" or "Content-Length: 0" change what the
+ * head said after the head was judged; netrun keeps trailers apart, and
+ * refuses these anyway, so no proxy behind it can be fooled either. */
+static const char *const trailer_forbidden[] = {
+    "content-length", "transfer-encoding", "trailer", "host", "connection",
+    "keep-alive", "upgrade", "te", "expect", "max-forwards", "content-type",
+    "content-encoding", "content-range", "range", "if-match",
+    "if-none-match", "if-modified-since", "if-unmodified-since", "if-range",
+    "cache-control", "authorization", "proxy-authorization", "cookie"};
+
+static bool forbidden_in_trailer(const nr_http_header_t *h) {
+  size_t n = sizeof trailer_forbidden / sizeof trailer_forbidden[0];
+  for (size_t i = 0; i < n; i++)
+    if (ieq(h->name, h->name_len, trailer_forbidden[i],
+            strlen(trailer_forbidden[i])))
+      return true;
+  return false;
+}
+
+/* Parse the trailer fields at s[from .. end) (it ends with the blank
+ * line) into r->trailers, after the headers in the same array: 0, 400
+ * (a bad line, a line starting with a bare CR, a forbidden field) or 431
+ * (headers and trailers over max_headers). */
+static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
+                          const char *s, size_t from, size_t end) {
   size_t i = from;
-  while (i < end && s[i] != '\n' && s[i] != '\r') {
+  r->trailers = r->headers + r->nheaders;
+  r->ntrailers = 0;
+  while (i < end && s[i] != '\n' &&
+         !(s[i] == '\r' && i + 1 < end && s[i + 1] == '\n')) {
     nr_http_header_t h;
-    int rc = parse_field(r, &h, s, end, &i);
-    if (rc)
-      return rc;
+    if (parse_field(&h, s, end, &i) != 0 || forbidden_in_trailer(&h))
+      return 400;
+    if (r->nheaders + r->ntrailers == p->max_headers)
+      return 431;
+    r->headers[r->nheaders + r->ntrailers++] = h;
   }
   return 0;
 }
@@ -541,7 +682,7 @@ static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
   if (end <= 0)
     return end;
   /* p->pos stayed where the trailer section began */
-  if ((rc = parse_trailers(req, s, p->pos, (size_t)end)) != 0)
+  if ((rc = parse_trailers(p, req, s, p->pos, (size_t)end)) != 0)
     return -rc;
   req->body = nr_buf_len(&p->body) ? nr_buf_peek(&p->body) : "";
   req->body_len = nr_buf_len(&p->body);
@@ -551,10 +692,13 @@ static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
 /* ---- feeding ------------------------------------------------------------------------ */
 
 void nr_http_parser_init(nr_http_parser_t *p, size_t max_header,
-                         size_t max_body) {
+                         size_t max_body, size_t max_headers) {
   memset(p, 0, sizeof *p);
   p->max_header = max_header;
   p->max_body = max_body;
+  p->max_headers = (uint16_t)(max_headers < 1 ? 1
+                              : max_headers > NR_HTTP_MAX_HEADERS
+                                  ? NR_HTTP_MAX_HEADERS : max_headers);
 }
 
 void nr_http_parser_free(nr_http_parser_t *p) {
@@ -579,7 +723,7 @@ static void next_request(nr_http_parser_t *p) {
 
 static int stop(nr_http_parser_t *p, int status) {
   nr_http_parser_free(p);
-  nr_http_parser_init(p, p->max_header, p->max_body);
+  nr_http_parser_init(p, p->max_header, p->max_body, p->max_headers);
   p->stopped = true;
   return status;
 }
@@ -815,12 +959,23 @@ static inline char *out_start(out_t *o, nr_ctx_t *ctx, size_t need,
 /* ---- the handler ------------------------------------------------------------------------ */
 
 #define RING 64
-enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4 };
+enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8 };
 enum { S_NONE, S_CHUNKED, S_RAW, S_DISCARD };
+
+/* What the connection waits for, as its timeouts see it: W_NONE for the
+ * server (a request is being answered, or the codec holds input until the
+ * client reads: no timeout runs), the client's first request (W_FRESH),
+ * its next one (W_IDLE), the rest of a request head (W_HEAD), the next
+ * bytes of a body (W_BODY). */
+enum { W_NONE, W_FRESH, W_IDLE, W_HEAD, W_BODY, NWAITS };
+
+typedef struct wait_list_s wait_list_t;
+typedef struct profile_s profile_t;
 
 struct nr_http_server_s {
   nr_http_parser_t parser;
   nr_ctx_t *ctx;
+  uint64_t delivered;         /* requests delivered: the last one's token */
   unsigned outstanding;       /* delivered, not yet answered */
   unsigned oldest;            /* ring index of the oldest of those */
   uint8_t flags[RING];
@@ -834,17 +989,237 @@ struct nr_http_server_s {
   bool dead;                  /* removed during read: free when it returns */
   bool paused;                /* auto_read turned off while unwritable */
   bool held;                  /* parsing paused while unwritable */
+  bool started;               /* the first wait (W_FRESH) began */
+  uint8_t wait;               /* W_*: what the connection waits for */
   nr_codec_resume_t *resume;  /* a queued task parses what is held */
+  uint64_t timeout[3];        /* header, body, keep-alive (ns; 0: none) */
+  profile_t *prof;            /* its loop's wait lists for those timeouts */
+  wait_list_t *list;          /* the list it is in, or NULL */
+  nr_http_server_t *prev, *next;   /* in that list */
+  uint64_t since;             /* when it joined it (coarse_now) */
 };
 
-nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body) {
+nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
   nr_http_server_t *s = calloc(1, sizeof *s);
-  if (s)
-    nr_http_parser_init(&s->parser, max_header, max_body);
+  if (s == NULL)
+    return NULL;
+  nr_http_parser_init(&s->parser, o->max_header, o->max_body, o->max_headers);
+  s->timeout[0] = o->header_timeout;
+  s->timeout[1] = o->body_timeout;
+  s->timeout[2] = o->keepalive_timeout;
   return s;
 }
 
+/* ---- timeouts ----
+ *
+ * No connection has a timer of its own. Connections that wait for their
+ * clients are kept in FIFO lists, one per kind of wait and timeout value
+ * on each loop (a profile: the lists of the loops' connections that share
+ * header, body and keep-alive timeouts -- usually all of them). A
+ * connection joins the tail of its list when its wait begins (watch), so
+ * each list is in deadline order: it needs one loop timer, armed for its
+ * head's deadline. When that fires, the heads whose deadline passed are
+ * answered 408 (a head or body) or closed silently (an idle connection),
+ * and the timer is armed again for the next head.
+ *
+ * Activity touches no timer: a connection that stops waiting (a request
+ * delivered: W_NONE) stays in its list until it waits again -- when it
+ * moves to the tail of a list -- or until its old deadline passes, when
+ * the timer finds it waiting for something else and drops it. A timer
+ * armed for a head that has since left merely fires early.
+ *
+ * So a pipelined keep-alive connection costs, per read: a byte store per
+ * request (deliver), and when its answers are all written and nothing is
+ * buffered, one read of the coarse clock (vDSO, no TSC) and a move to the
+ * tail of the idle list (a few pointer stores). No allocation, no heap
+ * operation: the loop's timer heap holds one timer per list, not one per
+ * connection, and each fires about once per timeout while the list is
+ * busy.
+ *
+ * Lifetime: a profile is counted by the connections using it, and by a
+ * list timer while it runs (an expiry may free connections); the last
+ * one cancels its timers (on the loop thread: they cannot fire
+ * afterwards) and frees it. A connection leaves its list before it is
+ * freed, and when its channel goes inactive. An expiry runs with the
+ * connection's `depth` raised, as a read does, so a removal meanwhile
+ * frees it only once the expiry is done with it. */
+
+struct wait_list_s {
+  nr_http_server_t *head, *tail;   /* oldest first: by deadline */
+  uint64_t limit;             /* each waits this long (0: none) */
+  nr_timer_t *timer;          /* armed while not empty, maybe early */
+  profile_t *prof;
+  uint8_t wait;               /* W_* of its members */
+};
+
+struct profile_s {
+  nr_loop_t *loop;
+  uint64_t timeout[3];        /* as nr_http_server_t's */
+  unsigned refs;
+  wait_list_t list[NWAITS];   /* by W_* (W_NONE's is unused) */
+  profile_t *next;            /* the thread's profiles */
+};
+
+static _Thread_local profile_t *profiles;
+
+/* The monotonic clock to within the kernel's tick (a few ms, and never
+ * ahead of nr_now): cheap enough to read once per read burst. Timeouts
+ * may so end up to one tick early. */
+static uint64_t coarse_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
+  assert(nr_loop_in_thread(loop));
+  profile_t *p;
+  for (p = profiles; p != NULL; p = p->next)
+    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0)
+      break;
+  if (p == NULL && (p = calloc(1, sizeof *p)) != NULL) {
+    p->loop = loop;
+    memcpy(p->timeout, timeout, sizeof p->timeout);
+    static const int which[NWAITS] = {-1, 0, 2, 0, 1};  /* W_* -> timeout */
+    for (int w = W_FRESH; w < NWAITS; w++)
+      p->list[w] = (wait_list_t){.limit = timeout[which[w]], .prof = p,
+                                 .wait = (uint8_t)w};
+    p->next = profiles;
+    profiles = p;
+  }
+  if (p != NULL)
+    p->refs++;
+  return p;
+}
+
+static void profile_put(profile_t *p) {
+  if (--p->refs > 0)
+    return;
+  for (int w = W_FRESH; w < NWAITS; w++) {
+    assert(p->list[w].head == NULL);
+    if (p->list[w].timer != NULL) {
+      nr_timer_cancel(p->list[w].timer);
+      nr_timer_release(p->list[w].timer);
+    }
+  }
+  profile_t **pp = &profiles;
+  while (*pp != p)
+    pp = &(*pp)->next;
+  *pp = p->next;
+  free(p);
+}
+
+static void unlist(nr_http_server_t *s) {
+  wait_list_t *l = s->list;
+  if (l == NULL)
+    return;
+  *(s->prev ? &s->prev->next : &l->head) = s->next;
+  *(s->next ? &s->next->prev : &l->tail) = s->prev;
+  s->list = NULL;
+}
+
+static int on_list_timer(void *arg);
+
+static void arm(wait_list_t *l, uint64_t delay) {
+  l->timer = nr_loop_schedule(l->prof->loop, delay, 0, on_list_timer, NULL, l);
+}
+
+/* The connection begins to wait for its client (w): it joins the tail of
+ * its list, which then needs a timer if it has none. */
+static void watch(nr_http_server_t *s, int w) {
+  s->wait = (uint8_t)w;
+  if (s->prof == NULL)
+    return;                    /* no timeouts, or no loop */
+  wait_list_t *l = &s->prof->list[w];
+  unlist(s);
+  if (l->limit == 0)
+    return;
+  s->since = coarse_now();
+  s->prev = l->tail;
+  s->next = NULL;
+  *(l->tail ? &l->tail->next : &l->head) = s;
+  l->tail = s;
+  s->list = l;
+  if (l->timer == NULL) {      /* (its head is s, or older during an expiry) */
+    uint64_t end = l->head->since + l->limit;
+    arm(l, end > s->since ? end - s->since : 0);
+  }
+}
+
+/* What the connection waits for now that the server owes nothing more or
+ * a read has been parsed: the rest of a request, or the next one. A head
+ * is timed from its first byte (however slowly the rest drips in), a body
+ * from its last read, an idle time from its start. */
+static NOINLINE void settle(nr_http_server_t *s) {
+  if (s->closing || s->outstanding > 0 || s->held || s->pending_error) {
+    s->wait = W_NONE;
+  } else if (nr_buf_len(&s->parser.in) == 0) {
+    if (s->wait != W_IDLE && s->wait != W_FRESH)
+      watch(s, W_IDLE);
+  } else if (s->parser.phase == P_HEAD) {
+    if (s->wait != W_HEAD)
+      watch(s, W_HEAD);
+  } else {
+    watch(s, W_BODY);
+  }
+}
+
+static void send_error(nr_http_server_t *s, int status);
+static void server_free(nr_http_server_t *s);
+
+/* The wait ran out: a request half sent gets 408, an idle connection is
+ * closed silently (nginx does both). */
+static void expire(nr_http_server_t *s) {
+  s->depth++;
+  if (s->wait == W_HEAD || s->wait == W_BODY) {
+    send_error(s, 408);
+  } else {
+    s->closing = true;
+    nr_ctx_close(s->ctx, NULL);
+  }
+  if (--s->depth == 0 && s->dead)
+    server_free(s);
+}
+
+/* A list's timer: expire the heads whose deadline passed (dropping those
+ * that wait for something else now), then arm for the next one. */
+static int on_list_timer(void *arg) {
+  wait_list_t *l = arg;
+  profile_t *p = l->prof;
+  nr_timer_release(l->timer);  /* this one: the loop holds its own */
+  l->timer = NULL;
+  p->refs++;                   /* an expiry may free the last connection */
+  uint64_t now = nr_now();
+  nr_http_server_t *s;
+  while ((s = l->head) != NULL && s->since + l->limit <= now) {
+    unlist(s);
+    if (s->wait == l->wait && !s->closing && s->depth == 0 &&
+        nr_channel_is_open(nr_ctx_channel(s->ctx)))
+      expire(s);
+  }
+  if (l->head != NULL && l->timer == NULL)
+    arm(l, l->head->since + l->limit - now);
+  profile_put(p);
+  return 0;
+}
+
+/* The first wait, for the first request: from when the channel is
+ * active, on its loop's lists. */
+static void start(nr_http_server_t *s) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (s->started || !nr_channel_is_active(ch))
+    return;
+  s->started = true;
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (loop != NULL && (s->timeout[0] | s->timeout[1] | s->timeout[2]) != 0)
+    s->prof = profile_get(loop, s->timeout);
+  watch(s, W_FRESH);
+}
+
 static void server_free(nr_http_server_t *s) {
+  unlist(s);
+  if (s->prof != NULL)
+    profile_put(s->prof);
   nr_codec_resume_cancel(s->resume);
   nr_http_parser_free(&s->parser);
   free(s);
@@ -853,16 +1228,34 @@ static void server_free(nr_http_server_t *s) {
 void nr_http_server_added(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   s->ctx = ctx;
+  start(s);
 }
 
 void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->outstanding > 0)     /* nobody will answer them through us */
+    nr_channel_unhold(nr_ctx_channel(ctx));
   if (s->paused)              /* the reads it stopped are not its to keep */
     nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
   if (s->depth > 0)
     s->dead = true;
   else
     server_free(s);
+}
+
+int nr_http_server_active(nr_ctx_t *ctx) {
+  start(nr_ctx_state(ctx));
+  nr_ctx_fire_active(ctx);
+  return 0;
+}
+
+int nr_http_server_inactive(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->closing = true;          /* nothing more to read, nothing to time */
+  s->wait = W_NONE;
+  unlist(s);
+  nr_ctx_fire_inactive(ctx);
+  return 0;
 }
 
 static int write_out(nr_ctx_t *ctx, out_t *o, const char *body, size_t blen,
@@ -986,7 +1379,10 @@ static void close_after_error(nr_http_server_t *s) {
   nr_ctx_close(s->ctx, NULL);
 }
 
-static void send_error(nr_http_server_t *s, int status) {
+/* An answer of the codec's own: status, its reason as the plain-text body
+ * (none to HEAD). */
+static void write_status(nr_http_server_t *s, int status, bool close,
+                         bool head) {
   out_t o;
   out_init(&o);
   const char *reason = nr_http_reason(status);
@@ -995,11 +1391,19 @@ static void send_error(nr_http_server_t *s, int status) {
     o.len = (size_t)(put_status(w, status, NULL, 0) - o.p);
   OUT_LIT(&o, "Content-Type: text/plain\r\nContent-Length: ");
   out_uint(&o, strlen(reason) + 1, 10);
-  OUT_LIT(&o, "\r\nConnection: close\r\n\r\n");
-  out_str(&o, reason);
-  OUT_LIT(&o, "\n");
-  s->closing = true;
+  if (close)
+    OUT_LIT(&o, "\r\nConnection: close");
+  OUT_LIT(&o, "\r\n\r\n");
+  if (!head) {
+    out_str(&o, reason);
+    OUT_LIT(&o, "\n");
+  }
   write_out(s->ctx, &o, NULL, 0, NULL);
+}
+
+static void send_error(nr_http_server_t *s, int status) {
+  s->closing = true;
+  write_status(s, status, true, false);
   nr_ctx_flush(s->ctx);
   close_after_error(s);
 }
@@ -1016,19 +1420,52 @@ static void send_continue(nr_http_server_t *s) {
 /* A response was completed: forget its request, close, or answer a
  * pending error or send a "100 Continue" owed if that was the last
  * response owed before them. */
+static void finish_response(nr_http_server_t *s, bool close);
+
+/* A handler raised on the oldest request owed and left it unanswered: a
+ * 500 answers it in its turn, so that no later answer is taken for it. An
+ * answer it had begun (a stream) cannot end well: close. */
+static void answer_failed(nr_http_server_t *s) {
+  uint8_t f = s->flags[s->oldest];
+  if (s->stream != S_NONE) {
+    s->closing = true;
+    nr_ctx_close(s->ctx, NULL);
+    return;
+  }
+  bool close = (f & (F_CLOSE | F_HTTP10)) != 0;  /* 1.0: no keep-alive header */
+  write_status(s, 500, close, f & F_HEAD);
+  nr_ctx_flush(s->ctx);
+  finish_response(s, close);
+}
+
+/* nr_handler_t.read_failed: the handlers raised on request `token`. */
+void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  uint64_t oldest = s->delivered - s->outstanding + 1;
+  if (token < oldest || token > s->delivered || s->closing)
+    return;                   /* answered already (exception_caught did) */
+  s->flags[(s->oldest + (unsigned)(token - oldest)) % RING] |= F_FAILED;
+  if (token == oldest)
+    answer_failed(s);
+}
+
 static void finish_response(nr_http_server_t *s, bool close) {
   s->oldest = (s->oldest + 1) % RING;
-  s->outstanding--;
+  if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
+    nr_channel_unhold(nr_ctx_channel(s->ctx));
   if (close) {
     s->closing = true;
     nr_ctx_flush(s->ctx);
     nr_ctx_close(s->ctx, NULL);
   } else if (s->outstanding > 0) {
-    return;
+    if (s->flags[s->oldest] & F_FAILED)
+      answer_failed(s);       /* its turn came */
   } else if (s->pending_error) {
     send_error(s, s->pending_error);
   } else if (s->continue_owed) {
     send_continue(s);
+  } else if (s->depth == 0) {
+    settle(s);                 /* (inside a read, feed settles at its end) */
   }
 }
 
@@ -1049,15 +1486,14 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
               (req->minor == 0 ? F_HTTP10 : 0);
   s->flags[(s->oldest + s->outstanding) % RING] = f;
-  s->outstanding++;
+  if (s->outstanding++ == 0)   /* a shutdown waits for the answers owed */
+    nr_channel_hold(ch);
+  s->wait = W_NONE;            /* the server's turn: no timeout runs */
   s->continue_owed = false;    /* it was for this request: its body came */
   /* Whether the handlers answer now or later, the next requests parse the
    * same, and a close stops them: they may take this one later -- unless
    * it may switch protocols, when what follows is theirs to read. */
-  if (req->switches)
-    nr_ctx_fire_read(s->ctx, req);
-  else
-    nr_ctx_fire_read_deferrable(s->ctx, req);
+  nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
   if ((f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch))
     return 1;
   if (!nr_channel_is_writable(ch)) {
@@ -1086,6 +1522,8 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
     else
       send_error(s, rc);
   }
+  if (s->depth == 0)
+    settle(s);
   return true;
 }
 
@@ -1447,5 +1885,6 @@ int nr_http_server_writability(nr_ctx_t *ctx) {
 
 const nr_handler_t nr_http_server_handler = {
     .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
+    .active = nr_http_server_active, .inactive = nr_http_server_inactive,
     .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
-    .write = nr_http_server_write};
+    .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};

@@ -26,8 +26,11 @@
 #include "codec/buf.h"
 #include "netrun.h"
 
-/* Header lines per request, trailers included; more is answered with 431. */
-#define NR_HTTP_MAX_HEADERS 64
+/* Header lines per request, trailers included: max_headers by default,
+ * and the most it may be (the parser's header array lives on the stack of
+ * nr_http_feed, not in the connection). More is answered with 431. */
+#define NR_HTTP_DEFAULT_MAX_HEADERS 64
+#define NR_HTTP_MAX_HEADERS 512
 
 typedef struct nr_http_header_s {
   const char *name, *value;       /* as received: names keep their case */
@@ -47,7 +50,11 @@ typedef struct nr_http_request_s {
                                      follows may not be HTTP */
   const char *body;               /* never NULL; "" when there is none */
   size_t body_len;
-  size_t nheaders;
+  size_t nheaders;                /* the head's fields: headers[0 .. n) */
+  size_t ntrailers;               /* a chunked body's trailer fields, kept
+                                     apart: trailers[0 .. n), never merged
+                                     into the headers */
+  const nr_http_header_t *trailers;    /* == headers + nheaders */
   nr_http_header_t headers[NR_HTTP_MAX_HEADERS];
 } nr_http_request_t;
 
@@ -104,18 +111,27 @@ typedef struct nr_http_parser_s {
   size_t pos;                     /* chunked: raw input parsed up to here */
   uint64_t chunk_left;
   uint64_t content_length;
+  uint16_t max_headers;           /* fields per request, trailers included */
   bool continue_sent;
   bool line_ok;                   /* the request line was checked already */
   bool stopped;                   /* the callback stopped it, or an error */
 } nr_http_parser_t;
 
+/* max_headers is clamped to 1 .. NR_HTTP_MAX_HEADERS. */
 void nr_http_parser_init(nr_http_parser_t *p, size_t max_header,
-                         size_t max_body);
+                         size_t max_body, size_t max_headers);
 void nr_http_parser_free(nr_http_parser_t *p);
 /* Feed bytes. Returns 0 (all consumed or cumulated), an HTTP status for bad
- * input (400 malformed, 413 body too large, 431 header too large, 501
- * unsupported transfer coding, 505 version; 500 out of memory) after which
- * the parser accepts nothing more, or 1 when the callback stopped it. */
+ * input (400 malformed, 413 body too large, 431 header block over
+ * max_header or more than max_headers fields, 501 unsupported transfer
+ * coding, 505 version; 500 out of memory) after which the parser accepts
+ * nothing more, or 1 when the callback stopped it. 400 covers, besides
+ * syntax (a request line is refused at its first bad byte): an HTTP/1.1
+ * request without exactly one valid Host, a second Host in any version,
+ * Transfer-Encoding in HTTP/1.0, a repeated Transfer-Encoding, a
+ * Content-Length or chunk size beyond 2^63 - 1, Content-Length with
+ * Transfer-Encoding, and a trailer naming a field that frames, routes or
+ * authorises the message (trailer_forbidden). */
 int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
                  nr_http_cb cb, void *arg);
 
@@ -138,14 +154,34 @@ const char *nr_http_date(void);
 
 typedef struct nr_http_server_s nr_http_server_t;
 
+/* The handler's options. Timeouts are in ns, 0 = off (nginx's defaults:
+ * NR_HTTP_*_TIMEOUT). header_timeout: from the first byte of a request
+ * head to its end (and from the connection's start to its first request's
+ * first byte, closed silently then), answered with 408 and a close;
+ * body_timeout: between two reads of a body, 408 and a close;
+ * keepalive_timeout: an idle connection between requests, closed
+ * silently. None runs while a request is being answered. */
+typedef struct nr_http_server_opts_s {
+  size_t max_header, max_body, max_headers;
+  uint64_t header_timeout, body_timeout, keepalive_timeout;
+} nr_http_server_opts_t;
+
+#define NR_HTTP_HEADER_TIMEOUT NR_SEC(60)
+#define NR_HTTP_BODY_TIMEOUT NR_SEC(60)
+#define NR_HTTP_KEEPALIVE_TIMEOUT NR_SEC(75)
+
 /* A handler state for nr_http_server_handler; freed by its removed(). */
-nr_http_server_t *nr_http_server_new(size_t max_header, size_t max_body);
+nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o);
 extern const nr_handler_t nr_http_server_handler;
 
 /* The handler's members, for bindings that wrap its vtable (lhttp.c puts
  * a Lua-aware write in front of nr_http_server_write). */
 void nr_http_server_added(nr_ctx_t *ctx);
 void nr_http_server_removed(nr_ctx_t *ctx);
+void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token);
+int nr_http_server_active(nr_ctx_t *ctx);
+int nr_http_server_inactive(nr_ctx_t *ctx);
+int nr_http_server_read_complete(nr_ctx_t *ctx);
 int nr_http_server_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);

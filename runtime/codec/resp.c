@@ -83,6 +83,10 @@ static long parse_multibulk(const char *p, size_t n, const nr_resp_limits_t *lim
     if ((unsigned long long)blen > lim->max_bulk)
       return FAIL(NR_ETOOLONG, "bulk length over the limit");
     size_t data = pos + hl, len = (size_t)blen;
+    /* Refused on the lengths it announces, before its data comes: the
+     * cumulation never holds more than max_request. */
+    if (lim->max_request && data + len + 2 > lim->max_request)
+      return FAIL(NR_ETOOLONG, "request size over the limit");
     if (n - data < len + 2)
       return 0;
     if (p[data + len] != '\r' || p[data + len + 1] != '\n')
@@ -161,6 +165,8 @@ void *nr_resp_new(const nr_resp_limits_t *lim) {
     s->lim.max_args = NR_RESP_MAX_ARGS;
   if (s->lim.max_inline == 0)
     s->lim.max_inline = NR_RESP_MAX_INLINE;
+  if (s->lim.max_request == 0)
+    s->lim.max_request = NR_RESP_MAX_REQUEST;
   return s;
 }
 

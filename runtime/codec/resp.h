@@ -31,11 +31,15 @@ typedef struct nr_resp_limits_s {
   size_t max_bulk;          /* longest argument; default 1 MiB */
   size_t max_args;          /* most arguments in a request; default 1024 */
   size_t max_inline;        /* longest inline request or header line; 64 KiB */
+  size_t max_request;       /* a whole request, headers and data; 64 MiB
+                               (0: no bound, for the parser alone) */
 } nr_resp_limits_t;
 
 #define NR_RESP_MAX_BULK ((size_t)1 << 20)
 #define NR_RESP_MAX_ARGS 1024
 #define NR_RESP_MAX_INLINE ((size_t)64 << 10)
+/* max_args * max_bulk would allow a request of 1 GiB to be cumulated. */
+#define NR_RESP_MAX_REQUEST ((size_t)64 << 20)
 
 /* Parse one request from p[0 .. n).
  *  > 0: a request of that many bytes; *argc is its argument count (0 for an

@@ -202,29 +202,13 @@ static int l_getuid(lua_State *L) {
   return 1;
 }
 
-/* core.chmod(path, mode) */
-static int l_chmod(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  if (chmod(path, (mode_t)luaL_checkinteger(L, 2)) < 0)
-    return lnr_error_code(L, path, -errno, NULL);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* core.umask(mask) -> old mask */
-static int l_umask(lua_State *L) {
-  lua_pushinteger(L, umask((mode_t)luaL_checkinteger(L, 1)));
-  return 1;
-}
-
 void lnr_open_console(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"repl_mode", l_repl_mode}, {"repl_wait", l_repl_wait},
       {"interrupted", l_interrupted}, {"isatty", l_isatty},
       {"readline", l_readline}, {"peer_credentials", l_peer_credentials},
       {"getuid", l_getuid}, {"main_loop", l_main_loop},
-      {"getpid", l_getpid}, {"chmod", l_chmod}, {"umask", l_umask},
-      {NULL, NULL}};
+      {"getpid", l_getpid}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
 

@@ -270,8 +270,13 @@ static int do_write(lua_State *L, bool flush) {
   w->ch = nr_channel_retain(ch);
   w->p = nr_promise_retain(p);
   w->flush = flush;
-  if (loop == NULL || nr_loop_execute(loop, xwrite_task, w) < 0) {
-    nr_promise_set_failure(p, NR_ECLOSED, "channel closed");
+  int rc = loop == NULL ? NR_ECLOSED : nr_loop_execute(loop, xwrite_task, w);
+  if (rc < 0) {
+    if (rc == NR_EFULL)      /* a write is an asynchronous failure */
+      nr_promise_set_failure(p, NR_EFULL, "channel's loop: task queue full "
+                             "(max_pending_tasks): write rejected");
+    else
+      nr_promise_set_failure(p, NR_ECLOSED, "channel closed");
     nr_promise_release(p);
     lnr_blob_free(w->b);
     nr_channel_release(ch);
@@ -625,6 +630,11 @@ static int l_server(lua_State *L) {
   o.unix_path = opt_str(L, 1, "unix", NULL);
   o.host = opt_str(L, 1, "host", "0.0.0.0");
   o.port = o.unix_path ? 0 : check_port(L, 1, "netrun.server");
+  lua_Integer mode = opt_int(L, 1, "mode", 0);
+  if (mode < 0 || mode > 0777)
+    return luaL_error(L, "netrun.server: mode must be a file mode from 0 to "
+                      "0777 (e.g. tonumber(\"600\", 8))");
+  o.unix_mode = (int)mode;
   o.backlog = (int)opt_int(L, 1, "backlog", 1024);
   o.reuseport = opt_bool(L, 1, "reuseport", false);
   channel_opts(L, 1, "child_options", &o.child);

@@ -1,17 +1,38 @@
 /*
  * ldict.c -- netrun.shared.dict: named dictionaries shared by every state
  * of the process (OpenResty's ngx.shared.DICT). A dict is a C hash table
- * under one mutex, with an LRU list for eviction at capacity and lazy
- * expiry of TTLs. Values are copies: nil, booleans, numbers (integers stay
- * integers) and strings. Also netrun.core.log, the logger's entry point.
+ * under one mutex, with an LRU list for eviction and lazy expiry of TTLs.
+ * Values are copies: nil, booleans, numbers (integers stay integers) and
+ * strings. Also netrun.core.log, the logger's entry point.
+ *
+ * Invariants:
+ * - No Lua call that may allocate or raise runs with a dict's lock held: a
+ *   Lua allocation may run a __gc finalizer that uses the same dict (the
+ *   mutex is not recursive), and a raise would leave the mutex locked. What
+ *   a method returns is copied to C memory or to Lua memory allocated
+ *   before the lock, and pushed after the unlock.
+ * - Two limits hold after every store: at most `capacity` entries and at
+ *   most `memory` bytes (keys, values and each entry's header). `set`,
+ *   `add` and `incr` make room by evicting least recently used entries;
+ *   `safe_set` and `safe_add` fail with "no memory" instead.
+ * - Keys are hashed with a keyed hash (SipHash-1-3 as specified by Aumasson
+ *   and Bernstein) under a random key per dict, so keys an attacker picks
+ *   do not collide on purpose; the bucket array doubles when entries
+ *   outnumber buckets, so chains stay short as the dict fills.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "lnr.h"
 
 enum { V_BOOL, V_INT, V_FLT, V_STR };
+enum { ST_ADD = 1, ST_SAFE = 2 };      /* store() modes */
+
+#define DEFAULT_CAPACITY 10000
+#define DEFAULT_MEMORY ((lua_Integer)64 << 20)
+#define MIN_BUCKETS 16
 
 typedef struct entry_s {
   struct entry_s *hnext;           /* hash chain */
@@ -36,6 +57,9 @@ typedef struct dict_s {
   pthread_mutex_t lock;
   entry_t **buckets;
   size_t nbuckets, n, capacity;
+  size_t bytes, memory;            /* accounted bytes and their limit */
+  uint64_t evictions;
+  uint64_t k0, k1;                 /* the hash key */
   entry_t *head, *tail;
   char name[];
 } dict_t;
@@ -43,11 +67,69 @@ typedef struct dict_s {
 static pthread_mutex_t dicts_lock = PTHREAD_MUTEX_INITIALIZER;
 static dict_t *dicts;
 
-static uint64_t hash(const char *s, size_t n) {
-  uint64_t h = 1469598103934665603ull;
+/* ---- the keyed hash ---------------------------------------------------------- */
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+
+static inline void sip_round(uint64_t v[4]) {
+  v[0] += v[1]; v[1] = ROTL(v[1], 13); v[1] ^= v[0]; v[0] = ROTL(v[0], 32);
+  v[2] += v[3]; v[3] = ROTL(v[3], 16); v[3] ^= v[2];
+  v[0] += v[3]; v[3] = ROTL(v[3], 21); v[3] ^= v[0];
+  v[2] += v[1]; v[1] = ROTL(v[1], 17); v[1] ^= v[2]; v[2] = ROTL(v[2], 32);
+}
+
+static inline uint64_t load_le64(const unsigned char *p, size_t n) {
+  uint64_t w = 0;
   for (size_t i = 0; i < n; i++)
-    h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
+    w |= (uint64_t)p[i] << (8 * i);
+  return w;
+}
+
+/* One compression round per 8-byte word, three to finish (SipHash-1-3):
+ * the variant chosen for hash tables, where keys are short and the secret
+ * only has to keep collisions unpredictable. */
+static uint64_t hash(const dict_t *d, const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  uint64_t v[4] = {d->k0 ^ 0x736f6d6570736575ull, d->k1 ^ 0x646f72616e646f6dull,
+                   d->k0 ^ 0x6c7967656e657261ull, d->k1 ^ 0x7465646279746573ull};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t m = load_le64(p + i, 8);
+    v[3] ^= m;
+    sip_round(v);
+    v[0] ^= m;
+  }
+  uint64_t last = ((uint64_t)n << 56) | load_le64(p + i, n - i);
+  v[3] ^= last;
+  sip_round(v);
+  v[0] ^= last;
+  v[2] ^= 0xff;
+  sip_round(v);
+  sip_round(v);
+  sip_round(v);
+  return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+
+/* A fresh random key per dict; getrandom(2) without GRND_NONBLOCK only
+ * waits before the kernel's pool is first seeded, early in boot. */
+static void seed(dict_t *d) {
+  uint64_t k[2];
+  if (getrandom(k, sizeof k, 0) != (ssize_t)sizeof k) {
+    k[0] = nr_now() ^ (uint64_t)(uintptr_t)d;        /* not expected */
+    k[1] = ROTL(k[0], 29) ^ 0x9e3779b97f4a7c15ull;
+  }
+  d->k0 = k[0];
+  d->k1 = k[1];
+}
+
+/* ---- the table (lock held) --------------------------------------------------- */
+
+static size_t value_bytes(int type, size_t slen) {
+  return type == V_STR ? slen : 0;
+}
+
+static size_t entry_bytes(const entry_t *e) {
+  return sizeof *e + e->klen + value_bytes(e->type, e->v.s.len);
 }
 
 static void lru_unlink(dict_t *d, entry_t *e) {
@@ -70,19 +152,40 @@ static void free_value(entry_t *e) {
 }
 
 static void remove_entry(dict_t *d, entry_t *e) {
-  entry_t **pp = &d->buckets[e->hash % d->nbuckets];
+  entry_t **pp = &d->buckets[e->hash & (d->nbuckets - 1)];
   while (*pp != e)
     pp = &(*pp)->hnext;
   *pp = e->hnext;
   lru_unlink(d, e);
+  d->bytes -= entry_bytes(e);
   free_value(e);
   free(e);
   d->n--;
 }
 
+/* Double the bucket array once entries outnumber buckets. A failed
+ * allocation keeps the old array: longer chains, nothing lost. */
+static void maybe_grow(dict_t *d) {
+  if (d->n <= d->nbuckets)
+    return;
+  size_t nb = d->nbuckets * 2;
+  entry_t **b = calloc(nb, sizeof *b);
+  if (b == NULL)
+    return;
+  for (size_t i = 0; i < d->nbuckets; i++)
+    for (entry_t *e = d->buckets[i], *next; e; e = next) {
+      next = e->hnext;
+      e->hnext = b[e->hash & (nb - 1)];
+      b[e->hash & (nb - 1)] = e;
+    }
+  free(d->buckets);
+  d->buckets = b;
+  d->nbuckets = nb;
+}
+
 /* The live entry for a key (expired ones are dropped on sight). */
 static entry_t *find(dict_t *d, const char *k, size_t n, uint64_t h) {
-  for (entry_t *e = d->buckets[h % d->nbuckets]; e; e = e->hnext)
+  for (entry_t *e = d->buckets[h & (d->nbuckets - 1)]; e; e = e->hnext)
     if (e->hash == h && e->klen == n && memcmp(e->key, k, n) == 0) {
       if (e->expires && e->expires <= nr_now()) {
         remove_entry(d, e);
@@ -93,11 +196,71 @@ static entry_t *find(dict_t *d, const char *k, size_t n, uint64_t h) {
   return NULL;
 }
 
+/* Evict from the LRU tail (never `keep`) until an entry costing `need`
+ * bytes fits beside the others; `adds` when it is a new entry. Returns 0,
+ * or -ENOMEM in safe mode when something would have to go. */
+static int make_room(dict_t *d, entry_t *keep, size_t need, bool adds,
+                     bool safe) {
+  size_t old = keep ? entry_bytes(keep) : 0;
+  while (d->bytes - old + need > d->memory || (adds && d->n >= d->capacity)) {
+    entry_t *victim = d->tail == keep ? keep->prev : d->tail;
+    if (victim == NULL || safe)
+      return -ENOMEM;
+    remove_entry(d, victim);
+    d->evictions++;
+  }
+  return 0;
+}
+
+/* Store (key, value) (val's string now belongs to the dict on success).
+ * Returns 0, -EEXIST (ST_ADD and the key is live) or -ENOMEM. */
+static int store(dict_t *d, const char *k, size_t n, const entry_t *val,
+                 uint64_t expires, int mode) {
+  uint64_t h = hash(d, k, n);
+  entry_t *e = find(d, k, n, h);
+  if (e && (mode & ST_ADD))
+    return -EEXIST;
+  size_t need = sizeof *e + n + value_bytes(val->type, val->v.s.len);
+  if (need > d->memory ||
+      make_room(d, e, need, e == NULL, mode & ST_SAFE) < 0)
+    return -ENOMEM;
+  if (e == NULL) {
+    e = malloc(sizeof *e + n);
+    if (e == NULL)
+      return -ENOMEM;
+    memcpy(e->key, k, n);
+    e->klen = n;
+    e->hash = h;
+    e->hnext = d->buckets[h & (d->nbuckets - 1)];
+    d->buckets[h & (d->nbuckets - 1)] = e;
+    d->n++;
+  } else {
+    d->bytes -= entry_bytes(e);
+    free_value(e);
+    lru_unlink(d, e);
+  }
+  e->type = val->type;
+  e->v = val->v;
+  e->expires = expires;
+  d->bytes += entry_bytes(e);
+  lru_front(d, e);
+  maybe_grow(d);
+  return 0;
+}
+
+static void clear(dict_t *d) {
+  while (d->head)
+    remove_entry(d, d->head);
+}
+
+/* ---- methods ----------------------------------------------------------------- */
+
 static dict_t *check(lua_State *L) {
   return lnr_check_handle(L, 1, LNR_DICT);
 }
 
-/* Read the value at idx into a detached entry value. */
+/* Read the value at idx into a detached entry value (before the lock: it
+ * may raise). */
 static void read_value(lua_State *L, int idx, entry_t *tmp) {
   switch (lua_type(L, idx)) {
   case LUA_TBOOLEAN: tmp->type = V_BOOL; tmp->v.b = lua_toboolean(L, idx); break;
@@ -143,105 +306,90 @@ static uint64_t opt_ttl(lua_State *L, int idx) {
   return s > 0 ? nr_now() + lnr_ns(s) : 0;
 }
 
-/* Store (key, value) under the lock; evicts the least recently used entry
- * when full. `add` fails if the key exists. Returns 0, or -EEXIST. */
-static int store(dict_t *d, const char *k, size_t n, entry_t *val,
-                 uint64_t expires, bool add) {
-  uint64_t h = hash(k, n);
-  entry_t *e = find(d, k, n, h);
-  if (e && add)
-    return -EEXIST;
-  if (e) {
-    free_value(e);
-    e->type = val->type;
-    e->v = val->v;
-    e->expires = expires;
-    lru_unlink(d, e);
-    lru_front(d, e);
-    return 0;
+static int push_status(lua_State *L, int rc) {
+  if (rc == 0) {
+    lua_pushboolean(L, 1);
+    return 1;
   }
-  if (d->n >= d->capacity && d->tail)
-    remove_entry(d, d->tail);
-  e = malloc(sizeof *e + n);
-  if (e == NULL)
-    return -ENOMEM;
-  memcpy(e->key, k, n);
-  e->klen = n;
-  e->hash = h;
-  e->type = val->type;
-  e->v = val->v;
-  e->expires = expires;
-  e->hnext = d->buckets[h % d->nbuckets];
-  d->buckets[h % d->nbuckets] = e;
-  lru_front(d, e);
-  d->n++;
-  return 0;
+  lua_pushnil(L);
+  lua_pushstring(L, rc == -EEXIST ? "exists" : "no memory");
+  return 2;
 }
 
-static int set_or_add(lua_State *L, bool add) {
+static int store_value(lua_State *L, int mode) {
   dict_t *d = check(L);
   size_t n;
   const char *k = luaL_checklstring(L, 2, &n);
   uint64_t expires = opt_ttl(L, 4);
   if (lua_isnoneornil(L, 3)) {
-    if (add)
+    if (mode & ST_ADD)
       return luaL_error(L, "shared dict add: value is nil");
     pthread_mutex_lock(&d->lock);
-    entry_t *e = find(d, k, n, hash(k, n));
+    entry_t *e = find(d, k, n, hash(d, k, n));
     if (e)
       remove_entry(d, e);
     pthread_mutex_unlock(&d->lock);
-    lua_pushboolean(L, 1);
-    return 1;
+    return push_status(L, 0);
   }
   entry_t val = {0};
   read_value(L, 3, &val);
   pthread_mutex_lock(&d->lock);
-  int rc = store(d, k, n, &val, expires, add);
+  int rc = store(d, k, n, &val, expires, mode);
   pthread_mutex_unlock(&d->lock);
-  if (rc < 0) {
+  if (rc < 0)
     free_value(&val);
-    lua_pushnil(L);
-    lua_pushstring(L, rc == -EEXIST ? "exists" : "no memory");
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return push_status(L, rc);
 }
 
-static int d_set(lua_State *L) { return set_or_add(L, false); }
-static int d_add(lua_State *L) { return set_or_add(L, true); }
+static int d_set(lua_State *L) { return store_value(L, 0); }
+static int d_add(lua_State *L) { return store_value(L, ST_ADD); }
+static int d_safe_set(lua_State *L) { return store_value(L, ST_SAFE); }
+static int d_safe_add(lua_State *L) { return store_value(L, ST_ADD | ST_SAFE); }
 
+/* Copy the live value of k into *out (a string into buf when it fits in
+ * cap bytes). Returns 1 found, 0 absent, or -(length) of a string that
+ * did not fit. Takes the lock. */
+static ssize_t copy_out(dict_t *d, const char *k, size_t n, entry_t *out,
+                        char *buf, size_t cap) {
+  ssize_t rc = 0;
+  pthread_mutex_lock(&d->lock);
+  entry_t *e = find(d, k, n, hash(d, k, n));
+  if (e) {
+    lru_unlink(d, e);
+    lru_front(d, e);
+    *out = *e;
+    rc = 1;
+    if (e->type == V_STR && e->v.s.len > cap)
+      rc = -(ssize_t)e->v.s.len;
+    else if (e->type == V_STR) {
+      memcpy(buf, e->v.s.s, e->v.s.len);
+      out->v.s.s = buf;
+    }
+  }
+  pthread_mutex_unlock(&d->lock);
+  return rc;
+}
+
+/* A string too long for the stack buffer is copied into a Lua userdata
+ * made before the lock (so a raise loses nothing), sized by a first look;
+ * the value may grow in between, hence the loop. */
 static int d_get(lua_State *L) {
   dict_t *d = check(L);
   size_t n;
   const char *k = luaL_checklstring(L, 2, &n);
-  pthread_mutex_lock(&d->lock);
-  entry_t *e = find(d, k, n, hash(k, n));
-  if (e) {
-    lru_unlink(d, e);
-    lru_front(d, e);
-    /* Copy out under the lock; strings are pushed after (one copy). */
-    if (e->type == V_STR) {
-      char small[256], *buf = e->v.s.len <= sizeof small ? small : malloc(e->v.s.len);
-      size_t len = e->v.s.len;
-      if (buf)
-        memcpy(buf, e->v.s.s, len);
-      pthread_mutex_unlock(&d->lock);
-      if (buf == NULL)
-        return luaL_error(L, "out of memory");
-      lua_pushlstring(L, buf, len);
-      if (buf != small)
-        free(buf);
-      return 1;
-    }
-    entry_t copy = *e;
-    pthread_mutex_unlock(&d->lock);
-    push_value(L, &copy);
-    return 1;
+  char small[256], *buf = small;
+  size_t cap = sizeof small;
+  entry_t v;
+  ssize_t rc;
+  while ((rc = copy_out(d, k, n, &v, buf, cap)) < 0) {
+    cap = (size_t)-rc;
+    lua_settop(L, 2);
+    buf = lua_newuserdatauv(L, cap, 0);
   }
-  pthread_mutex_unlock(&d->lock);
-  lua_pushnil(L);
+  if (rc == 0)
+    lua_pushnil(L);
+  else
+    push_value(L, &v);
   return 1;
 }
 
@@ -253,65 +401,100 @@ static int d_incr(lua_State *L) {
   bool has_init = !lua_isnoneornil(L, 4);
   if (has_init)
     luaL_checknumber(L, 4);
-  pthread_mutex_lock(&d->lock);
-  entry_t *e = find(d, k, n, hash(k, n));
-  if (e == NULL && !has_init) {
-    pthread_mutex_unlock(&d->lock);
-    lua_pushnil(L);
-    lua_pushliteral(L, "not found");
-    return 2;
-  }
-  if (e && e->type != V_INT && e->type != V_FLT) {
-    pthread_mutex_unlock(&d->lock);
-    lua_pushnil(L);
-    lua_pushliteral(L, "not a number");
-    return 2;
-  }
+  bool int_by = lua_isinteger(L, 3), int_init = lua_isinteger(L, 4);
+  lua_Integer iby = lua_tointeger(L, 3), iinit = lua_tointeger(L, 4);
+  lua_Number fby = lua_tonumber(L, 3), finit = lua_tonumber(L, 4);
   entry_t val = {0};
-  bool ints = lua_isinteger(L, 3) && (e ? e->type == V_INT : lua_isinteger(L, 4));
-  if (ints) {
-    lua_Integer base = e ? e->v.i : lua_tointeger(L, 4);
-    val.type = V_INT;
-    val.v.i = (lua_Integer)((lua_Unsigned)base + (lua_Unsigned)lua_tointeger(L, 3));
-  } else {
-    lua_Number base = e ? (e->type == V_INT ? (lua_Number)e->v.i : e->v.n)
-                        : lua_tonumber(L, 4);
-    val.type = V_FLT;
-    val.v.n = base + lua_tonumber(L, 3);
+  int rc = 0;
+  pthread_mutex_lock(&d->lock);
+  entry_t *e = find(d, k, n, hash(d, k, n));
+  if (e == NULL && !has_init)
+    rc = 1;
+  else if (e && e->type != V_INT && e->type != V_FLT)
+    rc = 2;
+  else {
+    if (int_by && (e ? e->type == V_INT : int_init)) {
+      lua_Integer base = e ? e->v.i : iinit;
+      val.type = V_INT;
+      val.v.i = (lua_Integer)((lua_Unsigned)base + (lua_Unsigned)iby);
+    } else {
+      lua_Number base = e ? (e->type == V_INT ? (lua_Number)e->v.i : e->v.n)
+                          : finit;
+      val.type = V_FLT;
+      val.v.n = base + fby;
+    }
+    rc = store(d, k, n, &val, e ? e->expires : 0, 0);
   }
-  int rc = store(d, k, n, &val, e ? e->expires : 0, false);
   pthread_mutex_unlock(&d->lock);
-  if (rc < 0)
-    return luaL_error(L, "shared dict incr: out of memory");
-  push_value(L, &val);
-  return 1;
+  if (rc == 0) {
+    push_value(L, &val);
+    return 1;
+  }
+  lua_pushnil(L);
+  lua_pushstring(L, rc == 1 ? "not found" : rc == 2 ? "not a number"
+                                                    : "no memory");
+  return 2;
 }
 
 static int d_delete(lua_State *L) {
   lua_settop(L, 2);
   lua_pushnil(L);
-  return set_or_add(L, false);
+  return store_value(L, 0);
 }
 
+/* Key records (length, then bytes) of up to max live keys, most recent
+ * first, into buf of cap bytes, stopping at the first that does not fit.
+ * Returns the bytes all of them need; *used, the bytes written. Takes the
+ * lock. */
+static size_t copy_keys(dict_t *d, lua_Integer max, char *buf, size_t cap,
+                        size_t *used) {
+  size_t need = 0;
+  lua_Integer i = 0;
+  uint64_t now = nr_now();
+  *used = 0;
+  pthread_mutex_lock(&d->lock);
+  for (entry_t *e = d->head; e && (max <= 0 || i < max); e = e->next) {
+    if (e->expires && e->expires <= now)
+      continue;
+    size_t rec = sizeof e->klen + e->klen;
+    if (need == *used && need + rec <= cap) {
+      memcpy(buf + need, &e->klen, sizeof e->klen);
+      memcpy(buf + need + sizeof e->klen, e->key, e->klen);
+      *used += rec;
+    }
+    need += rec;
+    i++;
+  }
+  pthread_mutex_unlock(&d->lock);
+  return need;
+}
+
+/* keys([max = 1024]): sized by a first pass, copied into a userdata made
+ * with no lock held, then turned into strings. Keys that grow the list in
+ * between (a finalizer run by the allocation may set some) cost another
+ * pass; after four, the keys that did fit are returned. */
 static int d_keys(lua_State *L) {
   dict_t *d = check(L);
   lua_Integer max = luaL_optinteger(L, 2, 1024);
+  size_t used, cap = 0, need = copy_keys(d, max, NULL, 0, &used);
+  char *buf = NULL;
+  for (int tries = 0; need > cap && tries < 4; tries++) {
+    cap = need + need / 8;
+    lua_settop(L, 2);
+    buf = lua_newuserdatauv(L, cap ? cap : 1, 0);
+    need = copy_keys(d, max, buf, cap, &used);
+  }
   lua_newtable(L);
   lua_Integer i = 0;
-  uint64_t now = nr_now();
-  pthread_mutex_lock(&d->lock);
-  for (entry_t *e = d->head; e && (max <= 0 || i < max); e = e->next)
-    if (e->expires == 0 || e->expires > now) {
-      lua_pushlstring(L, e->key, e->klen);
-      lua_rawseti(L, -2, ++i);
-    }
-  pthread_mutex_unlock(&d->lock);
+  for (size_t off = 0; off < used;) {
+    size_t len;
+    memcpy(&len, buf + off, sizeof len);
+    off += sizeof len;
+    lua_pushlstring(L, buf + off, len);
+    lua_rawseti(L, -2, ++i);
+    off += len;
+  }
   return 1;
-}
-
-static void clear(dict_t *d) {
-  while (d->head)
-    remove_entry(d, d->head);
 }
 
 static int d_flush_all(lua_State *L) {
@@ -325,8 +508,39 @@ static int d_flush_all(lua_State *L) {
 static int d_len(lua_State *L) {
   dict_t *d = check(L);
   pthread_mutex_lock(&d->lock);
-  lua_pushinteger(L, (lua_Integer)d->n);
+  size_t n = d->n;
   pthread_mutex_unlock(&d->lock);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+static size_t max_chain(const dict_t *d) {
+  size_t max = 0;
+  for (size_t i = 0; i < d->nbuckets; i++) {
+    size_t len = 0;
+    for (const entry_t *e = d->buckets[i]; e; e = e->hnext)
+      len++;
+    max = len > max ? len : max;
+  }
+  return max;
+}
+
+/* stats(): entries, bytes, capacity, memory, buckets, max_chain (the
+ * longest hash chain: a walk of every bucket, for tests and diagnosis),
+ * evictions. */
+static int d_stats(lua_State *L) {
+  dict_t *d = check(L);
+  pthread_mutex_lock(&d->lock);
+  size_t v[] = {d->n, d->bytes, d->capacity, d->memory, d->nbuckets,
+                max_chain(d), (size_t)d->evictions};
+  pthread_mutex_unlock(&d->lock);
+  static const char *const names[] = {"entries", "bytes", "capacity", "memory",
+                                      "buckets", "max_chain", "evictions"};
+  lua_createtable(L, 0, 7);
+  for (int i = 0; i < 7; i++) {
+    lua_pushinteger(L, (lua_Integer)v[i]);
+    lua_setfield(L, -2, names[i]);
+  }
   return 1;
 }
 
@@ -336,42 +550,51 @@ static int d_tostring(lua_State *L) {
   return 1;
 }
 
-/* netrun.shared.dict(name [, { capacity = N }]): the same dict for the same
- * name, from any state. */
+static lua_Integer opt_limit(lua_State *L, const char *name, lua_Integer dflt) {
+  if (!lua_istable(L, 2))
+    return dflt;
+  lua_getfield(L, 2, name);
+  lua_Integer v = luaL_optinteger(L, -1, dflt);
+  lua_pop(L, 1);
+  if (v < 1)
+    luaL_error(L, "netrun.shared.dict: %s must be >= 1", name);
+  return v;
+}
+
+static dict_t *new_dict(const char *name, lua_Integer cap, lua_Integer mem) {
+  dict_t *d = calloc(1, sizeof *d + strlen(name) + 1);
+  if (d)
+    d->buckets = calloc(MIN_BUCKETS, sizeof *d->buckets);
+  if (d == NULL || d->buckets == NULL) {
+    free(d);
+    return NULL;
+  }
+  strcpy(d->name, name);
+  d->nbuckets = MIN_BUCKETS;
+  d->capacity = (size_t)cap;
+  d->memory = (size_t)mem;
+  seed(d);
+  pthread_mutex_init(&d->lock, NULL);
+  return d;
+}
+
+/* netrun.shared.dict(name [, { capacity = N, memory = BYTES }]): the same
+ * dict for the same name, from any state (the first call's limits hold). */
 static int l_dict(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
-  lua_Integer cap = 10000;
-  if (lua_istable(L, 2)) {
-    lua_getfield(L, 2, "capacity");
-    cap = luaL_optinteger(L, -1, 10000);
-    lua_pop(L, 1);
-  }
-  if (cap < 1)
-    return luaL_error(L, "netrun.shared.dict: capacity must be >= 1");
+  lua_Integer cap = opt_limit(L, "capacity", DEFAULT_CAPACITY);
+  lua_Integer mem = opt_limit(L, "memory", DEFAULT_MEMORY);
   pthread_mutex_lock(&dicts_lock);
   dict_t *d = dicts;
   while (d && strcmp(d->name, name) != 0)
     d = d->next;
-  if (d == NULL) {
-    size_t nb = 64;
-    while (nb < (size_t)cap)
-      nb *= 2;
-    d = calloc(1, sizeof *d + strlen(name) + 1);
-    if (d)
-      d->buckets = calloc(nb, sizeof *d->buckets);
-    if (d == NULL || d->buckets == NULL) {
-      pthread_mutex_unlock(&dicts_lock);
-      free(d);
-      return luaL_error(L, "out of memory");
-    }
-    strcpy(d->name, name);
-    d->nbuckets = nb;
-    d->capacity = (size_t)cap;
-    pthread_mutex_init(&d->lock, NULL);
+  if (d == NULL && (d = new_dict(name, cap, mem)) != NULL) {
     d->next = dicts;
     dicts = d;
   }
   pthread_mutex_unlock(&dicts_lock);
+  if (d == NULL)
+    return luaL_error(L, "netrun.shared.dict: %s: out of memory", name);
   lnr_push_handle(L, LNR_DICT, d);
   return 1;
 }
@@ -406,7 +629,8 @@ static int l_log_level(lua_State *L) {
 void lnr_open_dict(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"get", d_get}, {"set", d_set}, {"add", d_add}, {"incr", d_incr},
-      {"delete", d_delete}, {"keys", d_keys}, {"flush_all", d_flush_all},
+      {"safe_set", d_safe_set}, {"safe_add", d_safe_add}, {"delete", d_delete},
+      {"keys", d_keys}, {"flush_all", d_flush_all}, {"stats", d_stats},
       {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__len", d_len}, {"__tostring", d_tostring},
                                   {NULL, NULL}};

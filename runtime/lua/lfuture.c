@@ -112,21 +112,42 @@ static int l_promise(lua_State *L) {
 
 /* ---- queries ------------------------------------------------------------------ */
 
+/* Run the main thread's queued work, without waiting, when called on the
+ * main thread; nothing elsewhere (a loop runs its own). */
+static void run_main_work(void) {
+  nr_loop_t *m = lnr_main_loop();
+  if (m != NULL && nr_loop_current() == m)
+    while (nr_loop_has_pending_tasks(m) && nr_loop_run_once(m, 0) > 0)
+      ;
+}
+
+/* The future at 1 for a query. The main thread is not a loop: the
+ * listeners it added (netrun.all's among them) run only when it runs its
+ * queued work, so a query of a pending future runs that work first -- a
+ * script polling `while not f:is_done() do ... end` sees f complete. One
+ * atomic load when nothing is queued. */
+static nr_promise_t *check_polled(lua_State *L) {
+  nr_promise_t *p = check(L, 1);
+  if (!nr_promise_is_done(p))
+    run_main_work();
+  return p;
+}
+
 static int l_is_done(lua_State *L) {
-  lua_pushboolean(L, nr_promise_is_done(check(L, 1)));
+  lua_pushboolean(L, nr_promise_is_done(check_polled(L)));
   return 1;
 }
 static int l_is_success(lua_State *L) {
-  lua_pushboolean(L, nr_promise_is_success(check(L, 1)));
+  lua_pushboolean(L, nr_promise_is_success(check_polled(L)));
   return 1;
 }
 static int l_is_cancelled(lua_State *L) {
-  lua_pushboolean(L, nr_promise_is_cancelled(check(L, 1)));
+  lua_pushboolean(L, nr_promise_is_cancelled(check_polled(L)));
   return 1;
 }
 
 static int l_cause(lua_State *L) {
-  nr_promise_t *p = check(L, 1);
+  nr_promise_t *p = check_polled(L);
   if (nr_promise_is_done(p) && !nr_promise_is_success(p))
     lua_pushstring(L, nr_promise_message(p));
   else
@@ -137,7 +158,7 @@ static int l_cause(lua_State *L) {
 /* Push the result of a successful future: a copy of a Lua value, a channel
  * (servers and connects complete in the C core), or nil. */
 static int l_result(lua_State *L) {
-  nr_promise_t *p = check(L, 1);
+  nr_promise_t *p = check_polled(L);
   void (*kind)(void *) = nr_promise_value_free_fn(p);
   if (!nr_promise_is_success(p) || kind == NULL)
     lua_pushnil(L);
@@ -284,6 +305,8 @@ typedef struct resume_s {
   int co_ref;
 } resume_t;
 
+static int resume_task(void *arg);
+
 /* Resume a coroutine parked in await/sleep/yield, on its own loop. */
 static void resume_later(nr_promise_t *p, void *arg) {
   (void)p;
@@ -296,6 +319,17 @@ static void resume_later(nr_promise_t *p, void *arg) {
   lua_State *L = S->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->co_ref);
   lua_State *co = lua_tothread(L, -1);
+  if (lua_status(co) != LUA_YIELD) {
+    /* The future completed between await's check and its listener: the
+     * listener runs inline, in park_on, before the coroutine yields.
+     * Resume it from a task, which runs after the yield. */
+    lua_pop(L, 1);
+    if (nr_loop_execute(S->loop, resume_task, r) == 0)
+      return;
+    luaL_unref(L, LUA_REGISTRYINDEX, r->co_ref);
+    free(r);
+    return;
+  }
   luaL_unref(L, LUA_REGISTRYINDEX, r->co_ref);
   free(r);
   lua_pop(L, 1);                       /* still anchored in SPAWNED */
@@ -356,7 +390,12 @@ static const char PARKED = 0;
 
 static void step(lua_State *L, lua_State *co, int nargs) {
   int nres = 0;
+  lnr_state_t *S = lnr_state(L);
+  if (S)
+    S->resuming++;                      /* the memory limit applies */
   int st = lua_resume(co, L, nargs, &nres);
+  if (S)
+    S->resuming--;
   if (st == LUA_YIELD) {
     bool parked = nres == 1 && lua_touserdata(co, -1) == &PARKED;
     lua_pop(co, nres);

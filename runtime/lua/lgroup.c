@@ -23,6 +23,7 @@ struct lnr_group_s {
   bool listed;                /* in the live list (under live_lock) */
   bool daemon;                /* does not keep the process alive */
   bool executor;              /* task threads for blocking work */
+  size_t max_pending;         /* tasks a loop may have queued */
   lnr_group_t *next;
 };
 
@@ -103,20 +104,44 @@ static void on_terminated(nr_promise_t *p, void *arg) {
     unlist_task(arg);
 }
 
+/* A loop takes at most this many queued tasks by default; execute and
+ * submit past it raise (Netty's RejectedExecutionException). A second of
+ * work at the rate a loop runs small Lua tasks, and about 200 MiB of the
+ * smallest ones: a producer that far ahead has lost its consumer, and
+ * memory, not the queue, would be the first thing to give. */
+#define MAX_PENDING_TASKS 1000000
+
+/* A loop state's Lua memory is bounded by default (lstate.c, "the memory
+ * limit"): past 512 MiB a state is almost surely leaking -- per-connection
+ * state of 100,000 connections at 1 KiB each is 100 MiB, and bigger data
+ * belongs in a shared dict, outside the states -- and a "not enough
+ * memory" error in the handler that asked is better than the kernel's
+ * OOM killer taking the whole process. At least 1 MiB: an empty state
+ * takes a few hundred KiB. */
+#define LUA_MEMORY_LIMIT ((size_t)512 << 20)
+#define LUA_MEMORY_MIN ((lua_Integer)1 << 20)
+
 static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
-                              int io_ratio, bool executor, int opts) {
-  nr_group_opts_t o = {.name = name, .threads = threads,
-                       .io_ratio = executor ? 100 : io_ratio,
-                       .on_start = lnr_loop_started,
-                       .on_exit = lnr_loop_exiting};
+                              int io_ratio, bool executor,
+                              size_t max_pending, size_t mem_limit, int opts) {
+  nr_group_opts_t stall = {0};                /* may raise: before calloc */
   lnr_stall_options(L, opts, executor ? "netrun.executor_group"
-                                      : "netrun.group", executor, &o);
+                                      : "netrun.group", executor, &stall);
   lnr_group_t *g = calloc(1, sizeof *g);
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
   g->paths = lnr_paths_new(L);
+  lnr_paths_set_memory_limit(g->paths, mem_limit);
   g->executor = executor;
-  o.ud = g->paths;
+  g->max_pending = max_pending;
+  nr_group_opts_t o = {.name = name, .threads = threads,
+                       .io_ratio = executor ? 100 : io_ratio,
+                       .max_pending = max_pending,
+                       .on_start = lnr_loop_started,
+                       .on_exit = lnr_loop_exiting, .ud = g->paths,
+                       .stall_threshold = stall.stall_threshold,
+                       .stall_timeout = stall.stall_timeout,
+                       .on_stall = stall.on_stall};
   g->g = nr_group_new(&o);
   if (g->g == NULL) {
     int err = errno;
@@ -165,9 +190,20 @@ static int new_group(lua_State *L, bool executor) {
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
+  lua_getfield(L, 1, "max_pending_tasks");
+  lua_Integer max_pending = luaL_optinteger(L, -1, MAX_PENDING_TASKS);
+  if (max_pending < 1)
+    return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
+                      max_pending);
+  lua_getfield(L, 1, "lua_memory_limit");
+  lua_Integer mem = luaL_optinteger(L, -1, (lua_Integer)LUA_MEMORY_LIMIT);
+  if (mem != 0 && mem < LUA_MEMORY_MIN)
+    return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
+                      "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
   lua_getfield(L, 1, "daemon");
   bool daemon = lua_toboolean(L, -1);
-  lnr_group_t *g = group_new(L, name, threads, ratio, executor, 1);
+  lnr_group_t *g = group_new(L, name, threads, ratio, executor,
+                             (size_t)max_pending, (size_t)mem, 1);
   g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
@@ -190,7 +226,8 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
-  g = group_new(L, boss ? "boss" : "worker", threads, 50, false, 0);
+  g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, 0);
   pthread_mutex_lock(&live_lock);
   lnr_group_t **slot = boss ? &default_boss : &default_workers;
   if (*slot == NULL) {
@@ -267,6 +304,17 @@ int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out) {
   return 1;
 }
 
+/* Raise the error of a task the loop refused (NR_EFULL or NR_EREJECTED). */
+static int reject(lua_State *L, nr_loop_t *loop, int rc) {
+  lnr_group_t *g = lnr_group_of_loop(loop);
+  if (rc == NR_EFULL && g != NULL)
+    return luaL_error(L, "%s: task queue full (max_pending_tasks = %I): "
+                      "task rejected", nr_loop_name(loop),
+                      (lua_Integer)g->max_pending);
+  return luaL_error(L, "%s: loop is shut down: task rejected",
+                    nr_loop_name(loop));
+}
+
 void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
                    nr_promise_t *p) {
   b->user = p ? nr_promise_retain(p) : NULL;
@@ -277,9 +325,7 @@ void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
     if (p)
       nr_promise_release(p);
     lnr_blob_free(b);
-    luaL_error(L, "%s: %s: task rejected", nr_loop_name(loop),
-               rc == NR_EFULL ? "too many pending tasks"
-                              : "loop is shut down");
+    reject(L, loop, rc);
   }
 }
 
@@ -319,10 +365,10 @@ static int l_after_iteration(lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "after_iteration");
   b->user = NULL;
-  if (nr_loop_after_iteration(loop, tail_task, b) < 0) {
+  int rc = nr_loop_after_iteration(loop, tail_task, b);
+  if (rc < 0) {
     lnr_blob_free(b);
-    return luaL_error(L, "%s: loop is shut down: task rejected",
-                      nr_loop_name(loop));
+    return reject(L, loop, rc);
   }
   return 0;
 }
@@ -383,16 +429,19 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
   s->periodic = period != 0;
   s->p = nr_promise_new();
+  /* The caller's reference, taken first: a short delay may fire (and
+   * free s) on the loop's thread before nr_loop_schedule returns. */
+  nr_promise_t *p = nr_promise_retain(s->p);
   nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
                                    sched_cancelled, s);
   if (t == NULL) {                  /* rejected: cancel_fn is not called */
+    nr_promise_release(p);
     nr_promise_release(s->p);
     lnr_blob_free(s->b);
     free(s);
-    return luaL_error(L, "%s: loop is shut down: task rejected",
-                      nr_loop_name(loop));
+    return reject(L, loop, errno == EAGAIN ? NR_EFULL : NR_EREJECTED);
   }
-  lnr_push_scheduled(L, nr_promise_retain(s->p), t);
+  lnr_push_scheduled(L, p, t);
   return 1;
 }
 
@@ -614,6 +663,7 @@ static int l_run(lua_State *L) {
   }
   while (nr_loop_run_once(m, 0) > 0)
     ;
+  nr_log_flush();                 /* the groups' last lines, before what follows */
   return 0;
 }
 
@@ -719,11 +769,16 @@ void lnr_open_group(lua_State *L) {
 }
 
 /* From any thread (the signal thread): ask every group to shut down with
- * the default quiet period and the given timeout (ns). */
+ * a short quiet period and the given timeout (ns). Every group stops at once,
+ * so the quiet period only has to cover tasks already on their way between
+ * loops; the answers a channel still owes hold it open by themselves
+ * (nr_channel_hold), so an idle server stops at once. */
+#define SIGNAL_QUIET NR_MS(200)
+
 void lnr_shutdown_groups_async(uint64_t timeout) {
   pthread_mutex_lock(&live_lock);
   for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, NR_SEC(2), timeout);
+    nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
   pthread_mutex_unlock(&live_lock);
 }
 

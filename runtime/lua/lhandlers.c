@@ -2,7 +2,8 @@
  * lhandlers.c -- Lua constructors for native handlers:
  *   netrun.handler.idle_state { reader = 30, writer = 0, all = 0 }
  *   netrun.handler.logging { level = "debug" }
- *   netrun.codec.resp { max_bulk = 1 << 20, max_args = 1024, max_inline = 65536 }
+ *   netrun.codec.resp { max_bulk = 1 << 20, max_args = 1024, max_inline = 65536,
+ *                      max_request = 64 << 20 }
  * and the converters that turn their messages into Lua values: an idle
  * event becomes { idle = "reader" | "writer" | "all", first = bool }, a
  * RESP request an array of strings.
@@ -157,11 +158,13 @@ static const nr_handler_t *make_resp(lua_State *L, int idx, void **state) {
 static int l_resp(lua_State *L) {
   const char *what = "netrun.codec.resp";
   int t = opts(L, what);
-  resp_cfg_t cfg = {{NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS, NR_RESP_MAX_INLINE}};
+  resp_cfg_t cfg = {{NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS, NR_RESP_MAX_INLINE,
+                     NR_RESP_MAX_REQUEST}};
   if (t) {
     cfg.lim.max_bulk = opt_size(L, t, "max_bulk", cfg.lim.max_bulk, what);
     cfg.lim.max_args = opt_size(L, t, "max_args", cfg.lim.max_args, what);
     cfg.lim.max_inline = opt_size(L, t, "max_inline", cfg.lim.max_inline, what);
+    cfg.lim.max_request = opt_size(L, t, "max_request", cfg.lim.max_request, what);
   }
   *(resp_cfg_t *)new_native(L, sizeof cfg, RESP_MT, make_resp) = cfg;
   return 1;

@@ -5,13 +5,27 @@
  *   ch:pipeline():add_last("http", netrun.codec.http_server {
  *     max_header = 8192,      -- request line + headers; more: 431 and close
  *     max_body = 1 << 20,     -- decoded body; more: 413 and close
+ *     max_headers = 64,       -- header + trailer lines (at most 512); more:
+ *                             -- 431 and close
+ *     header_timeout = 60,    -- seconds from a head's first byte to its
+ *                             -- end: 408 and close (also the wait for a
+ *                             -- new connection's first byte: closed
+ *                             -- silently); 0 = off
+ *     body_timeout = 60,      -- seconds between two reads of a body: 408
+ *                             -- and close; 0 = off
+ *     keepalive_timeout = 75, -- seconds an idle connection waits for its
+ *                             -- next request: closed silently; 0 = off
  *   })
+ * The timeouts are nginx's defaults (client_header_timeout,
+ * client_body_timeout, keepalive_timeout) and time the client only: none
+ * runs while a request is being answered, however slowly.
  *
  * The handler after it receives one request per message, read like a table:
  *   req.method "GET", req.path "/a", req.query "x=1" (nil without '?'),
  *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
- *   repeated fields joined with ", ", chunked trailers included),
- *   req.body "" , req.keep_alive true
+ *   repeated fields joined with ", "), req.trailers { ... } (a chunked
+ *   body's trailer fields, the same way; {} when none: they are never
+ *   merged into req.headers), req.body "" , req.keep_alive true
  * It is a userdata whose fields are made when read (see "requests to Lua"
  * below); assignments to it are kept, pairs() walks it, and it crosses to
  * other states as a plain table.
@@ -45,10 +59,14 @@
  * nr_http_server_writability).
  *
  * Bad requests are answered by the codec itself and the channel closed
- * once the responses still owed have gone out: 400 malformed, 413 body over
- * max_body, 431 header block over max_header or more than 64 header lines,
- * 501 a transfer coding other than chunked, 505 an HTTP major version
- * other than 1, 503 more than 64 requests unanswered at once. An
+ * once the responses still owed have gone out: 400 malformed (also: an
+ * HTTP/1.1 request without exactly one valid Host, Transfer-Encoding in
+ * HTTP/1.0 or twice, a length past 2^63 - 1, a trailer that frames, routes
+ * or authorises -- Host, Content-Length, Transfer-Encoding, ... -- see
+ * http.c), 413 body over max_body, 431 header block over max_header or
+ * more than max_headers header lines, 501 a transfer coding other than
+ * chunked, 505 an HTTP major version other than 1, 503 more than 64
+ * requests unanswered at once; 408 a timeout (above). An
  * Expect: 100-continue request whose body has not arrived yet gets
  * "100 Continue" at once (clients that use it do not pipeline).
  *
@@ -69,9 +87,7 @@
 
 #define CLASS "netrun.codec.http_server"
 
-typedef struct conf_s {
-  size_t max_header, max_body;
-} conf_t;
+typedef nr_http_server_opts_t conf_t;
 
 /* ---- interned keys ---------------------------------------------------------------- */
 
@@ -117,15 +133,15 @@ typedef struct rhdr_s {
 typedef struct req_s {
   const void *tag;             /* &REQ_TAG: proves the userdata is one */
   uint32_t method_len, path, path_len, query, query_len;
-  uint16_t nheaders;
+  uint16_t nheaders, ntrailers;
   bool has_query, keep_alive, http11;
-  rhdr_t h[];                  /* then the text */
+  rhdr_t h[];                  /* headers, trailers, then the text */
 } req_t;
 
 static const char REQ_TAG = 0;
 
 static const char *req_text(const req_t *q) {
-  return (const char *)(q->h + q->nheaders);
+  return (const char *)(q->h + q->nheaders + q->ntrailers);
 }
 
 /* The request that is argument 1 of a metamethod (one fetched with
@@ -164,6 +180,7 @@ static bool all_in_block(const nr_http_request_t *r, size_t span) {
 static size_t head_block(const nr_http_request_t *r) {
   if (r->chunked)
     return 0;
+  assert(r->ntrailers == 0);
   const char *end = r->query ? r->query + r->query_len : r->path + r->path_len;
   if (r->nheaders > 0)
     end = r->headers[r->nheaders - 1].value + r->headers[r->nheaders - 1].value_len;
@@ -217,13 +234,15 @@ static void push_request(lua_State *L, void *msg) {
     request_done(L, r);
     return;
   }
+  n += r->ntrailers;          /* they follow the headers in r->headers */
   len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
   for (size_t i = 0; i < n; i++)
     len += r->headers[i].name_len + r->headers[i].value_len;
   req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
   uint32_t off = 0;
   q->tag = &REQ_TAG;
-  q->nheaders = (uint16_t)n;
+  q->nheaders = (uint16_t)r->nheaders;
+  q->ntrailers = (uint16_t)r->ntrailers;
   q->method_len = (uint32_t)r->method_len;
   put_text(q, &off, r->method, r->method_len);
   q->path_len = (uint32_t)r->path_len;
@@ -267,14 +286,15 @@ static void push_lower(lua_State *L, const char *s, size_t n) {
     free(b);
 }
 
-/* headers = { name = value }: lowercased, repeats joined with ", ". */
-static void push_headers(lua_State *L, const req_t *q) {
+/* headers = { name = value } from the fields q->h[from .. from + n):
+ * lowercased, repeats joined with ", ". */
+static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
   const char *text = req_text(q);
-  lua_createtable(L, 0, q->nheaders);
-  for (size_t i = 0; i < q->nheaders; i++) {
+  lua_createtable(L, 0, (int)n);
+  for (size_t i = from; i < from + n; i++) {
     const rhdr_t *h = &q->h[i];
     bool seen = false, repeated = false;   /* before i, after i */
-    for (size_t j = 0; j < q->nheaders && !seen; j++)
+    for (size_t j = from; j < from + n && !seen; j++)
       if (j != i && same_name(q, h, &q->h[j]))
         *(j < i ? &seen : &repeated) = true;
     if (seen)
@@ -286,7 +306,7 @@ static void push_headers(lua_State *L, const req_t *q) {
       luaL_Buffer b;
       luaL_buffinit(L, &b);
       luaL_addlstring(&b, text + h->value, h->value_len);
-      for (size_t j = i + 1; j < q->nheaders; j++)
+      for (size_t j = i + 1; j < from + n; j++)
         if (same_name(q, h, &q->h[j])) {
           luaL_addlstring(&b, ", ", 2);
           luaL_addlstring(&b, text + q->h[j].value, q->h[j].value_len);
@@ -298,10 +318,10 @@ static void push_headers(lua_State *L, const req_t *q) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive"};
+    "keep_alive", "trailers"};
 
 static int field_of(lua_State *L, int idx) {
   if (lua_type(L, idx) != LUA_TSTRING)
@@ -350,9 +370,13 @@ static void push_field(lua_State *L, int ud, int f) {
     break;
   case F_KEEP_ALIVE: lua_pushboolean(L, q->keep_alive); break;
   case F_HEADERS:            /* made once, kept: changes to it stay */
+  case F_TRAILERS:
     req_fields(L, ud, true);
-    push_headers(L, q);
-    lua_pushstring(L, "headers");
+    if (f == F_HEADERS)
+      push_fields(L, q, 0, q->nheaders);
+    else
+      push_fields(L, q, q->nheaders, q->ntrailers);
+    lua_pushstring(L, field_names[f]);
     lua_pushvalue(L, -2);
     lua_rawset(L, -4);
     lua_remove(L, -2);
@@ -706,7 +730,9 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 
 static const nr_handler_t lua_http_vt = {
     .type = "http_server", .added = nr_http_server_added,
-    .removed = nr_http_server_removed, .read = nr_http_server_read,
+    .removed = nr_http_server_removed, .active = nr_http_server_active,
+    .inactive = nr_http_server_inactive, .read = nr_http_server_read,
+    .read_failed = nr_http_server_read_failed,
     .writability_changed = nr_http_server_writability,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
@@ -714,7 +740,7 @@ static const nr_handler_t lua_http_vt = {
 
 static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   conf_t *c = luaL_checkudata(L, idx, CLASS);
-  nr_http_server_t *s = nr_http_server_new(c->max_header, c->max_body);
+  nr_http_server_t *s = nr_http_server_new(c);
   if (s == NULL)
     luaL_error(L, "netrun.codec.http_server: out of memory");
   *state = s;
@@ -740,22 +766,57 @@ static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
   return (size_t)v;
 }
 
+/* A timeout in seconds (0: off) as ns; d when absent. */
+static uint64_t opt_seconds(lua_State *L, const char *k, uint64_t d) {
+  if (lua_isnoneornil(L, 1))
+    return d;
+  lua_getfield(L, 1, k);
+  uint64_t v = d;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      luaL_error(L, "netrun.codec.http_server: %s must be a number of "
+                 "seconds, got a %s", k, luaL_typename(L, -1));
+    lua_Number sec = lua_tonumber(L, -1);
+    if (!(sec >= 0 && sec <= 1e9))     /* NaN fails too */
+      luaL_error(L, "netrun.codec.http_server: %s must be 0 (off) or a "
+                 "positive number of seconds, got %f", k, (double)sec);
+    v = (uint64_t)(sec * 1e9);
+    if (sec > 0 && v == 0)
+      v = 1;
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
 static int l_http_server(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     luaL_checktype(L, 1, LUA_TTABLE);
-  size_t mh = opt_size(L, "max_header", 8192, 64);
-  size_t mb = opt_size(L, "max_body", 1 << 20, 0);
+  conf_t o;
+  o.max_header = opt_size(L, "max_header", 8192, 64);
+  o.max_body = opt_size(L, "max_body", 1 << 20, 0);
+  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1);
+  if (o.max_headers > NR_HTTP_MAX_HEADERS)
+    luaL_error(L, "netrun.codec.http_server: max_headers must be at most "
+               "%d, got %d", NR_HTTP_MAX_HEADERS, (int)o.max_headers);
+  o.header_timeout = opt_seconds(L, "header_timeout", NR_HTTP_HEADER_TIMEOUT);
+  o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
+  o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",
+                                    NR_HTTP_KEEPALIVE_TIMEOUT);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
-  c->max_header = mh;
-  c->max_body = mb;
+  *c = o;
   luaL_setmetatable(L, CLASS);
   return 1;
 }
 
 static int l_tostring(lua_State *L) {
   conf_t *c = luaL_checkudata(L, 1, CLASS);
-  lua_pushfstring(L, CLASS "{ max_header = %d, max_body = %d }",
-                  (int)c->max_header, (int)c->max_body);
+  char b[256];
+  snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
+           "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
+           "keepalive_timeout = %g }", c->max_header, c->max_body,
+           c->max_headers, (double)c->header_timeout / 1e9,
+           (double)c->body_timeout / 1e9, (double)c->keepalive_timeout / 1e9);
+  lua_pushstring(L, b);
   return 1;
 }
 

@@ -48,15 +48,21 @@ enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
  * messages of one read, converted, wait on the stack of a thread of their
  * own until that read's channel_read_complete, which delivers them all in
  * one protected call. One batch per state at a time. */
+#define LNR_BATCH_MAX 32
+#define LNR_BATCH_TOKENS 128
 typedef struct lnr_batch_s {
   lua_State *Q;               /* the messages are Q's stack, 1 .. n */
   int q_ref;                  /* anchors Q */
   void *owner;                /* the handler (lh_t), NULL once removed */
   nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
   int n, next;                /* waiting, delivered (or dropped) */
+  uint64_t tokens[LNR_BATCH_TOKENS]; /* each one's nr_ctx_read_token (a
+                                 batch of held reads may be longer) */
   bool draining;              /* being delivered: reads arriving now go
                                  straight in */
   bool complete;              /* read_complete goes in the same call */
+  bool may_hold;              /* the rest may wait for writability */
+  bool stalled;               /* the channel turned unwritable mid-batch */
   const char *method;         /* the method being called, for errors */
 } lnr_batch_t;
 
@@ -68,6 +74,12 @@ typedef struct lnr_state_s {
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */
   _Atomic size_t memory;      /* bytes allocated by this state */
+  /* lua_memory_limit (lstate.c, "the memory limit"): SIZE_MAX when off. */
+  size_t mem_limit;
+  size_t mem_refused;         /* the size refused last (Lua retries it) */
+  bool mem_reserve;           /* refused: the reserve is open */
+  bool converting;            /* the bindings push values for a call */
+  int resuming;               /* coroutines resumed from C */
   /* The ctx of the Lua handler called last (lpipeline.c): its table's
    * address and C context, so that ctx:write knows it without reading the
    * table. NULL when that handler has left its pipeline. */
@@ -96,6 +108,8 @@ void lnr_loop_started(nr_loop_t *loop, void *ud);
 void lnr_loop_exiting(nr_loop_t *loop, void *ud);
 void *lnr_paths_new(lua_State *L);
 void lnr_paths_free(void *paths);
+/* The Lua memory limit of the group's loop states, in bytes (0: none). */
+void lnr_paths_set_memory_limit(void *paths, size_t bytes);
 /* The state running on the current thread's loop (or main), or NULL. */
 lnr_state_t *lnr_current_state(void);
 /* Queue a packed task (fn, args...) to a loop; raises if rejected. */

@@ -35,6 +35,9 @@ typedef struct lh_s {
   int ctx_ref;               /* the ctx table */
   const void *ctx_table;     /* its address (lua_topointer) */
   const hrec_t *rec;         /* alive while ref is */
+  lua_State *held;           /* reads waiting for writability, or NULL */
+  int held_ref;              /* anchors held */
+  bool unhold_queued;        /* a task delivers them */
 } lh_t;
 
 typedef struct lctx_s {
@@ -141,6 +144,7 @@ static void ensure_ctx(nr_ctx_t *ctx);
 static lua_State *begin(nr_ctx_t *ctx, const char *method) {
   lh_t *h = nr_ctx_state(ctx);
   lua_State *L = h->S->L;
+  h->S->converting = true;                       /* until call() */
   if (h->ctx_ref == LUA_NOREF)
     ensure_ctx(ctx);
   h->S->ctx_table = h->ctx_table;                /* see check_ctx */
@@ -160,6 +164,7 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
   lua_State *L = h->S->L;
   if (fn_ref == LUA_NOREF || h->ctx_ref == LUA_NOREF)
     return begin(ctx, method);
+  h->S->converting = true;                       /* until call() */
   h->S->ctx_table = h->ctx_table;
   h->S->ctx = ctx;
   lua_pushcfunction(L, lnr_msgh);
@@ -171,8 +176,10 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
 
 /* Call what begin pushed plus nargs arguments; the message handler stays
  * below (counted from the top: no lua_gettop): on error the message is on
- * top of it. */
-static int call(lua_State *L, int nargs) {
+ * top of it. The arguments are made: from here on, what the call
+ * allocates counts against the state's memory limit. */
+static int call(nr_ctx_t *ctx, lua_State *L, int nargs) {
+  ((lh_t *)nr_ctx_state(ctx))->S->converting = false;
   return lua_pcall(L, nargs + 2, 0, -(nargs + 4));
 }
 
@@ -190,7 +197,7 @@ static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
     if (has) {
       begin(ctx, "exception_caught");
       lua_pushstring(L, msg);
-      if (call(L, 1) != LUA_OK)
+      if (call(ctx, L, 1) != LUA_OK)
         lnr_log_error(L, "exception_caught raised");
       lua_pop(L, 2);                             /* msgh, message */
       return;
@@ -207,7 +214,7 @@ static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
 }
 
 static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
-  if (call(L, nargs) != LUA_OK)
+  if (call(ctx, L, nargs) != LUA_OK)
     route_error(ctx, L, method);                 /* pops the message */
   lua_pop(L, 1);                                 /* msgh */
   return 0;
@@ -230,8 +237,17 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
  * closes, the rest are dropped, as the producers drop what follows a
  * close; when the handler leaves its pipeline, the rest go on to the next
  * handler. BATCH_MAX bounds a batch, below the HTTP codec's limit of
- * unanswered requests. */
-#define BATCH_MAX 32
+ * unanswered requests.
+ *
+ * Writability is honoured inside a batch, as the codecs honour it between
+ * the requests they parse: when an answer turns the channel unwritable
+ * (a peer that pipelines and does not read), the handler gets
+ * channel_read_complete at once (it flushes there) and the rest of the
+ * batch is held for it (lh_t.held) until the channel is writable again,
+ * in order: reads arriving meanwhile queue behind them, any other event
+ * takes them first. So a batch never answers more than the channel takes
+ * (with 1 MiB answers, 32 of them per read were 32 MiB). */
+#define BATCH_MAX LNR_BATCH_MAX
 
 static bool state_idle(lua_State *L) {
   lua_Debug ar;
@@ -258,6 +274,7 @@ static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
 static int batch_run(lua_State *L) {
   lnr_state_t *S = lnr_state(L);
   lnr_batch_t *b = &S->batch;
+  S->converting = false;               /* protected from here on */
   nr_ctx_t *ctx = b->ctx;
   nr_channel_t *ch = nr_ctx_channel(ctx);
   lh_t *h = b->owner;
@@ -288,8 +305,12 @@ static int batch_run(lua_State *L) {
     S->ctx_table = h->ctx_table;                  /* see check_ctx */
     S->ctx = ctx;
     lua_call(L, 3, 0);
+    if (b->next < b->n && b->may_hold && !nr_channel_is_writable(ch)) {
+      b->stalled = true;                /* read_complete now: it flushes */
+      break;
+    }
   }
-  if (b->complete) {
+  if (b->complete || b->stalled) {
     b->complete = false;
     if (b->owner != NULL && h->rec->read_complete_ref != LUA_NOREF) {
       b->method = "channel_read_complete";
@@ -306,19 +327,57 @@ static int batch_run(lua_State *L) {
   return 0;
 }
 
-/* Deliver the waiting reads (and read_complete after them if `complete`). */
-static void batch_settle(lnr_state_t *S, bool complete) {
+/* The token of the batch's message i (1-based), 0 past what it records. */
+static uint64_t batch_token(const lnr_batch_t *b, int i) {
+  return i <= LNR_BATCH_TOKENS ? b->tokens[i - 1] : 0;
+}
+
+/* The batch stalled: hold the rest for its handler while the channel is
+ * still unwritable (false: it drained meanwhile, or closed, and the rest
+ * goes on now). */
+static bool batch_hold(lnr_state_t *S) {
+  lnr_batch_t *b = &S->batch;
+  lh_t *h = b->owner;
+  nr_channel_t *ch = nr_ctx_channel(b->ctx);
+  int k = b->n - b->next;
+  if (h == NULL || nr_channel_is_writable(ch) || !nr_channel_is_open(ch))
+    return false;
+  if (h->held == NULL) {
+    h->held = lua_newthread(S->L);
+    h->held_ref = luaL_ref(S->L, LUA_REGISTRYINDEX);
+  }
+  if (!lua_checkstack(h->held, 2 * k + LUA_MINSTACK))
+    return false;
+  for (int i = b->next + 1; i <= b->n; i++) {   /* the last k, in order, */
+    lua_pushvalue(b->Q, i);
+    lua_xmove(b->Q, h->held, 1);
+    lua_pushinteger(h->held, (lua_Integer)batch_token(b, i));  /* + token */
+  }
+  lua_settop(b->Q, b->next);
+  b->n = b->next;
+  return true;
+}
+
+/* Deliver the waiting reads (and read_complete after them if `complete`);
+ * if `may_hold`, what the channel cannot take yet waits (batch_hold). */
+static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   lnr_batch_t *b = &S->batch;
   lua_State *L = S->L;
   nr_ctx_t *ctx = b->ctx;
+  bool converting = S->converting;     /* may be called from a handler */
+  S->converting = true;                /* what is made here, unprotected */
   b->draining = true;
   b->complete = complete;
+  b->may_hold = may_hold;
   while (b->next < b->n || b->complete) {
     lua_pushcfunction(L, lnr_msgh);
     lua_pushcfunction(L, batch_run);
     if (lua_pcall(L, 0, 0, -2) != LUA_OK) {
       if (b->owner != NULL) {
+        bool read = strcmp(b->method, "channel_read") == 0;
         route_error(ctx, L, b->method);          /* pops the message */
+        if (read && batch_token(b, b->next) != 0)
+          nr_ctx_read_failed(ctx, batch_token(b, b->next));
       } else {
         nr_err_t err = {NR_EHANDLER, lua_tostring(L, -1)};
         nr_ctx_fire_exception(ctx, &err);
@@ -326,25 +385,117 @@ static void batch_settle(lnr_state_t *S, bool complete) {
       }
     }
     lua_pop(L, 1);                               /* msgh */
+    S->converting = true;
+    if (b->stalled) {
+      b->stalled = false;
+      if (batch_hold(S))
+        break;
+      b->complete = true;              /* drained already: go on */
+    }
   }
   lua_settop(b->Q, 0);
   b->n = b->next = 0;
   b->owner = NULL;
   b->ctx = NULL;
   b->draining = false;
+  S->converting = converting;
   nr_ctx_release(ctx);
 }
 
-/* Before anything else reaches a Lua handler, what waits is delivered.
- * True when ctx left its pipeline meanwhile: its handler is gone, and the
- * caller passes the event on. */
+static void unhold(nr_ctx_t *ctx, bool may_hold);
+
+/* h->held is set only while it holds reads. */
+static void drop_held(lh_t *h) {
+  luaL_unref(h->S->L, LUA_REGISTRYINDEX, h->held_ref);
+  h->held = NULL;
+}
+
+/* Before anything else reaches a Lua handler, what waits is delivered:
+ * the state's batch, then what the handler holds. True when ctx left its
+ * pipeline meanwhile: its handler is gone, and the caller passes the
+ * event on. */
 static bool settle_first(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
   lnr_batch_t *b = &h->S->batch;
-  if (b->n == 0 || b->draining)
+  if (b->draining)
     return false;
-  batch_settle(h->S, false);
-  return nr_ctx_is_removed(ctx);
+  if (b->n > 0) {
+    batch_settle(h->S, false, false);
+    if (nr_ctx_is_removed(ctx))
+      return true;
+  }
+  if (h->held != NULL) {
+    unhold(ctx, false);
+    return nr_ctx_is_removed(ctx);
+  }
+  return false;
+}
+
+/* Deliver what h holds (then read_complete) in a batch of its own, once
+ * the state's batch is settled; if `may_hold`, what the channel cannot
+ * take yet is held again. Not while a batch drains: the caller queues a
+ * task then (unhold_later). */
+static void unhold(nr_ctx_t *ctx, bool may_hold) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_state_t *S = h->S;
+  lnr_batch_t *b = &S->batch;
+  if (b->draining)
+    return;
+  if (b->n > 0) {
+    batch_settle(S, false, false);
+    if (nr_ctx_is_removed(ctx))
+      return;
+  }
+  int k = lua_gettop(h->held) / 2;     /* message, token; ... */
+  bool converting = S->converting;
+  S->converting = true;                /* the batch's thread may be made */
+  bool opened = batch_open(S, h, ctx);
+  S->converting = converting;
+  if (!opened)
+    return;
+  if (!lua_checkstack(b->Q, k + LUA_MINSTACK)) {   /* keep holding */
+    nr_ctx_release(b->ctx);
+    b->owner = NULL;
+    b->ctx = NULL;
+    return;
+  }
+  for (int i = 1; i <= k; i++) {
+    lua_pushvalue(h->held, 2 * i - 1);
+    lua_xmove(h->held, b->Q, 1);
+    if (i <= LNR_BATCH_TOKENS)
+      b->tokens[i - 1] = (uint64_t)lua_tointeger(h->held, 2 * i);
+  }
+  b->n = k;
+  drop_held(h);
+  batch_settle(S, true, may_hold);
+}
+
+static int unhold_task(void *arg) {
+  nr_ctx_t *ctx = arg;
+  if (!nr_ctx_is_removed(ctx)) {
+    lh_t *h = nr_ctx_state(ctx);
+    h->unhold_queued = false;
+    if (h->held != NULL && nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold(ctx, true);
+  }
+  nr_ctx_release(ctx);
+  return 0;
+}
+
+/* The channel is writable again: what h holds goes on, now or (inside a
+ * batch, whose call cannot be entered again) from a task. */
+static void unhold_later(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  if (!h->S->batch.draining) {
+    unhold(ctx, true);
+  } else if (!h->unhold_queued) {
+    h->unhold_queued = true;
+    if (nr_loop_execute(nr_channel_loop(nr_ctx_channel(ctx)), unhold_task,
+                        nr_ctx_retain(ctx)) < 0) {
+      h->unhold_queued = false;
+      nr_ctx_release(ctx);
+    }
+  }
 }
 
 /* ---- inbound events ---------------------------------------------------------------- */
@@ -371,8 +522,27 @@ INBOUND0(lh_unregistered, "channel_unregistered", NR_EV_UNREGISTERED,
          nr_ctx_fire_unregistered)
 INBOUND0(lh_active, "channel_active", NR_EV_ACTIVE, nr_ctx_fire_active)
 INBOUND0(lh_inactive, "channel_inactive", NR_EV_INACTIVE, nr_ctx_fire_inactive)
-INBOUND0(lh_writability, "channel_writability_changed", NR_EV_WRITABILITY,
-         nr_ctx_fire_writability_changed)
+
+/* Writable again: what the handler holds goes on first. */
+static int lh_writability(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  if (h->held != NULL) {
+    if (nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold_later(ctx);
+    if (nr_ctx_is_removed(ctx)) {
+      nr_ctx_fire_writability_changed(ctx);
+      return 0;
+    }
+  }
+  /* What is still held stays held: this event does not force it out. */
+  if (h->held != NULL ? !(h->rec->has & NR_EV_WRITABILITY)
+                      : passes_on(ctx, NR_EV_WRITABILITY)) {
+    nr_ctx_fire_writability_changed(ctx);
+    return 0;
+  }
+  lua_State *L = begin(ctx, "channel_writability_changed");
+  return finish(ctx, L, 0, "channel_writability_changed");
+}
 
 /* Outbound operations take the waiting reads first too; one whose handler
  * left meanwhile is passed on. */
@@ -391,14 +561,20 @@ static int lh_read_complete(nr_ctx_t *ctx) {
   lnr_batch_t *b = &h->S->batch;
   if (b->n > 0 && !b->draining) {
     if (b->owner == h) {
-      batch_settle(h->S, true);                  /* with read_complete */
+      batch_settle(h->S, true, true);            /* with read_complete */
       return 0;
     }
-    batch_settle(h->S, false);
+    batch_settle(h->S, false, false);
     if (nr_ctx_is_removed(ctx)) {
       nr_ctx_fire_read_complete(ctx);
       return 0;
     }
+  }
+  if (h->held != NULL && !b->draining) {
+    /* Owed after what it holds: delivered with them. */
+    if (nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold(ctx, true);
+    return 0;
   }
   if (!(h->rec->has & NR_EV_READ_COMPLETE)) {
     nr_ctx_fire_read_complete(ctx);
@@ -415,14 +591,31 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
   if (b->owner == h && !b->draining) {           /* the usual: one more */
     if (nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
       lnr_push_msg(b->Q, msg);
+      b->tokens[b->n] = nr_ctx_read_token(ctx, msg);
       if (++b->n == BATCH_MAX)
-        batch_settle(S, false);
+        batch_settle(S, false, true);
       return 0;
     }
-  } else if (b->n == 0 && nr_ctx_read_deferrable(ctx, msg) &&
-             state_idle(S->L) &&
-             batch_open(S, h, ctx)) {
+  } else if (h->held != NULL && !b->draining &&
+             nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
+    if (nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold(ctx, true);                         /* may hold again */
+    if (nr_ctx_is_removed(ctx)) {
+      nr_ctx_fire_read(ctx, msg);
+      return 0;
+    }
+    if (h->held != NULL &&                       /* queued behind them */
+        lua_checkstack(h->held, 2 + LUA_MINSTACK)) {
+      lnr_push_msg(h->held, msg);
+      lua_pushinteger(h->held, (lua_Integer)nr_ctx_read_token(ctx, msg));
+      return 0;
+    }
+  }
+  if (b->n == 0 && h->held == NULL && !b->draining &&
+      nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L) &&
+      batch_open(S, h, ctx)) {
     lnr_push_msg(b->Q, msg);
+    b->tokens[0] = nr_ctx_read_token(ctx, msg);
     b->n = 1;
     return 0;
   }
@@ -430,9 +623,16 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
     nr_ctx_fire_read(ctx, msg);
     return 0;
   }
+  uint64_t token = nr_ctx_read_token(ctx, msg);
   lua_State *L = begin_ref(ctx, h->rec->read_ref, "channel_read");
   lnr_push_msg(L, msg);
-  return finish(ctx, L, 1, "channel_read");
+  if (call(ctx, L, 1) != LUA_OK) {
+    route_error(ctx, L, "channel_read");         /* pops the message */
+    if (token != 0)                              /* its producer answers */
+      nr_ctx_read_failed(ctx, token);
+  }
+  lua_pop(L, 1);                                 /* msgh */
+  return 0;
 }
 
 static int lh_user_event(nr_ctx_t *ctx, void *evt) {
@@ -530,6 +730,8 @@ static void lh_added(nr_ctx_t *ctx) {
 static void lh_free(lua_State *L, lh_t *h) {
   if (h->S->batch.owner == h)
     h->S->batch.owner = NULL;        /* the rest of its batch goes on */
+  if (h->held != NULL)
+    drop_held(h);
   if (h->ctx_table != NULL && h->S->ctx_table == h->ctx_table)
     h->S->ctx_table = NULL;          /* no longer anchored by ctx_ref */
   luaL_unref(L, LUA_REGISTRYINDEX, h->ref);
@@ -537,11 +739,29 @@ static void lh_free(lua_State *L, lh_t *h) {
   free(h);
 }
 
+/* A handler leaving its pipeline passes on what it holds (dropped if the
+ * channel closed, as the codecs drop what follows a close). */
+static void pass_held(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  lua_State *L = h->S->L, *Q = h->held;
+  int k = lua_gettop(Q);                        /* message, token; ... */
+  for (int i = 1; i <= k && nr_channel_is_open(nr_ctx_channel(ctx)); i += 2) {
+    lua_pushvalue(Q, i);
+    lua_xmove(Q, L, 1);
+    lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
+    nr_ctx_fire_read(ctx, &m);
+    lua_pop(L, 1);
+  }
+  drop_held(h);
+}
+
 static void lh_removed(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
   lnr_batch_t *b = &h->S->batch;
   if (b->n > 0 && !b->draining)
-    batch_settle(h->S, false);       /* it takes what waits for it first */
+    batch_settle(h->S, false, false);  /* it takes what waits for it first */
+  if (h->held != NULL)
+    pass_held(ctx);
   if (h->rec->removed)
     finish(ctx, begin(ctx, "handler_removed"), 0, "handler_removed");
   lh_free(h->S->L, h);

@@ -9,8 +9,9 @@
  * Every loop thread creates its own state when it starts (on its thread),
  * with the standard libraries, a generational collector, the main state's
  * package.path/cpath, "netrun.core" preloaded and "netrun" required, and a
- * counting allocator so its memory can be read from any thread. The state
- * is closed on the same thread when the loop terminates.
+ * counting allocator so its memory can be read from any thread, and
+ * bounded (lua_memory_limit, see "the memory limit"). The state is closed
+ * on the same thread when the loop terminates.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,6 +251,44 @@ static bool fits(size_t old, size_t n) {
   return false;
 }
 
+/* ---- the memory limit ----------------------------------------------------- */
+
+/* A loop state's Lua memory is bounded (the group's lua_memory_limit):
+ * an allocation that would take it past the limit fails, which Lua raises
+ * as "not enough memory" in the code that asked -- a handler's call goes
+ * to its exception_caught, a task fails its future -- and the loop lives
+ * on. Only Lua code being run is refused: what the bindings allocate
+ * between calls (the message they convert for the next call, a ctx) and
+ * while pushing a call's arguments (`converting`) is never refused, as
+ * they do not expect a Lua error there. Lua collects and asks once more
+ * after a refusal; when that retry is refused too, a reserve of
+ * MEM_RESERVE bytes past the limit opens, so that the error can be
+ * handled (a traceback, exception_caught, a log line); it closes once the
+ * state is back under its limit. */
+#define MEM_RESERVE ((size_t)256 << 10)
+
+static bool running(lnr_state_t *S) {
+  lua_Debug ar;
+  return !S->converting && (S->resuming > 0 || lua_getstack(S->L, 0, &ar));
+}
+
+/* Whether to refuse an allocation taking the state to `total` bytes, past
+ * its limit. */
+static __attribute__((noinline)) bool refuse(lnr_state_t *S, size_t nsize,
+                                             size_t total) {
+  if (S->L == NULL || !running(S))
+    return false;
+  if (S->mem_reserve)
+    return total > S->mem_limit + MEM_RESERVE;
+  if (S->mem_refused == nsize) {           /* Lua's retry after collecting */
+    S->mem_refused = 0;
+    S->mem_reserve = true;
+  } else {
+    S->mem_refused = nsize;
+  }
+  return true;
+}
+
 /* Lua's allocator for loop states: small blocks from the pool, medium ones
  * from their lists, others from malloc (Lua always tells a block's size,
  * so its tier and class are known); the state's memory is counted for
@@ -259,6 +298,13 @@ static __attribute__((noinline)) void *alloc_slow(lnr_state_t *S, void *ptr,
   size_t old = ptr ? osize : 0;
   size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
   void *p = NULL;
+  if (nsize > old && m - old + nsize > S->mem_limit) {
+    if (refuse(S, nsize, m - old + nsize))
+      return NULL;
+  } else if (S->mem_reserve && m - old + nsize <= S->mem_limit) {
+    S->mem_reserve = false;                /* back under the limit */
+    S->mem_refused = 0;
+  }
   if (nsize == 0) {
     if (old > 0)
       give_back(&S->pool, ptr, old);
@@ -298,9 +344,10 @@ static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   if (ptr == NULL && nsize != 0 && nsize <= POOL_MAX) {
     void **head = &S->pool.free[pool_class(nsize)];
     void *b = *head;
-    if (b != NULL) {
+    size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
+    if (b != NULL && m + nsize <= S->mem_limit) {
       *head = *(void **)b;
-      count(S, nsize, 0);
+      atomic_store_explicit(&S->memory, m + nsize, memory_order_relaxed);
       return b;
     }
   }
@@ -311,7 +358,12 @@ static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
 /* What a loop state copies from the state that created its group. */
 typedef struct lnr_paths_s {
   char *path, *cpath;
+  size_t mem_limit;           /* 0: none */
 } lnr_paths_t;
+
+void lnr_paths_set_memory_limit(void *ud, size_t bytes) {
+  ((lnr_paths_t *)ud)->mem_limit = bytes;
+}
 
 static void set_path(lua_State *L, const char *field, const char *value) {
   if (value == NULL)
@@ -340,6 +392,9 @@ static int open_loop_state(lua_State *L) {
 
 void lnr_loop_started(nr_loop_t *loop, void *ud) {
   lnr_state_t *S = calloc(1, sizeof *S);
+  const lnr_paths_t *paths = ud;
+  if (S)
+    S->mem_limit = paths->mem_limit ? paths->mem_limit : SIZE_MAX;
   lua_State *L = S ? lua_newstate(counting_alloc, S) : NULL;
   if (L == NULL) {
     nr_log(NR_LOG_ERROR, "%s: cannot create a Lua state", nr_loop_name(loop));

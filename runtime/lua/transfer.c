@@ -13,7 +13,11 @@
  *    process) plus their upvalues, packed recursively. An upvalue holding the
  *    source's globals is rebound to the destination's. The destination
  *    caches one closure per prototype, so a function whose only upvalue is
- *    _ENV costs no load at all the second time. Closures of one blob that
+ *    _ENV costs no load at all the second time. Both ends are bounded: a
+ *    prototype lives while a function of the source or a blob refers to
+ *    it (reference counted), and each destination keeps at most
+ *    FCACHE_SLOTS closures (clock eviction), so a program that sends ever
+ *    new functions (made by load, say) keeps its memory flat. Closures of one blob that
  *    share an upvalue in the source share its copy in the destination: the
  *    second sighting of an upvalue is sent as a join (T_UPJOIN);
  *  - values reachable from package.loaded (modules, their fields, C
@@ -46,6 +50,8 @@ enum {
 
 typedef struct proto_s {
   struct proto_s *next;
+  _Atomic int refs;          /* source caches and blobs; 0: being freed */
+  uint64_t id;               /* never reused: the destinations' cache key */
   uint64_t hash;
   size_t len;
   char data[];
@@ -62,19 +68,49 @@ static uint64_t hash_bytes(const char *s, size_t n) {
   return h;
 }
 
-/* The one proto_t for these bytes; never freed (bounded by the program's
- * distinct functions). */
+static _Atomic uint64_t proto_ids = 1;     /* 0: an empty cache slot */
+
+/* A reference to a live prototype (its holder has one already). */
+static void proto_retain(proto_t *p) { atomic_fetch_add(&p->refs, 1); }
+
+/* Take a reference unless the prototype is being freed (refs reached 0:
+ * its releaser is about to unlink it, and nobody may revive it). */
+static bool proto_try_retain(proto_t *p) {
+  int r = atomic_load(&p->refs);
+  while (r > 0)
+    if (atomic_compare_exchange_weak(&p->refs, &r, r + 1))
+      return true;
+  return false;
+}
+
+static void proto_release(proto_t *p) {
+  if (atomic_fetch_sub(&p->refs, 1) != 1)
+    return;
+  pthread_mutex_lock(&proto_lock);
+  for (proto_t **pp = &protos[p->hash % PROTO_BUCKETS]; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  pthread_mutex_unlock(&proto_lock);
+  free(p);
+}
+
+/* The one live proto_t for these bytes, with a reference for the caller. */
 static proto_t *intern_proto(const char *s, size_t n) {
   uint64_t h = hash_bytes(s, n);
   proto_t **bucket = &protos[h % PROTO_BUCKETS];
   pthread_mutex_lock(&proto_lock);
   for (proto_t *p = *bucket; p; p = p->next)
-    if (p->hash == h && p->len == n && memcmp(p->data, s, n) == 0) {
+    if (p->hash == h && p->len == n && memcmp(p->data, s, n) == 0 &&
+        proto_try_retain(p)) {
       pthread_mutex_unlock(&proto_lock);
       return p;
     }
   proto_t *p = malloc(sizeof *p + n);
   if (p) {
+    atomic_init(&p->refs, 1);
+    p->id = atomic_fetch_add(&proto_ids, 1);
     p->hash = h;
     p->len = n;
     memcpy(p->data, s, n);
@@ -97,11 +133,18 @@ static lnr_blob_t *blob_new(void) {
   return b;
 }
 
+/* A blob's prototypes are kept among its handles, under a kind of their
+ * own. */
+#define PROTO_KIND (-1)
+
 void lnr_blob_free(lnr_blob_t *b) {
   if (b == NULL)
     return;
   for (int i = 0; i < b->nhandles; i++)
-    lnr_handle_release(b->handles[i].kind, b->handles[i].ptr);
+    if (b->handles[i].kind == PROTO_KIND)
+      proto_release(b->handles[i].ptr);
+    else
+      lnr_handle_release(b->handles[i].kind, b->handles[i].ptr);
   free(b->handles);
   if (b->buf != b->small)
     free(b->buf);
@@ -212,7 +255,10 @@ static void add_handle(packer_t *k, int kind, void *ptr) {
     b->handles = h;
     b->hcap = cap;
   }
-  lnr_handle_retain(kind, ptr);
+  if (kind == PROTO_KIND)
+    proto_retain(ptr);
+  else
+    lnr_handle_retain(kind, ptr);
   b->handles[b->nhandles].kind = kind;
   b->handles[b->nhandles++].ptr = ptr;
 }
@@ -492,16 +538,41 @@ static int dump_writer(lua_State *L, const void *p, size_t sz, void *ud) {
   return 0;
 }
 
-static const char FCACHE_SRC = 0;   /* function -> proto, weak keys */
+/* function -> a userdata holding a reference to its proto_t, weak keys:
+ * once the function is collected, the userdata's __gc lets the proto go. */
+static const char FCACHE_SRC = 0, PROTO_REF_MT = 0;
+
+static int proto_ref_gc(lua_State *L) {
+  proto_t **pp = lua_touserdata(L, 1);
+  if (*pp != NULL)
+    proto_release(*pp);
+  *pp = NULL;
+  return 0;
+}
+
+static void push_proto_ref_mt(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &PROTO_REF_MT) == LUA_TTABLE)
+    return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_pushcfunction(L, proto_ref_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &PROTO_REF_MT);
+}
 
 static proto_t *proto_of(packer_t *k, int idx) {
   lua_State *L = k->L;
   lnr_push_weak(L, &FCACHE_SRC, "k");
   lua_pushvalue(L, idx);
-  proto_t *p = lua_rawget(L, -2) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, -1)
-                                                       : NULL;
+  proto_t *p = lua_rawget(L, -2) == LUA_TUSERDATA
+                   ? *(proto_t **)lua_touserdata(L, -1) : NULL;
   lua_pop(L, 1);
   if (p == NULL) {
+    proto_t **ref = lua_newuserdatauv(L, sizeof *ref, 0);   /* closed first */
+    *ref = NULL;
+    push_proto_ref_mt(L);
+    lua_setmetatable(L, -2);
     dumpbuf_t d = {0};
     lua_pushvalue(L, idx);
     int rc = lua_dump(L, dump_writer, &d, 0);   /* unstripped: line info */
@@ -510,11 +581,13 @@ static proto_t *proto_of(packer_t *k, int idx) {
     free(d.p);
     if (p == NULL)
       luaL_error(L, "out of memory transferring a function");
+    *ref = p;                                    /* the cache's reference */
     lua_pushvalue(L, idx);
-    lua_pushlightuserdata(L, p);
-    lua_rawset(L, -3);
+    lua_insert(L, -2);
+    lua_rawset(L, -3);                           /* cache[fn] = ref */
   }
   lua_pop(L, 1);
+  add_handle(k, PROTO_KIND, p);                  /* the blob's reference */
   return p;
 }
 
@@ -723,7 +796,69 @@ typedef struct unpacker_s {
   int nextid;
 } unpacker_t;
 
-static const char FCACHE_DST = 0;        /* proto -> closure */
+/* The destination's closures of functions whose upvalues are all the
+ * globals, by prototype id: a set-associative table of FCACHE_WAYS ways,
+ * each set evicting with its own clock hand (a hit marks its slot used;
+ * the hand passes used slots once, clearing the mark, and evicts the
+ * first unused one). The closures are in the userdata's user value, a
+ * table indexed by slot + 1: an evicted closure is simply replaced, and
+ * collected once nothing else holds it. */
+#define FCACHE_WAYS 4
+#define FCACHE_SETS 256
+#define FCACHE_SLOTS (FCACHE_WAYS * FCACHE_SETS)
+
+typedef struct fcache_s {
+  uint64_t id[FCACHE_SLOTS];
+  bool used[FCACHE_SLOTS];
+  uint8_t hand[FCACHE_SETS];
+} fcache_t;
+
+static const char FCACHE_DST = 0;
+
+/* Push the state's cache table (the user value) and return the cache. */
+static fcache_t *fcache(lua_State *L) {
+  fcache_t *c;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &FCACHE_DST) == LUA_TUSERDATA) {
+    c = lua_touserdata(L, -1);
+  } else {
+    lua_pop(L, 1);
+    c = lua_newuserdatauv(L, sizeof *c, 1);
+    memset(c, 0, sizeof *c);
+    lua_createtable(L, FCACHE_SLOTS, 0);
+    lua_setiuservalue(L, -2, 1);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &FCACHE_DST);
+  }
+  lua_getiuservalue(L, -1, 1);
+  lua_remove(L, -2);
+  return c;
+}
+
+/* The slot holding id, or -1. */
+static int fcache_find(fcache_t *c, uint64_t id) {
+  int base = (int)(id % FCACHE_SETS) * FCACHE_WAYS;
+  for (int i = base; i < base + FCACHE_WAYS; i++)
+    if (c->id[i] == id) {
+      c->used[i] = true;
+      return i;
+    }
+  return -1;
+}
+
+/* A slot for id: an empty one of its set, else the clock's victim. */
+static int fcache_slot(fcache_t *c, uint64_t id) {
+  int set = (int)(id % FCACHE_SETS), base = set * FCACHE_WAYS;
+  for (int i = base; i < base + FCACHE_WAYS; i++)
+    if (c->id[i] == 0)
+      return i;
+  for (;;) {
+    int i = base + c->hand[set];
+    c->hand[set] = (uint8_t)((c->hand[set] + 1) % FCACHE_WAYS);
+    if (!c->used[i])
+      return i;
+    c->used[i] = false;
+  }
+}
 
 static int get_byte(unpacker_t *u) {
   if (u->pos >= u->b->len)
@@ -848,27 +983,26 @@ static void unpack_function(unpacker_t *u) {
   get(u, &p, sizeof p);
   int nups = get_byte(u);
   bool all_globals = get_byte(u);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &FCACHE_DST) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &FCACHE_DST);
-  }
+  fcache_t *c = fcache(L);
   int cache = lua_gettop(L);
-  if (all_globals && lua_rawgetp(L, cache, p) == LUA_TFUNCTION) {
+  int slot = all_globals ? fcache_find(c, p->id) : -1;
+  if (slot >= 0 && lua_rawgeti(L, cache, slot + 1) == LUA_TFUNCTION) {
     lua_remove(L, cache);
     remember(u);
     u->pos += (size_t)nups;               /* the T_GLOBALS markers */
     return;
   }
-  if (all_globals)
+  if (slot >= 0)
     lua_pop(L, 1);
   if (luaL_loadbufferx(L, p->data, p->len, "=transfer", "b") != LUA_OK)
     lua_error(L);
   int f = lua_gettop(L);
   if (all_globals) {                      /* cache the shared closure */
+    slot = slot >= 0 ? slot : fcache_slot(c, p->id);
+    c->id[slot] = p->id;
+    c->used[slot] = false;
     lua_pushvalue(L, f);
-    lua_rawsetp(L, cache, p);
+    lua_rawseti(L, cache, slot + 1);
   }
   lua_remove(L, cache);
   f--;

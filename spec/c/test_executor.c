@@ -95,6 +95,7 @@ TEST(failing_task_is_logged_and_loop_goes_on) {
   CHECK_EQ(nr_loop_execute(l, failing, NULL), 0);
   CHECK_EQ(nr_loop_execute(l, set_flag, &flag), 0);
   finish(l);
+  nr_log_flush();                       /* the log thread writes the line */
   dup2(saved, 2);
   CHECK_EQ(atomic_load(&flag), 1);
   char buf[4096] = {0};

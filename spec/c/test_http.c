@@ -79,6 +79,14 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
     put_esc(d, r->headers[i].value, r->headers[i].value_len);
     put(d, "]\n", 2);
   }
+  CHECK(r->trailers == r->headers + r->nheaders);
+  for (size_t i = 0; i < r->ntrailers; i++) {
+    put(d, "  trailer ", 10);
+    put_esc(d, r->trailers[i].name, r->trailers[i].name_len);
+    put(d, ": [", 3);
+    put_esc(d, r->trailers[i].value, r->trailers[i].value_len);
+    put(d, "]\n", 2);
+  }
   putf(d, "  body %zu [", r->body_len);
   put_esc(d, r->body, r->body_len);
   put(d, "]\n", 2);
@@ -86,11 +94,12 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
 }
 
 /* Feed data in pieces of at most `step` bytes after a first piece of
- * `first` bytes; returns the dump (caller frees). */
-static char *run(const char *data, size_t n, size_t first, size_t step,
-                 size_t max_body) {
+ * `first` bytes, at most max_headers fields per request; returns the dump
+ * (caller frees). */
+static char *run_max(const char *data, size_t n, size_t first, size_t step,
+                     size_t max_body, size_t max_headers) {
   nr_http_parser_t p;
-  nr_http_parser_init(&p, MAX_HEADER, max_body);
+  nr_http_parser_init(&p, MAX_HEADER, max_body, max_headers);
   dump_t d = {0};
   put(&d, "", 0);
   size_t off = 0;
@@ -108,6 +117,11 @@ static char *run(const char *data, size_t n, size_t first, size_t step,
     putf(&d, "INCOMPLETE %zu\n", nr_buf_len(&p.in));
   nr_http_parser_free(&p);
   return d.p;
+}
+
+static char *run(const char *data, size_t n, size_t first, size_t step,
+                 size_t max_body) {
+  return run_max(data, n, first, step, max_body, NR_HTTP_DEFAULT_MAX_HEADERS);
 }
 
 static char *slurp(const char *path, size_t *n) {
@@ -186,7 +200,7 @@ TEST_T(corpus_every_split, 120) {
 }
 
 TEST(chunked_body_over_limit_is_413) {
-  static const char req[] = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+  static const char req[] = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                             "\r\n6\r\nabcdef\r\n6\r\nghijkl\r\n0\r\n\r\n";
   char *d = run(req, sizeof req - 1, sizeof req - 1, 1, 10);
   CHECK_STR(d, "ERROR 413\n");
@@ -197,10 +211,10 @@ TEST(chunked_body_over_limit_is_413) {
 }
 
 TEST(continue_only_while_the_body_is_missing) {
-  static const char head[] = "PUT /x HTTP/1.1\r\nExpect: 100-continue\r\n"
+  static const char head[] = "PUT /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                              "Content-Length: 3\r\n\r\n";
   nr_http_parser_t p;
-  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
   dump_t d = {0};
   CHECK_EQ(nr_http_feed(&p, head, sizeof head - 1, on_request, &d), 0);
   CHECK_EQ(d.continues, 1);
@@ -221,7 +235,7 @@ TEST(continue_only_while_the_body_is_missing) {
 TEST(idle_parser_holds_no_memory) {
   static const char req[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
   nr_http_parser_t p;
-  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
   dump_t d = {0};
   CHECK_EQ(nr_http_feed(&p, req, 10, on_request, &d), 0);
   CHECK(p.in.data != NULL);          /* a split request is cumulated */
@@ -237,9 +251,10 @@ TEST(idle_parser_holds_no_memory) {
 }
 
 TEST(callback_stops_the_parser) {
-  static const char req[] = "GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\n\r\n";
+  static const char req[] = "GET /1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                            "GET /2 HTTP/1.1\r\nHost: x\r\n\r\n";
   nr_http_parser_t p;
-  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
   dump_t d = {.stop_after = 1};
   CHECK_EQ(nr_http_feed(&p, req, sizeof req - 1, on_request, &d), 1);
   CHECK_EQ(d.requests, 1);
@@ -252,7 +267,7 @@ TEST(callback_stops_the_parser) {
 
 TEST(garbage_is_rejected_without_waiting_for_more) {
   nr_http_parser_t p;
-  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY);
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
   dump_t d = {0};
   CHECK_EQ(nr_http_feed(&p, "HELLO\r\n", 7, on_request, &d), 400);
   nr_http_parser_free(&p);
@@ -268,4 +283,192 @@ TEST(reason_and_date) {
   CHECK(strcmp(date + 25, " GMT") == 0);
 }
 
+/* ---- conformance: what differential testing against llhttp and nginx
+ * found, one request per rule ---- */
 
+/* The dump of req (a C string) fed whole, which must be what every split
+ * and a byte-by-byte feed give too; caller frees. */
+static char *run_all_splits(const char *req, size_t max_headers) {
+  size_t n = strlen(req);
+  char *whole = run_max(req, n, n, n, MAX_BODY, max_headers);
+  for (size_t k = 1; k < n; k++) {
+    char *split = run_max(req, n, k, n, MAX_BODY, max_headers);
+    if (strcmp(split, whole) != 0)
+      FAIL("split at %zu:\n%s\nwhole:\n%s", k, split, whole);
+    free(split);
+  }
+  char *bytes = run_max(req, n, 1, 1, MAX_BODY, max_headers);
+  CHECK_STR(bytes, whole);
+  free(bytes);
+  return whole;
+}
+
+static void expect_error(const char *req, int status) {
+  char *d = run_all_splits(req, NR_HTTP_DEFAULT_MAX_HEADERS);
+  char want[32];
+  snprintf(want, sizeof want, "ERROR %d\n", status);
+  if (strcmp(d, want) != 0)
+    FAIL("request:\n%s\nparsed as:\n%s\nexpected: %s", req, d, want);
+  free(d);
+}
+
+#define CHUNKED_HEAD "POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+TEST(trailers_are_kept_apart_from_the_headers) {
+  char *d = run_all_splits(CHUNKED_HEAD "3\r\nabc\r\n0\r\nX-Sum: 1\r\n"
+                           "x-late: yes\r\n\r\n", NR_HTTP_DEFAULT_MAX_HEADERS);
+  CHECK_STR(d, "REQ POST /up HTTP/1.1 keep_alive=1 chunked=1 head=0 expect=0\n"
+               "  Host: [h]\n  Transfer-Encoding: [chunked]\n"
+               "  trailer X-Sum: [1]\n  trailer x-late: [yes]\n"
+               "  body 3 [abc]\n");
+  free(d);
+}
+
+TEST(trailers_that_frame_route_or_authorise_are_refused) {
+  static const char *const names[] = {
+      "Host: evil", "Content-Length: 0", "Transfer-Encoding: chunked",
+      "HOST: evil", "Trailer: X", "Connection: close", "Authorization: x",
+      "Cookie: a=1", "Expect: 100-continue"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char req[256];
+    snprintf(req, sizeof req, CHUNKED_HEAD "1\r\na\r\n0\r\n%s\r\n\r\n",
+             names[i]);
+    expect_error(req, 400);
+  }
+}
+
+TEST(a_trailer_line_starting_with_a_bare_cr_is_refused) {
+  expect_error(CHUNKED_HEAD "1\r\na\r\n0\r\n\rX-A: 1\r\n\r\n", 400);
+  expect_error(CHUNKED_HEAD "1\r\na\r\n0\r\n\r\r\n\r\n", 400);
+}
+
+TEST(http11_needs_exactly_one_valid_host) {
+  expect_error("GET / HTTP/1.1\r\n\r\n", 400);
+  expect_error("GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400);
+  expect_error("GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", 400);
+  static const char *const bad[] = {"a b", "a/b", "a@b", "[::1", "[]",
+                                    "a:80x", "a:b:c", "a?", "[::1]x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char req[128];
+    snprintf(req, sizeof req, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", bad[i]);
+    expect_error(req, 400);
+  }
+  static const char *const good[] = {"", "a", "example.com:8080", "127.0.0.1",
+                                     "[::1]:80", "[v1.x]", "a-b_c~d%41", "a:"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    char req[128];
+    snprintf(req, sizeof req, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", good[i]);
+    char *d = run_all_splits(req, NR_HTTP_DEFAULT_MAX_HEADERS);
+    if (strncmp(d, "REQ GET / HTTP/1.1", 18) != 0)
+      FAIL("Host: %s parsed as:\n%s", good[i], d);
+    free(d);
+  }
+  /* HTTP/1.0 may leave it out */
+  char *d = run_all_splits("GET / HTTP/1.0\r\n\r\n", NR_HTTP_DEFAULT_MAX_HEADERS);
+  CHECK(strncmp(d, "REQ GET / HTTP/1.0", 18) == 0);
+  free(d);
+}
+
+TEST(transfer_encoding_in_http10_or_twice_is_refused) {
+  expect_error("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "1\r\na\r\n0\r\n\r\n", 400);
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400);
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, "
+               "chunked\r\n\r\n0\r\n\r\n", 400);
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+               " chunked\r\n\r\n0\r\n\r\n", 400);        /* folded */
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding:\r\n"
+               " chunked\r\n\r\n0\r\n\r\n", 400);
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, "
+               "gzip\r\n\r\n0\r\n\r\n", 400);            /* not last */
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, "
+               "chunked\r\n\r\n0\r\n\r\n", 501);         /* unknown */
+}
+
+TEST(lengths_past_int64_are_malformed_not_too_large) {
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: "
+               "9223372036854775808\r\n\r\n", 400);
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: "
+               "99999999999999999999999\r\n\r\n", 400);
+  expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: "
+               "9223372036854775807\r\n\r\n", 413);
+  expect_error(CHUNKED_HEAD "8000000000000000\r\n", 400);
+  expect_error(CHUNKED_HEAD "fffffffffffffffffffff\r\n", 400);
+  expect_error(CHUNKED_HEAD "7fffffffffffffff\r\n", 413);
+}
+
+TEST(chunk_sizes_are_judged_by_value_not_digits) {
+  char *d = run_all_splits(CHUNKED_HEAD "000000000000000A\r\n0123456789\r\n"
+                           "00000000000000000000000000000003\r\nabc\r\n"
+                           "0000000000000000000\r\n\r\n",
+                           NR_HTTP_DEFAULT_MAX_HEADERS);
+  CHECK_CONTAINS(d, "body 13 [0123456789abc]");
+  free(d);
+}
+
+TEST(max_headers_is_configurable) {
+  static const char four[] = "GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\n"
+                             "C: 3\r\n\r\n";
+  char *d = run_all_splits(four, 4);
+  CHECK_CONTAINS(d, "C: [3]");
+  free(d);
+  d = run_all_splits(four, 3);
+  CHECK_STR(d, "ERROR 431\n");
+  free(d);
+  /* trailers count with the headers */
+  static const char trailed[] = CHUNKED_HEAD "0\r\nX-A: 1\r\nX-B: 2\r\n\r\n";
+  d = run_all_splits(trailed, 4);
+  CHECK_CONTAINS(d, "trailer X-B: [2]");
+  free(d);
+  d = run_all_splits(trailed, 3);
+  CHECK_STR(d, "ERROR 431\n");
+  free(d);
+  /* the default, and the ceiling */
+  char big[8192];
+  size_t n = (size_t)snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: h\r\n");
+  for (int i = 1; i < NR_HTTP_DEFAULT_MAX_HEADERS; i++)
+    n += (size_t)snprintf(big + n, sizeof big - n, "X%d: v\r\n", i);
+  snprintf(big + n, sizeof big - n, "\r\n");
+  d = run(big, strlen(big), strlen(big), 1, MAX_BODY);
+  CHECK(strncmp(d, "REQ GET", 7) == 0);
+  free(d);
+  snprintf(big + n, sizeof big - n, "X: one too many\r\n\r\n");
+  d = run(big, strlen(big), strlen(big), 1, MAX_BODY);
+  CHECK_STR(d, "ERROR 431\n");
+  free(d);
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, 100000);
+  CHECK_EQ(p.max_headers, NR_HTTP_MAX_HEADERS);
+  nr_http_parser_free(&p);
+}
+
+/* Feed bytes that end with no line end: the status they get at once. */
+static int feed_once(const char *s, size_t n) {
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
+  dump_t d = {0};
+  int rc = nr_http_feed(&p, s, n, on_request, &d);
+  nr_http_parser_free(&p);
+  free(d.p);
+  return rc;
+}
+#define FEED_ONCE(lit) feed_once(lit, sizeof lit - 1)
+
+TEST(a_bad_request_line_is_refused_at_its_first_bad_byte) {
+  CHECK_EQ(FEED_ONCE("\x16\x03\x01\x02\x00"), 400);   /* a TLS hello */
+  CHECK_EQ(FEED_ONCE("G@T"), 400);
+  CHECK_EQ(FEED_ONCE("GET /a\x01"), 400);
+  CHECK_EQ(FEED_ONCE("GET  /"), 400);
+  CHECK_EQ(FEED_ONCE("GET /a?b\x7f"), 400);
+  CHECK_EQ(FEED_ONCE("GET / X"), 400);
+  CHECK_EQ(FEED_ONCE("GET / HTTP/x"), 400);
+  CHECK_EQ(FEED_ONCE("GET / HTTP/1.1 "), 400);
+  CHECK_EQ(FEED_ONCE("GET / HTTP/1.1\rX"), 400);
+  /* while every byte may still begin a good line, it waits */
+  CHECK_EQ(FEED_ONCE("GE"), 0);
+  CHECK_EQ(FEED_ONCE("GET /a?b=c"), 0);
+  CHECK_EQ(FEED_ONCE("GET / HTTP/1."), 0);
+  CHECK_EQ(FEED_ONCE("GET / HTTP/1.1\r"), 0);
+  CHECK_EQ(FEED_ONCE("\r"), 0);
+}

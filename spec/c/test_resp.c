@@ -15,7 +15,7 @@
 #include "test.h"
 
 static const nr_resp_limits_t LIM = {NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS,
-                                     NR_RESP_MAX_INLINE};
+                                     NR_RESP_MAX_INLINE, NR_RESP_MAX_REQUEST};
 
 /* Render a parsed request as "a|b|c" for comparisons. */
 static void render(char *out, size_t n, const nr_slice_t *v, size_t argc) {
@@ -136,6 +136,12 @@ TEST(limits) {
   size_t argc;
   const char *why;
   CHECK_EQ(nr_resp_parse(ok, strlen(ok), &lim, v, 8, &argc, &why), (long)strlen(ok));
+  /* max_request bounds the whole request, refused on the lengths alone. */
+  nr_resp_limits_t req = lim;
+  req.max_request = 30;
+  CHECK_EQ(nr_resp_parse(ok, strlen(ok), &req, v, 8, &argc, &why), (long)strlen(ok));
+  const char *two = "*3\r\n$8\r\n01234567\r\n$8\r\n";
+  expect_error(two, strlen(two), &req, NR_ETOOLONG, "request size over the limit");
   const char *many = "*4\r\n";
   expect_error(many, strlen(many), &lim, NR_ETOOLONG,
                "too many arguments in a request");
