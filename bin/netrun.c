@@ -40,6 +40,7 @@ void lnr_shutdown_groups_async(uint64_t timeout);
 int lnr_log_unterminated(const char *why);
 int lnr_console_start(lua_State *L, const char *path);
 bool lnr_repl_interrupt(void);
+void lnr_add_script_dir(lua_State *L, const char *script);
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
@@ -220,6 +221,8 @@ static int dofile_args(lua_State *L, char **argv, int argc, int script) {
   const char *fname = argv[script];
   if (strcmp(fname, "-") == 0)
     fname = NULL;                          /* stdin */
+  else
+    lnr_add_script_dir(L, fname);          /* its modules, from any cwd */
   int status = luaL_loadfile(L, fname);
   if (status == LUA_OK) {
     int n = argc - script - 1;

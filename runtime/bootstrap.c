@@ -86,8 +86,8 @@ static nr_promise_t *fail_with_raised(int rc) {
 nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
   struct sockaddr_storage ss;
   socklen_t len;
-  if (o->group == NULL)
-    return nr__promise_failed(-EINVAL, "a server needs a group");
+  if (o->group == NULL && o->loop == NULL)
+    return nr__promise_failed(-EINVAL, "a server needs a group or a loop");
   int rc = address(o->unix_path, o->host ? o->host : "0.0.0.0", o->port,
                    SOCK_STREAM, true, &ss, &len);
   if (rc < 0)
@@ -121,6 +121,8 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
     return nr__promise_failed(-ENOMEM, "out of memory");
   }
   srv->child_group = o->child_group ? o->child_group : o->group;
+  srv->child_loop = o->child_loop ? o->child_loop
+                    : o->child_group || o->group ? NULL : o->loop;
   nr_channel_opts_t dflt;
   nr_channel_opts_init(&dflt);
   static const nr_channel_opts_t zero;
@@ -132,7 +134,7 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
   ch->backlog = o->backlog > 0 ? o->backlog : 1024;
   ch->init = o->init;
   ch->init_arg = o->arg;
-  return boot(ch, nr_group_next(o->group), &ss, len, true);
+  return boot(ch, o->loop ? o->loop : nr_group_next(o->group), &ss, len, true);
 }
 
 nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
@@ -219,7 +221,7 @@ static void spawn_child(nr_channel_t *srv_ch, int fd,
   }
   ch->init = srv->child_init;
   ch->init_arg = srv->arg;
-  ch->loop = nr_group_next(srv->child_group);
+  ch->loop = srv->child_loop ? srv->child_loop : nr_group_next(srv->child_group);
   if (nr__in_loop(ch->loop)) {
     register_child(ch);
   } else if (nr_loop_execute(ch->loop, register_child, ch) < 0) {

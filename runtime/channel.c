@@ -112,9 +112,17 @@ bool nr_channel_is_writable(const nr_channel_t *ch) {
 }
 bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTEN; }
 bool nr_channel_is_datagram(const nr_channel_t *ch) { return ch->kind == NR__DGRAM; }
-int nr_channel_fd(const nr_channel_t *ch) { return ch->io.fd; }
+/* Loop thread (or before registration). -1 once closed: the number is
+ * anybody's from then on. */
+int nr_channel_fd(const nr_channel_t *ch) {
+  return (ch->st & NR__CLOSED) ? -1 : ch->io.fd;
+}
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
 uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
+bool nr_channel_has_unflushed(const nr_channel_t *ch) {
+  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  return ch->out.appended > ch->out.flushed || ch->out.dq_unflushed > 0;
+}
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
   assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
   return nr__out_watch(&ch->out, mark, p);
@@ -627,7 +635,6 @@ static void end_linger(nr_channel_t *ch) {
   drop_timer(&ch->linger_timer);
   nr__io_stop(ch->loop, &ch->io);
   close(ch->io.fd);
-  ch->io.fd = -1;
   unlink_from_loop(ch);
 }
 
@@ -698,8 +705,8 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     }
     if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
       nr__unlink_socket(ch->unix_path, ch->unix_dev, ch->unix_ino);
-    close(ch->io.fd);
-    ch->io.fd = -1;                /* the number is anybody's from now on */
+    close(ch->io.fd);          /* (io.fd stays: other threads may read it;
+                                  the loop's own users ask nr_channel_fd) */
   }
   if (ch->loop)
     nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
@@ -896,6 +903,34 @@ static int head_do_read(nr_ctx_t *ctx) {
   return 0;
 }
 
+static nr_msg_describe_fn describer;
+
+void nr_set_msg_describer(nr_msg_describe_fn fn) {
+  if (describer != fn)                 /* every Lua state sets the same one */
+    describer = fn;
+}
+
+/* What a channel of this kind takes, and what it was given instead: a
+ * message that reaches the head unencoded is a programmer's mistake. */
+static int unwritable(nr_channel_t *ch, void *msg) {
+  char what[96];
+  int type = nr_msg_type(msg);
+  if (type == NR_MSG_BYTES || type == NR_MSG_SLICES)
+    snprintf(what, sizeof what, "%s", type == NR_MSG_BYTES
+             ? "a string" : "an array of strings");
+  else if (type == NR_MSG_DATAGRAM)
+    snprintf(what, sizeof what, "a datagram");
+  else if (describer != NULL)
+    describer(msg, what, sizeof what);
+  else
+    snprintf(what, sizeof what, "a message of type %d", type);
+  if (ch->kind == NR__DGRAM)
+    return nr_raise(-EINVAL, "cannot write %s to a datagram channel: it takes "
+                    "{ data = ..., host = ..., port = ... }", what);
+  return nr_raise(-EINVAL, "cannot write %s to a stream channel: it takes a "
+                  "string or an array of strings (no handler encoded it)", what);
+}
+
 static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   if (!(pub(ch) & NR__OPEN))
@@ -916,8 +951,7 @@ static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     if (s->n == 0 && p)
       nr_promise_set_success(p, NULL, NULL);
   } else if (ch->kind != NR__LISTEN) {
-    rc = nr_raise(-EINVAL, "unsupported message type %d reached the head "
-                  "of the pipeline (no handler encoded it)", type);
+    rc = unwritable(ch, msg);
   } else {
     rc = nr_raise(-EOPNOTSUPP, "a server channel cannot be written to");
   }
@@ -1130,6 +1164,7 @@ int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
     o->rcvbuf = v;
   else
     return -ENOENT;
-  nr__apply_opts(ch->io.fd, ch->family, o);
+  if (!(ch->st & NR__CLOSED))
+    nr__apply_opts(ch->io.fd, ch->family, o);
   return 0;
 }

@@ -316,6 +316,7 @@ enum {
 
 typedef struct nr_server_s {
   nr_group_t *child_group;
+  nr_loop_t *child_loop;        /* instead of child_group's next() */
   nr_channel_opts_t child;
   nr_init_fn child_init;
   void *arg;

@@ -291,6 +291,13 @@ enum {
 };
 static inline int nr_msg_type(const void *msg) { return *(const int *)msg; }
 
+/* Error text for a message a channel cannot write: the describer says what
+ * the message is ("a number (42)") in buf, for a type the core does not
+ * know (the Lua bindings describe NR_MSG_LUA). Set once, before any loop
+ * runs; called on the writing loop's thread while the message is valid. */
+typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size);
+void nr_set_msg_describer(nr_msg_describe_fn fn);
+
 /* Bytes. Stream channels deliver these to the first handler and accept them
  * (and nr_slices_t) on write: the bytes are copied into the outbound buffer. */
 typedef struct nr_bytes_s {
@@ -355,8 +362,11 @@ void nr_channel_opts_init(nr_channel_opts_t *o);
 typedef void (*nr_init_fn)(nr_channel_t *ch, void *arg);
 
 typedef struct nr_server_opts_s {
-  nr_group_t *group;         /* accepts; required */
+  nr_group_t *group;         /* accepts; required unless loop is given */
+  nr_loop_t *loop;           /* or accepts on this loop */
   nr_group_t *child_group;   /* serves accepted channels; default: group */
+  nr_loop_t *child_loop;     /* or serves them all on this loop (default:
+                                loop, when neither group is given) */
   const char *host;          /* default "0.0.0.0" */
   int port;                  /* 0 = ephemeral */
   const char *unix_path;     /* instead of host/port */
@@ -428,6 +438,9 @@ void nr_channel_unhold(nr_channel_t *ch);
  * written (at once if they are), or fails it if they were dropped. This
  * lets bindings hand out write futures that cost nothing until used. */
 uint64_t nr_channel_write_mark(const nr_channel_t *ch);
+/* Loop thread only: whether bytes or datagrams were written and not
+ * flushed yet. */
+bool nr_channel_has_unflushed(const nr_channel_t *ch);
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p);
 /* Format an address: "1.2.3.4" / port, or the unix path / -1. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,

@@ -211,14 +211,14 @@ bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg) {
 void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
                               bool deferrable) {
   nr_pipeline_t *p = ctx->pipe;
-  const void *outer = p->tokened;
+  const void *outer = p->tokened, *outer_deferrable = p->deferrable;
   uint64_t outer_token = p->token;
+  if (deferrable)
+    p->deferrable = msg;
   p->tokened = msg;
   p->token = token;
-  if (deferrable)
-    nr_ctx_fire_read_deferrable(ctx, msg);
-  else
-    nr_ctx_fire_read(ctx, msg);
+  nr_ctx_fire_read(ctx, msg);
+  p->deferrable = outer_deferrable;
   p->tokened = outer;
   p->token = outer_token;
 }

@@ -150,7 +150,7 @@ describe("channels", function()
       netrun.server { group = group, port = 0, child_options = { write_buffer_low = 10, write_buffer_high = 5 } }
     end, "child_options: write_buffer_low (10) is above write_buffer_high (5)")
     assert.has_error(function() netrun.server { group = group, port = 70000 } end,
-      "netrun.server: port must be an integer from 0 to 65535")
+      "netrun.server: port must be an integer from 0 to 65535, got 70000")
     c:close()
     server:close():sync()
   end)

@@ -892,6 +892,7 @@ describe("HTTP examples", function()
       local seen = {}
       for k, v in pairs(req) do seen[k] = v end
       assert.same({ method = "POST", path = "/rewritten", query = "x=1&y=2",
+                    args = { x = "1", y = "2" },
                     version = "HTTP/1.1", body = "body", keep_alive = true,
                     user = { id = 7 }, trailers = {},
                     headers = { host = "h", ["x-a"] = "1, 2", ["content-length"] = "4",

@@ -85,5 +85,6 @@ end
 -- Batteries: native handlers from the C side (core.codec, core.handler).
 netrun.codec = core.codec
 netrun.handler = core.handler
+netrun.http = core.http        -- unescape(s): + and %XX decoded
 
 return netrun

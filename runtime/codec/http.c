@@ -212,21 +212,33 @@ static inline int parse_field(nr_http_header_t *h, const char *s, size_t len,
   return 0;
 }
 
-/* Does the comma-separated list contain the (lowercase) token? */
-static bool has_token(const char *v, size_t n, const char *tok, size_t tn) {
-  size_t i = 0;
-  while (i < n) {
-    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
-      i++;
-    size_t t0 = i;
-    while (i < n && v[i] != ',')
-      i++;
-    size_t t1 = i;
-    while (t1 > t0 && (v[t1 - 1] == ' ' || v[t1 - 1] == '\t'))
-      t1--;
-    if (ieq(v + t0, t1 - t0, tok, tn))
+/* The next item of the comma-separated list v[0 .. n) from *i: true with
+ * it at v[*t0 .. *t1), trimmed of spaces and tabs (empty items skipped),
+ * false at the end. */
+static bool next_item(const char *v, size_t n, size_t *i, size_t *t0,
+                      size_t *t1) {
+  for (;;) {
+    while (*i < n && (v[*i] == ' ' || v[*i] == '\t' || v[*i] == ','))
+      (*i)++;
+    if (*i == n)
+      return false;
+    *t0 = *i;
+    while (*i < n && v[*i] != ',')
+      (*i)++;
+    *t1 = *i;
+    while (*t1 > *t0 && (v[*t1 - 1] == ' ' || v[*t1 - 1] == '\t'))
+      (*t1)--;
+    if (*t1 > *t0)
       return true;
   }
+}
+
+/* Does the comma-separated list contain the (lowercase) token? */
+static bool has_token(const char *v, size_t n, const char *tok, size_t tn) {
+  size_t i = 0, t0, t1;
+  while (next_item(v, n, &i, &t0, &t1))
+    if (ieq(v + t0, t1 - t0, tok, tn))
+      return true;
   return false;
 }
 
@@ -366,19 +378,9 @@ static int transfer_encoding(const nr_http_request_t *r,
     return 0;
   }
   const char *v = h->value;
-  size_t n = h->value_len, i = 0, chunked = 0, other = 0;
+  size_t n = h->value_len, i = 0, t0, t1, chunked = 0, other = 0;
   bool last = false;
-  while (i < n) {
-    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
-      i++;
-    size_t t0 = i;
-    while (i < n && v[i] != ',')
-      i++;
-    size_t t1 = i;
-    while (t1 > t0 && (v[t1 - 1] == ' ' || v[t1 - 1] == '\t'))
-      t1--;
-    if (t1 == t0)
-      continue;
+  while (next_item(v, n, &i, &t0, &t1)) {
     last = IEQ(v + t0, t1 - t0, "chunked");
     chunked += last;
     other += !last;
@@ -1420,7 +1422,7 @@ static void send_continue(nr_http_server_t *s) {
 /* A response was completed: forget its request, close, or answer a
  * pending error or send a "100 Continue" owed if that was the last
  * response owed before them. */
-static void finish_response(nr_http_server_t *s, bool close);
+static inline void finish_response(nr_http_server_t *s, bool close);
 
 /* A handler raised on the oldest request owed and left it unanswered: a
  * 500 answers it in its turn, so that no later answer is taken for it. An
@@ -1449,10 +1451,19 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
     answer_failed(s);
 }
 
-static void finish_response(nr_http_server_t *s, bool close) {
+static NOINLINE void finished(nr_http_server_t *s, bool close);
+
+static inline void finish_response(nr_http_server_t *s, bool close) {
   s->oldest = (s->oldest + 1) % RING;
   if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
     nr_channel_unhold(nr_ctx_channel(s->ctx));
+  else if (!close && !(s->flags[s->oldest] & F_FAILED))
+    return;                    /* the usual when pipelined: more are owed */
+  finished(s, close);
+}
+
+/* What finish_response does besides forgetting the request. */
+static NOINLINE void finished(nr_http_server_t *s, bool close) {
   if (close) {
     s->closing = true;
     nr_ctx_flush(s->ctx);

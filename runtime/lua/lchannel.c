@@ -9,8 +9,10 @@
  * channel of that loop.
  */
 #include <arpa/inet.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -119,6 +121,43 @@ static int resolve(lua_State *L, const char *host, int port,
 
 const char lnr_native_tag = 0;
 
+/* What a Lua value no handler encoded is, for the head's error text (see
+ * nr_set_msg_describer): its type, and a number's or a boolean's value. */
+static void describe_lua(const void *msg, char *buf, size_t size) {
+  const lnr_lmsg_t *m = msg;
+  if (nr_msg_type(msg) != NR_MSG_LUA) {
+    snprintf(buf, size, "a message of type %d", nr_msg_type(msg));
+    return;
+  }
+  lua_State *L = m->L;
+  switch (lua_type(L, m->idx)) {
+  case LUA_TNUMBER:
+    if (lua_isinteger(L, m->idx))
+      snprintf(buf, size, "a number (%lld)", (long long)lua_tointeger(L, m->idx));
+    else
+      snprintf(buf, size, "a number (%g)", (double)lua_tonumber(L, m->idx));
+    break;
+  case LUA_TBOOLEAN:
+    snprintf(buf, size, "a boolean (%s)", lua_toboolean(L, m->idx) ? "true" : "false");
+    break;
+  case LUA_TTABLE:
+    snprintf(buf, size, "a table that is not an array of strings");
+    break;
+  case LUA_TNIL:
+    snprintf(buf, size, "nil");
+    break;
+  default:
+    snprintf(buf, size, "a %s", luaL_typename(L, m->idx));
+  }
+}
+
+/* A datagram's field, checked: the mistake names the shape expected. */
+static void datagram_field(lua_State *L, int idx, const char *field, int type) {
+  if (lua_getfield(L, idx, field) != type)
+    luaL_error(L, "write: a datagram is { data = string, host = string, "
+               "port = integer }: %s is a %s", field, luaL_typename(L, -1));
+}
+
 int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
                  void *target, nr_promise_t *p) {
   idx = lua_absindex(L, idx);
@@ -138,12 +177,16 @@ int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
   }
   if (ch && nr_channel_is_datagram(ch)) {
     nr_datagram_t d = {.type = NR_MSG_DATAGRAM};
-    lua_getfield(L, idx, "data");
-    lua_getfield(L, idx, "host");
-    lua_getfield(L, idx, "port");
-    d.data = luaL_checklstring(L, -3, &d.len);
-    const char *host = luaL_checkstring(L, -2);
-    int port = (int)luaL_checkinteger(L, -1);
+    datagram_field(L, idx, "data", LUA_TSTRING);
+    datagram_field(L, idx, "host", LUA_TSTRING);
+    datagram_field(L, idx, "port", LUA_TNUMBER);
+    d.data = lua_tolstring(L, -3, &d.len);
+    const char *host = lua_tostring(L, -2);
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 ||
+        lua_tointeger(L, -1) > 65535)
+      return luaL_error(L, "write: a datagram's port must be an integer from "
+                        "0 to 65535");
+    int port = (int)lua_tointeger(L, -1);
     resolve(L, host, port, &d.addr, &d.addrlen);
     int rc = fn(target, &d, p);
     lua_pop(L, 3);
@@ -523,13 +566,15 @@ static void run_init(nr_channel_t *ch, void *arg) {
   }
 }
 
-static init_t *pack_init(lua_State *L, int opts, bool once) {
+static init_t *pack_init(lua_State *L, int opts, bool once, const char *what) {
   lua_getfield(L, opts, "init");
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
     return NULL;
   }
-  luaL_checktype(L, -1, LUA_TFUNCTION);
+  if (!lua_isfunction(L, -1))
+    luaL_error(L, "%s: init must be a function, got %s", what,
+               luaL_typename(L, -1));
   init_t *in = calloc(1, sizeof *in);
   if (in == NULL)
     luaL_error(L, "out of memory");
@@ -557,52 +602,115 @@ void lnr_free_inits(void) {
   }
 }
 
-static lnr_group_t *opt_group(lua_State *L, int t, const char *k) {
+/* ---- options ---------------------------------------------------------------------- */
+
+/* The options each constructor knows, one table each: a key not listed
+ * raises (lnr_check_options), so a new option is added here too. */
+static const char *const server_keys[] = {
+    "group", "child_group", "host", "port", "unix", "mode", "backlog",
+    "reuseport", "child_options", "init", NULL};
+static const char *const connect_keys[] = {
+    "group", "host", "port", "unix", "timeout", "options", "init", NULL};
+static const char *const udp_keys[] = {
+    "group", "host", "port", "options", "init", NULL};
+static const char *const channel_keys[] = {
+    "tcp_nodelay", "keepalive", "auto_read", "allow_half_closure",
+    "write_buffer_low", "write_buffer_high", "sndbuf", "rcvbuf", NULL};
+
+/* Where a channel goes: a group (its next loop), or a loop given instead
+ * (DESIGN.md §4: "wherever a group is taken, a loop may be given"). */
+typedef struct place_s {
+  lnr_group_t *group;
+  nr_loop_t *loop;
+} place_t;
+
+static place_t opt_place(lua_State *L, int t, const char *k, const char *what) {
+  place_t pl = {NULL, NULL};
   lua_getfield(L, t, k);
-  lnr_group_t *g = lua_isnil(L, -1) ? NULL : lnr_check_handle(L, -1, LNR_GROUP);
+  if (!lua_isnil(L, -1)) {
+    pl.group = lnr_to_handle(L, -1, LNR_GROUP);
+    pl.loop = pl.group ? NULL : lnr_to_handle(L, -1, LNR_LOOP);
+    if (pl.group == NULL && pl.loop == NULL)
+      luaL_error(L, "%s: %s must be a netrun.group or a netrun.loop, got %s",
+                 what, k, luaL_typename(L, -1));
+    if (pl.loop && lnr_group_of_loop(pl.loop) == NULL)
+      luaL_error(L, "%s: %s: the main thread's loop runs no channels; give a "
+                 "group or one of its loops", what, k);
+  }
   lua_pop(L, 1);
-  return g;
+  return pl;
 }
 
-static const char *opt_str(lua_State *L, int t, const char *k, const char *d) {
-  lua_getfield(L, t, k);
-  const char *s = luaL_optstring(L, -1, d);
+/* Option k of the table at t, checked for type: the error names the option
+ * and what it got. The value of a string stays anchored by the table. */
+static bool opt_get(lua_State *L, int t, const char *k, int type,
+                    const char *what, const char *expect) {
+  int got = lua_getfield(L, t, k);
+  if (got == LUA_TNIL) {
+    lua_pop(L, 1);
+    return false;
+  }
+  if (got != type || (type == LUA_TNUMBER && !lua_isinteger(L, -1)))
+    luaL_error(L, "%s: %s must be %s, got %s", what, k, expect,
+               got == LUA_TNUMBER ? "a float" : luaL_typename(L, -1));
+  return true;
+}
+
+static const char *opt_str(lua_State *L, int t, const char *k, const char *d,
+                           const char *what) {
+  if (!opt_get(L, t, k, LUA_TSTRING, what, "a string"))
+    return d;
+  const char *s = lua_tostring(L, -1);
   lua_pop(L, 1);                 /* anchored by the options table */
   return s;
 }
 
-static lua_Integer opt_int(lua_State *L, int t, const char *k, lua_Integer d) {
-  lua_getfield(L, t, k);
-  lua_Integer v = luaL_optinteger(L, -1, d);
+static lua_Integer opt_int(lua_State *L, int t, const char *k, lua_Integer d,
+                           lua_Integer min, lua_Integer max, const char *what) {
+  char expect[80];
+  snprintf(expect, sizeof expect, "an integer from %lld to %lld",
+           (long long)min, (long long)max);
+  if (!opt_get(L, t, k, LUA_TNUMBER, what, expect))
+    return d;
+  lua_Integer v = lua_tointeger(L, -1);
+  if (v < min || v > max)
+    luaL_error(L, "%s: %s must be %s, got %I", what, k, expect, v);
   lua_pop(L, 1);
   return v;
 }
 
-static bool opt_bool(lua_State *L, int t, const char *k, bool d) {
-  lua_getfield(L, t, k);
-  bool v = lua_isnil(L, -1) ? d : lua_toboolean(L, -1);
+static bool opt_bool(lua_State *L, int t, const char *k, bool d,
+                     const char *what) {
+  if (!opt_get(L, t, k, LUA_TBOOLEAN, what, "a boolean"))
+    return d;
+  bool v = lua_toboolean(L, -1);
   lua_pop(L, 1);
   return v;
 }
 
 static void channel_opts(lua_State *L, int t, const char *field,
-                         nr_channel_opts_t *o) {
+                         const char *what, nr_channel_opts_t *o) {
   nr_channel_opts_init(o);
-  lua_getfield(L, t, field);
-  if (lua_isnil(L, -1)) {
+  int type = lua_getfield(L, t, field);
+  if (type == LUA_TNIL) {
     lua_pop(L, 1);
     return;
   }
-  luaL_checktype(L, -1, LUA_TTABLE);
+  char name[96];
+  snprintf(name, sizeof name, "%s: %s", what, field);
+  if (type != LUA_TTABLE)
+    luaL_error(L, "%s must be a table, got %s", name, luaL_typename(L, -1));
   int c = lua_gettop(L);
-  o->tcp_nodelay = opt_bool(L, c, "tcp_nodelay", true);
-  o->keepalive = opt_bool(L, c, "keepalive", false);
-  o->auto_read = opt_bool(L, c, "auto_read", true);
-  o->allow_half_closure = opt_bool(L, c, "allow_half_closure", false);
-  o->write_buffer_low = (size_t)opt_int(L, c, "write_buffer_low", 32768);
-  o->write_buffer_high = (size_t)opt_int(L, c, "write_buffer_high", 65536);
-  o->sndbuf = (int)opt_int(L, c, "sndbuf", 0);
-  o->rcvbuf = (int)opt_int(L, c, "rcvbuf", 0);
+  lnr_check_options(L, c, name, channel_keys);
+  const lua_Integer big = (lua_Integer)1 << 40;
+  o->tcp_nodelay = opt_bool(L, c, "tcp_nodelay", true, name);
+  o->keepalive = opt_bool(L, c, "keepalive", false, name);
+  o->auto_read = opt_bool(L, c, "auto_read", true, name);
+  o->allow_half_closure = opt_bool(L, c, "allow_half_closure", false, name);
+  o->write_buffer_low = (size_t)opt_int(L, c, "write_buffer_low", 32768, 0, big, name);
+  o->write_buffer_high = (size_t)opt_int(L, c, "write_buffer_high", 65536, 0, big, name);
+  o->sndbuf = (int)opt_int(L, c, "sndbuf", 0, 0, INT_MAX, name);
+  o->rcvbuf = (int)opt_int(L, c, "rcvbuf", 0, 0, INT_MAX, name);
   if (o->write_buffer_low > o->write_buffer_high)
     luaL_error(L, "%s: write_buffer_low (%d) is above write_buffer_high (%d)",
                field, (int)o->write_buffer_low, (int)o->write_buffer_high);
@@ -610,35 +718,62 @@ static void channel_opts(lua_State *L, int t, const char *field,
 }
 
 static int check_port(lua_State *L, int t, const char *what) {
-  lua_Integer port = opt_int(L, t, "port", -1);
-  if (port < 0 || port > 65535)
-    luaL_error(L, "%s: port must be an integer from 0 to 65535", what);
-  return (int)port;
+  lua_getfield(L, t, "port");
+  bool absent = lua_isnil(L, -1);
+  lua_pop(L, 1);
+  if (absent)
+    luaL_error(L, "%s: port must be an integer from 0 to 65535, got nil", what);
+  return (int)opt_int(L, t, "port", 0, 0, 65535, what);
 }
 
-static int l_server(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  nr_server_opts_t o = {0};
-  lnr_group_t *g = opt_group(L, 1, "group");
-  lnr_group_t *cg = opt_group(L, 1, "child_group");
-  if (g == NULL && cg == NULL) {
-    g = lnr_default_group(L, true);
-    cg = lnr_default_group(L, false);
-  }
-  o.group = lnr_group_core(g ? g : cg);
-  o.child_group = lnr_group_core(cg ? cg : g);
-  o.unix_path = opt_str(L, 1, "unix", NULL);
-  o.host = opt_str(L, 1, "host", "0.0.0.0");
-  o.port = o.unix_path ? 0 : check_port(L, 1, "netrun.server");
-  lua_Integer mode = opt_int(L, 1, "mode", 0);
+/* A unix socket's file mode (0: the umask's). */
+static int check_mode(lua_State *L, int t, const char *what) {
+  static const char expect[] = "a file mode from 0 to 0777 (e.g. tonumber(\"600\", 8))";
+  if (!opt_get(L, t, "mode", LUA_TNUMBER, what, expect))
+    return 0;
+  lua_Integer mode = lua_tointeger(L, -1);
+  lua_pop(L, 1);
   if (mode < 0 || mode > 0777)
-    return luaL_error(L, "netrun.server: mode must be a file mode from 0 to "
-                      "0777 (e.g. tonumber(\"600\", 8))");
-  o.unix_mode = (int)mode;
-  o.backlog = (int)opt_int(L, 1, "backlog", 1024);
-  o.reuseport = opt_bool(L, 1, "reuseport", false);
-  channel_opts(L, 1, "child_options", &o.child);
-  init_t *in = pack_init(L, 1, false);
+    luaL_error(L, "%s: mode must be %s", what, expect);
+  return (int)mode;
+}
+
+/* The options table of a constructor, its keys checked. */
+static void check_opts(lua_State *L, const char *what, const char *const *keys) {
+  if (lua_type(L, 1) != LUA_TTABLE)
+    luaL_error(L, "%s: expected a table of options, got %s", what,
+               luaL_typename(L, 1));
+  lnr_check_options(L, 1, what, keys);
+}
+
+/* ---- creating channels ------------------------------------------------------------- */
+
+static int l_server(lua_State *L) {
+  const char *what = "netrun.server";
+  check_opts(L, what, server_keys);
+  nr_server_opts_t o = {0};
+  place_t g = opt_place(L, 1, "group", what);
+  place_t cg = opt_place(L, 1, "child_group", what);
+  if (!g.group && !g.loop && !cg.group && !cg.loop) {
+    g.group = lnr_default_group(L, true);
+    cg.group = lnr_default_group(L, false);
+  }
+  if (!g.group && !g.loop)
+    g = cg;                      /* child_group alone serves both roles */
+  if (!cg.group && !cg.loop)
+    cg = g;
+  o.group = g.group ? lnr_group_core(g.group) : NULL;
+  o.loop = g.loop;
+  o.child_group = cg.group ? lnr_group_core(cg.group) : NULL;
+  o.child_loop = cg.loop;
+  o.unix_path = opt_str(L, 1, "unix", NULL, what);
+  o.host = opt_str(L, 1, "host", "0.0.0.0", what);
+  o.port = o.unix_path ? 0 : check_port(L, 1, what);
+  o.unix_mode = check_mode(L, 1, what);
+  o.backlog = (int)opt_int(L, 1, "backlog", 1024, 1, INT_MAX, what);
+  o.reuseport = opt_bool(L, 1, "reuseport", false, what);
+  channel_opts(L, 1, "child_options", what, &o.child);
+  init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
   o.arg = in;
   lnr_push_promise(L, nr_server_bind(&o));
@@ -646,21 +781,23 @@ static int l_server(lua_State *L) {
 }
 
 static int l_connect(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  const char *what = "netrun.connect";
+  check_opts(L, what, connect_keys);
   nr_connect_opts_t o = {0};
-  lnr_group_t *g = opt_group(L, 1, "group");
-  if (g == NULL)
-    g = lnr_default_group(L, false);
-  o.group = lnr_group_core(g);
-  o.unix_path = opt_str(L, 1, "unix", NULL);
-  o.host = opt_str(L, 1, "host", "127.0.0.1");
-  o.port = o.unix_path ? 0 : check_port(L, 1, "netrun.connect");
+  place_t g = opt_place(L, 1, "group", what);
+  if (g.group == NULL && g.loop == NULL)
+    g.group = lnr_default_group(L, false);
+  o.group = g.group ? lnr_group_core(g.group) : NULL;
+  o.loop = g.loop;
+  o.unix_path = opt_str(L, 1, "unix", NULL, what);
+  o.host = opt_str(L, 1, "host", "127.0.0.1", what);
+  o.port = o.unix_path ? 0 : check_port(L, 1, what);
   lua_getfield(L, 1, "timeout");
   o.timeout = lua_isnil(L, -1) ? NR_SEC(30)
                                : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
   lua_pop(L, 1);
-  channel_opts(L, 1, "options", &o.opts);
-  init_t *in = pack_init(L, 1, true);
+  channel_opts(L, 1, "options", what, &o.opts);
+  init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;
   o.arg = in;
   lnr_push_promise(L, nr_connect(&o));
@@ -668,16 +805,18 @@ static int l_connect(lua_State *L) {
 }
 
 static int l_udp(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  const char *what = "netrun.udp";
+  check_opts(L, what, udp_keys);
   nr_udp_opts_t o = {0};
-  lnr_group_t *g = opt_group(L, 1, "group");
-  if (g == NULL)
-    g = lnr_default_group(L, false);
-  o.group = lnr_group_core(g);
-  o.host = opt_str(L, 1, "host", "0.0.0.0");
-  o.port = check_port(L, 1, "netrun.udp");
-  channel_opts(L, 1, "options", &o.opts);
-  init_t *in = pack_init(L, 1, true);
+  place_t g = opt_place(L, 1, "group", what);
+  if (g.group == NULL && g.loop == NULL)
+    g.group = lnr_default_group(L, false);
+  o.group = g.group ? lnr_group_core(g.group) : NULL;
+  o.loop = g.loop;
+  o.host = opt_str(L, 1, "host", "0.0.0.0", what);
+  o.port = check_port(L, 1, what);
+  channel_opts(L, 1, "options", what, &o.opts);
+  init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;
   o.arg = in;
   lnr_push_promise(L, nr_udp_bind(&o));
@@ -886,6 +1025,7 @@ void lnr_open_channel(lua_State *L) {
                                   {NULL, NULL}};
   lnr_new_class(L, lnr_kind_names[LNR_CHANNEL], methods, meta);
   lnr_handle_class(L, LNR_CHANNEL);
+  nr_set_msg_describer(describe_lua);
   static const luaL_Reg cg_methods[] = {
       {"add", l_cg_add}, {"remove", l_cg_remove},
       {"write_and_flush", l_cg_write}, {"close", l_cg_close}, {NULL, NULL}};

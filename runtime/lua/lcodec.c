@@ -15,6 +15,7 @@
  * borrowed) and queued in a table held by the object.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,17 +88,9 @@ static void check_keys(lua_State *L, const char *what,
   if (lua_isnoneornil(L, 1))
     return;
   luaL_checktype(L, 1, LUA_TTABLE);
-  lua_pushnil(L);
-  while (lua_next(L, 1)) {
-    lua_pop(L, 1);
-    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    bool ok = false;
-    for (int i = 0; k && known[i]; i++)
-      ok = ok || strcmp(k, known[i]) == 0;
-    if (!ok)
-      luaL_error(L, "netrun.codec.%s: unknown option '%s'", what,
-                 k ? k : luaL_typename(L, -1));
-  }
+  char name[64];
+  snprintf(name, sizeof name, "netrun.codec.%s", what);
+  lnr_check_options(L, 1, name, known);
 }
 
 /* Push option `name` (nil when absent). */

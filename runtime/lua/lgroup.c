@@ -8,6 +8,7 @@
  * terminated. The last release frees it -- on the main thread, since freeing
  * joins the loop threads.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,22 +163,43 @@ static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
   return g;
 }
 
-static int opt_int(lua_State *L, int t, const char *k, int dflt) {
-  lua_getfield(L, t, k);
-  int v = lua_isnil(L, -1) ? dflt : (int)luaL_checkinteger(L, -1);
+/* The options netrun.group and netrun.executor_group know: a key not
+ * listed raises (lnr_check_options), so a new option is added here too.
+ * stall_threshold and stall_timeout are read by the stall detector. */
+static const char *const group_keys[] = {
+    "threads", "name", "io_ratio", "daemon", "stall_threshold",
+    "stall_timeout", "max_pending_tasks", "lua_memory_limit", NULL};
+
+static lua_Integer opt_integer(lua_State *L, int t, const char *k,
+                               lua_Integer dflt, const char *what) {
+  int type = lua_getfield(L, t, k);
+  if (type != LUA_TNIL && !lua_isinteger(L, -1))
+    luaL_error(L, "%s: %s must be an integer, got %s", what, k,
+               type == LUA_TNUMBER ? "a float" : luaL_typename(L, -1));
+  lua_Integer v = type == LUA_TNIL ? dflt : lua_tointeger(L, -1);
   lua_pop(L, 1);
   return v;
 }
 
+static int opt_int(lua_State *L, int t, const char *k, int dflt,
+                   const char *what) {
+  lua_Integer v = opt_integer(L, t, k, dflt, what);
+  return v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
+}
+
 static int new_group(lua_State *L, bool executor) {
   const char *what = executor ? "netrun.executor_group" : "netrun.group";
-  if (!lua_isnoneornil(L, 1))
-    luaL_checktype(L, 1, LUA_TTABLE);
-  else
+  if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
+    return luaL_error(L, "%s: expected a table of options, got %s", what,
+                      luaL_typename(L, 1));
+  if (lua_isnoneornil(L, 1))
     lua_newtable(L), lua_replace(L, 1);
-  int threads = opt_int(L, 1, "threads", 0);
-  int ratio = opt_int(L, 1, "io_ratio", 50);
-  lua_getfield(L, 1, "name");
+  lnr_check_options(L, 1, what, group_keys);
+  int threads = opt_int(L, 1, "threads", 0, what);
+  int ratio = opt_int(L, 1, "io_ratio", 50, what);
+  if (lua_getfield(L, 1, "name") != LUA_TNIL && !lua_isstring(L, -1))
+    return luaL_error(L, "%s: name must be a string, got %s", what,
+                      luaL_typename(L, -1));
   const char *name = luaL_optstring(L, -1, executor ? "executor" : "worker");
   if (threads < 0 || threads > 1024)
     return luaL_error(L, "%s: threads must be between 1 and 1024, got %d",
@@ -190,17 +212,20 @@ static int new_group(lua_State *L, bool executor) {
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
-  lua_getfield(L, 1, "max_pending_tasks");
-  lua_Integer max_pending = luaL_optinteger(L, -1, MAX_PENDING_TASKS);
+  lua_Integer max_pending = opt_integer(L, 1, "max_pending_tasks",
+                                        MAX_PENDING_TASKS, what);
   if (max_pending < 1)
     return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
                       max_pending);
-  lua_getfield(L, 1, "lua_memory_limit");
-  lua_Integer mem = luaL_optinteger(L, -1, (lua_Integer)LUA_MEMORY_LIMIT);
+  lua_Integer mem = opt_integer(L, 1, "lua_memory_limit",
+                                (lua_Integer)LUA_MEMORY_LIMIT, what);
   if (mem != 0 && mem < LUA_MEMORY_MIN)
     return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
                       "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
-  lua_getfield(L, 1, "daemon");
+  int dt = lua_getfield(L, 1, "daemon");
+  if (dt != LUA_TNIL && dt != LUA_TBOOLEAN)
+    return luaL_error(L, "%s: daemon must be a boolean, got %s", what,
+                      luaL_typename(L, -1));
   bool daemon = lua_toboolean(L, -1);
   lnr_group_t *g = group_new(L, name, threads, ratio, executor,
                              (size_t)max_pending, (size_t)mem, 1);
@@ -337,10 +362,23 @@ static nr_loop_t *target_loop(lua_State *L) {
   return lnr_check_handle(L, 1, LNR_LOOP);
 }
 
+/* A task for the caller's own loop, given as that loop (ctx:loop(),
+ * netrun.current()), crosses nothing (DESIGN.md §3): its function runs as
+ * the same closure and may capture ctx. Any other is copied -- a group's
+ * next() included, so that a task does not change meaning with the loop
+ * it happens to land on. */
+static lnr_blob_t *pack_task(lua_State *L, int from, int n, const char *what) {
+  nr_loop_t *loop = lnr_to_handle(L, 1, LNR_LOOP);
+  lnr_state_t *S = lnr_state(L);
+  if (loop && S && !S->main && S->loop == loop && nr_loop_in_thread(loop))
+    return lnr_keep(L, from, n);
+  return lnr_pack(L, from, n, what);
+}
+
 static int l_execute(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "execute");
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "execute");
   lnr_send_task(L, loop, b, NULL);
   return 0;
 }
@@ -348,7 +386,7 @@ static int l_execute(lua_State *L) {
 static int l_submit(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "submit");
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "submit");
   nr_promise_t *p = nr_promise_new();
   lnr_push_promise(L, p);                    /* takes the reference */
   lnr_send_task(L, loop, b, p);
@@ -363,7 +401,7 @@ static int tail_task(void *arg) {
 static int l_after_iteration(lua_State *L) {
   nr_loop_t *loop = lnr_check_handle(L, 1, LNR_LOOP);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lnr_blob_t *b = lnr_pack(L, 2, lua_gettop(L) - 1, "after_iteration");
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "after_iteration");
   b->user = NULL;
   int rc = nr_loop_after_iteration(loop, tail_task, b);
   if (rc < 0) {
@@ -426,7 +464,7 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   sched_t *s = calloc(1, sizeof *s);
   if (s == NULL)
     return luaL_error(L, "out of memory");
-  s->b = lnr_pack(L, fn, lua_gettop(L) - fn + 1, "schedule");
+  s->b = pack_task(L, fn, lua_gettop(L) - fn + 1, "schedule");
   s->periodic = period != 0;
   s->p = nr_promise_new();
   /* The caller's reference, taken first: a short delay may fire (and

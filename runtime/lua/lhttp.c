@@ -22,6 +22,8 @@
  *
  * The handler after it receives one request per message, read like a table:
  *   req.method "GET", req.path "/a", req.query "x=1" (nil without '?'),
+ *   req.args { x = "1" } (the query decoded: + and %XX; a repeated key
+ *   gives an array of its values, a key without '=' true),
  *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
  *   repeated fields joined with ", "), req.trailers { ... } (a chunked
  *   body's trailer fields, the same way; {} when none: they are never
@@ -318,10 +320,91 @@ static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, F_TRAILERS, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "trailers"};
+    "keep_alive", "trailers", "args"};
+
+/* ---- query arguments ---------------------------------------------------------- */
+
+static int hexval(int c) {
+  return c >= '0' && c <= '9' ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Push s[0..n) decoded as a form or query component: + is a space, %XX a
+ * byte; a % not followed by two hex digits stays as it is. */
+static void push_unescaped(lua_State *L, const char *s, size_t n) {
+  luaL_Buffer b;
+  char *out = luaL_buffinitsize(L, &b, n);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    int hi, lo;
+    if (s[i] == '+') {
+      out[m++] = ' ';
+    } else if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 &&
+               (lo = hexval(s[i + 2])) >= 0) {
+      out[m++] = (char)(hi << 4 | lo);
+      i += 2;
+    } else {
+      out[m++] = s[i];
+    }
+  }
+  luaL_pushresultsize(&b, m);
+}
+
+/* netrun.http.unescape(s) */
+static int l_unescape(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  push_unescaped(L, s, n);
+  return 1;
+}
+
+/* Add key = value (on top) to the args table at t: a second value for a
+ * key makes an array of them, in order. */
+static void add_arg(lua_State *L, int t) {
+  lua_pushvalue(L, -2);
+  int old = lua_rawget(L, t);                  /* key value old */
+  if (old == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_rawset(L, t);
+    return;
+  }
+  if (old != LUA_TTABLE) {
+    lua_createtable(L, 2, 0);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);                     /* key value {old} */
+    lua_pushvalue(L, -3);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, t);
+  }
+  lua_insert(L, -2);                           /* key list value */
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 2);
+}
+
+/* The decoded query: { key = value | { values... } | true }. */
+static void push_args(lua_State *L, const char *q, size_t n) {
+  lua_newtable(L);
+  int t = lua_gettop(L);
+  const char *end = q + n;
+  while (q < end) {
+    const char *amp = memchr(q, '&', (size_t)(end - q));
+    const char *stop = amp ? amp : end;
+    const char *eq = memchr(q, '=', (size_t)(stop - q));
+    if (stop > q && eq != q) {                 /* skip "" and "=v" */
+      push_unescaped(L, q, (size_t)((eq ? eq : stop) - q));
+      if (eq)
+        push_unescaped(L, eq + 1, (size_t)(stop - eq - 1));
+      else
+        lua_pushboolean(L, 1);
+      add_arg(L, t);
+    }
+    q = stop + 1;
+  }
+}
 
 static int field_of(lua_State *L, int idx) {
   if (lua_type(L, idx) != LUA_TSTRING)
@@ -369,6 +452,14 @@ static void push_field(lua_State *L, int ud, int f) {
     }
     break;
   case F_KEEP_ALIVE: lua_pushboolean(L, q->keep_alive); break;
+  case F_ARGS:               /* made once, kept, like the headers */
+    req_fields(L, ud, true);
+    push_args(L, text + q->query, q->has_query ? q->query_len : 0);
+    lua_pushstring(L, "args");
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+    lua_remove(L, -2);
+    break;
   case F_HEADERS:            /* made once, kept: changes to it stay */
   case F_TRAILERS:
     req_fields(L, ud, true);
@@ -837,4 +928,8 @@ void lnr_open_http(lua_State *L) {
   lua_pushcfunction(L, l_http_response);
   lua_setfield(L, -2, "http_response");
   lua_pop(L, 1);
+  lua_newtable(L);                             /* core.http */
+  lua_pushcfunction(L, l_unescape);
+  lua_setfield(L, -2, "unescape");
+  lua_setfield(L, -2, "http");
 }

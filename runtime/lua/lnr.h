@@ -140,6 +140,8 @@ struct lnr_blob_s {
   struct lnr_href_s { int kind; void *ptr; } *handles;
   void *user;                 /* for whoever sends the blob */
   void *user2;
+  int kept;                   /* lnr_keep: registry ref of the values, else 0 */
+  const struct lnr_state_s *home;   /* lnr_keep: the state holding them */
   char small[96];
 };
 
@@ -147,6 +149,11 @@ struct lnr_blob_s {
  * the path of anything that cannot be transferred; `what` names the values
  * ("argument", "result", "message"). */
 lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what);
+/* A blob for the caller's own loop: the n values from `from` are kept in
+ * this state as they are (a closure keeps its upvalues, ctx included) and
+ * the blob only refers to them; it is unpacked and freed on this state's
+ * loop thread. */
+lnr_blob_t *lnr_keep(lua_State *L, int from, int n);
 /* Push the blob's values; returns how many. Raises on failure. */
 int lnr_unpack(lua_State *L, const lnr_blob_t *b);
 void lnr_blob_free(lnr_blob_t *b);
@@ -285,6 +292,13 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
 void lnr_set_funcs(lua_State *L, const luaL_Reg *l);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
+/* Levenshtein distance of two names (64 or more: "far", for long ones). */
+int lnr_edit_distance(const char *a, const char *b);
+/* Raise "<what>: unknown option 'k' (did you mean 'x'?)" for a key of the
+ * options table at idx that is not in known (NULL-terminated): a typo
+ * would otherwise silently keep the default. */
+void lnr_check_options(lua_State *L, int idx, const char *what,
+                       const char *const *known);
 uint64_t lnr_ns(double seconds);
 int lnr_error_code(lua_State *L, const char *prefix, int code, const char *msg);
 /* Register a metatable named `name` with methods and a __tostring. */

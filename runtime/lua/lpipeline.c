@@ -135,6 +135,114 @@ static const hrec_t *handler_rec(lua_State *L, int idx) {
   return r;
 }
 
+/* ---- misspelled methods ---------------------------------------------------- */
+
+/* A method netrun never calls is silently an absent one; a misspelled
+ * event name (channel_raed, channelRead) would leave the event passing by
+ * unseen. So when a handler is added, its function fields that look like
+ * an event but are none are logged once, with the closest event name.
+ * Each table scanned (the object and the tables its __index chain reaches)
+ * is remembered in a weak set of the state, so a class whose instances are
+ * made per channel is reported once per loop state, not per connection. */
+static const char CHECKED = 0;          /* tables already scanned, weak keys */
+
+static bool is_event(const char *name) {
+  if (strcmp(name, "handler_added") == 0 || strcmp(name, "handler_removed") == 0)
+    return true;
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+    if (strcmp(name, methods[i].name) == 0)
+      return true;
+  return false;
+}
+
+/* The event closest to name, and its distance; channelRead is spelled
+ * channel_read first (Netty's names translated). */
+static const char *closest_event(const char *name, int *dist) {
+  char snake[128];
+  size_t n = 0;
+  for (const char *c = name; *c && n + 2 < sizeof snake; c++) {
+    if (*c >= 'A' && *c <= 'Z') {
+      snake[n++] = '_';
+      snake[n++] = (char)(*c - 'A' + 'a');
+    } else {
+      snake[n++] = *c;
+    }
+  }
+  snake[n] = '\0';
+  const char *best = "handler_added";
+  *dist = 64;
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0] + 2; i++) {
+    const char *m = i < 2 ? (i ? "handler_removed" : "handler_added")
+                          : methods[i - 2].name;
+    int d = strcmp(snake, m) == 0 ? 0 : lnr_edit_distance(name, m);
+    if (d < *dist) {
+      *dist = d;
+      best = m;
+    }
+  }
+  return best;
+}
+
+/* Whether a function field of this name is likely a misspelled event:
+ * an event's prefix, or close to one of the long names (short ones --
+ * read, write, bind -- are too like ordinary verbs to guess at). */
+static const char *misspelled_event(const char *name) {
+  static const char *const prefixes[] = {"channel_", "handler_", "user_",
+                                         "exception"};
+  if (is_event(name))
+    return NULL;
+  int d;
+  const char *best = closest_event(name, &d);
+  if (d == 0)
+    return best;
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+    if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+      return best;
+  return d <= 2 && strlen(name) >= 6 && strlen(best) >= 8 ? best : NULL;
+}
+
+/* Warn about the misspelled events among the function fields of the
+ * table at t (not scanned before in this state). */
+static void check_table(lua_State *L, int t, const char *handler) {
+  lnr_push_weak(L, &CHECKED, "k");
+  lua_pushvalue(L, t);
+  bool seen = lua_rawget(L, -2) != LUA_TNIL;
+  lua_pop(L, 1);
+  if (seen) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pushvalue(L, t);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    const char *best;
+    if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1) &&
+        (best = misspelled_event(lua_tostring(L, -2))) != NULL)
+      nr_log(NR_LOG_WARN, "handler '%s': method '%s' is not a netrun event "
+             "and is never called (did you mean %s?)", handler,
+             lua_tostring(L, -2), best);
+    lua_pop(L, 1);
+  }
+}
+
+/* The handler at idx and the tables its metatables' __index lead to. */
+static void check_method_names(lua_State *L, int idx, const char *handler) {
+  lua_pushvalue(L, idx);
+  for (int depth = 0; depth < 8 && lua_istable(L, -1); depth++) {
+    check_table(L, lua_gettop(L), handler);
+    if (!lua_getmetatable(L, -1))
+      break;
+    lua_pushliteral(L, "__index");            /* as Lua reads it: raw */
+    lua_rawget(L, -2);                        /* obj, mt, __index */
+    lua_remove(L, -2);
+    lua_remove(L, -2);
+  }
+  lua_pop(L, 1);
+}
+
 /* ---- calling handler methods ------------------------------------------------ */
 
 static void ensure_ctx(nr_ctx_t *ctx);
@@ -221,6 +329,19 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
 }
 
 /* ---- read batches -------------------------------------------------------------- */
+
+/* The end of a read at a handler with channel_read but no
+ * channel_read_complete: what it wrote (or anyone before it) and did not
+ * flush is flushed, then the event goes on. Netty leaves such writes
+ * unsent until some later flush, and the peer waits forever; a handler
+ * that wants to gather writes across reads flushes in its own
+ * channel_read_complete, which turns this off. */
+static void read_complete_flushing(nr_ctx_t *ctx) {
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (nr_channel_is_open(ch) && nr_channel_has_unflushed(ch))
+    nr_ctx_flush(ctx);
+  nr_ctx_fire_read_complete(ctx);
+}
 
 /* A read its producer lets wait (nr_ctx_fire_read_deferrable: the HTTP
  * codec's requests, a socket's last read) reaching a Lua handler while its
@@ -320,6 +441,8 @@ static int batch_run(lua_State *L) {
       S->ctx_table = h->ctx_table;
       S->ctx = ctx;
       lua_call(L, 2, 0);
+    } else if (b->owner != NULL) {
+      read_complete_flushing(ctx);
     } else {
       nr_ctx_fire_read_complete(ctx);
     }
@@ -577,7 +700,10 @@ static int lh_read_complete(nr_ctx_t *ctx) {
     return 0;
   }
   if (!(h->rec->has & NR_EV_READ_COMPLETE)) {
-    nr_ctx_fire_read_complete(ctx);
+    if (h->rec->has & NR_EV_READ)
+      read_complete_flushing(ctx);
+    else
+      nr_ctx_fire_read_complete(ctx);
     return 0;
   }
   lua_State *L = begin_ref(ctx, h->rec->read_complete_ref, "channel_read_complete");
@@ -1015,6 +1141,18 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
   return true;
 }
 
+/* A write to a datagram channel given no promise that fails at once (a
+ * string instead of { data, host, port }) reaches exception_caught too, as
+ * a stream channel's does on the lazy path above: its future is rarely
+ * looked at. (Stream writes that pass through a codec are reported by the
+ * codec.) A write on a closed channel only fails its future, as there. */
+static void report_write_failure(nr_ctx_t *ctx, int rc, nr_promise_t *p) {
+  if (rc == NR_ECLOSED || !nr_channel_is_datagram(nr_ctx_channel(ctx)))
+    return;
+  nr_err_t err = {rc, nr_promise_message(p)};
+  nr_pipeline_fire_exception(nr_channel_pipeline(nr_ctx_channel(ctx)), &err);
+}
+
 static int ctx_do_write(lua_State *L, bool flush) {
   nr_ctx_t *ctx = check_ctx(L, 1);
   if (lua_gettop(L) < 2)
@@ -1026,8 +1164,11 @@ static int ctx_do_write(lua_State *L, bool flush) {
   } else if (write_lazily(L, ctx, flush)) {
     return 1;
   } else {
+    bool implicit = lua_isnoneornil(L, 3);
     nr_promise_t *p = write_promise(L, 3);
-    lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, p);
+    int rc = lnr_with_msg(L, 2, nr_ctx_channel(ctx), ctx_write_fn, ctx, p);
+    if (rc < 0 && implicit)
+      report_write_failure(ctx, rc, p);
   }
   if (flush)
     nr_ctx_flush(ctx);
@@ -1149,7 +1290,8 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
 
 /* Builds the C handler for the value at idx: a Lua table or object, or a
  * native handler (userdata whose metatable has __netrun_native). */
-static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
+static const nr_handler_t *make_handler(lua_State *L, int idx,
+                                        const char *name, void **state) {
   if (lua_type(L, idx) == LUA_TUSERDATA &&
       luaL_getmetafield(L, idx, "__netrun_native") == LUA_TLIGHTUSERDATA) {
     lnr_native_fn make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
@@ -1167,6 +1309,7 @@ static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
   h->ref = luaL_ref(L, LUA_REGISTRYINDEX);
   h->ctx_ref = LUA_NOREF;
   h->rec = handler_rec(L, idx);
+  check_method_names(L, idx, name);
   *state = h;
   return &lua_vt;
 }
@@ -1180,9 +1323,22 @@ static int add_error(lua_State *L, int rc, const char *name, const char *base) {
 }
 
 static void xh_release(xh_t *x);
-static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
+static const nr_handler_t *make_exec_handler(lua_State *L, nr_loop_t *exec,
                                              nr_channel_t *ch, const char *name,
                                              int idx, void **state);
+
+/* The loop a handler given with a group (or a loop) runs on: the group's
+ * next(), or that loop; NULL for none given. */
+static nr_loop_t *exec_loop(lua_State *L, int idx) {
+  lnr_group_t *g = lnr_to_handle(L, idx, LNR_GROUP);
+  if (g)
+    return nr_group_next(lnr_group_core(g));
+  nr_loop_t *l = lnr_to_handle(L, idx, LNR_LOOP);
+  if (l && lnr_group_of_loop(l) == NULL)
+    luaL_error(L, "add: the main thread's loop runs no handlers; give a "
+               "group or one of its loops");
+  return l;
+}
 
 typedef int (*adder_fn)(nr_pipeline_t *, const char *, const char *,
                         const nr_handler_t *, void *);
@@ -1213,9 +1369,9 @@ static void ensure_ctx(nr_ctx_t *ctx) {
 static int do_add(lua_State *L, adder_fn add, bool with_base) {
   nr_pipeline_t *p = check_pipe(L, 1, true);
   int arg = 2;
-  lnr_group_t *exec = lnr_to_handle(L, arg, LNR_GROUP);
+  nr_loop_t *exec = exec_loop(L, arg);
   if (exec)
-    arg++;                                     /* p:add_last(group, name, h) */
+    arg++;                        /* p:add_last(group or loop, name, h) */
   const char *base = with_base ? luaL_checkstring(L, arg++) : NULL;
   const char *name = luaL_checkstring(L, arg++);
   luaL_checkany(L, arg);
@@ -1228,7 +1384,7 @@ static int do_add(lua_State *L, adder_fn add, bool with_base) {
   void *state = NULL;
   const nr_handler_t *vt =
       exec ? make_exec_handler(L, exec, nr_pipeline_channel(p), name, arg, &state)
-           : make_handler(L, arg, &state);
+           : make_handler(L, arg, name, &state);
   int rc = add(p, base, name, vt, state);
   if (rc < 0) {
     if (vt == &exec_vt) {
@@ -1277,7 +1433,7 @@ static int p_replace(lua_State *L) {
   push_handler(L, c);
   int old = lua_gettop(L);
   void *state = NULL;
-  const nr_handler_t *vt = make_handler(L, 4, &state);
+  const nr_handler_t *vt = make_handler(L, 4, name, &state);
   int rc = nr_pipeline_replace(p, nr_ctx_name(c), name, vt, state);
   if (rc < 0)
     return add_error(L, rc, name, NULL);
@@ -1752,13 +1908,14 @@ static const nr_handler_t exec_vt = {
     .flush = xh_flush, .mask = xh_mask};
 
 /* The proxy for handler h (at idx) on an executor of group g. */
-static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
+static const nr_handler_t *make_exec_handler(lua_State *L, nr_loop_t *exec,
                                              nr_channel_t *ch, const char *name,
                                              int idx, void **state) {
   if (!lua_istable(L, idx) && !lua_isuserdata(L, idx))
     luaL_error(L, "a handler must be a table or an object, got a %s",
                luaL_typename(L, idx));
   unsigned mask = X_INBOUND | X_OUTBOUND;      /* every event takes the hop */
+  check_method_names(L, idx, name);
   /* Metatables do not cross states (DESIGN.md §3): send h with its methods
    * as found here, through __index. */
   idx = lua_absindex(L, idx);
@@ -1785,7 +1942,7 @@ static const nr_handler_t *make_exec_handler(lua_State *L, lnr_group_t *g,
   x->mask = mask;
   lua_pushvalue(L, idx);
   x->home_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  x->exec = nr_group_next(lnr_group_core(g));
+  x->exec = exec;
   x->ch = nr_channel_retain(ch);
   x->home = nr_channel_loop(ch);
   *state = x;

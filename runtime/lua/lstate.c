@@ -83,6 +83,29 @@ nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
 /* ---- protected calls ---------------------------------------------------- */
 
+/* Loop states do not see the main script's globals (DESIGN.md §3: a
+ * function's _ENV binds to its destination's globals), so a global the
+ * script set reads nil there. Reading one must stay legal (code probes
+ * `if jit then`), so the error it causes is explained instead: "attempt
+ * to index a nil value (global 'Base')" on a loop state gets the hint. */
+static const char *global_hint(lua_State *L, const char *msg) {
+  static const char pat[] = "a nil value (global '";
+  const lnr_state_t *S = state_of(L);
+  const char *at = strstr(msg, pat);
+  if (S == NULL || S->main || S->loop == NULL || S->loop == main_loop ||
+      at == NULL)
+    return msg;
+  const char *name = at + sizeof pat - 1, *end = strchr(name, '\'');
+  if (end == NULL)
+    return msg;
+  return lua_pushfstring(L, "%s; global '%s' is not defined in this loop's "
+                         "Lua state (%s): loop states do not share the main "
+                         "script's globals; pass values as upvalues or "
+                         "arguments, or use netrun.shared / require", msg,
+                         lua_pushlstring(L, name, (size_t)(end - name)),
+                         nr_loop_name(S->loop));
+}
+
 int lnr_msgh(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
@@ -91,6 +114,8 @@ int lnr_msgh(lua_State *L) {
     else
       msg = lua_pushfstring(L, "(error object is a %s value)",
                             luaL_typename(L, 1));
+  } else {
+    msg = global_hint(L, msg);
   }
   luaL_traceback(L, L, msg, 1);
   return 1;
@@ -426,6 +451,28 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
   free(S);
 }
 
+/* `netrun dir/server.lua` run from anywhere finds dir/helper.lua: the
+ * script's directory (made absolute, so a later chdir does not matter)
+ * goes first on the main state's package.path, which every loop state
+ * copies when its group is made. */
+void lnr_add_script_dir(lua_State *L, const char *script) {
+  char *abs = realpath(script, NULL);
+  char *slash = abs ? strrchr(abs, '/') : NULL;
+  if (slash == NULL) {
+    free(abs);
+    return;
+  }
+  *slash = '\0';
+  const char *dir = slash == abs ? "" : abs;     /* a script in / */
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir,
+                  lua_isstring(L, -1) ? lua_tostring(L, -1) : "");
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+  free(abs);
+}
+
 void *lnr_paths_new(lua_State *L) {
   lnr_paths_t *p = calloc(1, sizeof *p);
   lua_getglobal(L, "package");
@@ -514,6 +561,72 @@ double lnr_checkseconds(lua_State *L, int idx, const char *what) {
   if (!(s >= 0) || s > 1e9)
     luaL_error(L, "%s: expected a duration in seconds >= 0, got %f", what, s);
   return s;
+}
+
+/* Optimal string alignment: insertions, deletions, substitutions and
+ * transpositions of neighbours (raed -> read) cost one each. */
+int lnr_edit_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na >= 64 || nb >= 64)
+    return 64;
+  int rows[3][65], *pp = rows[0], *prev = rows[1], *cur = rows[2];
+  for (size_t j = 0; j <= nb; j++)
+    prev[j] = (int)j;
+  for (size_t i = 1; i <= na; i++) {
+    cur[0] = (int)i;
+    for (size_t j = 1; j <= nb; j++) {
+      int best = prev[j - 1] + (a[i - 1] != b[j - 1]);
+      if (prev[j] + 1 < best)
+        best = prev[j] + 1;
+      if (cur[j - 1] + 1 < best)
+        best = cur[j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          pp[j - 2] + 1 < best)
+        best = pp[j - 2] + 1;
+      cur[j] = best;
+    }
+    int *t = pp;                          /* rotate: prev becomes pp ... */
+    pp = prev;
+    prev = cur;
+    cur = t;
+  }
+  return prev[nb];
+}
+
+/* The known name closest to k, if close enough to be a typo of it. */
+static const char *closest(const char *k, const char *const *known) {
+  const char *best = NULL;
+  int bd = 3;                            /* at most 2 edits ... */
+  for (int i = 0; known[i]; i++) {
+    int d = lnr_edit_distance(k, known[i]);
+    if (d < bd && (size_t)d * 2 <= strlen(known[i])) {  /* ... of a half */
+      bd = d;
+      best = known[i];
+    }
+  }
+  return best;
+}
+
+void lnr_check_options(lua_State *L, int idx, const char *what,
+                       const char *const *known) {
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_error(L, "%s: option names are strings, got a %s", what,
+                 luaL_typename(L, -1));
+    const char *k = lua_tostring(L, -1);
+    bool ok = false;
+    for (int i = 0; !ok && known[i]; i++)
+      ok = strcmp(k, known[i]) == 0;
+    if (ok)
+      continue;
+    const char *best = closest(k, known);
+    if (best)
+      luaL_error(L, "%s: unknown option '%s' (did you mean '%s'?)", what, k, best);
+    luaL_error(L, "%s: unknown option '%s'", what, k);
+  }
 }
 
 uint64_t lnr_ns(double seconds) { return (uint64_t)(seconds * 1e9 + 0.5); }

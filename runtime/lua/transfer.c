@@ -8,7 +8,9 @@
  *  - nil, booleans, integers, floats and strings are copied;
  *  - tables are copied deeply; each table or function gets an id on first
  *    sight and later sightings become references, so shared references and
- *    cycles survive; a metatable travels only if it is a module table;
+ *    cycles survive; a metatable travels by name if it is a module
+ *    table, and is copied like any table otherwise (objects keep their
+ *    class's methods);
  *  - Lua functions travel as their prototype (bytecode, interned once per
  *    process) plus their upvalues, packed recursively. An upvalue holding the
  *    source's globals is rebound to the destination's. The destination
@@ -41,7 +43,8 @@
 enum {
   T_NIL, T_FALSE, T_TRUE, T_INT, T_FLT, T_STR, T_TABLE, T_TABLE_MT, T_END,
   T_REF, T_FUNC, T_GLOBALS, T_MODULE, T_HANDLE, T_NATIVE,
-  T_UPJOIN             /* only in a function's upvalue list: ref id, index */
+  T_UPJOIN,            /* only in a function's upvalue list: ref id, index */
+  T_TABLE_META         /* a table, then after its T_END its metatable */
 };
 
 #define MAX_DEPTH 200
@@ -140,6 +143,11 @@ static lnr_blob_t *blob_new(void) {
 void lnr_blob_free(lnr_blob_t *b) {
   if (b == NULL)
     return;
+  if (b->kept) {                 /* on its loop; a closing state lets go */
+    lnr_state_t *S = lnr_current_state();
+    if (S != NULL && S == b->home && !S->closing)
+      luaL_unref(S->L, LUA_REGISTRYINDEX, b->kept);
+  }
   for (int i = 0; i < b->nhandles; i++)
     if (b->handles[i].kind == PROTO_KIND)
       proto_release(b->handles[i].ptr);
@@ -291,6 +299,14 @@ static void fail(packer_t *k, const char *type) {
   push_top_name(k);
   luaL_addvalue(&buf);
   luaL_addstring(&buf, ")");
+  /* A task sent to another loop: the usual mistake is a closure over ctx
+   * or another loop-local value. */
+  static const char *const tasks[] = {"execute", "submit", "schedule",
+                                      "after_iteration", NULL};
+  for (int i = 0; tasks[i]; i++)
+    if (strcmp(k->what, tasks[i]) == 0)
+      luaL_addstring(&buf, ": it cannot be copied to another loop; schedule "
+                     "on ctx:loop() to keep it, or pass plain values");
   luaL_pushresult(&buf);
   lua_error(L);
 }
@@ -476,23 +492,32 @@ static bool is_globals(lua_State *L, int idx) {
   return g;
 }
 
+/* A table's metatable travels by name if it is a module; any other
+ * (a class table: Base.__index = Base) is copied after the table's
+ * fields, like any value, so that an object copied to a loop -- a handler
+ * made with setmetatable({}, Base) -- keeps its methods. */
 static void pack_table(packer_t *k, int idx) {
   lua_State *L = k->L;
   if (seen_before(k, idx))
     return;
-  const char *mt_name = NULL;
+  int mt = 0;
   if (lua_getmetatable(L, idx)) {
-    if (module_name(k, lua_gettop(L), false)) {
-      mt_name = lua_tostring(L, -1);
-      lua_remove(L, -2);
-    } else {
-      lua_pop(L, 1);
-    }
-  }
-  if (mt_name) {
-    put_byte(k, T_TABLE_MT);
-    put_str(k, mt_name, strlen(mt_name));
+    /* netrun's own table objects (a ctx) belong to their loop */
+    lua_pushliteral(L, "__name");
+    if (lua_rawget(L, -2) == LUA_TSTRING &&
+        strncmp(lua_tostring(L, -1), "netrun.", 7) == 0)
+      fail(k, lua_pushfstring(L, "a %s", lua_tostring(L, -1)));
     lua_pop(L, 1);
+    if (module_name(k, lua_gettop(L), false)) {
+      size_t n;
+      const char *name = lua_tolstring(L, -1, &n);
+      put_byte(k, T_TABLE_MT);
+      put_str(k, name, n);
+      lua_pop(L, 2);
+    } else {
+      mt = lua_gettop(L);
+      put_byte(k, T_TABLE_META);
+    }
   } else {
     put_byte(k, T_TABLE);
   }
@@ -513,6 +538,12 @@ static void pack_table(packer_t *k, int idx) {
     lua_pop(L, 1);
   }
   put_byte(k, T_END);
+  if (mt) {
+    enter(k, "the metatable%s", "", 0);
+    pack_value(k, mt);
+    k->depth--;
+    lua_pop(L, 1);
+  }
 }
 
 typedef struct dumpbuf_s {
@@ -928,10 +959,13 @@ static void push_module(lua_State *L, const char *name, size_t n) {
 
 static void unpack_value(unpacker_t *u);
 
-static void unpack_table(unpacker_t *u, bool with_mt) {
+/* A table; with_mt: 1, a module metatable named before the fields; 2, a
+ * metatable value after them (set last, so that no __newindex sees the
+ * fields arrive). */
+static void unpack_table(unpacker_t *u, int with_mt) {
   lua_State *L = u->L;
   size_t n = 0;
-  const char *mt = with_mt ? get_str(u, &n) : NULL;
+  const char *mt = with_mt == 1 ? get_str(u, &n) : NULL;
   lua_newtable(L);
   remember(u);
   int t = lua_gettop(L);
@@ -951,6 +985,12 @@ static void unpack_table(unpacker_t *u, bool with_mt) {
       continue;
     }
     lua_rawset(L, t);
+  }
+  if (with_mt == 2) {
+    unpack_value(u);
+    if (!lua_istable(L, -1))
+      luaL_error(L, "corrupt transfer blob");
+    lua_setmetatable(L, t);
   }
 }
 
@@ -1065,8 +1105,9 @@ static void unpack_value(unpacker_t *u) {
     lua_pushlstring(L, s, n);
     break;
   }
-  case T_TABLE: unpack_table(u, false); break;
-  case T_TABLE_MT: unpack_table(u, true); break;
+  case T_TABLE: unpack_table(u, 0); break;
+  case T_TABLE_MT: unpack_table(u, 1); break;
+  case T_TABLE_META: unpack_table(u, 2); break;
   case T_REF: {
     size_t id = get_size(u);
     if (u->refs == 0)
@@ -1095,7 +1136,36 @@ static void unpack_value(unpacker_t *u) {
   }
 }
 
+lnr_blob_t *lnr_keep(lua_State *L, int from, int n) {
+  from = lua_absindex(L, from);
+  lnr_blob_t *b = blob_new();
+  if (b == NULL)
+    luaL_error(L, "out of memory");
+  b->nvalues = n;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushvalue(L, from + i);
+    lua_rawseti(L, -2, i + 1);
+  }
+  b->kept = luaL_ref(L, LUA_REGISTRYINDEX);
+  b->home = lnr_state(L);
+  return b;
+}
+
+static int unpack_kept(lua_State *L, const lnr_blob_t *b) {
+  if (lnr_state(L) != b->home)
+    luaL_error(L, "a task kept for one loop ran on another");
+  luaL_checkstack(L, b->nvalues + 2, "transferring values");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->kept);
+  for (int i = 1; i <= b->nvalues; i++)
+    lua_rawgeti(L, -i, i);
+  lua_remove(L, -b->nvalues - 1);
+  return b->nvalues;
+}
+
 int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
+  if (b->kept)
+    return unpack_kept(L, b);
   unpacker_t u = {.L = L, .b = b, .nextid = 1};
   int base = lua_gettop(L);
   luaL_checkstack(L, b->nvalues + 8, "transferring values");
