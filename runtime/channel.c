@@ -623,10 +623,11 @@ static void drop_timer(nr_timer_t **t) {
 /* Closing a socket with unread input makes the kernel answer with a reset,
  * and a reset destroys whatever the peer had not yet read of our last
  * writes -- a response, the last megabytes to a slow reader at shutdown.
- * So a graceful close of a connection that holds unread input sends our
+ * So a graceful close of a connection that holds unread input, or whose
+ * peer may still be sending (nr_channel_linger: it pipelines), sends our
  * FIN (shutdown), then reads and discards until the peer's FIN or reset,
- * or INPUT_LINGER. (Without unread input the close is immediate: an idle
- * keep-alive peer must not hold a shutdown up.) The channel is closed for its users
+ * or INPUT_LINGER. (Else the close is immediate: an idle keep-alive peer
+ * must not hold a shutdown up.) The channel is closed for its users
  * meanwhile (its pipeline gone, its close future done); only its fd waits,
  * still on the loop's list, so a shutting-down loop waits for it (within
  * its timeout) and aborts it at the end. */
@@ -645,10 +646,14 @@ static int linger_timed_out(void *arg) {
   return 0;
 }
 
+void nr_channel_linger(nr_channel_t *ch) { ch->st |= NR__LINGER_WANTED; }
+
 static bool start_linger(nr_channel_t *ch) {
   int unread = 0;
-  if (ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0 ||
-      shutdown(ch->io.fd, SHUT_WR) < 0 ||
+  if (!(ch->st & NR__LINGER_WANTED) &&
+      (ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0))
+    return false;
+  if (shutdown(ch->io.fd, SHUT_WR) < 0 ||
       nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
     return false;
   ch->st |= NR__LINGER;

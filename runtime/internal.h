@@ -311,7 +311,8 @@ enum {
   NR__WAIT_OUT = 1u << 6, NR__FLUSH_TASK = 1u << 7, NR__WAS_ACTIVE = 1u << 8,
   NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10,
   NR__LINGER = 1u << 11,          /* closed; the fd waits for the peer's FIN */
-  NR__CLOSE_IDLE = 1u << 12       /* shutting down: close once nothing is held */
+  NR__CLOSE_IDLE = 1u << 12,      /* shutting down: close once nothing is held */
+  NR__LINGER_WANTED = 1u << 13    /* nr_channel_linger: a close lingers */
 };
 
 typedef struct nr_server_s {

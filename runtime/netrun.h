@@ -431,6 +431,11 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. The peer may still be sending (it pipelines): a
+ * graceful close half-closes and drains its input (lingering close) even
+ * if none has arrived yet, so that its late bytes cannot make the kernel
+ * reset the connection and destroy the last answers. */
+void nr_channel_linger(nr_channel_t *ch);
 /* Loop thread only. A stream channel's write mark: the offset at which
  * everything written so far ends. Marks only grow. A write made without a
  * promise can be watched later by the mark taken right after it:

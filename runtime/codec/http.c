@@ -1483,6 +1483,10 @@ static inline void finish_response(nr_http_server_t *s, bool close) {
 static NOINLINE void finished(nr_http_server_t *s, bool close) {
   if (close) {
     s->closing = true;
+    /* a client may pipeline past the request that closes: what it sends
+     * meanwhile must not turn our close into a reset that destroys the
+     * answers it has not read yet */
+    nr_channel_linger(nr_ctx_channel(s->ctx));
     nr_ctx_flush(s->ctx);
     nr_ctx_close(s->ctx, NULL);
   } else if (s->outstanding > 0) {
