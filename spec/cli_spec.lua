@@ -96,6 +96,29 @@ describe("netrun command", function()
     assert.matches("%-t needs a thread count", out)
   end)
 
+  it("explains `netrun attach` without a PATH instead of running a script named attach", function()
+    local out, st = run(BIN .. " attach")
+    assert.equal(2, st)
+    assert.equal("usage: netrun attach PATH\n", out)
+    out, st = run(BIN .. " attach a b")
+    assert.equal(2, st)
+    assert.equal("usage: netrun attach PATH\n", out)
+  end)
+
+  it("says in one line that there is no console socket to attach to", function()
+    local path = H.tmpdir() .. "/none.sock"
+    local out, st = run(BIN .. " attach " .. path)
+    assert.equal(1, st)
+    assert.equal("netrun attach: " .. path .. ": No such file or directory (is the server running with --console "
+      .. path .. "?)\n", out)
+  end)
+
+  it("says in one line that a --console directory does not exist", function()
+    local out, st = run(BIN .. " --console /nonexistent-netrun-dir/x.sock -e 'x = 1'")
+    assert.equal(1, st)
+    assert.equal("netrun: --console /nonexistent-netrun-dir/x.sock: directory /nonexistent-netrun-dir does not exist\n", out)
+  end)
+
   it("uses -t N as the default number of worker threads", function()
     local out, st = run(BIN .. " -t 3 -e 'local g = require(\"netrun\").group{} print(#g) g:shutdown_gracefully(0, 1):sync()'")
     assert.equal(0, st)
@@ -166,6 +189,15 @@ describe("console", function()
     assert.matches('"bulk%-1"', out)
     assert.matches("\n42\n", out)
     assert.matches("evaluating in the main state\nnil\n", out)
+  end)
+
+  it("attach shows what an evaluation prints, before its result, not the server's stdout", function()
+    local out, st = run("printf 'print(\"in\", \"main\") return 1\n:loop bulk-1\n"
+      .. "for i = 1, 2 do print(\"bulk \" .. i) end return 2\n:quit\n' | " .. BIN .. " attach " .. path)
+    assert.equal(0, st)
+    assert.matches("\nin\tmain\n1\n", out)
+    assert.matches("\nbulk 1\nbulk 2\n2\n", out)
+    assert.not_matches("bulk 1", read_file(log))
   end)
 
   it("serves several consoles at once and survives a client that vanishes mid-evaluation", function()
