@@ -253,10 +253,14 @@ function M.complete(word, env)
 end
 
 -- Leaving the REPL ends the process's groups. A loop stuck in Lua never
--- terminates, and :quit must not hang on it: once every loop still running
--- has made no progress for STUCK_AFTER seconds (or after QUIT_WAIT in all),
--- name them and leave the process at once, without them.
-local SHUTDOWN_TIMEOUT, STUCK_AFTER, QUIT_WAIT = 5, 2, 6
+-- terminates, and :quit must not hang on it. Each loop still running is
+-- sent an empty task whenever it has none queued: a loop that is merely
+-- waiting (a lingering close) runs it, a stuck one never does. Once every
+-- loop still running has made no progress for STUCK_AFTER seconds (or
+-- after QUIT_WAIT in all), name them and leave the process at once.
+local SHUTDOWN_TIMEOUT, STUCK_AFTER, QUIT_WAIT = 5, 1, 6
+
+local function ping() end
 
 local function end_groups()
   core.shutdown_all(0, SHUTDOWN_TIMEOUT)
@@ -264,23 +268,24 @@ local function end_groups()
   while true do
     local running, stuck, now = {}, {}, core.now()
     for i, l in ipairs(M.all_loops()) do
-      if not l:is_terminated() then
+      local st = l:stats()
+      local mark = st.iterations + st.tasks_run + st.io_events
+      if l:is_terminated() then
+        seen[i] = nil
+      else
         running[#running + 1] = l
-        local st = l:stats()
-        local mark = st.iterations + st.tasks_run + st.io_events
+        if st.pending_tasks == 0 and st.state ~= "not_started" then pcall(l.execute, l, ping) end
         local last = seen[i]
         if not last or last.mark ~= mark then
           seen[i] = { mark = mark, since = now }
         elseif now - last.since >= STUCK_AFTER then
           stuck[#stuck + 1] = st.name
         end
-      else
-        seen[i] = nil
       end
     end
     if #running == 0 then return end
     local gave_up = #stuck == #running or now >= deadline
-    if gave_up or core.repl_wait(running[1]:termination_future(), 0.1) == false then
+    if gave_up or core.repl_wait(running[1]:termination_future(), 0.05) == false then
       if #stuck == 0 then
         for _, l in ipairs(running) do stuck[#stuck + 1] = l:name() end
       end
