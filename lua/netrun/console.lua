@@ -33,16 +33,15 @@ local function respond(ctx, text, prompt)
 end
 
 -- A session's waits end when the work is done or when the client's
--- INTERRUPT line abandons them (st.interrupted: for the line in progress).
+-- INTERRUPT line abandons them by cancelling the future (st.interrupted:
+-- for the line in progress); the work goes on, its result is dropped.
 local function waiter(st)
   return function(f)
-    if st.interrupted then return false end
-    local p = netrun.promise()
-    st.abandon = p
-    f:add_listener(function() p:try_success(true) end)
-    local done = p:await()
-    st.abandon = nil
-    return done
+    if st.interrupted then f:cancel() end
+    st.waiting = f
+    pcall(f.await, f)
+    st.waiting = nil
+    return not f:is_cancelled()
   end
 end
 
@@ -102,7 +101,7 @@ function Console:channel_read(ctx, msg)
       st.lines[#st.lines + 1] = line
     elseif st.busy or #st.lines > 0 then   -- Ctrl-C: stop waiting for a line
       st.interrupted = true
-      if st.abandon then st.abandon:try_success(false) end
+      if st.waiting then st.waiting:cancel() end
     end
   end
   st.buffer = st.buffer:match("[^\n]*$")
