@@ -254,32 +254,30 @@ end
 
 -- Leaving the REPL ends the process's groups. A loop stuck in Lua never
 -- terminates, and :quit must not hang on it. Each loop still running is
--- sent an empty task whenever it has none queued: a loop that is merely
--- waiting (a lingering close) runs it, a stuck one never does. Once every
--- loop still running has made no progress for STUCK_AFTER seconds (or
--- after QUIT_WAIT in all), name them and leave the process at once.
+-- sent an empty task, again whenever it has run the last: a loop merely
+-- waiting (a lingering close) runs it, a stuck one never does. Once no
+-- loop still running has run its task for STUCK_AFTER seconds (or after
+-- QUIT_WAIT in all), name them and leave the process at once. (A loop's
+-- stats are not read: their Lua memory comes from a state that a loop
+-- ending meanwhile frees.)
 local SHUTDOWN_TIMEOUT, STUCK_AFTER, QUIT_WAIT = 5, 1, 6
 
 local function ping() end
 
 local function end_groups()
   core.shutdown_all(0, SHUTDOWN_TIMEOUT)
-  local deadline, seen = core.now() + QUIT_WAIT, {}
+  local deadline, probes = core.now() + QUIT_WAIT, {}
   while true do
     local running, stuck, now = {}, {}, core.now()
     for i, l in ipairs(M.all_loops()) do
-      local st = l:stats()
-      local mark = st.iterations + st.tasks_run + st.io_events
-      if l:is_terminated() then
-        seen[i] = nil
-      else
+      if not l:is_terminated() then
         running[#running + 1] = l
-        if st.pending_tasks == 0 and st.state ~= "not_started" then pcall(l.execute, l, ping) end
-        local last = seen[i]
-        if not last or last.mark ~= mark then
-          seen[i] = { mark = mark, since = now }
-        elseif now - last.since >= STUCK_AFTER then
-          stuck[#stuck + 1] = st.name
+        local probe = probes[i]
+        if not probe or not probe.f or probe.f:is_done() then
+          local ok, f = pcall(l.submit, l, ping)   -- refused: the loop is ending
+          probes[i] = { f = ok and f or nil, since = now }
+        elseif now - probe.since >= STUCK_AFTER then
+          stuck[#stuck + 1] = l:name()
         end
       end
     end
