@@ -394,12 +394,11 @@ local function connect_error(path, err)
   return "netrun attach: " .. path .. ": " .. msg .. hint
 end
 
--- Returns the exit status: 0 after :quit or end of input, 1 when the
--- connection fails or the server goes away.
-function M.attach(path)
-  local group = netrun.group { threads = 1, name = "attach" }
+-- The attach connection's handler, on the attach loop: everything goes
+-- to the main state, where the REPL runs.
+local function client_handler()
   local main = core.main_loop()
-  local Client = {
+  return {
     channel_read = function(self, ctx, msg)
       main:execute(function(d) require("netrun.repl")._attach_feed(d) end, msg)
     end,
@@ -418,39 +417,32 @@ function M.attach(path)
       core.repl_hangup()               -- a line being read ends now
     end,
   }
-  local ok, ch = pcall(function()
-    return netrun.connect { group = group, unix = path, timeout = 5,
-      init = function(c) c:pipeline():add_last("client", Client) end }:sync()
-  end)
-  if not ok then
-    group:shutdown_gracefully(0, 1):sync()
-    io.stderr:write(connect_error(path, ch), "\n")
-    return 1
-  end
+end
 
-  core.repl_mode(true)
-  local function send(line) ch:write_and_flush(line .. "\n") end
+-- What the terminal asks of the server: answer() waits for the response
+-- to a line sent (Ctrl-C asks the server to abandon its wait on a busy
+-- loop; a second one stops waiting here); complete(word) asks for the
+-- names of the state being evaluated in.
+local function server_link(ch)
+  local r = { last_prompt = "netrun> " }
+  function r.send(line) ch:write_and_flush(line .. "\n") end
 
-  -- The answer to a line. Ctrl-C asks the server to abandon its wait (a
-  -- busy loop); a second one stops waiting for the answer here.
-  local last_prompt = "netrun> "
-  local function answer()
+  function r.answer()
     local text, why = next_response()
     if text then return text, why end
-    send(M.INTERRUPT)
+    r.send(M.INTERRUPT)
     text, why = next_response()
     if text then return text, why end
     inbox.skip = inbox.skip + 1
-    return "interrupted: no answer from the server yet\n", last_prompt
+    return "interrupted: no answer from the server yet\n", r.last_prompt
   end
 
-  -- Completions come from the state being evaluated in, on the server.
-  local function complete(word)
+  function r.complete(word)
     if word:sub(1, 1) == ":" then return M.complete(word) end
-    send(M.CONTROL .. "complete " .. word)
+    r.send(M.CONTROL .. "complete " .. word)
     local text = next_response(COMPLETE_WAIT + 1)
     if not text then
-      send(M.INTERRUPT)
+      r.send(M.INTERRUPT)
       inbox.skip = inbox.skip + 1
       return {}
     end
@@ -460,45 +452,64 @@ function M.attach(path)
     end
     return out
   end
+  return r
+end
 
+-- The session on the terminal; returns the exit status: 0 after :quit or
+-- end of input, 1 when the server goes away.
+local function attached(path, r)
   local tty = core.isatty(0)
-  local status, quitting = 0, false
-  local text, prompt = answer()
+  local quitting = false
+  local text, prompt = r.answer()
   while true do
     if inbox.refused then
-      group:shutdown_gracefully(0, 1):sync()
       error(string.format("netrun attach: %s: the process listening there runs as uid %s, "
         .. "not as you (uid %d); not attaching", path, tostring(inbox.refused), core.getuid()), 0)
     end
     if text ~= "" then io.write(M.printable(text)) end
     io.flush()
     if not prompt then
-      if not quitting then
-        io.write("connection closed by the server\n")
-        status = 1
-      end
-      break
+      if quitting then return 0 end
+      io.write("connection closed by the server\n")
+      return 1
     end
-    last_prompt = prompt
-    local line, why = core.readline(tty and M.printable(prompt) or "", complete)
+    r.last_prompt = prompt
+    local line, why = core.readline(tty and M.printable(prompt) or "", r.complete)
     if line == false then              -- Ctrl-C: the server drops its chunk too
       if tty then io.write("^C\n") end
-      send(M.CONTROL .. "cancel")
-      text, prompt = answer()
+      r.send(M.CONTROL .. "cancel")
+      text, prompt = r.answer()
     elseif line then
       quitting = line:match("^%s*:q%s*$") or line:match("^%s*:quit%s*$")
-      send(line)
-      text, prompt = answer()
+      r.send(line)
+      text, prompt = r.answer()
     elseif why == "closed" then        -- what the server said last, if anything
       if tty then io.write("\n") end
       repeat text, prompt = next_response() until text
     else
-      break
+      return 0
     end
   end
+end
+
+-- `netrun attach PATH`: returns the exit status (1 if it cannot connect).
+function M.attach(path)
+  local group = netrun.group { threads = 1, name = "attach" }
+  local ok, ch = pcall(function()
+    return netrun.connect { group = group, unix = path, timeout = 5,
+      init = function(c) c:pipeline():add_last("client", client_handler()) end }:sync()
+  end)
+  if not ok then
+    group:shutdown_gracefully(0, 1):sync()
+    io.stderr:write(connect_error(path, ch), "\n")
+    return 1
+  end
+  core.repl_mode(true)
+  local done, status = pcall(attached, path, server_link(ch))
   core.repl_mode(false)
   ch:close():sync()
   group:shutdown_gracefully(0, 1):sync()
+  if not done then error(status, 0) end
   return status
 end
 
