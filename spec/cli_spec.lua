@@ -200,6 +200,37 @@ describe("console", function()
     assert.not_matches("bulk 1", read_file(log))
   end)
 
+  it("takes a client's interrupt (\\3) and completion (\\2complete) requests on the wire", function()
+    local unix = require "socket.unix"
+    local c = assert(unix())
+    c:settimeout(5)
+    assert(c:connect(path))
+    local function response()                  -- lines up to "\1<prompt>"
+      local lines = {}
+      while true do
+        local l = assert(c:receive("*l"))
+        if l:sub(1, 1) == "\1" then return table.concat(lines, "\n"), l:sub(2) end
+        lines[#lines + 1] = l
+      end
+    end
+    response()                                   -- greeting
+    assert(c:send(":loop bulk-1\n"))
+    response()
+    local t0 = socket.gettime()
+    assert(c:send("local t = os.clock() while os.clock() - t < 1 do end\n\3\n"))
+    local text, prompt = response()
+    assert.matches("interrupted: bulk%-1 is still busy", text)
+    assert.equal("netrun(bulk-1)> ", prompt)
+    assert.is_true(socket.gettime() - t0 < 0.9)
+    assert(c:send("\2complete string.rev\n"))
+    assert.equal("string.reverse", (response()))
+    assert(c:send("function unfinished()\n"))
+    assert.equal(">> ", select(2, response()))
+    assert(c:send("\2cancel\n"))
+    assert.equal("netrun(bulk-1)> ", select(2, response()))
+    c:close()
+  end)
+
   it("serves several consoles at once and survives a client that vanishes mid-evaluation", function()
     local unix = require "socket.unix"
     local a = assert(unix())
