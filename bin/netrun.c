@@ -262,6 +262,8 @@ static int run_repl(lua_State *L) {
   return report(L, status);
 }
 
+/* `netrun attach PATH`: returns the exit status netrun.repl.attach gives
+ * (1 if it fails, with its traceback). */
 static int attach(lua_State *L, const char *path) {
   lua_getglobal(L, "require");
   lua_pushliteral(L, "netrun.repl");
@@ -270,9 +272,13 @@ static int attach(lua_State *L, const char *path) {
     lua_getfield(L, -1, "attach");
     lua_remove(L, -2);
     lua_pushstring(L, path);
-    status = docall(L, 1, 0);
+    status = docall(L, 1, 1);
   }
-  return report(L, status);
+  if (report(L, status) != LUA_OK)
+    return 1;
+  int rc = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return rc;
 }
 
 /* os.exit(code [, close]) with `close` defaulting to true: closing the
@@ -424,10 +430,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   int status;
-  if (argc == 3 && strcmp(argv[1], "attach") == 0) {
+  if (argc >= 2 && strcmp(argv[1], "attach") == 0) {
+    if (argc != 3 || argv[2][0] == '\0') {
+      fprintf(stderr, "usage: %s attach PATH\n", progname);
+      lua_close(L);
+      return 2;
+    }
     luaL_openlibs(L);
     set_paths(L);
-    status = attach(L, argv[2]) == LUA_OK ? 0 : 1;
+    status = attach(L, argv[2]);
   } else {
     lua_pushcfunction(L, pmain);
     lua_pushinteger(L, argc);

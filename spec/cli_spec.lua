@@ -96,6 +96,29 @@ describe("netrun command", function()
     assert.matches("%-t needs a thread count", out)
   end)
 
+  it("explains `netrun attach` without a PATH instead of running a script named attach", function()
+    local out, st = run(BIN .. " attach")
+    assert.equal(2, st)
+    assert.equal("usage: netrun attach PATH\n", out)
+    out, st = run(BIN .. " attach a b")
+    assert.equal(2, st)
+    assert.equal("usage: netrun attach PATH\n", out)
+  end)
+
+  it("says in one line that there is no console socket to attach to", function()
+    local path = H.tmpdir() .. "/none.sock"
+    local out, st = run(BIN .. " attach " .. path)
+    assert.equal(1, st)
+    assert.equal("netrun attach: " .. path .. ": No such file or directory (is the server running with --console "
+      .. path .. "?)\n", out)
+  end)
+
+  it("says in one line that a --console directory does not exist", function()
+    local out, st = run(BIN .. " --console /nonexistent-netrun-dir/x.sock -e 'x = 1'")
+    assert.equal(1, st)
+    assert.equal("netrun: --console /nonexistent-netrun-dir/x.sock: directory /nonexistent-netrun-dir does not exist\n", out)
+  end)
+
   it("uses -t N as the default number of worker threads", function()
     local out, st = run(BIN .. " -t 3 -e 'local g = require(\"netrun\").group{} print(#g) g:shutdown_gracefully(0, 1):sync()'")
     assert.equal(0, st)
@@ -166,6 +189,46 @@ describe("console", function()
     assert.matches('"bulk%-1"', out)
     assert.matches("\n42\n", out)
     assert.matches("evaluating in the main state\nnil\n", out)
+  end)
+
+  it("attach shows what an evaluation prints, before its result, not the server's stdout", function()
+    local out, st = run("printf 'print(\"in\", \"main\") return 1\n:loop bulk-1\n"
+      .. "for i = 1, 2 do print(\"bulk \" .. i) end return 2\n:quit\n' | " .. BIN .. " attach " .. path)
+    assert.equal(0, st)
+    assert.matches("\nin\tmain\n1\n", out)
+    assert.matches("\nbulk 1\nbulk 2\n2\n", out)
+    assert.not_matches("bulk 1", read_file(log))
+  end)
+
+  it("takes a client's interrupt (\\3) and completion (\\2complete) requests on the wire", function()
+    local unix = require "socket.unix"
+    local c = assert(unix())
+    c:settimeout(5)
+    assert(c:connect(path))
+    local function response()                  -- lines up to "\1<prompt>"
+      local lines = {}
+      while true do
+        local l = assert(c:receive("*l"))
+        if l:sub(1, 1) == "\1" then return table.concat(lines, "\n"), l:sub(2) end
+        lines[#lines + 1] = l
+      end
+    end
+    response()                                   -- greeting
+    assert(c:send(":loop bulk-1\n"))
+    response()
+    local t0 = socket.gettime()
+    assert(c:send("local t = os.clock() while os.clock() - t < 1 do end\n\3\n"))
+    local text, prompt = response()
+    assert.matches("interrupted: bulk%-1 is still busy", text)
+    assert.equal("netrun(bulk-1)> ", prompt)
+    assert.is_true(socket.gettime() - t0 < 0.9)
+    assert(c:send("\2complete string.rev\n"))
+    assert.equal("string.reverse", (response()))
+    assert(c:send("function unfinished()\n"))
+    assert.equal(">> ", select(2, response()))
+    assert(c:send("\2cancel\n"))
+    assert.equal("netrun(bulk-1)> ", select(2, response()))
+    c:close()
   end)
 
   it("serves several consoles at once and survives a client that vanishes mid-evaluation", function()

@@ -32,25 +32,47 @@ local function respond(ctx, text, prompt)
   ctx:write_and_flush(text .. repl.PROMPT_MARK .. prompt .. "\n")
 end
 
+-- A session's waits end when the work is done or when the client's
+-- INTERRUPT line abandons them by cancelling the future (st.interrupted:
+-- for the line in progress); the work goes on, its result is dropped.
+local function waiter(st)
+  return function(f)
+    if st.interrupted then f:cancel() end
+    st.waiting = f
+    pcall(f.await, f)
+    st.waiting = nil
+    return not f:is_cancelled()
+  end
+end
+
 function Console:channel_active(ctx)
   local repl = require "netrun.repl"
-  local st = {
-    buffer = "", lines = {},
-    session = repl.session { remote_main = true, wait = function(f) f:await(); return true end },
-  }
+  local st = { buffer = "", lines = {} }
+  st.session = repl.session { remote_main = true, capture = true, wait = waiter(st) }
   ctx.channel:attr("console", st)
   respond(ctx, "netrun " .. netrun.version .. " console of pid " .. tostring(core.getpid and core.getpid() or "?")
     .. " -- :help for commands", st.session:prompt())
+end
+
+-- A client's own request (repl.CONTROL): completions or a cancel.
+local function control(session, line)
+  local word = line:match("^.complete (.*)$")
+  if word then return table.concat(session:complete(word), "\n") end
+  if line == require("netrun.repl").CONTROL .. "cancel" then session:cancel() end
+  return ""
 end
 
 -- Lines are handled one at a time, in a coroutine, so an evaluation that
 -- waits on another loop parks here instead of blocking the console loop.
 local function drain(ctx, st)
   st.busy = true
+  local CONTROL = require("netrun.repl").CONTROL
   netrun.spawn(function()
     while #st.lines > 0 do
       local line = table.remove(st.lines, 1)
-      local ok, out, quit = pcall(st.session.feed, st.session, line)
+      local handle = line:sub(1, 1) == CONTROL and control or st.session.feed
+      local ok, out, quit = pcall(handle, st.session, line)
+      st.interrupted = false
       if not ok then out = "console error: " .. tostring(out) end
       if not ctx.channel:is_open() then break end
       if quit then
@@ -72,8 +94,15 @@ function Console:channel_read(ctx, msg)
     ctx:close()
     return
   end
+  local INTERRUPT = require("netrun.repl").INTERRUPT
   for line in st.buffer:gmatch("([^\n]*)\n") do
-    st.lines[#st.lines + 1] = line:gsub("\r$", "")
+    line = line:gsub("\r$", "")
+    if line ~= INTERRUPT then
+      st.lines[#st.lines + 1] = line
+    elseif st.busy or #st.lines > 0 then   -- Ctrl-C: stop waiting for a line
+      st.interrupted = true
+      if st.waiting then st.waiting:cancel() end
+    end
   end
   st.buffer = st.buffer:match("[^\n]*$")
   if not st.busy and #st.lines > 0 then drain(ctx, st) end

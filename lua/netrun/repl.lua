@@ -8,7 +8,16 @@ local pretty = require "netrun.pretty"
 
 local M = {}
 
-M.PROMPT_MARK = "\1"    -- console protocol: "\1<prompt>\n" ends a response
+-- The console protocol: lines in, responses out, each ending "\1<prompt>\n".
+-- A line starting with CONTROL is a request of the client itself
+-- ("\2complete WORD": the completions, one a line; "\2cancel": drop a
+-- pending incomplete chunk); the line INTERRUPT abandons the wait of the
+-- line being evaluated (Ctrl-C) and is never answered itself.
+M.PROMPT_MARK = "\1"
+M.CONTROL = "\2"
+M.INTERRUPT = "\3"
+
+local CAPTURE_MAX = 1 << 20     -- bytes of print output kept per evaluation
 
 local HELP = [[
   expressions print their values; statements run; globals persist per state
@@ -18,21 +27,67 @@ local HELP = [[
   :help            this text
   :quit            leave (Ctrl-D too); Ctrl-C abandons a wait on a busy loop]]
 
--- Run compiled source here; returns the text to show.
-function M.run_chunk(code, interruptible)
+-- Call f() with print and io.write (to stdout) collected instead of
+-- written: a console evaluation's output goes back to its client, before
+-- the result. Returns the output and f's result. A chunk that sets print
+-- or io.write itself keeps its own.
+local function capturing(f)
+  local out, size = {}, 0
+  local function add(s)
+    if size >= CAPTURE_MAX then return end
+    out[#out + 1] = s
+    size = size + #s
+    if size >= CAPTURE_MAX then out[#out + 1] = "\n(output cut at 1 MiB)\n" end
+  end
+  local old_print, old_write = print, io.write
+  local function cap_print(...)
+    local t = table.pack(...)
+    for i = 1, t.n do t[i] = tostring(t[i]) end
+    add(table.concat(t, "\t", 1, t.n) .. "\n")
+  end
+  local function cap_write(...)
+    if io.output() ~= io.stdout then return old_write(...) end
+    for i = 1, select("#", ...) do
+      local v = select(i, ...)
+      if math.type(v) == "float" then
+        v = string.format("%.14g", v)
+      elseif type(v) ~= "string" and type(v) ~= "number" then
+        error(string.format("bad argument #%d to 'write' (string expected, got %s)", i, type(v)), 2)
+      end
+      add(tostring(v))
+    end
+    return io.stdout
+  end
+  print, io.write = cap_print, cap_write
+  local r = f()
+  if print == cap_print then print = old_print end
+  if io.write == cap_write then io.write = old_write end
+  return table.concat(out), r
+end
+
+-- Run compiled source here; returns the text to show. interruptible: a
+-- Ctrl-C raises in the chunk (the main state's own REPL); capture: what the
+-- chunk prints comes back in the text (a console client's evaluation).
+function M.run_chunk(code, interruptible, capture)
   local f, err = load(code, "=stdin")
   if not f then return err end
-  if interruptible then
-    debug.sethook(function()
-      if core.interrupted() then error("interrupted", 2) end
-    end, "", 10000)
+  local function run()
+    if interruptible then
+      debug.sethook(function()
+        if core.interrupted() then error("interrupted", 2) end
+      end, "", 10000)
+    end
+    local r = table.pack(xpcall(f, debug.traceback))
+    if interruptible then debug.sethook() end
+    if not r[1] then   -- the traceback ends where the REPL's own frames begin
+      return (tostring(r[2]):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
+    end
+    return pretty.values(r, 2)
   end
-  local r = table.pack(xpcall(f, debug.traceback))
-  if interruptible then debug.sethook() end
-  if not r[1] then     -- the traceback ends where the REPL's own frames begin
-    return (tostring(r[2]):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
-  end
-  return pretty.values(r, 2)
+  if not capture then return run() end
+  local out, text = capturing(run)
+  if out ~= "" and text ~= "" and not out:match("\n$") then out = out .. "\n" end
+  return out .. text
 end
 
 -- Every loop of the process, in group order.
@@ -59,10 +114,18 @@ end
 local Session = {}
 Session.__index = Session
 
--- opts.wait(future) -> true when done, false when abandoned (Ctrl-C).
--- opts.remote_main: evaluate "main" through the main loop (the console).
+-- opts.wait(future [, secs]) -> true when done, false when abandoned
+-- (Ctrl-C), nil after secs. opts.remote_main: evaluate "main" through the
+-- main loop, and opts.capture: send print's output back with the result
+-- (the console).
 function M.session(opts)
-  return setmetatable({ wait = opts.wait, remote_main = opts.remote_main }, Session)
+  return setmetatable({ wait = opts.wait, remote_main = opts.remote_main,
+    capture = opts.capture }, Session)
+end
+
+-- Ctrl-C at the prompt: forget the incomplete chunk typed so far.
+function Session:cancel()
+  self.buffer = nil
 end
 
 function Session:prompt()
@@ -93,15 +156,15 @@ function Session:command(line)
   return "unknown command ':" .. tostring(cmd) .. "' (:help lists them)"
 end
 
-local function remote(code)
-  return require("netrun.repl").run_chunk(code)
+local function remote(code, capture)
+  return require("netrun.repl").run_chunk(code, false, capture)
 end
 
 function Session:evaluate(code)
   local target = self.target
   if not target and self.remote_main then target = core.main_loop() end
-  if not target then return M.run_chunk(code, true) end
-  local ok, f = pcall(target.submit, target, remote, code)
+  if not target then return M.run_chunk(code, true, self.capture) end
+  local ok, f = pcall(target.submit, target, remote, code, self.capture or false)
   if not ok then
     self.target, self.target_name = nil, nil
     return tostring(f) .. "\n(back in the main state)"
@@ -135,6 +198,22 @@ function Session:feed(line)
 end
 
 local COMMANDS = { ":help", ":loop", ":loops", ":main", ":quit" }
+local COMPLETE_WAIT = 1         -- seconds a completion waits for a busy state
+
+local function remote_complete(word)
+  return require("netrun.repl").complete(word, _G)
+end
+
+-- Tab completion in the state being evaluated in (a loop's own globals
+-- after :loop N); nothing when that state is too busy to answer.
+function Session:complete(word)
+  local target = self.target
+  if not target and self.remote_main then target = core.main_loop() end
+  if word:sub(1, 1) == ":" or not target then return M.complete(word, _G) end
+  local ok, f = pcall(target.submit, target, remote_complete, word)
+  if not ok or not self.wait(f, COMPLETE_WAIT) or not f:is_success() then return {} end
+  return f:result()
+end
 
 -- Tab completion: the words that complete `word` -- a REPL command, or a
 -- path of names ("string.fo", "netrun.group", "t:ins") looked up in env
@@ -173,29 +252,79 @@ function M.complete(word, env)
   return out
 end
 
+-- Leaving the REPL ends the process's groups. A loop stuck in Lua never
+-- terminates, and :quit must not hang on it. Each loop still running is
+-- sent an empty task, again whenever it has run the last: a loop merely
+-- waiting (a lingering close) runs it, a stuck one never does. Once no
+-- loop still running has run its task for STUCK_AFTER seconds (or after
+-- QUIT_WAIT in all), name them and leave the process at once. (A loop's
+-- stats are not read: their Lua memory comes from a state that a loop
+-- ending meanwhile frees.)
+local SHUTDOWN_TIMEOUT, STUCK_AFTER, QUIT_WAIT = 5, 1, 6
+
+local function ping() end
+
+local function end_groups()
+  core.shutdown_all(0, SHUTDOWN_TIMEOUT)
+  local deadline, probes = core.now() + QUIT_WAIT, {}
+  while true do
+    local running, stuck, now = {}, {}, core.now()
+    for i, l in ipairs(M.all_loops()) do
+      if not l:is_terminated() then
+        running[#running + 1] = l
+        local probe = probes[i]
+        if not probe or not probe.f or probe.f:is_done() then
+          local ok, f = pcall(l.submit, l, ping)   -- refused: the loop is ending
+          probes[i] = { f = ok and f or nil, since = now }
+        elseif now - probe.since >= STUCK_AFTER then
+          stuck[#stuck + 1] = l:name()
+        end
+      end
+    end
+    if #running == 0 then return end
+    local gave_up = #stuck == #running or now >= deadline
+    if gave_up or core.repl_wait(running[1]:termination_future(), 0.05) == false then
+      if #stuck == 0 then
+        for _, l in ipairs(running) do stuck[#stuck + 1] = l:name() end
+      end
+      io.stderr:write("netrun: leaving without waiting for ", table.concat(stuck, ", "),
+        gave_up and " (still running Lua code: stuck?)\n" or "\n")
+      core.exit_now(0)
+    end
+  end
+end
+
 -- The terminal REPL (`netrun`, `netrun -i`). Prompts only on a terminal.
+-- Ctrl-C at the prompt discards the line (and an incomplete chunk).
 function M.run()
   local tty = core.isatty(0)
   core.repl_mode(true)
-  local s = M.session { wait = function(f) return core.repl_wait(f) end }
+  local s = M.session { wait = function(f, secs) return core.repl_wait(f, secs) end }
   if tty then io.write("netrun ", netrun.version, " (", _VERSION, ") -- :help for commands\n") end
-  local function completer(word) return M.complete(word, _G) end
+  local function completer(word) return s:complete(word) end
   while true do
     local line = core.readline(tty and s:prompt() or "", completer)
-    if not line then break end
-    local out, quit = s:feed(line)
-    if out ~= "" then io.write(out, "\n") end
-    io.flush()
-    if quit then break end
+    if line == false then
+      s:cancel()
+      if tty then io.write("^C\n") end
+    elseif not line then
+      if tty then io.write("\n") end
+      break
+    else
+      local out, quit = s:feed(line)
+      if out ~= "" then io.write(out, "\n") end
+      io.flush()
+      if quit then break end
+    end
   end
-  if tty then io.write("\n") end
+  io.flush()
+  end_groups()
   core.repl_mode(false)
-  core.shutdown_all(0, 5)      -- leaving the REPL ends the process's groups
 end
 
 -- ---- `netrun attach PATH`: the same REPL against a live process --------
 
-local inbox = { data = "" }
+local inbox = { data = "", skip = 0 }
 
 -- Runs in the main state: bytes from the console connection.
 function M._attach_feed(data, closed)
@@ -213,19 +342,9 @@ function M._attach_refused(uid)
   M._attach_feed(nil, true)
 end
 
--- Wait for one response: returns its text and the next prompt (nil: closed).
-local function next_response()
-  if not (inbox.data:find(M.PROMPT_MARK, 1, true) or inbox.closed) then
-    inbox.waiting = netrun.promise()
-    core.repl_wait(inbox.waiting)
-  end
+local function take_response()
   local text, prompt, rest = inbox.data:match("^(.-)" .. M.PROMPT_MARK .. "([^\n]*)\n(.*)$")
-  if not text then
-    local all = inbox.data
-    inbox.data = ""
-    return all, nil
-  end
-  inbox.data = rest
+  if text then inbox.data = rest end
   return text, prompt
 end
 
@@ -239,10 +358,47 @@ function M.printable(s)
   end))
 end
 
-function M.attach(path)
-  local group = netrun.group { threads = 1, name = "attach" }
+-- Wait for the next response (those given up on are skipped): its text and
+-- the next prompt; all that is left and no prompt once the connection has
+-- closed; nil, "interrupted" on Ctrl-C or nil, "timeout" after secs.
+local function next_response(secs)
+  while true do
+    local text, prompt = take_response()
+    if text and inbox.skip > 0 then
+      inbox.skip = inbox.skip - 1
+    elseif text then
+      return text, prompt
+    elseif inbox.closed then
+      local all = inbox.data
+      inbox.data = ""
+      return all, nil
+    else
+      inbox.waiting = netrun.promise()
+      local done = core.repl_wait(inbox.waiting, secs)
+      if not done then
+        inbox.waiting = nil
+        return nil, done == false and "interrupted" or "timeout"
+      end
+    end
+  end
+end
+
+-- "netrun attach: /x.sock: No such file or directory (is the server ...?)"
+local function connect_error(path, err)
+  local code, desc = tostring(err):match("(E[%u%d]+): ([^\n]*)")
+  local msg = desc and (desc:sub(1, 1):upper() .. desc:sub(2)) or tostring(err):match("[^\n]*")
+  local hint = ""
+  if code == "ENOENT" or code == "ECONNREFUSED" then
+    hint = " (is the server running with --console " .. path .. "?)"
+  end
+  return "netrun attach: " .. path .. ": " .. msg .. hint
+end
+
+-- The attach connection's handler, on the attach loop: everything goes
+-- to the main state, where the REPL runs.
+local function client_handler()
   local main = core.main_loop()
-  local Client = {
+  return {
     channel_read = function(self, ctx, msg)
       main:execute(function(d) require("netrun.repl")._attach_feed(d) end, msg)
     end,
@@ -258,37 +414,103 @@ function M.attach(path)
     end,
     channel_inactive = function(self, ctx)
       main:execute(function() require("netrun.repl")._attach_feed(nil, true) end)
+      core.repl_hangup()               -- a line being read ends now
     end,
   }
-  local ok, ch = pcall(function()
-    return netrun.connect { group = group, unix = path, timeout = 5,
-      init = function(c) c:pipeline():add_last("client", Client) end }:sync()
-  end)
-  if not ok then
-    group:shutdown_gracefully(0, 1):sync()
-    error("netrun attach: " .. tostring(ch), 0)
+end
+
+-- What the terminal asks of the server: answer() waits for the response
+-- to a line sent (Ctrl-C asks the server to abandon its wait on a busy
+-- loop; a second one stops waiting here); complete(word) asks for the
+-- names of the state being evaluated in.
+local function server_link(ch)
+  local r = { last_prompt = "netrun> " }
+  function r.send(line) ch:write_and_flush(line .. "\n") end
+
+  function r.answer()
+    local text, why = next_response()
+    if text then return text, why end
+    r.send(M.INTERRUPT)
+    text, why = next_response()
+    if text then return text, why end
+    inbox.skip = inbox.skip + 1
+    return "interrupted: no answer from the server yet\n", r.last_prompt
   end
 
-  core.repl_mode(true)
+  function r.complete(word)
+    if word:sub(1, 1) == ":" then return M.complete(word) end
+    r.send(M.CONTROL .. "complete " .. word)
+    local text = next_response(COMPLETE_WAIT + 1)
+    if not text then
+      r.send(M.INTERRUPT)
+      inbox.skip = inbox.skip + 1
+      return {}
+    end
+    local out = {}
+    for w in text:gmatch("[^\n]+") do
+      if not w:find("[%c\127]") then out[#out + 1] = w end
+    end
+    return out
+  end
+  return r
+end
+
+-- The session on the terminal; returns the exit status: 0 after :quit or
+-- end of input, 1 when the server goes away.
+local function attached(path, r)
   local tty = core.isatty(0)
+  local quitting = false
+  local text, prompt = r.answer()
   while true do
-    local text, prompt = next_response()
     if inbox.refused then
-      group:shutdown_gracefully(0, 1):sync()
       error(string.format("netrun attach: %s: the process listening there runs as uid %s, "
         .. "not as you (uid %d); not attaching", path, tostring(inbox.refused), core.getuid()), 0)
     end
     if text ~= "" then io.write(M.printable(text)) end
     io.flush()
-    if not prompt then break end
-    local line = core.readline(tty and M.printable(prompt) or "",
-      function(word) return M.complete(word, _G) end)
-    if not line then break end
-    ch:write_and_flush(line .. "\n")
+    if not prompt then
+      if quitting then return 0 end
+      io.write("connection closed by the server\n")
+      return 1
+    end
+    r.last_prompt = prompt
+    local line, why = core.readline(tty and M.printable(prompt) or "", r.complete)
+    if line == false then              -- Ctrl-C: the server drops its chunk too
+      if tty then io.write("^C\n") end
+      r.send(M.CONTROL .. "cancel")
+      text, prompt = r.answer()
+    elseif line then
+      quitting = line:match("^%s*:q%s*$") or line:match("^%s*:quit%s*$")
+      r.send(line)
+      text, prompt = r.answer()
+    elseif why == "closed" then        -- what the server said last, if anything
+      if tty then io.write("\n") end
+      repeat text, prompt = next_response() until text
+    else
+      return 0
+    end
   end
+end
+
+-- `netrun attach PATH`: returns the exit status (1 if it cannot connect).
+function M.attach(path)
+  local group = netrun.group { threads = 1, name = "attach" }
+  local ok, ch = pcall(function()
+    return netrun.connect { group = group, unix = path, timeout = 5,
+      init = function(c) c:pipeline():add_last("client", client_handler()) end }:sync()
+  end)
+  if not ok then
+    group:shutdown_gracefully(0, 1):sync()
+    io.stderr:write(connect_error(path, ch), "\n")
+    return 1
+  end
+  core.repl_mode(true)
+  local done, status = pcall(attached, path, server_link(ch))
   core.repl_mode(false)
   ch:close():sync()
   group:shutdown_gracefully(0, 1):sync()
+  if not done then error(status, 0) end
+  return status
 end
 
 return M
