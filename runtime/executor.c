@@ -89,6 +89,7 @@ nr_loop_t *nr_loop_new(const nr_loop_opts_t *o) {
   if (l == NULL)
     return NULL;
   memset(l, 0, sizeof *l);
+  atomic_init(&l->refs, 1);                /* nr_loop_free's */
   int rc = nr__loop_init(l, o ? o : &dflt);
   if (rc < 0) {
     errno = -rc;
@@ -597,12 +598,27 @@ void nr_loop_free(nr_loop_t *l) {
   nr__watch_remove(l);
   if (l->thread_started && !pthread_equal(l->thread, pthread_self()))
     pthread_join(l->thread, NULL);
+  atomic_store(&l->state, NR_TERMINATED);  /* (never started) rejects all */
   nr__selector_close(l);
   nr__heap_free(&l->heap);
   for (nr_hook_t *h = l->hooks, *n; h; h = n) {
     n = h->next;
     free(h);
   }
+  l->hooks = NULL;
+  nr__loop_release(l);
+}
+
+nr_loop_t *nr__loop_retain(nr_loop_t *l) {
+  atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
+  return l;
+}
+
+/* The last reference frees what a terminated loop still answers with: its
+ * state, name and termination future. */
+void nr__loop_release(nr_loop_t *l) {
+  if (atomic_fetch_sub(&l->refs, 1) != 1)
+    return;
   pthread_mutex_destroy(&l->hook_lock);
   nr_promise_release(l->termination);
   free(l->name);

@@ -164,6 +164,7 @@ struct nr_loop_s {
 
   /* configuration */
   char *name;
+  _Atomic int refs;          /* its group's, and each listener's queued to it */
   int io_ratio, rebuild_threshold;
   size_t max_pending;
   bool external;
@@ -411,6 +412,10 @@ const char *nr__raised(int code);
 /* executor.c */
 int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o);
 void nr__loop_wakeup(nr_loop_t *l);
+/* A loop's memory outlives nr_loop_free while a promise listener still
+ * refers to it (a terminated loop rejects the listener's task). */
+nr_loop_t *nr__loop_retain(nr_loop_t *l);
+void nr__loop_release(nr_loop_t *l);
 bool nr__loop_has_tasks(nr_loop_t *l);
 int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded);
 bool nr__confirm_shutdown(nr_loop_t *l);

@@ -92,13 +92,19 @@ nr_promise_t *nr_promise_retain(nr_promise_t *p) {
   return p;
 }
 
+static void listener_free(listener_t *l) {
+  if (l->on != NULL)
+    nr__loop_release(l->on);
+  free(l);
+}
+
 void nr_promise_release(nr_promise_t *p) {
   if (p == NULL || p == &void_promise ||
       atomic_fetch_sub(&p->refs, 1) != 1)
     return;
   for (listener_t *l = p->listeners, *n; l; l = n) {  /* never completed */
     n = l->next;
-    free(l);
+    listener_free(l);
   }
   if (p->free_fn)
     p->free_fn(p->value);
@@ -110,7 +116,7 @@ static int run_listener_task(void *arg) {
   listener_t *l = arg;
   l->fn(l->p, l->arg);
   nr_promise_release(l->p);
-  free(l);
+  listener_free(l);
   return 0;
 }
 
@@ -125,7 +131,7 @@ static void dispatch(nr_promise_t *p, listener_t *l) {
            nr_loop_name(l->on), nr_thread_name());
   }
   l->fn(p, l->arg);
-  free(l);
+  listener_free(l);
 }
 
 static int complete(nr_promise_t *p, int state, void *value,
@@ -210,7 +216,7 @@ int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
     return -ENOMEM;
   l->fn = fn;
   l->arg = arg;
-  l->on = on;
+  l->on = on != NULL ? nr__loop_retain(on) : NULL;  /* it may be freed first */
   struct stripe_s *st = stripe(p);
   pthread_mutex_lock(&st->lock);
   if (atomic_load_explicit(&p->state, memory_order_relaxed) == PENDING) {

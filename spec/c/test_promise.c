@@ -84,6 +84,26 @@ TEST(listeners_run_once_on_the_loop_they_asked_for) {
   nr_promise_release(late.done);
 }
 
+/* A listener asked to run on a loop whose group is shut down and freed
+ * before the promise completes: the loop's memory outlives the free while
+ * the listener refers to it; the loop refuses the task and the listener
+ * runs on the completing thread (ASan: no use after free). */
+TEST(listener_on_a_loop_freed_before_completion) {
+  nr_group_t *g = nr_group_new(&(nr_group_opts_t){.name = "gone", .threads = 1});
+  nr_loop_t *a = nr_group_loop(g, 0);
+  nr_promise_t *started = nr_promise_new();
+  CHECK_EQ(nr_loop_execute(a, complete_it, started), 0);  /* its thread runs */
+  AWAIT_OK(started);
+  nr_promise_release(started);
+  nr_promise_t *p = nr_promise_new();
+  seen_t s = {.want = NULL};
+  CHECK_EQ(nr_promise_add_listener(p, a, listener, &s), 0);
+  SHUTDOWN_GROUP(g);                       /* a is freed here */
+  nr_promise_set_success(p, NULL, NULL);   /* the listener's loop is gone */
+  CHECK_EQ(atomic_load(&s.calls), 1);
+  nr_promise_release(p);
+}
+
 typedef struct blk_s {
   nr_promise_t *pending, *result;
 } blk_t;
