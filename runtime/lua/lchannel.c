@@ -780,6 +780,24 @@ static int l_server(lua_State *L) {
   return 1;
 }
 
+static bool is_address(const char *host) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* A host name is resolved off the loop (lua/netrun/dns.lua), which then
+ * connects here again with each address: getaddrinfo on the calling
+ * thread would block a loop. The options at 1 are checked already. */
+static int connect_by_name(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.dns");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "connect");
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
 static int l_connect(lua_State *L) {
   const char *what = "netrun.connect";
   check_opts(L, what, connect_keys);
@@ -797,6 +815,8 @@ static int l_connect(lua_State *L) {
                                : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
   lua_pop(L, 1);
   channel_opts(L, 1, "options", what, &o.opts);
+  if (o.unix_path == NULL && !is_address(o.host))
+    return connect_by_name(L);
   init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;
   o.arg = in;
