@@ -608,7 +608,7 @@ void lnr_free_inits(void) {
  * raises (lnr_check_options), so a new option is added here too. */
 static const char *const server_keys[] = {
     "group", "child_group", "host", "port", "unix", "mode", "backlog",
-    "reuseport", "child_options", "init", NULL};
+    "reuseport", "child_options", "init", "stream", NULL};
 static const char *const connect_keys[] = {
     "group", "host", "port", "unix", "timeout", "options", "init", NULL};
 static const char *const udp_keys[] = {
@@ -748,9 +748,29 @@ static void check_opts(lua_State *L, const char *what, const char *const *keys) 
 
 /* ---- creating channels ------------------------------------------------------------- */
 
+/* netrun.server { stream = fn }: lua/netrun/stream.lua turns the options
+ * into plain ones whose init adds the stream handler (fn runs in a
+ * coroutine per connection); they replace the table at 1. */
+static void stream_options(lua_State *L) {
+  if (lua_getfield(L, 1, "stream") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.stream");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "server_options");
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  lua_replace(L, 1);
+  lua_pop(L, 1);                 /* the module */
+}
+
 static int l_server(lua_State *L) {
   const char *what = "netrun.server";
   check_opts(L, what, server_keys);
+  stream_options(L);
   nr_server_opts_t o = {0};
   place_t g = opt_place(L, 1, "group", what);
   place_t cg = opt_place(L, 1, "child_group", what);
