@@ -140,6 +140,43 @@ describe("streams", function()
     server:close():sync()
   end)
 
+  it("a line without its end past max_line returns nil, 'line too long' and keeps the bytes", function()
+    local echo, port = H.echo_server(group)
+    local got = on_loop(group:next(), function(p)
+      local stream = require "netrun.stream"
+      local max = stream.max_line
+      stream.max_line = 1000
+      local s = netrun.tcp.connect("127.0.0.1", p):await()
+      s:send(string.rep("a", 5000))
+      local line, err = s:receive("*l")
+      stream.max_line = max
+      local bytes = s:receive(5000)
+      s:close()
+      return { line = line, err = err, n = #bytes }
+    end, port)
+    assert.is_nil(got.line)
+    assert.equal("line too long", got.err)
+    assert.equal(5000, got.n)
+    echo:close():sync()
+  end)
+
+  it("a second coroutine receiving on a busy stream gets nil, 'busy'", function()
+    local echo, port = H.echo_server(group)
+    local got = on_loop(group:next(), function(p)
+      local s = netrun.tcp.connect("127.0.0.1", p):await()
+      local first = netrun.spawn(function() return s:receive(3) end)
+      local data, err = s:receive(3)
+      s:send("abc")
+      local r = first:await()
+      s:close()
+      return { data = data, err = err, r = r }
+    end, port)
+    assert.is_nil(got.data)
+    assert.equal("busy", got.err)
+    assert.equal("abc", got.r)
+    echo:close():sync()
+  end)
+
   it("an error in the stream function closes the connection", function()
     local server, port = stream_server(group, function(s)
       local line = s:receive("*l")
