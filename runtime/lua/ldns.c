@@ -6,8 +6,9 @@
  * half submits it to the resolver pool, a process-wide executor group of
  * RESOLVER_THREADS threads made on first use (a daemon: it keeps no
  * process alive). One pool serves every state; core.dns_pool() hands each
- * state its handle. Threading: `pool` is written once under `pool_lock`
- * and never freed (the process holds one reference).
+ * state its handle. Threading: `pool` is read and written under
+ * `pool_lock`; the process holds one reference to it until the runtime
+ * is torn down (lnr_free_dns).
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -134,6 +135,18 @@ static int l_pool(lua_State *L) {
     lnr_push_handle(L, LNR_GROUP, g);
   }
   return 1;
+}
+
+/* The runtime is being torn down (the main state closes, every group has
+ * terminated): drop the process's reference, so the pool's threads are
+ * joined and its memory freed with the last proxy. */
+void lnr_free_dns(void) {
+  pthread_mutex_lock(&pool_lock);
+  lnr_group_t *g = pool;
+  pool = NULL;
+  pthread_mutex_unlock(&pool_lock);
+  if (g != NULL)
+    lnr_handle_release(LNR_GROUP, g);
 }
 
 /* Called with the core module table on top of the stack. */
