@@ -136,7 +136,8 @@ end
 function M.attach(ch, fn, timeout)
   local st = setmetatable({
     ch = ch, loop = ch:loop(), buf = "", pos = 1, pend = {}, npend = 0, size = 0,
-    timeout = timeout == nil and M.timeout or timeout or nil, paused = false,
+    timeout = timeout == nil and M.timeout or timeout or nil,
+    paused = not ch:option("auto_read"),     -- child_options may start it off
     closed = false, fn = fn,
   }, Handler)
   live[ch] = st
