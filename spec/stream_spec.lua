@@ -59,6 +59,36 @@ describe("streams", function()
     server:close():sync()
   end)
 
+  it("codecs below a stream: a line codec's frames arrive as bytes; tables close the channel", function()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("line", netrun.codec.line { strip = false }) end,
+      stream = function(s)
+        local a, b = s:receive("*l"), s:receive("*l")
+        s:send(a .. "+" .. b .. "\n")
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("one\ntw")
+    c:send("o\n")
+    assert.equal("one+two", c:receive("*l"))
+    c:close()
+    server:close():sync()
+    local http = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("http", netrun.codec.http_server {}) end,
+      stream = function(s) s:receive("*l") end,
+    }:sync()
+    _, port = http:local_address()
+    c = H.client(port)
+    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    local data, err = c:receive("*a")
+    assert.is_true(data == "" or err == "closed", tostring(err))   -- closed, no answer
+    c:close()
+    http:close():sync()
+  end)
+
   it("client streams: send, receive n, receive_until and *a against netrun servers", function()
     local echo, echo_port = H.echo_server(group)
     local server, port = stream_server(group, function(s)

@@ -72,10 +72,19 @@ local function set_reading(st, on)
   end
 end
 
+local function closed(self)
+  self.closed = true
+  wake(self, "reader")
+  wake(self, "writer")
+end
+
 function Handler:channel_read(ctx, msg)
-  if type(msg) ~= "string" then
-    error("stream: the handler below passed a " .. type(msg) ..
-      " up; a stream takes strings (bytes)", 0)
+  if type(msg) ~= "string" then         -- a misconfigured pipeline: say so loudly
+    core.log(3, "stream on channel " .. tostring(self.ch:id()) .. ": the handler below " ..
+      "passed a " .. type(msg) .. " up; a stream takes strings (bytes): closing it")
+    closed(self)
+    ctx:close()
+    return
   end
   local n = self.npend + 1
   self.pend[n] = msg
@@ -89,12 +98,6 @@ end
 
 function Handler:channel_writability_changed(ctx)
   if self.ch:is_writable() then wake(self, "writer") end
-end
-
-local function closed(self)
-  self.closed = true
-  wake(self, "reader")
-  wake(self, "writer")
 end
 
 function Handler:channel_inactive(ctx)
