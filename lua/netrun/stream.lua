@@ -4,10 +4,11 @@
 -- A stream is a channel whose last handler ("stream", a Lua handler of
 -- this file) buffers the bytes that reach it and wakes the coroutine
 -- waiting on them. Codecs (and TLS) may sit below it; whatever they pass
--- up must be strings: a stream is a byte stream, and a line codec below
--- it hands it lines without their ends (add them back, or receive frames
--- with receive("*a")-free patterns of your own). Anything else that
--- reaches it is an error and closes the channel.
+-- up must be strings, and a stream is a byte stream: frames are joined
+-- (a line codec with strip = false below it hands it whole lines, which
+-- receive("*l") splits again; with strip = true their ends are gone).
+-- Anything but a string reaching it is logged as an error and closes the
+-- channel.
 --
 -- Waiting: receive, receive_until and send park the coroutine on a
 -- promise (future:await) that the handler completes when bytes arrive,
