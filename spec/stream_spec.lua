@@ -297,6 +297,37 @@ describe("streams", function()
     server:close():sync()
   end)
 
+  it("send waits while the channel is unwritable: a peer that reads nothing holds it", function()
+    local chunks = 160                       -- 10 MiB in 64 KiB sends
+    local server, port = stream_server(group, function(s)
+      local progress = netrun.shared.dict("stream_spec_send")
+      local chunk = string.rep("s", 65536)
+      for i = 1, 160 do
+        assert(s:send(chunk))
+        progress:set("sent", i)
+      end
+    end, { sndbuf = 65536 })
+    local progress = netrun.shared.dict("stream_spec_send")
+    progress:set("sent", 0)
+    collectgarbage()
+    local before = H.rss()
+    local c = H.client(port)
+    local held = H.stalled(group:next(), function()
+      local n = netrun.shared.dict("stream_spec_send"):get("sent")
+      return n ~= nil and n > 0 and n or nil
+    end)
+    local grown = H.rss() - before
+    assert.is_true(held < chunks, "every send went through: " .. tostring(held))
+    if not H.sanitized then
+      assert.is_true(grown < 3 * 1024, "RSS grew by " .. grown .. " KiB")
+    end
+    c:settimeout(10)
+    assert.equal(chunks * 65536, #H.recv(c, chunks * 65536))
+    assert.equal(chunks, progress:get("sent"))
+    c:close()
+    server:close():sync()
+  end)
+
   it("receive outside a coroutine raises; a stream used on another loop raises", function()
     local echo, port = H.echo_server(group)
     local loop = group:next()
