@@ -1,4 +1,4 @@
--- stream_spec.lua -- DESIGN.md §8.2: streams (OpenResty's cosockets).
+-- cosocket_spec.lua -- DESIGN.md §8.2: streams (OpenResty's cosockets).
 -- netrun.server { stream = fn } against LuaSocket, netrun.tcp.connect
 -- against netrun servers; timeouts, closed peers, many streams on one
 -- loop, and the inbound buffer's bound.
