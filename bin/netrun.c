@@ -7,7 +7,18 @@
  * loop thread exists, so they inherit it); one thread takes them with
  * sigwait. The first asks every group to shut down gracefully, which lets
  * netrun.run() return and the process exit 0; a second exits at once with
- * status 130.
+ * status 130. A signal that comes while the script still runs takes effect
+ * when it returns (groups made after it are shut down too). The shutdown
+ * timeout (NETRUN_SHUTDOWN_TIMEOUT, default 15 s) is enforced here too, not
+ * only by the loops: a loop stuck in a task never checks it. The stall
+ * watchdog interrupts a stuck Lua run once it has passed; past it and a
+ * margin, the loops still running (stuck in C) are named and the process
+ * exits with status 1.
+ *
+ * SIGPIPE is caught by a handler that does nothing rather than ignored:
+ * writes to a closed pipe fail with EPIPE all the same, and a caught
+ * signal, unlike an ignored one, is back to its default in the programs
+ * the script starts (io.popen, os.execute).
  */
 #include <errno.h>
 #include <lauxlib.h>
@@ -19,18 +30,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "netrun.h"
 
 int luaopen_netrun_core(lua_State *L);
-void lnr_shutdown_groups_async(void);
+void lnr_shutdown_groups_async(uint64_t timeout);
+int lnr_log_unterminated(const char *why);
 int lnr_console_start(lua_State *L, const char *path);
 bool lnr_repl_interrupt(void);
 void lnr_add_script_dir(lua_State *L, const char *script);
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
+
+#define SHUTDOWN_MARGIN NR_SEC(1)
+#define NO_DEADLINE UINT64_MAX
+
+/* When the signal thread gives up on a shutdown (NO_DEADLINE: none asked). */
+static _Atomic uint64_t deadline = NO_DEADLINE;
+
+/* NETRUN_SHUTDOWN_TIMEOUT in seconds, else 15. */
+static uint64_t shutdown_timeout(void) {
+  const char *s = getenv("NETRUN_SHUTDOWN_TIMEOUT");
+  char *end = NULL;
+  double v = s ? strtod(s, &end) : -1;
+  if (s == NULL || end == s || *end != '\0' || !(v >= 0) || v > 1e6)
+    return NR_SEC(15);
+  return (uint64_t)(v * 1e9);
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -47,12 +76,56 @@ static void usage(FILE *f) {
           progname, progname);
 }
 
-static void *signal_thread(void *arg) {
-  sigset_t *set = arg;
+/* The shutdown a signal asked for is overdue: if a loop is still running,
+ * name it and exit; false if every loop has terminated (the main thread is
+ * on its way out, or busy with something else). */
+static bool give_up(uint64_t timeout) {
+  if (lnr_log_unterminated("shutdown timed out") == 0)
+    return false;
+  nr_log(NR_LOG_ERROR, "shutdown did not finish within %.1f s: exiting now",
+         (double)timeout / 1e9);
+  nr_log_flush();                 /* _exit skips the log's own flush */
+  _exit(1);
+}
+
+/* Ask every group to shut down, and start the clock on it. */
+static void request_shutdown(uint64_t timeout) {
+  lnr_shutdown_groups_async(timeout);
+  atomic_store(&deadline, nr_now() + timeout + SHUTDOWN_MARGIN);
+}
+
+/* The next signal, or 0 once the deadline has passed. */
+static int next_signal(const sigset_t *set) {
   for (;;) {
     int sig;
-    if (sigwait(set, &sig) != 0)
+    uint64_t dl = atomic_load(&deadline);
+    if (dl == NO_DEADLINE) {
+      if (sigwait(set, &sig) == 0)
+        return sig;
       continue;
+    }
+    uint64_t now = nr_now();
+    if (now >= dl)
+      return 0;
+    uint64_t left = dl - now;
+    struct timespec ts = {(time_t)(left / 1000000000ull),
+                          (long)(left % 1000000000ull)};
+    sig = sigtimedwait(set, NULL, &ts);
+    if (sig > 0)
+      return sig;
+  }
+}
+
+static void *signal_thread(void *arg) {
+  sigset_t *set = arg;
+  uint64_t timeout = shutdown_timeout();
+  for (;;) {
+    int sig = next_signal(set);
+    if (sig == 0) {
+      if (!give_up(timeout))
+        atomic_store(&deadline, NO_DEADLINE);
+      continue;
+    }
     if (sig == SIGINT && lnr_repl_interrupt())
       continue;                           /* the REPL abandons its wait */
     if (atomic_fetch_add(&signals_seen, 1) > 0) {
@@ -64,10 +137,12 @@ static void *signal_thread(void *arg) {
     }
     nr_log(NR_LOG_INFO, "signal %d: shutting down gracefully (again to "
            "exit at once)", sig);
-    lnr_shutdown_groups_async();
+    request_shutdown(timeout);
   }
   return NULL;
 }
+
+static void on_sigpipe(int sig) { (void)sig; }
 
 static void start_signal_thread(void) {
   static sigset_t set;
@@ -75,7 +150,9 @@ static void start_signal_thread(void) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
-  signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa = {.sa_handler = on_sigpipe, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGPIPE, &sa, NULL);
   pthread_t th;
   pthread_create(&th, NULL, signal_thread, &set);
   pthread_detach(th);
@@ -165,6 +242,8 @@ static int run_groups(lua_State *L) {
     lua_pop(L, 2);
     return LUA_OK;
   }
+  if (atomic_load(&signals_seen) > 0)     /* came while the script ran */
+    request_shutdown(shutdown_timeout());
   lua_getfield(L, -1, "run");
   int status = docall(L, 0, 0);
   lua_pop(L, 2);

@@ -435,7 +435,6 @@ static void read_stream(nr_channel_t *ch) {
     return;
   int reads = 0, err = 0;
   bool eof = false;
-  ch->st &= ~NR__READ_REQ;
   /* Every read asks for the whole shared buffer. Netty guesses a size
    * because each read allocates a buffer; here the buffer is the loop's and
    * the message is borrowed, so a smaller guess would only split what the
@@ -444,7 +443,8 @@ static void read_stream(nr_channel_t *ch) {
   while (reads < ch->opts.max_reads) {
     ssize_t n = read(ch->io.fd, l->rbuf, NR_READ_BUF);
     if (n > 0) {
-      reads++;
+      if (reads++ == 0)   /* a read() is answered by data, not by EAGAIN */
+        ch->st &= ~NR__READ_REQ;
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
       /* A short read is the last of this batch whatever the handlers do,
        * so they may take it later (before read_complete); after a full
@@ -486,7 +486,6 @@ static void read_dgrams(nr_channel_t *ch) {
   if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL)
     return;
   int reads = 0;
-  ch->st &= ~NR__READ_REQ;
   while (reads < ch->opts.max_reads && !(ch->st & NR__CLOSED)) {
     nr_datagram_t d;
     d.type = NR_MSG_DATAGRAM;
@@ -504,7 +503,8 @@ static void read_dgrams(nr_channel_t *ch) {
       }
       break;
     }
-    reads++;
+    if (reads++ == 0)     /* a read() is answered by a datagram */
+      ch->st &= ~NR__READ_REQ;
     d.data = l->rbuf;
     d.len = (size_t)n;
     nr_pipeline_fire_read(&ch->pipe, &d);

@@ -69,6 +69,9 @@ int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o) {
   l->on_start = o->on_start;
   l->on_exit = o->on_exit;
   l->ud = o->ud;
+  l->stall_threshold = o->stall_threshold;
+  l->stall_timeout = o->stall_timeout;
+  l->on_stall = o->on_stall;
   l->quiet = NR_SEC(2);
   l->timeout = NR_SEC(15);
   l->termination = nr_promise_new();
@@ -105,6 +108,8 @@ static void *thread_main(void *arg) {
   pthread_setname_np(pthread_self(), tname);
   if (l->on_start)
     l->on_start(l, l->ud);
+  if (l->stall_threshold)
+    nr__watch_add(l);
   l->last_execution = nr_now();
   nr__loop_run(l);
   terminate(l);
@@ -240,6 +245,7 @@ static inline void run_task(nr_loop_t *l, nr_task_t *t) {
   void *arg = t->arg;
   if (t->flags & TASK_OWNED)
     free(t);
+  atomic_store_explicit(&l->task_fn, (uintptr_t)fn, memory_order_relaxed);
   int rc = fn(arg);
   if (rc != 0)
     nr_log(NR_LOG_WARN, "%s: a task failed: %s", l->name, nr_strerror(rc));
@@ -483,6 +489,10 @@ nr_promise_t *nr_loop_shutdown_gracefully(nr_loop_t *l, uint64_t quiet,
   if (old < NR_SHUTTING_DOWN) {
     l->quiet = quiet;
     l->timeout = timeout;
+    uint64_t now = nr_now();       /* for the stall watchdog; saturated */
+    atomic_store_explicit(&l->shutdown_deadline,
+                          timeout >= NR_NONE - now ? NR_NONE : now + timeout,
+                          memory_order_relaxed);
   }
   pthread_mutex_unlock(&l->hook_lock);
   if (old == NR_NOT_STARTED && !l->external)
@@ -523,7 +533,12 @@ bool nr__confirm_shutdown(nr_loop_t *l) {
   bool ran = nr__run_all_tasks(l, SHUTDOWN_POLL, true);
   ran |= run_hooks(l);
   uint64_t now = nr_now();
-  bool timed_out = now - l->shutdown_start > l->timeout;
+  /* Timed out also when the shutdown was asked long before this loop got
+   * to it: a stuck run held it up (and the stall watchdog broke it). */
+  uint64_t asked = atomic_load_explicit(&l->shutdown_deadline,
+                                        memory_order_relaxed);
+  bool timed_out = now - l->shutdown_start > l->timeout ||
+                   (asked != 0 && now >= asked);
   bool down = nr_loop_is_shutdown(l);
   if (l->channels != NULL && !timed_out && !down)
     return false;                  /* channels still flushing what they took */
@@ -555,6 +570,8 @@ static void terminate(nr_loop_t *l) {
   nr__run_all_tasks(l, 0, false);  /* finite now: no task can be added */
   nr__channels_abort_all(l);
   nr__run_all_tasks(l, 0, false);  /* tasks the aborts queued */
+  nr__watch_remove(l);             /* before on_exit closes what it watches */
+  atomic_store_explicit(&l->busy_since, 0, memory_order_relaxed);
   if (l->on_exit)
     l->on_exit(l, l->ud);
   atomic_store(&l->state, NR_TERMINATED);
@@ -577,6 +594,7 @@ void nr_loop_free(nr_loop_t *l) {
     if (current == l)
       nr__loop_set_current(NULL);
   }
+  nr__watch_remove(l);
   if (l->thread_started && !pthread_equal(l->thread, pthread_self()))
     pthread_join(l->thread, NULL);
   nr__selector_close(l);
@@ -619,4 +637,18 @@ void nr_loop_stats(const nr_loop_t *cl, nr_loop_stats_t *o) {
   o->iterations = atomic_load(&l->iterations);
   o->io_time_ns = atomic_load(&l->io_time);
   o->task_time_ns = atomic_load(&l->task_time);
+  o->stalls = atomic_load(&l->stalls);
+  o->max_busy_ns = atomic_load(&l->max_busy);
+  uint64_t since = atomic_load_explicit(&l->busy_since, memory_order_relaxed),
+           now = nr_now();
+  o->busy_ns = since && now > since ? now - since : 0;
+}
+
+uint64_t nr_loop_stall_mark(nr_loop_t *l) {
+  return atomic_load_explicit(&l->busy_since, memory_order_relaxed) +
+         atomic_load_explicit(&l->tasks_run, memory_order_relaxed);
+}
+
+bool nr_loop_stall_claim(nr_loop_t *l, uint64_t mark) {
+  return atomic_exchange(&l->stall_claimed, mark) != mark;
 }

@@ -48,7 +48,9 @@ nr_group_t *nr_group_new(const nr_group_opts_t *o) {
                          .rebuild_threshold = o->rebuild_threshold,
                          .max_pending = o->max_pending,
                          .on_start = o->on_start, .on_exit = o->on_exit,
-                         .ud = o->ud};
+                         .ud = o->ud, .stall_threshold = o->stall_threshold,
+                         .stall_timeout = o->stall_timeout,
+                         .on_stall = o->on_stall};
     if ((g->loops[i] = nr_loop_new(&lo)) == NULL)
       goto fail;
     g->loops[i]->group = g;

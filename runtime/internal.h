@@ -130,6 +130,14 @@ struct nr_loop_s {
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
       task_time, channel_count;
+  /* Stall detection: when the current stretch of work began (0: blocked in
+   * the selector), stored once per iteration, and the task running (0: I/O
+   * events). With tasks_run they tell the watchdog whether work moves. */
+  _Atomic uint64_t busy_since;
+  _Atomic uintptr_t task_fn;
+  /* written by the watchdog (stall.c), read by stats and the loop */
+  _Atomic uint64_t stalls, max_busy, stall_claimed;
+  _Atomic uint64_t shutdown_deadline;  /* when a shutdown asked is overdue */
   pthread_mutex_t hook_lock;
   nr_hook_t *hooks;
   uint64_t quiet, timeout;          /* graceful shutdown, under hook_lock */
@@ -166,6 +174,14 @@ struct nr_loop_s {
   pthread_t thread;
   bool thread_started;
   nr_promise_t *termination;
+  uint64_t stall_threshold, stall_timeout;
+  nr_stall_fn on_stall;
+  /* watchdog thread only (under its lock) */
+  struct nr_watch_s {
+    nr_loop_t *next;
+    bool listed, reported, asked, overdue;
+    uint64_t mark, since, start, asked_at, interrupted_at;
+  } wd;
 };
 
 
@@ -407,6 +423,11 @@ int nr__selector_open(nr_loop_t *l);
 void nr__selector_close(nr_loop_t *l);
 int nr__loop_iteration(nr_loop_t *l);
 void nr__loop_run(nr_loop_t *l);
+
+/* stall.c: a loop with a stall_threshold is watched from its start (after
+ * on_start) until it terminates (before on_exit); loop thread. */
+void nr__watch_add(nr_loop_t *l);
+void nr__watch_remove(nr_loop_t *l);
 
 /* channel.c */
 void nr__channels_close_all(nr_loop_t *l);

@@ -208,10 +208,16 @@ int nr__loop_iteration(nr_loop_t *l) {
     atomic_store(&l->next_wakeup, dl);     /* seq_cst: before the re-check */
     if (!nr__loop_has_tasks(l)) {
       blocked = true;
+      atomic_store_explicit(&l->busy_since, 0, memory_order_relaxed);
       n = epoll_wait(l->epfd, l->events, l->nevents, timeout_ms(dl, nr_now()));
     }
     atomic_store_explicit(&l->next_wakeup, NR_AWAKE, memory_order_relaxed);
   }
+  /* A new stretch of work for the stall watchdog (stall.c): what runs from
+   * here until the next select is one run, split further by tasks_run. */
+  uint64_t woke = nr_now();
+  atomic_store_explicit(&l->busy_since, woke, memory_order_relaxed);
+  atomic_store_explicit(&l->task_fn, 0, memory_order_relaxed);
   if (n < 0) {
     if (errno != EINTR)
       nr_log(NR_LOG_WARN, "%s: epoll_wait: %s", l->name, strerror(errno));
@@ -223,9 +229,8 @@ int nr__loop_iteration(nr_loop_t *l) {
     handled = n ? process(l, n) : 0;
     ran = nr__run_all_tasks(l, 0, false);
   } else if (n > 0) {
-    uint64_t t0 = nr_now();
     handled = process(l, n);
-    uint64_t io = nr_now() - t0;
+    uint64_t io = nr_now() - woke;
     atomic_store_explicit(&l->io_time,
                           atomic_load_explicit(&l->io_time,
                                                memory_order_relaxed) + io,

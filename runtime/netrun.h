@@ -90,6 +90,20 @@ typedef struct nr_task_s {
 enum { NR_NOT_STARTED, NR_STARTED, NR_SHUTTING_DOWN, NR_SHUTDOWN,
        NR_TERMINATED };
 
+/* Stall detection (runtime/stall.c). A watchdog thread notices a loop whose
+ * current task or handler call has run for stall_threshold ns and asks the
+ * loop's on_stall callback, on the watchdog thread, to report it
+ * (NR_STALL_REPORT, once per stall) and, past stall_timeout, to interrupt it
+ * (NR_STALL_INTERRUPT, again every stall_timeout while it lasts). The
+ * callback must not block; it returns true if the loop thread itself will
+ * report the stall (it then claims it with nr_loop_stall_claim), false to
+ * let the watchdog log what it knows. It is called only between the loop's
+ * on_start and on_exit. `mark` identifies the stretch of work that is stuck
+ * (see nr_loop_stall_mark). */
+enum { NR_STALL_REPORT = 1, NR_STALL_INTERRUPT = 2 };
+typedef bool (*nr_stall_fn)(nr_loop_t *loop, int what, uint64_t busy_ns,
+                            uint64_t mark, void *ud);
+
 typedef struct nr_loop_opts_s {
   const char *name;          /* thread and log name; copied */
   int io_ratio;              /* 1..100, default 50; 100 = run all tasks */
@@ -102,6 +116,9 @@ typedef struct nr_loop_opts_s {
   void (*on_start)(nr_loop_t *loop, void *ud);
   void (*on_exit)(nr_loop_t *loop, void *ud);
   void *ud;
+  uint64_t stall_threshold;  /* ns; 0 = not watched (see nr_stall_fn) */
+  uint64_t stall_timeout;    /* ns; 0 = stalls are never interrupted */
+  nr_stall_fn on_stall;      /* called with ud; NULL: the watchdog logs */
 } nr_loop_opts_t;
 
 typedef struct nr_loop_stats_s {
@@ -109,6 +126,9 @@ typedef struct nr_loop_stats_s {
   int state;
   uint64_t pending_tasks, scheduled_tasks, channels, tasks_run, io_events,
       wakeups, selector_rebuilds, iterations, io_time_ns, task_time_ns;
+  uint64_t stalls;           /* stalls reported (watched loops only) */
+  uint64_t max_busy_ns;      /* longest run the watchdog saw without progress */
+  uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
 } nr_loop_stats_t;
 
 /* Create a loop (not started: the thread starts on the first task). */
@@ -152,6 +172,13 @@ int nr_loop_run_once(nr_loop_t *loop, uint64_t timeout);
  * or timers are due -- run_once would have work without waiting. */
 bool nr_loop_has_pending_tasks(nr_loop_t *loop);
 
+/* Loop thread only: the mark of the work running now (a stall's mark while
+ * that stall goes on; it changes with every task and every iteration). */
+uint64_t nr_loop_stall_mark(nr_loop_t *loop);
+/* Any thread: true for the first caller with this mark -- the one that
+ * reports the stall (the loop thread, or the watchdog when it cannot). */
+bool nr_loop_stall_claim(nr_loop_t *loop, uint64_t mark);
+
 /* Diagnostics: the current epoll fd (tests use it to provoke a spurious
  * wakeup storm, as a stale registration would). */
 int nr_loop_selector_fd(const nr_loop_t *loop);
@@ -181,6 +208,8 @@ typedef struct nr_group_opts_s {
   void (*on_start)(nr_loop_t *loop, void *ud);
   void (*on_exit)(nr_loop_t *loop, void *ud);
   void *ud;
+  uint64_t stall_threshold, stall_timeout;   /* as nr_loop_opts_t */
+  nr_stall_fn on_stall;
 } nr_group_opts_t;
 
 nr_group_t *nr_group_new(const nr_group_opts_t *opts);

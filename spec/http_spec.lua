@@ -265,6 +265,7 @@ describe("http_server on raw connections", function()
     c:close()
   end)
 
+  -- pending under the fault shim: pipelined behind a close (see H.faults)
   it("closes after answering HTTP/1.0 without keep-alive, keeps it with", function()
     local c = H.client(port)
     assert(c:send("GET /old HTTP/1.0\r\n\r\nGET /ignored HTTP/1.0\r\n\r\n"))
@@ -783,11 +784,14 @@ describe("http_server writing in place", function()
   end)
   teardown(function() H.shutdown(group) end)
 
-  -- Everything a connection gets for these requests (the last one closes
-  -- it), dates blanked.
-  local function exchange(port, reqs)
+  -- Everything a connection gets for these requests (a last one closes
+  -- it, unless `closes`: the server closes after them, and a request sent
+  -- past that point could make its close a reset that loses the answers),
+  -- dates blanked.
+  local function exchange(port, reqs, closes)
     local c = H.client(port)
-    assert(c:send(table.concat(reqs) .. "GET /table/empty HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"))
+    assert(c:send(table.concat(reqs) ..
+      (closes and "" or "GET /table/empty HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")))
     local all, err, partial = c:receive("*a")
     c:close()
     all = all or partial
@@ -806,10 +810,13 @@ describe("http_server writing in place", function()
           local path = kind .. "/" .. name
           -- three pipelined, so some land after others in one chunk
           local reqs = { form:format(path) }
-          if not form:find("close") and not form:find("1.0\r\n\r\n") then
+          local closes = form:find("close") or form:find("1.0\r\n\r\n") or
+                         name == "closing"
+          if not closes then
             reqs = { reqs[1], reqs[1], reqs[1] }
           end
-          assert.equal(exchange(relayed, reqs), exchange(direct, reqs), path .. " " .. form)
+          assert.equal(exchange(relayed, reqs, closes), exchange(direct, reqs, closes),
+                       path .. " " .. form)
         end
       end
     end

@@ -315,6 +315,8 @@ describe("pipelines", function()
     local server = netrun.server {
       group = group, host = "127.0.0.1", port = 0,
       init = function(ch)
+        -- lines: "job" and "fail" are two messages however TCP splits them
+        ch:pipeline():add_last("line", netrun.codec.line {})
         ch:pipeline():add_last(blocking, "slow",
           setmetatable({ events = {}, removed = removed, group = group }, { __index = Slow }))
         ch:pipeline():add_last("after", {
@@ -326,13 +328,13 @@ describe("pipelines", function()
     }:sync()
     local _, port = server:local_address()
     local c = H.client(port)
-    c:send("job")
+    c:send("job\n")
     local r = H.sync(seen, 5)
     assert.matches("^hblock%-%d$", r[1])
     assert.same({ "job", "slow", r[1] }, { r[2], r[3], r[4] })
     assert.equal("direct:job:3", c:receive("*l"))
     assert.matches("^after:JOB:pipe%-%d$", c:receive("*l"))
-    c:send("fail")
+    c:send("fail\n")
     assert.equal("caught:slow failed", c:receive("*l"))
     c:close()
     assert.same({ "handler_added", "channel_registered", "channel_active", "channel_read", "channel_read",

@@ -74,6 +74,7 @@ describe("read batches", function()
     c:close()
   end)
 
+  -- pending under the fault shim: pipelined behind a close (see H.faults)
   it("stop at a close: no channel_read after the response that closed", function()
     local d = netrun.shared.dict("read_batch_close")
     d:flush_all()
@@ -186,8 +187,8 @@ describe("read batches", function()
       end,
     })
     local c = H.client(port)
-    assert(c:send("ping"))
-    assert.equal("ping", H.recv(c, 4))
+    assert(c:send("p"))             -- one byte: one read, however TCP splits
+    assert.equal("p", H.recv(c, 1))
     H.eventually(function() return (d:get("log") or ""):find("caught") end)
     assert.equal("read;complete;caught after the flush;", d:get("log"))
     c:close()

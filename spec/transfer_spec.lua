@@ -223,7 +223,7 @@ describe("value transfer", function()
     local grown, rgrown = after - before, H.rss() - rss
     assert.is_true(grown < 1 << 20, "the loop's Lua memory grew by " .. grown .. " bytes")
     if not H.sanitized then
-      assert.is_true(rgrown < 4096, "RSS grew by " .. rgrown .. " KiB")
+      assert.is_true(rgrown < 6144, "RSS grew by " .. rgrown .. " KiB")  -- 9.2 MB unbounded
     end
     -- a function sent often stays cached: the same closure
     l1:submit(function(f) _G.hot = f end, hot):sync()

@@ -45,12 +45,12 @@ function M.all_loops()
 end
 
 local function loops_table()
-  local rows = { string.format("  %-3s %-16s %-14s %8s %8s %10s %10s", "#", "name", "state",
-    "channels", "pending", "tasks", "lua_mem") }
+  local rows = { string.format("  %-3s %-16s %-14s %8s %8s %10s %10s %7s", "#", "name", "state",
+    "channels", "pending", "tasks", "lua_mem", "stalls") }
   for i, l in ipairs(M.all_loops()) do
     local s = l:stats()
-    rows[#rows + 1] = string.format("  %-3d %-16s %-14s %8d %8d %10d %9.1fK", i, s.name, s.state,
-      s.channels, s.pending_tasks, s.tasks_run, s.lua_memory / 1024)
+    rows[#rows + 1] = string.format("  %-3d %-16s %-14s %8d %8d %10d %9.1fK %7d", i, s.name, s.state,
+      s.channels, s.pending_tasks, s.tasks_run, s.lua_memory / 1024, s.stalls)
   end
   if #rows == 1 then rows[#rows + 1] = "  (no loops: create a group first)" end
   return table.concat(rows, "\n")

@@ -1358,33 +1358,49 @@ static int linger_cancelled(void *arg) {
   return 0;
 }
 
+/* The error response left (the write's promise succeeded): half-close;
+ * or it cannot: close. */
+static void error_sent(nr_promise_t *p, void *arg) {
+  nr_channel_t *ch = arg;
+  int fd = nr_channel_fd(ch);
+  if (!nr_promise_is_success(p) ||
+      (nr_channel_is_open(ch) && (fd < 0 || shutdown(fd, SHUT_WR) != 0)))
+    nr_channel_close(ch, NULL);
+  nr_channel_release(ch);
+}
+
 /* Closing a socket with unread input makes the kernel send a reset, which
  * can destroy the error response before the client reads it (a client
- * still uploading a body it was refused). So once the response has left,
- * half-close instead: the client sees the response and EOF, and closes;
- * its EOF closes the channel (what is still read meanwhile is discarded),
- * or ERROR_LINGER does. If the response is still queued, close at once. */
-static void close_after_error(nr_http_server_t *s) {
+ * still uploading a body it was refused). So once the response has left
+ * -- at once, or when the socket takes the rest of it (p, the write's
+ * promise) -- half-close instead: the client sees the response and EOF,
+ * and closes; its EOF closes the channel (what is still read meanwhile is
+ * discarded). ERROR_LINGER after the error the channel closes anyway,
+ * whether the response left or not (a client that reads nothing). Takes
+ * p. */
+static void close_after_error(nr_http_server_t *s, nr_promise_t *p) {
   nr_channel_t *ch = nr_ctx_channel(s->ctx);
-  int fd = nr_channel_fd(ch);
-  if (nr_channel_pending_bytes(ch) == 0 && fd >= 0 &&
-      shutdown(fd, SHUT_WR) == 0) {
-    nr_timer_t *t = nr_loop_schedule(nr_channel_loop(ch), ERROR_LINGER, 0,
+  nr_timer_t *t = p == NULL ? NULL
+                  : nr_loop_schedule(nr_channel_loop(ch), ERROR_LINGER, 0,
                                      linger_done, linger_cancelled,
                                      nr_channel_retain(ch));
-    if (t != NULL) {
-      nr_timer_release(t);
-      return;
-    }
-    nr_channel_release(ch);
+  if (t == NULL) {
+    if (p != NULL)
+      nr_channel_release(ch);          /* the timer's reference */
+    nr_ctx_close(s->ctx, NULL);
+  } else {
+    nr_timer_release(t);
+    if (nr_promise_add_listener(p, NULL, error_sent, nr_channel_retain(ch)) < 0)
+      nr_channel_release(ch);          /* the timer closes it */
   }
-  nr_ctx_close(s->ctx, NULL);
+  if (p != NULL)
+    nr_promise_release(p);
 }
 
 /* An answer of the codec's own: status, its reason as the plain-text body
- * (none to HEAD). */
+ * (none to HEAD); p (or NULL) learns when it has left. */
 static void write_status(nr_http_server_t *s, int status, bool close,
-                         bool head) {
+                         bool head, nr_promise_t *p) {
   out_t o;
   out_init(&o);
   const char *reason = nr_http_reason(status);
@@ -1400,14 +1416,15 @@ static void write_status(nr_http_server_t *s, int status, bool close,
     out_str(&o, reason);
     OUT_LIT(&o, "\n");
   }
-  write_out(s->ctx, &o, NULL, 0, NULL);
+  write_out(s->ctx, &o, NULL, 0, p);
 }
 
 static void send_error(nr_http_server_t *s, int status) {
   s->closing = true;
-  write_status(s, status, true, false);
+  nr_promise_t *p = nr_promise_new();
+  write_status(s, status, true, false, p);
   nr_ctx_flush(s->ctx);
-  close_after_error(s);
+  close_after_error(s, p);
 }
 
 /* "100 Continue" for the request whose body is awaited. */
@@ -1435,7 +1452,7 @@ static void answer_failed(nr_http_server_t *s) {
     return;
   }
   bool close = (f & (F_CLOSE | F_HTTP10)) != 0;  /* 1.0: no keep-alive header */
-  write_status(s, 500, close, f & F_HEAD);
+  write_status(s, 500, close, f & F_HEAD, NULL);
   nr_ctx_flush(s->ctx);
   finish_response(s, close);
 }

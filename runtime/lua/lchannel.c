@@ -9,6 +9,7 @@
  * channel of that loop.
  */
 #include <arpa/inet.h>
+#include <assert.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -64,6 +65,27 @@ static __attribute__((noinline)) void push_datagram(lua_State *L,
   push_addr(L, &d->addr, d->addrlen, "host", "port");
 }
 
+/* A Lua value's index is one in the stack of the thread that wrote it
+ * (m->L), which need not be L: a write from a coroutine -- netrun.spawn,
+ * coroutine.wrap -- reaches handlers that run on the state's main thread,
+ * and a read that waits in a batch is pushed on the batch's thread. All of
+ * them are threads of the state running this loop, so the value is copied
+ * across (lua_xmove). */
+static void push_lua_value(lua_State *L, const lnr_lmsg_t *m) {
+  if (m->L == L) {
+    lua_pushvalue(L, m->idx);
+    return;
+  }
+  assert(lnr_state(m->L) == lnr_state(L));     /* never across states */
+  if (!lua_checkstack(m->L, 1)) {              /* a writer at LUAI_MAXSTACK */
+    nr_log(NR_LOG_ERROR, "a Lua message could not be copied: stack overflow");
+    lua_pushnil(L);
+    return;
+  }
+  lua_pushvalue(m->L, m->idx);
+  lua_xmove(m->L, L, 1);
+}
+
 void lnr_push_msg(lua_State *L, void *msg) {
   int type = nr_msg_type(msg);
   switch (type) {
@@ -75,14 +97,9 @@ void lnr_push_msg(lua_State *L, void *msg) {
   case NR_MSG_DATAGRAM:
     push_datagram(L, msg);
     return;
-  case NR_MSG_LUA: {
-    lnr_lmsg_t *m = msg;
-    if (m->L == L)
-      lua_pushvalue(L, m->idx);
-    else
-      lua_pushnil(L);
+  case NR_MSG_LUA:
+    push_lua_value(L, msg);
     return;
-  }
   case NR_MSG_EVENT:
     lua_pushstring(L, ((nr_event_t *)msg)->name);
     return;

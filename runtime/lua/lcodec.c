@@ -298,10 +298,6 @@ static void push_captured(lua_State *L, void *msg) {
     for (size_t i = 0; i < s->n; i++)
       luaL_addlstring(&b, s->v[i].data, s->v[i].len);
     luaL_pushresult(&b);
-  } else if (type == NR_MSG_LUA && ((lnr_lmsg_t *)msg)->L != L) {
-    lnr_lmsg_t *m = msg;      /* from a coroutine of this same state */
-    lua_pushvalue(m->L, m->idx);
-    lua_xmove(m->L, L, 1);
   } else {
     lnr_push_msg(L, msg);
   }

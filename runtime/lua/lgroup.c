@@ -124,7 +124,10 @@ static void on_terminated(nr_promise_t *p, void *arg) {
 
 static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
                               int io_ratio, bool executor,
-                              size_t max_pending, size_t mem_limit) {
+                              size_t max_pending, size_t mem_limit, int opts) {
+  nr_group_opts_t stall = {0};                /* may raise: before calloc */
+  lnr_stall_options(L, opts, executor ? "netrun.executor_group"
+                                      : "netrun.group", executor, &stall);
   lnr_group_t *g = calloc(1, sizeof *g);
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
@@ -136,7 +139,10 @@ static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
                        .io_ratio = executor ? 100 : io_ratio,
                        .max_pending = max_pending,
                        .on_start = lnr_loop_started,
-                       .on_exit = lnr_loop_exiting, .ud = g->paths};
+                       .on_exit = lnr_loop_exiting, .ud = g->paths,
+                       .stall_threshold = stall.stall_threshold,
+                       .stall_timeout = stall.stall_timeout,
+                       .on_stall = stall.on_stall};
   g->g = nr_group_new(&o);
   if (g->g == NULL) {
     int err = errno;
@@ -222,7 +228,7 @@ static int new_group(lua_State *L, bool executor) {
                       luaL_typename(L, -1));
   bool daemon = lua_toboolean(L, -1);
   lnr_group_t *g = group_new(L, name, threads, ratio, executor,
-                             (size_t)max_pending, (size_t)mem);
+                             (size_t)max_pending, (size_t)mem, 1);
   g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
@@ -246,7 +252,7 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
     lua_pop(L, 1);
   }
   g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
-                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT);
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, 0);
   pthread_mutex_lock(&live_lock);
   lnr_group_t **slot = boss ? &default_boss : &default_workers;
   if (*slot == NULL) {
@@ -557,6 +563,10 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_setfield(L, -2, "io_time");
   lua_pushnumber(L, (double)st.task_time_ns / 1e9);
   lua_setfield(L, -2, "task_time");
+  lua_pushinteger(L, (lua_Integer)st.stalls);
+  lua_setfield(L, -2, "stalls");
+  lua_pushnumber(L, (double)st.max_busy_ns / 1e9);
+  lua_setfield(L, -2, "max_busy");
   lnr_state_t *S = nr_loop_data(loop);
   if (S && S->main)
     lua_pushinteger(L, (lua_Integer)lua_gc(L, LUA_GCCOUNT, 0) * 1024);
@@ -695,8 +705,33 @@ static int l_run(lua_State *L) {
   return 0;
 }
 
-/* Shut everything down (the main state is closing, or the process ends). */
-void lnr_shutdown_all(lua_State *L) {
+int lnr_log_unterminated(const char *why) {
+  int n = 0;
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next)
+    for (int i = 0; i < nr_group_size(g->g); i++) {
+      nr_loop_t *l = nr_group_loop(g->g, i);
+      nr_loop_stats_t st;
+      nr_loop_stats(l, &st);
+      if (st.state == NR_TERMINATED || st.state == NR_NOT_STARTED)
+        continue;
+      nr_log(NR_LOG_ERROR, "%s: loop %s has not terminated (%s, busy for "
+             "%.1f s)", why, st.name, state_names[st.state],
+             (double)st.busy_ns / 1e9);
+      n++;
+    }
+  pthread_mutex_unlock(&live_lock);
+  return n;
+}
+
+/* Shut everything down (the main state is closing, or the process ends).
+ * A loop that does not terminate within the timeout plus a margin (stuck
+ * in a task that never returns) is named and left behind, with its group:
+ * returns false then, and the caller must not free what it may use. */
+#define SHUTDOWN_ALL_TIMEOUT NR_SEC(5)
+#define SHUTDOWN_MARGIN NR_SEC(1)
+
+bool lnr_shutdown_all(lua_State *L) {
   (void)L;
   nr_loop_t *m = lnr_main_loop();
   lnr_state_t *S = m ? nr_loop_data(m) : NULL;
@@ -704,8 +739,9 @@ void lnr_shutdown_all(lua_State *L) {
     S->closing = true;
   pthread_mutex_lock(&live_lock);
   for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, 0, NR_SEC(5));
+    nr_group_shutdown_gracefully(g->g, 0, SHUTDOWN_ALL_TIMEOUT);
   pthread_mutex_unlock(&live_lock);
+  uint64_t deadline = nr_now() + SHUTDOWN_ALL_TIMEOUT + SHUTDOWN_MARGIN;
   for (;;) {
     pthread_mutex_lock(&live_lock);
     lnr_group_t *g = live;
@@ -714,13 +750,20 @@ void lnr_shutdown_all(lua_State *L) {
     pthread_mutex_unlock(&live_lock);
     if (g == NULL)
       break;
-    nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
+    uint64_t now = nr_now();
+    if (nr_promise_wait(nr_group_termination_future(g->g),
+                        deadline > now ? deadline - now : 0) != 0) {
+      lnr_group_release(g);
+      lnr_log_unterminated("shutdown timed out");
+      return false;
+    }
     unlist(g);
     lnr_group_release(g);
   }
   if (m)
     while (nr_loop_run_once(m, 0) > 0)
       ;
+  return true;
 }
 
 int lnr_l_shutdown_all(lua_State *L);
@@ -764,16 +807,16 @@ void lnr_open_group(lua_State *L) {
 }
 
 /* From any thread (the signal thread): ask every group to shut down with
- * the default timeout and a short quiet period. Every group stops at once,
+ * a short quiet period and the given timeout (ns). Every group stops at once,
  * so the quiet period only has to cover tasks already on their way between
  * loops; the answers a channel still owes hold it open by themselves
  * (nr_channel_hold), so an idle server stops at once. */
 #define SIGNAL_QUIET NR_MS(200)
 
-void lnr_shutdown_groups_async(void) {
+void lnr_shutdown_groups_async(uint64_t timeout) {
   pthread_mutex_lock(&live_lock);
   for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, NR_SEC(15));
+    nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
   pthread_mutex_unlock(&live_lock);
 }
 

@@ -89,6 +89,10 @@ typedef struct lnr_state_s {
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
   lnr_batch_t batch;
+  /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of
+   * the run it is about and how long that had lasted. */
+  _Atomic unsigned stall_req;
+  _Atomic uint64_t stall_mark, stall_busy;
 } lnr_state_t;
 
 /* The context of the state L (every netrun state has one). */
@@ -194,6 +198,13 @@ nr_group_t *lnr_group_core(lnr_group_t *g);
 lnr_group_t *lnr_group_of_loop(nr_loop_t *l);
 /* True on an executor group's thread, where sync() may block. */
 bool lnr_loop_may_block(nr_loop_t *l);
+/* The group options stall_threshold and stall_timeout of the table at t
+ * (0: none, the defaults) into o (lstall.c); raises on a bad value. */
+void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
+                       nr_group_opts_t *o);
+/* Log each loop of a live group that has not terminated, saying why the
+ * process gives up on it; returns how many. Any thread. */
+int lnr_log_unterminated(const char *why);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 
@@ -257,7 +268,11 @@ static inline void *lnr_to_native(lua_State *L, int idx) {
   return (void *)(h + 1);
 }
 
-/* A Lua value travelling through a pipeline on its own loop. */
+/* A Lua value travelling through a pipeline on its own loop, valid for
+ * the call that passes it on (nothing keeps one). L is the thread that
+ * wrote it -- a coroutine, say -- not necessarily the one a handler runs
+ * on: read it with lnr_push_msg (or with m->L itself), never as idx of
+ * another thread. */
 typedef struct lnr_lmsg_s {
   int type;                   /* NR_MSG_LUA */
   lua_State *L;

@@ -498,13 +498,14 @@ void lnr_paths_free(void *ud) {
 /* The main state registers itself the first time the module is opened on
  * a thread that is not a loop. A sentinel's __gc tears the runtime down
  * when that state closes. */
-extern void lnr_shutdown_all(lua_State *L);
+extern bool lnr_shutdown_all(lua_State *L);
 
 void lnr_free_dicts(void);
 void lnr_free_dns(void);
 
 static int sentinel_gc(lua_State *L) {
-  lnr_shutdown_all(L);
+  if (!lnr_shutdown_all(L))
+    return 0;      /* a loop is stuck and may use all this: the process ends */
   lnr_free_inits();
   lnr_free_dicts();
   lnr_free_dns();

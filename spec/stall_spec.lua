@@ -1,0 +1,225 @@
+-- stall_spec.lua -- the stall detector (DESIGN.md §8.4) and what a stuck
+-- loop does to signals and exits (the `netrun` command, §5): a second
+-- netrun process runs spec/fixtures/stall_server.lua, whose log we read.
+local H = require "spec.helper"
+local netrun, socket = H.netrun, H.socket
+
+local FIXTURE = "spec/fixtures/stall_server.lua"
+
+local function read_file(path)
+  local f = io.open(path)
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Start netrun in the background through a shell that records its exit
+-- status in log .. ".status"; returns its pid (told by the fixture), log.
+-- Whatever happens, the process is gone when the test ends.
+local function spawn(args, env)
+  local log = os.tmpname()
+  os.execute(string.format("(%s %s %s > %s 2>&1; echo $? > %s.status) &",
+    env or "", H.BIN, args, log, log))
+  local pid
+  local deadline = socket.gettime() + 10
+  repeat
+    pid = read_file(log):match("starting (%d+)")
+    if not pid then socket.select(nil, nil, 0.02) end
+  until pid or socket.gettime() > deadline
+  assert(pid, "netrun did not start:\n" .. read_file(log))
+  finally(function() os.execute("kill -KILL " .. pid .. " 2>/dev/null") end)
+  return pid, log
+end
+
+local function wait_for(log, pattern, secs)
+  local deadline = socket.gettime() + (secs or 10)
+  repeat
+    local m = read_file(log):match(pattern)
+    if m then return m end
+    socket.select(nil, nil, 0.02)
+  until socket.gettime() > deadline
+  error("timed out waiting for " .. pattern .. " in:\n" .. read_file(log))
+end
+
+-- Seconds until the process wrote its status (bounded), and the status.
+local function wait_status(log, secs)
+  local t0 = socket.gettime()
+  local st = wait_for(log .. ".status", "(%d+)", secs)
+  return socket.gettime() - t0, tonumber(st)
+end
+
+local function count(s, pattern)
+  local n = 0
+  for _ in s:gmatch(pattern) do n = n + 1 end
+  return n
+end
+
+local function line_of(path, text)
+  local i = 0
+  for l in io.lines(path) do
+    i = i + 1
+    if l:find(text, 1, true) then return i end
+  end
+end
+
+local function spin_line() return line_of(FIXTURE, "while true do end") end
+
+local function ask(port, what)
+  local c = H.client(port)
+  assert(c:send(what .. "\n"))
+  local line, err = c:receive("*l")
+  c:close()
+  return line, err
+end
+
+describe("the stall detector", function()
+  it("logs a spinning handler once per stall: the loop's name, how long, and the traceback of the spinning code", function()
+    local pid, log = spawn(FIXTURE .. " --stall_timeout 0.6")
+    local port = tonumber(wait_for(log, "ready (%d+)"))
+    for _ = 1, 2 do
+      local line = ask(port, "spin")
+      assert.matches("stalled for", line)
+    end
+    assert.equal("pong", ask(port, "ping"))
+    os.execute("kill -TERM " .. pid)
+    wait_status(log, 10)
+    local text = read_file(log)
+    -- one report per stall, each with the spinning function and its line
+    assert.equal(2, count(text, "stall%-1: stalled: one run has lasted %d+%.%d s, in Lua:"), text)
+    assert.equal(2, count(text, "stall_server%.lua:" .. spin_line() .. ": in [^\n]*'spin'"), text)
+    local call = line_of(FIXTURE, "then spin() end")          -- in channel_read
+    assert.equal(2, count(text, "stall_server%.lua:" .. call .. ": in "), text)
+  end)
+
+  it("with stall_timeout interrupts the stuck call: exception_caught gets 'stalled for N s' and the loop serves the next connection", function()
+    local g = netrun.group { threads = 1, name = "stall-in", stall_threshold = 0.1, stall_timeout = 0.3 }
+    local Spin = {}
+    function Spin:channel_read(ctx, msg)
+      if msg:find("spin", 1, true) then while true do end end
+      ctx:write_and_flush("pong\n")
+    end
+    function Spin:exception_caught(ctx, err)
+      ctx:write_and_flush("error: " .. err:match("[^\n]*") .. "\n")
+    end
+    local server, port = H.echo_server(g, Spin)
+    local c = H.client(port)
+    assert(c:send("spin\n"))
+    local t0 = socket.gettime()
+    local line = assert(c:receive("*l"))
+    assert.matches("^error: .*stalled for %d+%.%d s$", line)
+    assert.is_true(socket.gettime() - t0 < 3)
+    c:close()
+    assert.equal("pong", ask(port, "ping"))       -- the same (only) loop
+    local st = g:stats()[1]
+    assert.equal(1, st.stalls)
+    assert.is_true(st.max_busy >= 0.25 and st.max_busy < 3, "max_busy " .. st.max_busy)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
+  it("interrupts a spinning task: its future fails, stats count the stall", function()
+    local g = netrun.group { threads = 1, name = "stall-task", stall_threshold = 0.1, stall_timeout = 0.2 }
+    assert.equal(0, g:stats()[1].stalls)
+    assert.equal(0, g:stats()[1].max_busy)
+    local ok, err = pcall(H.sync, g:submit(function() while true do end end))
+    assert.is_false(ok)
+    assert.matches("stall_spec%.lua:%d+: stalled for %d+%.%d s", err)
+    assert.equal(42, H.sync(g:submit(function() return 42 end)))
+    local st = g:stats()[1]
+    assert.equal(1, st.stalls)
+    assert.is_true(st.max_busy >= 0.15 and st.max_busy < 3, "max_busy " .. st.max_busy)
+    H.shutdown(g)
+  end)
+
+  it("counts a slow run as a stall only when one run lasts past the threshold", function()
+    local g = netrun.group { threads = 1, name = "stall-ok", stall_threshold = 0.45 }
+    -- 64 tasks of 10 ms (CPU time): one iteration busy for 0.64 s or more,
+    -- but no single run near the threshold
+    local fs = {}
+    for i = 1, 64 do
+      fs[i] = g:submit(function() local t = os.clock() while os.clock() - t < 0.01 do end end)
+    end
+    H.sync(netrun.all(fs))
+    assert.equal(0, g:stats()[1].stalls)
+    H.shutdown(g)
+  end)
+
+  it("describes a run stuck outside Lua code (a blocking C call) once, from the watchdog", function()
+    local out, status = H.run("timeout -s KILL 30 " .. H.BIN .. " -e 'local g = require(\"netrun\").group{threads = 1, name = \"cwait\", stall_threshold = 0.1} "
+      .. "g:submit(function() os.execute(\"sleep 0.6\") end):sync() g:shutdown_gracefully(0, 1)'")
+    assert.equal(0, status)
+    assert.equal(1, count(out, "stalled"), out)
+    assert.matches("%[watchdog%] cwait%-1: stalled: one run has lasted %d+%.%d s, in the C task at netrun%+0x%x+ %(no Lua code answered", out)
+  end)
+
+  it("checks its options", function()
+    assert.has_error(function() netrun.group { stall_threshold = -1 } end)
+    assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
+      "netrun.group: stall_timeout must be a number of seconds, got string")
+  end)
+end)
+
+describe("a stuck loop and the process", function()
+  it("SIGTERM interrupts a spinning handler once the shutdown timeout has passed, and the process exits 0", function()
+    local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
+    local port = tonumber(wait_for(log, "ready (%d+)"))
+    local c = H.client(port)
+    assert(c:send("spin\n"))
+    wait_for(log, "stall%-1: stalled")
+    os.execute("kill -TERM " .. pid)
+    local secs, status = wait_status(log, 10)
+    assert.matches("stalled for", c:receive("*l"))
+    c:close()
+    assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    assert.equal(0, status)
+    assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", read_file(log))
+  end)
+
+  it("SIGTERM exits after the shutdown timeout even when a loop is stuck in C, naming the stuck loop", function()
+    local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
+    local port = tonumber(wait_for(log, "ready (%d+)"))
+    local c = H.client(port)
+    assert(c:send("block\n"))
+    wait_for(log, "stall%-1: stalled")
+    os.execute("kill -TERM " .. pid)
+    local secs, status = wait_status(log, 10)
+    c:close()
+    assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    assert.equal(1, status)
+    local text = read_file(log)
+    assert.matches("loop stall%-1 has not terminated %(shutting_down, busy for %d+%.%d s%)", text)
+    assert.matches("shutdown did not finish within 1%.0 s: exiting now", text)
+    assert.equal(1, count(text, "shutdown timed out while a run is stuck"), text)
+  end)
+
+  it("a script that raises after starting a busy loop exits with status 1 and the traceback", function()
+    local t0 = socket.gettime()
+    local out, status = H.run("timeout -s KILL 30 " .. H.BIN .. " -e 'local g = require(\"netrun\").group{threads = 1, name = \"busy\"} "
+      .. "g:execute(function() while true do end end) local function f() error(\"boom\") end f()'")
+    assert.equal(1, status)
+    assert.matches("boom\nstack traceback:\n", out)
+    assert.matches("busy%-1: shutdown timed out while a run is stuck: interrupting it", out)
+    assert.is_true(socket.gettime() - t0 < 10)
+  end)
+
+  it("a SIGTERM while the script still runs takes effect once it returns", function()
+    local pid, log = spawn(FIXTURE .. " --startup 1", "NETRUN_SHUTDOWN_TIMEOUT=1")
+    os.execute("kill -TERM " .. pid)
+    local secs, status = wait_status(log, 10)
+    assert.equal(0, status)
+    assert.is_true(secs < 5, "exited after " .. secs .. " s")
+    local text = read_file(log)
+    assert.matches("signal 15: shutting down gracefully", text)
+    assert.matches("ready %d+", text)          -- it had started the server
+  end)
+
+  it("children start with SIGPIPE at its default", function()
+    local out, status = H.run(H.BIN .. " -e 'local f = io.popen(\"(yes | head -1) 2>&1\") io.write(f:read(\"a\")) f:close()'")
+    assert.equal(0, status)
+    assert.equal("y\n", out)
+    out = H.run(H.BIN .. " -e 'local f = io.popen(\"grep SigIgn /proc/self/status\") io.write(f:read(\"a\")) f:close()'")
+    local ignored = tonumber(out:match("SigIgn:%s*(%x+)"), 16)
+    assert.equal(0, ignored & (1 << 12), "SIGPIPE ignored in the child: " .. out)
+  end)
+end)
