@@ -7,6 +7,7 @@ PACKAGES=(
   gcc make cmake pkg-config             # build
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
+  lua-cjson                             # netrun.json
   curl redis-tools netcat-openbsd       # real clients used by tests
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets

@@ -87,4 +87,16 @@ netrun.codec = core.codec
 netrun.handler = core.handler
 netrun.http = core.http        -- unescape(s): + and %XX decoded
 
+-- Parts loaded on first use (netrun.json needs lua-cjson; a state that
+-- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp.
+local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream" }
+setmetatable(netrun, { __index = function(t, k)
+  local name = LAZY[k]
+  if name == nil then return nil end
+  local m = require(name)
+  if k == "tcp" then m = m.tcp end
+  rawset(t, k, m)
+  return m
+end })
+
 return netrun

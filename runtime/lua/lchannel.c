@@ -625,7 +625,7 @@ void lnr_free_inits(void) {
  * raises (lnr_check_options), so a new option is added here too. */
 static const char *const server_keys[] = {
     "group", "child_group", "host", "port", "unix", "mode", "backlog",
-    "reuseport", "child_options", "init", NULL};
+    "reuseport", "child_options", "init", "stream", NULL};
 static const char *const connect_keys[] = {
     "group", "host", "port", "unix", "timeout", "options", "init", NULL};
 static const char *const udp_keys[] = {
@@ -765,9 +765,29 @@ static void check_opts(lua_State *L, const char *what, const char *const *keys) 
 
 /* ---- creating channels ------------------------------------------------------------- */
 
+/* netrun.server { stream = fn }: lua/netrun/stream.lua turns the options
+ * into plain ones whose init adds the stream handler (fn runs in a
+ * coroutine per connection); they replace the table at 1. */
+static void stream_options(lua_State *L) {
+  if (lua_getfield(L, 1, "stream") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.stream");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "server_options");
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  lua_replace(L, 1);
+  lua_pop(L, 1);                 /* the module */
+}
+
 static int l_server(lua_State *L) {
   const char *what = "netrun.server";
   check_opts(L, what, server_keys);
+  stream_options(L);
   nr_server_opts_t o = {0};
   place_t g = opt_place(L, 1, "group", what);
   place_t cg = opt_place(L, 1, "child_group", what);
@@ -797,6 +817,24 @@ static int l_server(lua_State *L) {
   return 1;
 }
 
+static bool is_address(const char *host) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* A host name is resolved off the loop (lua/netrun/dns.lua), which then
+ * connects here again with each address: getaddrinfo on the calling
+ * thread would block a loop. The options at 1 are checked already. */
+static int connect_by_name(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.dns");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "connect");
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
 static int l_connect(lua_State *L) {
   const char *what = "netrun.connect";
   check_opts(L, what, connect_keys);
@@ -814,6 +852,8 @@ static int l_connect(lua_State *L) {
                                : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
   lua_pop(L, 1);
   channel_opts(L, 1, "options", what, &o.opts);
+  if (o.unix_path == NULL && !is_address(o.host))
+    return connect_by_name(L);
   init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;
   o.arg = in;

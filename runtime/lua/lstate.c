@@ -501,12 +501,14 @@ void lnr_paths_free(void *ud) {
 extern bool lnr_shutdown_all(lua_State *L);
 
 void lnr_free_dicts(void);
+void lnr_free_dns(void);
 
 static int sentinel_gc(lua_State *L) {
   if (!lnr_shutdown_all(L))
     return 0;      /* a loop is stuck and may use all this: the process ends */
   lnr_free_inits();
   lnr_free_dicts();
+  lnr_free_dns();
   if (main_state && main_state->L == L) {
     nr_loop_set_data(main_loop, NULL);
     nr_loop_free(main_loop);

@@ -6,6 +6,7 @@
 
 void lnr_free_dicts(void);
 void lnr_open_console(lua_State *L);
+void lnr_open_dns(lua_State *L);
 
 /* core.transfer(...): pack and unpack in this state -- what another state
  * would receive. For tests and the curious. */
@@ -34,6 +35,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_pipeline(L);
   lnr_open_dict(L);
   lnr_open_console(L);
+  lnr_open_dns(L);
   /* Batteries: each fills core.codec / core.handler (see lnr.h). */
   lua_newtable(L);
   lua_setfield(L, -2, "codec");

@@ -23,7 +23,8 @@
  *    share an upvalue in the source share its copy in the destination: the
  *    second sighting of an upvalue is sent as a join (T_UPJOIN);
  *  - values reachable from package.loaded (modules, their fields, C
- *    functions of _G) travel by name and are resolved with require;
+ *    functions of _G, a module's light userdata such as cjson's null)
+ *    travel by name and are resolved with require;
  *  - netrun handles travel by reference count; native handler
  *    configurations as their bytes; a userdata whose metatable has
  *    __netrun_copy (an HTTP request) as the plain value that returns;
@@ -409,8 +410,11 @@ static void build_modmap(lua_State *L) {
         lua_pushnil(L);
         while (lua_next(L, t)) {           /* field, value */
           int v = lua_gettop(L);
+          /* A module's light userdata (cjson's null) is a constant the
+           * destination has too, under the same name. */
           bool wanted = is_g ? lua_iscfunction(L, v)
-                             : (lua_istable(L, v) || lua_isfunction(L, v));
+                             : (lua_istable(L, v) || lua_isfunction(L, v) ||
+                                lua_islightuserdata(L, v));
           if (wanted && lua_type(L, -2) == LUA_TSTRING) {
             char full[256];
             snprintf(full, sizeof full, "%s\1%s", mod, lua_tostring(L, -2));
@@ -761,6 +765,17 @@ static void pack_value(packer_t *k, int idx) {
     add_handle(k, kind, ptr);
     break;
   }
+  case LUA_TLIGHTUSERDATA:
+    if (module_name(k, idx, false)) {
+      size_t n;
+      const char *s = lua_tolstring(L, -1, &n);
+      put_byte(k, T_MODULE);
+      put_str(k, s, n);
+      lua_pop(L, 1);
+      break;
+    }
+    fail(k, "light userdata");
+    break;
   default:
     fail(k, luaL_typename(L, idx));
   }
