@@ -46,6 +46,7 @@ bool nr_loop_is_terminated(const nr_loop_t *l) {
 }
 nr_group_t *nr_loop_group(const nr_loop_t *l) { return l->group; }
 void *nr_loop_data(const nr_loop_t *l) { return l->data; }
+_Atomic size_t *nr_loop_memory(nr_loop_t *l) { return &l->memory; }
 void nr_loop_set_data(nr_loop_t *l, void *d) { l->data = d; }
 nr_promise_t *nr_loop_termination_future(const nr_loop_t *l) {
   return l->termination;

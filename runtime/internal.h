@@ -165,6 +165,7 @@ struct nr_loop_s {
   /* configuration */
   char *name;
   _Atomic int refs;          /* its group's, and each listener's queued to it */
+  _Atomic size_t memory;     /* nr_loop_memory */
   int io_ratio, rebuild_threshold;
   size_t max_pending;
   bool external;

@@ -154,6 +154,10 @@ bool nr_loop_is_shutting_down(const nr_loop_t *loop);  /* state >= SHUTTING_DOWN
 bool nr_loop_is_shutdown(const nr_loop_t *loop);       /* state >= SHUTDOWN */
 bool nr_loop_is_terminated(const nr_loop_t *loop);
 nr_group_t *nr_loop_group(const nr_loop_t *loop);
+/* A counter of the memory the embedding spends for this loop (the Lua
+ * bindings: the loop's Lua state), written by the loop's thread, read from
+ * any: it lives as long as the loop. */
+_Atomic size_t *nr_loop_memory(nr_loop_t *l);
 void *nr_loop_data(const nr_loop_t *loop);
 void nr_loop_set_data(nr_loop_t *loop, void *data);
 void nr_loop_stats(const nr_loop_t *loop, nr_loop_stats_t *out);  /* any thread */

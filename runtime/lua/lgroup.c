@@ -567,11 +567,12 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_setfield(L, -2, "stalls");
   lua_pushnumber(L, (double)st.max_busy_ns / 1e9);
   lua_setfield(L, -2, "max_busy");
-  lnr_state_t *S = nr_loop_data(loop);
-  if (S && S->main)
+  if (loop == lnr_main_loop())
     lua_pushinteger(L, (lua_Integer)lua_gc(L, LUA_GCCOUNT, 0) * 1024);
-  else   /* a loop state counts its own bytes; none before it starts */
-    lua_pushinteger(L, S ? (lua_Integer)atomic_load(&S->memory) : 0);
+  else   /* a loop state counts its bytes on its loop; none before it starts
+            (its state may come and go meanwhile: not read from here) */
+    lua_pushinteger(L, (lua_Integer)atomic_load_explicit(
+                           nr_loop_memory(loop), memory_order_relaxed));
   lua_setfield(L, -2, "lua_memory");
 }
 

@@ -73,7 +73,9 @@ typedef struct lnr_state_s {
   nr_loop_t *loop;            /* the loop this state runs on (main: external) */
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */
-  _Atomic size_t memory;      /* bytes allocated by this state */
+  _Atomic size_t *memory;     /* bytes allocated by this state: the
+                                 loop's counter (nr_loop_memory), which
+                                 outlives the state */
   /* lua_memory_limit (lstate.c, "the memory limit"): SIZE_MAX when off. */
   size_t mem_limit;
   size_t mem_refused;         /* the size refused last (Lua retries it) */

@@ -321,7 +321,7 @@ static __attribute__((noinline)) bool refuse(lnr_state_t *S, size_t nsize,
 static __attribute__((noinline)) void *alloc_slow(lnr_state_t *S, void *ptr,
                                                   size_t osize, size_t nsize) {
   size_t old = ptr ? osize : 0;
-  size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
+  size_t m = atomic_load_explicit(S->memory, memory_order_relaxed);
   void *p = NULL;
   if (nsize > old && m - old + nsize > S->mem_limit) {
     if (refuse(S, nsize, m - old + nsize))
@@ -346,13 +346,13 @@ static __attribute__((noinline)) void *alloc_slow(lnr_state_t *S, void *ptr,
     }
   }
   if (nsize == 0 || p != NULL)
-    atomic_store_explicit(&S->memory, m - old + nsize, memory_order_relaxed);
+    atomic_store_explicit(S->memory, m - old + nsize, memory_order_relaxed);
   return p;
 }
 
 static inline void count(lnr_state_t *S, size_t plus, size_t minus) {
-  size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
-  atomic_store_explicit(&S->memory, m + plus - minus, memory_order_relaxed);
+  size_t m = atomic_load_explicit(S->memory, memory_order_relaxed);
+  atomic_store_explicit(S->memory, m + plus - minus, memory_order_relaxed);
 }
 
 /* The two calls every message makes -- a small block freed, a small block
@@ -369,10 +369,10 @@ static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   if (ptr == NULL && nsize != 0 && nsize <= POOL_MAX) {
     void **head = &S->pool.free[pool_class(nsize)];
     void *b = *head;
-    size_t m = atomic_load_explicit(&S->memory, memory_order_relaxed);
+    size_t m = atomic_load_explicit(S->memory, memory_order_relaxed);
     if (b != NULL && m + nsize <= S->mem_limit) {
       *head = *(void **)b;
-      atomic_store_explicit(&S->memory, m + nsize, memory_order_relaxed);
+      atomic_store_explicit(S->memory, m + nsize, memory_order_relaxed);
       return b;
     }
   }
@@ -418,8 +418,10 @@ static int open_loop_state(lua_State *L) {
 void lnr_loop_started(nr_loop_t *loop, void *ud) {
   lnr_state_t *S = calloc(1, sizeof *S);
   const lnr_paths_t *paths = ud;
-  if (S)
+  if (S) {
     S->mem_limit = paths->mem_limit ? paths->mem_limit : SIZE_MAX;
+    S->memory = nr_loop_memory(loop);  /* read by stats() from any thread */
+  }
   lua_State *L = S ? lua_newstate(counting_alloc, S) : NULL;
   if (L == NULL) {
     nr_log(NR_LOG_ERROR, "%s: cannot create a Lua state", nr_loop_name(loop));
