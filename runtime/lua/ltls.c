@@ -279,6 +279,10 @@ static void set_str(lua_State *L, const char *k, const char *v) {
 static void push_event(lua_State *L, void *msg) {
   const nr_tls_event_t *e = msg;
   lua_createtable(L, 0, 8);
+  if (e->kind == NR_TLS_CLOSE_NOTIFY) {
+    set_str(L, "tls", "close_notify");
+    return;
+  }
   set_str(L, "tls", "handshake");
   set_str(L, "version", e->version);
   set_str(L, "cipher", e->cipher);
@@ -296,7 +300,7 @@ static void push_event(lua_State *L, void *msg) {
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void register_msgs(void) {
-  lnr_register_msg(NR_MSG_TLS_HANDSHAKE, push_event);
+  lnr_register_msg(NR_MSG_TLS_EVENT, push_event);
 }
 
 void lnr_open_tls(lua_State *L) {

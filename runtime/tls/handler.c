@@ -249,7 +249,8 @@ static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p);
 
 /* Fire the event that tells the handlers what was agreed. */
 static void fire_event(tls_t *s) {
-  nr_tls_event_t ev = {NR_MSG_TLS_HANDSHAKE, SSL_get_version(s->ssl),
+  nr_tls_event_t ev = {NR_MSG_TLS_EVENT, NR_TLS_HANDSHAKE,
+                       SSL_get_version(s->ssl),
                        SSL_get_cipher_name(s->ssl), NULL,
                        SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
                        NULL, NULL, SSL_session_reused(s->ssl) == 1,
@@ -340,10 +341,14 @@ static void read_if_needed(tls_t *s) {
 
 /* ---- inbound ----------------------------------------------------------------------- */
 
-/* The peer sent close_notify: answer with ours and close. */
+/* The peer sent close_notify: tell the handlers, answer with ours, close. */
 static void peer_closed(tls_t *s) {
   s->st = ST_DONE;
-  if (!s->shut_sent) {
+  nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT, .kind = NR_TLS_CLOSE_NOTIFY,
+                       .server = s->bundle->server};
+  if (s->active_fired)
+    nr_ctx_fire_user_event(s->ctx, &ev);
+  if (!s->shut_sent && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
     s->shut_sent = true;
     SSL_shutdown(s->ssl);
     ERR_clear_error();

@@ -29,11 +29,15 @@
 
 #include "netrun.h"
 
-/* The user event fired after the handshake. Strings are borrowed: valid
- * during the call; NULL when absent. */
-#define NR_MSG_TLS_HANDSHAKE (NR_MSG_USER + 3)
+/* The user events: after the handshake (NR_TLS_HANDSHAKE, every field
+ * set), and when the peer's close_notify arrives (NR_TLS_CLOSE_NOTIFY,
+ * just before the channel closes; Netty's SslCloseCompletionEvent).
+ * Strings are borrowed: valid during the call; NULL when absent. */
+#define NR_MSG_TLS_EVENT (NR_MSG_USER + 3)
+enum { NR_TLS_HANDSHAKE, NR_TLS_CLOSE_NOTIFY };
 typedef struct nr_tls_event_s {
-  int type;                       /* NR_MSG_TLS_HANDSHAKE */
+  int type;                       /* NR_MSG_TLS_EVENT */
+  int kind;                       /* NR_TLS_HANDSHAKE or _CLOSE_NOTIFY */
   const char *version;            /* "TLSv1.3" */
   const char *cipher;             /* "TLS_AES_256_GCM_SHA384" */
   const char *alpn;               /* the protocol agreed, or NULL */
