@@ -282,6 +282,20 @@ describe("netrun.tls", function()
     assert.equal("200", out)
   end)
 
+  it("closes a peer that does not complete the handshake in handshake_timeout", function()
+    local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
+                                   handshake_timeout = 0.2 }
+    local c = H.client(port)
+    local t0 = socket.gettime()
+    local data, err = c:receive("*a")               -- we send nothing
+    local waited = socket.gettime() - t0
+    assert.truthy(data or err == "closed", err)
+    assert.is_true(waited > 0.15 and waited < 3, tostring(waited))
+    c:close()
+    assert.truthy(H.eventually(function() return seen:get("exception") end))
+    assert.equal("tls: handshake timed out after 0.2 s", seen:get("exception"))
+  end)
+
   it("sends close_notify on close, after everything written before it", function()
     local Bye = {}
     function Bye:channel_active(ctx)

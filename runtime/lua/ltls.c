@@ -151,10 +151,10 @@ static bool opt_bool(lua_State *L, int t, const char *k, bool def,
 static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
   static const char *const skeys[] = {
       "cert", "cert_pem", "key", "key_pem", "alpn", "sni", "ca", "verify",
-      "session_tickets", "min_version", NULL};
+      "session_tickets", "min_version", "handshake_timeout", NULL};
   static const char *const ckeys[] = {
       "server_name", "ca", "verify", "alpn", "cert", "cert_pem", "key",
-      "key_pem", "min_version", NULL};
+      "key_pem", "min_version", "handshake_timeout", NULL};
   const char *what = server ? "netrun.tls.server" : "netrun.tls.client";
   luaL_checktype(L, t, LUA_TTABLE);
   check_keys(L, t, what, server ? skeys : ckeys);
@@ -166,6 +166,10 @@ static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
   o->ca = opt_str(L, t, "ca", what);
   o->min_version = opt_version(L, t, what);
   opt_alpn(L, t, what, o);
+  o->handshake_timeout = NR_SEC(10);
+  if (lua_getfield(L, t, "handshake_timeout") != LUA_TNIL)
+    o->handshake_timeout = lnr_ns(lnr_checkseconds(L, -1, what));
+  lua_pop(L, 1);
   if (server) {
     static const char *const modes[] = {"none", "optional", "required", NULL};
     lua_getfield(L, t, "verify");

@@ -289,6 +289,7 @@ static nr_tls_bundle_t *bundle_new(const nr_tls_opts_t *o, char *err,
   }
   atomic_init(&b->refs, 1);
   b->server = o->server;
+  b->handshake_timeout = o->handshake_timeout;
   if (alpn_wire(b, o, err, n) < 0) {
     nr_tls_bundle_release(b);
     return NULL;

@@ -64,6 +64,7 @@ typedef struct tls_s {
   nr_buf_t out;                   /* ciphertext out, not yet passed on */
   pw_t *queue, **qtail;
   nr_promise_t *hs;               /* the handshake future, once asked */
+  nr_timer_t *timer;              /* the handshake's deadline */
   int st;
   bool started;                   /* the handshake has begun */
   bool active_seen;               /* channel_active reached this handler */
@@ -134,7 +135,16 @@ static void settle_hs(tls_t *s, int code, const char *msg) {
   s->hs = NULL;
 }
 
+static void stop_timer(tls_t *s) {
+  if (s->timer) {
+    nr_timer_cancel(s->timer);           /* on this loop: it cannot run now */
+    nr_timer_release(s->timer);
+    s->timer = NULL;
+  }
+}
+
 static void free_state(tls_t *s) {
+  stop_timer(s);
   fail_queue(s, "channel closed before the TLS handshake completed");
   settle_hs(s, NR_ECLOSED, "channel closed before the TLS handshake completed");
   SSL_free(s->ssl);
@@ -235,6 +245,7 @@ static void fail(tls_t *s, int e) {
   char msg[512];
   ssl_reason(s, e, msg, sizeof msg);
   s->st = ST_DONE;
+  stop_timer(s);
   fail_queue(s, msg);
   settle_hs(s, -EPROTO, msg);
   pass_out(s, NULL);
@@ -287,6 +298,7 @@ static void fire_event(tls_t *s) {
  * after this one see the channel (active, then the event). */
 static void handshake_done(tls_t *s) {
   s->st = ST_OPEN;
+  stop_timer(s);
   pw_t *q = s->queue;
   s->queue = NULL;
   s->qtail = &s->queue;
@@ -337,6 +349,37 @@ static void read_if_needed(tls_t *s) {
   if (!o->auto_read && nr_channel_is_open(nr_ctx_channel(s->ctx)) &&
       (s->st == ST_HANDSHAKE || !s->fired))
     nr_ctx_read(s->ctx);
+}
+
+/* A peer that never completes the handshake holds a connection (and an
+ * fd) for nothing: past the deadline it is told so and closed. */
+static int timed_out(void *arg) {
+  tls_t *s = arg;
+  nr_timer_release(s->timer);            /* this timer; the loop holds it */
+  s->timer = NULL;
+  if (s->st != ST_HANDSHAKE)
+    return 0;
+  char msg[128];
+  snprintf(msg, sizeof msg, "tls: handshake timed out after %g s",
+           (double)s->bundle->handshake_timeout / 1e9);
+  s->st = ST_DONE;
+  fail_queue(s, msg);
+  settle_hs(s, NR_ETIMEDOUT, msg);
+  /* Outside any handler call: a handler that closes the channel from
+   * exception_caught frees s as that call returns. */
+  nr_ctx_t *ctx = nr_ctx_retain(s->ctx);
+  nr_ctx_fire_exception(ctx, &(nr_err_t){NR_ETIMEDOUT, msg});
+  nr_ctx_close(ctx, NULL);
+  nr_ctx_release(ctx);
+  return 0;
+}
+
+static void start_timer(tls_t *s) {
+  if (s->timer || s->bundle->handshake_timeout == 0 || s->st != ST_HANDSHAKE)
+    return;
+  s->timer = nr_loop_schedule(nr_channel_loop(nr_ctx_channel(s->ctx)),
+                              s->bundle->handshake_timeout, 0, timed_out,
+                              NULL, s);
 }
 
 /* ---- inbound ----------------------------------------------------------------------- */
@@ -439,6 +482,7 @@ static int tls_read_complete(nr_ctx_t *ctx) {
 static int tls_active(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   s->active_seen = true;
+  start_timer(s);
   if (!s->bundle->server && !s->started && s->st == ST_HANDSHAKE)
     handshake(s);                  /* the ClientHello */
   if (s->st == ST_HANDSHAKE)
@@ -449,6 +493,7 @@ static int tls_active(nr_ctx_t *ctx) {
 static int tls_inactive(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   const char *why = "channel closed before the TLS handshake completed";
+  stop_timer(s);
   if (s->st == ST_HANDSHAKE) {
     s->st = ST_DONE;
     fail_queue(s, why);
@@ -554,6 +599,7 @@ static void tls_added(nr_ctx_t *ctx) {
   if (nr_channel_is_active(ch) && nr_channel_fired_active(ch)) {
     /* Added by hand: the handlers after this one saw channel_active. */
     s->active_seen = s->active_fired = true;
+    start_timer(s);
     if (!s->bundle->server)
       handshake(s);
     read_if_needed(s);

@@ -26,6 +26,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "netrun.h"
 
@@ -69,6 +70,7 @@ typedef struct nr_tls_opts_s {
   bool session_tickets;           /* servers; default true */
   int min_version;                /* TLS1_2_VERSION (default) or TLS1_3_VERSION */
   const char *server_name;        /* clients: SNI and the name verified */
+  uint64_t handshake_timeout;     /* ns from channel_active; 0 = none */
 } nr_tls_opts_t;
 
 typedef struct nr_tls_config_s nr_tls_config_t;

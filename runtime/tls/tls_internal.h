@@ -20,6 +20,7 @@ typedef struct nr_tls_bundle_s {
   unsigned alpn_len;
   bool server;
   char *server_name;              /* clients: SNI and the name verified */
+  uint64_t handshake_timeout;     /* ns; 0 = none */
   int nsni;
   struct { char *name; SSL_CTX *ctx; } sni[];
 } nr_tls_bundle_t;
