@@ -2,15 +2,17 @@
  * handler.c -- the TLS handler (Netty's SslHandler) on OpenSSL 3. Loop
  * thread only: a state belongs to one context of one channel.
  *
- * OpenSSL never touches the socket. Ciphertext read from the channel is
- * written into a memory BIO (rbio) and SSL_read turns it into plaintext,
- * fired onward in chunks of up to PLAIN_CHUNK bytes; what SSL writes
- * (records, alerts, handshake messages) lands through a small BIO of our
- * own in `out`, which is passed to the next outbound handler as one write
- * whenever an SSL call returns. So a read's plaintext is decoded within
- * that read -- nothing is buffered here beyond an incomplete record --
- * and the channel's auto_read, read batches and the codecs' throttling
- * (codec.h, nr_codec_throttle) bound memory exactly as without TLS.
+ * OpenSSL never touches the socket: its BIOs are memory BIOs of our own
+ * (a BIO_s_mem would copy every read once more and keep its largest size
+ * for the connection's life). Reading, SSL takes ciphertext straight from
+ * the read being handled (`in`), and SSL_read's plaintext is fired onward
+ * in chunks of up to PLAIN_CHUNK bytes; writing, what SSL produces
+ * (records, alerts, handshake messages) lands in `out`, passed to the next
+ * outbound handler as one write whenever an SSL call returns. A read is
+ * decrypted within that read: SSL keeps an incomplete record in its own
+ * buffer (released once empty, SSL_MODE_RELEASE_BUFFERS), nothing else
+ * waits here, so the channel's auto_read, read batches and the codecs'
+ * throttling (codec.h, nr_codec_throttle) bound memory as without TLS.
  *
  * Handshake: a client starts it when the channel becomes active (or at
  * once when added to an active one); a server answers the ClientHello.
@@ -60,7 +62,9 @@ typedef struct tls_s {
   nr_ctx_t *ctx;                  /* set when added */
   nr_tls_bundle_t *bundle;        /* the contexts ssl came from */
   SSL *ssl;
-  BIO *rbio;                      /* ciphertext in (owned by ssl) */
+  const char *in;                 /* ciphertext of the read being handled */
+  size_t in_len;
+  nr_buf_t in_rest;               /* ciphertext SSL has not taken yet */
   nr_buf_t out;                   /* ciphertext out, not yet passed on */
   pw_t *queue, **qtail;
   nr_promise_t *hs;               /* the handshake future, once asked */
@@ -76,10 +80,32 @@ typedef struct tls_s {
   int busy;
 } tls_t;
 
-/* ---- the write BIO -------------------------------------------------------- */
+/* ---- the BIOs --------------------------------------------------------------- */
 
-static BIO_METHOD *out_method;
-static pthread_once_t out_once = PTHREAD_ONCE_INIT;
+static BIO_METHOD *bio_method;
+static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
+
+/* SSL reads what `in_rest` holds, then the current read. */
+static int in_read(BIO *b, char *dst, size_t n, size_t *got) {
+  tls_t *s = BIO_get_data(b);
+  BIO_clear_retry_flags(b);
+  size_t rest = nr_buf_len(&s->in_rest);
+  if (rest > 0) {
+    *got = n < rest ? n : rest;
+    memcpy(dst, nr_buf_peek(&s->in_rest), *got);
+    nr_buf_consume(&s->in_rest, *got);
+  } else if (s->in_len > 0) {
+    *got = n < s->in_len ? n : s->in_len;
+    memcpy(dst, s->in, *got);
+    s->in += *got;
+    s->in_len -= *got;
+  } else {
+    BIO_set_retry_read(b);       /* "want read": not an end of stream */
+    *got = 0;
+    return 0;
+  }
+  return 1;
+}
 
 static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   tls_t *s = BIO_get_data(b);
@@ -89,23 +115,27 @@ static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   return 1;
 }
 
-static long out_ctrl(BIO *b, int cmd, long num, void *ptr) {
-  (void)b, (void)num, (void)ptr;
+static long bio_ctrl(BIO *b, int cmd, long num, void *ptr) {
+  (void)num, (void)ptr;
+  tls_t *s = BIO_get_data(b);
+  if (cmd == BIO_CTRL_PENDING)
+    return (long)(nr_buf_len(&s->in_rest) + s->in_len);
   return cmd == BIO_CTRL_FLUSH;     /* SSL flushes after each flight */
 }
 
-static int out_create(BIO *b) {
+static int bio_create(BIO *b) {
   BIO_set_init(b, 1);
   return 1;
 }
 
-static void make_out_method(void) {
-  out_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
-                            "netrun tls out");
-  if (out_method) {
-    BIO_meth_set_write_ex(out_method, out_write);
-    BIO_meth_set_ctrl(out_method, out_ctrl);
-    BIO_meth_set_create(out_method, out_create);
+static void make_bio_method(void) {
+  bio_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
+                            "netrun tls");
+  if (bio_method) {
+    BIO_meth_set_read_ex(bio_method, in_read);
+    BIO_meth_set_write_ex(bio_method, out_write);
+    BIO_meth_set_ctrl(bio_method, bio_ctrl);
+    BIO_meth_set_create(bio_method, bio_create);
   }
 }
 
@@ -150,13 +180,14 @@ static void free_state(tls_t *s) {
   SSL_free(s->ssl);
   nr_tls_bundle_release(s->bundle);
   nr_buf_free(&s->out);
+  nr_buf_free(&s->in_rest);
   free(s);
 }
 
 void *nr_tls_new(nr_tls_config_t *c) {
-  pthread_once(&out_once, make_out_method);
+  pthread_once(&bio_once, make_bio_method);
   tls_t *s = calloc(1, sizeof *s);
-  if (s == NULL || out_method == NULL) {
+  if (s == NULL || bio_method == NULL) {
     free(s);
     errno = ENOMEM;
     return NULL;
@@ -164,20 +195,18 @@ void *nr_tls_new(nr_tls_config_t *c) {
   s->qtail = &s->queue;
   s->bundle = nr__tls_config_bundle(c);
   s->ssl = SSL_new(s->bundle->ctx);
-  s->rbio = BIO_new(BIO_s_mem());
-  BIO *w = BIO_new(out_method);
-  if (s->ssl == NULL || s->rbio == NULL || w == NULL) {
-    BIO_free(s->rbio);
+  BIO *r = BIO_new(bio_method), *w = BIO_new(bio_method);
+  if (s->ssl == NULL || r == NULL || w == NULL) {
+    BIO_free(r);
     BIO_free(w);
-    s->rbio = NULL;
     ERR_clear_error();
     free_state(s);
     errno = ENOMEM;
     return NULL;
   }
-  BIO_set_mem_eof_return(s->rbio, -1);     /* empty: "want read", not EOF */
+  BIO_set_data(r, s);
   BIO_set_data(w, s);
-  SSL_set_bio(s->ssl, s->rbio, w);
+  SSL_set_bio(s->ssl, r, w);               /* ssl owns both */
   if (s->bundle->server) {
     SSL_set_accept_state(s->ssl);
   } else {
@@ -401,7 +430,7 @@ static void peer_closed(tls_t *s) {
   nr_ctx_close(s->ctx, NULL);
 }
 
-/* Decrypt what rbio holds and fire it, a chunk at a time. */
+/* Decrypt what has arrived and fire it, a chunk at a time. */
 static void decrypt(tls_t *s) {
   char buf[PLAIN_CHUNK];
   size_t have = 0;
@@ -410,7 +439,7 @@ static void decrypt(tls_t *s) {
     int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
     if (rc == 1) {
       have += n;
-      if (have < sizeof buf && BIO_ctrl_pending(s->rbio) > 0)
+      if (have < sizeof buf && nr_buf_len(&s->in_rest) + s->in_len > 0)
         continue;                 /* gather records into one message */
     }
     if (have > 0) {
@@ -436,37 +465,59 @@ static void decrypt(tls_t *s) {
   }
 }
 
-static int feed(tls_t *s, const char *data, size_t len) {
-  if (len > 0 && BIO_write(s->rbio, data, (int)len) != (int)len) {
-    ERR_clear_error();
-    return nr_raise(-ENOMEM, "tls: out of memory");
-  }
-  return 0;
+/* Keep what SSL has not taken of the current read, after what waits. */
+static int keep_rest(tls_t *s) {
+  int rc = s->in_len > 0 ? nr_buf_append(&s->in_rest, s->in, s->in_len) : 0;
+  s->in = NULL;
+  s->in_len = 0;
+  return rc < 0 ? nr_raise(-ENOMEM, "tls: out of memory") : 0;
 }
 
-static int tls_read(nr_ctx_t *ctx, void *msg) {
-  tls_t *s = nr_ctx_state(ctx);
-  int type = nr_msg_type(msg), rc = 0;
-  if (type == NR_MSG_BYTES) {
-    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len);
-  } else if (type == NR_MSG_SLICES) {
-    const nr_slices_t *v = msg;
-    for (size_t i = 0; rc == 0 && i < v->n; i++)
-      rc = feed(s, v->v[i].data, v->v[i].len);
-  } else {
-    nr_ctx_fire_read(ctx, msg);    /* not ours to decrypt */
-    return 0;
+/* Decrypt one run of ciphertext. Nested inside another (a handler fed
+ * the pipeline again from channel_read), it only queues behind it. */
+static int feed(tls_t *s, const char *data, size_t len) {
+  if (s->busy > 0) {
+    int rc = keep_rest(s);
+    if (rc == 0 && nr_buf_append(&s->in_rest, data, len) < 0)
+      rc = nr_raise(-ENOMEM, "tls: out of memory");
+    return rc;
   }
-  if (rc < 0 || s->st == ST_DONE)
-    return rc;                     /* after a failure, input is dropped */
+  s->in = data;
+  s->in_len = len;
   s->busy++;
   if (s->st == ST_HANDSHAKE)
     handshake(s);
   if (s->st == ST_OPEN)
     decrypt(s);
-  if (--s->busy == 0 && s->removed)
+  s->busy--;
+  if (s->st == ST_DONE || s->removed) {
+    s->in = NULL;                  /* after a failure, input is dropped */
+    s->in_len = 0;
+    nr_buf_free(&s->in_rest);
+    return 0;
+  }
+  return keep_rest(s);             /* nothing, unless SSL stopped early */
+}
+
+static int tls_read(nr_ctx_t *ctx, void *msg) {
+  tls_t *s = nr_ctx_state(ctx);
+  int type = nr_msg_type(msg), rc = 0;
+  if (type != NR_MSG_BYTES && type != NR_MSG_SLICES) {
+    nr_ctx_fire_read(ctx, msg);    /* not ours to decrypt */
+    return 0;
+  }
+  if (s->st == ST_DONE)
+    return 0;
+  if (type == NR_MSG_BYTES) {
+    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len);
+  } else {
+    const nr_slices_t *v = msg;
+    for (size_t i = 0; rc == 0 && i < v->n && !s->removed; i++)
+      rc = feed(s, v->v[i].data, v->v[i].len);
+  }
+  if (s->busy == 0 && s->removed)
     free_state(s);
-  return 0;
+  return rc;
 }
 
 static int tls_read_complete(nr_ctx_t *ctx) {
