@@ -91,8 +91,10 @@ end
 
 -- A netrun TLS client: its handler collects what it reads into the dict
 -- under `key`, and notes close_notify and the end of the channel.
-local function tls_client(port, cfg, key, opts)
+local function tls_client(port, cfg, key, opts, early)
   local Collect = {}
+  -- A write made before the handshake completes waits for it.
+  function Collect:handler_added(ctx) if early then ctx:write_and_flush(early) end end
   function Collect:channel_read(ctx, msg) seen:set(key, (seen:get(key) or "") .. msg) end
   function Collect:user_event_triggered(ctx, e)
     if e.tls == "close_notify" then seen:set(key .. ":close_notify", true) end
@@ -195,9 +197,9 @@ describe("netrun.tls", function()
   it("connects as a client: verify on with the CA, verify off, and a wrong CA fails the connect future", function()
     local _, port = echo_server()
     local ok = netrun.tls.client { ca = P("ca.crt"), server_name = "localhost" }
-    local ch = H.sync(tls_client(port, ok, "a"))
+    local ch = H.sync(tls_client(port, ok, "a", nil, "early;"))
     ch:write_and_flush("ping over tls")
-    assert.truthy(H.eventually(function() return seen:get("a") == "ping over tls" end))
+    assert.truthy(H.eventually(function() return seen:get("a") == "early;ping over tls" end))
     ch:close():sync()
     -- no server_name: the host connected to (127.0.0.1) is checked
     ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "b"))
@@ -374,6 +376,13 @@ describe("netrun.tls", function()
     live:write_and_flush("!")
     assert.truthy(H.eventually(function() return seen:get("l") == "before;after!" end))
     live:close():sync()
+    -- reloads racing handshakes on both loops (TSan watches the swap)
+    local clients = io.popen(string.format("for i in $(seq 16); do (timeout 10 openssl s_client "
+      .. "-connect 127.0.0.1:%d </dev/null 2>&1 | grep -c '^subject=') & done; wait", port))
+    for _ = 1, 30 do netrun.tls.reload(tls) end
+    local subjects = clients:read("a")
+    clients:close()
+    assert.equal(string.rep("1\n", 16), subjects)
   end)
 
   it("adds by hand to a pipeline, and raises clear errors for bad configs", function()
