@@ -157,6 +157,25 @@ describe("netrun.tls", function()
     assert.is_true(got == big)
   end)
 
+  it("echoes 1 MiB between a netrun client and server, the echo written as each read is decrypted", function()
+    local _, port = echo_server()
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "big"))
+    local chunk = {}
+    for i = 1, 4096 do chunk[i] = string.char(i % 251) end
+    chunk = table.concat(chunk)
+    local all = {}
+    for i = 1, 256 do
+      all[i] = chunk
+      ch:write(chunk)
+    end
+    ch:flush()
+    all = table.concat(all)
+    assert.truthy(H.eventually(function() return #(seen:get("big") or "") >= #all end, 20))
+    assert.is_true(seen:get("big") == all)
+    assert.is_nil(seen:get("exception"))
+    ch:close():sync()
+  end)
+
   it("negotiates ALPN as configured", function()
     local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
                                    alpn = { "http/1.1" } }

@@ -437,6 +437,9 @@ static void decrypt(tls_t *s) {
   while (s->st == ST_OPEN && !s->removed) {
     size_t n = 0;
     int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
+    /* Now: the handlers fired below may write, and SSL_write resets what
+     * SSL_get_error reads. */
+    int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
     if (rc == 1) {
       have += n;
       if (have < sizeof buf && nr_buf_len(&s->in_rest) + s->in_len > 0)
@@ -452,7 +455,6 @@ static void decrypt(tls_t *s) {
     }
     if (rc == 1)
       continue;
-    int e = SSL_get_error(s->ssl, rc);
     if (e == SSL_ERROR_ZERO_RETURN)
       peer_closed(s);
     else if (e != SSL_ERROR_WANT_READ && s->st == ST_OPEN)
