@@ -76,6 +76,7 @@ typedef struct tls_s {
   bool flush_req;                 /* a flush came during the handshake */
   bool fired;                     /* plaintext fired in this read batch */
   bool shut_sent;                 /* close_notify written */
+  bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
   int busy;
 } tls_t;
@@ -327,6 +328,7 @@ static void fire_event(tls_t *s) {
  * after this one see the channel (active, then the event). */
 static void handshake_done(tls_t *s) {
   s->st = ST_OPEN;
+  s->handshaken = true;
   stop_timer(s);
   pw_t *q = s->queue;
   s->queue = NULL;
@@ -672,7 +674,7 @@ nr_promise_t *nr_tls_handshake_future(nr_ctx_t *ctx) {
   nr_promise_t *p = nr_promise_new();
   if (p == NULL)
     return NULL;
-  if (s->st == ST_OPEN) {
+  if (s->handshaken) {
     nr_promise_set_success(p, NULL, NULL);
   } else if (s->st == ST_DONE) {
     nr_promise_set_failure(p, NR_ECLOSED, "the TLS handshake failed");
