@@ -1,6 +1,10 @@
 -- client.lua -- connects to a server, sends a message, prints what comes
 -- back, and exits. With examples/echo.lua running:
 --   netrun examples/client.lua [--port 7000] [--message "hello"]
+--                              [--tls CA_FILE | system | insecure] [--server-name N]
+-- --tls talks TLS: verifying the server against CA_FILE or the system's
+-- CAs, or not at all (insecure); the name checked is --server-name, else
+-- --host.
 local netrun = require "netrun"
 
 local option = netrun.option
@@ -20,10 +24,17 @@ function Collect:channel_inactive(ctx)
 end
 function Collect:exception_caught(ctx, err) reply:try_failure(err) end
 
+local tls_mode = option("tls")
+local tls = tls_mode and netrun.tls.client {
+  verify = tls_mode ~= "insecure",
+  ca = (tls_mode ~= "insecure" and tls_mode ~= "system") and tls_mode or nil,
+  server_name = option("server-name"),
+}
+
 local ok, ch = pcall(function()
   return netrun.connect {
     group = group, host = option("host", "127.0.0.1"), port = option("port", 7000),
-    timeout = 5,
+    timeout = 5, tls = tls,
     init = function(c) c:pipeline():add_last("collect", Collect) end,
   }:sync()
 end)

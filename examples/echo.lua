@@ -1,5 +1,6 @@
 -- echo.lua -- an echo server: every byte a client sends comes back.
 --   netrun examples/echo.lua [--port N] [--threads N]     (or PORT=N)
+--                            [--cert server.crt --key server.key]  (TLS)
 -- One group accepts and serves; each loop runs the handler in its own
 -- Lua state, one handler table shared by that loop's channels.
 local netrun = require "netrun"
@@ -33,11 +34,16 @@ function Echo:exception_caught(ctx, err)
   ctx:close()
 end
 
+-- With a certificate and its key, clients talk TLS (examples/client.lua --tls).
+local cert, key = option("cert"), option("key")
+local tls = cert and netrun.tls.server { cert = cert, key = key }
+
 local workers = netrun.group { threads = threads, name = "echo" }
 local server = netrun.server {
   group = workers,
   host = option("host", "127.0.0.1"),
   port = port,
+  tls = tls,
   init = function(ch) ch:pipeline():add_last("echo", Echo) end,
 }:sync()
 

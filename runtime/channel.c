@@ -110,6 +110,9 @@ bool nr_channel_is_active(const nr_channel_t *ch) { return pub(ch) & NR__ACTIVE;
 bool nr_channel_is_writable(const nr_channel_t *ch) {
   return pub(ch) & NR__WRITABLE;
 }
+bool nr_channel_fired_active(const nr_channel_t *ch) {
+  return ch->st & NR__WAS_ACTIVE;
+}
 bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTEN; }
 bool nr_channel_is_datagram(const nr_channel_t *ch) { return ch->kind == NR__DGRAM; }
 /* Loop thread (or before registration). -1 once closed: the number is

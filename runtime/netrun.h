@@ -424,6 +424,10 @@ nr_pipeline_t *nr_channel_pipeline(nr_channel_t *ch);
 bool nr_channel_is_open(const nr_channel_t *ch);      /* any thread */
 bool nr_channel_is_active(const nr_channel_t *ch);    /* any thread */
 bool nr_channel_is_writable(const nr_channel_t *ch);  /* any thread */
+/* Loop thread only. Whether channel_active has been fired on ch's
+ * pipeline (an accepted channel is active during its init, before the
+ * event): a handler added later knows the handlers around it saw it. */
+bool nr_channel_fired_active(const nr_channel_t *ch);
 bool nr_channel_is_server(const nr_channel_t *ch);
 bool nr_channel_is_datagram(const nr_channel_t *ch);
 int nr_channel_fd(const nr_channel_t *ch);

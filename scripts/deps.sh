@@ -8,7 +8,9 @@ PACKAGES=(
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
   lua-cjson                             # netrun.json
+  libssl-dev                            # TLS (OpenSSL 3)
   curl redis-tools netcat-openbsd       # real clients used by tests
+  openssl                               # test certificates, s_client as a TLS peer
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks

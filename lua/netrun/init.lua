@@ -99,4 +99,66 @@ setmetatable(netrun, { __index = function(t, k)
   return m
 end })
 
+-- TLS (DESIGN §8.1). A config is a handle: the copy an init function
+-- carries to a loop is the same config, its SSL_CTX built once.
+netrun.tls = {
+  server = core.tls.server, client = core.tls.client,
+  reload = core.tls.reload, handshake = core.tls.handshake,
+}
+
+local function without_tls(opts)
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.tls = nil
+  return o
+end
+
+local function check_tls(what, cfg)
+  if type(cfg) ~= "userdata" or not tostring(cfg):match("^netrun%.tls%.") then
+    error(what .. ": tls must be a netrun.tls.server/client config, got "
+      .. tostring(cfg), 3)
+  end
+end
+
+-- netrun.server { tls = config, ... }: TLS first in every child pipeline,
+-- before the handlers init adds.
+function netrun.server(opts)
+  if type(opts) ~= "table" or opts.tls == nil then return core.server(opts) end
+  check_tls("netrun.server", opts.tls)
+  local o = without_tls(opts)
+  local tls, init = opts.tls, opts.init
+  o.init = function(ch)
+    ch:pipeline():add_first("tls", tls)
+    if init then init(ch) end
+  end
+  return core.server(o)
+end
+
+-- netrun.connect { tls = client_config, ... }: the future completes with
+-- the channel once the handshake did, and fails with OpenSSL's reason
+-- when it failed (a certificate that does not verify, say).
+function netrun.connect(opts)
+  if type(opts) ~= "table" or opts.tls == nil then return core.connect(opts) end
+  check_tls("netrun.connect", opts.tls)
+  local o = without_tls(opts)
+  local tls, init, host, unix = opts.tls, opts.init, opts.host or "127.0.0.1", opts.unix
+  local done = core.promise()
+  o.init = function(ch)
+    ch:pipeline():add_first("tls", tls)
+    if not unix then core.tls.set_host(ch, "tls", host) end
+    if init then init(ch) end
+    core.tls.handshake(ch):add_listener(function(f)
+      if f:is_success() then
+        done:try_success(ch)
+      else
+        done:try_failure(f:cause())
+      end
+    end)
+  end
+  core.connect(o):add_listener(function(f)
+    if not f:is_success() then done:try_failure(f:cause()) end
+  end)
+  return done
+end
+
 return netrun

@@ -349,9 +349,10 @@ end
 local tcp = {}
 M.tcp = tcp
 
-local CONNECT_KEYS = { timeout = true, options = true }
+local CONNECT_KEYS = { timeout = true, options = true, tls = true }
 
--- netrun.tcp.connect(host, port [, { timeout = seconds, options = {...} }])
+-- netrun.tcp.connect(host, port [, { timeout = seconds, options = {...},
+--                                    tls = netrun.tls.client {...} }])
 -- --> future of a stream on the caller's loop. timeout bounds the connect
 -- (and the lookup of a host name) and is the stream's first operation
 -- timeout (default M.timeout).
@@ -381,6 +382,7 @@ function tcp.connect(host, port, opts)
   local p = core.promise()
   require("netrun").connect {
     group = loop, host = host, port = port, timeout = timeout, options = opts.options,
+    tls = opts.tls,                    -- the future waits for its handshake
     init = function(ch) require("netrun.stream").attach(ch, nil, timeout) end,
   }:add_listener(function(f)
     if f:is_success() then

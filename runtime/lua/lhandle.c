@@ -1,6 +1,7 @@
 /*
  * lhandle.c -- netrun handles in Lua: thread-safe reference-counted C
- * objects (groups, loops, channels, futures, dicts, channel groups) seen
+ * objects (groups, loops, channels, futures, dicts, channel groups, TLS
+ * configs) seen
  * through one proxy userdata per state. The proxy holds a reference; its
  * __gc/__close drops it. Proxies are cached per state in a weak table, so a
  * handle that comes back (in a transfer, as ctx.channel) is the same value.
@@ -11,7 +12,7 @@
 
 const char *const lnr_kind_names[] = {
     "?", "netrun.group", "netrun.loop", "netrun.channel", "netrun.future",
-    "netrun.dict", "netrun.channel_group"};
+    "netrun.dict", "netrun.channel_group", "netrun.tls"};
 
 typedef struct proxy_s {
   const char *tag;            /* &CLASS_KEYS[kind]: proves the userdata is ours */
@@ -25,6 +26,8 @@ void lnr_group_retain(lnr_group_t *g);
 void lnr_group_release(lnr_group_t *g);
 void lnr_chgroup_retain(void *cg);
 void lnr_chgroup_release(void *cg);
+void lnr_tls_retain(void *cfg);
+void lnr_tls_release(void *cfg);
 
 void lnr_handle_retain(int kind, void *ptr) {
   switch (kind) {
@@ -38,6 +41,7 @@ void lnr_handle_retain(int kind, void *ptr) {
   case LNR_CHANNEL: nr_channel_retain(ptr); break;
   case LNR_FUTURE: nr_promise_retain(ptr); break;
   case LNR_CHGROUP: lnr_chgroup_retain(ptr); break;
+  case LNR_TLS: lnr_tls_retain(ptr); break;
   default: break;                       /* dicts live as long as the process */
   }
 }
@@ -54,6 +58,7 @@ void lnr_handle_release(int kind, void *ptr) {
   case LNR_CHANNEL: nr_channel_release(ptr); break;
   case LNR_FUTURE: nr_promise_release(ptr); break;
   case LNR_CHGROUP: lnr_chgroup_release(ptr); break;
+  case LNR_TLS: lnr_tls_release(ptr); break;
   default: break;
   }
 }

@@ -131,7 +131,7 @@ void lnr_log_error(lua_State *L, const char *what);
 
 /* Handle kinds that cross threads by reference count. */
 enum { LNR_GROUP = 1, LNR_LOOP, LNR_CHANNEL, LNR_FUTURE, LNR_DICT,
-       LNR_CHGROUP, LNR_NKINDS };
+       LNR_CHGROUP, LNR_TLS, LNR_NKINDS };
 
 struct lnr_blob_s {
   nr_task_t task;             /* lets a blob travel as a task */
@@ -237,6 +237,8 @@ void lnr_open_state(lua_State *L);
 void lnr_open_codec(lua_State *L);
 void lnr_open_http(lua_State *L);
 void lnr_open_handlers(lua_State *L);
+/* ltls.c: core.tls (server, client, reload, attach, handshake). */
+void lnr_open_tls(lua_State *L);
 
 /* Messages: Lua value <-> C pipeline message. */
 void lnr_push_msg(lua_State *L, void *msg);

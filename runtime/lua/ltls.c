@@ -1,0 +1,325 @@
+/*
+ * ltls.c -- TLS in Lua (DESIGN.md §8.1):
+ *   netrun.tls.server { cert = path | cert_pem = text, key = ..., alpn = {...},
+ *                       sni = { [name] = { cert = ..., key = ... } }, ca = ...,
+ *                       verify = "none" | "optional" | "required",
+ *                       session_tickets = true, min_version = "TLSv1.2" }
+ *   netrun.tls.client { server_name = ..., ca = path | nil (system store),
+ *                       verify = true, alpn = {...}, cert = ..., key = ... }
+ *   netrun.tls.reload(config [, options])   -- new handshakes, new contexts
+ *   netrun.tls.handshake(ch [, name])       -- future of the handshake
+ * and the converter of the handshake event.
+ *
+ * A config is a handle (LNR_TLS): a reference-counted C object whose
+ * SSL_CTX is built once, when the config is made, and shared by every
+ * loop; it crosses states by reference like a channel, so the copy a loop
+ * receives (an upvalue of `init`) is the same config, and a reload seen
+ * from any state affects all. Its class has __netrun_native, so
+ * `pipeline:add_first("tls", config)` makes a handler state of it.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include <openssl/ssl.h>
+
+#include "lnr.h"
+#include "tls/tls.h"
+
+#define TLS_MT "netrun.tls"
+
+void lnr_tls_retain(void *cfg) { nr_tls_config_retain(cfg); }
+void lnr_tls_release(void *cfg) { nr_tls_config_release(cfg); }
+
+/* ---- options ------------------------------------------------------------- */
+
+static void check_keys(lua_State *L, int t, const char *what,
+                       const char *const *known) {
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    lua_pop(L, 1);
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    bool ok = false;
+    for (int i = 0; k && known[i]; i++)
+      ok = ok || strcmp(k, known[i]) == 0;
+    if (!ok)
+      luaL_error(L, "%s: unknown option '%s'", what,
+                 k ? k : luaL_typename(L, -1));
+  }
+}
+
+/* A string option (anchored by the options table), or NULL. */
+static const char *opt_str(lua_State *L, int t, const char *k,
+                           const char *what) {
+  int ty = lua_getfield(L, t, k);
+  if (ty != LUA_TNIL && ty != LUA_TSTRING)
+    luaL_error(L, "%s: %s must be a string, got a %s", what, k,
+               luaL_typename(L, -1));
+  const char *s = lua_tostring(L, -1);
+  lua_pop(L, 1);
+  return s;
+}
+
+static void opt_cert(lua_State *L, int t, const char *what,
+                     nr_tls_cert_t *c) {
+  c->cert = opt_str(L, t, "cert", what);
+  c->cert_pem = opt_str(L, t, "cert_pem", what);
+  c->key = opt_str(L, t, "key", what);
+  c->key_pem = opt_str(L, t, "key_pem", what);
+  if (c->cert && c->cert_pem)
+    luaL_error(L, "%s: cert and cert_pem are exclusive", what);
+  if (c->key && c->key_pem)
+    luaL_error(L, "%s: key and key_pem are exclusive", what);
+  if ((c->cert || c->cert_pem) && !(c->key || c->key_pem))
+    luaL_error(L, "%s: a certificate needs its key (key or key_pem)", what);
+}
+
+/* alpn = { "h2", "http/1.1" }: an array in a userdata the stack keeps. */
+static void opt_alpn(lua_State *L, int t, const char *what, nr_tls_opts_t *o) {
+  if (lua_getfield(L, t, "alpn") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (!lua_istable(L, -1))
+    luaL_error(L, "%s: alpn must be an array of strings", what);
+  int n = (int)lua_rawlen(L, -1);
+  const char **v = lua_newuserdatauv(L, sizeof *v * (size_t)(n + 1), 0);
+  for (int i = 0; i < n; i++) {
+    if (lua_rawgeti(L, -2, i + 1) != LUA_TSTRING)
+      luaL_error(L, "%s: alpn[%d] must be a string", what, i + 1);
+    v[i] = lua_tostring(L, -1);
+    lua_pop(L, 1);                    /* anchored by the alpn table */
+  }
+  lua_insert(L, -2);                  /* userdata below the table: both kept */
+  o->alpn = v;
+  o->nalpn = n;
+}
+
+/* sni = { ["b.example"] = { cert = ..., key = ... } } */
+static void opt_sni(lua_State *L, int t, const char *what, nr_tls_opts_t *o) {
+  static const char *const keys[] = {"cert", "cert_pem", "key", "key_pem",
+                                     NULL};
+  if (lua_getfield(L, t, "sni") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  int s = lua_gettop(L);
+  if (!lua_istable(L, s))
+    luaL_error(L, "%s: sni must be a table of name = { cert, key }", what);
+  int n = 0;
+  for (lua_pushnil(L); lua_next(L, s); lua_pop(L, 1))
+    n++;
+  nr_tls_cert_t *v = lua_newuserdatauv(L, sizeof *v * (size_t)(n + 1), 0);
+  memset(v, 0, sizeof *v * (size_t)(n + 1));
+  int i = 0;
+  for (lua_pushnil(L); lua_next(L, s); lua_pop(L, 1), i++) {
+    if (lua_type(L, -2) != LUA_TSTRING || !lua_istable(L, -1))
+      luaL_error(L, "%s: sni must be a table of name = { cert, key }", what);
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s: sni '%s'", what, lua_tostring(L, -2));
+    check_keys(L, lua_gettop(L), sub, keys);
+    opt_cert(L, lua_gettop(L), sub, &v[i]);
+    if (!v[i].cert && !v[i].cert_pem)
+      luaL_error(L, "%s: needs cert or cert_pem", sub);
+    v[i].name = lua_tostring(L, -2);
+  }
+  o->sni = v;
+  o->nsni = n;
+}
+
+static int opt_version(lua_State *L, int t, const char *what) {
+  const char *v = opt_str(L, t, "min_version", what);
+  if (v == NULL || strcmp(v, "TLSv1.2") == 0)
+    return TLS1_2_VERSION;
+  if (strcmp(v, "TLSv1.3") == 0)
+    return TLS1_3_VERSION;
+  return luaL_error(L, "%s: min_version must be \"TLSv1.2\" or \"TLSv1.3\", "
+                    "got \"%s\"", what, v);
+}
+
+static bool opt_bool(lua_State *L, int t, const char *k, bool def,
+                     const char *what) {
+  int ty = lua_getfield(L, t, k);
+  if (ty != LUA_TNIL && ty != LUA_TBOOLEAN)
+    luaL_error(L, "%s: %s must be a boolean, got a %s", what, k,
+               luaL_typename(L, -1));
+  bool v = ty == LUA_TNIL ? def : lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Read the options table at t into o (strings borrowed from the stack). */
+static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
+  static const char *const skeys[] = {
+      "cert", "cert_pem", "key", "key_pem", "alpn", "sni", "ca", "verify",
+      "session_tickets", "min_version", "handshake_timeout", NULL};
+  static const char *const ckeys[] = {
+      "server_name", "ca", "verify", "alpn", "cert", "cert_pem", "key",
+      "key_pem", "min_version", "handshake_timeout", NULL};
+  const char *what = server ? "netrun.tls.server" : "netrun.tls.client";
+  luaL_checktype(L, t, LUA_TTABLE);
+  check_keys(L, t, what, server ? skeys : ckeys);
+  memset(o, 0, sizeof *o);
+  o->server = server;
+  opt_cert(L, t, what, &o->cert);
+  if (server && !o->cert.cert && !o->cert.cert_pem)
+    luaL_error(L, "%s: cert (or cert_pem) is required", what);
+  o->ca = opt_str(L, t, "ca", what);
+  o->min_version = opt_version(L, t, what);
+  opt_alpn(L, t, what, o);
+  o->handshake_timeout = NR_SEC(10);
+  if (lua_getfield(L, t, "handshake_timeout") != LUA_TNIL)
+    o->handshake_timeout = lnr_ns(lnr_checkseconds(L, -1, what));
+  lua_pop(L, 1);
+  if (server) {
+    static const char *const modes[] = {"none", "optional", "required", NULL};
+    lua_getfield(L, t, "verify");
+    if (!lua_isnil(L, -1) && !lua_isstring(L, -1))
+      luaL_error(L, "%s: verify must be \"none\", \"optional\" or "
+                 "\"required\"", what);
+    o->verify = luaL_checkoption(L, -1, "none", modes);
+    lua_pop(L, 1);
+    if (o->verify != NR_TLS_VERIFY_NONE && o->ca == NULL)
+      luaL_error(L, "%s: verify = \"%s\" needs ca (the CAs of client "
+                 "certificates)", what, modes[o->verify]);
+    o->session_tickets = opt_bool(L, t, "session_tickets", true, what);
+    opt_sni(L, t, what, o);
+  } else {
+    o->verify = opt_bool(L, t, "verify", true, what) ? NR_TLS_VERIFY_REQUIRED
+                                                     : NR_TLS_VERIFY_NONE;
+    o->server_name = opt_str(L, t, "server_name", what);
+  }
+}
+
+/* ---- configs --------------------------------------------------------------- */
+
+static int new_config(lua_State *L, bool server) {
+  nr_tls_opts_t o;
+  read_opts(L, 1, server, &o);
+  char err[1024];
+  nr_tls_config_t *c = nr_tls_config_new(&o, err, sizeof err);
+  if (c == NULL)
+    return luaL_error(L, "netrun.tls.%s: %s", server ? "server" : "client",
+                      err);
+  lnr_push_handle(L, LNR_TLS, c);    /* the proxy takes its own reference */
+  nr_tls_config_release(c);
+  return 1;
+}
+
+static int l_server(lua_State *L) { return new_config(L, true); }
+static int l_client(lua_State *L) { return new_config(L, false); }
+
+/* netrun.tls.reload(config [, options]): rebuild the contexts -- re-reading
+ * the same files, or from new options -- for new handshakes. Raises (and
+ * keeps the old contexts) on a bad certificate. */
+static int l_reload(lua_State *L) {
+  nr_tls_config_t *c = lnr_check_handle(L, 1, LNR_TLS);
+  nr_tls_opts_t o;
+  bool with = !lua_isnoneornil(L, 2);
+  if (with)
+    read_opts(L, 2, nr_tls_config_is_server(c), &o);
+  char err[1024];
+  if (nr_tls_config_reload(c, with ? &o : NULL, err, sizeof err) < 0)
+    return luaL_error(L, "netrun.tls.reload: %s", err);
+  lua_pushinteger(L, nr_tls_config_generation(c));
+  return 1;
+}
+
+static int l_tostring(lua_State *L) {
+  nr_tls_config_t *c = lnr_check_handle(L, 1, LNR_TLS);
+  lua_pushfstring(L, "netrun.tls.%s (generation %d)",
+                  nr_tls_config_is_server(c) ? "server" : "client",
+                  (int)nr_tls_config_generation(c));
+  return 1;
+}
+
+/* The pipeline's builder: a handler state per channel. */
+static const nr_handler_t *make(lua_State *L, int idx, void **state) {
+  nr_tls_config_t *c = lnr_check_handle(L, idx, LNR_TLS);
+  if ((*state = nr_tls_new(c)) == NULL)
+    luaL_error(L, "netrun.tls: out of memory");
+  return &nr_tls_handler;
+}
+
+/* ---- per channel ------------------------------------------------------------ */
+
+static nr_ctx_t *check_tls_ctx(lua_State *L, const char *what) {
+  nr_channel_t *ch = lnr_check_handle(L, 1, LNR_CHANNEL);
+  const char *name = luaL_optstring(L, 2, "tls");
+  if (!nr_loop_in_thread(nr_channel_loop(ch)))
+    luaL_error(L, "%s: only on the channel's loop", what);
+  nr_ctx_t *ctx = nr_pipeline_context(nr_channel_pipeline(ch), name);
+  if (ctx == NULL || nr_ctx_handler(ctx) != &nr_tls_handler)
+    luaL_error(L, "%s: no tls handler named '%s'", what, name);
+  return ctx;
+}
+
+/* netrun.tls.handshake(ch [, name]) --> future of the handshake. */
+static int l_handshake(lua_State *L) {
+  nr_ctx_t *ctx = check_tls_ctx(L, "netrun.tls.handshake");
+  nr_promise_t *p = nr_tls_handshake_future(ctx);
+  if (p == NULL)
+    return luaL_error(L, "netrun.tls.handshake: out of memory");
+  lnr_push_promise(L, p);
+  return 1;
+}
+
+/* core.tls.set_host(ch, name, host): the host a client connects to, for
+ * SNI and the certificate check when the config names no server_name. */
+static int l_set_host(lua_State *L) {
+  nr_ctx_t *ctx = check_tls_ctx(L, "netrun.tls.set_host");
+  nr_tls_set_host(nr_ctx_state(ctx), luaL_checkstring(L, 3));
+  return 0;
+}
+
+/* ---- the handshake event -------------------------------------------------------- */
+
+static void set_str(lua_State *L, const char *k, const char *v) {
+  if (v != NULL) {
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+  }
+}
+
+static void push_event(lua_State *L, void *msg) {
+  const nr_tls_event_t *e = msg;
+  lua_createtable(L, 0, 8);
+  if (e->kind == NR_TLS_CLOSE_NOTIFY) {
+    set_str(L, "tls", "close_notify");
+    return;
+  }
+  set_str(L, "tls", "handshake");
+  set_str(L, "version", e->version);
+  set_str(L, "cipher", e->cipher);
+  set_str(L, "alpn", e->alpn);
+  set_str(L, "server_name", e->server_name);
+  lua_pushboolean(L, e->resumed);
+  lua_setfield(L, -2, "resumed");
+  if (e->peer_subject) {
+    lua_createtable(L, 0, 2);
+    set_str(L, "subject", e->peer_subject);
+    set_str(L, "issuer", e->peer_issuer);
+    lua_setfield(L, -2, "peer");
+  }
+}
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static void register_msgs(void) {
+  lnr_register_msg(NR_MSG_TLS_EVENT, push_event);
+}
+
+void lnr_open_tls(lua_State *L) {
+  pthread_once(&once, register_msgs);
+  static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {NULL, NULL}};
+  lnr_new_class(L, TLS_MT, NULL, meta);
+  lnr_handle_class(L, LNR_TLS);
+  luaL_getmetatable(L, TLS_MT);
+  lua_pushlightuserdata(L, (void *)(uintptr_t)make);
+  lua_setfield(L, -2, "__netrun_native");
+  lua_pop(L, 1);
+  static const luaL_Reg funcs[] = {
+      {"server", l_server}, {"client", l_client}, {"reload", l_reload},
+      {"handshake", l_handshake}, {"set_host", l_set_host}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_setfuncs(L, funcs, 0);
+  lua_setfield(L, -2, "tls");
+}

@@ -1,0 +1,705 @@
+/*
+ * handler.c -- the TLS handler (Netty's SslHandler) on OpenSSL 3. Loop
+ * thread only: a state belongs to one context of one channel.
+ *
+ * OpenSSL never touches the socket: its BIOs are memory BIOs of our own
+ * (a BIO_s_mem would copy every read once more and keep its largest size
+ * for the connection's life). Reading, SSL takes ciphertext straight from
+ * the read being handled (`in`), and SSL_read's plaintext is fired onward
+ * in chunks of up to PLAIN_CHUNK bytes; writing, what SSL produces
+ * (records, alerts, handshake messages) lands in `out`, passed to the next
+ * outbound handler as one write whenever an SSL call returns. A read is
+ * decrypted within that read: SSL keeps an incomplete record in its own
+ * buffer (released once empty, SSL_MODE_RELEASE_BUFFERS), nothing else
+ * waits here, so the channel's auto_read, read batches and the codecs'
+ * throttling (codec.h, nr_codec_throttle) bound memory as without TLS.
+ *
+ * Handshake: a client starts it when the channel becomes active (or at
+ * once when added to an active one); a server answers the ClientHello.
+ * Until it completes, channel_active is held back from the handlers after
+ * this one, writes wait in `queue` (with a flush noted), and with
+ * auto_read off the handler asks for reads itself. Once it completes, the
+ * queued writes are encrypted and flushed, then the handlers after this
+ * one see channel_active and the nr_tls_event_t user event.
+ *
+ * Failures (a handshake refused, a record that does not decrypt) fire
+ * exception_caught with OpenSSL's reason to the handlers after this one,
+ * send the alert SSL produced, and close the channel. A close from the
+ * handlers sends close_notify after everything they wrote before it.
+ *
+ * Re-entrancy: handlers fired from inside a read may write, close, or
+ * remove this handler. Writes only append to `out` between SSL calls; a
+ * removal during a read only marks the state, which the read frees as it
+ * unwinds (`busy`).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "codec/buf.h"
+#include "tls/tls_internal.h"
+
+#define PLAIN_CHUNK 32768     /* plaintext fired per message, at most */
+#define WRITE_CHUNK 65536     /* plaintext encrypted per pass of a write */
+
+enum { ST_HANDSHAKE, ST_OPEN, ST_DONE };   /* DONE: failed or shut down */
+
+/* A write made before the handshake completed. */
+typedef struct pw_s {
+  struct pw_s *next;
+  nr_promise_t *p;
+  size_t len;
+  char data[];
+} pw_t;
+
+typedef struct tls_s {
+  nr_ctx_t *ctx;                  /* set when added */
+  nr_tls_bundle_t *bundle;        /* the contexts ssl came from */
+  SSL *ssl;
+  const char *in;                 /* ciphertext of the read being handled */
+  size_t in_len;
+  nr_buf_t in_rest;               /* ciphertext SSL has not taken yet */
+  nr_buf_t out;                   /* ciphertext out, not yet passed on */
+  pw_t *queue, **qtail;
+  nr_promise_t *hs;               /* the handshake future, once asked */
+  nr_timer_t *timer;              /* the handshake's deadline */
+  int st;
+  bool started;                   /* the handshake has begun */
+  bool active_seen;               /* channel_active reached this handler */
+  bool active_fired;              /* ... and the handlers after it */
+  bool flush_req;                 /* a flush came during the handshake */
+  bool fired;                     /* plaintext fired in this read batch */
+  bool shut_sent;                 /* close_notify written */
+  bool handshaken;                /* the handshake completed (once) */
+  bool removed;                   /* removed during a call: free at its end */
+  int busy;
+} tls_t;
+
+/* ---- the BIOs --------------------------------------------------------------- */
+
+static BIO_METHOD *bio_method;
+static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
+
+/* SSL reads what `in_rest` holds, then the current read. */
+static int in_read(BIO *b, char *dst, size_t n, size_t *got) {
+  tls_t *s = BIO_get_data(b);
+  BIO_clear_retry_flags(b);
+  size_t rest = nr_buf_len(&s->in_rest);
+  if (rest > 0) {
+    *got = n < rest ? n : rest;
+    memcpy(dst, nr_buf_peek(&s->in_rest), *got);
+    nr_buf_consume(&s->in_rest, *got);
+  } else if (s->in_len > 0) {
+    *got = n < s->in_len ? n : s->in_len;
+    memcpy(dst, s->in, *got);
+    s->in += *got;
+    s->in_len -= *got;
+  } else {
+    BIO_set_retry_read(b);       /* "want read": not an end of stream */
+    *got = 0;
+    return 0;
+  }
+  return 1;
+}
+
+static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
+  tls_t *s = BIO_get_data(b);
+  if (nr_buf_append(&s->out, data, len) < 0)
+    return 0;
+  *written = len;
+  return 1;
+}
+
+static long bio_ctrl(BIO *b, int cmd, long num, void *ptr) {
+  (void)num, (void)ptr;
+  tls_t *s = BIO_get_data(b);
+  if (cmd == BIO_CTRL_PENDING)
+    return (long)(nr_buf_len(&s->in_rest) + s->in_len);
+  return cmd == BIO_CTRL_FLUSH;     /* SSL flushes after each flight */
+}
+
+static int bio_create(BIO *b) {
+  BIO_set_init(b, 1);
+  return 1;
+}
+
+static void make_bio_method(void) {
+  bio_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
+                            "netrun tls");
+  if (bio_method) {
+    BIO_meth_set_read_ex(bio_method, in_read);
+    BIO_meth_set_write_ex(bio_method, out_write);
+    BIO_meth_set_ctrl(bio_method, bio_ctrl);
+    BIO_meth_set_create(bio_method, bio_create);
+  }
+}
+
+/* ---- state ------------------------------------------------------------------- */
+
+static void fail_queue(tls_t *s, const char *why) {
+  for (pw_t *w = s->queue, *n; w; w = n) {
+    n = w->next;
+    if (w->p) {
+      nr_promise_set_failure(w->p, NR_ECLOSED, why);
+      nr_promise_release(w->p);
+    }
+    free(w);
+  }
+  s->queue = NULL;
+  s->qtail = &s->queue;
+}
+
+static void settle_hs(tls_t *s, int code, const char *msg) {
+  if (s->hs == NULL)
+    return;
+  if (code == 0)
+    nr_promise_set_success(s->hs, NULL, NULL);
+  else
+    nr_promise_set_failure(s->hs, code, msg);
+  nr_promise_release(s->hs);
+  s->hs = NULL;
+}
+
+static void stop_timer(tls_t *s) {
+  if (s->timer) {
+    nr_timer_cancel(s->timer);           /* on this loop: it cannot run now */
+    nr_timer_release(s->timer);
+    s->timer = NULL;
+  }
+}
+
+static void free_state(tls_t *s) {
+  stop_timer(s);
+  fail_queue(s, "channel closed before the TLS handshake completed");
+  settle_hs(s, NR_ECLOSED, "channel closed before the TLS handshake completed");
+  SSL_free(s->ssl);
+  nr_tls_bundle_release(s->bundle);
+  nr_buf_free(&s->out);
+  nr_buf_free(&s->in_rest);
+  free(s);
+}
+
+void *nr_tls_new(nr_tls_config_t *c) {
+  pthread_once(&bio_once, make_bio_method);
+  tls_t *s = calloc(1, sizeof *s);
+  if (s == NULL || bio_method == NULL) {
+    free(s);
+    errno = ENOMEM;
+    return NULL;
+  }
+  s->qtail = &s->queue;
+  s->bundle = nr__tls_config_bundle(c);
+  s->ssl = SSL_new(s->bundle->ctx);
+  BIO *r = BIO_new(bio_method), *w = BIO_new(bio_method);
+  if (s->ssl == NULL || r == NULL || w == NULL) {
+    BIO_free(r);
+    BIO_free(w);
+    ERR_clear_error();
+    free_state(s);
+    errno = ENOMEM;
+    return NULL;
+  }
+  BIO_set_data(r, s);
+  BIO_set_data(w, s);
+  SSL_set_bio(s->ssl, r, w);               /* ssl owns both */
+  if (s->bundle->server) {
+    SSL_set_accept_state(s->ssl);
+  } else {
+    SSL_set_connect_state(s->ssl);
+    const char *name = s->bundle->server_name;
+    if (name && (SSL_set_tlsext_host_name(s->ssl, name) != 1 ||
+                 SSL_set1_host(s->ssl, name) != 1))
+      ERR_clear_error();                   /* checked at the handshake */
+  }
+  return s;
+}
+
+int nr_tls_set_host(void *state, const char *host) {
+  tls_t *s = state;
+  if (s->bundle->server || s->bundle->server_name || s->started)
+    return 0;                              /* the config's name wins */
+  unsigned char addr[16];
+  int rc;
+  if (inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1)
+    rc = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(s->ssl), host);
+  else
+    rc = SSL_set_tlsext_host_name(s->ssl, host) == 1 &&
+         SSL_set1_host(s->ssl, host) == 1;
+  ERR_clear_error();
+  return rc ? 0 : -EINVAL;
+}
+
+/* ---- passing ciphertext on ------------------------------------------------------ */
+
+/* Pass what SSL wrote to the next outbound handler, with p (which then
+ * completes when those bytes are written, at once if there are none). */
+static int pass_out(tls_t *s, nr_promise_t *p) {
+  size_t n = nr_buf_len(&s->out);
+  if (n == 0 && p == NULL)
+    return 0;
+  nr_bytes_t b = NR_BYTES(nr_buf_peek(&s->out), n);
+  int rc = nr_ctx_write(s->ctx, &b, p);
+  nr_buf_consume(&s->out, n);
+  return rc;
+}
+
+/* OpenSSL's reason for the failure `e` of the last SSL call. */
+static void ssl_reason(tls_t *s, int e, char *buf, size_t n) {
+  char reason[256] = "";
+  unsigned long code = ERR_peek_error();
+  if (code != 0)
+    ERR_error_string_n(code, reason, sizeof reason);
+  else if (e == SSL_ERROR_SYSCALL)
+    snprintf(reason, sizeof reason, "unexpected end of the TLS stream");
+  else
+    snprintf(reason, sizeof reason, "SSL error %d", e);
+  long v = SSL_get_verify_result(s->ssl);
+  if (v != X509_V_OK && s->st == ST_HANDSHAKE)
+    snprintf(buf, n, "tls: handshake failed: %s (certificate: %s)", reason,
+             X509_verify_cert_error_string(v));
+  else
+    snprintf(buf, n, "tls: %s: %s",
+             s->st == ST_HANDSHAKE ? "handshake failed" : "bad record", reason);
+  ERR_clear_error();
+}
+
+/* A handshake refused or a record that does not decrypt: tell the
+ * handlers after this one, send SSL's alert, close. */
+static void fail(tls_t *s, int e) {
+  char msg[512];
+  ssl_reason(s, e, msg, sizeof msg);
+  s->st = ST_DONE;
+  stop_timer(s);
+  fail_queue(s, msg);
+  settle_hs(s, -EPROTO, msg);
+  pass_out(s, NULL);
+  nr_ctx_flush(s->ctx);
+  nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
+  nr_ctx_close(s->ctx, NULL);
+}
+
+/* ---- the handshake ----------------------------------------------------------------- */
+
+static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p);
+
+/* Fire the event that tells the handlers what was agreed. */
+static void fire_event(tls_t *s) {
+  nr_tls_event_t ev = {NR_MSG_TLS_EVENT, NR_TLS_HANDSHAKE,
+                       SSL_get_version(s->ssl),
+                       SSL_get_cipher_name(s->ssl), NULL,
+                       SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
+                       NULL, NULL, SSL_session_reused(s->ssl) == 1,
+                       s->bundle->server};
+  const unsigned char *a = NULL;
+  unsigned alen = 0;
+  char alpn[256];
+  SSL_get0_alpn_selected(s->ssl, &a, &alen);
+  if (alen > 0) {
+    memcpy(alpn, a, alen);
+    alpn[alen] = '\0';
+    ev.alpn = alpn;
+  }
+  char subject[512], issuer[512];
+  X509 *peer = SSL_get0_peer_certificate(s->ssl);
+  BIO *m = peer ? BIO_new(BIO_s_mem()) : NULL;
+  if (m) {
+    int len = X509_NAME_print_ex(m, X509_get_subject_name(peer), 0,
+                                 XN_FLAG_RFC2253);
+    len = len > 0 ? BIO_read(m, subject, sizeof subject - 1) : 0;
+    subject[len > 0 ? len : 0] = '\0';
+    len = X509_NAME_print_ex(m, X509_get_issuer_name(peer), 0,
+                             XN_FLAG_RFC2253);
+    len = len > 0 ? BIO_read(m, issuer, sizeof issuer - 1) : 0;
+    issuer[len > 0 ? len : 0] = '\0';
+    BIO_free(m);
+    ev.peer_subject = subject;
+    ev.peer_issuer = issuer;
+  }
+  nr_ctx_fire_user_event(s->ctx, &ev);
+}
+
+/* The handshake completed: encrypt what waited, then let the handlers
+ * after this one see the channel (active, then the event). */
+static void handshake_done(tls_t *s) {
+  s->st = ST_OPEN;
+  s->handshaken = true;
+  stop_timer(s);
+  pw_t *q = s->queue;
+  s->queue = NULL;
+  s->qtail = &s->queue;
+  for (pw_t *n; q; q = n) {
+    n = q->next;
+    if (s->st == ST_OPEN)
+      encrypt(s, q->data, q->len, q->p);
+    else if (q->p)
+      nr_promise_set_failure(q->p, NR_ECLOSED, "channel closed");
+    if (q->p)
+      nr_promise_release(q->p);
+    free(q);
+  }
+  if (s->flush_req)
+    nr_ctx_flush(s->ctx);
+  s->flush_req = false;
+  settle_hs(s, 0, NULL);
+  if (s->active_seen && !s->active_fired) {
+    s->active_fired = true;
+    nr_ctx_fire_active(s->ctx);
+  }
+  if (s->st == ST_OPEN && !s->removed)
+    fire_event(s);
+}
+
+/* Drive the handshake with what has arrived; false once it failed. */
+static bool handshake(tls_t *s) {
+  s->started = true;
+  int rc = SSL_do_handshake(s->ssl);
+  int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
+  if (e != SSL_ERROR_NONE && e != SSL_ERROR_WANT_READ) {
+    fail(s, e);
+    return false;
+  }
+  if (nr_buf_len(&s->out) > 0) {
+    pass_out(s, NULL);
+    nr_ctx_flush(s->ctx);
+  }
+  if (rc == 1)
+    handshake_done(s);
+  return true;
+}
+
+/* With auto_read off nobody else asks for the bytes the handshake (or an
+ * incomplete record) needs. */
+static void read_if_needed(tls_t *s) {
+  const nr_channel_opts_t *o = nr_channel_options(nr_ctx_channel(s->ctx));
+  if (!o->auto_read && nr_channel_is_open(nr_ctx_channel(s->ctx)) &&
+      (s->st == ST_HANDSHAKE || !s->fired))
+    nr_ctx_read(s->ctx);
+}
+
+/* A peer that never completes the handshake holds a connection (and an
+ * fd) for nothing: past the deadline it is told so and closed. */
+static int timed_out(void *arg) {
+  tls_t *s = arg;
+  nr_timer_release(s->timer);            /* this timer; the loop holds it */
+  s->timer = NULL;
+  if (s->st != ST_HANDSHAKE)
+    return 0;
+  char msg[128];
+  snprintf(msg, sizeof msg, "tls: handshake timed out after %g s",
+           (double)s->bundle->handshake_timeout / 1e9);
+  s->st = ST_DONE;
+  fail_queue(s, msg);
+  settle_hs(s, NR_ETIMEDOUT, msg);
+  /* Outside any handler call: a handler that closes the channel from
+   * exception_caught frees s as that call returns. */
+  nr_ctx_t *ctx = nr_ctx_retain(s->ctx);
+  nr_ctx_fire_exception(ctx, &(nr_err_t){NR_ETIMEDOUT, msg});
+  nr_ctx_close(ctx, NULL);
+  nr_ctx_release(ctx);
+  return 0;
+}
+
+static void start_timer(tls_t *s) {
+  if (s->timer || s->bundle->handshake_timeout == 0 || s->st != ST_HANDSHAKE)
+    return;
+  s->timer = nr_loop_schedule(nr_channel_loop(nr_ctx_channel(s->ctx)),
+                              s->bundle->handshake_timeout, 0, timed_out,
+                              NULL, s);
+}
+
+/* ---- inbound ----------------------------------------------------------------------- */
+
+/* The peer sent close_notify: tell the handlers, answer with ours, close. */
+static void peer_closed(tls_t *s) {
+  s->st = ST_DONE;
+  nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT, .kind = NR_TLS_CLOSE_NOTIFY,
+                       .server = s->bundle->server};
+  if (s->active_fired)
+    nr_ctx_fire_user_event(s->ctx, &ev);
+  if (!s->shut_sent && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
+    s->shut_sent = true;
+    SSL_shutdown(s->ssl);
+    ERR_clear_error();
+    pass_out(s, NULL);
+    nr_ctx_flush(s->ctx);
+  }
+  nr_ctx_close(s->ctx, NULL);
+}
+
+/* Decrypt what has arrived and fire it, a chunk at a time. */
+static void decrypt(tls_t *s) {
+  char buf[PLAIN_CHUNK];
+  size_t have = 0;
+  while (s->st == ST_OPEN && !s->removed) {
+    size_t n = 0;
+    int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
+    /* Now: the handlers fired below may write, and SSL_write resets what
+     * SSL_get_error reads. */
+    int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
+    if (rc == 1) {
+      have += n;
+      if (have < sizeof buf && nr_buf_len(&s->in_rest) + s->in_len > 0)
+        continue;                 /* gather records into one message */
+    }
+    if (have > 0) {
+      nr_bytes_t b = NR_BYTES(buf, have);
+      have = 0;
+      s->fired = true;
+      nr_ctx_fire_read(s->ctx, &b);
+      if (!nr_channel_is_open(nr_ctx_channel(s->ctx)))
+        break;
+    }
+    if (rc == 1)
+      continue;
+    if (e == SSL_ERROR_ZERO_RETURN)
+      peer_closed(s);
+    else if (e != SSL_ERROR_WANT_READ && s->st == ST_OPEN)
+      fail(s, e);
+    break;
+  }
+  if (nr_buf_len(&s->out) > 0 && s->st == ST_OPEN) {
+    pass_out(s, NULL);            /* a key update's answer, tickets */
+    nr_ctx_flush(s->ctx);
+  }
+}
+
+/* Keep what SSL has not taken of the current read, after what waits. */
+static int keep_rest(tls_t *s) {
+  int rc = s->in_len > 0 ? nr_buf_append(&s->in_rest, s->in, s->in_len) : 0;
+  s->in = NULL;
+  s->in_len = 0;
+  return rc < 0 ? nr_raise(-ENOMEM, "tls: out of memory") : 0;
+}
+
+/* Decrypt one run of ciphertext. Nested inside another (a handler fed
+ * the pipeline again from channel_read), it only queues behind it. */
+static int feed(tls_t *s, const char *data, size_t len) {
+  if (s->busy > 0) {
+    int rc = keep_rest(s);
+    if (rc == 0 && nr_buf_append(&s->in_rest, data, len) < 0)
+      rc = nr_raise(-ENOMEM, "tls: out of memory");
+    return rc;
+  }
+  s->in = data;
+  s->in_len = len;
+  s->busy++;
+  if (s->st == ST_HANDSHAKE)
+    handshake(s);
+  if (s->st == ST_OPEN)
+    decrypt(s);
+  s->busy--;
+  if (s->st == ST_DONE || s->removed) {
+    s->in = NULL;                  /* after a failure, input is dropped */
+    s->in_len = 0;
+    nr_buf_free(&s->in_rest);
+    return 0;
+  }
+  return keep_rest(s);             /* nothing, unless SSL stopped early */
+}
+
+static int tls_read(nr_ctx_t *ctx, void *msg) {
+  tls_t *s = nr_ctx_state(ctx);
+  int type = nr_msg_type(msg), rc = 0;
+  if (type != NR_MSG_BYTES && type != NR_MSG_SLICES) {
+    nr_ctx_fire_read(ctx, msg);    /* not ours to decrypt */
+    return 0;
+  }
+  if (s->st == ST_DONE)
+    return 0;
+  if (type == NR_MSG_BYTES) {
+    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len);
+  } else {
+    const nr_slices_t *v = msg;
+    for (size_t i = 0; rc == 0 && i < v->n && !s->removed; i++)
+      rc = feed(s, v->v[i].data, v->v[i].len);
+  }
+  if (s->busy == 0 && s->removed)
+    free_state(s);
+  return rc;
+}
+
+static int tls_read_complete(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  read_if_needed(s);
+  bool fired = s->fired;
+  s->fired = false;
+  if (fired || s->active_fired)
+    nr_ctx_fire_read_complete(ctx);
+  return 0;
+}
+
+static int tls_active(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  s->active_seen = true;
+  start_timer(s);
+  if (!s->bundle->server && !s->started && s->st == ST_HANDSHAKE)
+    handshake(s);                  /* the ClientHello */
+  if (s->st == ST_HANDSHAKE)
+    read_if_needed(s);
+  return 0;
+}
+
+static int tls_inactive(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  const char *why = "channel closed before the TLS handshake completed";
+  stop_timer(s);
+  if (s->st == ST_HANDSHAKE) {
+    s->st = ST_DONE;
+    fail_queue(s, why);
+    settle_hs(s, NR_ECLOSED, why);
+  }
+  if (s->active_fired)
+    nr_ctx_fire_inactive(ctx);
+  return 0;
+}
+
+/* ---- outbound ---------------------------------------------------------------------- */
+
+/* Encrypt len bytes and pass the records on, p with the last of them. */
+static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p) {
+  int rc = 0;
+  do {
+    size_t n = len < WRITE_CHUNK ? len : WRITE_CHUNK, done = 0;
+    if (n > 0 && SSL_write_ex(s->ssl, data, n, &done) != 1) {
+      char msg[512];
+      ssl_reason(s, SSL_get_error(s->ssl, 0), msg, sizeof msg);
+      if (p)
+        nr_promise_set_failure(p, -EPROTO, msg);
+      return nr_raise(-EPROTO, "%s", msg);
+    }
+    data += n;
+    len -= n;
+    rc = pass_out(s, len == 0 ? p : NULL);
+  } while (len > 0 && rc == 0);
+  return rc;
+}
+
+static int enqueue(tls_t *s, const char *data, size_t len, nr_promise_t *p) {
+  pw_t *w = malloc(sizeof *w + len);
+  if (w == NULL)
+    return nr_raise(-ENOMEM, "tls: out of memory");
+  w->next = NULL;
+  w->p = p ? nr_promise_retain(p) : NULL;
+  w->len = len;
+  memcpy(w->data, data, len);
+  *s->qtail = w;
+  s->qtail = &w->next;
+  return 0;
+}
+
+static int write_bytes(tls_t *s, const char *data, size_t len,
+                       nr_promise_t *p) {
+  if (s->st == ST_HANDSHAKE)
+    return enqueue(s, data, len, p);
+  return encrypt(s, data, len, p);
+}
+
+static int tls_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  tls_t *s = nr_ctx_state(ctx);
+  int type = nr_msg_type(msg);
+  if (s->st == ST_DONE || s->shut_sent)
+    return nr_raise(NR_ECLOSED, "write on a closed TLS channel");
+  if (type == NR_MSG_BYTES) {
+    const nr_bytes_t *b = msg;
+    return write_bytes(s, b->data, b->len, p);
+  }
+  if (type != NR_MSG_SLICES)
+    return nr_raise(-EINVAL, "tls: cannot encrypt a message of type %d (no "
+                    "handler after tls encoded it to bytes)", type);
+  const nr_slices_t *v = msg;
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < v->n; i++)
+    rc = write_bytes(s, v->v[i].data, v->v[i].len, i + 1 == v->n ? p : NULL);
+  if (v->n == 0 && p)
+    nr_promise_set_success(p, NULL, NULL);
+  return rc;
+}
+
+static int tls_flush(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  if (s->st == ST_HANDSHAKE)
+    s->flush_req = true;           /* once the handshake completes */
+  else
+    nr_ctx_flush(ctx);
+  return 0;
+}
+
+/* close_notify after everything written before the close. */
+static int tls_close(nr_ctx_t *ctx, nr_promise_t *p) {
+  tls_t *s = nr_ctx_state(ctx);
+  if (s->st == ST_OPEN && !s->shut_sent) {
+    s->shut_sent = true;
+    SSL_shutdown(s->ssl);
+    ERR_clear_error();
+    pass_out(s, NULL);
+    nr_ctx_flush(ctx);
+  } else if (s->st == ST_HANDSHAKE) {
+    fail_queue(s, "channel closed before the TLS handshake completed");
+  }
+  return nr_ctx_close(ctx, p);
+}
+
+/* ---- lifetime ---------------------------------------------------------------------- */
+
+static void tls_added(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  s->ctx = ctx;
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (nr_channel_is_active(ch) && nr_channel_fired_active(ch)) {
+    /* Added by hand: the handlers after this one saw channel_active. */
+    s->active_seen = s->active_fired = true;
+    start_timer(s);
+    if (!s->bundle->server)
+      handshake(s);
+    read_if_needed(s);
+  }
+}
+
+static void tls_removed(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  if (s->busy > 0)
+    s->removed = true;
+  else
+    free_state(s);
+}
+
+nr_promise_t *nr_tls_handshake_future(nr_ctx_t *ctx) {
+  tls_t *s = nr_ctx_state(ctx);
+  nr_promise_t *p = nr_promise_new();
+  if (p == NULL)
+    return NULL;
+  if (s->handshaken) {
+    nr_promise_set_success(p, NULL, NULL);
+  } else if (s->st == ST_DONE) {
+    nr_promise_set_failure(p, NR_ECLOSED, "the TLS handshake failed");
+  } else {
+    if (s->hs == NULL)
+      s->hs = nr_promise_new();
+    if (s->hs == NULL) {
+      nr_promise_release(p);
+      return NULL;
+    }
+    nr_promise_release(p);
+    p = nr_promise_retain(s->hs);
+  }
+  return p;
+}
+
+const nr_handler_t nr_tls_handler = {
+    .type = "tls",
+    .added = tls_added,
+    .removed = tls_removed,
+    .active = tls_active,
+    .inactive = tls_inactive,
+    .read = tls_read,
+    .read_complete = tls_read_complete,
+    .write = tls_write,
+    .flush = tls_flush,
+    .close = tls_close,
+};

@@ -1,0 +1,471 @@
+-- tls_spec.lua -- TLS on OpenSSL 3 (DESIGN §8.1) against real peers: curl
+-- and `openssl s_client` as clients of netrun TLS servers, netrun TLS
+-- clients of netrun TLS servers. Certificates are made fresh for the run
+-- by spec/fixtures/tls/make_certs.sh (0.2 s; no private key committed,
+-- none to expire).
+local H = require "spec.helper"
+local netrun, socket = H.netrun, H.socket
+
+local dir = H.tmpdir()
+assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))
+local function P(name) return dir .. "/" .. name end
+
+-- What handlers on the loops saw, for the test to read.
+local seen = netrun.shared.dict("tls_spec")
+
+-- An HTTPS server: the native HTTP codec behind TLS; the handler answers
+-- with the request's body length and a checksum, or echoes the body back
+-- (POST /echo). It records the handshake event and exceptions.
+local Hello = {}
+function Hello:channel_active(ctx) seen:incr("active", 1, 0) end
+function Hello:user_event_triggered(ctx, e)
+  if e.tls == "handshake" then
+    seen:set("version", e.version)
+    seen:set("cipher", e.cipher)
+    seen:set("alpn", e.alpn or "none")
+    seen:set("server_name", e.server_name or "none")
+    seen:set("resumed", e.resumed)
+    seen:set("peer", e.peer and e.peer.subject or "none")
+  end
+end
+function Hello:channel_read(ctx, req)
+  local body = req.path == "/echo" and req.body or
+    string.format("hello %s len=%d ch=%d", req.path, #req.body, ctx.channel:id())
+  ctx:write { status = 200, headers = { ["content-type"] = "text/plain" }, body = body }
+end
+function Hello:channel_read_complete(ctx) ctx:flush() end
+function Hello:exception_caught(ctx, err)
+  seen:set("exception", tostring(err))
+  seen:incr("exceptions", 1, 0)
+  ctx:close()
+end
+function Hello:channel_inactive(ctx) seen:incr("inactive", 1, 0) end
+
+local group
+local function https_server(tls_opts)
+  local tls = netrun.tls.server(tls_opts or { cert = P("server.crt"), key = P("server.key") })
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0, tls = tls,
+    init = function(ch)
+      ch:pipeline():add_last("http", netrun.codec.http_server { max_body = 4 << 20 })
+      ch:pipeline():add_last("hello", Hello)
+    end,
+  }:sync()
+  local _, port = server:local_address()
+  return server, port, tls
+end
+
+local function curl(args)
+  return H.run("curl -sS --max-time 10 --cacert " .. P("ca.crt") .. " " .. args)
+end
+
+-- openssl s_client with stdin from `input` (a file or /dev/null).
+local function s_client(port, args, input)
+  return H.run(string.format("timeout 10 openssl s_client -connect 127.0.0.1:%d %s < %s",
+    port, args or "", input or "/dev/null"))
+end
+
+local function write_file(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+-- A TLS echo server (plain bytes): writes back what it reads.
+local Echo = {}
+function Echo:channel_read(ctx, msg) ctx:write(msg) end
+function Echo:channel_read_complete(ctx) ctx:flush() end
+function Echo:exception_caught(ctx, err)
+  seen:set("exception", tostring(err))
+  ctx:close()
+end
+local function echo_server(tls_opts)
+  local tls = netrun.tls.server(tls_opts or { cert = P("server.crt"), key = P("server.key") })
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0, tls = tls,
+    init = function(ch) ch:pipeline():add_last("echo", Echo) end,
+  }:sync()
+  local _, port = server:local_address()
+  return server, port, tls
+end
+
+-- A netrun TLS client: its handler collects what it reads into the dict
+-- under `key`, and notes close_notify and the end of the channel.
+local function tls_client(port, cfg, key, opts, early)
+  local Collect = {}
+  -- A write made before the handshake completes waits for it.
+  function Collect:handler_added(ctx) if early then ctx:write_and_flush(early) end end
+  function Collect:channel_read(ctx, msg) seen:set(key, (seen:get(key) or "") .. msg) end
+  function Collect:user_event_triggered(ctx, e)
+    if e.tls == "close_notify" then seen:set(key .. ":close_notify", true) end
+  end
+  function Collect:channel_inactive(ctx) seen:set(key .. ":inactive", true) end
+  function Collect:exception_caught(ctx, err) seen:set(key .. ":exception", tostring(err)) end
+  return netrun.connect {
+    group = group, host = "127.0.0.1", port = port, tls = cfg, options = opts,
+    init = function(ch) ch:pipeline():add_last("collect", Collect) end,
+  }
+end
+
+local function fds()
+  local n = 0
+  for _ in io.popen("ls /proc/self/fd"):lines() do n = n + 1 end
+  return n
+end
+
+describe("netrun.tls", function()
+  before_each(function()
+    group = netrun.group { threads = 2, name = "tls" }
+    seen:flush_all()
+  end)
+  after_each(function() H.shutdown(group) end)
+
+  it("serves HTTPS to curl --cacert: 200, several requests over one kept-alive connection", function()
+    local _, port = https_server()
+    local url = "https://localhost:" .. port
+    local out, status = curl("-w '|%{http_code} %{num_connects}\\n' " .. url .. "/a " .. url .. "/b " .. url .. "/c")
+    assert.equal(0, status, out)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal(3, #lines, out)
+    local ch = lines[1]:match("ch=(%d+)")
+    assert.truthy(lines[1]:match("^hello /a len=0 ch=%d+|200 1$"), out)
+    assert.equal("hello /b len=0 ch=" .. ch .. "|200 0", lines[2])
+    assert.equal("hello /c len=0 ch=" .. ch .. "|200 0", lines[3])
+    assert.equal(1, seen:get("active"))       -- once, after the handshake
+    assert.equal("TLSv1.3", seen:get("version"))
+    assert.equal("localhost", seen:get("server_name"))
+    assert.truthy(seen:get("cipher"):match("^TLS_"))
+  end)
+
+  it("carries 1 MiB each way intact", function()
+    local _, port = https_server()
+    local big = {}
+    math.randomseed(13)
+    for i = 1, 1 << 14 do big[i] = string.pack("<I4I4", math.random(0, 0xffffffff), i) end
+    big = table.concat(big):rep(8)
+    assert.equal(1 << 20, #big)
+    write_file(P("big.in"), big)
+    local out, status = curl("--data-binary @" .. P("big.in") .. " -o " .. P("big.out")
+      .. " -w '%{http_code}' https://localhost:" .. port .. "/echo")
+    assert.equal(0, status, out)
+    assert.equal("200", out)
+    local f = assert(io.open(P("big.out"), "rb"))
+    local got = f:read("a")
+    f:close()
+    assert.equal(#big, #got)
+    assert.is_true(got == big)
+  end)
+
+  it("echoes 1 MiB between a netrun client and server, the echo written as each read is decrypted", function()
+    local _, port = echo_server()
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "big"))
+    local chunk = {}
+    for i = 1, 4096 do chunk[i] = string.char(i % 251) end
+    chunk = table.concat(chunk)
+    local all = {}
+    for i = 1, 256 do
+      all[i] = chunk
+      ch:write(chunk)
+    end
+    ch:flush()
+    all = table.concat(all)
+    assert.truthy(H.eventually(function() return #(seen:get("big") or "") >= #all end, 20))
+    assert.is_true(seen:get("big") == all)
+    assert.is_nil(seen:get("exception"))
+    ch:close():sync()
+  end)
+
+  it("negotiates ALPN as configured", function()
+    local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
+                                   alpn = { "http/1.1" } }
+    local out = s_client(port, "-alpn h2,http/1.1")
+    assert.truthy(out:find("ALPN protocol: http/1.1", 1, true), out)
+    assert.truthy(H.eventually(function() return seen:get("alpn") == "http/1.1" end))
+    out = s_client(port, "-alpn h2")            -- nothing in common: no ALPN
+    assert.truthy(out:find("No ALPN negotiated", 1, true), out)
+    out = curl("--http1.1 -w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
+    assert.equal("200", out)
+  end)
+
+  it("picks the certificate of the SNI name asked for", function()
+    local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
+      sni = { ["b.example"] = { cert = P("b.crt"), key = P("b.key") } } }
+    local out = s_client(port, "-servername b.example")
+    assert.truthy(out:find("subject=CN = b.example", 1, true), out)
+    assert.truthy(H.eventually(function() return seen:get("server_name") == "b.example" end))
+    out = s_client(port, "-servername localhost")
+    assert.truthy(out:find("subject=CN = localhost", 1, true), out)
+    out = s_client(port, "-servername B.EXAMPLE")      -- names are case-insensitive
+    assert.truthy(out:find("subject=CN = b.example", 1, true), out)
+    out = s_client(port, "-servername unknown.example")
+    assert.truthy(out:find("subject=CN = localhost", 1, true), out)
+  end)
+
+  it("resumes sessions from tickets", function()
+    local _, port = https_server()
+    local req = P("req")
+    write_file(req, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    local out = s_client(port, "-ign_eof -sess_out " .. P("sess.pem"), req)
+    assert.truthy(out:find("\nNew, TLSv1.3", 1, true), out)
+    out = s_client(port, "-ign_eof -sess_in " .. P("sess.pem"), req)
+    assert.truthy(out:find("\nReused, TLSv1.3", 1, true), out)
+    assert.truthy(H.eventually(function() return seen:get("resumed") == true end))
+  end)
+
+  it("connects as a client: verify on with the CA, verify off, and a wrong CA fails the connect future", function()
+    local _, port = echo_server()
+    local ok = netrun.tls.client { ca = P("ca.crt"), server_name = "localhost" }
+    local ch = H.sync(tls_client(port, ok, "a", nil, "early;"))
+    ch:write_and_flush("ping over tls")
+    assert.truthy(H.eventually(function() return seen:get("a") == "early;ping over tls" end))
+    ch:close():sync()
+    -- no server_name: the host connected to (127.0.0.1) is checked
+    ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "b"))
+    ch:write_and_flush("by address")
+    assert.truthy(H.eventually(function() return seen:get("b") == "by address" end))
+    ch:close():sync()
+    ch = H.sync(tls_client(port, netrun.tls.client { verify = false }, "c"))
+    ch:write_and_flush("unverified")
+    assert.truthy(H.eventually(function() return seen:get("c") == "unverified" end))
+    ch:close():sync()
+    local f = tls_client(port, netrun.tls.client { ca = P("other-ca.crt") }, "d")
+    local okc, err = pcall(H.sync, f)
+    assert.is_false(okc)
+    assert.truthy(tostring(err):find("certificate verify failed", 1, true), err)
+    assert.truthy(tostring(err):find("unable to get local issuer certificate", 1, true), err)
+    -- the wrong name fails too
+    f = tls_client(port, netrun.tls.client { ca = P("ca.crt"), server_name = "b.example" }, "e")
+    okc, err = pcall(H.sync, f)
+    assert.is_false(okc)
+    assert.truthy(tostring(err):find("hostname mismatch", 1, true), err)
+  end)
+
+  it("gives a stream over TLS, connected by host name and verified against that name", function()
+    local _, port = echo_server()
+    local spawned = group:next():submit(function(port, ca)
+      local netrun = require "netrun"
+      return netrun.spawn(function()
+        local s = netrun.tcp.connect("localhost", port,
+          { timeout = 5, tls = netrun.tls.client { ca = ca } }):await()
+        assert(s:send("over tls by name"))
+        local got, err = s:receive(16)
+        s:close()
+        return got or err
+      end)
+    end, port, P("ca.crt"))
+    assert.equal("over tls by name", H.sync(H.sync(spawned)))
+  end)
+
+  it("verifies client certificates when required and reports the peer's subject", function()
+    local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
+                                   ca = P("ca.crt"), verify = "required" }
+    local client = netrun.tls.client { ca = P("ca.crt"), cert = P("client.crt"), key = P("client.key") }
+    local ch = H.sync(tls_client(port, client, "r"))
+    ch:write_and_flush("GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert.truthy(H.eventually(function() return (seen:get("r") or ""):find("hello /x", 1, true) end))
+    assert.equal("CN=client one,O=netrun", seen:get("peer"))
+    ch:close():sync()
+    local out = curl("-o /dev/null -w '%{http_code}' https://localhost:" .. port .. "/")
+    assert.are_not.equal("200", out)               -- no client certificate
+    assert.truthy(H.eventually(function()
+      return (seen:get("exception") or ""):find("peer did not return a certificate", 1, true)
+    end), seen:get("exception"))
+  end)
+
+  it("reports a plaintext or garbage client to exception_caught with OpenSSL's reason, closes it, and serves on", function()
+    local _, port = https_server()
+    local c = H.client(port)
+    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    local data, err = c:receive("*a")           -- closed by the server
+    assert.equal("closed", err)
+    c:close()
+    assert.truthy(H.eventually(function() return seen:get("exception") end))
+    assert.truthy(seen:get("exception"):find("tls: handshake failed: error:0A00009C:SSL routines::http request", 1, true),
+      seen:get("exception"))
+    assert.is_nil(seen:get("active"))            -- never active behind TLS
+    assert.is_nil(seen:get("inactive"))
+    c = H.client(port)
+    c:send(string.rep("\22\3\1\0\5garbage", 10))
+    data, err = c:receive("*a")                 -- the alert, then closed
+    assert.truthy(data or err == "closed", err)
+    c:close()
+    assert.truthy(H.eventually(function() return seen:get("exceptions") == 2 end))
+    assert.truthy(seen:get("exception"):find("SSL routines", 1, true), seen:get("exception"))
+    local out = curl("-w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
+    assert.equal("200", out)
+  end)
+
+  it("survives 500 failed handshakes with fds (and, under ASan, memory) flat", function()
+    local _, port = https_server()
+    local garbage = "\22\3\1\0\5garbage"
+    local function fail_once()
+      local c = H.client(port)
+      c:send(garbage)
+      local data, err = c:receive("*a")         -- the alert, then closed
+      assert.truthy(data or err == "closed", err)
+      c:close()
+    end
+    for _ = 1, 50 do fail_once() end               -- warm up pools and caches
+    assert.truthy(H.eventually(function() return seen:get("exceptions") == 50 end))
+    local fd0, rss0 = fds(), H.rss()
+    for _ = 1, 500 do fail_once() end
+    assert.truthy(H.eventually(function() return seen:get("exceptions") == 550 end))
+    assert.truthy(H.eventually(function() return fds() <= fd0 end), fds() .. " fds, " .. fd0 .. " before")
+    if not H.sanitized then
+      assert.is_true(H.rss() - rss0 < 4096, (H.rss() - rss0) .. " KiB more RSS")
+    end
+    local out = curl("-w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
+    assert.equal("200", out)
+  end)
+
+  it("closes a peer that does not complete the handshake in handshake_timeout", function()
+    local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
+                                   handshake_timeout = 0.2 }
+    local c = H.client(port)
+    local t0 = socket.gettime()
+    local data, err = c:receive("*a")               -- we send nothing
+    local waited = socket.gettime() - t0
+    assert.truthy(data or err == "closed", err)
+    assert.is_true(waited > 0.15 and waited < 3, tostring(waited))
+    c:close()
+    assert.truthy(H.eventually(function() return seen:get("exception") end))
+    assert.equal("tls: handshake timed out after 0.2 s", seen:get("exception"))
+  end)
+
+  it("sends close_notify on close, after everything written before it", function()
+    local Bye = {}
+    function Bye:channel_active(ctx)
+      for i = 1, 64 do ctx:write(string.rep(string.char(64 + i % 26), 1000)) end
+      ctx:write("the end")
+      ctx:close()
+    end
+    local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key") }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0, tls = tls,
+      init = function(ch) ch:pipeline():add_last("bye", Bye) end,
+    }:sync()
+    local _, port = server:local_address()
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "z"))
+    assert.truthy(H.eventually(function() return seen:get("z:inactive") end))
+    local got = seen:get("z")
+    assert.equal(64007, #got)
+    assert.equal("the end", got:sub(-7))
+    assert.is_true(seen:get("z:close_notify"))
+    assert.is_nil(seen:get("z:exception"))
+    assert.is_false(ch:is_open())
+    local out = s_client(port, "-ign_eof")
+    assert.truthy(out:find("the end", 1, true), out)
+    assert.truthy(out:find("\nclosed", 1, true), out)   -- close_notify, not a bare EOF
+  end)
+
+  it("makes the channel unwritable when the peer does not read, and reads with auto_read off", function()
+    local Flood = {}
+    function Flood:channel_active(ctx)
+      local ch = ctx.channel
+      local n = 0
+      while ch:is_writable() and n < 4096 do
+        ctx:write_and_flush(string.rep("x", 16384))
+        n = n + 1
+      end
+      seen:set("flood_writes", n)
+      seen:set("flood_writable", ch:is_writable())
+    end
+    local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key") }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0, tls = tls,
+      init = function(ch) ch:pipeline():add_last("flood", Flood) end,
+    }:sync()
+    local _, port = server:local_address()
+    -- auto_read off: the handshake still completes (TLS asks for its reads)
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "f",
+                                 { auto_read = false }))
+    assert.truthy(H.eventually(function() return seen:get("flood_writes") end))
+    assert.is_false(seen:get("flood_writable"))
+    assert.is_true(seen:get("flood_writes") < 4096)
+    ch:read()
+    assert.truthy(H.eventually(function() return #(seen:get("f") or "") > 0 end))
+    ch:close():sync()
+  end)
+
+  it("reload swaps the certificate for new handshakes and keeps live connections", function()
+    local _, port, tls = echo_server()
+    local live = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "l"))
+    live:write_and_flush("before;")
+    assert.truthy(H.eventually(function() return seen:get("l") == "before;" end))
+    assert.truthy(s_client(port):find("subject=CN = localhost", 1, true))
+    assert.equal(2, netrun.tls.reload(tls, { cert = P("reloaded.crt"), key = P("reloaded.key") }))
+    assert.truthy(s_client(port):find("subject=CN = reloaded", 1, true))
+    live:write_and_flush("after")
+    assert.truthy(H.eventually(function() return seen:get("l") == "before;after" end))
+    -- files replaced in place, then reload(config) re-reads them
+    assert(os.execute("cp " .. P("server.crt") .. " " .. P("reloaded.crt") .. " && cp "
+      .. P("server.key") .. " " .. P("reloaded.key")))
+    assert.equal(3, netrun.tls.reload(tls))
+    assert.truthy(s_client(port):find("subject=CN = localhost", 1, true))
+    -- a bad reload raises and leaves the current certificate in place
+    local ok, err = pcall(netrun.tls.reload, tls, { cert = P("nope.crt"), key = P("server.key") })
+    assert.is_false(ok)
+    assert.truthy(err:find("cert '" .. P("nope.crt") .. "'", 1, true), err)
+    assert.truthy(s_client(port):find("subject=CN = localhost", 1, true))
+    live:write_and_flush("!")
+    assert.truthy(H.eventually(function() return seen:get("l") == "before;after!" end))
+    live:close():sync()
+    -- reloads racing handshakes on both loops (TSan watches the swap)
+    local clients = io.popen(string.format("for i in $(seq 16); do (timeout 10 openssl s_client "
+      .. "-connect 127.0.0.1:%d </dev/null 2>&1 | grep -c '^subject=') & done; wait", port))
+    for _ = 1, 30 do netrun.tls.reload(tls) end
+    local subjects = clients:read("a")
+    clients:close()
+    assert.equal(string.rep("1\n", 16), subjects)
+  end)
+
+  it("adds by hand to a pipeline, and raises clear errors for bad configs", function()
+    local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key") }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_first("tls", tls)
+        ch:pipeline():add_last("echo", Echo)
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "h"))
+    ch:write_and_flush("by hand")
+    assert.truthy(H.eventually(function() return seen:get("h") == "by hand" end))
+    ch:close():sync()
+
+    local function err_of(f, ...)
+      local ok, e = pcall(f, ...)
+      assert.is_false(ok)
+      return e
+    end
+    local e = err_of(netrun.tls.server, { cert = P("server.crt"), key = P("server.key"), bogus = 1 })
+    assert.truthy(e:find("netrun.tls.server: unknown option 'bogus'", 1, true), e)
+    e = err_of(netrun.tls.client, { verify = "yes" })
+    assert.truthy(e:find("netrun.tls.client: verify must be a boolean", 1, true), e)
+    e = err_of(netrun.tls.server, { key = P("server.key") })
+    assert.truthy(e:find("cert (or cert_pem) is required", 1, true), e)
+    e = err_of(netrun.tls.server, { cert = P("missing.crt"), key = P("server.key") })
+    assert.truthy(e:find("netrun.tls.server: cert '" .. P("missing.crt") .. "': error:", 1, true), e)
+    assert.truthy(e:find("No such file or directory", 1, true), e)
+    e = err_of(netrun.tls.server, { cert = P("server.crt"), key = P("b.key") })
+    assert.truthy(e:find("key '" .. P("b.key") .. "': error:", 1, true), e)
+    assert.truthy(e:find("key values mismatch", 1, true), e)
+    e = err_of(netrun.tls.server, { cert = P("server.crt"), key = P("server.key"), min_version = "SSLv3" })
+    assert.truthy(e:find("min_version must be", 1, true), e)
+    e = err_of(netrun.tls.server, { cert = P("server.crt"), key = P("server.key"), verify = "required" })
+    assert.truthy(e:find("needs ca", 1, true), e)
+    e = err_of(netrun.server, { group = group, port = 0, tls = "nope" })
+    assert.truthy(e:find("netrun.server: tls must be a netrun.tls.server/client config", 1, true), e)
+  end)
+
+  it("takes PEM text as well as files", function()
+    local function slurp(p) local f = assert(io.open(p)) local s = f:read("a") f:close() return s end
+    local _, port = echo_server { cert_pem = slurp(P("server.crt")), key_pem = slurp(P("server.key")) }
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "p"))
+    ch:write_and_flush("pem")
+    assert.truthy(H.eventually(function() return seen:get("p") == "pem" end))
+    ch:close():sync()
+  end)
+end)
