@@ -22,13 +22,7 @@ local function spawn(args, env)
   return pid, log
 end
 
-local function read_file(path)
-  local f = io.open(path)
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = H.read_file
 
 -- Wait (bounded) for a line in a log: the process tells us it is ready.
 local function wait_for(log, pattern, secs)

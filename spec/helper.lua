@@ -224,6 +224,15 @@ function H.flood(c, chunk, limit)
   return sent
 end
 
+-- A file's text ("" if it cannot be read: a log not written yet).
+function H.read_file(path)
+  local f = io.open(path)
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 function H.tmpdir()
   local p = os.tmpname()
   os.remove(p)

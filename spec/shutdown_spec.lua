@@ -5,10 +5,7 @@
 local H = require "spec.helper"
 
 local function log_has(log, text)
-  local f = io.open(log)
-  local t = f and f:read("a") or ""
-  if f then f:close() end
-  return t:find(text, 1, true) ~= nil
+  return H.read_file(log):find(text, 1, true) ~= nil
 end
 
 local function answered_after_sigterm(mode)

@@ -6,13 +6,7 @@ local netrun, socket = H.netrun, H.socket
 
 local FIXTURE = "spec/fixtures/stall_server.lua"
 
-local function read_file(path)
-  local f = io.open(path)
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = H.read_file
 
 -- Start netrun in the background through a shell that records its exit
 -- status in log .. ".status"; returns its pid (told by the fixture), log.

@@ -765,6 +765,18 @@ static void check_opts(lua_State *L, const char *what, const char *const *keys) 
 
 /* ---- creating channels ------------------------------------------------------------- */
 
+/* require(mod)[fn](the options at 1): its result replaces nothing, it is
+ * pushed. The Lua side of an option (streams, host names) lives in Lua. */
+static void call_lua_side(lua_State *L, const char *mod, const char *fn) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, mod);
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, fn);
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  lua_remove(L, -2);             /* the module */
+}
+
 /* netrun.server { stream = fn }: lua/netrun/stream.lua turns the options
  * into plain ones whose init adds the stream handler (fn runs in a
  * coroutine per connection); they replace the table at 1. */
@@ -774,14 +786,8 @@ static void stream_options(lua_State *L) {
     return;
   }
   lua_pop(L, 1);
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "netrun.stream");
-  lua_call(L, 1, 1);
-  lua_getfield(L, -1, "server_options");
-  lua_pushvalue(L, 1);
-  lua_call(L, 1, 1);
+  call_lua_side(L, "netrun.stream", "server_options");
   lua_replace(L, 1);
-  lua_pop(L, 1);                 /* the module */
 }
 
 static int l_server(lua_State *L) {
@@ -826,12 +832,7 @@ static bool is_address(const char *host) {
  * connects here again with each address: getaddrinfo on the calling
  * thread would block a loop. The options at 1 are checked already. */
 static int connect_by_name(lua_State *L) {
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "netrun.dns");
-  lua_call(L, 1, 1);
-  lua_getfield(L, -1, "connect");
-  lua_pushvalue(L, 1);
-  lua_call(L, 1, 1);
+  call_lua_side(L, "netrun.dns", "connect");
   return 1;
 }
 
