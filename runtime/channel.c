@@ -660,6 +660,7 @@ static bool start_linger(nr_channel_t *ch) {
       nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
     return false;
   ch->st |= NR__LINGER;
+  ch->linger_until = nr_now() + INPUT_LINGER;  /* (timers end at shutdown) */
   ch->linger_timer = nr_loop_schedule(ch->loop, INPUT_LINGER, 0,
                                       linger_timed_out, NULL, ch);
   return true;
@@ -771,7 +772,9 @@ static void close_each(nr_loop_t *l, bool abort) {
     v[i++] = nr_channel_retain(ch);
   for (i = 0; i < n; i++) {
     if (v[i]->st & NR__LINGER) {
-      if (abort)
+      /* a shutting-down loop cancels its timers: the linger's bound is
+       * kept here, as this runs every turn of the shutdown */
+      if (abort || nr_now() >= v[i]->linger_until)
         end_linger(v[i]);
     } else if (!abort && v[i]->holds > 0) {
       if (!(v[i]->st & NR__CLOSE_IDLE)) {

@@ -347,6 +347,7 @@ struct nr_channel_s {
   _Atomic bool closed;
   nr_promise_t *connect_promise;
   nr_timer_t *connect_timer, *linger_timer;
+  uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
   nr_server_t *srv;
   void *user;
   void (*user_free)(void *);

@@ -92,6 +92,24 @@ describe("a graceful close", function()
     H.shutdown(group)
   end)
 
+  it("at shutdown, lets a lingering peer that never closes go after the linger, not the timeout", function()
+    local members = netrun.channel_group()
+    local group, port = serve({
+      channel_active = function(_, ctx)
+        ctx.channel:option("auto_read", false)       -- what comes stays unread
+        members:add(ctx.channel)
+      end,
+    })
+    local c = H.client(port)
+    c:send("unread")
+    assert.is_true(H.eventually(function() return #members == 1 end))
+    local t0 = H.socket.gettime()
+    H.sync(group:shutdown_gracefully(0, 30), 40)    -- c neither reads nor closes
+    local took = H.socket.gettime() - t0
+    assert.is_true(took < 10, string.format("shutdown took %.1f s", took))
+    c:close()
+  end)
+
   it("closes an idle connection at once at shutdown", function()
     local group, port = serve({ channel_read = function(_, ctx, m) ctx:write_and_flush(m) end })
     local c = H.client(port)
