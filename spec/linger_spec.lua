@@ -37,6 +37,19 @@ local function fetch(port, after_first)
   return got, err
 end
 
+-- A server that reads nothing (auto_read off from the start), so what a
+-- peer sends stays unread; its channels are in `members`.
+local function serve_unread()
+  local members = netrun.channel_group()
+  local group, port = serve({
+    channel_active = function(_, ctx)
+      ctx.channel:option("auto_read", false)
+      members:add(ctx.channel)
+    end,
+  })
+  return group, port, members
+end
+
 local function writer(close)
   return {
     channel_read = function(_, ctx)
@@ -68,13 +81,7 @@ describe("a graceful close", function()
   end)
 
   it("lets a peer that never closes go after the linger", function()
-    local members = netrun.channel_group()
-    local group, port = serve({
-      channel_active = function(_, ctx)
-        ctx.channel:option("auto_read", false)       -- what comes stays unread
-        members:add(ctx.channel)
-      end,
-    })
+    local group, port, members = serve_unread()
     local loop = group:loops()[1]
     local c = H.client(port)
     c:send("unread")
@@ -93,13 +100,7 @@ describe("a graceful close", function()
   end)
 
   it("at shutdown, lets a lingering peer that never closes go after the linger, not the timeout", function()
-    local members = netrun.channel_group()
-    local group, port = serve({
-      channel_active = function(_, ctx)
-        ctx.channel:option("auto_read", false)       -- what comes stays unread
-        members:add(ctx.channel)
-      end,
-    })
+    local group, port, members = serve_unread()
     local c = H.client(port)
     c:send("unread")
     assert.is_true(H.eventually(function() return #members == 1 end))
