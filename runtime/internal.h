@@ -20,6 +20,7 @@
 #include <sys/epoll.h>
 #include <sys/stat.h>
 
+#include "error.h"
 #include "netrun.h"
 
 #define NR_CACHELINE 64
@@ -405,11 +406,6 @@ int nr__socket(int family, int type);
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
 int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
                     char *host, size_t n, int *port);
-/* "ECONNREFUSED: connection refused" style text for a code. */
-const char *nr__errname(int code);
-/* The message last given to nr_raise for `code` on this thread, else the
- * code's name. */
-const char *nr__raised(int code);
 
 /* executor.c */
 int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o);

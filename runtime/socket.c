@@ -110,19 +110,6 @@ int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
   return 0;
 }
 
-const char *nr__errname(int code) {
-  static _Thread_local char buf[128];
-  if (code > -10000 && code < 0) {
-    const char *name = strerrorname_np(-code);
-    snprintf(buf, sizeof buf, "%s: %s", name ? name : "E?", strerror(-code));
-    char *s = strstr(buf, ": ");          /* "ECONNREFUSED: connection refused" */
-    if (s && s[2] >= 'A' && s[2] <= 'Z')
-      s[2] = (char)(s[2] - 'A' + 'a');
-    return buf;
-  }
-  return nr_strerror(code);
-}
-
 int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
                    char *host, size_t n, int *port) {
   return nr__format_addr(ss, len, host, n, port);
