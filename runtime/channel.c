@@ -84,8 +84,6 @@ nr_channel_t *nr_channel_retain(nr_channel_t *ch) {
 void nr_channel_release(nr_channel_t *ch) {
   if (ch == NULL || atomic_fetch_sub(&ch->refs, 1) != 1)
     return;
-  if (ch->user_free)
-    ch->user_free(ch->user);
   if (ch->io.fd >= 0 && !(ch->st & NR__CLOSED))
     close(ch->io.fd);                          /* never registered */
   if (ch->reg_promise)
@@ -159,11 +157,6 @@ void nr__channel_closed(nr_channel_t *ch) {
 const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch) {
   return &ch->opts;
 }
-void *nr_channel_user(const nr_channel_t *ch) { return ch->user; }
-void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *)) {
-  ch->user = u;
-  ch->user_free = free_fn;
-}
 
 /* Any thread: nothing is cached, so there is nothing to race on. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
@@ -178,7 +171,7 @@ int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
   if (!(pub(ch) & NR__OPEN) ||
       getsockname(ch->io.fd, (struct sockaddr *)&ss, &len) < 0)
     return -ENOTCONN;
-  return nr__format_addr(&ss, len, host, n, port);
+  return nr_format_addr(&ss, len, host, n, port);
 }
 
 static const struct sockaddr_storage *peer(const nr_channel_t *ch) {
@@ -204,7 +197,7 @@ int nr_channel_remote_address(const nr_channel_t *ch, char *host, size_t n,
                               int *port) {
   if (ch->kind != NR__STREAM)
     return -ENOTCONN;
-  return nr__format_addr(peer(ch), ch->rlen, host, n, port);
+  return nr_format_addr(peer(ch), ch->rlen, host, n, port);
 }
 
 /* ---- registration and interest ------------------------------------------------ */
@@ -551,7 +544,7 @@ static void finish_connect(nr_channel_t *ch) {
   if (err != 0) {
     char host[128], msg[256];
     int port = 0;
-    nr__format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
+    nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: %s", host, port, nr__errname(-err));
     connect_failed(ch, -err, msg);
     return;
@@ -568,7 +561,7 @@ static int connect_timed_out(void *arg) {
   if (ch->st & NR__CONNECTING) {
     char host[128], msg[256];
     int port = 0;
-    nr__format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
+    nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
              port, (double)ch->connect_timeout / 1e9);
     connect_failed(ch, NR_ETIMEDOUT, msg);
@@ -839,7 +832,7 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
   nr_channel_t *ch = nr_ctx_channel(ctx);
   char host[128];
   int port = 0;
-  nr__format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
+  nr_format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
                   &port);
   if (bind(ch->io.fd, sa, len) < 0 ||
       (ch->kind == NR__LISTEN && listen(ch->io.fd, ch->backlog) < 0)) {
@@ -877,7 +870,7 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (errno != EINPROGRESS) {
     int err = -errno, port = 0;
     char host[128];
-    nr__format_addr(peer(ch), len, host, sizeof host, &port);
+    nr_format_addr(peer(ch), len, host, sizeof host, &port);
     nr__channel_close(ch, true);
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
                      : nr_raise(err, "%s: %s", host, nr__errname(err));

@@ -350,8 +350,6 @@ struct nr_channel_s {
   nr_timer_t *connect_timer, *linger_timer;
   uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
   nr_server_t *srv;
-  void *user;
-  void (*user_free)(void *);
   nr_init_fn init;                   /* bootstrap: run at registration */
   void *init_arg;
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
@@ -404,8 +402,6 @@ int nr__unix_prepare(const struct sockaddr_storage *ss, socklen_t len);
 void nr__unlink_socket(const char *path, dev_t dev, ino_t ino);
 int nr__socket(int family, int type);
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
-int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
-                    char *host, size_t n, int *port);
 
 /* executor.c */
 int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o);
@@ -442,7 +438,6 @@ void nr__channels_abort_all(nr_loop_t *l);
 void nr__log_set_thread_name(const char *name);
 
 /* promises: main-thread and loop listeners */
-nr_promise_t *nr__promise_done(void *value, void (*free_fn)(void *));
 nr_promise_t *nr__promise_failed(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

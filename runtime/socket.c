@@ -91,8 +91,8 @@ void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o->rcvbuf, sizeof o->rcvbuf);
 }
 
-int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
-                    char *host, size_t n, int *port) {
+int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
+                   char *host, size_t n, int *port) {
   if (len == 0)
     return -ENOTCONN;
   if (ss->ss_family == AF_UNIX) {
@@ -108,9 +108,4 @@ int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
     return -EINVAL;
   *port = atoi(serv);
   return 0;
-}
-
-int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
-                   char *host, size_t n, int *port) {
-  return nr__format_addr(ss, len, host, n, port);
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lmain.h"
 #include "lnr.h"
 
 struct lnr_group_s {

@@ -204,9 +204,20 @@ bool lnr_loop_may_block(nr_loop_t *l);
  * (0: none, the defaults) into o (lstall.c); raises on a bad value. */
 void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
                        nr_group_opts_t *o);
-/* Log each loop of a live group that has not terminated, saying why the
- * process gives up on it; returns how many. Any thread. */
-int lnr_log_unterminated(const char *why);
+/* Reference counts of the handle kinds, defined next to each kind and
+ * used by lnr_handle_retain/release (lhandle.c). */
+void lnr_group_retain(lnr_group_t *g);
+void lnr_group_release(lnr_group_t *g);
+void lnr_chgroup_retain(void *cg);
+void lnr_chgroup_release(void *cg);
+void lnr_tls_retain(void *cfg);
+void lnr_tls_release(void *cfg);
+/* When the main state closes (lstate.c): shut every group down and wait
+ * for it (false: a loop is stuck, and what it may use must not be freed);
+ * then free the dict registry and the DNS pool. */
+bool lnr_shutdown_all(lua_State *L);
+void lnr_free_dicts(void);
+void lnr_free_dns(void);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 
@@ -230,6 +241,8 @@ void lnr_open_channel(lua_State *L);
 void lnr_open_pipeline(lua_State *L);
 void lnr_open_dict(lua_State *L);
 void lnr_open_state(lua_State *L);
+void lnr_open_console(lua_State *L);
+void lnr_open_dns(lua_State *L);
 /* Batteries. Each is called with the core module table on top of the stack
  * and adds its constructors to its subtables "codec" and "handler" (made
  * before): lcodec.c the frame codecs, lhttp.c the HTTP codec, lhandlers.c
@@ -298,7 +311,6 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 /* Push the registry table stored under the address `key`, making it the
  * first time as a weak table of the given __mode ("k", "v" or "kv"). */
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
-void lnr_set_funcs(lua_State *L, const luaL_Reg *l);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
 /* Levenshtein distance of two names (64 or more: "far", for long ones). */
 int lnr_edit_distance(const char *a, const char *b);

@@ -1253,10 +1253,10 @@ static int l_channel_pipeline(lua_State *L) {
   return 1;
 }
 
-static nr_pipeline_t *check_pipe(lua_State *L, int idx, bool mutate) {
+static nr_pipeline_t *check_pipe(lua_State *L, int idx) {
   lpipe_t *p = luaL_checkudata(L, idx, PIPELINE);
   nr_loop_t *loop = nr_channel_loop(p->ch);
-  if (mutate && (loop == NULL || !nr_loop_in_thread(loop)))
+  if (loop == NULL || !nr_loop_in_thread(loop))
     luaL_error(L, "the pipeline of channel %d can only be used on its loop "
                "(%s): do it in init, or in a task on ch:loop()",
                (int)nr_channel_id(p->ch), loop ? nr_loop_name(loop) : "none");
@@ -1367,7 +1367,7 @@ static void ensure_ctx(nr_ctx_t *ctx) {
 }
 
 static int do_add(lua_State *L, adder_fn add, bool with_base) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   int arg = 2;
   nr_loop_t *exec = exec_loop(L, arg);
   if (exec)
@@ -1411,7 +1411,7 @@ static int p_add_after(lua_State *L) {
 }
 
 static int p_remove(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   nr_ctx_t *c = find_ctx(L, p, 2);
   if (c == NULL)
@@ -1423,7 +1423,7 @@ static int p_remove(lua_State *L) {
 }
 
 static int p_replace(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = find_ctx(L, p, 2);
   const char *name = luaL_checkstring(L, 3);
   luaL_checkany(L, 4);
@@ -1442,7 +1442,7 @@ static int p_replace(lua_State *L) {
 }
 
 static int p_get(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = nr_pipeline_context(p, luaL_checkstring(L, 2));
   if (c == NULL)
     lua_pushnil(L);
@@ -1452,7 +1452,7 @@ static int p_get(lua_State *L) {
 }
 
 static int p_context(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = find_ctx(L, p, 2);
   if (c == NULL) {
     lua_pushnil(L);
@@ -1467,7 +1467,7 @@ static int p_context(lua_State *L) {
 }
 
 static int p_names(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   lua_newtable(L);
   int i = 1;
   for (nr_ctx_t *c = nr_pipeline_first(p); c; c = nr_ctx_next(c)) {
@@ -1478,13 +1478,13 @@ static int p_names(lua_State *L) {
 }
 
 static int p_first(lua_State *L) {
-  nr_ctx_t *c = nr_pipeline_first(check_pipe(L, 1, true));
+  nr_ctx_t *c = nr_pipeline_first(check_pipe(L, 1));
   c ? push_handler(L, c) : lua_pushnil(L);
   return 1;
 }
 
 static int p_last(lua_State *L) {
-  nr_ctx_t *c = nr_pipeline_last(check_pipe(L, 1, true));
+  nr_ctx_t *c = nr_pipeline_last(check_pipe(L, 1));
   c ? push_handler(L, c) : lua_pushnil(L);
   return 1;
 }
@@ -1497,7 +1497,7 @@ static int p_channel(lua_State *L) {
 
 #define PIPE_FIRE0(cname, fn)                                               \
   static int cname(lua_State *L) {                                          \
-    fn(nr_pipeline_head(check_pipe(L, 1, true)));                           \
+    fn(nr_pipeline_head(check_pipe(L, 1)));                           \
     lua_settop(L, 1);                                                       \
     return 1;                                                               \
   }
@@ -1509,7 +1509,7 @@ PIPE_FIRE0(p_fire_read_complete, nr_ctx_fire_read_complete)
 PIPE_FIRE0(p_fire_writability, nr_ctx_fire_writability_changed)
 
 static int p_fire_read(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   lnr_with_msg(L, 2, NULL, fire_read_fn, nr_pipeline_head(p), NULL);
   lua_settop(L, 1);
@@ -1517,7 +1517,7 @@ static int p_fire_read(lua_State *L) {
 }
 
 static int p_fire_user_event(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
   fire_event_fn(nr_pipeline_head(p), &m, NULL);
   lua_settop(L, 1);
@@ -1525,7 +1525,7 @@ static int p_fire_user_event(lua_State *L) {
 }
 
 static int p_fire_exception(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
   nr_ctx_fire_exception(nr_pipeline_head(p), &err);
   lua_settop(L, 1);
@@ -1533,7 +1533,7 @@ static int p_fire_exception(lua_State *L) {
 }
 
 static int p_do_write(lua_State *L, bool flush) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   nr_promise_t *pr = opt_promise(L, 3);
   lnr_with_msg(L, 2, nr_pipeline_channel(p), ctx_write_fn, nr_pipeline_tail(p),
@@ -1547,13 +1547,13 @@ static int p_write(lua_State *L) { return p_do_write(L, false); }
 static int p_write_and_flush(lua_State *L) { return p_do_write(L, true); }
 
 static int p_flush(lua_State *L) {
-  nr_ctx_flush(nr_pipeline_tail(check_pipe(L, 1, true)));
+  nr_ctx_flush(nr_pipeline_tail(check_pipe(L, 1)));
   lua_settop(L, 1);
   return 1;
 }
 
 static int p_close(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_promise_t *pr = opt_promise(L, 2);
   nr_ctx_close(nr_pipeline_tail(p), pr);
   return 1;
