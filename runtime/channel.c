@@ -109,6 +109,7 @@ bool nr_channel_is_writable(const nr_channel_t *ch) {
   return pub(ch) & NR__WRITABLE;
 }
 bool nr_channel_fired_active(const nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return ch->st & NR__WAS_ACTIVE;
 }
 bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTEN; }
@@ -119,13 +120,16 @@ int nr_channel_fd(const nr_channel_t *ch) {
   return (ch->st & NR__CLOSED) ? -1 : ch->io.fd;
 }
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
-uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
+uint64_t nr_channel_write_mark(const nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  return ch->out.appended;
+}
 bool nr_channel_has_unflushed(const nr_channel_t *ch) {
-  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return ch->out.appended > ch->out.flushed || ch->out.dq_unflushed > 0;
 }
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
-  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return nr__out_watch(&ch->out, mark, p);
 }
 /* Lazily made, from any thread. The closing loop sets `closed` then looks
@@ -155,6 +159,7 @@ void nr__channel_closed(nr_channel_t *ch) {
     nr_promise_set_success(p, NULL, NULL);
 }
 const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return &ch->opts;
 }
 
@@ -642,7 +647,10 @@ static int linger_timed_out(void *arg) {
   return 0;
 }
 
-void nr_channel_linger(nr_channel_t *ch) { ch->st |= NR__LINGER_WANTED; }
+void nr_channel_linger(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  ch->st |= NR__LINGER_WANTED;
+}
 
 static bool start_linger(nr_channel_t *ch) {
   int unread = 0;
@@ -725,7 +733,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
 }
 
 void nr_channel_hold(nr_channel_t *ch) {
-  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  NR_ASSERT_CHANNEL_LOOP(ch);
   ch->holds++;
 }
 
@@ -740,6 +748,7 @@ static int close_idle_task(void *arg) {
 /* The last hold goes with the answer's write, whose flush may still come
  * (write_and_flush, a read batch's read_complete): close from a task. */
 void nr_channel_unhold(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   assert(ch->holds > 0);
   if (--ch->holds == 0 && (ch->st & NR__CLOSE_IDLE) &&
       nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
@@ -1146,6 +1155,7 @@ int nr_channel_set_auto_read(nr_channel_t *ch, bool on) {
 }
 
 int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   nr_channel_opts_t *o = &ch->opts;
   if (strcmp(name, "auto_read") == 0) {
     o->auto_read = v;

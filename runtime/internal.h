@@ -11,6 +11,7 @@
 #ifndef NR_INTERNAL_H
 #define NR_INTERNAL_H
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -24,6 +25,13 @@
 #include "netrun.h"
 
 #define NR_CACHELINE 64
+
+/* What netrun.h promises of "loop thread only" functions: the caller runs
+ * on loop l, or l is NULL (an object not on a loop yet is its creator's).
+ * An assert, so debug builds check it and NDEBUG builds (RelWithDebInfo,
+ * Release) pay nothing. */
+#define NR_ASSERT_LOOP(l) assert((l) == NULL || nr_loop_in_thread(l))
+#define NR_ASSERT_CHANNEL_LOOP(ch) NR_ASSERT_LOOP((ch)->loop)
 
 /* ---- MPSC queue (Vyukov's intrusive list): wait-free producers --------- */
 

@@ -17,6 +17,7 @@
 #define CHUNK_CACHE_MAX 64
 
 nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need) {
+  NR_ASSERT_LOOP(l);                  /* the cache is the loop thread's */
   nr_chunk_t *c;
   if (need <= NR_CHUNK_SIZE && l->chunk_cache != NULL) {
     c = l->chunk_cache;
@@ -34,6 +35,7 @@ nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need) {
 }
 
 void nr__chunk_put(nr_loop_t *l, nr_chunk_t *c) {
+  NR_ASSERT_LOOP(l);
   if (c->cap == NR_CHUNK_SIZE && l->chunk_cached < CHUNK_CACHE_MAX) {
     c->next = l->chunk_cache;
     l->chunk_cache = c;

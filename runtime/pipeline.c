@@ -69,7 +69,14 @@ void nr_ctx_release(nr_ctx_t *c) {
     nr_channel_release(ch);
 }
 
-static inline void enter(nr_pipeline_t *p) { p->depth++; }
+/* Every handler call passes here: the one place to check that the
+ * pipeline is used on its channel's loop ("all calls happen on the
+ * channel's loop thread", netrun.h). Free under NDEBUG. */
+static inline void enter(nr_pipeline_t *p) {
+  assert(p->ch == NULL || p->ch->loop == NULL ||
+         nr_loop_in_thread(p->ch->loop));
+  p->depth++;
+}
 
 static void unwound(nr_pipeline_t *p);
 
@@ -394,10 +401,16 @@ static nr_ctx_t *find(nr_pipeline_t *p, const char *name) {
   return NULL;
 }
 
+/* Handlers may be added anywhere until the channel is registered (its
+ * creator sets it up), then only on its loop. */
+static bool owned_here(const nr_pipeline_t *p) {
+  nr_loop_t *l = nr_channel_loop(p->ch);
+  return l == NULL || !(p->ch->st & NR__REGISTERED) || nr_loop_in_thread(l);
+}
+
 static int link_new(nr_pipeline_t *p, nr_ctx_t *prev, const char *name,
                     const nr_handler_t *h, void *state) {
-  if (!nr_loop_in_thread(nr_channel_loop(p->ch)) &&
-      nr_channel_loop(p->ch) != NULL && (p->ch->st & NR__REGISTERED))
+  if (!owned_here(p))
     return -EPERM;
   char auto_name[64];
   if (name == NULL) {
@@ -470,6 +483,7 @@ static void unlink_ctx(nr_pipeline_t *p, nr_ctx_t *c) {
 }
 
 int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
+  assert(owned_here(p));
   nr_ctx_t *c = find(p, name);
   if (c == NULL)
     return -ENOENT;
@@ -480,6 +494,7 @@ int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
 int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
                         const char *new_name, const nr_handler_t *h,
                         void *state) {
+  assert(owned_here(p));
   nr_ctx_t *c = find(p, old_name);
   if (c == NULL)
     return -ENOENT;

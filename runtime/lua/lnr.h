@@ -10,6 +10,7 @@
 #ifndef LNR_H
 #define LNR_H
 
+#include <assert.h>
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
@@ -19,6 +20,34 @@
 #include "netrun.h"
 
 typedef struct lnr_blob_s lnr_blob_t;
+
+/* Stack balance (STYLE.md: "stack-balanced calls checked by a debug
+ * macro"). An entry point from C into Lua -- a handler call, a task, a
+ * promise listener -- opens with LNR_STACK_BEGIN(L) and, where it is done
+ * with the stack, LNR_STACK_END(L, n) checks that it left exactly n slots
+ * more than it found (0: balanced; negative: it consumed its arguments).
+ * A slot leaked per event grows the state's stack without bound; a slot
+ * too many popped takes the caller's value. Checked in the Debug ASan
+ * build (LNR_STACK_CHECK, set by CMake), where a mismatch aborts naming
+ * the function and both tops; elsewhere both macros are nothing. Handler
+ * calls, which begin in one function and end in another, keep their marks
+ * in the state (LNR_STACK_MARK / LNR_STACK_UNMARK, lpipeline.c). */
+#if defined(LNR_STACK_CHECK) && !defined(NDEBUG)
+#define LNR_STACK_CHECKED 1
+#define LNR_STACK_MARKS 64
+void lnr_stack_mismatch(const char *where, int got, int want);
+#define LNR_STACK_BEGIN(L) const int lnr_stack_top_ = lua_gettop(L)
+#define LNR_STACK_END(L, n)                                                 \
+  do {                                                                      \
+    int got_ = lua_gettop(L), want_ = lnr_stack_top_ + (n);                 \
+    if (got_ != want_)                                                      \
+      lnr_stack_mismatch(__func__, got_, want_);                            \
+  } while (0)
+#else
+#define LNR_STACK_CHECKED 0
+#define LNR_STACK_BEGIN(L) ((void)0)
+#define LNR_STACK_END(L, n) ((void)0)
+#endif
 
 /* ---- per-state context -------------------------------------------------- */
 
@@ -95,7 +124,33 @@ typedef struct lnr_state_s {
    * the run it is about and how long that had lasted. */
   _Atomic unsigned stall_req;
   _Atomic uint64_t stall_mark, stall_busy;
+#if LNR_STACK_CHECKED
+  /* The tops at the handler calls in progress, innermost last (they nest:
+   * a handler's write runs the handlers before it). */
+  int stack_marks[LNR_STACK_MARKS];
+  int stack_depth;
+#endif
 } lnr_state_t;
+
+#if LNR_STACK_CHECKED
+#define LNR_STACK_MARK(S)                                                   \
+  do {                                                                      \
+    if ((S)->stack_depth < LNR_STACK_MARKS)                                 \
+      (S)->stack_marks[(S)->stack_depth] = lua_gettop((S)->L);              \
+    (S)->stack_depth++;                                                     \
+  } while (0)
+#define LNR_STACK_UNMARK(S, n)                                              \
+  do {                                                                      \
+    assert((S)->stack_depth > 0);                                           \
+    if (--(S)->stack_depth < LNR_STACK_MARKS &&                             \
+        lua_gettop((S)->L) != (S)->stack_marks[(S)->stack_depth] + (n))     \
+      lnr_stack_mismatch(__func__, lua_gettop((S)->L),                      \
+                         (S)->stack_marks[(S)->stack_depth] + (n));         \
+  } while (0)
+#else
+#define LNR_STACK_MARK(S) ((void)0)
+#define LNR_STACK_UNMARK(S, n) ((void)0)
+#endif
 
 /* The context of the state L (every netrun state has one). */
 lnr_state_t *lnr_state(lua_State *L);

@@ -252,6 +252,7 @@ static void ensure_ctx(nr_ctx_t *ctx);
 static lua_State *begin(nr_ctx_t *ctx, const char *method) {
   lh_t *h = nr_ctx_state(ctx);
   lua_State *L = h->S->L;
+  LNR_STACK_MARK(h->S);                          /* checked as it ends */
   h->S->converting = true;                       /* until call() */
   if (h->ctx_ref == LUA_NOREF)
     ensure_ctx(ctx);
@@ -272,6 +273,7 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
   lua_State *L = h->S->L;
   if (fn_ref == LUA_NOREF || h->ctx_ref == LUA_NOREF)
     return begin(ctx, method);
+  LNR_STACK_MARK(h->S);
   h->S->converting = true;                       /* until call() */
   h->S->ctx_table = h->ctx_table;
   h->S->ctx = ctx;
@@ -308,6 +310,7 @@ static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
       if (call(ctx, L, 1) != LUA_OK)
         lnr_log_error(L, "exception_caught raised");
       lua_pop(L, 2);                             /* msgh, message */
+      LNR_STACK_UNMARK(h->S, -1);                /* the message is gone */
       return;
     }
   }
@@ -325,6 +328,7 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
   if (call(ctx, L, nargs) != LUA_OK)
     route_error(ctx, L, method);                 /* pops the message */
   lua_pop(L, 1);                                 /* msgh */
+  LNR_STACK_UNMARK(((lh_t *)nr_ctx_state(ctx))->S, 0);
   return 0;
 }
 
@@ -404,6 +408,7 @@ static int batch_run(lua_State *L) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);               /* 2 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->ctx_ref);           /* 3 */
   }
+  LNR_STACK_BEGIN(L);                  /* each read leaves it so */
   b->method = "channel_read";
   while (b->next < b->n) {
     int i = ++b->next;
@@ -431,6 +436,7 @@ static int batch_run(lua_State *L) {
       break;
     }
   }
+  LNR_STACK_END(L, 0);
   if (b->complete || b->stalled) {
     b->complete = false;
     if (b->owner != NULL && h->rec->read_complete_ref != LUA_NOREF) {
@@ -488,6 +494,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   lua_State *L = S->L;
   nr_ctx_t *ctx = b->ctx;
   bool converting = S->converting;     /* may be called from a handler */
+  LNR_STACK_BEGIN(L);
   S->converting = true;                /* what is made here, unprotected */
   b->draining = true;
   b->complete = complete;
@@ -516,6 +523,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
       b->complete = true;              /* drained already: go on */
     }
   }
+  LNR_STACK_END(L, 0);
   lua_settop(b->Q, 0);
   b->n = b->next = 0;
   b->owner = NULL;
@@ -758,6 +766,7 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
       nr_ctx_read_failed(ctx, token);
   }
   lua_pop(L, 1);                                 /* msgh */
+  LNR_STACK_UNMARK(S, 0);
   return 0;
 }
 
@@ -1787,12 +1796,14 @@ static int xevent_task(void *arg) {
   if (S && !S->closing && xload(S->L, x)) {
     lua_State *L = S->L;
     int top = lua_gettop(L);
+    LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xevent_p);
     lua_pushlightuserdata(L, b);
     if (lnr_pcall(L, 1, 0) != LUA_OK)
       xroute_error(L, x, method);
     if (strcmp(method, "handler_removed") == 0)
       xforget(L, x);
+    LNR_STACK_END(L, 0);
     lua_settop(L, top);
   }
   xh_release(x);
@@ -2004,6 +2015,7 @@ static int xop_task(void *arg) {
       nr_promise_set_failure(p, NR_ECLOSED, "handler removed");
   } else {
     lua_State *L = S->L;
+    LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xop_p);
     lua_pushlightuserdata(L, b);
     if (lnr_pcall(L, 1, 0) != LUA_OK) {
@@ -2013,6 +2025,7 @@ static int xop_task(void *arg) {
         nr_log(NR_LOG_ERROR, "handler '%s': %s", x->name, lua_tostring(L, -1));
       lua_pop(L, 1);
     }
+    LNR_STACK_END(L, 0);
   }
   if (p)
     nr_promise_release(p);

@@ -122,6 +122,14 @@ int lnr_msgh(lua_State *L) {
   return 1;
 }
 
+#if LNR_STACK_CHECKED
+void lnr_stack_mismatch(const char *where, int got, int want) {
+  fprintf(stderr, "netrun: Lua stack unbalanced in %s: top %d, expected %d\n",
+          where, got, want);
+  abort();
+}
+#endif
+
 int lnr_pcall(lua_State *L, int nargs, int nresults) {
   int base = lua_gettop(L) - nargs;
   lua_pushcfunction(L, lnr_msgh);
