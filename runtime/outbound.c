@@ -190,12 +190,15 @@ void nr__out_consume(nr_loop_t *l, nr_outbound_t *o, size_t n) {
       o->tail = NULL;
     nr__chunk_put(l, c);
   }
+  complete_entries(o);
+  /* After the completions, which empty the ring when the last write
+   * ends here: drained, an idle connection holds no memory. (A listener
+   * run by a completion may have written again: then head is set.) */
   if (o->head == NULL && o->ecount == 0 && o->ents != NULL) {
-    free(o->ents);           /* drained: hold no memory while idle */
+    free(o->ents);
     o->ents = NULL;
     o->ehead = o->ecap = 0;
   }
-  complete_entries(o);
 }
 
 void nr__out_fail_unflushed(nr_loop_t *l, nr_outbound_t *o, int code) {
