@@ -93,7 +93,7 @@ void nr_channel_release(nr_channel_t *ch) {
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   free(ch->unix_path);
-  free(ch->srv);
+  nr__server_free(ch->srv);
   free(ch);
 }
 
@@ -694,8 +694,10 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   atomic_store(&ch->pub, 0);
   drop_timer(&ch->connect_timer);
   drop_timer(&ch->linger_timer);
-  if (ch->srv)
+  if (ch->srv) {
     drop_timer(&ch->srv->backoff_timer);
+    nr__server_closed(ch);
+  }
   if (ch->connect_promise) {
     nr_promise_set_failure(ch->connect_promise, NR_ECLOSED,
                            "channel closed before the connect completed");

@@ -797,8 +797,10 @@ static int l_server(lua_State *L) {
   nr_server_opts_t o = {0};
   place_t g = opt_place(L, 1, "group", what);
   place_t cg = opt_place(L, 1, "child_group", what);
+  o.reuseport = opt_bool(L, 1, "reuseport", false, what);
   if (!g.group && !g.loop && !cg.group && !cg.loop) {
-    g.group = lnr_default_group(L, true);
+    /* reuseport: each worker accepts for itself; no boss group needed */
+    g.group = o.reuseport ? NULL : lnr_default_group(L, true);
     cg.group = lnr_default_group(L, false);
   }
   if (!g.group && !g.loop)
@@ -814,7 +816,6 @@ static int l_server(lua_State *L) {
   o.port = o.unix_path ? 0 : check_port(L, 1, what);
   o.unix_mode = check_mode(L, 1, what);
   o.backlog = (int)opt_int(L, 1, "backlog", 1024, 1, INT_MAX, what);
-  o.reuseport = opt_bool(L, 1, "reuseport", false, what);
   channel_opts(L, 1, "child_options", what, &o.child);
   init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
