@@ -300,8 +300,8 @@ static int os_exit(lua_State *L) {
 /* Where netrun's Lua modules are: share/lua/5.4 beside the directory of
  * the executable itself (/proc/self/exe), which holds them both where
  * `cmake --install` put them (PREFIX/bin/netrun, PREFIX/share/lua/5.4)
- * and in a build tree (build/bin/netrun, build/share/lua/5.4/netrun a
- * link to the sources). No path is built in, so an installed tree may be
+ * and in a build tree (build/bin/netrun, build/share/lua/5.4 a link to
+ * the sources' lua/). No path is built in, so an installed tree may be
  * moved. -1 if they are not there: package.path alone decides then (the
  * stock /usr/local/share/lua/5.4 of Debian's Lua among others). */
 static int lua_dir(char *dir, size_t n) {
