@@ -298,12 +298,48 @@ static nr_promise_t *reuseport_bind(const nr_server_opts_t *o,
   return result;
 }
 
-/* The primary's loop: a reuseport server closes its other listeners with
- * it. Each closes on its own loop. */
-void nr__server_closed(nr_channel_t *ch) {
+typedef struct rp_close_s {
+  nr_channel_t *primary;
+  _Atomic int left;          /* siblings not yet closed */
+} rp_close_t;
+
+static void rp_sibling_closed(nr_promise_t *p, void *arg) {
+  (void)p;
+  rp_close_t *c = arg;
+  if (atomic_fetch_sub(&c->left, 1) != 1)
+    return;
+  nr__channel_closed(c->primary);            /* its close future completes */
+  nr_channel_release(c->primary);
+  free(c);
+}
+
+/* The primary's loop, as it closes: a reuseport server closes its other
+ * listeners with it, each on its own loop. True when the primary's close
+ * future is to complete once they all have (rp_sibling_closed), so that
+ * server:close():sync() returns with no listener left. */
+bool nr__server_closed(nr_channel_t *ch) {
   nr_server_t *srv = ch->srv;
-  for (int i = 0; i < srv->nsiblings; i++)
-    nr_channel_close(srv->siblings[i], NULL);
+  if (srv->nsiblings == 0)
+    return false;
+  rp_close_t *c = malloc(sizeof *c);
+  if (c == NULL) {
+    for (int i = 0; i < srv->nsiblings; i++)
+      nr_channel_close(srv->siblings[i], NULL);
+    return false;                            /* no waiting, but closed */
+  }
+  c->primary = nr_channel_retain(ch);
+  atomic_init(&c->left, srv->nsiblings);
+  for (int i = 0; i < srv->nsiblings; i++) {
+    nr_promise_t *p = nr_promise_new();
+    if (p != NULL && nr_channel_close(srv->siblings[i], p) == 0) {
+      nr_promise_add_listener(p, NULL, rp_sibling_closed, c);
+    } else {                                 /* out of memory: don't wait */
+      nr_channel_close(srv->siblings[i], NULL);
+      rp_sibling_closed(NULL, c);
+    }
+    nr_promise_release(p);
+  }
+  return true;
 }
 
 /* The sibling references go with the primary's server state. */

@@ -694,10 +694,8 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   atomic_store(&ch->pub, 0);
   drop_timer(&ch->connect_timer);
   drop_timer(&ch->linger_timer);
-  if (ch->srv) {
+  if (ch->srv)
     drop_timer(&ch->srv->backoff_timer);
-    nr__server_closed(ch);
-  }
   if (ch->connect_promise) {
     nr_promise_set_failure(ch->connect_promise, NR_ECLOSED,
                            "channel closed before the connect completed");
@@ -728,7 +726,9 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     if (!linger)
       unlink_from_loop(ch);                    /* else end_linger does */
   }
-  nr__channel_closed(ch);
+  /* A reuseport server's close future waits for its other listeners. */
+  if (ch->srv == NULL || !nr__server_closed(ch))
+    nr__channel_closed(ch);
   if (td != 0)
     nr__pipeline_teardown(&ch->pipe, td);
 }
