@@ -5,7 +5,9 @@
  * The socket is created and its address resolved on the calling thread, so
  * bad input fails the returned future before any loop is involved. The
  * channel is then registered on its loop by a task, its init runs there,
- * and bind/connect enter its pipeline at the tail, as in Netty.
+ * and bind/connect enter its pipeline at the tail, as in Netty. A
+ * reuseport server binds one listener per child loop (see "reuseport"
+ * below): the first as above, the others from the first one's loop.
  */
 #include <stdio.h>
 #include <sys/stat.h>
