@@ -59,7 +59,7 @@ local function serve(s)
         local ok, r = pcall(function()
           return netrun.tcp.connect(redis_host, redis_port, { timeout = 2 }):await()
         end)
-        redis, err = ok and r or nil, not ok and r or nil
+        redis, err = ok and r or nil, not ok and tostring(r):gsub("^[^:]*:%d+: ", "") or nil
       end
       if redis then
         if cmd == "incr" then

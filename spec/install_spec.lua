@@ -74,11 +74,14 @@ describe("cmake --install", function()
   end)
 
   it("has no source path in its text, and works once the prefix is moved", function()
-    local stripped = os.tmpname()
-    sh(string.format("objcopy --strip-debug %s/bin/netrun %s", prefix, stripped))
-    local out = H.run(string.format("strings %s | grep -c -F %q", stripped, root))
-    os.remove(stripped)
-    assert.equal("0", out:match("%d+"))
+    -- (A sanitizer build keeps its source file names for its reports.)
+    if not H.sanitized then
+      local stripped = os.tmpname()
+      sh(string.format("objcopy --strip-debug %s/bin/netrun %s", prefix, stripped))
+      local out = H.run(string.format("strings %s | grep -c -F %q", stripped, root))
+      os.remove(stripped)
+      assert.equal("0", out:match("%d+"))
+    end
     local moved = prefix .. "-moved"
     sh(string.format("mv %s %s", prefix, moved))
     local ok, err = pcall(echo_round_trip, moved .. "/bin/netrun",
