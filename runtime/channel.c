@@ -91,7 +91,7 @@ void nr_channel_release(nr_channel_t *ch) {
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   free(ch->unix_path);
-  free(ch->srv);
+  nr__server_free(ch->srv);
   free(ch);
 }
 
@@ -727,7 +727,9 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     if (!linger)
       unlink_from_loop(ch);                    /* else end_linger does */
   }
-  nr__channel_closed(ch);
+  /* A reuseport server's close future waits for its other listeners. */
+  if (ch->srv == NULL || !nr__server_closed(ch))
+    nr__channel_closed(ch);
   if (td != 0)
     nr__pipeline_teardown(&ch->pipe, td);
 }

@@ -334,6 +334,8 @@ typedef struct nr_server_s {
   void *arg;
   uint64_t backoff;
   nr_timer_t *backoff_timer;
+  nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
+  int nsiblings;
 } nr_server_t;
 
 struct nr_channel_s {
@@ -390,6 +392,8 @@ void nr__channel_update_interest(nr_channel_t *ch);
 /* Record the peer's address; 0 or -ENOMEM. */
 int nr__channel_set_raddr(nr_channel_t *ch, const void *sa, socklen_t len);
 void nr__accept_ready(nr_channel_t *ch);     /* bootstrap.c */
+bool nr__server_closed(nr_channel_t *ch);    /* bootstrap.c */
+void nr__server_free(nr_server_t *srv);      /* bootstrap.c */
 void nr__channel_set_active(nr_channel_t *ch);
 void nr__channel_close(nr_channel_t *ch, bool abort);
 /* The channel has closed: complete its close future (if one was made). */

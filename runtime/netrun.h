@@ -377,7 +377,10 @@ typedef struct nr_server_opts_s {
   int unix_mode;             /* the socket file's mode, narrowed by the
                                 umask; 0 = 0777 (the umask alone decides) */
   int backlog;               /* default 1024 */
-  bool reuseport;
+  bool reuseport;            /* SO_REUSEPORT; with a child group, one
+                                listener per child loop, each accepting for
+                                itself (the returned channel is the first
+                                loop's; its close closes them all) */
   uint64_t accept_backoff;   /* pause after EMFILE, default 1 s */
   nr_channel_opts_t child;   /* defaults applied if all zero */
   nr_init_fn init;           /* for the server channel itself (optional) */
