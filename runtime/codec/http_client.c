@@ -334,7 +334,7 @@ static int stop(nr_http_client_parser_t *p, int rc) {
 int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
                         size_t len, nr_http_reply_cb cb, void *arg) {
   if (p->stopped)
-    return NR_HTTPC_STOPPED;
+    return p->upgraded ? 0 : NR_HTTPC_STOPPED;
   nr_buf_t *in = &p->base.in;
   bool cum = nr_buf_len(in) > 0;
   if (cum && len > 0 && nr_buf_append(in, data, len) < 0) {
@@ -352,14 +352,19 @@ int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
     if (k == 0)
       break;
     off += (size_t)k;
-    next_response(p);
-    if (r.status < 200 && r.status != 101)
-      continue;                /* 100 Continue, 103 Early Hints: skipped */
+    if (r.status < 200 && r.status != 101) {
+      next_response(p);        /* 100 Continue, 103 Early Hints: skipped */
+      continue;
+    }
     answered(p);
-    if (cb(arg, &r))
+    int halt = cb(arg, &r);
+    next_response(p);          /* after: a chunked body lives in base.body */
+    if (halt)
       return stop(p, NR_HTTPC_STOPPED);
-    if (r.status == 101)       /* what follows is another protocol's */
+    if (r.status == 101) {     /* what follows is another protocol's */
+      p->upgraded = true;
       return stop(p, 0);
+    }
   }
   if (cum) {
     nr_buf_consume(in, off);
@@ -551,7 +556,8 @@ int nr_http_client_inactive(nr_ctx_t *ctx) {
   }
   if (rc > NR_HTTPC_STOPPED) {
     char msg[160];
-    snprintf(msg, sizeof msg, "http_client: %s", c->parser.why);
+    snprintf(msg, sizeof msg, "http_client: incomplete response: %s",
+             c->parser.why);
     nr_err_t err = {-ECONNRESET, msg};
     nr_ctx_fire_exception(ctx, &err);
   }

@@ -75,6 +75,7 @@ typedef struct nr_http_client_parser_s {
   uint8_t sent[NR_HTTPC_RING];    /* per request sent: NR_HTTPC_HEAD */
   unsigned nsent, oldest;
   bool stopped;
+  bool upgraded;                  /* stopped after a 101: not an error */
   const char *why;                /* the error's cause, for its message */
 } nr_http_client_parser_t;
 
