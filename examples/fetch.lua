@@ -1,0 +1,60 @@
+-- fetch.lua -- an HTTP client: --requests requests to --url, --concurrency
+-- of them in flight at a time, over a keep-alive pool (netrun.http.client)
+-- on one loop; prints what the last response said and, at the end,
+--   requests=N seconds=S errors=E
+--   netrun examples/fetch.lua --url http://127.0.0.1:8080/ [--requests 1]
+--                             [--concurrency 1] [--method GET] [--body S]
+--                             [--timeout 5] [--max-body BYTES] [--follow N]
+--                             [--verbose 1]                (or URL=, ...)
+-- With --requests 1 (the default) it prints the response: status line,
+-- headers and body, like curl -i.
+local netrun = require "netrun"
+
+local option = netrun.option
+local url = option("url") or error("fetch: --url is required (e.g. --url http://127.0.0.1:8080/)")
+local requests = math.tointeger(option("requests", 1))
+local concurrency = math.tointeger(option("concurrency", 1))
+local spec = {
+  url = url, method = option("method", "GET"), body = option("body"),
+  timeout = option("timeout", 5), follow = option("follow", 0),
+}
+local client = netrun.http.client {
+  pool = concurrency, timeout = spec.timeout, max_body = math.tointeger(option("max-body", 1 << 20)),
+}
+local verbose = requests == 1 or option("verbose", 0) ~= 0
+
+local group = netrun.group { threads = 1, name = "fetch" }
+local done = netrun.promise()
+
+group:next():execute(function(client, spec, requests, concurrency, verbose, done)
+  local netrun = require "netrun"
+  local now = require("netrun.core").now
+  local started, left, errors, finished, last = now(), requests, 0, 0, nil
+  local workers = math.min(concurrency, requests)
+  local function worker()
+    while left > 0 do
+      left = left - 1
+      local ok, res = pcall(function() return client:request(spec):await() end)
+      if ok then last = res else
+        errors = errors + 1
+        if errors <= 3 then netrun.log.warn("fetch: %s", tostring(res)) end
+      end
+    end
+    finished = finished + 1
+    if finished == workers then
+      if verbose and last then
+        local lines = { string.format("%s %d %s", last.version, last.status, last.reason) }
+        for k, v in pairs(last.headers) do lines[#lines + 1] = k .. ": " .. v end
+        io.write(table.concat(lines, "\n"), "\n\n", last.body, "\n")
+      end
+      done:set_success(string.format("requests=%d seconds=%.3f errors=%d",
+        requests - errors, now() - started, errors))
+    end
+  end
+  for _ = 1, workers do netrun.spawn(worker) end
+  if workers == 0 then done:set_success("requests=0 seconds=0 errors=0") end
+end, client, spec, requests, concurrency, verbose, done)
+
+print(done:sync())
+io.stdout:flush()
+group:shutdown_gracefully(0, 1):sync()
