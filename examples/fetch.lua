@@ -1,7 +1,8 @@
 -- fetch.lua -- an HTTP client: --requests requests to --url, --concurrency
 -- of them in flight at a time, over a keep-alive pool (netrun.http.client)
 -- on one loop; prints what the last response said and, at the end,
---   requests=N seconds=S errors=E
+--   requests=N seconds=S errors=E cpu=C
+-- (cpu: the process's CPU seconds, all threads, from os.clock)
 --   netrun examples/fetch.lua --url http://127.0.0.1:8080/ [--requests 1]
 --                             [--concurrency 1] [--method GET] [--body S]
 --                             [--timeout 5] [--max-body BYTES] [--follow N]
@@ -47,12 +48,12 @@ group:next():execute(function(client, spec, requests, concurrency, verbose, done
         for k, v in pairs(last.headers) do lines[#lines + 1] = k .. ": " .. v end
         io.write(table.concat(lines, "\n"), "\n\n", last.body, "\n")
       end
-      done:set_success(string.format("requests=%d seconds=%.3f errors=%d",
-        requests - errors, now() - started, errors))
+      done:set_success(string.format("requests=%d seconds=%.3f errors=%d cpu=%.3f",
+        requests - errors, now() - started, errors, os.clock()))
     end
   end
   for _ = 1, workers do netrun.spawn(worker) end
-  if workers == 0 then done:set_success("requests=0 seconds=0 errors=0") end
+  if workers == 0 then done:set_success("requests=0 seconds=0 errors=0 cpu=0") end
 end, client, spec, requests, concurrency, verbose, done)
 
 print(done:sync())
