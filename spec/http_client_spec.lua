@@ -215,6 +215,16 @@ describe("netrun.http client", function()
     cut:close():sync()
   end)
 
+  it("fails a request whose header cannot be sent, at once and with the reason", function()
+    local server, port = http_server(servers, "badhdr", function() return { status = 200 } end)
+    local t0 = socket.gettime()
+    local err = failure(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/",
+      headers = { ["x-a"] = "one\r\nInjected: yes" }, timeout = 5 })
+    assert.matches("the value of header 'x%-a' contains a control character", err)
+    assert.is_true(socket.gettime() - t0 < 2)
+    server:close():sync()
+  end)
+
   it("does not follow redirects unless asked", function()
     local server, port = http_server(servers, "redirect", function(req)
       if req.path == "/old" then

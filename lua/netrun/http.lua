@@ -224,7 +224,15 @@ function start(conn, req, reused)
   conn.reused = reused
   conn.uses = conn.uses + 1
   req.conn = conn
-  conn.ch:write_and_flush(req.wire)
+  -- the codec converts the request as it is written: a field it cannot
+  -- send (a header that is not a token, say) fails the write at once,
+  -- and nothing was sent
+  local f = conn.ch:write_and_flush(req.wire)
+  if f:is_done() and not f:is_success() then
+    conn.req, req.conn = nil, nil
+    release(conn)
+    fail_request(req, f:cause())
+  end
 end
 
 function connect(pool, req)
@@ -376,18 +384,41 @@ local function check_request(opts)
   check_number(what, "follow", opts.follow, 0)
 end
 
+-- Parsed URLs, cached per state (a client fetches the same few URLs
+-- again and again): { scheme, host, port, target, Host header } or
+-- { false, why }.
+local urls, nurls = {}, 0
+local function parsed(url)
+  local scheme, host, port, target = parse_url(url)
+  if not scheme then return { false, host } end
+  local hosthdr = port == DEFAULT_PORT[scheme] and host or
+    (host:find(":", 1, true) and "[" .. host .. "]:" .. port or host .. ":" .. port)
+  return { scheme, host, port, target, hosthdr }
+end
+
+local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
+                  PATCH = true, OPTIONS = true }
+
 -- On a loop: run the request with this client's pools.
 function M.request_with(client, opts)
   local p = core.promise()
-  local scheme, host, port, target = parse_url(opts.url)
-  local method = (opts.method or "GET"):upper()
+  local u = opts.url ~= nil and urls[opts.url]
+  if u == nil then
+    u = parsed(opts.url)
+    if type(opts.url) == "string" then
+      if nurls >= 1000 then urls, nurls = {}, 0 end
+      urls[opts.url], nurls = u, nurls + 1
+    end
+  end
+  local scheme, host, port, target = u[1], u[2], u[3], u[4]
+  local method = opts.method or "GET"
+  if METHODS[method] == nil then method = method:upper() end
   if not scheme then
     p:set_failure(string.format("netrun.http: %s %s: bad URL: %s", method,
       tostring(opts.url), host))
     return p
   end
-  local h = { host = (port == DEFAULT_PORT[scheme]) and host or (host:find(":", 1, true)
-    and "[" .. host .. "]:" .. port or host .. ":" .. port) }
+  local h = { host = u[5] }
   if opts.headers then
     for k, v in pairs(opts.headers) do
       local lk = type(k) == "string" and k:lower() or k
@@ -410,7 +441,7 @@ function M.request_with(client, opts)
   pool.scheme = scheme
   req.pool = pool
   if timeout > 0 then
-    req.timer = pool.loop:schedule(timeout, on_timeout, req)
+    req.timer = pool.loop:schedule(timeout, function() on_timeout(req) end)
   end
   send(req)
   return p
