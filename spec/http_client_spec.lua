@@ -225,6 +225,45 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("sends an idempotent request again when a reused connection closes before answering", function()
+    local conns = 0
+    local server, port = raw_server(servers, function(s)
+      conns = conns + 1
+      read_head(s)
+      s:send("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+      read_head(s)                        -- the second request on it: no answer
+    end)
+    local c = netrun.http.client {}
+    local r = on_loop(group:next(), function(c, port)
+      local u = "http://127.0.0.1:" .. port .. "/"
+      local a = c:request { url = u }:await().body
+      local b = c:request { url = u }:await().body                  -- retried on a new connection
+      local ok, err = pcall(function() return c:request { url = u, method = "POST", body = "x" }:await() end)
+      return { a, b, ok, tostring(err) }
+    end, c, port)
+    assert.same({ "first", "first", false }, { r[1], r[2], r[3] })
+    assert.matches("POST .*closed before a response", r[4])      -- not idempotent: not sent again
+    server:close():sync()
+  end)
+
+  it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
+    local c = netrun.http.client { pool = 1, timeout = 10 }
+    local port = H.free_port()
+    local t0 = socket.gettime()
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local fs = {}
+      for i = 1, 5 do fs[i] = c:request { url = "http://127.0.0.1:" .. port .. "/" .. i } end
+      local n = 0
+      for i = 1, 5 do
+        if not pcall(fs[i].await, fs[i]) then n = n + 1 end
+      end
+      return n
+    end, c, port)
+    assert.equal(5, r)
+    assert.is_true(socket.gettime() - t0 < 5)
+  end)
+
   it("does not follow redirects unless asked", function()
     local server, port = http_server(servers, "redirect", function(req)
       if req.path == "/old" then

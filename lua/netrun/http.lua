@@ -91,7 +91,7 @@ end
 local Conn = {}
 Conn.__index = Conn
 
-local release, finish, fail_request
+local release, finish, fail_request, lost
 
 -- The handler of each connection, last in its pipeline after the codec.
 function Conn:channel_read(ctx, res)
@@ -183,6 +183,21 @@ local function sweep(pool)
   end
 end
 
+-- A connection of the pool is gone (or never came): the first request
+-- still waiting may open one of its own.
+function lost(pool)
+  pool.total = pool.total - 1
+  while pool.whead <= pool.wtail do
+    local req = pool.waiters[pool.whead]
+    pool.waiters[pool.whead] = nil
+    pool.whead = pool.whead + 1
+    if not req.done then
+      pool.total = pool.total + 1
+      return connect(pool, req)
+    end
+  end
+end
+
 -- A connection finished its request (or died): back to the pool, or to
 -- the first waiting request.
 function release(conn)
@@ -190,18 +205,7 @@ function release(conn)
   if pool == nil then return end
   if conn.dead then
     conn.pool = nil
-    pool.total = pool.total - 1
-    -- a waiter may now open a connection of its own
-    if pool.whead <= pool.wtail then
-      local req = pool.waiters[pool.whead]
-      pool.waiters[pool.whead] = nil
-      pool.whead = pool.whead + 1
-      if not req.done then
-        pool.total = pool.total + 1
-        connect(pool, req)
-      end
-    end
-    return
+    return lost(pool)
   end
   while pool.whead <= pool.wtail do
     local req = pool.waiters[pool.whead]
@@ -246,15 +250,14 @@ function connect(pool, req)
     init = function(ch) require("netrun.http").attach(ch, mh, mb) end,
   })
   if not ok then
-    pool.total = pool.total - 1
-    return fail_request(req, tostring(f))
+    fail_request(req, tostring(f))
+    return lost(pool)
   end
   f:add_listener(function(cf)
     if not cf:is_success() then
-      pool.total = pool.total - 1
       local cause = tostring(cf:cause()):gsub("^netrun%.connect: ", "")
       fail_request(req, "connect: " .. cause)
-      return
+      return lost(pool)
     end
     local ch = cf:result()
     local conn = live[ch]
