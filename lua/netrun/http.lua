@@ -196,6 +196,13 @@ function lost(pool)
       return connect(pool, req)
     end
   end
+  if pool.total == 0 then     -- nothing left: a client dropped leaves nothing
+    local per = pools[pool.client.id]
+    if per and per[pool.key] == pool then
+      per[pool.key] = nil
+      if next(per) == nil then pools[pool.client.id] = nil end
+    end
+  end
 end
 
 -- A connection finished its request (or died): back to the pool, or to
@@ -352,8 +359,22 @@ local function on_timeout(req)
   end
 end
 
+-- Send req through its pool; a retry finds its pool again (an emptied
+-- pool leaves the table: it comes back, or the one that replaced it is used).
 function send(req)
-  acquire(req.pool, req)
+  local pool = req.pool
+  local per = pools[pool.client.id]
+  local cur = per and per[pool.key]
+  if cur ~= pool then
+    if cur then
+      pool = cur
+      req.pool = cur
+    else
+      if per == nil then per = {}; pools[pool.client.id] = per end
+      per[pool.key] = pool
+    end
+  end
+  acquire(pool, req)
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
