@@ -72,12 +72,10 @@ local function flush_ready(self, ctx)
   dispatch(self, ctx)
 end
 
-local function answer(self, ctx, n, f)
-  if f:is_success() then
-    local r = f:result()
+local function answer(self, ctx, n, r, err)
+  if r then
     self.slots[n] = { status = r.status, headers = forward_headers(r.headers), body = r.body }
   else
-    local err = tostring(f:cause())
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)
     self.slots[n] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
@@ -94,7 +92,8 @@ function dispatch(self, ctx)
     q.first = q.first + 1
     local n = self.sent
     self.sent = n + 1
-    client:request(r):add_listener(function(f) answer(self, ctx, n, f) end)
+    -- a callback rather than a future: the response is not copied
+    client:request(r, function(res, err) answer(self, ctx, n, res, err) end)
   end
   -- read no more from a client whose requests pile up
   local piled = q.last - q.first + 1 >= in_flight
@@ -106,7 +105,8 @@ end
 
 function Proxy:channel_read(ctx, req)
   local headers = forward_headers(req.headers)
-  headers["x-forwarded-for"] = (ctx.channel:remote_address())
+  self.peer = self.peer or (ctx.channel:remote_address())
+  headers["x-forwarded-for"] = self.peer
   local path = req.query and (req.path .. "?" .. req.query) or req.path
   local q = self.queue
   q.last = q.last + 1

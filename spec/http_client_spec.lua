@@ -265,6 +265,35 @@ describe("netrun.http client", function()
     assert.is_true(socket.gettime() - t0 < 5)
   end)
 
+  it("takes a callback instead of a future on a loop, and refuses one on the main thread", function()
+    local server, port = http_server(servers, "callback", function(req) return { status = 200, body = req.path } end)
+    local c = netrun.http.client {}
+    local r = H.sync(group:next():submit(function(c, port, dead)
+      local netrun = require "netrun"
+      local p = netrun.promise()
+      local got = {}
+      c:request({ url = "http://127.0.0.1:" .. port .. "/cb" }, function(res, err)
+        got[1] = res and res.body
+        c:request({ url = "http://127.0.0.1:" .. dead .. "/" }, function(res2, err2)
+          got[2] = tostring(res2) .. " " .. tostring(err2)
+          c:request({ url = "nope" }, function(_, err3)
+            got[3] = err3
+            p:set_success(got)
+          end)
+        end)
+      end)
+      return p
+    end, c, port, H.free_port()))
+    r = H.sync(r)
+    assert.equal("/cb", r[1])
+    assert.matches("^nil netrun.http: GET .*connect: .*refused", r[2])
+    assert.matches("bad URL: not an absolute", r[3])
+    assert.has_error(function() c:request({ url = "http://127.0.0.1:1/" }, print) end,
+      "netrun.http client: a callback runs on the caller's loop: call request with one on a " ..
+      "loop (the main thread is not one: use the future)")
+    server:close():sync()
+  end)
+
   it("does not follow redirects unless asked", function()
     local server, port = http_server(servers, "redirect", function(req)
       if req.path == "/old" then

@@ -306,6 +306,19 @@ local IDEMPOTENT = { GET = true, HEAD = true, OPTIONS = true, PUT = true, DELETE
 
 local send
 
+-- The request's end: its future completes, or its callback runs (an error
+-- in it is logged; it never reaches the connection's handler).
+local function settle(req, res, err)
+  done_timer(req)
+  local cb = req.cb
+  if cb == nil then
+    if res then req.promise:try_success(res) else req.promise:try_failure(err) end
+    return
+  end
+  local ok, e = xpcall(cb, debug.traceback, res, err)
+  if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
+end
+
 function fail_request(req, err, retry)
   if req.done then return end
   if retry and not req.retried and IDEMPOTENT[req.wire.method] then
@@ -313,8 +326,7 @@ function fail_request(req, err, retry)
     req.conn = nil
     return send(req)
   end
-  done_timer(req)
-  req.promise:try_failure(string.format("netrun.http: %s %s: %s", req.wire.method,
+  settle(req, nil, string.format("netrun.http: %s %s: %s", req.wire.method,
     req.url, tostring(err)))
 end
 
@@ -336,21 +348,16 @@ function finish(req, res)
       if method ~= "HEAD" then n.method = "GET" end
       n.body = nil
     end
-    local p = req.promise
-    M.request_with(req.client, n):add_listener(function(f)
-      if f:is_success() then p:try_success(f:result()) else p:try_failure(f:cause()) end
-    end)
+    M.request_with(req.client, n, function(r, e) settle(req, r, e) end)
     return
   end
-  done_timer(req)
-  req.promise:try_success(res)
+  settle(req, res)
 end
 
 local function on_timeout(req)
   if req.done then return end
   local conn = req.conn
-  done_timer(req)
-  req.promise:try_failure(string.format("netrun.http: %s %s: timeout after %g s",
+  settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
     req.wire.method, req.url, req.timeout))
   if conn and conn.req == req then      -- its answer may still come: drop it
     conn.req = nil
@@ -423,9 +430,10 @@ end
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
                   PATCH = true, OPTIONS = true }
 
--- On a loop: run the request with this client's pools.
-function M.request_with(client, opts)
-  local p = core.promise()
+-- On a loop: run the request with this client's pools; a future of the
+-- response, or with cb: nothing, and cb(res) or cb(nil, err) later.
+function M.request_with(client, opts, cb)
+  local p = cb == nil and core.promise() or nil
   local u = opts.url ~= nil and urls[opts.url]
   if u == nil then
     u = parsed(opts.url)
@@ -438,9 +446,10 @@ function M.request_with(client, opts)
   local method = opts.method or "GET"
   if METHODS[method] == nil then method = method:upper() end
   if not scheme then
-    p:set_failure(string.format("netrun.http: %s %s: bad URL: %s", method,
-      tostring(opts.url), host))
-    return p
+    local err = string.format("netrun.http: %s %s: bad URL: %s", method, tostring(opts.url), host)
+    if p then return p:set_failure(err) end
+    core.current():execute(function() settle({ cb = cb }, nil, err) end)
+    return
   end
   local h = { host = u[5] }
   if opts.headers then
@@ -452,7 +461,7 @@ function M.request_with(client, opts)
   end
   local timeout = opts.timeout or client.timeout
   local req = {
-    client = client, opts = opts, url = opts.url, promise = p,
+    client = client, opts = opts, url = opts.url, promise = p, cb = cb,
     wire = { method = method, path = target, headers = h, body = opts.body },
     timeout = timeout, deadline = now() + timeout,
     max_body = math.tointeger(opts.max_body or client.max_body),
@@ -491,12 +500,23 @@ local function on_loop(client, opts)
   return p
 end
 
-function Client:request(opts)
+-- client:request(opts) --> future; client:request(opts, callback): on a
+-- loop, no future: callback(res) or callback(nil, err) runs on this loop
+-- (cheaper: the response is not copied through a future).
+function Client:request(opts, callback)
   if getmetatable(self) ~= Client then
     error("netrun.http client: call it as client:request { ... }", 2)
   end
   check_request(opts)
-  return on_loop(self, opts)
+  if callback == nil then return on_loop(self, opts) end
+  if type(callback) ~= "function" then
+    error("netrun.http client: the callback must be a function, got " .. type(callback), 2)
+  end
+  if core.current() == nil then
+    error("netrun.http client: a callback runs on the caller's loop: call request with " ..
+      "one on a loop (the main thread is not one: use the future)", 2)
+  end
+  M.request_with(self, opts, callback)
 end
 
 function Client:__tostring()
