@@ -55,12 +55,15 @@ pids+=($!)
 for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
 url="http://127.0.0.1:$PORT/"
 
-names=("netrun examples/fetch.lua" "Node http + keep-alive agent")
+names=("netrun examples/fetch.lua (futures)" "netrun examples/fetch.lua --api callback"
+       "Node http + keep-alive agent")
 run() {   # I: one run of client I; prints "per_cpu_s req_s"
   local out
-  if [[ $1 == 0 ]]; then
+  if [[ $1 == 0 || $1 == 1 ]]; then
+    local api=future
+    [[ $1 == 1 ]] && api=callback
     out=$(taskset -c 0 build/http-bench/bin/netrun examples/fetch.lua --url "$url" \
-          --requests "$REQUESTS" --concurrency "$CONC" | tail -1)
+          --requests "$REQUESTS" --concurrency "$CONC" --api $api | tail -1)
   else
     out=$(taskset -c 0 node "$work/node_fetch.js" "$url" "$REQUESTS" "$CONC")
   fi

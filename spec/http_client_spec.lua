@@ -294,6 +294,21 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("examples/fetch.lua counts its requests and errors, with futures and with callbacks", function()
+    local server, port = http_server(servers, "fetch", function() return { status = 200, body = "ok" } end)
+    for _, api in ipairs { "future", "callback" } do
+      local out, status = H.run(string.format("%s %s/examples/fetch.lua --url http://127.0.0.1:%d/ " ..
+        "--requests 300 --concurrency 8 --api %s", H.BIN, H.root, port, api))
+      assert.equal(0, status, out)
+      assert.matches("requests=300 seconds=[%d.]+ errors=0 cpu=[%d.]+\n$", out)
+    end
+    assert.equal(2 * 8, counters:get("fetch"))     -- a pool of 8 per run
+    local out = H.run(string.format("%s %s/examples/fetch.lua --url http://127.0.0.1:%d/ --requests 4",
+      H.BIN, H.root, H.free_port()))
+    assert.matches("requests=0 seconds=[%d.]+ errors=4", out)
+    server:close():sync()
+  end)
+
   it("does not follow redirects unless asked", function()
     local server, port = http_server(servers, "redirect", function(req)
       if req.path == "/old" then
