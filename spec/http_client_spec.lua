@@ -67,11 +67,10 @@ describe("netrun.http client", function()
         tostring(req.query) .. " " .. tostring(req.headers["x-in"]) }, body = "got " .. req.body }
     end)
     local res = H.sync(netrun.http.request { method = "POST", url = "http://127.0.0.1:" .. port ..
-      "/a/b?c=1", headers = { ["X-In"] = "v" }, body = "payload" })
+      "/a/b?c=1", headers = { ["X-In"] = "v" }, body = "payload", timeout = 0 })   -- 0: no bound
     assert.equal(201, res.status)
     assert.equal("POST /a/b?c=1 v", res.headers["x-echo"])
     assert.equal("got payload", res.body)
-    assert.equal("7", tostring(#"payload"))
     server:close():sync()
   end)
 

@@ -18,8 +18,8 @@
 -- at a time per connection (no pipelining: a slow response would hold up
 -- the ones behind it).
 --
--- timeout bounds the whole request: the name lookup, the connect (and TLS
--- handshake), and the response; past it the future fails with
+-- timeout bounds the whole request (0: no bound): the name lookup, the
+-- connect (and TLS handshake), and the response; past it the future fails with
 -- "... timeout" and the connection is closed (its answer may still come).
 -- Runtime failures fail the future with a message naming the request and
 -- the cause: a bad URL, a refused connect, a reset or close in the middle
@@ -251,9 +251,10 @@ function connect(pool, req)
   local mh, mb = client.max_header, req.max_body
   local tls = pool.scheme == "https" and (req.tls or client.tls or M.default_tls()) or nil
   local left = req.deadline - now()
+  if left == math.huge then left = nil             -- no bound: connect's own
+  elseif left <= 0 then left = 0.001 end
   local ok, f = pcall(require("netrun").connect, {
-    group = pool.loop, host = pool.host, port = pool.port,
-    timeout = left > 0 and left or 0.001, tls = tls,
+    group = pool.loop, host = pool.host, port = pool.port, timeout = left, tls = tls,
     init = function(ch) require("netrun.http").attach(ch, mh, mb) end,
   })
   if not ok then
@@ -342,7 +343,7 @@ function finish(req, res)
     for k, v in pairs(o) do n[k] = v end
     n.url = resolve_location(req.url, loc)
     n.follow = req.follow - 1
-    n.timeout = math.max(0.001, req.deadline - now())
+    n.timeout = req.timeout > 0 and math.max(0.001, req.deadline - now()) or 0
     local method = req.wire.method
     if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
       if method ~= "HEAD" then n.method = "GET" end
@@ -463,7 +464,7 @@ function M.request_with(client, opts, cb)
   local req = {
     client = client, opts = opts, url = opts.url, promise = p, cb = cb,
     wire = { method = method, path = target, headers = h, body = opts.body },
-    timeout = timeout, deadline = now() + timeout,
+    timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
     max_body = math.tointeger(opts.max_body or client.max_body),
     tls = opts.tls, follow = math.tointeger(opts.follow or client.follow or 0),
   }
