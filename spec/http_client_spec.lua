@@ -483,3 +483,63 @@ net.createServer(s => s.once('data', () => {
     assert.matches("GET http://127%.0%.0%.1:%d+/: .*reset", err)
   end)
 end)
+
+describe("netrun.codec.http_client on an embedded channel", function()
+  local codec = netrun.codec
+
+  it("encodes a request: request line, headers, Content-Length, body", function()
+    local ch = netrun.embedded(codec.http_client {})
+    ch:write_outbound { method = "POST", path = "/x?y=1", body = "abc",
+                        headers = { host = "a.example", ["x-a"] = { "1", "2" }, ["x-n"] = 5 } }
+    local out = ch:read_outbound()
+    out = type(out) == "table" and table.concat(out) or out
+    assert.matches("^POST /x%?y=1 HTTP/1%.1\r\n", out)
+    assert.matches("\r\nhost: a%.example\r\n", out)
+    assert.matches("\r\nx%-a: 1\r\nx%-a: 2\r\n", out)
+    assert.matches("\r\nx%-n: 5\r\n", out)
+    assert.matches("\r\nContent%-Length: 3\r\n\r\nabc$", out)
+    assert.has_error(function() ch:write_outbound { method = "GET", path = "/a b" } end)
+    ch:close()
+  end)
+
+  -- Three responses (a length, a chunked body with a trailer, a 204 after
+  -- a 100) to three requests, cut at every byte boundary and byte by byte.
+  local stream = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello" ..
+    "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=1\r\nde\r\n0\r\nX-T: t\r\n\r\n" ..
+    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 204 No Content\r\nConnection: keep-alive\r\n\r\n"
+
+  local function decode(chunks)
+    local ch = netrun.embedded(codec.http_client {})
+    for _ = 1, 3 do ch:write_outbound { path = "/" } end
+    for _, c in ipairs(chunks) do ch:write_inbound(c) end
+    local got = {}
+    for _, r in ipairs(ch:read_all_inbound()) do
+      got[#got + 1] = string.format("%d %s %s %s %s %s", r.status, r.body, tostring(r.headers["x-a"]),
+        tostring(r.trailers and r.trailers["x-t"]), tostring(r.keep_alive), r.version)
+    end
+    ch:close()
+    return got
+  end
+
+  it("decodes the same responses whatever the split", function()
+    local expected = { "200 hello 1 nil true HTTP/1.1", "201 abcde nil t true HTTP/1.1",
+                       "204  nil nil true HTTP/1.0" }
+    assert.same(expected, decode { stream })
+    for cut = 0, #stream do
+      assert.same(expected, decode { stream:sub(1, cut), stream:sub(cut + 1) }, "split at " .. cut)
+    end
+    local bytes = {}
+    for i = 1, #stream do bytes[i] = stream:sub(i, i) end
+    assert.same(expected, decode(bytes), "byte by byte")
+  end)
+
+  it("reports a response to no request, and closes", function()
+    local errors = {}
+    local ch = netrun.embedded(codec.http_client {}, {
+      exception_caught = function(_, _, err) errors[#errors + 1] = tostring(err) end,
+    })
+    ch:write_inbound("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert.same({ "http_client: malformed response: a response to no request" }, errors)
+    assert.is_false(ch:channel():is_open())
+  end)
+end)

@@ -159,8 +159,9 @@ static int collect(lua_State *L, int idx, hdrs_t *h, char *err, size_t el) {
                luaL_typename(L, -2));
       return -EINVAL;
     }
+    int key = lua_gettop(L) - 1;
     size_t nl, vl;
-    const char *name = lua_tolstring(L, -2, &nl), *val;
+    const char *name = lua_tolstring(L, key, &nl), *val;
     int rc = 0;
     if (lua_type(L, -1) == LUA_TTABLE) {      /* repeated: { "a", "b" } */
       lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
@@ -192,7 +193,8 @@ static int collect(lua_State *L, int idx, hdrs_t *h, char *err, size_t el) {
       snprintf(err, el, "too many headers");
       return -EINVAL;
     }
-    lua_pushvalue(L, -2);      /* the key again, for lua_next; values stay */
+    lua_pushvalue(L, key);     /* the key again, for lua_next; values stay
+                                  on the stack, anchoring converted numbers */
   }
   return 0;
 }
