@@ -325,7 +325,9 @@ describe("netrun.http client", function()
   it("runs 200 concurrent requests through a pool of 64, and a loop timer keeps firing", function()
     local server, port = http_server(servers, "many", function(req, ctx)
       -- answer after a short delay, so requests really wait together
-      ctx:loop():schedule(0.05, function() ctx:write_and_flush { status = 200, body = req.path } end)
+      ctx:loop():schedule(0.05, function()
+        if ctx.channel:is_open() then ctx:write_and_flush { status = 200, body = req.path } end
+      end)
     end)
     local c = netrun.http.client { pool = 64 }
     local r = on_loop(group:next(), function(c, port)

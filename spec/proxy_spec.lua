@@ -26,7 +26,10 @@ local function backend(group)
         if req.path == "/big" then
           ctx:write_and_flush { status = 200, body = string.rep(string.char(65 + d:get("reqs") % 26), 256 * 1024) }
         elseif req.path == "/slow" then
-          ctx:loop():schedule(2, function() ctx:write_and_flush { status = 200, body = "late" } end)
+          -- (only while open: the last case below covers a late write)
+          ctx:loop():schedule(2, function()
+            if ctx.channel:is_open() then ctx:write_and_flush { status = 200, body = "late" } end
+          end)
         else
           ctx:write_and_flush { status = 200, headers = { ["x-seen-xff"] = tostring(req.headers["x-forwarded-for"]),
             ["x-conn-hdr"] = tostring(req.headers.connection) },
@@ -106,5 +109,28 @@ describe("examples/proxy.lua", function()
     c:close()
     assert.equal(n, counters:get("reqs"))
     print(string.format("\n  slow reader: backend asked %d of %d while stalled; proxy RSS +%d KiB", asked, n, grew))
+  end)
+
+  it("a handler's late write to a client that left fails, and touches no freed codec", function()
+    -- what a proxy does when the backend answers after its client closed
+    local done = netrun.promise()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", require("netrun").codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx)
+          ctx:loop():schedule(0.2, function()      -- the client has gone by then
+            local ok, f = pcall(ctx.write_and_flush, ctx, { status = 200, body = "late" })
+            done:set_success(ok and (f:is_done() and not f:is_success()) and "failed" or tostring(f))
+          end)
+        end })
+      end,
+    }:sync()
+    local _, sport = server:local_address()
+    local c = H.client(sport)
+    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    c:close()
+    assert.equal("failed", H.sync(done))
+    server:close():sync()
   end)
 end)
