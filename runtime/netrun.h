@@ -291,6 +291,8 @@ enum {
   NR_MSG_HTTP_RESPONSE,
   NR_MSG_HTTP_PREPARED,      /* a response encoded ahead */
   NR_MSG_EVENT,              /* nr_event_t */
+  NR_MSG_HTTP_CALL,          /* codec/http_client.h: a request to send */
+  NR_MSG_HTTP_REPLY,         /* codec/http_client.h: a response received */
   NR_MSG_USER = 1000         /* first tag free for applications */
 };
 static inline int nr_msg_type(const void *msg) { return *(const int *)msg; }

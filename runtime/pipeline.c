@@ -467,6 +467,9 @@ static void unlink_ctx(nr_pipeline_t *p, nr_ctx_t *c) {
   c->prev->next = c->next;
   c->next->prev = c->prev;
   c->removed = true;
+  c->mask = 0;               /* an event or write still headed this way (from a
+                                removed ctx's stale links) passes it by: its
+                                handler's state is freed just below */
   c->prev->refs++;                         /* keep the way on alive */
   c->next->refs++;
   if (c->h->removed) {

@@ -15,6 +15,7 @@ PACKAGES=(
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
+  nginx nodejs                          # real HTTP servers for the HTTP client specs
 )
 PACKAGES+=("$@")
 

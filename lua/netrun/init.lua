@@ -8,6 +8,7 @@ for k, v in pairs(core) do
   netrun[k] = v
 end
 netrun.dict, netrun.log_level = nil, nil
+netrun.http = nil               -- lazy: lua/netrun/http.lua (below)
 
 -- netrun.log.debug/info/warn/error(fmt, ...): formatted only when enabled.
 local LEVELS = { debug = 0, info = 1, warn = 2, error = 3 }
@@ -85,11 +86,12 @@ end
 -- Batteries: native handlers from the C side (core.codec, core.handler).
 netrun.codec = core.codec
 netrun.handler = core.handler
-netrun.http = core.http        -- unescape(s): + and %XX decoded
 
 -- Parts loaded on first use (netrun.json needs lua-cjson; a state that
--- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp.
-local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream" }
+-- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp,
+-- netrun.http (the client, and unescape(s): + and %XX decoded).
+local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
+               http = "netrun.http" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end

@@ -41,6 +41,7 @@
 
 #include "codec/codec.h"
 #include "codec/http.h"
+#include "codec/http_parse.h"
 
 enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
 
@@ -1920,3 +1921,33 @@ const nr_handler_t nr_http_server_handler = {
     .active = nr_http_server_active, .inactive = nr_http_server_inactive,
     .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
     .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};
+
+/* ---- shared with the client codec (http_parse.h) ---------------------------------- */
+
+int nr__http_parse_field(nr_http_header_t *h, const char *s, size_t len,
+                         size_t *ip) {
+  return parse_field(h, s, len, ip);
+}
+
+bool nr__http_ieq(const char *a, size_t n, const char *lit, size_t ln) {
+  return ieq(a, n, lit, ln);
+}
+
+bool nr__http_next_item(const char *v, size_t n, size_t *i, size_t *t0,
+                        size_t *t1) {
+  return next_item(v, n, i, t0, t1);
+}
+
+bool nr__http_has_token(const char *v, size_t n, const char *tok, size_t tn) {
+  return has_token(v, n, tok, tn);
+}
+
+void nr__http_chunks_start(nr_http_parser_t *p, size_t at) {
+  p->phase = P_CHUNK_SIZE;
+  p->head_len = p->pos = at;
+  p->chunk_left = 0;
+}
+
+long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
+  return decode_chunks(p, s, n);
+}

@@ -304,6 +304,8 @@ void lnr_open_dns(lua_State *L);
  * idle_state, logging and any other native handler. */
 void lnr_open_codec(lua_State *L);
 void lnr_open_http(lua_State *L);
+/* lhttp_client.c: core.codec.http_client. */
+void lnr_open_http_client(lua_State *L);
 void lnr_open_handlers(lua_State *L);
 /* ltls.c: core.tls (server, client, reload, attach, handshake). */
 void lnr_open_tls(lua_State *L);

@@ -40,6 +40,7 @@ int luaopen_netrun_core(lua_State *L) {
   lua_setfield(L, -2, "handler");
   lnr_open_codec(L);
   lnr_open_http(L);
+  lnr_open_http_client(L);
   lnr_open_handlers(L);
   lnr_open_tls(L);
   lua_pushcfunction(L, l_now);

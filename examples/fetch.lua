@@ -1,0 +1,83 @@
+-- fetch.lua -- an HTTP client: --requests requests to --url, --concurrency
+-- of them in flight at a time, over a keep-alive pool (netrun.http.client)
+-- on one loop; prints what the last response said and, at the end,
+--   requests=N seconds=S errors=E cpu=C
+-- (cpu: the process's CPU seconds, all threads, from os.clock)
+--   netrun examples/fetch.lua --url http://127.0.0.1:8080/ [--requests 1]
+--                             [--concurrency 1] [--method GET] [--body S]
+--                             [--timeout 5] [--max-body BYTES] [--follow N]
+--                             [--verbose 1] [--api future|callback]  (or URL=, ...)
+-- --api callback uses client:request(opts, callback) (no future per
+-- request) instead of client:request(opts):await().
+-- With --requests 1 (the default) it prints the response: status line,
+-- headers and body, like curl -i.
+local netrun = require "netrun"
+
+local option = netrun.option
+local url = option("url") or error("fetch: --url is required (e.g. --url http://127.0.0.1:8080/)")
+local requests = math.tointeger(option("requests", 1))
+local concurrency = math.tointeger(option("concurrency", 1))
+local spec = {
+  url = url, method = option("method", "GET"), body = option("body"),
+  timeout = option("timeout", 5), follow = option("follow", 0),
+}
+local client = netrun.http.client {
+  pool = concurrency, timeout = spec.timeout, max_body = math.tointeger(option("max-body", 1 << 20)),
+}
+local verbose = requests == 1 or option("verbose", 0) ~= 0
+local api = option("api", "future")
+if api ~= "future" and api ~= "callback" then error("fetch: --api must be future or callback") end
+
+local group = netrun.group { threads = 1, name = "fetch" }
+local done = netrun.promise()
+
+group:next():execute(function(client, spec, requests, concurrency, verbose, done, api)
+  local netrun = require "netrun"
+  local now = require("netrun.core").now
+  local started, left, errors, finished, last = now(), requests, 0, 0, nil
+  local workers = math.min(concurrency, requests)
+  local function report()
+    if verbose and last then
+      local lines = { string.format("%s %d %s", last.version, last.status, last.reason) }
+      for k, v in pairs(last.headers) do lines[#lines + 1] = k .. ": " .. v end
+      io.write(table.concat(lines, "\n"), "\n\n", last.body, "\n")
+    end
+    done:set_success(string.format("requests=%d seconds=%.3f errors=%d cpu=%.3f",
+      requests - errors, now() - started, errors, os.clock()))
+  end
+  local function failed(err)
+    errors = errors + 1
+    if errors <= 3 then netrun.log.warn("fetch: %s", tostring(err)) end
+  end
+  -- the future form: a coroutine per request in flight
+  local function worker()
+    while left > 0 do
+      left = left - 1
+      local ok, res = pcall(function() return client:request(spec):await() end)
+      if ok then last = res else failed(res) end
+    end
+    finished = finished + 1
+    if finished == workers then report() end
+  end
+  -- the callback form: each answer sends the next request
+  local function next_request()
+    if left == 0 then
+      finished = finished + 1
+      if finished == workers then report() end
+      return
+    end
+    left = left - 1
+    client:request(spec, function(res, err)
+      if res then last = res else failed(err) end
+      next_request()
+    end)
+  end
+  for _ = 1, workers do
+    if api == "callback" then next_request() else netrun.spawn(worker) end
+  end
+  if workers == 0 then report() end
+end, client, spec, requests, concurrency, verbose, done, api)
+
+print(done:sync())
+io.stdout:flush()
+group:shutdown_gracefully(0, 1):sync()

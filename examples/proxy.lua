@@ -1,0 +1,136 @@
+-- proxy.lua -- a reverse proxy in Lua: the native HTTP server codec faces
+-- clients, each request goes to the backend through a keep-alive pool
+-- (netrun.http.client, one pool per loop) and its response comes back.
+--   netrun examples/proxy.lua --backend 127.0.0.1:8080 [--port 8000]
+--          [--threads 1] [--pool 64] [--timeout 30] [--max-body 8388608]
+--          [--in-flight 16]                         (or BACKEND=, PORT=, ...)
+-- Answers of its own: 502 when the backend cannot be reached or answers
+-- badly (or with a body over --max-body), 504 past --timeout.
+--
+-- Bodies are bounded, not streamed: a request or response body is held
+-- whole, up to --max-body. Backpressure both ways:
+--  - a slow client: while its connection cannot take more (the outbound
+--    buffer above its high water mark) the server codec parses no further
+--    request of it, and a client connection has at most --in-flight
+--    requests at the backend (past that the proxy stops reading from it),
+--    so what the proxy holds for one client is bounded by
+--    in-flight x max-body whatever the backend sends;
+--  - a slow backend: requests wait for a pooled connection (at most --pool
+--    per loop) and fail with 504 past --timeout; the clients' connections
+--    meanwhile hold at most --in-flight requests each.
+local netrun = require "netrun"
+
+local option = netrun.option
+local port = option("port", 8000)
+local threads = option("threads", 1)
+local backend = option("backend") or error("proxy: --backend host:port is required")
+local bhost, bport = backend:match("^%[?([^%]]+)%]?:(%d+)$")
+if not bhost then error("proxy: --backend must be host:port, got " .. backend) end
+local max_body = math.tointeger(option("max-body", 8 * 1024 * 1024))
+local in_flight = math.tointeger(option("in-flight", 16))
+local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
+
+local client = netrun.http.client {
+  pool = math.tointeger(option("pool", 64)), keepalive = 60,
+  timeout = option("timeout", 30), max_body = max_body,
+}
+
+-- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
+-- each side themselves.
+local HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
+              ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
+              ["proxy-authorization"] = true, ["proxy-authenticate"] = true,
+              ["content-length"] = true }
+
+local function forward_headers(h)
+  local out = {}
+  for k, v in pairs(h) do
+    if not HOP[k] then out[k] = v end
+  end
+  return out
+end
+
+-- Per client connection: responses go out in request order (the codec's
+-- rule), so each request takes a slot and the slots are written in order
+-- as they fill. Requests wait in `queue` until fewer than in_flight are at
+-- the backend and the client's connection is writable.
+local Proxy = {}
+Proxy.__index = Proxy
+
+local dispatch
+
+local function flush_ready(self, ctx)
+  local wrote = false
+  while self.slots[self.head] do
+    local res = self.slots[self.head]
+    self.slots[self.head] = nil
+    self.head = self.head + 1
+    ctx:write(res)
+    wrote = true
+  end
+  if wrote then ctx:flush() end
+  dispatch(self, ctx)
+end
+
+local function answer(self, ctx, n, r, err)
+  if r then
+    self.slots[n] = { status = r.status, headers = forward_headers(r.headers), body = r.body }
+  else
+    local timeout = err:find("timeout after", 1, true)
+    netrun.log.debug("proxy: %s", err)
+    self.slots[n] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
+                      body = timeout and "gateway timeout\n" or "bad gateway\n" }
+  end
+  if ctx.channel:is_open() then flush_ready(self, ctx) end
+end
+
+function dispatch(self, ctx)
+  local q = self.queue
+  while q.first <= q.last and self.sent - self.head < in_flight and ctx.channel:is_writable() do
+    local r = q[q.first]
+    q[q.first] = nil
+    q.first = q.first + 1
+    local n = self.sent
+    self.sent = n + 1
+    -- a callback rather than a future: the response is not copied
+    client:request(r, function(res, err) answer(self, ctx, n, res, err) end)
+  end
+  -- read no more from a client whose requests pile up
+  local piled = q.last - q.first + 1 >= in_flight
+  if piled ~= self.paused then
+    self.paused = piled
+    ctx.channel:option("auto_read", not piled)
+  end
+end
+
+function Proxy:channel_read(ctx, req)
+  local headers = forward_headers(req.headers)
+  self.peer = self.peer or (ctx.channel:remote_address())
+  headers["x-forwarded-for"] = self.peer
+  local path = req.query and (req.path .. "?" .. req.query) or req.path
+  local q = self.queue
+  q.last = q.last + 1
+  q[q.last] = { method = req.method, url = base .. path, headers = headers,
+                body = req.body ~= "" and req.body or nil }
+  dispatch(self, ctx)
+end
+
+function Proxy:channel_writability_changed(ctx)
+  dispatch(self, ctx)
+end
+
+function Proxy:exception_caught(ctx, err)
+  netrun.log.debug("proxy: client %s", tostring(err))
+  ctx:close()
+end
+
+local workers = netrun.group { threads = threads, name = "proxy" }
+netrun.server {
+  group = workers, host = option("host", "0.0.0.0"), port = port,
+  init = function(ch)
+    ch:pipeline():add_last("http", netrun.codec.http_server { max_body = max_body })
+    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, head = 0, sent = 0,
+      queue = { first = 1, last = 0 }, paused = false }, Proxy))
+  end,
+}:sync()
+netrun.log.info("proxy: listening on :%d, backend %s", port, base)

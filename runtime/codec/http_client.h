@@ -1,0 +1,138 @@
+/*
+ * http_client.h -- the HTTP/1.1 client codec: a request encoder, an
+ * incremental response parser and the native pipeline handler built from
+ * them (Netty's HttpClientCodec, with aggregation: one message per whole
+ * response).
+ *
+ * The parser is a plain function over bytes (no channel, no Lua), so tests
+ * and the fuzzer drive it directly. It knows which responses it waits for
+ * (nr_http_client_expect, one per request sent, in order): a response to
+ * HEAD has no body, nor has a 204, a 304 or a 1xx; 1xx other than 101 are
+ * skipped. A body is framed by Transfer-Encoding: chunked, else by
+ * Content-Length, else it runs until the server closes (nr_http_client_end
+ * delivers it then). Responses point into the fed bytes or the parser's
+ * buffers: borrowed, valid only during the callback that receives them.
+ *
+ * The handler (nr_http_client_handler) is loop thread only. Outbound it
+ * encodes NR_MSG_HTTP_CALL messages (other messages pass); inbound it
+ * turns bytes into NR_MSG_HTTP_REPLY messages. A malformed or oversized
+ * response, or a close in the middle of one, is reported to
+ * exception_caught of the handlers after it with a message saying which
+ * ("http_client: ...") and the channel is closed: what follows on that
+ * connection cannot be trusted.
+ */
+#ifndef NR_CODEC_HTTP_CLIENT_H
+#define NR_CODEC_HTTP_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec/http.h"
+
+/* Requests sent and not yet answered, at most (a write past it fails). */
+#define NR_HTTPC_RING 64
+
+/* A request to encode. Host is the caller's to give (it knows the URL);
+ * Content-Length is added when there is a body and neither it nor
+ * Transfer-Encoding is among the headers. */
+typedef struct nr_http_call_s {
+  int type;                       /* NR_MSG_HTTP_CALL */
+  const char *method, *target;    /* "GET", "/a?b=1" */
+  size_t method_len, target_len;
+  const nr_http_header_t *headers;
+  size_t nheaders;
+  const char *body;               /* NULL: none */
+  size_t body_len;
+} nr_http_call_t;
+
+/* A response, whole. */
+typedef struct nr_http_reply_s {
+  int type;                       /* NR_MSG_HTTP_REPLY */
+  int status;                     /* 100..999 */
+  int minor;                      /* HTTP/1.<minor> */
+  bool keep_alive;                /* the connection may carry another */
+  bool chunked;
+  const char *reason;
+  size_t reason_len;
+  const char *body;               /* never NULL */
+  size_t body_len;
+  size_t nheaders, ntrailers;
+  const nr_http_header_t *trailers;    /* == headers + nheaders */
+  nr_http_header_t headers[NR_HTTP_MAX_HEADERS];
+} nr_http_reply_t;
+
+/* ---- parser --------------------------------------------------------------- */
+
+/* Receives each whole response; a non-zero return stops the parser (the
+ * rest of the input is discarded). */
+typedef int (*nr_http_reply_cb)(void *arg, nr_http_reply_t *r);
+
+typedef struct nr_http_client_parser_s {
+  nr_http_parser_t base;          /* limits, cumulation, chunked state */
+  int phase;                      /* what the bytes at base.in are (private) */
+  uint64_t length;                /* Content-Length of the body in hand */
+  uint8_t sent[NR_HTTPC_RING];    /* per request sent: NR_HTTPC_HEAD */
+  unsigned nsent, oldest;
+  bool stopped;
+  bool upgraded;                  /* stopped after a 101: not an error */
+  const char *why;                /* the error's cause, for its message */
+} nr_http_client_parser_t;
+
+#define NR_HTTPC_HEAD 1
+
+/* Errors: the kind of a failed feed or end (the parser accepts nothing
+ * more after one; p->why says what exactly). */
+enum {
+  NR_HTTPC_STOPPED = 1,           /* the callback stopped it */
+  NR_HTTPC_MALFORMED,             /* not HTTP/1.x, bad framing */
+  NR_HTTPC_TOO_LARGE,             /* body over max_body */
+  NR_HTTPC_HEADER_TOO_LARGE,      /* head over max_header or max_headers */
+  NR_HTTPC_UNEXPECTED,            /* a response to no request */
+  NR_HTTPC_TRUNCATED,             /* input ended inside a response */
+  NR_HTTPC_NOMEM,
+};
+
+void nr_http_client_parser_init(nr_http_client_parser_t *p, size_t max_header,
+                                size_t max_body, size_t max_headers);
+void nr_http_client_parser_free(nr_http_client_parser_t *p);
+/* A request was sent: expect its response (flags: NR_HTTPC_HEAD). 0, or
+ * -EBUSY with NR_HTTPC_RING requests unanswered. */
+int nr_http_client_expect(nr_http_client_parser_t *p, unsigned flags);
+/* Feed bytes: 0 (all consumed or kept), or one of the errors above. */
+int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
+                        size_t len, nr_http_reply_cb cb, void *arg);
+/* End of input: delivers a body that runs until the close; 0, or
+ * NR_HTTPC_TRUNCATED when a response had begun and not ended (or a
+ * request sent had no response at all: p->why tells them apart). */
+int nr_http_client_end(nr_http_client_parser_t *p, nr_http_reply_cb cb,
+                       void *arg);
+/* Is a response under way (bytes of it received)? */
+bool nr_http_client_busy(const nr_http_client_parser_t *p);
+
+/* ---- encoder -------------------------------------------------------------- */
+
+/* The bytes of c's head (request line, headers, any Content-Length, blank
+ * line) and the encoding of it into out, which has that many. c must be
+ * checked (tokens, field values, a target without controls or spaces). */
+size_t nr_http_call_head_size(const nr_http_call_t *c);
+size_t nr_http_call_encode_head(const nr_http_call_t *c, char *out);
+
+/* ---- the handler ------------------------------------------------------------ */
+
+typedef struct nr_http_client_opts_s {
+  size_t max_header, max_body, max_headers;
+} nr_http_client_opts_t;
+
+/* A handler state for nr_http_client_handler; freed by its removed(). */
+void *nr_http_client_new(const nr_http_client_opts_t *o);
+extern const nr_handler_t nr_http_client_handler;
+
+/* The handler's members, for a binding that puts a Lua-aware write in
+ * front (lhttp_client.c). */
+void nr_http_client_removed(nr_ctx_t *ctx);
+int nr_http_client_read(nr_ctx_t *ctx, void *msg);
+int nr_http_client_inactive(nr_ctx_t *ctx);
+int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+
+#endif /* NR_CODEC_HTTP_CLIENT_H */

@@ -1,0 +1,40 @@
+/*
+ * http_parse.h -- the HTTP/1.1 server parser's byte-level helpers, shared
+ * with the client codec (http_client.c) so that both sides judge header
+ * lines, token lists and chunked bodies by the same code. Defined in
+ * http.c (as thin wrappers of its statics); pure functions over bytes,
+ * any thread.
+ */
+#ifndef NR_CODEC_HTTP_PARSE_H
+#define NR_CODEC_HTTP_PARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "codec/http.h"
+
+/* Parse one "name: value" line of s[0 .. len) at *ip into *h, *ip moved
+ * past its line end: 0, or 400 for a bad line (a line running past len
+ * included). */
+int nr__http_parse_field(nr_http_header_t *h, const char *s, size_t len,
+                         size_t *ip);
+/* Case-insensitive equality of a[0 .. n) with a lowercase literal. */
+bool nr__http_ieq(const char *a, size_t n, const char *lit, size_t ln);
+/* The next item of the comma-separated list v[0 .. n) from *i, trimmed:
+ * true with it at v[*t0 .. *t1), false at the end. */
+bool nr__http_next_item(const char *v, size_t n, size_t *i, size_t *t0,
+                        size_t *t1);
+/* Does the comma-separated list contain the lowercase token? */
+bool nr__http_has_token(const char *v, size_t n, const char *tok, size_t tn);
+
+/* Chunked bodies, with p's limits (max_body, max_header for trailers):
+ * start decoding at offset `at` of the message's bytes (just past its
+ * head), then call decode with the same bytes and more: 0 need more,
+ * -status (400 malformed, 413 over max_body, 431 trailers over
+ * max_header, 500 no memory), or the offset just past the trailer
+ * section (p->pos then holds where that section began). The decoded body
+ * is in p->body. */
+void nr__http_chunks_start(nr_http_parser_t *p, size_t at);
+long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n);
+
+#endif /* NR_CODEC_HTTP_PARSE_H */

@@ -1,0 +1,547 @@
+-- http_client_spec.lua -- DESIGN.md §8.3: netrun.http.request,
+-- netrun.http.client and netrun.codec.http_client against a netrun
+-- server, scripted raw servers (stream servers sending exact bytes),
+-- nginx, a Node http server and the HTTPS example.
+local H = require "spec.helper"
+local netrun = H.netrun
+local socket = H.socket
+
+-- Run fn(...) in a coroutine on loop; returns its result (bounded).
+local function on_loop(loop, fn, ...)
+  local spawned = H.sync(loop:submit(function(f, ...)
+    return netrun.spawn(f, ...)
+  end, fn, ...))
+  return H.sync(spawned, 30)
+end
+
+-- The error a future failed with (it must fail).
+local function failure(f, timeout)
+  local ok, err = pcall(H.sync, f, timeout)
+  assert(not ok, "the request succeeded")
+  return tostring(err)
+end
+
+local counters = netrun.shared.dict("http_client_spec")
+
+-- A netrun HTTP server on group; each connection counts in the dict under
+-- `name`; handler(req) returns the response table.
+local function http_server(group, name, handler)
+  counters:set(name, 0)
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch)
+      require("netrun").shared.dict("http_client_spec"):incr(name, 1, 0)
+      ch:pipeline():add_last("http", require("netrun").codec.http_server {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        local res = handler(req, ctx)
+        if res then ctx:write_and_flush(res) end
+      end })
+    end,
+  }:sync()
+  local _, port = server:local_address()
+  return server, port
+end
+
+-- A server that answers every connection with the bytes fn(s) sends.
+local function raw_server(group, fn)
+  local server = netrun.server { group = group, host = "127.0.0.1", port = 0, stream = fn }:sync()
+  local _, port = server:local_address()
+  return server, port
+end
+
+local function read_head(s)
+  repeat local l = s:receive("*l") until l == nil or l == ""
+end
+
+describe("netrun.http client", function()
+  local group, servers
+  setup(function()
+    group = netrun.group { threads = 2, name = "httpc" }
+    servers = netrun.group { threads = 1, name = "httpd" }
+  end)
+  teardown(function() H.shutdown(group); H.shutdown(servers) end)
+
+  it("fetches from the main thread: status, lowercased headers, body", function()
+    local server, port = http_server(servers, "main", function(req)
+      return { status = 201, headers = { ["X-Echo"] = req.method .. " " .. req.path .. "?" ..
+        tostring(req.query) .. " " .. tostring(req.headers["x-in"]) }, body = "got " .. req.body }
+    end)
+    local res = H.sync(netrun.http.request { method = "POST", url = "http://127.0.0.1:" .. port ..
+      "/a/b?c=1", headers = { ["X-In"] = "v" }, body = "payload", timeout = 0 })   -- 0: no bound
+    assert.equal(201, res.status)
+    assert.equal("POST /a/b?c=1 v", res.headers["x-echo"])
+    assert.equal("got payload", res.body)
+    server:close():sync()
+  end)
+
+  it("reuses one keep-alive connection for sequential requests (counted by the server)", function()
+    local server, port = http_server(servers, "reuse", function(req)
+      return { status = 200, body = req.path }
+    end)
+    local c = netrun.http.client { pool = 8 }
+    local bodies = on_loop(group:next(), function(c, port)
+      local t = {}
+      for i = 1, 50 do
+        t[i] = c:request { url = "http://127.0.0.1:" .. port .. "/" .. i }:await().body
+      end
+      return table.concat(t, " ", 48, 50)
+    end, c, port)
+    assert.equal("/48 /49 /50", bodies)
+    assert.equal(1, counters:get("reuse"))
+    server:close():sync()
+  end)
+
+  it("decodes a chunked response and keeps the connection", function()
+    local server, port = http_server(servers, "chunked", function(req, ctx)
+      ctx:write { status = 200, stream = true }
+      ctx:write "part one, "
+      ctx:write(string.rep("x", 100000))
+      ctx:write_and_flush(false)
+    end)
+    local c = netrun.http.client {}
+    local n = on_loop(group:next(), function(c, port)
+      local a = c:request { url = "http://127.0.0.1:" .. port .. "/" }:await()
+      local b = c:request { url = "http://127.0.0.1:" .. port .. "/" }:await()
+      assert(a.body == b.body and a.headers["transfer-encoding"] == "chunked")
+      return #a.body
+    end, c, port)
+    assert.equal(10 + 100000, n)
+    assert.equal(1, counters:get("chunked"))
+    server:close():sync()
+  end)
+
+  it("reads a body that runs until the close, and skips 1xx", function()
+    local server, port = raw_server(servers, function(s)
+      read_head(s)
+      s:send("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+      s:send("HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\nuntil ")
+      s:send("the close")
+    end)
+    local res = H.sync(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/" })
+    assert.equal(200, res.status)
+    assert.equal("until the close", res.body)
+    assert.is_false(res.keep_alive)
+    server:close():sync()
+  end)
+
+  it("gives HEAD, 204 and 304 no body whatever their Content-Length says", function()
+    local server, port = raw_server(servers, function(s)
+      for _, answer in ipairs {
+        "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+        "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlast",
+      } do
+        read_head(s)
+        s:send(answer)
+      end
+      s:receive("*a")
+    end)
+    local c = netrun.http.client {}
+    local got = on_loop(group:next(), function(c, port)
+      local u = "http://127.0.0.1:" .. port .. "/"
+      local t = {}
+      for _, m in ipairs { "HEAD", "GET", "GET", "GET" } do
+        local r = c:request { method = m, url = u }:await()
+        t[#t + 1] = r.status .. ":" .. r.body
+      end
+      return table.concat(t, " ")
+    end, c, port)
+    assert.equal("200: 204: 304: 200:last", got)
+    server:close():sync()
+  end)
+
+  it("fails a body over max_body and drops the connection (Content-Length and chunked)", function()
+    local server, port = http_server(servers, "big", function(req, ctx)
+      if req.path == "/chunked" then
+        ctx:write { status = 200, stream = true }
+        for _ = 1, 20 do ctx:write(string.rep("y", 1000)) end
+        ctx:write_and_flush(false)
+        return
+      end
+      return { status = 200, body = string.rep("x", 5000) }
+    end)
+    local c = netrun.http.client { max_body = 4096 }
+    local errs = on_loop(group:next(), function(c, port)
+      local _, e1 = pcall(function() return c:request { url = "http://127.0.0.1:" .. port .. "/" }:await() end)
+      local _, e2 = pcall(function() return c:request { url = "http://127.0.0.1:" .. port .. "/chunked" }:await() end)
+      local ok = c:request { url = "http://127.0.0.1:" .. port .. "/", max_body = 8192 }:await()
+      local pools = require("netrun.http").stats()[c.id] or {}
+      local pool = pools["http://127.0.0.1:" .. port]     -- gone once empty
+      return { tostring(e1), tostring(e2), #ok.body, pool and pool.total or 0 }
+    end, c, port)
+    assert.matches("body over max_body %(4096 bytes%)", errs[1])
+    assert.matches("body over max_body", errs[2])
+    assert.equal(5000, errs[3])
+    assert.equal(0, errs[4])               -- both failed connections were discarded
+    server:close():sync()
+  end)
+
+  it("fails with 'timeout' on a server that never answers, and closes that connection", function()
+    local closed = netrun.promise()
+    local server, port = raw_server(servers, function(s)
+      read_head(s)
+      s:receive("*a")                     -- until the client gives up
+      closed:try_success(true)
+    end)
+    local t0 = socket.gettime()
+    local err = failure(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/", timeout = 0.3 })
+    assert.matches("GET http://127%.0%.0%.1:%d+/: timeout after 0%.3 s", err)
+    assert.is_true(socket.gettime() - t0 < 3)
+    assert.is_true(H.sync(closed))
+    server:close():sync()
+  end)
+
+  it("fails cleanly on a refused connect, a bad URL, garbage and a reset mid-body", function()
+    local port = H.free_port()
+    assert.matches("connect: .*refused", failure(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/" }))
+    assert.matches("bad URL: unsupported scheme 'ftp'", failure(netrun.http.request { url = "ftp://a/" }))
+    assert.matches("bad URL: no host", failure(netrun.http.request { url = "http:///x" }))
+    local garbage, gport = raw_server(servers, function(s)
+      read_head(s)
+      s:send("SSH-2.0-OpenSSH_9.2\r\n\r\n")
+      s:receive("*a")
+    end)
+    assert.matches("malformed response: not an HTTP response",
+      failure(netrun.http.request { url = "http://127.0.0.1:" .. gport .. "/" }))
+    local cut, cport = raw_server(servers, function(s)
+      read_head(s)
+      s:send("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" .. string.rep("z", 5000))
+      s:close()
+    end)
+    assert.matches("incomplete response: the connection closed in the middle of a response",
+      failure(netrun.http.request { url = "http://127.0.0.1:" .. cport .. "/" }))
+    garbage:close():sync()
+    cut:close():sync()
+  end)
+
+  it("fails a request whose header cannot be sent, at once and with the reason", function()
+    local server, port = http_server(servers, "badhdr", function() return { status = 200 } end)
+    local t0 = socket.gettime()
+    local err = failure(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/",
+      headers = { ["x-a"] = "one\r\nInjected: yes" }, timeout = 5 })
+    assert.matches("the value of header 'x%-a' contains a control character", err)
+    assert.is_true(socket.gettime() - t0 < 2)
+    server:close():sync()
+  end)
+
+  it("sends an idempotent request again when a reused connection closes before answering", function()
+    local conns = 0
+    local server, port = raw_server(servers, function(s)
+      conns = conns + 1
+      read_head(s)
+      s:send("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+      read_head(s)                        -- the second request on it: no answer
+    end)
+    local c = netrun.http.client {}
+    local r = on_loop(group:next(), function(c, port)
+      local u = "http://127.0.0.1:" .. port .. "/"
+      local a = c:request { url = u }:await().body
+      local b = c:request { url = u }:await().body                  -- retried on a new connection
+      local ok, err = pcall(function() return c:request { url = u, method = "POST", body = "x" }:await() end)
+      return { a, b, ok, tostring(err) }
+    end, c, port)
+    assert.same({ "first", "first", false }, { r[1], r[2], r[3] })
+    assert.matches("POST .*closed before a response", r[4])      -- not idempotent: not sent again
+    server:close():sync()
+  end)
+
+  it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
+    local c = netrun.http.client { pool = 1, timeout = 10 }
+    local port = H.free_port()
+    local t0 = socket.gettime()
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local fs = {}
+      for i = 1, 5 do fs[i] = c:request { url = "http://127.0.0.1:" .. port .. "/" .. i } end
+      local n = 0
+      for i = 1, 5 do
+        if not pcall(fs[i].await, fs[i]) then n = n + 1 end
+      end
+      return n
+    end, c, port)
+    assert.equal(5, r)
+    assert.is_true(socket.gettime() - t0 < 5)
+  end)
+
+  it("takes a callback instead of a future on a loop, and refuses one on the main thread", function()
+    local server, port = http_server(servers, "callback", function(req) return { status = 200, body = req.path } end)
+    local c = netrun.http.client {}
+    local r = H.sync(group:next():submit(function(c, port, dead)
+      local netrun = require "netrun"
+      local p = netrun.promise()
+      local got = {}
+      c:request({ url = "http://127.0.0.1:" .. port .. "/cb" }, function(res, err)
+        got[1] = res and res.body
+        c:request({ url = "http://127.0.0.1:" .. dead .. "/" }, function(res2, err2)
+          got[2] = tostring(res2) .. " " .. tostring(err2)
+          c:request({ url = "nope" }, function(_, err3)
+            got[3] = err3
+            p:set_success(got)
+          end)
+        end)
+      end)
+      return p
+    end, c, port, H.free_port()))
+    r = H.sync(r)
+    assert.equal("/cb", r[1])
+    assert.matches("^nil netrun.http: GET .*connect: .*refused", r[2])
+    assert.matches("bad URL: not an absolute", r[3])
+    assert.has_error(function() c:request({ url = "http://127.0.0.1:1/" }, print) end,
+      "netrun.http client: a callback runs on the caller's loop: call request with one on a " ..
+      "loop (the main thread is not one: use the future)")
+    server:close():sync()
+  end)
+
+  it("examples/fetch.lua counts its requests and errors, with futures and with callbacks", function()
+    local server, port = http_server(servers, "fetch", function() return { status = 200, body = "ok" } end)
+    for _, api in ipairs { "future", "callback" } do
+      local out, status = H.run(string.format("%s %s/examples/fetch.lua --url http://127.0.0.1:%d/ " ..
+        "--requests 300 --concurrency 8 --api %s", H.BIN, H.root, port, api))
+      assert.equal(0, status, out)
+      assert.matches("requests=300 seconds=[%d.]+ errors=0 cpu=[%d.]+\n$", out)
+    end
+    assert.equal(2 * 8, counters:get("fetch"))     -- a pool of 8 per run
+    local out = H.run(string.format("%s %s/examples/fetch.lua --url http://127.0.0.1:%d/ --requests 4",
+      H.BIN, H.root, H.free_port()))
+    assert.matches("requests=0 seconds=[%d.]+ errors=4", out)
+    server:close():sync()
+  end)
+
+  it("does not follow redirects unless asked", function()
+    local server, port = http_server(servers, "redirect", function(req)
+      if req.path == "/old" then
+        return { status = 302, headers = { location = "/new?x=1" }, body = "moved" }
+      end
+      return { status = 200, body = "here " .. req.method .. " " .. tostring(req.query) }
+    end)
+    local u = "http://127.0.0.1:" .. port .. "/old"
+    assert.equal(302, H.sync(netrun.http.request { url = u }).status)
+    local res = H.sync(netrun.http.request { url = u, follow = 2, method = "POST", body = "b" })
+    assert.equal("here GET x=1", res.body)
+    server:close():sync()
+  end)
+
+  it("runs 200 concurrent requests through a pool of 64, and a loop timer keeps firing", function()
+    local server, port = http_server(servers, "many", function(req, ctx)
+      -- answer after a short delay, so requests really wait together
+      ctx:loop():schedule(0.05, function()
+        if ctx.channel:is_open() then ctx:write_and_flush { status = 200, body = req.path } end
+      end)
+    end)
+    local c = netrun.http.client { pool = 64 }
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local ticks = 0
+      local timer = netrun.current():schedule_at_fixed_rate(0.01, 0.01, function() ticks = ticks + 1 end)
+      local fs = {}
+      for i = 1, 200 do fs[i] = c:request { url = "http://127.0.0.1:" .. port .. "/" .. i, timeout = 20 } end
+      local all = netrun.all(fs):await()
+      timer:cancel()
+      local okc = 0
+      for i = 1, 200 do if all[i].body == "/" .. i then okc = okc + 1 end end
+      return { okc, ticks }
+    end, c, port)
+    assert.equal(200, r[1])
+    assert.is_true(r[2] >= 5, "the timer fired " .. r[2] .. " times")
+    assert.is_true(counters:get("many") <= 64, counters:get("many") .. " connections")
+    server:close():sync()
+  end)
+
+  it("closes idle pooled connections after keepalive seconds", function()
+    local server, port = http_server(servers, "idle", function() return { status = 200 } end)
+    local c = netrun.http.client { keepalive = 0.2 }
+    local loop = group:next()
+    on_loop(loop, function(c, port) return c:request { url = "http://127.0.0.1:" .. port .. "/" }:await() end, c, port)
+    local pool = function()
+      return loop:submit(function(id, key)
+        local p = (require("netrun.http").stats()[id] or {})[key]
+        return p and p.idle + p.total * 100 or 0           -- gone once empty
+      end, c.id, "http://127.0.0.1:" .. port):sync()
+    end
+    assert.equal(101, pool())
+    assert.equal(0, H.eventually(function() return pool() == 0 and 0 end, 3))
+    server:close():sync()
+  end)
+
+  it("https against the TLS example, verified against its certificate", function()
+    local dir = H.tmpdir()
+    assert(os.execute(string.format("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      .. "-nodes -keyout %s/k.pem -out %s/c.pem -days 2 -subj /CN=localhost "
+      .. "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 2>/dev/null", dir, dir)))
+    local port = H.free_port()
+    local pid = H.start(H.root .. "/examples/https_hello.lua", port,
+      string.format("--cert %s/c.pem --key %s/k.pem", dir, dir))
+    local tls = netrun.tls.client { ca = dir .. "/c.pem" }
+    local c = netrun.http.client { tls = tls }
+    local res = H.sync(c:request { url = "https://localhost:" .. port .. "/" })
+    assert.equal(200, res.status)
+    assert.equal("Hello, World!", res.body)
+    local err = failure(netrun.http.request { url = "https://localhost:" .. port .. "/" })
+    assert.matches("certificate", err)       -- the system store does not know it
+    assert.is_true(H.stop(pid))
+  end)
+end)
+
+-- Real servers of other makes.
+describe("netrun.http client against nginx and Node", function()
+  local group
+  setup(function() group = netrun.group { threads = 1, name = "httpc2" } end)
+  teardown(function() H.shutdown(group) end)
+
+  local function have(cmd)
+    return os.execute("command -v " .. cmd .. " >/dev/null 2>&1")
+  end
+
+  it("nginx: keep-alive reuse (nginx's $connection) and a 200 KiB file", function()
+    local nginx = have("nginx") and "nginx" or (io.open("/usr/sbin/nginx") and "/usr/sbin/nginx")
+    assert(nginx, "nginx is missing: bash scripts/deps.sh nginx")
+    local dir, port = H.tmpdir(), H.free_port()
+    local f = assert(io.open(dir .. "/big", "w")); f:write(string.rep("n", 200000)); f:close()
+    f = assert(io.open(dir .. "/nginx.conf", "w"))
+    f:write((([[
+daemon off; worker_processes 1; error_log stderr error; pid DIR/nginx.pid;
+events { worker_connections 256; }
+http { access_log off; client_body_temp_path DIR; proxy_temp_path DIR; fastcgi_temp_path DIR;
+  uwsgi_temp_path DIR; scgi_temp_path DIR;
+  server { listen 127.0.0.1:PORT; root DIR;
+    location = /conn { add_header X-Conn $connection; return 200 "c"; } } }
+]]):gsub("DIR", dir):gsub("PORT", port)))
+    f:close()
+    local p = assert(io.popen(nginx .. " -p " .. dir .. " -c " .. dir .. "/nginx.conf > " .. dir .. "/log 2>&1 & echo $!"))
+    local pid = tonumber(p:read("l")); p:close()
+    local up = H.eventually(function()
+      local s = socket.tcp(); s:settimeout(0.2)
+      local ok = s:connect("127.0.0.1", port); s:close(); return ok
+    end, 5)
+    assert(up, "nginx did not start: " .. H.read_file(dir .. "/log"))
+    local c = netrun.http.client {}
+    local r = on_loop(group:next(), function(c, port)
+      local conns = {}
+      for i = 1, 10 do
+        conns[c:request { url = "http://127.0.0.1:" .. port .. "/conn" }:await().headers["x-conn"]] = true
+      end
+      local n = 0
+      for _ in pairs(conns) do n = n + 1 end
+      local big = c:request { url = "http://127.0.0.1:" .. port .. "/big" }:await()
+      return { n, #big.body, big.headers["content-length"] }
+    end, c, port)
+    os.execute("kill " .. pid)
+    assert.equal(1, r[1])
+    assert.equal(200000, r[2])
+    assert.equal("200000", r[3])
+  end)
+
+  it("Node http: a chunked response, and keep-alive reuse counted by Node", function()
+    assert(have("node"), "node is missing: bash scripts/deps.sh")
+    local port = H.free_port()
+    local js = os.tmpname()
+    local f = assert(io.open(js, "w"))
+    f:write((([[
+const http = require('http'); let conns = 0;
+const s = http.createServer((req, res) => {
+  if (req.url === '/count') { res.end(String(conns)); return; }
+  res.setHeader('X-Node', 'yes'); res.write('chunk one,'); setTimeout(() => res.end(' two'), 5);
+});
+s.on('connection', () => conns++);
+s.listen(PORT, '127.0.0.1', () => console.log('listening'));
+]]):gsub("PORT", port)))
+    f:close()
+    local p = assert(io.popen("node " .. js .. " > " .. js .. ".log 2>&1 & echo $!"))
+    local pid = tonumber(p:read("l")); p:close()
+    assert(H.eventually(function() return H.read_file(js .. ".log"):find("listening") end, 10),
+      "node did not start: " .. H.read_file(js .. ".log"))
+    local c = netrun.http.client {}
+    local r = on_loop(group:next(), function(c, port)
+      local bodies = {}
+      for i = 1, 5 do
+        local res = c:request { url = "http://127.0.0.1:" .. port .. "/x" }:await()
+        bodies[i] = res.body .. "|" .. tostring(res.headers["transfer-encoding"]) .. "|" .. res.headers["x-node"]
+      end
+      return { bodies[5], c:request { url = "http://127.0.0.1:" .. port .. "/count" }:await().body }
+    end, c, port)
+    os.execute("kill " .. pid)
+    assert.equal("chunk one, two|chunked|yes", r[1])
+    assert.equal("1", r[2])
+  end)
+
+  it("a peer that resets in the middle of a body (Node, resetAndDestroy): a failed future", function()
+    local port = H.free_port()
+    local js = os.tmpname()
+    local f = assert(io.open(js, "w"))
+    f:write((([[
+const net = require('net');
+net.createServer(s => s.once('data', () => {
+  s.write('HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n' + 'r'.repeat(3000));
+  setTimeout(() => s.resetAndDestroy(), 50);
+})).listen(PORT, '127.0.0.1', () => console.log('listening'));
+]]):gsub("PORT", port)))
+    f:close()
+    local p = assert(io.popen("node " .. js .. " > " .. js .. ".log 2>&1 & echo $!"))
+    local pid = tonumber(p:read("l")); p:close()
+    assert(H.eventually(function() return H.read_file(js .. ".log"):find("listening") end, 10))
+    local err = failure(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/" })
+    os.execute("kill " .. pid)
+    assert.matches("GET http://127%.0%.0%.1:%d+/: .*reset", err)
+  end)
+end)
+
+describe("netrun.codec.http_client on an embedded channel", function()
+  local codec = netrun.codec
+
+  it("encodes a request: request line, headers, Content-Length, body", function()
+    local ch = netrun.embedded(codec.http_client {})
+    ch:write_outbound { method = "POST", path = "/x?y=1", body = "abc",
+                        headers = { host = "a.example", ["x-a"] = { "1", "2" }, ["x-n"] = 5 } }
+    local out = ch:read_outbound()
+    out = type(out) == "table" and table.concat(out) or out
+    assert.matches("^POST /x%?y=1 HTTP/1%.1\r\n", out)
+    assert.matches("\r\nhost: a%.example\r\n", out)
+    assert.matches("\r\nx%-a: 1\r\nx%-a: 2\r\n", out)
+    assert.matches("\r\nx%-n: 5\r\n", out)
+    assert.matches("\r\nContent%-Length: 3\r\n\r\nabc$", out)
+    assert.has_error(function() ch:write_outbound { method = "GET", path = "/a b" } end)
+    ch:close()
+  end)
+
+  -- Three responses (a length, a chunked body with a trailer, a 204 after
+  -- a 100) to three requests, cut at every byte boundary and byte by byte.
+  local stream = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello" ..
+    "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=1\r\nde\r\n0\r\nX-T: t\r\n\r\n" ..
+    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 204 No Content\r\nConnection: keep-alive\r\n\r\n"
+
+  local function decode(chunks)
+    local ch = netrun.embedded(codec.http_client {})
+    for _ = 1, 3 do ch:write_outbound { path = "/" } end
+    for _, c in ipairs(chunks) do ch:write_inbound(c) end
+    local got = {}
+    for _, r in ipairs(ch:read_all_inbound()) do
+      got[#got + 1] = string.format("%d %s %s %s %s %s", r.status, r.body, tostring(r.headers["x-a"]),
+        tostring(r.trailers and r.trailers["x-t"]), tostring(r.keep_alive), r.version)
+    end
+    ch:close()
+    return got
+  end
+
+  it("decodes the same responses whatever the split", function()
+    local expected = { "200 hello 1 nil true HTTP/1.1", "201 abcde nil t true HTTP/1.1",
+                       "204  nil nil true HTTP/1.0" }
+    assert.same(expected, decode { stream })
+    for cut = 0, #stream do
+      assert.same(expected, decode { stream:sub(1, cut), stream:sub(cut + 1) }, "split at " .. cut)
+    end
+    local bytes = {}
+    for i = 1, #stream do bytes[i] = stream:sub(i, i) end
+    assert.same(expected, decode(bytes), "byte by byte")
+  end)
+
+  it("reports a response to no request, and closes", function()
+    local errors = {}
+    local ch = netrun.embedded(codec.http_client {}, {
+      exception_caught = function(_, _, err) errors[#errors + 1] = tostring(err) end,
+    })
+    ch:write_inbound("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert.same({ "http_client: malformed response: a response to no request" }, errors)
+    assert.is_false(ch:channel():is_open())
+  end)
+end)

@@ -1,0 +1,136 @@
+-- proxy_spec.lua -- examples/proxy.lua run as users run it, in front of a
+-- netrun backend in this process: curl end to end, the keep-alive pool to
+-- the backend (connections counted by the backend), 502 and 504, and a
+-- client that reads nothing (backpressure: the proxy stops asking the
+-- backend, and its memory stays bounded).
+local H = require "spec.helper"
+local netrun = H.netrun
+local socket = H.socket
+
+local counters = netrun.shared.dict("proxy_spec")
+
+-- The backend: counts connections and requests; /big answers 256 KiB,
+-- /slow after 2 s, anything else echoes what it got.
+local function backend(group)
+  counters:set("conns", 0)
+  counters:set("reqs", 0)
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch)
+      local netrun = require "netrun"
+      local d = netrun.shared.dict("proxy_spec")
+      d:incr("conns", 1, 0)
+      ch:pipeline():add_last("http", netrun.codec.http_server {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        d:incr("reqs", 1, 0)
+        if req.path == "/big" then
+          ctx:write_and_flush { status = 200, body = string.rep(string.char(65 + d:get("reqs") % 26), 256 * 1024) }
+        elseif req.path == "/slow" then
+          -- (only while open: the last case below covers a late write)
+          ctx:loop():schedule(2, function()
+            if ctx.channel:is_open() then ctx:write_and_flush { status = 200, body = "late" } end
+          end)
+        else
+          ctx:write_and_flush { status = 200, headers = { ["x-seen-xff"] = tostring(req.headers["x-forwarded-for"]),
+            ["x-conn-hdr"] = tostring(req.headers.connection) },
+            body = req.method .. " " .. req.path .. "?" .. tostring(req.query) .. " " .. req.body }
+        end
+      end })
+    end,
+  }:sync()
+  local _, port = server:local_address()
+  return server, port
+end
+
+describe("examples/proxy.lua", function()
+  local group, server, bport, pid, port
+  setup(function()
+    group = netrun.group { threads = 1, name = "backend" }
+    server, bport = backend(group)
+    port = H.free_port()
+    pid = H.start(H.root .. "/examples/proxy.lua", port,
+      "--backend 127.0.0.1:" .. bport .. " --timeout 0.5")
+  end)
+  teardown(function()
+    H.stop(pid)
+    server:close():sync()
+    H.shutdown(group)
+  end)
+
+  it("proxies curl's requests over one keep-alive connection to the backend", function()
+    counters:set("conns", 0)
+    for i = 1, 10 do
+      local out, status = H.run(string.format("curl -s -i -d 'body%d' 'http://127.0.0.1:%d/p/%d?q=%d'", i, port, i, i))
+      assert.equal(0, status)
+      assert.matches("^HTTP/1.1 200 OK\r\n", out)
+      assert.matches("x%-seen%-xff: 127%.0%.0%.1", out)
+      assert.matches("x%-conn%-hdr: nil", out)     -- hop-by-hop fields stay on their hop
+      assert.matches("\r\n\r\nPOST /p/" .. i .. "%?q=" .. i .. " body" .. i .. "$", out)
+    end
+    assert.equal(1, counters:get("conns"))
+  end)
+
+  it("answers 502 when the backend fails and 504 past its timeout", function()
+    local out = H.run(string.format("curl -s -i 'http://127.0.0.1:%d/slow'", port))
+    assert.matches("^HTTP/1.1 504 ", out)
+    local port2 = H.free_port()
+    local pid2 = H.start(H.root .. "/examples/proxy.lua", port2, "--backend 127.0.0.1:" .. H.free_port())
+    out = H.run(string.format("curl -s -i 'http://127.0.0.1:%d/x'", port2))
+    assert.is_true(H.stop(pid2))
+    assert.matches("^HTTP/1.1 502 ", out)
+  end)
+
+  it("stops asking the backend while a client reads nothing, then delivers every answer", function()
+    counters:set("reqs", 0)
+    local c = H.client(port)
+    local n = 60                      -- within the server codec's 64 unanswered
+    local reqs = {}
+    for i = 1, n do reqs[i] = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n" end
+    assert(c:send(table.concat(reqs)))
+    local rss0 = H.rss(pid)
+    -- the proxy stalls: the backend's request count stops growing
+    local asked = H.eventually(function()
+      local a = counters:get("reqs")
+      socket.select(nil, nil, 0.3)
+      return a > 0 and a == counters:get("reqs") and a
+    end, 20)
+    local grew = H.rss(pid) - rss0
+    assert.is_true(asked < n, "the backend was asked " .. tostring(asked) .. " times")
+    if not H.sanitized then
+      assert.is_true(grew < 16 * 1024, "the proxy grew by " .. grew .. " KiB")
+    end
+    -- now read everything: every response, whole and in order
+    c:settimeout(20)
+    for i = 1, n do
+      local status, _, body = H.read_response(c)
+      assert.equal(200, status)
+      assert.equal(256 * 1024, #body)
+    end
+    c:close()
+    assert.equal(n, counters:get("reqs"))
+    print(string.format("\n  slow reader: backend asked %d of %d while stalled; proxy RSS +%d KiB", asked, n, grew))
+  end)
+
+  it("a handler's late write to a client that left fails, and touches no freed codec", function()
+    -- what a proxy does when the backend answers after its client closed
+    local done = netrun.promise()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", require("netrun").codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx)
+          ctx:loop():schedule(0.2, function()      -- the client has gone by then
+            local ok, f = pcall(ctx.write_and_flush, ctx, { status = 200, body = "late" })
+            done:set_success(ok and (f:is_done() and not f:is_success()) and "failed" or tostring(f))
+          end)
+        end })
+      end,
+    }:sync()
+    local _, sport = server:local_address()
+    local c = H.client(sport)
+    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    c:close()
+    assert.equal("failed", H.sync(done))
+    server:close():sync()
+  end)
+end)
