@@ -14,6 +14,8 @@ PACKAGES=(
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
+  python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
+  redis-server                          # a Redis for the stream client's spec
 )
 PACKAGES+=("$@")
 

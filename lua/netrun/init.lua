@@ -88,8 +88,10 @@ netrun.handler = core.handler
 netrun.http = core.http        -- unescape(s): + and %XX decoded
 
 -- Parts loaded on first use (netrun.json needs lua-cjson; a state that
--- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp.
-local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream" }
+-- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp,
+-- netrun.websocket.
+local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
+               websocket = "netrun.websocket" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end
