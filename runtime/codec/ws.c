@@ -21,6 +21,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,10 +137,15 @@ void nr_ws_parser_init(nr_ws_parser_t *p, bool server, size_t max_message,
 void nr_ws_parser_free(nr_ws_parser_t *p) { nr_buf_free(&p->msg); }
 
 /* Unmasked payloads of whole frames, per thread; what it keeps past a
- * call is bounded (a large one is freed at the next call). */
+ * call is bounded (a large one is freed at the next call), and a thread
+ * that exits frees it (the key's destructor). */
 static _Thread_local char *scratch;
 static _Thread_local size_t scratch_cap;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 #define SCRATCH_KEEP 65536
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
 
 static char *scratch_get(size_t n) {
   if (n > scratch_cap) {
@@ -149,8 +155,19 @@ static char *scratch_get(size_t n) {
       return NULL;
     scratch = s;
     scratch_cap = cap;
+    pthread_once(&scratch_once, scratch_key_make);
+    pthread_setspecific(scratch_key, s);
   }
   return scratch;
+}
+
+static void scratch_trim(void) {
+  if (scratch_cap > SCRATCH_KEEP) {
+    free(scratch);
+    scratch = NULL;
+    scratch_cap = 0;
+    pthread_setspecific(scratch_key, NULL);
+  }
 }
 
 static long fail(nr_ws_parser_t *p, nr_ws_event_t *ev, int code,
@@ -259,9 +276,11 @@ static long add_fragment(nr_ws_parser_t *p, const head_t *h, const char *pl,
   size_t n = (size_t)h->len, at = nr_buf_len(&p->msg);
   if (nr_buf_append(&p->msg, pl, n) < 0)
     return fail(p, ev, NR_WS_TOO_BIG, "out of memory for a message");
-  char *m = p->msg.data + p->msg.r;
-  if (h->masked)
+  char *m = nr_buf_len(&p->msg) > 0 ? p->msg.data + p->msg.r : NULL;
+  if (h->masked && n > 0)
     nr_ws_mask(m + at, m + at, n, h->mask, 0);
+  if (m == NULL)
+    m = (char *)"";              /* empty so far: nothing is written to it */
   if (p->fragmented == NR_WS_TEXT) {
     p->utf8 = nr_utf8_check(p->utf8, m + at, n);
     if (p->utf8 == NR_UTF8_BAD || (h->fin && p->utf8 != 0))
@@ -284,11 +303,7 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
     p->reset = false;
     nr_buf_free(&p->msg);
   }
-  if (scratch_cap > SCRATCH_KEEP) {
-    free(scratch);
-    scratch = NULL;
-    scratch_cap = 0;
-  }
+  scratch_trim();
   if (p->closed)
     return (long)len;
   head_t h;
