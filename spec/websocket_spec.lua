@@ -291,6 +291,56 @@ describe("websocket", function()
     c:close()
   end)
 
+  it("examples: ws_echo.lua echoes ws_client.lua, and answers plain HTTP with a page or 426", function()
+    local port = H.free_port()
+    local pid = H.start("examples/ws_echo.lua", port)
+    local out, st = H.run(H.BIN .. " examples/ws_client.lua --url ws://127.0.0.1:" .. port
+      .. "/ --count 2 --message hi")
+    assert.equal(0, st, out)
+    assert.equal('text: "hi 1"\ntext: "hi 2"\nbinary: "\\0\\1\\2"\nclosed: 1000 \nmessages=3\n', out)
+    local c = H.client(port)
+    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /chat HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(c)
+    assert.equal(200, status)
+    assert.matches("WebSocket echo", body)
+    local status2, headers2 = H.read_response(c)
+    assert.equal(426, status2)
+    assert.equal("websocket", headers2.upgrade)
+    c:close()
+    assert.is_true(H.stop(pid))
+  end)
+
+  it("stops reading from a client that does not read its echoes, and goes on once it does", function()
+    local port = H.free_port()
+    local pid = H.start("examples/ws_echo.lua", port)
+    local c = raw(port)
+    c:settimeout(1)
+    local f = frame(2, string.rep("w", 60000))
+    local before = H.rss(pid)
+    local LIMIT = 256 << 20
+    local sent = H.flood(c, f, LIMIT)
+    local grown = H.rss(pid) - before
+    assert.is_true(sent < LIMIT, "the server took all " .. sent .. " bytes")
+    if not H.sanitized then
+      assert.is_true(grown < 32 * 1024, "server RSS grew by " .. grown .. " KiB")
+    end
+    c:settimeout(5)
+    local whole, part = sent // #f, sent % #f
+    if part > 0 then
+      assert(c:send(f:sub(part + 1)))      -- finish the frame cut short
+      whole = whole + 1
+    end
+    for i = 1, whole do
+      local op, data = read_frame(c)
+      assert.equal(2, op, "echo " .. i)
+      assert.equal(60000, #data)
+    end
+    c:send(frame(1, "still there?"))
+    assert.same({ 1, "still there?" }, { read_frame(c) })
+    c:close()
+    assert.is_true(H.stop(pid))
+  end)
+
   describe("netrun's client", function()
     local Collect = {}
     Collect.__index = Collect

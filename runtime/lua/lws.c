@@ -53,7 +53,7 @@ static const char *const OPCODES[] = {"continuation", "text", "binary", NULL,
 
 static void push_msg(lua_State *L, void *msg) {
   const nr_ws_msg_t *m = msg;
-  lua_createtable(L, 0, 3);
+  lua_createtable(L, 0, m->opcode == NR_WS_CLOSE ? 3 : 2);
   lua_pushstring(L, OPCODES[m->opcode]);
   lua_setfield(L, -2, "type");
   lua_pushlstring(L, m->data, m->len);
