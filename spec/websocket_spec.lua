@@ -41,9 +41,9 @@ function App:exception_caught(ctx, err)
 end
 
 local servers = {}
-local function ws_server(tag, opts)
+local function ws_server(tag, opts, tls)
   local s = H.sync(netrun.server {
-    group = group, host = "127.0.0.1", port = 0,
+    group = group, host = "127.0.0.1", port = 0, tls = tls,
     init = function(ch)
       ch:pipeline():add_last("http", netrun.codec.http_server())
       ch:pipeline():add_last("app", setmetatable({ tag = tag, opts = opts or {} }, App))
@@ -380,7 +380,25 @@ describe("websocket", function()
       ch:write_and_flush("close-me")
       assert.equal("4000 asked", H.eventually(function() return seen:get("pyc:close") end))
       H.sync(ch:close_future())
+      assert.matches("ok", p:read("a"))      -- it served us and exited cleanly
       p:close()
+    end)
+
+    it("speaks wss:// through TLS, verifying the server", function()
+      local dir = H.tmpdir()
+      assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))
+      local port = ws_server("wss", nil, netrun.tls.server {
+        cert = dir .. "/server.crt", key = dir .. "/server.key" })
+      local ch = H.sync(netrun.websocket.connect {
+        url = "wss://localhost:" .. port .. "/secure", group = group, timeout = 5,
+        tls = netrun.tls.client { ca = dir .. "/ca.crt" },
+        init = function(c) c:pipeline():add_last("collect", setmetatable({ tag = "wssc" }, Collect)) end,
+      })
+      ch:write_and_flush(string.rep("s", 100000))
+      assert.equal("text " .. string.rep("s", 100000),
+        H.eventually(function() return seen:get("wssc:got1") end))
+      H.sync(ch:close())
+      assert.equal("1000 ", H.eventually(function() return seen:get("wss:close") end))
     end)
 
     it("fails its future when the server refuses the upgrade, or is not there", function()
