@@ -280,6 +280,26 @@ describe("websocket", function()
     assert.is_true(took >= 0.25 and took < 5, "closed after " .. took .. " s")
   end)
 
+  it("closes with 1008 a peer that sends a frame one byte at a time past frame_timeout", function()
+    local port = ws_server("drip2", { frame_timeout = 0.5 })
+    local c = raw(port)
+    c:send(frame(1, "quick"))                  -- a frame in time is fine
+    assert.same({ 1, "quick" }, { read_frame(c) })
+    local f, t0 = frame(1, string.rep("d", 100)), socket.gettime()
+    c:settimeout(0.2)
+    local i, op, code = 1, nil, nil
+    repeat                                     -- one byte every 0.2 s
+      c:send(f:sub(i, i))
+      i = i + 1
+      op, code = read_frame(c)
+    until op or socket.gettime() - t0 > 10
+    assert.equal(8, op)
+    assert.equal(1008, code)
+    local took = socket.gettime() - t0
+    assert.is_true(took >= 0.4 and took < 5, "closed after " .. took .. " s")
+    assert.equal("1008 frame timeout", seen:get("drip2:close"))
+  end)
+
   it("refuses a request that is no WebSocket upgrade", function()
     local port = ws_server("plain")
     local c = H.client(port)

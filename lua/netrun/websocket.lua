@@ -41,12 +41,14 @@ end
 local configs = {}            -- one codec config per set of limits, per state
 
 local function config(opts)
-  local k = format("%s/%s/%s", opts.max_message, opts.max_frame, opts.close_timeout)
+  local k = format("%s/%s/%s/%s", opts.max_message, opts.max_frame, opts.close_timeout,
+    opts.frame_timeout)
   local c = configs[k]
   if c == nil then
     c = core.codec.websocket { max_message = opts.max_message,
                                max_frame = opts.max_frame,
-                               close_timeout = opts.close_timeout }
+                               close_timeout = opts.close_timeout,
+                               frame_timeout = opts.frame_timeout }
     configs[k] = c
   end
   return c
@@ -141,7 +143,7 @@ function M.connect(opts)
   local codec = core.codec.websocket { client = true, request = table.concat(lines),
     accept = core.ws.accept(key), max_message = opts.max_message,
     max_frame = opts.max_frame, close_timeout = opts.close_timeout,
-    handshake_timeout = opts.timeout or 10 }
+    frame_timeout = opts.frame_timeout, handshake_timeout = opts.timeout or 10 }
   local netrun = require "netrun"
   local tls = opts.tls
   if scheme == "wss" and tls == nil then tls = netrun.tls.client {} end

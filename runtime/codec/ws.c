@@ -352,7 +352,8 @@ typedef struct nr_ws_s {
                                   close went out), CLOSED (the socket's
                                   close is under way) */
   bool client;
-  uint64_t close_timeout, handshake_timeout;
+  uint64_t close_timeout, handshake_timeout, frame_timeout;
+  bool timing_frame;           /* the timer runs for a frame's arrival */
   uint64_t rng;                /* a client's masking keys */
   nr_promise_t *close_promise; /* the close waiting for the peer's answer */
   nr_timer_t *timer;           /* ... for close_timeout */
@@ -438,6 +439,7 @@ static void send_close(nr_ws_t *w, nr_ctx_t *ctx, int code, const char *why,
 }
 
 static void stop_timer(nr_ws_t *w) {
+  w->timing_frame = false;
   if (w->timer == NULL)
     return;
   if (w->targ != NULL)
@@ -475,10 +477,20 @@ static int timer_fire(void *arg) {
   nr_ws_t *w = t->w;
   if (w != NULL) {
     w->targ = NULL;             /* w->timer is released by close_socket */
-    if (w->phase == HANDSHAKE)
+    if (w->phase == HANDSHAKE) {
       handshake_failed(w, t->ctx, "no answer in time", "", 0);
-    else
+    } else if (w->timing_frame && w->phase == OPEN) {
+      static const char why[] = "frame timeout";
+      w->parser.closed = true;  /* what is still to come is ignored */
+      send_close(w, t->ctx, NR_WS_POLICY, why, sizeof why - 1, NULL);
+      nr_ws_msg_t m = {NR_MSG_WEBSOCKET, NR_WS_CLOSE, NR_WS_POLICY, why,
+                       sizeof why - 1};
+      nr_ctx_fire_user_event(t->ctx, &m);
+      nr_channel_linger(nr_ctx_channel(t->ctx));
       close_socket(w, t->ctx);
+    } else {
+      close_socket(w, t->ctx);
+    }
   }
   return timer_free(t);
 }
@@ -614,6 +626,12 @@ static int ws_step(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
     return 0;
   }
   *consumed = (size_t)r;
+  if (r == 0 && w->phase == OPEN && w->frame_timeout && w->timer == NULL) {
+    start_timer(w, ctx, w->frame_timeout);   /* a frame begun: time it */
+    w->timing_frame = w->timer != NULL;
+  } else if (r > 0 && w->timing_frame) {
+    stop_timer(w);                           /* it arrived in time */
+  }
   switch (ev.opcode) {
   case NR_WS_TEXT:
   case NR_WS_BINARY:
@@ -659,6 +677,7 @@ void *nr_ws_new(const nr_ws_opts_t *o) {
   w->client = o->client;
   w->close_timeout = o->close_timeout;
   w->handshake_timeout = o->handshake_timeout;
+  w->frame_timeout = o->frame_timeout;
   w->phase = o->client ? HANDSHAKE : OPEN;
   if (o->client) {
     if (getrandom(&w->rng, sizeof w->rng, 0) != sizeof w->rng)

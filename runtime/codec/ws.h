@@ -46,7 +46,7 @@ enum {
 enum {
   NR_WS_NORMAL = 1000, NR_WS_GOING_AWAY = 1001, NR_WS_PROTOCOL = 1002,
   NR_WS_NO_STATUS = 1005, NR_WS_ABNORMAL = 1006, NR_WS_BAD_DATA = 1007,
-  NR_WS_TOO_BIG = 1009
+  NR_WS_POLICY = 1008, NR_WS_TOO_BIG = 1009
 };
 
 /* A message through the pipeline: data is borrowed (valid during the call
@@ -121,6 +121,8 @@ typedef struct nr_ws_opts_s {
   size_t max_message, max_frame;
   uint64_t close_timeout;    /* ns to wait for the peer's close (0: none) */
   uint64_t handshake_timeout;   /* client: ns to wait for the 101 (0: none) */
+  uint64_t frame_timeout;    /* ns from a frame's first byte to its last (0:
+                                none): closed with 1008 past it */
   /* client: the opening handshake request to send, and the
    * Sec-WebSocket-Accept its answer must carry */
   const char *request;
@@ -130,6 +132,7 @@ typedef struct nr_ws_opts_s {
 
 #define NR_WS_MAX_MESSAGE (1u << 20)
 #define NR_WS_CLOSE_TIMEOUT NR_SEC(5)
+#define NR_WS_FRAME_TIMEOUT NR_SEC(60)
 /* The longest response head a client takes for its handshake. */
 #define NR_WS_MAX_RESPONSE_HEAD 8192
 

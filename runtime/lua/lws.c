@@ -4,7 +4,8 @@
  * this file gives them:
  *
  *   core.codec.websocket { max_message = 1 << 20, max_frame = max_message,
- *                          close_timeout = 5 }   -- a server's codec config
+ *                          close_timeout = 5, frame_timeout = 60 }
+ *     -- a server's codec config
  *     (client = true, request = "GET ...", accept = "...",
  *      handshake_timeout = 10: a client's, made by websocket.connect)
  *   core.ws.accept(key)   --> the Sec-WebSocket-Accept of a key
@@ -39,7 +40,7 @@
 typedef struct conf_s {
   bool client;
   size_t max_message, max_frame;
-  uint64_t close_timeout, handshake_timeout;
+  uint64_t close_timeout, handshake_timeout, frame_timeout;
   char accept[32];
   size_t request_len;
   char request[MAX_REQUEST];
@@ -145,8 +146,8 @@ static const nr_handler_t lua_ws_vt = {
 
 static void *new_state(const conf_t *c) {
   nr_ws_opts_t o = {c->client, c->max_message, c->max_frame,
-                    c->close_timeout, c->handshake_timeout, c->request,
-                    c->request_len, c->accept};
+                    c->close_timeout, c->handshake_timeout, c->frame_timeout,
+                    c->request, c->request_len, c->accept};
   return nr_ws_new(&o);
 }
 
@@ -178,7 +179,8 @@ static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
 
 static int l_websocket(lua_State *L) {
   static const char *const known[] = {"max_message", "max_frame",
-      "close_timeout", "handshake_timeout", "client", "request", "accept",
+      "close_timeout", "handshake_timeout", "frame_timeout", "client",
+      "request", "accept",
       NULL};
   if (lua_isnoneornil(L, 1)) {
     lua_settop(L, 0);
@@ -192,6 +194,7 @@ static int l_websocket(lua_State *L) {
   c->max_frame = (size_t)opt_int(L, "max_frame", (lua_Integer)c->max_message);
   c->close_timeout = opt_seconds(L, "close_timeout", 5);
   c->handshake_timeout = opt_seconds(L, "handshake_timeout", 10);
+  c->frame_timeout = opt_seconds(L, "frame_timeout", 60);
   lua_getfield(L, 1, "client");
   c->client = lua_toboolean(L, -1);
   lua_pop(L, 1);
