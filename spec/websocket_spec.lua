@@ -346,14 +346,17 @@ describe("websocket", function()
     end
     c:settimeout(5)
     local whole, part = sent // #f, sent % #f
+    local function echoes(n)
+      for i = 1, n do
+        local op, data = read_frame(c)
+        assert.equal(2, op, "echo " .. i)
+        assert.equal(60000, #data)
+      end
+    end
+    echoes(whole)                          -- reading them lets it read on
     if part > 0 then
       assert(c:send(f:sub(part + 1)))      -- finish the frame cut short
-      whole = whole + 1
-    end
-    for i = 1, whole do
-      local op, data = read_frame(c)
-      assert.equal(2, op, "echo " .. i)
-      assert.equal(60000, #data)
+      echoes(1)
     end
     c:send(frame(1, "still there?"))
     assert.same({ 1, "still there?" }, { read_frame(c) })
