@@ -297,7 +297,7 @@ describe("websocket", function()
     assert.equal(1008, code)
     local took = socket.gettime() - t0
     assert.is_true(took >= 0.4 and took < 5, "closed after " .. took .. " s")
-    assert.equal("1008 frame timeout", seen:get("drip2:close"))
+    assert.equal("1008 frame timeout", H.eventually(function() return seen:get("drip2:close") end))
   end)
 
   it("refuses a request that is no WebSocket upgrade", function()
