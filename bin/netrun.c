@@ -21,6 +21,7 @@
  * the script starts (io.popen, os.execute).
  */
 #include <errno.h>
+#include <limits.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -33,14 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lua/lmain.h"
 #include "netrun.h"
-
-int luaopen_netrun_core(lua_State *L);
-void lnr_shutdown_groups_async(uint64_t timeout);
-int lnr_log_unterminated(const char *why);
-int lnr_console_start(lua_State *L, const char *path);
-bool lnr_repl_interrupt(void);
-void lnr_add_script_dir(lua_State *L, const char *script);
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
@@ -296,6 +291,30 @@ static int os_exit(lua_State *L) {
   return 0;
 }
 
+/* Where netrun's Lua modules are: share/lua/5.4 beside the directory of
+ * the executable itself (/proc/self/exe), which holds them both where
+ * `cmake --install` put them (PREFIX/bin/netrun, PREFIX/share/lua/5.4)
+ * and in a build tree (build/bin/netrun, build/share/lua/5.4 a link to
+ * the sources' lua/). No path is built in, so an installed tree may be
+ * moved. -1 if they are not there: package.path alone decides then (the
+ * stock /usr/local/share/lua/5.4 of Debian's Lua among others). */
+static int lua_dir(char *dir, size_t n) {
+  char exe[PATH_MAX], probe[PATH_MAX + 64];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0)
+    return -1;
+  exe[len] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (slash == NULL)
+    return -1;
+  *slash = '\0';
+  snprintf(probe, sizeof probe, "%s/../share/lua/5.4", exe);
+  if (realpath(probe, dir) == NULL || strlen(dir) + 20 >= n)
+    return -1;
+  snprintf(probe, sizeof probe, "%s/netrun/init.lua", dir);
+  return access(probe, R_OK) == 0 ? 0 : -1;
+}
+
 static void set_paths(lua_State *L) {
   lua_getglobal(L, "os");
   lua_getfield(L, -1, "exit");
@@ -303,12 +322,15 @@ static void set_paths(lua_State *L) {
   lua_setfield(L, -2, "exit");
   lua_pop(L, 1);
 
+  char dir[PATH_MAX];
   lua_getglobal(L, "package");
-  lua_getfield(L, -1, "path");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", NETRUN_LUA_DIR,
-                  NETRUN_LUA_DIR, lua_tostring(L, -1));
-  lua_setfield(L, -3, "path");
-  lua_pop(L, 1);
+  if (lua_dir(dir, sizeof dir) == 0) {
+    lua_getfield(L, -1, "path");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir,
+                    lua_tostring(L, -1));
+    lua_setfield(L, -3, "path");
+    lua_pop(L, 1);
+  }
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
   lua_pushcfunction(L, luaopen_netrun_core);
   lua_setfield(L, -2, "netrun.core");

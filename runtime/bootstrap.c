@@ -5,7 +5,9 @@
  * The socket is created and its address resolved on the calling thread, so
  * bad input fails the returned future before any loop is involved. The
  * channel is then registered on its loop by a task, its init runs there,
- * and bind/connect enter its pipeline at the tail, as in Netty.
+ * and bind/connect enter its pipeline at the tail, as in Netty. A
+ * reuseport server binds one listener per child loop (see "reuseport"
+ * below): the first as above, the others from the first one's loop.
  */
 #include <stdio.h>
 #include <sys/stat.h>
@@ -83,34 +85,11 @@ static nr_promise_t *fail_with_raised(int rc) {
   return nr__promise_failed(rc, "%s", nr__raised(rc));
 }
 
-nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
-  struct sockaddr_storage ss;
-  socklen_t len;
-  if (o->group == NULL && o->loop == NULL)
-    return nr__promise_failed(-EINVAL, "a server needs a group or a loop");
-  int rc = address(o->unix_path, o->host ? o->host : "0.0.0.0", o->port,
-                   SOCK_STREAM, true, &ss, &len);
-  if (rc < 0)
-    return fail_with_raised(rc);
-  if (ss.ss_family == AF_UNIX && (rc = nr__unix_prepare(&ss, len)) < 0)
-    return fail_with_raised(rc);
-  int fd = nr__socket(ss.ss_family, SOCK_STREAM);
-  if (fd < 0)
-    return fail_with_raised(fd);
-  int on = 1;
-  if (ss.ss_family != AF_UNIX)
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  else if (o->unix_mode && fchmod(fd, (mode_t)(o->unix_mode & 0777)) < 0) {
-    /* bind(2) gives the file the socket's own mode less the umask (Linux
-     * af_unix), so the file is born with it: no chmod after, no window. */
-    rc = -errno;
-    close(fd);
-    return fail_with_raised(nr_raise(rc, "%s: fchmod: %s", o->unix_path,
-                                     nr__errname(rc)));
-  }
-  if (o->reuseport)
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
-  nr_channel_t *ch = nr__channel_new(NR__LISTEN, ss.ss_family, fd, NULL);
+/* A listening channel on fd, not yet registered; NULL when out of memory
+ * (the fd is closed then). */
+static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
+                                  int fd) {
+  nr_channel_t *ch = nr__channel_new(NR__LISTEN, family, fd, NULL);
   nr_server_t *srv = calloc(1, sizeof *srv);
   if (ch == NULL || srv == NULL) {
     free(srv);
@@ -118,7 +97,7 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
       nr_channel_release(ch);
     else
       close(fd);
-    return nr__promise_failed(-ENOMEM, "out of memory");
+    return NULL;
   }
   srv->child_group = o->child_group ? o->child_group : o->group;
   srv->child_loop = o->child_loop ? o->child_loop
@@ -134,7 +113,245 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
   ch->backlog = o->backlog > 0 ? o->backlog : 1024;
   ch->init = o->init;
   ch->init_arg = o->arg;
+  return ch;
+}
+
+/* A TCP socket for a listener; with reuseport, one the kernel lets share
+ * its address with the other listeners (of this process or another). */
+static int listen_socket(int family, bool reuseport) {
+  int fd = nr__socket(family, SOCK_STREAM);
+  if (fd < 0)
+    return fd;
+  int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) < 0) {
+    int rc = -errno;
+    close(fd);
+    return nr_raise(rc, "reuseport: SO_REUSEPORT refused: %s", nr__errname(rc));
+  }
+  return fd;
+}
+
+static nr_promise_t *reuseport_bind(const nr_server_opts_t *o,
+                                    struct sockaddr_storage *ss, socklen_t len);
+
+nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  if (o->group == NULL && o->loop == NULL)
+    return nr__promise_failed(-EINVAL, "a server needs a group or a loop");
+  if (o->reuseport && o->unix_path)
+    return nr__promise_failed(-EINVAL, "reuseport needs a TCP address, "
+                              "not a unix socket");
+  int rc = address(o->unix_path, o->host ? o->host : "0.0.0.0", o->port,
+                   SOCK_STREAM, true, &ss, &len);
+  if (rc < 0)
+    return fail_with_raised(rc);
+  if (o->reuseport && o->child_group && !o->child_loop)
+    return reuseport_bind(o, &ss, len);
+  if (ss.ss_family == AF_UNIX && (rc = nr__unix_prepare(&ss, len)) < 0)
+    return fail_with_raised(rc);
+  int fd = ss.ss_family == AF_UNIX ? nr__socket(AF_UNIX, SOCK_STREAM)
+                                   : listen_socket(ss.ss_family, o->reuseport);
+  if (fd < 0)
+    return fail_with_raised(fd);
+  if (ss.ss_family == AF_UNIX && o->unix_mode &&
+      fchmod(fd, (mode_t)(o->unix_mode & 0777)) < 0) {
+    /* bind(2) gives the file the socket's own mode less the umask (Linux
+     * af_unix), so the file is born with it: no chmod after, no window. */
+    rc = -errno;
+    close(fd);
+    return fail_with_raised(nr_raise(rc, "%s: fchmod: %s", o->unix_path,
+                                     nr__errname(rc)));
+  }
+  nr_channel_t *ch = listener_new(o, ss.ss_family, fd);
+  if (ch == NULL)
+    return nr__promise_failed(-ENOMEM, "out of memory");
   return boot(ch, o->loop ? o->loop : nr_group_next(o->group), &ss, len, true);
+}
+
+/* ---- reuseport: one listener per child loop ----------------------------------
+ *
+ * Each loop of the child group accepts on a listener of its own, all bound
+ * to one address with SO_REUSEPORT: the kernel spreads new connections
+ * over them and no accepted channel changes threads. The listener on the
+ * first loop (the primary) is the server channel users hold; it binds
+ * first, so that port 0 is resolved once and the others bind the port it
+ * got. The others (siblings) hang off the primary's nr_server_t; the
+ * primary's close closes them. The sibling array is written and read on
+ * the primary's loop only (its bind listener, its close). */
+
+typedef struct rp_s {
+  nr_server_opts_t o;        /* the caller's options (strings unused) */
+  struct sockaddr_storage ss;
+  socklen_t len;
+  nr_promise_t *result;      /* the caller's future */
+  nr_channel_t *primary;     /* retained until the result is set */
+  _Atomic int pending;       /* sibling binds not yet completed */
+  _Atomic int failed;        /* a sibling's error code, first one wins */
+  char msg[200];
+} rp_t;
+
+static void rp_finish(rp_t *rp, int code, const char *msg) {
+  if (code == 0) {
+    nr_promise_set_success(rp->result, nr_channel_retain(rp->primary),
+                           (void (*)(void *))nr_channel_release);
+  } else {
+    nr_channel_close(rp->primary, NULL);       /* and every sibling */
+    nr_promise_set_failure(rp->result, code, msg);
+  }
+  nr_promise_release(rp->result);
+  nr_channel_release(rp->primary);
+  free(rp);
+}
+
+/* On a sibling's loop: its bind completed. The last one sets the result. */
+static void rp_sibling_bound(nr_promise_t *p, void *arg) {
+  rp_t *rp = arg;
+  int code = nr_promise_code(p);
+  int none = 0;
+  if (code != 0 && atomic_compare_exchange_strong(&rp->failed, &none, code))
+    snprintf(rp->msg, sizeof rp->msg, "reuseport: %s", nr_promise_message(p));
+  if (atomic_fetch_sub(&rp->pending, 1) == 1)
+    rp_finish(rp, atomic_load(&rp->failed), rp->msg);
+}
+
+/* A sibling listener on loop l, booted; its bind reports to rp. */
+static int rp_boot_sibling(rp_t *rp, nr_loop_t *l, nr_channel_t **out) {
+  int fd = listen_socket(rp->ss.ss_family, true);
+  if (fd < 0)
+    return fd;
+  rp->o.child_loop = l;
+  nr_channel_t *ch = listener_new(&rp->o, rp->ss.ss_family, fd);
+  if (ch == NULL)
+    return -ENOMEM;
+  *out = nr_channel_retain(ch);
+  nr_promise_t *p = boot(ch, l, &rp->ss, rp->len, true);
+  nr_promise_add_listener(p, NULL, rp_sibling_bound, rp);
+  nr_promise_release(p);
+  return 0;
+}
+
+/* On the primary's loop: it is bound. Bind the others to its address. */
+static void rp_primary_bound(nr_promise_t *p, void *arg) {
+  rp_t *rp = arg;
+  nr_channel_t *pr = rp->primary;
+  if (nr_promise_code(p) != 0) {
+    rp_finish(rp, nr_promise_code(p), nr_promise_message(p));
+    return;
+  }
+  if (pr->st & NR__CLOSED) {
+    rp_finish(rp, NR_ECLOSED, "server closed while binding");
+    return;
+  }
+  rp->len = sizeof rp->ss;                   /* the port it got, if 0 */
+  getsockname(nr_channel_fd(pr), (struct sockaddr *)&rp->ss, &rp->len);
+  int n = nr_group_size(rp->o.child_group);
+  pr->srv->siblings = calloc((size_t)n, sizeof *pr->srv->siblings);
+  if (pr->srv->siblings == NULL) {
+    rp_finish(rp, -ENOMEM, "out of memory");
+    return;
+  }
+  atomic_store(&rp->pending, n);             /* n - 1 siblings, + this one */
+  for (int i = 1; i < n; i++) {
+    nr_channel_t **slot = &pr->srv->siblings[pr->srv->nsiblings];
+    int rc = rp_boot_sibling(rp, nr_group_loop(rp->o.child_group, i), slot);
+    if (rc == 0) {
+      pr->srv->nsiblings++;
+      continue;
+    }
+    int none = 0;
+    if (atomic_compare_exchange_strong(&rp->failed, &none, rc))
+      snprintf(rp->msg, sizeof rp->msg, "%s", nr__raised(rc));
+    atomic_fetch_sub(&rp->pending, 1);
+  }
+  if (atomic_fetch_sub(&rp->pending, 1) == 1)
+    rp_finish(rp, atomic_load(&rp->failed), rp->msg);
+}
+
+static nr_promise_t *reuseport_bind(const nr_server_opts_t *o,
+                                    struct sockaddr_storage *ss, socklen_t len) {
+  int fd = listen_socket(ss->ss_family, true);
+  if (fd < 0)
+    return fail_with_raised(fd);
+  rp_t *rp = calloc(1, sizeof *rp);
+  nr_promise_t *result = nr_promise_new();
+  nr_loop_t *first = nr_group_loop(o->child_group, 0);
+  nr_server_opts_t po = *o;
+  po.child_loop = first;
+  nr_channel_t *ch = listener_new(&po, ss->ss_family, fd);
+  if (rp == NULL || result == NULL || ch == NULL) {
+    free(rp);
+    if (ch)
+      nr_channel_release(ch);
+    if (result)
+      nr_promise_release(result);
+    return nr__promise_failed(-ENOMEM, "out of memory");
+  }
+  rp->o = *o;
+  rp->o.host = rp->o.unix_path = NULL;       /* the caller's strings go */
+  rp->ss = *ss;
+  rp->len = len;
+  rp->result = nr_promise_retain(result);
+  rp->primary = nr_channel_retain(ch);
+  nr_promise_t *p = boot(ch, first, ss, len, true);
+  nr_promise_add_listener(p, NULL, rp_primary_bound, rp);
+  nr_promise_release(p);
+  return result;
+}
+
+typedef struct rp_close_s {
+  nr_channel_t *primary;
+  _Atomic int left;          /* siblings not yet closed */
+} rp_close_t;
+
+static void rp_sibling_closed(nr_promise_t *p, void *arg) {
+  (void)p;
+  rp_close_t *c = arg;
+  if (atomic_fetch_sub(&c->left, 1) != 1)
+    return;
+  nr__channel_closed(c->primary);            /* its close future completes */
+  nr_channel_release(c->primary);
+  free(c);
+}
+
+/* The primary's loop, as it closes: a reuseport server closes its other
+ * listeners with it, each on its own loop. True when the primary's close
+ * future is to complete once they all have (rp_sibling_closed), so that
+ * server:close():sync() returns with no listener left. */
+bool nr__server_closed(nr_channel_t *ch) {
+  nr_server_t *srv = ch->srv;
+  if (srv->nsiblings == 0)
+    return false;
+  rp_close_t *c = malloc(sizeof *c);
+  if (c == NULL) {
+    for (int i = 0; i < srv->nsiblings; i++)
+      nr_channel_close(srv->siblings[i], NULL);
+    return false;                            /* no waiting, but closed */
+  }
+  c->primary = nr_channel_retain(ch);
+  atomic_init(&c->left, srv->nsiblings);
+  for (int i = 0; i < srv->nsiblings; i++) {
+    nr_promise_t *p = nr_promise_new();
+    if (p != NULL && nr_channel_close(srv->siblings[i], p) == 0) {
+      nr_promise_add_listener(p, NULL, rp_sibling_closed, c);
+    } else {                                 /* out of memory: don't wait */
+      nr_channel_close(srv->siblings[i], NULL);
+      rp_sibling_closed(NULL, c);
+    }
+    nr_promise_release(p);
+  }
+  return true;
+}
+
+/* The sibling references go with the primary's server state. */
+void nr__server_free(nr_server_t *srv) {
+  if (srv == NULL)
+    return;
+  for (int i = 0; i < srv->nsiblings; i++)
+    nr_channel_release(srv->siblings[i]);
+  free(srv->siblings);
+  free(srv);
 }
 
 nr_promise_t *nr_connect(const nr_connect_opts_t *o) {

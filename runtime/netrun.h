@@ -377,7 +377,10 @@ typedef struct nr_server_opts_s {
   int unix_mode;             /* the socket file's mode, narrowed by the
                                 umask; 0 = 0777 (the umask alone decides) */
   int backlog;               /* default 1024 */
-  bool reuseport;
+  bool reuseport;            /* SO_REUSEPORT; with a child group, one
+                                listener per child loop, each accepting for
+                                itself (the returned channel is the first
+                                loop's; its close closes them all) */
   uint64_t accept_backoff;   /* pause after EMFILE, default 1 s */
   nr_channel_opts_t child;   /* defaults applied if all zero */
   nr_init_fn init;           /* for the server channel itself (optional) */
@@ -485,11 +488,6 @@ int nr_channel_set_option(nr_channel_t *ch, const char *name, int value);
 /* Format a socket address: numeric host and port, or a unix path and -1. */
 int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
                    char *host, size_t n, int *port);
-
-/* Per-channel slot for the bindings: freed with free_fn when the channel is
- * freed (on whichever thread drops the last reference). */
-void *nr_channel_user(const nr_channel_t *ch);
-void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *));
 
 /* ---- pipelines ---------------------------------------------------------- */
 

@@ -1,5 +1,6 @@
 -- dns_spec.lua -- DESIGN.md §8.3 "DNS": netrun.dns.resolve off the loop
--- thread with a TTL cache, and host names in netrun.connect. Only
+-- thread with a TTL cache, and host names in netrun.connect (and in
+-- netrun.server and netrun.udp called on a loop). Only
 -- localhost, numeric addresses and names under .invalid (RFC 6761: never
 -- resolve) are looked up: no network.
 local H = require "spec.helper"
@@ -107,4 +108,35 @@ describe("netrun.dns", function()
     assert.is_false(ok)
     assert.matches("netrun.connect: netrun.dns.resolve: " .. name, err, 1, true)
   end)
+
+  -- netrun.server and netrun.udp called on a loop: the name is looked up
+  -- off the loop, as connect's (before, getaddrinfo ran on the loop and
+  -- a bad name failed the future before the call returned).
+  for _, kind in ipairs { "server", "udp" } do
+    it("netrun." .. kind .. " on a loop resolves a host name off the loop", function()
+      local name = fresh_invalid()
+      local was_done, f = table.unpack(H.sync(group:next():submit(function(k, n)
+        local nr = require "netrun"
+        local f = nr[k] { group = nr.current(), host = n, port = 0, init = function() end }
+        return { f:is_done(), f }
+      end, kind, name)))
+      assert.is_false(was_done)
+      local ok, err = pcall(H.sync, f, 15)
+      assert.is_false(ok)
+      assert.matches("netrun." .. kind .. ": netrun.dns.resolve: " .. name, err, 1, true)
+    end)
+
+    it("netrun." .. kind .. " on a loop binds localhost", function()
+      local ch = H.sync(group:next():submit(function(k)
+        local nr = require "netrun"
+        return nr[k] { group = nr.current(), host = "localhost", port = 0,
+                       init = function() end }
+      end, kind))
+      local ch2 = H.sync(ch)
+      local host, port = ch2:local_address()
+      assert.is_true(host == "127.0.0.1" or host == "::1", host)
+      assert.is_true(port > 0)
+      H.sync(ch2:close())
+    end)
+  end
 end)

@@ -140,4 +140,36 @@ function dns.connect(opts)
   return p
 end
 
+-- listen(opts, kind) is netrun.server (kind "server") or netrun.udp
+-- ("udp") for a host name asked on a loop: lchannel.c calls it once the
+-- options are checked. It resolves the name off the loop, then binds the
+-- first address, as getaddrinfo's first answer is what a bind on the
+-- main thread takes.
+function dns.listen(opts, kind)
+  local p = core.promise()
+  local what = string.format("netrun.%s: %s:%d: ", kind, opts.host, opts.port)
+  dns.resolve(opts.host):add_listener(function(f)
+    if not f:is_success() then
+      p:try_failure("netrun." .. kind .. ": " .. tostring(f:cause()))
+      return
+    end
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.host = f:result()[1]
+    local ok, bf = pcall(core[kind], o)
+    if not ok then
+      p:try_failure(what .. tostring(bf))
+      return
+    end
+    bf:add_listener(function(b)
+      if b:is_success() then
+        p:try_success(b:result())
+      else
+        p:try_failure(b:cause())
+      end
+    end)
+  end)
+  return p
+end
+
 return dns

@@ -266,6 +266,7 @@ static int xwrite_task(void *arg) {
   lnr_state_t *S = lnr_current_state();
   if (S && !S->closing) {
     lua_State *L = S->L;
+    LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xwrite_p);
     lua_pushlightuserdata(L, w);
     if (lnr_pcall(L, 1, 0) != LUA_OK) {
@@ -273,6 +274,7 @@ static int xwrite_task(void *arg) {
         nr_promise_set_failure(w->p, NR_EHANDLER, lua_tostring(L, -1));
       lua_pop(L, 1);
     }
+    LNR_STACK_END(L, 0);
   } else if (w->p) {
     nr_promise_set_failure(w->p, NR_ECLOSED, "channel closed");
   }
@@ -568,6 +570,7 @@ static void run_init(nr_channel_t *ch, void *arg) {
   if (S == NULL)
     return;
   lua_State *L = S->L;
+  LNR_STACK_BEGIN(L);
   lua_pushcfunction(L, run_init_p);
   lua_pushlightuserdata(L, in);
   lua_pushlightuserdata(L, ch);
@@ -577,6 +580,7 @@ static void run_init(nr_channel_t *ch, void *arg) {
     lua_pop(L, 1);
     nr_channel_abort(ch);
   }
+  LNR_STACK_END(L, 0);
   if (in->once) {
     lnr_blob_free(in->b);
     free(in);
@@ -790,6 +794,33 @@ static void stream_options(lua_State *L) {
   lua_replace(L, 1);
 }
 
+static bool is_address(const char *host) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* Whether the caller runs on a loop (or executor) thread, where a
+ * getaddrinfo would hold up every channel of the loop; the main thread
+ * may block. */
+static bool on_loop(void) {
+  nr_loop_t *cur = nr_loop_current();
+  return cur != NULL && cur != lnr_main_loop();
+}
+
+/* netrun.server or netrun.udp with a host name, called on a loop: the name
+ * is resolved off the loop (lua/netrun/dns.lua, listen), which then calls
+ * here again with its first address. The options at 1 are checked. */
+static int listen_by_name(lua_State *L, const char *kind) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.dns");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "listen");
+  lua_pushvalue(L, 1);
+  lua_pushstring(L, kind);
+  lua_call(L, 2, 1);
+  return 1;
+}
+
 static int l_server(lua_State *L) {
   const char *what = "netrun.server";
   check_opts(L, what, server_keys);
@@ -797,8 +828,10 @@ static int l_server(lua_State *L) {
   nr_server_opts_t o = {0};
   place_t g = opt_place(L, 1, "group", what);
   place_t cg = opt_place(L, 1, "child_group", what);
+  o.reuseport = opt_bool(L, 1, "reuseport", false, what);
   if (!g.group && !g.loop && !cg.group && !cg.loop) {
-    g.group = lnr_default_group(L, true);
+    /* reuseport: each worker accepts for itself; no boss group needed */
+    g.group = o.reuseport ? NULL : lnr_default_group(L, true);
     cg.group = lnr_default_group(L, false);
   }
   if (!g.group && !g.loop)
@@ -814,18 +847,14 @@ static int l_server(lua_State *L) {
   o.port = o.unix_path ? 0 : check_port(L, 1, what);
   o.unix_mode = check_mode(L, 1, what);
   o.backlog = (int)opt_int(L, 1, "backlog", 1024, 1, INT_MAX, what);
-  o.reuseport = opt_bool(L, 1, "reuseport", false, what);
   channel_opts(L, 1, "child_options", what, &o.child);
+  if (o.unix_path == NULL && !is_address(o.host) && on_loop())
+    return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
   o.arg = in;
   lnr_push_promise(L, nr_server_bind(&o));
   return 1;
-}
-
-static bool is_address(const char *host) {
-  unsigned char buf[sizeof(struct in6_addr)];
-  return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
 }
 
 /* A host name is resolved off the loop (lua/netrun/dns.lua), which then
@@ -874,6 +903,8 @@ static int l_udp(lua_State *L) {
   o.host = opt_str(L, 1, "host", "0.0.0.0", what);
   o.port = check_port(L, 1, what);
   channel_opts(L, 1, "options", what, &o.opts);
+  if (!is_address(o.host) && on_loop())
+    return listen_by_name(L, "udp");
   init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;
   o.arg = in;
