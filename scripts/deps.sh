@@ -10,12 +10,13 @@ PACKAGES=(
   lua-cjson                             # netrun.json
   libssl-dev                            # TLS (OpenSSL 3)
   curl redis-tools netcat-openbsd       # real clients used by tests
-  redis-server                          # shared state of examples/counter.lua (deploy_spec)
+  redis-server                          # examples/counter.lua (deploy_spec), the stream client's spec
   openssl                               # test certificates, s_client as a TLS peer
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
   nginx nodejs                          # real HTTP servers for the HTTP client specs
+  python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
 )
 PACKAGES+=("$@")
 

@@ -89,9 +89,10 @@ netrun.handler = core.handler
 
 -- Parts loaded on first use (netrun.json needs lua-cjson; a state that
 -- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp,
--- netrun.http (the client, and unescape(s): + and %XX decoded).
+-- netrun.http (the client, and unescape(s): + and %XX decoded),
+-- netrun.websocket.
 local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
-               http = "netrun.http" }
+               http = "netrun.http", websocket = "netrun.websocket" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end

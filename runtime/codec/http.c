@@ -731,6 +731,20 @@ static int stop(nr_http_parser_t *p, int status) {
   return status;
 }
 
+/* The callback switched protocols after a request: the bytes after it
+ * (s[off .. n), maybe a first frame of the new protocol) are kept in `in`
+ * for the caller to hand over, and the parser takes nothing more. */
+static int switched(nr_http_parser_t *p, const char *s, size_t off, size_t n,
+                    bool cum) {
+  nr_buf_free(&p->body);
+  if (cum)
+    nr_buf_consume(&p->in, off);
+  else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
+    return stop(p, 500);
+  p->stopped = true;
+  return 1;
+}
+
 /* Blank lines before a request line are skipped (RFC 9112 2.2). */
 static size_t skip_blank(const char *s, size_t off, size_t n) {
   while (off < n) {
@@ -777,6 +791,8 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
     off += (size_t)r;
     if (halt == NR_HTTP_PAUSE)
       break;
+    if (halt == NR_HTTP_SWITCHED)
+      return switched(p, s, off, n, cum);
     if (halt)
       return stop(p, 1);
   }
@@ -818,6 +834,7 @@ const char *nr_http_reason(int status) {
   case 415: return "Unsupported Media Type";
   case 417: return "Expectation Failed";
   case 422: return "Unprocessable Content";
+  case 426: return "Upgrade Required";
   case 429: return "Too Many Requests";
   case 431: return "Request Header Fields Too Large";
   case 500: return "Internal Server Error";
@@ -1527,6 +1544,8 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
    * same, and a close stops them: they may take this one later -- unless
    * it may switch protocols, when what follows is theirs to read. */
   nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
+  if (s->dead && req->switches && nr_channel_is_open(ch))
+    return NR_HTTP_SWITCHED;   /* replaced by the new protocol's codec */
   if ((f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch))
     return 1;
   if (!nr_channel_is_writable(ch)) {
@@ -1536,6 +1555,18 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   return 0;
 }
 
+/* A handler replaced the codec while it delivered an upgrade request
+ * (a WebSocket, say): what the client sent after that request goes to the
+ * codec that took its place, as Netty's decoders hand over their rest. */
+static void handover(nr_http_server_t *s) {
+  nr_buf_t *in = &s->parser.in;
+  if (s->parser.stopped && nr_buf_len(in) > 0 &&
+      nr_channel_is_open(nr_ctx_channel(s->ctx))) {
+    nr_bytes_t b = NR_BYTES(nr_buf_peek(in), nr_buf_len(in));
+    nr_ctx_fire_read(s->ctx, &b);
+  }
+}
+
 /* Parse bytes (none: what is held); false if s was freed meanwhile. */
 static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   s->held = false;
@@ -1543,8 +1574,10 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   int rc = nr_http_feed(&s->parser, data, len, deliver, s);
   s->depth--;
   if (s->dead) {
-    if (s->depth == 0)
+    if (s->depth == 0) {
+      handover(s);
       server_free(s);
+    }
     return false;
   }
   if (s->overflow)

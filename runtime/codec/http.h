@@ -115,6 +115,10 @@ enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE };
  * feed (one of 0 bytes resumes); any other non-zero return stops the
  * parser: the rest of the input is discarded. */
 #define NR_HTTP_PAUSE 2
+/* A return of NR_HTTP_SWITCHED after a request stops the parser too, but
+ * keeps the bytes after that request in p->in (they belong to the
+ * protocol the connection switched to): the caller hands them over. */
+#define NR_HTTP_SWITCHED 3
 typedef int (*nr_http_cb)(void *arg, int ev, nr_http_request_t *req);
 
 typedef struct nr_http_parser_s {

@@ -309,6 +309,8 @@ void lnr_open_http_client(lua_State *L);
 void lnr_open_handlers(lua_State *L);
 /* ltls.c: core.tls (server, client, reload, attach, handshake). */
 void lnr_open_tls(lua_State *L);
+/* lws.c: core.codec.websocket and core.websocket (accept, key, switch). */
+void lnr_open_websocket(lua_State *L);
 
 /* Messages: Lua value <-> C pipeline message. */
 void lnr_push_msg(lua_State *L, void *msg);

@@ -43,6 +43,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_http_client(L);
   lnr_open_handlers(L);
   lnr_open_tls(L);
+  lnr_open_websocket(L);
   lua_pushcfunction(L, l_now);
   lua_setfield(L, -2, "now");
   lua_pushcfunction(L, l_transfer);

@@ -1,0 +1,180 @@
+-- netrun.websocket: WebSocket (RFC 6455, DESIGN.md §8.3) on the native
+-- codec (runtime/codec/ws.c, runtime/lua/lws.c).
+--
+-- Server side, from the handler after an http_server codec:
+--   function H:channel_read(ctx, req)
+--     if req.headers.upgrade then
+--       return netrun.websocket.upgrade(ctx, req, { protocols = { "chat" },
+--                                       max_message = 1 << 20 })
+--     end
+--   end
+-- upgrade answers 101 and puts the WebSocket codec where the HTTP codec
+-- was; the handlers after it then read { type = "text" | "binary",
+-- data = "..." } and write a string (a text frame) or { type = "binary",
+-- data = "..." }. It returns true and the protocol chosen, or answers the
+-- request itself (400, 426) and returns nil and why. Call it from the
+-- channel_read that received the request: bytes the client sent after it
+-- (its first frames) go to the new codec.
+--
+-- Client side:
+--   local ch = netrun.websocket.connect { url = "ws://127.0.0.1:9000/chat",
+--     init = function(ch) ch:pipeline():add_last("app", App) end }:await()
+-- The future completes with the channel once the server accepted the
+-- handshake (the handlers init added see channel_active then), or fails
+-- with why. wss:// URLs go over TLS (tls = netrun.tls.client {...} to
+-- choose its options; by default the system's CAs and the URL's host).
+local core = require "netrun.core"
+
+local M = {}
+
+local lower, find, format = string.lower, string.find, string.format
+
+-- Whether the comma-separated header value v holds token (any case).
+local function has_token(v, token)
+  if type(v) ~= "string" then return false end
+  for t in v:gmatch("[^,]+") do
+    if lower(t:match("^%s*(.-)%s*$")) == token then return true end
+  end
+  return false
+end
+
+local configs = {}            -- one codec config per set of limits, per state
+
+local function config(opts)
+  local k = format("%s/%s/%s/%s", opts.max_message, opts.max_frame, opts.close_timeout,
+    opts.frame_timeout)
+  local c = configs[k]
+  if c == nil then
+    c = core.codec.websocket { max_message = opts.max_message,
+                               max_frame = opts.max_frame,
+                               close_timeout = opts.close_timeout,
+                               frame_timeout = opts.frame_timeout }
+    configs[k] = c
+  end
+  return c
+end
+
+local function refuse(ctx, status, why, headers)
+  headers = headers or {}
+  headers["content-type"] = "text/plain"
+  headers.connection = "close"
+  ctx:write_and_flush { status = status, headers = headers, body = why .. "\n" }
+  return nil, why
+end
+
+local function choose(offered, protocols)
+  if type(offered) ~= "string" or protocols == nil then return nil end
+  for _, p in ipairs(protocols) do
+    if has_token(offered, lower(p)) then return p end
+  end
+  return nil
+end
+
+function M.upgrade(ctx, req, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error("netrun.websocket.upgrade: options must be a table, got " .. type(opts), 2)
+  end
+  local h = req.headers
+  if req.method ~= "GET" then
+    return refuse(ctx, 405, "websocket upgrade: the method must be GET", { allow = "GET" })
+  end
+  if not has_token(h.upgrade, "websocket") or not has_token(h.connection, "upgrade") then
+    return refuse(ctx, 426, "websocket upgrade: Upgrade: websocket and Connection: Upgrade expected",
+      { upgrade = "websocket" })
+  end
+  if h["sec-websocket-version"] ~= "13" then
+    return refuse(ctx, 426, "websocket upgrade: version 13 only",
+      { ["sec-websocket-version"] = "13" })
+  end
+  local key = h["sec-websocket-key"]
+  if type(key) ~= "string" or not key:match("^[%w+/]+==$") or #key ~= 24 then
+    return refuse(ctx, 400, "websocket upgrade: bad Sec-WebSocket-Key")
+  end
+  local proto = choose(h["sec-websocket-protocol"], opts.protocols)
+  local resp = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+    .. "Connection: Upgrade\r\nSec-WebSocket-Accept: " .. core.ws.accept(key)
+    .. (proto and ("\r\nSec-WebSocket-Protocol: " .. proto) or "") .. "\r\n\r\n"
+  core.ws.switch(ctx.channel, config(opts), resp)
+  return true, proto
+end
+
+-- ---- client --------------------------------------------------------------
+
+local function parse_url(url)
+  local scheme, rest = url:match("^(wss?)://(.+)$")
+  if not scheme then return nil end
+  local hostport, path = rest:match("^([^/]+)(/.*)$")
+  hostport = hostport or rest
+  path = path or "/"
+  local host, port = hostport:match("^%[(.+)%]:?(%d*)$")
+  if not host then host, port = hostport:match("^([^:]+):?(%d*)$") end
+  if not host then return nil end
+  port = tonumber(port) or (scheme == "wss" and 443 or 80)
+  return scheme, host, port, path, hostport
+end
+
+local function check_header(k, v)
+  if type(k) ~= "string" or type(v) ~= "string" or find(k, "[^%w%-_]") or find(v, "[\r\n]") then
+    error("netrun.websocket.connect: bad header " .. tostring(k), 3)
+  end
+end
+
+function M.connect(opts)
+  if type(opts) ~= "table" or type(opts.url) ~= "string" then
+    error("netrun.websocket.connect: expects { url = \"ws://host:port/path\", ... }", 2)
+  end
+  local scheme, host, port, path, hostport = parse_url(opts.url)
+  if not scheme then
+    error("netrun.websocket.connect: url must be ws:// or wss://host[:port][/path], got " .. opts.url, 2)
+  end
+  local key = core.ws.key()
+  local lines = { "GET ", path, " HTTP/1.1\r\nHost: ", hostport,
+    "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: ", key,
+    "\r\nSec-WebSocket-Version: 13\r\n" }
+  if opts.protocols then
+    lines[#lines + 1] = "Sec-WebSocket-Protocol: " .. table.concat(opts.protocols, ", ") .. "\r\n"
+  end
+  for k, v in pairs(opts.headers or {}) do
+    check_header(k, v)
+    lines[#lines + 1] = k .. ": " .. v .. "\r\n"
+  end
+  lines[#lines + 1] = "\r\n"
+  local codec = core.codec.websocket { client = true, request = table.concat(lines),
+    accept = core.ws.accept(key), max_message = opts.max_message,
+    max_frame = opts.max_frame, close_timeout = opts.close_timeout,
+    frame_timeout = opts.frame_timeout, handshake_timeout = opts.timeout or 10 }
+  local netrun = require "netrun"
+  local tls = opts.tls
+  if scheme == "wss" and tls == nil then tls = netrun.tls.client {} end
+  local done = netrun.promise()
+  local init, url = opts.init, opts.url
+  local copts = { group = opts.group, host = host, port = port, timeout = opts.timeout,
+                  tls = tls }
+  copts.init = function(ch)
+    local p = ch:pipeline()
+    p:add_last("websocket", codec)
+    p:add_last("websocket_open", {
+      channel_active = function(_, ctx)
+        done:try_success(ctx.channel)
+        ctx:fire_channel_active()
+      end,
+      exception_caught = function(_, ctx, err)
+        done:try_failure(err)
+        ctx:fire_exception_caught(err)
+      end,
+      channel_inactive = function(_, ctx)
+        done:try_failure("netrun.websocket.connect: " .. url
+          .. ": closed during the handshake")
+        ctx:fire_channel_inactive()
+      end,
+    })
+    if init then init(ch) end
+  end
+  netrun.connect(copts):add_listener(function(f)
+    if not f:is_success() then done:try_failure(f:cause()) end
+  end)
+  return done
+end
+
+return M

@@ -1,0 +1,321 @@
+/*
+ * lws.c -- WebSocket (runtime/codec/ws.c) as Lua sees it. Loop thread
+ * only. The upgrade and the client's connect are Lua (netrun/websocket.lua);
+ * this file gives them:
+ *
+ *   core.codec.websocket { max_message = 1 << 20, max_frame = max_message,
+ *                          close_timeout = 5, frame_timeout = 60 }
+ *     -- a server's codec config
+ *     (client = true, request = "GET ...", accept = "...",
+ *      handshake_timeout = 10: a client's, made by websocket.connect)
+ *   core.ws.accept(key)   --> the Sec-WebSocket-Accept of a key
+ *   core.ws.key()         --> a fresh Sec-WebSocket-Key
+ *   core.ws.switch(ch, config, response)
+ *     -- write the 101 response from the HTTP codec's place and put the
+ *     -- WebSocket codec there instead: bytes the client sent after its
+ *     -- upgrade request (a first frame in the same packet) go to it.
+ *
+ * Messages: the codec's text and binary messages reach Lua handlers as
+ * { type = "text" | "binary", data = "..." }, the peer's close as the
+ * user event { type = "close", code = 1000, reason = "" } (code 1005: the
+ * close had no status; the codec's own protocol errors show their status
+ * and reason the same way). Handlers write a string (a text frame) or
+ * { type = "text" | "binary" | "ping" | "pong" | "close", data = "...",
+ *   code = 1000, reason = "..." }  (code and reason: close only).
+ */
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codec/codec.h"
+#include "codec/ws.h"
+#include "lnr.h"
+
+#define CLASS "netrun.codec.websocket"
+#define MAX_REQUEST 4096
+
+/* A configuration: plain bytes, copied between states. */
+typedef struct conf_s {
+  bool client;
+  size_t max_message, max_frame;
+  uint64_t close_timeout, handshake_timeout, frame_timeout;
+  char accept[32];
+  size_t request_len;
+  char request[MAX_REQUEST];
+} conf_t;
+
+static const char *const OPCODES[] = {"continuation", "text", "binary", NULL,
+                                      NULL, NULL, NULL, NULL, "close",
+                                      "ping", "pong"};
+
+/* ---- messages -------------------------------------------------------------------- */
+
+static void push_msg(lua_State *L, void *msg) {
+  const nr_ws_msg_t *m = msg;
+  lua_createtable(L, 0, m->opcode == NR_WS_CLOSE ? 3 : 2);
+  lua_pushstring(L, OPCODES[m->opcode]);
+  lua_setfield(L, -2, "type");
+  lua_pushlstring(L, m->data, m->len);
+  if (m->opcode == NR_WS_CLOSE) {
+    lua_setfield(L, -2, "reason");
+    lua_pushinteger(L, m->code);
+    lua_setfield(L, -2, "code");
+  } else {
+    lua_setfield(L, -2, "data");
+  }
+}
+
+static int opcode_of(const char *s) {
+  for (int i = 1; i < (int)(sizeof OPCODES / sizeof *OPCODES); i++)
+    if (OPCODES[i] != NULL && strcmp(OPCODES[i], s) == 0)
+      return i;
+  return -1;
+}
+
+/* A message table into m (borrowing its strings): 0 or -EINVAL with the
+ * reason in err. */
+static int to_msg(lua_State *L, int t, nr_ws_msg_t *m, char *err, size_t n) {
+  *m = (nr_ws_msg_t){NR_MSG_WEBSOCKET, NR_WS_TEXT, NR_WS_NORMAL, "", 0};
+  if (lua_getfield(L, t, "type") != LUA_TSTRING ||
+      (m->opcode = opcode_of(lua_tostring(L, -1))) < 1) {
+    snprintf(err, n, "websocket: a message's type must be \"text\", "
+             "\"binary\", \"ping\", \"pong\" or \"close\", got %s",
+             lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
+                                            : luaL_typename(L, -1));
+    return -EINVAL;
+  }
+  bool close = m->opcode == NR_WS_CLOSE;
+  int ft = lua_getfield(L, t, close ? "reason" : "data");
+  if (ft != LUA_TNIL && ft != LUA_TSTRING) {
+    snprintf(err, n, "websocket: %s must be a string, got a %s",
+             close ? "reason" : "data", luaL_typename(L, -1));
+    return -EINVAL;
+  }
+  if (ft == LUA_TSTRING)
+    m->data = lua_tolstring(L, -1, &m->len);
+  if (close && lua_getfield(L, t, "code") != LUA_TNIL) {
+    lua_Integer c = lua_tointeger(L, -1);
+    if (!lua_isinteger(L, -1) || !nr_ws_valid_code((int)c) ||
+        (c >= 1004 && c <= 1006) || c == 1015) {
+      snprintf(err, n, "websocket: close code must be 1000-1003, 1007-1014 "
+               "or 3000-4999, got %s", luaL_tolstring(L, -1, NULL));
+      return -EINVAL;
+    }
+    m->code = (int)c;
+  }
+  return 0;
+}
+
+/* The codec's write behind a Lua front: message tables are converted,
+ * everything else goes to the core as it is. */
+static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  if (nr_msg_type(msg) != NR_MSG_LUA)
+    return nr_ws_write(ctx, msg, p);
+  const lnr_lmsg_t *lm = msg;
+  lua_State *L = lm->L;
+  if (lua_type(L, lm->idx) != LUA_TTABLE)
+    return nr_ws_write(ctx, msg, p);
+  int top = lua_gettop(L);
+  if (!lua_checkstack(L, 8))
+    return nr_raise(-ENOMEM, "websocket: Lua stack overflow");
+  nr_ws_msg_t m;
+  char err[200];
+  int rc = to_msg(L, lm->idx, &m, err, sizeof err);
+  if (rc == 0) {
+    rc = nr_ws_write(ctx, &m, p);
+  } else {
+    if (p != NULL)           /* without one, the pipeline reports the error */
+      nr_ctx_fire_exception(ctx, &(nr_err_t){rc, err});
+    rc = nr_raise(rc, "%s", err);
+  }
+  lua_settop(L, top);
+  return rc;
+}
+
+static const nr_handler_t lua_ws_vt = {
+    .type = "websocket", .added = nr_ws_handler_added,
+    .removed = nr_decoder_removed, .active = nr_ws_active,
+    .inactive = nr_ws_inactive, .read = nr_decoder_read,
+    .user_event = nr_decoder_user_event,
+    .writability_changed = nr_decoder_writability,
+    .write = lwrite, .close = nr_ws_close, .flags = NR_HANDLER_SYNC_WRITE};
+
+/* ---- configuration ------------------------------------------------------------------ */
+
+static void *new_state(const conf_t *c) {
+  nr_ws_opts_t o = {c->client, c->max_message, c->max_frame,
+                    c->close_timeout, c->handshake_timeout, c->frame_timeout,
+                    c->request, c->request_len, c->accept};
+  return nr_ws_new(&o);
+}
+
+static const nr_handler_t *make(lua_State *L, int idx, void **state) {
+  const conf_t *c = luaL_checkudata(L, idx, CLASS);
+  if ((*state = new_state(c)) == NULL)
+    luaL_error(L, "netrun.codec.websocket: out of memory");
+  return &lua_ws_vt;
+}
+
+static lua_Integer opt_int(lua_State *L, const char *k, lua_Integer d) {
+  lua_getfield(L, 1, k);
+  lua_Integer v = d;
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isinteger(L, -1) || (v = lua_tointeger(L, -1)) < 1)
+      luaL_error(L, "netrun.codec.websocket: %s must be a positive integer, "
+                 "got %s", k, luaL_tolstring(L, -1, NULL));
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
+  lua_getfield(L, 1, k);
+  double v = lua_isnil(L, -1) ? d : lnr_checkseconds(L, -1, k);
+  lua_pop(L, 1);
+  return lnr_ns(v);
+}
+
+static int l_websocket(lua_State *L) {
+  static const char *const known[] = {"max_message", "max_frame",
+      "close_timeout", "handshake_timeout", "frame_timeout", "client",
+      "request", "accept",
+      NULL};
+  if (lua_isnoneornil(L, 1)) {
+    lua_settop(L, 0);
+    lua_newtable(L);
+  }
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lnr_check_options(L, 1, "netrun.codec.websocket", known);
+  conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
+  memset(c, 0, sizeof *c);
+  c->max_message = (size_t)opt_int(L, "max_message", NR_WS_MAX_MESSAGE);
+  c->max_frame = (size_t)opt_int(L, "max_frame", (lua_Integer)c->max_message);
+  c->close_timeout = opt_seconds(L, "close_timeout", 5);
+  c->handshake_timeout = opt_seconds(L, "handshake_timeout", 10);
+  c->frame_timeout = opt_seconds(L, "frame_timeout", 60);
+  lua_getfield(L, 1, "client");
+  c->client = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (c->client) {
+    size_t rl, al;
+    lua_getfield(L, 1, "request");
+    lua_getfield(L, 1, "accept");
+    const char *r = luaL_checklstring(L, -2, &rl);
+    const char *a = luaL_checklstring(L, -1, &al);
+    if (rl > MAX_REQUEST || al >= sizeof c->accept)
+      luaL_error(L, "netrun.codec.websocket: handshake request over %d "
+                 "bytes", MAX_REQUEST);
+    memcpy(c->request, r, rl);
+    c->request_len = rl;
+    memcpy(c->accept, a, al);
+    lua_pop(L, 2);
+  }
+  luaL_setmetatable(L, CLASS);
+  return 1;
+}
+
+static int l_tostring(lua_State *L) {
+  const conf_t *c = luaL_checkudata(L, 1, CLASS);
+  lua_pushfstring(L, CLASS "{ max_message = %I, max_frame = %I, "
+                  "close_timeout = %f%s }", (lua_Integer)c->max_message,
+                  (lua_Integer)c->max_frame, (double)c->close_timeout / 1e9,
+                  c->client ? ", client = true" : "");
+  return 1;
+}
+
+/* ---- the handshake's pieces ------------------------------------------------------------ */
+
+static void push_base64(lua_State *L, const unsigned char *d, int n) {
+  char out[64];
+  int len = EVP_EncodeBlock((unsigned char *)out, d, n);
+  lua_pushlstring(L, out, (size_t)len);
+}
+
+/* base64(SHA-1(key .. the RFC's GUID)) */
+static int l_accept(lua_State *L) {
+  static const char guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+  size_t n;
+  const char *key = luaL_checklstring(L, 1, &n);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  EVP_MD_CTX *m = EVP_MD_CTX_new();
+  if (m == NULL || !EVP_DigestInit_ex(m, EVP_sha1(), NULL) ||
+      !EVP_DigestUpdate(m, key, n) ||
+      !EVP_DigestUpdate(m, guid, sizeof guid - 1) ||
+      !EVP_DigestFinal_ex(m, md, &mdlen)) {
+    EVP_MD_CTX_free(m);
+    return luaL_error(L, "netrun.websocket: SHA-1 failed");
+  }
+  EVP_MD_CTX_free(m);
+  push_base64(L, md, (int)mdlen);
+  return 1;
+}
+
+static int l_key(lua_State *L) {
+  unsigned char k[16];
+  if (RAND_bytes(k, sizeof k) != 1)
+    return luaL_error(L, "netrun.websocket: no random bytes for a key");
+  push_base64(L, k, sizeof k);
+  return 1;
+}
+
+/* The HTTP codec of ch's pipeline (the first handler of its type). */
+static nr_ctx_t *http_ctx(nr_pipeline_t *p) {
+  for (nr_ctx_t *c = nr_pipeline_first(p); c != NULL; c = nr_ctx_next(c)) {
+    const nr_handler_t *h = nr_ctx_handler(c);
+    if (h != NULL && h->type != NULL && strcmp(h->type, "http_server") == 0)
+      return c;
+  }
+  return NULL;
+}
+
+static int l_switch(lua_State *L) {
+  nr_channel_t *ch = lnr_check_handle(L, 1, LNR_CHANNEL);
+  const conf_t *c = luaL_checkudata(L, 2, CLASS);
+  size_t n;
+  const char *resp = luaL_checklstring(L, 3, &n);
+  if (!nr_loop_in_thread(nr_channel_loop(ch)))
+    return luaL_error(L, "netrun.websocket.upgrade: only on the channel's "
+                      "loop");
+  nr_pipeline_t *p = nr_channel_pipeline(ch);
+  nr_ctx_t *hc = http_ctx(p);
+  if (hc == NULL)
+    return luaL_error(L, "netrun.websocket.upgrade: no http_server codec in "
+                      "the pipeline");
+  void *state = new_state(c);
+  if (state == NULL)
+    return luaL_error(L, "netrun.websocket.upgrade: out of memory");
+  char name[64];
+  snprintf(name, sizeof name, "%s", nr_ctx_name(hc));
+  nr_bytes_t b = NR_BYTES(resp, n);
+  nr_ctx_write_and_flush(hc, &b, NULL);   /* from its place: past it */
+  int rc = nr_pipeline_replace(p, name, "websocket", &lua_ws_vt, state);
+  if (rc < 0) {
+    free(state);       /* never added: nothing else refers to it */
+    return luaL_error(L, "netrun.websocket.upgrade: cannot replace the "
+                      "http codec: %s", nr_strerror(rc));
+  }
+  return 0;
+}
+
+static void register_converter(void) {
+  lnr_register_msg(NR_MSG_WEBSOCKET, push_msg);
+}
+
+void lnr_open_websocket(lua_State *L) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, register_converter);
+  lnr_native_class(L, CLASS, make, l_tostring);
+  lua_getfield(L, -1, "codec");
+  lua_pushcfunction(L, l_websocket);
+  lua_setfield(L, -2, "websocket");
+  lua_pop(L, 1);
+  static const luaL_Reg fns[] = {{"accept", l_accept}, {"key", l_key},
+                                 {"switch", l_switch}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_setfuncs(L, fns, 0);
+  lua_setfield(L, -2, "ws");      /* not "websocket": core's fields are
+                                     netrun's, and that is websocket.lua */
+}
