@@ -15,8 +15,10 @@
  * margin, the loops still running (stuck in C) are named and the process
  * exits with status 1.
  *
- * SIGHUP asks for a hot reload (netrun.reload, run on the main thread the
- * next time it waits inside netrun; its outcome is logged).
+ * SIGHUP asks a process running a script for a hot reload (netrun.reload,
+ * run on the main thread the next time it waits inside netrun; its outcome
+ * is logged). Elsewhere (the bare REPL, attach, top, reload) it keeps its
+ * default action: the terminal went away, so does the process.
  *
  * SIGPIPE is caught by a handler that does nothing rather than ignored:
  * writes to a closed pipe fail with EPIPE all the same, and a caught
@@ -48,6 +50,7 @@ void lnr_reload_signal(void);
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
+static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
 
 #define SHUTDOWN_MARGIN NR_SEC(1)
 #define NO_DEADLINE UINT64_MAX
@@ -134,9 +137,18 @@ static void *signal_thread(void *arg) {
     }
     if (sig == SIGINT && lnr_repl_interrupt())
       continue;                           /* the REPL abandons its wait */
-    if (sig == SIGHUP) {
+    if (sig == SIGHUP && atomic_load(&hup_reloads)) {
       nr_log(NR_LOG_INFO, "SIGHUP: reloading the changed Lua modules");
       lnr_reload_signal();
+      continue;
+    }
+    if (sig == SIGHUP) {                  /* its default: terminate */
+      sigset_t hup;
+      sigemptyset(&hup);
+      sigaddset(&hup, SIGHUP);
+      signal(SIGHUP, SIG_DFL);
+      pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
+      raise(SIGHUP);
       continue;
     }
     if (atomic_fetch_add(&signals_seen, 1) > 0) {
@@ -438,6 +450,7 @@ static int pmain(lua_State *L) {
     printf("netrun %s (%s)\n", NR_VERSION, LUA_RELEASE);
   create_arg_table(L, argv, argc, o.script ? o.script : 0);
   int upto = o.script ? o.script : argc;
+  atomic_store(&hup_reloads, o.script != 0 || o.has_e);
   if (run_options(L, argv, upto)) {
     lua_pushinteger(L, 1);
     return 1;
