@@ -38,15 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lua/lmain.h"
 #include "netrun.h"
-
-int luaopen_netrun_core(lua_State *L);
-void lnr_shutdown_groups_async(uint64_t timeout);
-int lnr_log_unterminated(const char *why);
-int lnr_console_start(lua_State *L, const char *path);
-bool lnr_repl_interrupt(void);
-void lnr_add_script_dir(lua_State *L, const char *script);
-void lnr_reload_signal(void);
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;

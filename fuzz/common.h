@@ -14,6 +14,9 @@
 
 #include "netrun.h"
 
+/* libFuzzer's entry point, which each target defines. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 #define FUZZ_ASSERT(c)                                                       \
   do {                                                                       \
     if (!(c)) {                                                              \

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "codec/http.h"
+#include "common.h"
 
 #define MAX_HEADER 2048
 #define MAX_BODY 4096
@@ -111,7 +112,6 @@ static int feed_all(const uint8_t *data, size_t size, size_t step,
   return rc;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0)
     return 0;

@@ -149,7 +149,6 @@ static int feed_all(const uint8_t *data, size_t size, size_t step, run_t *run) {
   return rc;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2)
     return 0;

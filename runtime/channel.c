@@ -84,8 +84,6 @@ nr_channel_t *nr_channel_retain(nr_channel_t *ch) {
 void nr_channel_release(nr_channel_t *ch) {
   if (ch == NULL || atomic_fetch_sub(&ch->refs, 1) != 1)
     return;
-  if (ch->user_free)
-    ch->user_free(ch->user);
   if (ch->io.fd >= 0 && !(ch->st & NR__CLOSED))
     close(ch->io.fd);                          /* never registered */
   if (ch->reg_promise)
@@ -111,6 +109,7 @@ bool nr_channel_is_writable(const nr_channel_t *ch) {
   return pub(ch) & NR__WRITABLE;
 }
 bool nr_channel_fired_active(const nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return ch->st & NR__WAS_ACTIVE;
 }
 bool nr_channel_is_server(const nr_channel_t *ch) { return ch->kind == NR__LISTEN; }
@@ -121,13 +120,16 @@ int nr_channel_fd(const nr_channel_t *ch) {
   return (ch->st & NR__CLOSED) ? -1 : ch->io.fd;
 }
 size_t nr_channel_pending_bytes(const nr_channel_t *ch) { return ch->out.pending; }
-uint64_t nr_channel_write_mark(const nr_channel_t *ch) { return ch->out.appended; }
+uint64_t nr_channel_write_mark(const nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  return ch->out.appended;
+}
 bool nr_channel_has_unflushed(const nr_channel_t *ch) {
-  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return ch->out.appended > ch->out.flushed || ch->out.dq_unflushed > 0;
 }
 int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p) {
-  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return nr__out_watch(&ch->out, mark, p);
 }
 /* Lazily made, from any thread. The closing loop sets `closed` then looks
@@ -157,12 +159,8 @@ void nr__channel_closed(nr_channel_t *ch) {
     nr_promise_set_success(p, NULL, NULL);
 }
 const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   return &ch->opts;
-}
-void *nr_channel_user(const nr_channel_t *ch) { return ch->user; }
-void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *)) {
-  ch->user = u;
-  ch->user_free = free_fn;
 }
 
 /* Any thread: nothing is cached, so there is nothing to race on. */
@@ -178,7 +176,7 @@ int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
   if (!(pub(ch) & NR__OPEN) ||
       getsockname(ch->io.fd, (struct sockaddr *)&ss, &len) < 0)
     return -ENOTCONN;
-  return nr__format_addr(&ss, len, host, n, port);
+  return nr_format_addr(&ss, len, host, n, port);
 }
 
 static const struct sockaddr_storage *peer(const nr_channel_t *ch) {
@@ -204,7 +202,7 @@ int nr_channel_remote_address(const nr_channel_t *ch, char *host, size_t n,
                               int *port) {
   if (ch->kind != NR__STREAM)
     return -ENOTCONN;
-  return nr__format_addr(peer(ch), ch->rlen, host, n, port);
+  return nr_format_addr(peer(ch), ch->rlen, host, n, port);
 }
 
 /* ---- registration and interest ------------------------------------------------ */
@@ -551,7 +549,7 @@ static void finish_connect(nr_channel_t *ch) {
   if (err != 0) {
     char host[128], msg[256];
     int port = 0;
-    nr__format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
+    nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: %s", host, port, nr__errname(-err));
     connect_failed(ch, -err, msg);
     return;
@@ -568,7 +566,7 @@ static int connect_timed_out(void *arg) {
   if (ch->st & NR__CONNECTING) {
     char host[128], msg[256];
     int port = 0;
-    nr__format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
+    nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
              port, (double)ch->connect_timeout / 1e9);
     connect_failed(ch, NR_ETIMEDOUT, msg);
@@ -649,7 +647,10 @@ static int linger_timed_out(void *arg) {
   return 0;
 }
 
-void nr_channel_linger(nr_channel_t *ch) { ch->st |= NR__LINGER_WANTED; }
+void nr_channel_linger(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  ch->st |= NR__LINGER_WANTED;
+}
 
 static bool start_linger(nr_channel_t *ch) {
   int unread = 0;
@@ -732,7 +733,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
 }
 
 void nr_channel_hold(nr_channel_t *ch) {
-  assert(ch->loop == NULL || nr_loop_in_thread(ch->loop));
+  NR_ASSERT_CHANNEL_LOOP(ch);
   ch->holds++;
 }
 
@@ -747,6 +748,7 @@ static int close_idle_task(void *arg) {
 /* The last hold goes with the answer's write, whose flush may still come
  * (write_and_flush, a read batch's read_complete): close from a task. */
 void nr_channel_unhold(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   assert(ch->holds > 0);
   if (--ch->holds == 0 && (ch->st & NR__CLOSE_IDLE) &&
       nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
@@ -839,7 +841,7 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
   nr_channel_t *ch = nr_ctx_channel(ctx);
   char host[128];
   int port = 0;
-  nr__format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
+  nr_format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
                   &port);
   if (bind(ch->io.fd, sa, len) < 0 ||
       (ch->kind == NR__LISTEN && listen(ch->io.fd, ch->backlog) < 0)) {
@@ -877,7 +879,7 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (errno != EINPROGRESS) {
     int err = -errno, port = 0;
     char host[128];
-    nr__format_addr(peer(ch), len, host, sizeof host, &port);
+    nr_format_addr(peer(ch), len, host, sizeof host, &port);
     nr__channel_close(ch, true);
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
                      : nr_raise(err, "%s: %s", host, nr__errname(err));
@@ -1153,6 +1155,7 @@ int nr_channel_set_auto_read(nr_channel_t *ch, bool on) {
 }
 
 int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
   nr_channel_opts_t *o = &ch->opts;
   if (strcmp(name, "auto_read") == 0) {
     o->auto_read = v;

@@ -238,6 +238,7 @@ bool nr__loop_has_tasks(nr_loop_t *l) {
 }
 
 bool nr_loop_has_pending_tasks(nr_loop_t *l) {
+  NR_ASSERT_LOOP(l);                   /* its heap is the thread's */
   return nr__loop_has_tasks(l) ||
          (nr__heap_peek(&l->heap) && nr__next_deadline(l) <= nr_now());
 }
@@ -662,6 +663,7 @@ void nr_loop_stats(const nr_loop_t *cl, nr_loop_stats_t *o) {
 }
 
 uint64_t nr_loop_stall_mark(nr_loop_t *l) {
+  NR_ASSERT_LOOP(l);
   return atomic_load_explicit(&l->busy_since, memory_order_relaxed) +
          atomic_load_explicit(&l->tasks_run, memory_order_relaxed);
 }

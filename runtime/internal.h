@@ -11,6 +11,7 @@
 #ifndef NR_INTERNAL_H
 #define NR_INTERNAL_H
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -20,9 +21,17 @@
 #include <sys/epoll.h>
 #include <sys/stat.h>
 
+#include "error.h"
 #include "netrun.h"
 
 #define NR_CACHELINE 64
+
+/* What netrun.h promises of "loop thread only" functions: the caller runs
+ * on loop l, or l is NULL (an object not on a loop yet is its creator's).
+ * An assert, so debug builds check it and NDEBUG builds (RelWithDebInfo,
+ * Release) pay nothing. */
+#define NR_ASSERT_LOOP(l) assert((l) == NULL || nr_loop_in_thread(l))
+#define NR_ASSERT_CHANNEL_LOOP(ch) NR_ASSERT_LOOP((ch)->loop)
 
 /* ---- MPSC queue (Vyukov's intrusive list): wait-free producers --------- */
 
@@ -349,8 +358,6 @@ struct nr_channel_s {
   nr_timer_t *connect_timer, *linger_timer;
   uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
   nr_server_t *srv;
-  void *user;
-  void (*user_free)(void *);
   nr_init_fn init;                   /* bootstrap: run at registration */
   void *init_arg;
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
@@ -403,13 +410,6 @@ int nr__unix_prepare(const struct sockaddr_storage *ss, socklen_t len);
 void nr__unlink_socket(const char *path, dev_t dev, ino_t ino);
 int nr__socket(int family, int type);
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
-int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
-                    char *host, size_t n, int *port);
-/* "ECONNREFUSED: connection refused" style text for a code. */
-const char *nr__errname(int code);
-/* The message last given to nr_raise for `code` on this thread, else the
- * code's name. */
-const char *nr__raised(int code);
 
 /* executor.c */
 int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o);
@@ -446,7 +446,6 @@ void nr__channels_abort_all(nr_loop_t *l);
 void nr__log_set_thread_name(const char *name);
 
 /* promises: main-thread and loop listeners */
-nr_promise_t *nr__promise_done(void *value, void (*free_fn)(void *));
 nr_promise_t *nr__promise_failed(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

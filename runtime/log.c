@@ -1,5 +1,6 @@
 /*
- * log.c -- the runtime's logger, clock and error strings.
+ * log.c -- the runtime's logger (the clock is in clock.c, error text in
+ * error.c).
  *
  * A thread that logs never waits for stderr. It formats its line and
  * appends it to a bounded byte ring under a mutex held only for the copy;
@@ -355,24 +356,4 @@ void nr_log(int level, const char *fmt, ...) {
   va_start(ap, fmt);
   nr_vlog(level, fmt, ap);
   va_end(ap);
-}
-
-uint64_t nr_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-const char *nr_strerror(int code) {
-  switch (code) {
-  case 0: return "success";
-  case NR_EREJECTED: return "rejected: event loop is shut down";
-  case NR_EFULL: return "rejected: too many pending tasks";
-  case NR_ECANCELLED: return "cancelled";
-  case NR_ECLOSED: return "closed";
-  case NR_ETOOLONG: return "frame too long";
-  case NR_EDEADLOCK: return "blocking operation on an event loop";
-  case NR_ETIMEDOUT: return "timeout";
-  case NR_EHANDLER: return "handler error";
-  default: return code < 0 ? strerror(-code) : "unknown error";
-  }
 }

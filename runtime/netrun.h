@@ -486,11 +486,6 @@ int nr_channel_set_option(nr_channel_t *ch, const char *name, int value);
 int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
                    char *host, size_t n, int *port);
 
-/* Per-channel slot for the bindings: freed with free_fn when the channel is
- * freed (on whichever thread drops the last reference). */
-void *nr_channel_user(const nr_channel_t *ch);
-void nr_channel_set_user(nr_channel_t *ch, void *u, void (*free_fn)(void *));
-
 /* ---- pipelines ---------------------------------------------------------- */
 
 /* A handler is a vtable plus a per-context state pointer. NULL members pass

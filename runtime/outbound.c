@@ -17,6 +17,7 @@
 #define CHUNK_CACHE_MAX 64
 
 nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need) {
+  NR_ASSERT_LOOP(l);                  /* the cache is the loop thread's */
   nr_chunk_t *c;
   if (need <= NR_CHUNK_SIZE && l->chunk_cache != NULL) {
     c = l->chunk_cache;
@@ -34,6 +35,7 @@ nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need) {
 }
 
 void nr__chunk_put(nr_loop_t *l, nr_chunk_t *c) {
+  NR_ASSERT_LOOP(l);
   if (c->cap == NR_CHUNK_SIZE && l->chunk_cached < CHUNK_CACHE_MAX) {
     c->next = l->chunk_cache;
     l->chunk_cache = c;
@@ -188,12 +190,15 @@ void nr__out_consume(nr_loop_t *l, nr_outbound_t *o, size_t n) {
       o->tail = NULL;
     nr__chunk_put(l, c);
   }
+  complete_entries(o);
+  /* After the completions, which empty the ring when the last write
+   * ends here: drained, an idle connection holds no memory. (A listener
+   * run by a completion may have written again: then head is set.) */
   if (o->head == NULL && o->ecount == 0 && o->ents != NULL) {
-    free(o->ents);           /* drained: hold no memory while idle */
+    free(o->ents);
     o->ents = NULL;
     o->ehead = o->ecap = 0;
   }
-  complete_entries(o);
 }
 
 void nr__out_fail_unflushed(nr_loop_t *l, nr_outbound_t *o, int code) {

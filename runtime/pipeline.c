@@ -24,24 +24,6 @@
 
 #include "internal.h"
 
-static _Thread_local int raised_code;
-static _Thread_local char raised_msg[512];
-
-int nr_raise(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(raised_msg, sizeof raised_msg, fmt, ap);
-  va_end(ap);
-  raised_code = code;
-  return code;
-}
-
-const char *nr__raised(int code) {
-  if (raised_code == code && code != 0)
-    return raised_msg;
-  return nr__errname(code);
-}
-
 unsigned nr_handler_mask(const nr_handler_t *h) {
   unsigned m = 0;
 #define BIT(field, bit) if (h->field) m |= (bit)
@@ -87,7 +69,14 @@ void nr_ctx_release(nr_ctx_t *c) {
     nr_channel_release(ch);
 }
 
-static inline void enter(nr_pipeline_t *p) { p->depth++; }
+/* Every handler call passes here: the one place to check that the
+ * pipeline is used on its channel's loop ("all calls happen on the
+ * channel's loop thread", netrun.h). Free under NDEBUG. */
+static inline void enter(nr_pipeline_t *p) {
+  assert(p->ch == NULL || p->ch->loop == NULL ||
+         nr_loop_in_thread(p->ch->loop));
+  p->depth++;
+}
 
 static void unwound(nr_pipeline_t *p);
 
@@ -113,28 +102,34 @@ static inline nr_ctx_t *next_out(const nr_ctx_t *c, unsigned bit) {
   return (nr_ctx_t *)c;
 }
 
+/* What a handler that returned rc raised, else the code's description. */
+static const char *raised_text(int rc) {
+  const char *msg = nr__raised_msg(rc);
+  return msg ? msg : nr_strerror(rc);
+}
+
 static void invoke_exception(nr_ctx_t *c, const nr_err_t *err) {
   nr_pipeline_t *p = c->pipe;
   enter(p);
-  raised_code = 0;
+  nr__raise_clear();
   int rc = c->h->exception(c, err);
   if (rc != 0)
     nr_log(NR_LOG_WARN, "exception_caught of handler '%s' failed: %s "
-           "(while handling: %s)", c->name,
-           raised_code == rc ? raised_msg : nr_strerror(rc), err->msg);
+           "(while handling: %s)", c->name, raised_text(rc), err->msg);
   leave(p);
 }
 
 /* Handler c returned rc from a callback: deliver it to c's own
  * exception_caught, or onwards if c has none. */
 static void raise_from(nr_ctx_t *c, int rc) {
-  nr_err_t err = {rc, raised_code == rc ? raised_msg : nr_strerror(rc)};
+  const char *raised = nr__raised_msg(rc);
+  nr_err_t err = {rc, nr_strerror(rc)};
   char copy[512];
-  if (err.msg == raised_msg) {         /* the handler may raise again */
-    snprintf(copy, sizeof copy, "%s", raised_msg);
+  if (raised != NULL) {                /* the handler may raise again */
+    snprintf(copy, sizeof copy, "%s", raised);
     err.msg = copy;
   }
-  raised_code = 0;
+  nr__raise_clear();
   invoke_exception(c->mask & NR_EV_EXCEPTION ? c : next_in(c, NR_EV_EXCEPTION),
                    &err);
 }
@@ -160,9 +155,8 @@ static int outbound_result(nr_ctx_t *c, int rc, nr_promise_t *prom) {
   if (void_rc == 0)
     void_rc = rc;
   if (prom != NULL) {
-    nr_promise_set_failure(prom, rc,
-                           raised_code == rc ? raised_msg : nr_strerror(rc));
-    raised_code = 0;
+    nr_promise_set_failure(prom, rc, raised_text(rc));
+    nr__raise_clear();
   } else {
     raise_from(c, rc);
   }
@@ -407,10 +401,16 @@ static nr_ctx_t *find(nr_pipeline_t *p, const char *name) {
   return NULL;
 }
 
+/* Handlers may be added anywhere until the channel is registered (its
+ * creator sets it up), then only on its loop. */
+static bool owned_here(const nr_pipeline_t *p) {
+  nr_loop_t *l = nr_channel_loop(p->ch);
+  return l == NULL || !(p->ch->st & NR__REGISTERED) || nr_loop_in_thread(l);
+}
+
 static int link_new(nr_pipeline_t *p, nr_ctx_t *prev, const char *name,
                     const nr_handler_t *h, void *state) {
-  if (!nr_loop_in_thread(nr_channel_loop(p->ch)) &&
-      nr_channel_loop(p->ch) != NULL && (p->ch->st & NR__REGISTERED))
+  if (!owned_here(p))
     return -EPERM;
   char auto_name[64];
   if (name == NULL) {
@@ -483,6 +483,7 @@ static void unlink_ctx(nr_pipeline_t *p, nr_ctx_t *c) {
 }
 
 int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
+  assert(owned_here(p));
   nr_ctx_t *c = find(p, name);
   if (c == NULL)
     return -ENOENT;
@@ -493,6 +494,7 @@ int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
 int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
                         const char *new_name, const nr_handler_t *h,
                         void *state) {
+  assert(owned_here(p));
   nr_ctx_t *c = find(p, old_name);
   if (c == NULL)
     return -ENOENT;

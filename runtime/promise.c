@@ -275,13 +275,6 @@ int nr_promise_wait(nr_promise_t *p, uint64_t timeout) {
   return rc;
 }
 
-nr_promise_t *nr__promise_done(void *value, void (*free_fn)(void *)) {
-  nr_promise_t *p = nr_promise_new();
-  if (p)
-    nr_promise_set_success(p, value, free_fn);
-  return p;
-}
-
 nr_promise_t *nr__promise_failed(int code, const char *fmt, ...) {
   char msg[512];
   va_list ap;

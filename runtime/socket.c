@@ -91,8 +91,8 @@ void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o->rcvbuf, sizeof o->rcvbuf);
 }
 
-int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
-                    char *host, size_t n, int *port) {
+int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
+                   char *host, size_t n, int *port) {
   if (len == 0)
     return -ENOTCONN;
   if (ss->ss_family == AF_UNIX) {
@@ -108,22 +108,4 @@ int nr__format_addr(const struct sockaddr_storage *ss, socklen_t len,
     return -EINVAL;
   *port = atoi(serv);
   return 0;
-}
-
-const char *nr__errname(int code) {
-  static _Thread_local char buf[128];
-  if (code > -10000 && code < 0) {
-    const char *name = strerrorname_np(-code);
-    snprintf(buf, sizeof buf, "%s: %s", name ? name : "E?", strerror(-code));
-    char *s = strstr(buf, ": ");          /* "ECONNREFUSED: connection refused" */
-    if (s && s[2] >= 'A' && s[2] <= 'Z')
-      s[2] = (char)(s[2] - 'A' + 'a');
-    return buf;
-  }
-  return nr_strerror(code);
-}
-
-int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
-                   char *host, size_t n, int *port) {
-  return nr__format_addr(ss, len, host, n, port);
 }

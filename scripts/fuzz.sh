@@ -19,6 +19,7 @@ for src in fuzz/fuzz_*.c; do
   name=${target#fuzz_}
   echo "== fuzz: $name (${secs}s)"
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
+    -Wmissing-prototypes -Wmissing-declarations \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -Iruntime -Ifuzz -o "$out/$target" "$src" "${sources[@]}" -lpthread
   work="$out/$name"

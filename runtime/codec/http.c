@@ -273,7 +273,7 @@ static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
 }
 
 /* parse_request_line's "every byte so far may begin a good line". */
-#define NEED (-1)
+#define NEED NR_HTTP_NEED        /* (-1): see the code space in http.h */
 
 /* The version and line end from s[i]: "HTTP/" DIGIT "." DIGIT, then CRLF
  * or LF. Judged byte by byte, so a wrong byte is refused at once. */

@@ -90,6 +90,22 @@ typedef struct nr_http_prepared_s {
 
 /* ---- parser --------------------------------------------------------------- */
 
+/* The parser's steps (http.c) speak a local code space, apart from -errno
+ * and NR_E*: a step returns a length or 0 (more input needed) when it
+ * goes well, and the negative of the HTTP status the request earns when it
+ * does not; a check returns the status itself, or NR_HTTP_NEED (-1) for
+ * "not whole yet". nr_http_feed turns a failure into the positive status
+ * it returns, so these codes never leave the parser. */
+enum {
+  NR_HTTP_NEED = -1,              /* incomplete: feed more */
+  NR_HTTP_E_BAD = -400,           /* malformed (see nr_http_feed) */
+  NR_HTTP_E_TOO_LARGE = -413,     /* body, or chunk framing, too large */
+  NR_HTTP_E_HEADERS = -431,       /* header block or field count too large */
+  NR_HTTP_E_NOMEM = -500,         /* out of memory */
+  NR_HTTP_E_CODING = -501,        /* unsupported transfer coding */
+  NR_HTTP_E_VERSION = -505,       /* HTTP version not supported */
+};
+
 enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE };
 
 /* Receives each complete request (EV_REQUEST) and, for a request with

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lmain.h"
 #include "lnr.h"
 
 static _Atomic int repl_active, interrupted, hangup;

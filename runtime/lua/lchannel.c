@@ -266,6 +266,7 @@ static int xwrite_task(void *arg) {
   lnr_state_t *S = lnr_current_state();
   if (S && !S->closing) {
     lua_State *L = S->L;
+    LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xwrite_p);
     lua_pushlightuserdata(L, w);
     if (lnr_pcall(L, 1, 0) != LUA_OK) {
@@ -273,6 +274,7 @@ static int xwrite_task(void *arg) {
         nr_promise_set_failure(w->p, NR_EHANDLER, lua_tostring(L, -1));
       lua_pop(L, 1);
     }
+    LNR_STACK_END(L, 0);
   } else if (w->p) {
     nr_promise_set_failure(w->p, NR_ECLOSED, "channel closed");
   }
@@ -622,6 +624,7 @@ static void run_init(nr_channel_t *ch, void *arg) {
       count_closed(NULL, in);
   }
   lua_State *L = S->L;
+  LNR_STACK_BEGIN(L);
   lua_pushcfunction(L, run_init_p);
   lua_pushlightuserdata(L, in);
   lua_pushlightuserdata(L, ch);
@@ -631,6 +634,7 @@ static void run_init(nr_channel_t *ch, void *arg) {
     lua_pop(L, 1);
     nr_channel_abort(ch);
   }
+  LNR_STACK_END(L, 0);
   if (in->once) {
     lnr_blob_free(atomic_load_explicit(&in->b, memory_order_relaxed));
     free(in);

@@ -193,12 +193,14 @@ static void run_listener(nr_promise_t *p, void *arg) {
     return;
   }
   lua_State *L = S->L;
+  LNR_STACK_BEGIN(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, l->fn_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, l->fut_ref);
   luaL_unref(L, LUA_REGISTRYINDEX, l->fn_ref);
   luaL_unref(L, LUA_REGISTRYINDEX, l->fut_ref);
   if (lnr_pcall(L, 1, 0) != LUA_OK)
     lnr_log_error(L, "a future listener failed");
+  LNR_STACK_END(L, 0);
   free(l);
 }
 

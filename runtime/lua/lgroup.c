@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lmain.h"
 #include "lnr.h"
 
 struct lnr_group_s {
@@ -287,7 +288,9 @@ static int lua_task(void *arg) {
   } else {
     lua_State *L = S->L;
     int top = lua_gettop(L);
-    if (lnr_run_packed(L, b, p ? 1 : 0) != LUA_OK) {
+    LNR_STACK_BEGIN(L);
+    int rc = lnr_run_packed(L, b, p ? 1 : 0);
+    if (rc != LUA_OK) {
       if (p)
         nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
       else
@@ -299,6 +302,7 @@ static int lua_task(void *arg) {
       else
         nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
     }
+    LNR_STACK_END(L, rc != LUA_OK || p ? 1 : 0);    /* error, or result */
     lua_settop(L, top);
   }
   if (p)
@@ -426,6 +430,7 @@ static int sched_fire(void *arg) {
     return 0;
   lua_State *L = S->L;
   int top = lua_gettop(L);
+  LNR_STACK_BEGIN(L);
   if (lnr_run_packed(L, s->b, 1) != LUA_OK) {
     if (s->periodic)
       nr_log(NR_LOG_ERROR, "a scheduled task failed: %s", lua_tostring(L, -1));
@@ -437,6 +442,7 @@ static int sched_fire(void *arg) {
     else
       nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));
   }
+  LNR_STACK_END(L, 1);                   /* the result, or the error */
   lua_settop(L, top);
   if (!s->periodic) {
     nr_promise_release(s->p);

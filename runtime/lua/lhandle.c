@@ -21,14 +21,6 @@ typedef struct proxy_s {
   uint64_t mark;              /* lazy write futures: the write's mark */
 } proxy_t;
 
-/* Retain/release per kind; defined next to each kind. */
-void lnr_group_retain(lnr_group_t *g);
-void lnr_group_release(lnr_group_t *g);
-void lnr_chgroup_retain(void *cg);
-void lnr_chgroup_release(void *cg);
-void lnr_tls_retain(void *cfg);
-void lnr_tls_release(void *cfg);
-
 void lnr_handle_retain(int kind, void *ptr) {
   switch (kind) {
   case LNR_GROUP: lnr_group_retain(ptr); break;

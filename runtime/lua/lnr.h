@@ -10,6 +10,7 @@
 #ifndef LNR_H
 #define LNR_H
 
+#include <assert.h>
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
@@ -19,6 +20,34 @@
 #include "netrun.h"
 
 typedef struct lnr_blob_s lnr_blob_t;
+
+/* Stack balance (STYLE.md: "stack-balanced calls checked by a debug
+ * macro"). An entry point from C into Lua -- a handler call, a task, a
+ * promise listener -- opens with LNR_STACK_BEGIN(L) and, where it is done
+ * with the stack, LNR_STACK_END(L, n) checks that it left exactly n slots
+ * more than it found (0: balanced; negative: it consumed its arguments).
+ * A slot leaked per event grows the state's stack without bound; a slot
+ * too many popped takes the caller's value. Checked in the Debug ASan
+ * build (LNR_STACK_CHECK, set by CMake), where a mismatch aborts naming
+ * the function and both tops; elsewhere both macros are nothing. Handler
+ * calls, which begin in one function and end in another, keep their marks
+ * in the state (LNR_STACK_MARK / LNR_STACK_UNMARK, lpipeline.c). */
+#if defined(LNR_STACK_CHECK) && !defined(NDEBUG)
+#define LNR_STACK_CHECKED 1
+#define LNR_STACK_MARKS 64
+void lnr_stack_mismatch(const char *where, int got, int want);
+#define LNR_STACK_BEGIN(L) const int lnr_stack_top_ = lua_gettop(L)
+#define LNR_STACK_END(L, n)                                                 \
+  do {                                                                      \
+    int got_ = lua_gettop(L), want_ = lnr_stack_top_ + (n);                 \
+    if (got_ != want_)                                                      \
+      lnr_stack_mismatch(__func__, got_, want_);                            \
+  } while (0)
+#else
+#define LNR_STACK_CHECKED 0
+#define LNR_STACK_BEGIN(L) ((void)0)
+#define LNR_STACK_END(L, n) ((void)0)
+#endif
 
 /* ---- per-state context -------------------------------------------------- */
 
@@ -95,7 +124,33 @@ typedef struct lnr_state_s {
    * the run it is about and how long that had lasted. */
   _Atomic unsigned stall_req;
   _Atomic uint64_t stall_mark, stall_busy;
+#if LNR_STACK_CHECKED
+  /* The tops at the handler calls in progress, innermost last (they nest:
+   * a handler's write runs the handlers before it). */
+  int stack_marks[LNR_STACK_MARKS];
+  int stack_depth;
+#endif
 } lnr_state_t;
+
+#if LNR_STACK_CHECKED
+#define LNR_STACK_MARK(S)                                                   \
+  do {                                                                      \
+    if ((S)->stack_depth < LNR_STACK_MARKS)                                 \
+      (S)->stack_marks[(S)->stack_depth] = lua_gettop((S)->L);              \
+    (S)->stack_depth++;                                                     \
+  } while (0)
+#define LNR_STACK_UNMARK(S, n)                                              \
+  do {                                                                      \
+    assert((S)->stack_depth > 0);                                           \
+    if (--(S)->stack_depth < LNR_STACK_MARKS &&                             \
+        lua_gettop((S)->L) != (S)->stack_marks[(S)->stack_depth] + (n))     \
+      lnr_stack_mismatch(__func__, lua_gettop((S)->L),                      \
+                         (S)->stack_marks[(S)->stack_depth] + (n));         \
+  } while (0)
+#else
+#define LNR_STACK_MARK(S) ((void)0)
+#define LNR_STACK_UNMARK(S, n) ((void)0)
+#endif
 
 /* The context of the state L (every netrun state has one). */
 lnr_state_t *lnr_state(lua_State *L);
@@ -204,9 +259,20 @@ bool lnr_loop_may_block(nr_loop_t *l);
  * (0: none, the defaults) into o (lstall.c); raises on a bad value. */
 void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
                        nr_group_opts_t *o);
-/* Log each loop of a live group that has not terminated, saying why the
- * process gives up on it; returns how many. Any thread. */
-int lnr_log_unterminated(const char *why);
+/* Reference counts of the handle kinds, defined next to each kind and
+ * used by lnr_handle_retain/release (lhandle.c). */
+void lnr_group_retain(lnr_group_t *g);
+void lnr_group_release(lnr_group_t *g);
+void lnr_chgroup_retain(void *cg);
+void lnr_chgroup_release(void *cg);
+void lnr_tls_retain(void *cfg);
+void lnr_tls_release(void *cfg);
+/* When the main state closes (lstate.c): shut every group down and wait
+ * for it (false: a loop is stuck, and what it may use must not be freed);
+ * then free the dict registry and the DNS pool. */
+bool lnr_shutdown_all(lua_State *L);
+void lnr_free_dicts(void);
+void lnr_free_dns(void);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 
@@ -230,6 +296,8 @@ void lnr_open_channel(lua_State *L);
 void lnr_open_pipeline(lua_State *L);
 void lnr_open_dict(lua_State *L);
 void lnr_open_state(lua_State *L);
+void lnr_open_console(lua_State *L);
+void lnr_open_dns(lua_State *L);
 /* Batteries. Each is called with the core module table on top of the stack
  * and adds its constructors to its subtables "codec" and "handler" (made
  * before): lcodec.c the frame codecs, lhttp.c the HTTP codec, lhandlers.c
@@ -253,9 +321,6 @@ void lnr_forget_inits(lua_State *L);
 void lnr_forget_modules(lua_State *L);
 /* lops.c: core.file_stamp, core.forget_caches, core.term_*, core.http_stats. */
 void lnr_open_ops(lua_State *L);
-/* lops.c: from the executable's signal thread on SIGHUP: a hot reload,
- * run on the main thread (logged there). */
-void lnr_reload_signal(void);
 /* Encode the value at idx as a message for the pipeline of ch and call
  * fn(ctx, msg, arg). Strings become bytes, arrays of strings slices,
  * {data, host, port} datagrams; other values travel as NR_MSG_LUA. */
@@ -308,7 +373,6 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 /* Push the registry table stored under the address `key`, making it the
  * first time as a weak table of the given __mode ("k", "v" or "kv"). */
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
-void lnr_set_funcs(lua_State *L, const luaL_Reg *l);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
 /* Levenshtein distance of two names (64 or more: "far", for long ones). */
 int lnr_edit_distance(const char *a, const char *b);

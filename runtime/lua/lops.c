@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "codec/http.h"
+#include "lmain.h"
 #include "lnr.h"
 
 /* core.file_stamp(path) --> "mtime_ns:size:inode", or nil, message: what

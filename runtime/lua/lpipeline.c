@@ -252,6 +252,7 @@ static void ensure_ctx(nr_ctx_t *ctx);
 static lua_State *begin(nr_ctx_t *ctx, const char *method) {
   lh_t *h = nr_ctx_state(ctx);
   lua_State *L = h->S->L;
+  LNR_STACK_MARK(h->S);                          /* checked as it ends */
   h->S->converting = true;                       /* until call() */
   if (h->ctx_ref == LUA_NOREF)
     ensure_ctx(ctx);
@@ -272,6 +273,7 @@ static lua_State *begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method) {
   lua_State *L = h->S->L;
   if (fn_ref == LUA_NOREF || h->ctx_ref == LUA_NOREF)
     return begin(ctx, method);
+  LNR_STACK_MARK(h->S);
   h->S->converting = true;                       /* until call() */
   h->S->ctx_table = h->ctx_table;
   h->S->ctx = ctx;
@@ -308,6 +310,7 @@ static void route_error(nr_ctx_t *ctx, lua_State *L, const char *method) {
       if (call(ctx, L, 1) != LUA_OK)
         lnr_log_error(L, "exception_caught raised");
       lua_pop(L, 2);                             /* msgh, message */
+      LNR_STACK_UNMARK(h->S, -1);                /* the message is gone */
       return;
     }
   }
@@ -325,6 +328,7 @@ static int finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method) {
   if (call(ctx, L, nargs) != LUA_OK)
     route_error(ctx, L, method);                 /* pops the message */
   lua_pop(L, 1);                                 /* msgh */
+  LNR_STACK_UNMARK(((lh_t *)nr_ctx_state(ctx))->S, 0);
   return 0;
 }
 
@@ -404,6 +408,7 @@ static int batch_run(lua_State *L) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);               /* 2 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->ctx_ref);           /* 3 */
   }
+  LNR_STACK_BEGIN(L);                  /* each read leaves it so */
   b->method = "channel_read";
   while (b->next < b->n) {
     int i = ++b->next;
@@ -431,6 +436,7 @@ static int batch_run(lua_State *L) {
       break;
     }
   }
+  LNR_STACK_END(L, 0);
   if (b->complete || b->stalled) {
     b->complete = false;
     if (b->owner != NULL && h->rec->read_complete_ref != LUA_NOREF) {
@@ -488,6 +494,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   lua_State *L = S->L;
   nr_ctx_t *ctx = b->ctx;
   bool converting = S->converting;     /* may be called from a handler */
+  LNR_STACK_BEGIN(L);
   S->converting = true;                /* what is made here, unprotected */
   b->draining = true;
   b->complete = complete;
@@ -516,6 +523,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
       b->complete = true;              /* drained already: go on */
     }
   }
+  LNR_STACK_END(L, 0);
   lua_settop(b->Q, 0);
   b->n = b->next = 0;
   b->owner = NULL;
@@ -758,6 +766,7 @@ static int lh_read(nr_ctx_t *ctx, void *msg) {
       nr_ctx_read_failed(ctx, token);
   }
   lua_pop(L, 1);                                 /* msgh */
+  LNR_STACK_UNMARK(S, 0);
   return 0;
 }
 
@@ -1253,10 +1262,10 @@ static int l_channel_pipeline(lua_State *L) {
   return 1;
 }
 
-static nr_pipeline_t *check_pipe(lua_State *L, int idx, bool mutate) {
+static nr_pipeline_t *check_pipe(lua_State *L, int idx) {
   lpipe_t *p = luaL_checkudata(L, idx, PIPELINE);
   nr_loop_t *loop = nr_channel_loop(p->ch);
-  if (mutate && (loop == NULL || !nr_loop_in_thread(loop)))
+  if (loop == NULL || !nr_loop_in_thread(loop))
     luaL_error(L, "the pipeline of channel %d can only be used on its loop "
                "(%s): do it in init, or in a task on ch:loop()",
                (int)nr_channel_id(p->ch), loop ? nr_loop_name(loop) : "none");
@@ -1367,7 +1376,7 @@ static void ensure_ctx(nr_ctx_t *ctx) {
 }
 
 static int do_add(lua_State *L, adder_fn add, bool with_base) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   int arg = 2;
   nr_loop_t *exec = exec_loop(L, arg);
   if (exec)
@@ -1411,7 +1420,7 @@ static int p_add_after(lua_State *L) {
 }
 
 static int p_remove(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   nr_ctx_t *c = find_ctx(L, p, 2);
   if (c == NULL)
@@ -1423,7 +1432,7 @@ static int p_remove(lua_State *L) {
 }
 
 static int p_replace(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = find_ctx(L, p, 2);
   const char *name = luaL_checkstring(L, 3);
   luaL_checkany(L, 4);
@@ -1442,7 +1451,7 @@ static int p_replace(lua_State *L) {
 }
 
 static int p_get(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = nr_pipeline_context(p, luaL_checkstring(L, 2));
   if (c == NULL)
     lua_pushnil(L);
@@ -1452,7 +1461,7 @@ static int p_get(lua_State *L) {
 }
 
 static int p_context(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = find_ctx(L, p, 2);
   if (c == NULL) {
     lua_pushnil(L);
@@ -1467,7 +1476,7 @@ static int p_context(lua_State *L) {
 }
 
 static int p_names(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   lua_newtable(L);
   int i = 1;
   for (nr_ctx_t *c = nr_pipeline_first(p); c; c = nr_ctx_next(c)) {
@@ -1478,13 +1487,13 @@ static int p_names(lua_State *L) {
 }
 
 static int p_first(lua_State *L) {
-  nr_ctx_t *c = nr_pipeline_first(check_pipe(L, 1, true));
+  nr_ctx_t *c = nr_pipeline_first(check_pipe(L, 1));
   c ? push_handler(L, c) : lua_pushnil(L);
   return 1;
 }
 
 static int p_last(lua_State *L) {
-  nr_ctx_t *c = nr_pipeline_last(check_pipe(L, 1, true));
+  nr_ctx_t *c = nr_pipeline_last(check_pipe(L, 1));
   c ? push_handler(L, c) : lua_pushnil(L);
   return 1;
 }
@@ -1497,7 +1506,7 @@ static int p_channel(lua_State *L) {
 
 #define PIPE_FIRE0(cname, fn)                                               \
   static int cname(lua_State *L) {                                          \
-    fn(nr_pipeline_head(check_pipe(L, 1, true)));                           \
+    fn(nr_pipeline_head(check_pipe(L, 1)));                           \
     lua_settop(L, 1);                                                       \
     return 1;                                                               \
   }
@@ -1509,7 +1518,7 @@ PIPE_FIRE0(p_fire_read_complete, nr_ctx_fire_read_complete)
 PIPE_FIRE0(p_fire_writability, nr_ctx_fire_writability_changed)
 
 static int p_fire_read(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   lnr_with_msg(L, 2, NULL, fire_read_fn, nr_pipeline_head(p), NULL);
   lua_settop(L, 1);
@@ -1517,7 +1526,7 @@ static int p_fire_read(lua_State *L) {
 }
 
 static int p_fire_user_event(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
   fire_event_fn(nr_pipeline_head(p), &m, NULL);
   lua_settop(L, 1);
@@ -1525,7 +1534,7 @@ static int p_fire_user_event(lua_State *L) {
 }
 
 static int p_fire_exception(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
   nr_ctx_fire_exception(nr_pipeline_head(p), &err);
   lua_settop(L, 1);
@@ -1533,7 +1542,7 @@ static int p_fire_exception(lua_State *L) {
 }
 
 static int p_do_write(lua_State *L, bool flush) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   nr_promise_t *pr = opt_promise(L, 3);
   lnr_with_msg(L, 2, nr_pipeline_channel(p), ctx_write_fn, nr_pipeline_tail(p),
@@ -1547,13 +1556,13 @@ static int p_write(lua_State *L) { return p_do_write(L, false); }
 static int p_write_and_flush(lua_State *L) { return p_do_write(L, true); }
 
 static int p_flush(lua_State *L) {
-  nr_ctx_flush(nr_pipeline_tail(check_pipe(L, 1, true)));
+  nr_ctx_flush(nr_pipeline_tail(check_pipe(L, 1)));
   lua_settop(L, 1);
   return 1;
 }
 
 static int p_close(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1, true);
+  nr_pipeline_t *p = check_pipe(L, 1);
   nr_promise_t *pr = opt_promise(L, 2);
   nr_ctx_close(nr_pipeline_tail(p), pr);
   return 1;
@@ -1787,12 +1796,14 @@ static int xevent_task(void *arg) {
   if (S && !S->closing && xload(S->L, x)) {
     lua_State *L = S->L;
     int top = lua_gettop(L);
+    LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xevent_p);
     lua_pushlightuserdata(L, b);
     if (lnr_pcall(L, 1, 0) != LUA_OK)
       xroute_error(L, x, method);
     if (strcmp(method, "handler_removed") == 0)
       xforget(L, x);
+    LNR_STACK_END(L, 0);
     lua_settop(L, top);
   }
   xh_release(x);
@@ -2004,6 +2015,7 @@ static int xop_task(void *arg) {
       nr_promise_set_failure(p, NR_ECLOSED, "handler removed");
   } else {
     lua_State *L = S->L;
+    LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xop_p);
     lua_pushlightuserdata(L, b);
     if (lnr_pcall(L, 1, 0) != LUA_OK) {
@@ -2013,6 +2025,7 @@ static int xop_task(void *arg) {
         nr_log(NR_LOG_ERROR, "handler '%s': %s", x->name, lua_tostring(L, -1));
       lua_pop(L, 1);
     }
+    LNR_STACK_END(L, 0);
   }
   if (p)
     nr_promise_release(p);

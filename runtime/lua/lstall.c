@@ -49,8 +49,8 @@ static void stall_hook(lua_State *L, lua_Debug *ar) {
 }
 
 /* On the watchdog thread, while the loop runs (see nr_stall_fn). */
-bool lnr_on_stall(nr_loop_t *loop, int what, uint64_t busy_ns, uint64_t mark,
-                  void *ud) {
+static bool on_stall(nr_loop_t *loop, int what, uint64_t busy_ns, uint64_t mark,
+                     void *ud) {
   (void)ud;
   lnr_state_t *S = nr_loop_data(loop);
   if (S == NULL || S->L == NULL)
@@ -86,5 +86,5 @@ void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
   if (o->stall_timeout &&
       (!o->stall_threshold || o->stall_timeout < o->stall_threshold))
     o->stall_threshold = o->stall_timeout;
-  o->on_stall = lnr_on_stall;
+  o->on_stall = on_stall;
 }

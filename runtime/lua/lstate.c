@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lmain.h"
 #include "lnr.h"
 
 int luaopen_netrun_core(lua_State *L);
@@ -120,6 +121,14 @@ int lnr_msgh(lua_State *L) {
   luaL_traceback(L, L, msg, 1);
   return 1;
 }
+
+#if LNR_STACK_CHECKED
+void lnr_stack_mismatch(const char *where, int got, int want) {
+  fprintf(stderr, "netrun: Lua stack unbalanced in %s: top %d, expected %d\n",
+          where, got, want);
+  abort();
+}
+#endif
 
 int lnr_pcall(lua_State *L, int nargs, int nresults) {
   int base = lua_gettop(L) - nargs;
@@ -500,11 +509,6 @@ void lnr_paths_free(void *ud) {
 /* The main state registers itself the first time the module is opened on
  * a thread that is not a loop. A sentinel's __gc tears the runtime down
  * when that state closes. */
-extern bool lnr_shutdown_all(lua_State *L);
-
-void lnr_free_dicts(void);
-void lnr_free_dns(void);
-
 static int sentinel_gc(lua_State *L) {
   if (!lnr_shutdown_all(L))
     return 0;      /* a loop is stuck and may use all this: the process ends */
@@ -557,8 +561,6 @@ void lnr_open_state(lua_State *L) {
 }
 
 /* ---- small helpers ---------------------------------------------------------- */
-
-void lnr_set_funcs(lua_State *L, const luaL_Reg *l) { luaL_setfuncs(L, l, 0); }
 
 double lnr_checkseconds(lua_State *L, int idx, const char *what) {
   double s = luaL_checknumber(L, idx);

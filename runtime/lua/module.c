@@ -2,11 +2,8 @@
  * module.c -- luaopen_netrun_core: the C half of require "netrun". The Lua
  * half (lua/netrun/init.lua) builds the public module on top of it.
  */
+#include "lmain.h"
 #include "lnr.h"
-
-void lnr_free_dicts(void);
-void lnr_open_console(lua_State *L);
-void lnr_open_dns(lua_State *L);
 
 /* core.transfer(...): pack and unpack in this state -- what another state
  * would receive. For tests and the curious. */

@@ -102,9 +102,14 @@ TEST(no_accepted_task_is_lost_at_shutdown) {
     pthread_t th[3];
     for (int i = 0; i < 3; i++)
       pthread_create(&th[i], NULL, hammer, &h);
-    usleep(20000);
+    /* The race needs producers that got tasks in before the shutdown and
+     * tried after it: wait for each (bounded), not a fixed time -- on a
+     * loaded machine 20 ms passed before any thread ran. */
+    for (int i = 0; i < 5000 && atomic_load(&h.accepted) == 0; i++)
+      usleep(1000);
     AWAIT_OK(nr_loop_shutdown_gracefully(l, 0, NR_SEC(5)));
-    usleep(5000);
+    for (int i = 0; i < 5000 && atomic_load(&h.rejected) == 0; i++)
+      usleep(1000);
     atomic_store(&h.stop, 1);
     for (int i = 0; i < 3; i++)
       pthread_join(th[i], NULL);
