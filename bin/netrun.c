@@ -15,6 +15,11 @@
  * margin, the loops still running (stuck in C) are named and the process
  * exits with status 1.
  *
+ * SIGHUP asks a process running a script for a hot reload (netrun.reload,
+ * run on the main thread the next time it waits inside netrun; its outcome
+ * is logged). Elsewhere (the bare REPL, attach, top, reload) it keeps its
+ * default action: the terminal went away, so does the process.
+ *
  * SIGPIPE is caught by a handler that does nothing rather than ignored:
  * writes to a closed pipe fail with EPIPE all the same, and a caught
  * signal, unlike an ignored one, is back to its default in the programs
@@ -39,6 +44,7 @@
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
+static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
 
 #define SHUTDOWN_MARGIN NR_SEC(1)
 #define NO_DEADLINE UINT64_MAX
@@ -67,8 +73,10 @@ static void usage(FILE *f) {
           "  -v               show the version\n"
           "  -h               show this help\n"
           "  -                run stdin as the script\n"
-          "  %s attach PATH   a REPL on a live process's console socket\n",
-          progname, progname);
+          "  %s attach PATH   a REPL on a live process's console socket\n"
+          "  %s reload PATH   hot-reload the changed Lua modules of that process\n"
+          "  %s top [-d SECONDS] [-n COUNT] PATH   a live view of its loops\n",
+          progname, progname, progname, progname);
 }
 
 /* The shutdown a signal asked for is overdue: if a loop is still running,
@@ -123,6 +131,20 @@ static void *signal_thread(void *arg) {
     }
     if (sig == SIGINT && lnr_repl_interrupt())
       continue;                           /* the REPL abandons its wait */
+    if (sig == SIGHUP && atomic_load(&hup_reloads)) {
+      nr_log(NR_LOG_INFO, "SIGHUP: reloading the changed Lua modules");
+      lnr_reload_signal();
+      continue;
+    }
+    if (sig == SIGHUP) {                  /* its default: terminate */
+      sigset_t hup;
+      sigemptyset(&hup);
+      sigaddset(&hup, SIGHUP);
+      signal(SIGHUP, SIG_DFL);
+      pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
+      raise(SIGHUP);
+      continue;
+    }
     if (atomic_fetch_add(&signals_seen, 1) > 0) {
       static const char msg[] = "netrun: second signal, exiting now\n";
       nr_log_flush();                     /* bounded: stderr may be stuck */
@@ -144,6 +166,7 @@ static void start_signal_thread(void) {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   struct sigaction sa = {.sa_handler = on_sigpipe, .sa_flags = SA_RESTART};
   sigemptyset(&sa.sa_mask);
@@ -267,6 +290,34 @@ static int attach(lua_State *L, const char *path) {
     lua_getfield(L, -1, "attach");
     lua_remove(L, -2);
     lua_pushstring(L, path);
+    status = docall(L, 1, 1);
+  }
+  if (report(L, status) != LUA_OK)
+    return 1;
+  int rc = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return rc;
+}
+
+/* `netrun reload PATH` and `netrun top ...`: module.fn(arg) returns the
+ * exit status; arg is args[0], or (as_table) an array of the n args. */
+static int command(lua_State *L, const char *module, const char *fn,
+                   char **args, int n, bool as_table) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, module);
+  int status = docall(L, 1, 1);
+  if (status == LUA_OK) {
+    lua_getfield(L, -1, fn);
+    lua_remove(L, -2);
+    if (!as_table) {
+      lua_pushstring(L, args[0]);
+    } else {
+      lua_createtable(L, n, 0);
+      for (int i = 0; i < n; i++) {
+        lua_pushstring(L, args[i]);
+        lua_rawseti(L, -2, i + 1);
+      }
+    }
     status = docall(L, 1, 1);
   }
   if (report(L, status) != LUA_OK)
@@ -420,6 +471,7 @@ static int pmain(lua_State *L) {
     printf("netrun %s (%s)\n", NR_VERSION, LUA_RELEASE);
   create_arg_table(L, argv, argc, o.script ? o.script : 0);
   int upto = o.script ? o.script : argc;
+  atomic_store(&hup_reloads, o.script != 0 || o.has_e);
   if (run_options(L, argv, upto)) {
     lua_pushinteger(L, 1);
     return 1;
@@ -461,6 +513,19 @@ int main(int argc, char **argv) {
     luaL_openlibs(L);
     set_paths(L);
     status = attach(L, argv[2]);
+  } else if (argc >= 2 && strcmp(argv[1], "reload") == 0) {
+    if (argc != 3 || argv[2][0] == '\0') {
+      fprintf(stderr, "usage: %s reload PATH\n", progname);
+      lua_close(L);
+      return 2;
+    }
+    luaL_openlibs(L);
+    set_paths(L);
+    status = command(L, "netrun.repl", "reload_command", argv + 2, 1, false);
+  } else if (argc >= 2 && strcmp(argv[1], "top") == 0) {
+    luaL_openlibs(L);
+    set_paths(L);
+    status = command(L, "netrun.top", "main", argv + 2, argc - 2, true);
   } else {
     lua_pushcfunction(L, pmain);
     lua_pushinteger(L, argc);

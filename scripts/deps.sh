@@ -12,6 +12,7 @@ PACKAGES=(
   curl redis-tools netcat-openbsd       # real clients used by tests
   redis-server                          # examples/counter.lua (deploy_spec), the stream client's spec
   openssl                               # test certificates, s_client as a TLS peer
+  python3-prometheus-client             # parses netrun.metrics output in metrics_spec
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks

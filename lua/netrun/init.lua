@@ -87,12 +87,22 @@ end
 netrun.codec = core.codec
 netrun.handler = core.handler
 
+-- Operating a live process (DESIGN §8.5): this state remembers the files
+-- its modules come from, for netrun.reload(); netrun.handler.metrics
+-- serves netrun.metrics.text() over HTTP.
+require("netrun.reload").watch()
+function netrun.reload() return require("netrun.reload").reload() end
+if core.handler.metrics == nil then
+  core.handler.metrics = function(opts) return require("netrun.metrics").handler(opts) end
+end
+
 -- Parts loaded on first use (netrun.json needs lua-cjson; a state that
 -- never calls out pays nothing): netrun.json, netrun.dns, netrun.tcp,
 -- netrun.http (the client, and unescape(s): + and %XX decoded),
--- netrun.websocket.
+-- netrun.websocket, netrun.metrics.
 local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
-               http = "netrun.http", websocket = "netrun.websocket" }
+               http = "netrun.http", websocket = "netrun.websocket",
+               metrics = "netrun.metrics" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end

@@ -24,6 +24,8 @@ local HELP = [[
   :loops           every loop of the process, with its stats
   :loop N | NAME   evaluate what follows inside that loop's own Lua state
   :main            evaluate in the main state again
+  :reload          re-require the changed Lua modules in every state
+  :stats           every loop's figures, tab-separated (what netrun top reads)
   :help            this text
   :quit            leave (Ctrl-D too); Ctrl-C abandons a wait on a busy loop]]
 
@@ -111,6 +113,19 @@ local function loops_table()
   return table.concat(rows, "\n")
 end
 
+-- :stats -- a line "pid <tab> clock" then, per loop: name, state,
+-- channels, pending tasks, tasks run, busy seconds (I/O + tasks), stalls,
+-- Lua memory in bytes; tab-separated, for `netrun top`.
+function M.stats_text()
+  local rows = { string.format("%d\t%.6f", core.getpid(), core.now()) }
+  for _, l in ipairs(M.all_loops()) do
+    local s = l:stats()
+    rows[#rows + 1] = string.format("%s\t%s\t%d\t%d\t%d\t%.6f\t%d\t%d", s.name, s.state,
+      s.channels, s.pending_tasks, s.tasks_run, s.io_time + s.task_time, s.stalls, s.lua_memory)
+  end
+  return table.concat(rows, "\n")
+end
+
 local Session = {}
 Session.__index = Session
 
@@ -139,6 +154,12 @@ function Session:command(line)
   if cmd == "quit" or cmd == "q" then return "", true end
   if cmd == "help" then return HELP end
   if cmd == "loops" then return loops_table() end
+  if cmd == "stats" then return M.stats_text() end
+  if cmd == "reload" then
+    local f = require("netrun.reload").reload()
+    if not self.wait(f) then return "interrupted: the reload goes on; its outcome is logged" end
+    return require("netrun.reload").describe(f)
+  end
   if cmd == "main" then
     self.target, self.target_name = nil, nil
     return "evaluating in the main state"
@@ -197,7 +218,7 @@ function Session:feed(line)
   return self:evaluate(code)
 end
 
-local COMMANDS = { ":help", ":loop", ":loops", ":main", ":quit" }
+local COMMANDS = { ":help", ":loop", ":loops", ":main", ":quit", ":reload", ":stats" }
 local COMPLETE_WAIT = 1         -- seconds a completion waits for a busy state
 
 local function remote_complete(word)
@@ -384,14 +405,14 @@ local function next_response(secs)
 end
 
 -- "netrun attach: /x.sock: No such file or directory (is the server ...?)"
-local function connect_error(path, err)
+local function connect_error(path, err, what)
   local code, desc = tostring(err):match("(E[%u%d]+): ([^\n]*)")
   local msg = desc and (desc:sub(1, 1):upper() .. desc:sub(2)) or tostring(err):match("[^\n]*")
   local hint = ""
   if code == "ENOENT" or code == "ECONNREFUSED" then
     hint = " (is the server running with --console " .. path .. "?)"
   end
-  return "netrun attach: " .. path .. ": " .. msg .. hint
+  return (what or "netrun attach") .. ": " .. path .. ": " .. msg .. hint
 end
 
 -- The attach connection's handler, on the attach loop: everything goes
@@ -490,6 +511,57 @@ local function attached(path, r)
       return 0
     end
   end
+end
+
+-- A console connection for a command other than attach (`netrun reload`,
+-- `netrun top`): returns a link -- send(line), response(secs) (text and
+-- next prompt; the text left and no prompt once closed; nil, "timeout"
+-- or "interrupted"), close() -- with the greeting read, or nil and a
+-- message for stderr.
+function M.open_console(path, what)
+  local group = netrun.group { threads = 1, name = "attach" }
+  local ok, ch = pcall(function()
+    return netrun.connect { group = group, unix = path, timeout = 5,
+      init = function(c) c:pipeline():add_last("client", client_handler()) end }:sync()
+  end)
+  if not ok then
+    group:shutdown_gracefully(0, 1):sync()
+    return nil, connect_error(path, ch, what)
+  end
+  local r = server_link(ch)
+  r.response = next_response
+  function r.close()
+    ch:close():sync()
+    group:shutdown_gracefully(0, 1):sync()
+  end
+  local text, prompt = next_response(5)
+  if inbox.refused or not prompt then
+    r.close()
+    return nil, string.format("%s: %s: %s", what, path, inbox.refused
+      and ("the process listening there runs as uid " .. tostring(inbox.refused) .. ", not as you")
+      or ("no console answered" .. (text and text ~= "" and (": " .. text) or "")))
+  end
+  return r
+end
+
+-- `netrun reload PATH`: 0 when the reload succeeded, 1 (the reason on
+-- stderr) when a module failed to load or the console could not be used.
+function M.reload_command(path)
+  local r, err = M.open_console(path, "netrun reload")
+  if not r then
+    io.stderr:write(err, "\n")
+    return 1
+  end
+  r.send(":reload")
+  local text = r.response(60)
+  r.close()
+  text = M.printable((text or "no answer within 60 s"):gsub("\n$", ""))
+  if text:match("^reload ok") then
+    io.write(text, "\n")
+    return 0
+  end
+  io.stderr:write("netrun reload: ", text, "\n")
+  return 1
 end
 
 -- `netrun attach PATH`: returns the exit status (1 if it cannot connect).

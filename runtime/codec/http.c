@@ -1422,6 +1422,7 @@ static void write_status(nr_http_server_t *s, int status, bool close,
   out_t o;
   out_init(&o);
   const char *reason = nr_http_reason(status);
+  nr_http_count_status(status);
   char *w = out_reserve(&o, status_room(NULL));
   if (w != NULL)
     o.len = (size_t)(put_status(w, status, NULL, 0) - o.p);
@@ -1717,6 +1718,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
     return rc;
   if (r->status < 100 || r->status > 999)
     return misuse(ctx, "http_server: bad status %d", r->status);
+  nr_http_count_status(r->status);
   uint8_t f = s->flags[s->oldest];
   size_t need;
   unsigned user = user_flags(r, &need);
@@ -1822,6 +1824,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
     return rc;
   uint8_t f = s->flags[s->oldest];
   bool close = closes(f, pr->user);
+  nr_http_count_status(pr->status);
   bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
   size_t head = pr->head_len, blen = no_body ? 0 : pr->body_len;
   size_t copy = blen <= 4096 ? blen : 0;
@@ -1860,6 +1863,7 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
   if (pr->date_at != 0)
     memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
   nr_ctx_write_commit(ctx, pr->plain_len);
+  nr_http_count_status(pr->status);
   finish_response(s, false);
   return 0;
 }

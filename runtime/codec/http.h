@@ -206,4 +206,14 @@ int nr_http_server_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);
 
+/* Responses by status (http_stats.c), for the metrics. Each thread counts
+ * in a stripe of its own: no lock-prefixed instruction per response (a
+ * thread beyond the stripes shares the last one, with atomic adds). */
+#define NR_HTTP_STATUS_MIN 100
+#define NR_HTTP_STATUS_MAX 599
+void nr_http_count_status(int status);        /* loop thread */
+/* Any thread: out[status - 100] gets the sum of every stripe; out has
+ * NR_HTTP_STATUS_MAX - NR_HTTP_STATUS_MIN + 1 entries. */
+void nr_http_status_counts(uint64_t *out);
+
 #endif /* NR_CODEC_HTTP_H */

@@ -527,41 +527,89 @@ static int l_eq(lua_State *L) {
 
 /* A packed init function, shared by every channel of a server. Kept for
  * the life of the process: accepted channels may still be registering on
- * other loops after the server closed. */
+ * other loops after the server closed.
+ *
+ * A server's init may be replaced at run time (server:set_init): the blob
+ * is swapped atomically and the old one retired (kept until exit, since a
+ * loop may be unpacking it right now). Each loop state caches the function
+ * it unpacked, with the blob it came from: a swapped blob misses, and a
+ * hot reload forgets the cache (lnr_forget_inits), so that no copy of an
+ * old init -- nor the module tables it resolved -- serves new channels.
+ *
+ * A server's connection counts (for netrun.metrics) live here too: one
+ * atomic add per accepted or closed connection, never per message. */
 typedef struct init_s {
-  lnr_blob_t *b;
+  _Atomic(lnr_blob_t *) b;
   bool once;          /* a client's: freed after its one use */
   struct init_s *next;
+  lnr_blob_t *retired;            /* swapped-out blobs, under inits_lock */
+  nr_channel_t *server;           /* set once bound (identity only) */
+  _Atomic bool bound;             /* label and server are set */
+  char label[160];                /* "host:port" or the unix path */
+  _Atomic uint64_t accepted, closed;
 } init_t;
 
 static pthread_mutex_t inits_lock = PTHREAD_MUTEX_INITIALIZER;
 static init_t *inits;
-static const char INIT_CACHE = 0;
+static const char INIT_CACHE = 0;     /* init_t -> function */
+static const char INIT_BLOBS = 0;     /* init_t -> the blob it came from */
+
+static void push_registry_table(lua_State *L, const void *key) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+  }
+}
+
+/* Push this state's function for a server's init: the cached one if it
+ * came from the current blob, else a fresh unpack (which resolves the
+ * modules it names in this state now). */
+static void push_server_init(lua_State *L, init_t *in) {
+  lnr_blob_t *b = atomic_load_explicit(&in->b, memory_order_acquire);
+  push_registry_table(L, &INIT_CACHE);
+  push_registry_table(L, &INIT_BLOBS);
+  int cache = lua_gettop(L) - 1, blobs = cache + 1;
+  if (lua_rawgetp(L, blobs, in) == LUA_TLIGHTUSERDATA &&
+      lua_touserdata(L, -1) == b && lua_rawgetp(L, cache, in) != LUA_TNIL) {
+    lua_replace(L, cache);
+    lua_settop(L, cache);
+    return;
+  }
+  lua_settop(L, blobs);
+  lnr_unpack(L, b);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, cache, in);
+  lua_pushlightuserdata(L, b);
+  lua_rawsetp(L, blobs, in);
+  lua_replace(L, cache);
+  lua_settop(L, cache);
+}
+
+void lnr_forget_inits(lua_State *L) {
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_CACHE);
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_BLOBS);
+}
 
 static int run_init_p(lua_State *L) {
   init_t *in = lua_touserdata(L, 1);
   nr_channel_t *ch = lua_touserdata(L, 2);
   lua_settop(L, 0);
-  if (in->once) {
-    lnr_unpack(L, in->b);
-  } else {
-    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &INIT_CACHE) != LUA_TTABLE) {
-      lua_pop(L, 1);
-      lua_newtable(L);
-      lua_pushvalue(L, -1);
-      lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_CACHE);
-    }
-    if (lua_rawgetp(L, -1, in) == LUA_TNIL) {
-      lua_pop(L, 1);
-      lnr_unpack(L, in->b);
-      lua_pushvalue(L, -1);
-      lua_rawsetp(L, -3, in);
-    }
-    lua_remove(L, -2);
-  }
+  if (in->once)
+    lnr_unpack(L, atomic_load_explicit(&in->b, memory_order_relaxed));
+  else
+    push_server_init(L, in);
   lnr_push_handle(L, LNR_CHANNEL, ch);
   lua_call(L, 1, 0);
   return 0;
+}
+
+static void count_closed(nr_promise_t *p, void *arg) {
+  (void)p;
+  atomic_fetch_add_explicit(&((init_t *)arg)->closed, 1, memory_order_relaxed);
 }
 
 static void run_init(nr_channel_t *ch, void *arg) {
@@ -569,6 +617,12 @@ static void run_init(nr_channel_t *ch, void *arg) {
   lnr_state_t *S = lnr_current_state();
   if (S == NULL)
     return;
+  if (!in->once) {
+    atomic_fetch_add_explicit(&in->accepted, 1, memory_order_relaxed);
+    if (nr_promise_add_listener(nr_channel_close_future(ch), NULL,
+                                count_closed, in) < 0)
+      count_closed(NULL, in);
+  }
   lua_State *L = S->L;
   LNR_STACK_BEGIN(L);
   lua_pushcfunction(L, run_init_p);
@@ -582,7 +636,7 @@ static void run_init(nr_channel_t *ch, void *arg) {
   }
   LNR_STACK_END(L, 0);
   if (in->once) {
-    lnr_blob_free(in->b);
+    lnr_blob_free(atomic_load_explicit(&in->b, memory_order_relaxed));
     free(in);
   }
 }
@@ -599,7 +653,7 @@ static init_t *pack_init(lua_State *L, int opts, bool once, const char *what) {
   init_t *in = calloc(1, sizeof *in);
   if (in == NULL)
     luaL_error(L, "out of memory");
-  in->b = lnr_pack(L, -1, 1, "function 'init'");
+  atomic_init(&in->b, lnr_pack(L, -1, 1, "function 'init'"));
   in->once = once;
   lua_pop(L, 1);
   if (!once) {
@@ -611,6 +665,92 @@ static init_t *pack_init(lua_State *L, int opts, bool once, const char *what) {
   return in;
 }
 
+/* A server's bind completed: remember its channel and address (the port
+ * it really got), for set_init and the metrics' label. */
+static void server_bound(nr_promise_t *p, void *arg) {
+  init_t *in = arg;
+  if (!nr_promise_is_success(p))
+    return;
+  nr_channel_t *ch = nr_promise_value(p);
+  char host[128];
+  int port = -1;
+  if (nr_channel_local_address(ch, host, sizeof host, &port) < 0)
+    snprintf(host, sizeof host, "?");
+  if (port >= 0)
+    snprintf(in->label, sizeof in->label, strchr(host, ':') ? "[%s]:%d" : "%s:%d",
+             host, port);
+  else
+    snprintf(in->label, sizeof in->label, "%s", host);
+  in->server = ch;
+  atomic_store_explicit(&in->bound, true, memory_order_release);
+}
+
+static void watch_bound(init_t *in, nr_promise_t *p) {
+  if (in != NULL)
+    nr_promise_add_listener(p, NULL, server_bound, in);
+}
+
+/* The newest server init bound to ch (a channel's memory may have served
+ * an older server, closed and freed since: that one is older). */
+static init_t *init_of(nr_channel_t *ch) {
+  init_t *found = NULL;
+  pthread_mutex_lock(&inits_lock);
+  for (init_t *in = inits; in && !found; in = in->next)
+    if (atomic_load_explicit(&in->bound, memory_order_acquire) &&
+        in->server == ch)
+      found = in;
+  pthread_mutex_unlock(&inits_lock);
+  return found;
+}
+
+/* server:set_init(fn): channels accepted from now on run fn (copied to
+ * their loops like any init); channels already open keep their pipelines. */
+static int l_set_init(lua_State *L) {
+  nr_channel_t *ch = check(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  init_t *in = nr_channel_is_server(ch) ? init_of(ch) : NULL;
+  if (in == NULL)
+    return luaL_error(L, "set_init: %s is not a server made by netrun.server "
+                      "with an init", luaL_tolstring(L, 1, NULL));
+  lnr_blob_t *b = lnr_pack(L, 2, 1, "function 'init'");
+  lnr_blob_t *old = atomic_exchange_explicit(&in->b, b, memory_order_acq_rel);
+  pthread_mutex_lock(&inits_lock);
+  old->user = in->retired;           /* a retired blob's link */
+  in->retired = old;
+  pthread_mutex_unlock(&inits_lock);
+  return 0;
+}
+
+/* core.server_stats(): { { server = label, accepted = n, open = n }, ... }
+ * for every server bound so far, oldest first. */
+static int l_server_stats(lua_State *L) {
+  lua_newtable(L);
+  pthread_mutex_lock(&inits_lock);
+  int n = 0;
+  for (init_t *in = inits; in; in = in->next) {
+    if (in->once || !atomic_load_explicit(&in->bound, memory_order_acquire))
+      continue;
+    uint64_t acc = atomic_load_explicit(&in->accepted, memory_order_relaxed);
+    uint64_t closed = atomic_load_explicit(&in->closed, memory_order_relaxed);
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, in->label);
+    lua_setfield(L, -2, "server");
+    lua_pushinteger(L, (lua_Integer)acc);
+    lua_setfield(L, -2, "accepted");
+    lua_pushinteger(L, (lua_Integer)(closed < acc ? acc - closed : 0));
+    lua_setfield(L, -2, "open");
+    lua_rawseti(L, -2, ++n);
+  }
+  pthread_mutex_unlock(&inits_lock);
+  for (int i = 1, j = n; i < j; i++, j--) {   /* the list is newest first */
+    lua_rawgeti(L, -1, i);
+    lua_rawgeti(L, -2, j);
+    lua_rawseti(L, -3, i);
+    lua_rawseti(L, -2, j);
+  }
+  return 1;
+}
+
 void lnr_free_inits(void) {
   pthread_mutex_lock(&inits_lock);
   init_t *in = inits;
@@ -618,7 +758,11 @@ void lnr_free_inits(void) {
   pthread_mutex_unlock(&inits_lock);
   for (init_t *n; in; in = n) {
     n = in->next;
-    lnr_blob_free(in->b);
+    for (lnr_blob_t *b = in->retired, *nb; b; b = nb) {
+      nb = b->user;
+      lnr_blob_free(b);
+    }
+    lnr_blob_free(atomic_load_explicit(&in->b, memory_order_relaxed));
     free(in);
   }
 }
@@ -853,7 +997,9 @@ static int l_server(lua_State *L) {
   init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
   o.arg = in;
-  lnr_push_promise(L, nr_server_bind(&o));
+  nr_promise_t *p = nr_server_bind(&o);
+  watch_bound(in, p);
+  lnr_push_promise(L, p);
   return 1;
 }
 
@@ -1109,7 +1255,8 @@ void lnr_open_channel(lua_State *L) {
       {"write", l_write}, {"flush", l_flush},
       {"write_and_flush", l_write_and_flush}, {"read", l_read},
       {"option", l_option}, {"close", l_close},
-      {"close_future", l_close_future}, {"attr", l_attr}, {NULL, NULL}};
+      {"close_future", l_close_future}, {"attr", l_attr},
+      {"set_init", l_set_init}, {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {"__eq", l_eq},
                                   {NULL, NULL}};
   lnr_new_class(L, lnr_kind_names[LNR_CHANNEL], methods, meta);
@@ -1127,6 +1274,7 @@ void lnr_open_channel(lua_State *L) {
                                    {"connect", l_connect},
                                    {"udp", l_udp},
                                    {"channel_group", l_channel_group},
+                                   {"server_stats", l_server_stats},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }

@@ -28,5 +28,8 @@ void lnr_shutdown_groups_async(uint64_t timeout);
 /* Log each loop of a live group that has not terminated, saying why the
  * process gives up on it; returns how many. Any thread (lgroup.c). */
 int lnr_log_unterminated(const char *why);
+/* From the signal thread on SIGHUP: a hot reload, run on the main thread
+ * (its outcome logged there) (lops.c). */
+void lnr_reload_signal(void);
 
 #endif /* LNR_MAIN_H */

@@ -318,6 +318,13 @@ void lnr_push_msg(lua_State *L, void *msg);
 typedef void (*lnr_msg_push_fn)(lua_State *L, void *msg);
 void lnr_register_msg(int type, lnr_msg_push_fn push);
 void lnr_free_inits(void);
+/* Hot reload (lchannel.c, transfer.c): forget this state's unpacked server
+ * inits and its map of module values, so that what crosses next resolves
+ * the modules as they are now. Loop (or main) thread of L. */
+void lnr_forget_inits(lua_State *L);
+void lnr_forget_modules(lua_State *L);
+/* lops.c: core.file_stamp, core.forget_caches, core.term_*, core.http_stats. */
+void lnr_open_ops(lua_State *L);
 /* Encode the value at idx as a message for the pipeline of ch and call
  * fn(ctx, msg, arg). Strings become bytes, arrays of strings slices,
  * {data, host, port} datagrams; other values travel as NR_MSG_LUA. */

@@ -1192,3 +1192,8 @@ int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
   return lua_gettop(L) - base;
 }
 
+
+void lnr_forget_modules(lua_State *L) {
+  lua_pushnil(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &MODMAP_KEY);
+}
