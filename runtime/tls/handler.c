@@ -65,6 +65,8 @@ typedef struct tls_s {
   const char *in;                 /* ciphertext of the read being handled */
   size_t in_len;
   nr_buf_t in_rest;               /* ciphertext SSL has not taken yet */
+  char *direct;                   /* ciphertext SSL wrote in place at the end */
+  size_t direct_len;              /* of the outbound buffer, not committed */
   nr_buf_t out;                   /* ciphertext out, not yet passed on */
   pw_t *queue, **qtail;
   nr_promise_t *hs;               /* the handshake future, once asked */
@@ -108,10 +110,32 @@ static int in_read(BIO *b, char *dst, size_t n, size_t *got) {
   return 1;
 }
 
+/* SSL's records go straight to the end of the channel's outbound buffer
+ * when this handler is next to the head (the usual case): reserved there
+ * and committed by settle() as the SSL call returns -- not here, since a
+ * commit can fire writability_changed, and a handler must not run inside
+ * an SSL call. A run of records that outgrows the tail chunk moves to a
+ * new one; elsewhere (a handler in between, a closed channel) they wait
+ * in `out`, after any run reserved before, for pass_out. */
 static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   tls_t *s = BIO_get_data(b);
-  if (nr_buf_append(&s->out, data, len) < 0)
-    return 0;
+  char *w = nr_buf_len(&s->out) == 0
+                ? nr_ctx_write_reserve(s->ctx, s->direct_len + len)
+                : NULL;
+  if (w != NULL) {
+    if (s->direct_len > 0 && w != s->direct)
+      memcpy(w, s->direct, s->direct_len);
+    memcpy(w + s->direct_len, data, len);
+    s->direct = w;
+    s->direct_len += len;
+  } else {
+    if (s->direct_len > 0 &&
+        nr_buf_append(&s->out, s->direct, s->direct_len) < 0)
+      return 0;
+    s->direct_len = 0;
+    if (nr_buf_append(&s->out, data, len) < 0)
+      return 0;
+  }
   *written = len;
   return 1;
 }
@@ -237,9 +261,25 @@ int nr_tls_set_host(void *state, const char *host) {
 
 /* ---- passing ciphertext on ------------------------------------------------------ */
 
+/* Commit what the last SSL call wrote in place (out_write); whether it
+ * wrote anything. */
+static bool settle(tls_t *s) {
+  if (s->direct_len == 0)
+    return false;
+  size_t n = s->direct_len;
+  s->direct_len = 0;
+  nr_ctx_write_commit(s->ctx, n);
+  return true;
+}
+
+static bool has_out(const tls_t *s) {
+  return s->direct_len > 0 || nr_buf_len(&s->out) > 0;
+}
+
 /* Pass what SSL wrote to the next outbound handler, with p (which then
  * completes when those bytes are written, at once if there are none). */
 static int pass_out(tls_t *s, nr_promise_t *p) {
+  settle(s);
   size_t n = nr_buf_len(&s->out);
   if (n == 0 && p == NULL)
     return 0;
@@ -364,7 +404,7 @@ static bool handshake(tls_t *s) {
     fail(s, e);
     return false;
   }
-  if (nr_buf_len(&s->out) > 0) {
+  if (has_out(s)) {
     pass_out(s, NULL);
     nr_ctx_flush(s->ctx);
   }
@@ -436,12 +476,14 @@ static void peer_closed(tls_t *s) {
 static void decrypt(tls_t *s) {
   char buf[PLAIN_CHUNK];
   size_t have = 0;
+  bool wrote = false;             /* SSL_read answered something itself */
   while (s->st == ST_OPEN && !s->removed) {
     size_t n = 0;
     int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
     /* Now: the handlers fired below may write, and SSL_write resets what
      * SSL_get_error reads. */
     int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
+    wrote |= settle(s);           /* a key update's answer, an alert */
     if (rc == 1) {
       have += n;
       if (have < sizeof buf && nr_buf_len(&s->in_rest) + s->in_len > 0)
@@ -463,7 +505,7 @@ static void decrypt(tls_t *s) {
       fail(s, e);
     break;
   }
-  if (nr_buf_len(&s->out) > 0 && s->st == ST_OPEN) {
+  if ((wrote || has_out(s)) && s->st == ST_OPEN) {
     pass_out(s, NULL);            /* a key update's answer, tickets */
     nr_ctx_flush(s->ctx);
   }
