@@ -14,6 +14,7 @@ PACKAGES=(
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
+  nodejs                                # Node's https as a TLS peer in specs
 )
 PACKAGES+=("$@")
 
