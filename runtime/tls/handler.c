@@ -283,7 +283,8 @@ static int pass_out(tls_t *s, nr_promise_t *p) {
   size_t n = nr_buf_len(&s->out);
   if (n == 0 && p == NULL)
     return 0;
-  nr_bytes_t b = NR_BYTES(nr_buf_peek(&s->out), n);
+  /* n == 0: only p, completed once the bytes committed before it are */
+  nr_bytes_t b = NR_BYTES(n > 0 ? nr_buf_peek(&s->out) : "", n);
   int rc = nr_ctx_write(s->ctx, &b, p);
   nr_buf_consume(&s->out, n);
   return rc;
