@@ -209,25 +209,17 @@ static void free_state(tls_t *s) {
   free(s);
 }
 
-void *nr_tls_new(nr_tls_config_t *c) {
-  pthread_once(&bio_once, make_bio_method);
-  tls_t *s = calloc(1, sizeof *s);
-  if (s == NULL || bio_method == NULL) {
-    free(s);
-    errno = ENOMEM;
-    return NULL;
-  }
-  s->qtail = &s->queue;
-  s->bundle = nr__tls_config_bundle(c);
+/* The SSL and its BIOs; 0 or -ENOMEM. */
+static int make_ssl(tls_t *s) {
   s->ssl = SSL_new(s->bundle->ctx);
   BIO *r = BIO_new(bio_method), *w = BIO_new(bio_method);
   if (s->ssl == NULL || r == NULL || w == NULL) {
     BIO_free(r);
     BIO_free(w);
+    SSL_free(s->ssl);
+    s->ssl = NULL;
     ERR_clear_error();
-    free_state(s);
-    errno = ENOMEM;
-    return NULL;
+    return -ENOMEM;
   }
   BIO_set_data(r, s);
   BIO_set_data(w, s);
@@ -240,6 +232,27 @@ void *nr_tls_new(nr_tls_config_t *c) {
     if (name && (SSL_set_tlsext_host_name(s->ssl, name) != 1 ||
                  SSL_set1_host(s->ssl, name) != 1))
       ERR_clear_error();                   /* checked at the handshake */
+  }
+  return 0;
+}
+
+/* A server's SSL (~9 KiB resident) is made when the first bytes arrive,
+ * as nginx does: a connection that sends nothing costs no more than a
+ * plaintext one. A client's is made at once (nr_tls_set_host needs it). */
+void *nr_tls_new(nr_tls_config_t *c) {
+  pthread_once(&bio_once, make_bio_method);
+  tls_t *s = calloc(1, sizeof *s);
+  if (s == NULL || bio_method == NULL) {
+    free(s);
+    errno = ENOMEM;
+    return NULL;
+  }
+  s->qtail = &s->queue;
+  s->bundle = nr__tls_config_bundle(c);
+  if (!s->bundle->server && make_ssl(s) < 0) {
+    free_state(s);
+    errno = ENOMEM;
+    return NULL;
   }
   return s;
 }
@@ -399,6 +412,15 @@ static void handshake_done(tls_t *s) {
 /* Drive the handshake with what has arrived; false once it failed. */
 static bool handshake(tls_t *s) {
   s->started = true;
+  if (s->ssl == NULL && make_ssl(s) < 0) {
+    const char *msg = "tls: out of memory for the handshake";
+    s->st = ST_DONE;
+    fail_queue(s, msg);
+    settle_hs(s, -ENOMEM, msg);
+    nr_ctx_fire_exception(s->ctx, &(nr_err_t){-ENOMEM, msg});
+    nr_ctx_close(s->ctx, NULL);
+    return false;
+  }
   int rc = SSL_do_handshake(s->ssl);
   int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
   if (e != SSL_ERROR_NONE && e != SSL_ERROR_WANT_READ) {
