@@ -495,8 +495,17 @@ static void peer_closed(tls_t *s) {
   nr_ctx_close(s->ctx, NULL);
 }
 
-/* Decrypt what has arrived and fire it, a chunk at a time. */
-static void decrypt(tls_t *s) {
+/* Whether SSL has taken all the input there is: the next SSL_read could
+ * only say "want read". */
+static bool input_done(tls_t *s) {
+  return nr_buf_len(&s->in_rest) + s->in_len == 0 && !SSL_has_pending(s->ssl);
+}
+
+/* Decrypt what has arrived and fire it, a chunk at a time. The last
+ * message of a read its producer let wait (`last`) may wait too: nothing
+ * this handler does after it depends on what the handlers do with it (a
+ * Lua handler then takes the read in one call with its read_complete). */
+static void decrypt(tls_t *s, bool last) {
   char buf[PLAIN_CHUNK];
   size_t have = 0;
   bool wrote = false;             /* SSL_read answered something itself */
@@ -507,19 +516,25 @@ static void decrypt(tls_t *s) {
      * SSL_get_error reads. */
     int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
     wrote |= settle(s);           /* a key update's answer, an alert */
+    bool done = rc == 1 && input_done(s);
     if (rc == 1) {
       have += n;
-      if (have < sizeof buf && nr_buf_len(&s->in_rest) + s->in_len > 0)
+      if (have < sizeof buf && !done)
         continue;                 /* gather records into one message */
     }
     if (have > 0) {
       nr_bytes_t b = NR_BYTES(buf, have);
       have = 0;
       s->fired = true;
-      nr_ctx_fire_read(s->ctx, &b);
+      if (done && last)
+        nr_ctx_fire_read_deferrable(s->ctx, &b);
+      else
+        nr_ctx_fire_read(s->ctx, &b);
       if (!nr_channel_is_open(nr_ctx_channel(s->ctx)))
         break;
     }
+    if (done)
+      break;                      /* skip the SSL_read that says "want read" */
     if (rc == 1)
       continue;
     if (e == SSL_ERROR_ZERO_RETURN)
@@ -544,7 +559,7 @@ static int keep_rest(tls_t *s) {
 
 /* Decrypt one run of ciphertext. Nested inside another (a handler fed
  * the pipeline again from channel_read), it only queues behind it. */
-static int feed(tls_t *s, const char *data, size_t len) {
+static int feed(tls_t *s, const char *data, size_t len, bool last) {
   if (s->busy > 0) {
     int rc = keep_rest(s);
     if (rc == 0 && nr_buf_append(&s->in_rest, data, len) < 0)
@@ -557,7 +572,7 @@ static int feed(tls_t *s, const char *data, size_t len) {
   if (s->st == ST_HANDSHAKE)
     handshake(s);
   if (s->st == ST_OPEN)
-    decrypt(s);
+    decrypt(s, last);
   s->busy--;
   if (s->st == ST_DONE || s->removed) {
     s->in = NULL;                  /* after a failure, input is dropped */
@@ -577,12 +592,13 @@ static int tls_read(nr_ctx_t *ctx, void *msg) {
   }
   if (s->st == ST_DONE)
     return 0;
+  bool last = nr_ctx_read_deferrable(ctx, msg);
   if (type == NR_MSG_BYTES) {
-    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len);
+    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len, last);
   } else {
     const nr_slices_t *v = msg;
     for (size_t i = 0; rc == 0 && i < v->n && !s->removed; i++)
-      rc = feed(s, v->v[i].data, v->v[i].len);
+      rc = feed(s, v->v[i].data, v->v[i].len, last && i + 1 == v->n);
   }
   if (s->busy == 0 && s->removed)
     free_state(s);
