@@ -7,8 +7,8 @@
  * for the connection's life). Reading, SSL takes ciphertext straight from
  * the read being handled (`in`), and SSL_read's plaintext is fired onward
  * in chunks of up to PLAIN_CHUNK bytes; writing, what SSL produces
- * (records, alerts, handshake messages) lands in `out`, passed to the next
- * outbound handler as one write whenever an SSL call returns. A read is
+ * (records, alerts, handshake messages) lands at the end of the channel's
+ * outbound buffer (out_write), committed as each SSL call returns. A read is
  * decrypted within that read: SSL keeps an incomplete record in its own
  * buffer (released once empty, SSL_MODE_RELEASE_BUFFERS), nothing else
  * waits here, so the channel's auto_read, read batches and the codecs'
