@@ -188,6 +188,48 @@ describe("netrun.tls with real peers", function()
     assert.is_true(#kout >= 2)
   end)
 
+  it("answers 16 pipelined HTTPS requests in two records, not sixteen", function()
+    local Tap = {}                          -- below TLS: records as the socket sees them
+    function Tap:write(ctx, msg, p)
+      seen:set("out", (seen:get("out") or "") .. msg)
+      ctx:write(msg, p)
+    end
+    local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key") }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("tap", Tap)
+        ch:pipeline():add_last("tls", tls)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("hello", Hello)
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local ch = H.sync(tls_client(port, netrun.tls.client { ca = P("ca.crt") }, "p"))
+    ch:write_and_flush("GET /warm HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert.truthy(H.eventually(function() return (seen:get("p") or ""):find("hello /warm", 1, true) end))
+    seen:set("out", "")
+    seen:set("p", "")
+    local reqs = {}
+    for i = 1, 16 do reqs[i] = "GET /" .. i .. " HTTP/1.1\r\nHost: x\r\n\r\n" end
+    ch:write_and_flush(table.concat(reqs))
+    assert.truthy(H.eventually(function()
+      local _, n = (seen:get("p") or ""):gsub("HTTP/1.1 200", "")
+      return n == 16
+    end))
+    local out, records, i = seen:get("out"), 0, 1
+    while i <= #out do
+      local kind, _, len = string.unpack(">BI2I2", out, i)
+      assert.equal(23, kind)
+      records = records + 1
+      i = i + 5 + len
+    end
+    -- the first answer at once, the other 15 gathered until the flush
+    assert.equal(2, records)
+    assert.truthy(seen:get("p"):find("hello /16", 1, true))
+    ch:close():sync()
+  end)
+
   it("carries 10 MiB each way intact", function()
     local port = https_server()
     local parts = {}
