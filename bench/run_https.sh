@@ -16,6 +16,8 @@
 #              + X25519 handshake with no signature (checked with nginx's
 #              $ssl_session_reused: 1991 of 1995 reused). The plaintext
 #              server shows what a connection costs without TLS.
+#   pipelined  `wrk -t1 -c64` with 16 requests per write: netrun gathers a
+#              read's answers into one TLS record (nginx writes one each).
 #   full       4 x `openssl s_time -new -www /`: new full handshakes (X25519
 #              + an ECDSA P-256 signature, no session offered) and one
 #              request each; wrk cannot turn resumption off, and s_time is
@@ -43,6 +45,15 @@ trap cleanup EXIT
 cmake -S . -B build/http-bench -DCMAKE_BUILD_TYPE=Release -DNETRUN_BENCH=OFF >/dev/null
 cmake --build build/http-bench -j2 --target netrun_bin >/dev/null
 bash spec/fixtures/tls/make_certs.sh "$work/certs"
+cat > "$work/pipeline.lua" <<'EOF2'
+-- 16 requests per write; wrk counts each response.
+init = function(args)
+  local r = {}
+  for i = 1, 16 do r[i] = wrk.format(nil, "/") end
+  req = table.concat(r)
+end
+request = function() return req end
+EOF2
 cert=$work/certs/server.crt key=$work/certs/server.key
 
 mkdir -p "$work/nginx/logs"
@@ -108,6 +119,7 @@ load() {
   fi
   local hdr=()
   [[ $mode == resumed ]] && hdr=(-H "Connection: close")
+  [[ $mode == pipelined ]] && hdr=(-s "$work/pipeline.lua")
   # shellcheck disable=SC2046
   out=$(taskset -c 1 wrk -t1 -d${secs}s --latency "${hdr[@]}" $(wrk_args "$mode" "$url"))
   awk '/requests in/ {r = $1} /^Requests\/sec/ {s = $2} $1 == "99%" {p = $2}
@@ -149,7 +161,7 @@ for port in 18283 18281; do
     awk -v p=$port '/^New, / {printf "port %s: %s ", p, $0} /Server Temp Key/ {print $0}'
 done
 
-modes=(keepalive resumed full)
+modes=(keepalive pipelined resumed full)
 declare -A row runs every
 for mode in "${modes[@]}"; do
   for i in "${!names[@]}"; do
@@ -179,6 +191,7 @@ for mode in "${modes[@]}"; do
   base=$(cut -d' ' -f1 <<<"${row[${names[0]},$mode]}")
   case $mode in
     keepalive) label="keep-alive, 64 conns" ;;
+    pipelined) label="16 pipelined, 64 conns" ;;
     resumed) label="resumed handshake + request, 16 conns" ;;
     full) label="full handshake + request, 4 s_time" ;;
   esac
