@@ -27,10 +27,14 @@
  * send the alert SSL produced, and close the channel. A close from the
  * handlers sends close_notify after everything they wrote before it.
  *
+ * Writes made while this handler dispatches a read (its channel_read and
+ * channel_read_complete) are gathered, after the first, into one record
+ * (see "gathering"); any other write is encrypted at once.
+ *
  * Re-entrancy: handlers fired from inside a read may write, close, or
- * remove this handler. Writes only append to `out` between SSL calls; a
- * removal during a read only marks the state, which the read frees as it
- * unwinds (`busy`).
+ * remove this handler. SSL's output is committed between SSL calls, never
+ * inside one; a removal during a read only marks the state, which the
+ * read frees as it unwinds (`busy`, `gather`).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -650,7 +654,9 @@ static int drain(tls_t *s) {
     if (rc == 0)
       pass_out(s, pp[i]);          /* completes once the record is written */
     else
-      nr_promise_set_failure(pp[i], rc, "tls: write not encrypted");
+      nr_promise_set_failure(pp[i], rc, rc == NR_ECLOSED
+                             ? "channel closed before the write was encrypted"
+                             : "tls: the write could not be encrypted");
     nr_promise_release(pp[i]);
   }
   free(pp);
