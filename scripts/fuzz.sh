@@ -13,7 +13,7 @@ secs=${1:-30}
 cc=${CLANG:-clang}
 out=build/fuzz
 mkdir -p "$out"
-sources=(runtime/*.c runtime/codec/*.c)
+sources=(runtime/*.c runtime/codec/*.c runtime/tls/*.c)
 for src in fuzz/fuzz_*.c; do
   target=$(basename "$src" .c)
   name=${target#fuzz_}
@@ -21,7 +21,7 @@ for src in fuzz/fuzz_*.c; do
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
     -Wmissing-prototypes -Wmissing-declarations \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iruntime -Ifuzz -o "$out/$target" "$src" "${sources[@]}" -lpthread
+    -Iruntime -Ifuzz -o "$out/$target" "$src" "${sources[@]}" -lssl -lcrypto -lpthread
   work="$out/$name"
   rm -rf "$work"
   mkdir -p "$work/corpus"

@@ -3,7 +3,8 @@
  *   netrun.tls.server { cert = path | cert_pem = text, key = ..., alpn = {...},
  *                       sni = { [name] = { cert = ..., key = ... } }, ca = ...,
  *                       verify = "none" | "optional" | "required",
- *                       session_tickets = true, min_version = "TLSv1.2" }
+ *                       session_tickets = true, min_version = "TLSv1.2",
+ *                       ciphersuites = "...", ciphers = "...", groups = "..." }
  *   netrun.tls.client { server_name = ..., ca = path | nil (system store),
  *                       verify = true, alpn = {...}, cert = ..., key = ... }
  *   netrun.tls.reload(config [, options])   -- new handshakes, new contexts
@@ -151,10 +152,12 @@ static bool opt_bool(lua_State *L, int t, const char *k, bool def,
 static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
   static const char *const skeys[] = {
       "cert", "cert_pem", "key", "key_pem", "alpn", "sni", "ca", "verify",
-      "session_tickets", "min_version", "handshake_timeout", NULL};
+      "session_tickets", "min_version", "handshake_timeout", "ciphersuites",
+      "ciphers", "groups", NULL};
   static const char *const ckeys[] = {
       "server_name", "ca", "verify", "alpn", "cert", "cert_pem", "key",
-      "key_pem", "min_version", "handshake_timeout", NULL};
+      "key_pem", "min_version", "handshake_timeout", "ciphersuites",
+      "ciphers", "groups", NULL};
   const char *what = server ? "netrun.tls.server" : "netrun.tls.client";
   luaL_checktype(L, t, LUA_TTABLE);
   check_keys(L, t, what, server ? skeys : ckeys);
@@ -164,6 +167,9 @@ static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
   if (server && !o->cert.cert && !o->cert.cert_pem)
     luaL_error(L, "%s: cert (or cert_pem) is required", what);
   o->ca = opt_str(L, t, "ca", what);
+  o->ciphersuites = opt_str(L, t, "ciphersuites", what);
+  o->ciphers = opt_str(L, t, "ciphers", what);
+  o->groups = opt_str(L, t, "groups", what);
   o->min_version = opt_version(L, t, what);
   opt_alpn(L, t, what, o);
   o->handshake_timeout = NR_SEC(10);
@@ -181,7 +187,19 @@ static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
     if (o->verify != NR_TLS_VERIFY_NONE && o->ca == NULL)
       luaL_error(L, "%s: verify = \"%s\" needs ca (the CAs of client "
                  "certificates)", what, modes[o->verify]);
-    o->session_tickets = opt_bool(L, t, "session_tickets", true, what);
+    /* session_tickets = true | false | N (TLS 1.3 tickets per handshake) */
+    if (lua_getfield(L, t, "session_tickets") == LUA_TNUMBER) {
+      lua_Integer n = lua_tointeger(L, -1);
+      if (!lua_isinteger(L, -1) || n < 0 || n > 16)
+        luaL_error(L, "%s: session_tickets must be a boolean or a count "
+                   "from 0 to 16", what);
+      o->session_tickets = n > 0;
+      o->tickets = (int)n;
+      lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+      o->session_tickets = opt_bool(L, t, "session_tickets", true, what);
+    }
     opt_sni(L, t, what, o);
   } else {
     o->verify = opt_bool(L, t, "verify", true, what) ? NR_TLS_VERIFY_REQUIRED

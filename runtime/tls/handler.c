@@ -7,8 +7,8 @@
  * for the connection's life). Reading, SSL takes ciphertext straight from
  * the read being handled (`in`), and SSL_read's plaintext is fired onward
  * in chunks of up to PLAIN_CHUNK bytes; writing, what SSL produces
- * (records, alerts, handshake messages) lands in `out`, passed to the next
- * outbound handler as one write whenever an SSL call returns. A read is
+ * (records, alerts, handshake messages) lands at the end of the channel's
+ * outbound buffer (out_write), committed as each SSL call returns. A read is
  * decrypted within that read: SSL keeps an incomplete record in its own
  * buffer (released once empty, SSL_MODE_RELEASE_BUFFERS), nothing else
  * waits here, so the channel's auto_read, read batches and the codecs'
@@ -27,10 +27,14 @@
  * send the alert SSL produced, and close the channel. A close from the
  * handlers sends close_notify after everything they wrote before it.
  *
+ * Writes made while this handler dispatches a read (its channel_read and
+ * channel_read_complete) are gathered, after the first, into one record
+ * (see "gathering"); any other write is encrypted at once.
+ *
  * Re-entrancy: handlers fired from inside a read may write, close, or
- * remove this handler. Writes only append to `out` between SSL calls; a
- * removal during a read only marks the state, which the read frees as it
- * unwinds (`busy`).
+ * remove this handler. SSL's output is committed between SSL calls, never
+ * inside one; a removal during a read only marks the state, which the
+ * read frees as it unwinds (`busy`, `gather`).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -65,7 +69,12 @@ typedef struct tls_s {
   const char *in;                 /* ciphertext of the read being handled */
   size_t in_len;
   nr_buf_t in_rest;               /* ciphertext SSL has not taken yet */
+  char *direct;                   /* ciphertext SSL wrote in place at the end */
+  size_t direct_len;              /* of the outbound buffer, not committed */
   nr_buf_t out;                   /* ciphertext out, not yet passed on */
+  nr_buf_t pend;                  /* plaintext gathered (see "gathering") */
+  nr_promise_t **pp;              /* the promises of the writes gathered */
+  size_t npp, cpp;
   pw_t *queue, **qtail;
   nr_promise_t *hs;               /* the handshake future, once asked */
   nr_timer_t *timer;              /* the handshake's deadline */
@@ -78,8 +87,12 @@ typedef struct tls_s {
   bool shut_sent;                 /* close_notify written */
   bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
+  bool wrote_one;                 /* a write was encrypted in this gather */
   int busy;
+  int gather;                     /* inside tls_read / tls_read_complete */
 } tls_t;
+
+static int drain(tls_t *s);
 
 /* ---- the BIOs --------------------------------------------------------------- */
 
@@ -108,10 +121,32 @@ static int in_read(BIO *b, char *dst, size_t n, size_t *got) {
   return 1;
 }
 
+/* SSL's records go straight to the end of the channel's outbound buffer
+ * when this handler is next to the head (the usual case): reserved there
+ * and committed by settle() as the SSL call returns -- not here, since a
+ * commit can fire writability_changed, and a handler must not run inside
+ * an SSL call. A run of records that outgrows the tail chunk moves to a
+ * new one; elsewhere (a handler in between, a closed channel) they wait
+ * in `out`, after any run reserved before, for pass_out. */
 static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   tls_t *s = BIO_get_data(b);
-  if (nr_buf_append(&s->out, data, len) < 0)
-    return 0;
+  char *w = nr_buf_len(&s->out) == 0
+                ? nr_ctx_write_reserve(s->ctx, s->direct_len + len)
+                : NULL;
+  if (w != NULL) {
+    if (s->direct_len > 0 && w != s->direct)
+      memcpy(w, s->direct, s->direct_len);
+    memcpy(w + s->direct_len, data, len);
+    s->direct = w;
+    s->direct_len += len;
+  } else {
+    if (s->direct_len > 0 &&
+        nr_buf_append(&s->out, s->direct, s->direct_len) < 0)
+      return 0;
+    s->direct_len = 0;
+    if (nr_buf_append(&s->out, data, len) < 0)
+      return 0;
+  }
   *written = len;
   return 1;
 }
@@ -182,28 +217,23 @@ static void free_state(tls_t *s) {
   nr_tls_bundle_release(s->bundle);
   nr_buf_free(&s->out);
   nr_buf_free(&s->in_rest);
+  s->st = ST_DONE;
+  drain(s);                        /* fails what is still gathered */
+  nr_buf_free(&s->pend);
   free(s);
 }
 
-void *nr_tls_new(nr_tls_config_t *c) {
-  pthread_once(&bio_once, make_bio_method);
-  tls_t *s = calloc(1, sizeof *s);
-  if (s == NULL || bio_method == NULL) {
-    free(s);
-    errno = ENOMEM;
-    return NULL;
-  }
-  s->qtail = &s->queue;
-  s->bundle = nr__tls_config_bundle(c);
+/* The SSL and its BIOs; 0 or -ENOMEM. */
+static int make_ssl(tls_t *s) {
   s->ssl = SSL_new(s->bundle->ctx);
   BIO *r = BIO_new(bio_method), *w = BIO_new(bio_method);
   if (s->ssl == NULL || r == NULL || w == NULL) {
     BIO_free(r);
     BIO_free(w);
+    SSL_free(s->ssl);
+    s->ssl = NULL;
     ERR_clear_error();
-    free_state(s);
-    errno = ENOMEM;
-    return NULL;
+    return -ENOMEM;
   }
   BIO_set_data(r, s);
   BIO_set_data(w, s);
@@ -216,6 +246,27 @@ void *nr_tls_new(nr_tls_config_t *c) {
     if (name && (SSL_set_tlsext_host_name(s->ssl, name) != 1 ||
                  SSL_set1_host(s->ssl, name) != 1))
       ERR_clear_error();                   /* checked at the handshake */
+  }
+  return 0;
+}
+
+/* A server's SSL (~9 KiB resident) is made when the first bytes arrive,
+ * as nginx does: a connection that sends nothing costs no more than a
+ * plaintext one. A client's is made at once (nr_tls_set_host needs it). */
+void *nr_tls_new(nr_tls_config_t *c) {
+  pthread_once(&bio_once, make_bio_method);
+  tls_t *s = calloc(1, sizeof *s);
+  if (s == NULL || bio_method == NULL) {
+    free(s);
+    errno = ENOMEM;
+    return NULL;
+  }
+  s->qtail = &s->queue;
+  s->bundle = nr__tls_config_bundle(c);
+  if (!s->bundle->server && make_ssl(s) < 0) {
+    free_state(s);
+    errno = ENOMEM;
+    return NULL;
   }
   return s;
 }
@@ -237,13 +288,30 @@ int nr_tls_set_host(void *state, const char *host) {
 
 /* ---- passing ciphertext on ------------------------------------------------------ */
 
+/* Commit what the last SSL call wrote in place (out_write); whether it
+ * wrote anything. */
+static bool settle(tls_t *s) {
+  if (s->direct_len == 0)
+    return false;
+  size_t n = s->direct_len;
+  s->direct_len = 0;
+  nr_ctx_write_commit(s->ctx, n);
+  return true;
+}
+
+static bool has_out(const tls_t *s) {
+  return s->direct_len > 0 || nr_buf_len(&s->out) > 0;
+}
+
 /* Pass what SSL wrote to the next outbound handler, with p (which then
  * completes when those bytes are written, at once if there are none). */
 static int pass_out(tls_t *s, nr_promise_t *p) {
+  settle(s);
   size_t n = nr_buf_len(&s->out);
   if (n == 0 && p == NULL)
     return 0;
-  nr_bytes_t b = NR_BYTES(nr_buf_peek(&s->out), n);
+  /* n == 0: only p, completed once the bytes committed before it are */
+  nr_bytes_t b = NR_BYTES(n > 0 ? nr_buf_peek(&s->out) : "", n);
   int rc = nr_ctx_write(s->ctx, &b, p);
   nr_buf_consume(&s->out, n);
   return rc;
@@ -358,13 +426,22 @@ static void handshake_done(tls_t *s) {
 /* Drive the handshake with what has arrived; false once it failed. */
 static bool handshake(tls_t *s) {
   s->started = true;
+  if (s->ssl == NULL && make_ssl(s) < 0) {
+    const char *msg = "tls: out of memory for the handshake";
+    s->st = ST_DONE;
+    fail_queue(s, msg);
+    settle_hs(s, -ENOMEM, msg);
+    nr_ctx_fire_exception(s->ctx, &(nr_err_t){-ENOMEM, msg});
+    nr_ctx_close(s->ctx, NULL);
+    return false;
+  }
   int rc = SSL_do_handshake(s->ssl);
   int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
   if (e != SSL_ERROR_NONE && e != SSL_ERROR_WANT_READ) {
     fail(s, e);
     return false;
   }
-  if (nr_buf_len(&s->out) > 0) {
+  if (has_out(s)) {
     pass_out(s, NULL);
     nr_ctx_flush(s->ctx);
   }
@@ -417,6 +494,7 @@ static void start_timer(tls_t *s) {
 
 /* The peer sent close_notify: tell the handlers, answer with ours, close. */
 static void peer_closed(tls_t *s) {
+  drain(s);                       /* what was written before it goes first */
   s->st = ST_DONE;
   nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT, .kind = NR_TLS_CLOSE_NOTIFY,
                        .server = s->bundle->server};
@@ -432,29 +510,46 @@ static void peer_closed(tls_t *s) {
   nr_ctx_close(s->ctx, NULL);
 }
 
-/* Decrypt what has arrived and fire it, a chunk at a time. */
-static void decrypt(tls_t *s) {
+/* Whether SSL has taken all the input there is: the next SSL_read could
+ * only say "want read". */
+static bool input_done(tls_t *s) {
+  return nr_buf_len(&s->in_rest) + s->in_len == 0 && !SSL_has_pending(s->ssl);
+}
+
+/* Decrypt what has arrived and fire it, a chunk at a time. The last
+ * message of a read its producer let wait (`last`) may wait too: nothing
+ * this handler does after it depends on what the handlers do with it (a
+ * Lua handler then takes the read in one call with its read_complete). */
+static void decrypt(tls_t *s, bool last) {
   char buf[PLAIN_CHUNK];
   size_t have = 0;
+  bool wrote = false;             /* SSL_read answered something itself */
   while (s->st == ST_OPEN && !s->removed) {
     size_t n = 0;
     int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
     /* Now: the handlers fired below may write, and SSL_write resets what
      * SSL_get_error reads. */
     int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
+    wrote |= settle(s);           /* a key update's answer, an alert */
+    bool done = rc == 1 && input_done(s);
     if (rc == 1) {
       have += n;
-      if (have < sizeof buf && nr_buf_len(&s->in_rest) + s->in_len > 0)
+      if (have < sizeof buf && !done)
         continue;                 /* gather records into one message */
     }
     if (have > 0) {
       nr_bytes_t b = NR_BYTES(buf, have);
       have = 0;
       s->fired = true;
-      nr_ctx_fire_read(s->ctx, &b);
+      if (done && last)
+        nr_ctx_fire_read_deferrable(s->ctx, &b);
+      else
+        nr_ctx_fire_read(s->ctx, &b);
       if (!nr_channel_is_open(nr_ctx_channel(s->ctx)))
         break;
     }
+    if (done)
+      break;                      /* skip the SSL_read that says "want read" */
     if (rc == 1)
       continue;
     if (e == SSL_ERROR_ZERO_RETURN)
@@ -463,7 +558,7 @@ static void decrypt(tls_t *s) {
       fail(s, e);
     break;
   }
-  if (nr_buf_len(&s->out) > 0 && s->st == ST_OPEN) {
+  if ((wrote || has_out(s)) && s->st == ST_OPEN) {
     pass_out(s, NULL);            /* a key update's answer, tickets */
     nr_ctx_flush(s->ctx);
   }
@@ -479,7 +574,7 @@ static int keep_rest(tls_t *s) {
 
 /* Decrypt one run of ciphertext. Nested inside another (a handler fed
  * the pipeline again from channel_read), it only queues behind it. */
-static int feed(tls_t *s, const char *data, size_t len) {
+static int feed(tls_t *s, const char *data, size_t len, bool last) {
   if (s->busy > 0) {
     int rc = keep_rest(s);
     if (rc == 0 && nr_buf_append(&s->in_rest, data, len) < 0)
@@ -492,7 +587,7 @@ static int feed(tls_t *s, const char *data, size_t len) {
   if (s->st == ST_HANDSHAKE)
     handshake(s);
   if (s->st == ST_OPEN)
-    decrypt(s);
+    decrypt(s, last);
   s->busy--;
   if (s->st == ST_DONE || s->removed) {
     s->in = NULL;                  /* after a failure, input is dropped */
@@ -501,6 +596,91 @@ static int feed(tls_t *s, const char *data, size_t len) {
     return 0;
   }
   return keep_rest(s);             /* nothing, unless SSL stopped early */
+}
+
+/* ---- gathering small writes ------------------------------------------------------ */
+
+/* Inside its own channel_read and channel_read_complete -- where a read's
+ * answers are written, 16 of them for 16 pipelined requests -- the
+ * handler gathers the writes after the first into one record of up to
+ * GATHER_MAX bytes: an SSL_write costs ~7k instructions a record whatever
+ * its size. The first is encrypted at once, so the channel has unflushed
+ * bytes exactly when it would without gathering (a read's end flushes
+ * them for handlers that have no channel_read_complete). A flush, a
+ * close, a removal, or the end of the callback encrypts what was
+ * gathered, so nothing waits here past the callback; the writes' promises
+ * complete once the record is written (their bytes are in it). */
+#define GATHER_MAX 16384
+
+static int keep_promise(tls_t *s, nr_promise_t *p) {
+  if (s->npp == s->cpp) {
+    size_t cap = s->cpp ? s->cpp * 2 : 16;
+    nr_promise_t **v = realloc(s->pp, cap * sizeof *v);
+    if (v == NULL)
+      return -ENOMEM;
+    s->pp = v;
+    s->cpp = cap;
+  }
+  s->pp[s->npp++] = nr_promise_retain(p);
+  return 0;
+}
+
+static int gather(tls_t *s, const char *data, size_t len, nr_promise_t *p) {
+  if (p != NULL && keep_promise(s, p) < 0)
+    return nr_raise(-ENOMEM, "tls: out of memory");
+  if (nr_buf_append(&s->pend, data, len) < 0) {
+    if (p != NULL)
+      nr_promise_release(s->pp[--s->npp]);
+    return nr_raise(-ENOMEM, "tls: out of memory");
+  }
+  return 0;
+}
+
+/* Encrypt what was gathered, as one record, and pass its promises on. */
+static int drain(tls_t *s) {
+  if (nr_buf_len(&s->pend) == 0 && s->npp == 0)
+    return 0;
+  nr_buf_t b = s->pend;            /* writes made meanwhile gather anew */
+  nr_promise_t **pp = s->pp;
+  size_t n = s->npp;
+  s->pend = NR_BUF_INIT;
+  s->pp = NULL;
+  s->npp = s->cpp = 0;
+  int rc = NR_ECLOSED;
+  if (s->st == ST_OPEN && !s->shut_sent)
+    rc = nr_buf_len(&b) > 0 ? encrypt(s, nr_buf_peek(&b), nr_buf_len(&b), NULL)
+                            : 0;
+  for (size_t i = 0; i < n; i++) {
+    if (rc == 0)
+      pass_out(s, pp[i]);          /* completes once the record is written */
+    else
+      nr_promise_set_failure(pp[i], rc, rc == NR_ECLOSED
+                             ? "channel closed before the write was encrypted"
+                             : "tls: the write could not be encrypted");
+    nr_promise_release(pp[i]);
+  }
+  free(pp);
+  nr_buf_free(&b);
+  return rc == NR_ECLOSED ? 0 : rc;
+}
+
+static void gather_enter(tls_t *s) { s->gather++; }
+
+/* Leave a callback; false when s was freed (removed during it). */
+static bool gather_leave(tls_t *s) {
+  if (--s->gather > 0)
+    return true;
+  s->wrote_one = false;
+  if (s->removed) {
+    if (s->busy > 0)
+      return true;
+    free_state(s);
+    return false;
+  }
+  if (drain(s) < 0)
+    nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO,
+                          "tls: encrypting the writes of a read failed"});
+  return true;
 }
 
 static int tls_read(nr_ctx_t *ctx, void *msg) {
@@ -512,15 +692,16 @@ static int tls_read(nr_ctx_t *ctx, void *msg) {
   }
   if (s->st == ST_DONE)
     return 0;
+  bool last = nr_ctx_read_deferrable(ctx, msg);
+  gather_enter(s);
   if (type == NR_MSG_BYTES) {
-    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len);
+    rc = feed(s, ((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len, last);
   } else {
     const nr_slices_t *v = msg;
     for (size_t i = 0; rc == 0 && i < v->n && !s->removed; i++)
-      rc = feed(s, v->v[i].data, v->v[i].len);
+      rc = feed(s, v->v[i].data, v->v[i].len, last && i + 1 == v->n);
   }
-  if (s->busy == 0 && s->removed)
-    free_state(s);
+  gather_leave(s);
   return rc;
 }
 
@@ -529,8 +710,11 @@ static int tls_read_complete(nr_ctx_t *ctx) {
   read_if_needed(s);
   bool fired = s->fired;
   s->fired = false;
-  if (fired || s->active_fired)
+  if (fired || s->active_fired) {
+    gather_enter(s);
     nr_ctx_fire_read_complete(ctx);
+    gather_leave(s);
+  }
   return 0;
 }
 
@@ -597,7 +781,12 @@ static int write_bytes(tls_t *s, const char *data, size_t len,
                        nr_promise_t *p) {
   if (s->st == ST_HANDSHAKE)
     return enqueue(s, data, len, p);
-  return encrypt(s, data, len, p);
+  if (s->gather > 0 && s->wrote_one &&
+      nr_buf_len(&s->pend) + len <= GATHER_MAX)
+    return gather(s, data, len, p);
+  int rc = drain(s);
+  s->wrote_one = s->gather > 0;
+  return rc < 0 ? rc : encrypt(s, data, len, p);
 }
 
 static int tls_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
@@ -623,16 +812,19 @@ static int tls_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 
 static int tls_flush(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
-  if (s->st == ST_HANDSHAKE)
+  if (s->st == ST_HANDSHAKE) {
     s->flush_req = true;           /* once the handshake completes */
-  else
-    nr_ctx_flush(ctx);
-  return 0;
+    return 0;
+  }
+  int rc = drain(s);
+  nr_ctx_flush(ctx);
+  return rc;
 }
 
 /* close_notify after everything written before the close. */
 static int tls_close(nr_ctx_t *ctx, nr_promise_t *p) {
   tls_t *s = nr_ctx_state(ctx);
+  drain(s);
   if (s->st == ST_OPEN && !s->shut_sent) {
     s->shut_sent = true;
     SSL_shutdown(s->ssl);
@@ -663,7 +855,8 @@ static void tls_added(nr_ctx_t *ctx) {
 
 static void tls_removed(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
-  if (s->busy > 0)
+  drain(s);                        /* the way on stays: passed out */
+  if (s->busy > 0 || s->gather > 0)
     s->removed = true;
   else
     free_state(s);

@@ -68,10 +68,28 @@ typedef struct nr_tls_opts_s {
   const char *const *alpn;        /* protocols, in order of preference */
   int nalpn;
   bool session_tickets;           /* servers; default true */
+  int tickets;                    /* TLS 1.3 tickets per handshake; 0 = 1 */
   int min_version;                /* TLS1_2_VERSION (default) or TLS1_3_VERSION */
   const char *server_name;        /* clients: SNI and the name verified */
   uint64_t handshake_timeout;     /* ns from channel_active; 0 = none */
+  /* OpenSSL's syntax; NULL = the defaults below. Servers pick in their
+   * own order (SSL_OP_CIPHER_SERVER_PREFERENCE). */
+  const char *ciphersuites;       /* TLS 1.3 (SSL_CTX_set_ciphersuites) */
+  const char *ciphers;            /* TLS 1.2 (SSL_CTX_set_cipher_list) */
+  const char *groups;             /* key exchange (SSL_CTX_set1_groups_list) */
 } nr_tls_opts_t;
+
+/* AES-128-GCM first: as safe as AES-256 against anything practical and
+ * cheaper per record, and its SHA-256 key schedule is cheaper per
+ * handshake than AES-256's SHA-384. X25519 first: the cheapest key share,
+ * and the one clients send first. */
+#define NR_TLS_CIPHERSUITES \
+  "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+#define NR_TLS_CIPHERS                                                    \
+  "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"            \
+  "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"            \
+  "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+#define NR_TLS_GROUPS "X25519:P-256:X448:P-384:P-521"
 
 typedef struct nr_tls_config_s nr_tls_config_t;
 
