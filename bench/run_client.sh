@@ -15,14 +15,8 @@ RUNS=${2:-3}
 CONC=${3:-64}
 bash scripts/deps.sh nodejs
 
-work=$(mktemp -d /tmp/netrun-client-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source bench/lib.sh
+bench_init client
 
 cmake -S . -B build/http-bench -DCMAKE_BUILD_TYPE=Release -DNETRUN_BENCH=OFF >/dev/null
 cmake --build build/http-bench -j2 --target netrun_bin >/dev/null
@@ -52,7 +46,7 @@ JS
 PORT=18195
 taskset -c 1 "$work/http_baseline" $PORT 2>/dev/null &
 pids+=($!)
-for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
+wait_port $PORT
 url="http://127.0.0.1:$PORT/"
 
 names=("netrun examples/fetch.lua (futures)" "netrun examples/fetch.lua --api callback"

@@ -14,40 +14,15 @@ DUR=${1:-10}
 RUNS=${2:-3}
 CONNS=${3:-64}
 
-work=$(mktemp -d /tmp/netrun-ws-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source bench/lib.sh
+bench_init ws
 
 cmake -S . -B build/ws-bench -DCMAKE_BUILD_TYPE=Release -DNETRUN_BENCH=OFF >/dev/null
 cmake --build build/ws-bench -j2 --target netrun_bin >/dev/null
 cc -O2 -o "$work/ws_load" bench/ws_load.c
 if [[ ! -d bench/node/node_modules/ws ]]; then
-  npm install --silent --no-audit --no-fund --prefix bench/node ws >/dev/null
+  npm ci --silent --no-audit --no-fund --prefix bench/node >/dev/null  # ws pinned by bench/node/package-lock.json
 fi
-
-ticks() {   # summed utime+stime of the given pids, in clock ticks
-  local t=0 p
-  for p in "$@"; do
-    t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
-  done
-  echo "$t"
-}
-
-wait_port() {
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "server on port $1 never came up" >&2
-  return 1
-}
-
-hz=$(getconf CLK_TCK)
 
 # one PORT PID SECONDS: prints "per_cpu_s msgs_s p99_us".
 one() {
