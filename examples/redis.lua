@@ -19,7 +19,7 @@ local capacity = option("capacity", 1000000)
 local db = netrun.shared.dict("redis", { capacity = capacity })
 
 local OK, PONG, NIL = "+OK\r\n", "+PONG\r\n", "$-1\r\n"
-local tostring, tointeger, upper, concat = tostring, math.tointeger, string.upper, table.concat
+local tostring, tointeger, upper, concat, type = tostring, math.tointeger, string.upper, table.concat, type
 local mininteger = math.mininteger
 
 local function bulk(s)

@@ -10,7 +10,8 @@
  *
  * Removal during a read (a handler upgrades the protocol, or closes the
  * channel, which empties the pipeline) is deferred: the state is freed when
- * the read that is in progress returns.
+ * the read that is in progress returns. Commands are fired deferrable
+ * (decode): a Lua handler may take a read's commands at its end.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -212,8 +213,15 @@ static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
     }
     off += (size_t)r;
     if (argc > 0) {
+      /* Deferrable: what this loop does next does not depend on what the
+       * handlers do with the command (a close stops the rest; so does an
+       * unwritable channel, and a Lua handler's batch then holds what it
+       * took, lpipeline.c). A Lua handler runs a read's commands in one
+       * protected call. A handler that removes this decoder gets the
+       * commands of the same read decoded, as the HTTP codec's requests
+       * are: no RESP command makes a client send anything but RESP. */
       nr_resp_cmd_t cmd = {NR_MSG_RESP, argc, v};
-      nr_ctx_fire_read(ctx, &cmd);
+      nr_ctx_fire_read_deferrable(ctx, &cmd);
     }
     if (v != small)
       free(v);
