@@ -44,6 +44,19 @@ static bool parse_int(const char *s, size_t n, long long *out) {
 static int header(const char *p, size_t n, size_t max, long long *v,
                   size_t *len) {
   size_t look = n < max ? n : max;
+  /* The usual line, whole and good ("$3\r\n"), in one pass over its
+   * digits: what it accepts, the general path below accepts with the same
+   * value and length (the CR within `look`, 1..18 digits after an
+   * optional '-', then LF); anything else takes that path. */
+  size_t d0 = look > 1 && p[1] == '-' ? 2 : 1, e = d0;
+  long long x = 0;
+  while (e < look && e - d0 < 18 && (unsigned)(p[e] - '0') <= 9)
+    x = x * 10 + (p[e++] - '0');
+  if (e > d0 && e < look && e + 1 < n && p[e] == '\r' && p[e + 1] == '\n') {
+    *v = d0 == 2 ? -x : x;
+    *len = e + 2;
+    return 1;
+  }
   const char *cr = memchr(p, '\r', look);
   if (cr == NULL)
     return n > max ? -1 : 0;
