@@ -41,22 +41,9 @@ static bool parse_int(const char *s, size_t n, long long *out) {
 /* A header line "<c><int>\r\n" at p (n bytes available, at most `max` long).
  * 1 with *v and *len (line length with CRLF), 0 if incomplete, -1 if bad
  * or too long. */
-static int header(const char *p, size_t n, size_t max, long long *v,
-                  size_t *len) {
+static int header_slow(const char *p, size_t n, size_t max, long long *v,
+                       size_t *len) {
   size_t look = n < max ? n : max;
-  /* The usual line, whole and good ("$3\r\n"), in one pass over its
-   * digits: what it accepts, the general path below accepts with the same
-   * value and length (the CR within `look`, 1..18 digits after an
-   * optional '-', then LF); anything else takes that path. */
-  size_t d0 = look > 1 && p[1] == '-' ? 2 : 1, e = d0;
-  long long x = 0;
-  while (e < look && e - d0 < 18 && (unsigned)(p[e] - '0') <= 9)
-    x = x * 10 + (p[e++] - '0');
-  if (e > d0 && e < look && e + 1 < n && p[e] == '\r' && p[e + 1] == '\n') {
-    *v = d0 == 2 ? -x : x;
-    *len = e + 2;
-    return 1;
-  }
   const char *cr = memchr(p, '\r', look);
   if (cr == NULL)
     return n > max ? -1 : 0;
@@ -67,6 +54,26 @@ static int header(const char *p, size_t n, size_t max, long long *v,
     return -1;
   *len = i + 2;
   return 1;
+}
+
+/* The same, inlined where it is called three times a request: the usual
+ * line, whole and good ("$3\r\n"), in one pass over its digits. What it
+ * accepts, header_slow accepts with the same value and length (the CR
+ * within `look`, 1..18 digits after an optional '-', then LF); anything
+ * else goes there. */
+static inline int header(const char *p, size_t n, size_t max, long long *v,
+                         size_t *len) {
+  size_t look = n < max ? n : max;
+  size_t d0 = look > 1 && p[1] == '-' ? 2 : 1, e = d0;
+  long long x = 0;
+  while (e < look && e - d0 < 18 && (unsigned)(p[e] - '0') <= 9)
+    x = x * 10 + (p[e++] - '0');
+  if (e > d0 && e < look && e + 1 < n && p[e] == '\r' && p[e + 1] == '\n') {
+    *v = d0 == 2 ? -x : x;
+    *len = e + 2;
+    return 1;
+  }
+  return header_slow(p, n, max, v, len);
 }
 
 #define FAIL(code, msg) (*why = (msg), (long)(code))
