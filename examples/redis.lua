@@ -52,10 +52,6 @@ local function as_integer(s)
   return nil
 end
 
-local function stored(v)
-  return as_integer(v) or v
-end
-
 local C = {}
 
 function C.PING(cmd, n)
@@ -98,7 +94,8 @@ function C.SET(cmd, n)
       return SYNTAX
     end
   end
-  local k, v = cmd[2], stored(cmd[3])
+  local k, v = cmd[2], cmd[3]
+  v = as_integer(v) or v   -- integers are stored as such (see above)
   if nx then
     return db:add(k, v, ttl) and OK or NIL
   end
@@ -260,7 +257,7 @@ function Redis:channel_read(ctx, cmd)
     end
   end
   local r = f(cmd, #cmd, ctx)
-  if r then reply(ctx, r) end
+  if r then ctx:write(r, VOID) end   -- reply(), inlined: every command
 end
 
 function Redis:channel_read_complete(ctx)
