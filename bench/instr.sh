@@ -14,11 +14,16 @@
 #
 #   bench/instr.sh [CASES...]   cases: c prepared table luv redis-set
 #                               redis-get netrun-set netrun-get (default all)
+#   PIPE=1 bench/instr.sh ...   the same unpipelined (wrk without the
+#                               script, redis-benchmark -P 1)
+#   BUILD=build/test            use that netrun build (default: build/instr)
+#   KEEP=DIR                    keep the callgrind files there
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 CASES=("$@")
 ((${#CASES[@]})) || CASES=(c prepared table luv redis-set redis-get netrun-set netrun-get)
 N=${N:-100000}          # RESP requests per measured run
+PIPE=${PIPE:-16}        # requests in flight per connection (16 or 1)
 DUR=${DUR:-3}           # seconds of wrk per measured run
 build=${BUILD:-$here/build/instr}
 bash "$here/scripts/deps.sh" valgrind strace wrk redis-server redis-tools lua-luv >/dev/null
@@ -62,10 +67,12 @@ wait_port() {
 load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answered
   case $1 in
     c|prepared|table|luv)
-      timeout 60 wrk -t1 -c16 -d"$3"s -s "$work/pipeline.lua" "http://127.0.0.1:$2/" |
+      local script=(-s "$work/pipeline.lua")
+      [[ $PIPE == 16 ]] || script=()
+      timeout 60 wrk -t1 -c16 -d"$3"s "${script[@]}" "http://127.0.0.1:$2/" |
         awk '/requests in/ { print $1 }' ;;
     *-set|*-get)
-      timeout 300 redis-benchmark -p "$2" -c 16 -P 16 -n "$3" -t "${1#*-}" -q >/dev/null
+      timeout 300 redis-benchmark -p "$2" -c 16 -P "$PIPE" -n "$3" -t "${1#*-}" -q >/dev/null
       echo "$3" ;;
   esac
 }
