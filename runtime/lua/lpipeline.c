@@ -344,7 +344,7 @@ static void read_complete_flushing(nr_ctx_t *ctx) {
 }
 
 /* A read its producer lets wait (nr_ctx_fire_read_deferrable: the HTTP
- * codec's requests, a socket's last read) reaching a Lua handler while its
+ * codec's requests, the RESP codec's commands, a socket's last read) reaching a Lua handler while its
  * state runs nothing is converted at once and kept; the read's
  * channel_read_complete then calls channel_read for each, in order, and
  * channel_read_complete itself, in one protected call -- one where there
