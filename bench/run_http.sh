@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run_http.sh -- the HTTP hello benchmark (DESIGN.md §7): netrun
 # (examples/http_hello.lua, one worker loop, Lua handler behind the native
-# codec; also with --response table), nginx + Lua (1 worker, content_by_lua_block) and the C epoll
-# baseline (bench/http_baseline.c), each pinned to CPU 0, under
+# codec; also with --response table), nginx + Lua (1 worker, content_by_lua_block), the C epoll
+# baseline (bench/http_baseline.c) and a naive luv server (bench/luv_http.lua:
+# counts request ends, writes a fixed response), each pinned to CPU 0, under
 # `taskset -c 1 wrk -t1 -c64 -d10s --latency` after a 2 s warm-up, keep-alive
 # and 16 pipelined requests per write; median of 3 runs by requests per
 # server CPU-second (utime+stime from /proc/PID/stat, nginx master+worker
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 DUR=${1:-10}
 RUNS=${2:-3}
 CONNS=64
-bash scripts/deps.sh wrk nginx libnginx-mod-http-lua
+bash scripts/deps.sh wrk nginx libnginx-mod-http-lua lua-luv
 
 work=$(mktemp -d /tmp/netrun-http-bench.XXXXXX)
 pids=()
@@ -106,8 +107,8 @@ warm() {   # MODE PORT
 # round by round through the servers, so a slow spell of this shared VM
 # (its speed drifts by 10-20 % over minutes) falls on all of them alike.
 names=("C epoll baseline" "netrun http_hello.lua" "netrun http_hello.lua --response table"
-       "nginx + Lua")
-ports=(18181 18182 18184 18183)
+       "nginx + Lua" "luv (naive)")
+ports=(18181 18182 18184 18183 18185)
 declare -A procs
 taskset -c 0 "$work/http_baseline" 18181 2>/dev/null &
 pids+=($!); procs[0]=$!
@@ -120,8 +121,10 @@ pids+=($!); procs[2]=$!
 sed -i "s/PORT/18183/" "$work/nginx/nginx.conf"
 taskset -c 0 nginx -p "$work/nginx" -c nginx.conf 2>"$work/nginx/err.log" &
 pids+=($!)
+taskset -c 0 lua5.4 bench/luv_http.lua 18185 2>/dev/null &
+pids+=($!); procs[4]=$!
 for p in "${ports[@]}"; do wait_port "$p"; done
-procs[3]="${pids[-1]} $(pgrep -P "${pids[-1]}" | head -1)"   # master and worker
+procs[3]="${pids[-2]} $(pgrep -P "${pids[-2]}" | head -1)"   # master and worker
 
 declare -A row runs every
 for mode in keepalive pipelined; do

@@ -19,7 +19,7 @@ local capacity = option("capacity", 1000000)
 local db = netrun.shared.dict("redis", { capacity = capacity })
 
 local OK, PONG, NIL = "+OK\r\n", "+PONG\r\n", "$-1\r\n"
-local tostring, tointeger, upper, concat = tostring, math.tointeger, string.upper, table.concat
+local tostring, tointeger, upper, concat, type = tostring, math.tointeger, string.upper, table.concat, type
 local mininteger = math.mininteger
 
 local function bulk(s)
@@ -50,10 +50,6 @@ local function as_integer(s)
     if n and tostring(n) == s then return n end
   end
   return nil
-end
-
-local function stored(v)
-  return as_integer(v) or v
 end
 
 local C = {}
@@ -98,7 +94,8 @@ function C.SET(cmd, n)
       return SYNTAX
     end
   end
-  local k, v = cmd[2], stored(cmd[3])
+  local k, v = cmd[2], cmd[3]
+  v = as_integer(v) or v   -- integers are stored as such (see above)
   if nx then
     return db:add(k, v, ttl) and OK or NIL
   end
@@ -224,60 +221,25 @@ local function unknown(cmd)
     .. concat(args) .. "\r\n"
 end
 
--- Replies to one read burst are gathered and written once, in
--- channel_read_complete: one write (and one future) per burst instead of
--- one per command, which is what pipelining clients need. A loop delivers a
--- channel's reads and then its read_complete before it serves another
--- channel, so one buffer per loop state is enough; if a channel closes in
--- mid-burst (no read_complete), its replies are dropped at the next read.
--- The buffer is a table, not upvalues: functions reach a loop's state as
--- copies, and upvalues shared by two functions would be copied apart.
--- It is reused: a write copies the strings before it returns. Past
--- 64 KiB it is written at once (flushed at read_complete): a client that
--- pipelines and reads nothing then turns the channel unwritable, and the
--- RESP codec stops reading and decoding until the replies drain.
-local out = { n = 0, bytes = 0, owner = nil }
-
-local function clear()
-  for i = 1, out.n do out[i] = nil end
-  out.n = 0
-  out.bytes = 0
-end
-
--- Send what is gathered (the buffer as an array, or its one string).
-local function send(ctx)
-  if out.owner == ctx and out.n > 0 then
-    ctx:write(out.n == 1 and out[1] or out)
-    clear()
-  end
-  out.owner = nil
-end
+-- Each reply is written at once into the channel's outbound buffer (a
+-- copy, no system call) and the burst is flushed once, in
+-- channel_read_complete: one send per burst, which is what pipelining
+-- clients need. Nobody looks at a write's future, so the writes take the
+-- void promise and make none; a failed write still reaches
+-- exception_caught. A reply is a string or, for a large value, an array
+-- of strings written gathered. A client that pipelines and reads nothing
+-- turns the channel unwritable: the handler then gets the rest of the
+-- burst only once the replies have drained (read batches, README), and
+-- the RESP codec reads nothing meanwhile.
+local VOID = netrun.void_promise()
 
 local function reply(ctx, r)
-  if out.owner ~= ctx then
-    clear()
-    out.owner = ctx
-  end
-  local n, bytes = out.n, out.bytes
-  if type(r) == "table" then
-    for i = 1, #r do
-      out[n + i] = r[i]
-      bytes = bytes + #r[i]
-    end
-    out.n = n + #r
-  else
-    out[n + 1] = r
-    out.n = n + 1
-    bytes = bytes + #r
-  end
-  out.bytes = bytes
-  if bytes >= 65536 then send(ctx) end
+  ctx:write(r, VOID)
 end
 
--- QUIT: send what is gathered and +OK, then close.
+-- QUIT: +OK after the replies before it, then close.
 function C.QUIT(_, _, ctx)
   reply(ctx, OK)
-  send(ctx)
   ctx:flush()
   ctx:close()
 end
@@ -295,11 +257,10 @@ function Redis:channel_read(ctx, cmd)
     end
   end
   local r = f(cmd, #cmd, ctx)
-  if r then reply(ctx, r) end
+  if r then ctx:write(r, VOID) end   -- reply(), inlined: every command
 end
 
 function Redis:channel_read_complete(ctx)
-  send(ctx)
   ctx:flush()
 end
 
@@ -307,7 +268,6 @@ end
 -- before it; the decoder then answers "-ERR Protocol error" and closes.
 -- Anything else (a bug in a command) is logged and closes the connection.
 function Redis:exception_caught(ctx, err)
-  send(ctx)
   ctx:flush()
   if not tostring(err):find("^RESP: Protocol error") then
     -- a peer that resets its connection is routine, not a warning

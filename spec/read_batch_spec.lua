@@ -74,6 +74,37 @@ describe("read batches", function()
     c:close()
   end)
 
+  it("take pipelined RESP commands too: each answered in order, an error skipping only its own", function()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("resp", netrun.codec.resp {})
+        ch:pipeline():add_last("app", {
+          channel_read = function(self, ctx, cmd)
+            if cmd[2] == "boom" then error("boom") end
+            ctx:write("+" .. cmd[2] .. "\r\n")
+          end,
+          channel_read_complete = function(self, ctx) ctx:flush() end,
+          exception_caught = function(self, ctx, err)
+            ctx:write("-ERR " .. tostring(err):match("boom") .. "\r\n")
+          end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    local cmds, want = {}, {}
+    for i = 1, 70 do                 -- more than a batch holds (32)
+      local arg = i % 30 == 0 and "boom" or ("r" .. i)
+      cmds[i] = "*2\r\n$4\r\nECHO\r\n$" .. #arg .. "\r\n" .. arg .. "\r\n"
+      want[i] = arg == "boom" and "-ERR boom" or ("+" .. arg)
+    end
+    assert(c:send(table.concat(cmds)))
+    for i = 1, 70 do assert.equal(want[i], c:receive("*l")) end
+    c:close()
+    server:close():sync()
+  end)
+
   -- pending under the fault shim: pipelined behind a close (see H.faults)
   it("stop at a close: no channel_read after the response that closed", function()
     local d = netrun.shared.dict("read_batch_close")

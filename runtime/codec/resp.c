@@ -10,7 +10,8 @@
  *
  * Removal during a read (a handler upgrades the protocol, or closes the
  * channel, which empties the pipeline) is deferred: the state is freed when
- * the read that is in progress returns.
+ * the read that is in progress returns. Commands are fired deferrable
+ * (decode): a Lua handler may take a read's commands at its end.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -40,8 +41,8 @@ static bool parse_int(const char *s, size_t n, long long *out) {
 /* A header line "<c><int>\r\n" at p (n bytes available, at most `max` long).
  * 1 with *v and *len (line length with CRLF), 0 if incomplete, -1 if bad
  * or too long. */
-static int header(const char *p, size_t n, size_t max, long long *v,
-                  size_t *len) {
+static int header_slow(const char *p, size_t n, size_t max, long long *v,
+                       size_t *len) {
   size_t look = n < max ? n : max;
   const char *cr = memchr(p, '\r', look);
   if (cr == NULL)
@@ -53,6 +54,26 @@ static int header(const char *p, size_t n, size_t max, long long *v,
     return -1;
   *len = i + 2;
   return 1;
+}
+
+/* The same, inlined where it is called three times a request: the usual
+ * line, whole and good ("$3\r\n"), in one pass over its digits. What it
+ * accepts, header_slow accepts with the same value and length (the CR
+ * within `look`, 1..18 digits after an optional '-', then LF); anything
+ * else goes there. */
+static inline int header(const char *p, size_t n, size_t max, long long *v,
+                         size_t *len) {
+  size_t look = n < max ? n : max;
+  size_t d0 = look > 1 && p[1] == '-' ? 2 : 1, e = d0;
+  long long x = 0;
+  while (e < look && e - d0 < 18 && (unsigned)(p[e] - '0') <= 9)
+    x = x * 10 + (p[e++] - '0');
+  if (e > d0 && e < look && e + 1 < n && p[e] == '\r' && p[e + 1] == '\n') {
+    *v = d0 == 2 ? -x : x;
+    *len = e + 2;
+    return 1;
+  }
+  return header_slow(p, n, max, v, len);
 }
 
 #define FAIL(code, msg) (*why = (msg), (long)(code))
@@ -212,8 +233,15 @@ static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
     }
     off += (size_t)r;
     if (argc > 0) {
+      /* Deferrable: what this loop does next does not depend on what the
+       * handlers do with the command (a close stops the rest; so does an
+       * unwritable channel, and a Lua handler's batch then holds what it
+       * took, lpipeline.c). A Lua handler runs a read's commands in one
+       * protected call. A handler that removes this decoder gets the
+       * commands of the same read decoded, as the HTTP codec's requests
+       * are: no RESP command makes a client send anything but RESP. */
       nr_resp_cmd_t cmd = {NR_MSG_RESP, argc, v};
-      nr_ctx_fire_read(ctx, &cmd);
+      nr_ctx_fire_read_deferrable(ctx, &cmd);
     }
     if (v != small)
       free(v);

@@ -100,9 +100,11 @@ static void materialize(lua_State *L, int idx, proxy_t *p) {
 
 /* The proxy at idx if it is a userdata of class `kind`, else NULL. */
 static proxy_t *test_proxy(lua_State *L, int idx, int kind) {
-  if (lua_type(L, idx) != LUA_TUSERDATA || lua_rawlen(L, idx) != sizeof(proxy_t))
-    return NULL;
+  /* lua_touserdata is NULL for anything but a userdata, and a light one
+   * has length 0: two API calls tell a proxy (every dict call makes one). */
   proxy_t *p = lua_touserdata(L, idx);
+  if (p == NULL || lua_rawlen(L, idx) != sizeof(proxy_t))
+    return NULL;
   if (p->tag == &CLASS_KEYS[kind])
     return p;
   if (kind == LNR_FUTURE && p->tag == &LAZY_TAG) {

@@ -348,7 +348,7 @@ static void read_complete_flushing(nr_ctx_t *ctx) {
 }
 
 /* A read its producer lets wait (nr_ctx_fire_read_deferrable: the HTTP
- * codec's requests, a socket's last read) reaching a Lua handler while its
+ * codec's requests, the RESP codec's commands, a socket's last read) reaching a Lua handler while its
  * state runs nothing is converted at once and kept; the read's
  * channel_read_complete then calls channel_read for each, in order, and
  * channel_read_complete itself, in one protected call -- one where there
@@ -1195,10 +1195,16 @@ static int c_write(lua_State *L) {
       S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
       lua_topointer(L, 3) == S->void_proxy) {
     void *native = lnr_to_native(L, 2);
-    if (native != NULL)
+    if (native != NULL) {
       nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
-    else                                   /* a string, a response table */
+    } else if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_with_msg does */
+      size_t n;
+      const char *s = lua_tolstring(L, 2, &n);    /* anchored by the stack */
+      nr_bytes_t b = NR_BYTES(s, n);
+      nr_ctx_write(S->ctx, &b, NULL);
+    } else {                               /* a response table, an array */
       lnr_with_msg(L, 2, nr_ctx_channel(S->ctx), ctx_write_fn, S->ctx, NULL);
+    }
     if (lua_gettop(L) != 3)
       lua_settop(L, 3);
     return 1;                              /* the void promise */

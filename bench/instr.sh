@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# bench/instr.sh -- instructions and syscalls per request for the pipelined
+# HTTP and RESP workloads (issue 17), for netrun and the servers it is
+# compared with. Instruction counts do not depend on the machine's load, so
+# this is the measurement to use on a shared machine (DESIGN.md §7's timed
+# runs are bench/run_http.sh and bench/run_redis.sh).
+#
+# Each server runs under `valgrind --tool=callgrind --instr-atstart=no`;
+# after a short warm-up, `callgrind_control -i on`, a bounded load, `-i off`,
+# and the instructions counted in between are divided by the requests
+# answered. Then the same load again under `strace -c -f` for syscalls per
+# request. Loads: HTTP, wrk -t1 -c16 sending 16 pipelined requests per
+# write; RESP, redis-benchmark -c16 -P 16 -n N for SET and GET.
+#
+#   bench/instr.sh [CASES...]   cases: c prepared table luv redis-set
+#                               redis-get netrun-set netrun-get (default all)
+#   PIPE=1 bench/instr.sh ...   the same unpipelined (wrk without the
+#                               script, redis-benchmark -P 1)
+#   BUILD=build/test            use that netrun build (default: build/instr)
+#   KEEP=DIR                    keep the callgrind files there
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+CASES=("$@")
+((${#CASES[@]})) || CASES=(c prepared table luv redis-set redis-get netrun-set netrun-get)
+N=${N:-100000}          # RESP requests per measured run
+PIPE=${PIPE:-16}        # requests in flight per connection (16 or 1)
+DUR=${DUR:-3}           # seconds of wrk per measured run
+build=${BUILD:-$here/build/instr}
+bash "$here/scripts/deps.sh" valgrind strace wrk redis-server redis-tools lua-luv >/dev/null
+cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNETRUN_BENCH=OFF \
+  -DNETRUN_ASAN=OFF -DNETRUN_TSAN=OFF >/dev/null
+cmake --build "$build" -j2 --target netrun_bin >/dev/null
+work=$(mktemp -d /tmp/netrun-instr.XXXXXX)
+cc -O2 -g -o "$work/http_baseline" "$here/bench/http_baseline.c"
+spid=""
+cleanup() { [[ -z $spid ]] || kill "$spid" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+cat > "$work/pipeline.lua" <<'LUA'
+init = function(args)
+  local r = {}
+  for i = 1, 16 do r[i] = wrk.format(nil, "/") end
+  req = table.concat(r)
+end
+request = function() return req end
+LUA
+
+server_cmd() {   # $1 case, $2 port: the server's command line
+  case $1 in
+    c) echo "$work/http_baseline $2" ;;
+    prepared) echo "$build/bin/netrun $here/examples/http_hello.lua --port $2 --threads 1" ;;
+    table) echo "$build/bin/netrun $here/examples/http_hello.lua --port $2 --threads 1 --response table" ;;
+    luv) echo "lua5.4 $here/bench/luv_http.lua $2" ;;
+    redis-*) echo "redis-server --port $2 --bind 127.0.0.1 --save '' --appendonly no" ;;
+    netrun-*) echo "$build/bin/netrun $here/examples/redis.lua --port $2 --threads 1" ;;
+  esac
+}
+
+wait_port() {
+  for _ in $(seq 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "instr: server on port $1 never came up" >&2; exit 1
+}
+
+load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answered
+  case $1 in
+    c|prepared|table|luv)
+      local script=(-s "$work/pipeline.lua")
+      [[ $PIPE == 16 ]] || script=()
+      timeout 60 wrk -t1 -c16 -d"$3"s "${script[@]}" "http://127.0.0.1:$2/" |
+        awk '/requests in/ { print $1 }' ;;
+    *-set|*-get)
+      timeout 300 redis-benchmark -p "$2" -c 16 -P "$PIPE" -n "$3" -t "${1#*-}" -q >/dev/null
+      echo "$3" ;;
+  esac
+}
+
+instr_one() {   # $1 case: prints "instructions/request"
+  local port=$((20000 + RANDOM % 20000)) out=$work/cg.$1 reqs ir scale warm
+  bash -c "exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out \
+    $(server_cmd "$1" "$port")" >"$work/log.$1" 2>&1 &
+  spid=$!
+  wait_port "$port"
+  case $1 in *-set|*-get) scale=$N warm=2000 ;; *) scale=$DUR warm=1 ;; esac
+  load "$1" "$port" "$warm" >/dev/null
+  callgrind_control -i on "$spid" >/dev/null
+  reqs=$(load "$1" "$port" "$scale")
+  callgrind_control -i off "$spid" >/dev/null
+  callgrind_control -d "$spid" >/dev/null   # the C server dies of SIGTERM undumped
+  kill -TERM "$spid"; wait "$spid" 2>/dev/null || true; spid=""
+  ir=$(cat "$out"* | awk '/^totals:/ { s += $2 } END { print s }')
+  [[ -z ${KEEP:-} ]] || cp "$out".* "$KEEP/"
+  awk -v i="$ir" -v r="$reqs" 'BEGIN { printf "%.0f %d\n", i / r, r }'
+}
+
+sys_one() {   # $1 case: prints "syscalls/request"
+  local port=$((20000 + RANDOM % 20000)) reqs calls scale
+  bash -c "exec strace -f -c -o $work/st.$1 $(server_cmd "$1" "$port")" >/dev/null 2>&1 &
+  spid=$!
+  local child
+  wait_port "$port"
+  case $1 in *-set|*-get) scale=$N ;; *) scale=2 ;; esac
+  reqs=$(load "$1" "$port" "$scale")
+  child=$(pgrep -P "$spid" | head -1)   # the server: strace prints when it ends
+  kill -TERM "$child"; wait "$spid" 2>/dev/null || true; spid=""
+  calls=$(awk '$NF == "total" { print $4 }' "$work/st.$1")
+  awk -v c="$calls" -v r="$reqs" 'BEGIN { printf "%.3f\n", c / r }'
+  grep -E 'read|write|epoll|send|recv' "$work/st.$1" >&2 || true
+}
+
+echo "| case | instructions/request | requests measured | syscalls/request |"
+echo "|---|---:|---:|---:|"
+for c in "${CASES[@]}"; do
+  read -r ipr reqs < <(instr_one "$c")
+  spr=$(sys_one "$c")
+  echo "| $c | $ipr | $reqs | $spr |"
+done
