@@ -16,14 +16,8 @@ RUNS=${2:-3}
 CONNS=64
 bash scripts/deps.sh wrk nginx libnginx-mod-http-lua lua-luv
 
-work=$(mktemp -d /tmp/netrun-http-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source bench/lib.sh
+bench_init http
 
 # Builds: netrun optimised in its own directory, the baseline with cc -O2.
 cmake -S . -B build/http-bench -DCMAKE_BUILD_TYPE=Release -DNETRUN_BENCH=OFF >/dev/null
@@ -62,25 +56,6 @@ http {
   }
 }
 EOF
-
-ticks() {   # summed utime+stime of the given pids, in clock ticks
-  local t=0 p
-  for p in "$@"; do
-    t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
-  done
-  echo "$t"
-}
-
-wait_port() {
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "server on port $1 never came up" >&2
-  return 1
-}
-
-hz=$(getconf CLK_TCK)
 
 # one MODE PORT PIDS...: one run; prints "per_cpu_s req_s p99".
 one() {
