@@ -31,7 +31,7 @@ typedef struct lnr_blob_s lnr_blob_t;
  * build (LNR_STACK_CHECK, set by CMake), where a mismatch aborts naming
  * the function and both tops; elsewhere both macros are nothing. Handler
  * calls, which begin in one function and end in another, keep their marks
- * in the state (LNR_STACK_MARK / LNR_STACK_UNMARK, lpipeline.c). */
+ * in the state (LNR_STACK_MARK / LNR_STACK_UNMARK, lpipeline_handler.c). */
 #if defined(LNR_STACK_CHECK) && !defined(NDEBUG)
 #define LNR_STACK_CHECKED 1
 #define LNR_STACK_MARKS 64
@@ -73,27 +73,11 @@ typedef struct lnr_pool_s {
  * or name walks a hash chain). */
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
 
-/* Reads a Lua handler takes later (lpipeline.c, "read batches"): the
- * messages of one read, converted, wait on the stack of a thread of their
- * own until that read's channel_read_complete, which delivers them all in
- * one protected call. One batch per state at a time. */
-#define LNR_BATCH_MAX 32
-#define LNR_BATCH_TOKENS 128
-typedef struct lnr_batch_s {
-  lua_State *Q;               /* the messages are Q's stack, 1 .. n */
-  int q_ref;                  /* anchors Q */
-  void *owner;                /* the handler (lh_t), NULL once removed */
-  nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
-  int n, next;                /* waiting, delivered (or dropped) */
-  uint64_t tokens[LNR_BATCH_TOKENS]; /* each one's nr_ctx_read_token (a
-                                 batch of held reads may be longer) */
-  bool draining;              /* being delivered: reads arriving now go
-                                 straight in */
-  bool complete;              /* read_complete goes in the same call */
-  bool may_hold;              /* the rest may wait for writability */
-  bool stalled;               /* the channel turned unwritable mid-batch */
-  const char *method;         /* the method being called, for errors */
-} lnr_batch_t;
+/* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
+ * read, converted, wait on the stack of a thread of their own until that
+ * read's channel_read_complete, which delivers them all in one protected
+ * call. One batch per state at a time; private to lpipeline_batch.c. */
+typedef struct lnr_batch_s lnr_batch_t;
 
 typedef struct lnr_state_s {
   lua_State *L;
@@ -111,7 +95,7 @@ typedef struct lnr_state_s {
   bool mem_reserve;           /* refused: the reserve is open */
   bool converting;            /* the bindings push values for a call */
   int resuming;               /* coroutines resumed from C */
-  /* The ctx of the Lua handler called last (lpipeline.c): its table's
+  /* The ctx of the Lua handler called last (lpipeline_handler.c): its table's
    * address and C context, so that ctx:write knows it without reading the
    * table. NULL when that handler has left its pipeline. */
   const void *ctx_table;
@@ -119,7 +103,9 @@ typedef struct lnr_state_s {
   /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
-  lnr_batch_t batch;
+  lnr_batch_t *batch;         /* made when a Lua handler is first added */
+  lua_State *batch_thread;    /* the batch's thread, once made: the other
+                                 thread the state's converters run on */
   /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of
    * the run it is about and how long that had lasted. */
   _Atomic unsigned stall_req;
@@ -131,6 +117,9 @@ typedef struct lnr_state_s {
   int stack_depth;
 #endif
 } lnr_state_t;
+
+/* Free the state's batch, once its Lua state is closed. */
+void lnr_batch_free(lnr_state_t *S);
 
 #if LNR_STACK_CHECKED
 #define LNR_STACK_MARK(S)                                                   \

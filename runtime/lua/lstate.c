@@ -51,10 +51,10 @@ static __attribute__((noinline)) lnr_state_t *lookup_state(lua_State *L) {
   return S;
 }
 
-/* The batch thread (lpipeline.c) is the other thread a state's converters
+/* The batch thread (lpipeline_batch.c) is the other thread a state's converters
  * run on: it hits too. */
 static inline lnr_state_t *state_of(lua_State *L) {
-  return L == last_L || (last_S != NULL && L == last_S->batch.Q)
+  return L == last_L || (last_S != NULL && L == last_S->batch_thread)
              ? last_S : lookup_state(L);
 }
 
@@ -454,9 +454,8 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
   if (S == NULL)
     return;
   nr_loop_set_data(loop, NULL);
-  if (S->batch.ctx != NULL)        /* reads left waiting (none should be) */
-    nr_ctx_release(S->batch.ctx);
   lua_close(S->L);
+  lnr_batch_free(S);
   forget_states();
   pool_free_pages(&S->pool);
   free(S);
@@ -519,6 +518,7 @@ static int sentinel_gc(lua_State *L) {
     nr_loop_set_data(main_loop, NULL);
     nr_loop_free(main_loop);
     main_loop = NULL;
+    lnr_batch_free(main_state);
     free(main_state);
     main_state = NULL;
   }

@@ -1,0 +1,134 @@
+/*
+ * lpipeline.h -- what the files of Lua handlers in the C pipeline share
+ * (internal to runtime/lua/lpipeline*.c; everything here runs on a loop
+ * thread, the one whose state the handler or ctx belongs to, unless it
+ * says otherwise).
+ *
+ *   lpipeline_handler.c  the Lua-handler vtable: its record (skip mask),
+ *                        calling its methods, routing their errors
+ *   lpipeline_batch.c    read batches: channel_read and
+ *                        channel_read_complete, and the reads a handler
+ *                        holds while its channel is unwritable
+ *   lpipeline_ctx.c      the ctx objects handlers are called with
+ *   lpipeline.c          the pipeline objects (p:add_last ...)
+ *   lpipeline_exec.c     handlers on an executor group (a proxy handler
+ *                        and the xctx)
+ */
+#ifndef NETRUN_LPIPELINE_H
+#define NETRUN_LPIPELINE_H
+
+#include "lnr.h"
+
+/* What netrun learns of a handler table (or object) the first time it is
+ * added in a state, shared by every channel it serves: its skip mask and
+ * the two methods called per message (LUA_NOREF when absent). A userdata,
+ * kept in a weak-keyed table by the handler, so it lives as long as the
+ * handler does; its __gc drops the references. */
+typedef struct hrec_s {
+  unsigned mask;             /* what reaches it (see read batches) */
+  unsigned has;              /* the methods it has */
+  bool added, removed;       /* has handler_added, handler_removed */
+  int read_ref, read_complete_ref;
+} hrec_t;
+
+/* The state of one Lua handler in one pipeline (nr_ctx_state). */
+typedef struct lh_s {
+  lnr_state_t *S;
+  int ref;                   /* the handler (table or object) */
+  int ctx_ref;               /* the ctx table */
+  const void *ctx_table;     /* its address (lua_topointer) */
+  const hrec_t *rec;         /* alive while ref is */
+  lua_State *held;           /* reads waiting for writability, or NULL */
+  int held_ref;              /* anchors held */
+  bool unhold_queued;        /* a task delivers them */
+} lh_t;
+
+/* ---- lpipeline_handler.c ------------------------------------------------ */
+
+extern const nr_handler_t lnr_lua_vt;
+/* The names of the methods netrun calls: handler_added, handler_removed,
+ * then the events in nr_handler_t's order; NULL past the last. */
+const char *lnr_event_method(size_t i);
+/* Log the function fields of the handler at idx that look like misspelled
+ * events (once per table and state). */
+void lnr_check_method_names(lua_State *L, int idx, const char *handler);
+/* The vtable and state (*state) for the Lua handler at idx; raises. */
+const nr_handler_t *lnr_make_lua_handler(lua_State *L, int idx,
+                                         const char *name, void **state);
+/* Free a Lua handler's state (removed, or never added). */
+void lnr_lh_free(lua_State *L, lh_t *h);
+/* A method call: begin pushes the message handler, the method, self and
+ * ctx; the caller pushes nargs arguments; finish calls it in protected
+ * mode and routes an error (lnr_lh_route_error). begin_ref takes a method
+ * looked up when the handler was added (LUA_NOREF: look it up). */
+lua_State *lnr_lh_begin(nr_ctx_t *ctx, const char *method);
+lua_State *lnr_lh_begin_ref(nr_ctx_t *ctx, int fn_ref, const char *method);
+int lnr_lh_call(nr_ctx_t *ctx, lua_State *L, int nargs);
+int lnr_lh_finish(nr_ctx_t *ctx, lua_State *L, int nargs, const char *method);
+/* The error on top of L, raised by the handler's `method`: to its
+ * exception_caught, else on down the pipeline. Pops it. */
+void lnr_lh_route_error(nr_ctx_t *ctx, lua_State *L, const char *method);
+/* The end of a read at a handler with channel_read but no
+ * channel_read_complete: flush what is unflushed, then pass it on. */
+void lnr_read_complete_flushing(nr_ctx_t *ctx);
+/* Push the future of p, or nil. */
+void lnr_push_opt_promise(lua_State *L, nr_promise_t *p);
+
+/* ---- lpipeline_batch.c -------------------------------------------------- */
+
+/* Give S its batch (once, when a Lua handler is first added): 0 or
+ * -ENOMEM. lnr_batch_free (lnr.h) frees it with the state. */
+int lnr_batch_init(lnr_state_t *S);
+/* The one way into a Lua handler's method (but channel_read_complete and
+ * channel_writability_changed, which order themselves after what waits):
+ * what waits is delivered first. False when the event goes on instead:
+ * the handler left its pipeline meanwhile, or has no method for bit. */
+bool lnr_lh_enter(nr_ctx_t *ctx, unsigned bit);
+int lnr_lh_read(nr_ctx_t *ctx, void *msg);
+int lnr_lh_read_complete(nr_ctx_t *ctx);
+/* channel_writability_changed reaching a handler that holds reads: they go
+ * on if the channel is writable. True when the handler left meanwhile. */
+bool lnr_lh_writable_held(nr_ctx_t *ctx);
+/* The handler is leaving its pipeline: what waits for it is delivered,
+ * what it holds goes on. */
+void lnr_batch_handler_removed(nr_ctx_t *ctx);
+/* Forget h (being freed): the rest of its batch goes on. */
+void lnr_batch_forget(lh_t *h);
+
+/* ---- lpipeline_ctx.c ---------------------------------------------------- */
+
+/* Make the ctx table of a Lua handler's context, if not yet made. */
+void lnr_ensure_ctx(nr_ctx_t *ctx);
+/* Push a new ctx table for ctx (retains it). */
+void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx);
+/* The Lua value of a context's handler: the table, or the native type. */
+void lnr_push_ctx_handler(lua_State *L, nr_ctx_t *ctx);
+/* The promise argument at idx, or a new one; pushes its future. */
+nr_promise_t *lnr_opt_promise(lua_State *L, int idx);
+/* lnr_with_msg targets: fire a read at, or write through, the ctx. */
+int lnr_fire_read_fn(void *target, void *msg, nr_promise_t *p);
+int lnr_ctx_write_fn(void *target, void *msg, nr_promise_t *p);
+/* Register the ctx metatables. */
+void lnr_open_ctx(lua_State *L);
+
+/* ---- lpipeline.c -------------------------------------------------------- */
+
+/* Push a pipeline object for ch (retains it). */
+void lnr_push_pipeline(lua_State *L, nr_channel_t *ch);
+
+/* ---- lpipeline_exec.c --------------------------------------------------- */
+
+typedef struct xh_s xh_t;
+extern const nr_handler_t lnr_exec_vt;
+/* The proxy for the handler at idx, run on exec for channel ch; raises. */
+const nr_handler_t *lnr_make_exec_handler(lua_State *L, nr_loop_t *exec,
+                                          nr_channel_t *ch, const char *name,
+                                          int idx, void **state);
+/* The handler in the channel's state (for p:get()), a registry ref. */
+int lnr_xh_home_ref(const xh_t *x);
+/* Drop a reference to the proxy (any thread). */
+void lnr_xh_release(xh_t *x);
+/* Register the xctx metatable. */
+void lnr_open_xctx(lua_State *L);
+
+#endif

@@ -1,0 +1,458 @@
+/*
+ * lpipeline_batch.c -- read batches: channel_read and
+ * channel_read_complete of a Lua handler, the reads it takes later, and
+ * those it holds while its channel is unwritable.
+ *
+ * Invariants: one batch per state, owned by one handler at a time; while
+ * it holds messages (n > 0) nothing else reaches a Lua handler of the
+ * state before they are delivered (lnr_lh_enter); while it drains, reads
+ * arriving go straight in and no batch is opened or settled again (the
+ * batch's protected call is not reentrant). A handler's held reads
+ * (lh_t.held, message and token pairs) are delivered in order before any
+ * newer read.
+ *
+ * Threads: loop thread only; the batch and its thread belong to the
+ * state of the loop.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lpipeline.h"
+
+/* A read its producer lets wait (nr_ctx_fire_read_deferrable: the HTTP
+ * codec's requests, the RESP codec's commands, a socket's last read) reaching a Lua handler while its
+ * state runs nothing is converted at once and kept; the read's
+ * channel_read_complete then calls channel_read for each, in order, and
+ * channel_read_complete itself, in one protected call -- one where there
+ * were as many as the read had messages (the method lookups, the protected
+ * call and the message handler are a third of what a request costs). An
+ * error skips only the message that raised it: it goes to
+ * exception_caught, as from a call of its own, and the next message goes
+ * on. Nothing else reaches the handler meanwhile: every Lua handler takes
+ * the waiting reads first, and a handler with channel_read sees every
+ * inbound event (passing on those it has no method for). When the channel
+ * closes, the rest are dropped, as the producers drop what follows a
+ * close; when the handler leaves its pipeline, the rest go on to the next
+ * handler. BATCH_MAX bounds a batch, below the HTTP codec's limit of
+ * unanswered requests.
+ *
+ * Writability is honoured inside a batch, as the codecs honour it between
+ * the requests they parse: when an answer turns the channel unwritable
+ * (a peer that pipelines and does not read), the handler gets
+ * channel_read_complete at once (it flushes there) and the rest of the
+ * batch is held for it (lh_t.held) until the channel is writable again,
+ * in order: reads arriving meanwhile queue behind them, any other event
+ * takes them first. So a batch never answers more than the channel takes
+ * (with 1 MiB answers, 32 of them per read were 32 MiB). */
+#define BATCH_MAX 32
+#define BATCH_TOKENS 128
+
+struct lnr_batch_s {
+  lua_State *Q;               /* the messages are Q's stack, 1 .. n */
+  int q_ref;                  /* anchors Q */
+  lh_t *owner;                /* the handler, NULL once removed */
+  nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
+  int n, next;                /* waiting, delivered (or dropped) */
+  uint64_t tokens[BATCH_TOKENS]; /* each one's nr_ctx_read_token (a batch
+                                 of held reads may be longer) */
+  bool draining;              /* being delivered: reads arriving now go
+                                 straight in */
+  bool complete;              /* read_complete goes in the same call */
+  bool may_hold;              /* the rest may wait for writability */
+  bool stalled;               /* the channel turned unwritable mid-batch */
+  const char *method;         /* the method being called, for errors */
+};
+
+int lnr_batch_init(lnr_state_t *S) {
+  if (S->batch == NULL && (S->batch = calloc(1, sizeof *S->batch)) == NULL)
+    return -ENOMEM;
+  return 0;
+}
+
+void lnr_batch_free(lnr_state_t *S) {
+  if (S->batch != NULL && S->batch->ctx != NULL)
+    nr_ctx_release(S->batch->ctx);    /* reads left waiting (none should be) */
+  free(S->batch);
+  S->batch = NULL;
+}
+
+static bool state_idle(lua_State *L) {
+  lua_Debug ar;
+  return lua_getstack(L, 0, &ar) == 0;
+}
+
+/* Start a batch for handler h at ctx: false if it cannot. */
+static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
+  lnr_batch_t *b = S->batch;
+  if (b->Q == NULL) {
+    b->Q = lua_newthread(S->L);
+    b->q_ref = luaL_ref(S->L, LUA_REGISTRYINDEX);
+    S->batch_thread = b->Q;
+  }
+  if (!lua_checkstack(b->Q, BATCH_MAX + LUA_MINSTACK))
+    return false;
+  if (h->ctx_ref == LUA_NOREF)
+    lnr_ensure_ctx(ctx);
+  b->owner = h;
+  b->ctx = nr_ctx_retain(ctx);
+  return true;
+}
+
+/* Protected: deliver what waits, from b->next on. */
+static int batch_run(lua_State *L) {
+  lnr_state_t *S = lnr_state(L);
+  lnr_batch_t *b = S->batch;
+  S->converting = false;               /* protected from here on */
+  nr_ctx_t *ctx = b->ctx;
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  lh_t *h = b->owner;
+  if (h != NULL) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->rec->read_ref);     /* 1 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);               /* 2 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->ctx_ref);           /* 3 */
+  }
+  LNR_STACK_BEGIN(L);                  /* each read leaves it so */
+  b->method = "channel_read";
+  while (b->next < b->n) {
+    int i = ++b->next;
+    if (!nr_channel_is_open(ch)) {
+      b->next = b->n;                  /* closed: the rest is dropped */
+      break;
+    }
+    lua_pushvalue(b->Q, i);
+    if (b->owner == NULL) {            /* removed: the rest goes on */
+      lua_xmove(b->Q, L, 1);
+      lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
+      nr_ctx_fire_read(ctx, &m);
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    lua_xmove(b->Q, L, 1);
+    S->ctx_table = h->ctx_table;                  /* see check_ctx */
+    S->ctx = ctx;
+    lua_call(L, 3, 0);
+    if (b->next < b->n && b->may_hold && !nr_channel_is_writable(ch)) {
+      b->stalled = true;                /* read_complete now: it flushes */
+      break;
+    }
+  }
+  LNR_STACK_END(L, 0);
+  if (b->complete || b->stalled) {
+    b->complete = false;
+    if (b->owner != NULL && h->rec->read_complete_ref != LUA_NOREF) {
+      b->method = "channel_read_complete";
+      lua_rawgeti(L, LUA_REGISTRYINDEX, h->rec->read_complete_ref);
+      lua_pushvalue(L, 2);
+      lua_pushvalue(L, 3);
+      S->ctx_table = h->ctx_table;
+      S->ctx = ctx;
+      lua_call(L, 2, 0);
+    } else if (b->owner != NULL) {
+      lnr_read_complete_flushing(ctx);
+    } else {
+      nr_ctx_fire_read_complete(ctx);
+    }
+  }
+  return 0;
+}
+
+/* The token of the batch's message i (1-based), 0 past what it records. */
+static uint64_t batch_token(const lnr_batch_t *b, int i) {
+  return i <= BATCH_TOKENS ? b->tokens[i - 1] : 0;
+}
+
+/* The batch stalled: hold the rest for its handler while the channel is
+ * still unwritable (false: it drained meanwhile, or closed, and the rest
+ * goes on now). */
+static bool batch_hold(lnr_state_t *S) {
+  lnr_batch_t *b = S->batch;
+  lh_t *h = b->owner;
+  nr_channel_t *ch = nr_ctx_channel(b->ctx);
+  int k = b->n - b->next;
+  if (h == NULL || nr_channel_is_writable(ch) || !nr_channel_is_open(ch))
+    return false;
+  if (h->held == NULL) {
+    h->held = lua_newthread(S->L);
+    h->held_ref = luaL_ref(S->L, LUA_REGISTRYINDEX);
+  }
+  if (!lua_checkstack(h->held, 2 * k + LUA_MINSTACK))
+    return false;
+  for (int i = b->next + 1; i <= b->n; i++) {   /* the last k, in order, */
+    lua_pushvalue(b->Q, i);
+    lua_xmove(b->Q, h->held, 1);
+    lua_pushinteger(h->held, (lua_Integer)batch_token(b, i));  /* + token */
+  }
+  lua_settop(b->Q, b->next);
+  b->n = b->next;
+  return true;
+}
+
+/* Deliver the waiting reads (and read_complete after them if `complete`);
+ * if `may_hold`, what the channel cannot take yet waits (batch_hold). */
+static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
+  lnr_batch_t *b = S->batch;
+  lua_State *L = S->L;
+  nr_ctx_t *ctx = b->ctx;
+  bool converting = S->converting;     /* may be called from a handler */
+  LNR_STACK_BEGIN(L);
+  S->converting = true;                /* what is made here, unprotected */
+  b->draining = true;
+  b->complete = complete;
+  b->may_hold = may_hold;
+  while (b->next < b->n || b->complete) {
+    lua_pushcfunction(L, batch_run);
+    if (lnr_pcall(L, 0, 0) != LUA_OK) {
+      if (b->owner != NULL) {
+        bool read = strcmp(b->method, "channel_read") == 0;
+        lnr_lh_route_error(ctx, L, b->method);          /* pops the message */
+        if (read && batch_token(b, b->next) != 0)
+          nr_ctx_read_failed(ctx, batch_token(b, b->next));
+      } else {
+        nr_err_t err = {NR_EHANDLER, lua_tostring(L, -1)};
+        nr_ctx_fire_exception(ctx, &err);
+        lua_pop(L, 1);
+      }
+    }
+    S->converting = true;
+    if (b->stalled) {
+      b->stalled = false;
+      if (batch_hold(S))
+        break;
+      b->complete = true;              /* drained already: go on */
+    }
+  }
+  LNR_STACK_END(L, 0);
+  lua_settop(b->Q, 0);
+  b->n = b->next = 0;
+  b->owner = NULL;
+  b->ctx = NULL;
+  b->draining = false;
+  S->converting = converting;
+  nr_ctx_release(ctx);
+}
+
+static void unhold(nr_ctx_t *ctx, bool may_hold);
+
+/* h->held is set only while it holds reads. */
+static void drop_held(lh_t *h) {
+  luaL_unref(h->S->L, LUA_REGISTRYINDEX, h->held_ref);
+  h->held = NULL;
+}
+
+/* Before anything else reaches a Lua handler, what waits is delivered:
+ * the state's batch, then what the handler holds. True when ctx left its
+ * pipeline meanwhile: its handler is gone, and the caller passes the
+ * event on. */
+static inline bool settle_first(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_batch_t *b = h->S->batch;
+  if (b->draining)
+    return false;
+  if (b->n > 0) {
+    batch_settle(h->S, false, false);
+    if (nr_ctx_is_removed(ctx))
+      return true;
+  }
+  if (h->held != NULL) {
+    unhold(ctx, false);
+    return nr_ctx_is_removed(ctx);
+  }
+  return false;
+}
+
+/* Deliver what h holds (then read_complete) in a batch of its own, once
+ * the state's batch is settled; if `may_hold`, what the channel cannot
+ * take yet is held again. Not while a batch drains: the caller queues a
+ * task then (unhold_later). */
+static void unhold(nr_ctx_t *ctx, bool may_hold) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_state_t *S = h->S;
+  lnr_batch_t *b = S->batch;
+  if (b->draining)
+    return;
+  if (b->n > 0) {
+    batch_settle(S, false, false);
+    if (nr_ctx_is_removed(ctx))
+      return;
+  }
+  int k = lua_gettop(h->held) / 2;     /* message, token; ... */
+  bool converting = S->converting;
+  S->converting = true;                /* the batch's thread may be made */
+  bool opened = batch_open(S, h, ctx);
+  S->converting = converting;
+  if (!opened)
+    return;
+  if (!lua_checkstack(b->Q, k + LUA_MINSTACK)) {   /* keep holding */
+    nr_ctx_release(b->ctx);
+    b->owner = NULL;
+    b->ctx = NULL;
+    return;
+  }
+  for (int i = 1; i <= k; i++) {
+    lua_pushvalue(h->held, 2 * i - 1);
+    lua_xmove(h->held, b->Q, 1);
+    if (i <= BATCH_TOKENS)
+      b->tokens[i - 1] = (uint64_t)lua_tointeger(h->held, 2 * i);
+  }
+  b->n = k;
+  drop_held(h);
+  batch_settle(S, true, may_hold);
+}
+
+static int unhold_task(void *arg) {
+  nr_ctx_t *ctx = arg;
+  if (!nr_ctx_is_removed(ctx)) {
+    lh_t *h = nr_ctx_state(ctx);
+    h->unhold_queued = false;
+    if (h->held != NULL && nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold(ctx, true);
+  }
+  nr_ctx_release(ctx);
+  return 0;
+}
+
+/* The channel is writable again: what h holds goes on, now or (inside a
+ * batch, whose call cannot be entered again) from a task. */
+static void unhold_later(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  if (!h->S->batch->draining) {
+    unhold(ctx, true);
+  } else if (!h->unhold_queued) {
+    h->unhold_queued = true;
+    if (nr_loop_execute(nr_channel_loop(nr_ctx_channel(ctx)), unhold_task,
+                        nr_ctx_retain(ctx)) < 0) {
+      h->unhold_queued = false;
+      nr_ctx_release(ctx);
+    }
+  }
+}
+bool lnr_lh_enter(nr_ctx_t *ctx, unsigned bit) {
+  return !settle_first(ctx) &&
+         (((const lh_t *)nr_ctx_state(ctx))->rec->has & bit);
+}
+
+bool lnr_lh_writable_held(nr_ctx_t *ctx) {
+  if (nr_channel_is_writable(nr_ctx_channel(ctx)))
+    unhold_later(ctx);
+  return nr_ctx_is_removed(ctx);
+}
+
+/* A handler leaving its pipeline passes on what it holds (dropped if the
+ * channel closed, as the codecs drop what follows a close). */
+static void pass_held(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  lua_State *L = h->S->L, *Q = h->held;
+  int k = lua_gettop(Q);                        /* message, token; ... */
+  for (int i = 1; i <= k && nr_channel_is_open(nr_ctx_channel(ctx)); i += 2) {
+    lua_pushvalue(Q, i);
+    lua_xmove(Q, L, 1);
+    lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
+    nr_ctx_fire_read(ctx, &m);
+    lua_pop(L, 1);
+  }
+  drop_held(h);
+}
+
+void lnr_batch_handler_removed(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_batch_t *b = h->S->batch;
+  if (b->n > 0 && !b->draining)
+    batch_settle(h->S, false, false);
+  if (h->held != NULL)
+    pass_held(ctx);
+}
+
+void lnr_batch_forget(lh_t *h) {
+  if (h->S->batch->owner == h)
+    h->S->batch->owner = NULL;       /* the rest of its batch goes on */
+  if (h->held != NULL)
+    drop_held(h);
+}
+
+int lnr_lh_read_complete(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_batch_t *b = h->S->batch;
+  if (b->n > 0 && !b->draining) {
+    if (b->owner == h) {
+      batch_settle(h->S, true, true);            /* with read_complete */
+      return 0;
+    }
+    batch_settle(h->S, false, false);
+    if (nr_ctx_is_removed(ctx)) {
+      nr_ctx_fire_read_complete(ctx);
+      return 0;
+    }
+  }
+  if (h->held != NULL && !b->draining) {
+    /* Owed after what it holds: delivered with them. */
+    if (nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold(ctx, true);
+    return 0;
+  }
+  if (!(h->rec->has & NR_EV_READ_COMPLETE)) {
+    if (h->rec->has & NR_EV_READ)
+      lnr_read_complete_flushing(ctx);
+    else
+      nr_ctx_fire_read_complete(ctx);
+    return 0;
+  }
+  lua_State *L = lnr_lh_begin_ref(ctx, h->rec->read_complete_ref, "channel_read_complete");
+  return lnr_lh_finish(ctx, L, 0, "channel_read_complete");
+}
+
+int lnr_lh_read(nr_ctx_t *ctx, void *msg) {
+  lh_t *h = nr_ctx_state(ctx);
+  lnr_state_t *S = h->S;
+  lnr_batch_t *b = S->batch;
+  if (b->owner == h && !b->draining) {           /* the usual: one more */
+    if (nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
+      lnr_push_msg(b->Q, msg);
+      b->tokens[b->n] = nr_ctx_read_token(ctx, msg);
+      if (++b->n == BATCH_MAX)
+        batch_settle(S, false, true);
+      return 0;
+    }
+  } else if (h->held != NULL && !b->draining &&
+             nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
+    if (nr_channel_is_writable(nr_ctx_channel(ctx)))
+      unhold(ctx, true);                         /* may hold again */
+    if (nr_ctx_is_removed(ctx)) {
+      nr_ctx_fire_read(ctx, msg);
+      return 0;
+    }
+    if (h->held != NULL &&                       /* queued behind them */
+        lua_checkstack(h->held, 2 + LUA_MINSTACK)) {
+      lnr_push_msg(h->held, msg);
+      lua_pushinteger(h->held, (lua_Integer)nr_ctx_read_token(ctx, msg));
+      return 0;
+    }
+  }
+  if (b->n == 0 && h->held == NULL && !b->draining &&
+      nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L) &&
+      batch_open(S, h, ctx)) {
+    lnr_push_msg(b->Q, msg);
+    b->tokens[0] = nr_ctx_read_token(ctx, msg);
+    b->n = 1;
+    return 0;
+  }
+  if (!lnr_lh_enter(ctx, NR_EV_READ)) {          /* taken in order */
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
+  uint64_t token = nr_ctx_read_token(ctx, msg);
+  lua_State *L = lnr_lh_begin_ref(ctx, h->rec->read_ref, "channel_read");
+  lnr_push_msg(L, msg);
+  if (lnr_lh_call(ctx, L, 1) != LUA_OK) {
+    lnr_lh_route_error(ctx, L, "channel_read");         /* pops the message */
+    if (token != 0)                              /* its producer answers */
+      nr_ctx_read_failed(ctx, token);
+  }
+  lua_pop(L, 1);                                 /* msgh */
+  LNR_STACK_UNMARK(S, 0);
+  return 0;
+}
+

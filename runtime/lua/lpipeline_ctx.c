@@ -1,0 +1,394 @@
+/*
+ * lpipeline_ctx.c -- the ctx objects Lua handlers are called with: what a
+ * handler may do at its place in the pipeline (fire the next handler,
+ * write, flush, close, read), and its fields channel, pipeline, name and
+ * handler.
+ *
+ * Invariants: a ctx table's [1] is a handle retaining the C context
+ * (released by its __gc), so a ctx kept past its handler's removal is
+ * safe to call (the core passes such calls on or fails them). The ctx of
+ * the handler being called is told by its table's address (check_ctx):
+ * see there why no forgery can have it.
+ *
+ * Threads: loop thread only; a ctx is used on its channel's loop, and
+ * check_ctx raises elsewhere.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lpipeline.h"
+
+#define CTX "netrun.ctx"
+
+typedef struct lctx_s {
+  const void *tag;             /* &CTX_TAG: proves the userdata is a ctx */
+  nr_ctx_t *ctx;
+} lctx_t;
+static const char CTX_TAG = 0;
+
+/* A ctx is a table, made when its handler is first called or asked for
+ * (p:context): [1] holds the handle (a userdata that retains the C
+ * context, released by its __gc), and the shared metatable's __index finds
+ * methods and the fields channel, pipeline, name and handler, then stores
+ * them in the table, so the next ctx:write is a plain table read, not a
+ * metamethod call. Both metatables are kept under pointer keys. */
+#define CTX_HANDLE "netrun.ctx.handle"
+static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
+
+void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
+  lua_createtable(L, 1, 0);
+  lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
+  c->tag = &CTX_TAG;
+  c->ctx = nr_ctx_retain(ctx);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, -2, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  lua_setmetatable(L, -2);
+}
+
+/* ctx methods are closures whose upvalues are the future and lazy-future
+ * metatables, so making a write's future needs no registry lookup; __index
+ * has the methods as its upvalue. A ctx is checked by the tag in its
+ * handle, which costs less than comparing metatables. */
+#define FUTURE_MT lua_upvalueindex(1)
+#define LAZY_MT lua_upvalueindex(2)
+#define CTX_METHODS lua_upvalueindex(1)
+
+static lctx_t *to_ctx(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    lua_rawgeti(L, idx, 1);
+    lctx_t *c = lua_touserdata(L, -1);    /* a light one has length 0 */
+    bool ok = c && lua_rawlen(L, -1) == sizeof *c && c->tag == &CTX_TAG;
+    lua_pop(L, 1);                          /* still held by the table */
+    if (ok)
+      return c;
+  }
+  luaL_typeerror(L, idx, CTX);
+  return NULL;
+}
+
+/* The ctx of the handler being called is known by its table's address
+ * (begin notes it), which costs two API calls where reading the handle out
+ * of the table costs five. The address cannot be a forgery's: the table is
+ * anchored by its handler's ctx_ref, and forgotten when that is dropped,
+ * so no other table can be made at that address meanwhile; the C context
+ * lives as long as the handler is in its pipeline; and begin ran on this
+ * state's thread, which is the channel's loop. */
+static nr_ctx_t *check_ctx(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    const lnr_state_t *S = lnr_state(L);
+    if (S != NULL && S->ctx_table != NULL &&
+        lua_topointer(L, idx) == S->ctx_table)
+      return S->ctx;
+  }
+  nr_ctx_t *ctx = to_ctx(L, idx)->ctx;
+  nr_loop_t *loop = nr_channel_loop(nr_ctx_channel(ctx));
+  if (!nr_loop_in_thread(loop))
+    luaL_error(L, "a ctx can only be used on its channel's loop (%s)",
+               nr_loop_name(loop));
+  return ctx;
+}
+
+/* A Lua handler's ctx table is made when the handler is first called or
+ * asked for (p:context), not when it is added: idle connections hold
+ * none. */
+void lnr_ensure_ctx(nr_ctx_t *ctx) {
+  lh_t *h = nr_ctx_state(ctx);
+  if (h->ctx_ref == LUA_NOREF) {
+    lua_State *L = h->S->L;
+    lnr_push_ctx(L, ctx);
+    h->ctx_table = lua_topointer(L, -1);
+    h->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+}
+
+static int ctx_gc(lua_State *L) {
+  lctx_t *c = luaL_checkudata(L, 1, CTX_HANDLE);
+  if (c->ctx) {
+    nr_ctx_release(c->ctx);
+    c->ctx = NULL;
+  }
+  return 0;
+}
+
+/* The Lua value of a context's handler: the table, or the native type. */
+void lnr_push_ctx_handler(lua_State *L, nr_ctx_t *ctx) {
+  if (nr_ctx_handler(ctx) == &lnr_lua_vt) {
+    lh_t *h = nr_ctx_state(ctx);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);
+  } else if (nr_ctx_handler(ctx) == &lnr_exec_vt) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lnr_xh_home_ref(nr_ctx_state(ctx)));
+  } else {
+    lua_pushstring(L, nr_ctx_handler(ctx)->type);
+  }
+}
+
+/* __index, with the methods table as upvalue: a method, or one of the
+ * fields channel, pipeline, name and handler; either is stored in the ctx
+ * table, where the next lookup finds it. */
+static int ctx_index(lua_State *L) {
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, CTX_METHODS) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lctx_t *c = to_ctx(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    if (c->ctx == NULL)
+      return 0;
+    if (strcmp(k, "channel") == 0)
+      lnr_push_handle(L, LNR_CHANNEL, nr_ctx_channel(c->ctx));
+    else if (strcmp(k, "pipeline") == 0)
+      lnr_push_pipeline(L, nr_ctx_channel(c->ctx));
+    else if (strcmp(k, "name") == 0)
+      lua_pushstring(L, nr_ctx_name(c->ctx));
+    else if (strcmp(k, "handler") == 0)
+      lnr_push_ctx_handler(L, c->ctx);
+    else
+      return 0;
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, 1);
+  return 1;
+}
+
+int lnr_fire_read_fn(void *target, void *msg, nr_promise_t *p) {
+  (void)p;
+  nr_ctx_fire_read(target, msg);
+  return 0;
+}
+
+static int ctx_write_void_fn(void *target, void *msg, nr_promise_t *p) {
+  (void)p;
+  return nr_ctx_write_void(target, msg);
+}
+
+int lnr_ctx_write_fn(void *target, void *msg, nr_promise_t *p) {
+  return nr_ctx_write(target, msg, p);
+}
+
+#define CTX_FIRE0(cname, fn)                                                \
+  static int cname(lua_State *L) {                                          \
+    fn(check_ctx(L, 1));                                                    \
+    lua_settop(L, 1);                                                       \
+    return 1;                                                               \
+  }
+CTX_FIRE0(c_fire_registered, nr_ctx_fire_registered)
+CTX_FIRE0(c_fire_unregistered, nr_ctx_fire_unregistered)
+CTX_FIRE0(c_fire_active, nr_ctx_fire_active)
+CTX_FIRE0(c_fire_inactive, nr_ctx_fire_inactive)
+CTX_FIRE0(c_fire_read_complete, nr_ctx_fire_read_complete)
+CTX_FIRE0(c_fire_writability, nr_ctx_fire_writability_changed)
+
+static int c_fire_read(lua_State *L) {
+  nr_ctx_t *ctx = check_ctx(L, 1);
+  luaL_checkany(L, 2);
+  lnr_with_msg(L, 2, NULL, lnr_fire_read_fn, ctx, NULL);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int c_fire_user_event(lua_State *L) {
+  nr_ctx_t *ctx = check_ctx(L, 1);
+  luaL_checkany(L, 2);
+  lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
+  nr_ctx_fire_user_event(ctx, &m);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int c_fire_exception(lua_State *L) {
+  nr_ctx_t *ctx = check_ctx(L, 1);
+  nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
+  nr_ctx_fire_exception(ctx, &err);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* The promise argument at idx, or a new one; pushes its future. */
+static nr_promise_t *write_promise(lua_State *L, int idx) {
+  nr_promise_t *p = lua_isnoneornil(L, idx) ? NULL
+                                            : lnr_check_handle(L, idx, LNR_FUTURE);
+  if (p) {
+    lua_pushvalue(L, idx);
+    return p;
+  }
+  p = nr_promise_new();
+  lnr_push_new_handle_mt(L, LNR_FUTURE, p, FUTURE_MT);
+  return p;
+}
+
+/* write_promise for functions without the ctx methods' upvalues (the
+ * pipeline's and the xctx's methods). */
+nr_promise_t *lnr_opt_promise(lua_State *L, int idx) {
+  nr_promise_t *p = lua_isnoneornil(L, idx) ? NULL
+                                            : lnr_check_handle(L, idx, LNR_FUTURE);
+  if (p) {
+    lua_pushvalue(L, idx);
+    return p;
+  }
+  p = nr_promise_new();
+  lnr_push_promise(L, p);
+  return p;
+}
+
+/* A write to an open stream channel that reaches its head at once (see
+ * nr_ctx_writes_to_head), with no promise given: its future is a lazy one
+ * (see lhandle.c), which costs nothing unless it is used. A write that
+ * fails was reported to exception_caught by the pipeline; its future is a
+ * failed one. */
+static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
+  if (!lua_isnoneornil(L, 3))
+    return false;
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (!nr_channel_is_open(ch) || !nr_ctx_writes_to_head(ctx))
+    return false;
+  int rc = lnr_with_msg(L, 2, ch, ctx_write_void_fn, ctx, NULL);
+  if (rc < 0) {
+    nr_promise_t *p = nr_promise_new();
+    if (p == NULL)
+      luaL_error(L, "out of memory");
+    nr_promise_set_failure(p, rc, nr_strerror(rc));
+    lnr_push_new_handle_mt(L, LNR_FUTURE, p, FUTURE_MT);
+  } else {
+    lnr_push_lazy_write(L, ch, nr_channel_write_mark(ch), 1, LAZY_MT);
+  }
+  if (flush)
+    nr_ctx_flush(ctx);
+  return true;
+}
+
+/* A write to a datagram channel given no promise that fails at once (a
+ * string instead of { data, host, port }) reaches exception_caught too, as
+ * a stream channel's does on the lazy path above: its future is rarely
+ * looked at. (Stream writes that pass through a codec are reported by the
+ * codec.) A write on a closed channel only fails its future, as there. */
+static void report_write_failure(nr_ctx_t *ctx, int rc, nr_promise_t *p) {
+  if (rc == NR_ECLOSED || !nr_channel_is_datagram(nr_ctx_channel(ctx)))
+    return;
+  nr_err_t err = {rc, nr_promise_message(p)};
+  nr_pipeline_fire_exception(nr_channel_pipeline(nr_ctx_channel(ctx)), &err);
+}
+
+static int ctx_do_write(lua_State *L, bool flush) {
+  nr_ctx_t *ctx = check_ctx(L, 1);
+  if (lua_gettop(L) < 2)
+    luaL_checkany(L, 2);                   /* raises */
+  if (lnr_is_void(L, 3)) {                 /* no future: a failure is raised */
+    lnr_with_msg(L, 2, nr_ctx_channel(ctx), lnr_ctx_write_fn, ctx, NULL);
+    if (lua_gettop(L) != 3)
+      lua_settop(L, 3);
+  } else if (write_lazily(L, ctx, flush)) {
+    return 1;
+  } else {
+    bool implicit = lua_isnoneornil(L, 3);
+    nr_promise_t *p = write_promise(L, 3);
+    int rc = lnr_with_msg(L, 2, nr_ctx_channel(ctx), lnr_ctx_write_fn, ctx, p);
+    if (rc < 0 && implicit)
+      report_write_failure(ctx, rc, p);
+  }
+  if (flush)
+    nr_ctx_flush(ctx);
+  return 1;
+}
+
+/* The usual write, ctx:write(msg, VOID) by the handler being called, is
+ * told by addresses: the ctx table's and the void promise's (see
+ * check_ctx and lnr_is_void), in five API calls where the general path
+ * makes a dozen; a native message (a prepared response, say) then goes to
+ * the pipeline as it is. */
+static int c_write(lua_State *L) {
+  const lnr_state_t *S = lnr_state(L);
+  if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
+      S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
+      lua_topointer(L, 3) == S->void_proxy) {
+    void *native = lnr_to_native(L, 2);
+    if (native != NULL) {
+      nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
+    } else if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_with_msg does */
+      size_t n;
+      const char *s = lua_tolstring(L, 2, &n);    /* anchored by the stack */
+      nr_bytes_t b = NR_BYTES(s, n);
+      nr_ctx_write(S->ctx, &b, NULL);
+    } else {                               /* a response table, an array */
+      lnr_with_msg(L, 2, nr_ctx_channel(S->ctx), lnr_ctx_write_fn, S->ctx, NULL);
+    }
+    if (lua_gettop(L) != 3)
+      lua_settop(L, 3);
+    return 1;                              /* the void promise */
+  }
+  return ctx_do_write(L, false);
+}
+static int c_write_and_flush(lua_State *L) { return ctx_do_write(L, true); }
+
+static int c_flush(lua_State *L) {
+  nr_ctx_flush(check_ctx(L, 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int c_read(lua_State *L) {
+  nr_ctx_read(check_ctx(L, 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int c_close(lua_State *L) {
+  nr_ctx_t *ctx = check_ctx(L, 1);
+  nr_promise_t *p = write_promise(L, 2);
+  nr_ctx_close(ctx, p);
+  return 1;
+}
+
+/* The void promise (see lfuture.c): ctx:write(msg, ctx:void_promise())
+ * makes no future; a failure goes to exception_caught. */
+static int c_void_promise(lua_State *L) {
+  check_ctx(L, 1);
+  lnr_push_handle(L, LNR_FUTURE, nr_promise_void());
+  return 1;
+}
+
+static int c_loop(lua_State *L) {
+  lnr_push_handle(L, LNR_LOOP, nr_channel_loop(nr_ctx_channel(check_ctx(L, 1))));
+  return 1;
+}
+
+static int ctx_tostring(lua_State *L) {
+  lctx_t *c = to_ctx(L, 1);
+  lua_pushfstring(L, "netrun.ctx(%s)", c->ctx ? nr_ctx_name(c->ctx) : "released");
+  return 1;
+}
+
+void lnr_open_ctx(lua_State *L) {
+  static const luaL_Reg ctx_methods[] = {
+      {"fire_channel_registered", c_fire_registered},
+      {"fire_channel_unregistered", c_fire_unregistered},
+      {"fire_channel_active", c_fire_active},
+      {"fire_channel_inactive", c_fire_inactive},
+      {"fire_channel_read", c_fire_read},
+      {"fire_channel_read_complete", c_fire_read_complete},
+      {"fire_user_event_triggered", c_fire_user_event},
+      {"fire_channel_writability_changed", c_fire_writability},
+      {"fire_exception_caught", c_fire_exception},
+      {"write", c_write}, {"write_and_flush", c_write_and_flush},
+      {"flush", c_flush}, {"read", c_read}, {"close", c_close},
+      {"loop", c_loop}, {"void_promise", c_void_promise}, {NULL, NULL}};
+  luaL_newmetatable(L, CTX);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  lua_newtable(L);                               /* mt methods */
+  lnr_push_class(L, LNR_FUTURE);
+  lnr_push_lazy_class(L);
+  luaL_setfuncs(L, ctx_methods, 2);   /* upvalues: FUTURE_MT, LAZY_MT */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "methods");     /* mt methods */
+  lua_pushcclosure(L, ctx_index, 1);  /* upvalue: CTX_METHODS */
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, ctx_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, CTX_HANDLE);
+  lua_pushcfunction(L, ctx_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
+}
