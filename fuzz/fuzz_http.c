@@ -1,6 +1,6 @@
 /*
  * fuzz_http.c -- libFuzzer target for the HTTP/1.1 request parser
- * (runtime/codec/http.c). The input is fed in pieces whose sizes come from
+ * (runtime/codec/http_parse.c). The input is fed in pieces whose sizes come from
  * its first byte, once whole, and in those pieces again with the parser
  * paused after every request (NR_HTTP_PAUSE) and resumed by empty feeds:
  * every run must deliver the same requests (a digest of every field) and
@@ -9,8 +9,8 @@
  * bytes readable, lengths within limits).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iruntime \
- *     fuzz/fuzz_http.c runtime/codec/http.c runtime/codec/buf.c \
- *     runtime/pipeline.c ... (scripts/fuzz.sh links the runtime sources)
+ *     fuzz/fuzz_http.c runtime/codec/http_parse.c runtime/codec/buf.c
+ *     (the parser needs nothing else; scripts/fuzz.sh links them all)
  *   ./fuzz_http fuzz/corpus/http
  */
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /*
  * fuzz_http_rules.c -- libFuzzer target for the HTTP/1.1 parser's framing
- * and routing rules (runtime/codec/http.c): what differential testing
+ * and routing rules (runtime/codec/http_parse.c): what differential testing
  * against llhttp and nginx found, kept as invariants of every request the
  * parser lets through.
  *

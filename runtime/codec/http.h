@@ -90,7 +90,7 @@ typedef struct nr_http_prepared_s {
 
 /* ---- parser --------------------------------------------------------------- */
 
-/* The parser's steps (http.c) speak a local code space, apart from -errno
+/* The parser's steps (http_parse.c) speak a local code space, apart from -errno
  * and NR_E*: a step returns a length or 0 (more input needed) when it
  * goes well, and the negative of the HTTP status the request earns when it
  * does not; a check returns the status itself, or NR_HTTP_NEED (-1) for

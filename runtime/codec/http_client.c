@@ -2,7 +2,7 @@
  * http_client.c -- the HTTP/1.1 client codec of http_client.h: response
  * parser, request encoder and the pipeline handler. Loop thread only.
  *
- * Parsing follows the server's parser (http.c), whose helpers it uses
+ * Parsing follows the server's parser (http_parse.c), whose helpers it uses
  * through http_parse.h: a response is parsed in place from the bytes fed
  * when it sits whole in one read; otherwise its bytes from its first one
  * are cumulated (base.in) and the head is simply parsed again on each

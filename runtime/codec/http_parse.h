@@ -1,9 +1,9 @@
 /*
  * http_parse.h -- the HTTP/1.1 server parser's byte-level helpers, shared
  * with the client codec (http_client.c) so that both sides judge header
- * lines, token lists and chunked bodies by the same code. Defined in
- * http.c (as thin wrappers of its statics); pure functions over bytes,
- * any thread.
+ * lines, token lists and chunked bodies by the same code, and with the
+ * server handler (http_server.c). Defined in http_parse.c (as thin
+ * wrappers of its statics); pure functions over bytes, any thread.
  */
 #ifndef NR_CODEC_HTTP_PARSE_H
 #define NR_CODEC_HTTP_PARSE_H
@@ -36,5 +36,9 @@ bool nr__http_has_token(const char *v, size_t n, const char *tok, size_t tn);
  * is in p->body. */
 void nr__http_chunks_start(nr_http_parser_t *p, size_t at);
 long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n);
+
+/* Whether p is between requests or within a request's head (not in a
+ * body): what the server's timeouts tell apart. */
+bool nr__http_parsing_head(const nr_http_parser_t *p);
 
 #endif /* NR_CODEC_HTTP_PARSE_H */

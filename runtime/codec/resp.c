@@ -320,7 +320,7 @@ static void resp_removed(nr_ctx_t *ctx) {
 }
 
 /* A client that sends commands and reads no replies (as the HTTP codec
- * does, http.c): while the channel is unwritable the codec reads nothing
+ * does, http_server.c): while the channel is unwritable the codec reads nothing
  * (auto_read off, if it found it on) and decodes no command past the one
  * just delivered; once the outbound buffer has drained, it reads again
  * and a task decodes what it held, then fires read_complete as a read

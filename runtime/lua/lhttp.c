@@ -1,6 +1,6 @@
 /*
  * lhttp.c -- netrun.codec.http_server: the native HTTP/1.1 server codec
- * (runtime/codec/http.c) as Lua sees it. Loop thread only.
+ * (runtime/codec/http_server.c) as Lua sees it. Loop thread only.
  *
  *   ch:pipeline():add_last("http", netrun.codec.http_server {
  *     max_header = 8192,      -- request line + headers; more: 431 and close
@@ -57,7 +57,7 @@
  *
  * A client that pipelines requests and reads no answers: while the
  * channel is unwritable the codec reads nothing and parses no further
- * request; it goes on once the outbound buffer has drained (http.c,
+ * request; it goes on once the outbound buffer has drained (http_server.c,
  * nr_http_server_writability).
  *
  * Bad requests are answered by the codec itself and the channel closed
@@ -65,7 +65,7 @@
  * HTTP/1.1 request without exactly one valid Host, Transfer-Encoding in
  * HTTP/1.0 or twice, a length past 2^63 - 1, a trailer that frames, routes
  * or authorises -- Host, Content-Length, Transfer-Encoding, ... -- see
- * http.c), 413 body over max_body, 431 header block over max_header or
+ * http_parse.c), 413 body over max_body, 431 header block over max_header or
  * more than max_headers header lines, 501 a transfer coding other than
  * chunked, 505 an HTTP major version other than 1, 503 more than 64
  * requests unanswered at once; 408 a timeout (above). An

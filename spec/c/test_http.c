@@ -1,5 +1,5 @@
 /*
- * test_http.c -- the HTTP/1.1 request parser (runtime/codec/http.c) over a
+ * test_http.c -- the HTTP/1.1 request parser (runtime/codec/http_parse.c) over a
  * corpus of real and malformed requests (spec/fixtures/http/NAME.http,
  * each with the expected parse in NAME.out), fed whole, split at every byte
  * boundary, and one byte at a time: every way of splitting must parse the

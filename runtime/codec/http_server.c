@@ -1,0 +1,870 @@
+/*
+ * http_server.c -- the HTTP/1.1 server codec of http.h as a pipeline
+ * handler: it feeds what it reads to the parser (http_parse.c), delivers
+ * the requests, and encodes the responses written to it (http_encode.c),
+ * in request order. Loop thread only.
+ *
+ * Answering. Responses go out in request order: the handler keeps a ring
+ * of what it must remember about each delivered, unanswered request (HEAD,
+ * HTTP/1.0, "close the connection after it"). Once a request that ends the
+ * connection is delivered nothing more is parsed. A protocol error waits
+ * for the responses still owed, then is answered and the channel closed
+ * (after a half-close that lets the client stop sending: close_after_error).
+ *
+ * Encoding. When the codec's writes go straight to the channel's head (no
+ * handler between, no promise), a response is encoded in place at the end
+ * of the outbound buffer (nr_ctx_write_reserve), so its bytes are written
+ * once; a prepared response's usual answer is then one copy and the date.
+ * Otherwise the status line and headers are built in a per-thread scratch
+ * buffer (no allocation per response) and handed to the next handler as
+ * one write. A body up to SMALL_BODY goes with the head; a larger one
+ * follows as a second write (in place) or slice (of the same gathered
+ * write).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec/codec.h"
+#include "codec/http.h"
+#include "codec/http_encode.h"
+#include "codec/http_parse.h"
+
+/* ---- the handler ------------------------------------------------------------------------ */
+
+#define RING 64
+enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8 };
+enum { S_NONE, S_CHUNKED, S_RAW, S_DISCARD };
+
+/* What the connection waits for, as its timeouts see it: W_NONE for the
+ * server (a request is being answered, or the codec holds input until the
+ * client reads: no timeout runs), the client's first request (W_FRESH),
+ * its next one (W_IDLE), the rest of a request head (W_HEAD), the next
+ * bytes of a body (W_BODY). */
+enum { W_NONE, W_FRESH, W_IDLE, W_HEAD, W_BODY, NWAITS };
+
+typedef struct wait_list_s wait_list_t;
+typedef struct profile_s profile_t;
+
+struct nr_http_server_s {
+  nr_http_parser_t parser;
+  nr_ctx_t *ctx;
+  uint64_t delivered;         /* requests delivered: the last one's token */
+  unsigned outstanding;       /* delivered, not yet answered */
+  unsigned oldest;            /* ring index of the oldest of those */
+  uint8_t flags[RING];
+  int pending_error;          /* status to answer once nothing is owed */
+  int stream;                 /* a streamed response is open: how */
+  bool stream_close;          /* close when that stream ends */
+  bool closing;               /* answered the last request: read nothing */
+  bool continue_owed;         /* a "100 Continue" waits for responses */
+  bool overflow;              /* too many unanswered requests */
+  int depth;                  /* inside read */
+  bool dead;                  /* removed during read: free when it returns */
+  bool paused;                /* auto_read turned off while unwritable */
+  bool held;                  /* parsing paused while unwritable */
+  bool started;               /* the first wait (W_FRESH) began */
+  uint8_t wait;               /* W_*: what the connection waits for */
+  nr_codec_resume_t *resume;  /* a queued task parses what is held */
+  uint64_t timeout[3];        /* header, body, keep-alive (ns; 0: none) */
+  profile_t *prof;            /* its loop's wait lists for those timeouts */
+  wait_list_t *list;          /* the list it is in, or NULL */
+  nr_http_server_t *prev, *next;   /* in that list */
+  uint64_t since;             /* when it joined it (coarse_now) */
+};
+
+nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
+  nr_http_server_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return NULL;
+  nr_http_parser_init(&s->parser, o->max_header, o->max_body, o->max_headers);
+  s->timeout[0] = o->header_timeout;
+  s->timeout[1] = o->body_timeout;
+  s->timeout[2] = o->keepalive_timeout;
+  return s;
+}
+
+/* ---- timeouts ----
+ *
+ * No connection has a timer of its own. Connections that wait for their
+ * clients are kept in FIFO lists, one per kind of wait and timeout value
+ * on each loop (a profile: the lists of the loops' connections that share
+ * header, body and keep-alive timeouts -- usually all of them). A
+ * connection joins the tail of its list when its wait begins (watch), so
+ * each list is in deadline order: it needs one loop timer, armed for its
+ * head's deadline. When that fires, the heads whose deadline passed are
+ * answered 408 (a head or body) or closed silently (an idle connection),
+ * and the timer is armed again for the next head.
+ *
+ * Activity touches no timer: a connection that stops waiting (a request
+ * delivered: W_NONE) stays in its list until it waits again -- when it
+ * moves to the tail of a list -- or until its old deadline passes, when
+ * the timer finds it waiting for something else and drops it. A timer
+ * armed for a head that has since left merely fires early.
+ *
+ * So a pipelined keep-alive connection costs, per read: a byte store per
+ * request (deliver), and when its answers are all written and nothing is
+ * buffered, one read of the coarse clock (vDSO, no TSC) and a move to the
+ * tail of the idle list (a few pointer stores). No allocation, no heap
+ * operation: the loop's timer heap holds one timer per list, not one per
+ * connection, and each fires about once per timeout while the list is
+ * busy.
+ *
+ * Lifetime: a profile is counted by the connections using it, and by a
+ * list timer while it runs (an expiry may free connections); the last
+ * one cancels its timers (on the loop thread: they cannot fire
+ * afterwards) and frees it. A connection leaves its list before it is
+ * freed, and when its channel goes inactive. An expiry runs with the
+ * connection's `depth` raised, as a read does, so a removal meanwhile
+ * frees it only once the expiry is done with it. */
+
+struct wait_list_s {
+  nr_http_server_t *head, *tail;   /* oldest first: by deadline */
+  uint64_t limit;             /* each waits this long (0: none) */
+  nr_timer_t *timer;          /* armed while not empty, maybe early */
+  profile_t *prof;
+  uint8_t wait;               /* W_* of its members */
+};
+
+struct profile_s {
+  nr_loop_t *loop;
+  uint64_t timeout[3];        /* as nr_http_server_t's */
+  unsigned refs;
+  wait_list_t list[NWAITS];   /* by W_* (W_NONE's is unused) */
+  profile_t *next;            /* the thread's profiles */
+};
+
+static _Thread_local profile_t *profiles;
+
+/* The monotonic clock to within the kernel's tick (a few ms, and never
+ * ahead of nr_now): cheap enough to read once per read burst. Timeouts
+ * may so end up to one tick early. */
+static uint64_t coarse_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
+  assert(nr_loop_in_thread(loop));
+  profile_t *p;
+  for (p = profiles; p != NULL; p = p->next)
+    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0)
+      break;
+  if (p == NULL && (p = calloc(1, sizeof *p)) != NULL) {
+    p->loop = loop;
+    memcpy(p->timeout, timeout, sizeof p->timeout);
+    static const int which[NWAITS] = {-1, 0, 2, 0, 1};  /* W_* -> timeout */
+    for (int w = W_FRESH; w < NWAITS; w++)
+      p->list[w] = (wait_list_t){.limit = timeout[which[w]], .prof = p,
+                                 .wait = (uint8_t)w};
+    p->next = profiles;
+    profiles = p;
+  }
+  if (p != NULL)
+    p->refs++;
+  return p;
+}
+
+static void profile_put(profile_t *p) {
+  if (--p->refs > 0)
+    return;
+  for (int w = W_FRESH; w < NWAITS; w++) {
+    assert(p->list[w].head == NULL);
+    if (p->list[w].timer != NULL) {
+      nr_timer_cancel(p->list[w].timer);
+      nr_timer_release(p->list[w].timer);
+    }
+  }
+  profile_t **pp = &profiles;
+  while (*pp != p)
+    pp = &(*pp)->next;
+  *pp = p->next;
+  free(p);
+}
+
+static void unlist(nr_http_server_t *s) {
+  wait_list_t *l = s->list;
+  if (l == NULL)
+    return;
+  *(s->prev ? &s->prev->next : &l->head) = s->next;
+  *(s->next ? &s->next->prev : &l->tail) = s->prev;
+  s->list = NULL;
+}
+
+static int on_list_timer(void *arg);
+
+static void arm(wait_list_t *l, uint64_t delay) {
+  l->timer = nr_loop_schedule(l->prof->loop, delay, 0, on_list_timer, NULL, l);
+}
+
+/* The connection begins to wait for its client (w): it joins the tail of
+ * its list, which then needs a timer if it has none. */
+static void watch(nr_http_server_t *s, int w) {
+  s->wait = (uint8_t)w;
+  if (s->prof == NULL)
+    return;                    /* no timeouts, or no loop */
+  wait_list_t *l = &s->prof->list[w];
+  unlist(s);
+  if (l->limit == 0)
+    return;
+  s->since = coarse_now();
+  s->prev = l->tail;
+  s->next = NULL;
+  *(l->tail ? &l->tail->next : &l->head) = s;
+  l->tail = s;
+  s->list = l;
+  if (l->timer == NULL) {      /* (its head is s, or older during an expiry) */
+    uint64_t end = l->head->since + l->limit;
+    arm(l, end > s->since ? end - s->since : 0);
+  }
+}
+
+/* What the connection waits for now that the server owes nothing more or
+ * a read has been parsed: the rest of a request, or the next one. A head
+ * is timed from its first byte (however slowly the rest drips in), a body
+ * from its last read, an idle time from its start. */
+static NOINLINE void settle(nr_http_server_t *s) {
+  if (s->closing || s->outstanding > 0 || s->held || s->pending_error) {
+    s->wait = W_NONE;
+  } else if (nr_buf_len(&s->parser.in) == 0) {
+    if (s->wait != W_IDLE && s->wait != W_FRESH)
+      watch(s, W_IDLE);
+  } else if (nr__http_parsing_head(&s->parser)) {
+    if (s->wait != W_HEAD)
+      watch(s, W_HEAD);
+  } else {
+    watch(s, W_BODY);
+  }
+}
+
+static void send_error(nr_http_server_t *s, int status);
+static void server_free(nr_http_server_t *s);
+
+/* The wait ran out: a request half sent gets 408, an idle connection is
+ * closed silently (nginx does both). */
+static void expire(nr_http_server_t *s) {
+  s->depth++;
+  if (s->wait == W_HEAD || s->wait == W_BODY) {
+    send_error(s, 408);
+  } else {
+    s->closing = true;
+    nr_ctx_close(s->ctx, NULL);
+  }
+  if (--s->depth == 0 && s->dead)
+    server_free(s);
+}
+
+/* A list's timer: expire the heads whose deadline passed (dropping those
+ * that wait for something else now), then arm for the next one. */
+static int on_list_timer(void *arg) {
+  wait_list_t *l = arg;
+  profile_t *p = l->prof;
+  nr_timer_release(l->timer);  /* this one: the loop holds its own */
+  l->timer = NULL;
+  p->refs++;                   /* an expiry may free the last connection */
+  uint64_t now = nr_now();
+  nr_http_server_t *s;
+  while ((s = l->head) != NULL && s->since + l->limit <= now) {
+    unlist(s);
+    if (s->wait == l->wait && !s->closing && s->depth == 0 &&
+        nr_channel_is_open(nr_ctx_channel(s->ctx)))
+      expire(s);
+  }
+  if (l->head != NULL && l->timer == NULL)
+    arm(l, l->head->since + l->limit - now);
+  profile_put(p);
+  return 0;
+}
+
+/* The first wait, for the first request: from when the channel is
+ * active, on its loop's lists. */
+static void start(nr_http_server_t *s) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (s->started || !nr_channel_is_active(ch))
+    return;
+  s->started = true;
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (loop != NULL && (s->timeout[0] | s->timeout[1] | s->timeout[2]) != 0)
+    s->prof = profile_get(loop, s->timeout);
+  watch(s, W_FRESH);
+}
+
+static void server_free(nr_http_server_t *s) {
+  unlist(s);
+  if (s->prof != NULL)
+    profile_put(s->prof);
+  nr_codec_resume_cancel(s->resume);
+  nr_http_parser_free(&s->parser);
+  free(s);
+}
+
+void nr_http_server_added(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->ctx = ctx;
+  start(s);
+}
+
+void nr_http_server_removed(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->outstanding > 0)     /* nobody will answer them through us */
+    nr_channel_unhold(nr_ctx_channel(ctx));
+  if (s->paused)              /* the reads it stopped are not its to keep */
+    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
+  if (s->depth > 0)
+    s->dead = true;
+  else
+    server_free(s);
+}
+
+int nr_http_server_active(nr_ctx_t *ctx) {
+  start(nr_ctx_state(ctx));
+  nr_ctx_fire_active(ctx);
+  return 0;
+}
+
+int nr_http_server_inactive(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->closing = true;          /* nothing more to read, nothing to time */
+  s->wait = W_NONE;
+  unlist(s);
+  nr_ctx_fire_inactive(ctx);
+  return 0;
+}
+
+static int write_out(nr_ctx_t *ctx, out_t *o, const char *body, size_t blen,
+                     nr_promise_t *p) {
+  int rc;
+  if (o->direct) {            /* in place: a body too big to copy follows */
+    nr_ctx_write_commit(ctx, o->len);
+    if (blen == 0)
+      return 0;
+    nr_bytes_t b = NR_BYTES(body, blen);
+    return nr_ctx_write(ctx, &b, p);
+  }
+  if (o->failed) {
+    rc = nr_raise(-ENOMEM, "http_server: out of memory encoding a response");
+  } else if (blen == 0) {
+    nr_bytes_t b = NR_BYTES(o->p, o->len);
+    rc = nr_ctx_write(ctx, &b, p);
+  } else {
+    nr_slice_t v[2] = {{o->p, o->len}, {body, blen}};
+    nr_slices_t sl = {NR_MSG_SLICES, v, 2};
+    rc = nr_ctx_write(ctx, &sl, p);
+  }
+  nr__http_out_done(o);
+  return rc;
+}
+
+/* How long a connection that got an error response may go on sending
+ * before it is closed anyway. */
+#define ERROR_LINGER NR_SEC(2)
+
+static int linger_done(void *arg) {
+  nr_channel_close(arg, NULL);
+  nr_channel_release(arg);
+  return 0;
+}
+
+static int linger_cancelled(void *arg) {
+  nr_channel_release(arg);
+  return 0;
+}
+
+/* The error response left (the write's promise succeeded): half-close;
+ * or it cannot: close. */
+static void error_sent(nr_promise_t *p, void *arg) {
+  nr_channel_t *ch = arg;
+  int fd = nr_channel_fd(ch);
+  if (!nr_promise_is_success(p) ||
+      (nr_channel_is_open(ch) && (fd < 0 || shutdown(fd, SHUT_WR) != 0)))
+    nr_channel_close(ch, NULL);
+  nr_channel_release(ch);
+}
+
+/* Closing a socket with unread input makes the kernel send a reset, which
+ * can destroy the error response before the client reads it (a client
+ * still uploading a body it was refused). So once the response has left
+ * -- at once, or when the socket takes the rest of it (p, the write's
+ * promise) -- half-close instead: the client sees the response and EOF,
+ * and closes; its EOF closes the channel (what is still read meanwhile is
+ * discarded). ERROR_LINGER after the error the channel closes anyway,
+ * whether the response left or not (a client that reads nothing). Takes
+ * p. */
+static void close_after_error(nr_http_server_t *s, nr_promise_t *p) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  nr_timer_t *t = p == NULL ? NULL
+                  : nr_loop_schedule(nr_channel_loop(ch), ERROR_LINGER, 0,
+                                     linger_done, linger_cancelled,
+                                     nr_channel_retain(ch));
+  if (t == NULL) {
+    if (p != NULL)
+      nr_channel_release(ch);          /* the timer's reference */
+    nr_ctx_close(s->ctx, NULL);
+  } else {
+    nr_timer_release(t);
+    if (nr_promise_add_listener(p, NULL, error_sent, nr_channel_retain(ch)) < 0)
+      nr_channel_release(ch);          /* the timer closes it */
+  }
+  if (p != NULL)
+    nr_promise_release(p);
+}
+
+/* An answer of the codec's own: status, its reason as the plain-text body
+ * (none to HEAD); p (or NULL) learns when it has left. */
+static void write_status(nr_http_server_t *s, int status, bool close,
+                         bool head, nr_promise_t *p) {
+  out_t o;
+  nr__http_out_init(&o);
+  const char *reason = nr_http_reason(status);
+  nr_http_count_status(status);
+  char *w = out_reserve(&o, status_room(NULL));
+  if (w != NULL)
+    o.len = (size_t)(nr__http_put_status(w, status, NULL, 0) - o.p);
+  OUT_LIT(&o, "Content-Type: text/plain\r\nContent-Length: ");
+  nr__http_out_uint(&o, strlen(reason) + 1, 10);
+  if (close)
+    OUT_LIT(&o, "\r\nConnection: close");
+  OUT_LIT(&o, "\r\n\r\n");
+  if (!head) {
+    nr__http_out_str(&o, reason);
+    OUT_LIT(&o, "\n");
+  }
+  write_out(s->ctx, &o, NULL, 0, p);
+}
+
+static void send_error(nr_http_server_t *s, int status) {
+  s->closing = true;
+  nr_promise_t *p = nr_promise_new();
+  write_status(s, status, true, false, p);
+  nr_ctx_flush(s->ctx);
+  close_after_error(s, p);
+}
+
+/* "100 Continue" for the request whose body is awaited. */
+static void send_continue(nr_http_server_t *s) {
+  static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  nr_bytes_t b = NR_BYTES(cont, sizeof cont - 1);
+  s->continue_owed = false;
+  nr_ctx_write(s->ctx, &b, NULL);
+  nr_ctx_flush(s->ctx);
+}
+
+/* A response was completed: forget its request, close, or answer a
+ * pending error or send a "100 Continue" owed if that was the last
+ * response owed before them. */
+static inline void finish_response(nr_http_server_t *s, bool close);
+
+/* A handler raised on the oldest request owed and left it unanswered: a
+ * 500 answers it in its turn, so that no later answer is taken for it. An
+ * answer it had begun (a stream) cannot end well: close. */
+static void answer_failed(nr_http_server_t *s) {
+  uint8_t f = s->flags[s->oldest];
+  if (s->stream != S_NONE) {
+    s->closing = true;
+    nr_ctx_close(s->ctx, NULL);
+    return;
+  }
+  bool close = (f & (F_CLOSE | F_HTTP10)) != 0;  /* 1.0: no keep-alive header */
+  write_status(s, 500, close, f & F_HEAD, NULL);
+  nr_ctx_flush(s->ctx);
+  finish_response(s, close);
+}
+
+/* nr_handler_t.read_failed: the handlers raised on request `token`. */
+void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  uint64_t oldest = s->delivered - s->outstanding + 1;
+  if (token < oldest || token > s->delivered || s->closing)
+    return;                   /* answered already (exception_caught did) */
+  s->flags[(s->oldest + (unsigned)(token - oldest)) % RING] |= F_FAILED;
+  if (token == oldest)
+    answer_failed(s);
+}
+
+static NOINLINE void finished(nr_http_server_t *s, bool close);
+
+static inline void finish_response(nr_http_server_t *s, bool close) {
+  s->oldest = (s->oldest + 1) % RING;
+  if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
+    nr_channel_unhold(nr_ctx_channel(s->ctx));
+  else if (!close && !(s->flags[s->oldest] & F_FAILED))
+    return;                    /* the usual when pipelined: more are owed */
+  finished(s, close);
+}
+
+/* What finish_response does besides forgetting the request. */
+static NOINLINE void finished(nr_http_server_t *s, bool close) {
+  if (close) {
+    s->closing = true;
+    /* a client may pipeline past the request that closes: what it sends
+     * meanwhile must not turn our close into a reset that destroys the
+     * answers it has not read yet */
+    nr_channel_linger(nr_ctx_channel(s->ctx));
+    nr_ctx_flush(s->ctx);
+    nr_ctx_close(s->ctx, NULL);
+  } else if (s->outstanding > 0) {
+    if (s->flags[s->oldest] & F_FAILED)
+      answer_failed(s);       /* its turn came */
+  } else if (s->pending_error) {
+    send_error(s, s->pending_error);
+  } else if (s->continue_owed) {
+    send_continue(s);
+  } else if (s->depth == 0) {
+    settle(s);                 /* (inside a read, feed settles at its end) */
+  }
+}
+
+static int deliver(void *arg, int ev, nr_http_request_t *req) {
+  nr_http_server_t *s = arg;
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (ev == NR_HTTP_EV_CONTINUE) {
+    if (s->outstanding > 0)
+      s->continue_owed = true;   /* after the responses owed before it */
+    else
+      send_continue(s);
+    return !nr_channel_is_open(ch);
+  }
+  if (s->outstanding == RING) {
+    s->overflow = true;
+    return 1;
+  }
+  uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
+              (req->minor == 0 ? F_HTTP10 : 0);
+  s->flags[(s->oldest + s->outstanding) % RING] = f;
+  if (s->outstanding++ == 0)   /* a shutdown waits for the answers owed */
+    nr_channel_hold(ch);
+  s->wait = W_NONE;            /* the server's turn: no timeout runs */
+  s->continue_owed = false;    /* it was for this request: its body came */
+  /* Whether the handlers answer now or later, the next requests parse the
+   * same, and a close stops them: they may take this one later -- unless
+   * it may switch protocols, when what follows is theirs to read. */
+  nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
+  if (s->dead && req->switches && nr_channel_is_open(ch))
+    return NR_HTTP_SWITCHED;   /* replaced by the new protocol's codec */
+  if ((f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch))
+    return 1;
+  if (!nr_channel_is_writable(ch)) {
+    s->held = true;            /* the rest waits for the answers to drain */
+    return NR_HTTP_PAUSE;
+  }
+  return 0;
+}
+
+/* A handler replaced the codec while it delivered an upgrade request
+ * (a WebSocket, say): what the client sent after that request goes to the
+ * codec that took its place, as Netty's decoders hand over their rest. */
+static void handover(nr_http_server_t *s) {
+  nr_buf_t *in = &s->parser.in;
+  if (s->parser.stopped && nr_buf_len(in) > 0 &&
+      nr_channel_is_open(nr_ctx_channel(s->ctx))) {
+    nr_bytes_t b = NR_BYTES(nr_buf_peek(in), nr_buf_len(in));
+    nr_ctx_fire_read(s->ctx, &b);
+  }
+}
+
+/* Parse bytes (none: what is held); false if s was freed meanwhile. */
+static bool feed(nr_http_server_t *s, const char *data, size_t len) {
+  s->held = false;
+  s->depth++;
+  int rc = nr_http_feed(&s->parser, data, len, deliver, s);
+  s->depth--;
+  if (s->dead) {
+    if (s->depth == 0) {
+      handover(s);
+      server_free(s);
+    }
+    return false;
+  }
+  if (s->overflow)
+    rc = 503;
+  if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
+    if (s->outstanding > 0)
+      s->pending_error = rc;
+    else
+      send_error(s, rc);
+  }
+  if (s->depth == 0)
+    settle(s);
+  return true;
+}
+
+int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (nr_msg_type(msg) != NR_MSG_BYTES) {
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
+  if (s->closing || s->parser.stopped)
+    return 0;                /* after the last request: ignore the rest */
+  if (s->depth > 0)
+    return nr_raise(-EBUSY, "http_server: bytes fired into the codec while "
+                    "it is delivering a request");
+  const nr_bytes_t *b = msg;
+  feed(s, b->data, b->len);
+  return 0;
+}
+
+/* A response written wrongly is a programmer mistake: besides failing the
+ * write's future (which Lua code rarely watches) it is reported to the
+ * handlers after the codec, so exception_caught sees it. */
+static int misuse(nr_ctx_t *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), cold));
+static int misuse(nr_ctx_t *ctx, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  nr_err_t err = {-EINVAL, msg};
+  nr_ctx_fire_exception(ctx, &err);
+  return nr_raise(-EINVAL, "%s", msg);
+}
+
+/* Connection: close beside any Connection the user set (in a list, close
+ * wins); keep-alive for an HTTP/1.0 client that keeps the connection. */
+static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
+  if (close && !(user & U_CLOSE))
+    return PUT_LIT(w, "Connection: close\r\n");
+  if (!close && !(user & U_CONN) && (f & F_HTTP10))
+    return PUT_LIT(w, "Connection: keep-alive\r\n");
+  return w;
+}
+
+/* The rest of the head after the status prefix, into room reserved for
+ * it: framing, Connection, the user's headers, the blank line. */
+static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
+                      unsigned user, bool bodyless, bool close) {
+  if (r->stream) {
+    if (!bodyless && !(f & F_HTTP10))
+      w = PUT_LIT(w, "Transfer-Encoding: chunked\r\n");
+  } else if (!bodyless && !(user & U_LENGTH)) {
+    w = PUT_LIT(w, "Content-Length: ");
+    w = put_uint(w, r->body_len, 10);
+    w = PUT_LIT(w, "\r\n");
+  }
+  w = put_connection(w, f, user, close);
+  w = nr__http_put_headers(w, r);
+  return PUT_LIT(w, "\r\n");
+}
+
+/* Room for what put_head writes besides the user's headers, and a first
+ * chunk's size line and CRLF: 38 + 24 + 2 + 20 bytes at most. */
+#define HEAD_FIXED 128
+
+/* A response may be written: no stream open, a request to answer. */
+static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx) {
+  if (s->stream != S_NONE)
+    return misuse(ctx, "http_server: a response written while a streamed "
+                  "one is open (end it with \"\" or false)");
+  if (s->outstanding == 0)
+    return misuse(ctx, "http_server: a response with no request to answer");
+  return 0;
+}
+
+/* Whether the response to the oldest request (flags f) closes the
+ * connection: the request asked, or the user's headers say so. (An error
+ * answer waiting behind it follows it, and closes.) */
+static bool closes(uint8_t f, unsigned user) {
+  return (f & F_CLOSE) || (user & U_CLOSE);
+}
+
+static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
+                                   const nr_http_response_t *r,
+                                   nr_promise_t *p) {
+  int rc = check_turn(s, ctx);
+  if (rc < 0)
+    return rc;
+  if (r->status < 100 || r->status > 999)
+    return misuse(ctx, "http_server: bad status %d", r->status);
+  nr_http_count_status(r->status);
+  uint8_t f = s->flags[s->oldest];
+  size_t need;
+  unsigned user = nr__http_user_flags(r, &need);
+  bool close = closes(f, user) ||
+               (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
+                                                  close ends the body */
+  bool bodyless = bodyless_status(r->status);
+  bool no_body = bodyless || (f & F_HEAD);
+  const char *body = no_body ? NULL : r->body;
+  size_t blen = no_body || body == NULL ? 0 : r->body_len;
+  /* the body given with a stream goes as its first chunk; a small one is
+   * copied (one copy now beats a second slice) */
+  bool chunk = r->stream && blen > 0 && !(f & F_HTTP10);
+  size_t copy = chunk || blen <= SMALL_BODY ? blen : 0;
+  need += status_room(r->reason) + HEAD_FIXED + copy;
+  out_t o;
+  char *w = out_start(&o, ctx, need, p);
+  if (w != NULL) {
+    w = nr__http_put_status(w, r->status, r->reason, user);
+    w = put_head(w, r, f, user, bodyless, close);
+    if (chunk) {
+      w = put_uint(w, blen, 16);
+      w = PUT_LIT(w, "\r\n");
+    }
+    if (copy > 0)
+      w = put(w, body, copy);
+    if (chunk)
+      w = PUT_LIT(w, "\r\n");
+    o.len = (size_t)(w - o.p);
+  }
+  rc = write_out(ctx, &o, body, blen - copy, p);
+  if (rc < 0)
+    return rc;
+  if (r->stream) {
+    s->stream = no_body ? S_DISCARD : (f & F_HTTP10) ? S_RAW : S_CHUNKED;
+    s->stream_close = close;
+  } else {
+    finish_response(s, close);
+  }
+  return 0;
+}
+
+/* A prepared response: its bytes, with the date and a Connection line put
+ * in, the body copied when small, left out for HEAD. */
+static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
+                                   const nr_http_prepared_t *pr,
+                                   nr_promise_t *p) {
+  int rc = check_turn(s, ctx);
+  if (rc < 0)
+    return rc;
+  uint8_t f = s->flags[s->oldest];
+  bool close = closes(f, pr->user);
+  nr_http_count_status(pr->status);
+  bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
+  size_t head = pr->head_len, blen = no_body ? 0 : pr->body_len;
+  size_t copy = blen <= SMALL_BODY ? blen : 0;
+  const char *body = pr->bytes + head + 2;
+  out_t o;
+  /* Connection: 26 at most */
+  char *w = out_start(&o, ctx, head + 26 + 2 + copy, p);
+  if (w != NULL) {
+    w = put(w, pr->bytes, head);
+    w = put_connection(w, f, pr->user, close);
+    w = put(w, pr->bytes + head, 2 + copy);
+    if (pr->date_at != 0)
+      memcpy(o.p + pr->date_at, nr_http_date(), DATE_LEN);
+    o.len = (size_t)(w - o.p);
+  }
+  rc = write_out(ctx, &o, body, blen - copy, p);
+  if (rc < 0)
+    return rc;
+  finish_response(s, close);
+  return 0;
+}
+
+/* The usual case of write_prepared -- a keep-alive HTTP/1.1 GET's turn, no
+ * stream open, no error waiting, no promise -- is the bytes as they are and
+ * the date, encoded in place in the outbound buffer: straight-line code
+ * with nothing to decide. 1 when it is not that case. */
+static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
+                              const nr_http_prepared_t *pr, nr_promise_t *p) {
+  if (s->outstanding == 0 || s->flags[s->oldest] != 0 || s->stream ||
+      s->pending_error || pr->plain_len == 0 || p != NULL)
+    return 1;
+  char *w = nr_ctx_write_reserve(ctx, pr->plain_len);
+  if (w == NULL)
+    return 1;
+  memcpy(w, pr->bytes, pr->plain_len);
+  if (pr->date_at != 0)
+    memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
+  nr_ctx_write_commit(ctx, pr->plain_len);
+  nr_http_count_status(pr->status);
+  finish_response(s, false);
+  return 0;
+}
+
+/* A byte write while a stream is open: one chunk, or the end. */
+static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
+                                void *msg, nr_promise_t *p) {
+  size_t total = 0, n = 1;
+  nr_slice_t one, *parts = &one;
+  if (nr_msg_type(msg) == NR_MSG_BYTES) {
+    one = (nr_slice_t){((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len};
+  } else {
+    nr_slices_t *sl = msg;
+    parts = (nr_slice_t *)sl->v;
+    n = sl->n;
+  }
+  for (size_t i = 0; i < n; i++)
+    total += parts[i].len;
+  int rc = 0;
+  if (total == 0) {
+    int how = s->stream;
+    s->stream = S_NONE;
+    if (how == S_CHUNKED) {
+      nr_bytes_t end = NR_BYTES("0\r\n\r\n", 5);
+      rc = nr_ctx_write(ctx, &end, p);
+    } else if (p) {
+      nr_promise_set_success(p, NULL, NULL);
+    }
+    finish_response(s, s->stream_close);
+    return rc;
+  }
+  if (s->stream == S_DISCARD) {
+    if (p)
+      nr_promise_set_success(p, NULL, NULL);
+    return 0;
+  }
+  if (s->stream == S_RAW)
+    return nr_ctx_write(ctx, msg, p);
+  char size[24];
+  int sl = snprintf(size, sizeof size, "%zx\r\n", total);
+  nr_slice_t small[18], *v = n + 2 <= 18 ? small : malloc((n + 2) * sizeof *v);
+  if (v == NULL)
+    return nr_raise(-ENOMEM, "http_server: out of memory");
+  v[0] = (nr_slice_t){size, (size_t)sl};
+  memcpy(v + 1, parts, n * sizeof *v);
+  v[n + 1] = (nr_slice_t){"\r\n", 2};
+  nr_slices_t out = {NR_MSG_SLICES, v, n + 2};
+  rc = nr_ctx_write(ctx, &out, p);
+  if (v != small)
+    free(v);
+  return rc;
+}
+
+int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  int type = nr_msg_type(msg);
+  if (type == NR_MSG_HTTP_PREPARED)
+    return write_plain(s, ctx, msg, p) == 0 ? 0
+           : write_prepared(s, ctx, msg, p);
+  if (type == NR_MSG_HTTP_RESPONSE)
+    return write_response(s, ctx, msg, p);
+  if (s->stream != S_NONE && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
+    return write_chunk(s, ctx, msg, p);
+  return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */
+}
+
+/* A client that sends requests and does not read the answers: once the
+ * channel turns unwritable (its outbound buffer above write_buffer_high)
+ * the codec stops reading (auto_read off) and parses nothing past the
+ * request just delivered (deliver); once the buffer has drained below
+ * write_buffer_low it reads again, and a task parses what it held and
+ * fires read_complete, as a read would. So the answers it owes cannot
+ * grow without bound. Only an auto_read the codec finds on is turned off,
+ * and back on. */
+static void parse_held(void *state, nr_ctx_t *ctx) {
+  nr_http_server_t *s = state;
+  if (s->held && s->depth == 0 && !s->closing &&
+      nr_channel_is_open(nr_ctx_channel(ctx)) && feed(s, NULL, 0))
+    nr_ctx_fire_read_complete(ctx);      /* as after a read: handlers flush */
+}
+
+int nr_http_server_writability(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (nr_codec_throttle(nr_ctx_channel(ctx), &s->paused) && s->held)
+    nr_codec_resume(ctx, s, &s->resume, parse_held);
+  nr_ctx_fire_writability_changed(ctx);
+  return 0;
+}
+
+const nr_handler_t nr_http_server_handler = {
+    .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
+    .active = nr_http_server_active, .inactive = nr_http_server_inactive,
+    .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
+    .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};
