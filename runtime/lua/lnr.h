@@ -301,11 +301,16 @@ void lnr_open_tls(lua_State *L);
 /* lws.c: core.codec.websocket and core.websocket (accept, key, switch). */
 void lnr_open_websocket(lua_State *L);
 
-/* Messages: Lua value <-> C pipeline message. */
+/* Messages: Lua value <-> C pipeline message (lmsg.c). */
 void lnr_push_msg(lua_State *L, void *msg);
-/* Teach lnr_push_msg a message type (codec bindings do). */
+/* Teach lnr_push_msg a message type (codec bindings do, once, before any
+ * loop runs). Registering a second converter for a type, or more types
+ * than lmsg.c's table holds, aborts with a message naming the type. */
 typedef void (*lnr_msg_push_fn)(lua_State *L, void *msg);
 void lnr_register_msg(int type, lnr_msg_push_fn push);
+/* What a Lua value no handler encoded is, for the head's error text
+ * (nr_set_msg_describer). */
+void lnr_describe_msg(const void *msg, char *buf, size_t size);
 void lnr_free_inits(void);
 /* Hot reload (lchannel.c, transfer.c): forget this state's unpacked server
  * inits and its map of module values, so that what crosses next resolves
