@@ -27,10 +27,6 @@ static nr_channel_t *check(lua_State *L, int idx) {
 
 /* ---- writes --------------------------------------------------------------- */
 
-static int write_fn(void *target, void *msg, nr_promise_t *p) {
-  return nr_pipeline_write(nr_channel_pipeline(target), msg, p);
-}
-
 typedef struct xwrite_s {
   nr_channel_t *ch;
   nr_promise_t *p;
@@ -42,7 +38,9 @@ static int xwrite_p(lua_State *L) {
   xwrite_t *w = lua_touserdata(L, 1);
   lua_settop(L, 0);
   lnr_unpack(L, w->b);
-  lnr_with_msg(L, 1, w->ch, write_fn, w->ch, w->p);
+  lnr_msgbuf_t m;
+  nr_pipeline_write(nr_channel_pipeline(w->ch), lnr_to_msg(L, 1, w->ch, &m), w->p);
+  lnr_msg_done(&m);
   if (w->flush)
     nr_pipeline_flush(nr_channel_pipeline(w->ch));
   return 0;
@@ -102,7 +100,9 @@ static int do_write(lua_State *L, bool flush) {
   int fut = lua_gettop(L);
   nr_loop_t *loop = nr_channel_loop(ch);
   if (loop && nr_loop_in_thread(loop)) {
-    lnr_with_msg(L, 2, ch, write_fn, ch, p);
+    lnr_msgbuf_t m;
+    nr_pipeline_write(nr_channel_pipeline(ch), lnr_to_msg(L, 2, ch, &m), p);
+    lnr_msg_done(&m);
     if (flush)
       nr_pipeline_flush(nr_channel_pipeline(ch));
     lua_pushvalue(L, fut);

@@ -350,23 +350,16 @@ static void check_exception(lua_State *L, lemb_t *o) {
   lua_error(L);
 }
 
-static int fire_inbound(void *target, void *msg, nr_promise_t *p) {
-  (void)p;
-  nr_embedded_write_inbound(target, msg, false);
-  return 0;
-}
-
-static int write_outbound(void *target, void *msg, nr_promise_t *p) {
-  (void)p;
-  return nr_pipeline_write(nr_channel_pipeline(target), msg, NULL);
-}
-
 /* ch:write_inbound(msg, ...) --> true if something reached the tail. */
 static int e_write_inbound(lua_State *L) {
   lemb_t *o = check_emb(L);
   int n = lua_gettop(L);
-  for (int i = 2; i <= n; i++)
-    lnr_with_msg(L, i, nr_embedded_channel(o->e), fire_inbound, o->e, NULL);
+  for (int i = 2; i <= n; i++) {
+    lnr_msgbuf_t m;
+    nr_embedded_write_inbound(o->e, lnr_to_msg(L, i, nr_embedded_channel(o->e), &m),
+                              false);
+    lnr_msg_done(&m);
+  }
   nr_channel_t *ch = nr_embedded_channel(o->e);
   if (nr_channel_is_open(ch))
     nr_ctx_fire_read_complete(nr_pipeline_head(nr_channel_pipeline(ch)));
@@ -380,8 +373,11 @@ static int e_write_outbound(lua_State *L) {
   lemb_t *o = check_emb(L);
   nr_channel_t *ch = nr_embedded_channel(o->e);
   int n = lua_gettop(L);
-  for (int i = 2; i <= n; i++)
-    lnr_with_msg(L, i, ch, write_outbound, ch, NULL);
+  for (int i = 2; i <= n; i++) {
+    lnr_msgbuf_t m;
+    nr_pipeline_write(nr_channel_pipeline(ch), lnr_to_msg(L, i, ch, &m), NULL);
+    lnr_msg_done(&m);
+  }
   nr_pipeline_flush(nr_channel_pipeline(ch));
   check_exception(L, o);
   lua_pushboolean(L, o->out_head < o->out_tail);

@@ -2,11 +2,11 @@
  * lmsg.c -- messages converted between Lua values and C pipeline
  * messages: lnr_push_msg makes the Lua value of a message (a string for
  * bytes, a table for a datagram, the value itself for NR_MSG_LUA, a
- * registered converter's value for the codecs' types), lnr_with_msg the
+ * registered converter's value for the codecs' types), lnr_to_msg the
  * message of a Lua value (bytes, slices, a datagram, a native message, or
- * the value as NR_MSG_LUA) for the call it is passed to.
+ * the value as NR_MSG_LUA) in a struct its caller owns.
  *
- * Invariants: a message made by lnr_with_msg lives for the call only (it
+ * Invariants: a message made by lnr_to_msg lives until lnr_msg_done (it
  * points into Lua strings the stack anchors); every message type a
  * binding hands to Lua has its converter registered before any loop runs,
  * and registering one more than the table holds aborts at start-up rather
@@ -195,64 +195,76 @@ static void datagram_field(lua_State *L, int idx, const char *field, int type) {
                "port = integer }: %s is a %s", field, luaL_typename(L, -1));
 }
 
-int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
-                 void *target, nr_promise_t *p) {
+/* {data, host, port}: a datagram; its fields stay on the stack (anchoring
+ * data) until lnr_msg_done. */
+static void *to_datagram(lua_State *L, int idx, lnr_msgbuf_t *m) {
+  nr_datagram_t *d = &m->u.datagram;
+  *d = (nr_datagram_t){.type = NR_MSG_DATAGRAM};
+  datagram_field(L, idx, "data", LUA_TSTRING);
+  datagram_field(L, idx, "host", LUA_TSTRING);
+  datagram_field(L, idx, "port", LUA_TNUMBER);
+  m->pushed = 3;
+  d->data = lua_tolstring(L, -3, &d->len);
+  const char *host = lua_tostring(L, -2);
+  if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 ||
+      lua_tointeger(L, -1) > 65535)
+    luaL_error(L, "write: a datagram's port must be an integer from "
+               "0 to 65535");
+  resolve(L, host, (int)lua_tointeger(L, -1), &d->addr, &d->addrlen);
+  return d;
+}
+
+/* An array of strings: slices of them, gathered into one write. */
+static void *to_slices(lua_State *L, int idx, lnr_msgbuf_t *m) {
+  size_t n = lua_rawlen(L, idx);
+  nr_slice_t *v = n <= LNR_MSG_SMALL ? m->small : malloc(n * sizeof *v);
+  if (v == NULL)
+    luaL_error(L, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    lua_rawgeti(L, idx, (lua_Integer)i + 1);   /* anchored by the table */
+    if (lua_type(L, -1) != LUA_TSTRING) {
+      if (v != m->small)
+        free(v);
+      luaL_error(L, "write: element %d of the array is a %s, not a "
+                 "string", (int)i + 1, luaL_typename(L, -1));
+    }
+    v[i].data = lua_tolstring(L, -1, &v[i].len);
+    lua_pop(L, 1);
+  }
+  m->heap = v != m->small ? v : NULL;
+  m->u.slices = (nr_slices_t){NR_MSG_SLICES, v, n};
+  return &m->u.slices;
+}
+
+void *lnr_to_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msgbuf_t *m) {
   idx = lua_absindex(L, idx);
+  m->heap = NULL;
+  m->L = L;
+  m->pushed = 0;
   int t = lua_type(L, idx);
   if (t == LUA_TSTRING) {
     size_t n;
     const char *s = lua_tolstring(L, idx, &n);
-    nr_bytes_t b = NR_BYTES(s, n);
-    return fn(target, &b, p);
+    m->u.bytes = NR_BYTES(s, n);
+    return &m->u.bytes;
   }
   void *native;
   if (t == LUA_TUSERDATA && (native = lnr_to_native(L, idx)) != NULL)
-    return fn(target, native, p);
-  if (t != LUA_TTABLE) {        /* other values go as they are */
-    lnr_lmsg_t m = {NR_MSG_LUA, L, idx};
-    return fn(target, &m, p);
-  }
-  if (ch && nr_channel_is_datagram(ch)) {
-    nr_datagram_t d = {.type = NR_MSG_DATAGRAM};
-    datagram_field(L, idx, "data", LUA_TSTRING);
-    datagram_field(L, idx, "host", LUA_TSTRING);
-    datagram_field(L, idx, "port", LUA_TNUMBER);
-    d.data = lua_tolstring(L, -3, &d.len);
-    const char *host = lua_tostring(L, -2);
-    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 ||
-        lua_tointeger(L, -1) > 65535)
-      return luaL_error(L, "write: a datagram's port must be an integer from "
-                        "0 to 65535");
-    int port = (int)lua_tointeger(L, -1);
-    resolve(L, host, port, &d.addr, &d.addrlen);
-    int rc = fn(target, &d, p);
-    lua_pop(L, 3);
-    return rc;
-  }
-  if (lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
+    return native;
+  if (t == LUA_TTABLE && ch && nr_channel_is_datagram(ch))
+    return to_datagram(L, idx, m);
+  if (t == LUA_TTABLE && lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
     lua_pop(L, 1);
-    size_t n = lua_rawlen(L, idx);
-    nr_slice_t small[16], *v = n <= 16 ? small : malloc(n * sizeof *v);
-    if (v == NULL)
-      return luaL_error(L, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-      lua_rawgeti(L, idx, (lua_Integer)i + 1);   /* anchored by the table */
-      if (lua_type(L, -1) != LUA_TSTRING) {
-        if (v != small)
-          free(v);
-        return luaL_error(L, "write: element %d of the array is a %s, not a "
-                          "string", (int)i + 1, luaL_typename(L, -1));
-      }
-      v[i].data = lua_tolstring(L, -1, &v[i].len);
-      lua_pop(L, 1);
-    }
-    nr_slices_t s = {NR_MSG_SLICES, v, n};
-    int rc = fn(target, &s, p);
-    if (v != small)
-      free(v);
-    return rc;
+    return to_slices(L, idx, m);
   }
-  lua_pop(L, 1);                         /* the rawgeti probe */
-  lnr_lmsg_t m = {NR_MSG_LUA, L, idx};
-  return fn(target, &m, p);
+  if (t == LUA_TTABLE)
+    lua_pop(L, 1);                       /* the rawgeti probe */
+  m->u.lua = (lnr_lmsg_t){NR_MSG_LUA, L, idx};   /* as it is */
+  return &m->u.lua;
+}
+
+void lnr_msg_done(lnr_msgbuf_t *m) {
+  free(m->heap);
+  if (m->pushed > 0)
+    lua_pop(m->L, m->pushed);
 }

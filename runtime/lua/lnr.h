@@ -319,16 +319,9 @@ void lnr_forget_inits(lua_State *L);
 void lnr_forget_modules(lua_State *L);
 /* lops.c: core.file_stamp, core.forget_caches, core.term_*, core.http_stats. */
 void lnr_open_ops(lua_State *L);
-/* Encode the value at idx as a message for the pipeline of ch and call
- * fn(ctx, msg, arg). Strings become bytes, arrays of strings slices,
- * {data, host, port} datagrams; other values travel as NR_MSG_LUA. */
-typedef int (*lnr_msg_fn)(void *target, void *msg, nr_promise_t *p);
-int lnr_with_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msg_fn fn,
-                 void *target, nr_promise_t *p);
-
 /* Native messages: a full userdata that begins with an lnr_native_t, then
  * a C pipeline message (its first int its NR_MSG type) holding no
- * pointers, such as a prepared HTTP response. lnr_with_msg hands it to the
+ * pointers, such as a prepared HTTP response. lnr_to_msg hands it to the
  * pipeline as it is; the type's converter (lnr_register_msg) makes a Lua
  * value of it again where one is needed. */
 typedef struct lnr_native_s {
@@ -355,6 +348,30 @@ typedef struct lnr_lmsg_s {
   lua_State *L;
   int idx;                    /* absolute stack index in L */
 } lnr_lmsg_t;
+
+/* A message made of a Lua value by lnr_to_msg, in memory its caller owns
+ * (a local): strings become bytes, arrays of strings slices, {data, host,
+ * port} on a datagram channel a datagram, a native message itself; other
+ * values travel as NR_MSG_LUA. It points into the value, so it is valid
+ * while the value stays on the stack, and until lnr_msg_done. */
+#define LNR_MSG_SMALL 16
+typedef struct lnr_msgbuf_s {
+  union {
+    nr_bytes_t bytes;
+    nr_slices_t slices;
+    nr_datagram_t datagram;
+    lnr_lmsg_t lua;
+  } u;
+  nr_slice_t small[LNR_MSG_SMALL];
+  nr_slice_t *heap;           /* the slices, when more than small holds */
+  lua_State *L;
+  int pushed;                 /* a datagram's fields, on L's stack */
+} lnr_msgbuf_t;
+/* The message of the value at idx (for the pipeline of ch: NULL for a
+ * read), filled into *m; raises for a malformed datagram or array. */
+void *lnr_to_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msgbuf_t *m);
+/* Give back what lnr_to_msg took (heap slices, a datagram's fields). */
+void lnr_msg_done(lnr_msgbuf_t *m);
 
 /* Native handlers: a userdata whose metatable has __netrun_native, a light
  * userdata holding a function of this type that builds the C handler. Such

@@ -259,7 +259,9 @@ PIPE_FIRE0(p_fire_writability, nr_ctx_fire_writability_changed)
 static int p_fire_read(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
-  lnr_with_msg(L, 2, NULL, lnr_fire_read_fn, nr_pipeline_head(p), NULL);
+  lnr_msgbuf_t m;
+  nr_ctx_fire_read(nr_pipeline_head(p), lnr_to_msg(L, 2, NULL, &m));
+  lnr_msg_done(&m);
   lua_settop(L, 1);
   return 1;
 }
@@ -284,8 +286,10 @@ static int p_do_write(lua_State *L, bool flush) {
   nr_pipeline_t *p = check_pipe(L, 1);
   luaL_checkany(L, 2);
   nr_promise_t *pr = lnr_opt_promise(L, 3);
-  lnr_with_msg(L, 2, nr_pipeline_channel(p), lnr_ctx_write_fn, nr_pipeline_tail(p),
+  lnr_msgbuf_t m;
+  nr_ctx_write(nr_pipeline_tail(p), lnr_to_msg(L, 2, nr_pipeline_channel(p), &m),
                pr);
+  lnr_msg_done(&m);
   if (flush)
     nr_ctx_flush(nr_pipeline_tail(p));
   return 1;

@@ -105,9 +105,6 @@ void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx);
 void lnr_push_ctx_handler(lua_State *L, nr_ctx_t *ctx);
 /* The promise argument at idx, or a new one; pushes its future. */
 nr_promise_t *lnr_opt_promise(lua_State *L, int idx);
-/* lnr_with_msg targets: fire a read at, or write through, the ctx. */
-int lnr_fire_read_fn(void *target, void *msg, nr_promise_t *p);
-int lnr_ctx_write_fn(void *target, void *msg, nr_promise_t *p);
 /* Register the ctx metatables. */
 void lnr_open_ctx(lua_State *L);
 

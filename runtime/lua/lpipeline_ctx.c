@@ -152,19 +152,13 @@ static int ctx_index(lua_State *L) {
   return 1;
 }
 
-int lnr_fire_read_fn(void *target, void *msg, nr_promise_t *p) {
-  (void)p;
-  nr_ctx_fire_read(target, msg);
-  return 0;
-}
-
-static int ctx_write_void_fn(void *target, void *msg, nr_promise_t *p) {
-  (void)p;
-  return nr_ctx_write_void(target, msg);
-}
-
-int lnr_ctx_write_fn(void *target, void *msg, nr_promise_t *p) {
-  return nr_ctx_write(target, msg, p);
+/* ctx:write of the value at idx, as its message; a failure with no
+ * promise given went to exception_caught. */
+static int write_msg(lua_State *L, int idx, nr_ctx_t *ctx, nr_promise_t *p) {
+  lnr_msgbuf_t m;
+  int rc = nr_ctx_write(ctx, lnr_to_msg(L, idx, nr_ctx_channel(ctx), &m), p);
+  lnr_msg_done(&m);
+  return rc;
 }
 
 #define CTX_FIRE0(cname, fn)                                                \
@@ -183,7 +177,9 @@ CTX_FIRE0(c_fire_writability, nr_ctx_fire_writability_changed)
 static int c_fire_read(lua_State *L) {
   nr_ctx_t *ctx = check_ctx(L, 1);
   luaL_checkany(L, 2);
-  lnr_with_msg(L, 2, NULL, lnr_fire_read_fn, ctx, NULL);
+  lnr_msgbuf_t m;
+  nr_ctx_fire_read(ctx, lnr_to_msg(L, 2, NULL, &m));
+  lnr_msg_done(&m);
   lua_settop(L, 1);
   return 1;
 }
@@ -243,7 +239,9 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   if (!nr_channel_is_open(ch) || !nr_ctx_writes_to_head(ctx))
     return false;
-  int rc = lnr_with_msg(L, 2, ch, ctx_write_void_fn, ctx, NULL);
+  lnr_msgbuf_t m;
+  int rc = nr_ctx_write_void(ctx, lnr_to_msg(L, 2, ch, &m));
+  lnr_msg_done(&m);
   if (rc < 0) {
     nr_promise_t *p = nr_promise_new();
     if (p == NULL)
@@ -275,7 +273,7 @@ static int ctx_do_write(lua_State *L, bool flush) {
   if (lua_gettop(L) < 2)
     luaL_checkany(L, 2);                   /* raises */
   if (lnr_is_void(L, 3)) {                 /* no future: a failure is raised */
-    lnr_with_msg(L, 2, nr_ctx_channel(ctx), lnr_ctx_write_fn, ctx, NULL);
+    write_msg(L, 2, ctx, NULL);
     if (lua_gettop(L) != 3)
       lua_settop(L, 3);
   } else if (write_lazily(L, ctx, flush)) {
@@ -283,7 +281,7 @@ static int ctx_do_write(lua_State *L, bool flush) {
   } else {
     bool implicit = lua_isnoneornil(L, 3);
     nr_promise_t *p = write_promise(L, 3);
-    int rc = lnr_with_msg(L, 2, nr_ctx_channel(ctx), lnr_ctx_write_fn, ctx, p);
+    int rc = write_msg(L, 2, ctx, p);
     if (rc < 0 && implicit)
       report_write_failure(ctx, rc, p);
   }
@@ -305,13 +303,13 @@ static int c_write(lua_State *L) {
     void *native = lnr_to_native(L, 2);
     if (native != NULL) {
       nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
-    } else if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_with_msg does */
+    } else if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_to_msg does */
       size_t n;
       const char *s = lua_tolstring(L, 2, &n);    /* anchored by the stack */
       nr_bytes_t b = NR_BYTES(s, n);
       nr_ctx_write(S->ctx, &b, NULL);
     } else {                               /* a response table, an array */
-      lnr_with_msg(L, 2, nr_ctx_channel(S->ctx), lnr_ctx_write_fn, S->ctx, NULL);
+      write_msg(L, 2, S->ctx, NULL);
     }
     if (lua_gettop(L) != 3)
       lua_settop(L, 3);

@@ -402,7 +402,12 @@ static int xop_p(lua_State *L) {
   lnr_unpack(L, b);
   nr_ctx_t *ctx = x->ctx;
   switch ((int)lua_tointeger(L, 1)) {
-  case XOP_READ: lnr_with_msg(L, 2, NULL, lnr_fire_read_fn, ctx, NULL); break;
+  case XOP_READ: {
+    lnr_msgbuf_t m;
+    nr_ctx_fire_read(ctx, lnr_to_msg(L, 2, NULL, &m));
+    lnr_msg_done(&m);
+    break;
+  }
   case XOP_READ_COMPLETE: nr_ctx_fire_read_complete(ctx); break;
   case XOP_ACTIVE: nr_ctx_fire_active(ctx); break;
   case XOP_INACTIVE: nr_ctx_fire_inactive(ctx); break;
@@ -421,7 +426,11 @@ static int xop_p(lua_State *L) {
   }
   case XOP_WRITE:
   case XOP_WRITE_FLUSH:
-    lnr_with_msg(L, 2, x->ch, lnr_ctx_write_fn, ctx, p);
+    {
+      lnr_msgbuf_t m;
+      nr_ctx_write(ctx, lnr_to_msg(L, 2, x->ch, &m), p);
+      lnr_msg_done(&m);
+    }
     if (lua_tointeger(L, 1) == XOP_WRITE_FLUSH)
       nr_ctx_flush(ctx);
     break;
