@@ -1,6 +1,6 @@
 -- read_batch_spec.lua -- a Lua handler takes the messages of one read in
--- one protected call, at that read's channel_read_complete (lpipeline.c,
--- "read batches"). What a handler sees must be what it saw when each
+-- one protected call, at that read's channel_read_complete
+-- (lpipeline_batch.c). What a handler sees must be what it saw when each
 -- message was a call of its own: every message, in order; an error skips
 -- only its own; a close stops the rest; a handler that leaves its pipeline
 -- passes the rest on; interim and error answers of the HTTP codec keep

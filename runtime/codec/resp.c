@@ -236,7 +236,7 @@ static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
       /* Deferrable: what this loop does next does not depend on what the
        * handlers do with the command (a close stops the rest; so does an
        * unwritable channel, and a Lua handler's batch then holds what it
-       * took, lpipeline.c). A Lua handler runs a read's commands in one
+       * took, lpipeline_batch.c). A Lua handler runs a read's commands in one
        * protected call. A handler that removes this decoder gets the
        * commands of the same read decoded, as the HTTP codec's requests
        * are: no RESP command makes a client send anything but RESP. */
