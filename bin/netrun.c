@@ -55,6 +55,8 @@
 #include "netrun.h"
 
 static const char *progname = "netrun";
+static _Atomic int signals_seen;
+static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
 
 /* The standard libraries, with os.execute and io.popen that start programs
  * with none of the signals blocked (lspawn.c). */
@@ -62,8 +64,6 @@ static void open_libs(lua_State *L) {
   luaL_openlibs(L);
   lnr_open_spawn(L);
 }
-static _Atomic int signals_seen;
-static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
 
 #define SHUTDOWN_MARGIN NR_SEC(1)
 #define NO_DEADLINE UINT64_MAX
