@@ -183,6 +183,39 @@ describe("send_timeout", function()
     H.shutdown(group)
   end)
 
+  it("closes a TLS client that never reads its answers", function()
+    local dir = H.tmpdir()
+    assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))
+    local tls = netrun.tls.server { cert = dir .. "/server.crt", key = dir .. "/server.key" }
+    local group = netrun.group { threads = 1, name = "sendto-tls" }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0, tls = tls,
+      child_options = { send_timeout = 1 }, init = http,
+    }:sync()
+    local _, port = server:local_address()
+    local loop = group:loops()[1]
+    -- a netrun TLS client that stops reading once the handshake is done
+    local clients = netrun.group { threads = 1, name = "sendto-tlsc" }
+    local ch = H.sync(netrun.connect {
+      group = clients, host = "127.0.0.1", port = port,
+      tls = netrun.tls.client { verify = false },
+      init = function(c)
+        c:pipeline():add_last("stuck", { user_event_triggered = function(_, ctx, e)
+          if e.tls == "handshake" then
+            ctx.channel:option("auto_read", false)
+            ctx:write_and_flush(string.rep("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 20))
+          end
+        end })
+      end,
+    })
+    assert.is_true(H.eventually(function() return #recorded(loop).caught == 1 end, 5))
+    assert.matches("send timeout", recorded(loop).caught[1])
+    assert.is_true(H.eventually(function() return channels(loop) == 1 end, 5))
+    H.sync(ch:close_future())
+    H.shutdown(clients)
+    H.shutdown(group)
+  end)
+
   it("closes a stuck channel during a graceful shutdown", function()
     local group, port = serve(http)
     local stuck = H.client(port)
