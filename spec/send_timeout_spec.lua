@@ -183,6 +183,38 @@ describe("send_timeout", function()
     H.shutdown(group)
   end)
 
+  it("resets a graceful close stuck on a peer that never reads", function()
+    local Closer = {
+      channel_read = function(_, ctx)
+        if ctx.channel:attr("sent") then return end   -- the rest stays unread
+        ctx.channel:attr("sent", true)
+        ctx:write_and_flush(string.rep("c", 8 * 1024 * 1024)):add_listener(function(w)
+          _G.failed = _G.failed or {}
+          _G.failed[#_G.failed + 1] = tostring(w:cause())
+        end)
+        ctx:close()                    -- waits for the bytes: 30 s at most
+      end,
+      exception_caught = Big.exception_caught,
+      channel_inactive = function() _G.inactive = (_G.inactive or 0) + 1 end,
+    }
+    local group, port, loop = serve(function(ch) ch:pipeline():add_last("c", Closer) end)
+    local c = H.client(port)
+    c:send("go and some input nobody reads")
+    H.recv(c, 1)                     -- the answer began: then nothing is read
+    local t0 = socket.gettime()
+    assert.is_true(H.eventually(function() return channels(loop) == 1 end, 5),
+                   "channels left: " .. channels(loop))
+    local took = socket.gettime() - t0
+    assert.is_true(took > 0.8 and took < 4, "closed after " .. took .. " s")
+    local r = recorded(loop)
+    assert.same({ 1 }, { #r.caught })
+    assert.same({ 1 }, { #r.failed })
+    assert.matches("send timeout", r.failed[1])
+    assert.are.equal(1, loop:submit(function() return _G.inactive end):sync())
+    c:close()
+    H.shutdown(group)
+  end)
+
   it("closes a TLS client that never reads its answers", function()
     local dir = H.tmpdir()
     assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))

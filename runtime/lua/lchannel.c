@@ -426,6 +426,14 @@ static void require_loop(lua_State *L, nr_channel_t *ch, const char *what) {
                (int)nr_channel_id(ch), loop ? nr_loop_name(loop) : "none");
 }
 
+/* Nanoseconds as seconds: an integer when whole (60, not 60.0). */
+static void push_seconds(lua_State *L, uint64_t ns) {
+  if (ns % 1000000000u == 0)
+    lua_pushinteger(L, (lua_Integer)(ns / 1000000000u));
+  else
+    lua_pushnumber(L, (lua_Number)ns / 1e9);
+}
+
 static int l_option(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
   const char *name = luaL_checkstring(L, 2);
@@ -463,7 +471,7 @@ static int l_option(lua_State *L) {
   else if (strcmp(name, "write_buffer_high") == 0) lua_pushinteger(L, (lua_Integer)o->write_buffer_high);
   else if (strcmp(name, "sndbuf") == 0) lua_pushinteger(L, o->sndbuf);
   else if (strcmp(name, "rcvbuf") == 0) lua_pushinteger(L, o->rcvbuf);
-  else if (strcmp(name, "send_timeout") == 0) lua_pushnumber(L, (lua_Number)o->send_timeout / 1e9);
+  else if (strcmp(name, "send_timeout") == 0) push_seconds(L, o->send_timeout);
   else return luaL_error(L, "unknown channel option '%s'", name);
   return 1;
 }
