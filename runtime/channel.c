@@ -308,8 +308,9 @@ static void do_write(nr_channel_t *ch);
  * buffer is free, which a slow but steady reader may take longer than the
  * timeout to make room for: so the kernel's unacknowledged bytes
  * (SIOCOUTQ) are noted at each stamp, and a channel whose queue shrank
- * meanwhile is stamped again instead of closed. A shutting-down loop cancels its timers: close_each then
- * checks the list every turn, as it does the linger's bound. */
+ * meanwhile is stamped again instead of closed. A shutting-down loop
+ * cancels its timers: close_each then checks the list every turn, as it
+ * does the linger's bound. */
 
 static int send_timer_fired(void *arg);
 
