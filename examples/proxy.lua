@@ -42,12 +42,14 @@ local HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = tru
               ["proxy-authorization"] = true, ["proxy-authenticate"] = true,
               ["content-length"] = true }
 
-local function forward_headers(h)
-  local out = {}
-  for k, v in pairs(h) do
-    if not HOP[k] then out[k] = v end
+-- In place: the codecs hand up a fresh headers table per message, so it
+-- is forwarded as it is, without the hop-by-hop fields (clearing a field
+-- while walking the table is allowed).
+local function strip_hop(h)
+  for k in next, h do
+    if HOP[k] then h[k] = nil end
   end
-  return out
+  return h
 end
 
 -- Per client connection: responses go out in request order (the codec's
@@ -74,7 +76,8 @@ end
 
 local function answer(self, ctx, n, r, err)
   if r then
-    self.slots[n] = { status = r.status, headers = forward_headers(r.headers), body = r.body }
+    strip_hop(r.headers)         -- the response table itself goes out: the
+    self.slots[n] = r            -- server codec reads status, reason, headers, body
   else
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)
@@ -104,7 +107,7 @@ function dispatch(self, ctx)
 end
 
 function Proxy:channel_read(ctx, req)
-  local headers = forward_headers(req.headers)
+  local headers = strip_hop(req.headers)
   self.peer = self.peer or (ctx.channel:remote_address())
   headers["x-forwarded-for"] = self.peer
   local path = req.query and (req.path .. "?" .. req.query) or req.path
