@@ -246,6 +246,49 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("times out requests at the client's timeout (one pool timer), each at its own deadline", function()
+    local server, port = http_server(servers, "deadlines", function(req)
+      if req.path ~= "/slow" then return { status = 200, body = req.path } end
+    end)
+    local c = netrun.http.client { pool = 8, timeout = 0.4 }
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local base = "http://127.0.0.1:" .. port
+      local t0, got, n, all = netrun.now(), {}, 0, netrun.promise()
+      local function track(name, want)
+        return function(res, err)
+          got[name] = got[name] or { calls = 0 }
+          local g = got[name]
+          g.calls, g.at, g.res = g.calls + 1, netrun.now() - t0, res and res.body or err
+          n = n + 1
+          if n == want then all:try_success(true) end
+        end
+      end
+      c:request({ url = base .. "/slow" }, track("slow1", 5))
+      c:request({ url = base .. "/fast1" }, track("fast1", 5))
+      c:request({ url = base .. "/slow", timeout = 0.25 }, track("own", 5))   -- a timer of its own
+      netrun.sleep(0.2)
+      c:request({ url = base .. "/slow" }, track("slow2", 5))
+      c:request({ url = base .. "/fast2" }, track("fast2", 5))
+      all:await()
+      local after = netrun.promise()          -- the pool still serves
+      c:request({ url = base .. "/fast3" }, function(res, err) after:try_success(res and res.body or err) end)
+      got.fast3 = after:await()
+      return got
+    end, c, port)
+    assert.equal("/fast1", r.fast1.res)
+    assert.equal("/fast2", r.fast2.res)
+    assert.equal("/fast3", r.fast3)
+    assert.matches("GET http://127%.0%.0%.1:%d+/slow: timeout after 0%.4 s", r.slow1.res)
+    assert.matches("GET http://127%.0%.0%.1:%d+/slow: timeout after 0%.4 s", r.slow2.res)
+    assert.matches("timeout after 0%.25 s", r.own.res)
+    for _, k in ipairs { "slow1", "fast1", "own", "slow2", "fast2" } do assert.equal(1, r[k].calls) end
+    assert.is_true(r.own.at >= 0.2 and r.own.at < 0.39, "own timeout at " .. r.own.at)
+    assert.is_true(r.slow1.at >= 0.35 and r.slow1.at < 0.55, "slow1 at " .. r.slow1.at)
+    assert.is_true(r.slow2.at >= 0.55 and r.slow2.at < 1.5, "slow2 at " .. r.slow2.at)
+    server:close():sync()
+  end)
+
   it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
     local c = netrun.http.client { pool = 1, timeout = 10 }
     local port = H.free_port()
