@@ -49,6 +49,7 @@ local pools = {}              -- client id -> origin -> pool (this state's)
 local codecs = {}             -- "max_header max_body" -> codec config
 local now = core.now
 local byte = string.byte
+local VOID = core.void_promise()
 
 -- ---- URLs -------------------------------------------------------------------
 
@@ -95,6 +96,10 @@ Conn.__index = Conn
 local release, finish, fail_request, lost
 
 -- The handler of each connection, last in its pipeline after the codec.
+function Conn:handler_added(ctx)
+  self.ctx = ctx                 -- requests are written from here, through the codec
+end
+
 function Conn:channel_read(ctx, res)
   local req = self.req
   if req == nil then                     -- nobody asked: the codec lets only
@@ -235,15 +240,11 @@ function start(conn, req, reused)
   conn.reused = reused
   conn.uses = conn.uses + 1
   req.conn = conn
-  -- the codec converts the request as it is written: a field it cannot
-  -- send (a header that is not a token, say) fails the write at once,
-  -- and nothing was sent
-  local f = conn.ch:write_and_flush(req)
-  if f:is_done() and not f:is_success() then
-    conn.req, req.conn = nil, nil
-    release(conn)
-    fail_request(req, f:cause())
-  end
+  -- no future per request: the codec converts the request as it is
+  -- written, and a field it cannot send (a header that is not a token,
+  -- say) reaches exception_caught at once, nothing sent: the connection
+  -- closes and channel_inactive fails the request with the codec's reason
+  conn.ctx:write_and_flush(req, VOID)
 end
 
 function connect(pool, req)
