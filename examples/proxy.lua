@@ -33,18 +33,20 @@ local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or b
 local client = netrun.http.client {
   pool = math.tointeger(option("pool", 64)), keepalive = 60,
   timeout = option("timeout", 30), max_body = max_body,
+  raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
--- each side themselves.
+-- each side themselves. (The backend's responses come without them: the
+-- client's raw mode.)
 local HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
               ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
               ["proxy-authorization"] = true, ["proxy-authenticate"] = true,
               ["content-length"] = true }
 
--- In place: the codecs hand up a fresh headers table per message, so it
--- is forwarded as it is, without the hop-by-hop fields (clearing a field
--- while walking the table is allowed).
+-- In place: the server codec hands up a fresh headers table per request,
+-- so it is forwarded as it is, without the hop-by-hop fields (clearing a
+-- field while walking the table is allowed).
 local function strip_hop(h)
   for k in next, h do
     if HOP[k] then h[k] = nil end
@@ -76,8 +78,7 @@ end
 
 local function answer(self, ctx, n, r, err)
   if r then
-    strip_hop(r.headers)         -- the response table itself goes out: the
-    self.slots[n] = r            -- server codec reads status, reason, headers, body
+    self.slots[n] = r.response
   else
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)

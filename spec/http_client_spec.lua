@@ -289,6 +289,68 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("raw = true hands up a prepared response without hop-by-hop fields, which a server writes", function()
+    local backend, bport = raw_server(servers, function(s)
+      while true do
+        local l = s:receive("*l")
+        if l == nil then return end
+        if l == "" then
+          s:send("HTTP/1.1 201 Created\r\nConnection: keep-alive, x-drop\r\nKeep-Alive: timeout=5\r\n" ..
+            "X-End: to-end\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nTransfer-Encoding: chunked\r\n" ..
+            "Trailer: x-t\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\nx-t: 1\r\n\r\n")
+        end
+      end
+    end)
+    local front = netrun.server {
+      group = servers, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        local netrun = require "netrun"
+        local c = netrun.http.client { raw = true, pool = 1 }
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          c:request({ url = "http://127.0.0.1:" .. bport .. "/" }, function(res, err)
+            if not res then return ctx:write_and_flush { status = 500, body = err } end
+            if req.path == "/shape" then
+              return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
+                tostring(res.keep_alive), type(res.headers), type(res.body),
+                tostring(res.response):match("^netrun%.codec%.http_response") or "?" }, " ") }
+            end
+            ctx:write_and_flush(res.response)
+          end)
+        end })
+      end,
+    }:sync()
+    local _, fport = front:local_address()
+    local s = H.client(fport)
+    s:send("GET /shape HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(s)
+    assert.equal(200, status)
+    assert.equal("201 true nil nil netrun.codec.http_response", body)
+    for _ = 1, 2 do                        -- the backend connection is reused
+      s:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      local st, h, b = H.read_response(s)
+      assert.equal(201, st)
+      assert.equal("hello", b)
+      assert.equal("5", h["content-length"])
+      assert.equal("to-end", h["x-end"])
+      assert.is_nil(h["keep-alive"])
+      assert.is_nil(h["transfer-encoding"])
+      assert.is_nil(h["trailer"])
+      assert.is_nil(h["connection"])
+    end
+    s:send("HEAD / HTTP/1.0\r\n\r\n")     -- the server codec frames it for its client
+    local raw = s:receive("*a")
+    assert.matches("^HTTP/1%.1 201 Created\r\n", raw)
+    assert.matches("\r\nSet%-Cookie: a=1\r\nSet%-Cookie: b=2\r\n", raw)
+    assert.matches("\r\nConnection: close\r\n", raw)
+    assert.matches("\r\n\r\n$", raw)       -- no body for HEAD
+    s:close()
+    assert.has_error(function() netrun.http.client { raw = "yes" } end,
+      "netrun.http.client: raw must be a boolean, got string")
+    front:close():sync()
+    backend:close():sync()
+  end)
+
   it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
     local c = netrun.http.client { pool = 1, timeout = 10 }
     local port = H.free_port()

@@ -29,6 +29,12 @@
 -- out at that moment) is sent once more on a fresh connection when its
 -- method is idempotent.
 --
+-- raw = true (a client option, for proxies): responses come as
+-- { status, keep_alive, response = <netrun.codec.http_response> }, the
+-- response without its hop-by-hop and framing fields encoded once in C,
+-- for a server codec's ctx:write; no headers or body table. Redirects are
+-- not followed then.
+--
 -- Redirects are not followed unless asked: follow = N follows up to N
 -- (301, 302, 303, 307, 308 with a Location; 303, and 301/302 after a POST,
 -- turn into a GET without body).
@@ -136,11 +142,11 @@ function Conn:channel_inactive(ctx)
 end
 
 -- In a new channel's init (on its loop): the codec and the handler.
-function M.attach(ch, max_header, max_body)
-  local key = max_header .. " " .. max_body
+function M.attach(ch, max_header, max_body, raw)
+  local key = max_header .. " " .. max_body .. (raw and " raw" or "")
   local codec = codecs[key]
   if codec == nil then
-    codec = core.codec.http_client { max_header = max_header, max_body = max_body }
+    codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
     codecs[key] = codec
   end
   local conn = setmetatable({ ch = ch, uses = 0 }, Conn)
@@ -249,14 +255,14 @@ end
 
 function connect(pool, req)
   local client = pool.client
-  local mh, mb = client.max_header, req.max_body
+  local mh, mb, raw = client.max_header, req.max_body, client.raw
   local tls = pool.scheme == "https" and (req.tls or client.tls or M.default_tls()) or nil
   local left = req.deadline - now()
   if left == math.huge then left = nil             -- no bound: connect's own
   elseif left <= 0 then left = 0.001 end
   local ok, f = pcall(require("netrun").connect, {
     group = pool.loop, host = pool.host, port = pool.port, timeout = left, tls = tls,
-    init = function(ch) require("netrun.http").attach(ch, mh, mb) end,
+    init = function(ch) require("netrun.http").attach(ch, mh, mb, raw) end,
   })
   if not ok then
     fail_request(req, tostring(f))
@@ -375,7 +381,7 @@ local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308]
 
 function finish(req, res)
   if req.done then return end
-  local loc = res.headers.location
+  local loc = res.headers and res.headers.location
   if req.follow > 0 and REDIRECT[res.status] and loc then
     done_timer(req)
     local o = req.opts
@@ -426,7 +432,7 @@ function send(req)
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
-                      max_body = true, max_header = true, follow = true }
+                      max_body = true, max_header = true, follow = true, raw = true }
 local REQUEST_KEYS = { method = true, url = true, headers = true, body = true, timeout = true,
                        max_body = true, tls = true, follow = true }
 
@@ -589,11 +595,15 @@ function M.client(opts)
   check_number(what, "timeout", opts.timeout, 0)
   check_number(what, "max_body", opts.max_body, 0)
   check_number(what, "max_header", opts.max_header, 64)
+  if opts.raw ~= nil and type(opts.raw) ~= "boolean" then
+    error(what .. ": raw must be a boolean, got " .. type(opts.raw), 2)
+  end
   return setmetatable({
     id = new_id(), pool = math.tointeger(opts.pool or M.pool),
     keepalive = opts.keepalive or M.keepalive, timeout = opts.timeout or M.timeout,
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
+    raw = opts.raw == true,
   }, Client)
 end
 
