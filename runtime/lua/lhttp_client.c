@@ -94,12 +94,15 @@ static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
 /* Hop-by-hop fields and the framing, which the codec writing the
  * response gives its own hop. */
 static bool hop_by_hop(const char *n, size_t len) {
-  static const char *const names[] = {
-      "connection", "keep-alive", "te", "trailer", "transfer-encoding",
-      "upgrade", "proxy-connection", "proxy-authenticate",
-      "proxy-authorization", "content-length", NULL};
-  for (int i = 0; names[i] != NULL; i++)
-    if (strlen(names[i]) == len && strncasecmp(names[i], n, len) == 0)
+#define HOP(s) {s, sizeof s - 1}
+  static const struct { const char *s; size_t n; } names[] = {
+      HOP("connection"), HOP("keep-alive"), HOP("te"), HOP("trailer"),
+      HOP("transfer-encoding"), HOP("upgrade"), HOP("proxy-connection"),
+      HOP("proxy-authenticate"), HOP("proxy-authorization"),
+      HOP("content-length")};
+#undef HOP
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (names[i].n == len && strncasecmp(names[i].s, n, len) == 0)
       return true;
   return false;
 }
