@@ -111,11 +111,12 @@ function Proxy:channel_read(ctx, req)
   local headers = strip_hop(req.headers)
   self.peer = self.peer or (ctx.channel:remote_address())
   headers["x-forwarded-for"] = self.peer
-  local path = req.query and (req.path .. "?" .. req.query) or req.path
+  local path, query, body = req.path, req.query, req.body   -- each read is a call
+  if query then path = path .. "?" .. query end
   local q = self.queue
   q.last = q.last + 1
   q[q.last] = { method = req.method, url = base .. path, headers = headers,
-                body = req.body ~= "" and req.body or nil }
+                body = body ~= "" and body or nil }
   dispatch(self, ctx)
 end
 
