@@ -77,8 +77,8 @@ local function flush_ready(self, ctx)
 end
 
 local function answer(self, ctx, n, r, err)
-  if r then
-    self.slots[n] = r.response
+  if r then                -- (a table only if it could not be prepared)
+    self.slots[n] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
   else
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)
