@@ -7,7 +7,8 @@
 # Loads (each a bounded count of connections, one request each):
 #   full     openssl s_time -new: full TLS 1.3 handshakes (X25519 + P-256
 #            signature), one request per connection.
-#   resumed  wrk -t1 -c16 -H "Connection: close": ticket resumptions.
+#   resumed  wrk -t1 -c1 -H "Connection: close": ticket resumptions (one
+#            connection at a time: at most one cut off at the end).
 # Each server runs under `valgrind --tool=callgrind --instr-atstart=no`;
 # after a warm-up, `callgrind_control -i on`, the load, `-i off`, and the
 # instructions counted in between divided by connections. Then the same load
@@ -79,7 +80,7 @@ load() {   # $1 case, $2 port, $3 seconds: prints connections made
       timeout 60 openssl s_time -connect "127.0.0.1:$2" -new -www / -time "$3" 2>/dev/null |
         awk '/connections in .* real seconds/ { print $1 }' ;;
     *-resumed)
-      timeout 60 wrk -t1 -c16 -d"$3"s -H "Connection: close" "https://127.0.0.1:$2/" |
+      timeout 60 wrk -t1 -c1 -d"$3"s -H "Connection: close" "https://127.0.0.1:$2/" |
         awk '/requests in/ { print $1 }' ;;
   esac
 }
