@@ -814,6 +814,10 @@ static void drain_linger(nr_channel_t *ch) {
       end_linger(ch);
       return;
     }
+    if ((size_t)n < NR_READ_BUF)
+      return;   /* all there was: the peer's FIN (or reset) mostly comes
+                   after its last bytes (a TLS close_notify), with a later
+                   event; reading on now would mostly say EAGAIN */
   }
 }
 
