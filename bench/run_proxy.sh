@@ -15,14 +15,8 @@ RUNS=${2:-3}
 CONNS=64
 bash scripts/deps.sh wrk nginx
 
-work=$(mktemp -d /tmp/netrun-proxy-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source bench/lib.sh
+bench_init proxy
 
 cmake -S . -B build/http-bench -DCMAKE_BUILD_TYPE=Release -DNETRUN_BENCH=OFF >/dev/null
 cmake --build build/http-bench -j2 --target netrun_bin >/dev/null
@@ -51,21 +45,6 @@ http {
   }
 }
 CONF
-
-ticks() {   # summed utime+stime of the given pids, in clock ticks
-  local t=0 p
-  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-  echo "$t"
-}
-wait_port() {
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "server on port $1 never came up" >&2
-  return 1
-}
-hz=$(getconf CLK_TCK)
 
 one() {   # PORT PIDS...: "per_cpu_s req_s p99"
   local port=$1; shift

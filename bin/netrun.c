@@ -24,6 +24,18 @@
  * writes to a closed pipe fail with EPIPE all the same, and a caught
  * signal, unlike an ignored one, is back to its default in the programs
  * the script starts (io.popen, os.execute).
+ *
+ * A blocked mask, unlike a handler, survives exec, and glibc's popen() and
+ * system() spawn with the caller's mask (posix_spawn runs no atfork
+ * handler): a program started by a script ignored kill -TERM and Ctrl-C.
+ * So every state (this file's, each loop's) gets lspawn.c's os.execute and
+ * io.popen, which start `/bin/sh -c CMD` with an empty mask and SIGINT,
+ * SIGTERM, SIGHUP, SIGPIPE at their default (one that was ignored when
+ * netrun started, nohup's SIGHUP, stays ignored). Unblocking and catching
+ * these signals with handlers and a self-pipe instead would interrupt
+ * blocking calls on every thread (EINTR out of epoll_wait, sigtimedwait,
+ * a script's reads) and let any thread take the signal. netrun's own fds
+ * (epoll, eventfd, sockets, pipes) are all O_CLOEXEC: programs get none.
  */
 #include <errno.h>
 #include <limits.h>
@@ -45,6 +57,13 @@
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
 static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
+
+/* The standard libraries, with os.execute and io.popen that start programs
+ * with none of the signals blocked (lspawn.c). */
+static void open_libs(lua_State *L) {
+  luaL_openlibs(L);
+  lnr_open_spawn(L);
+}
 
 #define SHUTDOWN_MARGIN NR_SEC(1)
 #define NO_DEADLINE UINT64_MAX
@@ -465,7 +484,7 @@ static int pmain(lua_State *L) {
     lua_pushinteger(L, 1);
     return 1;
   }
-  luaL_openlibs(L);
+  open_libs(L);
   set_paths(L);
   if (o.version)
     printf("netrun %s (%s)\n", NR_VERSION, LUA_RELEASE);
@@ -510,7 +529,7 @@ int main(int argc, char **argv) {
       lua_close(L);
       return 2;
     }
-    luaL_openlibs(L);
+    open_libs(L);
     set_paths(L);
     status = attach(L, argv[2]);
   } else if (argc >= 2 && strcmp(argv[1], "reload") == 0) {
@@ -519,11 +538,11 @@ int main(int argc, char **argv) {
       lua_close(L);
       return 2;
     }
-    luaL_openlibs(L);
+    open_libs(L);
     set_paths(L);
     status = command(L, "netrun.repl", "reload_command", argv + 2, 1, false);
   } else if (argc >= 2 && strcmp(argv[1], "top") == 0) {
-    luaL_openlibs(L);
+    open_libs(L);
     set_paths(L);
     status = command(L, "netrun.top", "main", argv + 2, argc - 2, true);
   } else {

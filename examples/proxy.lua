@@ -33,21 +33,25 @@ local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or b
 local client = netrun.http.client {
   pool = math.tointeger(option("pool", 64)), keepalive = 60,
   timeout = option("timeout", 30), max_body = max_body,
+  raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
--- each side themselves.
+-- each side themselves. (The backend's responses come without them: the
+-- client's raw mode.)
 local HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
               ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
               ["proxy-authorization"] = true, ["proxy-authenticate"] = true,
               ["content-length"] = true }
 
-local function forward_headers(h)
-  local out = {}
-  for k, v in pairs(h) do
-    if not HOP[k] then out[k] = v end
+-- In place: the server codec hands up a fresh headers table per request,
+-- so it is forwarded as it is, without the hop-by-hop fields (clearing a
+-- field while walking the table is allowed).
+local function strip_hop(h)
+  for k in next, h do
+    if HOP[k] then h[k] = nil end
   end
-  return out
+  return h
 end
 
 -- Per client connection: responses go out in request order (the codec's
@@ -73,8 +77,8 @@ local function flush_ready(self, ctx)
 end
 
 local function answer(self, ctx, n, r, err)
-  if r then
-    self.slots[n] = { status = r.status, headers = forward_headers(r.headers), body = r.body }
+  if r then                -- (a table only if it could not be prepared)
+    self.slots[n] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
   else
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)
@@ -104,14 +108,15 @@ function dispatch(self, ctx)
 end
 
 function Proxy:channel_read(ctx, req)
-  local headers = forward_headers(req.headers)
+  local headers = strip_hop(req.headers)
   self.peer = self.peer or (ctx.channel:remote_address())
   headers["x-forwarded-for"] = self.peer
-  local path = req.query and (req.path .. "?" .. req.query) or req.path
+  local path, query, body = req.path, req.query, req.body   -- each read is a call
+  if query then path = path .. "?" .. query end
   local q = self.queue
   q.last = q.last + 1
   q[q.last] = { method = req.method, url = base .. path, headers = headers,
-                body = req.body ~= "" and req.body or nil }
+                body = body ~= "" and body or nil }
   dispatch(self, ctx)
 end
 

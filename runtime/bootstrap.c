@@ -371,6 +371,9 @@ nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
     close(fd);
     return nr__promise_failed(-ENOMEM, "out of memory");
   }
+  static const nr_channel_opts_t zero;
+  if (memcmp(&o->opts, &zero, sizeof zero) == 0)
+    ch->opts.send_timeout = 0;   /* a client picked its peer: no send timeout */
   nr__apply_opts(fd, ss.ss_family, &ch->opts);
   ch->init = o->init;
   ch->init_arg = o->arg;

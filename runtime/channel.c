@@ -18,7 +18,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <sys/ioctl.h>
+#include <linux/sockios.h>
 
 #include "internal.h"
 
@@ -37,6 +37,7 @@ void nr_channel_opts_init(nr_channel_opts_t *o) {
   o->write_buffer_high = 64 * 1024;
   o->max_reads = 16;
   o->write_spin = 16;
+  o->send_timeout = NR_SEC(60);
 }
 
 static void fix_opts(nr_channel_opts_t *dst, const nr_channel_opts_t *src) {
@@ -294,6 +295,133 @@ static void check_writability(nr_channel_t *ch) {
 static void finish_close(nr_channel_t *ch, bool abort);
 static void do_write(nr_channel_t *ch);
 
+/* ---- send timeout ---------------------------------------------------------------
+ *
+ * No channel has a timer of its own, and a socket that keeps up costs
+ * nothing: a stream channel joins its loop's list only when a write meets
+ * EAGAIN (NR__WAIT_OUT: already an epoll_ctl), is stamped again when an
+ * EPOLLOUT write makes progress (moving to the tail), and leaves when it
+ * has drained or closes. The list is kept in deadline order (equal
+ * timeouts, the usual case, insert at the tail), so one loop timer, armed
+ * for the head's deadline, finds the channels whose peer took nothing for
+ * send_timeout. EPOLLOUT comes only once a third of the socket's send
+ * buffer is free, which a slow but steady reader may take longer than the
+ * timeout to make room for: so the kernel's unacknowledged bytes
+ * (SIOCOUTQ) are noted at each stamp, and a channel whose queue shrank
+ * meanwhile is stamped again instead of closed. A shutting-down loop
+ * cancels its timers: close_each then checks the list every turn, as it
+ * does the linger's bound. */
+
+static int send_timer_fired(void *arg);
+
+static void send_unlist(nr_channel_t *ch) {
+  if (!(ch->st & NR__SEND_LISTED))
+    return;
+  nr_loop_t *l = ch->loop;
+  *(ch->sprev ? &ch->sprev->snext : &l->send_head) = ch->snext;
+  *(ch->snext ? &ch->snext->sprev : &l->send_tail) = ch->sprev;
+  ch->sprev = ch->snext = NULL;
+  ch->st &= ~NR__SEND_LISTED;
+}
+
+/* Arm the list's timer for its head, unless armed as early already. */
+static void send_arm(nr_loop_t *l, uint64_t now) {
+  uint64_t at = l->send_head->send_deadline;
+  if (l->send_timer != NULL) {
+    if (l->send_at <= at)
+      return;
+    nr_timer_cancel(l->send_timer);          /* (a shorter timeout came) */
+    nr_timer_release(l->send_timer);
+  }
+  l->send_timer = nr_loop_schedule(l, at > now ? at - now : 0, 0,
+                                   send_timer_fired, NULL, l);
+  l->send_at = at;
+}
+
+static void send_list(nr_channel_t *ch, uint64_t now) {
+  nr_loop_t *l = ch->loop;
+  ch->send_deadline = now + ch->opts.send_timeout;
+  if (ioctl(ch->io.fd, SIOCOUTQ, &ch->send_outq) < 0)
+    ch->send_outq = -1;
+  nr_channel_t *p = l->send_tail;
+  while (p != NULL && p->send_deadline > ch->send_deadline)
+    p = p->sprev;
+  ch->sprev = p;
+  ch->snext = p ? p->snext : l->send_head;
+  *(ch->snext ? &ch->snext->sprev : &l->send_tail) = ch;
+  *(p ? &p->snext : &l->send_head) = ch;
+  ch->st |= NR__SEND_LISTED;
+  if (l->send_head == ch)
+    send_arm(l, now);
+}
+
+/* After a write: join, restamp (the peer took bytes) or leave the list.
+ * One test when the channel is not blocked. */
+static inline void send_watch(nr_channel_t *ch, uint64_t written_before) {
+  if (!(ch->st & (NR__WAIT_OUT | NR__SEND_LISTED)))
+    return;
+  if (!(ch->st & NR__WAIT_OUT) || ch->opts.send_timeout == 0 ||
+      ch->kind != NR__STREAM) {
+    send_unlist(ch);
+  } else if (!(ch->st & NR__SEND_LISTED) ||
+             ch->out.written != written_before) {
+    send_unlist(ch);
+    send_list(ch, nr_now());
+  }
+}
+
+/* What Netty's WriteTimeoutHandler does, then a reset: the pending writes
+ * fail with the cause, exception_caught hears it, and the channel closes
+ * abortively however a handler closes it (a graceful close would wait on
+ * the very peer that does not read). */
+static void send_timed_out(nr_channel_t *ch) {
+  if (ch->st & NR__CLOSED)
+    return;
+  char msg[160];
+  snprintf(msg, sizeof msg, "send timeout: the peer took none of %llu "
+           "pending bytes for %.3g s",
+           (unsigned long long)(ch->out.flushed - ch->out.written),
+           (double)ch->opts.send_timeout / 1e9);
+  ch->st |= NR__SEND_TIMED_OUT;
+  nr_channel_retain(ch);
+  nr__out_fail_all(ch->loop, &ch->out, NR_ESENDTIMEOUT, msg);
+  nr_pipeline_fire_exception(&ch->pipe, &(nr_err_t){NR_ESENDTIMEOUT, msg});
+  nr__channel_close(ch, true);
+  nr_channel_release(ch);
+}
+
+static void send_expire(nr_loop_t *l, uint64_t now) {
+  nr_channel_t *ch;
+  while ((ch = l->send_head) != NULL && ch->send_deadline <= now) {
+    int outq = 0;
+    send_unlist(ch);
+    if (ioctl(ch->io.fd, SIOCOUTQ, &outq) == 0 && outq < ch->send_outq)
+      send_list(ch, now);            /* the peer took bytes: time afresh */
+    else
+      send_timed_out(ch);
+  }
+}
+
+static int send_timer_fired(void *arg) {
+  nr_loop_t *l = arg;
+  nr_timer_release(l->send_timer);     /* this one: the loop holds its own */
+  l->send_timer = NULL;
+  uint64_t now = nr_now();
+  send_expire(l, now);
+  if (l->send_head != NULL)
+    send_arm(l, now);
+  return 0;
+}
+
+void nr_channel_set_send_timeout(nr_channel_t *ch, uint64_t ns) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  ch->opts.send_timeout = ns;
+  if (ch->st & NR__CLOSED)
+    return;
+  send_unlist(ch);
+  send_watch(ch, ch->out.written);
+}
+
 static int flush_task(void *arg) {
   nr_channel_t *ch = arg;
   ch->st &= ~NR__FLUSH_TASK;
@@ -391,6 +519,7 @@ static bool drained(const nr_channel_t *ch) {
 }
 
 static void do_write(nr_channel_t *ch) {
+  uint64_t written = ch->out.written;
   if (ch->kind == NR__DGRAM)
     write_dgrams(ch);
   else
@@ -401,6 +530,7 @@ static void do_write(nr_channel_t *ch) {
     ch->st &= ~NR__WAIT_OUT;
     nr__channel_update_interest(ch);
   }
+  send_watch(ch, written);
   check_writability(ch);
   /* Ask again: a writability handler may have written, flushed and closed
    * meanwhile (its flush runs a nested do_write), and what it flushed must
@@ -684,12 +814,19 @@ static void drain_linger(nr_channel_t *ch) {
       end_linger(ch);
       return;
     }
+    if ((size_t)n < NR_READ_BUF)
+      return;   /* all there was: the peer's FIN (or reset) mostly comes
+                   after its last bytes (a TLS close_notify), with a later
+                   event; reading on now would mostly say EAGAIN */
   }
 }
 
 static void finish_close(nr_channel_t *ch, bool abort) {
   if (ch->st & NR__CLOSED)
     return;
+  send_unlist(ch);
+  if (ch->st & NR__SEND_TIMED_OUT)
+    abort = true;
   bool was_active = pub(ch) & NR__ACTIVE;
   ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
   atomic_store(&ch->pub, 0);
@@ -764,6 +901,7 @@ void nr_channel_unhold(nr_channel_t *ch) {
  * stops reading and closes when the work is done. With abort, reset
  * whatever is left. */
 static void close_each(nr_loop_t *l, bool abort) {
+  send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
   size_t n = 0, i = 0;
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     n++;
@@ -797,6 +935,11 @@ void nr__channels_close_all(nr_loop_t *l) { close_each(l, false); }
 
 void nr__channels_abort_all(nr_loop_t *l) {
   close_each(l, true);
+  if (l->send_timer != NULL) {
+    nr_timer_cancel(l->send_timer);
+    nr_timer_release(l->send_timer);
+    l->send_timer = NULL;
+  }
   nr__loop_reap(l);
 }
 

@@ -30,6 +30,7 @@ const char *nr_strerror(int code) {
   case NR_EDEADLOCK: return "blocking operation on an event loop";
   case NR_ETIMEDOUT: return "timeout";
   case NR_EHANDLER: return "handler error";
+  case NR_ESENDTIMEOUT: return "send timeout";
   default: return code < 0 ? strerror(-code) : "unknown error";
   }
 }

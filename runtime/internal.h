@@ -165,6 +165,11 @@ struct nr_loop_s {
   uint64_t dequeued_seen;
   nr_channel_t *channels;           /* registered channels, for close_all */
   nr_channel_t *graveyard;          /* closed this pass, released after it */
+  /* Channels blocked on EPOLLOUT with a send timeout, by deadline, and
+   * the one timer for them: armed for send_at (<= the head's deadline). */
+  nr_channel_t *send_head, *send_tail;
+  nr_timer_t *send_timer;
+  uint64_t send_at;
   nr_chunk_t *chunk_cache;
   int chunk_cached;
   char *rbuf;                       /* shared read buffer */
@@ -323,7 +328,9 @@ enum {
   NR__UNLINK_PATH = 1u << 9, NR__ACCEPT_PAUSED = 1u << 10,
   NR__LINGER = 1u << 11,          /* closed; the fd waits for the peer's FIN */
   NR__CLOSE_IDLE = 1u << 12,      /* shutting down: close once nothing is held */
-  NR__LINGER_WANTED = 1u << 13    /* nr_channel_linger: a close lingers */
+  NR__LINGER_WANTED = 1u << 13,   /* nr_channel_linger: a close lingers */
+  NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
+  NR__SEND_TIMED_OUT = 1u << 15   /* the send timeout ran out: closes reset */
 };
 
 typedef struct nr_server_s {
@@ -381,6 +388,9 @@ struct nr_channel_s {
   ino_t unix_ino;                    /* the socket it bound */
   socklen_t rlen;
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
+  nr_channel_t *sprev, *snext;       /* loop's send-timeout list */
+  uint64_t send_deadline;            /* when listed: closed by then */
+  int send_outq;                     /* SIOCOUTQ when listed */
 };
 
 nr_channel_t *nr__channel_new(int kind, int family, int fd,

@@ -41,6 +41,7 @@ typedef struct nr_ctx_s nr_ctx_t;
 #define NR_EDEADLOCK  (-10006)   /* blocking wait on an event-loop thread */
 #define NR_ETIMEDOUT  (-10007)   /* operation timed out */
 #define NR_EHANDLER   (-10008)   /* a handler raised (message carries details) */
+#define NR_ESENDTIMEOUT (-10020) /* the peer took no bytes for send_timeout */
 
 /* A short, static description of an error code. Any thread. */
 const char *nr_strerror(int code);
@@ -358,6 +359,12 @@ typedef struct nr_channel_opts_s {
   size_t write_buffer_high;  /* default 64 KiB */
   int max_reads;             /* reads per readiness event, default 16 */
   int write_spin;            /* write syscalls per flush, default 16 */
+  /* Close (reset) a stream channel whose peer has taken none of its
+   * flushed bytes for this long (ns; 0 = never): its pending writes fail
+   * and exception_caught gets NR_ESENDTIMEOUT "send timeout" (nginx's
+   * send_timeout, Netty's WriteTimeoutHandler). Default 60 s; a channel
+   * made by nr_connect with all-zero opts has none. */
+  uint64_t send_timeout;
 } nr_channel_opts_t;
 
 /* Fill *o with the defaults. */
@@ -487,6 +494,9 @@ const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch);
  * rcvbuf, allow_half_closure, write_buffer_low, write_buffer_high,
  * auto_read. 0, -ENOENT (unknown name) or -errno. */
 int nr_channel_set_option(nr_channel_t *ch, const char *name, int value);
+/* Loop thread only. The send timeout (ns, 0 = none); a channel blocked on
+ * its peer now is timed afresh from now. */
+void nr_channel_set_send_timeout(nr_channel_t *ch, uint64_t ns);
 /* Format a socket address: numeric host and port, or a unix path and -1. */
 int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,
                    char *host, size_t n, int *port);

@@ -246,6 +246,111 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("times out requests at the client's timeout (one pool timer), each at its own deadline", function()
+    local server, port = http_server(servers, "deadlines", function(req)
+      if req.path ~= "/slow" then return { status = 200, body = req.path } end
+    end)
+    local c = netrun.http.client { pool = 8, timeout = 0.4 }
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local base = "http://127.0.0.1:" .. port
+      local t0, got, n, all = netrun.now(), {}, 0, netrun.promise()
+      local function track(name, want)
+        return function(res, err)
+          got[name] = got[name] or { calls = 0 }
+          local g = got[name]
+          g.calls, g.at, g.res = g.calls + 1, netrun.now() - t0, res and res.body or err
+          n = n + 1
+          if n == want then all:try_success(true) end
+        end
+      end
+      c:request({ url = base .. "/slow" }, track("slow1", 5))
+      c:request({ url = base .. "/fast1" }, track("fast1", 5))
+      c:request({ url = base .. "/slow", timeout = 0.25 }, track("own", 5))   -- a timer of its own
+      netrun.sleep(0.2)
+      c:request({ url = base .. "/slow" }, track("slow2", 5))
+      c:request({ url = base .. "/fast2" }, track("fast2", 5))
+      all:await()
+      local after = netrun.promise()          -- the pool still serves
+      c:request({ url = base .. "/fast3" }, function(res, err) after:try_success(res and res.body or err) end)
+      got.fast3 = after:await()
+      return got
+    end, c, port)
+    assert.equal("/fast1", r.fast1.res)
+    assert.equal("/fast2", r.fast2.res)
+    assert.equal("/fast3", r.fast3)
+    assert.matches("GET http://127%.0%.0%.1:%d+/slow: timeout after 0%.4 s", r.slow1.res)
+    assert.matches("GET http://127%.0%.0%.1:%d+/slow: timeout after 0%.4 s", r.slow2.res)
+    assert.matches("timeout after 0%.25 s", r.own.res)
+    for _, k in ipairs { "slow1", "fast1", "own", "slow2", "fast2" } do assert.equal(1, r[k].calls) end
+    assert.is_true(r.own.at >= 0.2 and r.own.at < 0.39, "own timeout at " .. r.own.at)
+    assert.is_true(r.slow1.at >= 0.35 and r.slow1.at < 0.55, "slow1 at " .. r.slow1.at)
+    assert.is_true(r.slow2.at >= 0.55 and r.slow2.at < 1.5, "slow2 at " .. r.slow2.at)
+    server:close():sync()
+  end)
+
+  it("raw = true hands up a prepared response without hop-by-hop fields, which a server writes", function()
+    local backend, bport = raw_server(servers, function(s)
+      while true do
+        local l = s:receive("*l")
+        if l == nil then return end
+        if l == "" then
+          s:send("HTTP/1.1 201 Created\r\nConnection: keep-alive, x-drop\r\nKeep-Alive: timeout=5\r\n" ..
+            "X-End: to-end\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nTransfer-Encoding: chunked\r\n" ..
+            "Trailer: x-t\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\nx-t: 1\r\n\r\n")
+        end
+      end
+    end)
+    local front = netrun.server {
+      group = servers, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        local netrun = require "netrun"
+        local c = netrun.http.client { raw = true, pool = 1 }
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          c:request({ url = "http://127.0.0.1:" .. bport .. "/" }, function(res, err)
+            if not res then return ctx:write_and_flush { status = 500, body = err } end
+            if req.path == "/shape" then
+              return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
+                tostring(res.keep_alive), type(res.headers), type(res.body),
+                tostring(res.response):match("^netrun%.codec%.http_response") or "?" }, " ") }
+            end
+            ctx:write_and_flush(res.response)
+          end)
+        end })
+      end,
+    }:sync()
+    local _, fport = front:local_address()
+    local s = H.client(fport)
+    s:send("GET /shape HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(s)
+    assert.equal(200, status)
+    assert.equal("201 true nil nil netrun.codec.http_response", body)
+    for _ = 1, 2 do                        -- the backend connection is reused
+      s:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      local st, h, b = H.read_response(s)
+      assert.equal(201, st)
+      assert.equal("hello", b)
+      assert.equal("5", h["content-length"])
+      assert.equal("to-end", h["x-end"])
+      assert.is_nil(h["keep-alive"])
+      assert.is_nil(h["transfer-encoding"])
+      assert.is_nil(h["trailer"])
+      assert.is_nil(h["connection"])
+    end
+    s:send("HEAD / HTTP/1.0\r\n\r\n")     -- the server codec frames it for its client
+    local raw = s:receive("*a")
+    assert.matches("^HTTP/1%.1 201 Created\r\n", raw)
+    assert.matches("\r\nSet%-Cookie: a=1\r\nSet%-Cookie: b=2\r\n", raw)
+    assert.matches("\r\nConnection: close\r\n", raw)
+    assert.matches("\r\n\r\n$", raw)       -- no body for HEAD
+    s:close()
+    assert.has_error(function() netrun.http.client { raw = "yes" } end,
+      "netrun.http.client: raw must be a boolean, got string")
+    front:close():sync()
+    backend:close():sync()
+  end)
+
   it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
     local c = netrun.http.client { pool = 1, timeout = 10 }
     local port = H.free_port()

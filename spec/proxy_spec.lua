@@ -49,7 +49,7 @@ describe("examples/proxy.lua", function()
     server, bport = backend(group)
     port = H.free_port()
     pid = H.start(H.root .. "/examples/proxy.lua", port,
-      "--backend 127.0.0.1:" .. bport .. " --timeout 0.5")
+      "--backend 127.0.0.1:" .. bport .. " --timeout 1.5")   -- /slow takes 2 s
   end)
   teardown(function()
     H.stop(pid)

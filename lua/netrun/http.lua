@@ -29,6 +29,12 @@
 -- out at that moment) is sent once more on a fresh connection when its
 -- method is idempotent.
 --
+-- raw = true (a client option, for proxies): responses come as
+-- { status, keep_alive, response = <netrun.codec.http_response> }, the
+-- response without its hop-by-hop and framing fields encoded once in C,
+-- for a server codec's ctx:write; no headers or body table. Redirects are
+-- not followed then.
+--
 -- Redirects are not followed unless asked: follow = N follows up to N
 -- (301, 302, 303, 307, 308 with a Location; 303, and 301/302 after a POST,
 -- turn into a GET without body).
@@ -48,6 +54,8 @@ local live = setmetatable({}, { __mode = "k" })   -- channel -> connection
 local pools = {}              -- client id -> origin -> pool (this state's)
 local codecs = {}             -- "max_header max_body" -> codec config
 local now = core.now
+local byte = string.byte
+local VOID = core.void_promise()
 
 -- ---- URLs -------------------------------------------------------------------
 
@@ -94,6 +102,10 @@ Conn.__index = Conn
 local release, finish, fail_request, lost
 
 -- The handler of each connection, last in its pipeline after the codec.
+function Conn:handler_added(ctx)
+  self.ctx = ctx                 -- requests are written from here, through the codec
+end
+
 function Conn:channel_read(ctx, res)
   local req = self.req
   if req == nil then                     -- nobody asked: the codec lets only
@@ -130,11 +142,11 @@ function Conn:channel_inactive(ctx)
 end
 
 -- In a new channel's init (on its loop): the codec and the handler.
-function M.attach(ch, max_header, max_body)
-  local key = max_header .. " " .. max_body
+function M.attach(ch, max_header, max_body, raw)
+  local key = max_header .. " " .. max_body .. (raw and " raw" or "")
   local codec = codecs[key]
   if codec == nil then
-    codec = core.codec.http_client { max_header = max_header, max_body = max_body }
+    codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
     codecs[key] = codec
   end
   local conn = setmetatable({ ch = ch, uses = 0 }, Conn)
@@ -146,15 +158,14 @@ end
 
 -- ---- pools --------------------------------------------------------------------------
 
-local function pool_of(client, scheme, host, port)
+local function pool_of(client, key, scheme, host, port)
   local per = pools[client.id]
   if per == nil then per = {}; pools[client.id] = per end
-  local key = scheme .. "://" .. host .. ":" .. port
   local pool = per[key]
   if pool == nil then
     pool = { key = key, client = client, scheme = scheme, host = host, port = port,
              idle = {}, nidle = 0, total = 0, waiters = {}, whead = 1, wtail = 0,
-             loop = core.current() }
+             loop = core.current(), dhead = false, dtail = false, dtimer = false }
     per[key] = pool
   end
   return pool
@@ -235,27 +246,23 @@ function start(conn, req, reused)
   conn.reused = reused
   conn.uses = conn.uses + 1
   req.conn = conn
-  -- the codec converts the request as it is written: a field it cannot
-  -- send (a header that is not a token, say) fails the write at once,
-  -- and nothing was sent
-  local f = conn.ch:write_and_flush(req.wire)
-  if f:is_done() and not f:is_success() then
-    conn.req, req.conn = nil, nil
-    release(conn)
-    fail_request(req, f:cause())
-  end
+  -- no future per request: the codec converts the request as it is
+  -- written, and a field it cannot send (a header that is not a token,
+  -- say) reaches exception_caught at once, nothing sent: the connection
+  -- closes and channel_inactive fails the request with the codec's reason
+  conn.ctx:write_and_flush(req, VOID)
 end
 
 function connect(pool, req)
   local client = pool.client
-  local mh, mb = client.max_header, req.max_body
+  local mh, mb, raw = client.max_header, req.max_body, client.raw
   local tls = pool.scheme == "https" and (req.tls or client.tls or M.default_tls()) or nil
   local left = req.deadline - now()
   if left == math.huge then left = nil             -- no bound: connect's own
   elseif left <= 0 then left = 0.001 end
   local ok, f = pcall(require("netrun").connect, {
     group = pool.loop, host = pool.host, port = pool.port, timeout = left, tls = tls,
-    init = function(ch) require("netrun.http").attach(ch, mh, mb) end,
+    init = function(ch) require("netrun.http").attach(ch, mh, mb, raw) end,
   })
   if not ok then
     fail_request(req, tostring(f))
@@ -297,8 +304,47 @@ end
 
 -- ---- requests -----------------------------------------------------------------------
 
+-- Deadlines. A request with its client's timeout joins its pool's
+-- deadline list at the tail: the deadlines are now + the same timeout, so
+-- the list is in deadline order, and one timer per pool, set for the
+-- head's, expires them (no timer and no closure per request). A request
+-- with a timeout of its own gets a timer of its own.
+local on_timeout
+
+local function unlink(req)
+  local pool, prev, nxt = req.dpool, req.dprev, req.dnext
+  if prev then prev.dnext = nxt else pool.dhead = nxt end
+  if nxt then nxt.dprev = prev else pool.dtail = prev end
+  req.dpool, req.dprev, req.dnext = false, false, false
+end
+
+local function expire(pool)
+  pool.dtimer = false
+  local t = now()
+  local head = pool.dhead
+  while head and head.deadline <= t do
+    on_timeout(head)                     -- unlinks it (settle, done_timer)
+    if pool.dhead == head then unlink(head) end
+    head = pool.dhead
+  end
+  if head then
+    pool.dtimer = pool.loop:schedule(math.max(head.deadline - t, 0.001), expire, pool)
+  end
+end
+
+local function add_deadline(pool, req)
+  local tail = pool.dtail
+  req.dpool, req.dprev = pool, tail
+  if tail then tail.dnext = req else pool.dhead = req end
+  pool.dtail = req
+  if not pool.dtimer then
+    pool.dtimer = pool.loop:schedule(req.timeout, expire, pool)
+  end
+end
+
 local function done_timer(req)
-  if req.timer then req.timer:cancel(); req.timer = nil end
+  if req.dpool then unlink(req)
+  elseif req.timer then req.timer:cancel(); req.timer = nil end
   req.done = true
 end
 
@@ -322,12 +368,12 @@ end
 
 function fail_request(req, err, retry)
   if req.done then return end
-  if retry and not req.retried and IDEMPOTENT[req.wire.method] then
+  if retry and not req.retried and IDEMPOTENT[req.method] then
     req.retried = true
     req.conn = nil
     return send(req)
   end
-  settle(req, nil, string.format("netrun.http: %s %s: %s", req.wire.method,
+  settle(req, nil, string.format("netrun.http: %s %s: %s", req.method,
     req.url, tostring(err)))
 end
 
@@ -335,7 +381,7 @@ local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308]
 
 function finish(req, res)
   if req.done then return end
-  local loc = res.headers.location
+  local loc = res.headers and res.headers.location
   if req.follow > 0 and REDIRECT[res.status] and loc then
     done_timer(req)
     local o = req.opts
@@ -344,7 +390,7 @@ function finish(req, res)
     n.url = resolve_location(req.url, loc)
     n.follow = req.follow - 1
     n.timeout = req.timeout > 0 and math.max(0.001, req.deadline - now()) or 0
-    local method = req.wire.method
+    local method = req.method
     if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
       if method ~= "HEAD" then n.method = "GET" end
       n.body = nil
@@ -355,11 +401,11 @@ function finish(req, res)
   settle(req, res)
 end
 
-local function on_timeout(req)
+function on_timeout(req)
   if req.done then return end
   local conn = req.conn
   settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
-    req.wire.method, req.url, req.timeout))
+    req.method, req.url, req.timeout))
   if conn and conn.req == req then      -- its answer may still come: drop it
     conn.req = nil
     conn.dead = true
@@ -386,7 +432,7 @@ function send(req)
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
-                      max_body = true, max_header = true, follow = true }
+                      max_body = true, max_header = true, follow = true, raw = true }
 local REQUEST_KEYS = { method = true, url = true, headers = true, body = true, timeout = true,
                        max_body = true, tls = true, follow = true }
 
@@ -425,7 +471,7 @@ local function parsed(url)
   if not scheme then return { false, host } end
   local hosthdr = port == DEFAULT_PORT[scheme] and host or
     (host:find(":", 1, true) and "[" .. host .. "]:" .. port or host .. ":" .. port)
-  return { scheme, host, port, target, hosthdr }
+  return { scheme, host, port, target, hosthdr, scheme .. "://" .. host .. ":" .. port }
 end
 
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
@@ -455,27 +501,31 @@ function M.request_with(client, opts, cb)
   local h = { host = u[5] }
   if opts.headers then
     for k, v in pairs(opts.headers) do
-      local lk = type(k) == "string" and k:lower() or k
-      if lk == "host" then h.host = nil end
+      local b = type(k) == "string" and byte(k) or nil
+      if (b == 72 or b == 104) and k ~= "host" and k:lower() == "host" then h.host = nil end
       h[k] = v
     end
   end
   local timeout = opts.timeout or client.timeout
+  -- the request table is also the message the codec writes (it reads
+  -- method, path, headers and body)
   local req = {
     client = client, opts = opts, url = opts.url, promise = p, cb = cb,
-    wire = { method = method, path = target, headers = h, body = opts.body },
-    timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
+    method = method, path = target, headers = h, body = opts.body,
+    dpool = false, dprev = false, dnext = false, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
     max_body = math.tointeger(opts.max_body or client.max_body),
     tls = opts.tls, follow = math.tointeger(opts.follow or client.follow or 0),
   }
   local mb = req.max_body
   -- a limit other than the client's gets connections of its own
-  local pool = pool_of(client, mb == client.max_body and scheme or scheme .. "+" .. mb,
-    host, port)
+  local pool = mb == client.max_body and pool_of(client, u[6], scheme, host, port) or
+    pool_of(client, scheme .. "+" .. mb .. "://" .. host .. ":" .. port, scheme .. "+" .. mb,
+      host, port)
   pool.scheme = scheme
   req.pool = pool
   if timeout > 0 then
-    req.timer = pool.loop:schedule(timeout, function() on_timeout(req) end)
+    if timeout == client.timeout then add_deadline(pool, req)
+    else req.timer = pool.loop:schedule(timeout, function() on_timeout(req) end) end
   end
   send(req)
   return p
@@ -545,11 +595,15 @@ function M.client(opts)
   check_number(what, "timeout", opts.timeout, 0)
   check_number(what, "max_body", opts.max_body, 0)
   check_number(what, "max_header", opts.max_header, 64)
+  if opts.raw ~= nil and type(opts.raw) ~= "boolean" then
+    error(what .. ": raw must be a boolean, got " .. type(opts.raw), 2)
+  end
   return setmetatable({
     id = new_id(), pool = math.tointeger(opts.pool or M.pool),
     keepalive = opts.keepalive or M.keepalive, timeout = opts.timeout or M.timeout,
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
+    raw = opts.raw == true,
   }, Client)
 end
 

@@ -467,13 +467,16 @@ typedef struct client_s {
   nr_ctx_t *ctx;
   int depth;                  /* inside read */
   bool dead;                  /* removed during read: free when it returns */
+  bool raw;                   /* opts->raw, passed on in each reply */
 } client_t;
 
 void *nr_http_client_new(const nr_http_client_opts_t *o) {
   client_t *c = calloc(1, sizeof *c);
-  if (c != NULL)
+  if (c != NULL) {
     nr_http_client_parser_init(&c->parser, o->max_header, o->max_body,
                                o->max_headers);
+    c->raw = o->raw;
+  }
   return c;
 }
 
@@ -492,6 +495,7 @@ void nr_http_client_removed(nr_ctx_t *ctx) {
 
 static int deliver(void *arg, nr_http_reply_t *r) {
   client_t *c = arg;
+  r->raw = c->raw;
   nr_ctx_fire_read(c->ctx, r);
   return c->dead || !nr_channel_is_open(nr_ctx_channel(c->ctx));
 }

@@ -53,6 +53,7 @@ typedef struct nr_http_reply_s {
   int minor;                      /* HTTP/1.<minor> */
   bool keep_alive;                /* the connection may carry another */
   bool chunked;
+  bool raw;                       /* the codec's raw option (for its binding) */
   const char *reason;
   size_t reason_len;
   const char *body;               /* never NULL */
@@ -122,6 +123,7 @@ size_t nr_http_call_encode_head(const nr_http_call_t *c, char *out);
 
 typedef struct nr_http_client_opts_s {
   size_t max_header, max_body, max_headers;
+  bool raw;                       /* replies marked raw (see nr_http_reply_t) */
 } nr_http_client_opts_t;
 
 /* A handler state for nr_http_client_handler; freed by its removed(). */

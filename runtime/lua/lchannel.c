@@ -214,6 +214,14 @@ static void require_loop(lua_State *L, nr_channel_t *ch, const char *what) {
                (int)nr_channel_id(ch), loop ? nr_loop_name(loop) : "none");
 }
 
+/* Nanoseconds as seconds: an integer when whole (60, not 60.0). */
+static void push_seconds(lua_State *L, uint64_t ns) {
+  if (ns % 1000000000u == 0)
+    lua_pushinteger(L, (lua_Integer)(ns / 1000000000u));
+  else
+    lua_pushnumber(L, (lua_Number)ns / 1e9);
+}
+
 static int l_option(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
   const char *name = luaL_checkstring(L, 2);
@@ -224,6 +232,15 @@ static int l_option(lua_State *L) {
       return 1;
     }
     require_loop(L, ch, "options");
+    if (strcmp(name, "send_timeout") == 0) {
+      lua_Number s = luaL_checknumber(L, 3);
+      if (!(s >= 0 && s <= 1e9))
+        return luaL_error(L, "option 'send_timeout': expected seconds from 0 "
+                          "(none) to 1e9, got %s", lua_tostring(L, 3));
+      nr_channel_set_send_timeout(ch, lnr_ns(s));
+      lua_settop(L, 1);
+      return 1;
+    }
     int v = lua_isboolean(L, 3) ? lua_toboolean(L, 3)
                                 : (int)luaL_checkinteger(L, 3);
     int rc = nr_channel_set_option(ch, name, v);
@@ -242,6 +259,7 @@ static int l_option(lua_State *L) {
   else if (strcmp(name, "write_buffer_high") == 0) lua_pushinteger(L, (lua_Integer)o->write_buffer_high);
   else if (strcmp(name, "sndbuf") == 0) lua_pushinteger(L, o->sndbuf);
   else if (strcmp(name, "rcvbuf") == 0) lua_pushinteger(L, o->rcvbuf);
+  else if (strcmp(name, "send_timeout") == 0) push_seconds(L, o->send_timeout);
   else return luaL_error(L, "unknown channel option '%s'", name);
   return 1;
 }
@@ -568,7 +586,8 @@ static const char *const udp_keys[] = {
     "group", "host", "port", "options", "init", NULL};
 static const char *const channel_keys[] = {
     "tcp_nodelay", "keepalive", "auto_read", "allow_half_closure",
-    "write_buffer_low", "write_buffer_high", "sndbuf", "rcvbuf", NULL};
+    "write_buffer_low", "write_buffer_high", "sndbuf", "rcvbuf",
+    "send_timeout", NULL};
 
 /* Where a channel goes: a group (its next loop), or a loop given instead
  * (DESIGN.md §4: "wherever a group is taken, a loop may be given"). */
@@ -641,9 +660,31 @@ static bool opt_bool(lua_State *L, int t, const char *k, bool d,
   return v;
 }
 
+/* A timeout in seconds (0: none), as nanoseconds. */
+static uint64_t opt_timeout(lua_State *L, int t, const char *k, uint64_t d,
+                            const char *what) {
+  int got = lua_getfield(L, t, k);
+  if (got == LUA_TNIL) {
+    lua_pop(L, 1);
+    return d;
+  }
+  if (got != LUA_TNUMBER || lua_tonumber(L, -1) < 0 ||
+      lua_tonumber(L, -1) > 1e9)
+    luaL_error(L, "%s: %s must be a number of seconds from 0 (none) to 1e9, "
+               "got %s", what, k, got == LUA_TNUMBER
+               ? lua_tostring(L, -1) : luaL_typename(L, -1));
+  uint64_t ns = lnr_ns(lua_tonumber(L, -1));
+  lua_pop(L, 1);
+  return ns;
+}
+
+/* send_timeout: 60 s for a server's children (nginx's send_timeout), none
+ * for a channel that connects (its peer is its own choice). */
 static void channel_opts(lua_State *L, int t, const char *field,
-                         const char *what, nr_channel_opts_t *o) {
+                         const char *what, nr_channel_opts_t *o,
+                         uint64_t send_timeout) {
   nr_channel_opts_init(o);
+  o->send_timeout = send_timeout;
   int type = lua_getfield(L, t, field);
   if (type == LUA_TNIL) {
     lua_pop(L, 1);
@@ -664,6 +705,7 @@ static void channel_opts(lua_State *L, int t, const char *field,
   o->write_buffer_high = (size_t)opt_int(L, c, "write_buffer_high", 65536, 0, big, name);
   o->sndbuf = (int)opt_int(L, c, "sndbuf", 0, 0, INT_MAX, name);
   o->rcvbuf = (int)opt_int(L, c, "rcvbuf", 0, 0, INT_MAX, name);
+  o->send_timeout = opt_timeout(L, c, "send_timeout", send_timeout, name);
   if (o->write_buffer_low > o->write_buffer_high)
     luaL_error(L, "%s: write_buffer_low (%d) is above write_buffer_high (%d)",
                field, (int)o->write_buffer_low, (int)o->write_buffer_high);
@@ -779,7 +821,7 @@ static int l_server(lua_State *L) {
   o.port = o.unix_path ? 0 : check_port(L, 1, what);
   o.unix_mode = check_mode(L, 1, what);
   o.backlog = (int)opt_int(L, 1, "backlog", 1024, 1, INT_MAX, what);
-  channel_opts(L, 1, "child_options", what, &o.child);
+  channel_opts(L, 1, "child_options", what, &o.child, NR_SEC(60));
   if (o.unix_path == NULL && !is_address(o.host) && on_loop())
     return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
@@ -815,7 +857,7 @@ static int l_connect(lua_State *L) {
   o.timeout = lua_isnil(L, -1) ? NR_SEC(30)
                                : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
   lua_pop(L, 1);
-  channel_opts(L, 1, "options", what, &o.opts);
+  channel_opts(L, 1, "options", what, &o.opts, 0);
   if (o.unix_path == NULL && !is_address(o.host))
     return connect_by_name(L);
   init_t *in = pack_init(L, 1, true, what);
@@ -836,7 +878,7 @@ static int l_udp(lua_State *L) {
   o.loop = g.loop;
   o.host = opt_str(L, 1, "host", "0.0.0.0", what);
   o.port = check_port(L, 1, what);
-  channel_opts(L, 1, "options", what, &o.opts);
+  channel_opts(L, 1, "options", what, &o.opts, 0);
   if (!is_address(o.host) && on_loop())
     return listen_by_name(L, "udp");
   init_t *in = pack_init(L, 1, true, what);

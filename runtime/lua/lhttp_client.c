@@ -6,6 +6,7 @@
  *     max_header = 16384,     -- status line + headers; more: an error
  *     max_body = 1 << 20,     -- decoded body; more: an error
  *     max_headers = 100,      -- header + trailer lines (at most 512)
+ *     raw = false,            -- true: responses as prepared responses
  *   })
  *
  * Written to it, a request table is encoded (other values pass on):
@@ -25,6 +26,12 @@
  *     trailers = { ... } (only when a chunked body had some),
  *     body = "...", keep_alive = true }
  * keep_alive says whether the connection may carry another request.
+ * With raw = true (a proxy's mode) it is instead
+ *   { status = 200, keep_alive = true, response = <netrun.codec.http_response> }
+ * the response encoded once in C, without its hop-by-hop fields (RFC 9110
+ * 7.6.1) and framing (Content-Length, Transfer-Encoding), ready for a
+ * server codec's ctx:write, which frames it for its own client; no headers
+ * or body table is built. (A body over 2 GiB comes as a table.)
  * A response it cannot read (malformed, over a limit, cut short by the
  * close) reaches exception_caught as "http_client: <kind>: <cause>" and
  * the channel is closed.
@@ -34,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "codec/http_client.h"
 #include "lnr.h"
@@ -83,9 +91,70 @@ static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
   }
 }
 
+/* Hop-by-hop fields and the framing, which the codec writing the
+ * response gives its own hop. */
+static bool hop_by_hop(const char *n, size_t len) {
+#define HOP(s) {s, sizeof s - 1}
+  static const struct { const char *s; size_t n; } names[] = {
+      HOP("connection"), HOP("keep-alive"), HOP("te"), HOP("trailer"),
+      HOP("transfer-encoding"), HOP("upgrade"), HOP("proxy-connection"),
+      HOP("proxy-authenticate"), HOP("proxy-authorization"),
+      HOP("content-length")};
+#undef HOP
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (names[i].n == len && strncasecmp(names[i].s, n, len) == 0)
+      return true;
+  return false;
+}
+
+/* The raw form: a prepared response (lhttp.c's class) of r's status,
+ * end-to-end headers and body; false when r cannot be one (the caller
+ * then pushes the table form). */
+static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
+  if (r->body_len > UINT32_MAX / 2 || r->status < 100 || r->status > 999)
+    return false;
+  nr_http_header_t small[32], *kept = small;
+  if (r->nheaders > sizeof small / sizeof small[0] &&
+      (kept = malloc(r->nheaders * sizeof *kept)) == NULL)
+    return false;
+  size_t n = 0;
+  bool ok = true;
+  for (size_t i = 0; i < r->nheaders && ok; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    if (hop_by_hop(h->name, h->name_len))
+      continue;
+    ok = nr_http_is_token(h->name, h->name_len) &&
+         nr_http_is_field_value(h->value, h->value_len);
+    kept[n++] = *h;
+  }
+  if (ok) {
+    nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE,
+                              .status = r->status, .headers = kept,
+                              .nheaders = n, .body = r->body,
+                              .body_len = r->body_len};
+    size_t size = nr_http_prepared_size(&res);
+    lua_createtable(L, 0, 3);
+    lnr_native_t *ud = lua_newuserdatauv(L, sizeof *ud + size, 0);
+    ud->tag = &lnr_native_tag;
+    ud->pad = NULL;
+    nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
+    luaL_setmetatable(L, "netrun.codec.http_response");
+    lua_setfield(L, -2, "response");
+    lua_pushinteger(L, r->status);
+    lua_setfield(L, -2, "status");
+    lua_pushboolean(L, r->keep_alive);
+    lua_setfield(L, -2, "keep_alive");
+  }
+  if (kept != small)
+    free(kept);
+  return ok;
+}
+
 static void push_reply(lua_State *L, void *msg) {
   const nr_http_reply_t *r = msg;
   luaL_checkstack(L, 8, "http_client");
+  if (r->raw && push_raw(L, r))
+    return;
   lua_createtable(L, 0, 7);
   lua_pushinteger(L, r->status);
   lua_setfield(L, -2, "status");
@@ -323,6 +392,15 @@ static int l_http_client(lua_State *L) {
   o.max_header = opt_size(L, "max_header", 16384, 64, 1 << 30);
   o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
   o.max_headers = opt_size(L, "max_headers", 100, 1, NR_HTTP_MAX_HEADERS);
+  o.raw = false;
+  if (!lua_isnoneornil(L, 1)) {
+    int t = lua_getfield(L, 1, "raw");
+    if (t != LUA_TNIL && t != LUA_TBOOLEAN)
+      luaL_error(L, CLASS ": raw must be a boolean, got a %s",
+                 luaL_typename(L, -1));
+    o.raw = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
   nr_http_client_opts_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -332,8 +410,9 @@ static int l_http_client(lua_State *L) {
 static int l_tostring(lua_State *L) {
   nr_http_client_opts_t *c = luaL_checkudata(L, 1, CLASS);
   lua_pushfstring(L, CLASS "{ max_header = %I, max_body = %I, "
-                  "max_headers = %I }", (lua_Integer)c->max_header,
-                  (lua_Integer)c->max_body, (lua_Integer)c->max_headers);
+                  "max_headers = %I, raw = %s }", (lua_Integer)c->max_header,
+                  (lua_Integer)c->max_body, (lua_Integer)c->max_headers,
+                  c->raw ? "true" : "false");
   return 1;
 }
 

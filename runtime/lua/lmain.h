@@ -31,5 +31,9 @@ int lnr_log_unterminated(const char *why);
 /* From the signal thread on SIGHUP: a hot reload, run on the main thread
  * (its outcome logged there) (lops.c). */
 void lnr_reload_signal(void);
+/* After luaL_openlibs: os.execute and io.popen that start programs with
+ * an empty signal mask and default SIGINT/SIGTERM/SIGHUP/SIGPIPE, not
+ * netrun's blocked ones (lspawn.c). Any thread, on its own state. */
+void lnr_open_spawn(lua_State *L);
 
 #endif /* LNR_MAIN_H */

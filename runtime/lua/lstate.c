@@ -7,9 +7,10 @@
  * sent to it -- runs whenever it waits inside netrun.
  *
  * Every loop thread creates its own state when it starts (on its thread),
- * with the standard libraries, a generational collector, the main state's
- * package.path/cpath, "netrun.core" preloaded and "netrun" required, and a
- * counting allocator so its memory can be read from any thread, and
+ * with the standard libraries (os.execute and io.popen from lspawn.c), a
+ * generational collector, the main state's package.path/cpath,
+ * "netrun.core" preloaded and "netrun" required, and a counting allocator
+ * so its memory can be read from any thread, and
  * bounded (lua_memory_limit, see "the memory limit"). The state is closed
  * on the same thread when the loop terminates.
  */
@@ -411,6 +412,7 @@ static void set_path(lua_State *L, const char *field, const char *value) {
 static int open_loop_state(lua_State *L) {
   const lnr_paths_t *paths = lua_touserdata(L, 1);
   luaL_openlibs(L);
+  lnr_open_spawn(L);
   lua_gc(L, LUA_GCGEN, 0, 0);
   set_path(L, "path", paths->path);
   set_path(L, "cpath", paths->cpath);

@@ -29,7 +29,9 @@
  *
  * Writes made while this handler dispatches a read (its channel_read and
  * channel_read_complete) are gathered, after the first, into one record
- * (see "gathering"); any other write is encrypted at once.
+ * (see "gathering"); any other write is encrypted at once. Flushes asked
+ * meanwhile (the handshake's, the handlers') happen once, as the callback
+ * ends or at a close (flush_out).
  *
  * Re-entrancy: handlers fired from inside a read may write, close, or
  * remove this handler. SSL's output is committed between SSL calls, never
@@ -88,11 +90,26 @@ typedef struct tls_s {
   bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
+  bool flush_owed;                /* a flush waits for the gather's end */
+  bool hold;                      /* ... or for the read's read_complete */
   int busy;
   int gather;                     /* inside tls_read / tls_read_complete */
 } tls_t;
 
 static int drain(tls_t *s);
+
+/* Flush the channel; inside a read's callbacks (`gather`), at their end:
+ * the tickets SSL writes as a handshake completes, the answer to the
+ * request that came with the client's Finished and, on a close, the
+ * close_notify then leave in one write (one syscall, not three). */
+static void flush_out(tls_t *s) {
+  if (s->gather > 0) {
+    s->flush_owed = true;
+    return;
+  }
+  s->flush_owed = false;
+  nr_ctx_flush(s->ctx);
+}
 
 /* ---- the BIOs --------------------------------------------------------------- */
 
@@ -412,7 +429,7 @@ static void handshake_done(tls_t *s) {
     free(q);
   }
   if (s->flush_req)
-    nr_ctx_flush(s->ctx);
+    flush_out(s);
   s->flush_req = false;
   settle_hs(s, 0, NULL);
   if (s->active_seen && !s->active_fired) {
@@ -443,7 +460,7 @@ static bool handshake(tls_t *s) {
   }
   if (has_out(s)) {
     pass_out(s, NULL);
-    nr_ctx_flush(s->ctx);
+    flush_out(s);
   }
   if (rc == 1)
     handshake_done(s);
@@ -560,7 +577,7 @@ static void decrypt(tls_t *s, bool last) {
   }
   if ((wrote || has_out(s)) && s->st == ST_OPEN) {
     pass_out(s, NULL);            /* a key update's answer, tickets */
-    nr_ctx_flush(s->ctx);
+    flush_out(s);
   }
 }
 
@@ -680,6 +697,8 @@ static bool gather_leave(tls_t *s) {
   if (drain(s) < 0)
     nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO,
                           "tls: encrypting the writes of a read failed"});
+  if (s->flush_owed && !s->hold)
+    flush_out(s);
   return true;
 }
 
@@ -701,7 +720,12 @@ static int tls_read(nr_ctx_t *ctx, void *msg) {
     for (size_t i = 0; rc == 0 && i < v->n && !s->removed; i++)
       rc = feed(s, v->v[i].data, v->v[i].len, last && i + 1 == v->n);
   }
-  gather_leave(s);
+  /* A read its producer lets wait ends with channel_read_complete: what
+   * the handshake flushed (a resumption's tickets) waits for the answer
+   * written there, and both leave in one write. */
+  s->hold = last;
+  if (gather_leave(s))
+    s->hold = false;
   return rc;
 }
 
@@ -714,6 +738,8 @@ static int tls_read_complete(nr_ctx_t *ctx) {
     gather_enter(s);
     nr_ctx_fire_read_complete(ctx);
     gather_leave(s);
+  } else if (s->flush_owed) {
+    flush_out(s);
   }
   return 0;
 }
@@ -817,7 +843,7 @@ static int tls_flush(nr_ctx_t *ctx) {
     return 0;
   }
   int rc = drain(s);
-  nr_ctx_flush(ctx);
+  flush_out(s);
   return rc;
 }
 
@@ -830,9 +856,13 @@ static int tls_close(nr_ctx_t *ctx, nr_promise_t *p) {
     SSL_shutdown(s->ssl);
     ERR_clear_error();
     pass_out(s, NULL);
-    nr_ctx_flush(ctx);
+    s->flush_owed = true;
   } else if (s->st == ST_HANDSHAKE) {
     fail_queue(s, "channel closed before the TLS handshake completed");
+  }
+  if (s->flush_owed) {             /* what waited leaves before the close */
+    s->flush_owed = false;
+    nr_ctx_flush(ctx);
   }
   return nr_ctx_close(ctx, p);
 }
@@ -856,6 +886,10 @@ static void tls_added(nr_ctx_t *ctx) {
 static void tls_removed(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   drain(s);                        /* the way on stays: passed out */
+  if (s->flush_owed) {
+    s->flush_owed = false;
+    nr_ctx_flush(ctx);
+  }
   if (s->busy > 0 || s->gather > 0)
     s->removed = true;
   else
