@@ -121,4 +121,40 @@ describe("a graceful close", function()
     assert.is_true(H.socket.gettime() - t0 < 1, "shutdown waited for an idle peer")
     c:close()
   end)
+
+  it("closes at once after a request that asked to close; lingers when the server closes", function()
+    -- RFC 9112 9.6: a client that sends Connection: close sends nothing
+    -- after it, so the close has nothing in flight to wait for (nginx);
+    -- a close the server decides may meet requests still on their way
+    local group = netrun.group { threads = 1, name = "linger-http" }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          local close = req.path == "/bye" and "close" or nil
+          ctx:write_and_flush({ status = 200, headers = { connection = close }, body = "ok" })
+        end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local loop = group:loops()[1]
+    local function ask(req)         -- the answer read; c left open, silent
+      local c = H.client(port)
+      c:send(req)
+      local status = H.read_response(c)
+      assert.are.equal(200, status)
+      return c
+    end
+    local c = ask("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert.is_true(H.eventually(function() return loop:stats().channels == 1 end, 2),
+      "the server held a connection whose client asked to close")
+    c:close()
+    c = ask("GET /bye HTTP/1.1\r\nHost: x\r\n\r\n")
+    H.socket.sleep(0.3)   -- a lingering close holds its fd until the peer's FIN: it is still there
+    assert.are.equal(2, loop:stats().channels)
+    c:close()
+    assert.is_true(H.eventually(function() return loop:stats().channels == 1 end, 5))
+    H.shutdown(group)
+  end)
 end)

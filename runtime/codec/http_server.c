@@ -497,14 +497,27 @@ static inline void finish_response(nr_http_server_t *s, bool close) {
   finished(s, close);
 }
 
+/* The request just answered asked for the close (Connection: close, or
+ * HTTP/1.0 without keep-alive), was read whole, and nothing came after
+ * it: a client that asks to close sends no further request (RFC 9112
+ * 9.6), so there is nothing in flight for a lingering close to wait for
+ * (nginx lingers only on unread or pipelined input too). Bytes already
+ * in the socket still make the close linger (start_linger's FIONREAD). */
+static bool client_closes(const nr_http_server_t *s) {
+  uint8_t f = s->flags[(s->oldest + RING - 1) % RING];
+  return (f & F_CLOSE) && s->outstanding == 0 &&
+         nr__http_parsing_head(&s->parser) && nr_buf_len(&s->parser.in) == 0;
+}
+
 /* What finish_response does besides forgetting the request. */
 static NOINLINE void finished(nr_http_server_t *s, bool close) {
   if (close) {
     s->closing = true;
     /* a client may pipeline past the request that closes: what it sends
      * meanwhile must not turn our close into a reset that destroys the
-     * answers it has not read yet */
-    nr_channel_linger(nr_ctx_channel(s->ctx));
+     * answers it has not read yet -- unless the client closes itself */
+    if (!client_closes(s))
+      nr_channel_linger(nr_ctx_channel(s->ctx));
     nr_ctx_flush(s->ctx);
     nr_ctx_close(s->ctx, NULL);
   } else if (s->outstanding > 0) {
