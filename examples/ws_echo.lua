@@ -44,12 +44,13 @@ function Echo:exception_caught(ctx, err)
   ctx:close()
 end
 
+local http = netrun.codec.http_server()   -- one configuration, made once
+
 local workers = netrun.group { threads = option("threads", 1), name = "ws" }
 local server = netrun.server {
   group = workers, host = option("host", "127.0.0.1"), port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server())
-    ch:pipeline():add_last("echo", Echo)
+    ch:pipeline():add_last("http", http):add_last("echo", Echo)
   end,
 }:sync()
 
