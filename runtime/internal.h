@@ -222,6 +222,7 @@ struct nr_pipeline_s {
   nr_ctx_t *zombies;         /* removed during a call: freed at depth 0 */
   unsigned teardown;         /* NR__TD_* of a close made during a call */
   unsigned auto_names;
+  bool destroyed;             /* torn down: no handler may join it */
   const void *deferrable;    /* the read being fired may be taken later */
   const void *tokened;       /* the read being fired has a token: */
   uint64_t token;

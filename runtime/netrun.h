@@ -571,7 +571,8 @@ enum {
 unsigned nr_handler_mask(const nr_handler_t *h);
 
 /* Pipeline mutation: loop thread only. 0, -EEXIST (duplicate name),
- * -ENOENT (unknown base/name), -ENOMEM. */
+ * -ENOENT (unknown base/name), -ENOMEM, or for an add -ESHUTDOWN (the
+ * channel is closed and its handlers were removed). */
 int nr_pipeline_add_first(nr_pipeline_t *p, const char *name,
                           const nr_handler_t *h, void *state);
 int nr_pipeline_add_last(nr_pipeline_t *p, const char *name,
