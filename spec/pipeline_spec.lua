@@ -192,22 +192,28 @@ describe("pipelines", function()
       local ctx = p:context("h")
       local same = { p == chan:pipeline(), p == ctx.pipeline, p:channel() == chan }
       -- held past the channel's close and a full collection of the handle cache
-      _G.kept_pipeline = p
+      _G.kept_pipeline, _G.kept_ctx = p, ctx
       return same
     end)
     assert.same({ true, true, true }, r)
     c:close()
     ch:close_future():sync()
     local after = ch:loop():submit(function()
-      local p = _G.kept_pipeline
-      _G.kept_pipeline = nil
+      local p, ctx = _G.kept_pipeline, _G.kept_ctx
+      _G.kept_pipeline, _G.kept_ctx = nil, nil
       collectgarbage(); collectgarbage()
       local names = p:names()
+      -- its handler was removed: no handler (its state is freed: ASan saw a
+      -- use after free here), and a write fails its future
+      local handler, name = ctx.handler, ctx.name
+      local f = ctx:write_and_flush("late")
+      local wrote = f:is_done() and not f:is_success() and tostring(f:cause()):match("closed channel") ~= nil
       -- nothing would ever remove a handler added now (it leaked before)
       local ok, err = pcall(p.add_last, p, "x", {})
-      return { #names, tostring(p):match("channel %d+") ~= nil, ok, err:match("channel is closed") ~= nil }
+      return { #names, tostring(p):match("channel %d+") ~= nil, ok, err:match("channel is closed") ~= nil,
+               handler == nil, name, wrote }
     end):sync()
-    assert.same({ 0, true, false, true }, after)
+    assert.same({ 0, true, false, true, true, "h", true }, after)
     server:close():sync()
   end)
 
