@@ -300,6 +300,50 @@ describe("websocket", function()
     assert.equal("1008 frame timeout", H.eventually(function() return seen:get("drip2:close") end))
   end)
 
+  describe("a graceful shutdown", function()
+    -- A server on a group of its own, to be shut down by the test.
+    local function own_server(tag, opts)
+      local g = netrun.group { threads = 1, name = "wsdown" }
+      local s = H.sync(netrun.server {
+        group = g, host = "127.0.0.1", port = 0,
+        init = function(ch)
+          ch:pipeline():add_last("http", netrun.codec.http_server())
+          ch:pipeline():add_last("app", setmetatable({ tag = tag, opts = opts or {} }, App))
+        end,
+      })
+      local _, port = s:local_address()
+      return g, port
+    end
+
+    it("sends Python's client a close 1001 \"going away\" and waits for its answer", function()
+      local g, port = own_server("down")
+      local p = assert(io.popen(PY .. " wait_shutdown " .. url(port), "r"))
+      assert.equal("ready", p:read("l"))
+      local t0 = socket.gettime()
+      H.sync(g:shutdown_gracefully(0, 10))
+      local took = socket.gettime() - t0
+      local out = p:read("a")
+      p:close()
+      assert.matches("close_code 1001\nclose_reason going away\n", out, 1, true)
+      assert.matches("ok", out)
+      assert.is_true(took < 4, "the shutdown took " .. took .. " s")
+      assert.equal("1001 going away", seen:get("down:close"))  -- the peer answered
+    end)
+
+    it("does not wait past close_timeout for a peer that never answers the close", function()
+      local g, port = own_server("downdeaf", { close_timeout = 0.5 })
+      local c = raw(port)
+      c:send(frame(1, "ping?"))
+      assert.same({ 1, "ping?" }, { read_frame(c) })
+      local t0 = socket.gettime()
+      local done = g:shutdown_gracefully(0, 20)
+      expect_close(c, 1001)                      -- never answered by us
+      H.sync(done)
+      local took = socket.gettime() - t0
+      assert.is_true(took >= 0.4 and took < 5, "the shutdown took " .. took .. " s")
+    end)
+  end)
+
   it("refuses a request that is no WebSocket upgrade", function()
     local port = ws_server("plain")
     local c = H.client(port)

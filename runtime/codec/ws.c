@@ -17,7 +17,10 @@
  * the socket; the timer closes it otherwise. A protocol error is a close
  * with its status (1002, 1007, 1009) and the socket closed at once, with
  * a lingering close: what the peer still sends must not reset the close
- * frame away before it has read it.
+ * frame away before it has read it. A graceful shutdown of the loop tells
+ * the handler (NR_EVT_SHUTDOWN): it sends 1001 "going away" and keeps the
+ * channel open, reading, for the answer -- at most close_timeout, which
+ * the channel keeps as the loop's timers are gone by then.
  */
 #include <assert.h>
 #include <errno.h>
@@ -471,6 +474,15 @@ static int timer_free(void *arg) {
   return 0;
 }
 
+/* Cancelled by someone else than stop_timer (a shutting-down loop cancels
+ * every timer): w must not point at it any more. */
+static int timer_cancelled(void *arg) {
+  ws_timer_t *t = arg;
+  if (t->w != NULL)
+    t->w->targ = NULL;
+  return timer_free(t);
+}
+
 /* The peer did not answer our close in time. */
 static int timer_fire(void *arg) {
   ws_timer_t *t = arg;
@@ -503,7 +515,7 @@ static void start_timer(nr_ws_t *w, nr_ctx_t *ctx, uint64_t ns) {
       (t = malloc(sizeof *t)) == NULL)
     return;
   *t = (ws_timer_t){w, nr_ctx_retain(ctx)};
-  w->timer = nr_loop_schedule(loop, ns, 0, timer_fire, timer_free, t);
+  w->timer = nr_loop_schedule(loop, ns, 0, timer_fire, timer_cancelled, t);
   if (w->timer == NULL)
     timer_free(t);
   else
@@ -733,6 +745,24 @@ int nr_ws_inactive(nr_ctx_t *ctx) {
   return nr_decoder_inactive(ctx);
 }
 
+/* A graceful shutdown is about to close the socket: say goodbye first
+ * (1001, going away) and keep it open, reading, for the peer's answer --
+ * at most close_timeout (the loop's timers are gone by now: the channel
+ * keeps the deadline). */
+int nr_ws_user_event(nr_ctx_t *ctx, void *evt) {
+  nr_ws_t *w = nr_ctx_state(ctx);
+  if (evt == &NR_EVT_SHUTDOWN && (w->phase == OPEN || w->phase == CLOSING)) {
+    if (w->phase == OPEN) {
+      static const char why[] = "going away";
+      send_close(w, ctx, NR_WS_GOING_AWAY, why, sizeof why - 1, NULL);
+      w->phase = CLOSING;
+    }
+    uint64_t t = w->close_timeout ? w->close_timeout : NR_SEC(3600);
+    nr_channel_delay_shutdown_close(nr_ctx_channel(ctx), nr_now() + t);
+  }
+  return nr_decoder_user_event(ctx, evt);
+}
+
 /* Bytes are a text frame, NR_MSG_WEBSOCKET messages frames of their
  * opcode (a close one starts the close handshake); anything else passes. */
 int nr_ws_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
@@ -790,7 +820,7 @@ const nr_handler_t nr_ws_handler = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
     .inactive = nr_ws_inactive, .read = nr_decoder_read,
-    .user_event = nr_decoder_user_event,
+    .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = nr_ws_write, .close = nr_ws_close,
     .flags = NR_HANDLER_SYNC_WRITE};

@@ -22,6 +22,8 @@
  * client). A close (the channel's, or a close message) sends a close frame
  * and waits close_timeout for the peer's before the socket is closed; the
  * peer's close is answered and the socket closed once that has gone out.
+ * A graceful shutdown of the loop (NR_EVT_SHUTDOWN) sends a close 1001
+ * "going away" and waits for the answer the same way.
  */
 #ifndef NR_CODEC_WS_H
 #define NR_CODEC_WS_H
@@ -147,6 +149,7 @@ int nr_ws_active(nr_ctx_t *ctx);
 int nr_ws_inactive(nr_ctx_t *ctx);
 int nr_ws_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_ws_close(nr_ctx_t *ctx, nr_promise_t *p);
+int nr_ws_user_event(nr_ctx_t *ctx, void *evt);
 void nr_ws_handler_added(nr_ctx_t *ctx);
 
 #endif /* NR_CODEC_WS_H */

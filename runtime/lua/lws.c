@@ -138,7 +138,7 @@ static const nr_handler_t lua_ws_vt = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
     .inactive = nr_ws_inactive, .read = nr_decoder_read,
-    .user_event = nr_decoder_user_event,
+    .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = lwrite, .close = nr_ws_close, .flags = NR_HANDLER_SYNC_WRITE};
 
