@@ -137,7 +137,15 @@ void nr_ws_parser_init(nr_ws_parser_t *p, bool server, size_t max_message,
   p->max_frame = max_frame;
 }
 
-void nr_ws_parser_free(nr_ws_parser_t *p) { nr_buf_free(&p->msg); }
+void nr_ws_parser_free(nr_ws_parser_t *p) {
+  nr_buf_free(&p->msg);
+  nr_ws_pmd_parser_free(p);
+}
+
+void nr_ws_parser_deflate(nr_ws_parser_t *p, bool peer_context) {
+  p->deflate = true;
+  p->peer_context = peer_context;
+}
 
 /* Unmasked payloads of whole frames, per thread; what it keeps past a
  * call is bounded (a large one is freed at the next call), and a thread
@@ -186,7 +194,7 @@ static long fail(nr_ws_parser_t *p, nr_ws_event_t *ev, int code,
 }
 
 typedef struct head_s {
-  bool fin, masked;
+  bool fin, masked, rsv1;
   int op;
   uint64_t len;
   size_t size;               /* the head's bytes */
@@ -199,6 +207,7 @@ static int parse_head(const unsigned char *d, size_t len, head_t *h) {
   if (len < 2)
     return 0;
   h->fin = d[0] & 0x80;
+  h->rsv1 = d[0] & NR_WS_RSV1;
   h->op = d[0] & 0x0F;
   h->masked = d[1] & 0x80;
   h->len = d[1] & 0x7F;
@@ -229,10 +238,13 @@ static int parse_head(const unsigned char *d, size_t len, head_t *h) {
  * breaks a rule or a limit is refused before it is cumulated. */
 static long check_head(nr_ws_parser_t *p, const head_t *h, const char *data,
                        nr_ws_event_t *ev) {
-  if (data[0] & 0x70)
+  bool control = h->op & 8;
+  if ((data[0] & 0x30) || (h->rsv1 && !p->deflate))
     return fail(p, ev, NR_WS_PROTOCOL, "reserved bits set (no extension "
                 "was agreed)");
-  bool control = h->op & 8;
+  if (h->rsv1 && (control || h->op == NR_WS_CONT))
+    return fail(p, ev, NR_WS_PROTOCOL, "compressed bit on a control frame "
+                "or a continuation");
   if ((h->op > NR_WS_BINARY && !control) || h->op > NR_WS_PONG)
     return fail(p, ev, NR_WS_PROTOCOL, "reserved opcode");
   if (h->masked != p->server)
@@ -269,11 +281,33 @@ static long decode_close(nr_ws_parser_t *p, const char *pl, size_t n,
   return 0;
 }
 
-/* A fragment of a message: kept (unmasked), its text checked so far. */
+/* A compressed message (all its fragments) inflated: the event, or a
+ * failure (1009 past max_message, 1007 not deflate or not UTF-8). */
+static long inflate_msg(nr_ws_parser_t *p, int op, const char *in, size_t n,
+                        nr_ws_event_t *ev) {
+  const char *out;
+  size_t len;
+  int rc = nr_ws_inflate(p, in, n, &out, &len);
+  if (rc == NR_WS_TOO_BIG || rc == -ENOMEM)
+    return fail(p, ev, NR_WS_TOO_BIG, rc == -ENOMEM ? "out of memory for a "
+                "message" : "message too big (inflated)");
+  if (rc != 0)
+    return fail(p, ev, NR_WS_BAD_DATA, "invalid compressed data");
+  if (op == NR_WS_TEXT && nr_utf8_check(0, out, len) != 0)
+    return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
+  ev->opcode = op;
+  ev->data = out;
+  ev->len = len;
+  return 0;
+}
+
+/* A fragment of a message: kept (unmasked), its text checked so far (a
+ * compressed one's once it is inflated, whole). */
 static long add_fragment(nr_ws_parser_t *p, const head_t *h, const char *pl,
                          nr_ws_event_t *ev) {
   if (h->op != NR_WS_CONT) {
     p->fragmented = h->op;
+    p->compressed = h->rsv1;
     p->utf8 = 0;
   }
   size_t n = (size_t)h->len, at = nr_buf_len(&p->msg);
@@ -284,17 +318,20 @@ static long add_fragment(nr_ws_parser_t *p, const head_t *h, const char *pl,
     nr_ws_mask(m + at, m + at, n, h->mask, 0);
   if (m == NULL)
     m = (char *)"";              /* empty so far: nothing is written to it */
-  if (p->fragmented == NR_WS_TEXT) {
+  if (p->fragmented == NR_WS_TEXT && !p->compressed) {
     p->utf8 = nr_utf8_check(p->utf8, m + at, n);
     if (p->utf8 == NR_UTF8_BAD || (h->fin && p->utf8 != 0))
       return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
   }
   if (h->fin) {
-    ev->opcode = p->fragmented;
-    ev->data = m;
-    ev->len = nr_buf_len(&p->msg);
+    int op = p->fragmented;
     p->fragmented = 0;
     p->reset = true;
+    if (p->compressed)
+      return inflate_msg(p, op, m, nr_buf_len(&p->msg), ev);
+    ev->opcode = op;
+    ev->data = m;
+    ev->len = nr_buf_len(&p->msg);
   }
   return 0;
 }
@@ -307,6 +344,7 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
     nr_buf_free(&p->msg);
   }
   scratch_trim();
+  nr_ws_pmd_trim();
   if (p->closed)
     return (long)len;
   head_t h;
@@ -333,6 +371,8 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   }
   if (h.op == NR_WS_CLOSE)
     return decode_close(p, pl, n, ev) < 0 ? -1 : used;
+  if (h.rsv1)
+    return inflate_msg(p, h.op, pl, n, ev) < 0 ? -1 : used;
   if (h.op == NR_WS_TEXT && nr_utf8_check(0, pl, n) != 0)
     return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
   ev->opcode = h.op;
@@ -364,6 +404,8 @@ typedef struct nr_ws_s {
   char *request;               /* client: the handshake, until it is sent */
   size_t request_len;
   char accept[32];             /* client: the Sec-WebSocket-Accept expected */
+  bool deflate_offered;        /* client: our request offered it */
+  nr_ws_pmd_t pmd;             /* permessage-deflate agreed (bits 0: not) */
 } nr_ws_t;
 
 struct ws_timer_s {
@@ -378,11 +420,28 @@ static uint64_t next_rand(nr_ws_t *w) {   /* xorshift64* */
   return w->rng * 0x2545F4914F6CDD1Dull;
 }
 
-/* Write one frame of op whose payload is the n slices v (total bytes):
- * in place when the write goes straight to the outbound buffer, else as
- * one gathered write (a client's masked payload is copied first). */
+static int send_raw_frame(nr_ws_t *w, nr_ctx_t *ctx, int op,
+                          const nr_slice_t *v, size_t n, size_t total,
+                          nr_promise_t *p);
+
+/* Write one frame of op whose payload is the n slices v (total bytes),
+ * a data frame compressed when permessage-deflate was agreed. */
 static int send_frame(nr_ws_t *w, nr_ctx_t *ctx, int op, const nr_slice_t *v,
                       size_t n, size_t total, nr_promise_t *p) {
+  if (w->pmd.bits == 0 || (op != NR_WS_TEXT && op != NR_WS_BINARY))
+    return send_raw_frame(w, ctx, op, v, n, total, p);
+  nr_slice_t z;
+  if (nr_ws_deflate(w->pmd.bits, v, n, &z.data, &z.len) < 0)
+    return nr_raise(-ENOMEM, "websocket: out of memory to compress");
+  return send_raw_frame(w, ctx, op | NR_WS_RSV1, &z, 1, z.len, p);
+}
+
+/* Write one frame as it is: in place when the write goes straight to the
+ * outbound buffer, else as one gathered write (a client's masked payload
+ * is copied first). */
+static int send_raw_frame(nr_ws_t *w, nr_ctx_t *ctx, int op,
+                          const nr_slice_t *v, size_t n, size_t total,
+                          nr_promise_t *p) {
   char head[NR_WS_MAX_HEAD];
   uint8_t key[4];
   if (w->client) {
@@ -619,6 +678,16 @@ static int handshake_step(nr_ws_t *w, nr_ctx_t *ctx, const char *data,
     handshake_failed(w, ctx, "wrong Sec-WebSocket-Accept", "", 0);
     return 0;
   }
+  if ((v = find_header(data, hl, "sec-websocket-extensions", &vl)) != NULL) {
+    const char *why = w->deflate_offered ? nr_ws_pmd_check(v, vl, &w->pmd)
+                                         : "an extension that was not offered";
+    if (why != NULL) {
+      *consumed = len;
+      handshake_failed(w, ctx, why, v, vl);
+      return 0;
+    }
+    nr_ws_parser_deflate(&w->parser, w->pmd.peer_context);
+  }
   stop_timer(w);
   w->phase = OPEN;
   nr_ctx_fire_active(ctx);       /* the handlers after us see it open now */
@@ -691,6 +760,11 @@ void *nr_ws_new(const nr_ws_opts_t *o) {
   w->handshake_timeout = o->handshake_timeout;
   w->frame_timeout = o->frame_timeout;
   w->phase = o->client ? HANDSHAKE : OPEN;
+  w->deflate_offered = o->client && o->deflate_offered;
+  if (!o->client && o->deflate.bits != 0) {
+    w->pmd = o->deflate;
+    nr_ws_parser_deflate(&w->parser, o->deflate.peer_context);
+  }
   if (o->client) {
     if (getrandom(&w->rng, sizeof w->rng, 0) != sizeof w->rng)
       w->rng = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)w;
