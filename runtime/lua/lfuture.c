@@ -4,7 +4,9 @@
  * blocks an executor group's), netrun.spawn() with await() and
  * netrun.sleep().
  *
- * A future's value is a blob: each state that reads it gets its own copy.
+ * A future's value is a blob: each state that reads it gets its own copy,
+ * but the state that produced it, which gets the value itself (a table
+ * set or returned on a loop and awaited on that loop is the same table).
  * Listeners stay in the state that added them and run on its thread.
  * A spawned coroutine is kept in the registry while it lives; await() adds
  * a listener that resumes it on its own loop.
@@ -84,7 +86,7 @@ static int complete(lua_State *L, bool success, bool try) {
   }
   if (success) {
     lua_settop(L, 2);
-    lnr_blob_t *b = lnr_pack(L, 2, 1, "result");
+    lnr_blob_t *b = lnr_pack_result(L, 2);
     rc = nr_promise_set_success(p, b, lnr_blob_free_fn);
   } else {
     const char *msg = luaL_tolstring(L, 2, NULL);

@@ -313,7 +313,7 @@ static int lua_task(void *arg) {
 
 static int try_pack_p(lua_State *L) {
   lnr_blob_t **out = lua_touserdata(L, 2);
-  *out = lnr_pack(L, 1, 1, "result");
+  *out = lnr_pack_result(L, 1);
   return 0;
 }
 

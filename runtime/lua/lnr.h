@@ -188,6 +188,10 @@ struct lnr_blob_s {
   void *user2;
   int kept;                   /* lnr_keep: registry ref of the values, else 0 */
   const struct lnr_state_s *home;   /* lnr_keep: the state holding them */
+  /* lnr_pack_result: packed and kept both; the kept ref is let go on
+   * home_loop (retained) when the blob is freed on another thread */
+  bool packed_too;
+  nr_loop_t *home_loop;
   char small[96];
 };
 
@@ -200,6 +204,11 @@ lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what);
  * the blob only refers to them; it is unpacked and freed on this state's
  * loop thread. */
 lnr_blob_t *lnr_keep(lua_State *L, int from, int n);
+/* A future's value (the one at idx): packed, so that any state reads a
+ * copy, and -- a table, a function or a userdata -- also kept in this
+ * state, so that a reader in this same state (an await on the producer's
+ * own loop) gets the value itself, no copy. Raises like lnr_pack. */
+lnr_blob_t *lnr_pack_result(lua_State *L, int idx);
 /* Push the blob's values; returns how many. Raises on failure. */
 int lnr_unpack(lua_State *L, const lnr_blob_t *b);
 void lnr_blob_free(lnr_blob_t *b);
