@@ -400,6 +400,18 @@ describe("websocket", function()
       assert.equal("1001 going away", seen:get("down:close"))  -- the peer answered
     end)
 
+    it("on SIGTERM: ws_echo.lua --deflate yes says 1001 to its client, after agreeing deflate", function()
+      local port = H.free_port()
+      local pid = H.start("examples/ws_echo.lua", port, "--deflate yes")
+      assert.matches("extensions permessage%-deflate", py("deflate " .. url(port)))
+      local p = assert(io.popen(PY .. " wait_shutdown " .. url(port), "r"))
+      assert.equal("ready", p:read("l"))
+      assert.is_true(H.stop(pid))
+      local out = p:read("a")
+      p:close()
+      assert.matches("close_code 1001\nclose_reason going away\n", out, 1, true)
+    end)
+
     it("does not wait past close_timeout for a peer that never answers the close", function()
       local g, port = own_server("downdeaf", { close_timeout = 0.5 })
       local c = raw(port)

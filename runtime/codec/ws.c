@@ -194,7 +194,7 @@ static long fail(nr_ws_parser_t *p, nr_ws_event_t *ev, int code,
 }
 
 typedef struct head_s {
-  bool fin, masked, rsv1;
+  bool fin, masked;
   int op;
   uint64_t len;
   size_t size;               /* the head's bytes */
@@ -207,7 +207,6 @@ static int parse_head(const unsigned char *d, size_t len, head_t *h) {
   if (len < 2)
     return 0;
   h->fin = d[0] & 0x80;
-  h->rsv1 = d[0] & NR_WS_RSV1;
   h->op = d[0] & 0x0F;
   h->masked = d[1] & 0x80;
   h->len = d[1] & 0x7F;
@@ -239,12 +238,14 @@ static int parse_head(const unsigned char *d, size_t len, head_t *h) {
 static long check_head(nr_ws_parser_t *p, const head_t *h, const char *data,
                        nr_ws_event_t *ev) {
   bool control = h->op & 8;
-  if ((data[0] & 0x30) || (h->rsv1 && !p->deflate))
-    return fail(p, ev, NR_WS_PROTOCOL, "reserved bits set (no extension "
-                "was agreed)");
-  if (h->rsv1 && (control || h->op == NR_WS_CONT))
-    return fail(p, ev, NR_WS_PROTOCOL, "compressed bit on a control frame "
-                "or a continuation");
+  if (data[0] & 0x70) {          /* only RSV1, only where deflate allows */
+    if ((data[0] & 0x30) || !p->deflate)
+      return fail(p, ev, NR_WS_PROTOCOL, "reserved bits set (no extension "
+                  "was agreed)");
+    if (control || h->op == NR_WS_CONT)
+      return fail(p, ev, NR_WS_PROTOCOL, "compressed bit on a control "
+                  "frame or a continuation");
+  }
   if ((h->op > NR_WS_BINARY && !control) || h->op > NR_WS_PONG)
     return fail(p, ev, NR_WS_PROTOCOL, "reserved opcode");
   if (h->masked != p->server)
@@ -304,10 +305,10 @@ static long inflate_msg(nr_ws_parser_t *p, int op, const char *in, size_t n,
 /* A fragment of a message: kept (unmasked), its text checked so far (a
  * compressed one's once it is inflated, whole). */
 static long add_fragment(nr_ws_parser_t *p, const head_t *h, const char *pl,
-                         nr_ws_event_t *ev) {
+                         bool rsv1, nr_ws_event_t *ev) {
   if (h->op != NR_WS_CONT) {
     p->fragmented = h->op;
-    p->compressed = h->rsv1;
+    p->compressed = rsv1;
     p->utf8 = 0;
   }
   size_t n = (size_t)h->len, at = nr_buf_len(&p->msg);
@@ -342,9 +343,10 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   if (p->reset) {
     p->reset = false;
     nr_buf_free(&p->msg);
+    free(p->inflated);
+    p->inflated = NULL;
   }
   scratch_trim();
-  nr_ws_pmd_trim();
   if (p->closed)
     return (long)len;
   head_t h;
@@ -361,7 +363,7 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   size_t n = (size_t)h.len;
   long used = (long)(h.size + n);
   if (h.op == NR_WS_CONT || !h.fin)
-    return add_fragment(p, &h, pl, ev) < 0 ? -1 : used;
+    return add_fragment(p, &h, pl, data[0] & NR_WS_RSV1, ev) < 0 ? -1 : used;
   if (h.masked && n > 0) {
     char *s = scratch_get(n);
     if (s == NULL)
@@ -371,7 +373,7 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   }
   if (h.op == NR_WS_CLOSE)
     return decode_close(p, pl, n, ev) < 0 ? -1 : used;
-  if (h.rsv1)
+  if (data[0] & NR_WS_RSV1)
     return inflate_msg(p, h.op, pl, n, ev) < 0 ? -1 : used;
   if (h.op == NR_WS_TEXT && nr_utf8_check(0, pl, n) != 0)
     return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
@@ -420,28 +422,17 @@ static uint64_t next_rand(nr_ws_t *w) {   /* xorshift64* */
   return w->rng * 0x2545F4914F6CDD1Dull;
 }
 
-static int send_raw_frame(nr_ws_t *w, nr_ctx_t *ctx, int op,
-                          const nr_slice_t *v, size_t n, size_t total,
-                          nr_promise_t *p);
+static int send_deflated(nr_ws_t *w, nr_ctx_t *ctx, int op,
+                         const nr_slice_t *v, size_t n, nr_promise_t *p);
 
-/* Write one frame of op whose payload is the n slices v (total bytes),
- * a data frame compressed when permessage-deflate was agreed. */
+/* Write one frame of op whose payload is the n slices v (total bytes):
+ * in place when the write goes straight to the outbound buffer, else as
+ * one gathered write (a client's masked payload is copied first). A data
+ * frame is compressed first when permessage-deflate was agreed. */
 static int send_frame(nr_ws_t *w, nr_ctx_t *ctx, int op, const nr_slice_t *v,
                       size_t n, size_t total, nr_promise_t *p) {
-  if (w->pmd.bits == 0 || (op != NR_WS_TEXT && op != NR_WS_BINARY))
-    return send_raw_frame(w, ctx, op, v, n, total, p);
-  nr_slice_t z;
-  if (nr_ws_deflate(w->pmd.bits, v, n, &z.data, &z.len) < 0)
-    return nr_raise(-ENOMEM, "websocket: out of memory to compress");
-  return send_raw_frame(w, ctx, op | NR_WS_RSV1, &z, 1, z.len, p);
-}
-
-/* Write one frame as it is: in place when the write goes straight to the
- * outbound buffer, else as one gathered write (a client's masked payload
- * is copied first). */
-static int send_raw_frame(nr_ws_t *w, nr_ctx_t *ctx, int op,
-                          const nr_slice_t *v, size_t n, size_t total,
-                          nr_promise_t *p) {
+  if (w->pmd.bits != 0 && (op == NR_WS_TEXT || op == NR_WS_BINARY))
+    return send_deflated(w, ctx, op, v, n, p);
   char head[NR_WS_MAX_HEAD];
   uint8_t key[4];
   if (w->client) {
@@ -483,6 +474,14 @@ static int send_raw_frame(nr_ws_t *w, nr_ctx_t *ctx, int op,
   if (sv != small)
     free(sv);
   return rc;
+}
+
+static int send_deflated(nr_ws_t *w, nr_ctx_t *ctx, int op,
+                         const nr_slice_t *v, size_t n, nr_promise_t *p) {
+  nr_slice_t z;
+  if (nr_ws_deflate(w->pmd.bits, v, n, &z.data, &z.len) < 0)
+    return nr_raise(-ENOMEM, "websocket: out of memory to compress");
+  return send_frame(w, ctx, op | NR_WS_RSV1, &z, 1, z.len, p);
 }
 
 /* A close frame: status (none for NR_WS_NO_STATUS) and up to 123 bytes of

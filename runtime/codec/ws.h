@@ -84,6 +84,7 @@ typedef struct nr_ws_parser_s {
   bool peer_context;         /* the peer keeps its window between messages */
   bool inflater_ok;
   struct z_stream_s *inflater;  /* then: this connection's own stream */
+  char *inflated;            /* a large inflated message, freed on reset */
 } nr_ws_parser_t;
 
 /* What one call decoded. opcode 0: nothing to deliver (a fragment kept).
@@ -158,13 +159,13 @@ const char *nr_ws_pmd_check(const char *v, size_t n, nr_ws_pmd_t *agreed);
 int nr_ws_deflate(int bits, const nr_slice_t *v, size_t n, const char **out,
                   size_t *len);
 /* Inflate one message into a per-thread buffer (valid until the thread's
- * next call): 0, NR_WS_TOO_BIG past p->max_message (having allocated no
+ * next call; one past 64 KiB moves to p->inflated, freed when the parser
+ * is next called, so that a thread keeps no large buffer): 0, NR_WS_TOO_BIG past p->max_message (having allocated no
  * more than that), NR_WS_BAD_DATA, or -ENOMEM. */
 int nr_ws_inflate(nr_ws_parser_t *p, const char *in, size_t n,
                   const char **out, size_t *len);
-/* Free what a parser keeps for the extension; free a large thread buffer. */
+/* Free what a parser keeps for the extension. */
 void nr_ws_pmd_parser_free(nr_ws_parser_t *p);
-void nr_ws_pmd_trim(void);
 
 /* ---- the handler -------------------------------------------------------------- */
 

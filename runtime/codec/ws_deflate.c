@@ -16,8 +16,9 @@
  * Bounds. An inflated message lands in a per-thread buffer that grows
  * only up to max_message + 1 bytes: a message that inflates past
  * max_message is refused (1009) when that byte is reached, so a zip bomb
- * never allocates more than the limit. What the buffer keeps past a call
- * is bounded as ws.c's scratch is.
+ * never allocates more than the limit. A buffer grown past 64 KiB goes to
+ * the parser, which frees it on its next call (as it does a reassembled
+ * message): a thread keeps at most 64 KiB.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -222,14 +223,6 @@ static int grow(char **b, size_t *cap, size_t need) {
   return 0;
 }
 
-void nr_ws_pmd_trim(void) {
-  if (zt != NULL && zt->plain_cap > KEEP) {
-    free(zt->plain);
-    zt->plain = NULL;
-    zt->plain_cap = 0;
-  }
-}
-
 /* ---- deflate ------------------------------------------------------------------ */
 
 int nr_ws_deflate(int bits, const nr_slice_t *v, size_t n, const char **out,
@@ -349,10 +342,19 @@ int nr_ws_inflate(nr_ws_parser_t *p, const char *in, size_t n,
     rc = 0;
   *out = have > 0 ? t->plain : "";
   *len = have;
+  if (t->plain_cap > KEEP) {      /* the parser frees it on its next call */
+    free(p->inflated);
+    p->inflated = t->plain;
+    p->reset = true;
+    t->plain = NULL;
+    t->plain_cap = 0;
+  }
   return rc;
 }
 
 void nr_ws_pmd_parser_free(nr_ws_parser_t *p) {
+  free(p->inflated);
+  p->inflated = NULL;
   if (p->inflater != NULL) {
     if (p->inflater_ok)
       inflateEnd(p->inflater);
