@@ -789,6 +789,8 @@ static void pack_value(packer_t *k, int idx) {
     if (kind == 0)
       fail(k, "userdata");
     void *ptr = lnr_to_handle(L, idx, kind);
+    if (kind == LNR_FUTURE)
+      lnr_future_escapes(L, idx);  /* its value may be read elsewhere now */
     put_byte(k, T_HANDLE);
     put_byte(k, kind);
     put(k, &ptr, sizeof ptr);
