@@ -9,6 +9,9 @@
  * into a per-thread scratch buffer (the read's bytes are not ours to
  * change), a fragmented message into its reassembly buffer, which is
  * freed once the message was delivered: an idle connection holds nothing.
+ * With permessage-deflate agreed (ws_deflate.c), RSV1 on a message's first
+ * frame marks it compressed: it is reassembled as it came, then inflated
+ * within max_message, then checked as UTF-8.
  *
  * Closing (RFC 6455 7): each side sends one close frame. The peer's close
  * is answered with its status and the socket closed once the answer has
