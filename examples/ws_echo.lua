@@ -3,6 +3,8 @@
 -- or 426 Upgrade Required.
 --   netrun examples/ws_echo.lua [--port 9000] [--host H] [--threads N]
 --                               [--max-message BYTES] [--close-timeout S]
+--                               [--deflate yes]  (permessage-deflate, when
+--                                                 the client offers it)
 -- Try it: netrun examples/ws_client.lua --url ws://127.0.0.1:9000/
 local netrun = require "netrun"
 
@@ -11,6 +13,7 @@ local port = option("port", 9000)
 local opts = {
   max_message = option("max-message", 1 << 20),   -- larger: closed with 1009
   close_timeout = option("close-timeout", 5),     -- wait for the peer's close
+  deflate = option("deflate", "no") == "yes",     -- agree permessage-deflate
 }
 
 local PAGE = netrun.codec.http_response {
