@@ -37,16 +37,15 @@ local client = netrun.http.client {
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
--- each side themselves. (The backend's responses come without them: the
--- client's raw mode.)
+-- each side themselves. (Requests are forwarded without them, and the
+-- backend's responses come without them in the client's raw mode: this is
+-- for a response the client could not prepare.)
 local HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
               ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
               ["proxy-authorization"] = true, ["proxy-authenticate"] = true,
               ["content-length"] = true }
 
--- In place: the server codec hands up a fresh headers table per request,
--- so it is forwarded as it is, without the hop-by-hop fields (clearing a
--- field while walking the table is allowed).
+-- In place (clearing a field while walking the table is allowed).
 local function strip_hop(h)
   for k in next, h do
     if HOP[k] then h[k] = nil end
@@ -108,15 +107,15 @@ function dispatch(self, ctx)
 end
 
 function Proxy:channel_read(ctx, req)
-  local headers = strip_hop(req.headers)
-  self.peer = self.peer or (ctx.channel:remote_address())
-  headers["x-forwarded-for"] = self.peer
-  local path, query, body = req.path, req.query, req.body   -- each read is a call
-  if query then path = path .. "?" .. query end
+  -- the request goes on as it came (method, path and query, end-to-end
+  -- fields, body), with x-forwarded-for: `forward` hands the client codec
+  -- the server codec's request, whose bytes it copies, with no table made
+  -- of it. A handler may read or change req's fields first (req.path =
+  -- ..., req.headers.host = ...): what it changed is what is sent.
+  self.xff = self.xff or { ["x-forwarded-for"] = (ctx.channel:remote_address()) }
   local q = self.queue
   q.last = q.last + 1
-  q[q.last] = { method = req.method, url = base .. path, headers = headers,
-                body = body ~= "" and body or nil }
+  q[q.last] = { url = base, forward = req, headers = self.xff }
   dispatch(self, ctx)
 end
 

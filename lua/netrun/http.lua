@@ -54,6 +54,7 @@ local live = setmetatable({}, { __mode = "k" })   -- channel -> connection
 local pools = {}              -- client id -> origin -> pool (this state's)
 local codecs = {}             -- "max_header max_body" -> codec config
 local now = core.now
+local is_request = core.http.is_request
 local byte = string.byte
 local VOID = core.void_promise()
 
@@ -434,7 +435,7 @@ end
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true }
 local REQUEST_KEYS = { method = true, url = true, headers = true, body = true, timeout = true,
-                       max_body = true, tls = true, follow = true }
+                       max_body = true, tls = true, follow = true, forward = true }
 
 local function check_number(what, k, v, min)
   if v ~= nil and (type(v) ~= "number" or v ~= v or v < min) then
@@ -460,6 +461,16 @@ local function check_request(opts)
   check_number(what, "timeout", opts.timeout, 0)
   check_number(what, "max_body", opts.max_body, 0)
   check_number(what, "follow", opts.follow, 0)
+  local fwd = opts.forward
+  if fwd ~= nil then
+    if not is_request(fwd) then
+      error(what .. ": forward must be a request of netrun.codec.http_server, got " ..
+        type(fwd), 3)
+    end
+    if opts.method ~= nil or opts.body ~= nil then
+      error(what .. ": forward takes the request's method and body: give neither", 3)
+    end
+  end
 end
 
 -- Parsed URLs, cached per state (a client fetches the same few URLs
@@ -490,8 +501,12 @@ function M.request_with(client, opts, cb)
     end
   end
   local scheme, host, port, target = u[1], u[2], u[3], u[4]
-  local method = opts.method or "GET"
+  local fwd = opts.forward
+  local method = fwd and fwd.method or opts.method or "GET"
   if METHODS[method] == nil then method = method:upper() end
+  if fwd and scheme and target ~= "/" then
+    scheme, host = false, "a forwarded request's URL names only the origin (no path)"
+  end
   if not scheme then
     local err = string.format("netrun.http: %s %s: bad URL: %s", method, tostring(opts.url), host)
     if p then return p:set_failure(err) end
@@ -499,7 +514,9 @@ function M.request_with(client, opts, cb)
     return
   end
   local h = { host = u[5] }
-  if opts.headers then
+  if fwd then              -- the codec merges them with the request's own
+    h = opts.headers
+  elseif opts.headers then
     for k, v in pairs(opts.headers) do
       local b = type(k) == "string" and byte(k) or nil
       if (b == 72 or b == 104) and k ~= "host" and k:lower() == "host" then h.host = nil end
@@ -511,7 +528,7 @@ function M.request_with(client, opts, cb)
   -- method, path, headers and body)
   local req = {
     client = client, opts = opts, url = opts.url, promise = p, cb = cb,
-    method = method, path = target, headers = h, body = opts.body,
+    method = method, path = target, headers = h, body = opts.body, forward = fwd, host = u[5],
     dpool = false, dprev = false, dnext = false, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
     max_body = math.tointeger(opts.max_body or client.max_body),
     tls = opts.tls, follow = math.tointeger(opts.follow or client.follow or 0),

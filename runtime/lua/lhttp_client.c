@@ -277,9 +277,115 @@ static bool good_target(const char *s, size_t n) {
   return true;
 }
 
+/* ---- forwarding a server request ------------------------------------------- */
+
+/* Fields a forwarded request leaves behind besides the hop-by-hop ones:
+ * the server codec answered its Expect already. */
+static bool not_forwarded(const char *n, size_t len) {
+  return hop_by_hop(n, len) || (len == 6 && strncasecmp(n, "expect", 6) == 0);
+}
+
+/* Is name among h->v[0 .. n) (the fields the writer gave)? */
+static bool given(const hdrs_t *h, size_t n, const char *name, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (h->v[i].name_len == len && strncasecmp(h->v[i].name, name, len) == 0)
+      return true;
+  return false;
+}
+
+/* A forwarded field, unless hop-by-hop or given by the writer; *host is
+ * set when it is Host. */
+static int forward_field(hdrs_t *h, size_t ngiven, const char *name,
+                         size_t nl, const char *val, size_t vl, bool *host,
+                         char *err, size_t el) {
+  if (not_forwarded(name, nl) || given(h, ngiven, name, nl))
+    return 0;
+  *host = *host || (nl == 4 && strncasecmp(name, "host", 4) == 0);
+  return add_header(h, name, nl, val, vl, err, el);
+}
+
+/* The fields of the headers table at t (the handler read or set them):
+ * each value a string, or an array of them. */
+static int forward_table(lua_State *L, int t, hdrs_t *h, size_t ngiven,
+                         bool *host, char *err, size_t el) {
+  hdrs_t all = {.v = all.small, .cap = sizeof all.small / sizeof all.small[0]};
+  int rc = collect(L, t, &all, err, el);
+  for (size_t i = 0; rc == 0 && i < all.n; i++)
+    rc = forward_field(h, ngiven, all.v[i].name, all.v[i].name_len,
+                       all.v[i].value, all.v[i].value_len, host, err, el);
+  if (all.v != all.small)
+    free(all.v);
+  return rc;
+}
+
+/* The head's own fields, as they arrived (checked by the server's parser). */
+static int forward_raw(lua_State *L, int idx, size_t n, hdrs_t *h,
+                       size_t ngiven, bool *host, char *err, size_t el) {
+  nr_http_header_t small[32], *v = small;
+  if (n > sizeof small / sizeof small[0] && (v = malloc(n * sizeof *v)) == NULL) {
+    snprintf(err, el, "out of memory");
+    return -ENOMEM;
+  }
+  lnr_http_forward_fields(L, idx, v, n);
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = forward_field(h, ngiven, v[i].name, v[i].name_len, v[i].value,
+                       v[i].value_len, host, err, el);
+  if (v != small)
+    free(v);
+  return rc;
+}
+
+/* Fill c from the server request at fwd (the request table's forward
+ * field, at idx): its method, target, body and end-to-end fields; the
+ * table's headers are added and replace forwarded ones of their names; the
+ * table's host is the Host when the request has none (HTTP/1.0). */
+static int to_forward(lua_State *L, int idx, int fwd, nr_http_call_t *c,
+                      hdrs_t *h, char *err, size_t el) {
+  lnr_http_fwd_t f;
+  if (!lnr_http_forward_view(L, fwd, &f)) {
+    snprintf(err, el, "forward must be a request of netrun.codec.http_server, "
+             "got a %s", luaL_typename(L, fwd));
+    return -EINVAL;
+  }
+  if (f.bad != NULL) {
+    snprintf(err, el, "the forwarded request's %s cannot be sent", f.bad);
+    return -EINVAL;
+  }
+  if (!nr_http_is_token(f.method, f.method_len) ||
+      !good_target(f.target, f.target_len)) {
+    snprintf(err, el, "the forwarded request's %s cannot be sent",
+             nr_http_is_token(f.method, f.method_len) ? "path" : "method");
+    return -EINVAL;
+  }
+  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,
+                        .method_len = f.method_len, .target = f.target,
+                        .target_len = f.target_len,
+                        .body = f.body_len ? f.body : NULL,
+                        .body_len = f.body_len};
+  int rc = 0;
+  if (lua_getfield(L, idx, "headers") == LUA_TTABLE)
+    rc = collect(L, lua_gettop(L), h, err, el);
+  size_t ngiven = h->n;
+  bool host = given(h, ngiven, "host", 4);
+  if (rc == 0)
+    rc = f.headers ? forward_table(L, f.headers, h, ngiven, &host, err, el)
+                   : forward_raw(L, fwd, f.nheaders, h, ngiven, &host, err, el);
+  if (rc == 0 && !host && lua_getfield(L, idx, "host") == LUA_TSTRING) {
+    size_t n;
+    const char *v = lua_tolstring(L, -1, &n);
+    rc = add_header(h, "host", 4, v, n, err, el);
+  }
+  c->headers = h->v;
+  c->nheaders = h->n;
+  return rc;
+}
+
 /* Fill c from the request table at idx (its strings stay on the stack). */
 static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
                    char *err, size_t el) {
+  if (lua_getfield(L, idx, "forward") != LUA_TNIL)
+    return to_forward(L, idx, lua_gettop(L), c, h, err, el);
   int t = lua_getfield(L, idx, "method");
   c->method = t == LUA_TNIL ? "GET" : lua_tolstring(L, -1, &c->method_len);
   if (t == LUA_TNIL)
