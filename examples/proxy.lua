@@ -56,22 +56,25 @@ end
 -- Per client connection: responses go out in request order (the codec's
 -- rule), so each request takes a slot and the slots are written in order
 -- as they fill. Requests wait in `queue` until fewer than in_flight are at
--- the backend and the client's connection is writable.
+-- the backend and the client's connection is writable. Both count from 1
+-- again whenever they empty, so their entries stay in the tables' array
+-- parts.
 local Proxy = {}
 Proxy.__index = Proxy
 
 local dispatch
 
 local function flush_ready(self, ctx)
-  local wrote = false
-  while self.slots[self.head] do
-    local res = self.slots[self.head]
-    self.slots[self.head] = nil
-    self.head = self.head + 1
-    ctx:write(res)
-    wrote = true
-  end
-  if wrote then ctx:flush() end
+  local slots, head = self.slots, self.head
+  if slots[head] == nil then return dispatch(self, ctx) end
+  repeat
+    ctx:write(slots[head])
+    slots[head] = nil
+    head = head + 1
+  until slots[head] == nil
+  if head == self.sent then head, self.sent = 1, 1 end   -- none at the backend
+  self.head = head
+  ctx:flush()
   dispatch(self, ctx)
 end
 
@@ -84,12 +87,12 @@ local function answer(self, ctx, n, r, err)
     self.slots[n] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
                       body = timeout and "gateway timeout\n" or "bad gateway\n" }
   end
-  if ctx.channel:is_open() then flush_ready(self, ctx) end
+  if self.ch:is_open() then flush_ready(self, ctx) end
 end
 
 function dispatch(self, ctx)
-  local q = self.queue
-  while q.first <= q.last and self.sent - self.head < in_flight and ctx.channel:is_writable() do
+  local q, ch = self.queue, self.ch
+  while q.first <= q.last and self.sent - self.head < in_flight and ch:is_writable() do
     local r = q[q.first]
     q[q.first] = nil
     q.first = q.first + 1
@@ -98,11 +101,12 @@ function dispatch(self, ctx)
     -- a callback rather than a future: the response is not copied
     client:request(r, function(res, err) answer(self, ctx, n, res, err) end)
   end
+  if q.first > q.last then q.first, q.last = 1, 0 end
   -- read no more from a client whose requests pile up
   local piled = q.last - q.first + 1 >= in_flight
   if piled ~= self.paused then
     self.paused = piled
-    ctx.channel:option("auto_read", not piled)
+    ch:option("auto_read", not piled)
   end
 end
 
@@ -112,7 +116,10 @@ function Proxy:channel_read(ctx, req)
   -- the server codec's request, whose bytes it copies, with no table made
   -- of it. A handler may read or change req's fields first (req.path =
   -- ..., req.headers.host = ...): what it changed is what is sent.
-  self.xff = self.xff or { ["x-forwarded-for"] = (ctx.channel:remote_address()) }
+  if not self.ch then
+    self.ch = ctx.channel
+    self.xff = { ["x-forwarded-for"] = (self.ch:remote_address()) }
+  end
   local q = self.queue
   q.last = q.last + 1
   q[q.last] = { url = base, forward = req, headers = self.xff }
@@ -120,7 +127,7 @@ function Proxy:channel_read(ctx, req)
 end
 
 function Proxy:channel_writability_changed(ctx)
-  dispatch(self, ctx)
+  if self.ch then dispatch(self, ctx) end
 end
 
 function Proxy:exception_caught(ctx, err)
@@ -133,8 +140,8 @@ netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
   init = function(ch)
     ch:pipeline():add_last("http", netrun.codec.http_server { max_body = max_body })
-    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, head = 0, sent = 0,
-      queue = { first = 1, last = 0 }, paused = false }, Proxy))
+    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, head = 1, sent = 1,
+      queue = { first = 1, last = 0 }, paused = false, ch = false, xff = false }, Proxy))
   end,
 }:sync()
 netrun.log.info("proxy: listening on :%d, backend %s", port, base)

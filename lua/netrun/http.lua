@@ -150,7 +150,7 @@ function M.attach(ch, max_header, max_body, raw)
     codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
     codecs[key] = codec
   end
-  local conn = setmetatable({ ch = ch, uses = 0 }, Conn)
+  local conn = setmetatable({ ch = ch }, Conn)
   live[ch] = conn
   local p = ch:pipeline()
   p:add_last("http", codec)
@@ -159,12 +159,13 @@ end
 
 -- ---- pools --------------------------------------------------------------------------
 
-local function pool_of(client, key, scheme, host, port)
+local function pool_of(client, key, scheme, host, port, max_body)
   local per = pools[client.id]
   if per == nil then per = {}; pools[client.id] = per end
   local pool = per[key]
   if pool == nil then
     pool = { key = key, client = client, scheme = scheme, host = host, port = port,
+             max_body = max_body,
              idle = {}, nidle = 0, total = 0, waiters = {}, whead = 1, wtail = 0,
              loop = core.current(), dhead = false, dtail = false, dtimer = false }
     per[key] = pool
@@ -245,7 +246,6 @@ end
 function start(conn, req, reused)
   conn.req = req
   conn.reused = reused
-  conn.uses = conn.uses + 1
   req.conn = conn
   -- no future per request: the codec converts the request as it is
   -- written, and a field it cannot send (a header that is not a token,
@@ -256,7 +256,7 @@ end
 
 function connect(pool, req)
   local client = pool.client
-  local mh, mb, raw = client.max_header, req.max_body, client.raw
+  local mh, mb, raw = client.max_header, pool.max_body, client.raw
   local tls = pool.scheme == "https" and (req.tls or client.tls or M.default_tls()) or nil
   local left = req.deadline - now()
   if left == math.huge then left = nil             -- no bound: connect's own
@@ -371,7 +371,7 @@ function fail_request(req, err, retry)
   if req.done then return end
   if retry and not req.retried and IDEMPOTENT[req.method] then
     req.retried = true
-    req.conn = nil
+    req.conn = false
     return send(req)
   end
   settle(req, nil, string.format("netrun.http: %s %s: %s", req.method,
@@ -382,8 +382,8 @@ local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308]
 
 function finish(req, res)
   if req.done then return end
-  local loc = res.headers and res.headers.location
-  if req.follow > 0 and REDIRECT[res.status] and loc then
+  local loc = req.follow and REDIRECT[res.status] and res.headers and res.headers.location
+  if loc then
     done_timer(req)
     local o = req.opts
     local n = {}
@@ -396,7 +396,7 @@ function finish(req, res)
       if method ~= "HEAD" then n.method = "GET" end
       n.body = nil
     end
-    M.request_with(req.client, n, function(r, e) settle(req, r, e) end)
+    M.request_with(req.pool.client, n, function(r, e) settle(req, r, e) end)
     return
   end
   settle(req, res)
@@ -492,12 +492,13 @@ local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = tru
 -- response, or with cb: nothing, and cb(res) or cb(nil, err) later.
 function M.request_with(client, opts, cb)
   local p = cb == nil and core.promise() or nil
-  local u = opts.url ~= nil and urls[opts.url]
+  local url = opts.url
+  local u = url ~= nil and urls[url]
   if u == nil then
-    u = parsed(opts.url)
-    if type(opts.url) == "string" then
+    u = parsed(url)
+    if type(url) == "string" then
       if nurls >= 1000 then urls, nurls = {}, 0 end
-      urls[opts.url], nurls = u, nurls + 1
+      urls[url], nurls = u, nurls + 1
     end
   end
   local scheme, host, port, target = u[1], u[2], u[3], u[4]
@@ -508,43 +509,48 @@ function M.request_with(client, opts, cb)
     scheme, host = false, "a forwarded request's URL names only the origin (no path)"
   end
   if not scheme then
-    local err = string.format("netrun.http: %s %s: bad URL: %s", method, tostring(opts.url), host)
+    local err = string.format("netrun.http: %s %s: bad URL: %s", method, tostring(url), host)
     if p then return p:set_failure(err) end
     core.current():execute(function() settle({ cb = cb }, nil, err) end)
     return
   end
-  local h = { host = u[5] }
+  local h, hosthdr = opts.headers, nil
   if fwd then              -- the codec merges them with the request's own
-    h = opts.headers
-  elseif opts.headers then
-    for k, v in pairs(opts.headers) do
-      local b = type(k) == "string" and byte(k) or nil
-      if (b == 72 or b == 104) and k ~= "host" and k:lower() == "host" then h.host = nil end
-      h[k] = v
+    hosthdr = u[5]         -- (and gives Host only to one that has none)
+  else
+    h = { host = u[5] }
+    if opts.headers then
+      for k, v in pairs(opts.headers) do
+        local b = type(k) == "string" and byte(k) or nil
+        if (b == 72 or b == 104) and k ~= "host" and k:lower() == "host" then h.host = nil end
+        h[k] = v
+      end
     end
   end
   local timeout = opts.timeout or client.timeout
-  -- the request table is also the message the codec writes (it reads
-  -- method, path, headers and body)
-  local req = {
-    client = client, opts = opts, url = opts.url, promise = p, cb = cb,
-    method = method, path = target, headers = h, body = opts.body, forward = fwd, host = u[5],
-    dpool = false, dprev = false, dnext = false, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
-    max_body = math.tointeger(opts.max_body or client.max_body),
-    tls = opts.tls, follow = math.tointeger(opts.follow or client.follow or 0),
-  }
-  local mb = req.max_body
+  local mb = opts.max_body
+  mb = mb and math.tointeger(mb) or client.max_body
   -- a limit other than the client's gets connections of its own
-  local pool = mb == client.max_body and pool_of(client, u[6], scheme, host, port) or
-    pool_of(client, scheme .. "+" .. mb .. "://" .. host .. ":" .. port, scheme .. "+" .. mb,
-      host, port)
-  pool.scheme = scheme
-  req.pool = pool
+  local pool = mb == client.max_body and pool_of(client, u[6], scheme, host, port, mb) or
+    pool_of(client, scheme .. "+" .. mb .. "://" .. host .. ":" .. port, scheme, host, port, mb)
+  -- the request table is also the message the codec writes (it reads
+  -- method, path, headers, body, forward and host); fields that are nil
+  -- for most requests are set apart, so that the constructor sizes it for
+  -- the rest
+  local req = {
+    pool = pool, url = url, promise = p, cb = cb, method = method,
+    path = not fwd and target or nil, headers = h, body = opts.body, forward = fwd,
+    host = hosthdr, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
+    dpool = false, dprev = false, dnext = false, conn = false, done = false,
+  }
+  if opts.tls then req.tls = opts.tls end
+  local follow = opts.follow or client.follow
+  if follow and follow > 0 then req.follow, req.opts = math.tointeger(follow), opts end
   if timeout > 0 then
     if timeout == client.timeout then add_deadline(pool, req)
     else req.timer = pool.loop:schedule(timeout, function() on_timeout(req) end) end
   end
-  send(req)
+  acquire(pool, req)
   return p
 end
 
