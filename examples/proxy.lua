@@ -54,11 +54,13 @@ local function strip_hop(h)
 end
 
 -- Per client connection: responses go out in request order (the codec's
--- rule), so each request takes a slot and the slots are written in order
--- as they fill. Requests wait in `queue` until fewer than in_flight are at
--- the backend and the client's connection is writable. Both count from 1
--- again whenever they empty, so their entries stay in the tables' array
--- parts.
+-- rule), so each request sent to the backend takes the next slot of a
+-- ring of in_flight slots, and the slots are written in order as they
+-- fill (`head` and `sent` count requests; at most in_flight are between
+-- them, so no two share a slot). Each slot has its callback, made once.
+-- Requests wait in `queue` until a slot is free and the client's
+-- connection is writable; the queue counts from 1 again whenever it
+-- empties, so its entries stay in the table's array part.
 local Proxy = {}
 Proxy.__index = Proxy
 
@@ -66,47 +68,57 @@ local dispatch
 
 local function flush_ready(self, ctx)
   local slots, head = self.slots, self.head
-  if slots[head] == nil then return dispatch(self, ctx) end
+  local i = head % in_flight + 1
+  if slots[i] == nil then return dispatch(self, ctx) end
   repeat
-    ctx:write(slots[head])
-    slots[head] = nil
+    ctx:write(slots[i])
+    slots[i] = nil
     head = head + 1
-  until slots[head] == nil
-  if head == self.sent then head, self.sent = 1, 1 end   -- none at the backend
+    i = head % in_flight + 1
+  until slots[i] == nil
   self.head = head
   ctx:flush()
   dispatch(self, ctx)
 end
 
-local function answer(self, ctx, n, r, err)
+local function answer(self, ctx, i, r, err)
   if r then                -- (a table only if it could not be prepared)
-    self.slots[n] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
+    self.slots[i] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
   else
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)
-    self.slots[n] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
+    self.slots[i] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
                       body = timeout and "gateway timeout\n" or "bad gateway\n" }
   end
   if self.ch:is_open() then flush_ready(self, ctx) end
 end
 
 function dispatch(self, ctx)
-  local q, ch = self.queue, self.ch
-  while q.first <= q.last and self.sent - self.head < in_flight and ch:is_writable() do
-    local r = q[q.first]
-    q[q.first] = nil
-    q.first = q.first + 1
-    local n = self.sent
-    self.sent = n + 1
-    -- a callback rather than a future: the response is not copied
-    client:request(r, function(res, err) answer(self, ctx, n, res, err) end)
+  local q = self.queue
+  local first, last = q.first, q.last
+  if first <= last then
+    local ch = self.ch
+    while first <= last and self.sent - self.head < in_flight and ch:is_writable() do
+      local r = q[first]
+      q[first] = nil
+      first = first + 1
+      local i = self.sent % in_flight + 1
+      self.sent = self.sent + 1
+      local cb = self.callbacks[i]
+      if cb == nil then      -- a callback rather than a future: the response is not copied
+        cb = function(res, err) answer(self, ctx, i, res, err) end
+        self.callbacks[i] = cb
+      end
+      client:request(r, cb)
+    end
+    if first > last then first, last = 1, 0 end
+    q.first, q.last = first, last
   end
-  if q.first > q.last then q.first, q.last = 1, 0 end
   -- read no more from a client whose requests pile up
-  local piled = q.last - q.first + 1 >= in_flight
+  local piled = last - first + 1 >= in_flight
   if piled ~= self.paused then
     self.paused = piled
-    ch:option("auto_read", not piled)
+    self.ch:option("auto_read", not piled)
   end
 end
 
@@ -140,8 +152,9 @@ netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
   init = function(ch)
     ch:pipeline():add_last("http", netrun.codec.http_server { max_body = max_body })
-    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, head = 1, sent = 1,
-      queue = { first = 1, last = 0 }, paused = false, ch = false, xff = false }, Proxy))
+    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, callbacks = {}, head = 0,
+      sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false, xff = false },
+      Proxy))
   end,
 }:sync()
 netrun.log.info("proxy: listening on :%d, backend %s", port, base)

@@ -367,14 +367,19 @@ local function settle(req, res, err)
   if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
 end
 
+-- The request's method (a forwarded one's is read from the request).
+local function method_of(req)
+  return req.method or req.forward.method
+end
+
 function fail_request(req, err, retry)
   if req.done then return end
-  if retry and not req.retried and IDEMPOTENT[req.method] then
+  if retry and not req.retried and IDEMPOTENT[method_of(req)] then
     req.retried = true
     req.conn = false
     return send(req)
   end
-  settle(req, nil, string.format("netrun.http: %s %s: %s", req.method,
+  settle(req, nil, string.format("netrun.http: %s %s: %s", method_of(req),
     req.url, tostring(err)))
 end
 
@@ -382,7 +387,8 @@ local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308]
 
 function finish(req, res)
   if req.done then return end
-  local loc = req.follow and REDIRECT[res.status] and res.headers and res.headers.location
+  local loc = req.follow and not req.forward and REDIRECT[res.status] and res.headers and
+    res.headers.location
   if loc then
     done_timer(req)
     local o = req.opts
@@ -406,7 +412,7 @@ function on_timeout(req)
   if req.done then return end
   local conn = req.conn
   settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
-    req.method, req.url, req.timeout))
+    method_of(req), req.url, req.timeout))
   if conn and conn.req == req then      -- its answer may still come: drop it
     conn.req = nil
     conn.dead = true
@@ -434,8 +440,10 @@ end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true }
-local REQUEST_KEYS = { method = true, url = true, headers = true, body = true, timeout = true,
-                       max_body = true, tls = true, follow = true, forward = true }
+-- A request's options: the type each must have (true: any).
+local REQUEST_TYPES = { method = "string", url = true, headers = "table", body = "string",
+                        timeout = "number", max_body = "number", tls = true, follow = "number",
+                        forward = "userdata" }
 
 local function check_number(what, k, v, min)
   if v ~= nil and (type(v) ~= "number" or v ~= v or v < min) then
@@ -443,32 +451,31 @@ local function check_number(what, k, v, min)
   end
 end
 
+-- One pass over the options a request gives (requests are many, their
+-- options few).
 local function check_request(opts)
   local what = "netrun.http.request"
   if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not REQUEST_KEYS[k] then error(what .. ": unknown option '" .. tostring(k) .. "'", 3) end
-  end
-  if opts.method ~= nil and type(opts.method) ~= "string" then
-    error(what .. ": method must be a string, got " .. type(opts.method), 3)
-  end
-  if opts.headers ~= nil and type(opts.headers) ~= "table" then
-    error(what .. ": headers must be a table, got " .. type(opts.headers), 3)
-  end
-  if opts.body ~= nil and type(opts.body) ~= "string" then
-    error(what .. ": body must be a string, got " .. type(opts.body), 3)
-  end
-  check_number(what, "timeout", opts.timeout, 0)
-  check_number(what, "max_body", opts.max_body, 0)
-  check_number(what, "follow", opts.follow, 0)
-  local fwd = opts.forward
-  if fwd ~= nil then
-    if not is_request(fwd) then
-      error(what .. ": forward must be a request of netrun.codec.http_server, got " ..
-        type(fwd), 3)
-    end
-    if opts.method ~= nil or opts.body ~= nil then
-      error(what .. ": forward takes the request's method and body: give neither", 3)
+  for k, v in next, opts do
+    local want = REQUEST_TYPES[k]
+    if want ~= true and type(v) ~= want then
+      if want == nil then error(what .. ": unknown option '" .. tostring(k) .. "'", 3) end
+      if k == "forward" then
+        error(what .. ": forward must be a request of netrun.codec.http_server, got " ..
+          type(v), 3)
+      end
+      if want == "number" then check_number(what, k, v, 0) end
+      error(what .. ": " .. k .. " must be a " .. want .. ", got " .. type(v), 3)
+    elseif want == "number" and (v ~= v or v < 0) then
+      check_number(what, k, v, 0)
+    elseif k == "forward" then
+      if not is_request(v) then
+        error(what .. ": forward must be a request of netrun.codec.http_server, got " ..
+          tostring(v), 3)
+      end
+      if opts.method ~= nil or opts.body ~= nil then
+        error(what .. ": forward takes the request's method and body: give neither", 3)
+      end
     end
   end
 end
@@ -503,13 +510,16 @@ function M.request_with(client, opts, cb)
   end
   local scheme, host, port, target = u[1], u[2], u[3], u[4]
   local fwd = opts.forward
-  local method = fwd and fwd.method or opts.method or "GET"
-  if METHODS[method] == nil then method = method:upper() end
-  if fwd and scheme and target ~= "/" then
+  local method = false                  -- a forwarded request's: read when needed
+  if not fwd then
+    method = opts.method or "GET"
+    if METHODS[method] == nil then method = method:upper() end
+  elseif scheme and target ~= "/" then
     scheme, host = false, "a forwarded request's URL names only the origin (no path)"
   end
   if not scheme then
-    local err = string.format("netrun.http: %s %s: bad URL: %s", method, tostring(url), host)
+    local err = string.format("netrun.http: %s %s: bad URL: %s", method or fwd.method,
+      tostring(url), host)
     if p then return p:set_failure(err) end
     core.current():execute(function() settle({ cb = cb }, nil, err) end)
     return
