@@ -54,6 +54,14 @@ local live = setmetatable({}, { __mode = "k" })   -- channel -> connection
 local pools = {}              -- client id -> origin -> pool (this state's)
 local codecs = {}             -- "max_header max_body" -> codec config
 local now = core.now
+
+-- The loop running this state (nil: the main thread): a state lives on
+-- one thread for life, so it is asked once.
+local here
+local function current()
+  if here == nil then here = core.current() or false end
+  return here or nil
+end
 local is_request = core.http.is_request
 local byte = string.byte
 local VOID = core.void_promise()
@@ -167,7 +175,7 @@ local function pool_of(client, key, scheme, host, port, max_body)
     pool = { key = key, client = client, scheme = scheme, host = host, port = port,
              max_body = max_body,
              idle = {}, nidle = 0, total = 0, waiters = {}, whead = 1, wtail = 0,
-             loop = core.current(), dhead = false, dtail = false, dtimer = false }
+             loop = current(), dhead = false, dtail = false, dtimer = false }
     per[key] = pool
   end
   return pool
@@ -521,7 +529,7 @@ function M.request_with(client, opts, cb)
     local err = string.format("netrun.http: %s %s: bad URL: %s", method or fwd.method,
       tostring(url), host)
     if p then return p:set_failure(err) end
-    core.current():execute(function() settle({ cb = cb }, nil, err) end)
+    current():execute(function() settle({ cb = cb }, nil, err) end)
     return
   end
   local h, hosthdr = opts.headers, nil
@@ -573,7 +581,7 @@ M.Client = Client
 local main_group                 -- the daemon group of main-thread requests
 
 local function on_loop(client, opts)
-  if core.current() ~= nil then return M.request_with(client, opts) end
+  if current() ~= nil then return M.request_with(client, opts) end
   main_group = main_group or require("netrun").group { threads = 1, name = "http", daemon = true }
   local p = core.promise()
   main_group:next():execute(function(c, o, pr)
@@ -596,7 +604,7 @@ function Client:request(opts, callback)
   if type(callback) ~= "function" then
     error("netrun.http client: the callback must be a function, got " .. type(callback), 2)
   end
-  if core.current() == nil then
+  if current() == nil then
     error("netrun.http client: a callback runs on the caller's loop: call request with " ..
       "one on a loop (the main thread is not one: use the future)", 2)
   end
