@@ -595,6 +595,13 @@ bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f) {
                                           ? q->query + q->query_len - q->path
                                           : q->path_len,
                         .nheaders = q->nheaders};
+  if (q->has_query && q->query != q->path + q->path_len + 1) {
+    lua_pushlstring(L, text + q->path, q->path_len);   /* copied apart (a */
+    lua_pushliteral(L, "?");                            /* chunked request's */
+    lua_pushlstring(L, text + q->query, q->query_len);  /* fields): joined */
+    lua_concat(L, 3);
+    f->target = lua_tolstring(L, -1, &f->target_len);
+  }
   int fields = req_fields(L, idx, false) ? lua_gettop(L) : 0;
   if (fields == 0) {           /* the usual: nothing assigned or read */
     if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING)
