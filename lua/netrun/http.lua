@@ -3,7 +3,8 @@
 --
 --   netrun.http.request { method = "GET", url = "https://a.example/x",
 --                         headers = {}, body = nil, timeout = 5,
---                         max_body = 1 << 20, tls = nil, follow = 0 }
+--                         max_body = 1 << 20, tls = nil, follow = 0,
+--                         forward = nil }
 --     --> future of { status = 200, headers = { lowercased }, body = "...",
 --                     reason, version, keep_alive }
 --   local client = netrun.http.client { pool = 64, keepalive = 60,
@@ -28,6 +29,12 @@
 -- connection that the server closed before answering (its keep-alive ran
 -- out at that moment) is sent once more on a fresh connection when its
 -- method is idempotent.
+--
+-- forward = req (a request option, for proxies): req is a request of
+-- netrun.codec.http_server, sent on as it came (method, target, end-to-end
+-- fields, body: the client codec encodes it from the server codec's
+-- bytes); url names only the origin; headers given are added and replace
+-- forwarded fields of their names; fields the handler assigned win.
 --
 -- raw = true (a client option, for proxies): responses come as
 -- { status, keep_alive, response = <netrun.codec.http_response> }, the

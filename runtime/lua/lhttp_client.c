@@ -14,6 +14,13 @@
  *               headers = { host = "a.example", ["x-a"] = { "1", "2" } },
  *               body = "..." }
  * method defaults to GET and path to "/"; Host is the writer's to give.
+ * A table with forward = <a request of netrun.codec.http_server> instead
+ * sends that request on (netrun.http's forward option): its method,
+ * target, body and end-to-end fields, from the bytes the server codec
+ * kept (or the fields its handler assigned), with the table's headers
+ * added in place of fields of their names and the table's host as Host
+ * when the request has none; hop-by-hop fields, Content-Length and Expect
+ * stay behind.
  * Content-Length is added for a body (and for an empty POST, PUT or
  * PATCH) unless the headers frame it. A bad field (a method or header
  * name that is not a token, a control byte or space in the path, CR or
