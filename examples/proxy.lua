@@ -66,12 +66,15 @@ Proxy.__index = Proxy
 
 local dispatch
 
+local VOID = netrun.void_promise()     -- no future per write (a failure reaches
+                                       -- exception_caught, which closes)
+
 local function flush_ready(self, ctx)
   local slots, head = self.slots, self.head
   local i = head % in_flight + 1
   if slots[i] == nil then return dispatch(self, ctx) end
   repeat
-    ctx:write(slots[i])
+    ctx:write(slots[i], VOID)
     slots[i] = nil
     head = head + 1
     i = head % in_flight + 1
