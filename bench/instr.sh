@@ -106,7 +106,7 @@ CONF
 }
 
 wait_port() {
-  for _ in $(seq 400); do
+  for _ in $(seq 1200); do   # 60 s: valgrind starts slowly on a busy machine
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
     sleep 0.05
   done

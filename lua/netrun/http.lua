@@ -69,7 +69,6 @@ local function current()
   if here == nil then here = core.current() or false end
   return here or nil
 end
-local is_request = core.http.is_request
 local byte = string.byte
 local VOID = core.void_promise()
 
@@ -455,43 +454,14 @@ end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true }
--- A request's options: the type each must have (true: any).
-local REQUEST_TYPES = { method = "string", url = true, headers = "table", body = "string",
-                        timeout = "number", max_body = "number", tls = true, follow = "number",
-                        forward = "userdata" }
+-- A request's options checked: known, of the right types (raises at the
+-- level of the call that gave them: core.http.check_request, in C, as
+-- every request is checked).
+local check_request = core.http.check_request
 
 local function check_number(what, k, v, min)
   if v ~= nil and (type(v) ~= "number" or v ~= v or v < min) then
-    error(string.format("%s: %s must be a number >= %s, got %s", what, k, min, tostring(v)), 4)
-  end
-end
-
--- One pass over the options a request gives (requests are many, their
--- options few).
-local function check_request(opts)
-  local what = "netrun.http.request"
-  if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 3) end
-  for k, v in next, opts do
-    local want = REQUEST_TYPES[k]
-    if want ~= true and type(v) ~= want then
-      if want == nil then error(what .. ": unknown option '" .. tostring(k) .. "'", 3) end
-      if k == "forward" then
-        error(what .. ": forward must be a request of netrun.codec.http_server, got " ..
-          type(v), 3)
-      end
-      if want == "number" then check_number(what, k, v, 0) end
-      error(what .. ": " .. k .. " must be a " .. want .. ", got " .. type(v), 3)
-    elseif want == "number" and (v ~= v or v < 0) then
-      check_number(what, k, v, 0)
-    elseif k == "forward" then
-      if not is_request(v) then
-        error(what .. ": forward must be a request of netrun.codec.http_server, got " ..
-          tostring(v), 3)
-      end
-      if opts.method ~= nil or opts.body ~= nil then
-        error(what .. ": forward takes the request's method and body: give neither", 3)
-      end
-    end
+    error(string.format("%s: %s must be a number >= %s, got %s", what, k, min, tostring(v)), 3)
   end
 end
 
@@ -556,8 +526,9 @@ function M.request_with(client, opts, cb)
   local mb = opts.max_body
   mb = mb and math.tointeger(mb) or client.max_body
   -- a limit other than the client's gets connections of its own
-  local pool = mb == client.max_body and pool_of(client, u[6], scheme, host, port, mb) or
-    pool_of(client, scheme .. "+" .. mb .. "://" .. host .. ":" .. port, scheme, host, port, mb)
+  local key = mb == client.max_body and u[6] or scheme .. "+" .. mb .. "://" .. host .. ":" .. port
+  local per = pools[client.id]
+  local pool = per and per[key] or pool_of(client, key, scheme, host, port, mb)
   -- the request table is also the message the codec writes (it reads
   -- method, path, headers, body, forward and host); fields that are nil
   -- for most requests are set apart, so that the constructor sizes it for

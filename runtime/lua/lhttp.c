@@ -354,14 +354,6 @@ static void push_unescaped(lua_State *L, const char *s, size_t n) {
   luaL_pushresultsize(&b, m);
 }
 
-/* core.http.is_request(v): is v a request of this codec? */
-static int l_is_request(lua_State *L) {
-  const req_t *q = lua_touserdata(L, 1);
-  lua_pushboolean(L, q != NULL && lua_rawlen(L, 1) >= sizeof *q &&
-                         q->tag == &REQ_TAG);
-  return 1;
-}
-
 /* netrun.http.unescape(s) */
 static int l_unescape(lua_State *L) {
   size_t n;
@@ -1036,7 +1028,5 @@ void lnr_open_http(lua_State *L) {
   lua_newtable(L);                             /* core.http */
   lua_pushcfunction(L, l_unescape);
   lua_setfield(L, -2, "unescape");
-  lua_pushcfunction(L, l_is_request);
-  lua_setfield(L, -2, "is_request");
   lua_setfield(L, -2, "http");
 }

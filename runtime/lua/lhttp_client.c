@@ -45,6 +45,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -469,6 +470,76 @@ static const nr_handler_t lua_vt = {
     .inactive = nr_http_client_inactive, .read = nr_http_client_read,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
+/* ---- a request's options (netrun.http) ---------------------------------------------- */
+
+/* core.http.check_request(opts): raises, at the level of the call that
+ * gave opts (netrun.http's request or client:request), when opts is not
+ * a table of known options of the right types. One pass in C: a request
+ * is checked each time it is made, and this way that costs a few hundred
+ * instructions rather than a Lua loop and a C call per option. */
+static int raise_at(lua_State *L, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int raise_at(lua_State *L, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  luaL_where(L, 3);            /* 1 this, 2 netrun.http, 3 its caller */
+  lua_pushfstring(L, "netrun.http.request: %s", msg);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* The type an option must have (LUA_TNONE: any), or -2: no such option. */
+static int option_type(const char *k, size_t n) {
+  static const struct { const char *k; int t; } opts[] = {
+      {"method", LUA_TSTRING}, {"url", LUA_TNONE}, {"headers", LUA_TTABLE},
+      {"body", LUA_TSTRING}, {"timeout", LUA_TNUMBER},
+      {"max_body", LUA_TNUMBER}, {"tls", LUA_TNONE},
+      {"follow", LUA_TNUMBER}, {"forward", LUA_TUSERDATA}};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    if (strlen(opts[i].k) == n && memcmp(opts[i].k, k, n) == 0)
+      return opts[i].t;
+  return -2;
+}
+
+static int l_check_request(lua_State *L) {
+  if (lua_type(L, 1) != LUA_TTABLE)
+    return raise_at(L, "options must be a table, got %s", luaL_typename(L, 1));
+  lua_settop(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, 1)) {
+    size_t n = 0;
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &n)
+                                                   : NULL;
+    int want = k ? option_type(k, n) : -2, t = lua_type(L, -1);
+    if (want == -2)
+      return raise_at(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+    if (want == LUA_TUSERDATA) {             /* forward */
+      lnr_http_fwd_t f;
+      if (t != LUA_TUSERDATA || !lnr_http_forward_view(L, lua_gettop(L), &f))
+        return raise_at(L, "forward must be a request of "
+                        "netrun.codec.http_server, got %s", luaL_typename(L, -1));
+      lua_settop(L, 3);                      /* what the view pushed */
+      if (lua_getfield(L, 1, "method") != LUA_TNIL ||
+          lua_getfield(L, 1, "body") != LUA_TNIL)
+        return raise_at(L, "forward takes the request's method and body: give "
+                        "neither");
+      lua_settop(L, 3);
+    } else if (want == LUA_TNUMBER) {
+      if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
+        return raise_at(L, "%s must be a number >= 0, got %s", k,
+                        luaL_tolstring(L, -1, NULL));
+    } else if (want != LUA_TNONE && t != want) {
+      return raise_at(L, "%s must be a %s, got %s", k, lua_typename(L, want),
+                      luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
 /* ---- the constructor --------------------------------------------------------------- */
 
 static const nr_handler_t *make(lua_State *L, int idx, void **state) {
@@ -539,5 +610,9 @@ void lnr_open_http_client(lua_State *L) {
   lua_getfield(L, -1, "codec");
   lua_pushcfunction(L, l_http_client);
   lua_setfield(L, -2, "http_client");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_pushcfunction(L, l_check_request);
+  lua_setfield(L, -2, "check_request");
   lua_pop(L, 1);
 }
