@@ -73,14 +73,14 @@ local function flush_ready(self, ctx)
   local slots, head = self.slots, self.head
   local i = head % in_flight + 1
   if slots[i] == nil then return dispatch(self, ctx) end
-  repeat
-    ctx:write(slots[i], VOID)
+  repeat                   -- the last one ready flushes them all
+    local res = slots[i]
     slots[i] = nil
     head = head + 1
     i = head % in_flight + 1
+    if slots[i] == nil then ctx:write_and_flush(res, VOID) else ctx:write(res, VOID) end
   until slots[i] == nil
   self.head = head
-  ctx:flush()
   dispatch(self, ctx)
 end
 

@@ -71,6 +71,7 @@ local function current()
 end
 local byte = string.byte
 local VOID = core.void_promise()
+local traceback = debug.traceback
 
 -- ---- URLs -------------------------------------------------------------------
 
@@ -377,7 +378,7 @@ local function settle(req, res, err)
     if res then req.promise:try_success(res) else req.promise:try_failure(err) end
     return
   end
-  local ok, e = xpcall(cb, debug.traceback, res, err)
+  local ok, e = xpcall(cb, traceback, res, err)
   if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
 end
 
