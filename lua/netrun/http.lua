@@ -308,7 +308,10 @@ local function acquire(pool, req)
     local conn = idle[n]
     idle[n] = nil
     pool.nidle = n - 1
-    if not conn.dead and conn.ch:is_active() then return start(conn, req, true) end
+    -- (every close marks its connection dead: ours as we close, the
+    -- peer's by channel_inactive, fired as the loop reads the close; a
+    -- reset met by the write fails the request, sent again if idempotent)
+    if not conn.dead then return start(conn, req, true) end
   end
   if pool.total < pool.client.pool then
     pool.total = pool.total + 1
