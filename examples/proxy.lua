@@ -72,16 +72,16 @@ local VOID = netrun.void_promise()     -- no future per write (a failure reaches
 local function flush_ready(self, ctx)
   local slots, head = self.slots, self.head
   local i = head % in_flight + 1
-  if slots[i] == nil then return dispatch(self, ctx) end
-  repeat                   -- the last one ready flushes them all
+  while slots[i] ~= nil do   -- the last one ready flushes them all
     local res = slots[i]
     slots[i] = nil
     head = head + 1
     i = head % in_flight + 1
     if slots[i] == nil then ctx:write_and_flush(res, VOID) else ctx:write(res, VOID) end
-  until slots[i] == nil
+  end
   self.head = head
-  dispatch(self, ctx)
+  local q = self.queue
+  if q.first <= q.last then dispatch(self, ctx) end   -- a slot is free now
 end
 
 local function answer(self, ctx, i, r, err)
@@ -96,32 +96,34 @@ local function answer(self, ctx, i, r, err)
   if self.ch:is_open() then flush_ready(self, ctx) end
 end
 
-function dispatch(self, ctx)
-  local q = self.queue
-  local first, last = q.first, q.last
-  if first <= last then
-    local ch = self.ch
-    while first <= last and self.sent - self.head < in_flight and ch:is_writable() do
-      local r = q[first]
-      q[first] = nil
-      first = first + 1
-      local i = self.sent % in_flight + 1
-      self.sent = self.sent + 1
-      local cb = self.callbacks[i]
-      if cb == nil then      -- a callback rather than a future: the response is not copied
-        cb = function(res, err) answer(self, ctx, i, res, err) end
-        self.callbacks[i] = cb
-      end
-      client:request(r, cb)
-    end
-    if first > last then first, last = 1, 0 end
-    q.first, q.last = first, last
+-- To the backend, in the next slot.
+local function send(self, ctx, r)
+  local i = self.sent % in_flight + 1
+  self.sent = self.sent + 1
+  local cb = self.callbacks[i]
+  if cb == nil then          -- a callback rather than a future: the response is not copied
+    cb = function(res, err) answer(self, ctx, i, res, err) end
+    self.callbacks[i] = cb
   end
+  client:request(r, cb)
+end
+
+function dispatch(self, ctx)
+  local q, ch = self.queue, self.ch
+  local first, last = q.first, q.last
+  while first <= last and self.sent - self.head < in_flight and ch:is_writable() do
+    local r = q[first]
+    q[first] = nil
+    first = first + 1
+    send(self, ctx, r)
+  end
+  if first > last then first, last = 1, 0 end
+  q.first, q.last = first, last
   -- read no more from a client whose requests pile up
   local piled = last - first + 1 >= in_flight
   if piled ~= self.paused then
     self.paused = piled
-    self.ch:option("auto_read", not piled)
+    ch:option("auto_read", not piled)
   end
 end
 
@@ -131,13 +133,18 @@ function Proxy:channel_read(ctx, req)
   -- the server codec's request, whose bytes it copies, with no table made
   -- of it. A handler may read or change req's fields first (req.path =
   -- ..., req.headers.host = ...): what it changed is what is sent.
-  if not self.ch then
-    self.ch = ctx.channel
-    self.xff = { ["x-forwarded-for"] = (self.ch:remote_address()) }
+  local ch = self.ch
+  if not ch then
+    ch = ctx.channel
+    self.ch, self.xff = ch, { ["x-forwarded-for"] = (ch:remote_address()) }
   end
+  local r = { url = base, forward = req, headers = self.xff }
   local q = self.queue
+  if q.first > q.last and self.sent - self.head < in_flight and ch:is_writable() then
+    return send(self, ctx, r)         -- nothing waits: at once
+  end
   q.last = q.last + 1
-  q[q.last] = { url = base, forward = req, headers = self.xff }
+  q[q.last] = r
   dispatch(self, ctx)
 end
 
