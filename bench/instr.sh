@@ -110,7 +110,8 @@ wait_port() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
     sleep 0.05
   done
-  echo "instr: server on port $1 never came up" >&2; exit 1
+  echo "instr: server on port $1 never came up" >&2
+  tail -5 "$work"/log.* >&2 2>/dev/null; exit 1
 }
 
 load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answered

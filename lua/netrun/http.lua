@@ -487,9 +487,8 @@ local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = tru
 -- On a loop: run the request with this client's pools; a future of the
 -- response, or with cb: nothing, and cb(res) or cb(nil, err) later.
 function M.request_with(client, opts, cb)
-  local p = cb == nil and core.promise() or nil
   local url = opts.url
-  local u = url ~= nil and urls[url]
+  local u = urls[url]                   -- (nil for a nil url: parsed says why)
   if u == nil then
     u = parsed(url)
     if type(url) == "string" then
@@ -497,18 +496,21 @@ function M.request_with(client, opts, cb)
       urls[url], nurls = u, nurls + 1
     end
   end
-  local scheme, host, port, target = u[1], u[2], u[3], u[4]
+  local scheme = u[1]
   local fwd = opts.forward
   local method = false                  -- a forwarded request's: read when needed
-  if not fwd then
+  if fwd == nil then
     method = opts.method or "GET"
     if METHODS[method] == nil then method = method:upper() end
-  elseif scheme and target ~= "/" then
-    scheme, host = false, "a forwarded request's URL names only the origin (no path)"
+  elseif scheme and u[4] ~= "/" then
+    scheme = false
+    u = { false, "a forwarded request's URL names only the origin (no path)" }
   end
+  local p
+  if cb == nil then p = core.promise() end
   if not scheme then
     local err = string.format("netrun.http: %s %s: bad URL: %s", method or fwd.method,
-      tostring(url), host)
+      tostring(url), u[2])
     if p then return p:set_failure(err) end
     current():execute(function() settle({ cb = cb }, nil, err) end)
     return
@@ -527,19 +529,23 @@ function M.request_with(client, opts, cb)
     end
   end
   local timeout = opts.timeout or client.timeout
-  local mb = opts.max_body
-  mb = mb and math.tointeger(mb) or client.max_body
   -- a limit other than the client's gets connections of its own
-  local key = mb == client.max_body and u[6] or scheme .. "+" .. mb .. "://" .. host .. ":" .. port
+  local mb, key = opts.max_body, u[6]
+  if mb == nil or mb == client.max_body then
+    mb = client.max_body
+  else
+    mb = math.tointeger(mb)
+    key = scheme .. "+" .. mb .. "://" .. u[2] .. ":" .. u[3]
+  end
   local per = pools[client.id]
-  local pool = per and per[key] or pool_of(client, key, scheme, host, port, mb)
+  local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb)
   -- the request table is also the message the codec writes (it reads
   -- method, path, headers, body, forward and host); fields that are nil
   -- for most requests are set apart, so that the constructor sizes it for
   -- the rest
   local req = {
     pool = pool, url = url, promise = p, cb = cb, method = method,
-    path = not fwd and target or nil, headers = h, body = opts.body, forward = fwd,
+    path = not fwd and u[4] or nil, headers = h, body = opts.body, forward = fwd,
     host = hosthdr, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
     dpool = false, dprev = false, dnext = false, conn = false, done = false,
   }
