@@ -313,7 +313,8 @@ describe("netrun.http client", function()
             if req.path == "/shape" then
               return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
                 tostring(res.keep_alive), type(res.headers), type(res.body),
-                tostring(res.response):match("^netrun%.codec%.http_response") or "?" }, " ") }
+                tostring(res.response):match("^netrun%.http%.raw_response") or "?",
+                tostring(res.response == res) }, " ") }
             end
             ctx:write_and_flush(res.response)
           end)
@@ -325,7 +326,7 @@ describe("netrun.http client", function()
     s:send("GET /shape HTTP/1.1\r\nHost: x\r\n\r\n")
     local status, _, body = H.read_response(s)
     assert.equal(200, status)
-    assert.equal("201 true nil nil netrun.codec.http_response", body)
+    assert.equal("201 true nil nil netrun.http.raw_response true", body)
     for _ = 1, 2 do                        -- the backend connection is reused
       s:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
       local st, h, b = H.read_response(s)
@@ -365,7 +366,10 @@ describe("netrun.http client", function()
           if n then len = tonumber(n) end
         until l == ""
         local echo = table.concat(head, "\n") .. (len > 0 and s:receive(len) or "")
-        s:send("HTTP/1.1 200 OK\r\nContent-Length: " .. #echo .. "\r\n\r\n" .. echo)
+        local close = head[1]:find("^GET /close ")
+        s:send("HTTP/1.1 200 OK\r\nContent-Length: " .. #echo .. "\r\n" ..
+          (close and "Connection: close\r\n" or "") .. "\r\n" .. echo)
+        if close then return s:close() end
       end
     end)
     local base = "http://127.0.0.1:" .. bport
@@ -392,6 +396,11 @@ describe("netrun.http client", function()
           end
           c:request(opts, function(res, err)
             if not res then return ctx:write_and_flush { status = 502, body = err } end
+            if req.path == "/close" then    -- a response after which the backend closes
+              return ctx:write_and_flush { status = 200, body = table.concat({ type(res),
+                tostring(res.keep_alive), tostring(res.status),
+                tostring(res.response):match("^netrun%.http%.raw_response") or "?" }, " ") }
+            end
             ctx:write_and_flush(res.response)
           end)
         end })
@@ -434,6 +443,10 @@ describe("netrun.http client", function()
     status, echo = ask("GET /both HTTP/1.1\r\nHost: h\r\n\r\n")
     assert.equal(400, status)
     assert.matches("^false .*forward takes the request's method and body: give neither", echo)
+    -- a response after which the backend closes comes as a table
+    status, echo = ask("GET /close HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal(200, status)
+    assert.equal("table false 200 netrun.http.raw_response", echo)
     -- an HTTP/1.0 request without Host gets the URL's
     status, echo = ask("GET /old HTTP/1.0\r\n\r\n")
     assert.equal(200, status)

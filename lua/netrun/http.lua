@@ -36,11 +36,12 @@
 -- bytes); url names only the origin; headers given are added and replace
 -- forwarded fields of their names; fields the handler assigned win.
 --
--- raw = true (a client option, for proxies): responses come as
--- { status, keep_alive, response = <netrun.codec.http_response> }, the
--- response without its hop-by-hop and framing fields encoded once in C,
--- for a server codec's ctx:write; no headers or body table. Redirects are
--- not followed then.
+-- raw = true (a client option, for proxies): responses come as a
+-- netrun.http.raw_response (res.status, res.keep_alive, res.response:
+-- itself), the response without its hop-by-hop and framing fields encoded
+-- once in C, for a server codec's ctx:write; no headers or body table
+-- (one after which the connection closes: { status, keep_alive = false,
+-- response }). Redirects are not followed then.
 --
 -- Redirects are not followed unless asked: follow = N follows up to N
 -- (301, 302, 303, 307, 308 with a Location; 303, and 301/302 after a POST,

@@ -33,12 +33,15 @@
  *     trailers = { ... } (only when a chunked body had some),
  *     body = "...", keep_alive = true }
  * keep_alive says whether the connection may carry another request.
- * With raw = true (a proxy's mode) it is instead
- *   { status = 200, keep_alive = true, response = <netrun.codec.http_response> }
- * the response encoded once in C, without its hop-by-hop fields (RFC 9110
- * 7.6.1) and framing (Content-Length, Transfer-Encoding), ready for a
- * server codec's ctx:write, which frames it for its own client; no headers
- * or body table is built. (A body over 2 GiB comes as a table.)
+ * With raw = true (a proxy's mode) it is instead a
+ * netrun.http.raw_response: the response encoded once in C, without its
+ * hop-by-hop fields (RFC 9110 7.6.1) and framing (Content-Length,
+ * Transfer-Encoding), ready for a server codec's ctx:write, which frames
+ * it for its own client; res.status, res.keep_alive (true) and
+ * res.response (itself) read from it, and no headers or body table is
+ * built. A response after which the connection closes comes as
+ *   { status = 200, keep_alive = false, response = <raw_response> }
+ * (and one that cannot be prepared, a body over 2 GiB, as the table above).
  * A response it cannot read (malformed, over a limit, cut short by the
  * close) reaches exception_caught as "http_client: <kind>: <cause>" and
  * the channel is closed.
@@ -118,12 +121,19 @@ static bool hop_by_hop(const char *n, size_t len) {
 #undef IS
 }
 
-/* The raw form: a prepared response (lhttp.c's class) of r's status,
- * end-to-end headers and body; false when r cannot be one (the caller
- * then pushes the table form). The parser took only token names and
- * values without control bytes, so the fields are prepared as they are. */
+/* The raw form: a netrun.http.raw_response, which is a prepared response
+ * (written, it goes to the pipeline as one: lnr.h's native messages) of
+ * r's status, end-to-end headers and body, whose status and keep_alive may
+ * be read (and response: itself, as the table form has one). It is made
+ * only for a response after which the connection stays open (keep_alive
+ * is true); false when r cannot be one (the caller then pushes the table
+ * form). The parser took only token names and values without control
+ * bytes, so the fields are prepared as they are. */
+#define RAW_CLASS "netrun.http.raw_response"
+
 static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
-  if (r->body_len > UINT32_MAX / 2 || r->status < 100 || r->status > 999)
+  if (r->body_len > UINT32_MAX / 2 || r->status < 100 || r->status > 999 ||
+      !r->keep_alive)
     return false;
   nr_http_header_t small[32], *kept = small;
   if (r->nheaders > sizeof small / sizeof small[0] &&
@@ -139,26 +149,70 @@ static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
                             .headers = kept, .nheaders = n, .body = r->body,
                             .body_len = r->body_len};
   size_t size = nr_http_prepared_size(&res);
-  lua_createtable(L, 0, 3);
   lnr_native_t *ud = lua_newuserdatauv(L, sizeof *ud + size, 0);
   ud->tag = &lnr_native_tag;
   ud->pad = NULL;
   nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
-  luaL_setmetatable(L, "netrun.codec.http_response");
-  lua_setfield(L, -2, "response");
-  lua_pushinteger(L, r->status);
-  lua_setfield(L, -2, "status");
-  lua_pushboolean(L, r->keep_alive);
-  lua_setfield(L, -2, "keep_alive");
+  luaL_setmetatable(L, RAW_CLASS);
   if (kept != small)
     free(kept);
   return true;
 }
 
+/* A raw response after which the connection closes, as the table
+ * { status, keep_alive = false, response }; false when it cannot be
+ * prepared (the caller then pushes the table form). */
+static bool push_raw_closing(lua_State *L, const nr_http_reply_t *r) {
+  nr_http_reply_t open = *r;
+  open.keep_alive = true;      /* (push_raw makes none for a closing one) */
+  if (!push_raw(L, &open))
+    return false;
+  lua_createtable(L, 0, 3);
+  lua_insert(L, -2);
+  lua_setfield(L, -2, "response");
+  lua_pushinteger(L, r->status);
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "keep_alive");
+  return true;
+}
+
+static int raw_index(lua_State *L) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, 1);
+  size_t n = 0;
+  const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : "";
+  if (pr == NULL)
+    return luaL_typeerror(L, 1, RAW_CLASS);
+  if (n == 6 && memcmp(k, "status", 6) == 0)
+    lua_pushinteger(L, pr->status);
+  else if (n == 10 && memcmp(k, "keep_alive", 10) == 0)
+    lua_pushboolean(L, 1);
+  else if (n == 8 && memcmp(k, "response", 8) == 0)
+    lua_settop(L, 1);
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+static int raw_tostring(lua_State *L) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, 1);
+  lua_pushfstring(L, RAW_CLASS " (%d, %d bytes of body)", pr ? pr->status : 0,
+                  pr ? (int)pr->body_len : 0);
+  return 1;
+}
+
+static const nr_handler_t *raw_not_a_handler(lua_State *L, int idx,
+                                             void **state) {
+  (void)idx;
+  (void)state;
+  luaL_error(L, RAW_CLASS ": a response to write, not a handler");
+  return NULL;
+}
+
 static void push_reply(lua_State *L, void *msg) {
   const nr_http_reply_t *r = msg;
   luaL_checkstack(L, 8, "http_client");
-  if (r->raw && push_raw(L, r))
+  if (r->raw && (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
     return;
   lua_createtable(L, 0, 7);
   lua_pushinteger(L, r->status);
@@ -607,6 +661,11 @@ void lnr_open_http_client(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
   lnr_native_class(L, CLASS, make, l_tostring);
+  lnr_native_class(L, RAW_CLASS, raw_not_a_handler, raw_tostring);
+  luaL_getmetatable(L, RAW_CLASS);
+  lua_pushcfunction(L, raw_index);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   lua_getfield(L, -1, "codec");
   lua_pushcfunction(L, l_http_client);
   lua_setfield(L, -2, "http_client");
