@@ -31,6 +31,7 @@ N=${N:-100000}          # RESP requests per measured run
 PIPE=${PIPE:-16}        # requests in flight per connection (16 or 1)
 DUR=${DUR:-3}           # seconds of wrk per measured run
 build=${BUILD:-$here/build/instr}
+source "$here/bench/lib.sh"      # (nginx_proxy_conf; its wait_port is replaced below)
 bash "$here/scripts/deps.sh" valgrind strace wrk redis-server redis-tools lua-luv nginx >/dev/null
 cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNETRUN_BENCH=OFF \
   -DNETRUN_ASAN=OFF -DNETRUN_TSAN=OFF >/dev/null
@@ -79,31 +80,7 @@ backend() {
 
 # nginx as bench/run_proxy.sh runs it, in one process (no master), so
 # that the tools see the worker.
-nginx_conf() {
-  mkdir -p "$work/nginx/logs"
-  cat > "$work/nginx/nginx.conf" <<CONF
-worker_processes 1;
-master_process off;
-daemon off;
-error_log stderr error;
-pid nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; keepalive_requests 100000000; }
-  server {
-    listen 127.0.0.1:$1;
-    location / {
-      proxy_pass http://backend;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering on;
-    }
-  }
-}
-CONF
-}
+nginx_conf() { nginx_proxy_conf "$work/nginx" "$1" "$BACKEND" "master_process off;"; }
 
 wait_port() {
   for _ in $(seq 1200); do   # 60 s: valgrind starts slowly on a busy machine
