@@ -70,7 +70,9 @@ server_cmd() {   # $1 case, $2 port: the server's command line
 }
 
 # The proxies' backend: the C baseline, started once, outside the tools.
-BACKEND=$((20000 + RANDOM % 20000))
+# Ports below the ephemeral range (32768 up): a port there may be some
+# client's, and the bind fails.
+BACKEND=$((20000 + RANDOM % 12000))
 backend() {
   [[ -z $bpid ]] || return 0
   "$work/http_baseline" "$BACKEND" 2>/dev/null &
@@ -105,7 +107,7 @@ load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answer
 }
 
 instr_one() {   # $1 case: prints "instructions/request"
-  local port=$((20000 + RANDOM % 20000)) out=$work/cg.$1 reqs ir scale warm
+  local port=$((20000 + RANDOM % 12000)) out=$work/cg.$1 reqs ir scale warm
   bash -c "exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out \
     $(server_cmd "$1" "$port")" >"$work/log.$1" 2>&1 &
   spid=$!
@@ -123,7 +125,7 @@ instr_one() {   # $1 case: prints "instructions/request"
 }
 
 sys_one() {   # $1 case: prints "syscalls/request"
-  local port=$((20000 + RANDOM % 20000)) reqs calls scale
+  local port=$((20000 + RANDOM % 12000)) reqs calls scale
   bash -c "exec strace -f -c -o $work/st.$1 $(server_cmd "$1" "$port")" >/dev/null 2>&1 &
   spid=$!
   local child
