@@ -116,7 +116,7 @@ end
 local Conn = {}
 Conn.__index = Conn
 
-local release, finish, fail_request, lost
+local release, finish, settle, fail_request, lost
 
 -- The handler of each connection, last in its pipeline after the codec.
 function Conn:handler_added(ctx)
@@ -136,7 +136,9 @@ function Conn:channel_read(ctx, res)
     ctx:close()
   end
   release(self)
-  finish(req, res)
+  if req.done then return end            -- timed out meanwhile
+  if req.follow then return finish(req, res) end
+  settle(req, res)
 end
 
 function Conn:exception_caught(ctx, err)
@@ -375,8 +377,10 @@ local send
 
 -- The request's end: its future completes, or its callback runs (an error
 -- in it is logged; it never reaches the connection's handler).
-local function settle(req, res, err)
-  done_timer(req)
+function settle(req, res, err)
+  if req.dpool then unlink(req)          -- (done_timer, inline: once per request)
+  elseif req.timer then req.timer:cancel(); req.timer = nil end
+  req.done = true
   local cb = req.cb
   if cb == nil then
     if res then req.promise:try_success(res) else req.promise:try_failure(err) end
