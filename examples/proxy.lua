@@ -157,11 +157,13 @@ function Proxy:exception_caught(ctx, err)
   ctx:close()
 end
 
+local codec = netrun.codec.http_server { max_body = max_body }   -- made once: each
+                                                                 -- channel gets its own codec
 local workers = netrun.group { threads = threads, name = "proxy" }
 netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server { max_body = max_body })
+    ch:pipeline():add_last("http", codec)
     ch:pipeline():add_last("proxy", setmetatable({ slots = {}, callbacks = {}, head = 0,
       sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false, xff = false },
       Proxy))
