@@ -49,6 +49,25 @@ local function raw_server(group, fn)
   return server, port
 end
 
+-- A front server on group whose handler calls on_request(c, ctx, req) for
+-- each request, c a raw netrun.http client (pool 1) of its connection:
+-- the front, and a client connected to it.
+local function raw_front(group, on_request)
+  local front = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch)
+      local netrun = require "netrun"
+      local c = netrun.http.client { raw = true, pool = 1 }
+      ch:pipeline():add_last("http", netrun.codec.http_server {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        on_request(c, ctx, req)
+      end })
+    end,
+  }:sync()
+  local _, port = front:local_address()
+  return front, H.client(port)
+end
+
 local function read_head(s)
   repeat local l = s:receive("*l") until l == nil or l == ""
 end
@@ -301,28 +320,18 @@ describe("netrun.http client", function()
         end
       end
     end)
-    local front = netrun.server {
-      group = servers, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        local netrun = require "netrun"
-        local c = netrun.http.client { raw = true, pool = 1 }
-        ch:pipeline():add_last("http", netrun.codec.http_server {})
-        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
-          c:request({ url = "http://127.0.0.1:" .. bport .. "/" }, function(res, err)
-            if not res then return ctx:write_and_flush { status = 500, body = err } end
-            if req.path == "/shape" then
-              return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
-                tostring(res.keep_alive), type(res.headers), type(res.body),
-                tostring(res.response):match("^netrun%.http%.raw_response") or "?",
-                tostring(res.response == res) }, " ") }
-            end
-            ctx:write_and_flush(res.response)
-          end)
-        end })
-      end,
-    }:sync()
-    local _, fport = front:local_address()
-    local s = H.client(fport)
+    local front, s = raw_front(servers, function(c, ctx, req)
+      c:request({ url = "http://127.0.0.1:" .. bport .. "/" }, function(res, err)
+        if not res then return ctx:write_and_flush { status = 500, body = err } end
+        if req.path == "/shape" then
+          return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
+            tostring(res.keep_alive), type(res.headers), type(res.body),
+            tostring(res.response):match("^netrun%.http%.raw_response") or "?",
+            tostring(res.response == res) }, " ") }
+        end
+        ctx:write_and_flush(res.response)
+      end)
+    end)
     s:send("GET /shape HTTP/1.1\r\nHost: x\r\n\r\n")
     local status, _, body = H.read_response(s)
     assert.equal(200, status)
@@ -373,41 +382,31 @@ describe("netrun.http client", function()
       end
     end)
     local base = "http://127.0.0.1:" .. bport
-    local front = netrun.server {
-      group = servers, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        local netrun = require "netrun"
-        local c = netrun.http.client { raw = true, pool = 1 }
-        ch:pipeline():add_last("http", netrun.codec.http_server {})
-        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
-          local opts = { url = base, forward = req, headers = { ["x-forwarded-for"] = "1.2.3.4" } }
-          if req.path == "/assigned" then
-            req.method, req.path, req.query, req.body = "PUT", "/elsewhere", "z=9", "new body"
-            req.headers["x-added"] = "yes"
-            req.headers["x-drop-me"] = nil
-          elseif req.path == "/badpath" then
-            req.path = {}
-          elseif req.path == "/withpath" then
-            opts.url = base .. "/x"
-          elseif req.path == "/both" then
-            opts.method = "GET"
-            local ok, err = pcall(c.request, c, opts, print)
-            return ctx:write_and_flush { status = 400, body = tostring(ok) .. " " .. err }
-          end
-          c:request(opts, function(res, err)
-            if not res then return ctx:write_and_flush { status = 502, body = err } end
-            if req.path == "/close" then    -- a response after which the backend closes
-              return ctx:write_and_flush { status = 200, body = table.concat({ type(res),
-                tostring(res.keep_alive), tostring(res.status),
-                tostring(res.response):match("^netrun%.http%.raw_response") or "?" }, " ") }
-            end
-            ctx:write_and_flush(res.response)
-          end)
-        end })
-      end,
-    }:sync()
-    local _, fport = front:local_address()
-    local s = H.client(fport)
+    local front, s = raw_front(servers, function(c, ctx, req)
+      local opts = { url = base, forward = req, headers = { ["x-forwarded-for"] = "1.2.3.4" } }
+      if req.path == "/assigned" then
+        req.method, req.path, req.query, req.body = "PUT", "/elsewhere", "z=9", "new body"
+        req.headers["x-added"] = "yes"
+        req.headers["x-drop-me"] = nil
+      elseif req.path == "/badpath" then
+        req.path = {}
+      elseif req.path == "/withpath" then
+        opts.url = base .. "/x"
+      elseif req.path == "/both" then
+        opts.method = "GET"
+        local ok, err = pcall(c.request, c, opts, print)
+        return ctx:write_and_flush { status = 400, body = tostring(ok) .. " " .. err }
+      end
+      c:request(opts, function(res, err)
+        if not res then return ctx:write_and_flush { status = 502, body = err } end
+        if req.path == "/close" then    -- a response after which the backend closes
+          return ctx:write_and_flush { status = 200, body = table.concat({ type(res),
+            tostring(res.keep_alive), tostring(res.status),
+            tostring(res.response):match("^netrun%.http%.raw_response") or "?" }, " ") }
+        end
+        ctx:write_and_flush(res.response)
+      end)
+    end)
     local function ask(bytes)
       s:send(bytes)
       local status, _, body = H.read_response(s)
