@@ -312,6 +312,29 @@ void lnr_open_codec(lua_State *L);
 void lnr_open_http(lua_State *L);
 /* lhttp_client.c: core.codec.http_client. */
 void lnr_open_http_client(lua_State *L);
+/* lhttp.c: a server request (netrun.http.request) seen by the client
+ * codec that forwards it (lhttp_client.c), without making a Lua value of
+ * its fields. Loop thread of L. A field the handler assigned wins over
+ * the one that arrived; strings made for that (a target rebuilt from an
+ * assigned path or query) are pushed and stay on the stack. */
+typedef struct lnr_http_fwd_s {
+  const char *method, *target, *body;
+  size_t method_len, target_len, body_len;
+  int headers;                /* stack index of the headers table the
+                                 handler read or assigned (pushed), or 0:
+                                 forward the head's own nheaders fields */
+  size_t nheaders;
+  const char *bad;            /* the field the handler assigned a value
+                                 that cannot be sent (a table as path),
+                                 or NULL */
+} lnr_http_fwd_t;
+/* false if the value at idx (absolute) is no server request. */
+bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f);
+/* The head's fields of the request at idx as they arrived (names in
+ * their case, repeats apart), into out[0 .. cap): how many there are. */
+struct nr_http_header_s;
+size_t lnr_http_forward_fields(lua_State *L, int idx,
+                               struct nr_http_header_s *out, size_t cap);
 void lnr_open_handlers(lua_State *L);
 /* ltls.c: core.tls (server, client, reload, attach, handshake). */
 void lnr_open_tls(lua_State *L);
