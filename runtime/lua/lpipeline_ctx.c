@@ -299,7 +299,8 @@ static int c_write(lua_State *L) {
   const lnr_state_t *S = lnr_state(L);
   if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
       S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
-      lua_topointer(L, 3) == S->void_proxy) {
+      lua_touserdata(L, 3) == S->void_proxy) {   /* (its block address,
+                                                    as lua_topointer's) */
     void *native = lnr_to_native(L, 2);
     if (native != NULL) {
       nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
