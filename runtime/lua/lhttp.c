@@ -93,26 +93,26 @@ typedef nr_http_server_opts_t conf_t;
 
 /* ---- interned keys ---------------------------------------------------------------- */
 
-/* Field names, interned once per state and kept in an array in a state
- * slot: lua_setfield with a C string pays a string-cache lookup with strcmp
- * on every call, a raw array read does not. */
+/* Field names, interned once per state, each kept by a registry
+ * reference in a state slot: pushing one is an array read, where
+ * lua_getfield with a C string pays a string-cache lookup with strcmp on
+ * every call, and a table of them one more read to push it. */
 enum { K_STATUS = 1, K_REASON, K_BODY, K_STREAM, K_HEADERS, NKEYS };
 static const char *const key_names[NKEYS] = {
     NULL, "status", "reason", "body", "stream", "headers"};
 
-/* Push the key array; returns its stack index. */
-static int push_keys(lua_State *L) {
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_KEYS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, NKEYS, 0);
-    for (int i = 1; i < NKEYS; i++) {
-      lua_pushstring(L, key_names[i]);
-      lua_rawseti(L, -2, i);
-    }
-    lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS);
+/* Push field name k (S: L's state, or NULL). */
+static void push_key(lua_State *L, const lnr_state_t *S, int k) {
+  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
+  if (S != NULL && S->slots[slot] != 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+    return;
   }
-  return lua_gettop(L);
+  lua_pushstring(L, key_names[k]);
+  if (S != NULL) {
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, slot);
+  }
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
@@ -745,8 +745,8 @@ static int collect_headers(lua_State *L, int idx, hdrs_t *h) {
   return 0;
 }
 
-static int raw_field(lua_State *L, int idx, int kt, int k) {
-  lua_rawgeti(L, kt, k);
+static int raw_field(lua_State *L, int idx, const lnr_state_t *S, int k) {
+  push_key(L, S, k);
   return lua_rawget(L, idx);
 }
 
@@ -754,26 +754,25 @@ static int raw_field(lua_State *L, int idx, int kt, int k) {
  * reads with interned keys: cheaper than a lua_next walk (measured). */
 static int to_response(lua_State *L, int idx, nr_http_response_t *r,
                        hdrs_t *h) {
-  int kt = push_keys(L);
-  int t = raw_field(L, idx, kt, K_STATUS);
+  int t = raw_field(L, idx, h->S, K_STATUS);
   if (t == LUA_TNUMBER && lua_isinteger(L, -1))
     r->status = (int)lua_tointeger(L, -1);
   else if (t != LUA_TNIL)
     return bad("http response: status must be an integer, got a %s",
                luaL_typename(L, -1));
-  t = raw_field(L, idx, kt, K_REASON);
+  t = raw_field(L, idx, h->S, K_REASON);
   if (t == LUA_TSTRING)
     r->reason = lua_tostring(L, -1);
-  t = raw_field(L, idx, kt, K_BODY);
+  t = raw_field(L, idx, h->S, K_BODY);
   if (t == LUA_TSTRING || t == LUA_TNUMBER)
     r->body = lua_tolstring(L, -1, &r->body_len);  /* converts the copy,
                                                       which stays on the stack */
   else if (t != LUA_TNIL)
     return bad("http response: body must be a string, got a %s",
                luaL_typename(L, -1));
-  raw_field(L, idx, kt, K_STREAM);
+  raw_field(L, idx, h->S, K_STREAM);
   r->stream = lua_toboolean(L, -1);
-  t = raw_field(L, idx, kt, K_HEADERS);
+  t = raw_field(L, idx, h->S, K_HEADERS);
   if (t == LUA_TTABLE) {
     int rc = collect_headers(L, lua_gettop(L), h);
     if (rc)

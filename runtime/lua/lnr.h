@@ -71,8 +71,9 @@ typedef struct lnr_pool_s {
 /* Values a state's bindings fetch on every message, kept as registry
  * integer references (an array read, where a registry lookup by pointer
  * or name walks a hash chain). */
-enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_HTTP_CHECKED,
-       LNR_SLOT_VOID, LNR_NSLOTS };
+enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
+       LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
+       LNR_NSLOTS };
 
 /* Header strings of responses remembered as checked (lhttp.c): names
  * and values, half each. */
