@@ -652,13 +652,13 @@ static const char *field_string(lua_State *L, int idx, size_t *len,
   return b;
 }
 
-/* Add a header; its name and value are checked unless `checked` says
- * they were (CK_NAME and CK_VALUE bits). */
 static int bad_name(const char *name, size_t nl) {
   return bad("http response: header name '%.*s' is not a token",
              (int)(nl > 64 ? 64 : nl), name);
 }
 
+/* Add a header; its name and value are checked unless `checked` says
+ * they were (CK_NAME and CK_VALUE bits). */
 static int add_header(hdrs_t *h, const char *name, size_t nl, const char *val,
                       size_t vl, unsigned checked) {
   if (!(checked & 1u << CK_NAME) && !nr_http_is_token(name, nl))
