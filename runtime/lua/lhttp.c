@@ -706,10 +706,10 @@ static int add_pair(lua_State *L, hdrs_t *h, const char *name, size_t nl,
   return rc;
 }
 
-/* Collect the headers table at idx. Strings stay anchored by the table. */
+/* Collect the headers table at idx. Strings stay anchored by the table.
+ * It pushes 5 values at most: its callers have room for them (a C
+ * function starts with LUA_MINSTACK free slots; lwrite asks for its own). */
 static int collect_headers(lua_State *L, int idx, hdrs_t *h) {
-  if (!lua_checkstack(L, 8))
-    return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     size_t nl;
@@ -875,7 +875,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (t != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
-  if (!lua_checkstack(L, 12))
+  if (!lua_checkstack(L, 20))      /* to_response's 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   hdrs_t h;
