@@ -71,7 +71,13 @@ typedef struct lnr_pool_s {
 /* Values a state's bindings fetch on every message, kept as registry
  * integer references (an array read, where a registry lookup by pointer
  * or name walks a hash chain). */
-enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
+enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
+       LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
+       LNR_NSLOTS };
+
+/* Header strings of responses remembered as checked (lhttp.c): names
+ * and values, half each. */
+#define LNR_HTTP_CHECKED 64
 
 /* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
  * read, converted, wait on the stack of a thread of their own until that
@@ -104,6 +110,9 @@ typedef struct lnr_state_s {
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
   lnr_batch_t *batch;         /* made when a Lua handler is first added */
+  /* Response header strings that passed their check, by address; each is
+   * anchored in LNR_SLOT_HTTP_CHECKED while it is here (lhttp.c). */
+  const char *http_checked[LNR_HTTP_CHECKED];
   lua_State *batch_thread;    /* the batch's thread, once made: the other
                                  thread the state's converters run on */
   /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of
