@@ -53,6 +53,22 @@
 -- await/sync there blocks until it is done.
 local core = require "netrun.core"
 
+-- A request is an array (a table made per request whose keys need no
+-- hashing): its pool first (a table there: not an array of strings to
+-- write), then the fields the client codec writes (METHOD, false when
+-- forwarded, to HOST: lhttp_client.c reads them by position), then the
+-- rest of its state: URL, promise or callback, timeout and deadline, its
+-- place in the pool's deadline list, its connection, whether it is done
+-- (settled or timed out), retried, its own timer, TLS config, redirects
+-- left to follow and the options they are followed with. Unset: false.
+local POOL <const>, METHOD <const>, FORWARD <const> = 1, 2, 6   -- (path 3, headers 4,
+                                                                -- body 5, host 7)
+local URL <const>, PROMISE <const>, CB <const>, TIMEOUT <const>, DEADLINE <const> =
+      8, 9, 10, 11, 12
+local DPOOL <const>, DPREV <const>, DNEXT <const>, CONN <const>, DONE <const>,
+      RETRIED <const>, TIMER <const>, TLS <const>, FOLLOW <const>, OPTS <const> =
+      13, 14, 15, 16, 17, 18, 19, 20, 21, 22
+
 local M = {
   pool = 64, keepalive = 60, timeout = 5, max_body = 1 << 20, max_header = 16384,
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
@@ -136,8 +152,8 @@ function Conn:channel_read(ctx, res)
     ctx:close()
   end
   release(self)
-  if req.done then return end            -- timed out meanwhile
-  if req.follow then return finish(req, res) end
+  if req[DONE] then return end            -- timed out meanwhile
+  if req[FOLLOW] then return finish(req, res) end
   settle(req, res)
 end
 
@@ -222,7 +238,7 @@ function lost(pool)
     local req = pool.waiters[pool.whead]
     pool.waiters[pool.whead] = nil
     pool.whead = pool.whead + 1
-    if not req.done then
+    if not req[DONE] then
       pool.total = pool.total + 1
       return connect(pool, req)
     end
@@ -249,7 +265,7 @@ function release(conn)
     local req = pool.waiters[pool.whead]
     pool.waiters[pool.whead] = nil
     pool.whead = pool.whead + 1
-    if not req.done then return start(conn, req, true) end
+    if not req[DONE] then return start(conn, req, true) end
   end
   conn.since = now()
   local n = pool.nidle + 1
@@ -264,7 +280,7 @@ end
 function start(conn, req, reused)
   conn.req = req
   conn.reused = reused
-  req.conn = conn
+  req[CONN] = conn
   -- no future per request: the codec converts the request as it is
   -- written, and a field it cannot send (a header that is not a token,
   -- say) reaches exception_caught at once, nothing sent: the connection
@@ -275,8 +291,8 @@ end
 function connect(pool, req)
   local client = pool.client
   local mh, mb, raw = client.max_header, pool.max_body, client.raw
-  local tls = pool.scheme == "https" and (req.tls or client.tls or M.default_tls()) or nil
-  local left = req.deadline - now()
+  local tls = pool.scheme == "https" and (req[TLS] or client.tls or M.default_tls()) or nil
+  local left = req[DEADLINE] - now()
   if left == math.huge then left = nil             -- no bound: connect's own
   elseif left <= 0 then left = 0.001 end
   local ok, f = pcall(require("netrun").connect, {
@@ -297,7 +313,7 @@ function connect(pool, req)
     local conn = live[ch]
     conn.pool = pool
     if not ch:is_active() then conn.dead = true end
-    if req.done or conn.dead then       -- timed out meanwhile: keep it
+    if req[DONE] or conn.dead then       -- timed out meanwhile: keep it
       return release(conn)
     end
     start(conn, req, false)
@@ -334,40 +350,40 @@ end
 local on_timeout
 
 local function unlink(req)
-  local pool, prev, nxt = req.dpool, req.dprev, req.dnext
-  if prev then prev.dnext = nxt else pool.dhead = nxt end
-  if nxt then nxt.dprev = prev else pool.dtail = prev end
-  req.dpool, req.dprev, req.dnext = false, false, false
+  local pool, prev, nxt = req[DPOOL], req[DPREV], req[DNEXT]
+  if prev then prev[DNEXT] = nxt else pool.dhead = nxt end
+  if nxt then nxt[DPREV] = prev else pool.dtail = prev end
+  req[DPOOL], req[DPREV], req[DNEXT] = false, false, false
 end
 
 local function expire(pool)
   pool.dtimer = false
   local t = now()
   local head = pool.dhead
-  while head and head.deadline <= t do
+  while head and head[DEADLINE] <= t do
     on_timeout(head)                     -- unlinks it (settle, done_timer)
     if pool.dhead == head then unlink(head) end
     head = pool.dhead
   end
   if head then
-    pool.dtimer = pool.loop:schedule(math.max(head.deadline - t, 0.001), expire, pool)
+    pool.dtimer = pool.loop:schedule(math.max(head[DEADLINE] - t, 0.001), expire, pool)
   end
 end
 
 local function add_deadline(pool, req)
   local tail = pool.dtail
-  req.dpool, req.dprev = pool, tail
-  if tail then tail.dnext = req else pool.dhead = req end
+  req[DPOOL], req[DPREV] = pool, tail
+  if tail then tail[DNEXT] = req else pool.dhead = req end
   pool.dtail = req
   if not pool.dtimer then
-    pool.dtimer = pool.loop:schedule(req.timeout, expire, pool)
+    pool.dtimer = pool.loop:schedule(req[TIMEOUT], expire, pool)
   end
 end
 
 local function done_timer(req)
-  if req.dpool then unlink(req)
-  elseif req.timer then req.timer:cancel(); req.timer = nil end
-  req.done = true
+  if req[DPOOL] then unlink(req)
+  elseif req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end
+  req[DONE] = true
 end
 
 local IDEMPOTENT = { GET = true, HEAD = true, OPTIONS = true, PUT = true, DELETE = true,
@@ -378,12 +394,12 @@ local send
 -- The request's end: its future completes, or its callback runs (an error
 -- in it is logged; it never reaches the connection's handler).
 function settle(req, res, err)
-  if req.dpool then unlink(req)          -- (done_timer, inline: once per request)
-  elseif req.timer then req.timer:cancel(); req.timer = nil end
-  req.done = true
-  local cb = req.cb
-  if cb == nil then
-    if res then req.promise:try_success(res) else req.promise:try_failure(err) end
+  if req[DPOOL] then unlink(req)          -- (done_timer, inline: once per request)
+  elseif req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end
+  req[DONE] = true
+  local cb = req[CB]
+  if not cb then
+    if res then req[PROMISE]:try_success(res) else req[PROMISE]:try_failure(err) end
     return
   end
   local ok, e = xpcall(cb, traceback, res, err)
@@ -392,50 +408,50 @@ end
 
 -- The request's method (a forwarded one's is read from the request).
 local function method_of(req)
-  return req.method or req.forward.method
+  return req[METHOD] or req[FORWARD].method
 end
 
 function fail_request(req, err, retry)
-  if req.done then return end
-  if retry and not req.retried and IDEMPOTENT[method_of(req)] then
-    req.retried = true
-    req.conn = false
+  if req[DONE] then return end
+  if retry and not req[RETRIED] and IDEMPOTENT[method_of(req)] then
+    req[RETRIED] = true
+    req[CONN] = false
     return send(req)
   end
   settle(req, nil, string.format("netrun.http: %s %s: %s", method_of(req),
-    req.url, tostring(err)))
+    req[URL], tostring(err)))
 end
 
 local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308] = true }
 
 function finish(req, res)
-  if req.done then return end
-  local loc = req.follow and not req.forward and REDIRECT[res.status] and res.headers and
+  if req[DONE] then return end
+  local loc = req[FOLLOW] and not req[FORWARD] and REDIRECT[res.status] and res.headers and
     res.headers.location
   if loc then
     done_timer(req)
-    local o = req.opts
+    local o = req[OPTS]
     local n = {}
     for k, v in pairs(o) do n[k] = v end
-    n.url = resolve_location(req.url, loc)
-    n.follow = req.follow - 1
-    n.timeout = req.timeout > 0 and math.max(0.001, req.deadline - now()) or 0
-    local method = req.method
+    n.url = resolve_location(req[URL], loc)
+    n.follow = req[FOLLOW] - 1
+    n.timeout = req[TIMEOUT] > 0 and math.max(0.001, req[DEADLINE] - now()) or 0
+    local method = req[METHOD]
     if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
       if method ~= "HEAD" then n.method = "GET" end
       n.body = nil
     end
-    M.request_with(req.pool.client, n, function(r, e) settle(req, r, e) end)
+    M.request_with(req[POOL].client, n, function(r, e) settle(req, r, e) end)
     return
   end
   settle(req, res)
 end
 
 function on_timeout(req)
-  if req.done then return end
-  local conn = req.conn
+  if req[DONE] then return end
+  local conn = req[CONN]
   settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
-    method_of(req), req.url, req.timeout))
+    method_of(req), req[URL], req[TIMEOUT]))
   if conn and conn.req == req then      -- its answer may still come: drop it
     conn.req = nil
     conn.dead = true
@@ -446,13 +462,13 @@ end
 -- Send req through its pool; a retry finds its pool again (an emptied
 -- pool leaves the table: it comes back, or the one that replaced it is used).
 function send(req)
-  local pool = req.pool
+  local pool = req[POOL]
   local per = pools[pool.client.id]
   local cur = per and per[pool.key]
   if cur ~= pool then
     if cur then
       pool = cur
-      req.pool = cur
+      req[POOL] = cur
     else
       if per == nil then per = {}; pools[pool.client.id] = per end
       per[pool.key] = pool
@@ -517,7 +533,7 @@ function M.request_with(client, opts, cb)
     local err = string.format("netrun.http: %s %s: bad URL: %s", method or fwd.method,
       tostring(url), u[2])
     if p then return p:set_failure(err) end
-    current():execute(function() settle({ cb = cb }, nil, err) end)
+    current():execute(function() settle({ [CB] = cb }, nil, err) end)
     return
   end
   local h, hosthdr = opts.headers, nil
@@ -544,22 +560,20 @@ function M.request_with(client, opts, cb)
   end
   local per = pools[client.id]
   local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb)
-  -- the request table is also the message the codec writes (it reads
-  -- method, path, headers, body, forward and host); fields that are nil
-  -- for most requests are set apart, so that the constructor sizes it for
-  -- the rest
-  local req = {
-    pool = pool, url = url, promise = p, cb = cb, method = method,
-    path = not fwd and u[4] or nil, headers = h, body = opts.body, forward = fwd,
-    host = hosthdr, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
-    dpool = false, dprev = false, dnext = false, conn = false, done = false,
-  }
-  if opts.tls then req.tls = opts.tls end
+  -- the request table is also the message the codec writes (its first
+  -- slots: lhttp_client.c); every slot is given here, so that the array
+  -- is made whole at once and later stores find their slots
   local follow = opts.follow or client.follow
-  if follow and follow > 0 then req.follow, req.opts = math.tointeger(follow), opts end
+  if follow and follow > 0 then follow = math.tointeger(follow) else follow = false end
+  local req = {
+    pool, method, not fwd and u[4] or false, h or false, opts.body or false, fwd or false,
+    hosthdr or false, url, p or false, cb or false, timeout,
+    timeout > 0 and now() + timeout or math.huge, false, false, false, false, false,
+    false, false, opts.tls or false, follow, follow and opts,
+  }
   if timeout > 0 then
     if timeout == client.timeout then add_deadline(pool, req)
-    else req.timer = pool.loop:schedule(timeout, function() on_timeout(req) end) end
+    else req[TIMER] = pool.loop:schedule(timeout, function() on_timeout(req) end) end
   end
   acquire(pool, req)
   return p

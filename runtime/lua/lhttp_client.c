@@ -21,6 +21,10 @@
  * added in place of fields of their names and the table's host as Host
  * when the request has none; hop-by-hop fields, Content-Length and Expect
  * stay behind.
+ * netrun.http writes the same fields by position, { <its pool>, method
+ * (false when forwarded), path, headers, body, forward, host, ... } (its
+ * request table, whose other slots are its own): a table made per
+ * request whose keys need no hashing.
  * Content-Length is added for a body (and for an empty POST, PUT or
  * PATCH) unless the headers frame it. A bad field (a method or header
  * name that is not a token, a control byte or space in the path, CR or
@@ -397,12 +401,34 @@ static int forward_raw(lua_State *L, int idx, size_t n, hdrs_t *h,
   return rc;
 }
 
+/* netrun.http's requests are positional (an array, REQ_* below: no key
+ * is hashed into each request's table as it is made); other writers give
+ * named fields. A positional request has its pool, a table, at [1] (a
+ * string there would have made it an array of strings to write); a named
+ * one has nothing there. */
+enum { REQ_POOL = 1, REQ_METHOD, REQ_PATH, REQ_HEADERS, REQ_BODY, REQ_FORWARD,
+       REQ_HOST };
+
+/* Push the request's field (its position, or its name), as lua_getfield;
+ * false counts as nil in a positional request. */
+static int field(lua_State *L, int idx, bool pos, int i, const char *name) {
+  if (!pos)
+    return lua_getfield(L, idx, name);
+  int t = lua_rawgeti(L, idx, i);
+  if (t == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    return LUA_TNIL;
+  }
+  return t;
+}
+
 /* Fill c from the server request at fwd (the request table's forward
  * field, at idx): its method, target, body and end-to-end fields; the
  * table's headers are added and replace forwarded ones of their names; the
  * table's host is the Host when the request has none (HTTP/1.0). */
-static int to_forward(lua_State *L, int idx, int fwd, nr_http_call_t *c,
-                      hdrs_t *h, char *err, size_t el) {
+static int to_forward(lua_State *L, int idx, bool pos, int fwd,
+                      nr_http_call_t *c, hdrs_t *h, char *err, size_t el) {
   lnr_http_fwd_t f;
   if (!lnr_http_forward_view(L, fwd, &f)) {
     snprintf(err, el, "forward must be a request of netrun.codec.http_server, "
@@ -425,14 +451,15 @@ static int to_forward(lua_State *L, int idx, int fwd, nr_http_call_t *c,
                         .body = f.body_len ? f.body : NULL,
                         .body_len = f.body_len};
   int rc = 0;
-  if (lua_getfield(L, idx, "headers") == LUA_TTABLE)
+  if (field(L, idx, pos, REQ_HEADERS, "headers") == LUA_TTABLE)
     rc = collect(L, lua_gettop(L), h, err, el);
   size_t ngiven = h->n;
   bool host = given(h, ngiven, "host", 4);
   if (rc == 0)
     rc = f.headers ? forward_table(L, f.headers, h, ngiven, &host, err, el)
                    : forward_raw(L, fwd, f.nheaders, h, ngiven, &host, err, el);
-  if (rc == 0 && !host && lua_getfield(L, idx, "host") == LUA_TSTRING) {
+  if (rc == 0 && !host &&
+      field(L, idx, pos, REQ_HOST, "host") == LUA_TSTRING) {
     size_t n;
     const char *v = lua_tolstring(L, -1, &n);
     rc = add_header(h, "host", 4, v, n, err, el);
@@ -445,9 +472,11 @@ static int to_forward(lua_State *L, int idx, int fwd, nr_http_call_t *c,
 /* Fill c from the request table at idx (its strings stay on the stack). */
 static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
                    char *err, size_t el) {
-  if (lua_getfield(L, idx, "forward") != LUA_TNIL)
-    return to_forward(L, idx, lua_gettop(L), c, h, err, el);
-  int t = lua_getfield(L, idx, "method");
+  bool pos = lua_rawgeti(L, idx, REQ_POOL) != LUA_TNIL;
+  lua_pop(L, 1);
+  if (field(L, idx, pos, REQ_FORWARD, "forward") != LUA_TNIL)
+    return to_forward(L, idx, pos, lua_gettop(L), c, h, err, el);
+  int t = field(L, idx, pos, REQ_METHOD, "method");
   c->method = t == LUA_TNIL ? "GET" : lua_tolstring(L, -1, &c->method_len);
   if (t == LUA_TNIL)
     c->method_len = 3;
@@ -457,7 +486,7 @@ static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
              t == LUA_TSTRING ? "a string that is not" : luaL_typename(L, -1));
     return -EINVAL;
   }
-  t = lua_getfield(L, idx, "path");
+  t = field(L, idx, pos, REQ_PATH, "path");
   c->target = t == LUA_TNIL ? "/" : lua_tolstring(L, -1, &c->target_len);
   if (t == LUA_TNIL)
     c->target_len = 1;
@@ -468,14 +497,14 @@ static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
                                                     : luaL_typename(L, -1));
     return -EINVAL;
   }
-  t = lua_getfield(L, idx, "body");
+  t = field(L, idx, pos, REQ_BODY, "body");
   if (t == LUA_TSTRING || t == LUA_TNUMBER) {
     c->body = lua_tolstring(L, -1, &c->body_len);
   } else if (t != LUA_TNIL) {
     snprintf(err, el, "body must be a string, got a %s", luaL_typename(L, -1));
     return -EINVAL;
   }
-  t = lua_getfield(L, idx, "headers");
+  t = field(L, idx, pos, REQ_HEADERS, "headers");
   if (t == LUA_TTABLE) {
     int rc = collect(L, lua_gettop(L), h, err, el);
     if (rc)
