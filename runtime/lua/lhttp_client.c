@@ -574,15 +574,19 @@ static int raise_at(lua_State *L, const char *fmt, ...) {
   return lua_error(L);
 }
 
-/* The type an option must have (LUA_TNONE: any), or -2: no such option. */
+/* The type an option must have (LUA_TNONE: any), or -2: no such option.
+ * Lengths are compared first: most options differ in length. */
 static int option_type(const char *k, size_t n) {
-  static const struct { const char *k; int t; } opts[] = {
-      {"method", LUA_TSTRING}, {"url", LUA_TNONE}, {"headers", LUA_TTABLE},
-      {"body", LUA_TSTRING}, {"timeout", LUA_TNUMBER},
-      {"max_body", LUA_TNUMBER}, {"tls", LUA_TNONE},
-      {"follow", LUA_TNUMBER}, {"forward", LUA_TUSERDATA}};
+#define OPT(name, type) {name, sizeof name - 1, type}
+  static const struct { const char *k; size_t n; int t; } opts[] = {
+      OPT("url", LUA_TNONE), OPT("forward", LUA_TUSERDATA),
+      OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
+      OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
+      OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
+      OPT("follow", LUA_TNUMBER)};
+#undef OPT
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
-    if (strlen(opts[i].k) == n && memcmp(opts[i].k, k, n) == 0)
+    if (opts[i].n == n && memcmp(opts[i].k, k, n) == 0)
       return opts[i].t;
   return -2;
 }
@@ -590,6 +594,7 @@ static int option_type(const char *k, size_t n) {
 static int l_check_request(lua_State *L) {
   if (lua_type(L, 1) != LUA_TTABLE)
     return raise_at(L, "options must be a table, got %s", luaL_typename(L, 1));
+  bool forward = false, method_or_body = false;
   lua_settop(L, 1);
   lua_pushnil(L);
   while (lua_next(L, 1)) {
@@ -605,11 +610,7 @@ static int l_check_request(lua_State *L) {
         return raise_at(L, "forward must be a request of "
                         "netrun.codec.http_server, got %s", luaL_typename(L, -1));
       lua_settop(L, 3);                      /* what the view pushed */
-      if (lua_getfield(L, 1, "method") != LUA_TNIL ||
-          lua_getfield(L, 1, "body") != LUA_TNIL)
-        return raise_at(L, "forward takes the request's method and body: give "
-                        "neither");
-      lua_settop(L, 3);
+      forward = true;
     } else if (want == LUA_TNUMBER) {
       if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
         return raise_at(L, "%s must be a number >= 0, got %s", k,
@@ -617,9 +618,14 @@ static int l_check_request(lua_State *L) {
     } else if (want != LUA_TNONE && t != want) {
       return raise_at(L, "%s must be a %s, got %s", k, lua_typename(L, want),
                       luaL_typename(L, -1));
+    } else if (want == LUA_TSTRING) {        /* method or body */
+      method_or_body = true;
     }
     lua_pop(L, 1);
   }
+  if (forward && method_or_body)
+    return raise_at(L, "forward takes the request's method and body: give "
+                    "neither");
   return 0;
 }
 
