@@ -57,7 +57,8 @@ end
 -- rule), so each request sent to the backend takes the next slot of a
 -- ring of in_flight slots, and the slots are written in order as they
 -- fill (`head` and `sent` count requests; at most in_flight are between
--- them, so no two share a slot). Each slot has its callback, made once.
+-- them, so no two share a slot). Each slot has its callback and request
+-- options, made once.
 -- Requests wait in `queue` until a slot is free and the client's
 -- connection is writable; the queue counts from 1 again whenever it
 -- empties, so its entries stay in the table's array part.
@@ -96,16 +97,24 @@ local function answer(self, ctx, i, r, err)
   if self.ch:is_open() then flush_ready(self, ctx) end
 end
 
--- To the backend, in the next slot.
-local function send(self, ctx, r)
+-- To the backend, in the next slot. Each slot has its request options,
+-- made once: client:request reads them as it is called (it keeps them
+-- only to follow redirects, which this client does not), so the slot's
+-- table serves its every request; forward is cleared after the call, so
+-- that a slot does not hold on to a request already answered.
+local function send(self, ctx, req)
   local i = self.sent % in_flight + 1
   self.sent = self.sent + 1
-  local cb = self.callbacks[i]
-  if cb == nil then          -- a callback rather than a future: the response is not copied
+  local o, cb = self.opts[i], self.callbacks[i]
+  if o == nil then           -- a callback rather than a future: the response is not copied
+    o = { url = base, forward = req, headers = self.xff }
     cb = function(res, err) answer(self, ctx, i, res, err) end
-    self.callbacks[i] = cb
+    self.opts[i], self.callbacks[i] = o, cb
+  else
+    o.forward = req
   end
-  client:request(r, cb)
+  client:request(o, cb)
+  o.forward = nil
 end
 
 function dispatch(self, ctx)
@@ -138,13 +147,12 @@ function Proxy:channel_read(ctx, req)
     ch = ctx.channel
     self.ch, self.xff = ch, { ["x-forwarded-for"] = (ch:remote_address()) }
   end
-  local r = { url = base, forward = req, headers = self.xff }
   local q = self.queue
   if q.first > q.last and self.sent - self.head < in_flight and ch:is_writable() then
-    return send(self, ctx, r)         -- nothing waits: at once
+    return send(self, ctx, req)       -- nothing waits: at once
   end
   q.last = q.last + 1
-  q[q.last] = r
+  q[q.last] = req
   dispatch(self, ctx)
 end
 
@@ -164,9 +172,9 @@ netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
   init = function(ch)
     ch:pipeline():add_last("http", codec)
-    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, callbacks = {}, head = 0,
-      sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false, xff = false },
-      Proxy))
+    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, opts = {}, callbacks = {},
+      head = 0, sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false,
+      xff = false }, Proxy))
   end,
 }:sync()
 netrun.log.info("proxy: listening on :%d, backend %s", port, base)
