@@ -392,8 +392,8 @@ describe("netrun.http client", function()
         req.path = {}
       elseif req.path == "/withpath" then
         opts.url = base .. "/x"
-      elseif req.path == "/both" then
-        opts.method = "GET"
+      elseif req.path == "/both" or req.path == "/bothbody" then
+        if req.path == "/both" then opts.method = "GET" else opts.body = "b" end
         local ok, err = pcall(c.request, c, opts, print)
         return ctx:write_and_flush { status = 400, body = tostring(ok) .. " " .. err }
       end
@@ -440,6 +440,9 @@ describe("netrun.http client", function()
     assert.equal(502, status)
     assert.matches("bad URL: a forwarded request's URL names only the origin", echo)
     status, echo = ask("GET /both HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal(400, status)
+    assert.matches("^false .*forward takes the request's method and body: give neither", echo)
+    status, echo = ask("GET /bothbody HTTP/1.1\r\nHost: h\r\n\r\n")
     assert.equal(400, status)
     assert.matches("^false .*forward takes the request's method and body: give neither", echo)
     -- a response after which the backend closes comes as a table
