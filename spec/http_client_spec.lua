@@ -308,6 +308,49 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("times out a request waiting for a connection, and one made as another timed out, each at its deadline", function()
+    local server, port = http_server(servers, "deadlines-wait", function(req)
+      if req.path ~= "/slow" then return { status = 200, body = req.path } end
+    end)
+    local c = netrun.http.client { pool = 1, timeout = 0.4 }
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local base = "http://127.0.0.1:" .. port
+      local t0, got, n, all = netrun.now(), {}, 0, netrun.promise()
+      local function track(name, also)
+        return function(res, err)
+          got[name] = got[name] or { calls = 0 }
+          local g = got[name]
+          g.calls, g.at, g.res = g.calls + 1, netrun.now() - t0, res and res.body or err
+          n = n + 1
+          if also then also() end
+          if n == 3 then all:try_success(true) end
+        end
+      end
+      -- a, on the one connection, times out at 0.4; its callback makes c
+      -- (0.8); b waits for the connection from 0.1 and times out at 0.5
+      c:request({ url = base .. "/slow" }, track("a", function()
+        c:request({ url = base .. "/slow" }, track("c"))
+      end))
+      netrun.sleep(0.1)
+      c:request({ url = base .. "/slow" }, track("b"))
+      all:await()
+      local after = netrun.promise()          -- the pool still serves
+      c:request({ url = base .. "/fast" }, function(res, err) after:try_success(res and res.body or err) end)
+      got.fast = after:await()
+      return got
+    end, c, port)
+    for _, k in ipairs { "a", "b", "c" } do
+      assert.equal(1, r[k].calls)
+      assert.matches("GET http://127%.0%.0%.1:%d+/slow: timeout after 0%.4 s", r[k].res)
+    end
+    assert.equal("/fast", r.fast)
+    assert.is_true(r.a.at >= 0.35 and r.a.at < 0.5, "a at " .. r.a.at)
+    assert.is_true(r.b.at >= 0.45 and r.b.at < 0.7, "b at " .. r.b.at)
+    assert.is_true(r.c.at >= 0.75 and r.c.at < 1.5, "c at " .. r.c.at)
+    server:close():sync()
+  end)
+
   it("raw = true hands up a prepared response without hop-by-hop fields, which a server writes", function()
     local backend, bport = raw_server(servers, function(s)
       while true do

@@ -57,17 +57,16 @@ local core = require "netrun.core"
 -- hashing): its pool first (a table there: not an array of strings to
 -- write), then the fields the client codec writes (METHOD, false when
 -- forwarded, to HOST: lhttp_client.c reads them by position), then the
--- rest of its state: URL, promise or callback, timeout and deadline, its
--- place in the pool's deadline list, its connection, whether it is done
+-- rest of its state: URL, promise or callback, timeout and deadline,
+-- whether its pool's timer watches that deadline, its connection, whether it is done
 -- (settled or timed out), retried, its own timer, TLS config, redirects
 -- left to follow and the options they are followed with. Unset: false.
 local POOL <const>, METHOD <const>, FORWARD <const> = 1, 2, 6   -- (path 3, headers 4,
                                                                 -- body 5, host 7)
 local URL <const>, PROMISE <const>, CB <const>, TIMEOUT <const>, DEADLINE <const> =
       8, 9, 10, 11, 12
-local DPOOL <const>, DPREV <const>, DNEXT <const>, CONN <const>, DONE <const>,
-      RETRIED <const>, TIMER <const>, TLS <const>, FOLLOW <const>, OPTS <const> =
-      13, 14, 15, 16, 17, 18, 19, 20, 21, 22
+local PDEADLINE <const>, CONN <const>, DONE <const>, RETRIED <const>, TIMER <const>,
+      TLS <const>, FOLLOW <const>, OPTS <const> = 13, 14, 15, 16, 17, 18, 19, 20
 
 local M = {
   pool = 64, keepalive = 60, timeout = 5, max_body = 1 << 20, max_header = 16384,
@@ -201,7 +200,7 @@ local function pool_of(client, key, scheme, host, port, max_body)
     pool = { key = key, client = client, scheme = scheme, host = host, port = port,
              max_body = max_body,
              idle = {}, nidle = 0, total = 0, waiters = {}, whead = 1, wtail = 0,
-             loop = current(), dhead = false, dtail = false, dtimer = false }
+             conns = {}, connecting = {}, loop = current(), dtimer = false, dat = 0 }
     per[key] = pool
   end
   return pool
@@ -259,6 +258,7 @@ function release(conn)
   if pool == nil then return end
   if conn.dead then
     conn.pool = nil
+    pool.conns[conn] = nil
     return lost(pool)
   end
   while pool.whead <= pool.wtail do
@@ -295,16 +295,19 @@ function connect(pool, req)
   local left = req[DEADLINE] - now()
   if left == math.huge then left = nil             -- no bound: connect's own
   elseif left <= 0 then left = 0.001 end
+  if req[PDEADLINE] then pool.connecting[req] = true end   -- (its deadline is watched there)
   local ok, f = pcall(require("netrun").connect, {
     group = pool.loop, host = pool.host, port = pool.port, timeout = left, tls = tls,
     init = function(ch) require("netrun.http").attach(ch, mh, mb, raw) end,
   })
   if not ok then
+    pool.connecting[req] = nil
     fail_request(req, tostring(f))
     return lost(pool)
   end
   f:add_listener(function(cf)
     if not cf:is_success() then
+      pool.connecting[req] = nil
       local cause = tostring(cf:cause()):gsub("^netrun%.connect: ", "")
       fail_request(req, "connect: " .. cause)
       return lost(pool)
@@ -312,10 +315,12 @@ function connect(pool, req)
     local ch = cf:result()
     local conn = live[ch]
     conn.pool = pool
+    pool.conns[conn] = true
     if not ch:is_active() then conn.dead = true end
     if req[DONE] or conn.dead then       -- timed out meanwhile: keep it
-      return release(conn)
-    end
+      return release(conn)               -- (a request not done stays connecting:
+    end                                  -- its deadline ends it)
+    pool.connecting[req] = nil
     start(conn, req, false)
   end)
 end
@@ -342,47 +347,61 @@ end
 
 -- ---- requests -----------------------------------------------------------------------
 
--- Deadlines. A request with its client's timeout joins its pool's
--- deadline list at the tail: the deadlines are now + the same timeout, so
--- the list is in deadline order, and one timer per pool, set for the
--- head's, expires them (no timer and no closure per request). A request
--- with a timeout of its own gets a timer of its own.
+-- Deadlines. A request with its client's timeout is watched by its
+-- pool's one timer (PDEADLINE true), which nothing per request needs to
+-- arm or disarm: the deadlines are now + the same timeout, so the timer,
+-- once set for the earliest, is never late for one made later. When it
+-- fires it looks at every request of the pool (on its connections, waiting
+-- for one, or connecting: at most the pool's size, and the waiters), ends
+-- those past their deadline and is set again for the earliest left. A
+-- request with a timeout of its own gets a timer of its own.
 local on_timeout
 
-local function unlink(req)
-  local pool, prev, nxt = req[DPOOL], req[DPREV], req[DNEXT]
-  if prev then prev[DNEXT] = nxt else pool.dhead = nxt end
-  if nxt then nxt[DPREV] = prev else pool.dtail = prev end
-  req[DPOOL], req[DPREV], req[DNEXT] = false, false, false
+local function watched(r, t, past, earliest)
+  if r and r[PDEADLINE] and not r[DONE] then
+    local d = r[DEADLINE]
+    if d <= t then past[#past + 1] = r elseif d < earliest then earliest = d end
+  end
+  return earliest
 end
 
-local function expire(pool)
+local expire
+
+-- Set pool's timer for deadline d (at time t).
+local function arm(pool, d, t)
+  pool.dtimer, pool.dat = pool.loop:schedule(math.max(d - t, 0.001), expire, pool), d
+end
+
+function expire(pool)
   pool.dtimer = false
-  local t = now()
-  local head = pool.dhead
-  while head and head[DEADLINE] <= t do
-    on_timeout(head)                     -- unlinks it (settle, done_timer)
-    if pool.dhead == head then unlink(head) end
-    head = pool.dhead
+  local t, past, earliest = now(), {}, math.huge
+  for conn in next, pool.conns do earliest = watched(conn.req, t, past, earliest) end
+  for r in next, pool.connecting do earliest = watched(r, t, past, earliest) end
+  local w = pool.waiters
+  for i = pool.whead, pool.wtail do earliest = watched(w[i], t, past, earliest) end
+  for i = 1, #past do on_timeout(past[i]) end   -- (after the walk: they change the sets)
+  if earliest == math.huge then return end
+  if pool.dtimer then           -- armed again, for a request a callback made
+    if pool.dat <= earliest then return end
+    pool.dtimer:cancel()         -- (for a deadline after one left: sooner)
   end
-  if head then
-    pool.dtimer = pool.loop:schedule(math.max(head[DEADLINE] - t, 0.001), expire, pool)
-  end
+  arm(pool, earliest, t)
 end
 
-local function add_deadline(pool, req)
-  local tail = pool.dtail
-  req[DPOOL], req[DPREV] = pool, tail
-  if tail then tail[DNEXT] = req else pool.dhead = req end
-  pool.dtail = req
-  if not pool.dtimer then
-    pool.dtimer = pool.loop:schedule(req[TIMEOUT], expire, pool)
+-- A request to be watched by pool's timer: it is armed unless it is, for
+-- this deadline or an earlier one (a retried request comes to a pool,
+-- maybe one made since, with the deadline it had).
+local function watch(pool, req)
+  req[PDEADLINE] = true
+  local timer, d = pool.dtimer, req[DEADLINE]
+  if not timer or pool.dat > d then
+    if timer then timer:cancel() end
+    arm(pool, d, now())
   end
 end
 
 local function done_timer(req)
-  if req[DPOOL] then unlink(req)
-  elseif req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end
+  if req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end
   req[DONE] = true
 end
 
@@ -394,8 +413,7 @@ local send
 -- The request's end: its future completes, or its callback runs (an error
 -- in it is logged; it never reaches the connection's handler).
 function settle(req, res, err)
-  if req[DPOOL] then unlink(req)          -- (done_timer, inline: once per request)
-  elseif req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end
+  if req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end   -- (done_timer, inline)
   req[DONE] = true
   local cb = req[CB]
   if not cb then
@@ -449,6 +467,7 @@ end
 
 function on_timeout(req)
   if req[DONE] then return end
+  req[POOL].connecting[req] = nil
   local conn = req[CONN]
   settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
     method_of(req), req[URL], req[TIMEOUT]))
@@ -474,6 +493,7 @@ function send(req)
       per[pool.key] = pool
     end
   end
+  if req[PDEADLINE] then watch(pool, req) end   -- (maybe another pool's timer watched it)
   acquire(pool, req)
 end
 
@@ -569,10 +589,10 @@ function M.request_with(client, opts, cb)
     pool, method, not fwd and u[4] or false, h or false, opts.body or false, fwd or false,
     hosthdr or false, url, p or false, cb or false, timeout,
     timeout > 0 and now() + timeout or math.huge, false, false, false, false, false,
-    false, false, opts.tls or false, follow, follow and opts,
+    opts.tls or false, follow, follow and opts,
   }
   if timeout > 0 then
-    if timeout == client.timeout then add_deadline(pool, req)
+    if timeout == client.timeout then watch(pool, req)
     else req[TIMER] = pool.loop:schedule(timeout, function() on_timeout(req) end) end
   end
   acquire(pool, req)
