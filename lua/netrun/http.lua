@@ -341,8 +341,13 @@ local function acquire(pool, req)
     pool.total = pool.total + 1
     return connect(pool, req)
   end
-  pool.wtail = pool.wtail + 1
-  pool.waiters[pool.wtail] = req
+  if req[RETRIED] then       -- sent before: ahead of those made since, as its
+    pool.whead = pool.whead - 1    -- deadline is (the waiters' deadlines in order)
+    pool.waiters[pool.whead] = req
+  else
+    pool.wtail = pool.wtail + 1
+    pool.waiters[pool.wtail] = req
+  end
 end
 
 -- ---- requests -----------------------------------------------------------------------
@@ -351,10 +356,11 @@ end
 -- pool's one timer (PDEADLINE true), which nothing per request needs to
 -- arm or disarm: the deadlines are now + the same timeout, so the timer,
 -- once set for the earliest, is never late for one made later. When it
--- fires it looks at every request of the pool (on its connections, waiting
--- for one, or connecting: at most the pool's size, and the waiters), ends
--- those past their deadline and is set again for the earliest left. A
--- request with a timeout of its own gets a timer of its own.
+-- fires it looks at the requests of the pool (on its connections or
+-- connecting: at most the pool's size; and the waiters, which wait in
+-- deadline order, up to the first not past), ends those past their
+-- deadline and is set again for the earliest left. A request with a
+-- timeout of its own gets a timer of its own.
 local on_timeout
 
 local function watched(r, t, past, earliest)
@@ -377,8 +383,16 @@ function expire(pool)
   local t, past, earliest = now(), {}, math.huge
   for conn in next, pool.conns do earliest = watched(conn.req, t, past, earliest) end
   for r in next, pool.connecting do earliest = watched(r, t, past, earliest) end
-  local w = pool.waiters
-  for i = pool.whead, pool.wtail do earliest = watched(w[i], t, past, earliest) end
+  local w, i = pool.waiters, pool.whead
+  while i <= pool.wtail and w[i][DONE] do w[i] = nil; i = i + 1 end
+  pool.whead = i
+  for j = i, pool.wtail do      -- (in deadline order: up to the first not past)
+    local r = w[j]
+    if r[PDEADLINE] and not r[DONE] then
+      if r[DEADLINE] > t then earliest = math.min(earliest, r[DEADLINE]); break end
+      past[#past + 1] = r
+    end
+  end
   for i = 1, #past do on_timeout(past[i]) end   -- (after the walk: they change the sets)
   if earliest == math.huge then return end
   if pool.dtimer then           -- armed again, for a request a callback made
