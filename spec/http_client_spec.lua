@@ -14,6 +14,25 @@ local function on_loop(loop, fn, ...)
   return H.sync(spawned, 30)
 end
 
+-- On a loop: track, got, all. track(name[, also]) is a request's
+-- callback recording in got[name] its calls, when (seconds since now) and
+-- the body or error, then calling also(); all completes at the want-th call.
+local function tracker(want)
+  local netrun = require "netrun"
+  local t0, got, n, all = netrun.now(), {}, 0, netrun.promise()
+  local function track(name, also)
+    return function(res, err)
+      got[name] = got[name] or { calls = 0 }
+      local g = got[name]
+      g.calls, g.at, g.res = g.calls + 1, netrun.now() - t0, res and res.body or err
+      n = n + 1
+      if also then also() end
+      if n == want then all:try_success(true) end
+    end
+  end
+  return track, got, all
+end
+
 -- The error a future failed with (it must fail).
 local function failure(f, timeout)
   local ok, err = pcall(H.sync, f, timeout)
@@ -265,30 +284,26 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
-  it("times out requests at the client's timeout (one pool timer), each at its own deadline", function()
-    local server, port = http_server(servers, "deadlines", function(req)
+  -- A server answering /slow never, other paths with their path.
+  local function slow_server(name)
+    return http_server(servers, name, function(req)
       if req.path ~= "/slow" then return { status = 200, body = req.path } end
     end)
+  end
+
+  it("times out requests at the client's timeout (one pool timer), each at its own deadline", function()
+    local server, port = slow_server("deadlines")
     local c = netrun.http.client { pool = 8, timeout = 0.4 }
     local r = on_loop(group:next(), function(c, port)
       local netrun = require "netrun"
       local base = "http://127.0.0.1:" .. port
-      local t0, got, n, all = netrun.now(), {}, 0, netrun.promise()
-      local function track(name, want)
-        return function(res, err)
-          got[name] = got[name] or { calls = 0 }
-          local g = got[name]
-          g.calls, g.at, g.res = g.calls + 1, netrun.now() - t0, res and res.body or err
-          n = n + 1
-          if n == want then all:try_success(true) end
-        end
-      end
-      c:request({ url = base .. "/slow" }, track("slow1", 5))
-      c:request({ url = base .. "/fast1" }, track("fast1", 5))
-      c:request({ url = base .. "/slow", timeout = 0.25 }, track("own", 5))   -- a timer of its own
+      local track, got, all = tracker(5)
+      c:request({ url = base .. "/slow" }, track("slow1"))
+      c:request({ url = base .. "/fast1" }, track("fast1"))
+      c:request({ url = base .. "/slow", timeout = 0.25 }, track("own"))   -- a timer of its own
       netrun.sleep(0.2)
-      c:request({ url = base .. "/slow" }, track("slow2", 5))
-      c:request({ url = base .. "/fast2" }, track("fast2", 5))
+      c:request({ url = base .. "/slow" }, track("slow2"))
+      c:request({ url = base .. "/fast2" }, track("fast2"))
       all:await()
       local after = netrun.promise()          -- the pool still serves
       c:request({ url = base .. "/fast3" }, function(res, err) after:try_success(res and res.body or err) end)
@@ -309,24 +324,12 @@ describe("netrun.http client", function()
   end)
 
   it("times out a request waiting for a connection, and one made as another timed out, each at its deadline", function()
-    local server, port = http_server(servers, "deadlines-wait", function(req)
-      if req.path ~= "/slow" then return { status = 200, body = req.path } end
-    end)
+    local server, port = slow_server("deadlines-wait")
     local c = netrun.http.client { pool = 1, timeout = 0.4 }
     local r = on_loop(group:next(), function(c, port)
       local netrun = require "netrun"
       local base = "http://127.0.0.1:" .. port
-      local t0, got, n, all = netrun.now(), {}, 0, netrun.promise()
-      local function track(name, also)
-        return function(res, err)
-          got[name] = got[name] or { calls = 0 }
-          local g = got[name]
-          g.calls, g.at, g.res = g.calls + 1, netrun.now() - t0, res and res.body or err
-          n = n + 1
-          if also then also() end
-          if n == 3 then all:try_success(true) end
-        end
-      end
+      local track, got, all = tracker(3)
       -- a, on the one connection, times out at 0.4; its callback makes c
       -- (0.8); b waits for the connection from 0.1 and times out at 0.5
       c:request({ url = base .. "/slow" }, track("a", function()
