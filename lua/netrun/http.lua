@@ -58,9 +58,10 @@ local core = require "netrun.core"
 -- write), then the fields the client codec writes (METHOD, false when
 -- forwarded, to HOST: lhttp_client.c reads them by position), then the
 -- rest of its state: URL, promise or callback, timeout and deadline,
--- whether its pool's timer watches that deadline, its connection, whether it is done
--- (settled or timed out), retried, its own timer, TLS config, redirects
--- left to follow and the options they are followed with. Unset: false.
+-- whether its pool's timer watches that deadline, its connection, whether
+-- it is done (settled or timed out), retried, its own timer, TLS config,
+-- redirects left to follow and the options they are followed with.
+-- Unset: false.
 local POOL <const>, METHOD <const>, FORWARD <const> = 1, 2, 6   -- (path 3, headers 4,
                                                                 -- body 5, host 7)
 local URL <const>, PROMISE <const>, CB <const>, TIMEOUT <const>, DEADLINE <const> =
