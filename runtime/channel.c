@@ -1081,7 +1081,7 @@ static int unwritable(nr_channel_t *ch, void *msg) {
   else if (describer != NULL)
     describer(msg, what, sizeof what);
   else
-    snprintf(what, sizeof what, "a message of type %d", type);
+    nr_msg_describe(type, what, sizeof what);
   if (ch->kind == NR__DGRAM)
     return nr_raise(-EINVAL, "cannot write %s to a datagram channel: it takes "
                     "{ data = ..., host = ..., port = ... }", what);

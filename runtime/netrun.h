@@ -282,21 +282,40 @@ int nr_promise_wait(nr_promise_t *p, uint64_t timeout);
 /* Pipeline messages are `void *`; every message struct starts with an int
  * type tag (Netty's instanceof), so adapters such as the Lua one know how
  * to convert what they receive. Messages are borrowed: valid only during
- * the call that passes them; a handler that keeps one copies it. */
+ * the call that passes them; a handler that keeps one copies it.
+ *
+ * The core's tags are this enum. A handler's own messages are declared in
+ * its header (codec/http.h's NR_MSG_HTTP_REQUEST, ...): netrun's handlers
+ * (codec/, handler/, tls/) take tags from NR_MSG_NATIVE, applications from
+ * NR_MSG_USER, and each registers its tags with a name (nr_msg_register)
+ * before any message of them is made, so two types given one tag fail at
+ * start-up instead of being taken for each other. */
 enum {
   NR_MSG_BYTES = 1,          /* nr_bytes_t */
   NR_MSG_SLICES,             /* nr_slices_t: gathered bytes, one write */
   NR_MSG_DATAGRAM,           /* nr_datagram_t */
   NR_MSG_LUA,                /* a Lua value (runtime/lua/) */
-  NR_MSG_HTTP_REQUEST,       /* runtime/codec/ */
-  NR_MSG_HTTP_RESPONSE,
-  NR_MSG_HTTP_PREPARED,      /* a response encoded ahead */
   NR_MSG_EVENT,              /* nr_event_t */
-  NR_MSG_HTTP_CALL,          /* codec/http_client.h: a request to send */
-  NR_MSG_HTTP_REPLY,         /* codec/http_client.h: a response received */
+  NR_MSG_NATIVE = 16,        /* first tag of netrun's own handlers */
   NR_MSG_USER = 1000         /* first tag free for applications */
 };
 static inline int nr_msg_type(const void *msg) { return *(const int *)msg; }
+
+/* Message types by tag. nr_msg_register gives `type` (> 0) its name
+ * ("http_request": static, used in error text); registering a type again
+ * under the same name does nothing. 0, or -EEXIST (the tag, or the name,
+ * is another type's), -ENOSPC (NR_MSG_TYPES types are registered; the
+ * core's are among them) or -EINVAL. nr_msg_name: the name of a registered
+ * type, or NULL. Any thread. */
+#define NR_MSG_TYPES 64
+int nr_msg_register(int type, const char *name);
+const char *nr_msg_name(int type);
+/* nr_msg_register for a handler's constructor (run when the program
+ * loads): a tag or name already taken aborts, naming both. */
+void nr_msg_declare(int type, const char *name);
+/* "a message of type http_response" (or of its number, if unregistered)
+ * in buf, for error text. Any thread. */
+void nr_msg_describe(int type, char *buf, size_t size);
 
 /* Error text for a message a channel cannot write: the describer says what
  * the message is ("a number (42)") in buf, for a type the core does not

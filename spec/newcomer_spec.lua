@@ -80,6 +80,27 @@ g:shutdown_gracefully(0, 5):sync()
     assert.truthy(out:find("did you mean channel_read?", 1, true), out)
   end)
 
+  it("names a codec's message that reached a channel no codec encoded it for", function()
+    local got = netrun.promise()
+    local hello = netrun.codec.http_response { status = 200, body = "hi" }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("h", {
+          channel_read = function(self, ctx) ctx:write(hello) end,
+          exception_caught = function(self, ctx, e) got:try_success(e) end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("x")
+    local e = H.sync(got)
+    assert.truthy(e:find("cannot write a message of type http_prepared to a stream channel", 1, true), e)
+    c:close()
+    server:close():sync()
+  end)
+
   it("says what was written and what a channel takes when no handler encoded it", function()
     local got = netrun.promise()
     local server = netrun.server {

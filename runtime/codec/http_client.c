@@ -26,6 +26,12 @@
 #include "codec/http_client.h"
 #include "codec/http_parse.h"
 
+/* The HTTP client's messages, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_HTTP_CALL, "http_call");
+  nr_msg_declare(NR_MSG_HTTP_REPLY, "http_reply");
+}
+
 /* What the bytes in hand are: a head being received, then a body framed
  * by its length, by chunks, or by the close. */
 enum { C_HEAD, C_LENGTH, C_CHUNKED, C_CLOSE };

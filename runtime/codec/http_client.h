@@ -30,6 +30,10 @@
 
 #include "codec/http.h"
 
+/* Its messages (registered by http_client.c as the program loads). */
+#define NR_MSG_HTTP_CALL (NR_MSG_NATIVE + 4)      /* a request to send */
+#define NR_MSG_HTTP_REPLY (NR_MSG_NATIVE + 5)     /* a response received */
+
 /* Requests sent and not yet answered, at most (a write past it fails). */
 #define NR_HTTPC_RING 64
 

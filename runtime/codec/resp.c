@@ -22,6 +22,11 @@
 #include "codec.h"
 #include "resp.h"
 
+/* Its message, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_RESP, "resp");
+}
+
 /* A strict decimal integer: optional '-', then 1..18 digits. */
 static bool parse_int(const char *s, size_t n, long long *out) {
   bool neg = n > 0 && s[0] == '-';

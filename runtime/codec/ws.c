@@ -31,6 +31,11 @@
 #include "codec/codec.h"
 #include "codec/ws.h"
 
+/* Its message, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_WEBSOCKET, "websocket");
+}
+
 /* ---- UTF-8 ------------------------------------------------------------------ */
 
 /* A state inside a sequence: bytes still needed, and the range the next

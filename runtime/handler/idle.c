@@ -21,6 +21,11 @@
 
 #include "handler.h"
 
+/* Its event, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_IDLE, "idle");
+}
+
 enum { ST_NEW, ST_RUNNING, ST_STOPPED };
 
 typedef struct idle_s {

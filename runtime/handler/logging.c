@@ -92,8 +92,13 @@ static void describe(char *out, size_t n, const void *msg) {
   case NR_MSG_LUA:
     snprintf(out, n, "(a Lua value)");
     return;
-  default:
-    snprintf(out, n, "(message of type %d)", nr_msg_type(msg));
+  default: {
+    const char *name = nr_msg_name(nr_msg_type(msg));
+    if (name != NULL)
+      snprintf(out, n, "(%s message)", name);
+    else
+      snprintf(out, n, "(message of type %d)", nr_msg_type(msg));
+  }
   }
 }
 

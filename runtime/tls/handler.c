@@ -51,6 +51,11 @@
 #include "codec/buf.h"
 #include "tls/tls_internal.h"
 
+/* Its event, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_TLS_EVENT, "tls_event");
+}
+
 #define PLAIN_CHUNK 32768     /* plaintext fired per message, at most */
 #define WRITE_CHUNK 65536     /* plaintext encrypted per pass of a write */
 
@@ -824,9 +829,12 @@ static int tls_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     const nr_bytes_t *b = msg;
     return write_bytes(s, b->data, b->len, p);
   }
-  if (type != NR_MSG_SLICES)
-    return nr_raise(-EINVAL, "tls: cannot encrypt a message of type %d (no "
-                    "handler after tls encoded it to bytes)", type);
+  if (type != NR_MSG_SLICES) {
+    char what[96];
+    nr_msg_describe(type, what, sizeof what);
+    return nr_raise(-EINVAL, "tls: cannot encrypt %s (no handler after tls "
+                    "encoded it to bytes)", what);
+  }
   const nr_slices_t *v = msg;
   int rc = 0;
   for (size_t i = 0; rc == 0 && i < v->n; i++)
