@@ -433,12 +433,29 @@ void nr__loop_wakeup(nr_loop_t *l);
 nr_loop_t *nr__loop_retain(nr_loop_t *l);
 void nr__loop_release(nr_loop_t *l);
 bool nr__loop_has_tasks(nr_loop_t *l);
-int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded);
+/* Netty's runAllTasks(): due timers, then every queued task (timers that
+ * fall due meanwhile join them), then tail tasks. */
+bool nr__run_all_tasks(nr_loop_t *l);
+/* Netty's runAllTasks(timeoutNanos): the same, stopping once timeout ns
+ * have passed (checked every 64 tasks: 0 runs at most 64). Both return
+ * whether any task ran. */
+bool nr__run_tasks_for(nr_loop_t *l, uint64_t timeout);
 bool nr__confirm_shutdown(nr_loop_t *l);
-uint64_t nr__next_deadline(nr_loop_t *l);
 uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
-void nr__cancel_timers(nr_loop_t *l);
 void nr__loop_set_current(nr_loop_t *l);
+
+/* timer.c */
+void nr__timers_fetch_due(nr_loop_t *l, uint64_t now);
+uint64_t nr__next_deadline(nr_loop_t *l);     /* NR_NONE: no timer */
+void nr__cancel_timers(nr_loop_t *l);         /* at shutdown */
+
+/* A statistic of the loop (nr_loop_stats): only its thread writes it, so a
+ * relaxed load and store add to it -- no read-modify-write -- and other
+ * threads read a value that is at most late. */
+static inline void nr__stat_add(_Atomic uint64_t *s, uint64_t v) {
+  atomic_store_explicit(s, atomic_load_explicit(s, memory_order_relaxed) + v,
+                        memory_order_relaxed);
+}
 
 /* loop.c */
 int nr__selector_open(nr_loop_t *l);
