@@ -366,8 +366,12 @@ static inline void count(lnr_state_t *S, size_t plus, size_t minus) {
 }
 
 /* The two calls every message makes -- a small block freed, a small block
- * whose free list has one -- decided in a few instructions; the rest out
- * of line. */
+ * whose free list has one -- are served here, the rest out of line. That
+ * is safe because Lua passes every block's size (osize), so a small
+ * block's class is known without a header and its list is the one it came
+ * from; a free only lowers the count; and the one allocation served here
+ * is checked against mem_limit first, so whatever could pass the limit
+ * (and needs refuse()'s judgement) takes alloc_slow. */
 static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   lnr_state_t *S = ud;
 #if POOL_MAX > 0

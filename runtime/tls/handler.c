@@ -625,8 +625,8 @@ static int feed(tls_t *s, const char *data, size_t len, bool last) {
 /* Inside its own channel_read and channel_read_complete -- where a read's
  * answers are written, 16 of them for 16 pipelined requests -- the
  * handler gathers the writes after the first into one record of up to
- * GATHER_MAX bytes: an SSL_write costs ~7k instructions a record whatever
- * its size. The first is encrypted at once, so the channel has unflushed
+ * GATHER_MAX bytes: an SSL_write's cost is per record far more than per
+ * byte (bench/RESULTS.md). The first is encrypted at once, so the channel has unflushed
  * bytes exactly when it would without gathering (a read's end flushes
  * them for handlers that have no channel_read_complete). A flush, a
  * close, a removal, or the end of the callback encrypts what was
