@@ -84,8 +84,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec/http.h"
-#include "lnr.h"
+#include "lhttp.h"
 
 #define CLASS "netrun.codec.http_server"
 
@@ -572,94 +571,6 @@ static int bad(const char *fmt, ...) {
   return -EINVAL;
 }
 
-typedef struct hdrs_s {
-  nr_http_header_t small[32], *v;
-  size_t n, cap;
-  char nums[512];              /* numeric values formatted here */
-  size_t nums_used;
-} hdrs_t;
-
-/* The string value at idx (anchored by its table); a number is formatted
- * into h->nums, so converting it allocates nothing. NULL if it is
- * neither (or the arena is full). */
-static const char *field_string(lua_State *L, int idx, size_t *len,
-                                hdrs_t *h) {
-  int t = lua_type(L, idx);
-  if (t == LUA_TSTRING)
-    return lua_tolstring(L, idx, len);
-  if (t != LUA_TNUMBER)
-    return NULL;
-  char *b = h->nums + h->nums_used;
-  size_t room = sizeof h->nums - h->nums_used;
-  int n = lua_isinteger(L, idx)
-              ? snprintf(b, room, LUA_INTEGER_FMT, lua_tointeger(L, idx))
-              : snprintf(b, room, LUA_NUMBER_FMT, lua_tonumber(L, idx));
-  if (n < 0 || (size_t)n >= room)
-    return NULL;
-  h->nums_used += (size_t)n;
-  *len = (size_t)n;
-  return b;
-}
-
-static int add_header(hdrs_t *h, const char *name, size_t nl, const char *val,
-                      size_t vl) {
-  if (!nr_http_is_token(name, nl))
-    return bad("http response: header name '%.*s' is not a "
-                    "token", (int)(nl > 64 ? 64 : nl), name);
-  if (!nr_http_is_field_value(val, vl))
-    return bad("http response: the value of header '%.*s' "
-                    "contains a control character", (int)(nl > 64 ? 64 : nl),
-                    name);
-  if (h->n == h->cap) {
-    size_t cap = h->cap * 2;
-    nr_http_header_t *v = h->v == h->small ? malloc(cap * sizeof *v)
-                                           : realloc(h->v, cap * sizeof *v);
-    if (v == NULL)
-      return nr_raise(-ENOMEM, "http response: out of memory");
-    if (h->v == h->small)
-      memcpy(v, h->small, sizeof h->small);
-    h->v = v;
-    h->cap = cap;
-  }
-  h->v[h->n++] = (nr_http_header_t){name, val, nl, vl};
-  return 0;
-}
-
-/* Collect the headers table at idx. Strings stay anchored by the table. */
-static int collect_headers(lua_State *L, int idx, hdrs_t *h) {
-  if (!lua_checkstack(L, 8))
-    return nr_raise(-ENOMEM, "http response: Lua stack overflow");
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    size_t nl, vl;
-    if (lua_type(L, -2) != LUA_TSTRING)
-      return bad("http response: header names must be "
-                      "strings, got a %s", luaL_typename(L, -2));
-    const char *name = lua_tolstring(L, -2, &nl), *val;
-    int rc = 0;
-    if (lua_type(L, -1) == LUA_TTABLE) {   /* repeated: { "a=1", "b=2" } */
-      size_t n = lua_rawlen(L, -1);
-      for (size_t i = 1; rc == 0 && i <= n; i++) {
-        lua_rawgeti(L, -1, (lua_Integer)i);
-        val = field_string(L, lua_gettop(L), &vl, h);
-        rc = val ? add_header(h, name, nl, val, vl)
-                 : bad("http response: header '%s' value %d "
-                            "is a %s", name, (int)i, luaL_typename(L, -1));
-        lua_pop(L, 1);
-      }
-    } else if ((val = field_string(L, lua_gettop(L), &vl, h)) != NULL) {
-      rc = add_header(h, name, nl, val, vl);
-    } else {
-      rc = bad("http response: header '%s' is a %s, not a "
-                    "string", name, luaL_typename(L, -1));
-    }
-    if (rc)
-      return rc;             /* the caller restores the stack */
-    lua_pop(L, 1);
-  }
-  return 0;
-}
-
 static int raw_field(lua_State *L, int idx, int kt, int k) {
   lua_rawgeti(L, kt, k);
   return lua_rawget(L, idx);
@@ -668,7 +579,7 @@ static int raw_field(lua_State *L, int idx, int kt, int k) {
 /* Fill r from the response table at idx (values left on the stack). Raw
  * reads with interned keys: cheaper than a lua_next walk (measured). */
 static int to_response(lua_State *L, int idx, nr_http_response_t *r,
-                       hdrs_t *h) {
+                       lnr_hdrs_t *h) {
   int kt = push_keys(L);
   int t = raw_field(L, idx, kt, K_STATUS);
   if (t == LUA_TNUMBER && lua_isinteger(L, -1))
@@ -690,9 +601,12 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
   r->stream = lua_toboolean(L, -1);
   t = raw_field(L, idx, kt, K_HEADERS);
   if (t == LUA_TTABLE) {
-    int rc = collect_headers(L, lua_gettop(L), h);
+    char err[sizeof bad_msg - 16];
+    int rc = lnr_collect_headers(L, lua_gettop(L), h, err, sizeof err);
+    if (rc == -ENOMEM)
+      return nr_raise(rc, "http response: %s", err);
     if (rc)
-      return rc;
+      return bad("http response: %s", err);
     r->headers = h->v;
     r->nheaders = h->n;
   } else if (t != LUA_TNIL) {
@@ -743,11 +657,8 @@ static int l_http_response(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
                           .body = ""};
-  hdrs_t h;
-  h.v = h.small;
-  h.n = 0;
-  h.cap = sizeof h.small / sizeof h.small[0];
-  h.nums_used = 0;
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h);
   int rc = to_response(L, 1, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
@@ -756,8 +667,7 @@ static int l_http_response(lua_State *L) {
   if (rc == 0 && r.body_len > UINT32_MAX / 2)
     rc = bad("http response: a prepared body is limited to 2 GiB");
   if (rc != 0) {
-    if (h.v != h.small)
-      free(h.v);
+    lnr_hdrs_free(&h);
     return luaL_error(L, RESP_CLASS ": %s",
                       rc == -EINVAL ? bad_msg : "out of memory");
   }
@@ -766,8 +676,7 @@ static int l_http_response(lua_State *L) {
   pr->tag = &lnr_native_tag;
   pr->pad = NULL;
   nr_http_prepare(&r, (nr_http_prepared_t *)(pr + 1));
-  if (h.v != h.small)
-    free(h.v);
+  lnr_hdrs_free(&h);
   luaL_setmetatable(L, RESP_CLASS);
   return 1;
 }
@@ -797,11 +706,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (!lua_checkstack(L, 12))
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
-  hdrs_t h;
-  h.v = h.small;
-  h.n = 0;
-  h.cap = sizeof h.small / sizeof h.small[0];
-  h.nums_used = 0;
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h);
   int rc = to_response(L, m->idx, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];
@@ -813,8 +719,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   } else if (rc == 0) {
     rc = nr_http_server_write(ctx, &r, p);
   }
-  if (h.v != h.small)
-    free(h.v);
+  lnr_hdrs_free(&h);
   lua_settop(L, top);
   return rc;
 }
@@ -838,23 +743,10 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   return &lua_http_vt;
 }
 
+/* Size options: lnr_codec_int, as for the other codecs. */
 static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
-                       lua_Integer min) {
-  if (lua_isnoneornil(L, 1))
-    return (size_t)d;
-  lua_getfield(L, 1, k);
-  lua_Integer v = d;
-  if (!lua_isnil(L, -1)) {
-    if (!lua_isinteger(L, -1))
-      luaL_error(L, "netrun.codec.http_server: %s must be an integer, got "
-                 "a %s", k, luaL_typename(L, -1));
-    v = lua_tointeger(L, -1);
-    if (v < min)
-      luaL_error(L, "netrun.codec.http_server: %s must be at least %d, got "
-                 "%d", k, (int)min, (int)v);
-  }
-  lua_pop(L, 1);
-  return (size_t)v;
+                       lua_Integer min, lua_Integer max) {
+  return (size_t)lnr_codec_int(L, "http_server", k, d, min, max);
 }
 
 /* A timeout in seconds (0: off) as ns; d when absent. */
@@ -883,12 +775,10 @@ static int l_http_server(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     luaL_checktype(L, 1, LUA_TTABLE);
   conf_t o;
-  o.max_header = opt_size(L, "max_header", 8192, 64);
-  o.max_body = opt_size(L, "max_body", 1 << 20, 0);
-  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1);
-  if (o.max_headers > NR_HTTP_MAX_HEADERS)
-    luaL_error(L, "netrun.codec.http_server: max_headers must be at most "
-               "%d, got %d", NR_HTTP_MAX_HEADERS, (int)o.max_headers);
+  o.max_header = opt_size(L, "max_header", 8192, 64, 1 << 30);
+  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
+  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1,
+                           NR_HTTP_MAX_HEADERS);
   o.header_timeout = opt_seconds(L, "header_timeout", NR_HTTP_HEADER_TIMEOUT);
   o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
   o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",

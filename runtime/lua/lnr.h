@@ -397,6 +397,14 @@ int lnr_edit_distance(const char *a, const char *b);
 void lnr_check_options(lua_State *L, int idx, const char *what,
                        const char *const *known);
 uint64_t lnr_ns(double seconds);
+/* Option `name` of a netrun.codec.<what> constructor's table (argument 1,
+ * which may be absent): def when unset; a value of another type, or an
+ * integer out of min..max, raises "netrun.codec.<what>: <name> must be an
+ * integer from <min> to <max>, got <value>" (or "a boolean, got a <type>"). */
+lua_Integer lnr_codec_int(lua_State *L, const char *what, const char *name,
+                          lua_Integer def, lua_Integer min, lua_Integer max);
+bool lnr_codec_bool(lua_State *L, const char *what, const char *name,
+                    bool def);
 int lnr_error_code(lua_State *L, const char *prefix, int code, const char *msg);
 /* Register a metatable named `name` with methods and a __tostring. */
 void lnr_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
