@@ -243,44 +243,20 @@ static int p_channel(lua_State *L) {
   return 1;
 }
 
-#define PIPE_FIRE0(cname, fn)                                               \
+/* p:fire_*: the event from the head, as ctx:fire_* from a context. */
+#define PIPE_FIRE(cname, event)                                             \
   static int cname(lua_State *L) {                                          \
-    fn(nr_pipeline_head(check_pipe(L, 1)));                           \
-    lua_settop(L, 1);                                                       \
-    return 1;                                                               \
+    return lnr_fire(L, nr_pipeline_head(check_pipe(L, 1)), event);          \
   }
-PIPE_FIRE0(p_fire_registered, nr_ctx_fire_registered)
-PIPE_FIRE0(p_fire_unregistered, nr_ctx_fire_unregistered)
-PIPE_FIRE0(p_fire_active, nr_ctx_fire_active)
-PIPE_FIRE0(p_fire_inactive, nr_ctx_fire_inactive)
-PIPE_FIRE0(p_fire_read_complete, nr_ctx_fire_read_complete)
-PIPE_FIRE0(p_fire_writability, nr_ctx_fire_writability_changed)
-
-static int p_fire_read(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1);
-  luaL_checkany(L, 2);
-  lnr_msgbuf_t m;
-  nr_ctx_fire_read(nr_pipeline_head(p), lnr_to_msg(L, 2, NULL, &m));
-  lnr_msg_done(&m);
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int p_fire_user_event(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1);
-  lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
-  nr_ctx_fire_user_event(nr_pipeline_head(p), &m);
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int p_fire_exception(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1);
-  nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
-  nr_ctx_fire_exception(nr_pipeline_head(p), &err);
-  lua_settop(L, 1);
-  return 1;
-}
+PIPE_FIRE(p_fire_registered, LNR_FIRE_REGISTERED)
+PIPE_FIRE(p_fire_unregistered, LNR_FIRE_UNREGISTERED)
+PIPE_FIRE(p_fire_active, LNR_FIRE_ACTIVE)
+PIPE_FIRE(p_fire_inactive, LNR_FIRE_INACTIVE)
+PIPE_FIRE(p_fire_read, LNR_FIRE_READ)
+PIPE_FIRE(p_fire_read_complete, LNR_FIRE_READ_COMPLETE)
+PIPE_FIRE(p_fire_user_event, LNR_FIRE_USER_EVENT)
+PIPE_FIRE(p_fire_writability, LNR_FIRE_WRITABILITY)
+PIPE_FIRE(p_fire_exception, LNR_FIRE_EXCEPTION)
 
 static int p_do_write(lua_State *L, bool flush) {
   nr_pipeline_t *p = check_pipe(L, 1);

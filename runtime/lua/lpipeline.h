@@ -105,6 +105,16 @@ void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx);
 void lnr_push_ctx_handler(lua_State *L, nr_ctx_t *ctx);
 /* The promise argument at idx, or a new one; pushes its future. */
 nr_promise_t *lnr_opt_promise(lua_State *L, int idx);
+/* The fire_* methods of ctx and pipeline objects alike: the event (its
+ * argument at index 2) goes to the handlers after `from` (a pipeline's
+ * head for p:fire_*); returns 1, the object at index 1 (chaining). A
+ * message or user event must be given; raises otherwise. */
+enum {
+  LNR_FIRE_REGISTERED, LNR_FIRE_UNREGISTERED, LNR_FIRE_ACTIVE,
+  LNR_FIRE_INACTIVE, LNR_FIRE_READ, LNR_FIRE_READ_COMPLETE,
+  LNR_FIRE_USER_EVENT, LNR_FIRE_WRITABILITY, LNR_FIRE_EXCEPTION
+};
+int lnr_fire(lua_State *L, nr_ctx_t *from, int event);
 /* Register the ctx metatables. */
 void lnr_open_ctx(lua_State *L);
 
