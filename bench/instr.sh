@@ -77,8 +77,10 @@ load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answer
   esac
 }
 
+# Server ports are drawn below the ephemeral range (32768-): a port above
+# it may be a client's, and the server's bind then fails.
 instr_one() {   # $1 case: prints "instructions/request"
-  local port=$((20000 + RANDOM % 20000)) out=$work/cg.$1 reqs ir scale warm
+  local port=$((20000 + RANDOM % 12000)) out=$work/cg.$1 reqs ir scale warm
   bash -c "exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out \
     $(server_cmd "$1" "$port")" >"$work/log.$1" 2>&1 &
   spid=$!
@@ -96,7 +98,7 @@ instr_one() {   # $1 case: prints "instructions/request"
 }
 
 sys_one() {   # $1 case: prints "syscalls/request"
-  local port=$((20000 + RANDOM % 20000)) reqs calls scale
+  local port=$((20000 + RANDOM % 12000)) reqs calls scale
   bash -c "exec strace -f -c -o $work/st.$1 $(server_cmd "$1" "$port")" >/dev/null 2>&1 &
   spid=$!
   local child
