@@ -51,14 +51,17 @@ function Hello:exception_caught(ctx, err)
   ctx:close()
 end
 
+-- One codec configuration for every connection: made once here, each
+-- add_last below gives a connection its own codec state from it.
+local http = netrun.codec.http_server(limits)
+
 local workers = netrun.group { threads = threads, name = "http" }
 local server = netrun.server {
   group = workers,
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server(limits))
-    ch:pipeline():add_last("hello", Hello)
+    ch:pipeline():add_last("http", http):add_last("hello", Hello)
   end,
 }:sync()
 

@@ -62,14 +62,15 @@ function KV:exception_caught(ctx, err)
 end
 
 netrun.shared.dict("kv", { capacity = 100000 })
+local http = netrun.codec.http_server(limits)   -- one configuration, made once
+
 local workers = netrun.group { threads = threads, name = "kv" }
 local server = netrun.server {
   group = workers,
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server(limits))
-    ch:pipeline():add_last("kv", KV)
+    ch:pipeline():add_last("http", http):add_last("kv", KV)
   end,
 }:sync()
 

@@ -46,6 +46,8 @@ function Hello:exception_caught(ctx, err)
   ctx:close()
 end
 
+local http = netrun.codec.http_server {}   -- one configuration, made once
+
 local workers = netrun.group { threads = threads, name = "https" }
 local server = netrun.server {
   group = workers,
@@ -53,8 +55,7 @@ local server = netrun.server {
   port = port,
   tls = tls,                      -- TLS first in every connection's pipeline
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server {})
-    ch:pipeline():add_last("hello", Hello)
+    ch:pipeline():add_last("http", http):add_last("hello", Hello)
   end,
 }:sync()
 

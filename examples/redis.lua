@@ -277,14 +277,15 @@ function Redis:exception_caught(ctx, err)
   end
 end
 
+local resp = netrun.codec.resp()   -- one configuration, made once
+
 local workers = netrun.group { threads = threads, name = "redis" }
 local server = netrun.server {
   group = workers,
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("resp", netrun.codec.resp())
-    ch:pipeline():add_last("redis", Redis)
+    ch:pipeline():add_last("resp", resp):add_last("redis", Redis)
   end,
 }:sync()
 

@@ -2,7 +2,7 @@
 -- one binary), prints each echo, then closes with 1000. With
 -- examples/ws_echo.lua running:
 --   netrun examples/ws_client.lua [--url ws://127.0.0.1:9000/] [--count 3]
---                                 [--message "hello"]
+--                                 [--message "hello"] [--deflate yes]
 -- wss:// URLs go over TLS, verified against the system's CAs.
 local netrun = require "netrun"
 
@@ -10,6 +10,7 @@ local option = netrun.option
 local url = option("url", "ws://127.0.0.1:9000/")
 local count = option("count", 3)
 local message = option("message", "hello")
+local deflate = option("deflate", "no") == "yes"   -- offer permessage-deflate
 local group = netrun.group { threads = 1, name = "client" }
 local done = netrun.promise()
 
@@ -30,7 +31,7 @@ function Print:channel_inactive(ctx) done:try_success(self.got) end
 function Print:exception_caught(ctx, err) done:try_failure(err) end
 
 local ch = netrun.websocket.connect {
-  url = url, group = group, timeout = 5,
+  url = url, group = group, timeout = 5, deflate = deflate,
   init = function(c) c:pipeline():add_last("print", Print) end,
 }:sync()
 for i = 1, count do ch:write(message .. " " .. i) end

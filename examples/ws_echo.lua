@@ -3,6 +3,8 @@
 -- or 426 Upgrade Required.
 --   netrun examples/ws_echo.lua [--port 9000] [--host H] [--threads N]
 --                               [--max-message BYTES] [--close-timeout S]
+--                               [--deflate yes]  (permessage-deflate, when
+--                                                 the client offers it)
 -- Try it: netrun examples/ws_client.lua --url ws://127.0.0.1:9000/
 local netrun = require "netrun"
 
@@ -11,6 +13,7 @@ local port = option("port", 9000)
 local opts = {
   max_message = option("max-message", 1 << 20),   -- larger: closed with 1009
   close_timeout = option("close-timeout", 5),     -- wait for the peer's close
+  deflate = option("deflate", "no") == "yes",     -- agree permessage-deflate
 }
 
 local PAGE = netrun.codec.http_response {
@@ -44,12 +47,13 @@ function Echo:exception_caught(ctx, err)
   ctx:close()
 end
 
+local http = netrun.codec.http_server()   -- one configuration, made once
+
 local workers = netrun.group { threads = option("threads", 1), name = "ws" }
 local server = netrun.server {
   group = workers, host = option("host", "127.0.0.1"), port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server())
-    ch:pipeline():add_last("echo", Echo)
+    ch:pipeline():add_last("http", http):add_last("echo", Echo)
   end,
 }:sync()
 

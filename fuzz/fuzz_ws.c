@@ -4,12 +4,15 @@
  *
  * Config byte 0: role (bit 0: client, whose input starts with the
  * server's handshake answer), max_message (bits 1-4: 1..16 x 16 bytes),
- * max_frame (bits 5-7: 8..64 bytes, or max_message when 0); the rest is
+ * max_frame (bits 5-6: 8..32 bytes, or max_message when 0),
+ * permessage-deflate (bit 7: agreed on a server with window bits 15; a
+ * client offers it, and the answer in the input may agree it); the rest is
  * the byte stream from the peer, fed once whole and once in chunks whose
  * sizes come from a generator seeded by the input. Invariants:
  *  - both runs deliver the same messages and write the same frames back
  *    (pongs, closes): nothing depends on how the input was split;
- *  - every message is within max_message; every text message is UTF-8,
+ *  - every message is within max_message, inflated ones too (a zip
+ *    bomb is refused at the limit); every text message is UTF-8,
  *    and the checker agrees with itself when fed the message in two parts;
  *  - a server alone agrees: the messages are those nr_ws_decode finds
  *    walking the whole input.
@@ -90,6 +93,8 @@ static void run(const uint8_t *data, size_t size, uint32_t seed, out_t *o) {
 static void decode_alone(const uint8_t *data, size_t size, out_t *o) {
   nr_ws_parser_t p;
   nr_ws_parser_init(&p, true, opts.max_message, opts.max_frame);
+  if (opts.deflate.bits != 0)
+    nr_ws_parser_deflate(&p, false);
   size_t off = 0;
   while (off < size && !p.closed) {
     nr_ws_event_t ev;
@@ -117,7 +122,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   opts = (nr_ws_opts_t){0};
   opts.client = data[0] & 1;
   opts.max_message = 16 * (1 + ((data[0] >> 1) & 15));
-  opts.max_frame = (data[0] >> 5) ? 8u * (data[0] >> 5) + 8 : opts.max_message;
+  unsigned mf = (data[0] >> 5) & 3;
+  opts.max_frame = mf ? 8u * mf + 8 : opts.max_message;
+  if (data[0] & 0x80) {
+    opts.deflate_offered = opts.client;
+    opts.deflate = (nr_ws_pmd_t){opts.client ? 0 : 15, false};
+  }
   opts.request = "GET / HTTP/1.1\r\n\r\n";
   opts.request_len = strlen(opts.request);
   opts.accept = "acc";

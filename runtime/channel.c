@@ -28,6 +28,7 @@
 
 static _Atomic uint64_t next_id = 1;
 const nr_event_t NR_EVT_INPUT_SHUTDOWN = {NR_MSG_EVENT, "input_shutdown"};
+const nr_event_t NR_EVT_SHUTDOWN = {NR_MSG_EVENT, "shutdown"};
 
 void nr_channel_opts_init(nr_channel_opts_t *o) {
   memset(o, 0, sizeof *o);
@@ -896,10 +897,29 @@ void nr_channel_unhold(nr_channel_t *ch) {
   }
 }
 
+void nr_channel_delay_shutdown_close(nr_channel_t *ch, uint64_t deadline) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  ch->goodbye_until = deadline;
+}
+
+/* A graceful shutdown's first word to an open stream channel: its
+ * handlers may say goodbye (and delay the close). True if it is to be
+ * left open for now. */
+static bool tell_shutdown(nr_channel_t *ch) {
+  if (!(ch->st & NR__SHUTDOWN_TOLD) && ch->kind == NR__STREAM &&
+      (pub(ch) & NR__ACTIVE) && !(ch->st & (NR__CLOSING | NR__CLOSED))) {
+    ch->st |= NR__SHUTDOWN_TOLD;
+    nr_pipeline_fire_user_event(&ch->pipe, (void *)&NR_EVT_SHUTDOWN);
+  }
+  return !(ch->st & NR__CLOSED) && ch->goodbye_until != 0 &&
+         nr_now() < ch->goodbye_until;
+}
+
 /* Close every channel of a shutting-down loop (Netty's closeAll): flushed
- * data still drains. A channel that holds work owed (nr_channel_hold)
- * stops reading and closes when the work is done. With abort, reset
- * whatever is left. */
+ * data still drains. Each is told first (NR_EVT_SHUTDOWN), and one whose
+ * handlers say goodbye stays open until it ends or its deadline. A
+ * channel that holds work owed (nr_channel_hold) stops reading and closes
+ * when the work is done. With abort, reset whatever is left. */
 static void close_each(nr_loop_t *l, bool abort) {
   send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
   size_t n = 0, i = 0;
@@ -913,6 +933,10 @@ static void close_each(nr_loop_t *l, bool abort) {
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     v[i++] = nr_channel_retain(ch);
   for (i = 0; i < n; i++) {
+    if (!abort && tell_shutdown(v[i])) {
+      nr_channel_release(v[i]);
+      continue;
+    }
     if (v[i]->st & NR__LINGER) {
       /* a shutting-down loop cancels its timers: the linger's bound is
        * kept here, as this runs every turn of the shutdown */

@@ -222,6 +222,7 @@ struct nr_pipeline_s {
   nr_ctx_t *zombies;         /* removed during a call: freed at depth 0 */
   unsigned teardown;         /* NR__TD_* of a close made during a call */
   unsigned auto_names;
+  bool destroyed;             /* torn down: no handler may join it */
   const void *deferrable;    /* the read being fired may be taken later */
   const void *tokened;       /* the read being fired has a token: */
   uint64_t token;
@@ -330,7 +331,8 @@ enum {
   NR__CLOSE_IDLE = 1u << 12,      /* shutting down: close once nothing is held */
   NR__LINGER_WANTED = 1u << 13,   /* nr_channel_linger: a close lingers */
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
-  NR__SEND_TIMED_OUT = 1u << 15   /* the send timeout ran out: closes reset */
+  NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
+  NR__SHUTDOWN_TOLD = 1u << 16    /* NR_EVT_SHUTDOWN was fired on it */
 };
 
 typedef struct nr_server_s {
@@ -366,6 +368,8 @@ struct nr_channel_s {
   nr_promise_t *connect_promise;
   nr_timer_t *connect_timer, *linger_timer;
   uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
+  uint64_t goodbye_until;    /* a shutdown leaves it open until then
+                                (nr_channel_delay_shutdown_close) */
   nr_server_t *srv;
   nr_init_fn init;                   /* bootstrap: run at registration */
   void *init_arg;

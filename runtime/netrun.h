@@ -361,12 +361,15 @@ typedef struct nr_err_s {
 
 /* User events fired by the core carry the NR_MSG_EVENT tag:
  * user_event(ctx, &NR_EVT_INPUT_SHUTDOWN) when the peer half-closed and
- * allow_half_closure is set. */
+ * allow_half_closure is set; user_event(ctx, &NR_EVT_SHUTDOWN) once, when
+ * a graceful shutdown of its loop is about to close the channel (a
+ * protocol may say goodbye first: nr_channel_delay_shutdown_close). */
 typedef struct nr_event_s {
   int type;                  /* NR_MSG_EVENT */
   const char *name;
 } nr_event_t;
 extern const nr_event_t NR_EVT_INPUT_SHUTDOWN;
+extern const nr_event_t NR_EVT_SHUTDOWN;
 
 typedef struct nr_channel_opts_s {
   int tcp_nodelay;           /* default 1 */
@@ -475,6 +478,11 @@ void nr_channel_unhold(nr_channel_t *ch);
  * if none has arrived yet, so that its late bytes cannot make the kernel
  * reset the connection and destroy the last answers. */
 void nr_channel_linger(nr_channel_t *ch);
+/* Loop thread only. A handler told NR_EVT_SHUTDOWN that has started a
+ * goodbye (a WebSocket close handshake) keeps ch open -- still reading --
+ * through the shutdown until `deadline` (nr_now()'s clock), or until it is
+ * closed otherwise; the shutdown's own timeout bounds it too. */
+void nr_channel_delay_shutdown_close(nr_channel_t *ch, uint64_t deadline);
 /* Loop thread only. A stream channel's write mark: the offset at which
  * everything written so far ends. Marks only grow. A write made without a
  * promise can be watched later by the mark taken right after it:
@@ -590,7 +598,8 @@ enum {
 unsigned nr_handler_mask(const nr_handler_t *h);
 
 /* Pipeline mutation: loop thread only. 0, -EEXIST (duplicate name),
- * -ENOENT (unknown base/name), -ENOMEM. */
+ * -ENOENT (unknown base/name), -ENOMEM, or for an add -ESHUTDOWN (the
+ * channel is closed and its handlers were removed). */
 int nr_pipeline_add_first(nr_pipeline_t *p, const char *name,
                           const nr_handler_t *h, void *state);
 int nr_pipeline_add_last(nr_pipeline_t *p, const char *name,

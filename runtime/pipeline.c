@@ -412,6 +412,8 @@ static int link_new(nr_pipeline_t *p, nr_ctx_t *prev, const char *name,
                     const nr_handler_t *h, void *state) {
   if (!owned_here(p))
     return -EPERM;
+  if (p->destroyed)
+    return -ESHUTDOWN;             /* nothing would ever remove it */
   char auto_name[64];
   if (name == NULL) {
     snprintf(auto_name, sizeof auto_name, "%s#%u", h->type ? h->type : "handler",
@@ -520,6 +522,7 @@ int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
 }
 
 void nr__pipeline_destroy(nr_pipeline_t *p) {
+  p->destroyed = true;
   while (p->tail.prev != &p->head)
     unlink_ctx(p, p->tail.prev);
 }

@@ -21,7 +21,7 @@ for src in fuzz/fuzz_*.c; do
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
     -Wmissing-prototypes -Wmissing-declarations \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iruntime -Ifuzz -o "$out/$target" "$src" "${sources[@]}" -lssl -lcrypto -lpthread
+    -Iruntime -Ifuzz -o "$out/$target" "$src" "${sources[@]}" -lssl -lcrypto -lz -lpthread
   work="$out/$name"
   rm -rf "$work"
   mkdir -p "$work/corpus"

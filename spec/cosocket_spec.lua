@@ -202,6 +202,31 @@ describe("streams", function()
     echo:close():sync()
   end)
 
+  it("a receive past max_receive returns nil, 'too long' and keeps the bytes; after close, 'closed'", function()
+    local echo, port = H.echo_server(group)
+    local got = on_loop(group:next(), function(p)
+      local stream = require "netrun.stream"
+      local max = stream.max_receive
+      stream.max_receive = 1000
+      local s = netrun.tcp.connect("127.0.0.1", p):await()
+      -- a length the peer might have sent: refused before anything is read
+      local big, big_err = s:receive(1 << 40)
+      s:send(string.rep("a", 5000))
+      s:settimeout(5)
+      local all, all_err = s:receive("*a")           -- the echo server never closes
+      stream.max_receive = max
+      local bytes = s:receive(5000)
+      s:close()
+      local after, after_err = s:receive(1)
+      local line, line_err = s:receive("*l")
+      return { big = big, big_err = big_err, all = all, all_err = all_err, n = #bytes,
+               after = after, after_err = after_err, line = line, line_err = line_err }
+    end, port)
+    assert.same({ big_err = "too long", all_err = "too long", n = 5000,
+                  after_err = "closed", line_err = "closed" }, got)
+    echo:close():sync()
+  end)
+
   it("a second coroutine receiving on a busy stream gets nil, 'busy'", function()
     local echo, port = H.echo_server(group)
     local got = on_loop(group:next(), function(p)

@@ -202,6 +202,51 @@ describe("futures", function()
     assert.matches("polled", failed:cause())
   end)
 
+  it("hands a value over as it is when producer and awaiter share a loop, and copies it across loops", function()
+    local l1, l2 = group:loops()[1], group:loops()[2]
+    local same = H.sync(l1:submit(function()
+      return netrun.spawn(function()
+        local out = {}
+        -- a promise set by a task of this loop
+        local t, p = { n = 1 }, netrun.promise()
+        netrun.current():execute(function() p:set_success(t) end)
+        out.promise = p:await() == t and p:result() == t
+        -- a submit to this loop returning a table it captured
+        local u = {}
+        out.submit = netrun.current():submit(function() return u end):await() == u
+        -- another coroutine's result, and a function
+        local f = function() end
+        out.spawn = netrun.spawn(function() return f end):await() == f
+        return out
+      end)
+    end))
+    assert.same({ promise = true, submit = true, spawn = true }, H.sync(same))
+    -- across loops: l2 sets a table, l1 gets a copy of it, l2 keeps its own
+    local across = H.sync(l1:submit(function(other)
+      return netrun.spawn(function()
+        local p = netrun.promise()
+        other:submit(function(q)
+          _G.kept_for_spec = { n = 1 }
+          q:set_success(_G.kept_for_spec)
+        end, p):await()
+        local v = p:await()
+        v.n = 2                                   -- a copy: l2's stays 1
+        local theirs = other:submit(function() return _G.kept_for_spec.n end):await()
+        -- a local future that went to another loop is copied back too
+        local q, t = netrun.promise(), {}
+        other:submit(function(f) return f end, q):await()
+        q:set_success(t)
+        return { n = v.n, theirs_n = theirs, escaped_same = q:await() == t }
+      end)
+    end, l2))
+    assert.same({ n = 2, theirs_n = 1, escaped_same = false }, H.sync(across))
+    -- the main thread's own promise, read there: the same table too
+    local t, p = {}, netrun.promise()
+    p:set_success(t)
+    assert.equal(t, p:sync())
+    assert.equal(t, p:result())
+  end)
+
   it("await of a future that completes while the coroutine parks resumes it once", function()
     -- The other loop completes each future at any moment, sometimes
     -- between await's check and its listener: 20000 tries.

@@ -189,6 +189,40 @@ describe("pipelines", function()
     server:close():sync()
   end)
 
+  it("gives a channel one pipeline object, which outlives its channel safely", function()
+    local server, port, accepted = accepting_server(group)
+    local c = H.client(port)
+    local ch = accepted[1]:sync()
+    local r = on_loop(ch, function(p, chan)
+      p:add_last("h", {})
+      local ctx = p:context("h")
+      local same = { p == chan:pipeline(), p == ctx.pipeline, p:channel() == chan }
+      -- held past the channel's close and a full collection of the handle cache
+      _G.kept_pipeline, _G.kept_ctx = p, ctx
+      return same
+    end)
+    assert.same({ true, true, true }, r)
+    c:close()
+    ch:close_future():sync()
+    local after = ch:loop():submit(function()
+      local p, ctx = _G.kept_pipeline, _G.kept_ctx
+      _G.kept_pipeline, _G.kept_ctx = nil, nil
+      collectgarbage(); collectgarbage()
+      local names = p:names()
+      -- its handler was removed: no handler (its state is freed: ASan saw a
+      -- use after free here), and a write fails its future
+      local handler, name = ctx.handler, ctx.name
+      local f = ctx:write_and_flush("late")
+      local wrote = f:is_done() and not f:is_success() and tostring(f:cause()):match("closed channel") ~= nil
+      -- nothing would ever remove a handler added now (it leaked before)
+      local ok, err = pcall(p.add_last, p, "x", {})
+      return { #names, tostring(p):match("channel %d+") ~= nil, ok, err:match("channel is closed") ~= nil,
+               handler == nil, name, wrote }
+    end):sync()
+    assert.same({ 0, true, false, true, true, "h", true }, after)
+    server:close():sync()
+  end)
+
   it("outbound handlers intercept write, flush and close", function()
     local server, port, accepted = accepting_server(group, function(ch)
       ch:pipeline():add_last("upper", {

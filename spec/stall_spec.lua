@@ -127,12 +127,14 @@ describe("the stall detector", function()
   end)
 
   it("counts a slow run as a stall only when one run lasts past the threshold", function()
-    local g = netrun.group { threads = 1, name = "stall-ok", stall_threshold = 0.45 }
-    -- 64 tasks of 10 ms (CPU time): one iteration busy for 0.64 s or more,
-    -- but no single run near the threshold
+    local g = netrun.group { threads = 1, name = "stall-ok", stall_threshold = 1.5 }
+    -- 64 tasks of 25 ms (CPU time; the loop checks its task deadline every
+    -- 64): one iteration busy for 1.6 s or more, but no single run near
+    -- the threshold, with room for a busy machine to stretch a run's wall
+    -- time (10 ms runs against 0.45 s were once not enough)
     local fs = {}
     for i = 1, 64 do
-      fs[i] = g:submit(function() local t = os.clock() while os.clock() - t < 0.01 do end end)
+      fs[i] = g:submit(function() local t = os.clock() while os.clock() - t < 0.025 do end end)
     end
     H.sync(netrun.all(fs))
     assert.equal(0, g:stats()[1].stalls)

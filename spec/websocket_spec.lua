@@ -104,6 +104,21 @@ local function raw(port, extra)
   return c
 end
 
+-- Connect and upgrade offering permessage-deflate; returns the socket and
+-- the server's Sec-WebSocket-Extensions (nil: declined).
+local function raw_deflate(port)
+  local c = H.client(port)
+  c:send(UPGRADE:gsub("\r\n\r\n$", "\r\nSec-WebSocket-Extensions: permessage-deflate; "
+    .. "client_max_window_bits\r\n\r\n"))
+  assert.equal("HTTP/1.1 101 Switching Protocols", c:receive("*l"))
+  local ext
+  repeat
+    local line = assert(c:receive("*l"))
+    ext = ext or line:match("^Sec%-WebSocket%-Extensions: (.*)$")
+  until line == ""
+  return c, ext
+end
+
 -- A server frame: opcode and payload (a close's: code and reason), or nil
 -- and the socket's error.
 local function read_frame(c)
@@ -300,6 +315,117 @@ describe("websocket", function()
     assert.equal("1008 frame timeout", H.eventually(function() return seen:get("drip2:close") end))
   end)
 
+  describe("permessage-deflate", function()
+    local HELLO = "\xf2\x48\xcd\xc9\xc9\x07\x00"   -- "Hello" compressed (RFC 7692 7.2.3.1)
+
+    it("is agreed with Python's client without context takeover, and echoes through it", function()
+      local out = py("deflate " .. url(ws_server("pmd", { deflate = true })))
+      assert.matches("extensions permessage-deflate remote_no_context_takeover=True "
+        .. "local_no_context_takeover=True remote_max_window_bits=15\n", out, 1, true)
+      assert.matches("text 104000\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
+      assert.matches("close_code 1000\n", out, 1, true)
+    end)
+
+    it("honours server_max_window_bits, declines 8, and is off unless asked", function()
+      local port = ws_server("pmdbits", { deflate = true })
+      assert.matches("remote_max_window_bits=10\n", py("deflate " .. url(port) .. " 10"), 1, true)
+      local out = py("deflate " .. url(port) .. " 8")
+      assert.matches("extensions none\n", out, 1, true)        -- declined, still served
+      assert.matches("repeated 20\n", out, 1, true)
+      out = py("deflate " .. url(ws_server("pmdoff")))
+      assert.matches("extensions none\n", out, 1, true)
+      assert.matches("text 104000\n", out, 1, true)
+    end)
+
+    it("compresses what it sends, and refuses RSV1 on control frames and continuations (1002)", function()
+      local port = ws_server("pmdraw", { deflate = true })
+      local c, ext = raw_deflate(port)
+      assert.equal("permessage-deflate; server_no_context_takeover; client_no_context_takeover", ext)
+      c:send(frame(1, HELLO, { rsv = 0x40 }))
+      local h = c:receive(2)
+      assert.equal(0xC1, h:byte(1))                   -- FIN, RSV1, text
+      assert.equal(HELLO, c:receive(h:byte(2)))       -- "Hello", compressed alike
+      -- a compressed message in fragments: RSV1 on the first only
+      c:send(frame(1, HELLO:sub(1, 3), { rsv = 0x40, fin = false }) .. frame(0, HELLO:sub(4)))
+      h = c:receive(2)
+      assert.equal(HELLO, c:receive(h:byte(2)))
+      c:send(frame(9, "x", { rsv = 0x40 }))
+      expect_close(c, 1002)
+      c = raw_deflate(port)
+      c:send(frame(1, HELLO:sub(1, 3), { rsv = 0x40, fin = false })
+        .. frame(0, HELLO:sub(4), { rsv = 0x40 }))
+      expect_close(c, 1002)
+      c = raw(port)                                   -- not agreed on this one
+      c:send(frame(1, HELLO, { rsv = 0x40 }))
+      expect_close(c, 1002)
+    end)
+
+    it("closes a zip bomb with 1009 (100 MB of zeros, max_message 1 MiB)", function()
+      local out = py("bomb " .. url(ws_server("bomb", { deflate = true })) .. " 100000000")
+      assert.matches("remote_no_context_takeover=True", out, 1, true)
+      assert.matches("close_code 1009\n", out, 1, true)
+      local c = raw_deflate(ws_server("bad", { deflate = true }))
+      c:send(frame(2, "\xff\xff\xff\xff", { rsv = 0x40 }))
+      expect_close(c, 1007)                           -- not deflate data
+    end)
+  end)
+
+  describe("a graceful shutdown", function()
+    -- A server on a group of its own, to be shut down by the test.
+    local function own_server(tag, opts)
+      local g = netrun.group { threads = 1, name = "wsdown" }
+      local s = H.sync(netrun.server {
+        group = g, host = "127.0.0.1", port = 0,
+        init = function(ch)
+          ch:pipeline():add_last("http", netrun.codec.http_server())
+          ch:pipeline():add_last("app", setmetatable({ tag = tag, opts = opts or {} }, App))
+        end,
+      })
+      local _, port = s:local_address()
+      return g, port
+    end
+
+    it("sends Python's client a close 1001 \"going away\" and waits for its answer", function()
+      local g, port = own_server("down")
+      local p = assert(io.popen(PY .. " wait_shutdown " .. url(port), "r"))
+      assert.equal("ready", p:read("l"))
+      local t0 = socket.gettime()
+      H.sync(g:shutdown_gracefully(0, 10))
+      local took = socket.gettime() - t0
+      local out = p:read("a")
+      p:close()
+      assert.matches("close_code 1001\nclose_reason going away\n", out, 1, true)
+      assert.matches("ok", out)
+      assert.is_true(took < 4, "the shutdown took " .. took .. " s")
+      assert.equal("1001 going away", seen:get("down:close"))  -- the peer answered
+    end)
+
+    it("on SIGTERM: ws_echo.lua --deflate yes says 1001 to its client, after agreeing deflate", function()
+      local port = H.free_port()
+      local pid = H.start("examples/ws_echo.lua", port, "--deflate yes")
+      assert.matches("extensions permessage%-deflate", py("deflate " .. url(port)))
+      local p = assert(io.popen(PY .. " wait_shutdown " .. url(port), "r"))
+      assert.equal("ready", p:read("l"))
+      assert.is_true(H.stop(pid))
+      local out = p:read("a")
+      p:close()
+      assert.matches("close_code 1001\nclose_reason going away\n", out, 1, true)
+    end)
+
+    it("does not wait past close_timeout for a peer that never answers the close", function()
+      local g, port = own_server("downdeaf", { close_timeout = 0.5 })
+      local c = raw(port)
+      c:send(frame(1, "ping?"))
+      assert.same({ 1, "ping?" }, { read_frame(c) })
+      local t0 = socket.gettime()
+      local done = g:shutdown_gracefully(0, 20)
+      expect_close(c, 1001)                      -- never answered by us
+      H.sync(done)
+      local took = socket.gettime() - t0
+      assert.is_true(took >= 0.4 and took < 5, "the shutdown took " .. took .. " s")
+    end)
+  end)
+
   it("refuses a request that is no WebSocket upgrade", function()
     local port = ws_server("plain")
     local c = H.client(port)
@@ -405,6 +531,33 @@ describe("websocket", function()
       H.sync(ch:close_future())
       assert.matches("ok", p:read("a"))      -- it served us and exited cleanly
       p:close()
+    end)
+
+    it("agrees permessage-deflate with Python's server and with netrun's", function()
+      local p = assert(io.popen(PY .. " server deflate", "r"))
+      local port = assert(tonumber(p:read("l")))
+      local ch = H.sync(netrun.websocket.connect {
+        url = "ws://127.0.0.1:" .. port .. "/", group = group, timeout = 5, deflate = true,
+        init = function(c) c:pipeline():add_last("collect", setmetatable({ tag = "pyd" }, Collect)) end,
+      })
+      assert.equal("extensions permessage-deflate remote_no_context_takeover=True "
+        .. "local_no_context_takeover=True remote_max_window_bits=15", p:read("l"))
+      local long = string.rep("compress me ", 5000)
+      ch:write_and_flush(long)
+      assert.equal("text " .. long, H.eventually(function() return seen:get("pyd:got1") end))
+      ch:write_and_flush { type = "binary", data = "\0\1\2" }
+      assert.equal("binary \0\1\2", H.eventually(function() return seen:get("pyd:got2") end))
+      ch:write_and_flush("close-me")
+      assert.equal("4000 asked", H.eventually(function() return seen:get("pyd:close") end))
+      assert.matches("ok", p:read("a"))
+      p:close()
+      local ch2 = H.sync(netrun.websocket.connect {
+        url = url(ws_server("nnd", { deflate = true })), group = group, timeout = 5, deflate = true,
+        init = function(c) c:pipeline():add_last("collect", setmetatable({ tag = "nndc" }, Collect)) end,
+      })
+      ch2:write_and_flush(long)
+      assert.equal("text " .. long, H.eventually(function() return seen:get("nndc:got1") end))
+      H.sync(ch2:close())
     end)
 
     it("speaks wss:// through TLS, verifying the server", function()

@@ -23,11 +23,15 @@
 -- (receive(n) with a large n, "*a") reads on: what it asked for is what it
 -- holds. A line ("*l") or receive_until that finds no delimiter within
 -- M.max_line bytes (1 MiB) returns nil, "line too long" and leaves the
--- bytes buffered.
+-- bytes buffered. A receive(n) past M.max_receive (16 MiB), or a "*a"
+-- whose bytes pass it, returns nil, "too long" (the bytes stay buffered,
+-- to be taken in smaller receives): a length the peer chose cannot make
+-- a stream hold more than that.
 --
 -- Results (LuaSocket's and OpenResty's): data, or nil, err, partial where
 -- err is "timeout" (the stream stays usable), "closed" (the peer closed,
--- or the channel failed; partial is what was left) or "busy" (another
+-- or the channel failed; partial is what was left; after s:close() every
+-- operation returns nil, "closed") or "busy" (another
 -- coroutine is already receiving, or sending, on this stream).
 --
 -- Each stream's state lives in its loop's Lua state (a weak table keyed
@@ -38,6 +42,7 @@ local core = require "netrun.core"
 local M = {
   buffer_limit = 64 * 1024,
   max_line = 1024 * 1024,
+  max_receive = 16 * 1024 * 1024,
   timeout = 60,                   -- each operation's default, seconds
 }
 
@@ -241,6 +246,7 @@ local function until_delim(st, delim, what, is_line)
 end
 
 local function receive_n(st, n)
+  if n > M.max_receive then return nil, "too long" end
   local deadline = deadline_of(st)
   while st.size < n do
     if st.closed then return fail(st, "closed") end
@@ -253,6 +259,7 @@ end
 local function receive_all(st)
   local deadline = deadline_of(st)
   while not st.closed do
+    if st.size > M.max_receive then return nil, "too long" end
     set_reading(st, true)
     if wait(st, "reader", deadline) == "timeout" then return fail(st, "timeout") end
   end
@@ -262,7 +269,7 @@ end
 local function receiving(s, what)
   local st = state(s, what)
   in_coroutine("s:" .. what)
-  if st.reader then return nil end
+  if st.reader or st.shut then return nil end
   return st
 end
 
@@ -270,7 +277,7 @@ end
 -- byte count, or "*a" (everything until the peer closes).
 function Stream:receive(pattern)
   local st = receiving(self, "receive")
-  if not st then return nil, "busy" end
+  if not st then return nil, live[self.ch].shut and "closed" or "busy" end
   if pattern == nil or pattern == "*l" or pattern == "l" then
     return until_delim(st, "\n", "receive", true)
   elseif pattern == "*a" or pattern == "a" then
@@ -286,7 +293,7 @@ end
 -- consumed, not returned).
 function Stream:receive_until(delim)
   local st = receiving(self, "receive_until")
-  if not st then return nil, "busy" end
+  if not st then return nil, live[self.ch].shut and "closed" or "busy" end
   if type(delim) ~= "string" or delim == "" then
     error("netrun stream: s:receive_until: delimiter must be a non-empty string, got " ..
       (delim == "" and "an empty string" or type(delim)), 2)
@@ -329,7 +336,7 @@ end
 function Stream:close()
   local st = state(self, "close")
   if st.closed and not st.ch:is_open() then return nil, "closed" end
-  st.closed = true
+  st.closed, st.shut = true, true     -- shut: closed by this side
   st.ch:close()
   wake(st, "reader")
   wake(st, "writer")

@@ -92,10 +92,15 @@ function M.upgrade(ctx, req, opts)
     return refuse(ctx, 400, "websocket upgrade: bad Sec-WebSocket-Key")
   end
   local proto = choose(h["sec-websocket-protocol"], opts.protocols)
+  local ext, bits
+  if opts.deflate and type(h["sec-websocket-extensions"]) == "string" then
+    ext, bits = core.ws.deflate_accept(h["sec-websocket-extensions"])
+  end
   local resp = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
     .. "Connection: Upgrade\r\nSec-WebSocket-Accept: " .. core.ws.accept(key)
-    .. (proto and ("\r\nSec-WebSocket-Protocol: " .. proto) or "") .. "\r\n\r\n"
-  core.ws.switch(ctx.channel, config(opts), resp)
+    .. (proto and ("\r\nSec-WebSocket-Protocol: " .. proto) or "")
+    .. (ext and ("\r\nSec-WebSocket-Extensions: " .. ext) or "") .. "\r\n\r\n"
+  core.ws.switch(ctx.channel, config(opts), resp, bits)
   return true, proto
 end
 
@@ -135,6 +140,9 @@ function M.connect(opts)
   if opts.protocols then
     lines[#lines + 1] = "Sec-WebSocket-Protocol: " .. table.concat(opts.protocols, ", ") .. "\r\n"
   end
+  if opts.deflate then
+    lines[#lines + 1] = "Sec-WebSocket-Extensions: " .. core.ws.deflate_offer .. "\r\n"
+  end
   for k, v in pairs(opts.headers or {}) do
     check_header(k, v)
     lines[#lines + 1] = k .. ": " .. v .. "\r\n"
@@ -143,7 +151,8 @@ function M.connect(opts)
   local codec = core.codec.websocket { client = true, request = table.concat(lines),
     accept = core.ws.accept(key), max_message = opts.max_message,
     max_frame = opts.max_frame, close_timeout = opts.close_timeout,
-    frame_timeout = opts.frame_timeout, handshake_timeout = opts.timeout or 10 }
+    frame_timeout = opts.frame_timeout, handshake_timeout = opts.timeout or 10,
+    deflate = opts.deflate and true or false }
   local netrun = require "netrun"
   local tls = opts.tls
   if scheme == "wss" and tls == nil then tls = netrun.tls.client {} end

@@ -9,6 +9,9 @@
  * into a per-thread scratch buffer (the read's bytes are not ours to
  * change), a fragmented message into its reassembly buffer, which is
  * freed once the message was delivered: an idle connection holds nothing.
+ * With permessage-deflate agreed (ws_deflate.c), RSV1 on a message's first
+ * frame marks it compressed: it is reassembled as it came, then inflated
+ * within max_message, then checked as UTF-8.
  *
  * Closing (RFC 6455 7): each side sends one close frame. The peer's close
  * is answered with its status and the socket closed once the answer has
@@ -17,7 +20,10 @@
  * the socket; the timer closes it otherwise. A protocol error is a close
  * with its status (1002, 1007, 1009) and the socket closed at once, with
  * a lingering close: what the peer still sends must not reset the close
- * frame away before it has read it.
+ * frame away before it has read it. A graceful shutdown of the loop tells
+ * the handler (NR_EVT_SHUTDOWN): it sends 1001 "going away" and keeps the
+ * channel open, reading, for the answer -- at most close_timeout, which
+ * the channel keeps as the loop's timers are gone by then.
  */
 #include <assert.h>
 #include <errno.h>
@@ -139,7 +145,15 @@ void nr_ws_parser_init(nr_ws_parser_t *p, bool server, size_t max_message,
   p->max_frame = max_frame;
 }
 
-void nr_ws_parser_free(nr_ws_parser_t *p) { nr_buf_free(&p->msg); }
+void nr_ws_parser_free(nr_ws_parser_t *p) {
+  nr_buf_free(&p->msg);
+  nr_ws_pmd_parser_free(p);
+}
+
+void nr_ws_parser_deflate(nr_ws_parser_t *p, bool peer_context) {
+  p->deflate = true;
+  p->peer_context = peer_context;
+}
 
 /* Unmasked payloads of whole frames, per thread; what it keeps past a
  * call is bounded (a large one is freed at the next call), and a thread
@@ -231,10 +245,15 @@ static int parse_head(const unsigned char *d, size_t len, head_t *h) {
  * breaks a rule or a limit is refused before it is cumulated. */
 static long check_head(nr_ws_parser_t *p, const head_t *h, const char *data,
                        nr_ws_event_t *ev) {
-  if (data[0] & 0x70)
-    return fail(p, ev, NR_WS_PROTOCOL, "reserved bits set (no extension "
-                "was agreed)");
   bool control = h->op & 8;
+  if (data[0] & 0x70) {          /* only RSV1, only where deflate allows */
+    if ((data[0] & 0x30) || !p->deflate)
+      return fail(p, ev, NR_WS_PROTOCOL, "reserved bits set (no extension "
+                  "was agreed)");
+    if (control || h->op == NR_WS_CONT)
+      return fail(p, ev, NR_WS_PROTOCOL, "compressed bit on a control "
+                  "frame or a continuation");
+  }
   if ((h->op > NR_WS_BINARY && !control) || h->op > NR_WS_PONG)
     return fail(p, ev, NR_WS_PROTOCOL, "reserved opcode");
   if (h->masked != p->server)
@@ -271,11 +290,33 @@ static long decode_close(nr_ws_parser_t *p, const char *pl, size_t n,
   return 0;
 }
 
-/* A fragment of a message: kept (unmasked), its text checked so far. */
+/* A compressed message (all its fragments) inflated: the event, or a
+ * failure (1009 past max_message, 1007 not deflate or not UTF-8). */
+static long inflate_msg(nr_ws_parser_t *p, int op, const char *in, size_t n,
+                        nr_ws_event_t *ev) {
+  const char *out;
+  size_t len;
+  int rc = nr_ws_inflate(p, in, n, &out, &len);
+  if (rc == NR_WS_TOO_BIG || rc == -ENOMEM)
+    return fail(p, ev, NR_WS_TOO_BIG, rc == -ENOMEM ? "out of memory for a "
+                "message" : "message too big (inflated)");
+  if (rc != 0)
+    return fail(p, ev, NR_WS_BAD_DATA, "invalid compressed data");
+  if (op == NR_WS_TEXT && nr_utf8_check(0, out, len) != 0)
+    return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
+  ev->opcode = op;
+  ev->data = out;
+  ev->len = len;
+  return 0;
+}
+
+/* A fragment of a message: kept (unmasked), its text checked so far (a
+ * compressed one's once it is inflated, whole). */
 static long add_fragment(nr_ws_parser_t *p, const head_t *h, const char *pl,
-                         nr_ws_event_t *ev) {
+                         bool rsv1, nr_ws_event_t *ev) {
   if (h->op != NR_WS_CONT) {
     p->fragmented = h->op;
+    p->compressed = rsv1;
     p->utf8 = 0;
   }
   size_t n = (size_t)h->len, at = nr_buf_len(&p->msg);
@@ -286,17 +327,20 @@ static long add_fragment(nr_ws_parser_t *p, const head_t *h, const char *pl,
     nr_ws_mask(m + at, m + at, n, h->mask, 0);
   if (m == NULL)
     m = (char *)"";              /* empty so far: nothing is written to it */
-  if (p->fragmented == NR_WS_TEXT) {
+  if (p->fragmented == NR_WS_TEXT && !p->compressed) {
     p->utf8 = nr_utf8_check(p->utf8, m + at, n);
     if (p->utf8 == NR_UTF8_BAD || (h->fin && p->utf8 != 0))
       return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
   }
   if (h->fin) {
-    ev->opcode = p->fragmented;
-    ev->data = m;
-    ev->len = nr_buf_len(&p->msg);
+    int op = p->fragmented;
     p->fragmented = 0;
     p->reset = true;
+    if (p->compressed)
+      return inflate_msg(p, op, m, nr_buf_len(&p->msg), ev);
+    ev->opcode = op;
+    ev->data = m;
+    ev->len = nr_buf_len(&p->msg);
   }
   return 0;
 }
@@ -307,6 +351,8 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   if (p->reset) {
     p->reset = false;
     nr_buf_free(&p->msg);
+    free(p->inflated);
+    p->inflated = NULL;
   }
   scratch_trim();
   if (p->closed)
@@ -325,7 +371,7 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   size_t n = (size_t)h.len;
   long used = (long)(h.size + n);
   if (h.op == NR_WS_CONT || !h.fin)
-    return add_fragment(p, &h, pl, ev) < 0 ? -1 : used;
+    return add_fragment(p, &h, pl, data[0] & NR_WS_RSV1, ev) < 0 ? -1 : used;
   if (h.masked && n > 0) {
     char *s = scratch_get(n);
     if (s == NULL)
@@ -335,6 +381,8 @@ long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
   }
   if (h.op == NR_WS_CLOSE)
     return decode_close(p, pl, n, ev) < 0 ? -1 : used;
+  if (data[0] & NR_WS_RSV1)
+    return inflate_msg(p, h.op, pl, n, ev) < 0 ? -1 : used;
   if (h.op == NR_WS_TEXT && nr_utf8_check(0, pl, n) != 0)
     return fail(p, ev, NR_WS_BAD_DATA, "text message is not UTF-8");
   ev->opcode = h.op;
@@ -366,6 +414,8 @@ typedef struct nr_ws_s {
   char *request;               /* client: the handshake, until it is sent */
   size_t request_len;
   char accept[32];             /* client: the Sec-WebSocket-Accept expected */
+  bool deflate_offered;        /* client: our request offered it */
+  nr_ws_pmd_t pmd;             /* permessage-deflate agreed (bits 0: not) */
 } nr_ws_t;
 
 struct ws_timer_s {
@@ -380,11 +430,17 @@ static uint64_t next_rand(nr_ws_t *w) {   /* xorshift64* */
   return w->rng * 0x2545F4914F6CDD1Dull;
 }
 
+static int send_deflated(nr_ws_t *w, nr_ctx_t *ctx, int op,
+                         const nr_slice_t *v, size_t n, nr_promise_t *p);
+
 /* Write one frame of op whose payload is the n slices v (total bytes):
  * in place when the write goes straight to the outbound buffer, else as
- * one gathered write (a client's masked payload is copied first). */
+ * one gathered write (a client's masked payload is copied first). A data
+ * frame is compressed first when permessage-deflate was agreed. */
 static int send_frame(nr_ws_t *w, nr_ctx_t *ctx, int op, const nr_slice_t *v,
                       size_t n, size_t total, nr_promise_t *p) {
+  if (w->pmd.bits != 0 && (op == NR_WS_TEXT || op == NR_WS_BINARY))
+    return send_deflated(w, ctx, op, v, n, p);
   char head[NR_WS_MAX_HEAD];
   uint8_t key[4];
   if (w->client) {
@@ -426,6 +482,14 @@ static int send_frame(nr_ws_t *w, nr_ctx_t *ctx, int op, const nr_slice_t *v,
   if (sv != small)
     free(sv);
   return rc;
+}
+
+static int send_deflated(nr_ws_t *w, nr_ctx_t *ctx, int op,
+                         const nr_slice_t *v, size_t n, nr_promise_t *p) {
+  nr_slice_t z;
+  if (nr_ws_deflate(w->pmd.bits, v, n, &z.data, &z.len) < 0)
+    return nr_raise(-ENOMEM, "websocket: out of memory to compress");
+  return send_frame(w, ctx, op | NR_WS_RSV1, &z, 1, z.len, p);
 }
 
 /* A close frame: status (none for NR_WS_NO_STATUS) and up to 123 bytes of
@@ -476,6 +540,15 @@ static int timer_free(void *arg) {
   return 0;
 }
 
+/* Cancelled by someone else than stop_timer (a shutting-down loop cancels
+ * every timer): w must not point at it any more. */
+static int timer_cancelled(void *arg) {
+  ws_timer_t *t = arg;
+  if (t->w != NULL)
+    t->w->targ = NULL;
+  return timer_free(t);
+}
+
 /* The peer did not answer our close in time. */
 static int timer_fire(void *arg) {
   ws_timer_t *t = arg;
@@ -508,7 +581,7 @@ static void start_timer(nr_ws_t *w, nr_ctx_t *ctx, uint64_t ns) {
       (t = malloc(sizeof *t)) == NULL)
     return;
   *t = (ws_timer_t){w, nr_ctx_retain(ctx)};
-  w->timer = nr_loop_schedule(loop, ns, 0, timer_fire, timer_free, t);
+  w->timer = nr_loop_schedule(loop, ns, 0, timer_fire, timer_cancelled, t);
   if (w->timer == NULL)
     timer_free(t);
   else
@@ -612,6 +685,16 @@ static int handshake_step(nr_ws_t *w, nr_ctx_t *ctx, const char *data,
     handshake_failed(w, ctx, "wrong Sec-WebSocket-Accept", "", 0);
     return 0;
   }
+  if ((v = find_header(data, hl, "sec-websocket-extensions", &vl)) != NULL) {
+    const char *why = w->deflate_offered ? nr_ws_pmd_check(v, vl, &w->pmd)
+                                         : "an extension that was not offered";
+    if (why != NULL) {
+      *consumed = len;
+      handshake_failed(w, ctx, why, v, vl);
+      return 0;
+    }
+    nr_ws_parser_deflate(&w->parser, w->pmd.peer_context);
+  }
   stop_timer(w);
   w->phase = OPEN;
   nr_ctx_fire_active(ctx);       /* the handlers after us see it open now */
@@ -684,6 +767,11 @@ void *nr_ws_new(const nr_ws_opts_t *o) {
   w->handshake_timeout = o->handshake_timeout;
   w->frame_timeout = o->frame_timeout;
   w->phase = o->client ? HANDSHAKE : OPEN;
+  w->deflate_offered = o->client && o->deflate_offered;
+  if (!o->client && o->deflate.bits != 0) {
+    w->pmd = o->deflate;
+    nr_ws_parser_deflate(&w->parser, o->deflate.peer_context);
+  }
   if (o->client) {
     if (getrandom(&w->rng, sizeof w->rng, 0) != sizeof w->rng)
       w->rng = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)w;
@@ -736,6 +824,24 @@ int nr_ws_inactive(nr_ctx_t *ctx) {
     close_socket(w, ctx);
   w->phase = CLOSED;
   return nr_decoder_inactive(ctx);
+}
+
+/* A graceful shutdown is about to close the socket: say goodbye first
+ * (1001, going away) and keep it open, reading, for the peer's answer --
+ * at most close_timeout (the loop's timers are gone by now: the channel
+ * keeps the deadline). */
+int nr_ws_user_event(nr_ctx_t *ctx, void *evt) {
+  nr_ws_t *w = nr_ctx_state(ctx);
+  if (evt == &NR_EVT_SHUTDOWN && (w->phase == OPEN || w->phase == CLOSING)) {
+    if (w->phase == OPEN) {
+      static const char why[] = "going away";
+      send_close(w, ctx, NR_WS_GOING_AWAY, why, sizeof why - 1, NULL);
+      w->phase = CLOSING;
+    }
+    uint64_t t = w->close_timeout ? w->close_timeout : NR_SEC(3600);
+    nr_channel_delay_shutdown_close(nr_ctx_channel(ctx), nr_now() + t);
+  }
+  return nr_decoder_user_event(ctx, evt);
 }
 
 /* Bytes are a text frame, NR_MSG_WEBSOCKET messages frames of their
@@ -795,7 +901,7 @@ const nr_handler_t nr_ws_handler = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
     .inactive = nr_ws_inactive, .read = nr_decoder_read,
-    .user_event = nr_decoder_user_event,
+    .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = nr_ws_write, .close = nr_ws_close,
     .flags = NR_HANDLER_SYNC_WRITE};

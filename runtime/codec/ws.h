@@ -9,8 +9,10 @@
  * control frame (ping, pong, close with its status and reason), nothing
  * yet (a fragment kept), or a protocol error with the close status RFC
  * 6455 gives it (1002 framing, 1007 bad UTF-8, 1009 too big). A server
- * requires masked frames, a client unmasked ones. Nothing is extended:
- * reserved bits and opcodes are errors.
+ * requires masked frames, a client unmasked ones. Reserved opcodes and
+ * bits are errors, but for RSV1 on the first frame of a message once
+ * permessage-deflate was agreed (ws_deflate.c): that message is inflated,
+ * within max_message.
  *
  * The handler (nr_ws_handler) is loop thread only. It sits where the HTTP
  * codec was after an upgrade (lws.c swaps them) or, on a client, after
@@ -22,6 +24,8 @@
  * client). A close (the channel's, or a close message) sends a close frame
  * and waits close_timeout for the peer's before the socket is closed; the
  * peer's close is answered and the socket closed once that has gone out.
+ * A graceful shutdown of the loop (NR_EVT_SHUTDOWN) sends a close 1001
+ * "going away" and waits for the answer the same way.
  */
 #ifndef NR_CODEC_WS_H
 #define NR_CODEC_WS_H
@@ -29,6 +33,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+struct z_stream_s;
 
 #include "codec/buf.h"
 #include "netrun.h"
@@ -72,6 +78,13 @@ typedef struct nr_ws_parser_s {
   uint32_t utf8;             /* UTF-8 checker state of that message */
   bool reset;                /* msg was delivered: empty it on the next call */
   nr_buf_t msg;              /* its fragments so far (unmasked) */
+  /* permessage-deflate (ws_deflate.c), when agreed: */
+  bool deflate;              /* RSV1 marks a compressed message */
+  bool compressed;           /* the message being reassembled is */
+  bool peer_context;         /* the peer keeps its window between messages */
+  bool inflater_ok;
+  struct z_stream_s *inflater;  /* then: this connection's own stream */
+  char *inflated;            /* a large inflated message, freed on reset */
 } nr_ws_parser_t;
 
 /* What one call decoded. opcode 0: nothing to deliver (a fragment kept).
@@ -96,6 +109,10 @@ void nr_ws_parser_free(nr_ws_parser_t *p);
 long nr_ws_decode(nr_ws_parser_t *p, const char *data, size_t len,
                   nr_ws_event_t *ev);
 
+/* Agree permessage-deflate on p (peer_context: the peer compresses with
+ * context takeover). */
+void nr_ws_parser_deflate(nr_ws_parser_t *p, bool peer_context);
+
 /* ---- encoder ---------------------------------------------------------------- */
 
 #define NR_WS_MAX_HEAD 14
@@ -114,6 +131,42 @@ uint32_t nr_utf8_check(uint32_t state, const char *s, size_t n);
 /* Whether a close status may be sent in a close frame (RFC 6455 7.4). */
 bool nr_ws_valid_code(int code);
 
+/* ---- permessage-deflate (RFC 7692, ws_deflate.c) ---------------------------- */
+
+#define NR_WS_RSV1 0x40      /* or'ed into an opcode: a compressed message */
+
+/* What was agreed: our window bits (9 .. 15) and whether the peer keeps
+ * its context between messages (we never do). */
+typedef struct nr_ws_pmd_s {
+  int bits;
+  bool peer_context;
+} nr_ws_pmd_t;
+
+/* The client's offer (two: without context takeover both ways, or only
+ * ours, if the server cannot keep its own context apart). */
+#define NR_WS_PMD_OFFER "permessage-deflate; server_no_context_takeover; " \
+  "client_no_context_takeover, permessage-deflate; client_no_context_takeover"
+/* Server: the first acceptable permessage-deflate offer of a
+ * Sec-WebSocket-Extensions value: 1 with the response's value in resp and
+ * *agreed, 0 when none is (then the extension is not used). */
+int nr_ws_pmd_accept(const char *offer, size_t n, char *resp, size_t cap,
+                     nr_ws_pmd_t *agreed);
+/* Client: the server's Sec-WebSocket-Extensions answer to NR_WS_PMD_OFFER:
+ * NULL with *agreed, or why it is refused. */
+const char *nr_ws_pmd_check(const char *v, size_t n, nr_ws_pmd_t *agreed);
+/* Compress one message (its n slices) with a window of `bits`: *out is
+ * the frame's payload, valid until the thread's next call. 0 or -ENOMEM. */
+int nr_ws_deflate(int bits, const nr_slice_t *v, size_t n, const char **out,
+                  size_t *len);
+/* Inflate one message into a per-thread buffer (valid until the thread's
+ * next call; one past 64 KiB moves to p->inflated, freed when the parser
+ * is next called, so that a thread keeps no large buffer): 0, NR_WS_TOO_BIG past p->max_message (having allocated no
+ * more than that), NR_WS_BAD_DATA, or -ENOMEM. */
+int nr_ws_inflate(nr_ws_parser_t *p, const char *in, size_t n,
+                  const char **out, size_t *len);
+/* Free what a parser keeps for the extension. */
+void nr_ws_pmd_parser_free(nr_ws_parser_t *p);
+
 /* ---- the handler -------------------------------------------------------------- */
 
 typedef struct nr_ws_opts_s {
@@ -128,6 +181,10 @@ typedef struct nr_ws_opts_s {
   const char *request;
   size_t request_len;
   const char *accept;
+  /* permessage-deflate: a server's agreement (bits 0: none); a client
+   * sent NR_WS_PMD_OFFER in its request (deflate_offered) */
+  nr_ws_pmd_t deflate;
+  bool deflate_offered;
 } nr_ws_opts_t;
 
 #define NR_WS_MAX_MESSAGE (1u << 20)
@@ -147,6 +204,7 @@ int nr_ws_active(nr_ctx_t *ctx);
 int nr_ws_inactive(nr_ctx_t *ctx);
 int nr_ws_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_ws_close(nr_ctx_t *ctx, nr_promise_t *p);
+int nr_ws_user_event(nr_ctx_t *ctx, void *evt);
 void nr_ws_handler_added(nr_ctx_t *ctx);
 
 #endif /* NR_CODEC_WS_H */

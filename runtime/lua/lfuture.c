@@ -4,7 +4,11 @@
  * blocks an executor group's), netrun.spawn() with await() and
  * netrun.sleep().
  *
- * A future's value is a blob: each state that reads it gets its own copy.
+ * A future's value is a blob: each state that reads it gets its own copy,
+ * but for a future that never left the state that made it (LOCAL: a
+ * promise or a spawn's, lhandle.c) and an own-loop submit's, whose value
+ * is also kept there: read there, it is the value itself (a table set on
+ * a loop and awaited on that loop is the same table).
  * Listeners stay in the state that added them and run on its thread.
  * A spawned coroutine is kept in the registry while it lives; await() adds
  * a listener that resumes it on its own loop.
@@ -84,7 +88,8 @@ static int complete(lua_State *L, bool success, bool try) {
   }
   if (success) {
     lua_settop(L, 2);
-    lnr_blob_t *b = lnr_pack(L, 2, 1, "result");
+    lnr_blob_t *b = lnr_future_is_local(L, 1) ? lnr_pack_result(L, 2)
+                                              : lnr_pack(L, 2, 1, "result");
     rc = nr_promise_set_success(p, b, lnr_blob_free_fn);
   } else {
     const char *msg = luaL_tolstring(L, 2, NULL);
@@ -107,6 +112,7 @@ static int l_try_failure(lua_State *L) { return complete(L, false, true); }
 
 static int l_promise(lua_State *L) {
   lnr_push_promise(L, nr_promise_new());
+  lnr_future_mark_local(L, -1);
   return 1;
 }
 
@@ -362,6 +368,7 @@ static void finish_spawn(lua_State *L, lua_State *co, bool ok) {
   lua_pushvalue(L, -1);
   lua_rawget(L, -3);
   nr_promise_t *p = lnr_to_handle(L, -1, LNR_FUTURE);
+  bool local = p != NULL && lnr_future_is_local(L, -1);
   lua_pop(L, 1);
   lua_pushnil(L);
   lua_rawset(L, -3);                   /* forget the coroutine */
@@ -373,7 +380,7 @@ static void finish_spawn(lua_State *L, lua_State *co, bool ok) {
     lua_settop(co, lua_gettop(co) > 0 ? 1 : 0);
     if (lua_gettop(co) == 0)
       lua_pushnil(co);
-    if (lnr_try_pack(co, -1, &b))
+    if (lnr_try_pack(co, -1, local, &b))
       nr_promise_set_success(p, b, lnr_blob_free_fn);
     else
       nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(co, -1));
@@ -419,6 +426,7 @@ static int l_spawn(lua_State *L) {
   lua_State *co = lua_newthread(L);
   nr_promise_t *p = nr_promise_new();
   lnr_push_promise(L, p);               /* result: the future */
+  lnr_future_mark_local(L, -1);
   int fut = lua_gettop(L);
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &SPAWNED) != LUA_TTABLE) {
     lua_pop(L, 1);

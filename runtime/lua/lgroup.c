@@ -297,7 +297,8 @@ static int lua_task(void *arg) {
         nr_log(NR_LOG_ERROR, "a task failed: %s", lua_tostring(L, -1));
     } else if (p) {
       lnr_blob_t *r = NULL;
-      if (lnr_try_pack(L, -1, &r))    /* the result may not transfer */
+      /* an own-loop submit's result is kept too (its caller is here) */
+      if (lnr_try_pack(L, -1, b->kept != 0, &r))   /* may not transfer */
         nr_promise_set_success(p, r, lnr_blob_free_fn);
       else
         nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
@@ -313,11 +314,12 @@ static int lua_task(void *arg) {
 
 static int try_pack_p(lua_State *L) {
   lnr_blob_t **out = lua_touserdata(L, 2);
-  *out = lnr_pack(L, 1, 1, "result");
+  *out = lua_toboolean(L, 3) ? lnr_pack_result(L, 1)
+                             : lnr_pack(L, 1, 1, "result");
   return 0;
 }
 
-int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out) {
+int lnr_try_pack(lua_State *L, int idx, bool keep, lnr_blob_t **out) {
   idx = lua_absindex(L, idx);
   int t = lua_type(L, idx);
   if (t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER ||
@@ -328,7 +330,8 @@ int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out) {
   lua_pushcfunction(L, try_pack_p);
   lua_pushvalue(L, idx);
   lua_pushlightuserdata(L, out);
-  if (lua_pcall(L, 2, 0, 0) != LUA_OK)
+  lua_pushboolean(L, keep);
+  if (lua_pcall(L, 3, 0, 0) != LUA_OK)
     return 0;                    /* the message is on the stack */
   return 1;
 }
@@ -437,7 +440,7 @@ static int sched_fire(void *arg) {
     nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));
   } else if (!s->periodic) {
     lnr_blob_t *r = NULL;
-    if (lnr_try_pack(L, -1, &r))
+    if (lnr_try_pack(L, -1, s->b->kept != 0, &r))
       nr_promise_set_success(s->p, r, lnr_blob_free_fn);
     else
       nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));

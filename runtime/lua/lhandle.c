@@ -18,8 +18,11 @@ typedef struct proxy_s {
   const char *tag;            /* &CLASS_KEYS[kind]: proves the userdata is ours */
   int kind;
   void *ptr;
-  uint64_t mark;              /* lazy write futures: the write's mark */
+  uint64_t mark;              /* lazy write futures: the write's mark;
+                                 a future: LOCAL (lnr_future_mark_local) */
 } proxy_t;
+
+#define LOCAL 1
 
 void lnr_handle_retain(int kind, void *ptr) {
   switch (kind) {
@@ -92,6 +95,7 @@ static void materialize(lua_State *L, int idx, proxy_t *p) {
   }
   p->tag = &CLASS_KEYS[LNR_FUTURE];
   p->ptr = prom;                              /* the proxy's reference */
+  p->mark = 0;                                /* not LOCAL */
   lua_pushnil(L);
   lua_setiuservalue(L, idx, 1);               /* let go of the ctx */
   push_class(L, LNR_FUTURE);
@@ -207,6 +211,23 @@ void lnr_push_new_handle_mt(lua_State *L, int kind, void *ptr, int mt) {
   new_proxy(L, kind, ptr);
   lua_pushvalue(L, mt);
   lua_setmetatable(L, -2);
+}
+
+void lnr_future_mark_local(lua_State *L, int idx) {
+  proxy_t *p = test_proxy(L, idx, LNR_FUTURE);
+  if (p != NULL)
+    p->mark = LOCAL;
+}
+
+bool lnr_future_is_local(lua_State *L, int idx) {
+  proxy_t *p = test_proxy(L, idx, LNR_FUTURE);
+  return p != NULL && p->mark == LOCAL;
+}
+
+void lnr_future_escapes(lua_State *L, int idx) {
+  proxy_t *p = test_proxy(L, idx, LNR_FUTURE);
+  if (p != NULL)
+    p->mark = 0;
 }
 
 int lnr_handle_kind(lua_State *L, int idx) {

@@ -188,6 +188,10 @@ struct lnr_blob_s {
   void *user2;
   int kept;                   /* lnr_keep: registry ref of the values, else 0 */
   const struct lnr_state_s *home;   /* lnr_keep: the state holding them */
+  /* lnr_pack_result: packed and kept both; the kept ref is let go on
+   * home_loop (retained) when the blob is freed on another thread */
+  bool packed_too;
+  nr_loop_t *home_loop;
   char small[96];
 };
 
@@ -200,6 +204,13 @@ lnr_blob_t *lnr_pack(lua_State *L, int from, int n, const char *what);
  * the blob only refers to them; it is unpacked and freed on this state's
  * loop thread. */
 lnr_blob_t *lnr_keep(lua_State *L, int from, int n);
+/* A future's value (the one at idx): packed, so that any state reads a
+ * copy, and -- a table, a function or a userdata -- also kept in this
+ * state, so that a reader in this same state (an await on the producer's
+ * own loop) gets the value itself, no copy. For the futures this state
+ * is likely to read: a LOCAL one's, an own-loop submit's. Raises like
+ * lnr_pack. */
+lnr_blob_t *lnr_pack_result(lua_State *L, int idx);
 /* Push the blob's values; returns how many. Raises on failure. */
 int lnr_unpack(lua_State *L, const lnr_blob_t *b);
 void lnr_blob_free(lnr_blob_t *b);
@@ -222,6 +233,12 @@ void lnr_push_new_handle(lua_State *L, int kind, void *ptr);
 /* The same, with the kind's metatable given at stack index mt (hot paths
  * keep it as an upvalue). */
 void lnr_push_new_handle_mt(lua_State *L, int kind, void *ptr, int mt);
+/* A future made in this state (netrun.promise(), spawn) is LOCAL until
+ * its proxy is packed for a transfer: until then only this state can read
+ * its value, which is then also kept here as it is (lnr_pack_result). */
+void lnr_future_mark_local(lua_State *L, int idx);
+bool lnr_future_is_local(lua_State *L, int idx);
+void lnr_future_escapes(lua_State *L, int idx);
 /* Push the metatable of a handle kind. */
 void lnr_push_class(lua_State *L, int kind);
 /* A lazy write future (lhandle.c): the write on stream channel ch that
@@ -269,9 +286,9 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss);
  * scheduled one also cancels its timer when cancelled. */
 void lnr_push_promise(lua_State *L, nr_promise_t *p);
 void lnr_push_scheduled(lua_State *L, nr_promise_t *p, nr_timer_t *t);
-/* Pack the value at idx in protected mode: 1 and *out, or 0 with the error
- * message pushed. */
-int lnr_try_pack(lua_State *L, int idx, lnr_blob_t **out);
+/* Pack the value at idx in protected mode (a future's result; keep: with
+ * lnr_pack_result): 1 and *out, or 0 with the error message pushed. */
+int lnr_try_pack(lua_State *L, int idx, bool keep, lnr_blob_t **out);
 
 /* Run a Lua task packed as (fn, args...) in the current state. */
 int lnr_run_packed(lua_State *L, lnr_blob_t *b, int nresults);

@@ -6,8 +6,8 @@
  * (lpipeline_exec.c), a native one (__netrun_native) what it makes.
  *
  * Threads: a pipeline object may be held anywhere in its state, but used
- * only on its channel's loop (check_pipe raises elsewhere); it retains the
- * channel, not the pipeline.
+ * only on its channel's loop (check_pipe raises elsewhere); through its
+ * channel handle it retains the channel, not the pipeline.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,14 +20,34 @@ typedef struct lpipe_s {
   nr_channel_t *ch;
 } lpipe_t;
 
-void lnr_push_pipeline(lua_State *L, nr_channel_t *ch) {
-  lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 0);
-  p->ch = nr_channel_retain(ch);
+/* Push the pipeline object of the channel handle at idx. There is one per
+ * handle, kept in the handle's user value, so ch:pipeline() ==
+ * ch:pipeline(). It keeps the handle in its own user value, and the handle
+ * retains the channel: p->ch is valid as long as the object is, with no
+ * finalizer of its own (the pair is collected together). */
+static void push_pipeline_of(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_getiuservalue(L, idx, 1) == LUA_TUSERDATA)
+    return;
+  lua_pop(L, 1);
+  lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->ch = lnr_check_handle(L, idx, LNR_CHANNEL);
   luaL_setmetatable(L, PIPELINE);
+  lua_pushvalue(L, idx);
+  lua_setiuservalue(L, -2, 1);                 /* pipeline -> handle */
+  lua_pushvalue(L, -1);
+  lua_setiuservalue(L, idx, 1);                /* handle -> pipeline */
+}
+
+void lnr_push_pipeline(lua_State *L, nr_channel_t *ch) {
+  lnr_push_handle(L, LNR_CHANNEL, ch);
+  push_pipeline_of(L, -1);
+  lua_remove(L, -2);
 }
 
 static int l_channel_pipeline(lua_State *L) {
-  lnr_push_pipeline(L, lnr_check_handle(L, 1, LNR_CHANNEL));
+  lnr_check_handle(L, 1, LNR_CHANNEL);
+  push_pipeline_of(L, 1);
   return 1;
 }
 
@@ -39,15 +59,6 @@ static nr_pipeline_t *check_pipe(lua_State *L, int idx) {
                "(%s): do it in init, or in a task on ch:loop()",
                (int)nr_channel_id(p->ch), loop ? nr_loop_name(loop) : "none");
   return nr_channel_pipeline(p->ch);
-}
-
-static int pipe_gc(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
-  if (p->ch) {
-    nr_channel_release(p->ch);
-    p->ch = NULL;
-  }
-  return 0;
 }
 
 /* Find the context of a handler given by name or by value. */
@@ -84,6 +95,9 @@ static int add_error(lua_State *L, int rc, const char *name, const char *base) {
     return luaL_error(L, "duplicate handler name '%s'", name);
   if (rc == -ENOENT)
     return luaL_error(L, "no handler named '%s' in the pipeline", base);
+  if (rc == -ESHUTDOWN)
+    return luaL_error(L, "cannot add handler '%s': the channel is closed",
+                      name);
   return luaL_error(L, "cannot add handler '%s': %s", name, nr_strerror(rc));
 }
 
@@ -313,8 +327,7 @@ void lnr_open_pipeline(lua_State *L) {
       {"fire_exception_caught", p_fire_exception},
       {"write", p_write}, {"write_and_flush", p_write_and_flush},
       {"flush", p_flush}, {"close", p_close}, {NULL, NULL}};
-  static const luaL_Reg pipe_meta[] = {{"__gc", pipe_gc},
-                                       {"__tostring", p_tostring},
+  static const luaL_Reg pipe_meta[] = {{"__tostring", p_tostring},
                                        {NULL, NULL}};
   lnr_new_class(L, PIPELINE, pipe_methods, pipe_meta);
   lnr_open_xctx(L);

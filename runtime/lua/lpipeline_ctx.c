@@ -112,9 +112,13 @@ static int ctx_gc(lua_State *L) {
   return 0;
 }
 
-/* The Lua value of a context's handler: the table, or the native type. */
+/* The Lua value of a context's handler: the table, or the native type;
+ * nil once the handler was removed (a ctx kept past that: its state is
+ * freed). */
 void lnr_push_ctx_handler(lua_State *L, nr_ctx_t *ctx) {
-  if (nr_ctx_handler(ctx) == &lnr_lua_vt) {
+  if (nr_ctx_is_removed(ctx)) {
+    lua_pushnil(L);
+  } else if (nr_ctx_handler(ctx) == &lnr_lua_vt) {
     lh_t *h = nr_ctx_state(ctx);
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref);
   } else if (nr_ctx_handler(ctx) == &lnr_exec_vt) {

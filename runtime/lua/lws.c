@@ -39,6 +39,7 @@
 /* A configuration: plain bytes, copied between states. */
 typedef struct conf_s {
   bool client;
+  bool deflate;              /* client: the request offers permessage-deflate */
   size_t max_message, max_frame;
   uint64_t close_timeout, handshake_timeout, frame_timeout;
   char accept[32];
@@ -138,22 +139,25 @@ static const nr_handler_t lua_ws_vt = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
     .inactive = nr_ws_inactive, .read = nr_decoder_read,
-    .user_event = nr_decoder_user_event,
+    .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = lwrite, .close = nr_ws_close, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- configuration ------------------------------------------------------------------ */
 
-static void *new_state(const conf_t *c) {
+/* A handler state; a server's with the permessage-deflate agreed (bits 0:
+ * none). */
+static void *new_state(const conf_t *c, int deflate_bits) {
   nr_ws_opts_t o = {c->client, c->max_message, c->max_frame,
                     c->close_timeout, c->handshake_timeout, c->frame_timeout,
-                    c->request, c->request_len, c->accept};
+                    c->request, c->request_len, c->accept,
+                    {deflate_bits, false}, c->deflate};
   return nr_ws_new(&o);
 }
 
 static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   const conf_t *c = luaL_checkudata(L, idx, CLASS);
-  if ((*state = new_state(c)) == NULL)
+  if ((*state = new_state(c, 0)) == NULL)
     luaL_error(L, "netrun.codec.websocket: out of memory");
   return &lua_ws_vt;
 }
@@ -180,7 +184,7 @@ static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
 static int l_websocket(lua_State *L) {
   static const char *const known[] = {"max_message", "max_frame",
       "close_timeout", "handshake_timeout", "frame_timeout", "client",
-      "request", "accept",
+      "request", "accept", "deflate",
       NULL};
   if (lua_isnoneornil(L, 1)) {
     lua_settop(L, 0);
@@ -197,7 +201,9 @@ static int l_websocket(lua_State *L) {
   c->frame_timeout = opt_seconds(L, "frame_timeout", 60);
   lua_getfield(L, 1, "client");
   c->client = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  lua_getfield(L, 1, "deflate");
+  c->deflate = c->client && lua_toboolean(L, -1);
+  lua_pop(L, 2);
   if (c->client) {
     size_t rl, al;
     lua_getfield(L, 1, "request");
@@ -276,6 +282,9 @@ static int l_switch(lua_State *L) {
   const conf_t *c = luaL_checkudata(L, 2, CLASS);
   size_t n;
   const char *resp = luaL_checklstring(L, 3, &n);
+  lua_Integer bits = luaL_optinteger(L, 4, 0);
+  luaL_argcheck(L, bits == 0 || (bits >= 9 && bits <= 15), 4,
+                "window bits 9 .. 15, or 0");
   if (!nr_loop_in_thread(nr_channel_loop(ch)))
     return luaL_error(L, "netrun.websocket.upgrade: only on the channel's "
                       "loop");
@@ -284,7 +293,7 @@ static int l_switch(lua_State *L) {
   if (hc == NULL)
     return luaL_error(L, "netrun.websocket.upgrade: no http_server codec in "
                       "the pipeline");
-  void *state = new_state(c);
+  void *state = new_state(c, (int)bits);
   if (state == NULL)
     return luaL_error(L, "netrun.websocket.upgrade: out of memory");
   char name[64];
@@ -300,6 +309,20 @@ static int l_switch(lua_State *L) {
   return 0;
 }
 
+/* core.ws.deflate_accept(offers) --> the Sec-WebSocket-Extensions answer
+ * and our window bits, or nil: none of the offers is acceptable. */
+static int l_deflate_accept(lua_State *L) {
+  size_t n;
+  const char *offer = luaL_checklstring(L, 1, &n);
+  char resp[160];
+  nr_ws_pmd_t agreed;
+  if (!nr_ws_pmd_accept(offer, n, resp, sizeof resp, &agreed))
+    return 0;
+  lua_pushstring(L, resp);
+  lua_pushinteger(L, agreed.bits);
+  return 2;
+}
+
 static void register_converter(void) {
   lnr_register_msg(NR_MSG_WEBSOCKET, push_msg);
 }
@@ -313,9 +336,13 @@ void lnr_open_websocket(lua_State *L) {
   lua_setfield(L, -2, "websocket");
   lua_pop(L, 1);
   static const luaL_Reg fns[] = {{"accept", l_accept}, {"key", l_key},
-                                 {"switch", l_switch}, {NULL, NULL}};
+                                 {"switch", l_switch},
+                                 {"deflate_accept", l_deflate_accept},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, fns, 0);
+  lua_pushliteral(L, NR_WS_PMD_OFFER);
+  lua_setfield(L, -2, "deflate_offer");
   lua_setfield(L, -2, "ws");      /* not "websocket": core's fields are
                                      netrun's, and that is websocket.lua */
 }

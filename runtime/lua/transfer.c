@@ -141,14 +141,44 @@ static lnr_blob_t *blob_new(void) {
  * own. */
 #define PROTO_KIND (-1)
 
+/* A result's kept values let go on their own loop (the blob was freed on
+ * another thread). */
+typedef struct unref_s {
+  const lnr_state_t *home;
+  int ref;
+} unref_t;
+
+static int unref_task(void *arg) {
+  unref_t *u = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S != NULL && S == u->home && !S->closing)
+    luaL_unref(S->L, LUA_REGISTRYINDEX, u->ref);
+  free(u);
+  return 0;
+}
+
+static void unref_kept(lnr_blob_t *b) {
+  lnr_state_t *S = lnr_current_state();
+  if (S != NULL && S == b->home) {
+    if (!S->closing)             /* a closing state lets go of everything */
+      luaL_unref(S->L, LUA_REGISTRYINDEX, b->kept);
+  } else if (b->home_loop != NULL) {
+    unref_t *u = malloc(sizeof *u);
+    if (u != NULL) {
+      *u = (unref_t){b->home, b->kept};
+      if (nr_loop_execute(b->home_loop, unref_task, u) < 0)
+        free(u);                 /* shut down: its state goes whole */
+    }
+  }
+  if (b->home_loop != NULL)
+    lnr_handle_release(LNR_LOOP, b->home_loop);
+}
+
 void lnr_blob_free(lnr_blob_t *b) {
   if (b == NULL)
     return;
-  if (b->kept) {                 /* on its loop; a closing state lets go */
-    lnr_state_t *S = lnr_current_state();
-    if (S != NULL && S == b->home && !S->closing)
-      luaL_unref(S->L, LUA_REGISTRYINDEX, b->kept);
-  }
+  if (b->kept)                   /* a task's: on its loop; a result's: any */
+    unref_kept(b);
   for (int i = 0; i < b->nhandles; i++)
     if (b->handles[i].kind == PROTO_KIND)
       proto_release(b->handles[i].ptr);
@@ -759,6 +789,8 @@ static void pack_value(packer_t *k, int idx) {
     if (kind == 0)
       fail(k, "userdata");
     void *ptr = lnr_to_handle(L, idx, kind);
+    if (kind == LNR_FUTURE)
+      lnr_future_escapes(L, idx);  /* its value may be read elsewhere now */
     put_byte(k, T_HANDLE);
     put_byte(k, kind);
     put(k, &ptr, sizeof ptr);
@@ -1167,6 +1199,25 @@ lnr_blob_t *lnr_keep(lua_State *L, int from, int n) {
   return b;
 }
 
+lnr_blob_t *lnr_pack_result(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  lnr_blob_t *b = lnr_pack(L, idx, 1, "result");
+  int t = lua_type(L, idx);
+  lnr_state_t *S = lnr_state(L);
+  if (S == NULL || S->loop == NULL || (t != LUA_TTABLE &&
+      t != LUA_TFUNCTION && t != LUA_TUSERDATA))
+    return b;                    /* a copy is the value itself */
+  lua_createtable(L, 1, 0);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, 1);
+  b->kept = luaL_ref(L, LUA_REGISTRYINDEX);
+  b->home = S;
+  b->packed_too = true;
+  b->home_loop = S->loop;
+  lnr_handle_retain(LNR_LOOP, S->loop);
+  return b;
+}
+
 static int unpack_kept(lua_State *L, const lnr_blob_t *b) {
   if (lnr_state(L) != b->home)
     luaL_error(L, "a task kept for one loop ran on another");
@@ -1179,7 +1230,7 @@ static int unpack_kept(lua_State *L, const lnr_blob_t *b) {
 }
 
 int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
-  if (b->kept)
+  if (b->kept && (!b->packed_too || lnr_state(L) == b->home))
     return unpack_kept(L, b);
   unpacker_t u = {.L = L, .b = b, .nextid = 1};
   int base = lua_gettop(L);

@@ -12,7 +12,7 @@
  * decrypted within that read: SSL keeps an incomplete record in its own
  * buffer (released once empty, SSL_MODE_RELEASE_BUFFERS), nothing else
  * waits here, so the channel's auto_read, read batches and the codecs'
- * throttling (codec.h, nr_codec_throttle) bound memory as without TLS.
+ * throttling (codec/inbound.h) bound memory as without TLS.
  *
  * Handshake: a client starts it when the channel becomes active (or at
  * once when added to an active one); a server answers the ClientHello.

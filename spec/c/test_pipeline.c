@@ -244,6 +244,24 @@ TEST(removal_outside_an_event_and_of_an_unknown_name) {
   nr_loop_free(loop);
 }
 
+/* A closed channel's pipeline has had its handlers removed: one added now
+ * would never be removed (nor its state freed), so the add is refused and
+ * the caller keeps the state. */
+TEST(adding_to_a_closed_channels_pipeline_is_refused) {
+  nr_loop_t *loop = loop_new();
+  nr_embedded_t *e = nr_embedded_new(loop, NULL);
+  nr_pipeline_t *p = pipe_of(e);
+  add(p, "a", &reader, th_new("a"));
+  nr_embedded_start(e);
+  nr_embedded_close(e);
+  CHECK_EQ(removed_total, 1);
+  CHECK_EQ(nr_pipeline_add_last(p, "b", &reader, NULL), -ESHUTDOWN);
+  CHECK_EQ(nr_pipeline_add_first(p, "b", &reader, NULL), -ESHUTDOWN);
+  CHECK(nr_pipeline_first(p) == NULL);
+  nr_embedded_free(e);
+  nr_loop_free(loop);
+}
+
 /* ---- exception routing ---------------------------------------------------------- */
 
 /* An error raised in read goes to the raising handler's own

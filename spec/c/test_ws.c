@@ -9,6 +9,8 @@
 #include "codec/ws.h"
 #include "test.h"
 
+#include <malloc.h>
+
 /* A client frame of op, masked with a fixed key. */
 static size_t client_frame(char *out, int op, bool fin, const char *p,
                            size_t n) {
@@ -171,4 +173,193 @@ TEST(an_idle_connection_holds_no_memory_and_oversize_is_refused_from_the_head) {
   CHECK(!nr_channel_is_open(nr_embedded_channel(e)));
   nr_embedded_free(e);
   nr_loop_free(loop);
+}
+
+/* ---- permessage-deflate (ws_deflate.c) ------------------------------------------ */
+
+TEST(permessage_deflate_offers_are_accepted_or_declined_by_the_rfc) {
+  static const struct { const char *offer; int bits; const char *tail; } c[] = {
+      {"permessage-deflate; client_max_window_bits", 15, "takeover"},
+      {"permessage-deflate", 15, "takeover"},
+      {"PerMessage-Deflate ; server_max_window_bits=10", 10, "bits=10"},
+      {"permessage-deflate; server_max_window_bits=\"12\"", 12, "bits=12"},
+      /* 8 is declined (zlib has no 256-byte raw window): the next one */
+      {"permessage-deflate; server_max_window_bits=8, permessage-deflate; "
+       "server_no_context_takeover", 15, "takeover"},
+      {"x-webkit-deflate-frame, permessage-deflate", 15, "takeover"},
+      {"permessage-deflate; unknown", 0, NULL},
+      {"permessage-deflate; server_no_context_takeover; "
+       "server_no_context_takeover", 0, NULL},                /* repeated */
+      {"permessage-deflate; client_no_context_takeover=1", 0, NULL},
+      {"permessage-deflate; server_max_window_bits", 0, NULL}, /* no value */
+      {"permessage-deflate; client_max_window_bits=16", 0, NULL},
+      {"x-webkit-deflate-frame", 0, NULL},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+    char resp[160];
+    nr_ws_pmd_t a = {0, true};
+    int ok = nr_ws_pmd_accept(c[i].offer, strlen(c[i].offer), resp,
+                              sizeof resp, &a);
+    if (ok != (c[i].bits != 0))
+      FAIL("offer %zu: accepted %d", i, ok);
+    if (!ok)
+      continue;
+    CHECK_EQ(a.bits, c[i].bits);
+    CHECK(!a.peer_context);
+    CHECK(strstr(resp, "server_no_context_takeover; "
+                       "client_no_context_takeover") != NULL);
+    size_t rl = strlen(resp), tl = strlen(c[i].tail);
+    CHECK(rl >= tl && strcmp(resp + rl - tl, c[i].tail) == 0);
+  }
+  static const struct { const char *resp; int ok, ctx; } r[] = {
+      {"permessage-deflate; server_no_context_takeover; "
+       "client_no_context_takeover", 1, 0},
+      {"permessage-deflate; client_no_context_takeover", 1, 1},
+      {"permessage-deflate; server_max_window_bits=9", 1, 1},
+      {"permessage-deflate; client_max_window_bits=10", 0, 0}, /* not offered */
+      {"permessage-deflate, permessage-deflate", 0, 0},
+      {"x-webkit-deflate-frame", 0, 0},
+      {"permessage-deflate; what", 0, 0},
+  };
+  for (size_t i = 0; i < sizeof r / sizeof *r; i++) {
+    nr_ws_pmd_t a = {0, false};
+    const char *why = nr_ws_pmd_check(r[i].resp, strlen(r[i].resp), &a);
+    if ((why == NULL) != r[i].ok)
+      FAIL("response %zu: %s", i, why ? why : "accepted");
+    if (why == NULL)
+      CHECK_EQ(a.peer_context, (bool)r[i].ctx);
+  }
+}
+
+/* A compressed client frame (RSV1 when rsv1) of op. */
+static size_t deflated_frame(char *out, int op, bool fin, bool rsv1,
+                             const char *z, size_t zn) {
+  size_t n = client_frame(out, op, fin, z, zn);
+  if (rsv1)
+    out[0] = (char)(out[0] | NR_WS_RSV1);
+  return n;
+}
+
+/* The message the parser decodes from s[0 .. n): its event's result. */
+static long decode_all(nr_ws_parser_t *p, const char *s, size_t n,
+                       nr_ws_event_t *ev) {
+  size_t off = 0;
+  long r = 0;
+  while (off < n) {
+    r = nr_ws_decode(p, s + off, n - off, ev);
+    if (r <= 0 || ev->opcode != 0)
+      return r;
+    off += (size_t)r;
+  }
+  return r;
+}
+
+TEST(compressed_messages_whole_and_fragmented_round_trip_and_rsv1_rules_hold) {
+  static char text[20000], frames[40000];
+  for (size_t i = 0; i < sizeof text; i++)
+    text[i] = "netrun compresses "[i % 18];
+  nr_slice_t v[2] = {{text, 7000}, {text + 7000, sizeof text - 7000}};
+  const char *z;
+  size_t zn;
+  CHECK_EQ(nr_ws_deflate(15, v, 2, &z, &zn), 0);
+  CHECK(zn < sizeof text / 10);
+  static char zc[4096];
+  memcpy(zc, z, zn);
+  for (int ctx = 0; ctx < 2; ctx++) {         /* per-thread, own stream */
+    nr_ws_parser_t p;
+    nr_ws_parser_init(&p, true, 1 << 20, 1 << 20);
+    nr_ws_parser_deflate(&p, ctx);
+    nr_ws_event_t ev;
+    size_t n = deflated_frame(frames, NR_WS_TEXT, true, true, zc, zn);
+    CHECK_EQ(nr_ws_decode(&p, frames, n, &ev), (long)n);
+    CHECK_EQ(ev.opcode, NR_WS_TEXT);
+    CHECK_EQ(ev.len, sizeof text);
+    CHECK(memcmp(ev.data, text, sizeof text) == 0);
+    /* the same in three fragments, RSV1 on the first only */
+    n = deflated_frame(frames, NR_WS_TEXT, false, true, zc, 10);
+    n += client_frame(frames + n, NR_WS_CONT, false, zc + 10, 20);
+    n += client_frame(frames + n, NR_WS_CONT, true, zc + 30, zn - 30);
+    CHECK(decode_all(&p, frames, n, &ev) > 0);
+    CHECK_EQ(ev.opcode, NR_WS_TEXT);
+    CHECK_EQ(ev.len, sizeof text);
+    CHECK(memcmp(ev.data, text, sizeof text) == 0);
+    nr_ws_parser_free(&p);
+  }
+  static const struct { int op; bool fin, agreed; int rsv; } bad[] = {
+      {NR_WS_TEXT, true, false, NR_WS_RSV1},  /* not agreed */
+      {NR_WS_PING, true, true, NR_WS_RSV1},   /* a control frame */
+      {NR_WS_TEXT, true, true, 0x20},         /* RSV2 */
+      {NR_WS_TEXT, true, true, 0x10},         /* RSV3 */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    nr_ws_parser_t p;
+    nr_ws_parser_init(&p, true, 1 << 20, 1 << 20);
+    if (bad[i].agreed)
+      nr_ws_parser_deflate(&p, false);
+    size_t n = client_frame(frames, bad[i].op, bad[i].fin, zc, 5);
+    frames[0] = (char)(frames[0] | bad[i].rsv);
+    nr_ws_event_t ev;
+    CHECK_EQ(nr_ws_decode(&p, frames, n, &ev), -1);
+    CHECK_EQ(ev.code, NR_WS_PROTOCOL);
+    nr_ws_parser_free(&p);
+  }
+  /* RSV1 on a continuation */
+  nr_ws_parser_t p;
+  nr_ws_parser_init(&p, true, 1 << 20, 1 << 20);
+  nr_ws_parser_deflate(&p, false);
+  size_t n = deflated_frame(frames, NR_WS_TEXT, false, true, zc, 10);
+  n += deflated_frame(frames + n, NR_WS_CONT, true, true, zc + 10, zn - 10);
+  nr_ws_event_t ev;
+  CHECK_EQ(decode_all(&p, frames, n, &ev), -1);
+  CHECK_EQ(ev.code, NR_WS_PROTOCOL);
+  nr_ws_parser_free(&p);
+  /* not deflate data: 1007 */
+  nr_ws_parser_init(&p, true, 1 << 20, 1 << 20);
+  nr_ws_parser_deflate(&p, false);
+  n = deflated_frame(frames, NR_WS_BINARY, true, true, "\xff\xff\xff\xff", 4);
+  CHECK_EQ(nr_ws_decode(&p, frames, n, &ev), -1);
+  CHECK_EQ(ev.code, NR_WS_BAD_DATA);
+  nr_ws_parser_free(&p);
+}
+
+TEST(a_zip_bomb_is_refused_with_1009_without_allocating_past_max_message) {
+  size_t big = 64u << 20;                    /* 64 MiB of zeros */
+  char *zeros = calloc(1, big);
+  CHECK(zeros != NULL);
+  nr_slice_t v = {zeros, big};
+  const char *z;
+  size_t zn;
+  CHECK_EQ(nr_ws_deflate(15, &v, 1, &z, &zn), 0);
+  free(zeros);
+  CHECK(zn < 128 * 1024);
+  char *frame = malloc(zn + 14);
+  CHECK(frame != NULL);
+  size_t n = nr_ws_put_head(frame, NR_WS_BINARY | NR_WS_RSV1, zn, NULL);
+  memcpy(frame + n, z, zn);
+  n += zn;
+  nr_ws_event_t ev;
+  nr_ws_parser_t p;                          /* a client: unmasked frames */
+  nr_ws_parser_init(&p, false, 1 << 20, 1 << 20);
+  nr_ws_parser_deflate(&p, false);
+  char warm[64];                             /* the thread's streams made */
+  size_t wn = nr_ws_put_head(warm, NR_WS_BINARY | NR_WS_RSV1, 7, NULL);
+  memcpy(warm + wn, "\xf2\x48\xcd\xc9\xc9\x07\x00", 7); /* RFC 7692 "Hello" */
+  CHECK_EQ(nr_ws_decode(&p, warm, wn + 7, &ev), (long)(wn + 7));
+  CHECK_EQ(ev.len, 5);
+  CHECK(memcmp(ev.data, "Hello", 5) == 0);
+  size_t max = 100000;
+  p.max_message = max;
+#if !defined(__SANITIZE_ADDRESS__)
+  struct mallinfo2 before = mallinfo2();
+#endif
+  CHECK_EQ(nr_ws_decode(&p, frame, n, &ev), -1);
+  CHECK_EQ(ev.code, NR_WS_TOO_BIG);
+#if !defined(__SANITIZE_ADDRESS__)
+  struct mallinfo2 after = mallinfo2();
+  /* (the inflated buffer is kept until the next call: it is counted) */
+  CHECK(after.uordblks + after.hblkhd <
+        before.uordblks + before.hblkhd + max + 16384);
+#endif
+  nr_ws_parser_free(&p);
+  free(frame);
 }
