@@ -92,26 +92,26 @@ typedef nr_http_server_opts_t conf_t;
 
 /* ---- interned keys ---------------------------------------------------------------- */
 
-/* Field names, interned once per state and kept in an array in a state
- * slot: lua_setfield with a C string pays a string-cache lookup with strcmp
- * on every call, a raw array read does not. */
+/* Field names, interned once per state, each kept by a registry
+ * reference in a state slot: pushing one is an array read, where
+ * lua_getfield with a C string pays a string-cache lookup with strcmp on
+ * every call, and a table of them one more read to push it. */
 enum { K_STATUS = 1, K_REASON, K_BODY, K_STREAM, K_HEADERS, NKEYS };
 static const char *const key_names[NKEYS] = {
     NULL, "status", "reason", "body", "stream", "headers"};
 
-/* Push the key array; returns its stack index. */
-static int push_keys(lua_State *L) {
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_KEYS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, NKEYS, 0);
-    for (int i = 1; i < NKEYS; i++) {
-      lua_pushstring(L, key_names[i]);
-      lua_rawseti(L, -2, i);
-    }
-    lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS);
+/* Push field name k (S: L's state, or NULL). */
+static void push_key(lua_State *L, const lnr_state_t *S, int k) {
+  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
+  if (S != NULL && S->slots[slot] != 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+    return;
   }
-  return lua_gettop(L);
+  lua_pushstring(L, key_names[k]);
+  if (S != NULL) {
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, slot);
+  }
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
@@ -557,6 +557,103 @@ static void open_request_class(lua_State *L) {
   lua_pop(L, 1);
 }
 
+/* ---- requests forwarded (the HTTP client's forward = req) ------------------- */
+
+/* A field as it is now: the one assigned (pushed, returns true) or none
+ * (nothing pushed). Only a request whose fields table exists has any. */
+static bool assigned(lua_State *L, int fields, const char *k) {
+  if (fields == 0)
+    return false;
+  if (lua_getfield(L, fields, k) != LUA_TNIL)
+    return true;
+  lua_pop(L, 1);
+  return false;
+}
+
+/* Is the value at i a string (or, if may_be_none, false or nil)? */
+static bool string_or(lua_State *L, int i, bool may_be_none) {
+  return lua_type(L, i) == LUA_TSTRING || (may_be_none && !lua_toboolean(L, i));
+}
+
+bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f) {
+  const req_t *q = lua_touserdata(L, idx);
+  if (q == NULL || lua_rawlen(L, idx) < sizeof *q || q->tag != &REQ_TAG)
+    return false;
+  const char *text = req_text(q);
+  *f = (lnr_http_fwd_t){.method = text, .method_len = q->method_len,
+                        .target = text + q->path,
+                        .target_len = q->has_query
+                                          ? q->query + q->query_len - q->path
+                                          : q->path_len,
+                        .nheaders = q->nheaders};
+  if (q->has_query && q->query != q->path + q->path_len + 1) {
+    lua_pushlstring(L, text + q->path, q->path_len);   /* copied apart (a */
+    lua_pushliteral(L, "?");                            /* chunked request's */
+    lua_pushlstring(L, text + q->query, q->query_len);  /* fields): joined */
+    lua_concat(L, 3);
+    f->target = lua_tolstring(L, -1, &f->target_len);
+  }
+  int fields = req_fields(L, idx, false) ? lua_gettop(L) : 0;
+  if (fields == 0) {           /* the usual: nothing assigned or read */
+    if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING)
+      f->body = lua_tolstring(L, -1, &f->body_len);    /* anchored by q */
+    lua_pop(L, 1);
+    return true;
+  }
+  if (assigned(L, fields, "method")) {
+    if (!string_or(L, -1, false))
+      return f->bad = "method", true;
+    f->method = lua_tolstring(L, -1, &f->method_len);
+  }
+  int path = assigned(L, fields, "path") ? lua_gettop(L) : 0;
+  int query = assigned(L, fields, "query") ? lua_gettop(L) : 0;
+  if ((path && !string_or(L, path, false)) ||
+      (query && !string_or(L, query, true)))
+    return f->bad = path && !string_or(L, path, false) ? "path" : "query",
+           true;
+  if (path || query) {         /* rebuilt: path ["?" query] */
+    if (path)
+      lua_pushvalue(L, path);
+    else
+      lua_pushlstring(L, text + q->path, q->path_len);
+    if (query && lua_toboolean(L, query)) {
+      lua_pushliteral(L, "?");
+      lua_pushvalue(L, query);
+      lua_concat(L, 3);
+    } else if (!query && q->has_query) {
+      lua_pushliteral(L, "?");
+      lua_pushlstring(L, text + q->query, q->query_len);
+      lua_concat(L, 3);
+    }                          /* query = false: none */
+    f->target = lua_tolstring(L, -1, &f->target_len);
+  }
+  if (assigned(L, fields, "body")) {
+    if (!string_or(L, -1, true))
+      return f->bad = "body", true;
+    if (lua_toboolean(L, -1))
+      f->body = lua_tolstring(L, -1, &f->body_len);
+  } else if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING) {
+    f->body = lua_tolstring(L, -1, &f->body_len);      /* anchored by q */
+  }
+  if (assigned(L, fields, "headers")) {
+    if (lua_type(L, -1) != LUA_TTABLE)
+      return f->bad = "headers", true;
+    f->headers = lua_gettop(L);
+  }
+  return true;
+}
+
+size_t lnr_http_forward_fields(lua_State *L, int idx, nr_http_header_t *out,
+                               size_t cap) {
+  const req_t *q = lua_touserdata(L, idx);
+  assert(q != NULL && q->tag == &REQ_TAG);
+  const char *text = req_text(q);
+  for (size_t i = 0; i < q->nheaders && i < cap; i++)
+    out[i] = (nr_http_header_t){text + q->h[i].name, text + q->h[i].value,
+                                q->h[i].name_len, q->h[i].value_len};
+  return q->nheaders;
+}
+
 /* ---- responses from Lua -------------------------------------------------------- */
 
 /* Conversion errors: the message is kept for lwrite, which reports it. */
@@ -571,8 +668,8 @@ static int bad(const char *fmt, ...) {
   return -EINVAL;
 }
 
-static int raw_field(lua_State *L, int idx, int kt, int k) {
-  lua_rawgeti(L, kt, k);
+static int raw_field(lua_State *L, int idx, const lnr_state_t *S, int k) {
+  push_key(L, S, k);
   return lua_rawget(L, idx);
 }
 
@@ -580,26 +677,25 @@ static int raw_field(lua_State *L, int idx, int kt, int k) {
  * reads with interned keys: cheaper than a lua_next walk (measured). */
 static int to_response(lua_State *L, int idx, nr_http_response_t *r,
                        lnr_hdrs_t *h) {
-  int kt = push_keys(L);
-  int t = raw_field(L, idx, kt, K_STATUS);
+  int t = raw_field(L, idx, h->S, K_STATUS);
   if (t == LUA_TNUMBER && lua_isinteger(L, -1))
     r->status = (int)lua_tointeger(L, -1);
   else if (t != LUA_TNIL)
     return bad("http response: status must be an integer, got a %s",
                luaL_typename(L, -1));
-  t = raw_field(L, idx, kt, K_REASON);
+  t = raw_field(L, idx, h->S, K_REASON);
   if (t == LUA_TSTRING)
     r->reason = lua_tostring(L, -1);
-  t = raw_field(L, idx, kt, K_BODY);
+  t = raw_field(L, idx, h->S, K_BODY);
   if (t == LUA_TSTRING || t == LUA_TNUMBER)
     r->body = lua_tolstring(L, -1, &r->body_len);  /* converts the copy,
                                                       which stays on the stack */
   else if (t != LUA_TNIL)
     return bad("http response: body must be a string, got a %s",
                luaL_typename(L, -1));
-  raw_field(L, idx, kt, K_STREAM);
+  raw_field(L, idx, h->S, K_STREAM);
   r->stream = lua_toboolean(L, -1);
-  t = raw_field(L, idx, kt, K_HEADERS);
+  t = raw_field(L, idx, h->S, K_HEADERS);
   if (t == LUA_TTABLE) {
     char err[sizeof bad_msg - 16];
     int rc = lnr_collect_headers(L, lua_gettop(L), h, err, sizeof err);
@@ -658,7 +754,7 @@ static int l_http_response(lua_State *L) {
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
                           .body = ""};
   lnr_hdrs_t h;
-  lnr_hdrs_init(&h);
+  lnr_hdrs_init(&h, L);
   int rc = to_response(L, 1, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
@@ -703,11 +799,11 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (t != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
-  if (!lua_checkstack(L, 12))
+  if (!lua_checkstack(L, 20))      /* to_response's 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   lnr_hdrs_t h;
-  lnr_hdrs_init(&h);
+  lnr_hdrs_init(&h, L);
   int rc = to_response(L, m->idx, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];

@@ -7,6 +7,17 @@
  * where the table holds them. A number is converted on its copy, which
  * stays on the stack (anchored) while the walk goes on; the walk then
  * pushes its key again for lua_next.
+ *
+ * Checked strings. Header names must be tokens and values free of control
+ * characters, checked on every write; most writes give the same strings
+ * again ("content-type", "text/plain"). So a string that passed is
+ * remembered by its address, per state (lnr_state_t.http_checked), and
+ * kept alive by an anchor table (LNR_SLOT_HTTP_CHECKED) for as long as it
+ * is remembered: while it is anchored no other string can have its
+ * address, so a hit is that very string, immutable and checked already.
+ * An entry is replaced together with its anchor. A name and a value are
+ * remembered apart (a good value need not be a token); a number's string
+ * is not remembered (its copy is not kept).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,16 +26,44 @@
 
 #include "lhttp.h"
 
-static int add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val,
-               size_t vl, char *err, size_t el) {
-  int shown = (int)(nl > 64 ? 64 : nl);
-  if (!nr_http_is_token(name, nl)) {
-    snprintf(err, el, "header name '%.*s' is not a token", shown, name);
-    return -EINVAL;
+enum { CK_NAME, CK_VALUE };
+
+static unsigned ck_slot(const char *s, int kind) {
+  uintptr_t a = (uintptr_t)s;
+  return (unsigned)kind * LNR_HTTP_CHECKED / 2 +
+         (unsigned)((a >> 4 ^ a >> 11) % (LNR_HTTP_CHECKED / 2));
+}
+
+static bool ck_known(const lnr_hdrs_t *h, const char *s, int kind) {
+  return h->S != NULL && h->S->http_checked[ck_slot(s, kind)] == s;
+}
+
+/* The string at idx passed its check: remember it. Pushes 2 at most. */
+static void ck_remember(lua_State *L, lnr_hdrs_t *h, int idx, const char *s,
+                        int kind) {
+  if (h->S == NULL)
+    return;
+  unsigned k = ck_slot(s, kind);
+  idx = lua_absindex(L, idx);
+  if (lnr_push_slot(L, LNR_SLOT_HTTP_CHECKED) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_createtable(L, LNR_HTTP_CHECKED, 0);
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, LNR_SLOT_HTTP_CHECKED);
   }
-  if (!nr_http_is_field_value(val, vl)) {
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, (lua_Integer)k + 1);
+  lua_pop(L, 1);
+  h->S->http_checked[k] = s;
+}
+
+/* Append a field whose name was checked; its value is checked here unless
+ * `known`. */
+static int add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val,
+               size_t vl, bool known, char *err, size_t el) {
+  if (!known && !nr_http_is_field_value(val, vl)) {
     snprintf(err, el, "the value of header '%.*s' contains a control "
-             "character", shown, name);
+             "character", (int)(nl > 64 ? 64 : nl), name);
     return -EINVAL;
   }
   if (h->n == h->cap) {
@@ -44,6 +83,16 @@ static int add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val,
   return 0;
 }
 
+int lnr_hdrs_add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val,
+                 size_t vl, char *err, size_t el) {
+  if (!nr_http_is_token(name, nl)) {
+    snprintf(err, el, "header name '%.*s' is not a token",
+             (int)(nl > 64 ? 64 : nl), name);
+    return -EINVAL;
+  }
+  return add(h, name, nl, val, vl, false, err, el);
+}
+
 /* A number value at the top of the stack as field `name`: converted on
  * its copy, which stays on the stack to anchor the string (*kept counts
  * it). */
@@ -56,7 +105,20 @@ static int add_number(lua_State *L, lnr_hdrs_t *h, const char *name,
     return -EINVAL;
   }
   (*kept)++;
-  return add(h, name, nl, val, vl, err, el);
+  return add(h, name, nl, val, vl, false, err, el);
+}
+
+/* A string value at the top of the stack as field `name`; remembered
+ * once it passed. */
+static int add_string(lua_State *L, lnr_hdrs_t *h, const char *name,
+                      size_t nl, char *err, size_t el) {
+  size_t vl;
+  const char *val = lua_tolstring(L, -1, &vl);
+  bool known = ck_known(h, val, CK_VALUE);
+  int rc = add(h, name, nl, val, vl, known, err, el);
+  if (rc == 0 && !known)
+    ck_remember(L, h, -1, val, CK_VALUE);
+  return rc;
 }
 
 /* A repeated field: the array { "a", 2 } at the top of the stack. */
@@ -65,11 +127,9 @@ static int add_array(lua_State *L, lnr_hdrs_t *h, const char *name,
   int arr = lua_gettop(L), rc = 0;
   lua_Integer n = (lua_Integer)lua_rawlen(L, arr);
   for (lua_Integer i = 1; rc == 0 && i <= n; i++) {
-    size_t vl;
     int t = lua_rawgeti(L, arr, i);
     if (t == LUA_TSTRING) {
-      const char *val = lua_tolstring(L, -1, &vl);
-      rc = add(h, name, nl, val, vl, err, el);
+      rc = add_string(L, h, name, nl, err, el);
       lua_pop(L, 1);                           /* the array anchors it */
     } else if (t == LUA_TNUMBER) {
       rc = add_number(L, h, name, nl, kept, err, el);
@@ -82,12 +142,22 @@ static int add_array(lua_State *L, lnr_hdrs_t *h, const char *name,
   return rc;
 }
 
+/* The name at -2 is a token (checked, or known to be). */
+static int check_name(lua_State *L, lnr_hdrs_t *h, const char *name,
+                      size_t nl, char *err, size_t el) {
+  if (ck_known(h, name, CK_NAME))
+    return 0;
+  if (!nr_http_is_token(name, nl)) {
+    snprintf(err, el, "header name '%.*s' is not a token",
+             (int)(nl > 64 ? 64 : nl), name);
+    return -EINVAL;
+  }
+  ck_remember(L, h, -2, name, CK_NAME);
+  return 0;
+}
+
 int lnr_collect_headers(lua_State *L, int idx, lnr_hdrs_t *h, char *err,
                         size_t el) {
-  if (!lua_checkstack(L, 8)) {
-    snprintf(err, el, "Lua stack overflow");
-    return -ENOMEM;
-  }
   lua_pushnil(L);
   while (lua_next(L, idx)) {                   /* key, value */
     if (lua_type(L, -2) != LUA_TSTRING) {
@@ -95,12 +165,14 @@ int lnr_collect_headers(lua_State *L, int idx, lnr_hdrs_t *h, char *err,
                luaL_typename(L, -2));
       return -EINVAL;
     }
-    size_t nl, vl;
+    size_t nl;
     const char *name = lua_tolstring(L, -2, &nl);
-    int t = lua_type(L, -1), kept = 0, rc;
-    if (t == LUA_TSTRING) {                    /* the usual: no copy kept */
-      const char *val = lua_tolstring(L, -1, &vl);
-      rc = add(h, name, nl, val, vl, err, el);
+    int t = lua_type(L, -1), kept = 0;
+    int rc = check_name(L, h, name, nl, err, el);
+    if (rc) {
+      return rc;
+    } else if (t == LUA_TSTRING) {             /* the usual: no copy kept */
+      rc = add_string(L, h, name, nl, err, el);
       lua_pop(L, 1);
     } else {
       int key = lua_gettop(L) - 1;
