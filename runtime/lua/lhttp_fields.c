@@ -57,28 +57,35 @@ static void ck_remember(lua_State *L, lnr_hdrs_t *h, int idx, const char *s,
   h->S->http_checked[k] = s;
 }
 
+/* Room for more fields: the array doubles, off the usual path. */
+static __attribute__((noinline)) int grow(lnr_hdrs_t *h, char *err,
+                                          size_t el) {
+  size_t cap = h->cap * 2;
+  nr_http_header_t *v = h->v == h->small ? malloc(cap * sizeof *v)
+                                         : realloc(h->v, cap * sizeof *v);
+  if (v == NULL) {
+    snprintf(err, el, "out of memory");
+    return -ENOMEM;
+  }
+  if (h->v == h->small)
+    memcpy(v, h->small, sizeof h->small);
+  h->v = v;
+  h->cap = cap;
+  return 0;
+}
+
 /* Append a field whose name was checked; its value is checked here unless
- * `known`. */
-static int add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val,
-               size_t vl, bool known, char *err, size_t el) {
+ * `known`. (Inlined: it runs for every field of every response.) */
+static inline __attribute__((always_inline)) int
+add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val, size_t vl,
+    bool known, char *err, size_t el) {
   if (!known && !nr_http_is_field_value(val, vl)) {
     snprintf(err, el, "the value of header '%.*s' contains a control "
              "character", (int)(nl > 64 ? 64 : nl), name);
     return -EINVAL;
   }
-  if (h->n == h->cap) {
-    size_t cap = h->cap * 2;
-    nr_http_header_t *v = h->v == h->small ? malloc(cap * sizeof *v)
-                                           : realloc(h->v, cap * sizeof *v);
-    if (v == NULL) {
-      snprintf(err, el, "out of memory");
-      return -ENOMEM;
-    }
-    if (h->v == h->small)
-      memcpy(v, h->small, sizeof h->small);
-    h->v = v;
-    h->cap = cap;
-  }
+  if (h->n == h->cap && grow(h, err, el) < 0)
+    return -ENOMEM;
   h->v[h->n++] = (nr_http_header_t){name, val, nl, vl};
   return 0;
 }
@@ -110,8 +117,9 @@ static int add_number(lua_State *L, lnr_hdrs_t *h, const char *name,
 
 /* A string value at the top of the stack as field `name`; remembered
  * once it passed. */
-static int add_string(lua_State *L, lnr_hdrs_t *h, const char *name,
-                      size_t nl, char *err, size_t el) {
+static inline __attribute__((always_inline)) int
+add_string(lua_State *L, lnr_hdrs_t *h, const char *name, size_t nl,
+           char *err, size_t el) {
   size_t vl;
   const char *val = lua_tolstring(L, -1, &vl);
   bool known = ck_known(h, val, CK_VALUE);
@@ -143,8 +151,9 @@ static int add_array(lua_State *L, lnr_hdrs_t *h, const char *name,
 }
 
 /* The name at -2 is a token (checked, or known to be). */
-static int check_name(lua_State *L, lnr_hdrs_t *h, const char *name,
-                      size_t nl, char *err, size_t el) {
+static inline __attribute__((always_inline)) int
+check_name(lua_State *L, lnr_hdrs_t *h, const char *name, size_t nl,
+           char *err, size_t el) {
   if (ck_known(h, name, CK_NAME))
     return 0;
   if (!nr_http_is_token(name, nl)) {
