@@ -17,8 +17,15 @@
 #define PIPELINE "netrun.pipeline"
 
 typedef struct lpipe_s {
+  const void *tag;             /* &PIPE_TAG: proves the userdata is ours */
   nr_channel_t *ch;
 } lpipe_t;
+
+/* A pipeline object carries the address of PIPE_TAG, and its metatable is
+ * kept under a pointer key: init's ch:pipeline():add_last(...) runs per
+ * connection, and neither making the object nor checking it (each method
+ * call) looks a metatable up by name. */
+static const char PIPE_TAG = 0, PIPE_MT = 0;
 
 /* Push the pipeline object of the channel handle at idx. There is one per
  * handle, kept in the handle's user value, so ch:pipeline() ==
@@ -31,8 +38,10 @@ static void push_pipeline_of(lua_State *L, int idx) {
     return;
   lua_pop(L, 1);
   lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->tag = &PIPE_TAG;
   p->ch = lnr_check_handle(L, idx, LNR_CHANNEL);
-  luaL_setmetatable(L, PIPELINE);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &PIPE_MT);
+  lua_setmetatable(L, -2);
   lua_pushvalue(L, idx);
   lua_setiuservalue(L, -2, 1);                 /* pipeline -> handle */
   lua_pushvalue(L, -1);
@@ -51,8 +60,16 @@ static int l_channel_pipeline(lua_State *L) {
   return 1;
 }
 
+/* The pipeline object at idx; raises for anything else. */
+static lpipe_t *to_pipe(lua_State *L, int idx) {
+  lpipe_t *p = lua_touserdata(L, idx);   /* a light one has length 0 */
+  if (p != NULL && lua_rawlen(L, idx) == sizeof *p && p->tag == &PIPE_TAG)
+    return p;
+  return luaL_checkudata(L, idx, PIPELINE);              /* raises */
+}
+
 static nr_pipeline_t *check_pipe(lua_State *L, int idx) {
-  lpipe_t *p = luaL_checkudata(L, idx, PIPELINE);
+  lpipe_t *p = to_pipe(L, idx);
   nr_loop_t *loop = nr_channel_loop(p->ch);
   if (loop == NULL || !nr_loop_in_thread(loop))
     luaL_error(L, "the pipeline of channel %d can only be used on its loop "
@@ -252,7 +269,7 @@ static int p_last(lua_State *L) {
 }
 
 static int p_channel(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
+  lpipe_t *p = to_pipe(L, 1);
   lnr_push_handle(L, LNR_CHANNEL, p->ch);
   return 1;
 }
@@ -326,7 +343,7 @@ static int p_close(lua_State *L) {
 }
 
 static int p_tostring(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
+  lpipe_t *p = to_pipe(L, 1);
   lua_pushfstring(L, "netrun.pipeline(channel %d)",
                   p->ch ? (int)nr_channel_id(p->ch) : -1);
   return 1;
@@ -354,6 +371,8 @@ void lnr_open_pipeline(lua_State *L) {
   static const luaL_Reg pipe_meta[] = {{"__tostring", p_tostring},
                                        {NULL, NULL}};
   lnr_new_class(L, PIPELINE, pipe_methods, pipe_meta);
+  luaL_getmetatable(L, PIPELINE);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &PIPE_MT);
   lnr_open_xctx(L);
   /* ch:pipeline() */
   luaL_getmetatable(L, lnr_kind_names[LNR_CHANNEL]);

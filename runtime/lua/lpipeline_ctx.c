@@ -103,8 +103,13 @@ void lnr_ensure_ctx(nr_ctx_t *ctx) {
   }
 }
 
+/* __gc (once per connection): the tag tells a ctx handle, as in to_ctx,
+ * which costs less than luaL_checkudata's metatable lookup by name; a
+ * direct call with anything else does nothing. */
 static int ctx_gc(lua_State *L) {
-  lctx_t *c = luaL_checkudata(L, 1, CTX_HANDLE);
+  lctx_t *c = lua_touserdata(L, 1);
+  if (c == NULL || lua_rawlen(L, 1) != sizeof *c || c->tag != &CTX_TAG)
+    return 0;
   if (c->ctx) {
     nr_ctx_release(c->ctx);
     c->ctx = NULL;
