@@ -71,7 +71,8 @@ typedef struct lnr_pool_s {
 /* Values a state's bindings fetch on every message, kept as registry
  * integer references (an array read, where a registry lookup by pointer
  * or name walks a hash chain). */
-enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID, LNR_NSLOTS };
+enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID,
+       LNR_SLOT_INIT, LNR_NSLOTS };
 
 /* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
  * read, converted, wait on the stack of a thread of their own until that
@@ -103,6 +104,10 @@ typedef struct lnr_state_s {
   /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
+  /* The server init run last here (lchannel.c): its function, in
+   * LNR_SLOT_INIT, is the one unpacked from blob init_blob of init_t
+   * init_in. NULL: none (or forgotten by a reload). */
+  const void *init_in, *init_blob;
   lnr_batch_t *batch;         /* made when a Lua handler is first added */
   lua_State *batch_thread;    /* the batch's thread, once made: the other
                                  thread the state's converters run on */
