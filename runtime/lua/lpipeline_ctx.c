@@ -31,12 +31,15 @@ static const char CTX_TAG = 0;
  * context, released by its __gc), and the shared metatable's __index finds
  * methods and the fields channel, pipeline, name and handler, then stores
  * them in the table, so the next ctx:write is a plain table read, not a
- * metamethod call. Both metatables are kept under pointer keys. */
+ * metamethod call. Both metatables are kept under pointer keys. The
+ * table is made with room for four such names (write, flush, close,
+ * channel: what most handlers use), so the first ones stored -- on every
+ * connection, for a ctx lives as long as its channel -- grow no table. */
 #define CTX_HANDLE "netrun.ctx.handle"
 static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
-  lua_createtable(L, 1, 0);
+  lua_createtable(L, 1, 4);
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
