@@ -435,7 +435,7 @@ static int run_init_p(lua_State *L) {
     lnr_unpack(L, atomic_load_explicit(&in->b, memory_order_relaxed));
   else
     push_server_init(L, in);
-  lnr_push_handle(L, LNR_CHANNEL, ch);
+  lnr_push_new_channel(L, ch);
   lua_call(L, 1, 0);
   return 0;
 }

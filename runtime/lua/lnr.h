@@ -72,7 +72,7 @@ typedef struct lnr_pool_s {
  * integer references (an array read, where a registry lookup by pointer
  * or name walks a hash chain). */
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID,
-       LNR_SLOT_INIT, LNR_NSLOTS };
+       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT, LNR_NSLOTS };
 
 /* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
  * read, converted, wait on the stack of a thread of their own until that
@@ -108,6 +108,10 @@ typedef struct lnr_state_s {
    * LNR_SLOT_INIT, is the one unpacked from blob init_blob of init_t
    * init_in. NULL: none (or forgotten by a reload). */
   const void *init_in, *init_blob;
+  /* The metatable of the native handler added last (lpipeline.c), kept in
+   * LNR_SLOT_NATIVE_MT (so its address stays its), and its maker. */
+  const void *native_mt;
+  const nr_handler_t *(*native_make)(lua_State *L, int idx, void **state);
   lnr_batch_t *batch;         /* made when a Lua handler is first added */
   lua_State *batch_thread;    /* the batch's thread, once made: the other
                                  thread the state's converters run on */
@@ -227,6 +231,9 @@ void lnr_handle_retain(int kind, void *ptr);
 void lnr_handle_release(int kind, void *ptr);
 /* Push this state's proxy for a handle (one per state), taking a ref. */
 void lnr_push_handle(lua_State *L, int kind, void *ptr);
+/* lnr_push_handle for a channel just made (its init): no lookup, for there
+ * can be no proxy of it yet. */
+void lnr_push_new_channel(lua_State *L, nr_channel_t *ch);
 /* Whether the value at idx is this state's void promise (a quick check:
  * false for a void promise not made by lnr_push_handle here). */
 static inline bool lnr_is_void(lua_State *L, int idx) {

@@ -94,16 +94,42 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
   return NULL;
 }
 
+/* The maker of the native handler at idx (a userdata whose metatable has
+ * __netrun_native), or NULL. Init adds the same kinds on every connection,
+ * so the state remembers the metatable seen last and its maker: the next
+ * lookup is a pointer compare, not a field read by name. The metatable is
+ * anchored in a slot while remembered, so no other table takes its
+ * address meanwhile. */
+static lnr_native_fn native_maker(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
+    return NULL;
+  lnr_state_t *S = lnr_state(L);
+  if (S != NULL && S->native_mt == lua_topointer(L, -1)) {
+    lua_pop(L, 1);
+    return S->native_make;
+  }
+  lnr_native_fn make = NULL;
+  lua_pushliteral(L, "__netrun_native");
+  if (lua_rawget(L, -2) == LUA_TLIGHTUSERDATA)
+    make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
+  lua_pop(L, 1);                                      /* mt */
+  if (make != NULL && S != NULL) {
+    S->native_mt = lua_topointer(L, -1);
+    S->native_make = make;
+    lnr_set_slot(L, LNR_SLOT_NATIVE_MT);              /* pops mt */
+  } else {
+    lua_pop(L, 1);
+  }
+  return make;
+}
+
 /* Builds the C handler for the value at idx: a native handler (userdata
  * whose metatable has __netrun_native), or a Lua table or object. */
 static const nr_handler_t *make_handler(lua_State *L, int idx,
                                         const char *name, void **state) {
-  if (lua_type(L, idx) == LUA_TUSERDATA &&
-      luaL_getmetafield(L, idx, "__netrun_native") == LUA_TLIGHTUSERDATA) {
-    lnr_native_fn make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
-    lua_pop(L, 1);
+  lnr_native_fn make = native_maker(L, idx);
+  if (make != NULL)
     return make(L, idx, state);
-  }
   return lnr_make_lua_handler(L, idx, name, state);
 }
 
