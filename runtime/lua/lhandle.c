@@ -69,7 +69,10 @@ static const char CACHE_KEY = 0;
 static const char CLASS_KEYS[LNR_NKINDS];
 
 static void push_class(lua_State *L, int kind) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
+  if (kind == LNR_CHANNEL)               /* one per connection: a slot */
+    lnr_push_keyed(L, LNR_KEYED_CHANNEL_MT, &CLASS_KEYS[kind]);
+  else
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
 }
 
 /*
@@ -187,7 +190,7 @@ static void push_cached(lua_State *L, int kind, void *ptr) {
  * the channel). So its first proxy (made for init, once per connection)
  * is entered in the cache without looking it up first. */
 void lnr_push_new_channel(lua_State *L, nr_channel_t *ch) {
-  lnr_push_weak(L, &CACHE_KEY, "v");
+  lnr_push_weak_keyed(L, LNR_KEYED_HANDLES, &CACHE_KEY, "v");
 #ifndef NDEBUG
   assert(lua_rawgetp(L, -1, ch) == LUA_TNIL);   /* as argued above */
   lua_pop(L, 1);
@@ -200,7 +203,7 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
     lua_pushnil(L);
     return;
   }
-  lnr_push_weak(L, &CACHE_KEY, "v");
+  lnr_push_weak_keyed(L, LNR_KEYED_HANDLES, &CACHE_KEY, "v");
   if (lua_rawgetp(L, -1, ptr) == LUA_TUSERDATA) {
     proxy_t *p = lua_touserdata(L, -1);
     if (p->kind == kind && p->ptr == ptr) {

@@ -70,9 +70,14 @@ typedef struct lnr_pool_s {
 
 /* Values a state's bindings fetch on every message, kept as registry
  * integer references (an array read, where a registry lookup by pointer
- * or name walks a hash chain). */
+ * or name walks a hash chain). The KEYED ones mirror a registry entry
+ * under a pointer key that never changes once made (a metatable, a weak
+ * cache), fetched per connection: see lnr_push_keyed. */
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID,
-       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT, LNR_NSLOTS };
+       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT,
+       LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_KEYED_PIPE_MT,
+       LNR_KEYED_CTX_MT, LNR_KEYED_CTX_HANDLE_MT, LNR_KEYED_RECS,
+       LNR_NSLOTS };
 
 /* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
  * read, converted, wait on the stack of a thread of their own until that
@@ -156,6 +161,10 @@ lnr_state_t *lnr_state(lua_State *L);
 int lnr_push_slot(lua_State *L, int slot);
 /* Pop the value on top into slot. */
 void lnr_set_slot(lua_State *L, int slot);
+/* Push registry[key] (a light-userdata key whose value, once made, never
+ * changes), read through slot once it was found there: an array read, not
+ * a walk of the registry's hash chains. Returns its type. */
+int lnr_push_keyed(lua_State *L, int slot, const void *key);
 /* The main thread's external loop, created when the module is first loaded. */
 nr_loop_t *lnr_main_loop(void);
 /* Loop state hooks; ud is what lnr_paths_new returned. */
@@ -417,6 +426,9 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 /* Push the registry table stored under the address `key`, making it the
  * first time as a weak table of the given __mode ("k", "v" or "kv"). */
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
+/* lnr_push_weak through slot (lnr_push_keyed). */
+void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
+                         const char *mode);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
 /* Levenshtein distance of two names (64 or more: "far", for long ones). */
 int lnr_edit_distance(const char *a, const char *b);

@@ -40,7 +40,7 @@ static void push_pipeline_of(lua_State *L, int idx) {
   lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 1);
   p->tag = &PIPE_TAG;
   p->ch = lnr_check_handle(L, idx, LNR_CHANNEL);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &PIPE_MT);
+  lnr_push_keyed(L, LNR_KEYED_PIPE_MT, &PIPE_MT);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, idx);
   lua_setiuservalue(L, -2, 1);                 /* pipeline -> handle */

@@ -43,10 +43,10 @@ void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
+  lnr_push_keyed(L, LNR_KEYED_CTX_HANDLE_MT, &CTX_HANDLE_KEY);
   lua_setmetatable(L, -2);
   lua_rawseti(L, -2, 1);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  lnr_push_keyed(L, LNR_KEYED_CTX_MT, &CTX_KEY);
   lua_setmetatable(L, -2);
 }
 

@@ -66,7 +66,7 @@ static int method_ref(lua_State *L, int idx, const char *name) {
  * *made tells whether it was made now. */
 static const hrec_t *handler_rec(lua_State *L, int idx, bool *made) {
   idx = lua_absindex(L, idx);
-  lnr_push_weak(L, &RECS, "k");
+  lnr_push_weak_keyed(L, LNR_KEYED_RECS, &RECS, "k");
   lua_pushvalue(L, idx);
   *made = false;
   if (lua_rawget(L, -2) == LUA_TUSERDATA) {
