@@ -107,6 +107,7 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
   static const nr_channel_opts_t zero;
   srv->child = memcmp(&o->child, &zero, sizeof zero) ? o->child : dflt;
   srv->child_init = o->child_init;
+  srv->child_closed = o->child_closed;
   srv->arg = o->arg;
   srv->backoff = o->accept_backoff ? o->accept_backoff : NR_SEC(1);
   ch->srv = srv;
@@ -440,6 +441,7 @@ static void spawn_child(nr_channel_t *srv_ch, int fd,
     return;
   }
   ch->init = srv->child_init;
+  ch->closed_hook = srv->child_closed;
   ch->init_arg = srv->arg;
   ch->loop = srv->child_loop ? srv->child_loop : nr_group_next(srv->child_group);
   if (nr__in_loop(ch->loop)) {

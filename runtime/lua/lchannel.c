@@ -440,8 +440,9 @@ static int run_init_p(lua_State *L) {
   return 0;
 }
 
-static void count_closed(nr_promise_t *p, void *arg) {
-  (void)p;
+/* A server's connection closed (nr_server_opts_t.child_closed). */
+static void count_closed(nr_channel_t *ch, void *arg) {
+  (void)ch;
   atomic_fetch_add_explicit(&((init_t *)arg)->closed, 1, memory_order_relaxed);
 }
 
@@ -450,12 +451,8 @@ static void run_init(nr_channel_t *ch, void *arg) {
   lnr_state_t *S = lnr_current_state();
   if (S == NULL)
     return;
-  if (!in->once) {
+  if (!in->once)
     atomic_fetch_add_explicit(&in->accepted, 1, memory_order_relaxed);
-    if (nr_promise_add_listener(nr_channel_close_future(ch), NULL,
-                                count_closed, in) < 0)
-      count_closed(NULL, in);
-  }
   lua_State *L = S->L;
   LNR_STACK_BEGIN(L);
   lua_pushcfunction(L, run_init_p);
@@ -853,6 +850,7 @@ static int l_server(lua_State *L) {
     return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
+  o.child_closed = in ? count_closed : NULL;
   o.arg = in;
   nr_promise_t *p = nr_server_bind(&o);
   watch_bound(in, p);

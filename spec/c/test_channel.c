@@ -4,7 +4,7 @@
  * against a peer that does not read, accept backoff on EMFILE, TCP client
  * connect failures (refused, timed out), writes from many threads, the
  * main thread's external-loop wait, UDP, Unix stream sockets, half-close
- * and the flushing close.
+ * and the flushing close; a server's child_closed hook.
  *
  * Handlers run on loop threads; the test thread learns what they saw only
  * through promises (whose completion orders memory) or atomics.
@@ -206,6 +206,45 @@ TEST(echo_200_connections_on_two_loops) {
   close_and_wait(srv);
   nr_channel_release(srv);
   SHUTDOWN_GROUP(echo_group);
+}
+
+/* ---- child_closed: a server learns each connection closed --------------------- */
+
+enum { CLOSED_CONNS = 12 };
+
+typedef struct closed_s {
+  _Atomic int n, wrong;
+  nr_promise_t *all;               /* set when all CLOSED_CONNS closed */
+} closed_t;
+
+/* On the channel's loop, once, with the server's arg, the channel closed. */
+static void count_child_closed(nr_channel_t *ch, void *arg) {
+  closed_t *c = arg;
+  if (nr_loop_current() != nr_channel_loop(ch) || nr_channel_is_open(ch))
+    atomic_fetch_add(&c->wrong, 1);
+  if (atomic_fetch_add(&c->n, 1) + 1 == CLOSED_CONNS)
+    nr_promise_set_success(c->all, NULL, NULL);
+}
+
+TEST(child_closed_runs_once_per_connection_as_it_closes) {
+  nr_group_t *g = group("closed", 2);
+  closed_t c = {.all = nr_promise_new()};
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child_init = echo_init,
+      .child_closed = count_child_closed, .arg = &c}));
+  for (int i = 0; i < CLOSED_CONNS; i++) {
+    int fd = dial(local_port(srv));
+    roundtrip(fd, "ping");
+    CHECK_LE(atomic_load(&c.n), i);            /* this one is open */
+    close(fd);                                 /* EOF: the server closes */
+  }
+  AWAIT_OK(c.all);
+  close_and_wait(srv);                         /* not for the listener */
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+  CHECK_EQ(atomic_load(&c.n), CLOSED_CONNS);
+  CHECK_EQ(atomic_load(&c.wrong), 0);
+  nr_promise_release(c.all);
 }
 
 /* ---- backpressure: a peer that does not read ---------------------------------- */
