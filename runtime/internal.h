@@ -342,6 +342,8 @@ typedef struct nr_server_s {
   nr_init_fn child_init;
   nr_init_fn child_closed;
   void *arg;
+  bool child_inherits;          /* TCP_NODELAY, SO_KEEPALIVE set on the
+                                   listener: accept(2) copies them */
   uint64_t backoff;
   nr_timer_t *backoff_timer;
   nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
