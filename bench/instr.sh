@@ -10,10 +10,14 @@
 # and the instructions counted in between are divided by the requests
 # answered. Then the same load again under `strace -c -f` for syscalls per
 # request. Loads: HTTP, wrk -t1 -c16 sending 16 pipelined requests per
-# write; RESP, redis-benchmark -c16 -P 16 -n N for SET and GET.
+# write; RESP, redis-benchmark -c16 -P 16 -n N for SET and GET; the
+# reverse proxies (examples/proxy.lua, nginx proxy_pass with upstream
+# keep-alive, both with one worker, as bench/run_proxy.sh) in front of the
+# C baseline, wrk -t1 -c16 unpipelined (the backend is not measured).
 #
 #   bench/instr.sh [CASES...]   cases: c prepared table luv redis-set
-#                               redis-get netrun-set netrun-get (default all)
+#                               redis-get netrun-set netrun-get proxy
+#                               nginx-proxy (default all)
 #   PIPE=1 bench/instr.sh ...   the same unpipelined (wrk without the
 #                               script, redis-benchmark -P 1)
 #   BUILD=build/test            use that netrun build (default: build/instr)
@@ -21,19 +25,25 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 CASES=("$@")
-((${#CASES[@]})) || CASES=(c prepared table luv redis-set redis-get netrun-set netrun-get)
+((${#CASES[@]})) || CASES=(c prepared table luv redis-set redis-get netrun-set netrun-get
+                           proxy nginx-proxy)
 N=${N:-100000}          # RESP requests per measured run
 PIPE=${PIPE:-16}        # requests in flight per connection (16 or 1)
 DUR=${DUR:-3}           # seconds of wrk per measured run
 build=${BUILD:-$here/build/instr}
-bash "$here/scripts/deps.sh" valgrind strace wrk redis-server redis-tools lua-luv >/dev/null
+source "$here/bench/lib.sh"      # (nginx_proxy_conf; its wait_port is replaced below)
+bash "$here/scripts/deps.sh" valgrind strace wrk redis-server redis-tools lua-luv nginx >/dev/null
 cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNETRUN_BENCH=OFF \
   -DNETRUN_ASAN=OFF -DNETRUN_TSAN=OFF >/dev/null
 cmake --build "$build" -j2 --target netrun_bin >/dev/null
 work=$(mktemp -d /tmp/netrun-instr.XXXXXX)
 cc -O2 -g -o "$work/http_baseline" "$here/bench/http_baseline.c"
-spid=""
-cleanup() { [[ -z $spid ]] || kill "$spid" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+spid="" bpid=""
+cleanup() {
+  [[ -z $spid ]] || kill "$spid" 2>/dev/null || true
+  [[ -z $bpid ]] || kill "$bpid" 2>/dev/null || true
+  wait 2>/dev/null || true; rm -rf "$work"
+}
 trap cleanup EXIT
 
 cat > "$work/pipeline.lua" <<'LUA'
@@ -53,22 +63,41 @@ server_cmd() {   # $1 case, $2 port: the server's command line
     luv) echo "lua5.4 $here/bench/luv_http.lua $2" ;;
     redis-*) echo "redis-server --port $2 --bind 127.0.0.1 --save '' --appendonly no" ;;
     netrun-*) echo "$build/bin/netrun $here/examples/redis.lua --port $2 --threads 1" ;;
+    proxy) echo "$build/bin/netrun $here/examples/proxy.lua --port $2 --threads 1 \
+      --backend 127.0.0.1:$BACKEND" ;;
+    nginx-proxy) nginx_conf "$2"; echo "nginx -p $work/nginx -c nginx.conf" ;;
   esac
 }
 
+# The proxies' backend: the C baseline, started once, outside the tools.
+# Ports below the ephemeral range (32768 up): a port there may be some
+# client's, and the bind fails.
+BACKEND=$((20000 + RANDOM % 12000))
+backend() {
+  [[ -z $bpid ]] || return 0
+  "$work/http_baseline" "$BACKEND" 2>/dev/null &
+  bpid=$!
+  wait_port "$BACKEND"
+}
+
+# nginx as bench/run_proxy.sh runs it, in one process (no master), so
+# that the tools see the worker.
+nginx_conf() { nginx_proxy_conf "$work/nginx" "$1" "$BACKEND" "master_process off;"; }
+
 wait_port() {
-  for _ in $(seq 400); do
+  for _ in $(seq 1200); do   # 60 s: valgrind starts slowly on a busy machine
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
     sleep 0.05
   done
-  echo "instr: server on port $1 never came up" >&2; exit 1
+  echo "instr: server on port $1 never came up" >&2
+  tail -5 "$work"/log.* >&2 2>/dev/null; exit 1
 }
 
 load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answered
   case $1 in
-    c|prepared|table|luv)
+    c|prepared|table|luv|proxy|nginx-proxy)
       local script=(-s "$work/pipeline.lua")
-      [[ $PIPE == 16 ]] || script=()
+      [[ $PIPE == 16 && $1 != *proxy ]] || script=()
       timeout 60 wrk -t1 -c16 -d"$3"s "${script[@]}" "http://127.0.0.1:$2/" |
         awk '/requests in/ { print $1 }' ;;
     *-set|*-get)
@@ -78,7 +107,7 @@ load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answer
 }
 
 instr_one() {   # $1 case: prints "instructions/request"
-  local port=$((20000 + RANDOM % 20000)) out=$work/cg.$1 reqs ir scale warm
+  local port=$((20000 + RANDOM % 12000)) out=$work/cg.$1 reqs ir scale warm
   bash -c "exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out \
     $(server_cmd "$1" "$port")" >"$work/log.$1" 2>&1 &
   spid=$!
@@ -96,7 +125,7 @@ instr_one() {   # $1 case: prints "instructions/request"
 }
 
 sys_one() {   # $1 case: prints "syscalls/request"
-  local port=$((20000 + RANDOM % 20000)) reqs calls scale
+  local port=$((20000 + RANDOM % 12000)) reqs calls scale
   bash -c "exec strace -f -c -o $work/st.$1 $(server_cmd "$1" "$port")" >/dev/null 2>&1 &
   spid=$!
   local child
@@ -113,6 +142,7 @@ sys_one() {   # $1 case: prints "syscalls/request"
 echo "| case | instructions/request | requests measured | syscalls/request |"
 echo "|---|---:|---:|---:|"
 for c in "${CASES[@]}"; do
+  [[ $c != *proxy ]] || backend
   read -r ipr reqs < <(instr_one "$c")
   spr=$(sys_one "$c")
   echo "| $c | $ipr | $reqs | $spr |"

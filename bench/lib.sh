@@ -37,3 +37,38 @@ wait_port() {
   echo "server on port $1 never came up" >&2
   return 1
 }
+
+# nginx_proxy_conf DIR PORT BACKEND_PORT [DIRECTIVE...]: DIR/nginx.conf
+# (and DIR/logs) for nginx as the proxy benchmarks run it: one worker,
+# proxy_pass with upstream keep-alive to 127.0.0.1:BACKEND_PORT, listening
+# on 127.0.0.1:PORT; each DIRECTIVE is added at the top level (e.g.
+# "master_process off;", so that a tool sees the worker).
+nginx_proxy_conf() {
+  local dir=$1 port=$2 backend=$3 d
+  shift 3
+  mkdir -p "$dir/logs"
+  {
+    for d in "$@"; do echo "$d"; done
+    cat <<CONF
+worker_processes 1;
+daemon off;
+error_log stderr error;
+pid nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  upstream backend { server 127.0.0.1:$backend; keepalive 64; keepalive_requests 100000000; }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering on;
+    }
+  }
+}
+CONF
+  } > "$dir/nginx.conf"
+}

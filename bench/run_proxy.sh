@@ -23,28 +23,7 @@ cmake --build build/http-bench -j2 --target netrun_bin >/dev/null
 cc -O2 -o "$work/http_baseline" bench/http_baseline.c
 
 BACKEND=18190
-mkdir -p "$work/nginx/logs"
-cat > "$work/nginx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-error_log stderr error;
-pid nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; keepalive_requests 100000000; }
-  server {
-    listen 127.0.0.1:18192;
-    location / {
-      proxy_pass http://backend;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering on;
-    }
-  }
-}
-CONF
+nginx_proxy_conf "$work/nginx" 18192 $BACKEND
 
 one() {   # PORT PIDS...: "per_cpu_s req_s p99"
   local port=$1; shift

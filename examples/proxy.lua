@@ -37,16 +37,15 @@ local client = netrun.http.client {
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
--- each side themselves. (The backend's responses come without them: the
--- client's raw mode.)
+-- each side themselves. (Requests are forwarded without them, and the
+-- backend's responses come without them in the client's raw mode: this is
+-- for a response the client could not prepare.)
 local HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
               ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
               ["proxy-authorization"] = true, ["proxy-authenticate"] = true,
               ["content-length"] = true }
 
--- In place: the server codec hands up a fresh headers table per request,
--- so it is forwarded as it is, without the hop-by-hop fields (clearing a
--- field while walking the table is allowed).
+-- In place (clearing a field while walking the table is allowed).
 local function strip_hop(h)
   for k in next, h do
     if HOP[k] then h[k] = nil end
@@ -55,73 +54,102 @@ local function strip_hop(h)
 end
 
 -- Per client connection: responses go out in request order (the codec's
--- rule), so each request takes a slot and the slots are written in order
--- as they fill. Requests wait in `queue` until fewer than in_flight are at
--- the backend and the client's connection is writable.
+-- rule), so each request sent to the backend takes the next slot of a
+-- ring of in_flight slots, and the slots are written in order as they
+-- fill (`head` and `sent` count requests; at most in_flight are between
+-- them, so no two share a slot). Each slot has its callback, made once.
+-- Requests wait in `queue` until a slot is free and the client's
+-- connection is writable; the queue counts from 1 again whenever it
+-- empties, so its entries stay in the table's array part.
 local Proxy = {}
 Proxy.__index = Proxy
 
 local dispatch
 
+local VOID = netrun.void_promise()     -- no future per write (a failure reaches
+                                       -- exception_caught, which closes)
+
 local function flush_ready(self, ctx)
-  local wrote = false
-  while self.slots[self.head] do
-    local res = self.slots[self.head]
-    self.slots[self.head] = nil
-    self.head = self.head + 1
-    ctx:write(res)
-    wrote = true
+  local slots, head = self.slots, self.head
+  local i = head % in_flight + 1
+  while slots[i] ~= nil do   -- the last one ready flushes them all
+    local res = slots[i]
+    slots[i] = nil
+    head = head + 1
+    i = head % in_flight + 1
+    if slots[i] == nil then ctx:write_and_flush(res, VOID) else ctx:write(res, VOID) end
   end
-  if wrote then ctx:flush() end
-  dispatch(self, ctx)
+  self.head = head
+  local q = self.queue
+  if q.first <= q.last then dispatch(self, ctx) end   -- a slot is free now
 end
 
-local function answer(self, ctx, n, r, err)
+local function answer(self, ctx, i, r, err)
   if r then                -- (a table only if it could not be prepared)
-    self.slots[n] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
+    self.slots[i] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
   else
     local timeout = err:find("timeout after", 1, true)
     netrun.log.debug("proxy: %s", err)
-    self.slots[n] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
+    self.slots[i] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
                       body = timeout and "gateway timeout\n" or "bad gateway\n" }
   end
-  if ctx.channel:is_open() then flush_ready(self, ctx) end
+  if self.ch:is_open() then flush_ready(self, ctx) end
+end
+
+-- To the backend, in the next slot.
+local function send(self, ctx, r)
+  local i = self.sent % in_flight + 1
+  self.sent = self.sent + 1
+  local cb = self.callbacks[i]
+  if cb == nil then          -- a callback rather than a future: the response is not copied
+    cb = function(res, err) answer(self, ctx, i, res, err) end
+    self.callbacks[i] = cb
+  end
+  client:request(r, cb)
 end
 
 function dispatch(self, ctx)
-  local q = self.queue
-  while q.first <= q.last and self.sent - self.head < in_flight and ctx.channel:is_writable() do
-    local r = q[q.first]
-    q[q.first] = nil
-    q.first = q.first + 1
-    local n = self.sent
-    self.sent = n + 1
-    -- a callback rather than a future: the response is not copied
-    client:request(r, function(res, err) answer(self, ctx, n, res, err) end)
+  local q, ch = self.queue, self.ch
+  local first, last = q.first, q.last
+  while first <= last and self.sent - self.head < in_flight and ch:is_writable() do
+    local r = q[first]
+    q[first] = nil
+    first = first + 1
+    send(self, ctx, r)
   end
+  if first > last then first, last = 1, 0 end
+  q.first, q.last = first, last
   -- read no more from a client whose requests pile up
-  local piled = q.last - q.first + 1 >= in_flight
+  local piled = last - first + 1 >= in_flight
   if piled ~= self.paused then
     self.paused = piled
-    ctx.channel:option("auto_read", not piled)
+    ch:option("auto_read", not piled)
   end
 end
 
 function Proxy:channel_read(ctx, req)
-  local headers = strip_hop(req.headers)
-  self.peer = self.peer or (ctx.channel:remote_address())
-  headers["x-forwarded-for"] = self.peer
-  local path, query, body = req.path, req.query, req.body   -- each read is a call
-  if query then path = path .. "?" .. query end
+  -- the request goes on as it came (method, path and query, end-to-end
+  -- fields, body), with x-forwarded-for: `forward` hands the client codec
+  -- the server codec's request, whose bytes it copies, with no table made
+  -- of it. A handler may read or change req's fields first (req.path =
+  -- ..., req.headers.host = ...): what it changed is what is sent.
+  local ch = self.ch
+  if not ch then
+    ch = ctx.channel
+    self.ch, self.xff = ch, { ["x-forwarded-for"] = (ch:remote_address()) }
+  end
+  local r = { url = base, forward = req, headers = self.xff }
   local q = self.queue
+  if q.first > q.last and self.sent - self.head < in_flight and ch:is_writable() then
+    return send(self, ctx, r)         -- nothing waits: at once
+  end
   q.last = q.last + 1
-  q[q.last] = { method = req.method, url = base .. path, headers = headers,
-                body = body ~= "" and body or nil }
+  q[q.last] = r
   dispatch(self, ctx)
 end
 
 function Proxy:channel_writability_changed(ctx)
-  dispatch(self, ctx)
+  if self.ch then dispatch(self, ctx) end
 end
 
 function Proxy:exception_caught(ctx, err)
@@ -129,13 +157,16 @@ function Proxy:exception_caught(ctx, err)
   ctx:close()
 end
 
+local codec = netrun.codec.http_server { max_body = max_body }   -- made once: each
+                                                                 -- channel gets its own codec
 local workers = netrun.group { threads = threads, name = "proxy" }
 netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", netrun.codec.http_server { max_body = max_body })
-    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, head = 0, sent = 0,
-      queue = { first = 1, last = 0 }, paused = false }, Proxy))
+    ch:pipeline():add_last("http", codec)
+    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, callbacks = {}, head = 0,
+      sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false, xff = false },
+      Proxy))
   end,
 }:sync()
 netrun.log.info("proxy: listening on :%d, backend %s", port, base)

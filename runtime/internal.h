@@ -211,6 +211,7 @@ struct nr_ctx_s {
   char *name;
   unsigned mask;             /* skip mask: events this context handles */
   bool removed, embedded;    /* embedded: the pipeline's head or tail */
+  bool catching;             /* inside its handler's exception callback */
   int refs;                  /* loop thread only */
   nr_ctx_t *zombie_next;
 };

@@ -108,11 +108,21 @@ static const char *raised_text(int rc) {
   return msg ? msg : nr_strerror(rc);
 }
 
+/* An exception raised while a handler's exception_caught runs (a response
+ * it writes fails at once, say) goes past that handler: delivering it
+ * there again would call it within itself without end -- a peer's reset
+ * could make a handler that answers errors spin its loop. The tail, which
+ * only logs, is never passed. */
 static void invoke_exception(nr_ctx_t *c, const nr_err_t *err) {
+  while (c->catching && c != &c->pipe->tail)
+    c = next_in(c, NR_EV_EXCEPTION);
   nr_pipeline_t *p = c->pipe;
   enter(p);
   nr__raise_clear();
+  bool was = c->catching;
+  c->catching = true;
   int rc = c->h->exception(c, err);
+  c->catching = was;
   if (rc != 0)
     nr_log(NR_LOG_WARN, "exception_caught of handler '%s' failed: %s "
            "(while handling: %s)", c->name, raised_text(rc), err->msg);

@@ -49,6 +49,25 @@ local function raw_server(group, fn)
   return server, port
 end
 
+-- A front server on group whose handler calls on_request(c, ctx, req) for
+-- each request, c a raw netrun.http client (pool 1) of its connection:
+-- the front, and a client connected to it.
+local function raw_front(group, on_request)
+  local front = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch)
+      local netrun = require "netrun"
+      local c = netrun.http.client { raw = true, pool = 1 }
+      ch:pipeline():add_last("http", netrun.codec.http_server {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        on_request(c, ctx, req)
+      end })
+    end,
+  }:sync()
+  local _, port = front:local_address()
+  return front, H.client(port)
+end
+
 local function read_head(s)
   repeat local l = s:receive("*l") until l == nil or l == ""
 end
@@ -301,31 +320,22 @@ describe("netrun.http client", function()
         end
       end
     end)
-    local front = netrun.server {
-      group = servers, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        local netrun = require "netrun"
-        local c = netrun.http.client { raw = true, pool = 1 }
-        ch:pipeline():add_last("http", netrun.codec.http_server {})
-        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
-          c:request({ url = "http://127.0.0.1:" .. bport .. "/" }, function(res, err)
-            if not res then return ctx:write_and_flush { status = 500, body = err } end
-            if req.path == "/shape" then
-              return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
-                tostring(res.keep_alive), type(res.headers), type(res.body),
-                tostring(res.response):match("^netrun%.codec%.http_response") or "?" }, " ") }
-            end
-            ctx:write_and_flush(res.response)
-          end)
-        end })
-      end,
-    }:sync()
-    local _, fport = front:local_address()
-    local s = H.client(fport)
+    local front, s = raw_front(servers, function(c, ctx, req)
+      c:request({ url = "http://127.0.0.1:" .. bport .. "/" }, function(res, err)
+        if not res then return ctx:write_and_flush { status = 500, body = err } end
+        if req.path == "/shape" then
+          return ctx:write_and_flush { status = 200, body = table.concat({ res.status,
+            tostring(res.keep_alive), type(res.headers), type(res.body),
+            tostring(res.response):match("^netrun%.http%.raw_response") or "?",
+            tostring(res.response == res) }, " ") }
+        end
+        ctx:write_and_flush(res.response)
+      end)
+    end)
     s:send("GET /shape HTTP/1.1\r\nHost: x\r\n\r\n")
     local status, _, body = H.read_response(s)
     assert.equal(200, status)
-    assert.equal("201 true nil nil netrun.codec.http_response", body)
+    assert.equal("201 true nil nil netrun.http.raw_response true", body)
     for _ = 1, 2 do                        -- the backend connection is reused
       s:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
       local st, h, b = H.read_response(s)
@@ -347,6 +357,102 @@ describe("netrun.http client", function()
     s:close()
     assert.has_error(function() netrun.http.client { raw = "yes" } end,
       "netrun.http.client: raw must be a boolean, got string")
+    front:close():sync()
+    backend:close():sync()
+  end)
+
+  it("forward = req sends a server request on as it came, less hop-by-hop fields, with what the handler changed", function()
+    -- the backend answers each request with its head (lines joined by
+    -- "\n") and body, as it read them
+    local backend, bport = raw_server(servers, function(s)
+      while true do
+        local head, len = {}, 0
+        repeat
+          local l = s:receive("*l")
+          if l == nil then return end
+          head[#head + 1] = l
+          local n = l:lower():match("^content%-length: *(%d+)")
+          if n then len = tonumber(n) end
+        until l == ""
+        local echo = table.concat(head, "\n") .. (len > 0 and s:receive(len) or "")
+        local close = head[1]:find("^GET /close ")
+        s:send("HTTP/1.1 200 OK\r\nContent-Length: " .. #echo .. "\r\n" ..
+          (close and "Connection: close\r\n" or "") .. "\r\n" .. echo)
+        if close then return s:close() end
+      end
+    end)
+    local base = "http://127.0.0.1:" .. bport
+    local front, s = raw_front(servers, function(c, ctx, req)
+      local opts = { url = base, forward = req, headers = { ["x-forwarded-for"] = "1.2.3.4" } }
+      if req.path == "/assigned" then
+        req.method, req.path, req.query, req.body = "PUT", "/elsewhere", "z=9", "new body"
+        req.headers["x-added"] = "yes"
+        req.headers["x-drop-me"] = nil
+      elseif req.path == "/badpath" then
+        req.path = {}
+      elseif req.path == "/withpath" then
+        opts.url = base .. "/x"
+      elseif req.path == "/both" then
+        opts.method = "GET"
+        local ok, err = pcall(c.request, c, opts, print)
+        return ctx:write_and_flush { status = 400, body = tostring(ok) .. " " .. err }
+      end
+      c:request(opts, function(res, err)
+        if not res then return ctx:write_and_flush { status = 502, body = err } end
+        if req.path == "/close" then    -- a response after which the backend closes
+          return ctx:write_and_flush { status = 200, body = table.concat({ type(res),
+            tostring(res.keep_alive), tostring(res.status),
+            tostring(res.response):match("^netrun%.http%.raw_response") or "?" }, " ") }
+        end
+        ctx:write_and_flush(res.response)
+      end)
+    end)
+    local function ask(bytes)
+      s:send(bytes)
+      local status, _, body = H.read_response(s)
+      return status, body
+    end
+    -- a chunked upload: decoded, sent with a length; hop-by-hop fields and
+    -- Expect stay behind; the given x-forwarded-for replaces the client's
+    local status, echo = ask("POST /p/q?x=1 HTTP/1.1\r\nHost: front.example\r\n" ..
+      "Connection: keep-alive\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n" ..
+      "X-Forwarded-For: 9.9.9.9\r\nX-Case: Kept\r\nProxy-Authorization: secret\r\n" ..
+      "Expect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n")
+    assert.equal(200, status)
+    assert.equal("POST /p/q?x=1 HTTP/1.1\nx-forwarded-for: 1.2.3.4\nHost: front.example\n" ..
+      "X-Case: Kept\nContent-Length: 4\nbody", echo)
+    -- fields the handler assigned win; the headers table it changed is
+    -- what is sent, still without the hop-by-hop fields
+    status, echo = ask("GET /assigned?old=1 HTTP/1.1\r\nHost: h\r\nConnection: keep-alive\r\n" ..
+      "X-Drop-Me: 1\r\n\r\n")
+    assert.equal(200, status)
+    assert.matches("^PUT /elsewhere%?z=9 HTTP/1%.1\n", echo)
+    assert.matches("\nx%-added: yes\n", echo)
+    assert.matches("\nhost: h\n", echo)
+    assert.matches("\nContent%-Length: 8\nnew body$", echo)
+    assert.is_nil(echo:lower():find("x-drop-me", 1, true))
+    assert.is_nil(echo:lower():find("connection", 1, true))
+    -- what cannot be sent fails the request, with the reason
+    status, echo = ask("GET /badpath HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal(502, status)
+    assert.matches("the forwarded request's path cannot be sent", echo)
+    status, echo = ask("GET /withpath HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal(502, status)
+    assert.matches("bad URL: a forwarded request's URL names only the origin", echo)
+    status, echo = ask("GET /both HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal(400, status)
+    assert.matches("^false .*forward takes the request's method and body: give neither", echo)
+    -- a response after which the backend closes comes as a table
+    status, echo = ask("GET /close HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal(200, status)
+    assert.equal("table false 200 netrun.http.raw_response", echo)
+    -- an HTTP/1.0 request without Host gets the URL's
+    status, echo = ask("GET /old HTTP/1.0\r\n\r\n")
+    assert.equal(200, status)
+    assert.equal("GET /old HTTP/1.1\nx-forwarded-for: 1.2.3.4\nhost: 127.0.0.1:" .. bport .. "\n", echo)
+    s:close()
+    assert.has_error(function() netrun.http.request { url = base, forward = "GET /" } end,
+      "netrun.http.request: forward must be a request of netrun.codec.http_server, got string")
     front:close():sync()
     backend:close():sync()
   end)

@@ -952,6 +952,36 @@ describe("HTTP examples", function()
       assert.matches("HTTP/1.1 404 Gone Fishing", answer("GET / HTTP/1.1\r\nHost: h\r\n\r\n", prepared), 1, true)
     end)
 
+    it("checks response header names and values on every write, however often they passed", function()
+      local ch = netrun.embedded(netrun.codec.http_server {})
+      local function ask()
+        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert.equal(1, #ch:read_all_inbound())
+      end
+      local function refused(resp, why)
+        local ok, err = pcall(ch.write_outbound, ch, resp)
+        assert.is_false(ok)
+        assert.matches(why, tostring(err))
+        assert.same({}, ch:read_all_outbound())
+      end
+      for _ = 1, 3 do
+        for i = 1, 100 do     -- more strings than the codec remembers as checked
+          ask()
+          ch:write_outbound { status = 200, body = "ok",
+                              headers = { ["x-" .. i] = "v" .. i, ["content-type"] = "text/plain" } }
+          assert.matches("\r\nx%-" .. i .. ": v" .. i .. "\r\n", table.concat(ch:read_all_outbound()))
+        end
+        ask()
+        refused({ headers = { ["content-type"] = "text/plain\r\nInjected: 1" } }, "control character")
+        refused({ headers = { ["x-1"] = { "v1", "a\0b" } } }, "control character")
+        refused({ headers = { ["bad name"] = "v1" } }, "is not a token")
+        refused({ headers = { ["x-1"] = "v1", ["x:"] = "v1" } }, "is not a token")
+        ch:write_outbound { status = 200, body = "after" }   -- answers it
+        assert.matches("after$", table.concat(ch:read_all_outbound()))
+      end
+      ch:close()
+    end)
+
     it("its metamethods and a prepared response's refuse other values", function()
       local req, ch = parse(raw)
       local mt = getmetatable(req)

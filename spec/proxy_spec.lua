@@ -25,6 +25,11 @@ local function backend(group)
         d:incr("reqs", 1, 0)
         if req.path == "/big" then
           ctx:write_and_flush { status = 200, body = string.rep(string.char(65 + d:get("reqs") % 26), 256 * 1024) }
+        elseif req.path:find("^/delay/") then   -- /delay/<ms>/<n>: answers n after ms
+          local ms, n = req.path:match("^/delay/(%d+)/(%d+)$")
+          ctx:loop():schedule(tonumber(ms) / 1000, function()
+            if ctx.channel:is_open() then ctx:write_and_flush { status = 200, body = n } end
+          end)
         elseif req.path == "/slow" then
           -- (only while open: the last case below covers a late write)
           ctx:loop():schedule(2, function()
@@ -68,6 +73,24 @@ describe("examples/proxy.lua", function()
       assert.matches("\r\n\r\nPOST /p/" .. i .. "%?q=" .. i .. " body" .. i .. "$", out)
     end
     assert.equal(1, counters:get("conns"))
+  end)
+
+  it("answers pipelined requests in their order, whatever order the backend answers in", function()
+    -- 40 requests: more than --in-flight (16), so the ring of slots goes
+    -- round more than twice; the backend answers each after 0-29 ms
+    local c = H.client(port)
+    local reqs = {}
+    for i = 1, 40 do
+      reqs[i] = string.format("GET /delay/%d/%d HTTP/1.1\r\nHost: x\r\n\r\n", (i * 7919) % 30, i)
+    end
+    assert(c:send(table.concat(reqs)))
+    c:settimeout(10)
+    for i = 1, 40 do
+      local status, _, body = H.read_response(c)
+      assert.equal(200, status)
+      assert.equal(tostring(i), body)
+    end
+    c:close()
   end)
 
   it("answers 502 when the backend fails and 504 past its timeout", function()

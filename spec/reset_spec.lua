@@ -181,4 +181,34 @@ describe("peers that reset right after sending", function()
     assert.are.equal("closed,open=false,inactive", d:get("events"))
     H.shutdown(group)
   end)
+
+  -- Netty's habit: answer an error with a response from exception_caught.
+  -- A reset reaches exception_caught with no request in flight, so that
+  -- response fails at once, inside exception_caught: it must go past the
+  -- handler (to the tail, logged), not into exception_caught again -- that
+  -- recursed until Lua's C stack overflowed and spun the loop for good.
+  it("let exception_caught answer with a response whose write fails at once", function()
+    local calls = netrun.shared.dict("reset_calls")
+    local group, port = serve(function(ch)
+      ch:pipeline():add_last("http", netrun.codec.http_server {}):add_last("app", {
+        channel_read = function(_, ctx, req) ctx:write { status = 200, body = "ok" } end,
+        channel_read_complete = function(_, ctx) ctx:flush() end,
+        exception_caught = function(_, ctx, err)
+          netrun.shared.dict("reset_calls"):incr(tostring(err):match("ECONNRESET") and "reset" or "other", 1, 0)
+          ctx:write { status = 500, body = "error: " .. tostring(err) }
+          ctx:flush()
+        end,
+      })
+    end)
+    local n = storm(port, { "GET /a HTTP/1.1\r\nHost: h\r\n\r\n", "GET /b HTTP/1.1\r\nHo" })
+    assert.is_true(n > 0)
+    settled(group)
+    assert.is_nil(calls:get("other"))              -- each handler saw its reset, once
+    assert.is_true((calls:get("reset") or 0) <= n)
+    local c = H.client(port)                       -- and the loop still serves
+    c:send("GET /after HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert.equal("HTTP/1.1 200 OK", c:receive("*l"))
+    c:close()
+    H.shutdown(group)
+  end)
 end)

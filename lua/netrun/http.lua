@@ -3,7 +3,8 @@
 --
 --   netrun.http.request { method = "GET", url = "https://a.example/x",
 --                         headers = {}, body = nil, timeout = 5,
---                         max_body = 1 << 20, tls = nil, follow = 0 }
+--                         max_body = 1 << 20, tls = nil, follow = 0,
+--                         forward = nil }
 --     --> future of { status = 200, headers = { lowercased }, body = "...",
 --                     reason, version, keep_alive }
 --   local client = netrun.http.client { pool = 64, keepalive = 60,
@@ -29,11 +30,18 @@
 -- out at that moment) is sent once more on a fresh connection when its
 -- method is idempotent.
 --
--- raw = true (a client option, for proxies): responses come as
--- { status, keep_alive, response = <netrun.codec.http_response> }, the
--- response without its hop-by-hop and framing fields encoded once in C,
--- for a server codec's ctx:write; no headers or body table. Redirects are
--- not followed then.
+-- forward = req (a request option, for proxies): req is a request of
+-- netrun.codec.http_server, sent on as it came (method, target, end-to-end
+-- fields, body: the client codec encodes it from the server codec's
+-- bytes); url names only the origin; headers given are added and replace
+-- forwarded fields of their names; fields the handler assigned win.
+--
+-- raw = true (a client option, for proxies): responses come as a
+-- netrun.http.raw_response (res.status, res.keep_alive, res.response:
+-- itself), the response without its hop-by-hop and framing fields encoded
+-- once in C, for a server codec's ctx:write; no headers or body table
+-- (one after which the connection closes: { status, keep_alive = false,
+-- response }). Redirects are not followed then.
 --
 -- Redirects are not followed unless asked: follow = N follows up to N
 -- (301, 302, 303, 307, 308 with a Location; 303, and 301/302 after a POST,
@@ -54,8 +62,17 @@ local live = setmetatable({}, { __mode = "k" })   -- channel -> connection
 local pools = {}              -- client id -> origin -> pool (this state's)
 local codecs = {}             -- "max_header max_body" -> codec config
 local now = core.now
+
+-- The loop running this state (nil: the main thread): a state lives on
+-- one thread for life, so it is asked once.
+local here
+local function current()
+  if here == nil then here = core.current() or false end
+  return here or nil
+end
 local byte = string.byte
 local VOID = core.void_promise()
+local traceback = debug.traceback
 
 -- ---- URLs -------------------------------------------------------------------
 
@@ -99,7 +116,7 @@ end
 local Conn = {}
 Conn.__index = Conn
 
-local release, finish, fail_request, lost
+local release, finish, settle, fail_request, lost
 
 -- The handler of each connection, last in its pipeline after the codec.
 function Conn:handler_added(ctx)
@@ -119,7 +136,9 @@ function Conn:channel_read(ctx, res)
     ctx:close()
   end
   release(self)
-  finish(req, res)
+  if req.done then return end            -- timed out meanwhile
+  if req.follow then return finish(req, res) end
+  settle(req, res)
 end
 
 function Conn:exception_caught(ctx, err)
@@ -149,7 +168,7 @@ function M.attach(ch, max_header, max_body, raw)
     codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
     codecs[key] = codec
   end
-  local conn = setmetatable({ ch = ch, uses = 0 }, Conn)
+  local conn = setmetatable({ ch = ch }, Conn)
   live[ch] = conn
   local p = ch:pipeline()
   p:add_last("http", codec)
@@ -158,14 +177,15 @@ end
 
 -- ---- pools --------------------------------------------------------------------------
 
-local function pool_of(client, key, scheme, host, port)
+local function pool_of(client, key, scheme, host, port, max_body)
   local per = pools[client.id]
   if per == nil then per = {}; pools[client.id] = per end
   local pool = per[key]
   if pool == nil then
     pool = { key = key, client = client, scheme = scheme, host = host, port = port,
+             max_body = max_body,
              idle = {}, nidle = 0, total = 0, waiters = {}, whead = 1, wtail = 0,
-             loop = core.current(), dhead = false, dtail = false, dtimer = false }
+             loop = current(), dhead = false, dtail = false, dtimer = false }
     per[key] = pool
   end
   return pool
@@ -244,7 +264,6 @@ end
 function start(conn, req, reused)
   conn.req = req
   conn.reused = reused
-  conn.uses = conn.uses + 1
   req.conn = conn
   -- no future per request: the codec converts the request as it is
   -- written, and a field it cannot send (a header that is not a token,
@@ -255,7 +274,7 @@ end
 
 function connect(pool, req)
   local client = pool.client
-  local mh, mb, raw = client.max_header, req.max_body, client.raw
+  local mh, mb, raw = client.max_header, pool.max_body, client.raw
   local tls = pool.scheme == "https" and (req.tls or client.tls or M.default_tls()) or nil
   local left = req.deadline - now()
   if left == math.huge then left = nil             -- no bound: connect's own
@@ -292,7 +311,10 @@ local function acquire(pool, req)
     local conn = idle[n]
     idle[n] = nil
     pool.nidle = n - 1
-    if not conn.dead and conn.ch:is_active() then return start(conn, req, true) end
+    -- (every close marks its connection dead: ours as we close, the
+    -- peer's by channel_inactive, fired as the loop reads the close; a
+    -- reset met by the write fails the request, sent again if idempotent)
+    if not conn.dead then return start(conn, req, true) end
   end
   if pool.total < pool.client.pool then
     pool.total = pool.total + 1
@@ -355,25 +377,32 @@ local send
 
 -- The request's end: its future completes, or its callback runs (an error
 -- in it is logged; it never reaches the connection's handler).
-local function settle(req, res, err)
-  done_timer(req)
+function settle(req, res, err)
+  if req.dpool then unlink(req)          -- (done_timer, inline: once per request)
+  elseif req.timer then req.timer:cancel(); req.timer = nil end
+  req.done = true
   local cb = req.cb
   if cb == nil then
     if res then req.promise:try_success(res) else req.promise:try_failure(err) end
     return
   end
-  local ok, e = xpcall(cb, debug.traceback, res, err)
+  local ok, e = xpcall(cb, traceback, res, err)
   if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
+end
+
+-- The request's method (a forwarded one's is read from the request).
+local function method_of(req)
+  return req.method or req.forward.method
 end
 
 function fail_request(req, err, retry)
   if req.done then return end
-  if retry and not req.retried and IDEMPOTENT[req.method] then
+  if retry and not req.retried and IDEMPOTENT[method_of(req)] then
     req.retried = true
-    req.conn = nil
+    req.conn = false
     return send(req)
   end
-  settle(req, nil, string.format("netrun.http: %s %s: %s", req.method,
+  settle(req, nil, string.format("netrun.http: %s %s: %s", method_of(req),
     req.url, tostring(err)))
 end
 
@@ -381,8 +410,9 @@ local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308]
 
 function finish(req, res)
   if req.done then return end
-  local loc = res.headers and res.headers.location
-  if req.follow > 0 and REDIRECT[res.status] and loc then
+  local loc = req.follow and not req.forward and REDIRECT[res.status] and res.headers and
+    res.headers.location
+  if loc then
     done_timer(req)
     local o = req.opts
     local n = {}
@@ -395,7 +425,7 @@ function finish(req, res)
       if method ~= "HEAD" then n.method = "GET" end
       n.body = nil
     end
-    M.request_with(req.client, n, function(r, e) settle(req, r, e) end)
+    M.request_with(req.pool.client, n, function(r, e) settle(req, r, e) end)
     return
   end
   settle(req, res)
@@ -405,7 +435,7 @@ function on_timeout(req)
   if req.done then return end
   local conn = req.conn
   settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
-    req.method, req.url, req.timeout))
+    method_of(req), req.url, req.timeout))
   if conn and conn.req == req then      -- its answer may still come: drop it
     conn.req = nil
     conn.dead = true
@@ -433,33 +463,15 @@ end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true }
-local REQUEST_KEYS = { method = true, url = true, headers = true, body = true, timeout = true,
-                       max_body = true, tls = true, follow = true }
+-- A request's options checked: known, of the right types (raises at the
+-- level of the call that gave them: core.http.check_request, in C, as
+-- every request is checked).
+local check_request = core.http.check_request
 
 local function check_number(what, k, v, min)
   if v ~= nil and (type(v) ~= "number" or v ~= v or v < min) then
-    error(string.format("%s: %s must be a number >= %s, got %s", what, k, min, tostring(v)), 4)
+    error(string.format("%s: %s must be a number >= %s, got %s", what, k, min, tostring(v)), 3)
   end
-end
-
-local function check_request(opts)
-  local what = "netrun.http.request"
-  if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not REQUEST_KEYS[k] then error(what .. ": unknown option '" .. tostring(k) .. "'", 3) end
-  end
-  if opts.method ~= nil and type(opts.method) ~= "string" then
-    error(what .. ": method must be a string, got " .. type(opts.method), 3)
-  end
-  if opts.headers ~= nil and type(opts.headers) ~= "table" then
-    error(what .. ": headers must be a table, got " .. type(opts.headers), 3)
-  end
-  if opts.body ~= nil and type(opts.body) ~= "string" then
-    error(what .. ": body must be a string, got " .. type(opts.body), 3)
-  end
-  check_number(what, "timeout", opts.timeout, 0)
-  check_number(what, "max_body", opts.max_body, 0)
-  check_number(what, "follow", opts.follow, 0)
 end
 
 -- Parsed URLs, cached per state (a client fetches the same few URLs
@@ -480,54 +492,76 @@ local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = tru
 -- On a loop: run the request with this client's pools; a future of the
 -- response, or with cb: nothing, and cb(res) or cb(nil, err) later.
 function M.request_with(client, opts, cb)
-  local p = cb == nil and core.promise() or nil
-  local u = opts.url ~= nil and urls[opts.url]
+  local url = opts.url
+  local u = urls[url]                   -- (nil for a nil url: parsed says why)
   if u == nil then
-    u = parsed(opts.url)
-    if type(opts.url) == "string" then
+    u = parsed(url)
+    if type(url) == "string" then
       if nurls >= 1000 then urls, nurls = {}, 0 end
-      urls[opts.url], nurls = u, nurls + 1
+      urls[url], nurls = u, nurls + 1
     end
   end
-  local scheme, host, port, target = u[1], u[2], u[3], u[4]
-  local method = opts.method or "GET"
-  if METHODS[method] == nil then method = method:upper() end
+  local scheme = u[1]
+  local fwd = opts.forward
+  local method = false                  -- a forwarded request's: read when needed
+  if fwd == nil then
+    method = opts.method or "GET"
+    if METHODS[method] == nil then method = method:upper() end
+  elseif scheme and u[4] ~= "/" then
+    scheme = false
+    u = { false, "a forwarded request's URL names only the origin (no path)" }
+  end
+  local p
+  if cb == nil then p = core.promise() end
   if not scheme then
-    local err = string.format("netrun.http: %s %s: bad URL: %s", method, tostring(opts.url), host)
+    local err = string.format("netrun.http: %s %s: bad URL: %s", method or fwd.method,
+      tostring(url), u[2])
     if p then return p:set_failure(err) end
-    core.current():execute(function() settle({ cb = cb }, nil, err) end)
+    current():execute(function() settle({ cb = cb }, nil, err) end)
     return
   end
-  local h = { host = u[5] }
-  if opts.headers then
-    for k, v in pairs(opts.headers) do
-      local b = type(k) == "string" and byte(k) or nil
-      if (b == 72 or b == 104) and k ~= "host" and k:lower() == "host" then h.host = nil end
-      h[k] = v
+  local h, hosthdr = opts.headers, nil
+  if fwd then              -- the codec merges them with the request's own
+    hosthdr = u[5]         -- (and gives Host only to one that has none)
+  else
+    h = { host = u[5] }
+    if opts.headers then
+      for k, v in pairs(opts.headers) do
+        local b = type(k) == "string" and byte(k) or nil
+        if (b == 72 or b == 104) and k ~= "host" and k:lower() == "host" then h.host = nil end
+        h[k] = v
+      end
     end
   end
   local timeout = opts.timeout or client.timeout
-  -- the request table is also the message the codec writes (it reads
-  -- method, path, headers and body)
-  local req = {
-    client = client, opts = opts, url = opts.url, promise = p, cb = cb,
-    method = method, path = target, headers = h, body = opts.body,
-    dpool = false, dprev = false, dnext = false, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
-    max_body = math.tointeger(opts.max_body or client.max_body),
-    tls = opts.tls, follow = math.tointeger(opts.follow or client.follow or 0),
-  }
-  local mb = req.max_body
   -- a limit other than the client's gets connections of its own
-  local pool = mb == client.max_body and pool_of(client, u[6], scheme, host, port) or
-    pool_of(client, scheme .. "+" .. mb .. "://" .. host .. ":" .. port, scheme .. "+" .. mb,
-      host, port)
-  pool.scheme = scheme
-  req.pool = pool
+  local mb, key = opts.max_body, u[6]
+  if mb == nil or mb == client.max_body then
+    mb = client.max_body
+  else
+    mb = math.tointeger(mb)
+    key = scheme .. "+" .. mb .. "://" .. u[2] .. ":" .. u[3]
+  end
+  local per = pools[client.id]
+  local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb)
+  -- the request table is also the message the codec writes (it reads
+  -- method, path, headers, body, forward and host); fields that are nil
+  -- for most requests are set apart, so that the constructor sizes it for
+  -- the rest
+  local req = {
+    pool = pool, url = url, promise = p, cb = cb, method = method,
+    path = not fwd and u[4] or nil, headers = h, body = opts.body, forward = fwd,
+    host = hosthdr, timeout = timeout, deadline = timeout > 0 and now() + timeout or math.huge,
+    dpool = false, dprev = false, dnext = false, conn = false, done = false,
+  }
+  if opts.tls then req.tls = opts.tls end
+  local follow = opts.follow or client.follow
+  if follow and follow > 0 then req.follow, req.opts = math.tointeger(follow), opts end
   if timeout > 0 then
     if timeout == client.timeout then add_deadline(pool, req)
     else req.timer = pool.loop:schedule(timeout, function() on_timeout(req) end) end
   end
-  send(req)
+  acquire(pool, req)
   return p
 end
 
@@ -540,7 +574,7 @@ M.Client = Client
 local main_group                 -- the daemon group of main-thread requests
 
 local function on_loop(client, opts)
-  if core.current() ~= nil then return M.request_with(client, opts) end
+  if current() ~= nil then return M.request_with(client, opts) end
   main_group = main_group or require("netrun").group { threads = 1, name = "http", daemon = true }
   local p = core.promise()
   main_group:next():execute(function(c, o, pr)
@@ -563,7 +597,7 @@ function Client:request(opts, callback)
   if type(callback) ~= "function" then
     error("netrun.http client: the callback must be a function, got " .. type(callback), 2)
   end
-  if core.current() == nil then
+  if current() == nil then
     error("netrun.http client: a callback runs on the caller's loop: call request with " ..
       "one on a loop (the main thread is not one: use the future)", 2)
   end

@@ -625,16 +625,22 @@ int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
 /* A response written wrongly is a programmer mistake: besides failing the
  * write's future (which Lua code rarely watches) it is reported to the
  * handlers after the codec, so exception_caught sees it. */
-static int misuse(nr_ctx_t *ctx, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3), cold));
-static int misuse(nr_ctx_t *ctx, const char *fmt, ...) {
+/* A response the handler should not have written: an error for the
+ * write, reported once. Without a promise the pipeline raises the returned
+ * error to exception_caught; with one it only fails that promise, so the
+ * misuse is fired here as well (a programming error should be heard). */
+static int misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), cold));
+static int misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  nr_err_t err = {-EINVAL, msg};
-  nr_ctx_fire_exception(ctx, &err);
+  if (p != NULL) {
+    nr_err_t err = {-EINVAL, msg};
+    nr_ctx_fire_exception(ctx, &err);
+  }
   return nr_raise(-EINVAL, "%s", msg);
 }
 
@@ -670,12 +676,12 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
 #define HEAD_FIXED 128
 
 /* A response may be written: no stream open, a request to answer. */
-static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx) {
+static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx, nr_promise_t *p) {
   if (s->stream != S_NONE)
-    return misuse(ctx, "http_server: a response written while a streamed "
+    return misuse(ctx, p, "http_server: a response written while a streamed "
                   "one is open (end it with \"\" or false)");
   if (s->outstanding == 0)
-    return misuse(ctx, "http_server: a response with no request to answer");
+    return misuse(ctx, p, "http_server: a response with no request to answer");
   return 0;
 }
 
@@ -689,11 +695,11 @@ static bool closes(uint8_t f, unsigned user) {
 static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
                                    const nr_http_response_t *r,
                                    nr_promise_t *p) {
-  int rc = check_turn(s, ctx);
+  int rc = check_turn(s, ctx, p);
   if (rc < 0)
     return rc;
   if (r->status < 100 || r->status > 999)
-    return misuse(ctx, "http_server: bad status %d", r->status);
+    return misuse(ctx, p, "http_server: bad status %d", r->status);
   nr_http_count_status(r->status);
   uint8_t f = s->flags[s->oldest];
   size_t need;
@@ -742,7 +748,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
 static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
                                    const nr_http_prepared_t *pr,
                                    nr_promise_t *p) {
-  int rc = check_turn(s, ctx);
+  int rc = check_turn(s, ctx, p);
   if (rc < 0)
     return rc;
   uint8_t f = s->flags[s->oldest];

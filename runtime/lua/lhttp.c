@@ -93,26 +93,26 @@ typedef nr_http_server_opts_t conf_t;
 
 /* ---- interned keys ---------------------------------------------------------------- */
 
-/* Field names, interned once per state and kept in an array in a state
- * slot: lua_setfield with a C string pays a string-cache lookup with strcmp
- * on every call, a raw array read does not. */
+/* Field names, interned once per state, each kept by a registry
+ * reference in a state slot: pushing one is an array read, where
+ * lua_getfield with a C string pays a string-cache lookup with strcmp on
+ * every call, and a table of them one more read to push it. */
 enum { K_STATUS = 1, K_REASON, K_BODY, K_STREAM, K_HEADERS, NKEYS };
 static const char *const key_names[NKEYS] = {
     NULL, "status", "reason", "body", "stream", "headers"};
 
-/* Push the key array; returns its stack index. */
-static int push_keys(lua_State *L) {
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_KEYS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, NKEYS, 0);
-    for (int i = 1; i < NKEYS; i++) {
-      lua_pushstring(L, key_names[i]);
-      lua_rawseti(L, -2, i);
-    }
-    lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS);
+/* Push field name k (S: L's state, or NULL). */
+static void push_key(lua_State *L, const lnr_state_t *S, int k) {
+  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
+  if (S != NULL && S->slots[slot] != 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+    return;
   }
-  return lua_gettop(L);
+  lua_pushstring(L, key_names[k]);
+  if (S != NULL) {
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, slot);
+  }
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
@@ -558,6 +558,103 @@ static void open_request_class(lua_State *L) {
   lua_pop(L, 1);
 }
 
+/* ---- requests forwarded (the HTTP client's forward = req) ------------------- */
+
+/* A field as it is now: the one assigned (pushed, returns true) or none
+ * (nothing pushed). Only a request whose fields table exists has any. */
+static bool assigned(lua_State *L, int fields, const char *k) {
+  if (fields == 0)
+    return false;
+  if (lua_getfield(L, fields, k) != LUA_TNIL)
+    return true;
+  lua_pop(L, 1);
+  return false;
+}
+
+/* Is the value at i a string (or, if may_be_none, false or nil)? */
+static bool string_or(lua_State *L, int i, bool may_be_none) {
+  return lua_type(L, i) == LUA_TSTRING || (may_be_none && !lua_toboolean(L, i));
+}
+
+bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f) {
+  const req_t *q = lua_touserdata(L, idx);
+  if (q == NULL || lua_rawlen(L, idx) < sizeof *q || q->tag != &REQ_TAG)
+    return false;
+  const char *text = req_text(q);
+  *f = (lnr_http_fwd_t){.method = text, .method_len = q->method_len,
+                        .target = text + q->path,
+                        .target_len = q->has_query
+                                          ? q->query + q->query_len - q->path
+                                          : q->path_len,
+                        .nheaders = q->nheaders};
+  if (q->has_query && q->query != q->path + q->path_len + 1) {
+    lua_pushlstring(L, text + q->path, q->path_len);   /* copied apart (a */
+    lua_pushliteral(L, "?");                            /* chunked request's */
+    lua_pushlstring(L, text + q->query, q->query_len);  /* fields): joined */
+    lua_concat(L, 3);
+    f->target = lua_tolstring(L, -1, &f->target_len);
+  }
+  int fields = req_fields(L, idx, false) ? lua_gettop(L) : 0;
+  if (fields == 0) {           /* the usual: nothing assigned or read */
+    if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING)
+      f->body = lua_tolstring(L, -1, &f->body_len);    /* anchored by q */
+    lua_pop(L, 1);
+    return true;
+  }
+  if (assigned(L, fields, "method")) {
+    if (!string_or(L, -1, false))
+      return f->bad = "method", true;
+    f->method = lua_tolstring(L, -1, &f->method_len);
+  }
+  int path = assigned(L, fields, "path") ? lua_gettop(L) : 0;
+  int query = assigned(L, fields, "query") ? lua_gettop(L) : 0;
+  if ((path && !string_or(L, path, false)) ||
+      (query && !string_or(L, query, true)))
+    return f->bad = path && !string_or(L, path, false) ? "path" : "query",
+           true;
+  if (path || query) {         /* rebuilt: path ["?" query] */
+    if (path)
+      lua_pushvalue(L, path);
+    else
+      lua_pushlstring(L, text + q->path, q->path_len);
+    if (query && lua_toboolean(L, query)) {
+      lua_pushliteral(L, "?");
+      lua_pushvalue(L, query);
+      lua_concat(L, 3);
+    } else if (!query && q->has_query) {
+      lua_pushliteral(L, "?");
+      lua_pushlstring(L, text + q->query, q->query_len);
+      lua_concat(L, 3);
+    }                          /* query = false: none */
+    f->target = lua_tolstring(L, -1, &f->target_len);
+  }
+  if (assigned(L, fields, "body")) {
+    if (!string_or(L, -1, true))
+      return f->bad = "body", true;
+    if (lua_toboolean(L, -1))
+      f->body = lua_tolstring(L, -1, &f->body_len);
+  } else if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING) {
+    f->body = lua_tolstring(L, -1, &f->body_len);      /* anchored by q */
+  }
+  if (assigned(L, fields, "headers")) {
+    if (lua_type(L, -1) != LUA_TTABLE)
+      return f->bad = "headers", true;
+    f->headers = lua_gettop(L);
+  }
+  return true;
+}
+
+size_t lnr_http_forward_fields(lua_State *L, int idx, nr_http_header_t *out,
+                               size_t cap) {
+  const req_t *q = lua_touserdata(L, idx);
+  assert(q != NULL && q->tag == &REQ_TAG);
+  const char *text = req_text(q);
+  for (size_t i = 0; i < q->nheaders && i < cap; i++)
+    out[i] = (nr_http_header_t){text + q->h[i].name, text + q->h[i].value,
+                                q->h[i].name_len, q->h[i].value_len};
+  return q->nheaders;
+}
+
 /* ---- responses from Lua -------------------------------------------------------- */
 
 /* Conversion errors: the message is kept for lwrite, which reports it. */
@@ -577,7 +674,58 @@ typedef struct hdrs_s {
   size_t n, cap;
   char nums[512];              /* numeric values formatted here */
   size_t nums_used;
+  lnr_state_t *S;              /* its checked strings; NULL: none kept */
 } hdrs_t;
+
+static void hdrs_init(hdrs_t *h, lua_State *L) {
+  h->v = h->small;
+  h->n = 0;
+  h->cap = sizeof h->small / sizeof h->small[0];
+  h->nums_used = 0;
+  h->S = lnr_state(L);
+}
+
+/* ---- checked header strings ----
+ *
+ * A response table's header names must be tokens and its values free of
+ * control characters, checked on every write; most writes give the same
+ * strings again ("content-type", "text/plain"). So a string that passed
+ * is remembered by its address, per state (lnr_state_t.http_checked), and
+ * kept alive by an anchor table (LNR_SLOT_HTTP_CHECKED) for as long as it
+ * is remembered: while it is anchored no other string can have its
+ * address, so a hit is that very string, immutable and checked already.
+ * An entry is replaced together with its anchor. A name and a value are
+ * remembered apart (a good value need not be a token). */
+enum { CK_NAME, CK_VALUE };
+
+static unsigned ck_slot(const char *s, int kind) {
+  uintptr_t a = (uintptr_t)s;
+  return (unsigned)kind * LNR_HTTP_CHECKED / 2 +
+         (unsigned)((a >> 4 ^ a >> 11) % (LNR_HTTP_CHECKED / 2));
+}
+
+static bool ck_known(const hdrs_t *h, const char *s, int kind) {
+  return h->S != NULL && h->S->http_checked[ck_slot(s, kind)] == s;
+}
+
+/* The string at idx passed its check: remember it. */
+static void ck_remember(lua_State *L, hdrs_t *h, int idx, const char *s,
+                        int kind) {
+  if (h->S == NULL)
+    return;
+  unsigned k = ck_slot(s, kind);
+  idx = lua_absindex(L, idx);
+  if (lnr_push_slot(L, LNR_SLOT_HTTP_CHECKED) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_createtable(L, LNR_HTTP_CHECKED, 0);
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, LNR_SLOT_HTTP_CHECKED);
+  }
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, (lua_Integer)k + 1);
+  lua_pop(L, 1);
+  h->S->http_checked[k] = s;
+}
 
 /* The string value at idx (anchored by its table); a number is formatted
  * into h->nums, so converting it allocates nothing. NULL if it is
@@ -601,12 +749,18 @@ static const char *field_string(lua_State *L, int idx, size_t *len,
   return b;
 }
 
+static int bad_name(const char *name, size_t nl) {
+  return bad("http response: header name '%.*s' is not a token",
+             (int)(nl > 64 ? 64 : nl), name);
+}
+
+/* Add a header; its name and value are checked unless `checked` says
+ * they were (CK_NAME and CK_VALUE bits). */
 static int add_header(hdrs_t *h, const char *name, size_t nl, const char *val,
-                      size_t vl) {
-  if (!nr_http_is_token(name, nl))
-    return bad("http response: header name '%.*s' is not a "
-                    "token", (int)(nl > 64 ? 64 : nl), name);
-  if (!nr_http_is_field_value(val, vl))
+                      size_t vl, unsigned checked) {
+  if (!(checked & 1u << CK_NAME) && !nr_http_is_token(name, nl))
+    return bad_name(name, nl);
+  if (!(checked & 1u << CK_VALUE) && !nr_http_is_field_value(val, vl))
     return bad("http response: the value of header '%.*s' "
                     "contains a control character", (int)(nl > 64 ? 64 : nl),
                     name);
@@ -625,33 +779,61 @@ static int add_header(hdrs_t *h, const char *name, size_t nl, const char *val,
   return 0;
 }
 
-/* Collect the headers table at idx. Strings stay anchored by the table. */
+/* The header name at -2 and its value at -1 (a string or a number), the
+ * name checked already if name_ok: added, and the strings that passed
+ * remembered. */
+static int add_pair(lua_State *L, hdrs_t *h, const char *name, size_t nl,
+                    bool name_ok, int vtype) {
+  size_t vl;
+  const char *val;
+  unsigned checked = name_ok ? 1u << CK_NAME : 0;
+  if (vtype == LUA_TSTRING) {
+    val = lua_tolstring(L, -1, &vl);
+    if (ck_known(h, val, CK_VALUE))
+      checked |= 1u << CK_VALUE;
+  } else {
+    val = field_string(L, lua_gettop(L), &vl, h);
+    if (val == NULL)
+      return bad("http response: header '%s' is a %s, not a string", name,
+                 luaL_typename(L, -1));
+  }
+  int rc = add_header(h, name, nl, val, vl, checked);
+  if (rc == 0 && vtype == LUA_TSTRING && !(checked & 1u << CK_VALUE))
+    ck_remember(L, h, -1, val, CK_VALUE);
+  return rc;
+}
+
+/* Collect the headers table at idx. Strings stay anchored by the table.
+ * It pushes 5 values at most: its callers have room for them (a C
+ * function starts with LUA_MINSTACK free slots; lwrite asks for its own). */
 static int collect_headers(lua_State *L, int idx, hdrs_t *h) {
-  if (!lua_checkstack(L, 8))
-    return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   lua_pushnil(L);
   while (lua_next(L, idx)) {
-    size_t nl, vl;
+    size_t nl;
     if (lua_type(L, -2) != LUA_TSTRING)
       return bad("http response: header names must be "
                       "strings, got a %s", luaL_typename(L, -2));
-    const char *name = lua_tolstring(L, -2, &nl), *val;
-    int rc = 0;
-    if (lua_type(L, -1) == LUA_TTABLE) {   /* repeated: { "a=1", "b=2" } */
+    const char *name = lua_tolstring(L, -2, &nl);
+    bool name_ok = ck_known(h, name, CK_NAME);
+    if (!name_ok) {
+      if (!nr_http_is_token(name, nl))
+        return bad_name(name, nl);
+      ck_remember(L, h, -2, name, CK_NAME);
+      name_ok = true;
+    }
+    int rc = 0, t = lua_type(L, -1);
+    if (t == LUA_TTABLE) {   /* repeated: { "a=1", "b=2" } */
       size_t n = lua_rawlen(L, -1);
       for (size_t i = 1; rc == 0 && i <= n; i++) {
-        lua_rawgeti(L, -1, (lua_Integer)i);
-        val = field_string(L, lua_gettop(L), &vl, h);
-        rc = val ? add_header(h, name, nl, val, vl)
+        int vt = lua_rawgeti(L, -1, (lua_Integer)i);
+        rc = vt == LUA_TSTRING || vt == LUA_TNUMBER
+                 ? add_pair(L, h, name, nl, name_ok, vt)
                  : bad("http response: header '%s' value %d "
                             "is a %s", name, (int)i, luaL_typename(L, -1));
         lua_pop(L, 1);
       }
-    } else if ((val = field_string(L, lua_gettop(L), &vl, h)) != NULL) {
-      rc = add_header(h, name, nl, val, vl);
     } else {
-      rc = bad("http response: header '%s' is a %s, not a "
-                    "string", name, luaL_typename(L, -1));
+      rc = add_pair(L, h, name, nl, name_ok, t);
     }
     if (rc)
       return rc;             /* the caller restores the stack */
@@ -660,8 +842,8 @@ static int collect_headers(lua_State *L, int idx, hdrs_t *h) {
   return 0;
 }
 
-static int raw_field(lua_State *L, int idx, int kt, int k) {
-  lua_rawgeti(L, kt, k);
+static int raw_field(lua_State *L, int idx, const lnr_state_t *S, int k) {
+  push_key(L, S, k);
   return lua_rawget(L, idx);
 }
 
@@ -669,26 +851,25 @@ static int raw_field(lua_State *L, int idx, int kt, int k) {
  * reads with interned keys: cheaper than a lua_next walk (measured). */
 static int to_response(lua_State *L, int idx, nr_http_response_t *r,
                        hdrs_t *h) {
-  int kt = push_keys(L);
-  int t = raw_field(L, idx, kt, K_STATUS);
+  int t = raw_field(L, idx, h->S, K_STATUS);
   if (t == LUA_TNUMBER && lua_isinteger(L, -1))
     r->status = (int)lua_tointeger(L, -1);
   else if (t != LUA_TNIL)
     return bad("http response: status must be an integer, got a %s",
                luaL_typename(L, -1));
-  t = raw_field(L, idx, kt, K_REASON);
+  t = raw_field(L, idx, h->S, K_REASON);
   if (t == LUA_TSTRING)
     r->reason = lua_tostring(L, -1);
-  t = raw_field(L, idx, kt, K_BODY);
+  t = raw_field(L, idx, h->S, K_BODY);
   if (t == LUA_TSTRING || t == LUA_TNUMBER)
     r->body = lua_tolstring(L, -1, &r->body_len);  /* converts the copy,
                                                       which stays on the stack */
   else if (t != LUA_TNIL)
     return bad("http response: body must be a string, got a %s",
                luaL_typename(L, -1));
-  raw_field(L, idx, kt, K_STREAM);
+  raw_field(L, idx, h->S, K_STREAM);
   r->stream = lua_toboolean(L, -1);
-  t = raw_field(L, idx, kt, K_HEADERS);
+  t = raw_field(L, idx, h->S, K_HEADERS);
   if (t == LUA_TTABLE) {
     int rc = collect_headers(L, lua_gettop(L), h);
     if (rc)
@@ -744,10 +925,7 @@ static int l_http_response(lua_State *L) {
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
                           .body = ""};
   hdrs_t h;
-  h.v = h.small;
-  h.n = 0;
-  h.cap = sizeof h.small / sizeof h.small[0];
-  h.nums_used = 0;
+  hdrs_init(&h, L);
   int rc = to_response(L, 1, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
@@ -794,14 +972,11 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (t != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
-  if (!lua_checkstack(L, 12))
+  if (!lua_checkstack(L, 20))      /* to_response's 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   hdrs_t h;
-  h.v = h.small;
-  h.n = 0;
-  h.cap = sizeof h.small / sizeof h.small[0];
-  h.nums_used = 0;
+  hdrs_init(&h, L);
   int rc = to_response(L, m->idx, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];

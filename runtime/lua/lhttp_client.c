@@ -14,6 +14,13 @@
  *               headers = { host = "a.example", ["x-a"] = { "1", "2" } },
  *               body = "..." }
  * method defaults to GET and path to "/"; Host is the writer's to give.
+ * A table with forward = <a request of netrun.codec.http_server> instead
+ * sends that request on (netrun.http's forward option): its method,
+ * target, body and end-to-end fields, from the bytes the server codec
+ * kept (or the fields its handler assigned), with the table's headers
+ * added in place of fields of their names and the table's host as Host
+ * when the request has none; hop-by-hop fields, Content-Length and Expect
+ * stay behind.
  * Content-Length is added for a body (and for an empty POST, PUT or
  * PATCH) unless the headers frame it. A bad field (a method or header
  * name that is not a token, a control byte or space in the path, CR or
@@ -26,18 +33,22 @@
  *     trailers = { ... } (only when a chunked body had some),
  *     body = "...", keep_alive = true }
  * keep_alive says whether the connection may carry another request.
- * With raw = true (a proxy's mode) it is instead
- *   { status = 200, keep_alive = true, response = <netrun.codec.http_response> }
- * the response encoded once in C, without its hop-by-hop fields (RFC 9110
- * 7.6.1) and framing (Content-Length, Transfer-Encoding), ready for a
- * server codec's ctx:write, which frames it for its own client; no headers
- * or body table is built. (A body over 2 GiB comes as a table.)
+ * With raw = true (a proxy's mode) it is instead a
+ * netrun.http.raw_response: the response encoded once in C, without its
+ * hop-by-hop fields (RFC 9110 7.6.1) and framing (Content-Length,
+ * Transfer-Encoding), ready for a server codec's ctx:write, which frames
+ * it for its own client; res.status, res.keep_alive (true) and
+ * res.response (itself) read from it, and no headers or body table is
+ * built. A response after which the connection closes comes as
+ *   { status = 200, keep_alive = false, response = <raw_response> }
+ * (and one that cannot be prepared, a body over 2 GiB, as the table above).
  * A response it cannot read (malformed, over a limit, cut short by the
  * close) reaches exception_caught as "http_client: <kind>: <cause>" and
  * the channel is closed.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,68 +103,116 @@ static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
 }
 
 /* Hop-by-hop fields and the framing, which the codec writing the
- * response gives its own hop. */
+ * message gives its own hop. Told apart by length first: most fields of
+ * a message are none of them, and one compare then settles it. */
 static bool hop_by_hop(const char *n, size_t len) {
-#define HOP(s) {s, sizeof s - 1}
-  static const struct { const char *s; size_t n; } names[] = {
-      HOP("connection"), HOP("keep-alive"), HOP("te"), HOP("trailer"),
-      HOP("transfer-encoding"), HOP("upgrade"), HOP("proxy-connection"),
-      HOP("proxy-authenticate"), HOP("proxy-authorization"),
-      HOP("content-length")};
-#undef HOP
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (names[i].n == len && strncasecmp(names[i].s, n, len) == 0)
-      return true;
-  return false;
+#define IS(lit) (strncasecmp(n, lit, len) == 0)
+  switch (len) {
+  case 2: return IS("te");
+  case 7: return IS("trailer") || IS("upgrade");
+  case 10: return IS("connection") || IS("keep-alive");
+  case 14: return IS("content-length");
+  case 16: return IS("proxy-connection");
+  case 17: return IS("transfer-encoding");
+  case 18: return IS("proxy-authenticate");
+  case 19: return IS("proxy-authorization");
+  default: return false;
+  }
+#undef IS
 }
 
-/* The raw form: a prepared response (lhttp.c's class) of r's status,
- * end-to-end headers and body; false when r cannot be one (the caller
- * then pushes the table form). */
+/* The raw form: a netrun.http.raw_response, which is a prepared response
+ * (written, it goes to the pipeline as one: lnr.h's native messages) of
+ * r's status, end-to-end headers and body, whose status and keep_alive may
+ * be read (and response: itself, as the table form has one). It is made
+ * only for a response after which the connection stays open (keep_alive
+ * is true); false when r cannot be one (the caller then pushes the table
+ * form). The parser took only token names and values without control
+ * bytes, so the fields are prepared as they are. */
+#define RAW_CLASS "netrun.http.raw_response"
+
 static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
-  if (r->body_len > UINT32_MAX / 2 || r->status < 100 || r->status > 999)
+  if (r->body_len > UINT32_MAX / 2 || r->status < 100 || r->status > 999 ||
+      !r->keep_alive)
     return false;
   nr_http_header_t small[32], *kept = small;
   if (r->nheaders > sizeof small / sizeof small[0] &&
       (kept = malloc(r->nheaders * sizeof *kept)) == NULL)
     return false;
   size_t n = 0;
-  bool ok = true;
-  for (size_t i = 0; i < r->nheaders && ok; i++) {
+  for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
-    if (hop_by_hop(h->name, h->name_len))
-      continue;
-    ok = nr_http_is_token(h->name, h->name_len) &&
-         nr_http_is_field_value(h->value, h->value_len);
-    kept[n++] = *h;
+    if (!hop_by_hop(h->name, h->name_len))
+      kept[n++] = *h;
   }
-  if (ok) {
-    nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE,
-                              .status = r->status, .headers = kept,
-                              .nheaders = n, .body = r->body,
-                              .body_len = r->body_len};
-    size_t size = nr_http_prepared_size(&res);
-    lua_createtable(L, 0, 3);
-    lnr_native_t *ud = lua_newuserdatauv(L, sizeof *ud + size, 0);
-    ud->tag = &lnr_native_tag;
-    ud->pad = NULL;
-    nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
-    luaL_setmetatable(L, "netrun.codec.http_response");
-    lua_setfield(L, -2, "response");
-    lua_pushinteger(L, r->status);
-    lua_setfield(L, -2, "status");
-    lua_pushboolean(L, r->keep_alive);
-    lua_setfield(L, -2, "keep_alive");
-  }
+  nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE, .status = r->status,
+                            .headers = kept, .nheaders = n, .body = r->body,
+                            .body_len = r->body_len};
+  size_t size = nr_http_prepared_size(&res);
+  lnr_native_t *ud = lua_newuserdatauv(L, sizeof *ud + size, 0);
+  ud->tag = &lnr_native_tag;
+  ud->pad = NULL;
+  nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
+  luaL_setmetatable(L, RAW_CLASS);
   if (kept != small)
     free(kept);
-  return ok;
+  return true;
+}
+
+/* A raw response after which the connection closes, as the table
+ * { status, keep_alive = false, response }; false when it cannot be
+ * prepared (the caller then pushes the table form). */
+static bool push_raw_closing(lua_State *L, const nr_http_reply_t *r) {
+  nr_http_reply_t open = *r;
+  open.keep_alive = true;      /* (push_raw makes none for a closing one) */
+  if (!push_raw(L, &open))
+    return false;
+  lua_createtable(L, 0, 3);
+  lua_insert(L, -2);
+  lua_setfield(L, -2, "response");
+  lua_pushinteger(L, r->status);
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "keep_alive");
+  return true;
+}
+
+static int raw_index(lua_State *L) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, 1);
+  size_t n = 0;
+  const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : "";
+  if (pr == NULL)
+    return luaL_typeerror(L, 1, RAW_CLASS);
+  if (n == 6 && memcmp(k, "status", 6) == 0)
+    lua_pushinteger(L, pr->status);
+  else if (n == 10 && memcmp(k, "keep_alive", 10) == 0)
+    lua_pushboolean(L, 1);
+  else if (n == 8 && memcmp(k, "response", 8) == 0)
+    lua_settop(L, 1);
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+static int raw_tostring(lua_State *L) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, 1);
+  lua_pushfstring(L, RAW_CLASS " (%d, %d bytes of body)", pr ? pr->status : 0,
+                  pr ? (int)pr->body_len : 0);
+  return 1;
+}
+
+static const nr_handler_t *raw_not_a_handler(lua_State *L, int idx,
+                                             void **state) {
+  (void)idx;
+  (void)state;
+  luaL_error(L, RAW_CLASS ": a response to write, not a handler");
+  return NULL;
 }
 
 static void push_reply(lua_State *L, void *msg) {
   const nr_http_reply_t *r = msg;
   luaL_checkstack(L, 8, "http_client");
-  if (r->raw && push_raw(L, r))
+  if (r->raw && (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
     return;
   lua_createtable(L, 0, 7);
   lua_pushinteger(L, r->status);
@@ -277,9 +336,117 @@ static bool good_target(const char *s, size_t n) {
   return true;
 }
 
+/* ---- forwarding a server request ------------------------------------------- */
+
+/* Fields a forwarded request leaves behind besides the hop-by-hop ones:
+ * the server codec answered its Expect already. */
+static bool not_forwarded(const char *n, size_t len) {
+  return hop_by_hop(n, len) || (len == 6 && strncasecmp(n, "expect", 6) == 0);
+}
+
+/* Is name among h->v[0 .. n) (the fields the writer gave)? */
+static bool given(const hdrs_t *h, size_t n, const char *name, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (h->v[i].name_len == len && strncasecmp(h->v[i].name, name, len) == 0)
+      return true;
+  return false;
+}
+
+/* A forwarded field, unless hop-by-hop or given by the writer; *host is
+ * set when it is Host. */
+static int forward_field(hdrs_t *h, size_t ngiven, const char *name,
+                         size_t nl, const char *val, size_t vl, bool *host,
+                         char *err, size_t el) {
+  if (not_forwarded(name, nl) || given(h, ngiven, name, nl))
+    return 0;
+  *host = *host || (nl == 4 && strncasecmp(name, "host", 4) == 0);
+  return add_header(h, name, nl, val, vl, err, el);
+}
+
+/* The fields of the headers table at t (the handler read or set them):
+ * each value a string, or an array of them. */
+static int forward_table(lua_State *L, int t, hdrs_t *h, size_t ngiven,
+                         bool *host, char *err, size_t el) {
+  hdrs_t all = {.v = all.small, .cap = sizeof all.small / sizeof all.small[0]};
+  int rc = collect(L, t, &all, err, el);
+  for (size_t i = 0; rc == 0 && i < all.n; i++)
+    rc = forward_field(h, ngiven, all.v[i].name, all.v[i].name_len,
+                       all.v[i].value, all.v[i].value_len, host, err, el);
+  if (all.v != all.small)
+    free(all.v);
+  return rc;
+}
+
+/* The head's own fields, as they arrived (checked by the server's parser). */
+static int forward_raw(lua_State *L, int idx, size_t n, hdrs_t *h,
+                       size_t ngiven, bool *host, char *err, size_t el) {
+  nr_http_header_t small[32], *v = small;
+  if (n > sizeof small / sizeof small[0] && (v = malloc(n * sizeof *v)) == NULL) {
+    snprintf(err, el, "out of memory");
+    return -ENOMEM;
+  }
+  lnr_http_forward_fields(L, idx, v, n);
+  int rc = 0;                  /* (checked by the server's parser, but
+                                  checked again: cheap, and a codec that
+                                  trusted a field would send it) */
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = forward_field(h, ngiven, v[i].name, v[i].name_len, v[i].value,
+                       v[i].value_len, host, err, el);
+  if (v != small)
+    free(v);
+  return rc;
+}
+
+/* Fill c from the server request at fwd (the request table's forward
+ * field, at idx): its method, target, body and end-to-end fields; the
+ * table's headers are added and replace forwarded ones of their names; the
+ * table's host is the Host when the request has none (HTTP/1.0). */
+static int to_forward(lua_State *L, int idx, int fwd, nr_http_call_t *c,
+                      hdrs_t *h, char *err, size_t el) {
+  lnr_http_fwd_t f;
+  if (!lnr_http_forward_view(L, fwd, &f)) {
+    snprintf(err, el, "forward must be a request of netrun.codec.http_server, "
+             "got a %s", luaL_typename(L, fwd));
+    return -EINVAL;
+  }
+  if (f.bad != NULL) {
+    snprintf(err, el, "the forwarded request's %s cannot be sent", f.bad);
+    return -EINVAL;
+  }
+  if (!nr_http_is_token(f.method, f.method_len) ||
+      !good_target(f.target, f.target_len)) {
+    snprintf(err, el, "the forwarded request's %s cannot be sent",
+             nr_http_is_token(f.method, f.method_len) ? "path" : "method");
+    return -EINVAL;
+  }
+  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,
+                        .method_len = f.method_len, .target = f.target,
+                        .target_len = f.target_len,
+                        .body = f.body_len ? f.body : NULL,
+                        .body_len = f.body_len};
+  int rc = 0;
+  if (lua_getfield(L, idx, "headers") == LUA_TTABLE)
+    rc = collect(L, lua_gettop(L), h, err, el);
+  size_t ngiven = h->n;
+  bool host = given(h, ngiven, "host", 4);
+  if (rc == 0)
+    rc = f.headers ? forward_table(L, f.headers, h, ngiven, &host, err, el)
+                   : forward_raw(L, fwd, f.nheaders, h, ngiven, &host, err, el);
+  if (rc == 0 && !host && lua_getfield(L, idx, "host") == LUA_TSTRING) {
+    size_t n;
+    const char *v = lua_tolstring(L, -1, &n);
+    rc = add_header(h, "host", 4, v, n, err, el);
+  }
+  c->headers = h->v;
+  c->nheaders = h->n;
+  return rc;
+}
+
 /* Fill c from the request table at idx (its strings stay on the stack). */
 static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
                    char *err, size_t el) {
+  if (lua_getfield(L, idx, "forward") != LUA_TNIL)
+    return to_forward(L, idx, lua_gettop(L), c, h, err, el);
   int t = lua_getfield(L, idx, "method");
   c->method = t == LUA_TNIL ? "GET" : lua_tolstring(L, -1, &c->method_len);
   if (t == LUA_TNIL)
@@ -357,6 +524,76 @@ static const nr_handler_t lua_vt = {
     .inactive = nr_http_client_inactive, .read = nr_http_client_read,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
+/* ---- a request's options (netrun.http) ---------------------------------------------- */
+
+/* core.http.check_request(opts): raises, at the level of the call that
+ * gave opts (netrun.http's request or client:request), when opts is not
+ * a table of known options of the right types. One pass in C: a request
+ * is checked each time it is made, and this way that costs a few hundred
+ * instructions rather than a Lua loop and a C call per option. */
+static int raise_at(lua_State *L, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int raise_at(lua_State *L, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  luaL_where(L, 3);            /* 1 this, 2 netrun.http, 3 its caller */
+  lua_pushfstring(L, "netrun.http.request: %s", msg);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* The type an option must have (LUA_TNONE: any), or -2: no such option. */
+static int option_type(const char *k, size_t n) {
+  static const struct { const char *k; int t; } opts[] = {
+      {"method", LUA_TSTRING}, {"url", LUA_TNONE}, {"headers", LUA_TTABLE},
+      {"body", LUA_TSTRING}, {"timeout", LUA_TNUMBER},
+      {"max_body", LUA_TNUMBER}, {"tls", LUA_TNONE},
+      {"follow", LUA_TNUMBER}, {"forward", LUA_TUSERDATA}};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    if (strlen(opts[i].k) == n && memcmp(opts[i].k, k, n) == 0)
+      return opts[i].t;
+  return -2;
+}
+
+static int l_check_request(lua_State *L) {
+  if (lua_type(L, 1) != LUA_TTABLE)
+    return raise_at(L, "options must be a table, got %s", luaL_typename(L, 1));
+  lua_settop(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, 1)) {
+    size_t n = 0;
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &n)
+                                                   : NULL;
+    int want = k ? option_type(k, n) : -2, t = lua_type(L, -1);
+    if (want == -2)
+      return raise_at(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+    if (want == LUA_TUSERDATA) {             /* forward */
+      lnr_http_fwd_t f;
+      if (t != LUA_TUSERDATA || !lnr_http_forward_view(L, lua_gettop(L), &f))
+        return raise_at(L, "forward must be a request of "
+                        "netrun.codec.http_server, got %s", luaL_typename(L, -1));
+      lua_settop(L, 3);                      /* what the view pushed */
+      if (lua_getfield(L, 1, "method") != LUA_TNIL ||
+          lua_getfield(L, 1, "body") != LUA_TNIL)
+        return raise_at(L, "forward takes the request's method and body: give "
+                        "neither");
+      lua_settop(L, 3);
+    } else if (want == LUA_TNUMBER) {
+      if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
+        return raise_at(L, "%s must be a number >= 0, got %s", k,
+                        luaL_tolstring(L, -1, NULL));
+    } else if (want != LUA_TNONE && t != want) {
+      return raise_at(L, "%s must be a %s, got %s", k, lua_typename(L, want),
+                      luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
 /* ---- the constructor --------------------------------------------------------------- */
 
 static const nr_handler_t *make(lua_State *L, int idx, void **state) {
@@ -424,8 +661,17 @@ void lnr_open_http_client(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
   lnr_native_class(L, CLASS, make, l_tostring);
+  lnr_native_class(L, RAW_CLASS, raw_not_a_handler, raw_tostring);
+  luaL_getmetatable(L, RAW_CLASS);
+  lua_pushcfunction(L, raw_index);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   lua_getfield(L, -1, "codec");
   lua_pushcfunction(L, l_http_client);
   lua_setfield(L, -2, "http_client");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_pushcfunction(L, l_check_request);
+  lua_setfield(L, -2, "check_request");
   lua_pop(L, 1);
 }

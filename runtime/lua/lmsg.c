@@ -253,12 +253,15 @@ void *lnr_to_msg(lua_State *L, int idx, nr_channel_t *ch, lnr_msgbuf_t *m) {
     return native;
   if (t == LUA_TTABLE && ch && nr_channel_is_datagram(ch))
     return to_datagram(L, idx, m);
-  if (t == LUA_TTABLE && lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
-    lua_pop(L, 1);
-    return to_slices(L, idx, m);
-  }
-  if (t == LUA_TTABLE)
+  /* An array of strings? A table without [1] (its length is 0: a
+   * response table, say) is not, and needs no probe. */
+  if (t == LUA_TTABLE && lua_rawlen(L, idx) > 0) {
+    if (lua_rawgeti(L, idx, 1) == LUA_TSTRING) {
+      lua_pop(L, 1);
+      return to_slices(L, idx, m);
+    }
     lua_pop(L, 1);                       /* the rawgeti probe */
+  }
   m->u.lua = (lnr_lmsg_t){NR_MSG_LUA, L, idx};   /* as it is */
   return &m->u.lua;
 }

@@ -73,11 +73,16 @@ typedef struct lnr_pool_s {
  * or name walks a hash chain). The KEYED ones mirror a registry entry
  * under a pointer key that never changes once made (a metatable, a weak
  * cache), fetched per connection: see lnr_push_keyed. */
-enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS, LNR_SLOT_VOID,
+enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
+       LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
        LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT,
        LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_KEYED_PIPE_MT,
        LNR_KEYED_CTX_MT, LNR_KEYED_CTX_HANDLE_MT, LNR_KEYED_RECS,
        LNR_NSLOTS };
+
+/* Header strings of responses remembered as checked (lhttp.c): names
+ * and values, half each. */
+#define LNR_HTTP_CHECKED 64
 
 /* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
  * read, converted, wait on the stack of a thread of their own until that
@@ -118,6 +123,9 @@ typedef struct lnr_state_s {
   const void *native_mt;
   const nr_handler_t *(*native_make)(lua_State *L, int idx, void **state);
   lnr_batch_t *batch;         /* made when a Lua handler is first added */
+  /* Response header strings that passed their check, by address; each is
+   * anchored in LNR_SLOT_HTTP_CHECKED while it is here (lhttp.c). */
+  const char *http_checked[LNR_HTTP_CHECKED];
   lua_State *batch_thread;    /* the batch's thread, once made: the other
                                  thread the state's converters run on */
   /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of
@@ -333,6 +341,29 @@ void lnr_open_codec(lua_State *L);
 void lnr_open_http(lua_State *L);
 /* lhttp_client.c: core.codec.http_client. */
 void lnr_open_http_client(lua_State *L);
+/* lhttp.c: a server request (netrun.http.request) seen by the client
+ * codec that forwards it (lhttp_client.c), without making a Lua value of
+ * its fields. Loop thread of L. A field the handler assigned wins over
+ * the one that arrived; strings made for that (a target rebuilt from an
+ * assigned path or query) are pushed and stay on the stack. */
+typedef struct lnr_http_fwd_s {
+  const char *method, *target, *body;
+  size_t method_len, target_len, body_len;
+  int headers;                /* stack index of the headers table the
+                                 handler read or assigned (pushed), or 0:
+                                 forward the head's own nheaders fields */
+  size_t nheaders;
+  const char *bad;            /* the field the handler assigned a value
+                                 that cannot be sent (a table as path),
+                                 or NULL */
+} lnr_http_fwd_t;
+/* false if the value at idx (absolute) is no server request. */
+bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f);
+/* The head's fields of the request at idx as they arrived (names in
+ * their case, repeats apart), into out[0 .. cap): how many there are. */
+struct nr_http_header_s;
+size_t lnr_http_forward_fields(lua_State *L, int idx,
+                               struct nr_http_header_s *out, size_t cap);
 void lnr_open_handlers(lua_State *L);
 /* ltls.c: core.tls (server, client, reload, attach, handshake). */
 void lnr_open_tls(lua_State *L);

@@ -309,9 +309,11 @@ static int ctx_do_write(lua_State *L, bool flush) {
  * the pipeline as it is. */
 static int c_write(lua_State *L) {
   const lnr_state_t *S = lnr_state(L);
+  /* (the void promise is a full userdata: lua_touserdata gives the
+   * address lua_topointer gave when it was recorded, for less) */
   if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
       S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
-      lua_topointer(L, 3) == S->void_proxy) {
+      lua_touserdata(L, 3) == S->void_proxy) {
     void *native = lnr_to_native(L, 2);
     if (native != NULL) {
       nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */

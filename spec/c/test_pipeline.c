@@ -264,6 +264,49 @@ TEST(adding_to_a_closed_channels_pipeline_is_refused) {
 
 /* ---- exception routing ---------------------------------------------------------- */
 
+/* An outbound handler that refuses every write, and a handler that answers
+ * each exception with a write (an error response): that write fails at
+ * once, inside exception_caught. */
+static int refuse_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  (void)ctx, (void)msg, (void)p;
+  return nr_raise(-EPIPE, "refused");
+}
+static const nr_handler_t refuser = {.type = "refuser", .write = refuse_write};
+
+static int answer_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  th_t *t = nr_ctx_state(ctx);
+  (void)err;
+  if (++t->exceptions > 3)               /* without the guard: stop somewhere */
+    return 0;
+  nr_bytes_t b = NR_BYTES("error", 5);
+  nr_ctx_write(ctx, &b, NULL);
+  return 0;
+}
+static const nr_handler_t answerer = {
+    .type = "answerer", .exception = answer_exception, .removed = th_removed};
+
+/* The write's failure goes past the handler whose exception_caught is
+ * running, to the tail, instead of into that exception_caught again (and
+ * again: a peer's reset spun a loop that way). */
+TEST(an_exception_raised_inside_exception_caught_goes_past_it) {
+  nr_loop_t *loop = loop_new();
+  nr_embedded_t *e = nr_embedded_new(loop, NULL);
+  nr_pipeline_t *p = pipe_of(e);
+  CHECK_EQ(nr_pipeline_add_last(p, "refuser", &refuser, NULL), 0);
+  th_t *t = th_new("answerer");
+  add(p, "answerer", &answerer, t);
+  nr_embedded_start(e);
+  nr_pipeline_fire_exception(p, &(nr_err_t){-ECONNRESET, "reset"});
+  CHECK_EQ(t->exceptions, 1);
+  nr_err_t tail = nr_embedded_error(e);
+  CHECK_EQ(tail.code, -EPIPE);
+  CHECK_STR(tail.msg, "refused");
+  nr_pipeline_fire_exception(p, &(nr_err_t){-ECONNRESET, "again"});
+  CHECK_EQ(t->exceptions, 2);            /* the next one reaches it again */
+  nr_embedded_free(e);
+  nr_loop_free(loop);
+}
+
 /* An error raised in read goes to the raising handler's own
  * exception_caught, with the message it raised. */
 TEST(an_error_raised_in_read_goes_to_the_raisers_exception_caught) {
