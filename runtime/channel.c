@@ -155,6 +155,10 @@ nr_promise_t *nr_channel_close_future(const nr_channel_t *cch) {
 }
 
 void nr__channel_closed(nr_channel_t *ch) {
+  nr_init_fn hook = ch->closed_hook;
+  ch->closed_hook = NULL;                     /* once */
+  if (hook)
+    hook(ch, ch->init_arg);
   atomic_store(&ch->closed, true);
   nr_promise_t *p = atomic_load(&ch->close_future);
   if (p != NULL)

@@ -341,7 +341,10 @@ typedef struct nr_server_s {
   nr_loop_t *child_loop;        /* instead of child_group's next() */
   nr_channel_opts_t child;
   nr_init_fn child_init;
+  nr_init_fn child_closed;
   void *arg;
+  bool child_inherits;          /* TCP_NODELAY, SO_KEEPALIVE set on the
+                                   listener: accept(2) copies them */
   uint64_t backoff;
   nr_timer_t *backoff_timer;
   nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
@@ -373,6 +376,7 @@ struct nr_channel_s {
                                 (nr_channel_delay_shutdown_close) */
   nr_server_t *srv;
   nr_init_fn init;                   /* bootstrap: run at registration */
+  nr_init_fn closed_hook;            /* run (with init_arg) as it closes */
   void *init_arg;
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
   uint64_t connect_timeout;

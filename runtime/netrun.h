@@ -416,7 +416,11 @@ typedef struct nr_server_opts_s {
   nr_channel_opts_t child;   /* defaults applied if all zero */
   nr_init_fn init;           /* for the server channel itself (optional) */
   nr_init_fn child_init;     /* for each accepted channel */
-  void *arg;                 /* passed to both inits */
+  /* For each accepted channel, once, on its loop, as it closes (when its
+   * close future completes): cheaper than a listener on that future,
+   * which makes a promise per connection (optional). */
+  nr_init_fn child_closed;
+  void *arg;                 /* passed to both inits and child_closed */
 } nr_server_opts_t;
 
 typedef struct nr_connect_opts_s {

@@ -17,8 +17,15 @@
 #define PIPELINE "netrun.pipeline"
 
 typedef struct lpipe_s {
+  const void *tag;             /* &PIPE_TAG: proves the userdata is ours */
   nr_channel_t *ch;
 } lpipe_t;
+
+/* A pipeline object carries the address of PIPE_TAG, and its metatable is
+ * kept under a pointer key: init's ch:pipeline():add_last(...) runs per
+ * connection, and neither making the object nor checking it (each method
+ * call) looks a metatable up by name. */
+static const char PIPE_TAG = 0, PIPE_MT = 0;
 
 /* Push the pipeline object of the channel handle at idx. There is one per
  * handle, kept in the handle's user value, so ch:pipeline() ==
@@ -31,8 +38,10 @@ static void push_pipeline_of(lua_State *L, int idx) {
     return;
   lua_pop(L, 1);
   lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->tag = &PIPE_TAG;
   p->ch = lnr_check_handle(L, idx, LNR_CHANNEL);
-  luaL_setmetatable(L, PIPELINE);
+  lnr_push_keyed(L, LNR_KEYED_PIPE_MT, &PIPE_MT);
+  lua_setmetatable(L, -2);
   lua_pushvalue(L, idx);
   lua_setiuservalue(L, -2, 1);                 /* pipeline -> handle */
   lua_pushvalue(L, -1);
@@ -51,8 +60,16 @@ static int l_channel_pipeline(lua_State *L) {
   return 1;
 }
 
+/* The pipeline object at idx; raises for anything else. */
+static lpipe_t *to_pipe(lua_State *L, int idx) {
+  lpipe_t *p = lua_touserdata(L, idx);   /* a light one has length 0 */
+  if (p != NULL && lua_rawlen(L, idx) == sizeof *p && p->tag == &PIPE_TAG)
+    return p;
+  return luaL_checkudata(L, idx, PIPELINE);              /* raises */
+}
+
 static nr_pipeline_t *check_pipe(lua_State *L, int idx) {
-  lpipe_t *p = luaL_checkudata(L, idx, PIPELINE);
+  lpipe_t *p = to_pipe(L, idx);
   nr_loop_t *loop = nr_channel_loop(p->ch);
   if (loop == NULL || !nr_loop_in_thread(loop))
     luaL_error(L, "the pipeline of channel %d can only be used on its loop "
@@ -77,16 +94,42 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
   return NULL;
 }
 
+/* The maker of the native handler at idx (a userdata whose metatable has
+ * __netrun_native), or NULL. Init adds the same kinds on every connection,
+ * so the state remembers the metatable seen last and its maker: the next
+ * lookup is a pointer compare, not a field read by name. The metatable is
+ * anchored in a slot while remembered, so no other table takes its
+ * address meanwhile. */
+static lnr_native_fn native_maker(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
+    return NULL;
+  lnr_state_t *S = lnr_state(L);
+  if (S != NULL && S->native_mt == lua_topointer(L, -1)) {
+    lua_pop(L, 1);
+    return S->native_make;
+  }
+  lnr_native_fn make = NULL;
+  lua_pushliteral(L, "__netrun_native");
+  if (lua_rawget(L, -2) == LUA_TLIGHTUSERDATA)
+    make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
+  lua_pop(L, 1);                                      /* mt */
+  if (make != NULL && S != NULL) {
+    S->native_mt = lua_topointer(L, -1);
+    S->native_make = make;
+    lnr_set_slot(L, LNR_SLOT_NATIVE_MT);              /* pops mt */
+  } else {
+    lua_pop(L, 1);
+  }
+  return make;
+}
+
 /* Builds the C handler for the value at idx: a native handler (userdata
  * whose metatable has __netrun_native), or a Lua table or object. */
 static const nr_handler_t *make_handler(lua_State *L, int idx,
                                         const char *name, void **state) {
-  if (lua_type(L, idx) == LUA_TUSERDATA &&
-      luaL_getmetafield(L, idx, "__netrun_native") == LUA_TLIGHTUSERDATA) {
-    lnr_native_fn make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
-    lua_pop(L, 1);
+  lnr_native_fn make = native_maker(L, idx);
+  if (make != NULL)
     return make(L, idx, state);
-  }
   return lnr_make_lua_handler(L, idx, name, state);
 }
 
@@ -252,7 +295,7 @@ static int p_last(lua_State *L) {
 }
 
 static int p_channel(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
+  lpipe_t *p = to_pipe(L, 1);
   lnr_push_handle(L, LNR_CHANNEL, p->ch);
   return 1;
 }
@@ -302,7 +345,7 @@ static int p_close(lua_State *L) {
 }
 
 static int p_tostring(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
+  lpipe_t *p = to_pipe(L, 1);
   lua_pushfstring(L, "netrun.pipeline(channel %d)",
                   p->ch ? (int)nr_channel_id(p->ch) : -1);
   return 1;
@@ -330,6 +373,8 @@ void lnr_open_pipeline(lua_State *L) {
   static const luaL_Reg pipe_meta[] = {{"__tostring", p_tostring},
                                        {NULL, NULL}};
   lnr_new_class(L, PIPELINE, pipe_methods, pipe_meta);
+  luaL_getmetatable(L, PIPELINE);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &PIPE_MT);
   lnr_open_xctx(L);
   /* ch:pipeline() */
   luaL_getmetatable(L, lnr_kind_names[LNR_CHANNEL]);

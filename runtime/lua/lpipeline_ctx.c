@@ -31,19 +31,22 @@ static const char CTX_TAG = 0;
  * context, released by its __gc), and the shared metatable's __index finds
  * methods and the fields channel, pipeline, name and handler, then stores
  * them in the table, so the next ctx:write is a plain table read, not a
- * metamethod call. Both metatables are kept under pointer keys. */
+ * metamethod call. Both metatables are kept under pointer keys. The
+ * table is made with room for four such names (write, flush, close,
+ * channel: what most handlers use), so the first ones stored -- on every
+ * connection, for a ctx lives as long as its channel -- grow no table. */
 #define CTX_HANDLE "netrun.ctx.handle"
 static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
-  lua_createtable(L, 1, 0);
+  lua_createtable(L, 1, 4);
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
+  lnr_push_keyed(L, LNR_KEYED_CTX_HANDLE_MT, &CTX_HANDLE_KEY);
   lua_setmetatable(L, -2);
   lua_rawseti(L, -2, 1);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  lnr_push_keyed(L, LNR_KEYED_CTX_MT, &CTX_KEY);
   lua_setmetatable(L, -2);
 }
 
@@ -103,8 +106,13 @@ void lnr_ensure_ctx(nr_ctx_t *ctx) {
   }
 }
 
+/* __gc (once per connection): the tag tells a ctx handle, as in to_ctx,
+ * which costs less than luaL_checkudata's metatable lookup by name; a
+ * direct call with anything else does nothing. */
 static int ctx_gc(lua_State *L) {
-  lctx_t *c = luaL_checkudata(L, 1, CTX_HANDLE);
+  lctx_t *c = lua_touserdata(L, 1);
+  if (c == NULL || lua_rawlen(L, 1) != sizeof *c || c->tag != &CTX_TAG)
+    return 0;
   if (c->ctx) {
     nr_ctx_release(c->ctx);
     c->ctx = NULL;

@@ -81,6 +81,33 @@ void lnr_set_slot(lua_State *L, int slot) {
   S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
+static void keep_in_slot(lua_State *L, lnr_state_t *S, int slot) {
+  lua_pushvalue(L, -1);
+  S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+int lnr_push_keyed(lua_State *L, int slot, const void *key) {
+  lnr_state_t *S = state_of(L);
+  if (S != NULL && S->slots[slot] > 0)
+    return lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+  int t = lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  if (S != NULL && t != LUA_TNIL)
+    keep_in_slot(L, S, slot);
+  return t;
+}
+
+void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
+                         const char *mode) {
+  lnr_state_t *S = state_of(L);
+  if (S != NULL && S->slots[slot] > 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+    return;
+  }
+  lnr_push_weak(L, key, mode);
+  if (S != NULL)
+    keep_in_slot(L, S, slot);
+}
+
 nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
 /* ---- protected calls ---------------------------------------------------- */
