@@ -1082,7 +1082,7 @@ static int head_close(nr_ctx_t *ctx, nr_promise_t *p) {
   return 0;
 }
 
-static int head_do_read(nr_ctx_t *ctx) {
+static int head_read(nr_ctx_t *ctx) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   ch->st |= NR__READ_REQ;
   nr__channel_update_interest(ch);
@@ -1178,7 +1178,7 @@ static int head_flush(nr_ctx_t *ctx) {
 
 const nr_handler_t nr__head_handler = {
     .type = "head", .bind = head_bind, .connect = head_connect,
-    .disconnect = head_close, .close = head_close, .do_read = head_do_read,
+    .disconnect = head_close, .close = head_close, .read = head_read,
     .write = head_write, .flush = head_flush};
 
 /* ---- any-thread entry points ----------------------------------------------------- */

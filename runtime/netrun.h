@@ -4,7 +4,7 @@
  * The core reproduces Netty's NioEventLoop model: groups of single-threaded
  * loops, each owning an epoll selector, a lock-free task queue, a timer heap
  * and tail tasks; channels bound to one loop for life; handler pipelines.
- * It knows nothing of Lua: the bindings in runtime/lua/ sit on top of it.
+ * It knows nothing of Lua: the bindings in runtime/bindings/ sit on top of it.
  *
  * Conventions:
  *  - Functions return 0 or -errno. Pointer-returning constructors return NULL
@@ -294,7 +294,7 @@ enum {
   NR_MSG_BYTES = 1,          /* nr_bytes_t */
   NR_MSG_SLICES,             /* nr_slices_t: gathered bytes, one write */
   NR_MSG_DATAGRAM,           /* nr_datagram_t */
-  NR_MSG_LUA,                /* a Lua value (runtime/lua/) */
+  NR_MSG_LUA,                /* a Lua value (runtime/bindings/) */
   NR_MSG_EVENT,              /* nr_event_t */
   NR_MSG_NATIVE = 16,        /* first tag of netrun's own handlers */
   NR_MSG_USER = 1000         /* first tag free for applications */
@@ -551,8 +551,8 @@ typedef struct nr_handler_s {
   int (*unregistered)(nr_ctx_t *ctx);
   int (*active)(nr_ctx_t *ctx);
   int (*inactive)(nr_ctx_t *ctx);
-  int (*read)(nr_ctx_t *ctx, void *msg);
-  int (*read_complete)(nr_ctx_t *ctx);
+  int (*channel_read)(nr_ctx_t *ctx, void *msg);
+  int (*channel_read_complete)(nr_ctx_t *ctx);
   int (*user_event)(nr_ctx_t *ctx, void *evt);
   int (*writability_changed)(nr_ctx_t *ctx);
   int (*exception)(nr_ctx_t *ctx, const nr_err_t *err);
@@ -563,7 +563,7 @@ typedef struct nr_handler_s {
                  nr_promise_t *p);
   int (*disconnect)(nr_ctx_t *ctx, nr_promise_t *p);
   int (*close)(nr_ctx_t *ctx, nr_promise_t *p);
-  int (*do_read)(nr_ctx_t *ctx);
+  int (*read)(nr_ctx_t *ctx);
   int (*write)(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
   int (*flush)(nr_ctx_t *ctx);
   unsigned (*mask)(const struct nr_handler_s *h, void *state);

@@ -77,12 +77,12 @@ size_t nr_decoder_buffered(const nr_decoder_t *d);
 /* Handler callbacks of the base; a decoder's state must be a malloc'd
  * struct starting with nr_decoder_t (it is freed by nr_decoder_removed,
  * which first hands any unconsumed bytes to the next handler, as Netty
- * does when a decoder leaves the pipeline). nr_decoder_read decodes
+ * does when a decoder leaves the pipeline). nr_decoder_channel_read decodes
  * nr_bytes_t and nr_slices_t; other messages pass through. While the
  * channel is unwritable (a peer that does not read what the handlers
  * answer) the decoder stops reading and decoding after the frame just
  * delivered; nr_decoder_writability goes on once the channel drains. */
-int nr_decoder_read(nr_ctx_t *ctx, void *msg);
+int nr_decoder_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_decoder_inactive(nr_ctx_t *ctx);
 int nr_decoder_user_event(nr_ctx_t *ctx, void *evt);
 int nr_decoder_writability(nr_ctx_t *ctx);
@@ -90,7 +90,8 @@ void nr_decoder_removed(nr_ctx_t *ctx);
 
 #define NR_DECODER_HANDLER(type_)                                            \
   {.type = (type_), .removed = nr_decoder_removed,                           \
-   .read = nr_decoder_read, .inactive = nr_decoder_inactive,                 \
+   .channel_read = nr_decoder_channel_read,                                  \
+   .inactive = nr_decoder_inactive,                                          \
    .user_event = nr_decoder_user_event,                                      \
    .writability_changed = nr_decoder_writability}
 

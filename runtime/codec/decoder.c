@@ -163,7 +163,7 @@ static int feed_error(const char *name, int rc) {
 
 /* Bytes are decoded; gathered bytes too, slice by slice; anything else is
  * not for this decoder and passes on. */
-int nr_decoder_read(nr_ctx_t *ctx, void *msg) {
+int nr_decoder_channel_read(nr_ctx_t *ctx, void *msg) {
   nr_decoder_t *d = nr_ctx_state(ctx);
   const char *name = d->name;                  /* d may be freed by feed */
   int type = nr_msg_type(msg);

@@ -207,7 +207,7 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token);
 int nr_http_server_active(nr_ctx_t *ctx);
 int nr_http_server_inactive(nr_ctx_t *ctx);
 int nr_http_server_read_complete(nr_ctx_t *ctx);
-int nr_http_server_read(nr_ctx_t *ctx, void *msg);
+int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);
 

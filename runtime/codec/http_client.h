@@ -137,7 +137,7 @@ extern const nr_handler_t nr_http_client_handler;
 /* The handler's members, for a binding that puts a Lua-aware write in
  * front (lhttp_client.c). */
 void nr_http_client_removed(nr_ctx_t *ctx);
-int nr_http_client_read(nr_ctx_t *ctx, void *msg);
+int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_client_inactive(nr_ctx_t *ctx);
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 

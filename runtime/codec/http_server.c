@@ -594,7 +594,7 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   return true;
 }
 
-int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
+int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
@@ -869,5 +869,6 @@ int nr_http_server_writability(nr_ctx_t *ctx) {
 const nr_handler_t nr_http_server_handler = {
     .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
     .active = nr_http_server_active, .inactive = nr_http_server_inactive,
-    .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
+    .channel_read = nr_http_server_channel_read,
+    .writability_changed = nr_http_server_writability,
     .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};

@@ -294,7 +294,7 @@ static void feed(nr_ctx_t *ctx, resp_t *s, const char *data, size_t len) {
     release(ctx, s, rest, nrest);
 }
 
-static int resp_read(nr_ctx_t *ctx, void *msg) {
+static int resp_channel_read(nr_ctx_t *ctx, void *msg) {
   resp_t *s = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
@@ -335,6 +335,6 @@ static int resp_writability(nr_ctx_t *ctx) {
 const nr_handler_t nr_resp_handler = {
     .type = "resp",
     .removed = resp_removed,
-    .read = resp_read,
+    .channel_read = resp_channel_read,
     .writability_changed = resp_writability,
 };

@@ -900,7 +900,7 @@ int nr_ws_close(nr_ctx_t *ctx, nr_promise_t *p) {
 const nr_handler_t nr_ws_handler = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
-    .inactive = nr_ws_inactive, .read = nr_decoder_read,
+    .inactive = nr_ws_inactive, .channel_read = nr_decoder_channel_read,
     .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = nr_ws_write, .close = nr_ws_close,

@@ -98,7 +98,7 @@ typedef struct tls_s {
   bool flush_owed;                /* a flush waits for the gather's end */
   bool hold;                      /* ... or for the read's read_complete */
   int busy;
-  int gather;                     /* inside tls_read / tls_read_complete */
+  int gather;                     /* inside tls_channel_read(_complete) */
 } tls_t;
 
 static int drain(tls_t *s);
@@ -709,7 +709,7 @@ static bool gather_leave(tls_t *s) {
   return true;
 }
 
-static int tls_read(nr_ctx_t *ctx, void *msg) {
+static int tls_channel_read(nr_ctx_t *ctx, void *msg) {
   tls_t *s = nr_ctx_state(ctx);
   int type = nr_msg_type(msg), rc = 0;
   if (type != NR_MSG_BYTES && type != NR_MSG_SLICES) {
@@ -736,7 +736,7 @@ static int tls_read(nr_ctx_t *ctx, void *msg) {
   return rc;
 }
 
-static int tls_read_complete(nr_ctx_t *ctx) {
+static int tls_channel_read_complete(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   read_if_needed(s);
   bool fired = s->fired;
@@ -934,8 +934,8 @@ const nr_handler_t nr_tls_handler = {
     .removed = tls_removed,
     .active = tls_active,
     .inactive = tls_inactive,
-    .read = tls_read,
-    .read_complete = tls_read_complete,
+    .channel_read = tls_channel_read,
+    .channel_read_complete = tls_channel_read_complete,
     .write = tls_write,
     .flush = tls_flush,
     .close = tls_close,

@@ -27,8 +27,8 @@
  * its address is the destination on write. */
 static int echo_read(nr_ctx_t *ctx, void *msg) { return nr_ctx_write(ctx, msg, NULL); }
 static int echo_flush(nr_ctx_t *ctx) { return nr_ctx_flush(ctx); }
-static const nr_handler_t echo = {.type = "echo", .read = echo_read,
-                                  .read_complete = echo_flush};
+static const nr_handler_t echo = {.type = "echo", .channel_read = echo_read,
+                                  .channel_read_complete = echo_flush};
 
 static void echo_init(nr_channel_t *ch, void *arg) {
   (void)arg;
@@ -559,7 +559,8 @@ static int collect(nr_ctx_t *ctx, void *msg) {
     nr_promise_set_success(got.done, NULL, NULL);
   return 0;
 }
-static const nr_handler_t collector = {.type = "collect", .read = collect};
+static const nr_handler_t collector = {.type = "collect",
+                                       .channel_read = collect};
 static void collect_init(nr_channel_t *ch, void *arg) {
   (void)arg;
   CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "collect", &collector, NULL), 0);
@@ -792,8 +793,8 @@ static int on_user_event(nr_ctx_t *ctx, void *evt) {
   nr_ctx_close(ctx, NULL);
   return 0;
 }
-static const nr_handler_t half = {.type = "half", .read = echo_read,
-                                  .read_complete = echo_flush,
+static const nr_handler_t half = {.type = "half", .channel_read = echo_read,
+                                  .channel_read_complete = echo_flush,
                                   .inactive = note_inactive,
                                   .user_event = on_user_event};
 static void half_init(nr_channel_t *ch, void *arg) {

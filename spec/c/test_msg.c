@@ -3,7 +3,7 @@
  * and netrun's handlers' tags each have a name, registered as the program
  * loads; a tag or name taken twice, or one type too many, is refused, and
  * a handler's declaration that clashes aborts the program, naming both.
- * Then the Lua bindings' converter table (runtime/lua/lmsg.c), which fails
+ * Then the Lua bindings' converter table (runtime/bindings/lmsg.c), which fails
  * as loudly: a second converter for a type, one more type than it holds,
  * a converter for a type no handler registered.
  */
@@ -14,7 +14,7 @@
 #include "codec/resp.h"
 #include "codec/ws.h"
 #include "handler/handler.h"
-#include "lua/lnr.h"
+#include "bindings/lnr.h"
 #include "test.h"
 #include "tls/tls.h"
 

@@ -258,7 +258,8 @@ static int l_buffered(lua_State *L) {
   if (!nr_loop_in_thread(nr_channel_loop(ch)))
     return luaL_error(L, "netrun.codec.buffered: only on the channel's loop");
   nr_ctx_t *ctx = nr_pipeline_context(nr_channel_pipeline(ch), name);
-  if (ctx == NULL || nr_ctx_handler(ctx)->read != nr_decoder_read)
+  if (ctx == NULL ||
+      nr_ctx_handler(ctx)->channel_read != nr_decoder_channel_read)
     return luaL_error(L, "netrun.codec.buffered: no decoder named '%s'", name);
   lua_pushinteger(L, (lua_Integer)nr_decoder_buffered(nr_ctx_state(ctx)));
   return 1;

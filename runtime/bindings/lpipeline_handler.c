@@ -351,7 +351,7 @@ INBOUND0(lh_inactive, "channel_inactive", NR_EV_INACTIVE, nr_ctx_fire_inactive)
     return lnr_lh_finish(ctx, lnr_lh_begin(ctx, method), 0, method);        \
   }
 OUTBOUND0(lh_flush, "flush", NR_OP_FLUSH, nr_ctx_flush)
-OUTBOUND0(lh_do_read, "read", NR_OP_READ, nr_ctx_read)
+OUTBOUND0(lh_read, "read", NR_OP_READ, nr_ctx_read)
 
 /* Writable again: what the handler holds goes on first. What is still
  * held afterwards stays held: this event does not force it out, so it
@@ -527,10 +527,12 @@ static unsigned lh_mask(const nr_handler_t *vt, void *state) {
 const nr_handler_t lnr_lua_vt = {
     .type = "lua", .added = lh_added, .removed = lh_removed,
     .registered = lh_registered, .unregistered = lh_unregistered,
-    .active = lh_active, .inactive = lh_inactive, .read = lnr_lh_read,
-    .read_complete = lnr_lh_read_complete, .user_event = lh_user_event,
+    .active = lh_active, .inactive = lh_inactive,
+    .channel_read = lnr_lh_channel_read,
+    .channel_read_complete = lnr_lh_channel_read_complete,
+    .user_event = lh_user_event,
     .writability_changed = lh_writability, .exception = lh_exception,
     .bind = lh_bind, .connect = lh_connect, .disconnect = lh_disconnect,
-    .close = lh_close, .do_read = lh_do_read, .write = lh_write,
+    .close = lh_close, .read = lh_read, .write = lh_write,
     .flush = lh_flush, .mask = lh_mask};
 

@@ -823,7 +823,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 static const nr_handler_t lua_http_vt = {
     .type = "http_server", .added = nr_http_server_added,
     .removed = nr_http_server_removed, .active = nr_http_server_active,
-    .inactive = nr_http_server_inactive, .read = nr_http_server_read,
+    .inactive = nr_http_server_inactive,
+    .channel_read = nr_http_server_channel_read,
     .read_failed = nr_http_server_read_failed,
     .writability_changed = nr_http_server_writability,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};

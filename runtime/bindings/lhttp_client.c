@@ -426,7 +426,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 
 static const nr_handler_t lua_vt = {
     .type = "http_client", .removed = nr_http_client_removed,
-    .inactive = nr_http_client_inactive, .read = nr_http_client_read,
+    .inactive = nr_http_client_inactive,
+    .channel_read = nr_http_client_channel_read,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- a request's options (netrun.http) ---------------------------------------------- */

@@ -1,5 +1,5 @@
 /*
- * lnr.h -- internals of the Lua bindings (runtime/lua/). Only these files
+ * lnr.h -- internals of the Lua bindings (runtime/bindings/). Only these files
  * include both lua.h and netrun.h.
  *
  * Threading: every lua_State belongs to one thread -- the main thread (the

@@ -1,6 +1,6 @@
 /*
  * lpipeline.h -- what the files of Lua handlers in the C pipeline share
- * (internal to runtime/lua/lpipeline*.c; everything here runs on a loop
+ * (internal to runtime/bindings/lpipeline*.c; everything here runs on a loop
  * thread, the one whose state the handler or ctx belongs to, unless it
  * says otherwise).
  *
@@ -84,8 +84,8 @@ int lnr_batch_init(lnr_state_t *S);
  * what waits is delivered first. False when the event goes on instead:
  * the handler left its pipeline meanwhile, or has no method for bit. */
 bool lnr_lh_enter(nr_ctx_t *ctx, unsigned bit);
-int lnr_lh_read(nr_ctx_t *ctx, void *msg);
-int lnr_lh_read_complete(nr_ctx_t *ctx);
+int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg);
+int lnr_lh_channel_read_complete(nr_ctx_t *ctx);
 /* channel_writability_changed reaching a handler that holds reads: they go
  * on if the channel is writable. True when the handler left meanwhile. */
 bool lnr_lh_writable_held(nr_ctx_t *ctx);
