@@ -106,6 +106,8 @@ load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answer
   esac
 }
 
+# Server ports are drawn below the ephemeral range (32768-): a port above
+# it may be a client's, and the server's bind then fails.
 instr_one() {   # $1 case: prints "instructions/request"
   local port=$((20000 + RANDOM % 12000)) out=$work/cg.$1 reqs ir scale warm
   bash -c "exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out \

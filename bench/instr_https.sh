@@ -86,7 +86,7 @@ load() {   # $1 case, $2 port, $3 seconds: prints connections made
 }
 
 instr_one() {   # $1 case: prints "instructions/connection connections"
-  local port=$((20000 + RANDOM % 20000)) out=$work/cg.$1 conns ir cmd
+  local port=$((20000 + RANDOM % 12000)) out=$work/cg.$1 conns ir cmd
   cmd=$(server_cmd "$1" "$port")
   bash -c "exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out $cmd" \
     >"$work/log.$1" 2>&1 &
@@ -104,7 +104,7 @@ instr_one() {   # $1 case: prints "instructions/connection connections"
 }
 
 sys_one() {   # $1 case: prints "syscalls/connection"
-  local port=$((20000 + RANDOM % 20000)) conns calls cmd child
+  local port=$((20000 + RANDOM % 12000)) conns calls cmd child
   cmd=$(server_cmd "$1" "$port")
   bash -c "exec strace -f -c -o $work/st.$1 $cmd" >/dev/null 2>&1 &
   spid=$!

@@ -51,7 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lua/lmain.h"
+#include "bindings/lmain.h"
 #include "netrun.h"
 
 static const char *progname = "netrun";

@@ -9,6 +9,8 @@
  * reuseport server binds one listener per child loop (see "reuseport"
  * below): the first as above, the others from the first one's loop.
  */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -87,6 +89,17 @@ static nr_promise_t *fail_with_raised(int rc) {
 
 /* A listening channel on fd, not yet registered; NULL when out of memory
  * (the fd is closed then). */
+/* Linux's accept(2) gives a connection its listener's TCP_NODELAY and
+ * SO_KEEPALIVE: set once on the listener, they cost no setsockopt per
+ * connection (nginx sets neither per connection). Whether both took. */
+static bool set_inherited(int fd, const nr_channel_opts_t *child) {
+  int on = 1;
+  return (!child->tcp_nodelay ||
+          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) == 0) &&
+         (!child->keepalive ||
+          setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) == 0);
+}
+
 static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
                                   int fd) {
   nr_channel_t *ch = nr__channel_new(NR__LISTEN, family, fd, NULL);
@@ -107,6 +120,8 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
   static const nr_channel_opts_t zero;
   srv->child = memcmp(&o->child, &zero, sizeof zero) ? o->child : dflt;
   srv->child_init = o->child_init;
+  srv->child_closed = o->child_closed;
+  srv->child_inherits = family != AF_UNIX && set_inherited(fd, &srv->child);
   srv->arg = o->arg;
   srv->backoff = o->accept_backoff ? o->accept_backoff : NR_SEC(1);
   ch->srv = srv;
@@ -434,12 +449,16 @@ static void spawn_child(nr_channel_t *srv_ch, int fd,
     close(fd);
     return;
   }
-  nr__apply_opts(fd, srv_ch->family, &ch->opts);
+  nr_channel_opts_t opts = ch->opts;
+  if (srv->child_inherits)
+    opts.tcp_nodelay = opts.keepalive = false;     /* the listener's */
+  nr__apply_opts(fd, srv_ch->family, &opts);
   if (nr__channel_set_raddr(ch, ss, len) < 0) {
     nr_channel_release(ch);                   /* closes the fd */
     return;
   }
   ch->init = srv->child_init;
+  ch->closed_hook = srv->child_closed;
   ch->init_arg = srv->arg;
   ch->loop = srv->child_loop ? srv->child_loop : nr_group_next(srv->child_group);
   if (nr__in_loop(ch->loop)) {

@@ -155,6 +155,10 @@ nr_promise_t *nr_channel_close_future(const nr_channel_t *cch) {
 }
 
 void nr__channel_closed(nr_channel_t *ch) {
+  nr_init_fn hook = ch->closed_hook;
+  ch->closed_hook = NULL;                     /* once */
+  if (hook)
+    hook(ch, ch->init_arg);
   atomic_store(&ch->closed, true);
   nr_promise_t *p = atomic_load(&ch->close_future);
   if (p != NULL)
@@ -1078,7 +1082,7 @@ static int head_close(nr_ctx_t *ctx, nr_promise_t *p) {
   return 0;
 }
 
-static int head_do_read(nr_ctx_t *ctx) {
+static int head_read(nr_ctx_t *ctx) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   ch->st |= NR__READ_REQ;
   nr__channel_update_interest(ch);
@@ -1105,7 +1109,7 @@ static int unwritable(nr_channel_t *ch, void *msg) {
   else if (describer != NULL)
     describer(msg, what, sizeof what);
   else
-    snprintf(what, sizeof what, "a message of type %d", type);
+    nr_msg_describe(type, what, sizeof what);
   if (ch->kind == NR__DGRAM)
     return nr_raise(-EINVAL, "cannot write %s to a datagram channel: it takes "
                     "{ data = ..., host = ..., port = ... }", what);
@@ -1174,7 +1178,7 @@ static int head_flush(nr_ctx_t *ctx) {
 
 const nr_handler_t nr__head_handler = {
     .type = "head", .bind = head_bind, .connect = head_connect,
-    .disconnect = head_close, .close = head_close, .do_read = head_do_read,
+    .disconnect = head_close, .close = head_close, .read = head_read,
     .write = head_write, .flush = head_flush};
 
 /* ---- any-thread entry points ----------------------------------------------------- */

@@ -110,7 +110,7 @@ static int head_flush(nr_ctx_t *ctx) {
   return 0;
 }
 
-static int head_do_read(nr_ctx_t *ctx) {
+static int head_read(nr_ctx_t *ctx) {
   (void)ctx;
   return 0;
 }
@@ -138,12 +138,12 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
 
 static const nr_handler_t embedded_head = {
     .type = "head", .bind = head_bind, .connect = head_connect,
-    .disconnect = head_close, .close = head_close, .do_read = head_do_read,
+    .disconnect = head_close, .close = head_close, .read = head_read,
     .write = head_write, .flush = head_flush};
 
 /* ---- the tail: what nobody handled is captured ------------------------------- */
 
-static int tail_read(nr_ctx_t *ctx, void *msg) {
+static int tail_channel_read(nr_ctx_t *ctx, void *msg) {
   nr_embedded_t *e = of(ctx);
   if (e == NULL)
     return 0;
@@ -175,8 +175,9 @@ static int tail_ignore_evt(nr_ctx_t *c, void *e) { (void)c, (void)e; return 0; }
 
 static const nr_handler_t embedded_tail = {
     .type = "tail", .registered = tail_ignore, .unregistered = tail_ignore,
-    .active = tail_ignore, .inactive = tail_ignore, .read = tail_read,
-    .read_complete = tail_ignore, .user_event = tail_ignore_evt,
+    .active = tail_ignore, .inactive = tail_ignore,
+    .channel_read = tail_channel_read,
+    .channel_read_complete = tail_ignore, .user_event = tail_ignore_evt,
     .writability_changed = tail_ignore, .exception = tail_exception};
 
 /* ---- lifetime ---------------------------------------------------------------- */

@@ -1,8 +1,8 @@
 /*
  * executor.c -- the single-thread executor under every loop (Netty's
  * SingleThreadEventExecutor): lazy thread start, states, the task queue with
- * its shutdown-safe submission, timers, tail tasks, shutdown hooks and the
- * graceful shutdown of confirmShutdown().
+ * its shutdown-safe submission, running tasks (due timers first: timer.c),
+ * tail tasks, shutdown hooks and the graceful shutdown of confirmShutdown().
  *
  * Threads: producers touch only `tasks`, `tail_tasks`, `state`, `producers`,
  * `enqueued` and `next_wakeup`. Everything else is the loop thread's.
@@ -263,26 +263,6 @@ static nr_task_t *next_task(nr_loop_t *l) {
   return nr__mpsc_pop(&l->tasks);
 }
 
-static int fire_timer(void *arg);
-
-/* Move due timers to the ready list (Netty's fetchFromScheduledTaskQueue). */
-static void fetch_due(nr_loop_t *l, uint64_t now) {
-  nr_timer_t *t;
-  while ((t = nr__heap_peek(&l->heap)) != NULL && t->deadline <= now) {
-    nr__heap_pop(&l->heap);
-    t->task.fn = fire_timer;
-    t->task.arg = t;
-    t->task.flags = 0;
-    atomic_store_explicit(&t->task.next, NULL, memory_order_relaxed);
-    if (l->ready == NULL)
-      l->ready = &t->task;
-    else
-      atomic_store_explicit(&l->ready_tail->next, &t->task,
-                            memory_order_relaxed);
-    l->ready_tail = &t->task;
-  }
-}
-
 static void run_tail_tasks(nr_loop_t *l) {
   nr_task_t *t;
   while ((t = nr__mpsc_pop(&l->tail_tasks)) != NULL) {
@@ -291,35 +271,30 @@ static void run_tail_tasks(nr_loop_t *l) {
   }
 }
 
-/* Netty's runAllTasks: due timers, then queued tasks. When `bounded`, stop
- * once `timeout` ns have passed, checking the clock every 64 tasks (so a
- * zero timeout runs at most 64). Tail tasks run afterwards. Returns whether
- * any task ran. */
-int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
+/* The one task loop under both of Netty's runAllTasks: due timers, then
+ * queued tasks; when `bounded`, stop once `timeout` ns have passed,
+ * checking the clock every 64 tasks (so a zero timeout runs at most 64);
+ * when not, fetch the timers that fell due meanwhile every 64 tasks. Tail
+ * tasks run afterwards. Returns whether any task ran. */
+static inline bool run_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
   uint64_t start = nr_now(), n = 0;
-  fetch_due(l, start);
+  nr__timers_fetch_due(l, start);
   nr_task_t *t;
   for (;;) {
     bool from_queue = l->ready == NULL;
     if ((t = next_task(l)) == NULL)
       break;
-    if (from_queue)   /* single writer: a plain store, no read-modify-write */
-      atomic_store_explicit(&l->dequeued,
-                            atomic_load_explicit(&l->dequeued,
-                                                 memory_order_relaxed) + 1,
-                            memory_order_relaxed);
+    if (from_queue)
+      nr__stat_add(&l->dequeued, 1);
     /* Counted before it runs: whoever learns of a task's effects (say, a
      * promise it completed) then also sees it in the stats. */
-    atomic_store_explicit(&l->tasks_run,
-                          atomic_load_explicit(&l->tasks_run,
-                                               memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    nr__stat_add(&l->tasks_run, 1);
     run_task(l, t);
     if ((++n & 63) == 0) {
       if (bounded && nr_now() - start >= timeout)
         break;
       if (!bounded)
-        fetch_due(l, nr_now());
+        nr__timers_fetch_due(l, nr_now());
     }
   }
   run_tail_tasks(l);
@@ -329,153 +304,15 @@ int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
   if (n) {
     uint64_t end = nr_now();
     l->last_execution = end;
-    atomic_store_explicit(&l->task_time,
-                          atomic_load_explicit(&l->task_time,
-                                               memory_order_relaxed) +
-                              (end - start),
-                          memory_order_relaxed);
+    nr__stat_add(&l->task_time, end - start);
   }
   return n > 0;
 }
 
-/* ---- timers -------------------------------------------------------------- */
+bool nr__run_all_tasks(nr_loop_t *l) { return run_tasks(l, 0, false); }
 
-static void timer_unref(nr_timer_t *t) {
-  if (atomic_fetch_sub(&t->refs, 1) == 1)
-    free(t);
-}
-
-void nr_timer_release(nr_timer_t *t) {
-  if (t)
-    timer_unref(t);
-}
-
-bool nr_timer_is_cancelled(const nr_timer_t *t) {
-  return atomic_load(&((nr_timer_t *)t)->state) == NR_TIMER_CANCELLED;
-}
-
-/* Drop a timer the loop will not run again. */
-static void discard(nr_loop_t *l, nr_timer_t *t, bool cancelled) {
-  if (cancelled && t->cancel_fn)
-    t->cancel_fn(t->arg);
-  atomic_fetch_sub_explicit(&l->timer_count, 1, memory_order_relaxed);
-  timer_unref(t);
-}
-
-static void add_timer(nr_loop_t *l, nr_timer_t *t) {
-  if (atomic_load(&t->state) != NR_TIMER_PENDING) {
-    discard(l, t, true);
-    return;
-  }
-  if (nr__heap_push(&l->heap, t, l->timer_seq++) < 0) {
-    nr_log(NR_LOG_ERROR, "%s: out of memory scheduling a timer", l->name);
-    atomic_store(&t->state, NR_TIMER_CANCELLED);
-    discard(l, t, true);
-  }
-}
-
-static int add_timer_task(void *arg) {
-  nr_timer_t *t = arg;
-  add_timer(t->loop, t);
-  return 0;
-}
-
-static int fire_timer(void *arg) {
-  nr_timer_t *t = arg;
-  nr_loop_t *l = t->loop;
-  int expect = NR_TIMER_PENDING;
-  if (t->period == 0 &&
-      !atomic_compare_exchange_strong(&t->state, &expect, NR_TIMER_DONE)) {
-    discard(l, t, true);
-    return 0;
-  }
-  if (t->period != 0 && atomic_load(&t->state) != NR_TIMER_PENDING) {
-    discard(l, t, true);
-    return 0;
-  }
-  int rc = t->fn(t->arg);
-  if (t->period == 0) {
-    discard(l, t, false);
-  } else if (atomic_load(&t->state) == NR_TIMER_PENDING &&
-             !nr_loop_is_shutting_down(l)) {
-    t->deadline = t->period > 0 ? t->deadline + (uint64_t)t->period
-                                : nr_now() + (uint64_t)-t->period;
-    add_timer(l, t);
-  } else {
-    atomic_store(&t->state, NR_TIMER_CANCELLED);
-    discard(l, t, true);
-  }
-  return rc;
-}
-
-nr_timer_t *nr_loop_schedule(nr_loop_t *l, uint64_t delay, int64_t period,
-                             nr_task_fn fn, nr_task_fn cancel_fn, void *arg) {
-  nr_timer_t *t = calloc(1, sizeof *t);
-  if (t == NULL)
-    return NULL;
-  atomic_init(&t->refs, 2);               /* the caller's and the loop's */
-  atomic_init(&t->state, NR_TIMER_PENDING);
-  t->loop = l;
-  t->deadline = nr_now() + delay;
-  t->period = period;
-  t->idx = NR_NOT_IN_HEAP;
-  t->fn = fn;
-  t->cancel_fn = cancel_fn;
-  t->arg = arg;
-  atomic_fetch_add_explicit(&l->timer_count, 1, memory_order_relaxed);
-  if (current == l) {
-    add_timer(l, t);
-    return t;
-  }
-  t->task.fn = add_timer_task;
-  t->task.arg = t;
-  int rc = nr_loop_execute_task(l, &t->task);
-  if (rc < 0) {
-    atomic_fetch_sub_explicit(&l->timer_count, 1, memory_order_relaxed);
-    free(t);
-    errno = rc == NR_EFULL ? EAGAIN : ESHUTDOWN;
-    return NULL;
-  }
-  return t;
-}
-
-static int remove_timer_task(void *arg) {
-  nr_timer_t *t = arg;
-  if (t->idx != NR_NOT_IN_HEAP) {
-    nr__heap_remove(&t->loop->heap, t);
-    discard(t->loop, t, true);
-  }
-  timer_unref(t);
-  return 0;
-}
-
-int nr_timer_cancel(nr_timer_t *t) {
-  int expect = NR_TIMER_PENDING;
-  if (!atomic_compare_exchange_strong(&t->state, &expect,
-                                      NR_TIMER_CANCELLED))
-    return -EALREADY;
-  /* Whoever holds the timer outside the heap (the add task, the ready list,
-   * a running periodic task) discards it on seeing CANCELLED; a timer in the
-   * heap is removed by its loop. */
-  atomic_fetch_add(&t->refs, 1);
-  if (current == t->loop)
-    remove_timer_task(t);
-  else if (nr_loop_execute(t->loop, remove_timer_task, t) < 0)
-    timer_unref(t);     /* loop shut down: its shutdown discarded the heap */
-  return 0;
-}
-
-uint64_t nr__next_deadline(nr_loop_t *l) {
-  nr_timer_t *t = nr__heap_peek(&l->heap);
-  return t ? t->deadline : NR_NONE;
-}
-
-void nr__cancel_timers(nr_loop_t *l) {
-  nr_timer_t *t;
-  while ((t = nr__heap_pop(&l->heap)) != NULL) {
-    atomic_store(&t->state, NR_TIMER_CANCELLED);
-    discard(l, t, true);
-  }
+bool nr__run_tasks_for(nr_loop_t *l, uint64_t timeout) {
+  return run_tasks(l, timeout, true);
 }
 
 /* ---- shutdown ------------------------------------------------------------ */
@@ -533,7 +370,7 @@ bool nr__confirm_shutdown(nr_loop_t *l) {
     l->last_execution = l->shutdown_start;  /* the quiet period starts now */
   }
   /* Bounded, so producers that never pause cannot hold off the timeout. */
-  bool ran = nr__run_all_tasks(l, SHUTDOWN_POLL, true);
+  bool ran = nr__run_tasks_for(l, SHUTDOWN_POLL);
   ran |= run_hooks(l);
   uint64_t now = nr_now();
   /* Timed out also when the shutdown was asked long before this loop got
@@ -570,9 +407,9 @@ static void terminate(nr_loop_t *l) {
   while (atomic_load(&l->producers) != 0)
     sched_yield();                 /* a submitter is mid-push: let it land */
   nr__confirm_shutdown(l);
-  nr__run_all_tasks(l, 0, false);  /* finite now: no task can be added */
+  nr__run_all_tasks(l);  /* finite now: no task can be added */
   nr__channels_abort_all(l);
-  nr__run_all_tasks(l, 0, false);  /* tasks the aborts queued */
+  nr__run_all_tasks(l);  /* tasks the aborts queued */
   nr__watch_remove(l);             /* before on_exit closes what it watches */
   atomic_store_explicit(&l->busy_since, 0, memory_order_relaxed);
   if (l->on_exit)
@@ -591,7 +428,7 @@ void nr_loop_free(nr_loop_t *l) {
     while (atomic_load(&l->producers) != 0)
       sched_yield();
     nr__cancel_timers(l);
-    nr__run_all_tasks(l, 0, false);
+    nr__run_all_tasks(l);
     atomic_store(&l->state, NR_TERMINATED);
     nr_promise_set_success(l->termination, NULL, NULL);
     if (current == l)

@@ -341,7 +341,10 @@ typedef struct nr_server_s {
   nr_loop_t *child_loop;        /* instead of child_group's next() */
   nr_channel_opts_t child;
   nr_init_fn child_init;
+  nr_init_fn child_closed;
   void *arg;
+  bool child_inherits;          /* TCP_NODELAY, SO_KEEPALIVE set on the
+                                   listener: accept(2) copies them */
   uint64_t backoff;
   nr_timer_t *backoff_timer;
   nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
@@ -373,6 +376,7 @@ struct nr_channel_s {
                                 (nr_channel_delay_shutdown_close) */
   nr_server_t *srv;
   nr_init_fn init;                   /* bootstrap: run at registration */
+  nr_init_fn closed_hook;            /* run (with init_arg) as it closes */
   void *init_arg;
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
   uint64_t connect_timeout;
@@ -438,12 +442,29 @@ void nr__loop_wakeup(nr_loop_t *l);
 nr_loop_t *nr__loop_retain(nr_loop_t *l);
 void nr__loop_release(nr_loop_t *l);
 bool nr__loop_has_tasks(nr_loop_t *l);
-int nr__run_all_tasks(nr_loop_t *l, uint64_t timeout, bool bounded);
+/* Netty's runAllTasks(): due timers, then every queued task (timers that
+ * fall due meanwhile join them), then tail tasks. */
+bool nr__run_all_tasks(nr_loop_t *l);
+/* Netty's runAllTasks(timeoutNanos): the same, stopping once timeout ns
+ * have passed (checked every 64 tasks: 0 runs at most 64). Both return
+ * whether any task ran. */
+bool nr__run_tasks_for(nr_loop_t *l, uint64_t timeout);
 bool nr__confirm_shutdown(nr_loop_t *l);
-uint64_t nr__next_deadline(nr_loop_t *l);
 uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
-void nr__cancel_timers(nr_loop_t *l);
 void nr__loop_set_current(nr_loop_t *l);
+
+/* timer.c */
+void nr__timers_fetch_due(nr_loop_t *l, uint64_t now);
+uint64_t nr__next_deadline(nr_loop_t *l);     /* NR_NONE: no timer */
+void nr__cancel_timers(nr_loop_t *l);         /* at shutdown */
+
+/* A statistic of the loop (nr_loop_stats): only its thread writes it, so a
+ * relaxed load and store add to it -- no read-modify-write -- and other
+ * threads read a value that is at most late. */
+static inline void nr__stat_add(_Atomic uint64_t *s, uint64_t v) {
+  atomic_store_explicit(s, atomic_load_explicit(s, memory_order_relaxed) + v,
+                        memory_order_relaxed);
+}
 
 /* loop.c */
 int nr__selector_open(nr_loop_t *l);

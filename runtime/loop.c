@@ -3,14 +3,16 @@
  * strategy, io_ratio, coalesced wakeups, spurious-wakeup counting and the
  * selector rebuild. Loop thread only, except nr__loop_wakeup (executor.c).
  *
- * One iteration reads like Netty's run():
- *   1. tasks pending  -> epoll_wait(0) (select now, do not block);
- *      otherwise      -> publish the next deadline in next_wakeup, re-check
- *                        the queue, block until the deadline or a wakeup;
- *   2. process ready events;
- *   3. run tasks, for at most io_time * (100 - io_ratio) / io_ratio
- *      (all of them when io_ratio is 100);
- *   4. count selects that returned early having done nothing; after
+ * One iteration (nr__loop_iteration) reads like Netty's run():
+ *   1. select: tasks pending -> epoll_wait(0) (do not block); otherwise
+ *      publish the next deadline in next_wakeup, re-check the queue, block
+ *      until the deadline or a wakeup;
+ *   2. process the ready events;
+ *   3. run due timers (timer.c), then tasks, for at most
+ *      io_time * (100 - io_ratio) / io_ratio (all of them when io_ratio is
+ *      100);
+ *   4. reap the channels closed meanwhile;
+ *   5. count selects that returned early having done nothing; after
  *      rebuild_threshold of them in a row, rebuild the selector.
  */
 #include <stdio.h>
@@ -153,10 +155,7 @@ static int process(nr_loop_t *l, int n) {
       continue;                  /* a stale registration: no work */
     handled += io->cb(l, io, l->events[i].events);
   }
-  atomic_store_explicit(&l->io_events,
-                        atomic_load_explicit(&l->io_events,
-                                             memory_order_relaxed) + (uint64_t)n,
-                        memory_order_relaxed);
+  nr__stat_add(&l->io_events, (uint64_t)n);
   return handled;
 }
 
@@ -191,69 +190,93 @@ static void spin_for_tasks(nr_loop_t *l) {
   }
 }
 
-int nr__loop_iteration(nr_loop_t *l) {
-  int n = 0;
-  bool blocked = false;
-  uint64_t dl = 0;
-  atomic_store_explicit(&l->iterations,
-                        atomic_load_explicit(&l->iterations,
-                                             memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+/* What the select of one iteration found. */
+typedef struct select_s {
+  int n;                       /* ready events */
+  bool blocked;                /* it waited (for dl, or a wakeup) */
+  uint64_t dl;                 /* the deadline it waited for */
+} select_t;
+
+/* 1. Select: poll without waiting while tasks are queued; otherwise
+ * publish the deadline in next_wakeup (so that producers know to wake the
+ * loop), re-check the queue -- a task queued before the publication is
+ * seen here, one queued after it sends a wakeup -- and block. */
+static select_t select_events(nr_loop_t *l) {
+  select_t s = {0, false, 0};
   if (l->spin && !l->external)
     spin_for_tasks(l);
   if (nr__loop_has_tasks(l)) {
-    n = epoll_wait(l->epfd, l->events, l->nevents, 0);
+    s.n = epoll_wait(l->epfd, l->events, l->nevents, 0);
   } else {
-    dl = block_deadline(l);
-    atomic_store(&l->next_wakeup, dl);     /* seq_cst: before the re-check */
+    s.dl = block_deadline(l);
+    atomic_store(&l->next_wakeup, s.dl);   /* seq_cst: before the re-check */
     if (!nr__loop_has_tasks(l)) {
-      blocked = true;
+      s.blocked = true;
       atomic_store_explicit(&l->busy_since, 0, memory_order_relaxed);
-      n = epoll_wait(l->epfd, l->events, l->nevents, timeout_ms(dl, nr_now()));
+      s.n = epoll_wait(l->epfd, l->events, l->nevents,
+                       timeout_ms(s.dl, nr_now()));
     }
     atomic_store_explicit(&l->next_wakeup, NR_AWAKE, memory_order_relaxed);
   }
-  /* A new stretch of work for the stall watchdog (stall.c): what runs from
-   * here until the next select is one run, split further by tasks_run. */
+  if (s.n < 0) {
+    if (errno != EINTR)
+      nr_log(NR_LOG_WARN, "%s: epoll_wait: %s", l->name, strerror(errno));
+    s.n = 0;
+  }
+  return s;
+}
+
+/* A new stretch of work for the stall watchdog (stall.c): what runs from
+ * here until the next select is one run, split further by tasks_run. */
+static uint64_t start_run(nr_loop_t *l) {
   uint64_t woke = nr_now();
   atomic_store_explicit(&l->busy_since, woke, memory_order_relaxed);
   atomic_store_explicit(&l->task_fn, 0, memory_order_relaxed);
-  if (n < 0) {
-    if (errno != EINTR)
-      nr_log(NR_LOG_WARN, "%s: epoll_wait: %s", l->name, strerror(errno));
-    n = 0;
-  }
-  int handled = 0;
-  bool ran;
-  if (l->io_ratio == 100) {
-    handled = n ? process(l, n) : 0;
-    ran = nr__run_all_tasks(l, 0, false);
-  } else if (n > 0) {
-    handled = process(l, n);
-    uint64_t io = nr_now() - woke;
-    atomic_store_explicit(&l->io_time,
-                          atomic_load_explicit(&l->io_time,
-                                               memory_order_relaxed) + io,
-                          memory_order_relaxed);
-    ran = nr__run_all_tasks(
-        l, io * (uint64_t)(100 - l->io_ratio) / (uint64_t)l->io_ratio, true);
-  } else {
-    ran = nr__run_all_tasks(l, 0, true);
-  }
-  if (l->graveyard)
-    nr__loop_reap(l);
-  if (ran || handled > 0) {
+  return woke;
+}
+
+/* 3. Run due timers and tasks: all of them when io_ratio is 100; else for
+ * io_time * (100 - io_ratio) / io_ratio, the I/O just processed having
+ * taken io_time since `woke` (at most 64 tasks when there was none). */
+static bool run_tasks(nr_loop_t *l, int n, uint64_t woke) {
+  if (l->io_ratio == 100)
+    return nr__run_all_tasks(l);
+  if (n == 0)
+    return nr__run_tasks_for(l, 0);
+  uint64_t io = nr_now() - woke;
+  nr__stat_add(&l->io_time, io);
+  return nr__run_tasks_for(
+      l, io * (uint64_t)(100 - l->io_ratio) / (uint64_t)l->io_ratio);
+}
+
+/* 5. A select that blocked, woke before its deadline and led to no work
+ * was premature; after rebuild_threshold of them in a row the selector is
+ * rebuilt (Netty's epoll-spin workaround). */
+static void count_premature(nr_loop_t *l, bool worked, const select_t *s) {
+  if (worked) {
     l->select_cnt = 0;
-  } else if (blocked && (dl == NR_NONE || nr_now() < dl)) {
-    /* Woke before the deadline and found nothing to do. */
-    if (++l->select_cnt > 3)
-      nr_log(NR_LOG_DEBUG, "%s: selector returned prematurely %d times",
-             l->name, l->select_cnt);
-    if (l->rebuild_threshold > 0 && l->select_cnt >= l->rebuild_threshold) {
-      rebuild(l, l->select_cnt);
-      l->select_cnt = 0;
-    }
+    return;
   }
+  if (!s->blocked || (s->dl != NR_NONE && nr_now() >= s->dl))
+    return;
+  if (++l->select_cnt > 3)
+    nr_log(NR_LOG_DEBUG, "%s: selector returned prematurely %d times",
+           l->name, l->select_cnt);
+  if (l->rebuild_threshold > 0 && l->select_cnt >= l->rebuild_threshold) {
+    rebuild(l, l->select_cnt);
+    l->select_cnt = 0;
+  }
+}
+
+int nr__loop_iteration(nr_loop_t *l) {
+  nr__stat_add(&l->iterations, 1);
+  select_t s = select_events(l);                    /* 1. select */
+  uint64_t woke = start_run(l);
+  int handled = s.n > 0 ? process(l, s.n) : 0;      /* 2. process I/O */
+  bool ran = run_tasks(l, s.n, woke);               /* 3. timers, tasks */
+  if (l->graveyard)
+    nr__loop_reap(l);                               /* 4. closed channels */
+  count_premature(l, ran || handled > 0, &s);       /* 5. */
   return ran;
 }
 

@@ -4,7 +4,7 @@
  * The core reproduces Netty's NioEventLoop model: groups of single-threaded
  * loops, each owning an epoll selector, a lock-free task queue, a timer heap
  * and tail tasks; channels bound to one loop for life; handler pipelines.
- * It knows nothing of Lua: the bindings in runtime/lua/ sit on top of it.
+ * It knows nothing of Lua: the bindings in runtime/bindings/ sit on top of it.
  *
  * Conventions:
  *  - Functions return 0 or -errno. Pointer-returning constructors return NULL
@@ -282,21 +282,40 @@ int nr_promise_wait(nr_promise_t *p, uint64_t timeout);
 /* Pipeline messages are `void *`; every message struct starts with an int
  * type tag (Netty's instanceof), so adapters such as the Lua one know how
  * to convert what they receive. Messages are borrowed: valid only during
- * the call that passes them; a handler that keeps one copies it. */
+ * the call that passes them; a handler that keeps one copies it.
+ *
+ * The core's tags are this enum. A handler's own messages are declared in
+ * its header (codec/http.h's NR_MSG_HTTP_REQUEST, ...): netrun's handlers
+ * (codec/, handler/, tls/) take tags from NR_MSG_NATIVE, applications from
+ * NR_MSG_USER, and each registers its tags with a name (nr_msg_register)
+ * before any message of them is made, so two types given one tag fail at
+ * start-up instead of being taken for each other. */
 enum {
   NR_MSG_BYTES = 1,          /* nr_bytes_t */
   NR_MSG_SLICES,             /* nr_slices_t: gathered bytes, one write */
   NR_MSG_DATAGRAM,           /* nr_datagram_t */
-  NR_MSG_LUA,                /* a Lua value (runtime/lua/) */
-  NR_MSG_HTTP_REQUEST,       /* runtime/codec/ */
-  NR_MSG_HTTP_RESPONSE,
-  NR_MSG_HTTP_PREPARED,      /* a response encoded ahead */
+  NR_MSG_LUA,                /* a Lua value (runtime/bindings/) */
   NR_MSG_EVENT,              /* nr_event_t */
-  NR_MSG_HTTP_CALL,          /* codec/http_client.h: a request to send */
-  NR_MSG_HTTP_REPLY,         /* codec/http_client.h: a response received */
+  NR_MSG_NATIVE = 16,        /* first tag of netrun's own handlers */
   NR_MSG_USER = 1000         /* first tag free for applications */
 };
 static inline int nr_msg_type(const void *msg) { return *(const int *)msg; }
+
+/* Message types by tag. nr_msg_register gives `type` (> 0) its name
+ * ("http_request": static, used in error text); registering a type again
+ * under the same name does nothing. 0, or -EEXIST (the tag, or the name,
+ * is another type's), -ENOSPC (NR_MSG_TYPES types are registered; the
+ * core's are among them) or -EINVAL. nr_msg_name: the name of a registered
+ * type, or NULL. Any thread. */
+#define NR_MSG_TYPES 64
+int nr_msg_register(int type, const char *name);
+const char *nr_msg_name(int type);
+/* nr_msg_register for a handler's constructor (run when the program
+ * loads): a tag or name already taken aborts, naming both. */
+void nr_msg_declare(int type, const char *name);
+/* "a message of type http_response" (or of its number, if unregistered)
+ * in buf, for error text. Any thread. */
+void nr_msg_describe(int type, char *buf, size_t size);
 
 /* Error text for a message a channel cannot write: the describer says what
  * the message is ("a number (42)") in buf, for a type the core does not
@@ -397,7 +416,11 @@ typedef struct nr_server_opts_s {
   nr_channel_opts_t child;   /* defaults applied if all zero */
   nr_init_fn init;           /* for the server channel itself (optional) */
   nr_init_fn child_init;     /* for each accepted channel */
-  void *arg;                 /* passed to both inits */
+  /* For each accepted channel, once, on its loop, as it closes (when its
+   * close future completes): cheaper than a listener on that future,
+   * which makes a promise per connection (optional). */
+  nr_init_fn child_closed;
+  void *arg;                 /* passed to both inits and child_closed */
 } nr_server_opts_t;
 
 typedef struct nr_connect_opts_s {
@@ -528,8 +551,8 @@ typedef struct nr_handler_s {
   int (*unregistered)(nr_ctx_t *ctx);
   int (*active)(nr_ctx_t *ctx);
   int (*inactive)(nr_ctx_t *ctx);
-  int (*read)(nr_ctx_t *ctx, void *msg);
-  int (*read_complete)(nr_ctx_t *ctx);
+  int (*channel_read)(nr_ctx_t *ctx, void *msg);
+  int (*channel_read_complete)(nr_ctx_t *ctx);
   int (*user_event)(nr_ctx_t *ctx, void *evt);
   int (*writability_changed)(nr_ctx_t *ctx);
   int (*exception)(nr_ctx_t *ctx, const nr_err_t *err);
@@ -540,7 +563,7 @@ typedef struct nr_handler_s {
                  nr_promise_t *p);
   int (*disconnect)(nr_ctx_t *ctx, nr_promise_t *p);
   int (*close)(nr_ctx_t *ctx, nr_promise_t *p);
-  int (*do_read)(nr_ctx_t *ctx);
+  int (*read)(nr_ctx_t *ctx);
   int (*write)(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
   int (*flush)(nr_ctx_t *ctx);
   unsigned (*mask)(const struct nr_handler_s *h, void *state);

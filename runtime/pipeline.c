@@ -29,12 +29,13 @@ unsigned nr_handler_mask(const nr_handler_t *h) {
 #define BIT(field, bit) if (h->field) m |= (bit)
   BIT(registered, NR_EV_REGISTERED); BIT(unregistered, NR_EV_UNREGISTERED);
   BIT(active, NR_EV_ACTIVE); BIT(inactive, NR_EV_INACTIVE);
-  BIT(read, NR_EV_READ); BIT(read_complete, NR_EV_READ_COMPLETE);
+  BIT(channel_read, NR_EV_READ);
+  BIT(channel_read_complete, NR_EV_READ_COMPLETE);
   BIT(user_event, NR_EV_USER_EVENT);
   BIT(writability_changed, NR_EV_WRITABILITY);
   BIT(exception, NR_EV_EXCEPTION); BIT(bind, NR_OP_BIND);
   BIT(connect, NR_OP_CONNECT); BIT(disconnect, NR_OP_DISCONNECT);
-  BIT(close, NR_OP_CLOSE); BIT(do_read, NR_OP_READ); BIT(write, NR_OP_WRITE);
+  BIT(close, NR_OP_CLOSE); BIT(read, NR_OP_READ); BIT(write, NR_OP_WRITE);
   BIT(flush, NR_OP_FLUSH);
 #undef BIT
   return m;
@@ -200,7 +201,7 @@ void nr_ctx_fire_inactive(nr_ctx_t *ctx) {
 }
 void nr_ctx_fire_read(nr_ctx_t *ctx, void *msg) {
   nr_ctx_t *c = next_in(ctx, NR_EV_READ);
-  INVOKE(c, c->h->read(c, msg));
+  INVOKE(c, c->h->channel_read(c, msg));
 }
 void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg) {
   nr_pipeline_t *p = ctx->pipe;
@@ -243,7 +244,7 @@ void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token) {
 }
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_in(ctx, NR_EV_READ_COMPLETE);
-  INVOKE(c, c->h->read_complete(c));
+  INVOKE(c, c->h->channel_read_complete(c));
 }
 void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt) {
   nr_ctx_t *c = next_in(ctx, NR_EV_USER_EVENT);
@@ -286,7 +287,7 @@ int nr_ctx_close(nr_ctx_t *ctx, nr_promise_t *prom) {
 }
 int nr_ctx_read(nr_ctx_t *ctx) {
   nr_ctx_t *c = next_out(ctx, NR_OP_READ);
-  INVOKE_OUT(c, c->h->do_read(c), NULL);
+  INVOKE_OUT(c, c->h->read(c), NULL);
 }
 int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
   prom = real(prom);
@@ -368,7 +369,7 @@ int nr__pipeline_connect(nr_pipeline_t *p, const struct sockaddr *sa,
 
 /* ---- the tail: what nobody handled ---------------------------------------- */
 
-static int tail_read(nr_ctx_t *c, void *msg) {
+static int tail_channel_read(nr_ctx_t *c, void *msg) {
   (void)msg;
   nr_log(NR_LOG_DEBUG, "channel %llu: an inbound message reached the tail "
          "of the pipeline and was discarded",
@@ -386,8 +387,9 @@ static int tail_ignore_evt(nr_ctx_t *c, void *e) { (void)c; (void)e; return 0; }
 
 static const nr_handler_t tail_handler = {
     .type = "tail", .registered = tail_ignore, .unregistered = tail_ignore,
-    .active = tail_ignore, .inactive = tail_ignore, .read = tail_read,
-    .read_complete = tail_ignore, .user_event = tail_ignore_evt,
+    .active = tail_ignore, .inactive = tail_ignore,
+    .channel_read = tail_channel_read,
+    .channel_read_complete = tail_ignore, .user_event = tail_ignore_evt,
     .writability_changed = tail_ignore, .exception = tail_exception};
 
 void nr__pipeline_init(nr_pipeline_t *p, nr_channel_t *ch,

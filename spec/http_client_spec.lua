@@ -764,6 +764,18 @@ describe("netrun.codec.http_client on an embedded channel", function()
     ch:close()
   end)
 
+  it("encodes numbers among a repeated header's values, and names a value it cannot send", function()
+    local ch = netrun.embedded(codec.http_client {})
+    ch:write_outbound { path = "/", headers = { host = "h", ["x-m"] = { 1, "two", 3.5 } } }
+    local out = ch:read_outbound()
+    out = type(out) == "table" and table.concat(out) or out
+    assert.matches("\r\nx%-m: 1\r\nx%-m: two\r\nx%-m: 3%.5\r\n", out)
+    local ok, err = pcall(ch.write_outbound, ch, { path = "/", headers = { ["x-m"] = { "a", {} } } })
+    assert.is_false(ok)
+    assert.matches("http_client request: header 'x%-m' value 2 is a table", tostring(err))
+    ch:close()
+  end)
+
   -- Three responses (a length, a chunked body with a trailer, a 204 after
   -- a 100) to three requests, cut at every byte boundary and byte by byte.
   local stream = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello" ..

@@ -433,7 +433,7 @@ describe("http_server timeouts", function()
     assert.has_error(function() netrun.codec.http_server { keepalive_timeout = -1 } end,
       "netrun.codec.http_server: keepalive_timeout must be 0 (off) or a positive number of seconds, got -1.0")
     assert.has_error(function() netrun.codec.http_server { max_headers = 513 } end,
-      "netrun.codec.http_server: max_headers must be at most 512, got 513")
+      "netrun.codec.http_server: max_headers must be an integer from 1 to 512, got 513")
   end)
 
   it("answers a half-sent head with 408 and closes", function()
@@ -845,9 +845,14 @@ end)
 describe("http_server construction", function()
   it("checks its options", function()
     assert.has_error(function() netrun.codec.http_server { max_body = "big" } end,
-      "netrun.codec.http_server: max_body must be an integer, got a string")
+      "netrun.codec.http_server: max_body must be an integer from 0 to 1099511627776, got big")
     assert.has_error(function() netrun.codec.http_server { max_header = 1 } end,
-      "netrun.codec.http_server: max_header must be at least 64, got 1")
+      "netrun.codec.http_server: max_header must be an integer from 64 to 1073741824, got 1")
+    -- the client codec's options read the same way (one helper, lcodec.c)
+    assert.has_error(function() netrun.codec.http_client { max_headers = 0 } end,
+      "netrun.codec.http_client: max_headers must be an integer from 1 to 512, got 0")
+    assert.has_error(function() netrun.codec.http_client { raw = 1 } end,
+      "netrun.codec.http_client: raw must be a boolean, got a number")
     assert.matches("max_header = 8192", tostring(netrun.codec.http_server()))
   end)
 end)
@@ -950,6 +955,27 @@ describe("HTTP examples", function()
         assert.equal(answer(req, t), answer(req, prepared), req)
       end
       assert.matches("HTTP/1.1 404 Gone Fishing", answer("GET / HTTP/1.1\r\nHost: h\r\n\r\n", prepared), 1, true)
+    end)
+
+    it("takes numbers as header values, however many (a table and a prepared response alike)", function()
+      local headers = { ["x-list"] = { 1, "two", 3.5 } }
+      for i = 1, 40 do headers["x-n" .. i] = 1234567890123456 + i end   -- 17 digits each
+      local t = { status = 200, body = "ok", headers = headers }
+      for _, resp in ipairs { t, netrun.codec.http_response(t) } do
+        local ch = netrun.embedded(netrun.codec.http_server {})
+        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert.equal(1, #ch:read_all_inbound())
+        ch:write_outbound(resp)
+        local out = table.concat(ch:read_all_outbound())
+        ch:close()
+        assert.matches("^HTTP/1%.1 200 OK\r\n", out)
+        for i = 1, 40 do
+          assert.truthy(out:find("\r\nx-n" .. i .. ": " .. (1234567890123456 + i) .. "\r\n", 1, true), out)
+        end
+        assert.truthy(out:find("\r\nx-list: 1\r\nx-list: two\r\nx-list: 3.5\r\n", 1, true), out)
+      end
+      assert.has_error(function() netrun.codec.http_response { headers = { x = { "a", true } } } end,
+        "netrun.codec.http_response: http response: header 'x' value 2 is a boolean")
     end)
 
     it("checks response header names and values on every write, however often they passed", function()

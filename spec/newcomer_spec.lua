@@ -80,6 +80,39 @@ g:shutdown_gracefully(0, 5):sync()
     assert.truthy(out:find("did you mean channel_read?", 1, true), out)
   end)
 
+  it("scans a shared handler table once, and again once it is given a class", function()
+    -- One table serves every connection: scanned when first added, not per
+    -- connection. Given a metatable later, the class its __index leads to
+    -- is scanned when the table is next added.
+    local out, st = run_script([[
+local netrun = require "netrun"
+local socket = require "socket"
+local g = netrun.group { threads = 1, name = "w" }
+local Base = {}; Base.__index = Base
+function Base:exception_cuaght(ctx, e) end
+local Echo = {}
+function Echo:channel_read(ctx, m) ctx:write_and_flush(m) end
+function Echo:channel_actvie(ctx) end
+local seen = { n = 0 }      -- the loop's copies of Echo, Base and seen persist
+local s = netrun.server { group = g, host = "127.0.0.1", port = 0,
+  init = function(ch)
+    seen.n = seen.n + 1
+    if seen.n == 3 then setmetatable(Echo, Base) end
+    ch:pipeline():add_last("echo", Echo)
+  end }:sync()
+local _, port = s:local_address()
+for i = 1, 4 do
+  local c = socket.tcp(); c:settimeout(5); assert(c:connect("127.0.0.1", port))
+  c:send("hi\n"); assert(c:receive("*l") == "hi"); c:close()
+end
+g:shutdown_gracefully(0, 5):sync()
+]])
+    assert.equal(0, st, out)
+    assert.equal(2, count(out, "WARN"), out)
+    assert.truthy(out:find("method 'channel_actvie' is not a netrun event", 1, true), out)
+    assert.truthy(out:find("method 'exception_cuaght' is not a netrun event", 1, true), out)
+  end)
+
   it("says what was written and what a channel takes when no handler encoded it", function()
     local got = netrun.promise()
     local server = netrun.server {
@@ -89,6 +122,7 @@ g:shutdown_gracefully(0, 5):sync()
           errs = {},
           channel_read = function(self, ctx)
             ctx:write(42); ctx:write(true); ctx:write({ a = 1 })
+            ctx:write(netrun.codec.http_response { body = "hi" })   -- a codec's message
             got:try_success(self.errs)
           end,
           exception_caught = function(self, ctx, e) table.insert(self.errs, e) end,
@@ -99,10 +133,11 @@ g:shutdown_gracefully(0, 5):sync()
     local c = H.client(port)
     c:send("x")
     local errs = H.sync(got)
-    assert.equal(3, #errs)
+    assert.equal(4, #errs)
     assert.truthy(errs[1]:find("cannot write a number (42) to a stream channel: it takes a string or an array of strings", 1, true), errs[1])
     assert.truthy(errs[2]:find("a boolean (true)", 1, true), errs[2])
     assert.truthy(errs[3]:find("a table that is not an array of strings", 1, true), errs[3])
+    assert.truthy(errs[4]:find("cannot write a message of type http_prepared to a stream channel", 1, true), errs[4])
     c:close()
     server:close():sync()
     -- a string on a datagram channel reaches exception_caught

@@ -156,9 +156,15 @@ describe("pipelines", function()
       p:context("a"):fire_channel_read("n")
       p:context("b"):fire_user_event_triggered({ kind = "tick" })
       p:context("a"):fire_channel_active()
+      -- an event to fire must be given, from a ctx or the pipeline alike
+      local e1 = select(2, pcall(p.fire_user_event_triggered, p))
+      local e2 = select(2, pcall(function() p:context("a"):fire_user_event_triggered() end))
+      table.insert(_G.trace, tostring(e1):match("value expected") or tostring(e1))
+      table.insert(_G.trace, tostring(e2):match("value expected") or tostring(e2))
       return _G.trace
     end)
-    assert.same({ "a:m", "b:ma", "c:mab", "b:n", "c:nb", "c!tick", "b+active", "c+active" }, r)
+    assert.same({ "a:m", "b:ma", "c:mab", "b:n", "c:nb", "c!tick", "b+active", "c+active",
+                  "value expected", "value expected" }, r)
     c:close()
     server:close():sync()
   end)

@@ -1,5 +1,5 @@
 -- netrun.websocket: WebSocket (RFC 6455, DESIGN.md §8.3) on the native
--- codec (runtime/codec/ws.c, runtime/lua/lws.c).
+-- codec (runtime/codec/ws.c, runtime/bindings/lws.c).
 --
 -- Server side, from the handler after an http_server codec:
 --   function H:channel_read(ctx, req)

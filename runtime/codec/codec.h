@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "codec/buf.h"
+#include "codec/inbound.h"
 #include "netrun.h"
 
 /* ---- the decoder base ------------------------------------------------------ */
@@ -57,12 +58,8 @@ struct nr_decoder_s {
   const char *name;                  /* prefix of error messages ("line") */
   nr_buf_t cum;                      /* bytes of an incomplete frame */
   nr_buf_t pending;                  /* reads that arrived during a decode */
-  bool busy;                         /* inside the decode loop */
-  bool removed;                      /* removed while busy: free at the end */
+  nr_inbound_t in;                   /* re-entrancy, backpressure */
   bool eof;                          /* input ended: last call(s) */
-  bool paused;                       /* auto_read off while unwritable */
-  bool held;                         /* decoding paused while unwritable */
-  struct nr_codec_resume_s *resume;  /* a queued task decodes what is held */
 };
 
 /* Prepare the base (the rest of the subclass is the caller's). */
@@ -80,37 +77,21 @@ size_t nr_decoder_buffered(const nr_decoder_t *d);
 /* Handler callbacks of the base; a decoder's state must be a malloc'd
  * struct starting with nr_decoder_t (it is freed by nr_decoder_removed,
  * which first hands any unconsumed bytes to the next handler, as Netty
- * does when a decoder leaves the pipeline). nr_decoder_read decodes
+ * does when a decoder leaves the pipeline). nr_decoder_channel_read decodes
  * nr_bytes_t and nr_slices_t; other messages pass through. While the
  * channel is unwritable (a peer that does not read what the handlers
  * answer) the decoder stops reading and decoding after the frame just
  * delivered; nr_decoder_writability goes on once the channel drains. */
-int nr_decoder_read(nr_ctx_t *ctx, void *msg);
+int nr_decoder_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_decoder_inactive(nr_ctx_t *ctx);
 int nr_decoder_user_event(nr_ctx_t *ctx, void *evt);
 int nr_decoder_writability(nr_ctx_t *ctx);
 void nr_decoder_removed(nr_ctx_t *ctx);
 
-/* Backpressure for a codec whose peer may not read what it is sent: with
- * ch unwritable, turn its auto_read off (if on; *paused remembers that this
- * codec did), and back on once ch is writable. Returns whether ch is
- * writable. Call it from the codec's writability_changed. */
-bool nr_codec_throttle(nr_channel_t *ch, bool *paused);
-
-/* Run fn(state, ctx) from a task on ctx's loop, once: *slot holds the
- * queued task (a second call meanwhile does nothing) and is cleared when
- * it runs. ctx is retained until then; a codec that frees state first
- * calls nr_codec_resume_cancel(*slot). How a codec that paused decodes
- * what it held once its channel drains: from a task, not from inside the
- * flush that drained it. */
-typedef struct nr_codec_resume_s nr_codec_resume_t;
-void nr_codec_resume(nr_ctx_t *ctx, void *state, nr_codec_resume_t **slot,
-                     void (*fn)(void *state, nr_ctx_t *ctx));
-void nr_codec_resume_cancel(nr_codec_resume_t *r);
-
 #define NR_DECODER_HANDLER(type_)                                            \
   {.type = (type_), .removed = nr_decoder_removed,                           \
-   .read = nr_decoder_read, .inactive = nr_decoder_inactive,                 \
+   .channel_read = nr_decoder_channel_read,                                  \
+   .inactive = nr_decoder_inactive,                                          \
    .user_event = nr_decoder_user_event,                                      \
    .writability_changed = nr_decoder_writability}
 

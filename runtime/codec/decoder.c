@@ -11,7 +11,8 @@
  * decoder, or close the channel, while the decode loop runs. Bytes arriving
  * during the loop wait in `pending` and are decoded after the current input,
  * in order; a removal during the loop only marks the decoder, which the loop
- * frees when it unwinds.
+ * frees when it unwinds (inbound.h, as for every input codec; so is the
+ * backpressure on a peer that reads no answers).
  */
 #include <assert.h>
 #include <stdio.h>
@@ -42,7 +43,7 @@ static void report(nr_ctx_t *ctx, int rc) {
 static size_t decode(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
                      size_t len) {
   size_t off = 0;
-  while (off < len && !d->removed) {
+  while (off < len && !d->in.removed) {
     size_t used = 0;
     int rc = d->step(d, ctx, data + off, len - off, &used);
     assert(used <= len - off);
@@ -51,10 +52,8 @@ static size_t decode(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
       report(ctx, rc);
     if (used == 0)
       break;
-    if (!d->eof && !d->removed && !nr_channel_is_writable(nr_ctx_channel(ctx))) {
-      d->held = true;          /* the rest waits for the answers to drain */
-      break;
-    }
+    if (!d->eof && !d->in.removed && nr_inbound_hold(&d->in, nr_ctx_channel(ctx)))
+      break;                   /* the rest waits for the answers to drain */
   }
   return off;
 }
@@ -79,7 +78,7 @@ static void forward(nr_ctx_t *ctx, const char *data, size_t len) {
  * dropped. `rest` is unconsumed input not yet cumulated. */
 static void finalize(nr_decoder_t *d, nr_ctx_t *ctx, const char *rest,
                      size_t n) {
-  nr_codec_resume_cancel(d->resume);
+  nr_inbound_free(&d->in);
   if (nr_channel_is_open(nr_ctx_channel(ctx))) {
     forward(ctx, nr_buf_peek(&d->cum), nr_buf_len(&d->cum));
     forward(ctx, rest, n);
@@ -95,7 +94,7 @@ static void finalize(nr_decoder_t *d, nr_ctx_t *ctx, const char *rest,
 /* Decode reads that arrived during the loop, in order. */
 static int drain_pending(nr_decoder_t *d, nr_ctx_t *ctx) {
   int rc = 0;
-  while (!d->removed && nr_buf_len(&d->pending) > 0) {
+  while (!d->in.removed && nr_buf_len(&d->pending) > 0) {
     nr_buf_t p = d->pending;
     d->pending = NR_BUF_INIT;
     rc = nr_buf_append(&d->cum, nr_buf_peek(&p), nr_buf_len(&p));
@@ -109,15 +108,14 @@ static int drain_pending(nr_decoder_t *d, nr_ctx_t *ctx) {
 
 int nr_decoder_feed(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
                     size_t len) {
-  if (d->busy)
+  if (nr_inbound_busy(&d->in))
     return nr_buf_append(&d->pending, data, len);
-  d->busy = true;
-  d->held = false;
+  nr_inbound_enter(&d->in);
   int rc = 0;
   size_t used = 0;
   if (nr_buf_len(&d->cum) == 0) {
     used = decode(d, ctx, data, len);          /* straight from the read */
-    if (!d->removed && used < len) {
+    if (!d->in.removed && used < len) {
       rc = nr_buf_append(&d->cum, data + used, len - used);
       used = len;                              /* the rest is cumulated */
     }
@@ -129,8 +127,7 @@ int nr_decoder_feed(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
   }
   if (rc == 0)
     rc = drain_pending(d, ctx);
-  d->busy = false;
-  if (d->removed)
+  if (nr_inbound_leave(&d->in))
     finalize(d, ctx, data + used, len - used);
   return rc;
 }
@@ -139,74 +136,22 @@ int nr_decoder_feed(nr_decoder_t *d, nr_ctx_t *ctx, const char *data,
  * (the peer closed mid-frame) and dropped. */
 void nr_decoder_end(nr_decoder_t *d, nr_ctx_t *ctx) {
   d->eof = true;
-  if (d->busy)
+  if (nr_inbound_busy(&d->in))
     return;   /* closed under the loop: the removal that follows stops it */
-  d->busy = true;
+  nr_inbound_enter_quiet(&d->in);
   if (nr_buf_len(&d->cum) > 0)
     decode_cumulation(d, ctx);
   drain_pending(d, ctx);
   size_t left = nr_buf_len(&d->cum);
-  if (left > 0 && !d->removed) {
+  if (left > 0 && !d->in.removed) {
     nr_buf_free(&d->cum);
     report(ctx, nr_raise(NR_ECLOSED, "%s: input ended inside a frame "
                          "(%zu byte%s discarded)", d->name, left,
                          left == 1 ? "" : "s"));
   }
   nr_buf_free(&d->cum);
-  d->busy = false;
-  if (d->removed)
+  if (nr_inbound_leave(&d->in))
     finalize(d, ctx, NULL, 0);
-}
-
-struct nr_codec_resume_s {
-  void *state;                 /* NULL: cancelled */
-  nr_ctx_t *ctx;               /* retained */
-  nr_codec_resume_t **slot;
-  void (*fn)(void *state, nr_ctx_t *ctx);
-};
-
-static int resume_run(void *arg) {
-  nr_codec_resume_t *r = arg;
-  if (r->state != NULL) {
-    *r->slot = NULL;
-    r->fn(r->state, r->ctx);
-  }
-  nr_ctx_release(r->ctx);
-  free(r);
-  return 0;
-}
-
-void nr_codec_resume(nr_ctx_t *ctx, void *state, nr_codec_resume_t **slot,
-                     void (*fn)(void *state, nr_ctx_t *ctx)) {
-  if (*slot != NULL)
-    return;
-  nr_codec_resume_t *r = malloc(sizeof *r);
-  if (r == NULL)
-    return;                    /* the next read decodes what is held */
-  *r = (nr_codec_resume_t){state, nr_ctx_retain(ctx), slot, fn};
-  *slot = r;
-  if (nr_loop_execute(nr_channel_loop(nr_ctx_channel(ctx)), resume_run, r) < 0) {
-    *slot = NULL;              /* the loop is shutting down */
-    nr_ctx_release(ctx);
-    free(r);
-  }
-}
-
-void nr_codec_resume_cancel(nr_codec_resume_t *r) {
-  if (r != NULL)
-    r->state = NULL;
-}
-
-bool nr_codec_throttle(nr_channel_t *ch, bool *paused) {
-  bool writable = nr_channel_is_writable(ch);
-  if (!writable && !*paused && nr_channel_options(ch)->auto_read) {
-    *paused = true;
-    nr_channel_set_option(ch, "auto_read", 0);
-  } else if (writable && *paused) {
-    *paused = false;
-    nr_channel_set_option(ch, "auto_read", 1);
-  }
-  return writable;
 }
 
 /* ---- handler callbacks ----------------------------------------------------- */
@@ -218,7 +163,7 @@ static int feed_error(const char *name, int rc) {
 
 /* Bytes are decoded; gathered bytes too, slice by slice; anything else is
  * not for this decoder and passes on. */
-int nr_decoder_read(nr_ctx_t *ctx, void *msg) {
+int nr_decoder_channel_read(nr_ctx_t *ctx, void *msg) {
   nr_decoder_t *d = nr_ctx_state(ctx);
   const char *name = d->name;                  /* d may be freed by feed */
   int type = nr_msg_type(msg);
@@ -261,7 +206,7 @@ int nr_decoder_user_event(nr_ctx_t *ctx, void *evt) {
 
 static void decode_held(void *state, nr_ctx_t *ctx) {
   nr_decoder_t *d = state;
-  if (d->held && !d->busy && nr_channel_is_open(nr_ctx_channel(ctx))) {
+  if (nr_inbound_resumable(&d->in, ctx)) {
     static const char none[1];
     nr_decoder_feed(d, ctx, none, 0);     /* may free d */
     nr_ctx_fire_read_complete(ctx);       /* as after a read */
@@ -270,18 +215,11 @@ static void decode_held(void *state, nr_ctx_t *ctx) {
 
 int nr_decoder_writability(nr_ctx_t *ctx) {
   nr_decoder_t *d = nr_ctx_state(ctx);
-  if (nr_codec_throttle(nr_ctx_channel(ctx), &d->paused) && d->held)
-    nr_codec_resume(ctx, d, &d->resume, decode_held);
-  nr_ctx_fire_writability_changed(ctx);
-  return 0;
+  return nr_inbound_writability(&d->in, ctx, d, decode_held);
 }
 
 void nr_decoder_removed(nr_ctx_t *ctx) {
   nr_decoder_t *d = nr_ctx_state(ctx);
-  if (d->paused)              /* the reads it stopped are not its to keep */
-    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
-  if (d->busy)
-    d->removed = true;       /* the loop frees it when it unwinds */
-  else
+  if (nr_inbound_removed(&d->in, ctx))
     finalize(d, ctx, NULL, 0);
 }

@@ -26,6 +26,11 @@
 #include "codec/buf.h"
 #include "netrun.h"
 
+/* Its messages (registered by http_parse.c as the program loads). */
+#define NR_MSG_HTTP_REQUEST (NR_MSG_NATIVE + 1)
+#define NR_MSG_HTTP_RESPONSE (NR_MSG_NATIVE + 2)
+#define NR_MSG_HTTP_PREPARED (NR_MSG_NATIVE + 3)  /* a response encoded ahead */
+
 /* Header lines per request, trailers included: max_headers by default,
  * and the most it may be (the parser's header array lives on the stack of
  * nr_http_feed, not in the connection). More is answered with 431. */
@@ -202,7 +207,7 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token);
 int nr_http_server_active(nr_ctx_t *ctx);
 int nr_http_server_inactive(nr_ctx_t *ctx);
 int nr_http_server_read_complete(nr_ctx_t *ctx);
-int nr_http_server_read(nr_ctx_t *ctx, void *msg);
+int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);
 

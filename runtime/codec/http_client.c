@@ -26,6 +26,12 @@
 #include "codec/http_client.h"
 #include "codec/http_parse.h"
 
+/* The HTTP client's messages, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_HTTP_CALL, "http_call");
+  nr_msg_declare(NR_MSG_HTTP_REPLY, "http_reply");
+}
+
 /* What the bytes in hand are: a head being received, then a body framed
  * by its length, by chunks, or by the close. */
 enum { C_HEAD, C_LENGTH, C_CHUNKED, C_CLOSE };
@@ -523,7 +529,7 @@ static void failed(client_t *c, nr_ctx_t *ctx, int rc) {
   nr_ctx_close(ctx, NULL);
 }
 
-int nr_http_client_read(nr_ctx_t *ctx, void *msg) {
+int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg) {
   client_t *c = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
@@ -603,5 +609,6 @@ int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 
 const nr_handler_t nr_http_client_handler = {
     .type = "http_client", .removed = nr_http_client_removed,
-    .inactive = nr_http_client_inactive, .read = nr_http_client_read,
+    .inactive = nr_http_client_inactive,
+    .channel_read = nr_http_client_channel_read,
     .write = nr_http_client_write, .flags = NR_HANDLER_SYNC_WRITE};

@@ -30,6 +30,10 @@
 
 #include "codec/http.h"
 
+/* Its messages (registered by http_client.c as the program loads). */
+#define NR_MSG_HTTP_CALL (NR_MSG_NATIVE + 4)      /* a request to send */
+#define NR_MSG_HTTP_REPLY (NR_MSG_NATIVE + 5)     /* a response received */
+
 /* Requests sent and not yet answered, at most (a write past it fails). */
 #define NR_HTTPC_RING 64
 
@@ -133,7 +137,7 @@ extern const nr_handler_t nr_http_client_handler;
 /* The handler's members, for a binding that puts a Lua-aware write in
  * front (lhttp_client.c). */
 void nr_http_client_removed(nr_ctx_t *ctx);
-int nr_http_client_read(nr_ctx_t *ctx, void *msg);
+int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_client_inactive(nr_ctx_t *ctx);
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 

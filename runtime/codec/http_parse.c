@@ -22,6 +22,13 @@
 #include "codec/http.h"
 #include "codec/http_parse.h"
 
+/* The HTTP messages, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_HTTP_REQUEST, "http_request");
+  nr_msg_declare(NR_MSG_HTTP_RESPONSE, "http_response");
+  nr_msg_declare(NR_MSG_HTTP_PREPARED, "http_prepared");
+}
+
 enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
 
 /* Bytes allowed in a chunk-size line (size, extensions) before it is

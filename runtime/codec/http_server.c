@@ -63,13 +63,9 @@ struct nr_http_server_s {
   bool closing;               /* answered the last request: read nothing */
   bool continue_owed;         /* a "100 Continue" waits for responses */
   bool overflow;              /* too many unanswered requests */
-  int depth;                  /* inside read */
-  bool dead;                  /* removed during read: free when it returns */
-  bool paused;                /* auto_read turned off while unwritable */
-  bool held;                  /* parsing paused while unwritable */
+  nr_inbound_t in;            /* re-entrancy (reads, expiries), backpressure */
   bool started;               /* the first wait (W_FRESH) began */
   uint8_t wait;               /* W_*: what the connection waits for */
-  nr_codec_resume_t *resume;  /* a queued task parses what is held */
   uint64_t timeout[3];        /* header, body, keep-alive (ns; 0: none) */
   profile_t *prof;            /* its loop's wait lists for those timeouts */
   wait_list_t *list;          /* the list it is in, or NULL */
@@ -119,7 +115,7 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
  * one cancels its timers (on the loop thread: they cannot fire
  * afterwards) and frees it. A connection leaves its list before it is
  * freed, and when its channel goes inactive. An expiry runs with the
- * connection's `depth` raised, as a read does, so a removal meanwhile
+ * connection's `in.depth` raised, as a read does, so a removal meanwhile
  * frees it only once the expiry is done with it. */
 
 struct wait_list_s {
@@ -229,7 +225,7 @@ static void watch(nr_http_server_t *s, int w) {
  * is timed from its first byte (however slowly the rest drips in), a body
  * from its last read, an idle time from its start. */
 static NOINLINE void settle(nr_http_server_t *s) {
-  if (s->closing || s->outstanding > 0 || s->held || s->pending_error) {
+  if (s->closing || s->outstanding > 0 || s->in.held || s->pending_error) {
     s->wait = W_NONE;
   } else if (nr_buf_len(&s->parser.in) == 0) {
     if (s->wait != W_IDLE && s->wait != W_FRESH)
@@ -248,14 +244,14 @@ static void server_free(nr_http_server_t *s);
 /* The wait ran out: a request half sent gets 408, an idle connection is
  * closed silently (nginx does both). */
 static void expire(nr_http_server_t *s) {
-  s->depth++;
+  nr_inbound_enter_quiet(&s->in);
   if (s->wait == W_HEAD || s->wait == W_BODY) {
     send_error(s, 408);
   } else {
     s->closing = true;
     nr_ctx_close(s->ctx, NULL);
   }
-  if (--s->depth == 0 && s->dead)
+  if (nr_inbound_leave(&s->in))
     server_free(s);
 }
 
@@ -271,7 +267,7 @@ static int on_list_timer(void *arg) {
   nr_http_server_t *s;
   while ((s = l->head) != NULL && s->since + l->limit <= now) {
     unlist(s);
-    if (s->wait == l->wait && !s->closing && s->depth == 0 &&
+    if (s->wait == l->wait && !s->closing && !nr_inbound_busy(&s->in) &&
         nr_channel_is_open(nr_ctx_channel(s->ctx)))
       expire(s);
   }
@@ -298,7 +294,7 @@ static void server_free(nr_http_server_t *s) {
   unlist(s);
   if (s->prof != NULL)
     profile_put(s->prof);
-  nr_codec_resume_cancel(s->resume);
+  nr_inbound_free(&s->in);
   nr_http_parser_free(&s->parser);
   free(s);
 }
@@ -313,11 +309,7 @@ void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   if (s->outstanding > 0)     /* nobody will answer them through us */
     nr_channel_unhold(nr_ctx_channel(ctx));
-  if (s->paused)              /* the reads it stopped are not its to keep */
-    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
-  if (s->depth > 0)
-    s->dead = true;
-  else
+  if (nr_inbound_removed(&s->in, ctx))
     server_free(s);
 }
 
@@ -527,7 +519,7 @@ static NOINLINE void finished(nr_http_server_t *s, bool close) {
     send_error(s, s->pending_error);
   } else if (s->continue_owed) {
     send_continue(s);
-  } else if (s->depth == 0) {
+  } else if (!nr_inbound_busy(&s->in)) {
     settle(s);                 /* (inside a read, feed settles at its end) */
   }
 }
@@ -557,14 +549,12 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
    * same, and a close stops them: they may take this one later -- unless
    * it may switch protocols, when what follows is theirs to read. */
   nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
-  if (s->dead && req->switches && nr_channel_is_open(ch))
+  if (s->in.removed && req->switches && nr_channel_is_open(ch))
     return NR_HTTP_SWITCHED;   /* replaced by the new protocol's codec */
-  if ((f & F_CLOSE) || s->dead || s->closing || !nr_channel_is_open(ch))
+  if ((f & F_CLOSE) || s->in.removed || s->closing || !nr_channel_is_open(ch))
     return 1;
-  if (!nr_channel_is_writable(ch)) {
-    s->held = true;            /* the rest waits for the answers to drain */
-    return NR_HTTP_PAUSE;
-  }
+  if (nr_inbound_hold(&s->in, ch))
+    return NR_HTTP_PAUSE;      /* the rest waits for the answers to drain */
   return 0;
 }
 
@@ -582,17 +572,15 @@ static void handover(nr_http_server_t *s) {
 
 /* Parse bytes (none: what is held); false if s was freed meanwhile. */
 static bool feed(nr_http_server_t *s, const char *data, size_t len) {
-  s->held = false;
-  s->depth++;
+  nr_inbound_enter(&s->in);
   int rc = nr_http_feed(&s->parser, data, len, deliver, s);
-  s->depth--;
-  if (s->dead) {
-    if (s->depth == 0) {
-      handover(s);
-      server_free(s);
-    }
+  if (nr_inbound_leave(&s->in)) {
+    handover(s);
+    server_free(s);
     return false;
   }
+  if (s->in.removed)
+    return false;
   if (s->overflow)
     rc = 503;
   if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
@@ -601,12 +589,12 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
     else
       send_error(s, rc);
   }
-  if (s->depth == 0)
+  if (!nr_inbound_busy(&s->in))
     settle(s);
   return true;
 }
 
-int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
+int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
@@ -614,7 +602,7 @@ int nr_http_server_read(nr_ctx_t *ctx, void *msg) {
   }
   if (s->closing || s->parser.stopped)
     return 0;                /* after the last request: ignore the rest */
-  if (s->depth > 0)
+  if (nr_inbound_busy(&s->in))
     return nr_raise(-EBUSY, "http_server: bytes fired into the codec while "
                     "it is delivering a request");
   const nr_bytes_t *b = msg;
@@ -869,21 +857,18 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
  * and back on. */
 static void parse_held(void *state, nr_ctx_t *ctx) {
   nr_http_server_t *s = state;
-  if (s->held && s->depth == 0 && !s->closing &&
-      nr_channel_is_open(nr_ctx_channel(ctx)) && feed(s, NULL, 0))
+  if (nr_inbound_resumable(&s->in, ctx) && !s->closing && feed(s, NULL, 0))
     nr_ctx_fire_read_complete(ctx);      /* as after a read: handlers flush */
 }
 
 int nr_http_server_writability(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
-  if (nr_codec_throttle(nr_ctx_channel(ctx), &s->paused) && s->held)
-    nr_codec_resume(ctx, s, &s->resume, parse_held);
-  nr_ctx_fire_writability_changed(ctx);
-  return 0;
+  return nr_inbound_writability(&s->in, ctx, s, parse_held);
 }
 
 const nr_handler_t nr_http_server_handler = {
     .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
     .active = nr_http_server_active, .inactive = nr_http_server_inactive,
-    .read = nr_http_server_read, .writability_changed = nr_http_server_writability,
+    .channel_read = nr_http_server_channel_read,
+    .writability_changed = nr_http_server_writability,
     .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};

@@ -10,7 +10,7 @@
  *
  * Removal during a read (a handler upgrades the protocol, or closes the
  * channel, which empties the pipeline) is deferred: the state is freed when
- * the read that is in progress returns. Commands are fired deferrable
+ * the read that is in progress returns (inbound.h). Commands are fired deferrable
  * (decode): a Lua handler may take a read's commands at its end.
  */
 #include <errno.h>
@@ -21,6 +21,11 @@
 #include "buf.h"
 #include "codec.h"
 #include "resp.h"
+
+/* Its message, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_RESP, "resp");
+}
 
 /* A strict decimal integer: optional '-', then 1..18 digits. */
 static bool parse_int(const char *s, size_t n, long long *out) {
@@ -166,12 +171,8 @@ long nr_resp_parse(const char *p, size_t n, const nr_resp_limits_t *lim,
 typedef struct resp_s {
   nr_buf_t cum;             /* an incomplete request; empty between requests */
   nr_resp_limits_t lim;
-  int busy;                 /* inside read */
-  bool removed;             /* removed while busy: free on the way out */
+  nr_inbound_t in;          /* re-entrancy, backpressure */
   bool failed;              /* protocol error: discard everything after */
-  bool paused;              /* auto_read turned off while unwritable */
-  bool held;                /* decoding paused while unwritable */
-  nr_codec_resume_t *resume;  /* a queued task that decodes what is held */
 } resp_t;
 
 void *nr_resp_new(const nr_resp_limits_t *lim) {
@@ -212,7 +213,7 @@ static void fail(nr_ctx_t *ctx, resp_t *s, int code, const char *why) {
 /* Fire every complete request in p[0 .. n); returns the bytes used. */
 static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
   size_t off = 0;
-  while (off < n && !s->failed && !s->removed &&
+  while (off < n && !s->failed && !s->in.removed &&
          nr_channel_is_open(nr_ctx_channel(ctx))) {
     nr_slice_t small[16], *v = small;
     size_t argc;
@@ -245,10 +246,8 @@ static size_t decode(nr_ctx_t *ctx, resp_t *s, const char *p, size_t n) {
     }
     if (v != small)
       free(v);
-    if (!nr_channel_is_writable(nr_ctx_channel(ctx))) {
-      s->held = true;         /* the rest waits for the replies to drain */
-      break;
-    }
+    if (nr_inbound_hold(&s->in, nr_ctx_channel(ctx)))
+      break;                  /* the rest waits for the replies to drain */
   }
   return off;
 }
@@ -265,7 +264,7 @@ static void release(nr_ctx_t *ctx, resp_t *s, const char *rest, size_t n) {
     nr_bytes_t b = NR_BYTES(rest, n);
     nr_ctx_fire_read(ctx, &b);
   }
-  nr_codec_resume_cancel(s->resume);
+  nr_inbound_free(&s->in);
   nr_buf_free(&s->cum);
   free(s);
 }
@@ -274,15 +273,14 @@ static void release(nr_ctx_t *ctx, resp_t *s, const char *rest, size_t n) {
 static void feed(nr_ctx_t *ctx, resp_t *s, const char *data, size_t len) {
   const char *rest = NULL;
   size_t nrest = 0;
-  s->held = false;
-  s->busy++;
+  nr_inbound_enter(&s->in);
   if (nr_buf_len(&s->cum) == 0) {
     if (len > 0) {
       size_t used = decode(ctx, s, data, len);
       rest = data + used;
       nrest = len - used;
     }
-    if (nrest > 0 && !s->failed && !s->removed &&
+    if (nrest > 0 && !s->failed && !s->in.removed &&
         nr_buf_append(&s->cum, rest, nrest) < 0)
       fail(ctx, s, -ENOMEM, "out of memory");
   } else if (len > 0 && nr_buf_append(&s->cum, data, len) < 0) {
@@ -292,11 +290,11 @@ static void feed(nr_ctx_t *ctx, resp_t *s, const char *data, size_t len) {
     if (!s->failed)
       nr_buf_consume(&s->cum, used);
   }
-  if (--s->busy == 0 && s->removed)
+  if (nr_inbound_leave(&s->in))
     release(ctx, s, rest, nrest);
 }
 
-static int resp_read(nr_ctx_t *ctx, void *msg) {
+static int resp_channel_read(nr_ctx_t *ctx, void *msg) {
   resp_t *s = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
@@ -311,11 +309,7 @@ static int resp_read(nr_ctx_t *ctx, void *msg) {
 
 static void resp_removed(nr_ctx_t *ctx) {
   resp_t *s = nr_ctx_state(ctx);
-  if (s->paused)              /* the reads it stopped are not its to keep */
-    nr_channel_set_option(nr_ctx_channel(ctx), "auto_read", 1);
-  if (s->busy > 0)
-    s->removed = true;
-  else
+  if (nr_inbound_removed(&s->in, ctx))
     release(ctx, s, NULL, 0);
 }
 
@@ -327,8 +321,7 @@ static void resp_removed(nr_ctx_t *ctx) {
  * would. */
 static void decode_held(void *state, nr_ctx_t *ctx) {
   resp_t *s = state;
-  if (s->held && !s->failed && s->busy == 0 &&
-      nr_channel_is_open(nr_ctx_channel(ctx))) {
+  if (nr_inbound_resumable(&s->in, ctx) && !s->failed) {
     feed(ctx, s, NULL, 0);    /* may free s */
     nr_ctx_fire_read_complete(ctx);
   }
@@ -336,15 +329,12 @@ static void decode_held(void *state, nr_ctx_t *ctx) {
 
 static int resp_writability(nr_ctx_t *ctx) {
   resp_t *s = nr_ctx_state(ctx);
-  if (nr_codec_throttle(nr_ctx_channel(ctx), &s->paused) && s->held)
-    nr_codec_resume(ctx, s, &s->resume, decode_held);
-  nr_ctx_fire_writability_changed(ctx);
-  return 0;
+  return nr_inbound_writability(&s->in, ctx, s, decode_held);
 }
 
 const nr_handler_t nr_resp_handler = {
     .type = "resp",
     .removed = resp_removed,
-    .read = resp_read,
+    .channel_read = resp_channel_read,
     .writability_changed = resp_writability,
 };

@@ -19,7 +19,7 @@
 
 /* A decoded request, fired as a channel_read message. The slices point into
  * the read buffer (or the cumulation): borrowed for the call only. */
-#define NR_MSG_RESP (NR_MSG_USER + 2)
+#define NR_MSG_RESP (NR_MSG_NATIVE + 6)   /* registered by resp.c */
 
 typedef struct nr_resp_cmd_s {
   int type;                 /* NR_MSG_RESP */

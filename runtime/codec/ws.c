@@ -37,6 +37,11 @@
 #include "codec/codec.h"
 #include "codec/ws.h"
 
+/* Its message, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_WEBSOCKET, "websocket");
+}
+
 /* ---- UTF-8 ------------------------------------------------------------------ */
 
 /* A state inside a sequence: bytes still needed, and the range the next
@@ -895,7 +900,7 @@ int nr_ws_close(nr_ctx_t *ctx, nr_promise_t *p) {
 const nr_handler_t nr_ws_handler = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
-    .inactive = nr_ws_inactive, .read = nr_decoder_read,
+    .inactive = nr_ws_inactive, .channel_read = nr_decoder_channel_read,
     .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = nr_ws_write, .close = nr_ws_close,

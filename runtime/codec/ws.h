@@ -39,9 +39,9 @@ struct z_stream_s;
 #include "codec/buf.h"
 #include "netrun.h"
 
-/* Messages of the handler (the core's tags stop below NR_MSG_USER; other
- * codecs use NR_MSG_USER + 1 .. 3). */
-#define NR_MSG_WEBSOCKET (NR_MSG_USER + 14)
+/* Messages of the handler (netrun.h's NR_MSG_NATIVE range; registered by
+ * ws.c as the program loads). */
+#define NR_MSG_WEBSOCKET (NR_MSG_NATIVE + 7)
 
 enum {
   NR_WS_CONT = 0, NR_WS_TEXT = 1, NR_WS_BINARY = 2,

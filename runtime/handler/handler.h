@@ -13,8 +13,8 @@
 
 /* ---- idle state (Netty's IdleStateHandler) --------------------------------- */
 
-/* The user event the idle handler fires. */
-#define NR_MSG_IDLE (NR_MSG_USER + 1)
+/* The user event the idle handler fires (registered by idle.c). */
+#define NR_MSG_IDLE (NR_MSG_NATIVE + 8)
 
 enum { NR_IDLE_READER, NR_IDLE_WRITER, NR_IDLE_ALL };
 

@@ -21,6 +21,11 @@
 
 #include "handler.h"
 
+/* Its event, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_IDLE, "idle");
+}
+
 enum { ST_NEW, ST_RUNNING, ST_STOPPED };
 
 typedef struct idle_s {
@@ -153,7 +158,7 @@ static int idle_inactive(nr_ctx_t *ctx) {
   return 0;
 }
 
-static int idle_read(nr_ctx_t *ctx, void *msg) {
+static int idle_channel_read(nr_ctx_t *ctx, void *msg) {
   idle_t *s = nr_ctx_state(ctx);
   s->reading = true;
   s->first[NR_IDLE_READER] = s->first[NR_IDLE_ALL] = true;
@@ -161,7 +166,7 @@ static int idle_read(nr_ctx_t *ctx, void *msg) {
   return 0;
 }
 
-static int idle_read_complete(nr_ctx_t *ctx) {
+static int idle_channel_read_complete(nr_ctx_t *ctx) {
   idle_t *s = nr_ctx_state(ctx);
   if (s->reading) {
     s->last_read = nr_now();
@@ -187,7 +192,7 @@ const nr_handler_t nr_idle_handler = {
     .removed = idle_removed,
     .active = idle_active,
     .inactive = idle_inactive,
-    .read = idle_read,
-    .read_complete = idle_read_complete,
+    .channel_read = idle_channel_read,
+    .channel_read_complete = idle_channel_read_complete,
     .write = idle_write,
 };

@@ -92,8 +92,13 @@ static void describe(char *out, size_t n, const void *msg) {
   case NR_MSG_LUA:
     snprintf(out, n, "(a Lua value)");
     return;
-  default:
-    snprintf(out, n, "(message of type %d)", nr_msg_type(msg));
+  default: {
+    const char *name = nr_msg_name(nr_msg_type(msg));
+    if (name != NULL)
+      snprintf(out, n, "(%s message)", name);
+    else
+      snprintf(out, n, "(message of type %d)", nr_msg_type(msg));
+  }
   }
 }
 
@@ -126,12 +131,12 @@ LOG0(lg_registered, "REGISTERED", nr_ctx_fire_registered)
 LOG0(lg_unregistered, "UNREGISTERED", nr_ctx_fire_unregistered)
 LOG0(lg_active, "ACTIVE", nr_ctx_fire_active)
 LOG0(lg_inactive, "INACTIVE", nr_ctx_fire_inactive)
-LOG0(lg_read_complete, "READ COMPLETE", nr_ctx_fire_read_complete)
+LOG0(lg_channel_read_complete, "READ COMPLETE", nr_ctx_fire_read_complete)
 LOG0(lg_writability, "WRITABILITY CHANGED", nr_ctx_fire_writability_changed)
-LOG0(lg_do_read, "READ REQUEST", nr_ctx_read)
+LOG0(lg_read, "READ REQUEST", nr_ctx_read)
 LOG0(lg_flush, "FLUSH", nr_ctx_flush)
 
-static int lg_read(nr_ctx_t *ctx, void *msg) {
+static int lg_channel_read(nr_ctx_t *ctx, void *msg) {
   if (enabled(ctx))
     say_msg(ctx, "READ", msg);
   nr_ctx_fire_read(ctx, msg);
@@ -205,9 +210,11 @@ static void lg_removed(nr_ctx_t *ctx) {
 const nr_handler_t nr_logging_handler = {
     .type = "logging", .added = lg_added, .removed = lg_removed,
     .registered = lg_registered, .unregistered = lg_unregistered,
-    .active = lg_active, .inactive = lg_inactive, .read = lg_read,
-    .read_complete = lg_read_complete, .user_event = lg_user_event,
+    .active = lg_active, .inactive = lg_inactive,
+    .channel_read = lg_channel_read,
+    .channel_read_complete = lg_channel_read_complete,
+    .user_event = lg_user_event,
     .writability_changed = lg_writability, .exception = lg_exception,
     .bind = lg_bind, .connect = lg_connect, .disconnect = lg_disconnect,
-    .close = lg_close, .do_read = lg_do_read, .write = lg_write,
+    .close = lg_close, .read = lg_read, .write = lg_write,
     .flush = lg_flush};

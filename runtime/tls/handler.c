@@ -12,7 +12,7 @@
  * decrypted within that read: SSL keeps an incomplete record in its own
  * buffer (released once empty, SSL_MODE_RELEASE_BUFFERS), nothing else
  * waits here, so the channel's auto_read, read batches and the codecs'
- * throttling (codec.h, nr_codec_throttle) bound memory as without TLS.
+ * throttling (codec/inbound.h) bound memory as without TLS.
  *
  * Handshake: a client starts it when the channel becomes active (or at
  * once when added to an active one); a server answers the ClientHello.
@@ -50,6 +50,11 @@
 
 #include "codec/buf.h"
 #include "tls/tls_internal.h"
+
+/* Its event, registered as the program loads (netrun.h). */
+__attribute__((constructor)) static void declare_types(void) {
+  nr_msg_declare(NR_MSG_TLS_EVENT, "tls_event");
+}
 
 #define PLAIN_CHUNK 32768     /* plaintext fired per message, at most */
 #define WRITE_CHUNK 65536     /* plaintext encrypted per pass of a write */
@@ -93,7 +98,7 @@ typedef struct tls_s {
   bool flush_owed;                /* a flush waits for the gather's end */
   bool hold;                      /* ... or for the read's read_complete */
   int busy;
-  int gather;                     /* inside tls_read / tls_read_complete */
+  int gather;                     /* inside tls_channel_read(_complete) */
 } tls_t;
 
 static int drain(tls_t *s);
@@ -147,6 +152,7 @@ static int in_read(BIO *b, char *dst, size_t n, size_t *got) {
  * in `out`, after any run reserved before, for pass_out. */
 static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   tls_t *s = BIO_get_data(b);
+  BIO_clear_retry_flags(b);      /* a failure here is no "want read" */
   char *w = nr_buf_len(&s->out) == 0
                 ? nr_ctx_write_reserve(s->ctx, s->direct_len + len)
                 : NULL;
@@ -240,21 +246,22 @@ static void free_state(tls_t *s) {
   free(s);
 }
 
-/* The SSL and its BIOs; 0 or -ENOMEM. */
+/* The SSL and its BIO; 0 or -ENOMEM. One BIO reads and writes (its read
+ * and write methods touch different fields, and each clears the retry
+ * flags first), as a socket BIO does: a BIO made and freed per
+ * connection costs about 550 instructions each way. */
 static int make_ssl(tls_t *s) {
   s->ssl = SSL_new(s->bundle->ctx);
-  BIO *r = BIO_new(bio_method), *w = BIO_new(bio_method);
-  if (s->ssl == NULL || r == NULL || w == NULL) {
-    BIO_free(r);
-    BIO_free(w);
+  BIO *b = BIO_new(bio_method);
+  if (s->ssl == NULL || b == NULL) {
+    BIO_free(b);
     SSL_free(s->ssl);
     s->ssl = NULL;
     ERR_clear_error();
     return -ENOMEM;
   }
-  BIO_set_data(r, s);
-  BIO_set_data(w, s);
-  SSL_set_bio(s->ssl, r, w);               /* ssl owns both */
+  BIO_set_data(b, s);
+  SSL_set_bio(s->ssl, b, b);               /* ssl owns it (one reference) */
   if (s->bundle->server) {
     SSL_set_accept_state(s->ssl);
   } else {
@@ -620,8 +627,8 @@ static int feed(tls_t *s, const char *data, size_t len, bool last) {
 /* Inside its own channel_read and channel_read_complete -- where a read's
  * answers are written, 16 of them for 16 pipelined requests -- the
  * handler gathers the writes after the first into one record of up to
- * GATHER_MAX bytes: an SSL_write costs ~7k instructions a record whatever
- * its size. The first is encrypted at once, so the channel has unflushed
+ * GATHER_MAX bytes: an SSL_write's cost is per record far more than per
+ * byte (bench/RESULTS.md). The first is encrypted at once, so the channel has unflushed
  * bytes exactly when it would without gathering (a read's end flushes
  * them for handlers that have no channel_read_complete). A flush, a
  * close, a removal, or the end of the callback encrypts what was
@@ -702,7 +709,7 @@ static bool gather_leave(tls_t *s) {
   return true;
 }
 
-static int tls_read(nr_ctx_t *ctx, void *msg) {
+static int tls_channel_read(nr_ctx_t *ctx, void *msg) {
   tls_t *s = nr_ctx_state(ctx);
   int type = nr_msg_type(msg), rc = 0;
   if (type != NR_MSG_BYTES && type != NR_MSG_SLICES) {
@@ -729,7 +736,7 @@ static int tls_read(nr_ctx_t *ctx, void *msg) {
   return rc;
 }
 
-static int tls_read_complete(nr_ctx_t *ctx) {
+static int tls_channel_read_complete(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   read_if_needed(s);
   bool fired = s->fired;
@@ -824,9 +831,12 @@ static int tls_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     const nr_bytes_t *b = msg;
     return write_bytes(s, b->data, b->len, p);
   }
-  if (type != NR_MSG_SLICES)
-    return nr_raise(-EINVAL, "tls: cannot encrypt a message of type %d (no "
-                    "handler after tls encoded it to bytes)", type);
+  if (type != NR_MSG_SLICES) {
+    char what[96];
+    nr_msg_describe(type, what, sizeof what);
+    return nr_raise(-EINVAL, "tls: cannot encrypt %s (no handler after tls "
+                    "encoded it to bytes)", what);
+  }
   const nr_slices_t *v = msg;
   int rc = 0;
   for (size_t i = 0; rc == 0 && i < v->n; i++)
@@ -924,8 +934,8 @@ const nr_handler_t nr_tls_handler = {
     .removed = tls_removed,
     .active = tls_active,
     .inactive = tls_inactive,
-    .read = tls_read,
-    .read_complete = tls_read_complete,
+    .channel_read = tls_channel_read,
+    .channel_read_complete = tls_channel_read_complete,
     .write = tls_write,
     .flush = tls_flush,
     .close = tls_close,

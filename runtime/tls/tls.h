@@ -34,7 +34,7 @@
  * set), and when the peer's close_notify arrives (NR_TLS_CLOSE_NOTIFY,
  * just before the channel closes; Netty's SslCloseCompletionEvent).
  * Strings are borrowed: valid during the call; NULL when absent. */
-#define NR_MSG_TLS_EVENT (NR_MSG_USER + 3)
+#define NR_MSG_TLS_EVENT (NR_MSG_NATIVE + 9)   /* registered by handler.c */
 enum { NR_TLS_HANDSHAKE, NR_TLS_CLOSE_NOTIFY };
 typedef struct nr_tls_event_s {
   int type;                       /* NR_MSG_TLS_EVENT */

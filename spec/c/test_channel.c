@@ -4,7 +4,8 @@
  * against a peer that does not read, accept backoff on EMFILE, TCP client
  * connect failures (refused, timed out), writes from many threads, the
  * main thread's external-loop wait, UDP, Unix stream sockets, half-close
- * and the flushing close.
+ * and the flushing close; a server's child_closed hook; the child options
+ * on accepted sockets.
  *
  * Handlers run on loop threads; the test thread learns what they saw only
  * through promises (whose completion orders memory) or atomics.
@@ -12,6 +13,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/resource.h>
@@ -25,8 +27,8 @@
  * its address is the destination on write. */
 static int echo_read(nr_ctx_t *ctx, void *msg) { return nr_ctx_write(ctx, msg, NULL); }
 static int echo_flush(nr_ctx_t *ctx) { return nr_ctx_flush(ctx); }
-static const nr_handler_t echo = {.type = "echo", .read = echo_read,
-                                  .read_complete = echo_flush};
+static const nr_handler_t echo = {.type = "echo", .channel_read = echo_read,
+                                  .channel_read_complete = echo_flush};
 
 static void echo_init(nr_channel_t *ch, void *arg) {
   (void)arg;
@@ -207,6 +209,84 @@ TEST(echo_200_connections_on_two_loops) {
   nr_channel_release(srv);
   SHUTDOWN_GROUP(echo_group);
 }
+
+/* ---- child_closed: a server learns each connection closed --------------------- */
+
+enum { CLOSED_CONNS = 12 };
+
+typedef struct closed_s {
+  _Atomic int n, wrong;
+  nr_promise_t *all;               /* set when all CLOSED_CONNS closed */
+} closed_t;
+
+/* On the channel's loop, once, with the server's arg, the channel closed. */
+static void count_child_closed(nr_channel_t *ch, void *arg) {
+  closed_t *c = arg;
+  if (nr_loop_current() != nr_channel_loop(ch) || nr_channel_is_open(ch))
+    atomic_fetch_add(&c->wrong, 1);
+  if (atomic_fetch_add(&c->n, 1) + 1 == CLOSED_CONNS)
+    nr_promise_set_success(c->all, NULL, NULL);
+}
+
+TEST(child_closed_runs_once_per_connection_as_it_closes) {
+  nr_group_t *g = group("closed", 2);
+  closed_t c = {.all = nr_promise_new()};
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child_init = echo_init,
+      .child_closed = count_child_closed, .arg = &c}));
+  for (int i = 0; i < CLOSED_CONNS; i++) {
+    int fd = dial(local_port(srv));
+    roundtrip(fd, "ping");
+    CHECK_LE(atomic_load(&c.n), i);            /* this one is open */
+    close(fd);                                 /* EOF: the server closes */
+  }
+  AWAIT_OK(c.all);
+  close_and_wait(srv);                         /* not for the listener */
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+  CHECK_EQ(atomic_load(&c.n), CLOSED_CONNS);
+  CHECK_EQ(atomic_load(&c.wrong), 0);
+  nr_promise_release(c.all);
+}
+
+/* ---- child options reach the accepted sockets ------------------------------------ */
+
+static _Atomic int seen_nodelay = -1, seen_keepalive = -1;
+
+static void options_init(nr_channel_t *ch, void *arg) {
+  int v = -1;
+  socklen_t n = sizeof v;
+  CHECK_EQ(getsockopt(nr_channel_fd(ch), IPPROTO_TCP, TCP_NODELAY, &v, &n), 0);
+  atomic_store(&seen_nodelay, v != 0);
+  n = sizeof v;
+  CHECK_EQ(getsockopt(nr_channel_fd(ch), SOL_SOCKET, SO_KEEPALIVE, &v, &n), 0);
+  atomic_store(&seen_keepalive, v != 0);
+  echo_init(ch, arg);
+}
+
+/* The socket of an accepted connection has the child options (set on the
+ * listener and inherited, or set on the socket), both ways round. */
+static void child_options_case(int nodelay, int keepalive) {
+  nr_group_t *g = group("opts", 1);
+  nr_channel_opts_t child;
+  nr_channel_opts_init(&child);
+  child.tcp_nodelay = nodelay;
+  child.keepalive = keepalive;
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child = child,
+      .child_init = options_init}));
+  int fd = dial(local_port(srv));
+  roundtrip(fd, "ping");                       /* init ran before the echo */
+  CHECK_EQ(atomic_load(&seen_nodelay), nodelay);
+  CHECK_EQ(atomic_load(&seen_keepalive), keepalive);
+  close(fd);
+  close_and_wait(srv);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+TEST(accepted_sockets_have_nodelay_not_keepalive) { child_options_case(1, 0); }
+TEST(accepted_sockets_have_keepalive_not_nodelay) { child_options_case(0, 1); }
 
 /* ---- backpressure: a peer that does not read ---------------------------------- */
 
@@ -479,7 +559,8 @@ static int collect(nr_ctx_t *ctx, void *msg) {
     nr_promise_set_success(got.done, NULL, NULL);
   return 0;
 }
-static const nr_handler_t collector = {.type = "collect", .read = collect};
+static const nr_handler_t collector = {.type = "collect",
+                                       .channel_read = collect};
 static void collect_init(nr_channel_t *ch, void *arg) {
   (void)arg;
   CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "collect", &collector, NULL), 0);
@@ -712,8 +793,8 @@ static int on_user_event(nr_ctx_t *ctx, void *evt) {
   nr_ctx_close(ctx, NULL);
   return 0;
 }
-static const nr_handler_t half = {.type = "half", .read = echo_read,
-                                  .read_complete = echo_flush,
+static const nr_handler_t half = {.type = "half", .channel_read = echo_read,
+                                  .channel_read_complete = echo_flush,
                                   .inactive = note_inactive,
                                   .user_event = on_user_event};
 static void half_init(nr_channel_t *ch, void *arg) {

@@ -63,8 +63,8 @@ TEST(no_wakeup_is_lost) {
 
 static int echo_read(nr_ctx_t *ctx, void *msg) { return nr_ctx_write(ctx, msg, NULL); }
 static int echo_flush(nr_ctx_t *ctx) { return nr_ctx_flush(ctx); }
-static const nr_handler_t echo = {.type = "echo", .read = echo_read,
-                                  .read_complete = echo_flush};
+static const nr_handler_t echo = {.type = "echo", .channel_read = echo_read,
+                                  .channel_read_complete = echo_flush};
 static void echo_init(nr_channel_t *ch, void *arg) {
   (void)arg;
   CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "echo", &echo, NULL), 0);

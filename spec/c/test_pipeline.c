@@ -87,11 +87,11 @@ static void th_removed(nr_ctx_t *ctx) {
 }
 
 static const nr_handler_t reader = {
-    .type = "reader", .read = th_read, .removed = th_removed};
+    .type = "reader", .channel_read = th_read, .removed = th_removed};
 static const nr_handler_t evented = {
     .type = "evented", .user_event = th_event, .removed = th_removed};
 static const nr_handler_t catcher = {
-    .type = "catcher", .read = th_read, .exception = th_exception,
+    .type = "catcher", .channel_read = th_read, .exception = th_exception,
     .removed = th_removed};
 static const nr_handler_t writer = {
     .type = "writer", .write = th_write, .removed = th_removed};
@@ -106,7 +106,7 @@ static unsigned events_only(const nr_handler_t *h, void *state) {
   return NR_EV_USER_EVENT;
 }
 static const nr_handler_t masked = {
-    .type = "masked", .read = th_read, .user_event = th_event,
+    .type = "masked", .channel_read = th_read, .user_event = th_event,
     .removed = th_removed, .mask = events_only};
 
 /* ---- helpers ------------------------------------------------------------------ */

@@ -202,7 +202,8 @@ static int cap_exception(nr_ctx_t *ctx, const nr_err_t *err) {
   return 0;
 }
 
-static const nr_handler_t capture = {.type = "capture", .read = cap_read,
+static const nr_handler_t capture = {.type = "capture",
+                                     .channel_read = cap_read,
                                      .exception = cap_exception};
 
 static void add_handlers(nr_channel_t *ch, void *arg) {

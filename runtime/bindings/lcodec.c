@@ -102,8 +102,8 @@ static int opt(lua_State *L, const char *name) {
   return lua_getfield(L, 1, name);
 }
 
-static lua_Integer opt_int(lua_State *L, const char *what, const char *name,
-                           lua_Integer def, lua_Integer min, lua_Integer max) {
+lua_Integer lnr_codec_int(lua_State *L, const char *what, const char *name,
+                          lua_Integer def, lua_Integer min, lua_Integer max) {
   int t = opt(L, name);
   lua_Integer v = def;
   if (t != LUA_TNIL) {
@@ -117,8 +117,8 @@ static lua_Integer opt_int(lua_State *L, const char *what, const char *name,
   return v;
 }
 
-static bool opt_bool(lua_State *L, const char *what, const char *name,
-                     bool def) {
+bool lnr_codec_bool(lua_State *L, const char *what, const char *name,
+                    bool def) {
   int t = opt(L, name);
   if (t != LUA_TNIL && t != LUA_TBOOLEAN)
     luaL_error(L, "netrun.codec.%s: %s must be a boolean, got a %s", what,
@@ -129,7 +129,8 @@ static bool opt_bool(lua_State *L, const char *what, const char *name,
 }
 
 static size_t opt_field_length(lua_State *L, const char *what) {
-  lua_Integer n = opt_int(L, what, "length", 4, LUA_MININTEGER, LUA_MAXINTEGER);
+  lua_Integer n = lnr_codec_int(L, what, "length", 4, LUA_MININTEGER,
+                                LUA_MAXINTEGER);
   if (n != 1 && n != 2 && n != 3 && n != 4 && n != 8)
     luaL_error(L, "netrun.codec.%s: length must be 1, 2, 3, 4 or 8", what);
   return (size_t)n;
@@ -148,8 +149,8 @@ static lcodec_t *new_codec(lua_State *L, int kind, size_t extra) {
 static int l_line(lua_State *L) {
   static const char *const keys[] = {"max_length", "strip", NULL};
   check_keys(L, "line", keys);
-  size_t max = (size_t)opt_int(L, "line", "max_length", 8192, 1, MAXLEN);
-  bool strip = opt_bool(L, "line", "strip", true);
+  size_t max = (size_t)lnr_codec_int(L, "line", "max_length", 8192, 1, MAXLEN);
+  bool strip = lnr_codec_bool(L, "line", "strip", true);
   lcodec_t *c = new_codec(L, C_LINE, 0);
   c->max_length = max;
   c->strip = strip;
@@ -160,8 +161,9 @@ static int l_delimiter(lua_State *L) {
   static const char *const keys[] = {"delimiters", "max_length", "strip",
                                      NULL};
   check_keys(L, "delimiter", keys);
-  size_t max = (size_t)opt_int(L, "delimiter", "max_length", 8192, 1, MAXLEN);
-  bool strip = opt_bool(L, "delimiter", "strip", true);
+  size_t max = (size_t)lnr_codec_int(L, "delimiter", "max_length", 8192, 1,
+                                     MAXLEN);
+  bool strip = lnr_codec_bool(L, "delimiter", "strip", true);
   int t = opt(L, "delimiters");
   int n = t == LUA_TTABLE ? (int)lua_rawlen(L, -1) : 0;
   if (n < 1 || n > NR_MAX_DELIMITERS)
@@ -199,13 +201,14 @@ static int l_length_field(lua_State *L) {
   const char *w = "length_field";
   check_keys(L, w, keys);
   nr_lenfield_t f = {0};
-  f.offset = (size_t)opt_int(L, w, "offset", 0, 0, MAXLEN);
+  f.offset = (size_t)lnr_codec_int(L, w, "offset", 0, 0, MAXLEN);
   f.length = opt_field_length(L, w);
-  f.adjustment = opt_int(L, w, "adjustment", 0, -MAXLEN, MAXLEN);
+  f.adjustment = lnr_codec_int(L, w, "adjustment", 0, -MAXLEN, MAXLEN);
   /* By default the header is stripped: the handler after it sees bodies. */
-  f.strip = (size_t)opt_int(L, w, "strip", (lua_Integer)(f.offset + f.length),
-                            0, MAXLEN);
-  f.max_frame = (size_t)opt_int(L, w, "max_frame", 1 << 20, 1, MAXLEN);
+  f.strip = (size_t)lnr_codec_int(L, w, "strip",
+                                  (lua_Integer)(f.offset + f.length), 0,
+                                  MAXLEN);
+  f.max_frame = (size_t)lnr_codec_int(L, w, "max_frame", 1 << 20, 1, MAXLEN);
   if (f.max_frame < f.offset + f.length)
     return luaL_error(L, "netrun.codec.length_field: max_frame (%d) must be "
                       "at least offset + length (%d)", (int)f.max_frame,
@@ -222,8 +225,8 @@ static int l_length_prepender(lua_State *L) {
   check_keys(L, w, keys);
   nr_prepender_t p = {0};
   p.length = opt_field_length(L, w);
-  p.adjustment = opt_int(L, w, "adjustment", 0, -MAXLEN, MAXLEN);
-  p.includes_length = opt_bool(L, w, "includes_length", false);
+  p.adjustment = lnr_codec_int(L, w, "adjustment", 0, -MAXLEN, MAXLEN);
+  p.includes_length = lnr_codec_bool(L, w, "includes_length", false);
   lcodec_t *c = new_codec(L, C_PREPENDER, 0);
   c->prepender = p;
   return 1;
@@ -235,7 +238,7 @@ static int l_fixed_length(lua_State *L) {
   if (opt(L, "length") == LUA_TNIL)
     return luaL_error(L, "netrun.codec.fixed_length: length is required");
   lua_pop(L, 1);
-  size_t n = (size_t)opt_int(L, "fixed_length", "length", 0, 1, MAXLEN);
+  size_t n = (size_t)lnr_codec_int(L, "fixed_length", "length", 0, 1, MAXLEN);
   lcodec_t *c = new_codec(L, C_FIXED, 0);
   c->fixed = n;
   return 1;
@@ -255,7 +258,8 @@ static int l_buffered(lua_State *L) {
   if (!nr_loop_in_thread(nr_channel_loop(ch)))
     return luaL_error(L, "netrun.codec.buffered: only on the channel's loop");
   nr_ctx_t *ctx = nr_pipeline_context(nr_channel_pipeline(ch), name);
-  if (ctx == NULL || nr_ctx_handler(ctx)->read != nr_decoder_read)
+  if (ctx == NULL ||
+      nr_ctx_handler(ctx)->channel_read != nr_decoder_channel_read)
     return luaL_error(L, "netrun.codec.buffered: no decoder named '%s'", name);
   lua_pushinteger(L, (lua_Integer)nr_decoder_buffered(nr_ctx_state(ctx)));
   return 1;

@@ -62,16 +62,19 @@ static int method_ref(lua_State *L, int idx, const char *name) {
 }
 
 /* The record of the handler at idx, made the first time (the skip mask
- * is computed once per handler, as Netty computes it once per class). */
-static const hrec_t *handler_rec(lua_State *L, int idx) {
+ * is computed once per handler, as Netty computes it once per class);
+ * *made tells whether it was made now. */
+static const hrec_t *handler_rec(lua_State *L, int idx, bool *made) {
   idx = lua_absindex(L, idx);
-  lnr_push_weak(L, &RECS, "k");
+  lnr_push_weak_keyed(L, LNR_KEYED_RECS, &RECS, "k");
   lua_pushvalue(L, idx);
+  *made = false;
   if (lua_rawget(L, -2) == LUA_TUSERDATA) {
     const hrec_t *r = lua_touserdata(L, -1);
     lua_pop(L, 2);                    /* still referenced by the table */
     return r;
   }
+  *made = true;
   lua_pop(L, 1);
   hrec_t *r = lua_newuserdatauv(L, sizeof *r, 0);
   r->mask = 0;
@@ -348,7 +351,7 @@ INBOUND0(lh_inactive, "channel_inactive", NR_EV_INACTIVE, nr_ctx_fire_inactive)
     return lnr_lh_finish(ctx, lnr_lh_begin(ctx, method), 0, method);        \
   }
 OUTBOUND0(lh_flush, "flush", NR_OP_FLUSH, nr_ctx_flush)
-OUTBOUND0(lh_do_read, "read", NR_OP_READ, nr_ctx_read)
+OUTBOUND0(lh_read, "read", NR_OP_READ, nr_ctx_read)
 
 /* Writable again: what the handler holds goes on first. What is still
  * held afterwards stays held: this event does not force it out, so it
@@ -474,6 +477,22 @@ static void lh_removed(nr_ctx_t *ctx) {
   lnr_lh_free(h->S->L, h);
 }
 
+/* Whether the handler at idx may lead to tables not yet scanned for
+ * misspelled events. A table whose record was made before was scanned
+ * then (CHECKED keeps it as long as it lives); with no metatable it leads
+ * nowhere else, so a handler table shared by every connection is scanned
+ * once, not per connection. One with a metatable may lead (through
+ * __index) to tables not seen yet; an object (userdata) has nothing
+ * scanned. */
+static bool scan_needed(lua_State *L, int idx, bool made) {
+  if (made)
+    return true;
+  if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
+    return false;
+  lua_pop(L, 1);
+  return true;
+}
+
 /* The state of a Lua handler: its table (or object) anchored, its record
  * made, its misspelled methods reported. */
 const nr_handler_t *lnr_make_lua_handler(lua_State *L, int idx,
@@ -491,8 +510,10 @@ const nr_handler_t *lnr_make_lua_handler(lua_State *L, int idx,
   lua_pushvalue(L, idx);
   h->ref = luaL_ref(L, LUA_REGISTRYINDEX);
   h->ctx_ref = LUA_NOREF;
-  h->rec = handler_rec(L, idx);
-  lnr_check_method_names(L, idx, name);
+  bool made;
+  h->rec = handler_rec(L, idx, &made);
+  if (scan_needed(L, idx, made))
+    lnr_check_method_names(L, idx, name);
   *state = h;
   return &lnr_lua_vt;
 }
@@ -506,10 +527,12 @@ static unsigned lh_mask(const nr_handler_t *vt, void *state) {
 const nr_handler_t lnr_lua_vt = {
     .type = "lua", .added = lh_added, .removed = lh_removed,
     .registered = lh_registered, .unregistered = lh_unregistered,
-    .active = lh_active, .inactive = lh_inactive, .read = lnr_lh_read,
-    .read_complete = lnr_lh_read_complete, .user_event = lh_user_event,
+    .active = lh_active, .inactive = lh_inactive,
+    .channel_read = lnr_lh_channel_read,
+    .channel_read_complete = lnr_lh_channel_read_complete,
+    .user_event = lh_user_event,
     .writability_changed = lh_writability, .exception = lh_exception,
     .bind = lh_bind, .connect = lh_connect, .disconnect = lh_disconnect,
-    .close = lh_close, .do_read = lh_do_read, .write = lh_write,
+    .close = lh_close, .read = lh_read, .write = lh_write,
     .flush = lh_flush, .mask = lh_mask};
 

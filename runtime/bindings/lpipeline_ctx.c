@@ -31,19 +31,22 @@ static const char CTX_TAG = 0;
  * context, released by its __gc), and the shared metatable's __index finds
  * methods and the fields channel, pipeline, name and handler, then stores
  * them in the table, so the next ctx:write is a plain table read, not a
- * metamethod call. Both metatables are kept under pointer keys. */
+ * metamethod call. Both metatables are kept under pointer keys. The
+ * table is made with room for four such names (write, flush, close,
+ * channel: what most handlers use), so the first ones stored -- on every
+ * connection, for a ctx lives as long as its channel -- grow no table. */
 #define CTX_HANDLE "netrun.ctx.handle"
 static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
-  lua_createtable(L, 1, 0);
+  lua_createtable(L, 1, 4);
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_HANDLE_KEY);
+  lnr_push_keyed(L, LNR_KEYED_CTX_HANDLE_MT, &CTX_HANDLE_KEY);
   lua_setmetatable(L, -2);
   lua_rawseti(L, -2, 1);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  lnr_push_keyed(L, LNR_KEYED_CTX_MT, &CTX_KEY);
   lua_setmetatable(L, -2);
 }
 
@@ -103,8 +106,13 @@ void lnr_ensure_ctx(nr_ctx_t *ctx) {
   }
 }
 
+/* __gc (once per connection): the tag tells a ctx handle, as in to_ctx,
+ * which costs less than luaL_checkudata's metatable lookup by name; a
+ * direct call with anything else does nothing. */
 static int ctx_gc(lua_State *L) {
-  lctx_t *c = luaL_checkudata(L, 1, CTX_HANDLE);
+  lctx_t *c = lua_touserdata(L, 1);
+  if (c == NULL || lua_rawlen(L, 1) != sizeof *c || c->tag != &CTX_TAG)
+    return 0;
   if (c->ctx) {
     nr_ctx_release(c->ctx);
     c->ctx = NULL;
@@ -165,45 +173,46 @@ static int write_msg(lua_State *L, int idx, nr_ctx_t *ctx, nr_promise_t *p) {
   return rc;
 }
 
-#define CTX_FIRE0(cname, fn)                                                \
-  static int cname(lua_State *L) {                                          \
-    fn(check_ctx(L, 1));                                                    \
-    lua_settop(L, 1);                                                       \
-    return 1;                                                               \
+int lnr_fire(lua_State *L, nr_ctx_t *from, int event) {
+  static void (*const fire0[])(nr_ctx_t *) = {
+      [LNR_FIRE_REGISTERED] = nr_ctx_fire_registered,
+      [LNR_FIRE_UNREGISTERED] = nr_ctx_fire_unregistered,
+      [LNR_FIRE_ACTIVE] = nr_ctx_fire_active,
+      [LNR_FIRE_INACTIVE] = nr_ctx_fire_inactive,
+      [LNR_FIRE_READ_COMPLETE] = nr_ctx_fire_read_complete,
+      [LNR_FIRE_WRITABILITY] = nr_ctx_fire_writability_changed};
+  if (event == LNR_FIRE_READ) {
+    luaL_checkany(L, 2);
+    lnr_msgbuf_t m;
+    nr_ctx_fire_read(from, lnr_to_msg(L, 2, NULL, &m));
+    lnr_msg_done(&m);
+  } else if (event == LNR_FIRE_USER_EVENT) {
+    luaL_checkany(L, 2);
+    lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
+    nr_ctx_fire_user_event(from, &m);
+  } else if (event == LNR_FIRE_EXCEPTION) {
+    nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
+    nr_ctx_fire_exception(from, &err);
+  } else {
+    fire0[event](from);
   }
-CTX_FIRE0(c_fire_registered, nr_ctx_fire_registered)
-CTX_FIRE0(c_fire_unregistered, nr_ctx_fire_unregistered)
-CTX_FIRE0(c_fire_active, nr_ctx_fire_active)
-CTX_FIRE0(c_fire_inactive, nr_ctx_fire_inactive)
-CTX_FIRE0(c_fire_read_complete, nr_ctx_fire_read_complete)
-CTX_FIRE0(c_fire_writability, nr_ctx_fire_writability_changed)
-
-static int c_fire_read(lua_State *L) {
-  nr_ctx_t *ctx = check_ctx(L, 1);
-  luaL_checkany(L, 2);
-  lnr_msgbuf_t m;
-  nr_ctx_fire_read(ctx, lnr_to_msg(L, 2, NULL, &m));
-  lnr_msg_done(&m);
-  lua_settop(L, 1);
+  lua_settop(L, 1);                      /* the ctx or pipeline: chaining */
   return 1;
 }
 
-static int c_fire_user_event(lua_State *L) {
-  nr_ctx_t *ctx = check_ctx(L, 1);
-  luaL_checkany(L, 2);
-  lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
-  nr_ctx_fire_user_event(ctx, &m);
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int c_fire_exception(lua_State *L) {
-  nr_ctx_t *ctx = check_ctx(L, 1);
-  nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
-  nr_ctx_fire_exception(ctx, &err);
-  lua_settop(L, 1);
-  return 1;
-}
+#define CTX_FIRE(cname, event)                                              \
+  static int cname(lua_State *L) {                                          \
+    return lnr_fire(L, check_ctx(L, 1), event);                             \
+  }
+CTX_FIRE(c_fire_registered, LNR_FIRE_REGISTERED)
+CTX_FIRE(c_fire_unregistered, LNR_FIRE_UNREGISTERED)
+CTX_FIRE(c_fire_active, LNR_FIRE_ACTIVE)
+CTX_FIRE(c_fire_inactive, LNR_FIRE_INACTIVE)
+CTX_FIRE(c_fire_read, LNR_FIRE_READ)
+CTX_FIRE(c_fire_read_complete, LNR_FIRE_READ_COMPLETE)
+CTX_FIRE(c_fire_user_event, LNR_FIRE_USER_EVENT)
+CTX_FIRE(c_fire_writability, LNR_FIRE_WRITABILITY)
+CTX_FIRE(c_fire_exception, LNR_FIRE_EXCEPTION)
 
 /* The promise argument at idx, or a new one; pushes its future. */
 static nr_promise_t *write_promise(lua_State *L, int idx) {

@@ -138,7 +138,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 static const nr_handler_t lua_ws_vt = {
     .type = "websocket", .added = nr_ws_handler_added,
     .removed = nr_decoder_removed, .active = nr_ws_active,
-    .inactive = nr_ws_inactive, .read = nr_decoder_read,
+    .inactive = nr_ws_inactive, .channel_read = nr_decoder_channel_read,
     .user_event = nr_ws_user_event,
     .writability_changed = nr_decoder_writability,
     .write = lwrite, .close = nr_ws_close, .flags = NR_HANDLER_SYNC_WRITE};

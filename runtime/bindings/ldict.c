@@ -78,8 +78,10 @@ static inline void sip_round(uint64_t v[4]) {
   v[2] += v[1]; v[1] = ROTL(v[1], 17); v[1] ^= v[2]; v[2] = ROTL(v[2], 32);
 }
 
-/* n (<= 8) bytes at p as a little-endian word: a whole word in one load
- * (the loop cost 120 instructions of a 16-byte key's 258). */
+/* n (<= 8) bytes at p as a little-endian word. A whole word is one load
+ * (memcpy: no alignment or aliasing assumed), taken only when n == 8, so
+ * it never reads past the key; only a key's last, partial word goes byte
+ * by byte. */
 static inline uint64_t load_le64(const unsigned char *p, size_t n) {
   uint64_t w = 0;
   if (n == 8) {

@@ -84,8 +84,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec/http.h"
-#include "lnr.h"
+#include "lhttp.h"
 
 #define CLASS "netrun.codec.http_server"
 
@@ -669,179 +668,6 @@ static int bad(const char *fmt, ...) {
   return -EINVAL;
 }
 
-typedef struct hdrs_s {
-  nr_http_header_t small[32], *v;
-  size_t n, cap;
-  char nums[512];              /* numeric values formatted here */
-  size_t nums_used;
-  lnr_state_t *S;              /* its checked strings; NULL: none kept */
-} hdrs_t;
-
-static void hdrs_init(hdrs_t *h, lua_State *L) {
-  h->v = h->small;
-  h->n = 0;
-  h->cap = sizeof h->small / sizeof h->small[0];
-  h->nums_used = 0;
-  h->S = lnr_state(L);
-}
-
-/* ---- checked header strings ----
- *
- * A response table's header names must be tokens and its values free of
- * control characters, checked on every write; most writes give the same
- * strings again ("content-type", "text/plain"). So a string that passed
- * is remembered by its address, per state (lnr_state_t.http_checked), and
- * kept alive by an anchor table (LNR_SLOT_HTTP_CHECKED) for as long as it
- * is remembered: while it is anchored no other string can have its
- * address, so a hit is that very string, immutable and checked already.
- * An entry is replaced together with its anchor. A name and a value are
- * remembered apart (a good value need not be a token). */
-enum { CK_NAME, CK_VALUE };
-
-static unsigned ck_slot(const char *s, int kind) {
-  uintptr_t a = (uintptr_t)s;
-  return (unsigned)kind * LNR_HTTP_CHECKED / 2 +
-         (unsigned)((a >> 4 ^ a >> 11) % (LNR_HTTP_CHECKED / 2));
-}
-
-static bool ck_known(const hdrs_t *h, const char *s, int kind) {
-  return h->S != NULL && h->S->http_checked[ck_slot(s, kind)] == s;
-}
-
-/* The string at idx passed its check: remember it. */
-static void ck_remember(lua_State *L, hdrs_t *h, int idx, const char *s,
-                        int kind) {
-  if (h->S == NULL)
-    return;
-  unsigned k = ck_slot(s, kind);
-  idx = lua_absindex(L, idx);
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_CHECKED) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, LNR_HTTP_CHECKED, 0);
-    lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_CHECKED);
-  }
-  lua_pushvalue(L, idx);
-  lua_rawseti(L, -2, (lua_Integer)k + 1);
-  lua_pop(L, 1);
-  h->S->http_checked[k] = s;
-}
-
-/* The string value at idx (anchored by its table); a number is formatted
- * into h->nums, so converting it allocates nothing. NULL if it is
- * neither (or the arena is full). */
-static const char *field_string(lua_State *L, int idx, size_t *len,
-                                hdrs_t *h) {
-  int t = lua_type(L, idx);
-  if (t == LUA_TSTRING)
-    return lua_tolstring(L, idx, len);
-  if (t != LUA_TNUMBER)
-    return NULL;
-  char *b = h->nums + h->nums_used;
-  size_t room = sizeof h->nums - h->nums_used;
-  int n = lua_isinteger(L, idx)
-              ? snprintf(b, room, LUA_INTEGER_FMT, lua_tointeger(L, idx))
-              : snprintf(b, room, LUA_NUMBER_FMT, lua_tonumber(L, idx));
-  if (n < 0 || (size_t)n >= room)
-    return NULL;
-  h->nums_used += (size_t)n;
-  *len = (size_t)n;
-  return b;
-}
-
-static int bad_name(const char *name, size_t nl) {
-  return bad("http response: header name '%.*s' is not a token",
-             (int)(nl > 64 ? 64 : nl), name);
-}
-
-/* Add a header; its name and value are checked unless `checked` says
- * they were (CK_NAME and CK_VALUE bits). */
-static int add_header(hdrs_t *h, const char *name, size_t nl, const char *val,
-                      size_t vl, unsigned checked) {
-  if (!(checked & 1u << CK_NAME) && !nr_http_is_token(name, nl))
-    return bad_name(name, nl);
-  if (!(checked & 1u << CK_VALUE) && !nr_http_is_field_value(val, vl))
-    return bad("http response: the value of header '%.*s' "
-                    "contains a control character", (int)(nl > 64 ? 64 : nl),
-                    name);
-  if (h->n == h->cap) {
-    size_t cap = h->cap * 2;
-    nr_http_header_t *v = h->v == h->small ? malloc(cap * sizeof *v)
-                                           : realloc(h->v, cap * sizeof *v);
-    if (v == NULL)
-      return nr_raise(-ENOMEM, "http response: out of memory");
-    if (h->v == h->small)
-      memcpy(v, h->small, sizeof h->small);
-    h->v = v;
-    h->cap = cap;
-  }
-  h->v[h->n++] = (nr_http_header_t){name, val, nl, vl};
-  return 0;
-}
-
-/* The header name at -2 and its value at -1 (a string or a number), the
- * name checked already if name_ok: added, and the strings that passed
- * remembered. */
-static int add_pair(lua_State *L, hdrs_t *h, const char *name, size_t nl,
-                    bool name_ok, int vtype) {
-  size_t vl;
-  const char *val;
-  unsigned checked = name_ok ? 1u << CK_NAME : 0;
-  if (vtype == LUA_TSTRING) {
-    val = lua_tolstring(L, -1, &vl);
-    if (ck_known(h, val, CK_VALUE))
-      checked |= 1u << CK_VALUE;
-  } else {
-    val = field_string(L, lua_gettop(L), &vl, h);
-    if (val == NULL)
-      return bad("http response: header '%s' is a %s, not a string", name,
-                 luaL_typename(L, -1));
-  }
-  int rc = add_header(h, name, nl, val, vl, checked);
-  if (rc == 0 && vtype == LUA_TSTRING && !(checked & 1u << CK_VALUE))
-    ck_remember(L, h, -1, val, CK_VALUE);
-  return rc;
-}
-
-/* Collect the headers table at idx. Strings stay anchored by the table.
- * It pushes 5 values at most: its callers have room for them (a C
- * function starts with LUA_MINSTACK free slots; lwrite asks for its own). */
-static int collect_headers(lua_State *L, int idx, hdrs_t *h) {
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    size_t nl;
-    if (lua_type(L, -2) != LUA_TSTRING)
-      return bad("http response: header names must be "
-                      "strings, got a %s", luaL_typename(L, -2));
-    const char *name = lua_tolstring(L, -2, &nl);
-    bool name_ok = ck_known(h, name, CK_NAME);
-    if (!name_ok) {
-      if (!nr_http_is_token(name, nl))
-        return bad_name(name, nl);
-      ck_remember(L, h, -2, name, CK_NAME);
-      name_ok = true;
-    }
-    int rc = 0, t = lua_type(L, -1);
-    if (t == LUA_TTABLE) {   /* repeated: { "a=1", "b=2" } */
-      size_t n = lua_rawlen(L, -1);
-      for (size_t i = 1; rc == 0 && i <= n; i++) {
-        int vt = lua_rawgeti(L, -1, (lua_Integer)i);
-        rc = vt == LUA_TSTRING || vt == LUA_TNUMBER
-                 ? add_pair(L, h, name, nl, name_ok, vt)
-                 : bad("http response: header '%s' value %d "
-                            "is a %s", name, (int)i, luaL_typename(L, -1));
-        lua_pop(L, 1);
-      }
-    } else {
-      rc = add_pair(L, h, name, nl, name_ok, t);
-    }
-    if (rc)
-      return rc;             /* the caller restores the stack */
-    lua_pop(L, 1);
-  }
-  return 0;
-}
-
 static int raw_field(lua_State *L, int idx, const lnr_state_t *S, int k) {
   push_key(L, S, k);
   return lua_rawget(L, idx);
@@ -850,7 +676,7 @@ static int raw_field(lua_State *L, int idx, const lnr_state_t *S, int k) {
 /* Fill r from the response table at idx (values left on the stack). Raw
  * reads with interned keys: cheaper than a lua_next walk (measured). */
 static int to_response(lua_State *L, int idx, nr_http_response_t *r,
-                       hdrs_t *h) {
+                       lnr_hdrs_t *h) {
   int t = raw_field(L, idx, h->S, K_STATUS);
   if (t == LUA_TNUMBER && lua_isinteger(L, -1))
     r->status = (int)lua_tointeger(L, -1);
@@ -871,9 +697,12 @@ static int to_response(lua_State *L, int idx, nr_http_response_t *r,
   r->stream = lua_toboolean(L, -1);
   t = raw_field(L, idx, h->S, K_HEADERS);
   if (t == LUA_TTABLE) {
-    int rc = collect_headers(L, lua_gettop(L), h);
+    char err[sizeof bad_msg - 16];
+    int rc = lnr_collect_headers(L, lua_gettop(L), h, err, sizeof err);
+    if (rc == -ENOMEM)
+      return nr_raise(rc, "http response: %s", err);
     if (rc)
-      return rc;
+      return bad("http response: %s", err);
     r->headers = h->v;
     r->nheaders = h->n;
   } else if (t != LUA_TNIL) {
@@ -924,8 +753,8 @@ static int l_http_response(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
                           .body = ""};
-  hdrs_t h;
-  hdrs_init(&h, L);
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
   int rc = to_response(L, 1, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
@@ -934,8 +763,7 @@ static int l_http_response(lua_State *L) {
   if (rc == 0 && r.body_len > UINT32_MAX / 2)
     rc = bad("http response: a prepared body is limited to 2 GiB");
   if (rc != 0) {
-    if (h.v != h.small)
-      free(h.v);
+    lnr_hdrs_free(&h);
     return luaL_error(L, RESP_CLASS ": %s",
                       rc == -EINVAL ? bad_msg : "out of memory");
   }
@@ -944,8 +772,7 @@ static int l_http_response(lua_State *L) {
   pr->tag = &lnr_native_tag;
   pr->pad = NULL;
   nr_http_prepare(&r, (nr_http_prepared_t *)(pr + 1));
-  if (h.v != h.small)
-    free(h.v);
+  lnr_hdrs_free(&h);
   luaL_setmetatable(L, RESP_CLASS);
   return 1;
 }
@@ -975,8 +802,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (!lua_checkstack(L, 20))      /* to_response's 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
-  hdrs_t h;
-  hdrs_init(&h, L);
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
   int rc = to_response(L, m->idx, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];
@@ -988,8 +815,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   } else if (rc == 0) {
     rc = nr_http_server_write(ctx, &r, p);
   }
-  if (h.v != h.small)
-    free(h.v);
+  lnr_hdrs_free(&h);
   lua_settop(L, top);
   return rc;
 }
@@ -997,7 +823,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 static const nr_handler_t lua_http_vt = {
     .type = "http_server", .added = nr_http_server_added,
     .removed = nr_http_server_removed, .active = nr_http_server_active,
-    .inactive = nr_http_server_inactive, .read = nr_http_server_read,
+    .inactive = nr_http_server_inactive,
+    .channel_read = nr_http_server_channel_read,
     .read_failed = nr_http_server_read_failed,
     .writability_changed = nr_http_server_writability,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
@@ -1013,23 +840,10 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   return &lua_http_vt;
 }
 
+/* Size options: lnr_codec_int, as for the other codecs. */
 static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
-                       lua_Integer min) {
-  if (lua_isnoneornil(L, 1))
-    return (size_t)d;
-  lua_getfield(L, 1, k);
-  lua_Integer v = d;
-  if (!lua_isnil(L, -1)) {
-    if (!lua_isinteger(L, -1))
-      luaL_error(L, "netrun.codec.http_server: %s must be an integer, got "
-                 "a %s", k, luaL_typename(L, -1));
-    v = lua_tointeger(L, -1);
-    if (v < min)
-      luaL_error(L, "netrun.codec.http_server: %s must be at least %d, got "
-                 "%d", k, (int)min, (int)v);
-  }
-  lua_pop(L, 1);
-  return (size_t)v;
+                       lua_Integer min, lua_Integer max) {
+  return (size_t)lnr_codec_int(L, "http_server", k, d, min, max);
 }
 
 /* A timeout in seconds (0: off) as ns; d when absent. */
@@ -1058,12 +872,10 @@ static int l_http_server(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     luaL_checktype(L, 1, LUA_TTABLE);
   conf_t o;
-  o.max_header = opt_size(L, "max_header", 8192, 64);
-  o.max_body = opt_size(L, "max_body", 1 << 20, 0);
-  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1);
-  if (o.max_headers > NR_HTTP_MAX_HEADERS)
-    luaL_error(L, "netrun.codec.http_server: max_headers must be at most "
-               "%d, got %d", NR_HTTP_MAX_HEADERS, (int)o.max_headers);
+  o.max_header = opt_size(L, "max_header", 8192, 64, 1 << 30);
+  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
+  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1,
+                           NR_HTTP_MAX_HEADERS);
   o.header_timeout = opt_seconds(L, "header_timeout", NR_HTTP_HEADER_TIMEOUT);
   o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
   o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",

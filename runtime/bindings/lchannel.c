@@ -371,9 +371,28 @@ static void push_registry_table(lua_State *L, const void *key) {
 
 /* Push this state's function for a server's init: the cached one if it
  * came from the current blob, else a fresh unpack (which resolves the
- * modules it names in this state now). */
+ * modules it names in this state now). The one run last is also in a
+ * slot, so a loop serving one server finds it, per connection, with two
+ * compares and an array read, not two registry lookups by pointer. */
+/* The function on top, of init_t in from blob b, becomes S's last. */
+static void remember_init(lua_State *L, lnr_state_t *S, const init_t *in,
+                          const lnr_blob_t *b) {
+  if (S == NULL)
+    return;
+  lua_pushvalue(L, -1);
+  lnr_set_slot(L, LNR_SLOT_INIT);
+  S->init_in = in;
+  S->init_blob = b;
+}
+
 static void push_server_init(lua_State *L, init_t *in) {
   lnr_blob_t *b = atomic_load_explicit(&in->b, memory_order_acquire);
+  lnr_state_t *S = lnr_state(L);
+  if (S != NULL && S->init_in == in && S->init_blob == b) {
+    if (lnr_push_slot(L, LNR_SLOT_INIT) != LUA_TNIL)
+      return;
+    lua_pop(L, 1);
+  }
   push_registry_table(L, &INIT_CACHE);
   push_registry_table(L, &INIT_BLOBS);
   int cache = lua_gettop(L) - 1, blobs = cache + 1;
@@ -381,6 +400,7 @@ static void push_server_init(lua_State *L, init_t *in) {
       lua_touserdata(L, -1) == b && lua_rawgetp(L, cache, in) != LUA_TNIL) {
     lua_replace(L, cache);
     lua_settop(L, cache);
+    remember_init(L, S, in, b);
     return;
   }
   lua_settop(L, blobs);
@@ -391,9 +411,16 @@ static void push_server_init(lua_State *L, init_t *in) {
   lua_rawsetp(L, blobs, in);
   lua_replace(L, cache);
   lua_settop(L, cache);
+  remember_init(L, S, in, b);
 }
 
 void lnr_forget_inits(lua_State *L) {
+  lnr_state_t *S = lnr_state(L);
+  if (S != NULL) {
+    S->init_in = S->init_blob = NULL;
+    lua_pushnil(L);
+    lnr_set_slot(L, LNR_SLOT_INIT);
+  }
   lua_pushnil(L);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_CACHE);
   lua_pushnil(L);
@@ -408,13 +435,14 @@ static int run_init_p(lua_State *L) {
     lnr_unpack(L, atomic_load_explicit(&in->b, memory_order_relaxed));
   else
     push_server_init(L, in);
-  lnr_push_handle(L, LNR_CHANNEL, ch);
+  lnr_push_new_channel(L, ch);
   lua_call(L, 1, 0);
   return 0;
 }
 
-static void count_closed(nr_promise_t *p, void *arg) {
-  (void)p;
+/* A server's connection closed (nr_server_opts_t.child_closed). */
+static void count_closed(nr_channel_t *ch, void *arg) {
+  (void)ch;
   atomic_fetch_add_explicit(&((init_t *)arg)->closed, 1, memory_order_relaxed);
 }
 
@@ -423,12 +451,8 @@ static void run_init(nr_channel_t *ch, void *arg) {
   lnr_state_t *S = lnr_current_state();
   if (S == NULL)
     return;
-  if (!in->once) {
+  if (!in->once)
     atomic_fetch_add_explicit(&in->accepted, 1, memory_order_relaxed);
-    if (nr_promise_add_listener(nr_channel_close_future(ch), NULL,
-                                count_closed, in) < 0)
-      count_closed(NULL, in);
-  }
   lua_State *L = S->L;
   LNR_STACK_BEGIN(L);
   lua_pushcfunction(L, run_init_p);
@@ -826,6 +850,7 @@ static int l_server(lua_State *L) {
     return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
+  o.child_closed = in ? count_closed : NULL;
   o.arg = in;
   nr_promise_t *p = nr_server_bind(&o);
   watch_bound(in, p);

@@ -1,5 +1,5 @@
 /*
- * lnr.h -- internals of the Lua bindings (runtime/lua/). Only these files
+ * lnr.h -- internals of the Lua bindings (runtime/bindings/). Only these files
  * include both lua.h and netrun.h.
  *
  * Threading: every lua_State belongs to one thread -- the main thread (the
@@ -70,9 +70,14 @@ typedef struct lnr_pool_s {
 
 /* Values a state's bindings fetch on every message, kept as registry
  * integer references (an array read, where a registry lookup by pointer
- * or name walks a hash chain). */
+ * or name walks a hash chain). The KEYED ones mirror a registry entry
+ * under a pointer key that never changes once made (a metatable, a weak
+ * cache), fetched per connection: see lnr_push_keyed. */
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
        LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
+       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT,
+       LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_KEYED_PIPE_MT,
+       LNR_KEYED_CTX_MT, LNR_KEYED_CTX_HANDLE_MT, LNR_KEYED_RECS,
        LNR_NSLOTS };
 
 /* Header strings of responses remembered as checked (lhttp.c): names
@@ -109,6 +114,14 @@ typedef struct lnr_state_s {
   /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
+  /* The server init run last here (lchannel.c): its function, in
+   * LNR_SLOT_INIT, is the one unpacked from blob init_blob of init_t
+   * init_in. NULL: none (or forgotten by a reload). */
+  const void *init_in, *init_blob;
+  /* The metatable of the native handler added last (lpipeline.c), kept in
+   * LNR_SLOT_NATIVE_MT (so its address stays its), and its maker. */
+  const void *native_mt;
+  const nr_handler_t *(*native_make)(lua_State *L, int idx, void **state);
   lnr_batch_t *batch;         /* made when a Lua handler is first added */
   /* Response header strings that passed their check, by address; each is
    * anchored in LNR_SLOT_HTTP_CHECKED while it is here (lhttp.c). */
@@ -156,6 +169,10 @@ lnr_state_t *lnr_state(lua_State *L);
 int lnr_push_slot(lua_State *L, int slot);
 /* Pop the value on top into slot. */
 void lnr_set_slot(lua_State *L, int slot);
+/* Push registry[key] (a light-userdata key whose value, once made, never
+ * changes), read through slot once it was found there: an array read, not
+ * a walk of the registry's hash chains. Returns its type. */
+int lnr_push_keyed(lua_State *L, int slot, const void *key);
 /* The main thread's external loop, created when the module is first loaded. */
 nr_loop_t *lnr_main_loop(void);
 /* Loop state hooks; ud is what lnr_paths_new returned. */
@@ -231,6 +248,9 @@ void lnr_handle_retain(int kind, void *ptr);
 void lnr_handle_release(int kind, void *ptr);
 /* Push this state's proxy for a handle (one per state), taking a ref. */
 void lnr_push_handle(lua_State *L, int kind, void *ptr);
+/* lnr_push_handle for a channel just made (its init): no lookup, for there
+ * can be no proxy of it yet. */
+void lnr_push_new_channel(lua_State *L, nr_channel_t *ch);
 /* Whether the value at idx is this state's void promise (a quick check:
  * false for a void promise not made by lnr_push_handle here). */
 static inline bool lnr_is_void(lua_State *L, int idx) {
@@ -437,6 +457,9 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 /* Push the registry table stored under the address `key`, making it the
  * first time as a weak table of the given __mode ("k", "v" or "kv"). */
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
+/* lnr_push_weak through slot (lnr_push_keyed). */
+void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
+                         const char *mode);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
 /* Levenshtein distance of two names (64 or more: "far", for long ones). */
 int lnr_edit_distance(const char *a, const char *b);
@@ -446,6 +469,14 @@ int lnr_edit_distance(const char *a, const char *b);
 void lnr_check_options(lua_State *L, int idx, const char *what,
                        const char *const *known);
 uint64_t lnr_ns(double seconds);
+/* Option `name` of a netrun.codec.<what> constructor's table (argument 1,
+ * which may be absent): def when unset; a value of another type, or an
+ * integer out of min..max, raises "netrun.codec.<what>: <name> must be an
+ * integer from <min> to <max>, got <value>" (or "a boolean, got a <type>"). */
+lua_Integer lnr_codec_int(lua_State *L, const char *what, const char *name,
+                          lua_Integer def, lua_Integer min, lua_Integer max);
+bool lnr_codec_bool(lua_State *L, const char *what, const char *name,
+                    bool def);
 int lnr_error_code(lua_State *L, const char *prefix, int code, const char *msg);
 /* Register a metatable named `name` with methods and a __tostring. */
 void lnr_new_class(lua_State *L, const char *name, const luaL_Reg *methods,

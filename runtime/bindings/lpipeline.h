@@ -1,6 +1,6 @@
 /*
  * lpipeline.h -- what the files of Lua handlers in the C pipeline share
- * (internal to runtime/lua/lpipeline*.c; everything here runs on a loop
+ * (internal to runtime/bindings/lpipeline*.c; everything here runs on a loop
  * thread, the one whose state the handler or ctx belongs to, unless it
  * says otherwise).
  *
@@ -84,8 +84,8 @@ int lnr_batch_init(lnr_state_t *S);
  * what waits is delivered first. False when the event goes on instead:
  * the handler left its pipeline meanwhile, or has no method for bit. */
 bool lnr_lh_enter(nr_ctx_t *ctx, unsigned bit);
-int lnr_lh_read(nr_ctx_t *ctx, void *msg);
-int lnr_lh_read_complete(nr_ctx_t *ctx);
+int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg);
+int lnr_lh_channel_read_complete(nr_ctx_t *ctx);
 /* channel_writability_changed reaching a handler that holds reads: they go
  * on if the channel is writable. True when the handler left meanwhile. */
 bool lnr_lh_writable_held(nr_ctx_t *ctx);
@@ -105,6 +105,16 @@ void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx);
 void lnr_push_ctx_handler(lua_State *L, nr_ctx_t *ctx);
 /* The promise argument at idx, or a new one; pushes its future. */
 nr_promise_t *lnr_opt_promise(lua_State *L, int idx);
+/* The fire_* methods of ctx and pipeline objects alike: the event (its
+ * argument at index 2) goes to the handlers after `from` (a pipeline's
+ * head for p:fire_*); returns 1, the object at index 1 (chaining). A
+ * message or user event must be given; raises otherwise. */
+enum {
+  LNR_FIRE_REGISTERED, LNR_FIRE_UNREGISTERED, LNR_FIRE_ACTIVE,
+  LNR_FIRE_INACTIVE, LNR_FIRE_READ, LNR_FIRE_READ_COMPLETE,
+  LNR_FIRE_USER_EVENT, LNR_FIRE_WRITABILITY, LNR_FIRE_EXCEPTION
+};
+int lnr_fire(lua_State *L, nr_ctx_t *from, int event);
 /* Register the ctx metatables. */
 void lnr_open_ctx(lua_State *L);
 

@@ -81,6 +81,33 @@ void lnr_set_slot(lua_State *L, int slot) {
   S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
+static void keep_in_slot(lua_State *L, lnr_state_t *S, int slot) {
+  lua_pushvalue(L, -1);
+  S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+int lnr_push_keyed(lua_State *L, int slot, const void *key) {
+  lnr_state_t *S = state_of(L);
+  if (S != NULL && S->slots[slot] > 0)
+    return lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+  int t = lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  if (S != NULL && t != LUA_TNIL)
+    keep_in_slot(L, S, slot);
+  return t;
+}
+
+void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
+                         const char *mode) {
+  lnr_state_t *S = state_of(L);
+  if (S != NULL && S->slots[slot] > 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+    return;
+  }
+  lnr_push_weak(L, key, mode);
+  if (S != NULL)
+    keep_in_slot(L, S, slot);
+}
+
 nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
 /* ---- protected calls ---------------------------------------------------- */
@@ -366,8 +393,12 @@ static inline void count(lnr_state_t *S, size_t plus, size_t minus) {
 }
 
 /* The two calls every message makes -- a small block freed, a small block
- * whose free list has one -- decided in a few instructions; the rest out
- * of line. */
+ * whose free list has one -- are served here, the rest out of line. That
+ * is safe because Lua passes every block's size (osize), so a small
+ * block's class is known without a header and its list is the one it came
+ * from; a free only lowers the count; and the one allocation served here
+ * is checked against mem_limit first, so whatever could pass the limit
+ * (and needs refuse()'s judgement) takes alloc_slow. */
 static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   lnr_state_t *S = ud;
 #if POOL_MAX > 0

@@ -373,7 +373,7 @@ void lnr_batch_forget(lh_t *h) {
     drop_held(h);
 }
 
-int lnr_lh_read_complete(nr_ctx_t *ctx) {
+int lnr_lh_channel_read_complete(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
   lnr_batch_t *b = h->S->batch;
   if (b->n > 0 && !b->draining) {
@@ -404,7 +404,7 @@ int lnr_lh_read_complete(nr_ctx_t *ctx) {
   return lnr_lh_finish(ctx, L, 0, "channel_read_complete");
 }
 
-int lnr_lh_read(nr_ctx_t *ctx, void *msg) {
+int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg) {
   lh_t *h = nr_ctx_state(ctx);
   lnr_state_t *S = h->S;
   lnr_batch_t *b = S->batch;

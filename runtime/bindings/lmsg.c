@@ -38,8 +38,10 @@ static void push_addr(lua_State *L, const struct sockaddr_storage *ss,
 
 /* The converters of the message types lnr_push_msg does not know itself,
  * one table for every type, the core's and the codecs' alike: open
- * addressing from type % NCONV, so a core type (below NCONV) is found at
- * its own index by one compare. Filled once per type before any loop runs
+ * addressing from type % NCONV, so a core type or one of netrun's own
+ * handlers' (netrun.h: below NR_MSG_NATIVE + 16 == NCONV) is found at its
+ * own index by one compare. A type must be registered (nr_msg_register)
+ * before it has a converter. Filled once per type before any loop runs
  * (the bindings register from pthread_once), read by every loop thread. */
 #define NCONV 32
 static struct {
@@ -48,6 +50,11 @@ static struct {
 } converters[NCONV];
 
 void lnr_register_msg(int type, lnr_msg_push_fn push) {
+  if (nr_msg_name(type) == NULL) {     /* its handler declares it first */
+    fprintf(stderr, "netrun: message type %d: a converter for a type no "
+            "handler registered (nr_msg_declare)\n", type);
+    abort();
+  }
   for (int i = 0; i < NCONV; i++) {
     int k = (int)(((unsigned)type + (unsigned)i) % NCONV);
     if (converters[k].type == 0 || converters[k].type == type) {
@@ -129,8 +136,11 @@ void lnr_push_msg(lua_State *L, void *msg) {
     return;
   default: {
     lnr_msg_push_fn push = converter(type);
+    const char *name;
     if (push != NULL)
       push(L, msg);
+    else if ((name = nr_msg_name(type)) != NULL)
+      lua_pushfstring(L, "(%s message)", name);
     else
       lua_pushfstring(L, "(message of type %d)", type);
   }
@@ -163,7 +173,7 @@ const char lnr_native_tag = 0;
 void lnr_describe_msg(const void *msg, char *buf, size_t size) {
   const lnr_lmsg_t *m = msg;
   if (nr_msg_type(msg) != NR_MSG_LUA) {
-    snprintf(buf, size, "a message of type %d", nr_msg_type(msg));
+    nr_msg_describe(nr_msg_type(msg), buf, size);
     return;
   }
   lua_State *L = m->L;

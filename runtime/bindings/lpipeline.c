@@ -17,8 +17,15 @@
 #define PIPELINE "netrun.pipeline"
 
 typedef struct lpipe_s {
+  const void *tag;             /* &PIPE_TAG: proves the userdata is ours */
   nr_channel_t *ch;
 } lpipe_t;
+
+/* A pipeline object carries the address of PIPE_TAG, and its metatable is
+ * kept under a pointer key: init's ch:pipeline():add_last(...) runs per
+ * connection, and neither making the object nor checking it (each method
+ * call) looks a metatable up by name. */
+static const char PIPE_TAG = 0, PIPE_MT = 0;
 
 /* Push the pipeline object of the channel handle at idx. There is one per
  * handle, kept in the handle's user value, so ch:pipeline() ==
@@ -31,8 +38,10 @@ static void push_pipeline_of(lua_State *L, int idx) {
     return;
   lua_pop(L, 1);
   lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->tag = &PIPE_TAG;
   p->ch = lnr_check_handle(L, idx, LNR_CHANNEL);
-  luaL_setmetatable(L, PIPELINE);
+  lnr_push_keyed(L, LNR_KEYED_PIPE_MT, &PIPE_MT);
+  lua_setmetatable(L, -2);
   lua_pushvalue(L, idx);
   lua_setiuservalue(L, -2, 1);                 /* pipeline -> handle */
   lua_pushvalue(L, -1);
@@ -51,8 +60,16 @@ static int l_channel_pipeline(lua_State *L) {
   return 1;
 }
 
+/* The pipeline object at idx; raises for anything else. */
+static lpipe_t *to_pipe(lua_State *L, int idx) {
+  lpipe_t *p = lua_touserdata(L, idx);   /* a light one has length 0 */
+  if (p != NULL && lua_rawlen(L, idx) == sizeof *p && p->tag == &PIPE_TAG)
+    return p;
+  return luaL_checkudata(L, idx, PIPELINE);              /* raises */
+}
+
 static nr_pipeline_t *check_pipe(lua_State *L, int idx) {
-  lpipe_t *p = luaL_checkudata(L, idx, PIPELINE);
+  lpipe_t *p = to_pipe(L, idx);
   nr_loop_t *loop = nr_channel_loop(p->ch);
   if (loop == NULL || !nr_loop_in_thread(loop))
     luaL_error(L, "the pipeline of channel %d can only be used on its loop "
@@ -77,16 +94,42 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
   return NULL;
 }
 
+/* The maker of the native handler at idx (a userdata whose metatable has
+ * __netrun_native), or NULL. Init adds the same kinds on every connection,
+ * so the state remembers the metatable seen last and its maker: the next
+ * lookup is a pointer compare, not a field read by name. The metatable is
+ * anchored in a slot while remembered, so no other table takes its
+ * address meanwhile. */
+static lnr_native_fn native_maker(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
+    return NULL;
+  lnr_state_t *S = lnr_state(L);
+  if (S != NULL && S->native_mt == lua_topointer(L, -1)) {
+    lua_pop(L, 1);
+    return S->native_make;
+  }
+  lnr_native_fn make = NULL;
+  lua_pushliteral(L, "__netrun_native");
+  if (lua_rawget(L, -2) == LUA_TLIGHTUSERDATA)
+    make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
+  lua_pop(L, 1);                                      /* mt */
+  if (make != NULL && S != NULL) {
+    S->native_mt = lua_topointer(L, -1);
+    S->native_make = make;
+    lnr_set_slot(L, LNR_SLOT_NATIVE_MT);              /* pops mt */
+  } else {
+    lua_pop(L, 1);
+  }
+  return make;
+}
+
 /* Builds the C handler for the value at idx: a native handler (userdata
  * whose metatable has __netrun_native), or a Lua table or object. */
 static const nr_handler_t *make_handler(lua_State *L, int idx,
                                         const char *name, void **state) {
-  if (lua_type(L, idx) == LUA_TUSERDATA &&
-      luaL_getmetafield(L, idx, "__netrun_native") == LUA_TLIGHTUSERDATA) {
-    lnr_native_fn make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
-    lua_pop(L, 1);
+  lnr_native_fn make = native_maker(L, idx);
+  if (make != NULL)
     return make(L, idx, state);
-  }
   return lnr_make_lua_handler(L, idx, name, state);
 }
 
@@ -252,49 +295,25 @@ static int p_last(lua_State *L) {
 }
 
 static int p_channel(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
+  lpipe_t *p = to_pipe(L, 1);
   lnr_push_handle(L, LNR_CHANNEL, p->ch);
   return 1;
 }
 
-#define PIPE_FIRE0(cname, fn)                                               \
+/* p:fire_*: the event from the head, as ctx:fire_* from a context. */
+#define PIPE_FIRE(cname, event)                                             \
   static int cname(lua_State *L) {                                          \
-    fn(nr_pipeline_head(check_pipe(L, 1)));                           \
-    lua_settop(L, 1);                                                       \
-    return 1;                                                               \
+    return lnr_fire(L, nr_pipeline_head(check_pipe(L, 1)), event);          \
   }
-PIPE_FIRE0(p_fire_registered, nr_ctx_fire_registered)
-PIPE_FIRE0(p_fire_unregistered, nr_ctx_fire_unregistered)
-PIPE_FIRE0(p_fire_active, nr_ctx_fire_active)
-PIPE_FIRE0(p_fire_inactive, nr_ctx_fire_inactive)
-PIPE_FIRE0(p_fire_read_complete, nr_ctx_fire_read_complete)
-PIPE_FIRE0(p_fire_writability, nr_ctx_fire_writability_changed)
-
-static int p_fire_read(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1);
-  luaL_checkany(L, 2);
-  lnr_msgbuf_t m;
-  nr_ctx_fire_read(nr_pipeline_head(p), lnr_to_msg(L, 2, NULL, &m));
-  lnr_msg_done(&m);
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int p_fire_user_event(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1);
-  lnr_lmsg_t m = {NR_MSG_LUA, L, 2};
-  nr_ctx_fire_user_event(nr_pipeline_head(p), &m);
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int p_fire_exception(lua_State *L) {
-  nr_pipeline_t *p = check_pipe(L, 1);
-  nr_err_t err = {NR_EHANDLER, luaL_tolstring(L, 2, NULL)};
-  nr_ctx_fire_exception(nr_pipeline_head(p), &err);
-  lua_settop(L, 1);
-  return 1;
-}
+PIPE_FIRE(p_fire_registered, LNR_FIRE_REGISTERED)
+PIPE_FIRE(p_fire_unregistered, LNR_FIRE_UNREGISTERED)
+PIPE_FIRE(p_fire_active, LNR_FIRE_ACTIVE)
+PIPE_FIRE(p_fire_inactive, LNR_FIRE_INACTIVE)
+PIPE_FIRE(p_fire_read, LNR_FIRE_READ)
+PIPE_FIRE(p_fire_read_complete, LNR_FIRE_READ_COMPLETE)
+PIPE_FIRE(p_fire_user_event, LNR_FIRE_USER_EVENT)
+PIPE_FIRE(p_fire_writability, LNR_FIRE_WRITABILITY)
+PIPE_FIRE(p_fire_exception, LNR_FIRE_EXCEPTION)
 
 static int p_do_write(lua_State *L, bool flush) {
   nr_pipeline_t *p = check_pipe(L, 1);
@@ -326,7 +345,7 @@ static int p_close(lua_State *L) {
 }
 
 static int p_tostring(lua_State *L) {
-  lpipe_t *p = luaL_checkudata(L, 1, PIPELINE);
+  lpipe_t *p = to_pipe(L, 1);
   lua_pushfstring(L, "netrun.pipeline(channel %d)",
                   p->ch ? (int)nr_channel_id(p->ch) : -1);
   return 1;
@@ -354,6 +373,8 @@ void lnr_open_pipeline(lua_State *L) {
   static const luaL_Reg pipe_meta[] = {{"__tostring", p_tostring},
                                        {NULL, NULL}};
   lnr_new_class(L, PIPELINE, pipe_methods, pipe_meta);
+  luaL_getmetatable(L, PIPELINE);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &PIPE_MT);
   lnr_open_xctx(L);
   /* ch:pipeline() */
   luaL_getmetatable(L, lnr_kind_names[LNR_CHANNEL]);

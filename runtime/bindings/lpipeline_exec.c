@@ -275,12 +275,12 @@ XINBOUND0(xh_registered, "channel_registered")
 XINBOUND0(xh_unregistered, "channel_unregistered")
 XINBOUND0(xh_active, "channel_active")
 XINBOUND0(xh_inactive, "channel_inactive")
-XINBOUND0(xh_read_complete, "channel_read_complete")
+XINBOUND0(xh_channel_read_complete, "channel_read_complete")
 XINBOUND0(xh_writability, "channel_writability_changed")
 XINBOUND0(xh_flush, "flush")
-XINBOUND0(xh_do_read, "read")
+XINBOUND0(xh_read, "read")
 
-static int xh_read(nr_ctx_t *ctx, void *msg) {
+static int xh_channel_read(nr_ctx_t *ctx, void *msg) {
   lnr_push_msg(lnr_current_state()->L, msg);
   xdispatch(ctx, 1, "channel_read");
   return 0;
@@ -340,10 +340,12 @@ static unsigned xh_mask(const nr_handler_t *vt, void *state) {
 const nr_handler_t lnr_exec_vt = {
     .type = "lua-executor", .added = xh_added, .removed = xh_removed,
     .registered = xh_registered, .unregistered = xh_unregistered,
-    .active = xh_active, .inactive = xh_inactive, .read = xh_read,
-    .read_complete = xh_read_complete, .user_event = xh_user_event,
+    .active = xh_active, .inactive = xh_inactive,
+    .channel_read = xh_channel_read,
+    .channel_read_complete = xh_channel_read_complete,
+    .user_event = xh_user_event,
     .writability_changed = xh_writability, .exception = xh_exception,
-    .close = xh_close, .do_read = xh_do_read, .write = xh_write,
+    .close = xh_close, .read = xh_read, .write = xh_write,
     .flush = xh_flush, .mask = xh_mask};
 
 /* The proxy for handler h (at idx) on an executor of group g. */

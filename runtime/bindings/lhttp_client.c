@@ -59,7 +59,7 @@
 #include <strings.h>
 
 #include "codec/http_client.h"
-#include "lnr.h"
+#include "lhttp.h"
 
 #define CLASS "netrun.codec.http_client"
 
@@ -239,98 +239,6 @@ static void push_reply(lua_State *L, void *msg) {
 
 /* ---- requests from Lua ------------------------------------------------------------ */
 
-typedef struct hdrs_s {
-  nr_http_header_t small[32], *v;
-  size_t n, cap;
-} hdrs_t;
-
-static int add_header(hdrs_t *h, const char *name, size_t nl, const char *val,
-                      size_t vl, char *err, size_t errlen) {
-  if (!nr_http_is_token(name, nl)) {
-    snprintf(err, errlen, "header name '%.*s' is not a token",
-             (int)(nl > 64 ? 64 : nl), name);
-    return -EINVAL;
-  }
-  if (!nr_http_is_field_value(val, vl)) {
-    snprintf(err, errlen, "the value of header '%.*s' contains a control "
-             "character", (int)(nl > 64 ? 64 : nl), name);
-    return -EINVAL;
-  }
-  if (h->n == h->cap) {
-    size_t cap = h->cap * 2;
-    nr_http_header_t *v = malloc(cap * sizeof *v);
-    if (v == NULL) {
-      snprintf(err, errlen, "out of memory");
-      return -ENOMEM;
-    }
-    memcpy(v, h->v, h->n * sizeof *v);
-    if (h->v != h->small)
-      free(h->v);
-    h->v = v;
-    h->cap = cap;
-  }
-  h->v[h->n++] = (nr_http_header_t){name, val, nl, vl};
-  return 0;
-}
-
-/* A header value: a string, or a number converted in place on the stack
- * (lua_tolstring on the table's copy, which stays anchored there). */
-static const char *value_at(lua_State *L, int idx, size_t *len) {
-  int t = lua_type(L, idx);
-  return t == LUA_TSTRING || t == LUA_TNUMBER ? lua_tolstring(L, idx, len)
-                                              : NULL;
-}
-
-/* Collect the headers table at idx; the values stay on the stack (the
- * caller restores it). */
-static int collect(lua_State *L, int idx, hdrs_t *h, char *err, size_t el) {
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    if (lua_type(L, -2) != LUA_TSTRING) {
-      snprintf(err, el, "header names must be strings, got a %s",
-               luaL_typename(L, -2));
-      return -EINVAL;
-    }
-    int key = lua_gettop(L) - 1;
-    size_t nl, vl;
-    const char *name = lua_tolstring(L, key, &nl), *val;
-    int rc = 0;
-    if (lua_type(L, -1) == LUA_TTABLE) {      /* repeated: { "a", "b" } */
-      lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
-      if (!lua_checkstack(L, (int)n + 4)) {
-        snprintf(err, el, "too many values for header '%s'", name);
-        return -EINVAL;
-      }
-      int t = lua_gettop(L);
-      for (lua_Integer i = 1; rc == 0 && i <= n; i++) {
-        lua_rawgeti(L, t, i);
-        val = value_at(L, -1, &vl);
-        if (val == NULL) {
-          snprintf(err, el, "header '%s' value %d is a %s", name, (int)i,
-                   luaL_typename(L, -1));
-          return -EINVAL;
-        }
-        rc = add_header(h, name, nl, val, vl, err, el);
-      }
-    } else if ((val = value_at(L, -1, &vl)) != NULL) {
-      rc = add_header(h, name, nl, val, vl, err, el);
-    } else {
-      snprintf(err, el, "header '%s' is a %s, not a string", name,
-               luaL_typename(L, -1));
-      return -EINVAL;
-    }
-    if (rc)
-      return rc;
-    if (!lua_checkstack(L, 6)) {
-      snprintf(err, el, "too many headers");
-      return -EINVAL;
-    }
-    lua_pushvalue(L, key);     /* the key again, for lua_next; values stay
-                                  on the stack, anchoring converted numbers */
-  }
-  return 0;
-}
-
 static bool good_target(const char *s, size_t n) {
   if (n == 0)
     return false;
@@ -349,7 +257,7 @@ static bool not_forwarded(const char *n, size_t len) {
 }
 
 /* Is name among h->v[0 .. n) (the fields the writer gave)? */
-static bool given(const hdrs_t *h, size_t n, const char *name, size_t len) {
+static bool given(const lnr_hdrs_t *h, size_t n, const char *name, size_t len) {
   for (size_t i = 0; i < n; i++)
     if (h->v[i].name_len == len && strncasecmp(h->v[i].name, name, len) == 0)
       return true;
@@ -358,31 +266,31 @@ static bool given(const hdrs_t *h, size_t n, const char *name, size_t len) {
 
 /* A forwarded field, unless hop-by-hop or given by the writer; *host is
  * set when it is Host. */
-static int forward_field(hdrs_t *h, size_t ngiven, const char *name,
+static int forward_field(lnr_hdrs_t *h, size_t ngiven, const char *name,
                          size_t nl, const char *val, size_t vl, bool *host,
                          char *err, size_t el) {
   if (not_forwarded(name, nl) || given(h, ngiven, name, nl))
     return 0;
   *host = *host || (nl == 4 && strncasecmp(name, "host", 4) == 0);
-  return add_header(h, name, nl, val, vl, err, el);
+  return lnr_hdrs_add(h, name, nl, val, vl, err, el);
 }
 
 /* The fields of the headers table at t (the handler read or set them):
  * each value a string, or an array of them. */
-static int forward_table(lua_State *L, int t, hdrs_t *h, size_t ngiven,
+static int forward_table(lua_State *L, int t, lnr_hdrs_t *h, size_t ngiven,
                          bool *host, char *err, size_t el) {
-  hdrs_t all = {.v = all.small, .cap = sizeof all.small / sizeof all.small[0]};
-  int rc = collect(L, t, &all, err, el);
+  lnr_hdrs_t all;
+  lnr_hdrs_init(&all, L);
+  int rc = lnr_collect_headers(L, t, &all, err, el);
   for (size_t i = 0; rc == 0 && i < all.n; i++)
     rc = forward_field(h, ngiven, all.v[i].name, all.v[i].name_len,
                        all.v[i].value, all.v[i].value_len, host, err, el);
-  if (all.v != all.small)
-    free(all.v);
+  lnr_hdrs_free(&all);
   return rc;
 }
 
 /* The head's own fields, as they arrived (checked by the server's parser). */
-static int forward_raw(lua_State *L, int idx, size_t n, hdrs_t *h,
+static int forward_raw(lua_State *L, int idx, size_t n, lnr_hdrs_t *h,
                        size_t ngiven, bool *host, char *err, size_t el) {
   nr_http_header_t small[32], *v = small;
   if (n > sizeof small / sizeof small[0] && (v = malloc(n * sizeof *v)) == NULL) {
@@ -428,7 +336,7 @@ static int field(lua_State *L, int idx, bool pos, int i, const char *name) {
  * table's headers are added and replace forwarded ones of their names; the
  * table's host is the Host when the request has none (HTTP/1.0). */
 static int to_forward(lua_State *L, int idx, bool pos, int fwd,
-                      nr_http_call_t *c, hdrs_t *h, char *err, size_t el) {
+                      nr_http_call_t *c, lnr_hdrs_t *h, char *err, size_t el) {
   lnr_http_fwd_t f;
   if (!lnr_http_forward_view(L, fwd, &f)) {
     snprintf(err, el, "forward must be a request of netrun.codec.http_server, "
@@ -452,7 +360,7 @@ static int to_forward(lua_State *L, int idx, bool pos, int fwd,
                         .body_len = f.body_len};
   int rc = 0;
   if (field(L, idx, pos, REQ_HEADERS, "headers") == LUA_TTABLE)
-    rc = collect(L, lua_gettop(L), h, err, el);
+    rc = lnr_collect_headers(L, lua_gettop(L), h, err, el);
   size_t ngiven = h->n;
   bool host = given(h, ngiven, "host", 4);
   if (rc == 0)
@@ -462,7 +370,7 @@ static int to_forward(lua_State *L, int idx, bool pos, int fwd,
       field(L, idx, pos, REQ_HOST, "host") == LUA_TSTRING) {
     size_t n;
     const char *v = lua_tolstring(L, -1, &n);
-    rc = add_header(h, "host", 4, v, n, err, el);
+    rc = lnr_hdrs_add(h, "host", 4, v, n, err, el);
   }
   c->headers = h->v;
   c->nheaders = h->n;
@@ -470,7 +378,7 @@ static int to_forward(lua_State *L, int idx, bool pos, int fwd,
 }
 
 /* Fill c from the request table at idx (its strings stay on the stack). */
-static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
+static int to_call(lua_State *L, int idx, nr_http_call_t *c, lnr_hdrs_t *h,
                    char *err, size_t el) {
   bool pos = lua_rawgeti(L, idx, REQ_POOL) != LUA_TNIL;
   lua_pop(L, 1);
@@ -506,7 +414,7 @@ static int to_call(lua_State *L, int idx, nr_http_call_t *c, hdrs_t *h,
   }
   t = field(L, idx, pos, REQ_HEADERS, "headers");
   if (t == LUA_TTABLE) {
-    int rc = collect(L, lua_gettop(L), h, err, el);
+    int rc = lnr_collect_headers(L, lua_gettop(L), h, err, el);
     if (rc)
       return rc;
   } else if (t != LUA_TNIL) {
@@ -532,25 +440,23 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (!lua_checkstack(L, 16))
     return nr_raise(-ENOMEM, "http_client: Lua stack overflow");
   nr_http_call_t c = {.type = NR_MSG_HTTP_CALL};
-  hdrs_t h;
-  h.v = h.small;
-  h.n = 0;
-  h.cap = sizeof h.small / sizeof h.small[0];
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
   char err[200];
   int rc = to_call(L, m->idx, &c, &h, err, sizeof err);
   if (rc == 0)
     rc = nr_http_client_write(ctx, &c, p);
   else
     rc = nr_raise(rc, "http_client request: %s", err);
-  if (h.v != h.small)
-    free(h.v);
+  lnr_hdrs_free(&h);
   lua_settop(L, top);
   return rc;
 }
 
 static const nr_handler_t lua_vt = {
     .type = "http_client", .removed = nr_http_client_removed,
-    .inactive = nr_http_client_inactive, .read = nr_http_client_read,
+    .inactive = nr_http_client_inactive,
+    .channel_read = nr_http_client_channel_read,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- a request's options (netrun.http) ---------------------------------------------- */
@@ -639,22 +545,10 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   return &lua_vt;
 }
 
+/* Size options: lnr_codec_int, as for the other codecs. */
 static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
                        lua_Integer min, lua_Integer max) {
-  if (lua_isnoneornil(L, 1))
-    return (size_t)d;
-  lua_getfield(L, 1, k);
-  lua_Integer v = d;
-  if (!lua_isnil(L, -1)) {
-    if (!lua_isinteger(L, -1))
-      luaL_error(L, CLASS ": %s must be an integer, got a %s", k,
-                 luaL_typename(L, -1));
-    v = lua_tointeger(L, -1);
-    if (v < min || v > max)
-      luaL_error(L, CLASS ": %s must be in %I..%I, got %I", k, min, max, v);
-  }
-  lua_pop(L, 1);
-  return (size_t)v;
+  return (size_t)lnr_codec_int(L, "http_client", k, d, min, max);
 }
 
 static int l_http_client(lua_State *L) {
@@ -664,15 +558,7 @@ static int l_http_client(lua_State *L) {
   o.max_header = opt_size(L, "max_header", 16384, 64, 1 << 30);
   o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
   o.max_headers = opt_size(L, "max_headers", 100, 1, NR_HTTP_MAX_HEADERS);
-  o.raw = false;
-  if (!lua_isnoneornil(L, 1)) {
-    int t = lua_getfield(L, 1, "raw");
-    if (t != LUA_TNIL && t != LUA_TBOOLEAN)
-      luaL_error(L, CLASS ": raw must be a boolean, got a %s",
-                 luaL_typename(L, -1));
-    o.raw = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-  }
+  o.raw = lnr_codec_bool(L, "http_client", "raw", false);
   nr_http_client_opts_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);

@@ -6,6 +6,7 @@
  * __gc/__close drops it. Proxies are cached per state in a weak table, so a
  * handle that comes back (in a transfer, as ctx.channel) is the same value.
  */
+#include <assert.h>
 #include <string.h>
 
 #include "lnr.h"
@@ -68,7 +69,10 @@ static const char CACHE_KEY = 0;
 static const char CLASS_KEYS[LNR_NKINDS];
 
 static void push_class(lua_State *L, int kind) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
+  if (kind == LNR_CHANNEL)               /* one per connection: a slot */
+    lnr_push_keyed(L, LNR_KEYED_CHANNEL_MT, &CLASS_KEYS[kind]);
+  else
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
 }
 
 /*
@@ -168,12 +172,38 @@ static int proxy_gc(lua_State *L) {
   return 0;
 }
 
+/* A new proxy of ptr (retaining it), entered in the cache on top of the
+ * stack, which it replaces. */
+static void push_cached(lua_State *L, int kind, void *ptr) {
+  new_proxy(L, kind, ptr);
+  lnr_handle_retain(kind, ptr);
+  push_class(L, kind);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, -3, ptr);
+  lua_remove(L, -2);
+}
+
+/* A channel that was just made has no proxy here yet: a proxy retains its
+ * channel, so no proxy of an earlier channel at that address survives it
+ * (and a collected proxy leaves the weak cache before its __gc releases
+ * the channel). So its first proxy (made for init, once per connection)
+ * is entered in the cache without looking it up first. */
+void lnr_push_new_channel(lua_State *L, nr_channel_t *ch) {
+  lnr_push_weak_keyed(L, LNR_KEYED_HANDLES, &CACHE_KEY, "v");
+#ifndef NDEBUG
+  assert(lua_rawgetp(L, -1, ch) == LUA_TNIL);   /* as argued above */
+  lua_pop(L, 1);
+#endif
+  push_cached(L, LNR_CHANNEL, ch);
+}
+
 void lnr_push_handle(lua_State *L, int kind, void *ptr) {
   if (ptr == NULL) {
     lua_pushnil(L);
     return;
   }
-  lnr_push_weak(L, &CACHE_KEY, "v");
+  lnr_push_weak_keyed(L, LNR_KEYED_HANDLES, &CACHE_KEY, "v");
   if (lua_rawgetp(L, -1, ptr) == LUA_TUSERDATA) {
     proxy_t *p = lua_touserdata(L, -1);
     if (p->kind == kind && p->ptr == ptr) {
@@ -182,13 +212,7 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
     }
   }
   lua_pop(L, 1);
-  new_proxy(L, kind, ptr);
-  lnr_handle_retain(kind, ptr);
-  push_class(L, kind);
-  lua_setmetatable(L, -2);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, -3, ptr);
-  lua_remove(L, -2);
+  push_cached(L, kind, ptr);
   if (kind == LNR_FUTURE && nr_promise_is_void(ptr)) {
     lnr_state_t *S = lnr_state(L);       /* anchored: one proxy, one address */
     if (S != NULL) {
