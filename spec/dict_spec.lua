@@ -95,6 +95,52 @@ describe("netrun.shared.dict", function()
     assert.has_error(function() d:set("x", 1, -1) end)
   end)
 
+  it("overwrites keep values, byte counts and LRU order exact", function()
+    -- an overwrite with a string of the same length reuses the old copy's
+    -- memory: what comes back, and what is counted, must not show it
+    local d = netrun.shared.dict("overwrite", { capacity = 3 })
+    d:flush_all()
+    local base = d:stats().bytes
+    assert.is_true(d:set("a", "1111"))
+    local one = d:stats().bytes - base
+    assert.is_true(d:set("a", "2222"))            -- same length, the head
+    assert.equal("2222", d:get("a"))
+    assert.equal(one, d:stats().bytes - base)
+    assert.is_true(d:set("a", "\0\1\2\3"))
+    assert.equal("\0\1\2\3", d:get("a"))
+    assert.is_true(d:set("a", "22"))              -- shorter, then longer
+    assert.equal("22", d:get("a"))
+    assert.equal(one - 2, d:stats().bytes - base)
+    assert.is_true(d:set("a", "333333"))
+    assert.equal("333333", d:get("a"))
+    assert.is_true(d:set("a", 7))                 -- string -> integer -> string
+    assert.equal(7, d:get("a"))
+    assert.is_true(d:set("a", "4444"))
+    assert.equal("4444", d:get("a"))
+    assert.equal(one, d:stats().bytes - base)
+    assert.is_true(d:set("a", ""))                -- the empty string, twice
+    assert.is_true(d:set("a", ""))
+    assert.equal("", d:get("a"))
+    assert.is_true(d:set("a", "5555"))
+    assert.is_nil(d:add("a", "6666"))             -- add keeps the old bytes
+    assert.equal("5555", d:get("a"))
+    -- an overwrite makes the key the most recent, head or not
+    d:set("b", "bbbb"); d:set("c", "cccc")        -- LRU: c b a
+    assert.is_true(d:set("a", "AAAA"))            -- a c b
+    assert.is_true(d:set("c", "CCCC"))            -- c a b (c was not the head)
+    d:set("d", "dddd")                            -- evicts b
+    assert.is_nil(d:get("b"))
+    assert.same({ "AAAA", "CCCC", "dddd" }, { d:get("a"), d:get("c"), d:get("d") })
+    assert.is_true(d:set("d", "DDDD"))            -- d, the head, stays it
+    d:get("a"); d:get("c")                        -- c a d
+    d:set("e", "eeee")                            -- evicts d
+    assert.is_nil(d:get("d"))
+    assert.same({ "AAAA", "CCCC", "eeee" }, { d:get("a"), d:get("c"), d:get("e") })
+    assert.equal(3 * one, d:stats().bytes - base)
+    d:flush_all()
+    assert.equal(base, d:stats().bytes)
+  end)
+
   it("evicts the least recently used entry at capacity", function()
     local d = netrun.shared.dict("small", { capacity = 3 })
     d:flush_all()

@@ -223,7 +223,10 @@ static int make_room(dict_t *d, entry_t *keep, size_t need, bool adds,
   return 0;
 }
 
-/* Store (key, value) (val's string now belongs to the dict on success).
+/* Store (key, value). A string value in val is borrowed (the caller's
+ * Lua string): the dict copies it, into the old value's buffer when the
+ * key holds a string of the same length (an overwrite then allocates and
+ * frees nothing, and the accounting is unchanged), else into a new one.
  * Returns 0, -EEXIST (ST_ADD and the key is live) or -ENOMEM. */
 static int store(dict_t *d, const char *k, size_t n, const entry_t *val,
                  uint64_t expires, int mode) {
@@ -232,13 +235,24 @@ static int store(dict_t *d, const char *k, size_t n, const entry_t *val,
   if (e && (mode & ST_ADD))
     return -EEXIST;
   size_t need = sizeof *e + n + value_bytes(val->type, val->v.s.len);
-  if (need > d->memory ||
-      make_room(d, e, need, e == NULL, mode & ST_SAFE) < 0)
+  if (need > d->memory)
     return -ENOMEM;
+  bool in_place = val->type == V_STR && e && e->type == V_STR &&
+                  e->v.s.len == val->v.s.len;
+  char *copy = NULL;
+  if (val->type == V_STR && !in_place &&
+      (copy = malloc(val->v.s.len + 1)) == NULL)   /* + 1: never malloc(0) */
+    return -ENOMEM;
+  if (make_room(d, e, need, e == NULL, mode & ST_SAFE) < 0) {
+    free(copy);
+    return -ENOMEM;
+  }
   if (e == NULL) {
     e = malloc(sizeof *e + n);
-    if (e == NULL)
+    if (e == NULL) {
+      free(copy);
       return -ENOMEM;
+    }
     memcpy(e->key, k, n);
     e->klen = n;
     e->hash = h;
@@ -247,14 +261,25 @@ static int store(dict_t *d, const char *k, size_t n, const entry_t *val,
     d->n++;
   } else {
     d->bytes -= entry_bytes(e);
-    free_value(e);
-    lru_unlink(d, e);
+    if (!in_place)
+      free_value(e);
+    if (e != d->head)
+      lru_unlink(d, e);
   }
-  e->type = val->type;
-  e->v = val->v;
+  if (in_place) {
+    memcpy(e->v.s.s, val->v.s.s, val->v.s.len);
+  } else {
+    e->type = val->type;
+    e->v = val->v;
+    if (copy) {
+      memcpy(copy, val->v.s.s, val->v.s.len);
+      e->v.s.s = copy;
+    }
+  }
   e->expires = expires;
   d->bytes += entry_bytes(e);
-  lru_front(d, e);
+  if (e != d->head)
+    lru_front(d, e);
   maybe_grow(d);
   return 0;
 }
@@ -271,7 +296,7 @@ static dict_t *check(lua_State *L) {
 }
 
 /* Read the value at idx into a detached entry value (before the lock: it
- * may raise). */
+ * may raise); a string is borrowed, not copied (see store). */
 static void read_value(lua_State *L, int idx, entry_t *tmp) {
   switch (lua_type(L, idx)) {
   case LUA_TBOOLEAN: tmp->type = V_BOOL; tmp->v.b = lua_toboolean(L, idx); break;
@@ -284,14 +309,10 @@ static void read_value(lua_State *L, int idx, entry_t *tmp) {
       tmp->v.n = lua_tonumber(L, idx);
     }
     break;
-  case LUA_TSTRING: {
+  case LUA_TSTRING: {     /* borrowed: anchored at idx; store() copies it */
     size_t n;
-    const char *s = lua_tolstring(L, idx, &n);
     tmp->type = V_STR;
-    tmp->v.s.s = malloc(n + 1);
-    if (tmp->v.s.s == NULL)
-      luaL_error(L, "out of memory");
-    memcpy(tmp->v.s.s, s, n);
+    tmp->v.s.s = (char *)lua_tolstring(L, idx, &n);
     tmp->v.s.len = n;
     break;
   }
@@ -347,8 +368,6 @@ static int store_value(lua_State *L, int mode) {
   pthread_mutex_lock(&d->lock);
   int rc = store(d, k, n, &val, expires, mode);
   pthread_mutex_unlock(&d->lock);
-  if (rc < 0)
-    free_value(&val);
   return push_status(L, rc);
 }
 
@@ -366,8 +385,10 @@ static ssize_t copy_out(dict_t *d, const char *k, size_t n, entry_t *out,
   pthread_mutex_lock(&d->lock);
   entry_t *e = find(d, k, n, hash(d, k, n));
   if (e) {
-    lru_unlink(d, e);
-    lru_front(d, e);
+    if (e != d->head) {
+      lru_unlink(d, e);
+      lru_front(d, e);
+    }
     *out = *e;
     rc = 1;
     if (e->type == V_STR && e->v.s.len > cap)
