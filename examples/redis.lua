@@ -42,9 +42,10 @@ local SYNTAX = "-ERR syntax error\r\n"
 -- else nil: such values are stored as integers so that INCR is atomic and
 -- GET gives back the very same string.
 local byte, find = string.byte, string.find
+local NUM_START = { [45] = true }   -- the bytes an integer starts with: -, 0-9
+for b = 48, 57 do NUM_START[b] = true end
 local function as_integer(s)
-  local b = byte(s)           -- most values are not numbers: decide early
-  if b == nil or (b ~= 45 and (b < 48 or b > 57)) or #s > 20 then return nil end
+  if not NUM_START[byte(s) or 0] or #s > 20 then return nil end
   if s == "0" or find(s, "^%-?[1-9]%d*$") then
     local n = tointeger(s)
     if n and tostring(n) == s then return n end
@@ -95,7 +96,9 @@ function C.SET(cmd, n)
     end
   end
   local k, v = cmd[2], cmd[3]
-  v = as_integer(v) or v   -- integers are stored as such (see above)
+  -- integers are stored as such (see above); as_integer's first test is
+  -- made here too, so that most values cost no call to it
+  if NUM_START[byte(v) or 0] then v = as_integer(v) or v end
   if nx then
     return db:add(k, v, ttl) and OK or NIL
   end

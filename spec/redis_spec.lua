@@ -72,6 +72,20 @@ describe("examples/redis.lua", function()
     assert.equal("9223372036854775807", cli("GET", "spec:max"))
   end)
 
+  it("stores SET's canonical integers as integers, other values as strings", function()
+    assert.equal("OK", cli("SET", "spec:neg", "-5"))      -- INCR works on integers only
+    assert.equal("-4", cli("INCR", "spec:neg"))
+    assert.equal("OK", cli("SET", "spec:zero", "0"))
+    assert.equal("1", cli("INCR", "spec:zero"))
+    assert.equal("OK", cli("SET", "spec:nine", "9"))
+    assert.equal("10", cli("INCR", "spec:nine"))
+    for _, v in ipairs { "012", "1e3", "-", "+1", " 1", "x1", "" } do
+      assert.equal("OK", cli("SET", "spec:str", v))
+      assert.equal("ERR value is not an integer or out of range", cli("INCR", "spec:str"))
+      assert.equal(v, cli("GET", "spec:str"))
+    end
+  end)
+
   it("honours SET EX/PX/NX/XX", function()
     assert.equal("", cli("SET", "spec:x", "1", "XX"))
     assert.equal("OK", cli("SET", "spec:x", "1", "NX"))
