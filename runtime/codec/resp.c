@@ -70,8 +70,9 @@ static inline int header(const char *p, size_t n, size_t max, long long *v,
                          size_t *len) {
   size_t look = n < max ? n : max;
   size_t d0 = look > 1 && p[1] == '-' ? 2 : 1, e = d0;
+  size_t stop = look < d0 + 18 ? look : d0 + 18;   /* at most 18 digits */
   long long x = 0;
-  while (e < look && e - d0 < 18 && (unsigned)(p[e] - '0') <= 9)
+  while (e < stop && (unsigned)(p[e] - '0') <= 9)
     x = x * 10 + (p[e++] - '0');
   if (e > d0 && e < look && e + 1 < n && p[e] == '\r' && p[e + 1] == '\n') {
     *v = d0 == 2 ? -x : x;
