@@ -28,8 +28,8 @@ typedef struct boot_s {
 static int boot_task(void *arg) {
   boot_t *b = arg;
   nr_channel_t *ch = b->ch;
-  nr_promise_t *p = ch->reg_promise;
-  ch->reg_promise = NULL;
+  nr_promise_t *p = ch->setup->reg_promise;
+  ch->setup->reg_promise = NULL;
   int rc = nr__channel_register(ch, 0);
   if (rc < 0) {
     nr_promise_set_failure(p, rc, nr__errname(rc));
@@ -52,7 +52,8 @@ static nr_promise_t *boot(nr_channel_t *ch, nr_loop_t *l,
                           bool bind) {
   nr_promise_t *p = nr_promise_new();
   boot_t *b = malloc(sizeof *b);
-  if (p == NULL || b == NULL) {
+  nr_setup_t *su = nr__channel_setup(ch);
+  if (p == NULL || b == NULL || su == NULL) {
     free(b);
     nr_channel_release(ch);
     if (p)
@@ -64,10 +65,10 @@ static nr_promise_t *boot(nr_channel_t *ch, nr_loop_t *l,
   b->len = len;
   b->bind = bind;
   ch->loop = l;
-  ch->reg_promise = nr_promise_retain(p);
+  su->reg_promise = nr_promise_retain(p);
   if (nr_loop_execute(l, boot_task, b) < 0) {
-    nr_promise_release(ch->reg_promise);
-    ch->reg_promise = NULL;
+    nr_promise_release(su->reg_promise);
+    su->reg_promise = NULL;
     nr_channel_release(ch);
     free(b);
     nr_promise_set_failure(p, NR_EREJECTED, "event loop is shut down");
@@ -104,7 +105,8 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
                                   int fd) {
   nr_channel_t *ch = nr__channel_new(NR__LISTEN, family, fd, NULL);
   nr_server_t *srv = calloc(1, sizeof *srv);
-  if (ch == NULL || srv == NULL) {
+  nr_setup_t *su = ch ? nr__channel_setup(ch) : NULL;
+  if (su == NULL || srv == NULL) {
     free(srv);
     if (ch)
       nr_channel_release(ch);
@@ -125,7 +127,7 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
   srv->arg = o->arg;
   srv->backoff = o->accept_backoff ? o->accept_backoff : NR_SEC(1);
   ch->srv = srv;
-  ch->backlog = o->backlog > 0 ? o->backlog : 1024;
+  su->backlog = o->backlog > 0 ? o->backlog : 1024;
   ch->init = o->init;
   ch->init_arg = o->arg;
   return ch;
@@ -390,9 +392,14 @@ nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
   if (memcmp(&o->opts, &zero, sizeof zero) == 0)
     ch->opts.send_timeout = 0;   /* a client picked its peer: no send timeout */
   nr__apply_opts(fd, ss.ss_family, &ch->opts);
+  nr_setup_t *su = nr__channel_setup(ch);
+  if (su == NULL) {
+    nr_channel_release(ch);                   /* closes the fd */
+    return nr__promise_failed(-ENOMEM, "out of memory");
+  }
   ch->init = o->init;
   ch->init_arg = o->arg;
-  ch->connect_timeout = o->timeout ? o->timeout : NR_SEC(30);
+  su->connect_timeout = o->timeout ? o->timeout : NR_SEC(30);
   return boot(ch, o->loop ? o->loop : nr_group_next(o->group), &ss, len,
               false);
 }

@@ -88,13 +88,21 @@ void nr_channel_release(nr_channel_t *ch) {
     return;
   if (ch->io.fd >= 0 && !(ch->st & NR__CLOSED))
     close(ch->io.fd);                          /* never registered */
-  if (ch->reg_promise)
-    nr_promise_release(ch->reg_promise);
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
-  free(ch->unix_path);
+  if (ch->setup) {
+    nr_promise_release(ch->setup->reg_promise);
+    free(ch->setup->unix_path);
+    free(ch->setup);
+  }
   nr__server_free(ch->srv);
   free(ch);
+}
+
+nr_setup_t *nr__channel_setup(nr_channel_t *ch) {
+  if (ch->setup == NULL)
+    ch->setup = calloc(1, sizeof *ch->setup);
+  return ch->setup;
 }
 
 /* ---- accessors ------------------------------------------------------------- */
@@ -172,8 +180,8 @@ const nr_channel_opts_t *nr_channel_options(const nr_channel_t *ch) {
 /* Any thread: nothing is cached, so there is nothing to race on. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
                              int *port) {
-  if (ch->unix_path) {                        /* set before the bind completed */
-    snprintf(host, n, "%s", ch->unix_path);
+  if (ch->setup && ch->setup->unix_path) {   /* set before the bind completed */
+    snprintf(host, n, "%s", ch->setup->unix_path);
     *port = -1;
     return 0;
   }
@@ -655,10 +663,10 @@ static void read_dgrams(nr_channel_t *ch) {
 
 static void connected(nr_channel_t *ch, nr_promise_t *p) {
   ch->st &= ~NR__CONNECTING;
-  if (ch->connect_timer) {
-    nr_timer_cancel(ch->connect_timer);
-    nr_timer_release(ch->connect_timer);
-    ch->connect_timer = NULL;
+  if (ch->setup && ch->setup->connect_timer) {
+    nr_timer_cancel(ch->setup->connect_timer);
+    nr_timer_release(ch->setup->connect_timer);
+    ch->setup->connect_timer = NULL;
   }
   nr__channel_set_active(ch);
   if (p)
@@ -667,8 +675,8 @@ static void connected(nr_channel_t *ch, nr_promise_t *p) {
 }
 
 static void connect_failed(nr_channel_t *ch, int err, const char *msg) {
-  nr_promise_t *p = ch->connect_promise;
-  ch->connect_promise = NULL;
+  nr_promise_t *p = ch->setup->connect_promise;
+  ch->setup->connect_promise = NULL;
   if (p) {
     nr_promise_set_failure(p, err, msg);
     nr_promise_release(p);
@@ -689,8 +697,8 @@ static void finish_connect(nr_channel_t *ch) {
     connect_failed(ch, -err, msg);
     return;
   }
-  nr_promise_t *p = ch->connect_promise;
-  ch->connect_promise = NULL;
+  nr_promise_t *p = ch->setup->connect_promise;
+  ch->setup->connect_promise = NULL;
   connected(ch, p);
   if (p)
     nr_promise_release(p);
@@ -703,7 +711,7 @@ static int connect_timed_out(void *arg) {
     int port = 0;
     nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
     snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
-             port, (double)ch->connect_timeout / 1e9);
+             port, (double)ch->setup->connect_timeout / 1e9);
     connect_failed(ch, NR_ETIMEDOUT, msg);
   }
   return 0;
@@ -835,15 +843,18 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   bool was_active = pub(ch) & NR__ACTIVE;
   ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
   atomic_store(&ch->pub, 0);
-  drop_timer(&ch->connect_timer);
   drop_timer(&ch->linger_timer);
   if (ch->srv)
     drop_timer(&ch->srv->backoff_timer);
-  if (ch->connect_promise) {
-    nr_promise_set_failure(ch->connect_promise, NR_ECLOSED,
-                           "channel closed before the connect completed");
-    nr_promise_release(ch->connect_promise);
-    ch->connect_promise = NULL;
+  nr_setup_t *su = ch->setup;
+  if (su) {
+    drop_timer(&su->connect_timer);
+    if (su->connect_promise) {
+      nr_promise_set_failure(su->connect_promise, NR_ECLOSED,
+                             "channel closed before the connect completed");
+      nr_promise_release(su->connect_promise);
+      su->connect_promise = NULL;
+    }
   }
   bool linger = !abort && was_active && ch->kind == NR__STREAM &&
                 (ch->st & NR__REGISTERED) && !(ch->st & NR__INPUT_SHUT) &&
@@ -856,7 +867,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
       setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     }
     if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
-      nr__unlink_socket(ch->unix_path, ch->unix_dev, ch->unix_ino);
+      nr__unlink_socket(su->unix_path, su->unix_dev, su->unix_ino);
     close(ch->io.fd);          /* (io.fd stays: other threads may read it;
                                   the loop's own users ask nr_channel_fd) */
   }
@@ -1016,8 +1027,14 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
   int port = 0;
   nr_format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
                   &port);
+  nr_setup_t *su = nr__channel_setup(ch);
+  if (su == NULL) {
+    nr__channel_close(ch, true);
+    return nr_raise(-ENOMEM, "bind: out of memory");
+  }
   if (bind(ch->io.fd, sa, len) < 0 ||
-      (ch->kind == NR__LISTEN && listen(ch->io.fd, ch->backlog) < 0)) {
+      (ch->kind == NR__LISTEN &&
+       listen(ch->io.fd, su->backlog > 0 ? su->backlog : 1024) < 0)) {
     int err = -errno;
     nr__channel_close(ch, true);
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
@@ -1025,10 +1042,10 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
   }
   struct stat st;
   if (sa->sa_family == AF_UNIX &&
-      (ch->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)) &&
-      lstat(ch->unix_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
-    ch->unix_dev = st.st_dev;
-    ch->unix_ino = st.st_ino;
+      (su->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)) &&
+      lstat(su->unix_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+    su->unix_dev = st.st_dev;
+    su->unix_ino = st.st_ino;
     ch->st |= NR__UNLINK_PATH;
   }
   nr__channel_set_active(ch);
@@ -1041,7 +1058,8 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
 static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
                         socklen_t len, nr_promise_t *p) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
-  if (nr__channel_set_raddr(ch, sa, len) < 0) {
+  nr_setup_t *su = nr__channel_setup(ch);
+  if (su == NULL || nr__channel_set_raddr(ch, sa, len) < 0) {
     nr__channel_close(ch, true);
     return nr_raise(-ENOMEM, "connect: out of memory");
   }
@@ -1058,10 +1076,10 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
                      : nr_raise(err, "%s: %s", host, nr__errname(err));
   }
   ch->st |= NR__CONNECTING;
-  ch->connect_promise = p ? nr_promise_retain(p) : NULL;
+  su->connect_promise = p ? nr_promise_retain(p) : NULL;
   nr__channel_update_interest(ch);
-  if (ch->connect_timeout)
-    ch->connect_timer = nr_loop_schedule(ch->loop, ch->connect_timeout, 0,
+  if (su->connect_timeout)
+    su->connect_timer = nr_loop_schedule(ch->loop, su->connect_timeout, 0,
                                          connect_timed_out, NULL, ch);
   return 0;
 }

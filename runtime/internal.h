@@ -351,6 +351,21 @@ typedef struct nr_server_s {
   int nsiblings;
 } nr_server_t;
 
+/* What only a channel made by the bootstrap uses -- a listener, a channel
+ * of nr_connect or nr_udp_bind -- and an accepted connection never does:
+ * allocated for those (nr__channel_setup), so an idle accepted connection
+ * does not carry it. Written before registration, then on the loop. */
+typedef struct nr_setup_s {
+  nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
+  nr_promise_t *connect_promise;
+  nr_timer_t *connect_timer;
+  uint64_t connect_timeout;
+  char *unix_path;                   /* a listener's socket file, and */
+  dev_t unix_dev;                    /* its identity: close unlinks only */
+  ino_t unix_ino;                    /* the socket it bound */
+  int backlog;
+} nr_setup_t;
+
 struct nr_channel_s {
   nr_io_t io;
   _Atomic int refs;
@@ -369,18 +384,15 @@ struct nr_channel_s {
    * sees both. See nr_channel_close_future. */
   nr_promise_t *_Atomic close_future;
   _Atomic bool closed;
-  nr_promise_t *connect_promise;
-  nr_timer_t *connect_timer, *linger_timer;
+  nr_timer_t *linger_timer;
   uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
   uint64_t goodbye_until;    /* a shutdown leaves it open until then
                                 (nr_channel_delay_shutdown_close) */
   nr_server_t *srv;
+  nr_setup_t *setup;                 /* NULL for an accepted connection */
   nr_init_fn init;                   /* bootstrap: run at registration */
   nr_init_fn closed_hook;            /* run (with init_arg) as it closes */
   void *init_arg;
-  nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
-  uint64_t connect_timeout;
-  int backlog;
   /* The peer's address, inline when it is IPv4/IPv6 (the common, idle
    * case: a sockaddr_storage here would cost every connection 100 bytes
    * more), allocated for a unix path. The local address is asked of the
@@ -392,14 +404,11 @@ struct nr_channel_s {
     uint64_t align;
   } raddr;
   struct sockaddr_storage *raddr_big;
-  char *unix_path;                   /* a listener's socket file, and */
-  dev_t unix_dev;                    /* its identity: close unlinks only */
-  ino_t unix_ino;                    /* the socket it bound */
   socklen_t rlen;
+  int send_outq;                     /* SIOCOUTQ when listed */
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
   nr_channel_t *sprev, *snext;       /* loop's send-timeout list */
   uint64_t send_deadline;            /* when listed: closed by then */
-  int send_outq;                     /* SIOCOUTQ when listed */
 };
 
 nr_channel_t *nr__channel_new(int kind, int family, int fd,
@@ -410,6 +419,9 @@ int nr__channel_register(nr_channel_t *ch, uint32_t events);
 void nr__channel_update_interest(nr_channel_t *ch);
 /* Record the peer's address; 0 or -ENOMEM. */
 int nr__channel_set_raddr(nr_channel_t *ch, const void *sa, socklen_t len);
+/* The channel's setup state, made (zeroed) on first call; NULL when out of
+ * memory. Before registration or on the channel's loop. */
+nr_setup_t *nr__channel_setup(nr_channel_t *ch);
 void nr__accept_ready(nr_channel_t *ch);     /* bootstrap.c */
 bool nr__server_closed(nr_channel_t *ch);    /* bootstrap.c */
 void nr__server_free(nr_server_t *srv);      /* bootstrap.c */
