@@ -548,7 +548,10 @@ function M.request_with(client, opts, cb)
   if u == nil then
     u = parsed(url)
     if type(url) == "string" then
-      if nurls >= 1000 then urls, nurls = {}, 0 end
+      if nurls >= 1000 then             -- (emptied in place: the lane reads it)
+        for k in next, urls do urls[k] = nil end
+        nurls = 0
+      end
       urls[url], nurls = u, nurls + 1
     end
   end
@@ -637,7 +640,10 @@ end
 -- client:request(opts) --> future; client:request(opts, callback): on a
 -- loop, no future: callback(res) or callback(nil, err) runs on this loop
 -- (cheaper: the response is not copied through a future).
+local lane_request             -- core.http.lane's (made at the end)
+
 function Client:request(opts, callback)
+  if lane_request(self, opts, callback) then return end   -- the usual path, in C
   if getmetatable(self) ~= Client then
     error("netrun.http client: call it as client:request { ... }", 2)
   end
@@ -718,5 +724,15 @@ function M.stats()
   end
   return out
 end
+
+-- The pool's usual path in C (runtime/bindings/lhttp_pool.c): a request
+-- with a callback taking an idle connection, and a response that puts its
+-- connection back, walk the tables above there; anything else comes here.
+local lane_read
+lane_request, lane_read = core.http.lane {
+  Client = Client, pools = pools, urls = urls, watch = watch,
+  slow_read = Conn.channel_read, traceback = traceback,
+}
+Conn.channel_read = lane_read
 
 return M

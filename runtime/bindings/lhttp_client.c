@@ -466,9 +466,9 @@ static const nr_handler_t lua_vt = {
  * a table of known options of the right types. One pass in C: a request
  * is checked each time it is made, and this way that costs a few hundred
  * instructions rather than a Lua loop and a C call per option. */
-static int raise_at(lua_State *L, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int raise_at(lua_State *L, const char *fmt, ...) {
+static void raise_at(lua_State *L, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), noreturn));
+static void raise_at(lua_State *L, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
@@ -477,61 +477,72 @@ static int raise_at(lua_State *L, const char *fmt, ...) {
   luaL_where(L, 3);            /* 1 this, 2 netrun.http, 3 its caller */
   lua_pushfstring(L, "netrun.http.request: %s", msg);
   lua_concat(L, 2);
-  return lua_error(L);
+  lua_error(L);
+  abort();                     /* (lua_error does not return) */
 }
 
-/* The type an option must have (LUA_TNONE: any), or -2: no such option.
- * Lengths are compared first: most options differ in length. */
-static int option_type(const char *k, size_t n) {
+/* The options, in the order of lnr.h's LNR_HOPT_*, and the type each must
+ * have (LUA_TNONE: any). */
+static const struct { const char *k; size_t n; int t; } options[] = {
 #define OPT(name, type) {name, sizeof name - 1, type}
-  static const struct { const char *k; size_t n; int t; } opts[] = {
-      OPT("url", LUA_TNONE), OPT("forward", LUA_TUSERDATA),
-      OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
-      OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
-      OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
-      OPT("follow", LUA_TNUMBER)};
+    OPT("url", LUA_TNONE), OPT("forward", LUA_TUSERDATA),
+    OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
+    OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
+    OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
+    OPT("follow", LUA_TNUMBER)};
 #undef OPT
-  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
-    if (opts[i].n == n && memcmp(opts[i].k, k, n) == 0)
-      return opts[i].t;
-  return -2;
+
+/* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are
+ * compared first: most options differ in length. */
+static int option_index(const char *k, size_t n) {
+  for (int i = 0; i < LNR_HOPT_N; i++)
+    if (options[i].n == n && memcmp(options[i].k, k, n) == 0)
+      return i;
+  return -1;
 }
 
-static int l_check_request(lua_State *L) {
-  if (lua_type(L, 1) != LUA_TTABLE)
-    return raise_at(L, "options must be a table, got %s", luaL_typename(L, 1));
+void lnr_http_check_request(lua_State *L, int idx, int base) {
+  if (lua_type(L, idx) != LUA_TTABLE)
+    raise_at(L, "options must be a table, got %s", luaL_typename(L, idx));
   bool forward = false, method_or_body = false;
-  lua_settop(L, 1);
   lua_pushnil(L);
-  while (lua_next(L, 1)) {
+  while (lua_next(L, idx)) {
     size_t n = 0;
     const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &n)
                                                    : NULL;
-    int want = k ? option_type(k, n) : -2, t = lua_type(L, -1);
-    if (want == -2)
-      return raise_at(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+    int i = k ? option_index(k, n) : -1, t = lua_type(L, -1);
+    int want = i >= 0 ? options[i].t : LUA_TNONE;
+    if (i < 0)
+      raise_at(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
     if (want == LUA_TUSERDATA) {             /* forward */
       lnr_http_fwd_t f;
-      if (t != LUA_TUSERDATA || !lnr_http_forward_view(L, lua_gettop(L), &f))
-        return raise_at(L, "forward must be a request of "
-                        "netrun.codec.http_server, got %s", luaL_typename(L, -1));
-      lua_settop(L, 3);                      /* what the view pushed */
+      int top = lua_gettop(L);
+      if (t != LUA_TUSERDATA || !lnr_http_forward_view(L, top, &f))
+        raise_at(L, "forward must be a request of netrun.codec.http_server, "
+                 "got %s", luaL_typename(L, -1));
+      lua_settop(L, top);                    /* what the view pushed */
       forward = true;
     } else if (want == LUA_TNUMBER) {
       if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
-        return raise_at(L, "%s must be a number >= 0, got %s", k,
-                        luaL_tolstring(L, -1, NULL));
+        raise_at(L, "%s must be a number >= 0, got %s", k,
+                 luaL_tolstring(L, -1, NULL));
     } else if (want != LUA_TNONE && t != want) {
-      return raise_at(L, "%s must be a %s, got %s", k, lua_typename(L, want),
-                      luaL_typename(L, -1));
+      raise_at(L, "%s must be a %s, got %s", k, lua_typename(L, want),
+               luaL_typename(L, -1));
     } else if (want == LUA_TSTRING) {        /* method or body */
       method_or_body = true;
     }
+    if (base > 0)
+      lua_copy(L, -1, base + i);
     lua_pop(L, 1);
   }
   if (forward && method_or_body)
-    return raise_at(L, "forward takes the request's method and body: give "
-                    "neither");
+    raise_at(L, "forward takes the request's method and body: give neither");
+}
+
+static int l_check_request(lua_State *L) {
+  lua_settop(L, 1);
+  lnr_http_check_request(L, 1, 0);
   return 0;
 }
 

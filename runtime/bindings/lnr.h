@@ -341,6 +341,20 @@ void lnr_open_codec(lua_State *L);
 void lnr_open_http(lua_State *L);
 /* lhttp_client.c: core.codec.http_client. */
 void lnr_open_http_client(lua_State *L);
+/* A request's options (netrun.http), checked: raises, at the level of
+ * the call that gave them (netrun.http.request or client:request), when
+ * the value at idx is not a table of known options of the right types;
+ * with base > 0 each option's value is copied to stack slot base +
+ * LNR_HOPT_* (slots the caller made; those of absent options are left). */
+enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
+       LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
+       LNR_HOPT_FOLLOW, LNR_HOPT_N };
+void lnr_http_check_request(lua_State *L, int idx, int base);
+/* lhttp_pool.c: core.http.lane, netrun.http's pool in C on its usual path. */
+void lnr_open_http_pool(lua_State *L);
+/* lpipeline_ctx.c: the C context of the ctx at idx (raises if none, or
+ * off its loop). */
+nr_ctx_t *lnr_check_ctx(lua_State *L, int idx);
 /* lhttp.c: a server request (netrun.http.request) seen by the client
  * codec that forwards it (lhttp_client.c), without making a Lua value of
  * its fields. Loop thread of L. A field the handler assigned wins over

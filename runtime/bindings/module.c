@@ -41,6 +41,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_codec(L);
   lnr_open_http(L);
   lnr_open_http_client(L);
+  lnr_open_http_pool(L);
   lnr_open_handlers(L);
   lnr_open_tls(L);
   lnr_open_websocket(L);
