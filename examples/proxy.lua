@@ -85,16 +85,15 @@ local function flush_ready(self, ctx)
   if q.first <= q.last then dispatch(self, ctx) end   -- a slot is free now
 end
 
-local function answer(self, ctx, i, r, err)
+-- What the client gets for the backend's answer r, or for err.
+local function response_for(r, err)
   if r then                -- (a table only if it could not be prepared)
-    self.slots[i] = r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
-  else
-    local timeout = err:find("timeout after", 1, true)
-    netrun.log.debug("proxy: %s", err)
-    self.slots[i] = { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
-                      body = timeout and "gateway timeout\n" or "bad gateway\n" }
+    return r.response or { status = r.status, headers = strip_hop(r.headers), body = r.body }
   end
-  if self.ch:is_open() then flush_ready(self, ctx) end
+  local timeout = err:find("timeout after", 1, true)
+  netrun.log.debug("proxy: %s", err)
+  return { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
+           body = timeout and "gateway timeout\n" or "bad gateway\n" }
 end
 
 -- To the backend, in the next slot. Each slot has its request options,
@@ -108,7 +107,10 @@ local function send(self, ctx, req)
   local o, cb = self.opts[i], self.callbacks[i]
   if o == nil then           -- a callback rather than a future: the response is not copied
     o = { url = base, forward = req, headers = self.xff }
-    cb = function(res, err) answer(self, ctx, i, res, err) end
+    cb = function(res, err)
+      self.slots[i] = response_for(res, err)
+      if not self.closed then flush_ready(self, ctx) end
+    end
     self.opts[i], self.callbacks[i] = o, cb
   else
     o.forward = req
@@ -120,7 +122,7 @@ end
 function dispatch(self, ctx)
   local q, ch = self.queue, self.ch
   local first, last = q.first, q.last
-  while first <= last and self.sent - self.head < in_flight and ch:is_writable() do
+  while first <= last and self.sent - self.head < in_flight and self.writable do
     local r = q[first]
     q[first] = nil
     first = first + 1
@@ -148,7 +150,7 @@ function Proxy:channel_read(ctx, req)
     self.ch, self.xff = ch, { ["x-forwarded-for"] = (ch:remote_address()) }
   end
   local q = self.queue
-  if q.first > q.last and self.sent - self.head < in_flight and ch:is_writable() then
+  if q.first > q.last and self.sent - self.head < in_flight and self.writable then
     return send(self, ctx, req)       -- nothing waits: at once
   end
   q.last = q.last + 1
@@ -157,7 +159,13 @@ function Proxy:channel_read(ctx, req)
 end
 
 function Proxy:channel_writability_changed(ctx)
+  self.writable = ctx.channel:is_writable()
   if self.ch then dispatch(self, ctx) end
+end
+
+function Proxy:channel_inactive(ctx)
+  self.closed = true                   -- (answers still coming are dropped)
+  ctx:fire_channel_inactive()
 end
 
 function Proxy:exception_caught(ctx, err)
@@ -174,7 +182,7 @@ netrun.server {
     ch:pipeline():add_last("http", codec)
     ch:pipeline():add_last("proxy", setmetatable({ slots = {}, opts = {}, callbacks = {},
       head = 0, sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false,
-      xff = false }, Proxy))
+      xff = false, writable = true, closed = false }, Proxy))
   end,
 }:sync()
 netrun.log.info("proxy: listening on :%d, backend %s", port, base)

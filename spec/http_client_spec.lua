@@ -506,6 +506,58 @@ describe("netrun.http client", function()
     backend:close():sync()
   end)
 
+  it("a request takes nothing from the one before it on its connection; a bad field keeps the connection", function()
+    local backend, bport = http_server(servers, "reuse", function(req)
+      return { status = 200, body = req.method .. " " .. req.path .. " " .. #(req.body or "") ..
+        " " .. tostring(req.headers["x-a"]) }
+    end)
+    local base = "http://127.0.0.1:" .. bport
+    local function each(base) return function(ch)     -- the front's init
+      local netrun = require "netrun"
+      local c = netrun.http.client { pool = 1 }
+      ch:pipeline():add_last("http", netrun.codec.http_server {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        -- forwarded, then plain ones (a body, a bad field, none) on the
+        -- pool's one connection: each is sent as given
+        local out = {}
+        local asks = {
+          { url = base .. "/last" },
+          { url = base, forward = req, headers = { ["x-a"] = "fwd" } },
+          { url = base .. "/last" },
+          { url = base .. "/plain", method = "POST", body = "abc" },
+          { url = base .. "/bad", headers = { ["bad name"] = "x" } },
+          { url = base .. "/last" },
+        }
+        local function ask(i)
+          if i > #asks then
+            local st = require("netrun.http").stats()[c.id][base]
+            out[#out + 1] = st.total .. " " .. st.idle
+            return ctx:write_and_flush { status = 200, body = table.concat(out, "\n") }
+          end
+          c:request(asks[i], function(r, e)     -- (the next after this one ends)
+            out[#out + 1] = r and r.body or tostring(r) .. " " .. e
+            netrun.current():execute(function() ask(i + 1) end)
+          end)
+        end
+        ask(1)
+      end })
+    end end
+    local front = netrun.server { group = servers, host = "127.0.0.1", port = 0, init = each(base) }:sync()
+    local s = H.client(select(2, front:local_address()))
+    s:send("PUT /fwd HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nxy")
+    local status, _, b = H.read_response(s)
+    assert.equal(200, status)
+    local bodies = {}
+    for l in b:gmatch("[^\n]+") do bodies[#bodies + 1] = l end
+    assert.same({ "GET /last 0 nil", "PUT /fwd 2 fwd", "GET /last 0 nil", "POST /plain 3 nil",
+      "nil netrun.http: GET " .. base .. "/bad: http_client request: header name 'bad name' is not a token",
+      "GET /last 0 nil", "1 1" }, bodies)          -- one connection, idle again
+    assert.equal(1, counters:get("reuse"))      -- the bad field did not cost it
+    s:close()
+    front:close():sync()
+    backend:close():sync()
+  end)
+
   it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
     local c = netrun.http.client { pool = 1, timeout = 10 }
     local port = H.free_port()
@@ -551,6 +603,25 @@ describe("netrun.http client", function()
       "netrun.http client: a callback runs on the caller's loop: call request with one on a " ..
       "loop (the main thread is not one: use the future)")
     server:close():sync()
+  end)
+
+  it("blames the caller's line for a bad request (client:request, netrun.http.request)", function()
+    local c = netrun.http.client {}
+    local calls = {
+      function() c:request { url = "http://127.0.0.1:1/", bogus = 1 } end,
+      function() netrun.http.request { url = "http://127.0.0.1:1/", timeout = -1 } end,
+      function() c.request { url = "http://127.0.0.1:1/" } end,
+      function() c:request({ url = "http://127.0.0.1:1/" }, 5) end,
+    }
+    local want = { "netrun.http.request: unknown option 'bogus'",
+                   "netrun.http.request: timeout must be a number >= 0, got %-1",
+                   "netrun.http client: call it as client:request",
+                   "netrun.http client: the callback must be a function, got number" }
+    for i, f in ipairs(calls) do
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      assert.matches("^[^:]*http_client_spec%.lua:%d+: " .. want[i], err)
+    end
   end)
 
   it("examples/fetch.lua counts its requests and errors, with futures and with callbacks", function()

@@ -17,7 +17,8 @@
 -- after `keepalive` seconds), and a request finding every connection busy
 -- waits for one. netrun.http.request uses one default client. One request
 -- at a time per connection (no pipelining: a slow response would hold up
--- the ones behind it).
+-- the ones behind it). The pools are C (runtime/bindings/lhttp_pool.c):
+-- this module reads a request's options and hands it to its pool.
 --
 -- timeout bounds the whole request (0: no bound): the name lookup, the
 -- connect (and TLS handshake), and the response; past it the future fails with
@@ -53,29 +54,13 @@
 -- await/sync there blocks until it is done.
 local core = require "netrun.core"
 
--- A request is an array (a table made per request whose keys need no
--- hashing): its pool first (a table there: not an array of strings to
--- write), then the fields the client codec writes (METHOD, false when
--- forwarded, to HOST: lhttp_client.c reads them by position), then the
--- rest of its state: URL, promise or callback, timeout and deadline,
--- whether its pool's timer watches that deadline, its connection, whether
--- it is done (settled or timed out), retried, its own timer, TLS config,
--- redirects left to follow and the options they are followed with.
--- Unset: false.
-local POOL <const>, METHOD <const>, FORWARD <const> = 1, 2, 6   -- (path 3, headers 4,
-                                                                -- body 5, host 7)
-local URL <const>, PROMISE <const>, CB <const>, TIMEOUT <const>, DEADLINE <const> =
-      8, 9, 10, 11, 12
-local PDEADLINE <const>, CONN <const>, DONE <const>, RETRIED <const>, TIMER <const>,
-      TLS <const>, FOLLOW <const>, OPTS <const> = 13, 14, 15, 16, 17, 18, 19, 20
-
 local M = {
   pool = 64, keepalive = 60, timeout = 5, max_body = 1 << 20, max_header = 16384,
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
 
-local live = setmetatable({}, { __mode = "k" })   -- channel -> connection
 local pools = {}              -- client id -> origin -> pool (this state's)
+local by_id = {}              -- pool number -> pool (for connections' init)
 local codecs = {}             -- "max_header max_body" -> codec config
 local now = core.now
 
@@ -87,8 +72,6 @@ local function current()
   return here or nil
 end
 local byte = string.byte
-local VOID = core.void_promise()
-local traceback = debug.traceback
 
 -- ---- URLs -------------------------------------------------------------------
 
@@ -127,389 +110,96 @@ local function resolve_location(base, loc)
   return scheme .. "://" .. authority .. dir .. loc
 end
 
--- ---- connections --------------------------------------------------------------
+-- ---- pools ------------------------------------------------------------------------
 
-local Conn = {}
-Conn.__index = Conn
+-- Each pool (client, origin, body limit) on this loop is a
+-- core.http.pool (runtime/bindings/lhttp_pool.c): its connections, its
+-- line of waiting requests, its timers and its rules are there. What it
+-- asks of this side: open a connection, and forget it once it empties.
 
-local release, finish, settle, fail_request, lost
-
--- The handler of each connection, last in its pipeline after the codec.
-function Conn:handler_added(ctx)
-  self.ctx = ctx                 -- requests are written from here, through the codec
-end
-
-function Conn:channel_read(ctx, res)
-  local req = self.req
-  if req == nil then                     -- nobody asked: the codec lets only
-    self.dead = true                     -- answers through, so this is a
-    ctx:close()                          -- handler someone added
-    return
-  end
-  self.req = nil
-  if not res.keep_alive then
-    self.dead = true
-    ctx:close()
-  end
-  release(self)
-  if req[DONE] then return end            -- timed out meanwhile
-  if req[FOLLOW] then return finish(req, res) end
-  settle(req, res)
-end
-
-function Conn:exception_caught(ctx, err)
-  self.err = self.err or tostring(err)
-  self.dead = true
-  ctx:close()
-end
-
-function Conn:channel_inactive(ctx)
-  self.dead = true
-  local req = self.req
-  if req then
-    self.req = nil
-    local err = self.err or "the connection closed before the response"
-    release(self)
-    fail_request(req, err, self.reused and err:find("closed before a response", 1, true))
-  else
-    release(self)
-  end
-end
-
--- In a new channel's init (on its loop): the codec and the handler.
-function M.attach(ch, max_header, max_body, raw)
+-- In a new connection's init (on its loop): the codec and the pool's
+-- handler.
+function M.attach(ch, max_header, max_body, raw, id)
   local key = max_header .. " " .. max_body .. (raw and " raw" or "")
   local codec = codecs[key]
   if codec == nil then
     codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
     codecs[key] = codec
   end
-  local conn = setmetatable({ ch = ch }, Conn)
-  live[ch] = conn
   local p = ch:pipeline()
   p:add_last("http", codec)
-  p:add_last("client", conn)
+  p:add_last("client", by_id[id] or error("netrun.http: the pool of this connection is gone"))
 end
 
--- ---- pools --------------------------------------------------------------------------
+local npools = 0
 
 local function pool_of(client, key, scheme, host, port, max_body)
   local per = pools[client.id]
   if per == nil then per = {}; pools[client.id] = per end
   local pool = per[key]
-  if pool == nil then
-    pool = { key = key, client = client, scheme = scheme, host = host, port = port,
-             max_body = max_body,
-             idle = {}, nidle = 0, total = 0, waiters = {}, whead = 1, wtail = 0,
-             conns = {}, connecting = {}, loop = current(), dtimer = false, dat = 0 }
-    per[key] = pool
+  if pool ~= nil then return pool end
+  npools = npools + 1
+  local id, loop = npools, current()
+  local mh, raw = client.max_header, client.raw
+  -- open a connection for the pool (tls and the time left: the request's
+  -- that asked); an error string if it could not even start
+  local function connect(P, tls, left)
+    tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil
+    local ok, f = pcall(require("netrun").connect, {
+      group = loop, host = host, port = port, timeout = left, tls = tls,
+      init = function(ch) require("netrun.http").attach(ch, mh, max_body, raw, id) end,
+    })
+    if not ok then return tostring(f) end
+    f:add_listener(function(cf)
+      if cf:is_success() then return P:connected(cf:result()) end
+      P:connect_failed("connect: " .. tostring(cf:cause()):gsub("^netrun%.connect: ", ""))
+    end)
   end
+  -- emptied: a client dropped leaves nothing (a request for the origin
+  -- later makes a pool again)
+  local function empty(P)
+    local p = pools[client.id]
+    if p and p[key] == P then
+      p[key] = nil
+      if next(p) == nil then pools[client.id] = nil end
+    end
+    by_id[id] = nil
+  end
+  pool = core.http.pool { max = client.pool, keepalive = client.keepalive,
+                          connect = connect, empty = empty }
+  per[key], by_id[id] = pool, pool
   return pool
-end
-
-local start, connect
-
--- Close idle connections past the keep-alive time; run while any idle.
-local function sweep(pool)
-  pool.sweeping = nil
-  local keep, t, idle, n = pool.client.keepalive, now(), pool.idle, 0
-  local kept = {}
-  for i = 1, pool.nidle do
-    local c = idle[i]
-    if not c.dead and t - c.since < keep then
-      n = n + 1
-      kept[n] = c
-    elseif not c.dead then
-      c.dead = true
-      c.ch:close()
-    end
-  end
-  pool.idle, pool.nidle = kept, n
-  if n > 0 then
-    pool.sweeping = pool.loop:schedule(keep / 2 + 0.01, sweep, pool)
-  end
-end
-
--- A connection of the pool is gone (or never came): the first request
--- still waiting may open one of its own.
-function lost(pool)
-  pool.total = pool.total - 1
-  while pool.whead <= pool.wtail do
-    local req = pool.waiters[pool.whead]
-    pool.waiters[pool.whead] = nil
-    pool.whead = pool.whead + 1
-    if not req[DONE] then
-      pool.total = pool.total + 1
-      return connect(pool, req)
-    end
-  end
-  if pool.total == 0 then     -- nothing left: a client dropped leaves nothing
-    local per = pools[pool.client.id]
-    if per and per[pool.key] == pool then
-      per[pool.key] = nil
-      if next(per) == nil then pools[pool.client.id] = nil end
-    end
-  end
-end
-
--- A connection finished its request (or died): back to the pool, or to
--- the first waiting request.
-function release(conn)
-  local pool = conn.pool
-  if pool == nil then return end
-  if conn.dead then
-    conn.pool = nil
-    pool.conns[conn] = nil
-    return lost(pool)
-  end
-  while pool.whead <= pool.wtail do
-    local req = pool.waiters[pool.whead]
-    pool.waiters[pool.whead] = nil
-    pool.whead = pool.whead + 1
-    if not req[DONE] then return start(conn, req, true) end
-  end
-  conn.since = now()
-  local n = pool.nidle + 1
-  pool.idle[n] = conn
-  pool.nidle = n
-  if not pool.sweeping then
-    pool.sweeping = pool.loop:schedule(pool.client.keepalive, sweep, pool)
-  end
-end
-
--- Send req on conn.
-function start(conn, req, reused)
-  conn.req = req
-  conn.reused = reused
-  req[CONN] = conn
-  -- no future per request: the codec converts the request as it is
-  -- written, and a field it cannot send (a header that is not a token,
-  -- say) reaches exception_caught at once, nothing sent: the connection
-  -- closes and channel_inactive fails the request with the codec's reason
-  conn.ctx:write_and_flush(req, VOID)
-end
-
-function connect(pool, req)
-  local client = pool.client
-  local mh, mb, raw = client.max_header, pool.max_body, client.raw
-  local tls = pool.scheme == "https" and (req[TLS] or client.tls or M.default_tls()) or nil
-  local left = req[DEADLINE] - now()
-  if left == math.huge then left = nil             -- no bound: connect's own
-  elseif left <= 0 then left = 0.001 end
-  if req[PDEADLINE] then pool.connecting[req] = true end   -- (its deadline is watched there)
-  local ok, f = pcall(require("netrun").connect, {
-    group = pool.loop, host = pool.host, port = pool.port, timeout = left, tls = tls,
-    init = function(ch) require("netrun.http").attach(ch, mh, mb, raw) end,
-  })
-  if not ok then
-    pool.connecting[req] = nil
-    fail_request(req, tostring(f))
-    return lost(pool)
-  end
-  f:add_listener(function(cf)
-    if not cf:is_success() then
-      pool.connecting[req] = nil
-      local cause = tostring(cf:cause()):gsub("^netrun%.connect: ", "")
-      fail_request(req, "connect: " .. cause)
-      return lost(pool)
-    end
-    local ch = cf:result()
-    local conn = live[ch]
-    conn.pool = pool
-    pool.conns[conn] = true
-    if not ch:is_active() then conn.dead = true end
-    if req[DONE] or conn.dead then       -- timed out meanwhile: keep it
-      return release(conn)               -- (a request not done stays connecting:
-    end                                  -- its deadline ends it)
-    pool.connecting[req] = nil
-    start(conn, req, false)
-  end)
-end
-
-local function acquire(pool, req)
-  local idle = pool.idle
-  while pool.nidle > 0 do
-    local n = pool.nidle
-    local conn = idle[n]
-    idle[n] = nil
-    pool.nidle = n - 1
-    -- (every close marks its connection dead: ours as we close, the
-    -- peer's by channel_inactive, fired as the loop reads the close; a
-    -- reset met by the write fails the request, sent again if idempotent)
-    if not conn.dead then return start(conn, req, true) end
-  end
-  if pool.total < pool.client.pool then
-    pool.total = pool.total + 1
-    return connect(pool, req)
-  end
-  if req[RETRIED] then       -- sent before: ahead of those made since, as its
-    pool.whead = pool.whead - 1    -- deadline is (the waiters' deadlines in order)
-    pool.waiters[pool.whead] = req
-  else
-    pool.wtail = pool.wtail + 1
-    pool.waiters[pool.wtail] = req
-  end
 end
 
 -- ---- requests -----------------------------------------------------------------------
 
--- Deadlines. A request with its client's timeout is watched by its
--- pool's one timer (PDEADLINE true), which nothing per request needs to
--- arm or disarm: the deadlines are now + the same timeout, so the timer,
--- once set for the earliest, is never late for one made later. When it
--- fires it looks at the requests of the pool (on its connections or
--- connecting: at most the pool's size; and the waiters, which wait in
--- deadline order, up to the first not past), ends those past their
--- deadline and is set again for the earliest left. A request with a
--- timeout of its own gets a timer of its own.
-local on_timeout
-
-local function watched(r, t, past, earliest)
-  if r and r[PDEADLINE] and not r[DONE] then
-    local d = r[DEADLINE]
-    if d <= t then past[#past + 1] = r elseif d < earliest then earliest = d end
-  end
-  return earliest
-end
-
-local expire
-
--- Set pool's timer for deadline d (at time t).
-local function arm(pool, d, t)
-  pool.dtimer, pool.dat = pool.loop:schedule(math.max(d - t, 0.001), expire, pool), d
-end
-
-function expire(pool)
-  pool.dtimer = false
-  local t, past, earliest = now(), {}, math.huge
-  for conn in next, pool.conns do earliest = watched(conn.req, t, past, earliest) end
-  for r in next, pool.connecting do earliest = watched(r, t, past, earliest) end
-  local w, i = pool.waiters, pool.whead
-  while i <= pool.wtail and w[i][DONE] do w[i] = nil; i = i + 1 end
-  pool.whead = i
-  for j = i, pool.wtail do      -- (in deadline order: up to the first not past)
-    local r = w[j]
-    if r[PDEADLINE] and not r[DONE] then
-      if r[DEADLINE] > t then earliest = math.min(earliest, r[DEADLINE]); break end
-      past[#past + 1] = r
-    end
-  end
-  for i = 1, #past do on_timeout(past[i]) end   -- (after the walk: they change the sets)
-  if earliest == math.huge then return end
-  if pool.dtimer then           -- armed again, for a request a callback made
-    if pool.dat <= earliest then return end
-    pool.dtimer:cancel()         -- (for a deadline after one left: sooner)
-  end
-  arm(pool, earliest, t)
-end
-
--- A request to be watched by pool's timer: it is armed unless it is, for
--- this deadline or an earlier one (a retried request comes to a pool,
--- maybe one made since, with the deadline it had).
-local function watch(pool, req)
-  req[PDEADLINE] = true
-  local timer, d = pool.dtimer, req[DEADLINE]
-  if not timer or pool.dat > d then
-    if timer then timer:cancel() end
-    arm(pool, d, now())
-  end
-end
-
-local function done_timer(req)
-  if req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end
-  req[DONE] = true
-end
-
-local IDEMPOTENT = { GET = true, HEAD = true, OPTIONS = true, PUT = true, DELETE = true,
-                     TRACE = true }
-
-local send
-
--- The request's end: its future completes, or its callback runs (an error
--- in it is logged; it never reaches the connection's handler).
-function settle(req, res, err)
-  if req[TIMER] then req[TIMER]:cancel(); req[TIMER] = false end   -- (done_timer, inline)
-  req[DONE] = true
-  local cb = req[CB]
-  if not cb then
-    if res then req[PROMISE]:try_success(res) else req[PROMISE]:try_failure(err) end
-    return
-  end
-  local ok, e = xpcall(cb, traceback, res, err)
-  if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
-end
-
--- The request's method (a forwarded one's is read from the request).
-local function method_of(req)
-  return req[METHOD] or req[FORWARD].method
-end
-
-function fail_request(req, err, retry)
-  if req[DONE] then return end
-  if retry and not req[RETRIED] and IDEMPOTENT[method_of(req)] then
-    req[RETRIED] = true
-    req[CONN] = false
-    return send(req)
-  end
-  settle(req, nil, string.format("netrun.http: %s %s: %s", method_of(req),
-    req[URL], tostring(err)))
-end
-
 local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308] = true }
 
-function finish(req, res)
-  if req[DONE] then return end
-  local loc = req[FOLLOW] and not req[FORWARD] and REDIRECT[res.status] and res.headers and
-    res.headers.location
-  if loc then
-    done_timer(req)
-    local o = req[OPTS]
-    local n = {}
-    for k, v in pairs(o) do n[k] = v end
-    n.url = resolve_location(req[URL], loc)
-    n.follow = req[FOLLOW] - 1
-    n.timeout = req[TIMEOUT] > 0 and math.max(0.001, req[DEADLINE] - now()) or 0
-    local method = req[METHOD]
-    if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
-      if method ~= "HEAD" then n.method = "GET" end
-      n.body = nil
+-- A request that follows redirects: its target (callback or promise) gets
+-- the response after the redirects, each one a request of its own with
+-- the time left.
+local function following(client, opts, url, method, follow, timeout, target)
+  local t0 = now()
+  return function(res, err)
+    local loc = res and REDIRECT[res.status] and res.headers and res.headers.location
+    if loc then
+      local n = {}
+      for k, v in pairs(opts) do n[k] = v end
+      n.url = resolve_location(url, loc)
+      n.follow = follow - 1
+      n.timeout = timeout > 0 and math.max(0.001, t0 + timeout - now()) or 0
+      if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
+        if method ~= "HEAD" then n.method = "GET" end
+        n.body = nil
+      end
+      return M.request_with(client, n, function(r, e)
+        if type(target) == "function" then return target(r, e) end
+        if r then target:try_success(r) else target:try_failure(e) end
+      end)
     end
-    M.request_with(req[POOL].client, n, function(r, e) settle(req, r, e) end)
-    return
+    if type(target) == "function" then return target(res, err) end
+    if res then target:try_success(res) else target:try_failure(err) end
   end
-  settle(req, res)
-end
-
-function on_timeout(req)
-  if req[DONE] then return end
-  req[POOL].connecting[req] = nil
-  local conn = req[CONN]
-  settle(req, nil, string.format("netrun.http: %s %s: timeout after %g s",
-    method_of(req), req[URL], req[TIMEOUT]))
-  if conn and conn.req == req then      -- its answer may still come: drop it
-    conn.req = nil
-    conn.dead = true
-    conn.ch:close()
-  end
-end
-
--- Send req through its pool; a retry finds its pool again (an emptied
--- pool leaves the table: it comes back, or the one that replaced it is used).
-function send(req)
-  local pool = req[POOL]
-  local per = pools[pool.client.id]
-  local cur = per and per[pool.key]
-  if cur ~= pool then
-    if cur then
-      pool = cur
-      req[POOL] = cur
-    else
-      if per == nil then per = {}; pools[pool.client.id] = per end
-      per[pool.key] = pool
-    end
-  end
-  if req[PDEADLINE] then watch(pool, req) end   -- (maybe another pool's timer watched it)
-  acquire(pool, req)
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
@@ -571,7 +261,10 @@ function M.request_with(client, opts, cb)
     local err = string.format("netrun.http: %s %s: bad URL: %s", method or fwd.method,
       tostring(url), u[2])
     if p then return p:set_failure(err) end
-    current():execute(function() settle({ [CB] = cb }, nil, err) end)
+    current():execute(function()      -- (later, as any failure comes)
+      local ok, e = xpcall(cb, debug.traceback, nil, err)
+      if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
+    end)
     return
   end
   local h, hosthdr = opts.headers, nil
@@ -598,22 +291,13 @@ function M.request_with(client, opts, cb)
   end
   local per = pools[client.id]
   local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb)
-  -- the request table is also the message the codec writes (its first
-  -- slots: lhttp_client.c); every slot is given here, so that the array
-  -- is made whole at once and later stores find their slots
-  local follow = opts.follow or client.follow
-  if follow and follow > 0 then follow = math.tointeger(follow) else follow = false end
-  local req = {
-    pool, method, not fwd and u[4] or false, h or false, opts.body or false, fwd or false,
-    hosthdr or false, url, p or false, cb or false, timeout,
-    timeout > 0 and now() + timeout or math.huge, false, false, false, false, false,
-    opts.tls or false, follow, follow and opts,
-  }
-  if timeout > 0 then
-    if timeout == client.timeout then watch(pool, req)
-    else req[TIMER] = pool.loop:schedule(timeout, function() on_timeout(req) end) end
+  local target = cb or p
+  local follow = not fwd and (opts.follow or client.follow)
+  if follow and follow > 0 then
+    target = following(client, opts, url, method, math.tointeger(follow), timeout, target)
   end
-  acquire(pool, req)
+  pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
+            fwd or false, hosthdr or false, url, timeout, opts.tls or false)
   return p
 end
 
@@ -640,21 +324,24 @@ end
 -- client:request(opts) --> future; client:request(opts, callback): on a
 -- loop, no future: callback(res) or callback(nil, err) runs on this loop
 -- (cheaper: the response is not copied through a future).
-local lane_request             -- core.http.lane's (made at the end)
-
-function Client:request(opts, callback)
-  if lane_request(self, opts, callback) then return end   -- the usual path, in C
+-- client:request(opts) --> future; client:request(opts, callback): on a
+-- loop, no future: callback(res) or callback(nil, err) runs on this loop
+-- (cheaper: the response is not copied through a future). Client.request
+-- is core.http.lane's (set at the end): it checks the options and sends
+-- the usual request (a callback, a URL seen before, nothing of its own)
+-- itself, in C; any other comes here, checked (errors at level 3: the
+-- caller of client:request, past the lane).
+local function request_other(self, opts, callback)
   if getmetatable(self) ~= Client then
-    error("netrun.http client: call it as client:request { ... }", 2)
+    error("netrun.http client: call it as client:request { ... }", 3)
   end
-  check_request(opts)
   if callback == nil then return on_loop(self, opts) end
   if type(callback) ~= "function" then
-    error("netrun.http client: the callback must be a function, got " .. type(callback), 2)
+    error("netrun.http client: the callback must be a function, got " .. type(callback), 3)
   end
   if current() == nil then
     error("netrun.http client: a callback runs on the caller's loop: call request with " ..
-      "one on a loop (the main thread is not one: use the future)", 2)
+      "one on a loop (the main thread is not one: use the future)", 3)
   end
   M.request_with(self, opts, callback)
 end
@@ -717,22 +404,12 @@ function M.stats()
   local out = {}
   for id, per in pairs(pools) do
     out[id] = {}
-    for key, pool in pairs(per) do
-      out[id][key] = { idle = pool.nidle, total = pool.total,
-                       waiting = pool.wtail - pool.whead + 1 }
-    end
+    for key, pool in pairs(per) do out[id][key] = pool:stats() end
   end
   return out
 end
 
--- The pool's usual path in C (runtime/bindings/lhttp_pool.c): a request
--- with a callback taking an idle connection, and a response that puts its
--- connection back, walk the tables above there; anything else comes here.
-local lane_read
-lane_request, lane_read = core.http.lane {
-  Client = Client, pools = pools, urls = urls, watch = watch,
-  slow_read = Conn.channel_read, traceback = traceback,
-}
-Conn.channel_read = lane_read
+Client.request = core.http.lane { Client = Client, pools = pools, urls = urls,
+                                  slow = request_other }
 
 return M

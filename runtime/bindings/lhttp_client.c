@@ -21,10 +21,8 @@
  * added in place of fields of their names and the table's host as Host
  * when the request has none; hop-by-hop fields, Content-Length and Expect
  * stay behind.
- * netrun.http writes the same fields by position, { <its pool>, method
- * (false when forwarded), path, headers, body, forward, host, ... } (its
- * request table, whose other slots are its own): a table made per
- * request whose keys need no hashing.
+ * netrun.http's pool (lhttp_pool.c) writes its requests in C, from the
+ * same fields kept as a userdata's uservalues (lnr_http_write_call).
  * Content-Length is added for a body (and for an empty POST, PUT or
  * PATCH) unless the headers frame it. A bad field (a method or header
  * name that is not a token, a control byte or space in the path, CR or
@@ -309,33 +307,31 @@ static int forward_raw(lua_State *L, int idx, size_t n, lnr_hdrs_t *h,
   return rc;
 }
 
-/* netrun.http's requests are positional (an array, REQ_* below: no key
- * is hashed into each request's table as it is made); other writers give
- * named fields. A positional request has its pool, a table, at [1] (a
- * string there would have made it an array of strings to write); a named
- * one has nothing there. */
-enum { REQ_POOL = 1, REQ_METHOD, REQ_PATH, REQ_HEADERS, REQ_BODY, REQ_FORWARD,
-       REQ_HOST };
+/* A request's fields come by name (a table a writer gives) or as the
+ * uservalues of a userdata, at the positions REQ_* (netrun.http's pool,
+ * lhttp_pool.c: lnr_http_write_call). */
+enum { REQ_METHOD = 2, REQ_PATH, REQ_HEADERS, REQ_BODY, REQ_FORWARD, REQ_HOST };
+enum { BY_NAME, BY_UVALUE };
 
-/* Push the request's field (its position, or its name), as lua_getfield;
- * false counts as nil in a positional request. */
-static int field(lua_State *L, int idx, bool pos, int i, const char *name) {
-  if (!pos)
+/* Push the request's field (its uservalue, or its name), as lua_getfield;
+ * false counts as nil in a userdata's. */
+static int field(lua_State *L, int idx, int how, int i, const char *name) {
+  if (how == BY_NAME)
     return lua_getfield(L, idx, name);
-  int t = lua_rawgeti(L, idx, i);
+  int t = lua_getiuservalue(L, idx, i);
   if (t == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
     lua_pop(L, 1);
     lua_pushnil(L);
     return LUA_TNIL;
   }
-  return t;
+  return t == LUA_TNONE ? LUA_TNIL : t;
 }
 
 /* Fill c from the server request at fwd (the request table's forward
  * field, at idx): its method, target, body and end-to-end fields; the
  * table's headers are added and replace forwarded ones of their names; the
  * table's host is the Host when the request has none (HTTP/1.0). */
-static int to_forward(lua_State *L, int idx, bool pos, int fwd,
+static int to_forward(lua_State *L, int idx, int how, int fwd,
                       nr_http_call_t *c, lnr_hdrs_t *h, char *err, size_t el) {
   lnr_http_fwd_t f;
   if (!lnr_http_forward_view(L, fwd, &f)) {
@@ -359,7 +355,7 @@ static int to_forward(lua_State *L, int idx, bool pos, int fwd,
                         .body = f.body_len ? f.body : NULL,
                         .body_len = f.body_len};
   int rc = 0;
-  if (field(L, idx, pos, REQ_HEADERS, "headers") == LUA_TTABLE)
+  if (field(L, idx, how, REQ_HEADERS, "headers") == LUA_TTABLE)
     rc = lnr_collect_headers(L, lua_gettop(L), h, err, el);
   size_t ngiven = h->n;
   bool host = given(h, ngiven, "host", 4);
@@ -367,7 +363,7 @@ static int to_forward(lua_State *L, int idx, bool pos, int fwd,
     rc = f.headers ? forward_table(L, f.headers, h, ngiven, &host, err, el)
                    : forward_raw(L, fwd, f.nheaders, h, ngiven, &host, err, el);
   if (rc == 0 && !host &&
-      field(L, idx, pos, REQ_HOST, "host") == LUA_TSTRING) {
+      field(L, idx, how, REQ_HOST, "host") == LUA_TSTRING) {
     size_t n;
     const char *v = lua_tolstring(L, -1, &n);
     rc = lnr_hdrs_add(h, "host", 4, v, n, err, el);
@@ -378,13 +374,11 @@ static int to_forward(lua_State *L, int idx, bool pos, int fwd,
 }
 
 /* Fill c from the request table at idx (its strings stay on the stack). */
-static int to_call(lua_State *L, int idx, nr_http_call_t *c, lnr_hdrs_t *h,
-                   char *err, size_t el) {
-  bool pos = lua_rawgeti(L, idx, REQ_POOL) != LUA_TNIL;
-  lua_pop(L, 1);
-  if (field(L, idx, pos, REQ_FORWARD, "forward") != LUA_TNIL)
-    return to_forward(L, idx, pos, lua_gettop(L), c, h, err, el);
-  int t = field(L, idx, pos, REQ_METHOD, "method");
+static int to_call(lua_State *L, int idx, int how, nr_http_call_t *c,
+                   lnr_hdrs_t *h, char *err, size_t el) {
+  if (field(L, idx, how, REQ_FORWARD, "forward") != LUA_TNIL)
+    return to_forward(L, idx, how, lua_gettop(L), c, h, err, el);
+  int t = field(L, idx, how, REQ_METHOD, "method");
   c->method = t == LUA_TNIL ? "GET" : lua_tolstring(L, -1, &c->method_len);
   if (t == LUA_TNIL)
     c->method_len = 3;
@@ -394,7 +388,7 @@ static int to_call(lua_State *L, int idx, nr_http_call_t *c, lnr_hdrs_t *h,
              t == LUA_TSTRING ? "a string that is not" : luaL_typename(L, -1));
     return -EINVAL;
   }
-  t = field(L, idx, pos, REQ_PATH, "path");
+  t = field(L, idx, how, REQ_PATH, "path");
   c->target = t == LUA_TNIL ? "/" : lua_tolstring(L, -1, &c->target_len);
   if (t == LUA_TNIL)
     c->target_len = 1;
@@ -405,14 +399,14 @@ static int to_call(lua_State *L, int idx, nr_http_call_t *c, lnr_hdrs_t *h,
                                                     : luaL_typename(L, -1));
     return -EINVAL;
   }
-  t = field(L, idx, pos, REQ_BODY, "body");
+  t = field(L, idx, how, REQ_BODY, "body");
   if (t == LUA_TSTRING || t == LUA_TNUMBER) {
     c->body = lua_tolstring(L, -1, &c->body_len);
   } else if (t != LUA_TNIL) {
     snprintf(err, el, "body must be a string, got a %s", luaL_typename(L, -1));
     return -EINVAL;
   }
-  t = field(L, idx, pos, REQ_HEADERS, "headers");
+  t = field(L, idx, how, REQ_HEADERS, "headers");
   if (t == LUA_TTABLE) {
     int rc = lnr_collect_headers(L, lua_gettop(L), h, err, el);
     if (rc)
@@ -443,11 +437,31 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   lnr_hdrs_t h;
   lnr_hdrs_init(&h, L);
   char err[200];
-  int rc = to_call(L, m->idx, &c, &h, err, sizeof err);
+  int rc = to_call(L, m->idx, BY_NAME, &c, &h, err, sizeof err);
   if (rc == 0)
     rc = nr_http_client_write(ctx, &c, p);
   else
     rc = nr_raise(rc, "http_client request: %s", err);
+  lnr_hdrs_free(&h);
+  lua_settop(L, top);
+  return rc;
+}
+
+int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
+                        size_t el) {
+  int top = lua_gettop(L);
+  if (!lua_checkstack(L, 16)) {
+    snprintf(err, el, "Lua stack overflow");
+    return 1;
+  }
+  nr_http_call_t c = {.type = NR_MSG_HTTP_CALL};
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
+  int rc = to_call(L, idx, BY_UVALUE, &c, &h, err, el);
+  if (rc == 0)
+    rc = nr_ctx_write(ctx, &c, NULL);      /* a failure went to exception_caught */
+  else
+    rc = 1;
   lnr_hdrs_free(&h);
   lua_settop(L, top);
   return rc;
@@ -466,15 +480,15 @@ static const nr_handler_t lua_vt = {
  * a table of known options of the right types. One pass in C: a request
  * is checked each time it is made, and this way that costs a few hundred
  * instructions rather than a Lua loop and a C call per option. */
-static void raise_at(lua_State *L, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3), noreturn));
-static void raise_at(lua_State *L, const char *fmt, ...) {
+static void raise_at(lua_State *L, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));
+static void raise_at(lua_State *L, int level, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  luaL_where(L, 3);            /* 1 this, 2 netrun.http, 3 its caller */
+  luaL_where(L, level);
   lua_pushfstring(L, "netrun.http.request: %s", msg);
   lua_concat(L, 2);
   lua_error(L);
@@ -501,9 +515,9 @@ static int option_index(const char *k, size_t n) {
   return -1;
 }
 
-void lnr_http_check_request(lua_State *L, int idx, int base) {
+void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
   if (lua_type(L, idx) != LUA_TTABLE)
-    raise_at(L, "options must be a table, got %s", luaL_typename(L, idx));
+    raise_at(L, level, "options must be a table, got %s", luaL_typename(L, idx));
   bool forward = false, method_or_body = false;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
@@ -513,21 +527,21 @@ void lnr_http_check_request(lua_State *L, int idx, int base) {
     int i = k ? option_index(k, n) : -1, t = lua_type(L, -1);
     int want = i >= 0 ? options[i].t : LUA_TNONE;
     if (i < 0)
-      raise_at(L, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+      raise_at(L, level, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
     if (want == LUA_TUSERDATA) {             /* forward */
       lnr_http_fwd_t f;
       int top = lua_gettop(L);
       if (t != LUA_TUSERDATA || !lnr_http_forward_view(L, top, &f))
-        raise_at(L, "forward must be a request of netrun.codec.http_server, "
+        raise_at(L, level, "forward must be a request of netrun.codec.http_server, "
                  "got %s", luaL_typename(L, -1));
       lua_settop(L, top);                    /* what the view pushed */
       forward = true;
     } else if (want == LUA_TNUMBER) {
       if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
-        raise_at(L, "%s must be a number >= 0, got %s", k,
+        raise_at(L, level, "%s must be a number >= 0, got %s", k,
                  luaL_tolstring(L, -1, NULL));
     } else if (want != LUA_TNONE && t != want) {
-      raise_at(L, "%s must be a %s, got %s", k, lua_typename(L, want),
+      raise_at(L, level, "%s must be a %s, got %s", k, lua_typename(L, want),
                luaL_typename(L, -1));
     } else if (want == LUA_TSTRING) {        /* method or body */
       method_or_body = true;
@@ -537,12 +551,12 @@ void lnr_http_check_request(lua_State *L, int idx, int base) {
     lua_pop(L, 1);
   }
   if (forward && method_or_body)
-    raise_at(L, "forward takes the request's method and body: give neither");
+    raise_at(L, level, "forward takes the request's method and body: give neither");
 }
 
 static int l_check_request(lua_State *L) {
   lua_settop(L, 1);
-  lnr_http_check_request(L, 1, 0);
+  lnr_http_check_request(L, 1, 0, 2);   /* (0 this, 1 netrun.http, 2 its caller) */
   return 0;
 }
 

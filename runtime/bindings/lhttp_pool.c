@@ -1,99 +1,816 @@
 /*
- * lhttp_pool.c -- netrun.http's connection pool on its usual path, in C.
+ * lhttp_pool.c -- netrun.http's connection pools (DESIGN.md §8.3), in C.
  *
- * The pool is netrun.http's (lua/netrun/http.lua): its tables, its rules.
- * What is here walks the same tables for the two steps every request
- * takes when nothing unusual happens, where the Lua path made a dozen
- * function calls and ~300 bytecodes per request (a proxy's every request
- * takes both):
+ * lua/netrun/http.lua reads a request's options (URL, method, headers,
+ * redirects, the main thread's daemon loop) and hands each request to the
+ * pool of its client and origin on this loop; the pool does the rest:
  *
- *   request(client, opts, cb) -- client:request with a callback: checks
- *       the options (lnr_http_check_request, raising as it does), then, if
- *       the request is a plain one (no redirects, TLS config, limit or
- *       timeout of its own; a URL already parsed; a pool with an idle
- *       connection), makes its request table as request_with does, takes
- *       the idle connection and writes the request on it: true. Anything
- *       else: false, having changed nothing but dropped dead connections
- *       off the idle list, and the Lua path runs (and checks again).
- *   channel_read(conn, ctx, res) -- Conn.channel_read: a keep-alive
- *       response to a request with a callback, on a connection that goes
- *       back to an idle list nobody waits on: the connection is put back
- *       and the callback runs (an error in it is logged). Anything else:
- *       the Lua channel_read.
+ *   local P = core.http.pool { max = 64, keepalive = 60,
+ *                              connect = function(P, tls, timeout) end,
+ *                              empty = function(P) end }
+ *   P:send(target, method, path, headers, body, forward, host, url,
+ *          timeout, tls)        -- target: a callback(res, err) or a promise
+ *   ch:pipeline():add_last("client", P)     -- in a new connection's init,
+ *                                           -- after the client codec
+ *   P:connected(ch)  P:connect_failed(message)     -- connect's outcome
+ *   P:stats() --> { idle, total, waiting }
+ *   core.http.lane { Client, pools, urls } --> request(client, opts, cb)
  *
- * Both are made by core.http.lane { Client, pools, urls, watch, slow_read,
- * traceback } (http.lua's own tables and functions, as upvalues), once per
- * state. Loop thread only (http.lua calls them there).
+ * A request takes an idle connection (the one used last), or opens one
+ * while the pool has fewer than max (connect: http.lua's, which calls
+ * connected or connect_failed when the connect ends), or waits in line.
+ * A keep-alive response puts its connection back: to the first request
+ * waiting, or idle (closed after keepalive seconds unused). A request's
+ * timeout (0: none) bounds it from send to response: one timer per pool
+ * watches every deadline, kept in order. A request sent on a reused
+ * connection that the server closed before answering (its keep-alive ran
+ * out then) is sent once more when its method is idempotent. The pool
+ * empties when it has no connection and no request; empty is told then
+ * (http.lua forgets it).
+ *
+ * A request is a userdata whose uservalues are its Lua values (in
+ * lnr_http_write_call's order: 1 target, 2 method, 3 path, 4 headers,
+ * 5 body, 6 forward, 7 host; then 8 url, 9 tls), anchored by a registry
+ * reference until it is settled; a connection is a handler state
+ * (malloc'd, freed when the handler leaves); a pool is a userdata,
+ * anchored while it has a connection or a request. Loop thread only: a
+ * pool lives in its loop's state.
+ *
+ * request (core.http.lane) is client:request(opts, callback) for the
+ * usual request (a URL parsed before, no redirects, TLS config, limit or
+ * timeout of its own, its pool made): the options checked and sent
+ * without a Lua function call; false for any other, for http.lua.
  */
+#include <errno.h>
 #include <math.h>
-#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "codec/http_client.h"
 #include "lnr.h"
 
-enum { UP_CLIENT = 1, UP_POOLS, UP_URLS, UP_WATCH, UP_SLOW_READ, UP_TRACEBACK,
-       UP_KEYS };
+#define POOL_CLASS "netrun.http.pool"
+#define REQ_CLASS "netrun.http.call"
 
-/* The field names read and written, as strings made once (upvalues from
- * UP_KEYS on): fields are read raw, by a string already interned. (No
- * field read here is behind a metatable: a connection's and the client's
- * methods are not read.) */
-#define KEYS(X)                                                              \
-  X(REQ, "req") X(POOL, "pool") X(DEAD, "dead") X(WHEAD, "whead")            \
-  X(WTAIL, "wtail") X(SWEEPING, "sweeping") X(NIDLE, "nidle")                \
-  X(IDLE, "idle") X(SINCE, "since") X(ID, "id") X(TIMEOUT, "timeout")        \
-  X(FOLLOW, "follow") X(DTIMER, "dtimer") X(DAT, "dat") X(REUSED, "reused")  \
-  X(CTX, "ctx") X(KEEP_ALIVE, "keep_alive") X(HOST, "host")
-#define KEY_ENUM(e, s) K_##e,
-enum { KEYS(KEY_ENUM) K_N };
-#define KEY_NAME(e, s) s,
-static const char *const key_names[] = {KEYS(KEY_NAME)};
-#define NUPS (UP_KEYS - 1 + K_N)
+/* A request's uservalues. */
+enum { UV_TARGET = 1, UV_METHOD, UV_PATH, UV_HEADERS, UV_BODY, UV_FORWARD,
+       UV_HOST, UV_URL, UV_TLS, UV_N = UV_TLS };
 
-/* A request table's slots (http.lua's POOL .. OPTS). */
-enum { R_POOL = 1, R_METHOD, R_PATH, R_HEADERS, R_BODY, R_FORWARD, R_HOST,
-       R_URL, R_PROMISE, R_CB, R_TIMEOUT, R_DEADLINE, R_PDEADLINE, R_CONN,
-       R_DONE, R_RETRIED, R_TIMER, R_TLS, R_FOLLOW, R_OPTS };
+typedef struct hpool hpool_t;
+typedef struct hconn hconn_t;
+typedef struct hreq hreq_t;
+
+struct hreq {
+  hpool_t *pool;
+  hconn_t *conn;              /* in flight on it, or NULL */
+  hreq_t *wprev, *wnext;      /* the pool's line of waiting requests */
+  hreq_t *dprev, *dnext;      /* the pool's deadlines, earliest first */
+  uint64_t deadline;          /* nr_now() ns; 0: none */
+  double timeout;             /* s, for the message */
+  int ref;                    /* anchors the userdata until settled */
+  bool callback;              /* the target is a function (else a promise) */
+  bool waiting, timed, retried, done;
+};
+
+struct hconn {
+  hpool_t *pool;              /* NULL: detached (the pool's state closed) */
+  nr_ctx_t *ctx;
+  hreq_t *req;                /* in flight, or NULL */
+  hconn_t *inext, *iprev;     /* the idle list */
+  hconn_t *anext, *aprev;     /* all the pool's connections */
+  uint64_t since;             /* idle since (nr_now) */
+  bool ready;                 /* connected: counted in total until gone */
+  bool idle, dead, gone, used, reused;
+  char err[200];              /* the first error met */
+};
+
+struct hpool {
+  lnr_state_t *S;
+  nr_loop_t *loop;
+  int self_ref;               /* anchors the pool while it has anything */
+  int connect_ref, empty_ref; /* http.lua's functions */
+  hconn_t *idle, *all;
+  int nidle, total, connecting, max, nwait;
+  hreq_t *whead, *wtail;
+  hreq_t *dhead, *dtail;
+  uint64_t keepalive;         /* ns */
+  nr_timer_t *dtimer, *sweeper;
+  uint64_t dat;               /* the deadline dtimer is set for */
+  int depth;                  /* entry points running (see enter) */
+  hreq_t *spare[32];          /* settled requests, kept (anchored) for reuse */
+  int nspare;
+};
+
+static const nr_handler_t conn_vt;
+static void acquire(lua_State *L, hpool_t *P, hreq_t *q);
+static void lost(lua_State *L, hpool_t *P);
+static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry);
+
+static double secs(uint64_t ns) { return (double)ns / 1e9; }
+
+/* ---- lists ---------------------------------------------------------------- */
+
+static void wait_push(hpool_t *P, hreq_t *q, bool front) {
+  q->waiting = true;
+  P->nwait++;
+  if (front) {
+    q->wprev = NULL;
+    q->wnext = P->whead;
+    if (P->whead) P->whead->wprev = q; else P->wtail = q;
+    P->whead = q;
+  } else {
+    q->wnext = NULL;
+    q->wprev = P->wtail;
+    if (P->wtail) P->wtail->wnext = q; else P->whead = q;
+    P->wtail = q;
+  }
+}
+
+static void wait_remove(hpool_t *P, hreq_t *q) {
+  if (!q->waiting)
+    return;
+  q->waiting = false;
+  P->nwait--;
+  if (q->wprev) q->wprev->wnext = q->wnext; else P->whead = q->wnext;
+  if (q->wnext) q->wnext->wprev = q->wprev; else P->wtail = q->wprev;
+  q->wprev = q->wnext = NULL;
+}
+
+static void idle_push(hpool_t *P, hconn_t *c) {
+  c->idle = true;
+  c->since = nr_now();
+  c->iprev = NULL;
+  c->inext = P->idle;
+  if (P->idle) P->idle->iprev = c;
+  P->idle = c;
+  P->nidle++;
+}
+
+static void idle_remove(hpool_t *P, hconn_t *c) {
+  if (!c->idle)
+    return;
+  c->idle = false;
+  P->nidle--;
+  if (c->iprev) c->iprev->inext = c->inext; else P->idle = c->inext;
+  if (c->inext) c->inext->iprev = c->iprev;
+  c->inext = c->iprev = NULL;
+}
+
+static void all_remove(hpool_t *P, hconn_t *c) {
+  if (c->aprev) c->aprev->anext = c->anext; else if (P->all == c) P->all = c->anext;
+  if (c->anext) c->anext->aprev = c->aprev;
+  c->anext = c->aprev = NULL;
+}
+
+/* ---- timers ------------------------------------------------------------------ */
+
+static int on_deadline(void *arg);
+static int on_sweep(void *arg);
+
+static void drop_timer(nr_timer_t **t) {
+  if (*t) {
+    nr_timer_cancel(*t);
+    nr_timer_release(*t);
+    *t = NULL;
+  }
+}
+
+static void arm_deadline(hpool_t *P) {
+  if (P->dhead == NULL || (P->dtimer && P->dat <= P->dhead->deadline))
+    return;
+  drop_timer(&P->dtimer);
+  uint64_t now = nr_now(), at = P->dhead->deadline;
+  P->dat = at;
+  P->dtimer = nr_loop_schedule(P->loop, at > now ? at - now : 0, 0, on_deadline,
+                               NULL, P);
+}
+
+/* In deadline order; from the tail: most requests have the client's
+ * timeout and come last. */
+static void deadline_insert(hpool_t *P, hreq_t *q) {
+  hreq_t *after = P->dtail;
+  while (after && after->deadline > q->deadline)
+    after = after->dprev;
+  q->timed = true;
+  q->dprev = after;
+  q->dnext = after ? after->dnext : P->dhead;
+  if (q->dnext) q->dnext->dprev = q; else P->dtail = q;
+  if (after) after->dnext = q; else P->dhead = q;
+  arm_deadline(P);
+}
+
+static void deadline_remove(hpool_t *P, hreq_t *q) {
+  if (!q->timed)
+    return;
+  q->timed = false;
+  if (q->dprev) q->dprev->dnext = q->dnext; else P->dhead = q->dnext;
+  if (q->dnext) q->dnext->dprev = q->dprev; else P->dtail = q->dprev;
+  q->dprev = q->dnext = NULL;     /* (the timer stays: it finds nothing due) */
+}
+
+static void arm_sweeper(hpool_t *P, uint64_t delay) {
+  if (P->sweeper == NULL && P->nidle > 0)
+    P->sweeper = nr_loop_schedule(P->loop, delay, 0, on_sweep, NULL, P);
+}
+
+/* ---- the pool's life ----------------------------------------------------------- */
+
+static bool busy(const hpool_t *P) {
+  return P->total > 0 || P->nwait > 0 || P->dhead != NULL;
+}
+
+/* Every entry point (a handler's event, a timer, a method) runs between
+ * enter and leave; they nest (a close met inside one runs the handler's
+ * inactive at once). As the outermost leaves, a pool with nothing left
+ * lets go of itself (http.lua's empty forgets it; a request sent to it
+ * later holds it again): never while an outer one still uses it. */
+static void enter(hpool_t *P) { P->depth++; }
+
+static void leave(lua_State *L, hpool_t *P) {
+  if (--P->depth > 0 || busy(P) || P->self_ref == LUA_NOREF)
+    return;
+  drop_timer(&P->dtimer);
+  drop_timer(&P->sweeper);
+  int ref = P->self_ref;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, P->empty_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  if (lnr_pcall(L, 1, 0) != LUA_OK)
+    lnr_log_error(L, "netrun.http: a pool's empty");
+  if (!busy(P) && P->self_ref == ref) {   /* (unless used meanwhile) */
+    P->self_ref = LUA_NOREF;
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    while (P->nspare > 0)
+      luaL_unref(L, LUA_REGISTRYINDEX, P->spare[--P->nspare]->ref);
+  }
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+/* Push the request's userdata. */
+static void push_req(lua_State *L, const hreq_t *q) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, q->ref);
+}
+
+static bool idempotent(const char *m) {
+  static const char *const ok[] = {"GET", "HEAD", "OPTIONS", "PUT", "DELETE",
+                                   "TRACE"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+    if (strcmp(m, ok[i]) == 0)
+      return true;
+  return false;
+}
+
+/* Push the request's method (a forwarded one's read from the request). */
+static void push_method(lua_State *L, int u) {
+  if (lua_getiuservalue(L, u, UV_METHOD) != LUA_TSTRING) {
+    lua_pop(L, 1);
+    lua_getiuservalue(L, u, UV_FORWARD);
+    if (lua_type(L, -1) == LUA_TUSERDATA)
+      lua_getfield(L, -1, "method");
+    else
+      lua_pushliteral(L, "?");
+    lua_remove(L, -2);
+  }
+}
+
+/* The request's end: its target gets (res) or (nil, message); the
+ * response, if any, is on top of the stack (popped). An error in a
+ * callback is logged: it never reaches a connection. */
+static void settle(lua_State *L, hreq_t *q, const char *err) {
+  int res = err ? 0 : lua_gettop(L);
+  deadline_remove(q->pool, q);
+  q->done = true;
+  push_req(L, q);
+  int u = lua_gettop(L);
+  if (err) {
+    push_method(L, u);
+    lua_getiuservalue(L, u, UV_URL);
+    lua_pushfstring(L, "netrun.http: %s %s: %s", lua_tostring(L, -2),
+                    lua_tostring(L, -1), err);
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    res = lua_gettop(L);
+  }
+  lua_pushcfunction(L, lnr_msgh);
+  lua_getiuservalue(L, u, UV_TARGET);
+  if (q->callback) {
+    if (err) lua_pushnil(L);
+    lua_pushvalue(L, res);
+    if (lua_pcall(L, err ? 2 : 1, 0, -3 - (err ? 1 : 0)) != LUA_OK)
+      lnr_log_error(L, "netrun.http: a request's callback failed");
+  } else {
+    lua_getfield(L, -1, err ? "try_failure" : "try_success");
+    lua_insert(L, -2);
+    lua_pushvalue(L, res);
+    if (lua_pcall(L, 2, 0, -4) != LUA_OK)
+      lnr_log_error(L, "netrun.http: a request's future");
+  }
+  /* kept for the pool's next request (nothing refers to a settled one:
+   * it left every list and its connection), or let go */
+  hpool_t *P = q->pool;
+  if (P->nspare < (int)(sizeof P->spare / sizeof P->spare[0]) &&
+      P->self_ref != LUA_NOREF) {
+    for (int i = 1; i <= UV_N; i++) {
+      lua_pushnil(L);
+      lua_setiuservalue(L, u, i);
+    }
+    P->spare[P->nspare++] = q;
+  } else {
+    luaL_unref(L, LUA_REGISTRYINDEX, q->ref);
+    q->ref = LUA_NOREF;
+  }
+  lua_settop(L, u - (err ? 1 : 2));
+}
+
+static void fail(lua_State *L, hreq_t *q, const char *err) {
+  if (!q->done)
+    settle(L, q, err);
+}
+
+/* Send q on c (idle or new, not dead). */
+static void start(lua_State *L, hconn_t *c, hreq_t *q) {
+  c->req = q;
+  q->conn = c;
+  c->reused = c->used;
+  c->used = true;
+  push_req(L, q);
+  char err[200];
+  nr_ctx_t *ctx = c->ctx;
+  int rc = lnr_http_write_call(L, lua_gettop(L), ctx, err, sizeof err);
+  lua_pop(L, 1);
+  if (rc == 1) {                   /* nothing sent: the connection stays good */
+    c->req = NULL;
+    q->conn = NULL;
+    hpool_t *P = c->pool;
+    char msg[sizeof err + 32];
+    snprintf(msg, sizeof msg, "http_client request: %s", err);
+    fail(L, q, msg);
+    if (c->pool && !c->dead && !c->idle && c->req == NULL) {
+      if (P->whead) {
+        hreq_t *w = P->whead;
+        wait_remove(P, w);
+        start(L, c, w);
+      } else {
+        idle_push(P, c);
+        arm_sweeper(P, P->keepalive);
+      }
+    }
+    return;
+  }
+  nr_ctx_flush(ctx);               /* (a failed write reached exception_caught,
+                                      which closes: inactive fails q) */
+}
+
+/* A connection is free (its response came, or it is new): to the first
+ * request waiting, or idle. */
+static void release(lua_State *L, hconn_t *c) {
+  hpool_t *P = c->pool;
+  if (P->whead) {
+    hreq_t *q = P->whead;
+    wait_remove(P, q);
+    start(L, c, q);
+    return;
+  }
+  idle_push(P, c);
+  arm_sweeper(P, P->keepalive);
+}
+
+/* Ask http.lua for a connection (counted in total and connecting before:
+ * its outcome may come at once). tls and the time left: the request q's. */
+static void open_connection(lua_State *L, hpool_t *P, hreq_t *q) {
+  P->total++;
+  P->connecting++;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, P->connect_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, P->self_ref);
+  push_req(L, q);
+  lua_getiuservalue(L, -1, UV_TLS);
+  lua_remove(L, -2);
+  if (q->deadline) {
+    uint64_t now = nr_now();
+    lua_pushnumber(L, q->deadline > now ? secs(q->deadline - now) : 0.001);
+  } else {
+    lua_pushnil(L);
+  }
+  if (lnr_pcall(L, 3, 1) != LUA_OK) {
+    lua_pushfstring(L, "connect: %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+  }
+  if (lua_type(L, -1) == LUA_TSTRING) {   /* could not even start */
+    P->total--;
+    P->connecting--;
+    hreq_t *w = P->whead;
+    if (w) {
+      wait_remove(P, w);
+      fail(L, w, lua_tostring(L, -1));
+    }
+  }
+  lua_pop(L, 1);
+}
+
+static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
+  hconn_t *c = P->idle;
+  if (c) {
+    idle_remove(P, c);
+    start(L, c, q);
+    return;
+  }
+  wait_push(P, q, q->retried);       /* a retried one goes first, as its
+                                        deadline is earliest */
+  if (P->total < P->max)
+    open_connection(L, P, q);
+}
+
+/* Requests waiting beyond the connections being opened get some. */
+static void lost(lua_State *L, hpool_t *P) {
+  while (P->nwait > P->connecting && P->total < P->max && P->self_ref != LUA_NOREF) {
+    hreq_t *q = P->whead;
+    for (int i = 0; i < P->connecting && q; i++)
+      q = q->wnext;
+    if (q == NULL)
+      break;
+    open_connection(L, P, q);
+  }
+}
+
+static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry) {
+  if (q->done)
+    return;
+  if (retry && !q->retried) {
+    push_req(L, q);
+    push_method(L, lua_gettop(L));
+    bool again = lua_type(L, -1) == LUA_TSTRING && idempotent(lua_tostring(L, -1));
+    lua_pop(L, 2);
+    if (again) {
+      q->retried = true;
+      q->conn = NULL;
+      acquire(L, q->pool, q);
+      return;
+    }
+  }
+  fail(L, q, err);
+}
+
+/* A ready connection is gone: no longer counted. */
+static void conn_gone(lua_State *L, hconn_t *c) {
+  hpool_t *P = c->pool;
+  idle_remove(P, c);
+  if (c->ready && !c->gone) {      /* (one not ready yet stays known to
+                                        the pool: connected counts it) */
+    c->gone = true;
+    P->total--;
+    all_remove(P, c);
+    c->pool = NULL;
+    lost(L, P);
+  }
+}
+
+/* ---- timers' work ------------------------------------------------------------------ */
+
+static lua_State *state_of(hpool_t *P) {
+  return P->S && !P->S->closing ? P->S->L : NULL;
+}
+
+static int on_deadline(void *arg) {
+  hpool_t *P = arg;
+  nr_timer_release(P->dtimer);
+  P->dtimer = NULL;
+  lua_State *L = state_of(P);
+  if (L == NULL)
+    return 0;
+  enter(P);
+  uint64_t now = nr_now();
+  while (P->dhead && P->dhead->deadline <= now) {
+    hreq_t *q = P->dhead;
+    deadline_remove(P, q);
+    wait_remove(P, q);
+    hconn_t *c = q->conn;
+    if (c && c->req == q) {          /* its answer may still come: dropped */
+      c->req = NULL;
+      q->conn = NULL;
+      c->dead = true;
+      nr_ctx_close(c->ctx, NULL);
+    }
+    char msg[64];
+    snprintf(msg, sizeof msg, "timeout after %g s", q->timeout);
+    fail(L, q, msg);
+  }
+  arm_deadline(P);
+  leave(L, P);
+  return 0;
+}
+
+static int on_sweep(void *arg) {
+  hpool_t *P = arg;
+  nr_timer_release(P->sweeper);
+  P->sweeper = NULL;
+  lua_State *L = state_of(P);
+  if (L == NULL)
+    return 0;
+  enter(P);
+  uint64_t now = nr_now();
+  for (hconn_t *c = P->idle; c;) {
+    if (now - c->since < P->keepalive) {
+      c = c->inext;
+      continue;
+    }
+    idle_remove(P, c);
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
+    c = P->idle;                     /* (the list may have changed) */
+  }
+  arm_sweeper(P, P->keepalive / 2 + 10000000);
+  leave(L, P);
+  return 0;
+}
+
+/* ---- the connection handler -------------------------------------------------------- */
+
+static void h_added(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  c->ctx = ctx;
+}
+
+static int h_channel_read(nr_ctx_t *ctx, void *msg) {
+  hconn_t *c = nr_ctx_state(ctx);
+  hpool_t *P = c->pool;
+  lua_State *L = P ? state_of(P) : NULL;
+  if (L == NULL || nr_msg_type(msg) != NR_MSG_HTTP_REPLY)
+    return 0;
+  const nr_http_reply_t *r = msg;
+  hreq_t *q = c->req;
+  if (q == NULL) {                   /* nobody asked: a handler someone added */
+    c->dead = true;
+    nr_ctx_close(ctx, NULL);
+    return 0;
+  }
+  enter(P);
+  if (!q->done)                      /* (borrowed: made a value before the */
+    lnr_push_msg(L, msg);            /* close below ends the codec's input) */
+  c->req = NULL;
+  q->conn = NULL;
+  if (!r->keep_alive) {
+    c->dead = true;
+    nr_ctx_close(ctx, NULL);         /* (inactive: gone) */
+  } else {
+    release(L, c);
+  }
+  if (!q->done)
+    settle(L, q, NULL);
+  leave(L, P);
+  return 0;
+}
+
+static int h_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "%s", err->msg ? err->msg : "error");
+  c->dead = true;
+  nr_ctx_close(ctx, NULL);
+  return 0;
+}
+
+/* Gone: a request in flight fails (or, if the server closed a reused
+ * connection before answering, is sent again when idempotent). */
+static void conn_closed(hconn_t *c) {
+  c->dead = true;
+  hpool_t *P = c->pool;
+  lua_State *L = P ? state_of(P) : NULL;
+  if (L == NULL)
+    return;
+  enter(P);
+  hreq_t *q = c->req;
+  c->req = NULL;
+  if (q)
+    q->conn = NULL;
+  conn_gone(L, c);
+  if (q) {
+    const char *err = c->err[0] ? c->err : "the connection closed before the response";
+    fail_request(L, q, err, c->reused && strstr(err, "closed before a response"));
+  }
+  leave(L, P);
+}
+
+static int h_inactive(nr_ctx_t *ctx) {
+  conn_closed(nr_ctx_state(ctx));
+  return 0;
+}
+
+static void h_removed(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->pool && !c->gone && c->ready)
+    conn_closed(c);                  /* (removed from a live channel) */
+  if (c->pool) {
+    idle_remove(c->pool, c);
+    all_remove(c->pool, c);
+  }
+  free(c);
+}
+
+static const nr_handler_t conn_vt = {
+    .type = "http_pool", .added = h_added, .removed = h_removed,
+    .inactive = h_inactive, .channel_read = h_channel_read,
+    .exception = h_exception};
+
+/* p:add_last("client", P): a connection of the pool. */
+static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {
+  hpool_t *P = luaL_checkudata(L, idx, POOL_CLASS);
+  hconn_t *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    luaL_error(L, POOL_CLASS ": out of memory");
+  c->pool = P;
+  c->anext = P->all;
+  if (P->all) P->all->aprev = c;
+  P->all = c;
+  *state = c;
+  return &conn_vt;
+}
+
+/* ---- Lua ------------------------------------------------------------------------------ */
+
+static hpool_t *check_pool(lua_State *L) {
+  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
+  if (P->S == NULL)
+    luaL_error(L, POOL_CLASS ": closed");
+  return P;
+}
+
+static void hold(lua_State *L, hpool_t *P, int idx) {
+  if (P->self_ref == LUA_NOREF) {
+    lua_pushvalue(L, idx);
+    P->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+}
+
+/* Send the request userdata on top of the stack (popped) through P (at
+ * stack index pidx). */
+static void send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q) {
+  q->pool = P;
+  if (q->ref == LUA_NOREF)
+    q->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  else
+    lua_pop(L, 1);                       /* (a spare: anchored) */
+  hold(L, P, pidx);
+  enter(P);
+  if (q->deadline)
+    deadline_insert(P, q);
+  acquire(L, P, q);
+  leave(L, P);
+}
+
+/* Push a new request (a spare of P's if it has one; its uservalues nil). */
+static hreq_t *new_req(lua_State *L, hpool_t *P, bool callback,
+                       double timeout) {
+  hreq_t *q;
+  int ref = LUA_NOREF;
+  if (P->nspare > 0) {
+    q = P->spare[--P->nspare];
+    ref = q->ref;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  } else {
+    q = lua_newuserdatauv(L, sizeof *q, UV_N);
+  }
+  *q = (hreq_t){.callback = callback, .timeout = timeout, .ref = ref};
+  if (timeout > 0 && timeout < 1e9)  /* (longer: none, ~31 years) */
+    q->deadline = nr_now() + (uint64_t)(timeout * 1e9);
+  return q;
+}
+
+/* P:send(target, method, path, headers, body, forward, host, url, timeout, tls) */
+static int p_send(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  lua_settop(L, 11);
+  double timeout = luaL_optnumber(L, 10, 0);
+  hreq_t *q = new_req(L, P, lua_type(L, 2) == LUA_TFUNCTION, timeout);
+  int u = lua_gettop(L);
+  static const int from[] = {[UV_TARGET] = 2, [UV_METHOD] = 3, [UV_PATH] = 4,
+                             [UV_HEADERS] = 5, [UV_BODY] = 6, [UV_FORWARD] = 7,
+                             [UV_HOST] = 8, [UV_URL] = 9, [UV_TLS] = 11};
+  for (int i = 1; i <= UV_N; i++) {
+    lua_pushvalue(L, from[i]);
+    lua_setiuservalue(L, u, i);
+  }
+  send_req(L, P, 1, q);
+  return 0;
+}
+
+/* P:connected(ch) */
+static int p_connected(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  nr_channel_t *ch = lnr_check_handle(L, 2, LNR_CHANNEL);
+  enter(P);
+  P->connecting--;
+  nr_ctx_t *ctx = nr_pipeline_context(nr_channel_pipeline(ch), "client");
+  hconn_t *c = ctx && nr_ctx_handler(ctx) == &conn_vt ? nr_ctx_state(ctx) : NULL;
+  if (c == NULL || c->pool != P) {   /* gone meanwhile */
+    P->total--;
+    lost(L, P);
+  } else {
+    c->ready = true;
+    if (c->dead || !nr_channel_is_active(ch))
+      conn_gone(L, c);
+    else
+      release(L, c);
+  }
+  leave(L, P);
+  return 0;
+}
+
+/* P:connect_failed(message): the first request waiting fails with it. */
+static int p_connect_failed(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  const char *msg = luaL_checkstring(L, 2);
+  enter(P);
+  P->connecting--;
+  P->total--;
+  hreq_t *q = P->whead;
+  if (q) {
+    wait_remove(P, q);
+    fail(L, q, msg);
+  }
+  lost(L, P);
+  leave(L, P);
+  return 0;
+}
+
+static int p_stats(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, P->nidle);
+  lua_setfield(L, -2, "idle");
+  lua_pushinteger(L, P->total);
+  lua_setfield(L, -2, "total");
+  lua_pushinteger(L, P->nwait);
+  lua_setfield(L, -2, "waiting");
+  return 1;
+}
+
+/* The state closes: connections left are detached (their handlers free
+ * themselves), timers dropped. */
+static int p_gc(lua_State *L) {
+  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
+  drop_timer(&P->dtimer);
+  drop_timer(&P->sweeper);
+  for (hconn_t *c = P->all, *n; c; c = n) {
+    n = c->anext;
+    c->pool = NULL;
+    c->req = NULL;
+    c->anext = c->aprev = c->inext = c->iprev = NULL;
+    c->idle = false;
+  }
+  P->all = P->idle = NULL;
+  P->S = NULL;
+  return 0;
+}
+
+static int p_tostring(lua_State *L) {
+  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
+  lua_pushfstring(L, POOL_CLASS " (%d connections, %d idle, %d waiting)",
+                  P->total, P->nidle, P->nwait);
+  return 1;
+}
+
+static int ref_function(lua_State *L, const char *k) {
+  if (lua_getfield(L, 1, k) != LUA_TFUNCTION)
+    luaL_error(L, "core.http.pool: %s must be a function", k);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* core.http.pool { max, keepalive, connect, empty } */
+static int l_pool(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lnr_state_t *S = lnr_state(L);
+  nr_loop_t *loop = nr_loop_current();
+  if (S == NULL || loop == NULL || loop == lnr_main_loop())
+    return luaL_error(L, "core.http.pool: on a loop only");
+  lua_getfield(L, 1, "max");
+  lua_getfield(L, 1, "keepalive");
+  lua_Integer max = luaL_checkinteger(L, -2);
+  double keepalive = luaL_checknumber(L, -1);
+  lua_pop(L, 2);
+  hpool_t *P = lua_newuserdatauv(L, sizeof *P, 0);
+  *P = (hpool_t){.S = S, .loop = loop, .self_ref = LUA_NOREF,
+                 .connect_ref = LUA_NOREF, .empty_ref = LUA_NOREF,
+                 .max = max < 1 ? 1 : max > 1 << 20 ? 1 << 20 : (int)max,
+                 .keepalive = (uint64_t)(keepalive * 1e9)};
+  luaL_setmetatable(L, POOL_CLASS);
+  P->connect_ref = ref_function(L, "connect");
+  P->empty_ref = ref_function(L, "empty");
+  return 1;
+}
+
+/* ---- the lane: client:request(opts, cb) without Lua ---------------------------------- */
+
+enum { UP_CLIENT = 1, UP_POOLS, UP_URLS, UP_SLOW, UP_KEYS };
+/* The client fields read, as strings made once (upvalues from UP_KEYS). */
+enum { K_ID, K_TIMEOUT, K_FOLLOW, K_N };
 
 /* A parsed URL's slots (http.lua's parsed). */
 enum { U_SCHEME = 1, U_HOST, U_PORT, U_TARGET, U_HOSTHDR, U_KEY };
 
-static double now(void) { return (double)nr_now() / 1e9; }
-
-/* Push t[k] (t at an absolute index, k a K_*), raw: its type. (The
- * upvalues are the C closure's own: these run only in lane_request and
- * lane_read.) */
 static int get(lua_State *L, int t, int k) {
   lua_pushvalue(L, lua_upvalueindex(UP_KEYS + k));
   return lua_rawget(L, t);
-}
-
-/* t[k] = the value on top (popped), raw. */
-static void set(lua_State *L, int t, int k) {
-  lua_pushvalue(L, lua_upvalueindex(UP_KEYS + k));
-  lua_insert(L, -2);
-  lua_rawset(L, t);
-}
-
-/* t[k] is neither nil nor false. */
-static bool has(lua_State *L, int t, int k) {
-  get(L, t, k);
-  bool b = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return b;
-}
-
-static bool has_i(lua_State *L, int t, int i) {
-  lua_rawgeti(L, t, i);
-  bool b = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return b;
-}
-
-static lua_Integer int_field(lua_State *L, int t, int k) {
-  get(L, t, k);
-  lua_Integer n = lua_tointeger(L, -1);
-  lua_pop(L, 1);
-  return n;
 }
 
 /* A method the Lua path would send as it is: upper-case letters only. */
@@ -108,64 +825,37 @@ static bool plain_method(lua_State *L, int idx) {
   return true;
 }
 
-/* Take an idle connection of the pool at pool that is not dead: pushed,
- * true; or false, nothing pushed (dead ones met are dropped, as the Lua
- * path drops them). */
-static bool take_idle(lua_State *L, int pool) {
-  lua_Integer n = int_field(L, pool, K_NIDLE);
-  if (n <= 0)
-    return false;
-  get(L, pool, K_IDLE);
-  int idle = lua_gettop(L);
-  bool found = false;
-  while (n > 0 && !found) {
-    lua_rawgeti(L, idle, n);
-    lua_pushnil(L);
-    lua_rawseti(L, idle, n);
-    n--;
-    found = lua_type(L, -1) == LUA_TTABLE && !has(L, lua_gettop(L), K_DEAD);
-    if (!found)
-      lua_pop(L, 1);
-  }
-  lua_pushinteger(L, n);
-  set(L, pool, K_NIDLE);
-  if (found)
-    lua_replace(L, idle);
-  else
-    lua_pop(L, 1);
-  return found;
-}
-
 static int lane_request(lua_State *L) {
   lua_settop(L, 3);
-  nr_loop_t *loop = nr_loop_current();
-  if (lua_type(L, 3) != LUA_TFUNCTION || loop == NULL ||
-      loop == lnr_main_loop() || !lua_getmetatable(L, 1) ||
+  if (!lua_getmetatable(L, 1) ||
       !lua_rawequal(L, -1, lua_upvalueindex(UP_CLIENT)))
-    goto slow;                           /* (the Lua path says what is wrong) */
+    goto slow;                           /* (http.lua says what is wrong) */
   const int o = 4;                       /* the options' slots */
   lua_settop(L, o + LNR_HOPT_N - 1);
-  lnr_http_check_request(L, 2, o);
-  if (!lua_isnil(L, o + LNR_HOPT_TLS) || !lua_isnil(L, o + LNR_HOPT_FOLLOW) ||
+  lnr_http_check_request(L, 2, o, 1);    /* (0 this, 1 its caller) */
+  nr_loop_t *loop = nr_loop_current();
+  if (lua_type(L, 3) != LUA_TFUNCTION || loop == NULL ||
+      loop == lnr_main_loop() || !lua_isnil(L, o + LNR_HOPT_TLS) || !lua_isnil(L, o + LNR_HOPT_FOLLOW) ||
       !lua_isnil(L, o + LNR_HOPT_MAX_BODY) ||
-      lua_type(L, o + LNR_HOPT_URL) != LUA_TSTRING || has(L, 1, K_FOLLOW))
+      lua_type(L, o + LNR_HOPT_URL) != LUA_TSTRING)
+    goto slow;
+  if (get(L, 1, K_FOLLOW) != LUA_TNIL)
     goto slow;
   get(L, 1, K_TIMEOUT);
   double timeout = lua_tonumber(L, -1);
-  lua_pop(L, 1);
   if (!lua_isnil(L, o + LNR_HOPT_TIMEOUT) &&
       lua_tonumber(L, o + LNR_HOPT_TIMEOUT) != timeout)
     goto slow;
   lua_pushvalue(L, o + LNR_HOPT_URL);
   if (lua_rawget(L, lua_upvalueindex(UP_URLS)) != LUA_TTABLE)
     goto slow;                           /* not parsed yet */
-  const int u = lua_gettop(L);
-  if (lua_rawgeti(L, u, U_SCHEME) != LUA_TSTRING)
+  const int url = lua_gettop(L);
+  if (lua_rawgeti(L, url, U_SCHEME) != LUA_TSTRING)
     goto slow;                           /* a bad URL */
   bool fwd = !lua_isnil(L, o + LNR_HOPT_FORWARD);
   if (fwd) {                             /* a forwarded request's URL names */
     size_t n;                            /* only the origin */
-    lua_rawgeti(L, u, U_TARGET);
+    lua_rawgeti(L, url, U_TARGET);
     const char *t = lua_tolstring(L, -1, &n);
     if (n != 1 || t[0] != '/')
       goto slow;
@@ -174,161 +864,83 @@ static int lane_request(lua_State *L) {
               !plain_method(L, o + LNR_HOPT_METHOD))) {
     goto slow;                           /* headers merged with Host there */
   }
-  /* its pool, with an idle connection */
   get(L, 1, K_ID);
   if (lua_rawget(L, lua_upvalueindex(UP_POOLS)) != LUA_TTABLE)
     goto slow;
-  lua_rawgeti(L, u, U_KEY);
-  if (lua_rawget(L, -2) != LUA_TTABLE)
+  lua_rawgeti(L, url, U_KEY);
+  lua_rawget(L, -2);
+  hpool_t *P = luaL_testudata(L, -1, POOL_CLASS);
+  if (P == NULL || P->S == NULL)
     goto slow;
-  const int pool = lua_gettop(L);
-  if (!take_idle(L, pool))
-    goto slow;
-  const int conn = lua_gettop(L);
-  /* the request table, as request_with makes it */
-  lua_createtable(L, R_OPTS, 0);
-  const int req = lua_gettop(L);
-  lua_pushvalue(L, pool);
-  lua_rawseti(L, req, R_POOL);
+  const int pidx = lua_gettop(L);
+  hreq_t *q = new_req(L, P, true, timeout);
+  const int u = lua_gettop(L);
+  lua_pushvalue(L, 3);
+  lua_setiuservalue(L, u, UV_TARGET);
   if (fwd) {
     lua_pushvalue(L, o + LNR_HOPT_FORWARD);
-    lua_rawseti(L, req, R_FORWARD);
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, req, R_METHOD);
-    if (!lua_isnil(L, o + LNR_HOPT_HEADERS)) {
-      lua_pushvalue(L, o + LNR_HOPT_HEADERS);
-      lua_rawseti(L, req, R_HEADERS);
-    }
-    lua_rawgeti(L, u, U_HOSTHDR);
-    lua_rawseti(L, req, R_HOST);
+    lua_setiuservalue(L, u, UV_FORWARD);
+    lua_pushvalue(L, o + LNR_HOPT_HEADERS);
+    lua_setiuservalue(L, u, UV_HEADERS);
+    lua_rawgeti(L, url, U_HOSTHDR);
+    lua_setiuservalue(L, u, UV_HOST);
   } else {
     if (lua_isnil(L, o + LNR_HOPT_METHOD))
       lua_pushliteral(L, "GET");
     else
       lua_pushvalue(L, o + LNR_HOPT_METHOD);
-    lua_rawseti(L, req, R_METHOD);
-    lua_rawgeti(L, u, U_TARGET);
-    lua_rawseti(L, req, R_PATH);
+    lua_setiuservalue(L, u, UV_METHOD);
+    lua_rawgeti(L, url, U_TARGET);
+    lua_setiuservalue(L, u, UV_PATH);
     lua_createtable(L, 0, 1);
-    lua_rawgeti(L, u, U_HOSTHDR);
-    set(L, lua_gettop(L) - 1, K_HOST);
-    lua_rawseti(L, req, R_HEADERS);
-    if (!lua_isnil(L, o + LNR_HOPT_BODY)) {
-      lua_pushvalue(L, o + LNR_HOPT_BODY);
-      lua_rawseti(L, req, R_BODY);
-    }
+    lua_rawgeti(L, url, U_HOSTHDR);
+    lua_setfield(L, -2, "host");
+    lua_setiuservalue(L, u, UV_HEADERS);
+    lua_pushvalue(L, o + LNR_HOPT_BODY);
+    lua_setiuservalue(L, u, UV_BODY);
   }
   lua_pushvalue(L, o + LNR_HOPT_URL);
-  lua_rawseti(L, req, R_URL);
-  lua_pushvalue(L, 3);
-  lua_rawseti(L, req, R_CB);
-  lua_pushnumber(L, timeout);
-  lua_rawseti(L, req, R_TIMEOUT);
-  double deadline = timeout > 0 ? now() + timeout : HUGE_VAL;
-  lua_pushnumber(L, deadline);
-  lua_rawseti(L, req, R_DEADLINE);
-  if (timeout > 0) {                     /* watched by the pool's timer */
-    lua_pushboolean(L, 1);
-    lua_rawseti(L, req, R_PDEADLINE);
-    bool armed = has(L, pool, K_DTIMER);
-    if (armed) {
-      get(L, pool, K_DAT);
-      armed = lua_tonumber(L, -1) <= deadline;
-      lua_pop(L, 1);
-    }
-    if (!armed) {                        /* (watch arms it) */
-      lua_pushvalue(L, lua_upvalueindex(UP_WATCH));
-      lua_pushvalue(L, pool);
-      lua_pushvalue(L, req);
-      lua_call(L, 2, 0);
-    }
-  }
-  /* start: sent on the connection, as ctx:write_and_flush(req, VOID) */
-  lua_pushvalue(L, req);
-  set(L, conn, K_REQ);
-  lua_pushboolean(L, 1);
-  set(L, conn, K_REUSED);
-  lua_pushvalue(L, conn);
-  lua_rawseti(L, req, R_CONN);
-  get(L, conn, K_CTX);
-  nr_ctx_t *ctx = lnr_check_ctx(L, -1);
-  lnr_msgbuf_t m;
-  nr_ctx_write(ctx, lnr_to_msg(L, req, nr_ctx_channel(ctx), &m), NULL);
-  lnr_msg_done(&m);                      /* (a failure went to exception_caught) */
-  nr_ctx_flush(ctx);
-  lua_pushboolean(L, 1);
-  return 1;
-slow:
-  lua_pushboolean(L, 0);
-  return 1;
-}
-
-static int lane_read(lua_State *L) {
-  lua_settop(L, 3);
-  const int req = 4, pool = 5, cb = 6;
-  if (get(L, 1, K_REQ) != LUA_TTABLE)
-    goto slow;
-  int t = lua_type(L, 3);                /* a raw response is kept alive */
-  if (t == LUA_TTABLE ? !has(L, 3, K_KEEP_ALIVE) : t != LUA_TUSERDATA)
-    goto slow;
-  if (get(L, 1, K_POOL) != LUA_TTABLE || has(L, 1, K_DEAD) ||
-      int_field(L, pool, K_WHEAD) <= int_field(L, pool, K_WTAIL) ||
-      !has(L, pool, K_SWEEPING) || has_i(L, req, R_DONE) ||
-      has_i(L, req, R_FOLLOW) || has_i(L, req, R_TIMER) ||
-      lua_rawgeti(L, req, R_CB) != LUA_TFUNCTION)
-    goto slow;
-  /* release: back to the idle list */
-  lua_pushnil(L);
-  set(L, 1, K_REQ);
-  lua_pushnumber(L, now());
-  set(L, 1, K_SINCE);
-  lua_Integer n = int_field(L, pool, K_NIDLE) + 1;
-  get(L, pool, K_IDLE);
-  lua_pushvalue(L, 1);
-  lua_rawseti(L, -2, n);
-  lua_pop(L, 1);
-  lua_pushinteger(L, n);
-  set(L, pool, K_NIDLE);
-  /* settle */
-  lua_pushboolean(L, 1);
-  lua_rawseti(L, req, R_DONE);
-  lua_pushvalue(L, lua_upvalueindex(UP_TRACEBACK));
-  lua_pushvalue(L, cb);
-  lua_pushvalue(L, 3);
-  if (lua_pcall(L, 1, 0, cb + 1) != LUA_OK)
-    nr_log(NR_LOG_ERROR, "netrun.http: a request's callback failed: %s",
-           lua_tostring(L, -1) ? lua_tostring(L, -1) : "(an error object)");
+  lua_setiuservalue(L, u, UV_URL);
+  send_req(L, P, pidx, q);
   return 0;
-slow:
+slow:                                    /* http.lua's, with what was given */
   lua_settop(L, 3);
-  lua_pushvalue(L, lua_upvalueindex(UP_SLOW_READ));
+  lua_pushvalue(L, lua_upvalueindex(UP_SLOW));
   lua_insert(L, 1);
-  lua_call(L, 3, 0);
-  return 0;
+  lua_call(L, 3, LUA_MULTRET);
+  return lua_gettop(L);
 }
 
-/* core.http.lane { Client, pools, urls, watch, slow_read, traceback }
- *   --> request, channel_read */
+/* core.http.lane { Client, pools, urls, slow } --> request */
 static int l_lane(lua_State *L) {
-  static const char *const ups[] = {"Client", "pools", "urls", "watch",
-                                    "slow_read", "traceback"};
+  static const char *const ups[] = {"Client", "pools", "urls", "slow"};
+  static const char *const keys[] = {[K_ID] = "id", [K_TIMEOUT] = "timeout",
+                                     [K_FOLLOW] = "follow"};
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
   for (int i = 0; i < UP_KEYS - 1; i++)
     if (lua_getfield(L, 1, ups[i]) == LUA_TNIL)
       return luaL_error(L, "core.http.lane: %s missing", ups[i]);
   for (int i = 0; i < K_N; i++)
-    lua_pushstring(L, key_names[i]);
-  for (int i = 0; i < NUPS; i++)
-    lua_pushvalue(L, 2 + i);
-  lua_pushcclosure(L, lane_request, NUPS);
-  lua_insert(L, 2);
-  lua_pushcclosure(L, lane_read, NUPS);
-  return 2;
+    lua_pushstring(L, keys[i]);
+  lua_pushcclosure(L, lane_request, UP_KEYS - 1 + K_N);
+  return 1;
 }
 
 void lnr_open_http_pool(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"send", p_send}, {"connected", p_connected},
+      {"connect_failed", p_connect_failed}, {"stats", p_stats}, {NULL, NULL}};
+  lnr_native_class(L, POOL_CLASS, make_conn, p_tostring);
+  luaL_getmetatable(L, POOL_CLASS);
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, p_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
   lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_pushcfunction(L, l_pool);
+  lua_setfield(L, -2, "pool");
   lua_pushcfunction(L, l_lane);
   lua_setfield(L, -2, "lane");
   lua_pop(L, 1);

@@ -341,16 +341,23 @@ void lnr_open_codec(lua_State *L);
 void lnr_open_http(lua_State *L);
 /* lhttp_client.c: core.codec.http_client. */
 void lnr_open_http_client(lua_State *L);
-/* A request's options (netrun.http), checked: raises, at the level of
- * the call that gave them (netrun.http.request or client:request), when
+/* A request's options (netrun.http), checked: raises, at the level given
+ * (luaL_where's: that of the call that gave them to netrun.http), when
  * the value at idx is not a table of known options of the right types;
  * with base > 0 each option's value is copied to stack slot base +
  * LNR_HOPT_* (slots the caller made; those of absent options are left). */
 enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
        LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
        LNR_HOPT_FOLLOW, LNR_HOPT_N };
-void lnr_http_check_request(lua_State *L, int idx, int base);
-/* lhttp_pool.c: core.http.lane, netrun.http's pool in C on its usual path. */
+void lnr_http_check_request(lua_State *L, int idx, int base, int level);
+/* Write the request whose fields are the uservalues of the userdata at idx
+ * (2 method, 3 path, 4 headers, 5 body, 6 forward, 7 host; false: none)
+ * through ctx (to the client codec before it): 0 when written; 1, err
+ * filled, when a field cannot be sent (nothing written); < 0 when the
+ * write failed (reported to exception_caught). */
+int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
+                        size_t el);
+/* lhttp_pool.c: core.http.pool, netrun.http's connection pools. */
 void lnr_open_http_pool(lua_State *L);
 /* lpipeline_ctx.c: the C context of the ctx at idx (raises if none, or
  * off its loop). */
