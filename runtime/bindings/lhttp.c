@@ -145,6 +145,11 @@ static const char *req_text(const req_t *q) {
   return (const char *)(q->h + q->nheaders + q->ntrailers);
 }
 
+bool lnr_http_is_request(lua_State *L, int idx) {
+  const req_t *q = lua_touserdata(L, idx);  /* a light one has length 0 */
+  return q != NULL && lua_rawlen(L, idx) >= sizeof *q && q->tag == &REQ_TAG;
+}
+
 /* The request that is argument 1 of a metamethod (one fetched with
  * getmetatable may be called with anything). */
 static const req_t *check_req(lua_State *L) {

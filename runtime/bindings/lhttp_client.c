@@ -529,12 +529,9 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
     if (i < 0)
       raise_at(L, level, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
     if (want == LUA_TUSERDATA) {             /* forward */
-      lnr_http_fwd_t f;
-      int top = lua_gettop(L);
-      if (t != LUA_TUSERDATA || !lnr_http_forward_view(L, top, &f))
+      if (!lnr_http_is_request(L, -1))
         raise_at(L, level, "forward must be a request of netrun.codec.http_server, "
                  "got %s", luaL_typename(L, -1));
-      lua_settop(L, top);                    /* what the view pushed */
       forward = true;
     } else if (want == LUA_TNUMBER) {
       if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */

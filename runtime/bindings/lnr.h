@@ -380,6 +380,8 @@ typedef struct lnr_http_fwd_s {
 } lnr_http_fwd_t;
 /* false if the value at idx (absolute) is no server request. */
 bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f);
+/* Is the value at idx a server request? */
+bool lnr_http_is_request(lua_State *L, int idx);
 /* The head's fields of the request at idx as they arrived (names in
  * their case, repeats apart), into out[0 .. cap): how many there are. */
 struct nr_http_header_s;
