@@ -155,7 +155,13 @@ static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
   ud->tag = &lnr_native_tag;
   ud->pad = NULL;
   nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
-  luaL_setmetatable(L, RAW_CLASS);
+  if (lnr_push_slot(L, LNR_SLOT_HTTP_RAW_MT) != LUA_TTABLE) {   /* one per */
+    lua_pop(L, 1);                                              /* response */
+    luaL_getmetatable(L, RAW_CLASS);
+    lua_pushvalue(L, -1);
+    lnr_set_slot(L, LNR_SLOT_HTTP_RAW_MT);
+  }
+  lua_setmetatable(L, -2);
   if (kept != small)
     free(kept);
   return true;

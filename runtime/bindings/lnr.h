@@ -75,7 +75,7 @@ typedef struct lnr_pool_s {
  * cache), fetched per connection: see lnr_push_keyed. */
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
        LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
-       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT,
+       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT, LNR_SLOT_HTTP_RAW_MT,
        LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_KEYED_PIPE_MT,
        LNR_KEYED_CTX_MT, LNR_KEYED_CTX_HANDLE_MT, LNR_KEYED_RECS,
        LNR_NSLOTS };
