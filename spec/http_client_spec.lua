@@ -558,6 +558,78 @@ describe("netrun.http client", function()
     backend:close():sync()
   end)
 
+  it("a small pool against a backend that misbehaves in every way: each request ends once, the pool ends clean", function()
+    -- per path: /ok answers, /close answers and closes, /drop closes
+    -- without answering, /slow answers past the timeout, /trunc cuts its
+    -- body short, /junk is not HTTP
+    local backend, bport = raw_server(servers, function(s)
+      local netrun = require "netrun"
+      while true do
+        local line = s:receive("*l")
+        if line == nil then return end
+        repeat local l = s:receive("*l") until l == nil or l == ""
+        local path = line:match("^%u+ (%S+)")
+        if path == "/drop" then return s:close() end
+        if path == "/slow" then netrun.sleep(1) end
+        if path == "/trunc" then
+          s:send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
+          return s:close()
+        end
+        if path == "/junk" then s:send("junk\r\n\r\n"); return s:close() end
+        local close = path == "/close"
+        s:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" ..
+          (close and "Connection: close\r\n" or "") .. "\r\nok")
+        if close then return s:close() end
+      end
+    end)
+    local c = netrun.http.client { pool = 3, timeout = 0.5 }
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local base = "http://127.0.0.1:" .. port
+      local paths = { "/ok", "/close", "/drop", "/slow", "/trunc", "/junk", "/ok", "/ok" }
+      -- in rounds of 16 (two of them /slow), so that no other waits for a
+      -- connection past the timeout
+      local n, calls, kinds, done = 80, {}, {}, nil
+      local left
+      local function finish(i, res, err)
+        calls[i] = (calls[i] or 0) + 1
+        local k = paths[i % #paths + 1] .. " " ..
+          (res and res.body or (err:match("timeout after") and "timeout") or "error")
+        kinds[k] = (kinds[k] or 0) + 1
+        left = left - 1
+        if left == 0 then done:try_success(true) end
+      end
+      for round = 0, n // 16 - 1 do
+        done, left = netrun.promise(), 16
+        for i = round * 16 + 1, round * 16 + 16 do
+          local opts = { url = base .. paths[i % #paths + 1] }
+          if i % 2 == 0 then
+            c:request(opts, function(res, err) finish(i, res, err) end)
+          else
+            c:request(opts):add_listener(function(f)
+              if f:is_success() then finish(i, f:result()) else finish(i, nil, tostring(f:cause())) end
+            end)
+          end
+        end
+        done:await()
+      end
+      local once = 0
+      for i = 1, n do if calls[i] == 1 then once = once + 1 end end
+      local after = netrun.promise()       -- the pool still serves
+      c:request({ url = base .. "/ok" }, function(res, err) after:try_success(res and res.body or err) end)
+      local last = after:await()
+      local st = require("netrun.http").stats()[c.id]["http://127.0.0.1:" .. port]
+      return { once, kinds, last, st.total, st.idle, st.waiting }
+    end, c, bport)
+    assert.equal(80, r[1])                   -- every request ended, once
+    assert.same({ ["/ok ok"] = 30, ["/close ok"] = 10, ["/drop error"] = 10, ["/slow timeout"] = 10,
+                  ["/trunc error"] = 10, ["/junk error"] = 10 }, r[2])
+    assert.equal("ok", r[3])
+    assert.equal(r[4], r[5])                 -- every connection left is idle
+    assert.equal(0, r[6])
+    backend:close():sync()
+  end)
+
   it("a pool of one whose connects fail fails every waiting request (none hangs)", function()
     local c = netrun.http.client { pool = 1, timeout = 10 }
     local port = H.free_port()
