@@ -88,6 +88,17 @@ end
 -- SET key value [EX seconds | PX milliseconds] [NX | XX]
 function C.SET(cmd, n)
   if n < 3 then return arity("set") end
+  local k, v = cmd[2], cmd[3]
+  -- integers are stored as such (see above); only a value that starts
+  -- with a byte from "-" to "9" (an integer starts with one of "-0123456789")
+  -- costs a call to as_integer. (`<` compares strings by their bytes in
+  -- the C locale, which netrun never changes: no call, where
+  -- string.byte was one.)
+  if v < ":" and v >= "-" then v = as_integer(v) or v end
+  if n == 3 then          -- no options: the usual SET, made short
+    dict.set(db, k, v)
+    return OK
+  end
   local ttl, nx, xx
   local i = 4
   while i <= n do
@@ -106,13 +117,6 @@ function C.SET(cmd, n)
       return SYNTAX
     end
   end
-  local k, v = cmd[2], cmd[3]
-  -- integers are stored as such (see above); only a value that starts
-  -- with a byte from "-" to "9" (an integer starts with one of "-0123456789")
-  -- costs a call to as_integer. (`<` compares strings by their bytes in
-  -- the C locale, which netrun never changes: no call, where
-  -- string.byte was one.)
-  if v < ":" and v >= "-" then v = as_integer(v) or v end
   if nx then
     return dict.add(db, k, v, ttl) and OK or NIL
   end
