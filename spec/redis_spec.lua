@@ -60,6 +60,9 @@ describe("examples/redis.lua", function()
   it("answers unknown commands, wrong arity and bad values with errors", function()
     assert.equal("ERR unknown command 'NOPE', with args beginning with: 'x' 'y' ",
       cli("NOPE", "x", "y"))
+    -- the handler sees the name as the client sent it, case and all
+    assert.equal("ERR unknown command 'nOpE', with args beginning with: ", cli("nOpE"))
+    assert.equal("ERR unknown command 'nope', with args beginning with: ", cli("nope"))
     assert.equal("ERR wrong number of arguments for 'get' command", cli("GET"))
     assert.equal("ERR wrong number of arguments for 'set' command", cli("SET", "k"))
     assert.equal("ERR wrong number of arguments for 'incr' command", cli("INCR"))
