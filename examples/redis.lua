@@ -89,11 +89,11 @@ end
 function C.SET(cmd, n)
   if n < 3 then return arity("set") end
   local k, v = cmd[2], cmd[3]
-  -- integers are stored as such (see above); only a value that starts
-  -- with a byte from "-" to "9" (an integer starts with one of "-0123456789")
-  -- costs a call to as_integer. (`<` compares strings by their bytes in
-  -- the C locale, which netrun never changes: no call, where
-  -- string.byte was one.)
+  -- Integers are stored as such (see above). An integer starts with one
+  -- of "-0123456789", so a value whose first byte is not in "-" .. "9"
+  -- is none: `<` orders strings byte by byte in the C locale, which
+  -- netrun keeps (it never calls setlocale), so these two compares, made
+  -- without a call, let most values by before as_integer.
   if v < ":" and v >= "-" then v = as_integer(v) or v end
   if n == 3 then          -- no options: the usual SET, made short
     dict.set(db, k, v)
