@@ -18,6 +18,17 @@ local capacity = option("capacity", 1000000)
 
 local db = netrun.shared.dict("redis", { capacity = capacity })
 
+-- db's methods as plain functions, each found once per loop state:
+-- dict.set(db, k, v) reads a field of a plain table, where db:set(k, v)
+-- looks the method up through db's metatable on every call. (Each loop
+-- state gets its own copy of this table, empty -- a C function is not
+-- copied between states -- and fills it on first use.)
+local dict = setmetatable({}, { __index = function(t, name)
+  local f = db[name]
+  t[name] = f
+  return f
+end })
+
 local OK, PONG, NIL = "+OK\r\n", "+PONG\r\n", "$-1\r\n"
 local tostring, tointeger, upper, concat, type = tostring, math.tointeger, string.upper, table.concat, type
 local mininteger = math.mininteger
@@ -68,7 +79,7 @@ end
 
 function C.GET(cmd, n)
   if n ~= 2 then return arity("get") end
-  local v = db:get(cmd[2])
+  local v = dict.get(db, cmd[2])
   if v == nil then return NIL end
   if type(v) ~= "string" then v = tostring(v) end
   return bulk(v)
@@ -77,6 +88,17 @@ end
 -- SET key value [EX seconds | PX milliseconds] [NX | XX]
 function C.SET(cmd, n)
   if n < 3 then return arity("set") end
+  local k, v = cmd[2], cmd[3]
+  -- Integers are stored as such (see above). An integer starts with one
+  -- of "-0123456789", so a value whose first byte is not in "-" .. "9"
+  -- is none: `<` orders strings byte by byte in the C locale, which
+  -- netrun keeps (it never calls setlocale), so these two compares, made
+  -- without a call, let most values by before as_integer.
+  if v < ":" and v >= "-" then v = as_integer(v) or v end
+  if n == 3 then          -- no options: the usual SET, made short
+    dict.set(db, k, v)
+    return OK
+  end
   local ttl, nx, xx
   local i = 4
   while i <= n do
@@ -95,15 +117,11 @@ function C.SET(cmd, n)
       return SYNTAX
     end
   end
-  local k, v = cmd[2], cmd[3]
-  -- integers are stored as such (see above); as_integer's first test is
-  -- made here too, so that most values cost no call to it
-  if NUM_START[byte(v) or 0] then v = as_integer(v) or v end
   if nx then
-    return db:add(k, v, ttl) and OK or NIL
+    return dict.add(db, k, v, ttl) and OK or NIL
   end
-  if xx and db:get(k) == nil then return NIL end
-  db:set(k, v, ttl)
+  if xx and dict.get(db, k) == nil then return NIL end
+  dict.set(db, k, v, ttl)
   return OK
 end
 
@@ -111,8 +129,8 @@ function C.DEL(cmd, n)
   if n < 2 then return arity("del") end
   local count = 0
   for i = 2, n do
-    if db:get(cmd[i]) ~= nil then
-      db:delete(cmd[i])
+    if dict.get(db, cmd[i]) ~= nil then
+      dict.delete(db, cmd[i])
       count = count + 1
     end
   end
@@ -123,19 +141,19 @@ function C.EXISTS(cmd, n)
   if n < 2 then return arity("exists") end
   local count = 0
   for i = 2, n do
-    if db:get(cmd[i]) ~= nil then count = count + 1 end
+    if dict.get(db, cmd[i]) ~= nil then count = count + 1 end
   end
   return int(count)
 end
 
 local function incr_by(k, by)
-  local v, err = db:incr(k, by, 0)
+  local v, err = dict.incr(db, k, by, 0)
   if v == nil then
     return err == "not a number" and NOT_INT or "-ERR " .. tostring(err) .. "\r\n"
   end
   local old = v - by                      -- wraps exactly as the dict did
   if (by > 0 and v < old) or (by < 0 and v > old) then
-    db:incr(k, -by)
+    dict.incr(db, k, -by)
     return "-ERR increment or decrement would overflow\r\n"
   end
   return int(v)
@@ -172,12 +190,12 @@ function C.EXPIRE(cmd, n)
   local secs = as_integer(cmd[3])
   if secs == nil then return NOT_INT end
   local k = cmd[2]
-  local v = db:get(k)
+  local v = dict.get(db, k)
   if v == nil then return ":0\r\n" end
   if secs <= 0 then
-    db:delete(k)
+    dict.delete(db, k)
   else
-    db:set(k, v, secs)
+    dict.set(db, k, v, secs)
   end
   return ":1\r\n"
 end
@@ -187,7 +205,7 @@ function C.DBSIZE(_, n)
   return int(#db)
 end
 
-function C.FLUSHALL() db:flush_all() return OK end
+function C.FLUSHALL() dict.flush_all(db) return OK end
 C.FLUSHDB = C.FLUSHALL
 
 function C.SELECT(cmd, n)

@@ -60,6 +60,9 @@ describe("examples/redis.lua", function()
   it("answers unknown commands, wrong arity and bad values with errors", function()
     assert.equal("ERR unknown command 'NOPE', with args beginning with: 'x' 'y' ",
       cli("NOPE", "x", "y"))
+    -- the handler sees the name as the client sent it, case and all
+    assert.equal("ERR unknown command 'nOpE', with args beginning with: ", cli("nOpE"))
+    assert.equal("ERR unknown command 'nope', with args beginning with: ", cli("nope"))
     assert.equal("ERR wrong number of arguments for 'get' command", cli("GET"))
     assert.equal("ERR wrong number of arguments for 'set' command", cli("SET", "k"))
     assert.equal("ERR wrong number of arguments for 'incr' command", cli("INCR"))
@@ -141,6 +144,37 @@ describe("examples/redis.lua", function()
     assert.equal(big, H.recv(c, #big))
     assert.equal("", c:receive("*l"))
     c:close()
+  end)
+
+  it("serves every worker loop from the one dict (--threads 3, a connection per loop and more)", function()
+    -- Each loop state finds the dict's methods for itself (redis.lua's
+    -- `dict`): every loop must store, read and count in the same dict.
+    local p3 = free_port()
+    local pid3, log3 = H.start("examples/redis.lua", p3, "--threads 3")
+    local ok, err = pcall(function()
+      local cs = {}
+      for i = 1, 6 do                      -- handed to the loops in turn
+        cs[i] = H.client(p3)
+        cs[i]:send(resp("SET", "spec:t" .. i, "v" .. i) .. resp("INCR", "spec:t:count"))
+        assert.equal("+OK", cs[i]:receive("*l"))
+        assert.equal(":" .. i, cs[i]:receive("*l"))
+      end
+      for i = 1, 6 do                      -- each reads its neighbour's key
+        local j = i % 6 + 1
+        cs[i]:send(resp("GET", "spec:t" .. j))
+        assert.equal("$" .. #("v" .. j), cs[i]:receive("*l"))
+        assert.equal("v" .. j, cs[i]:receive("*l"))
+      end
+      for i = 1, 6 do                      -- a SET with options, an integer
+        cs[i]:send(resp("set", "spec:t" .. i, "-" .. i, "EX", "100") .. resp("DECR", "spec:t" .. i))
+        assert.equal("+OK", cs[i]:receive("*l"))
+        assert.equal(":" .. (-i - 1), cs[i]:receive("*l"))
+      end
+      for i = 1, 6 do cs[i]:close() end
+    end)
+    os.execute("kill -KILL " .. pid3 .. " 2>/dev/null")
+    os.remove(log3)
+    assert(ok, err)
   end)
 
   it("holds no pile of replies for a client that pipelines and reads nothing", function()

@@ -317,14 +317,14 @@ static int c_write(lua_State *L) {
   if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
       S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
       lua_touserdata(L, 3) == S->void_proxy) {
-    void *native = lnr_to_native(L, 2);
-    if (native != NULL) {
-      nr_ctx_write(S->ctx, native, NULL);  /* a failure went to exception_caught */
-    } else if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_to_msg does */
-      size_t n;
+    void *native;
+    if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_to_msg does; first: */
+      size_t n;                            /* the usual reply */
       const char *s = lua_tolstring(L, 2, &n);    /* anchored by the stack */
       nr_bytes_t b = NR_BYTES(s, n);
-      nr_ctx_write(S->ctx, &b, NULL);
+      nr_ctx_write(S->ctx, &b, NULL);      /* a failure went to exception_caught */
+    } else if ((native = lnr_to_native(L, 2)) != NULL) {
+      nr_ctx_write(S->ctx, native, NULL);
     } else {                               /* a response table, an array */
       write_msg(L, 2, S->ctx, NULL);
     }
