@@ -53,37 +53,8 @@ local function strip_hop(h)
   return h
 end
 
--- Per client connection: responses go out in request order (the codec's
--- rule), so each request sent to the backend takes the next slot of a
--- ring of in_flight slots, and the slots are written in order as they
--- fill (`head` and `sent` count requests; at most in_flight are between
--- them, so no two share a slot). Each slot has its callback and request
--- options, made once.
--- Requests wait in `queue` until a slot is free and the client's
--- connection is writable; the queue counts from 1 again whenever it
--- empties, so its entries stay in the table's array part.
-local Proxy = {}
-Proxy.__index = Proxy
-
-local dispatch
-
 local VOID = netrun.void_promise()     -- no future per write (a failure reaches
                                        -- exception_caught, which closes)
-
-local function flush_ready(self, ctx)
-  local slots, head = self.slots, self.head
-  local i = head % in_flight + 1
-  while slots[i] ~= nil do   -- the last one ready flushes them all
-    local res = slots[i]
-    slots[i] = nil
-    head = head + 1
-    i = head % in_flight + 1
-    if slots[i] == nil then ctx:write_and_flush(res, VOID) else ctx:write(res, VOID) end
-  end
-  self.head = head
-  local q = self.queue
-  if q.first <= q.last then dispatch(self, ctx) end   -- a slot is free now
-end
 
 -- What the client gets for the backend's answer r, or for err.
 local function response_for(r, err)
@@ -96,81 +67,101 @@ local function response_for(r, err)
            body = timeout and "gateway timeout\n" or "bad gateway\n" }
 end
 
--- To the backend, in the next slot. Each slot has its request options,
--- made once: client:request reads them as it is called (it keeps them
--- only to follow redirects, which this client does not), so the slot's
--- table serves its every request; forward is cleared after the call, so
--- that a slot does not hold on to a request already answered.
-local function send(self, ctx, req)
-  local i = self.sent % in_flight + 1
-  self.sent = self.sent + 1
-  local o, cb = self.opts[i], self.callbacks[i]
-  if o == nil then           -- a callback rather than a future: the response is not copied
-    o = { url = base, forward = req, headers = self.xff }
-    cb = function(res, err)
-      self.slots[i] = response_for(res, err)
-      if not self.closed then flush_ready(self, ctx) end
+-- The handler of a client connection. Responses go out in request order
+-- (the codec's rule), so each request sent to the backend takes the next
+-- slot of a ring of in_flight slots, and the slots are written in order
+-- as they fill (`head` and `sent` count requests; at most in_flight are
+-- between them, so no two share a slot); each slot has its callback, made
+-- once. Requests wait in `queue` (from `first` to `last`) until a slot is
+-- free and the client's connection is writable. The connection's state
+-- is the closures' upvalues: read without a table lookup.
+local function proxy_handler()
+  local request = client.request     -- (a C function: found in the loop's state)
+  local slots, callbacks = {}, {}
+  for i = 1, in_flight do slots[i] = false end   -- false: empty (an array
+                                                 -- from the start)
+  local head, sent = 0, 0
+  local queue, first, last = {}, 1, 0
+  local paused, closed, writable = false, false, true
+  local ch, ctx, xff                   -- the connection's, at its first request
+  local write, write_and_flush
+  local dispatch
+
+  local function flush_ready()
+    local i = head % in_flight + 1
+    while slots[i] do               -- the last one ready flushes them all
+      local res = slots[i]
+      slots[i] = false
+      head = head + 1
+      i = head % in_flight + 1
+      if not slots[i] then write_and_flush(ctx, res, VOID) else write(ctx, res, VOID) end
     end
-    self.opts[i], self.callbacks[i] = o, cb
-  else
-    o.forward = req
+    if first <= last then dispatch() end  -- a slot is free now
   end
-  client:request(o, cb)
-  o.forward = nil
-end
 
-function dispatch(self, ctx)
-  local q, ch = self.queue, self.ch
-  local first, last = q.first, q.last
-  while first <= last and self.sent - self.head < in_flight and self.writable do
-    local r = q[first]
-    q[first] = nil
-    first = first + 1
-    send(self, ctx, r)
-  end
-  if first > last then first, last = 1, 0 end
-  q.first, q.last = first, last
-  -- read no more from a client whose requests pile up
-  local piled = last - first + 1 >= in_flight
-  if piled ~= self.paused then
-    self.paused = piled
-    ch:option("auto_read", not piled)
-  end
-end
-
-function Proxy:channel_read(ctx, req)
-  -- the request goes on as it came (method, path and query, end-to-end
+  -- To the backend, in the next slot, whose callback puts the answer
+  -- there: a callback rather than a future, so the response is not copied.
+  -- The request goes on as it came (method, path and query, end-to-end
   -- fields, body), with x-forwarded-for: `forward` hands the client codec
   -- the server codec's request, whose bytes it copies, with no table made
-  -- of it. A handler may read or change req's fields first (req.path =
-  -- ..., req.headers.host = ...): what it changed is what is sent.
-  local ch = self.ch
-  if not ch then
-    ch = ctx.channel
-    self.ch, self.xff = ch, { ["x-forwarded-for"] = (ch:remote_address()) }
+  -- of it (a handler may change req's fields first: req.path = ...).
+  local function send(req)
+    local i = sent % in_flight + 1
+    sent = sent + 1
+    local cb = callbacks[i]
+    if cb == nil then
+      cb = function(res, err)
+        slots[i] = response_for(res, err)
+        if not closed then flush_ready() end
+      end
+      callbacks[i] = cb
+    end
+    request(client, { url = base, forward = req, headers = xff }, cb)
   end
-  local q = self.queue
-  if q.first > q.last and self.sent - self.head < in_flight and self.writable then
-    return send(self, ctx, req)       -- nothing waits: at once
+
+  function dispatch()
+    while first <= last and sent - head < in_flight and writable do
+      local r = queue[first]
+      queue[first] = nil
+      first = first + 1
+      send(r)
+    end
+    if first > last then first, last = 1, 0 end   -- (the array part again)
+    -- read no more from a client whose requests pile up
+    local piled = last - first + 1 >= in_flight
+    if piled ~= paused then
+      paused = piled
+      ch:option("auto_read", not piled)
+    end
   end
-  q.last = q.last + 1
-  q[q.last] = req
-  dispatch(self, ctx)
-end
 
-function Proxy:channel_writability_changed(ctx)
-  self.writable = ctx.channel:is_writable()
-  if self.ch then dispatch(self, ctx) end
-end
-
-function Proxy:channel_inactive(ctx)
-  self.closed = true                   -- (answers still coming are dropped)
-  ctx:fire_channel_inactive()
-end
-
-function Proxy:exception_caught(ctx, err)
-  netrun.log.debug("proxy: client %s", tostring(err))
-  ctx:close()
+  return {
+    channel_read = function(_, c, req)
+      if not ch then
+        ctx, ch = c, c.channel
+        write, write_and_flush = c.write, c.write_and_flush
+        xff = { ["x-forwarded-for"] = (ch:remote_address()) }
+      end
+      if first > last and sent - head < in_flight and writable then
+        return send(req)              -- nothing waits: at once
+      end
+      last = last + 1
+      queue[last] = req
+      dispatch()
+    end,
+    channel_writability_changed = function(_, c)
+      writable = c.channel:is_writable()
+      if ch then dispatch() end
+    end,
+    channel_inactive = function(_, c)
+      closed = true                   -- (answers still coming are dropped)
+      c:fire_channel_inactive()
+    end,
+    exception_caught = function(_, c, err)
+      netrun.log.debug("proxy: client %s", tostring(err))
+      c:close()
+    end,
+  }
 end
 
 local codec = netrun.codec.http_server { max_body = max_body }   -- made once: each
@@ -180,9 +171,7 @@ netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
   init = function(ch)
     ch:pipeline():add_last("http", codec)
-    ch:pipeline():add_last("proxy", setmetatable({ slots = {}, opts = {}, callbacks = {},
-      head = 0, sent = 0, queue = { first = 1, last = 0 }, paused = false, ch = false,
-      xff = false, writable = true, closed = false }, Proxy))
+    ch:pipeline():add_last("proxy", proxy_handler())
   end,
 }:sync()
 netrun.log.info("proxy: listening on :%d, backend %s", port, base)
