@@ -77,7 +77,7 @@ end
 -- is the closures' upvalues: read without a table lookup.
 local function proxy_handler()
   local request = client.request     -- (a C function: found in the loop's state)
-  local slots, callbacks = {}, {}
+  local slots, callbacks, opts = {}, {}, {}
   for i = 1, in_flight do slots[i] = false end   -- false: empty (an array
                                                  -- from the start)
   local head, sent = 0, 0
@@ -104,19 +104,25 @@ local function proxy_handler()
   -- The request goes on as it came (method, path and query, end-to-end
   -- fields, body), with x-forwarded-for: `forward` hands the client codec
   -- the server codec's request, whose bytes it copies, with no table made
-  -- of it (a handler may change req's fields first: req.path = ...).
+  -- of it (a handler may change req's fields first: req.path = ...). Each
+  -- slot has its request options too, made once (client:request reads
+  -- them as it is called), forward set to false after the call: the slot
+  -- holds on to no request already sent.
   local function send(req)
     local i = sent % in_flight + 1
     sent = sent + 1
-    local cb = callbacks[i]
+    local cb, o = callbacks[i], opts[i]
     if cb == nil then
       cb = function(res, err)
         slots[i] = response_for(res, err)
         if not closed then flush_ready() end
       end
-      callbacks[i] = cb
+      o = { url = base, forward = false, headers = xff }
+      callbacks[i], opts[i] = cb, o
     end
-    request(client, { url = base, forward = req, headers = xff }, cb)
+    o.forward = req
+    request(client, o, cb)
+    o.forward = false
   end
 
   function dispatch()

@@ -677,6 +677,16 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("takes forward = false as no forward (a kept options table clears it so)", function()
+    local server, port = http_server(servers, "nofwd", function(req) return { status = 200, body = req.path } end)
+    local res = H.sync(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/p", forward = false })
+    assert.equal("/p", res.body)
+    local ok, err = pcall(netrun.http.request, { url = "http://127.0.0.1:" .. port .. "/p", forward = true })
+    assert.is_false(ok)
+    assert.matches("forward must be a request of netrun.codec.http_server, got boolean", err)
+    server:close():sync()
+  end)
+
   it("blames the caller's line for a bad request (client:request, netrun.http.request)", function()
     local c = netrun.http.client {}
     local calls = {

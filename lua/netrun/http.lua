@@ -31,8 +31,8 @@
 -- out at that moment) is sent once more on a fresh connection when its
 -- method is idempotent.
 --
--- forward = req (a request option, for proxies): req is a request of
--- netrun.codec.http_server, sent on as it came (method, target, end-to-end
+-- forward = req (a request option, for proxies; false: none): req is a
+-- request of netrun.codec.http_server, sent on as it came (method, target, end-to-end
 -- fields, body: the client codec encodes it from the server codec's
 -- bytes); url names only the origin; headers given are added and replace
 -- forwarded fields of their names; fields the handler assigned win.
@@ -246,7 +246,7 @@ function M.request_with(client, opts, cb)
     end
   end
   local scheme = u[1]
-  local fwd = opts.forward
+  local fwd = opts.forward or nil       -- (false: none)
   local method = false                  -- a forwarded request's: read when needed
   if fwd == nil then
     method = opts.method or "GET"

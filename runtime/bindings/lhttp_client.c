@@ -534,6 +534,10 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
     int want = i >= 0 ? options[i].t : LUA_TNONE;
     if (i < 0)
       raise_at(L, level, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+    if (want == LUA_TUSERDATA && t == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
+      lua_pop(L, 1);                         /* forward = false: none */
+      continue;
+    }
     if (want == LUA_TUSERDATA) {             /* forward */
       if (!lnr_http_is_request(L, -1))
         raise_at(L, level, "forward must be a request of netrun.codec.http_server, "

@@ -801,7 +801,7 @@ static int l_pool(lua_State *L) {
 
 /* ---- the lane: client:request(opts, cb) without Lua ---------------------------------- */
 
-enum { UP_CLIENT = 1, UP_POOLS, UP_URLS, UP_SLOW, UP_KEYS };
+enum { UP_CLIENT = 1, UP_POOLS, UP_URLS, UP_SLOW, UP_POOL_MT, UP_KEYS };
 /* The client fields read, as strings made once (upvalues from UP_KEYS). */
 enum { K_ID, K_TIMEOUT, K_FOLLOW, K_N };
 
@@ -869,9 +869,11 @@ static int lane_request(lua_State *L) {
     goto slow;
   lua_rawgeti(L, url, U_KEY);
   lua_rawget(L, -2);
-  hpool_t *P = luaL_testudata(L, -1, POOL_CLASS);
-  if (P == NULL || P->S == NULL)
+  hpool_t *P = lua_touserdata(L, -1);
+  if (P == NULL || !lua_getmetatable(L, -1) ||
+      !lua_rawequal(L, -1, lua_upvalueindex(UP_POOL_MT)) || P->S == NULL)
     goto slow;
+  lua_pop(L, 1);
   const int pidx = lua_gettop(L);
   hreq_t *q = new_req(L, P, true, timeout);
   const int u = lua_gettop(L);
@@ -918,9 +920,10 @@ static int l_lane(lua_State *L) {
                                      [K_FOLLOW] = "follow"};
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  for (int i = 0; i < UP_KEYS - 1; i++)
+  for (int i = 0; i < UP_POOL_MT - 1; i++)
     if (lua_getfield(L, 1, ups[i]) == LUA_TNIL)
       return luaL_error(L, "core.http.lane: %s missing", ups[i]);
+  luaL_getmetatable(L, POOL_CLASS);
   for (int i = 0; i < K_N; i++)
     lua_pushstring(L, keys[i]);
   lua_pushcclosure(L, lane_request, UP_KEYS - 1 + K_N);
