@@ -471,14 +471,22 @@ static lua_State *state_of(hpool_t *P) {
   return P->S && !P->S->closing ? P->S->L : NULL;
 }
 
+/* A timer of P's ran: its handle let go; the state to work in (entered),
+ * or NULL when it is closing. */
+static lua_State *timer_ran(hpool_t *P, nr_timer_t **t) {
+  nr_timer_release(*t);
+  *t = NULL;
+  lua_State *L = state_of(P);
+  if (L)
+    enter(P);
+  return L;
+}
+
 static int on_deadline(void *arg) {
   hpool_t *P = arg;
-  nr_timer_release(P->dtimer);
-  P->dtimer = NULL;
-  lua_State *L = state_of(P);
+  lua_State *L = timer_ran(P, &P->dtimer);
   if (L == NULL)
     return 0;
-  enter(P);
   uint64_t now = nr_now();
   while (P->dhead && P->dhead->deadline <= now) {
     hreq_t *q = P->dhead;
@@ -502,12 +510,9 @@ static int on_deadline(void *arg) {
 
 static int on_sweep(void *arg) {
   hpool_t *P = arg;
-  nr_timer_release(P->sweeper);
-  P->sweeper = NULL;
-  lua_State *L = state_of(P);
+  lua_State *L = timer_ran(P, &P->sweeper);
   if (L == NULL)
     return 0;
-  enter(P);
   uint64_t now = nr_now();
   for (hconn_t *c = P->idle; c;) {
     if (now - c->since < P->keepalive) {
