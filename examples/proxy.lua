@@ -76,14 +76,13 @@ end
 -- free and the client's connection is writable. The connection's state
 -- is the closures' upvalues: read without a table lookup.
 local function proxy_handler()
-  local request = client.request     -- (a C function: found in the loop's state)
-  local slots, callbacks, opts = {}, {}, {}
+  local slots, callbacks = {}, {}
   for i = 1, in_flight do slots[i] = false end   -- false: empty (an array
                                                  -- from the start)
   local head, sent = 0, 0
   local queue, first, last = {}, 1, 0
   local paused, closed, writable = false, false, true
-  local ch, ctx, xff                   -- the connection's, at its first request
+  local ch, ctx, forward               -- the connection's, at its first request
   local write, write_and_flush
   local dispatch
 
@@ -104,25 +103,22 @@ local function proxy_handler()
   -- The request goes on as it came (method, path and query, end-to-end
   -- fields, body), with x-forwarded-for: `forward` hands the client codec
   -- the server codec's request, whose bytes it copies, with no table made
-  -- of it (a handler may change req's fields first: req.path = ...). Each
-  -- slot has its request options too, made once (client:request reads
-  -- them as it is called), forward set to false after the call: the slot
-  -- holds on to no request already sent.
+  -- of it (a handler may change req's fields first: req.path = ...).
+  -- forward(req, cb) is client:request({ url = base, forward = req,
+  -- headers = xff }, cb) with those options checked once, for the
+  -- connection (client:forwarder).
   local function send(req)
     local i = sent % in_flight + 1
     sent = sent + 1
-    local cb, o = callbacks[i], opts[i]
+    local cb = callbacks[i]
     if cb == nil then
       cb = function(res, err)
         slots[i] = response_for(res, err)
         if not closed then flush_ready() end
       end
-      o = { url = base, forward = false, headers = xff }
-      callbacks[i], opts[i] = cb, o
+      callbacks[i] = cb
     end
-    o.forward = req
-    request(client, o, cb)
-    o.forward = false
+    forward(req, cb)
   end
 
   function dispatch()
@@ -146,7 +142,8 @@ local function proxy_handler()
       if not ch then
         ctx, ch = c, c.channel
         write, write_and_flush = c.write, c.write_and_flush
-        xff = { ["x-forwarded-for"] = (ch:remote_address()) }
+        forward = client:forwarder { url = base,
+                                     headers = { ["x-forwarded-for"] = (ch:remote_address()) } }
       end
       if first > last and sent - head < in_flight and writable then
         return send(req)              -- nothing waits: at once

@@ -677,6 +677,66 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("client:forwarder: a proxy's requests with their options checked once, its pool found again when emptied", function()
+    local backend, bport = http_server(servers, "fwdr", function(req)
+      return { status = 200, body = req.method .. " " .. req.path .. " " .. (req.body or "") .. " " ..
+        tostring(req.headers["x-via"]) }
+    end)
+    local base = "http://127.0.0.1:" .. bport
+    local function each(base) return function(ch)
+      local netrun = require "netrun"
+      local c = netrun.http.client { keepalive = 0.05 }
+      local forward, errs = nil, {}
+      ch:pipeline():add_last("http", netrun.codec.http_server {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        if not forward then
+          forward = c:forwarder { url = base, headers = { ["x-via"] = "front" } }
+          for _, bad in ipairs {
+            function() c:forwarder { url = base .. "/path" } end,
+            function() c:forwarder { url = base, timeout = 1 } end,
+            function() c:forwarder { url = "nope" } end,
+            function() forward("GET /", print) end,
+            function() forward(req, 5) end,
+          } do
+            local _, e = pcall(bad)
+            errs[#errs + 1] = (tostring(e):gsub("^.-:%d+: ", ""))
+          end
+        end
+        if req.path == "/errors" then
+          return ctx:write_and_flush { status = 200, body = table.concat(errs, "\n") }
+        end
+        forward(req, function(res, err)
+          local st = require("netrun.http").stats()[c.id]
+          ctx:write_and_flush { status = 200, body = (res and res.body or err) .. " pools=" ..
+            tostring(st and st[base] and st[base].total) }
+        end)
+      end })
+    end end
+    local front = netrun.server { group = servers, host = "127.0.0.1", port = 0, init = each(base) }:sync()
+    local s = H.client(select(2, front:local_address()))
+    local function ask(bytes)
+      s:send(bytes)
+      local status, _, b = H.read_response(s)
+      assert.equal(200, status)
+      return b
+    end
+    assert.equal("GET /a  front pools=1", ask("GET /a HTTP/1.1\r\nHost: h\r\n\r\n"))
+    assert.equal("POST /b xyz front pools=1", ask("POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nxyz"))
+    socket.sleep(0.3)                        -- the idle connection closes, the pool empties
+    assert.equal("GET /c  front pools=1", ask("GET /c HTTP/1.1\r\nHost: h\r\n\r\n"))
+    assert.equal(2, counters:get("fwdr"))    -- a new connection, of a new pool
+    assert.equal(table.concat({
+      "netrun.http client:forwarder: the URL names only the origin (no path)",
+      "netrun.http client:forwarder: unknown option 'timeout'",
+      "netrun.http client:forwarder: bad URL: not an absolute http(s) URL",
+      "netrun.http forwarder: forward(req, callback): req must be a request of netrun.codec.http_server, got string",
+      "netrun.http forwarder: the callback must be a function, got number" }, "\n"),
+      ask("GET /errors HTTP/1.1\r\nHost: h\r\n\r\n"))
+    s:close()
+    front:close():sync()
+    backend:close():sync()
+  end)
+
   it("takes forward = false as no forward (a kept options table clears it so)", function()
     local server, port = http_server(servers, "nofwd", function(req) return { status = 200, body = req.path } end)
     local res = H.sync(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/p", forward = false })

@@ -37,6 +37,10 @@
 -- bytes); url names only the origin; headers given are added and replace
 -- forwarded fields of their names; fields the handler assigned win.
 --
+-- client:forwarder { url = origin, headers = ... } (for proxies): a
+-- function forward(req, callback), client:request with those options and
+-- forward = req, the options checked once.
+--
 -- raw = true (a client option, for proxies): responses come as a
 -- netrun.http.raw_response (res.status, res.keep_alive, res.response:
 -- itself), the response without its hop-by-hop and framing fields encoded
@@ -344,6 +348,32 @@ local function request_other(self, opts, callback)
       "one on a loop (the main thread is not one: use the future)", 3)
   end
   M.request_with(self, opts, callback)
+end
+
+-- client:forwarder { url = origin, headers = {...} } --> forward: a
+-- proxy's request path with its options checked once (the origin parsed,
+-- its pool found by key): forward(req, callback) is client:request({ url =
+-- origin, forward = req, headers = headers }, callback), req a request of
+-- netrun.codec.http_server, on a loop. (headers: the table itself, read
+-- as each request is written.)
+function Client:forwarder(opts)
+  local what = "netrun.http client:forwarder"
+  if getmetatable(self) ~= Client then error(what .. ": call it as client:forwarder { ... }", 2) end
+  if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 2) end
+  for k in pairs(opts) do
+    if k ~= "url" and k ~= "headers" then error(what .. ": unknown option '" .. tostring(k) .. "'", 2) end
+  end
+  local url, headers = opts.url, opts.headers
+  if headers ~= nil and type(headers) ~= "table" then
+    error(what .. ": headers must be a table, got " .. type(headers), 2)
+  end
+  local u = parsed(url)
+  if not u[1] then error(what .. ": bad URL: " .. tostring(u[2]), 2) end
+  if u[4] ~= "/" then error(what .. ": the URL names only the origin (no path)", 2) end
+  local function first(req, cb)         -- (no pool yet: the usual path makes it)
+    self:request({ url = url, forward = req, headers = headers }, cb)
+  end
+  return core.http.forwarder(self, pools, u[6], u[5], headers, url, first)
 end
 
 function Client:__tostring()

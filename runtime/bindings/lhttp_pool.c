@@ -918,6 +918,78 @@ slow:                                    /* http.lua's, with what was given */
   return lua_gettop(L);
 }
 
+/* ---- a forwarder: a proxy's requests with their options set once -------------- */
+
+enum { F_CLIENT = 1, F_POOLS, F_KEY, F_HOST, F_HEADERS, F_URL, F_SLOW, F_POOL_MT,
+       F_ID, F_TIMEOUT, F_N = F_TIMEOUT };
+
+/* forward(req, callback): client:request({ url, forward = req, headers },
+ * callback) with the options checked when the forwarder was made. */
+static int forward_call(lua_State *L) {
+  lua_settop(L, 2);
+  if (!lnr_http_is_request(L, 1))
+    return luaL_error(L, "netrun.http forwarder: forward(req, callback): req "
+                      "must be a request of netrun.codec.http_server, got %s",
+                      luaL_typename(L, 1));
+  if (lua_type(L, 2) != LUA_TFUNCTION)
+    return luaL_error(L, "netrun.http forwarder: the callback must be a "
+                      "function, got %s", luaL_typename(L, 2));
+  nr_loop_t *loop = nr_loop_current();
+  if (loop == NULL || loop == lnr_main_loop())
+    return luaL_error(L, "netrun.http forwarder: call it on a loop");
+  lua_pushvalue(L, lua_upvalueindex(F_ID));
+  lua_rawget(L, lua_upvalueindex(F_CLIENT));
+  hpool_t *P = NULL;
+  if (lua_rawget(L, lua_upvalueindex(F_POOLS)) == LUA_TTABLE) {
+    lua_pushvalue(L, lua_upvalueindex(F_KEY));
+    lua_rawget(L, -2);
+    P = lua_touserdata(L, -1);
+    if (P && (!lua_getmetatable(L, -1) ||
+              !lua_rawequal(L, -1, lua_upvalueindex(F_POOL_MT)) || P->S == NULL))
+      P = NULL;
+    lua_settop(L, 4);                    /* the pool at 4 */
+  }
+  if (P == NULL) {                       /* no pool yet: http.lua makes it */
+    lua_settop(L, 2);
+    lua_pushvalue(L, lua_upvalueindex(F_SLOW));
+    lua_insert(L, 1);
+    lua_call(L, 2, 0);
+    return 0;
+  }
+  lua_pushvalue(L, lua_upvalueindex(F_TIMEOUT));
+  lua_rawget(L, lua_upvalueindex(F_CLIENT));
+  double timeout = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  hreq_t *q = new_req(L, P, true, timeout);
+  const int u = lua_gettop(L);
+  static const struct { int uv, from; } set[] = {
+      {UV_TARGET, 2}, {UV_FORWARD, 1}, {UV_HEADERS, -F_HEADERS},
+      {UV_HOST, -F_HOST}, {UV_URL, -F_URL}};
+  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+    lua_pushvalue(L, set[i].from > 0 ? set[i].from
+                                     : lua_upvalueindex(-set[i].from));
+    lua_setiuservalue(L, u, set[i].uv);
+  }
+  send_req(L, P, 4, q);
+  return 0;
+}
+
+/* core.http.forwarder(client, pools, key, host, headers, url, slow) */
+static int l_forwarder(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checkstring(L, 3);
+  luaL_checkstring(L, 4);
+  luaL_checkstring(L, 6);
+  luaL_checktype(L, 7, LUA_TFUNCTION);
+  lua_settop(L, 7);
+  luaL_getmetatable(L, POOL_CLASS);
+  lua_pushliteral(L, "id");
+  lua_pushliteral(L, "timeout");
+  lua_pushcclosure(L, forward_call, F_N);
+  return 1;
+}
+
 /* core.http.lane { Client, pools, urls, slow } --> request */
 static int l_lane(lua_State *L) {
   static const char *const ups[] = {"Client", "pools", "urls", "slow"};
@@ -951,5 +1023,7 @@ void lnr_open_http_pool(lua_State *L) {
   lua_setfield(L, -2, "pool");
   lua_pushcfunction(L, l_lane);
   lua_setfield(L, -2, "lane");
+  lua_pushcfunction(L, l_forwarder);
+  lua_setfield(L, -2, "forwarder");
   lua_pop(L, 1);
 }
