@@ -737,6 +737,36 @@ describe("netrun.http client", function()
     backend:close():sync()
   end)
 
+  it("fails a request at once past max_waiting requests waiting for a connection", function()
+    local server, port = http_server(servers, "waiting", function(req, ctx)
+      local netrun = require "netrun"
+      netrun.current():schedule(0.2, function() ctx:write_and_flush { status = 200, body = req.path } end)
+    end)
+    local c = netrun.http.client { pool = 1, max_waiting = 2, timeout = 5 }
+    local r = on_loop(group:next(), function(c, port)
+      local netrun = require "netrun"
+      local base = "http://127.0.0.1:" .. port
+      local track, got, all = tracker(5)
+      for i = 1, 5 do c:request({ url = base .. "/" .. i }, track(i)) end   -- 1 sent, 2 wait
+      all:await()
+      local after = netrun.promise()          -- the line has room again
+      c:request({ url = base .. "/6" }, function(res, err) after:try_success(res and res.body or err) end)
+      got.after = after:await()
+      return got
+    end, c, port)
+    assert.equal("/1", r[1].res)
+    assert.equal("/2", r[2].res)
+    assert.equal("/3", r[3].res)
+    for i = 4, 5 do
+      assert.matches("GET http://127%.0%.0%.1:%d+/" .. i .. ": no connection free and 2 requests waiting %(max_waiting%)", r[i].res)
+      assert.is_true(r[i].at < 0.15, "failed at " .. r[i].at)   -- at once, not after a wait
+    end
+    assert.equal("/6", r.after)
+    assert.has_error(function() netrun.http.client { max_waiting = -1 } end,
+      "netrun.http.client: max_waiting must be a number >= 0, got -1")
+    server:close():sync()
+  end)
+
   it("takes forward = false as no forward (a kept options table clears it so)", function()
     local server, port = http_server(servers, "nofwd", function(req) return { status = 200, body = req.path } end)
     local res = H.sync(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/p", forward = false })

@@ -8,14 +8,17 @@
 --     --> future of { status = 200, headers = { lowercased }, body = "...",
 --                     reason, version, keep_alive }
 --   local client = netrun.http.client { pool = 64, keepalive = 60,
---                                       timeout = 5, tls = ..., max_body = ... }
+--                                       timeout = 5, tls = ..., max_body = ...,
+--                                       max_waiting = 1024 }
 --   client:request { ... } --> future
 --
 -- Connections: each client keeps, per loop (in that loop's own Lua state)
 -- and per origin (scheme, host, port), up to `pool` connections; a
 -- response that leaves its connection usable puts it back (idle ones close
 -- after `keepalive` seconds), and a request finding every connection busy
--- waits for one. netrun.http.request uses one default client. One request
+-- waits for one, up to `max_waiting` per pool (past it a request fails at
+-- once: a backend that cannot keep up does not grow the line without
+-- bound). netrun.http.request uses one default client. One request
 -- at a time per connection (no pipelining: a slow response would hold up
 -- the ones behind it). The pools are C (runtime/bindings/lhttp_pool.c):
 -- this module reads a request's options and hands it to its pool.
@@ -60,6 +63,7 @@ local core = require "netrun.core"
 
 local M = {
   pool = 64, keepalive = 60, timeout = 5, max_body = 1 << 20, max_header = 16384,
+  max_waiting = 1024,
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
 
@@ -170,6 +174,7 @@ local function pool_of(client, key, scheme, host, port, max_body)
     by_id[id] = nil
   end
   pool = core.http.pool { max = client.pool, keepalive = client.keepalive,
+                          max_waiting = client.max_waiting,
                           connect = connect, empty = empty }
   per[key], by_id[id] = pool, pool
   return pool
@@ -207,7 +212,8 @@ local function following(client, opts, url, method, follow, timeout, target)
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
-                      max_body = true, max_header = true, follow = true, raw = true }
+                      max_body = true, max_header = true, follow = true, raw = true,
+                      max_waiting = true }
 -- A request's options checked: known, of the right types (raises at the
 -- level of the call that gave them: core.http.check_request, in C, as
 -- every request is checked).
@@ -397,6 +403,7 @@ function M.client(opts)
     if not CLIENT_KEYS[k] then error(what .. ": unknown option '" .. tostring(k) .. "'", 2) end
   end
   check_number(what, "pool", opts.pool, 1)
+  check_number(what, "max_waiting", opts.max_waiting, 0)
   check_number(what, "keepalive", opts.keepalive, 0)
   check_number(what, "timeout", opts.timeout, 0)
   check_number(what, "max_body", opts.max_body, 0)
@@ -409,7 +416,7 @@ function M.client(opts)
     keepalive = opts.keepalive or M.keepalive, timeout = opts.timeout or M.timeout,
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
-    raw = opts.raw == true,
+    raw = opts.raw == true, max_waiting = math.tointeger(opts.max_waiting or M.max_waiting),
   }, Client)
 end
 

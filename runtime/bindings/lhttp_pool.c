@@ -5,7 +5,7 @@
  * redirects, the main thread's daemon loop) and hands each request to the
  * pool of its client and origin on this loop; the pool does the rest:
  *
- *   local P = core.http.pool { max = 64, keepalive = 60,
+ *   local P = core.http.pool { max = 64, keepalive = 60, max_waiting = 1024,
  *                              connect = function(P, tls, timeout) end,
  *                              empty = function(P) end }
  *   P:send(target, method, path, headers, body, forward, host, url,
@@ -18,7 +18,8 @@
  *
  * A request takes an idle connection (the one used last), or opens one
  * while the pool has fewer than max (connect: http.lua's, which calls
- * connected or connect_failed when the connect ends), or waits in line.
+ * connected or connect_failed when the connect ends), or waits in line
+ * (at most max_waiting: past it, it fails at once).
  * A keep-alive response puts its connection back: to the first request
  * waiting, or idle (closed after keepalive seconds unused). A request's
  * timeout (0: none) bounds it from send to response: one timer per pool
@@ -42,6 +43,7 @@
  * without a Lua function call; false for any other, for http.lua.
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +93,7 @@ struct hpool {
   int self_ref;               /* anchors the pool while it has anything */
   int connect_ref, empty_ref; /* http.lua's functions */
   hconn_t *idle, *all;
-  int nidle, total, connecting, max, nwait;
+  int nidle, total, connecting, max, nwait, max_wait;
   hreq_t *whead, *wtail;
   hreq_t *dhead, *dtail;
   uint64_t keepalive;         /* ns */
@@ -413,6 +415,15 @@ static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
   if (c) {
     idle_remove(P, c);
     start(L, c, q);
+    return;
+  }
+  /* waiting: beyond those the connections being opened will take (a
+   * retry was let in before) */
+  if (P->nwait - P->connecting >= P->max_wait && !q->retried) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "no connection free and %d requests waiting "
+             "(max_waiting)", P->nwait - P->connecting);
+    fail(L, q, msg);
     return;
   }
   wait_push(P, q, q->retried);       /* a retried one goes first, as its
@@ -790,14 +801,19 @@ static int l_pool(lua_State *L) {
     return luaL_error(L, "core.http.pool: on a loop only");
   lua_getfield(L, 1, "max");
   lua_getfield(L, 1, "keepalive");
-  lua_Integer max = luaL_checkinteger(L, -2);
-  double keepalive = luaL_checknumber(L, -1);
-  lua_pop(L, 2);
+  lua_getfield(L, 1, "max_waiting");
+  lua_Integer max = luaL_checkinteger(L, -3);
+  double keepalive = luaL_checknumber(L, -2);
+  lua_Integer max_wait = luaL_optinteger(L, -1, 1024);
+  lua_pop(L, 3);
   hpool_t *P = lua_newuserdatauv(L, sizeof *P, 0);
   *P = (hpool_t){.S = S, .loop = loop, .self_ref = LUA_NOREF,
                  .connect_ref = LUA_NOREF, .empty_ref = LUA_NOREF,
                  .max = max < 1 ? 1 : max > 1 << 20 ? 1 << 20 : (int)max,
-                 .keepalive = (uint64_t)(keepalive * 1e9)};
+                 .keepalive = keepalive < 1e9 ? (uint64_t)(keepalive * 1e9)
+                                              : (uint64_t)1e18,   /* (~31 years) */
+                 .max_wait = max_wait < 0 ? 0 : max_wait > INT_MAX ? INT_MAX
+                                                                   : (int)max_wait};
   luaL_setmetatable(L, POOL_CLASS);
   P->connect_ref = ref_function(L, "connect");
   P->empty_ref = ref_function(L, "empty");
