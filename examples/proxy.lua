@@ -16,8 +16,9 @@
 --    so what the proxy holds for one client is bounded by
 --    in-flight x max-body whatever the backend sends;
 --  - a slow backend: requests wait for a pooled connection (at most --pool
---    per loop) and fail with 504 past --timeout; the clients' connections
---    meanwhile hold at most --in-flight requests each.
+--    per loop) and fail with 504 past --timeout, or with 502 at once when
+--    1024 already wait (the client's max_waiting); the clients'
+--    connections meanwhile hold at most --in-flight requests each.
 local netrun = require "netrun"
 
 local option = netrun.option
