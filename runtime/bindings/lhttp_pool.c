@@ -14,7 +14,9 @@
  *                                           -- after the client codec
  *   P:connected(ch)  P:connect_failed(message)     -- connect's outcome
  *   P:stats() --> { idle, total, waiting }
- *   core.http.lane { Client, pools, urls } --> request(client, opts, cb)
+ *   core.http.lane { Client, pools, urls, slow } --> Client.request
+ *   core.http.forwarder(client, pools, key, host, headers, url, slow)
+ *     --> forward(req, cb)                  -- client:forwarder's
  *
  * A request takes an idle connection (the one used last), or opens one
  * while the pool has fewer than max (connect: http.lua's, which calls
@@ -32,15 +34,18 @@
  * A request is a userdata whose uservalues are its Lua values (in
  * lnr_http_write_call's order: 1 target, 2 method, 3 path, 4 headers,
  * 5 body, 6 forward, 7 host; then 8 url, 9 tls), anchored by a registry
- * reference until it is settled; a connection is a handler state
- * (malloc'd, freed when the handler leaves); a pool is a userdata,
- * anchored while it has a connection or a request. Loop thread only: a
- * pool lives in its loop's state.
+ * reference until it is settled (then kept, cleared, for the pool's
+ * next: at most 32); a connection is a handler state (malloc'd, freed
+ * when the handler leaves); a pool is a userdata, anchored while it has a
+ * connection or a request. Loop thread only: a pool lives in its loop's
+ * state.
  *
- * request (core.http.lane) is client:request(opts, callback) for the
- * usual request (a URL parsed before, no redirects, TLS config, limit or
- * timeout of its own, its pool made): the options checked and sent
- * without a Lua function call; false for any other, for http.lua.
+ * Client.request (core.http.lane) checks the options and, for the usual
+ * request (a callback, a URL parsed before, no redirects, TLS config,
+ * limit or timeout of its own, its pool made), sends it without a Lua
+ * function call; any other goes to http.lua's `slow`, checked. A
+ * forwarder does the same for a proxy's forward(req, cb) with options
+ * checked when it was made.
  */
 #include <errno.h>
 #include <limits.h>
