@@ -762,6 +762,17 @@ describe("netrun.http client", function()
       assert.is_true(r[i].at < 0.15, "failed at " .. r[i].at)   -- at once, not after a wait
     end
     assert.equal("/6", r.after)
+    -- max_waiting = 0: no line at all, but a connection may still be opened
+    local c0 = netrun.http.client { pool = 1, max_waiting = 0 }
+    local r0 = on_loop(group:next(), function(c, port)
+      local base = "http://127.0.0.1:" .. port
+      local track, got, all = tracker(2)
+      for i = 1, 2 do c:request({ url = base .. "/" .. i }, track(i)) end
+      all:await()
+      return { got[1].res, got[2].res }
+    end, c0, port)
+    assert.equal("/1", r0[1])
+    assert.matches("no connection free and 0 requests waiting", r0[2])
     assert.has_error(function() netrun.http.client { max_waiting = -1 } end,
       "netrun.http.client: max_waiting must be a number >= 0, got -1")
     server:close():sync()

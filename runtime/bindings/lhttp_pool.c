@@ -422,9 +422,10 @@ static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
     start(L, c, q);
     return;
   }
-  /* waiting: beyond those the connections being opened will take (a
-   * retry was let in before) */
-  if (P->nwait - P->connecting >= P->max_wait && !q->retried) {
+  /* waiting: beyond those the connections being opened will take, when
+   * no other may be opened (a retry was let in before) */
+  if (P->total >= P->max && P->nwait - P->connecting >= P->max_wait &&
+      !q->retried) {
     char msg[96];
     snprintf(msg, sizeof msg, "no connection free and %d requests waiting "
              "(max_waiting)", P->nwait - P->connecting);
