@@ -247,6 +247,39 @@ describe("futures", function()
     assert.equal(t, p:result())
   end)
 
+  it("packs a local future's value only when the future goes to another loop, completed or not", function()
+    local l1, l2 = group:loops()[1], group:loops()[2]
+    local r = H.sync(l1:submit(function(other)
+      return netrun.spawn(function()
+        local out = {}
+        -- completed here first, then handed to l2: l2 reads a copy of it
+        local p, t = netrun.promise(), { n = 1, inner = { s = "x" } }
+        p:set_success(t)
+        out.here = p:await() == t
+        out.there = other:submit(function(f)
+          local v = f:result()
+          v.n = 5                              -- l2's copy
+          return v.inner.s .. v.n
+        end, p):await()
+        out.n = t.n                            -- ours untouched
+        out.still = p:result() == t            -- and still ours, not a copy
+        -- a value that cannot cross: read here, refused when handed over
+        local q, co = netrun.promise(), coroutine.create(function() end)
+        q:set_success({ co = co })
+        out.local_ok = q:result().co == co
+        out.cross = select(2, pcall(function() return other:submit(function(f) return f end, q) end))
+        return out
+      end)
+    end, l2))
+    r = H.sync(r)
+    assert.is_true(r.here)
+    assert.equal("x5", r.there)
+    assert.equal(1, r.n)
+    assert.is_true(r.still)
+    assert.is_true(r.local_ok)
+    assert.matches("thread", tostring(r.cross))
+  end)
+
   it("await of a future that completes while the coroutine parks resumes it once", function()
     -- The other loop completes each future at any moment, sometimes
     -- between await's check and its listener: 20000 tries.

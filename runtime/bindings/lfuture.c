@@ -88,7 +88,7 @@ static int complete(lua_State *L, bool success, bool try) {
   }
   if (success) {
     lua_settop(L, 2);
-    lnr_blob_t *b = lnr_future_is_local(L, 1) ? lnr_pack_result(L, 2)
+    lnr_blob_t *b = lnr_future_is_local(L, 1) ? lnr_keep_result(L, 2)
                                               : lnr_pack(L, 2, 1, "result");
     rc = nr_promise_set_success(p, b, lnr_blob_free_fn);
   } else {

@@ -250,8 +250,13 @@ bool lnr_future_is_local(lua_State *L, int idx) {
 
 void lnr_future_escapes(lua_State *L, int idx) {
   proxy_t *p = test_proxy(L, idx, LNR_FUTURE);
-  if (p != NULL)
-    p->mark = 0;
+  if (p == NULL || p->mark != LOCAL)
+    return;
+  p->mark = 0;
+  nr_promise_t *f = p->ptr;          /* a value kept only here: packed now, */
+  if (nr_promise_is_done(f) && nr_promise_is_success(f) &&   /* before any */
+      nr_promise_value_free_fn(f) == lnr_blob_free_fn)      /* other state */
+    lnr_pack_kept(L, nr_promise_value(f));                  /* can read it */
 }
 
 int lnr_handle_kind(lua_State *L, int idx) {

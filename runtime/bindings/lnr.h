@@ -237,6 +237,15 @@ lnr_blob_t *lnr_keep(lua_State *L, int from, int n);
  * is likely to read: a LOCAL one's, an own-loop submit's. Raises like
  * lnr_pack. */
 lnr_blob_t *lnr_pack_result(lua_State *L, int idx);
+/* A LOCAL future's value (lfuture.c): kept in this state only, not
+ * packed -- nobody elsewhere can read it until the future escapes, and
+ * then lnr_pack_kept packs it (lnr_future_escapes, on this state's
+ * thread, as the future's handle is packed). A value that is its own copy
+ * (a string, a number) is packed at once, as lnr_pack_result. */
+lnr_blob_t *lnr_keep_result(lua_State *L, int idx);
+/* Pack a blob of lnr_keep_result's (kept, not packed yet) in its home
+ * state; nothing for any other blob. Raises like lnr_pack. */
+void lnr_pack_kept(lua_State *L, lnr_blob_t *b);
 /* Push the blob's values; returns how many. Raises on failure. */
 int lnr_unpack(lua_State *L, const lnr_blob_t *b);
 void lnr_blob_free(lnr_blob_t *b);

@@ -1199,6 +1199,54 @@ lnr_blob_t *lnr_keep(lua_State *L, int from, int n) {
   return b;
 }
 
+lnr_blob_t *lnr_keep_result(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  int t = lua_type(L, idx);
+  lnr_state_t *S = lnr_state(L);
+  if (S == NULL || S->loop == NULL || (t != LUA_TTABLE &&
+      t != LUA_TFUNCTION && t != LUA_TUSERDATA))
+    return lnr_pack_result(L, idx);   /* (a copy is the value itself) */
+  lnr_blob_t *b = lnr_keep(L, idx, 1);
+  b->home_loop = S->loop;             /* (unref_kept: on its loop) */
+  lnr_handle_retain(LNR_LOOP, S->loop);
+  return b;
+}
+
+void lnr_pack_kept(lua_State *L, lnr_blob_t *b) {
+  if (!b->kept || b->packed_too || lnr_state(L) != b->home)
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->kept);
+  lua_rawgeti(L, -1, 1);
+  lnr_blob_t *c = lnr_pack(L, -1, 1, "result");   /* raises */
+  lua_pop(L, 2);
+  /* c's bytes and handles become b's (b keeps its kept ref) */
+  if (c->buf == c->small) {
+    if (c->len <= sizeof b->small) {
+      memcpy(b->small, c->small, c->len);
+      b->buf = b->small;
+      b->cap = sizeof b->small;
+    } else {
+      b->buf = malloc(c->len);
+      if (b->buf == NULL) {
+        b->buf = b->small;
+        lnr_blob_free(c);
+        luaL_error(L, "out of memory transferring a value");
+      }
+      memcpy(b->buf, c->small, c->len);
+      b->cap = c->len;
+    }
+  } else {
+    b->buf = c->buf;
+    b->cap = c->cap;
+  }
+  b->len = c->len;
+  b->handles = c->handles;
+  b->nhandles = c->nhandles;
+  b->hcap = c->hcap;
+  b->packed_too = true;
+  free(c);                              /* (its parts are b's now) */
+}
+
 lnr_blob_t *lnr_pack_result(lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
   lnr_blob_t *b = lnr_pack(L, idx, 1, "result");
