@@ -773,6 +773,23 @@ describe("netrun.http client", function()
     end, c0, port)
     assert.equal("/1", r0[1])
     assert.matches("no connection free and 0 requests waiting", r0[2])
+    -- requests waiting behind a busy connection that cannot be sent fail
+    -- one after another as it frees, and the next good one takes it
+    local c1 = netrun.http.client { pool = 1 }
+    local r1 = on_loop(group:next(), function(c, port)
+      local base = "http://127.0.0.1:" .. port
+      local track, got, all = tracker(5)
+      c:request({ url = base .. "/first" }, track(1))
+      for i = 2, 4 do c:request({ url = base .. "/bad", headers = { ["bad name"] = "x" } }, track(i)) end
+      c:request({ url = base .. "/good" }, track(5))
+      all:await()
+      local st = require("netrun.http").stats()[c.id][base]
+      return { got[1].res, got[2].res, got[3].res, got[4].res, got[5].res, st.total }
+    end, c1, port)
+    assert.equal("/first", r1[1])
+    for i = 2, 4 do assert.matches("http_client request: header name 'bad name' is not a token", r1[i]) end
+    assert.equal("/good", r1[5])
+    assert.equal(1, r1[6])
     assert.has_error(function() netrun.http.client { max_waiting = -1 } end,
       "netrun.http.client: max_waiting must be a number >= 0, got -1")
     server:close():sync()

@@ -69,7 +69,7 @@ local M = {
 
 local pools = {}              -- client id -> origin -> pool (this state's)
 local by_id = {}              -- pool number -> pool (for connections' init)
-local codecs = {}             -- "max_header max_body" -> codec config
+local codecs, ncodecs = {}, 0 -- "max_header max_body" -> codec config
 local now = core.now
 
 -- The loop running this state (nil: the main thread): a state lives on
@@ -132,7 +132,9 @@ function M.attach(ch, max_header, max_body, raw, id)
   local codec = codecs[key]
   if codec == nil then
     codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
-    codecs[key] = codec
+    ncodecs = ncodecs + 1
+    if ncodecs > 64 then codecs, ncodecs = {}, 1 end   -- (a limit per request
+    codecs[key] = codec                                 -- makes one each)
   end
   local p = ch:pipeline()
   p:add_last("http", codec)

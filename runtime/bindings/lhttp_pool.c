@@ -335,8 +335,11 @@ static void fail(lua_State *L, hreq_t *q, const char *err) {
     settle(L, q, err);
 }
 
-/* Send q on c (idle or new, not dead). */
-static void start(lua_State *L, hconn_t *c, hreq_t *q) {
+/* Send q on c (idle or new, not dead): true when written (or failed
+ * writing: exception_caught closes c, and its inactive fails q); false
+ * when a field of q cannot be sent -- q failed, nothing written, c still
+ * free unless q's callback took or closed it meanwhile. */
+static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
   c->req = q;
   q->conn = c;
   c->reused = c->used;
@@ -346,38 +349,31 @@ static void start(lua_State *L, hconn_t *c, hreq_t *q) {
   nr_ctx_t *ctx = c->ctx;
   int rc = lnr_http_write_call(L, lua_gettop(L), ctx, err, sizeof err);
   lua_pop(L, 1);
-  if (rc == 1) {                   /* nothing sent: the connection stays good */
+  if (rc == 1) {
     c->req = NULL;
     q->conn = NULL;
-    hpool_t *P = c->pool;
     char msg[sizeof err + 32];
     snprintf(msg, sizeof msg, "http_client request: %s", err);
     fail(L, q, msg);
-    if (c->pool && !c->dead && !c->idle && c->req == NULL) {
-      if (P->whead) {
-        hreq_t *w = P->whead;
-        wait_remove(P, w);
-        start(L, c, w);
-      } else {
-        idle_push(P, c);
-        arm_sweeper(P, P->keepalive);
-      }
-    }
-    return;
+    return false;
   }
-  nr_ctx_flush(ctx);               /* (a failed write reached exception_caught,
-                                      which closes: inactive fails q) */
+  nr_ctx_flush(ctx);
+  return true;
 }
 
-/* A connection is free (its response came, or it is new): to the first
- * request waiting, or idle. */
+static bool free_conn(const hconn_t *c) {
+  return c->pool && !c->dead && !c->idle && c->req == NULL;
+}
+
+/* A connection is free (its response came, it is new, or a request could
+ * not be sent on it): to the first request waiting, or idle. */
 static void release(lua_State *L, hconn_t *c) {
   hpool_t *P = c->pool;
-  if (P->whead) {
+  while (P->whead) {
     hreq_t *q = P->whead;
     wait_remove(P, q);
-    start(L, c, q);
-    return;
+    if (start(L, c, q) || !free_conn(c))
+      return;
   }
   idle_push(P, c);
   arm_sweeper(P, P->keepalive);
@@ -419,7 +415,8 @@ static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
   hconn_t *c = P->idle;
   if (c) {
     idle_remove(P, c);
-    start(L, c, q);
+    if (!start(L, c, q) && free_conn(c))
+      release(L, c);
     return;
   }
   /* waiting: beyond those the connections being opened will take, when
