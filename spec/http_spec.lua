@@ -1008,6 +1008,127 @@ describe("HTTP examples", function()
       ch:close()
     end)
 
+    it("re-reads a response table written again and again: every change shows in the next write", function()
+      -- The same strings written in a row are sent as a prepared response
+      -- (lhttp_memo.c); each change below must reach the wire at once.
+      local ch = netrun.embedded(netrun.codec.http_server {})
+      local function send(resp)
+        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert.equal(1, #ch:read_all_inbound())
+        ch:write_outbound(resp)
+        return (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
+      end
+      local function refused(resp, why)
+        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert.equal(1, #ch:read_all_inbound())
+        local ok, err = pcall(ch.write_outbound, ch, resp)
+        assert.is_false(ok)
+        assert.matches(why, tostring(err))
+        assert.same({}, ch:read_all_outbound())
+        ch:write_outbound { status = 204 }      -- answers it
+        ch:read_all_outbound()
+      end
+      local t = { status = 200, body = "hello", headers = { ["content-type"] = "text/plain" } }
+      local function expect(status_line, headers, body, resp)
+        resp = resp or t
+        for _ = 1, 3 do     -- the memo is made on the second write, used on the third
+          local out = send(resp)
+          assert.equal(status_line .. "\r\nServer: netrun\r\nContent-Length: " .. #body .. "\r\n" ..
+                       headers .. "\r\n" .. body, out)
+        end
+      end
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "hello")
+      t.body = "other"
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      t.status = 404
+      expect("HTTP/1.1 404 Not Found", "content-type: text/plain\r\n", "other")
+      t.reason = "Gone"
+      expect("HTTP/1.1 404 Gone", "content-type: text/plain\r\n", "other")
+      t.reason, t.status = nil, nil   -- the default, 200
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      t.headers["content-type"] = "text/html"
+      expect("HTTP/1.1 200 OK", "content-type: text/html\r\n", "other")
+      t.headers["content-type"] = ("text/" .. "html"):rep(20)   -- a long string, made anew
+      expect("HTTP/1.1 200 OK", "content-type: " .. ("text/html"):rep(20) .. "\r\n", "other")
+      t.headers["content-type"] = "text/plain"
+      t.headers["x-added"] = "1"
+      local out = send(t)
+      assert.truthy(out:find("\r\nx-added: 1\r\n", 1, true), out)
+      assert.truthy(out:find("\r\ncontent-type: text/plain\r\n", 1, true), out)
+      t.headers["x-added"] = nil
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      t.headers["content-type"] = nil
+      expect("HTTP/1.1 200 OK", "", "other")
+      t.headers = nil
+      expect("HTTP/1.1 200 OK", "", "other")
+      t.headers = { ["content-type"] = "text/plain" }   -- another table, the same strings
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      t.headers = { ["x-n"] = 42 }
+      expect("HTTP/1.1 200 OK", "x-n: 42\r\n", "other")
+      t.headers = { ["content-type"] = "text/plain" }
+      t.body = 12345
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "12345")
+      t.body = nil
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "")
+      t.body = "other"
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      -- what was checked once is checked again once it changes
+      t.status = 200.0
+      refused(t, "status must be an integer, got a number")
+      t.status = 42
+      refused(t, "bad status 42")
+      t.status = 200
+      t.body = true
+      refused(t, "body must be a string, got a boolean")
+      t.body = "other"
+      t.headers["content-type"] = "text/plain\r\nInjected: 1"
+      refused(t, "control character")
+      t.headers["content-type"] = "text/plain"
+      t.headers["bad name"] = "v"
+      refused(t, "is not a token")
+      t.headers["bad name"] = nil
+      t.headers[1] = "v"
+      refused(t, "header names must be strings, got a number")
+      t.headers[1] = nil
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      -- a stream after the same table plain
+      t.stream = true
+      local streamed = send(t)
+      assert.equal("HTTP/1.1 200 OK\r\nServer: netrun\r\nTransfer-Encoding: chunked\r\n" ..
+                   "content-type: text/plain\r\n\r\n5\r\nother\r\n", streamed)
+      ch:write_outbound(false)
+      assert.equal("0\r\n\r\n", table.concat(ch:read_all_outbound()))
+      t.stream = nil
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
+      ch:close()
+    end)
+
+    it("gives a table's bytes and its prepared form's alike, byte for byte, for every kind of request", function()
+      local function answer(req, resp)
+        local ch = netrun.embedded(netrun.codec.http_server {})
+        local outs = {}
+        for i = 1, 3 do     -- the third write of a table is its memo's
+          ch:write_inbound(req)
+          assert.equal(1, #ch:read_all_inbound())
+          ch:write_outbound(resp)
+          outs[i] = (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
+          if req:find("close") or req:find("1.0\r\n\r\n") then break end
+        end
+        ch:close()
+        return table.concat(outs, "|")
+      end
+      for _, req in ipairs { "GET / HTTP/1.1\r\nHost: h\r\n\r\n", "HEAD / HTTP/1.1\r\nHost: h\r\n\r\n",
+                             "GET / HTTP/1.0\r\n\r\n",
+                             "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                             "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n" } do
+        -- a body no write has sent yet: the table's first write is encoded
+        -- from it, its third sent as its memo
+        local t = { status = 200, body = ("same %d"):format(math.random(1 << 40)),
+                    headers = { ["content-type"] = "text/plain" } }
+        assert.equal(answer(req, netrun.codec.http_response(t)), answer(req, t), req)
+      end
+    end)
+
     it("its metamethods and a prepared response's refuse other values", function()
       local req, ch = parse(raw)
       local mt = getmetatable(req)

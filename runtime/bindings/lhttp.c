@@ -96,22 +96,31 @@ typedef nr_http_server_opts_t conf_t;
  * reference in a state slot: pushing one is an array read, where
  * lua_getfield with a C string pays a string-cache lookup with strcmp on
  * every call, and a table of them one more read to push it. */
-enum { K_STATUS = 1, K_REASON, K_BODY, K_STREAM, K_HEADERS, NKEYS };
+enum { K_STATUS = LNR_RF_STATUS, K_REASON, K_BODY, K_STREAM, K_HEADERS,
+       NKEYS };                  /* in the order of LNR_RF_* (lhttp.h) */
 static const char *const key_names[NKEYS] = {
     NULL, "status", "reason", "body", "stream", "headers"};
 
-/* Push field name k (S: L's state, or NULL). */
-static void push_key(lua_State *L, const lnr_state_t *S, int k) {
-  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
-  if (S != NULL && S->slots[slot] != 0) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
-    return;
-  }
+/* Push field name k the first time (S: L's state, or NULL): made, and
+ * kept in its slot. */
+static __attribute__((noinline)) void make_key(lua_State *L,
+                                               const lnr_state_t *S, int k) {
   lua_pushstring(L, key_names[k]);
   if (S != NULL) {
     lua_pushvalue(L, -1);
-    lnr_set_slot(L, slot);
+    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS + k - K_STATUS);
   }
+}
+
+/* Push field name k (S: L's state, or NULL). Inline: every response table
+ * pushes five. */
+static inline __attribute__((always_inline)) void
+push_key(lua_State *L, const lnr_state_t *S, int k) {
+  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
+  if (S != NULL && S->slots[slot] != 0)
+    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+  else
+    make_key(L, S, k);
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
@@ -673,46 +682,48 @@ static int bad(const char *fmt, ...) {
   return -EINVAL;
 }
 
-static int raw_field(lua_State *L, int idx, const lnr_state_t *S, int k) {
-  push_key(L, S, k);
-  return lua_rawget(L, idx);
+/* Push the fields of the response table at idx, raw (a metamethod of the
+ * user's runs no code here), in key order: t[k] gets each one's type.
+ * Keyed reads, cheaper than a lua_next walk (measured). */
+static void read_fields(lua_State *L, int idx, const lnr_state_t *S,
+                        int t[LNR_RF_N]) {
+  for (int k = K_STATUS; k < NKEYS; k++) {
+    push_key(L, S, k);
+    t[k] = lua_rawget(L, idx);
+  }
 }
 
-/* Fill r from the response table at idx (values left on the stack). Raw
- * reads with interned keys: cheaper than a lua_next walk (measured). */
-static int to_response(lua_State *L, int idx, nr_http_response_t *r,
-                       lnr_hdrs_t *h) {
-  int t = raw_field(L, idx, h->S, K_STATUS);
-  if (t == LUA_TNUMBER && lua_isinteger(L, -1))
-    r->status = (int)lua_tointeger(L, -1);
-  else if (t != LUA_TNIL)
+/* Fill r from the fields read_fields left at base (types t; values left
+ * on the stack). */
+static int to_response(lua_State *L, int base, const int *t,
+                       nr_http_response_t *r, lnr_hdrs_t *h) {
+  if (lua_isinteger(L, base + K_STATUS))
+    r->status = (int)lua_tointeger(L, base + K_STATUS);
+  else if (t[K_STATUS] != LUA_TNIL)
     return bad("http response: status must be an integer, got a %s",
-               luaL_typename(L, -1));
-  t = raw_field(L, idx, h->S, K_REASON);
-  if (t == LUA_TSTRING)
-    r->reason = lua_tostring(L, -1);
-  t = raw_field(L, idx, h->S, K_BODY);
-  if (t == LUA_TSTRING || t == LUA_TNUMBER)
-    r->body = lua_tolstring(L, -1, &r->body_len);  /* converts the copy,
-                                                      which stays on the stack */
-  else if (t != LUA_TNIL)
+               lua_typename(L, t[K_STATUS]));
+  if (t[K_REASON] == LUA_TSTRING)
+    r->reason = lua_tostring(L, base + K_REASON);
+  if (t[K_BODY] == LUA_TSTRING || t[K_BODY] == LUA_TNUMBER)
+    r->body = lua_tolstring(L, base + K_BODY, &r->body_len);  /* converts
+                                        the copy, which stays on the stack */
+  else if (t[K_BODY] != LUA_TNIL)
     return bad("http response: body must be a string, got a %s",
-               luaL_typename(L, -1));
-  raw_field(L, idx, h->S, K_STREAM);
-  r->stream = lua_toboolean(L, -1);
-  t = raw_field(L, idx, h->S, K_HEADERS);
-  if (t == LUA_TTABLE) {
+               lua_typename(L, t[K_BODY]));
+  if (t[K_STREAM] != LUA_TNIL)
+    r->stream = lua_toboolean(L, base + K_STREAM);
+  if (t[K_HEADERS] == LUA_TTABLE) {
     char err[sizeof bad_msg - 16];
-    int rc = lnr_collect_headers(L, lua_gettop(L), h, err, sizeof err);
+    int rc = lnr_collect_headers(L, base + K_HEADERS, h, err, sizeof err);
     if (rc == -ENOMEM)
       return nr_raise(rc, "http response: %s", err);
     if (rc)
       return bad("http response: %s", err);
     r->headers = h->v;
     r->nheaders = h->n;
-  } else if (t != LUA_TNIL) {
+  } else if (t[K_HEADERS] != LUA_TNIL) {
     return bad("http response: headers must be a table, got a %s",
-               luaL_typename(L, -1));
+               lua_typename(L, t[K_HEADERS]));
   }
   return 0;
 }
@@ -760,7 +771,9 @@ static int l_http_response(lua_State *L) {
                           .body = ""};
   lnr_hdrs_t h;
   lnr_hdrs_init(&h, L);
-  int rc = to_response(L, 1, &r, &h);
+  int t[LNR_RF_N], base = lua_gettop(L);
+  read_fields(L, 1, h.S, t);
+  int rc = to_response(L, base, t, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
   if (rc == 0 && (r.status < 100 || r.status > 999))
@@ -796,20 +809,30 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     return nr_http_server_write(ctx, msg, p);
   const lnr_lmsg_t *m = msg;
   lua_State *L = m->L;
-  int t = lua_type(L, m->idx);
-  if (t == LUA_TBOOLEAN && !lua_toboolean(L, m->idx)) {
+  int type = lua_type(L, m->idx);
+  if (type == LUA_TBOOLEAN && !lua_toboolean(L, m->idx)) {
     nr_bytes_t end = NR_BYTES("", 0);
     return nr_http_server_write(ctx, &end, p);
   }
-  if (t != LUA_TTABLE)
+  if (type != LUA_TTABLE)
     return nr_http_server_write(ctx, msg, p);
   int top = lua_gettop(L);
-  if (!lua_checkstack(L, 20))      /* to_response's 5, collect_headers' 5 */
+  if (!lua_checkstack(L, 20))      /* the fields' 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
+  lnr_state_t *S = lnr_state(L);
+  int t[LNR_RF_N];
+  read_fields(L, m->idx, S, t);
+  const nr_http_prepared_t *pr;
+  if (S != NULL && S->http_memo != NULL &&
+      (pr = lnr_http_memo_hit(L, S->http_memo, top, t)) != NULL) {
+    int rc = nr_http_server_write(ctx, (void *)pr, p);
+    lua_settop(L, top);
+    return rc;
+  }
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   lnr_hdrs_t h;
   lnr_hdrs_init(&h, L);
-  int rc = to_response(L, m->idx, &r, &h);
+  int rc = to_response(L, top, t, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];
     memcpy(msg, bad_msg, sizeof msg);
@@ -818,6 +841,8 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
       nr_ctx_fire_exception(ctx, &err);
     rc = nr_raise(rc, "%s", msg);
   } else if (rc == 0) {
+    if (S != NULL)
+      lnr_http_memo_offer(L, S, top, t, &r);
     rc = nr_http_server_write(ctx, &r, p);
   }
   lnr_hdrs_free(&h);

@@ -1,11 +1,13 @@
 /*
  * lhttp.h -- what the HTTP server and client bindings (lhttp.c,
  * lhttp_client.c) share: a Lua headers table read into the codecs' header
- * array (lhttp_fields.c). Loop thread only, on the state that owns the
- * table.
+ * array (lhttp_fields.c); and the server's response memo (lhttp_memo.c).
+ * Loop thread only, on the state that owns the table.
  */
 #ifndef LNR_HTTP_H
 #define LNR_HTTP_H
+
+#include <stdlib.h>
 
 #include "codec/http.h"
 #include "lnr.h"
@@ -44,5 +46,25 @@ int lnr_collect_headers(lua_State *L, int idx, lnr_hdrs_t *h, char *err,
  * must outlive h). */
 int lnr_hdrs_add(lnr_hdrs_t *h, const char *name, size_t nl, const char *val,
                  size_t vl, char *err, size_t el);
+
+/* The fields of a response table, read in this order onto the stack: the
+ * value of field k at base + k (base: the top before the reads). */
+enum { LNR_RF_STATUS = 1, LNR_RF_REASON, LNR_RF_BODY, LNR_RF_STREAM,
+       LNR_RF_HEADERS, LNR_RF_N };
+
+/* The response memo: the response table written last and again, as a
+ * prepared response (see lhttp_memo.c). */
+typedef struct lnr_http_memo_s lnr_http_memo_t;
+
+/* The prepared form of the response whose fields are at base (types t),
+ * when it is the memo's, or NULL. Pushes nothing (the stack is as found). */
+const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
+                                            const lnr_http_memo_t *m,
+                                            int base, const int *t);
+/* The response r, converted from the fields at base (types t) and checked,
+ * is about to be written: remembered when it is the one written before
+ * it too. Pushes nothing. */
+void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
+                         const int *t, const nr_http_response_t *r);
 
 #endif /* LNR_HTTP_H */

@@ -76,6 +76,7 @@ typedef struct lnr_pool_s {
 enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
        LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
        LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT, LNR_SLOT_HTTP_RAW_MT,
+       LNR_SLOT_HTTP_MEMO,
        LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_KEYED_PIPE_MT,
        LNR_KEYED_CTX_MT, LNR_KEYED_CTX_HANDLE_MT, LNR_KEYED_RECS,
        LNR_NSLOTS };
@@ -126,6 +127,9 @@ typedef struct lnr_state_s {
   /* Response header strings that passed their check, by address; each is
    * anchored in LNR_SLOT_HTTP_CHECKED while it is here (lhttp.c). */
   const char *http_checked[LNR_HTTP_CHECKED];
+  /* The response memo (lhttp_memo.c), kept in LNR_SLOT_HTTP_MEMO; NULL
+   * until made. */
+  struct lnr_http_memo_s *http_memo;
   lua_State *batch_thread;    /* the batch's thread, once made: the other
                                  thread the state's converters run on */
   /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of

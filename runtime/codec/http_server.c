@@ -643,7 +643,9 @@ static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
 }
 
 /* The rest of the head after the status prefix, into room reserved for
- * it: framing, Connection, the user's headers, the blank line. */
+ * it: framing, the user's headers, Connection, the blank line (the order
+ * of a prepared response's bytes, so that a table and its prepared form
+ * -- lhttp_memo.c sends one as the other -- give the same bytes). */
 static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
                       unsigned user, bool bodyless, bool close) {
   if (r->stream) {
@@ -654,8 +656,8 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
     w = put_uint(w, r->body_len, 10);
     w = PUT_LIT(w, "\r\n");
   }
-  w = put_connection(w, f, user, close);
   w = nr__http_put_headers(w, r);
+  w = put_connection(w, f, user, close);
   return PUT_LIT(w, "\r\n");
 }
 

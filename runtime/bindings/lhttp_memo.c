@@ -1,0 +1,184 @@
+/*
+ * lhttp_memo.c -- the response memo: a response table written again and
+ * again (the same status, body and header strings) is sent as a prepared
+ * response, with no conversion, check or encoding per write. Loop thread
+ * only, one memo per state (lnr_state_t.http_memo).
+ *
+ * Every write still reads the table's five fields and walks its headers
+ * table: a table may change between writes, and nothing but reading it
+ * tells. What the memo saves is the rest: no string is converted or
+ * checked, and the bytes are copied as they were encoded once.
+ *
+ * A response matches the memo when its fields are the very strings the
+ * memo was made from, compared by address (lua_topointer), and its
+ * headers walk in the same order. The memo anchors those strings (in a
+ * table, its user value) for as long as it holds them: while anchored no
+ * other string can have their addresses, so an equal address is that
+ * string, immutable, checked when the memo was made. A number, an array
+ * of values, a reason or a stream never match (the memo holds none).
+ *
+ * The memo is made from a response that passed the write's checks, on
+ * the second write in a row of the same strings (a cheap hint, by address
+ * alone, remembers the first), so responses that differ every time do not
+ * remake it every time. Its bytes are those write_response would encode
+ * (http_server.c puts a Connection line in the same place in both).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "codec/http_encode.h"
+#include "lhttp.h"
+
+/* What a memo holds at most: header fields, and the bytes of its prepared
+ * response (head and body). */
+#define MEMO_FIELDS 8
+#define MEMO_BYTES 2048
+
+struct lnr_http_memo_s {
+  uint64_t hint;              /* the last response converted, by address */
+  bool valid;
+  int status;
+  const void *body;           /* the body string; NULL: no body */
+  unsigned n;                 /* header fields */
+  const void *id[2 * MEMO_FIELDS];  /* name, value strings */
+  _Alignas(max_align_t) char room[sizeof(nr_http_prepared_t) + MEMO_BYTES];
+};
+
+static const nr_http_prepared_t *prepared(const lnr_http_memo_t *m) {
+  return (const nr_http_prepared_t *)m->room;
+}
+
+const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
+                                            const lnr_http_memo_t *m,
+                                            int base, const int *t) {
+  if (!m->valid || t[LNR_RF_REASON] != LUA_TNIL ||
+      t[LNR_RF_STREAM] != LUA_TNIL)
+    return NULL;
+  if (t[LNR_RF_STATUS] == LUA_TNIL ? m->status != 200
+      : !lua_isinteger(L, base + LNR_RF_STATUS) ||
+        lua_tointeger(L, base + LNR_RF_STATUS) != m->status)
+    return NULL;
+  if (t[LNR_RF_BODY] == LUA_TNIL ? m->body != NULL
+      : t[LNR_RF_BODY] != LUA_TSTRING ||
+        lua_topointer(L, base + LNR_RF_BODY) != m->body)
+    return NULL;
+  if (t[LNR_RF_HEADERS] != LUA_TTABLE)
+    return t[LNR_RF_HEADERS] == LUA_TNIL && m->n == 0 ? prepared(m) : NULL;
+  int hidx = base + LNR_RF_HEADERS;
+  unsigned i = 0;
+  lua_pushnil(L);
+  while (lua_next(L, hidx)) {                  /* name, value */
+    if (i == m->n || lua_topointer(L, -2) != m->id[2 * i] ||
+        lua_topointer(L, -1) != m->id[2 * i + 1]) {
+      lua_settop(L, hidx);
+      return NULL;
+    }
+    lua_pop(L, 1);
+    i++;
+  }
+  return i == m->n ? prepared(m) : NULL;
+}
+
+/* The response by the addresses of its strings: a hint only (an address
+ * may be another string's by the next write). */
+static uint64_t hint_of(const nr_http_response_t *r) {
+  uint64_t h = (uint64_t)r->status * 0x9e3779b97f4a7c15u ^
+               (uintptr_t)r->body ^ (uint64_t)r->body_len << 40;
+  for (size_t i = 0; i < r->nheaders; i++)
+    h = (h ^ (uintptr_t)r->headers[i].name) * 0x100000001b3u ^
+        (uintptr_t)r->headers[i].value;
+  return h ^ r->nheaders;
+}
+
+/* Made once per state, protected (an allocation may fail): the memo, its
+ * anchor table, its slot. */
+static int make_memo(lua_State *L) {
+  lnr_http_memo_t *m = lua_newuserdatauv(L, sizeof *m, 1);
+  memset(m, 0, sizeof *m);
+  lua_createtable(L, 1 + 2 * MEMO_FIELDS, 0);  /* filled in place: no
+                                                  allocation later */
+  lua_setiuservalue(L, -2, 1);
+  lua_pushvalue(L, -1);
+  lnr_set_slot(L, LNR_SLOT_HTTP_MEMO);
+  return 1;
+}
+
+/* Remake m from the response r whose fields are at base: the strings,
+ * anchored, and the bytes. The memo at mi. Invalid when r has anything a
+ * memo does not hold. */
+static void remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
+                   const int *t, const nr_http_response_t *r) {
+  m->valid = false;
+  if (nr_http_prepared_size(r) > sizeof m->room)
+    return;
+  lua_getiuservalue(L, mi, 1);
+  int anchors = lua_gettop(L);
+  unsigned n = 0;
+  if (t[LNR_RF_HEADERS] == LUA_TTABLE) {
+    lua_pushnil(L);
+    while (lua_next(L, base + LNR_RF_HEADERS)) {
+      if (n == MEMO_FIELDS || lua_type(L, -2) != LUA_TSTRING ||
+          lua_type(L, -1) != LUA_TSTRING) {
+        lua_settop(L, anchors - 1);
+        return;
+      }
+      m->id[2 * n] = lua_topointer(L, -2);
+      m->id[2 * n + 1] = lua_topointer(L, -1);
+      lua_rawseti(L, anchors, 2 * n + 3);
+      lua_pushvalue(L, -1);
+      lua_rawseti(L, anchors, 2 * n + 2);
+      n++;
+    }
+  }
+  if (n != r->nheaders) {                     /* (an array of values) */
+    lua_settop(L, anchors - 1);
+    return;
+  }
+  for (unsigned i = 2 * n + 2; i <= 1 + 2 * MEMO_FIELDS; i++) {
+    lua_pushnil(L);                            /* let the old ones go */
+    lua_rawseti(L, anchors, i);
+  }
+  m->body = NULL;
+  lua_pushnil(L);
+  if (t[LNR_RF_BODY] == LUA_TSTRING) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, base + LNR_RF_BODY);
+    m->body = lua_topointer(L, -1);
+  }
+  lua_rawseti(L, anchors, 1);
+  m->n = n;
+  m->status = r->status;
+  nr_http_prepare(r, (nr_http_prepared_t *)m->room);
+  m->valid = true;
+  lua_settop(L, anchors - 1);
+}
+
+void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
+                         const int *t, const nr_http_response_t *r) {
+  if (r->reason != NULL || r->stream || r->status < 100 ||
+      r->status > 999 || r->nheaders > MEMO_FIELDS ||
+      r->body_len > MEMO_BYTES ||
+      (t[LNR_RF_BODY] != LUA_TNIL && t[LNR_RF_BODY] != LUA_TSTRING))
+    return;
+  uint64_t hint = hint_of(r);
+  lnr_http_memo_t *m = S->http_memo;
+  if (m != NULL && hint != m->hint) {
+    m->hint = hint;
+    return;
+  }
+  if (!lua_checkstack(L, 4))
+    return;
+  if (m == NULL) {                             /* the first: made, hinted */
+    lua_pushcfunction(L, make_memo);
+    if (lua_pcall(L, 0, 1, 0) == LUA_OK) {
+      S->http_memo = lua_touserdata(L, -1);
+      S->http_memo->hint = hint;
+    }
+    lua_pop(L, 1);
+    return;
+  }
+  lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
+  remake(L, m, lua_gettop(L), base, t, r);
+  lua_pop(L, 1);
+}
