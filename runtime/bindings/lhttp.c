@@ -831,7 +831,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   }
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   lnr_hdrs_t h;
-  lnr_hdrs_init(&h, L);
+  lnr_hdrs_start(&h, S);
   int rc = to_response(L, top, t, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];
@@ -842,7 +842,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     rc = nr_raise(rc, "%s", msg);
   } else if (rc == 0) {
     if (S != NULL)
-      lnr_http_memo_offer(L, S, top, t, &r);
+      lnr_http_memo_note(L, S, top, t, &r);
     rc = nr_http_server_write(ctx, &r, p);
   }
   lnr_hdrs_free(&h);

@@ -19,11 +19,16 @@ typedef struct lnr_hdrs_s {
   lnr_state_t *S;              /* its checked strings; NULL: none kept */
 } lnr_hdrs_t;
 
-static inline void lnr_hdrs_init(lnr_hdrs_t *h, lua_State *L) {
+/* Start h for the state S (NULL: none, no checked strings kept). */
+static inline void lnr_hdrs_start(lnr_hdrs_t *h, lnr_state_t *S) {
   h->v = h->small;
   h->n = 0;
   h->cap = sizeof h->small / sizeof h->small[0];
-  h->S = lnr_state(L);
+  h->S = S;
+}
+
+static inline void lnr_hdrs_init(lnr_hdrs_t *h, lua_State *L) {
+  lnr_hdrs_start(h, lnr_state(L));
 }
 
 static inline void lnr_hdrs_free(lnr_hdrs_t *h) {
@@ -62,9 +67,30 @@ const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
                                             const lnr_http_memo_t *m,
                                             int base, const int *t);
 /* The response r, converted from the fields at base (types t) and checked,
- * is about to be written: remembered when it is the one written before
- * it too. Pushes nothing. */
+ * is about to be written, and its hint is that of the one written before:
+ * it is remembered. Pushes nothing. */
 void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
                          const int *t, const nr_http_response_t *r);
+
+/* A response by the addresses of its body and first value: a hint only (an
+ * address may be another string's by the next write), cheap to take on
+ * every write that is not the memo's. */
+static inline uint64_t lnr_http_memo_hint(const nr_http_response_t *r) {
+  uint64_t h = (uintptr_t)r->body ^ (uint64_t)r->body_len << 40 ^
+               (uint64_t)r->status << 20 ^ (uint64_t)r->nheaders << 32;
+  return r->nheaders > 0 ? h ^ (uintptr_t)r->headers[0].value << 1 : h;
+}
+
+/* lnr_http_memo_offer when r looks like the response converted before
+ * it (S->http_memo_hint), else r's hint kept for the next. */
+static inline void lnr_http_memo_note(lua_State *L, lnr_state_t *S, int base,
+                                      const int *t,
+                                      const nr_http_response_t *r) {
+  uint64_t hint = lnr_http_memo_hint(r);
+  if (hint != S->http_memo_hint)
+    S->http_memo_hint = hint;
+  else
+    lnr_http_memo_offer(L, S, base, t, r);
+}
 
 #endif /* LNR_HTTP_H */

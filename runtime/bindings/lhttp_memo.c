@@ -36,7 +36,6 @@
 #define MEMO_BYTES 2048
 
 struct lnr_http_memo_s {
-  uint64_t hint;              /* the last response converted, by address */
   bool valid;
   int status;
   const void *body;           /* the body string; NULL: no body */
@@ -78,17 +77,6 @@ const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
     i++;
   }
   return i == m->n ? prepared(m) : NULL;
-}
-
-/* The response by the addresses of its strings: a hint only (an address
- * may be another string's by the next write). */
-static uint64_t hint_of(const nr_http_response_t *r) {
-  uint64_t h = (uint64_t)r->status * 0x9e3779b97f4a7c15u ^
-               (uintptr_t)r->body ^ (uint64_t)r->body_len << 40;
-  for (size_t i = 0; i < r->nheaders; i++)
-    h = (h ^ (uintptr_t)r->headers[i].name) * 0x100000001b3u ^
-        (uintptr_t)r->headers[i].value;
-  return h ^ r->nheaders;
 }
 
 /* Made once per state, protected (an allocation may fail): the memo, its
@@ -156,29 +144,24 @@ static void remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
 
 void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
                          const int *t, const nr_http_response_t *r) {
+  lnr_http_memo_t *m = S->http_memo;
   if (r->reason != NULL || r->stream || r->status < 100 ||
       r->status > 999 || r->nheaders > MEMO_FIELDS ||
       r->body_len > MEMO_BYTES ||
       (t[LNR_RF_BODY] != LUA_TNIL && t[LNR_RF_BODY] != LUA_TSTRING))
     return;
-  uint64_t hint = hint_of(r);
-  lnr_http_memo_t *m = S->http_memo;
-  if (m != NULL && hint != m->hint) {
-    m->hint = hint;
+  if (!lua_checkstack(L, 6))                  /* remake's 5 at most */
     return;
-  }
-  if (!lua_checkstack(L, 4))
-    return;
-  if (m == NULL) {                             /* the first: made, hinted */
+  if (m == NULL) {                             /* the first: made */
     lua_pushcfunction(L, make_memo);
-    if (lua_pcall(L, 0, 1, 0) == LUA_OK) {
-      S->http_memo = lua_touserdata(L, -1);
-      S->http_memo->hint = hint;
+    if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
+      lua_pop(L, 1);
+      return;
     }
-    lua_pop(L, 1);
-    return;
+    m = S->http_memo = lua_touserdata(L, -1);
+  } else {
+    lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
   }
-  lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
   remake(L, m, lua_gettop(L), base, t, r);
   lua_pop(L, 1);
 }

@@ -128,8 +128,9 @@ typedef struct lnr_state_s {
    * anchored in LNR_SLOT_HTTP_CHECKED while it is here (lhttp.c). */
   const char *http_checked[LNR_HTTP_CHECKED];
   /* The response memo (lhttp_memo.c), kept in LNR_SLOT_HTTP_MEMO; NULL
-   * until made. */
+   * until made. Its hint: the last response table converted. */
   struct lnr_http_memo_s *http_memo;
+  uint64_t http_memo_hint;
   lua_State *batch_thread;    /* the batch's thread, once made: the other
                                  thread the state's converters run on */
   /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of
