@@ -760,6 +760,71 @@ describe("http_server and a client that does not read", function()
   end)
 end)
 
+-- One response table, written for every request and changed by some:
+-- /same writes it as it is, /reset a new one, /body/X sets its body, /type/X its
+-- content-type, /add and /drop a field, /status/N its status.
+local Mutating = {}
+function Mutating:channel_read(ctx, req)
+  local what, arg = req.path:match("^/(%a+)/?(.*)$")
+  local t = self.t
+  if not t or what == "reset" then
+    t = { status = 200, body = "first", headers = { ["content-type"] = "text/plain" } }
+    self.t = t
+  end
+  if what == "body" then t.body = arg
+  elseif what == "type" then t.headers["content-type"] = arg
+  elseif what == "add" then t.headers["x-added"] = "yes"
+  elseif what == "drop" then t.headers["x-added"] = nil
+  elseif what == "status" then t.status = tonumber(arg)
+  end
+  ctx:write(t)
+end
+function Mutating:channel_read_complete(ctx) ctx:flush() end
+
+describe("http_server writing one response table again and again", function()
+  it("sends each change at once, pipelined, on a loop that made no memo before", function()
+    local group = netrun.group { threads = 1, name = "http" }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {}):add_last("app", Mutating)
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local steps = {     -- path, then the status, content-type, x-added and body it gets
+      { "/reset", 200, "text/plain", nil, "first" }, { "/same", 200, "text/plain", nil, "first" },
+      { "/same", 200, "text/plain", nil, "first" }, { "/same", 200, "text/plain", nil, "first" },
+      { "/body/second", 200, "text/plain", nil, "second" },
+      { "/same", 200, "text/plain", nil, "second" }, { "/same", 200, "text/plain", nil, "second" },
+      { "/type/text/html", 200, "text/html", nil, "second" },
+      { "/same", 200, "text/html", nil, "second" }, { "/same", 200, "text/html", nil, "second" },
+      { "/add", 200, "text/html", "yes", "second" }, { "/same", 200, "text/html", "yes", "second" },
+      { "/same", 200, "text/html", "yes", "second" },
+      { "/drop", 200, "text/html", nil, "second" }, { "/same", 200, "text/html", nil, "second" },
+      { "/status/404", 404, "text/html", nil, "second" }, { "/same", 404, "text/html", nil, "second" },
+      { "/same", 404, "text/html", nil, "second" }, { "/status/200", 200, "text/html", nil, "second" },
+    }
+    for _, batch in ipairs { 1, 3, #steps } do   -- one at a time, then pipelined
+      local c = H.client(port)
+      for i = 1, #steps, batch do
+        local reqs = {}
+        for j = i, math.min(i + batch - 1, #steps) do
+          reqs[#reqs + 1] = "GET " .. steps[j][1] .. " HTTP/1.1\r\nHost: h\r\n\r\n"
+        end
+        assert(c:send(table.concat(reqs)))
+        for j = i, math.min(i + batch - 1, #steps) do
+          local step = steps[j]
+          local status, headers, body = H.read_response(c)
+          assert.same({ step[2], step[3], step[4], step[5] },
+                      { status, headers["content-type"], headers["x-added"], body }, step[1])
+        end
+      end
+      c:close()
+    end
+    H.shutdown(group)
+  end)
+end)
+
 describe("http_server writing in place", function()
   local group, direct, relayed
   setup(function()
@@ -1031,7 +1096,8 @@ describe("HTTP examples", function()
       local t = { status = 200, body = "hello", headers = { ["content-type"] = "text/plain" } }
       local function expect(status_line, headers, body, resp)
         resp = resp or t
-        for _ = 1, 3 do     -- the memo is made on the second write, used on the third
+        for _ = 1, 4 do     -- a memo is filled on the second write, used from the third
+                            -- (a state's first memo made on a second, filled on a third)
           local out = send(resp)
           assert.equal(status_line .. "\r\nServer: netrun\r\nContent-Length: " .. #body .. "\r\n" ..
                        headers .. "\r\n" .. body, out)
@@ -1107,7 +1173,7 @@ describe("HTTP examples", function()
       local function answer(req, resp)
         local ch = netrun.embedded(netrun.codec.http_server {})
         local outs = {}
-        for i = 1, 3 do     -- the third write of a table is its memo's
+        for i = 1, 4 do     -- the last writes of a table are its memo's
           ch:write_inbound(req)
           assert.equal(1, #ch:read_all_inbound())
           ch:write_outbound(resp)
@@ -1122,7 +1188,7 @@ describe("HTTP examples", function()
                              "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
                              "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n" } do
         -- a body no write has sent yet: the table's first write is encoded
-        -- from it, its third sent as its memo
+        -- from it, its last sent as its memo
         local t = { status = 200, body = ("same %d"):format(math.random(1 << 40)),
                     headers = { ["content-type"] = "text/plain" } }
         assert.equal(answer(req, netrun.codec.http_response(t)), answer(req, t), req)

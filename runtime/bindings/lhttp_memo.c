@@ -94,7 +94,9 @@ static int make_memo(lua_State *L) {
 
 /* Remake m from the response r whose fields are at base: the strings,
  * anchored, and the bytes. The memo at mi. Invalid when r has anything a
- * memo does not hold. */
+ * memo does not hold, or is not what the table holds now (each string is
+ * the one r was converted from: nothing here allocates, so no finalizer
+ * runs, but a conversion's allocation before may have run one). */
 static void remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
                    const int *t, const nr_http_response_t *r) {
   m->valid = false;
@@ -106,8 +108,10 @@ static void remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
   if (t[LNR_RF_HEADERS] == LUA_TTABLE) {
     lua_pushnil(L);
     while (lua_next(L, base + LNR_RF_HEADERS)) {
-      if (n == MEMO_FIELDS || lua_type(L, -2) != LUA_TSTRING ||
-          lua_type(L, -1) != LUA_TSTRING) {
+      if (n == r->nheaders || lua_type(L, -2) != LUA_TSTRING ||
+          lua_type(L, -1) != LUA_TSTRING ||
+          lua_tostring(L, -2) != r->headers[n].name ||
+          lua_tostring(L, -1) != r->headers[n].value) {
         lua_settop(L, anchors - 1);
         return;
       }
@@ -133,6 +137,10 @@ static void remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
     lua_pop(L, 1);
     lua_pushvalue(L, base + LNR_RF_BODY);
     m->body = lua_topointer(L, -1);
+    if (lua_tostring(L, -1) != r->body) {
+      lua_settop(L, anchors - 1);
+      return;
+    }
   }
   lua_rawseti(L, anchors, 1);
   m->n = n;
@@ -152,16 +160,14 @@ void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
     return;
   if (!lua_checkstack(L, 6))                  /* remake's 5 at most */
     return;
-  if (m == NULL) {                             /* the first: made */
+  if (m == NULL) {          /* the first: made, filled by the next offer */
     lua_pushcfunction(L, make_memo);
-    if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
-      lua_pop(L, 1);
-      return;
-    }
-    m = S->http_memo = lua_touserdata(L, -1);
-  } else {
-    lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
+    if (lua_pcall(L, 0, 1, 0) == LUA_OK)
+      S->http_memo = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return;
   }
+  lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
   remake(L, m, lua_gettop(L), base, t, r);
   lua_pop(L, 1);
 }
