@@ -23,7 +23,6 @@
  * remake it every time. Its bytes are those write_response would encode
  * (http_server.c puts a Connection line in the same place in both).
  */
-#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -41,7 +40,8 @@ struct lnr_http_memo_s {
   const void *body;           /* the body string; NULL: no body */
   unsigned n;                 /* header fields */
   const void *id[2 * MEMO_FIELDS];  /* name, value strings */
-  _Alignas(max_align_t) char room[sizeof(nr_http_prepared_t) + MEMO_BYTES];
+  _Alignas(nr_http_prepared_t)  /* (a userdata is aligned as a pointer) */
+  char room[sizeof(nr_http_prepared_t) + MEMO_BYTES];
 };
 
 static const nr_http_prepared_t *prepared(const lnr_http_memo_t *m) {
