@@ -1164,6 +1164,8 @@ describe("HTTP examples", function()
                    "content-type: text/plain\r\n\r\n5\r\nother\r\n", streamed)
       ch:write_outbound(false)
       assert.equal("0\r\n\r\n", table.concat(ch:read_all_outbound()))
+      t.stream = false
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
       t.stream = nil
       expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n", "other")
       ch:close()

@@ -36,6 +36,7 @@
 
 struct lnr_http_memo_s {
   bool valid;
+  uint64_t refused;           /* the hint of a response it cannot hold */
   int status;
   const void *body;           /* the body string; NULL: no body */
   unsigned n;                 /* header fields */
@@ -92,71 +93,87 @@ static int make_memo(lua_State *L) {
   return 1;
 }
 
-/* Remake m from the response r whose fields are at base: the strings,
- * anchored, and the bytes. The memo at mi. Invalid when r has anything a
- * memo does not hold, or is not what the table holds now (each string is
- * the one r was converted from: nothing here allocates, so no finalizer
- * runs, but a conversion's allocation before may have run one). */
-static void remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
-                   const int *t, const nr_http_response_t *r) {
-  m->valid = false;
-  if (nr_http_prepared_size(r) > sizeof m->room)
-    return;
-  lua_getiuservalue(L, mi, 1);
-  int anchors = lua_gettop(L);
-  unsigned n = 0;
-  if (t[LNR_RF_HEADERS] == LUA_TTABLE) {
-    lua_pushnil(L);
-    while (lua_next(L, base + LNR_RF_HEADERS)) {
-      if (n == r->nheaders || lua_type(L, -2) != LUA_TSTRING ||
-          lua_type(L, -1) != LUA_TSTRING ||
-          lua_tostring(L, -2) != r->headers[n].name ||
-          lua_tostring(L, -1) != r->headers[n].value) {
-        lua_settop(L, anchors - 1);
-        return;
-      }
-      m->id[2 * n] = lua_topointer(L, -2);
-      m->id[2 * n + 1] = lua_topointer(L, -1);
+/* The strings of the headers table at hidx, in walk order, into id (and
+ * anchored in the table at anchors from index 2 on, when anchors is not
+ * 0): their number, or -1 when one is not a string or not the one r was
+ * converted from (nothing here allocates, so no finalizer runs; a
+ * conversion's allocation before may have run one). */
+static int header_ids(lua_State *L, int hidx, const nr_http_response_t *r,
+                      const void **id, int anchors) {
+  int n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, hidx)) {                  /* name, value */
+    if ((size_t)n == r->nheaders || lua_type(L, -2) != LUA_TSTRING ||
+        lua_type(L, -1) != LUA_TSTRING ||
+        lua_tostring(L, -2) != r->headers[n].name ||
+        lua_tostring(L, -1) != r->headers[n].value) {
+      lua_pop(L, 2);
+      return -1;
+    }
+    id[2 * n] = lua_topointer(L, -2);
+    id[2 * n + 1] = lua_topointer(L, -1);
+    if (anchors != 0) {
       lua_rawseti(L, anchors, 2 * n + 3);
       lua_pushvalue(L, -1);
       lua_rawseti(L, anchors, 2 * n + 2);
-      n++;
+    } else {
+      lua_pop(L, 1);
     }
+    n++;
   }
-  if (n != r->nheaders) {                     /* (an array of values) */
-    lua_settop(L, anchors - 1);
-    return;
-  }
-  for (unsigned i = 2 * n + 2; i <= 1 + 2 * MEMO_FIELDS; i++) {
-    lua_pushnil(L);                            /* let the old ones go */
+  return n;
+}
+
+/* Remake m, at mi, from the response r whose fields are at base (types
+ * t): its strings, anchored, and its bytes. false, m left as it was,
+ * when r holds what a memo does not (a number or an array of values, too
+ * many bytes) or is not what its table holds now. */
+static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
+                   const int *t, const nr_http_response_t *r) {
+  const void *id[2 * MEMO_FIELDS];
+  int hidx = base + LNR_RF_HEADERS, n = 0;
+  if (nr_http_prepared_size(r) > sizeof m->room ||
+      (t[LNR_RF_BODY] == LUA_TSTRING &&
+       lua_tostring(L, base + LNR_RF_BODY) != r->body))
+    return false;
+  if (t[LNR_RF_HEADERS] == LUA_TTABLE &&
+      (n = header_ids(L, hidx, r, id, 0)) != (int)r->nheaders)
+    return false;
+  /* it holds: the old strings let go, the new ones anchored */
+  m->valid = false;
+  lua_getiuservalue(L, mi, 1);
+  int anchors = lua_gettop(L);
+  if (n > 0)
+    header_ids(L, hidx, r, m->id, anchors);
+  for (int i = 2 * n + 2; i <= 1 + 2 * MEMO_FIELDS; i++) {
+    lua_pushnil(L);
     lua_rawseti(L, anchors, i);
   }
   m->body = NULL;
-  lua_pushnil(L);
   if (t[LNR_RF_BODY] == LUA_TSTRING) {
-    lua_pop(L, 1);
     lua_pushvalue(L, base + LNR_RF_BODY);
     m->body = lua_topointer(L, -1);
-    if (lua_tostring(L, -1) != r->body) {
-      lua_settop(L, anchors - 1);
-      return;
-    }
+  } else {
+    lua_pushnil(L);
   }
   lua_rawseti(L, anchors, 1);
-  m->n = n;
+  lua_pop(L, 1);
+  m->n = (unsigned)n;
   m->status = r->status;
   nr_http_prepare(r, (nr_http_prepared_t *)m->room);
   m->valid = true;
-  lua_settop(L, anchors - 1);
+  return true;
 }
 
 void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
                          const int *t, const nr_http_response_t *r) {
   lnr_http_memo_t *m = S->http_memo;
-  if (r->reason != NULL || r->stream || r->status < 100 ||
-      r->status > 999 || r->nheaders > MEMO_FIELDS ||
-      r->body_len > MEMO_BYTES ||
-      (t[LNR_RF_BODY] != LUA_TNIL && t[LNR_RF_BODY] != LUA_TSTRING))
+  /* what lnr_http_memo_hit can match: no reason, no stream (not even
+   * false), a body that is a string or none */
+  if (t[LNR_RF_REASON] != LUA_TNIL || t[LNR_RF_STREAM] != LUA_TNIL ||
+      (t[LNR_RF_BODY] != LUA_TNIL && t[LNR_RF_BODY] != LUA_TSTRING) ||
+      r->status < 100 || r->status > 999 || r->nheaders > MEMO_FIELDS ||
+      r->body_len > MEMO_BYTES || (m != NULL && m->refused == S->http_memo_hint))
     return;
   if (!lua_checkstack(L, 6))                  /* remake's 5 at most */
     return;
@@ -168,6 +185,7 @@ void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
     return;
   }
   lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
-  remake(L, m, lua_gettop(L), base, t, r);
+  if (!remake(L, m, lua_gettop(L), base, t, r))
+    m->refused = S->http_memo_hint;   /* not again for the same hint */
   lua_pop(L, 1);
 }
