@@ -17,11 +17,17 @@
  * string, immutable, checked when the memo was made. A number, an array
  * of values, a reason or a stream never match (the memo holds none).
  *
- * The memo is made from a response that passed the write's checks, on
- * the second write in a row of the same strings (a cheap hint, by address
- * alone, remembers the first), so responses that differ every time do not
- * remake it every time. Its bytes are those write_response would encode
- * (http_server.c puts a Connection line in the same place in both).
+ * The memo is filled from a response that passed the write's checks, on
+ * the second write in a row of the same strings: a cheap hint by address
+ * alone (lnr_state_t.http_memo_hint, lhttp.h) remembers the first, so
+ * responses that differ every time pay ~10 instructions a write and never
+ * fill it; one it cannot hold (a number among its values, say) is not
+ * tried twice for the same hint. (A state's first such write makes the
+ * memo, allocating; the next fills it, which allocates nothing, so no
+ * finalizer can change the table while it is walked.) Its bytes are
+ * those write_response would encode (http_server.c puts a Connection line
+ * in the same place in both), and a hit is written as any prepared
+ * response: in place for a keep-alive GET, through write_prepared else.
  */
 #include <stdint.h>
 #include <string.h>
