@@ -172,8 +172,48 @@ static inline size_t run(const char *s, size_t i, size_t n, int c) {
   unsigned m = outside16(load16(s + n - 16), c) >> (i - (n - 16));
   return m != 0 ? i + (size_t)__builtin_ctz(m) : n;
 }
+
+/* The letters, digits and '-' of x, a bit each: the bytes of most names
+ * (the other tchars are looked up in the table). */
+static inline unsigned name_bits(__m128i x) {
+  __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
+  __m128i a = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)),
+                           _mm_set1_epi8('a'));   /* OR 0x20: a letter's
+                                                     lowercase, and no other
+                                                     byte becomes one */
+  d = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
+  a = _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(25)), a);
+  __m128i h = _mm_cmpeq_epi8(x, _mm_set1_epi8('-'));
+  return (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(d, a), h));
+}
+
+/* Where the run of tchars from s[i] ends, n at most: sixteen bytes at a
+ * time, a byte that is no letter, digit or '-' judged by the table. */
+static inline size_t tokens(const char *s, size_t i, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  for (;;) {
+    unsigned m;
+    if (i + 16 <= n)
+      m = ~name_bits(load16(s + i)) & 0xffff;
+    else if (n >= 16)
+      m = (~name_bits(load16(s + n - 16)) & 0xffff) >> (i - (n - 16));
+    else
+      return span(s, i, n, C_TOKEN);
+    if (m == 0) {
+      i += 16;               /* (past n only when the block was the last) */
+      if (i >= n)
+        return n;
+      continue;
+    }
+    i += (size_t)__builtin_ctz(m);
+    if (!(cls[u[i]] & C_TOKEN))
+      return i;
+    i++;
+  }
+}
 #else
 #define run run8
+#define tokens(s, i, n) span((s), (i), (n), C_TOKEN)
 #endif
 
 bool nr_http_is_token(const char *s, size_t n) {
@@ -195,7 +235,40 @@ static bool ieq(const char *a, size_t n, const char *lit, size_t ln) {
       return false;
   return true;
 }
-#define IEQ(a, n, lit) ieq((a), (n), lit, sizeof lit - 1)
+
+/* The same, a word at a time, for bytes a parsed line holds (a name's
+ * tchars, a value's bytes: no control byte but HTAB) and a literal of four
+ * bytes or more made of lowercase letters, digits and '-'. OR 0x20 then
+ * lowercases a letter and maps no other such byte onto one of the
+ * literal's (onto '-' only CR, onto a digit only controls, none there).
+ * The last word overlaps the one before when the length is not a multiple
+ * of it. */
+static inline uint64_t word_at(const char *s, size_t w) {
+  uint32_t x4;
+  uint64_t x8;
+  if (w == 4)
+    return memcpy(&x4, s, 4), x4;
+  return memcpy(&x8, s, 8), x8;
+}
+
+static inline bool ieq_lit(const char *a, size_t n, const char *lit,
+                           size_t ln) {
+  if (n != ln)
+    return false;
+  if (ln < 4)
+    return ieq(a, n, lit, ln);
+  size_t w = ln < 8 ? 4 : 8;
+  for (size_t k = 0;; k += w) {
+    if (k + w > ln)
+      k = ln - w;
+    if ((word_at(a + k, w) | 0x2020202020202020ull >> (64 - 8 * w)) !=
+        word_at(lit + k, w))
+      return false;
+    if (k + w == ln)
+      return true;
+  }
+}
+#define IEQ(a, n, lit) ieq_lit((a), (n), lit, sizeof lit - 1)
 
 /* ---- the header block ---------------------------------------------------------- */
 
@@ -228,12 +301,14 @@ parse_field(nr_http_header_t *h, const char *s, size_t len, size_t *ip) {
     n1 = n0 + 4;             /* the field every request has, at a glance */
     i = n0 + 6;
   } else {
-    n1 = i = span(s, n0, len, C_TOKEN);
+    n1 = i = tokens(s, n0, len);
     if (i == n0 || i >= len || s[i] != ':')
       return 400;            /* empty name, space before ':', obs-fold */
     i++;
   }
   /* (each loop's first test is one compare for the usual byte) */
+  if (i < len && s[i] == ' ')
+    i++;
   while (i < len && (unsigned char)s[i] <= ' ' && (s[i] == ' ' || s[i] == '\t'))
     i++;
   size_t v0 = i, v1 = i = run(s, i, len, C_VALUE);
@@ -497,6 +572,10 @@ static int framing(nr_http_parser_t *p, nr_http_request_t *r,
     break;
   case 10:
     if (IEQ(h->name, 10, "connection")) {
+      if (IEQ(h->value, h->value_len, "keep-alive")) {
+        *seen |= H_KEEP;     /* the usual, at a glance */
+        break;
+      }
       if (has_token(h->value, h->value_len, "close", 5))
         *seen |= H_CLOSE;
       if (has_token(h->value, h->value_len, "keep-alive", 10))
@@ -537,18 +616,6 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
   unsigned seen = 0;
   size_t nh = 0, max = p->max_headers;     /* (kept in registers) */
   for (;;) {
-    /* A name starts with a tchar: one compare tells most lines from the
-     * blank one ("\r\n" or "\n"; a lone CR fails as a field). */
-    if (i < n && (unsigned char)s[i] <= '\r') {
-      if (n - i >= 2 && memcmp(s + i, "\r\n", 2) == 0) {
-        i += 2;
-        break;
-      }
-      if (s[i] == '\n') {
-        i++;
-        break;
-      }
-    }
 #ifdef HTTP_SSE2
     /* The first Host line, as most requests send it: in one pass (the
      * long way below judges any other, and every error) */
@@ -561,6 +628,18 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
       continue;
     }
 #endif
+    /* A name starts with a tchar: one compare tells most lines from the
+     * blank one ("\r\n" or "\n"; a lone CR fails as a field). */
+    if (i < n && (unsigned char)s[i] <= '\r') {
+      if (n - i >= 2 && memcmp(s + i, "\r\n", 2) == 0) {
+        i += 2;
+        break;
+      }
+      if (s[i] == '\n') {
+        i++;
+        break;
+      }
+    }
     size_t ls = i;
     nr_http_header_t h;
     if ((*rc = parse_field(&h, s, n, &i)) == 0) {
