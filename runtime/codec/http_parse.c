@@ -146,31 +146,43 @@ static inline __m128i load16(const char *s) {
   return _mm_loadu_si128((const __m128i *)(const void *)s);
 }
 
-/* The bytes of x outside class c, a bit each: controls (HTAB aside in a
- * value), DEL, and for a target SP, for a path '?' too. */
-static inline unsigned outside16(__m128i x, int c) {
-  __m128i max = _mm_set1_epi8(c == C_VALUE ? 0x1f : 0x20);
-  __m128i m = _mm_cmpeq_epi8(_mm_min_epu8(x, max), x);      /* x <= max */
+/* The bytes of x that may be outside class c (C_VALUE, C_TARGET or
+ * C_PATH), a bit each, in three instructions or four: those below 0x20 or
+ * 0x21 as signed bytes (controls, SP for a target, and obs-text), DEL, and
+ * '?' for a path. Exact but for obs-text, and HTAB in a value: run looks
+ * a flagged byte up in the table. */
+static inline unsigned flags16(__m128i x, int c) {
+  __m128i m = _mm_cmplt_epi8(x, _mm_set1_epi8(c == C_VALUE ? 0x20 : 0x21));
   m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8(0x7f)));
-  if (c == C_VALUE)
-    m = _mm_andnot_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('\t')), m);
   if (c == C_PATH)
     m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8('?')));
   return (unsigned)_mm_movemask_epi8(m);
 }
 
-/* run8's answer. The last bytes short of sixteen are judged in the block
- * ending at n, with the bits of the bytes already judged shifted out. */
+/* run8's answer, sixteen bytes a step. The last bytes short of sixteen
+ * are judged in the block ending at n, the bits of the bytes already
+ * judged shifted out. */
 static inline size_t run(const char *s, size_t i, size_t n, int c) {
-  for (; i + 16 <= n; i += 16) {
-    unsigned m = outside16(load16(s + i), c);
-    if (m != 0)
-      return i + (size_t)__builtin_ctz(m);
+  const unsigned char *u = (const unsigned char *)s;
+  for (;;) {
+    unsigned m;
+    if (i + 16 <= n)
+      m = flags16(load16(s + i), c);
+    else if (n >= 16)
+      m = flags16(load16(s + n - 16), c) >> (i - (n - 16));
+    else
+      return run8(s, i, n, c);
+    if (m == 0) {
+      i += 16;               /* (past n only when the block was the last) */
+      if (i >= n)
+        return n;
+      continue;
+    }
+    i += (size_t)__builtin_ctz(m);
+    if (!(cls[u[i]] & c))
+      return i;
+    i++;
   }
-  if (n < 16)
-    return run8(s, i, n, c);
-  unsigned m = outside16(load16(s + n - 16), c) >> (i - (n - 16));
-  return m != 0 ? i + (size_t)__builtin_ctz(m) : n;
 }
 
 /* The letters, digits and '-' of x, a bit each: the bytes of most names
