@@ -432,13 +432,19 @@ static int parse_version(nr_http_request_t *r, const char *s, size_t len,
  * same with any larger one. */
 static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
                               size_t *ip) {
-  /* GET, the usual method, in one compare (its bytes are tchars) */
-  size_t i = len >= 4 && memcmp(s, "GET ", 4) == 0 ? 3
-                                                    : span(s, 0, len, C_TOKEN);
-  if (i == len || (len == 1 && s[0] == '\r'))
-    return NEED;             /* (a CR may begin a blank line, skipped) */
-  if (i == 0 || s[i] != ' ')
-    return 400;
+  size_t i;
+  if (len >= 4 && memcmp(s, "GET ", 4) == 0) {
+    i = 3;                   /* GET, the usual method, in one compare */
+    r->head = r->switches = false;
+  } else {
+    i = span(s, 0, len, C_TOKEN);
+    if (i == len || (len == 1 && s[0] == '\r'))
+      return NEED;           /* (a CR may begin a blank line, skipped) */
+    if (i == 0 || s[i] != ' ')
+      return 400;
+    r->head = i == 4 && memcmp(s, "HEAD", 4) == 0;
+    r->switches = i == 7 && memcmp(s, "CONNECT", 7) == 0;
+  }
   r->method = s;
   r->method_len = i++;
   size_t t0 = i, q = run(s, i, len, C_PATH);   /* q: '?' or the end */
@@ -606,7 +612,8 @@ static int framing(nr_http_parser_t *p, nr_http_request_t *r,
   return 0;
 }
 
-/* Parse the header fields from s[i] (just past the request line) into r,
+/* Parse the header fields from s[i] (just past the request line, which
+ * parse_request_line put in r with what its method says) into r,
  * up to the blank line ending the block, and decide how the body is framed:
  * one pass, each byte looked at once. Returns the offset just past that
  * blank line, or 0 when the block has not all arrived (p->scan then holds
@@ -619,8 +626,6 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
   r->type = NR_MSG_HTTP_REQUEST;
   r->nheaders = 0;
   r->expect_continue = r->chunked = false;
-  r->head = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
-  r->switches = r->method_len == 7 && memcmp(r->method, "CONNECT", 7) == 0;
   r->body = "";
   r->body_len = 0;
   p->content_length = 0;
@@ -877,11 +882,12 @@ static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
 /* ---- one request ---------------------------------------------------------------- */
 
 /* Parse one request at s[0 .. n): its length when complete (req is then
- * filled in), 0 when more input is needed, or -status. */
+ * filled in), 0 when more input is needed, or -status. `between`: the
+ * parser is between requests (so in P_HEAD). */
 static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
-                      const char *s, size_t n) {
+                      const char *s, size_t n, bool between) {
   int rc = 0;
-  bool again = p->phase != P_HEAD;   /* the head parsed before: again, in
+  bool again = !between && p->phase != P_HEAD;   /* the head parsed before: again, in
                                         place (it cannot fail this time) */
   long end = parse_block(p, req, s, again ? p->head_len : n);
   if (end <= 0)
@@ -997,14 +1003,17 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
   req.expect_continue = false;
   const char *s = cum ? nr_buf_peek(&p->in) : data;
   size_t n = cum ? nr_buf_len(&p->in) : len, off = 0;
+  /* Between requests (phase P_HEAD, no head search under way), as the
+   * parser is after each request: known here, where the compiler could
+   * not know it of p after a callback that may reach p. */
+  bool between = p->phase == P_HEAD && p->scan == 0;
   while (off < n) {
-    if (p->phase == P_HEAD && p->scan == 0 &&
-        (off = skip_blank(s, off, n)) == n)
+    if (between && (off = skip_blank(s, off, n)) == n)
       break;
-    long r = parse_one(p, &req, s + off, n - off);
-    if (r < 0)
+    long r = parse_one(p, &req, s + off, n - off, between);
+    if (__builtin_expect(r < 0, 0))
       return stop(p, (int)-r);
-    if (r == 0) {
+    if (__builtin_expect(r == 0, 0)) {
       if (p->phase != P_HEAD && req.expect_continue && !p->continue_sent) {
         p->continue_sent = true;
         if (cb(arg, NR_HTTP_EV_CONTINUE, &req))
@@ -1014,13 +1023,15 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
     }
     int halt = cb(arg, NR_HTTP_EV_REQUEST, &req);
     next_request(p);
+    between = true;
     off += (size_t)r;
-    if (halt == NR_HTTP_PAUSE)
-      break;
-    if (halt == NR_HTTP_SWITCHED)
-      return switched(p, s, off, n, cum);
-    if (halt)
+    if (__builtin_expect(halt != 0, 0)) {
+      if (halt == NR_HTTP_PAUSE)
+        break;
+      if (halt == NR_HTTP_SWITCHED)
+        return switched(p, s, off, n, cum);
       return stop(p, 1);
+    }
   }
   if (cum)
     nr_buf_consume(&p->in, off);
