@@ -45,7 +45,8 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || (strcmp(argv[1], "wrk") != 0 && strcmp(argv[1], "browser") != 0)) {
+  if (argc < 2 ||
+      (strcmp(argv[1], "wrk") != 0 && strcmp(argv[1], "browser") != 0)) {
     fprintf(stderr, "usage: bench_http_parse wrk|browser [batches]\n");
     return 2;
   }

@@ -10,8 +10,9 @@
  * simply re-parsed (cheap, and it keeps every pointer valid whatever the
  * buffer did), while the progress through a body is kept as offsets from
  * the request's start. Chunked bodies are decoded into `body`. A complete
- * header block is validated and split in one pass (a byte class table for
- * tokens, request targets and field values eight bytes at a time); the
+ * header block is validated and split in one pass (a byte class table,
+ * and request targets, field values and names sixteen bytes at a time with
+ * SSE2, eight without; the usual Host line judged at a glance); the
  * block's end is searched for on its own only while it is incomplete or
  * after a bad line.
  */
@@ -136,9 +137,9 @@ static inline size_t run8(const char *s, size_t i, size_t n, int c) {
 
 #if defined(__SSE2__) && !defined(NR_HTTP_PORTABLE)
 /* Sixteen bytes at a time where SSE2 is there (every x86-64): the same
- * runs, each byte judged exactly, so no byte needs the table. Built with
- * -DNR_HTTP_PORTABLE, the eight-byte code above does it all (the tests
- * run both). */
+ * runs, and names, a few instructions a block finding the bytes that
+ * may end one (the table judges those). Built with -DNR_HTTP_PORTABLE,
+ * the eight-byte code above does it all (the tests run both). */
 #include <emmintrin.h>
 #define HTTP_SSE2 1
 
@@ -321,7 +322,8 @@ parse_field(nr_http_header_t *h, const char *s, size_t len, size_t *ip) {
   /* (each loop's first test is one compare for the usual byte) */
   if (i < len && s[i] == ' ')
     i++;
-  while (i < len && (unsigned char)s[i] <= ' ' && (s[i] == ' ' || s[i] == '\t'))
+  while (i < len && (unsigned char)s[i] <= ' ' &&
+         (s[i] == ' ' || s[i] == '\t'))
     i++;
   size_t v0 = i, v1 = i = run(s, i, len, C_VALUE);
   if (len - i >= 2 && memcmp(s + i, "\r\n", 2) == 0)
@@ -887,8 +889,8 @@ static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
 static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
                       const char *s, size_t n, bool between) {
   int rc = 0;
-  bool again = !between && p->phase != P_HEAD;   /* the head parsed before: again, in
-                                        place (it cannot fail this time) */
+  /* the head parsed before: again, in place (it cannot fail this time) */
+  bool again = !between && p->phase != P_HEAD;
   long end = parse_block(p, req, s, again ? p->head_len : n);
   if (end <= 0)
     return end;

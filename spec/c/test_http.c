@@ -535,7 +535,8 @@ static void one_byte_case(int where, size_t len, size_t k, int b,
   text[len] = '\0';
   size_t n;
   if (where == IN_PATH || where == IN_QUERY)
-    n = (size_t)snprintf(req, sizeof req, "GET /%s%.*s HTTP/1.1\r\nHost: h\r\n\r\n",
+    n = (size_t)snprintf(req, sizeof req,
+                         "GET /%s%.*s HTTP/1.1\r\nHost: h\r\n\r\n",
                          where == IN_QUERY ? "p?" : "", (int)len, text);
   else
     n = (size_t)snprintf(req, sizeof req, "GET / HTTP/1.1\r\n%s%.*s\r\n\r\n",
@@ -646,8 +647,9 @@ TEST(host_rules_hold_on_the_usual_host_line) {
   /* a second Host, after one judged at a glance or the long way */
   static const char twice[] = "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n"
                               "User-Agent: long enough for the block\r\n\r\n";
-  static const char twice_long[] = "GET / HTTP/1.1\r\nhost: a\r\nHost: a\r\n"
-                                   "User-Agent: long enough for the block\r\n\r\n";
+  static const char twice_long[] =
+      "GET / HTTP/1.1\r\nhost: a\r\nHost: a\r\n"
+      "User-Agent: long enough for the block\r\n\r\n";
   seen_t z;
   CHECK_EQ(feed_exact(twice, sizeof twice - 1, 0, &z), 400);
   CHECK_EQ(feed_exact(twice_long, sizeof twice_long - 1, 0, &z), 400);
