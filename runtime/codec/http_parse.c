@@ -147,12 +147,35 @@ static inline __m128i load16(const char *s) {
   return _mm_loadu_si128((const __m128i *)(const void *)s);
 }
 
-/* The bytes of x that may be outside class c (C_VALUE, C_TARGET or
- * C_PATH), a bit each, in three instructions or four: those below 0x20 or
- * 0x21 as signed bytes (controls, SP for a target, and obs-text), DEL, and
- * '?' for a path. Exact but for obs-text, and HTAB in a value: run looks
- * a flagged byte up in the table. */
+/* The digits of x, and its letters, as bytes of all ones. */
+static inline __m128i digits16(__m128i x) {
+  __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
+  return _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
+}
+
+static inline __m128i letters16(__m128i x) {
+  __m128i a = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)),
+                           _mm_set1_epi8('a'));   /* OR 0x20: a letter's
+                                                     lowercase, and no other
+                                                     byte becomes one */
+  return _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(25)), a);
+}
+
+/* The letters, digits and '-' of x, a bit each: the bytes of most names. */
+static inline unsigned name_bits(__m128i x) {
+  __m128i h = _mm_cmpeq_epi8(x, _mm_set1_epi8('-'));
+  return (unsigned)_mm_movemask_epi8(
+      _mm_or_si128(_mm_or_si128(digits16(x), letters16(x)), h));
+}
+
+/* The bytes of x that may be outside class c, a bit each. C_TOKEN: all
+ * but letters, digits and '-'. C_VALUE, C_TARGET, C_PATH, in three
+ * instructions or four: those below 0x20 or 0x21 as signed bytes
+ * (controls, SP for a target, and obs-text), DEL, and '?' for a path --
+ * exact but for obs-text, and HTAB in a value. */
 static inline unsigned flags16(__m128i x, int c) {
+  if (c == C_TOKEN)
+    return ~name_bits(x) & 0xffff;
   __m128i m = _mm_cmplt_epi8(x, _mm_set1_epi8(c == C_VALUE ? 0x20 : 0x21));
   m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8(0x7f)));
   if (c == C_PATH)
@@ -160,9 +183,10 @@ static inline unsigned flags16(__m128i x, int c) {
   return (unsigned)_mm_movemask_epi8(m);
 }
 
-/* run8's answer, sixteen bytes a step. The last bytes short of sixteen
- * are judged in the block ending at n, the bits of the bytes already
- * judged shifted out. */
+/* run8's answer (span's for C_TOKEN), sixteen bytes a step, a flagged
+ * byte looked up in the table. The last bytes short of sixteen are judged
+ * in the block ending at n, the bits of the bytes already judged shifted
+ * out. */
 static inline size_t run(const char *s, size_t i, size_t n, int c) {
   const unsigned char *u = (const unsigned char *)s;
   for (;;) {
@@ -172,7 +196,7 @@ static inline size_t run(const char *s, size_t i, size_t n, int c) {
     else if (n >= 16)
       m = flags16(load16(s + n - 16), c) >> (i - (n - 16));
     else
-      return run8(s, i, n, c);
+      return c == C_TOKEN ? span(s, i, n, c) : run8(s, i, n, c);
     if (m == 0) {
       i += 16;               /* (past n only when the block was the last) */
       if (i >= n)
@@ -185,45 +209,7 @@ static inline size_t run(const char *s, size_t i, size_t n, int c) {
     i++;
   }
 }
-
-/* The letters, digits and '-' of x, a bit each: the bytes of most names
- * (the other tchars are looked up in the table). */
-static inline unsigned name_bits(__m128i x) {
-  __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
-  __m128i a = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)),
-                           _mm_set1_epi8('a'));   /* OR 0x20: a letter's
-                                                     lowercase, and no other
-                                                     byte becomes one */
-  d = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
-  a = _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(25)), a);
-  __m128i h = _mm_cmpeq_epi8(x, _mm_set1_epi8('-'));
-  return (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(d, a), h));
-}
-
-/* Where the run of tchars from s[i] ends, n at most: sixteen bytes at a
- * time, a byte that is no letter, digit or '-' judged by the table. */
-static inline size_t tokens(const char *s, size_t i, size_t n) {
-  const unsigned char *u = (const unsigned char *)s;
-  for (;;) {
-    unsigned m;
-    if (i + 16 <= n)
-      m = ~name_bits(load16(s + i)) & 0xffff;
-    else if (n >= 16)
-      m = (~name_bits(load16(s + n - 16)) & 0xffff) >> (i - (n - 16));
-    else
-      return span(s, i, n, C_TOKEN);
-    if (m == 0) {
-      i += 16;               /* (past n only when the block was the last) */
-      if (i >= n)
-        return n;
-      continue;
-    }
-    i += (size_t)__builtin_ctz(m);
-    if (!(cls[u[i]] & C_TOKEN))
-      return i;
-    i++;
-  }
-}
+#define tokens(s, i, n) run((s), (i), (n), C_TOKEN)
 #else
 #define run run8
 #define tokens(s, i, n) span((s), (i), (n), C_TOKEN)
@@ -492,13 +478,7 @@ static bool valid_host(const char *v, size_t n) {
 /* The bytes of x that may be in the usual Host (letters, digits, '.',
  * '-', ':'), a bit each, with its ':' and its digits. */
 static inline uint64_t host_bits(__m128i x, uint64_t *colon, uint64_t *digit) {
-  __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
-  __m128i a = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)),
-                           _mm_set1_epi8('a'));   /* OR 0x20: a letter's
-                                                     lowercase, and no other
-                                                     byte becomes one */
-  d = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
-  a = _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(25)), a);
+  __m128i d = digits16(x), a = letters16(x);
   __m128i c = _mm_cmpeq_epi8(x, _mm_set1_epi8(':'));
   __m128i o = _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')),
                            _mm_cmpeq_epi8(x, _mm_set1_epi8('-')));
