@@ -436,15 +436,21 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
   r->method = s;
   r->method_len = i++;
   size_t t0 = i, q = run(s, i, len, C_PATH);   /* q: '?' or the end */
-  i = q < len && s[q] == '?' ? run(s, q + 1, len, C_TARGET) : q;
-  if (i == len)
-    return NEED;
-  if (q == t0 || s[i] != ' ')
-    return 400;              /* no target, or no path before its query */
+  if (q < len && s[q] == ' ' && q > t0) {
+    i = q;                   /* the usual: a path, no query */
+    r->query = NULL;
+    r->query_len = 0;
+  } else {
+    i = q < len && s[q] == '?' ? run(s, q + 1, len, C_TARGET) : q;
+    if (i == len)
+      return NEED;
+    if (q == t0 || s[i] != ' ')
+      return 400;            /* no target, or no path before its query */
+    r->query = s + q + 1;    /* (q < i: there is a query) */
+    r->query_len = i - q - 1;
+  }
   r->path = s + t0;
   r->path_len = q - t0;
-  r->query = q < i ? s + q + 1 : NULL;
-  r->query_len = q < i ? i - q - 1 : 0;
   i++;
   if (len - i >= 10 && memcmp(s + i, "HTTP/1.1\r\n", 10) == 0) {
     r->minor = 1;            /* the usual case, in two compares */
@@ -595,18 +601,19 @@ static int framing(nr_http_parser_t *p, nr_http_request_t *r,
 }
 
 /* Parse the header fields from s[i] (just past the request line, which
- * parse_request_line put in r with what its method says) into r,
- * up to the blank line ending the block, and decide how the body is framed:
- * one pass, each byte looked at once. Returns the offset just past that
- * blank line, or 0 when the block has not all arrived (p->scan then holds
- * where its last line began); *rc gets 0 or the status of the first bad
- * line. At a bad line the rest is only searched for the block's end, as an
- * incomplete or oversized block is judged before its lines. Idempotent: run
- * again after the input moved. */
+ * parse_request_line put in r with what its method says) into r, up to the
+ * blank line ending the block, and decide how the body is framed: one pass,
+ * each byte looked at once. Returns the offset just past that blank line, or
+ * 0 when the block has not all arrived (p->scan then holds where its last
+ * line began); *rc gets 0 or the status of the first bad line, and when the
+ * block is whole and good *body whether a body follows (chunked, or a
+ * Content-Length above 0). At a bad line the rest is only searched for the
+ * block's end, as an incomplete or oversized block is judged before its
+ * lines. Idempotent: run again after the input moved. */
 static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
-                         const char *s, size_t n, size_t i, int *rc) {
+                         const char *s, size_t n, size_t i, int *rc,
+                         bool *body) {
   r->type = NR_MSG_HTTP_REQUEST;
-  r->nheaders = 0;
   r->expect_continue = r->chunked = false;
   r->body = "";
   r->body_len = 0;
@@ -670,15 +677,18 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
     if (r->minor == 0)
       r->expect_continue = false;
   }
+  *body = (seen & (H_CHUNKED | H_LENGTH)) &&
+          ((seen & H_CHUNKED) || p->content_length != 0);
   return i;
 }
 
-/* The request line and header block at s[0 .. n): the block's length when
- * it is whole and good (r filled in), 0 when more is needed, or -status.
- * The request line is judged as soon as it is whole (within max_header),
- * so garbage gets its 400 without waiting; the fields once the block is. */
+/* The request line and header block at s[0 .. n): the block's length when it
+ * is whole and good (r filled in, *body set as parse_head sets it), 0 when
+ * more is needed, or -status. The request line is judged as soon as it is
+ * whole (within max_header), so garbage gets its 400 without waiting; the
+ * fields once the block is. */
 static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
-                        const char *s, size_t n) {
+                        const char *s, size_t n, bool *body) {
   size_t i, max = p->max_header, first = n < max ? n : max;
   int rc;
   /* Resumed (the line was judged good before): search on from where the
@@ -687,7 +697,7 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
     return n > max ? -431 : 0;
   if ((rc = parse_request_line(r, s, first, &i)) != 0)
     return rc != NEED ? -rc : n >= max ? -431 : 0;
-  size_t end = parse_head(p, r, s, n, i, &rc);
+  size_t end = parse_head(p, r, s, n, i, &rc, body);
   if (end == 0) {
     p->line_ok = true;
     return n > max ? -431 : 0;
@@ -871,11 +881,12 @@ static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
   int rc = 0;
   /* the head parsed before: again, in place (it cannot fail this time) */
   bool again = !between && p->phase != P_HEAD;
-  long end = parse_block(p, req, s, again ? p->head_len : n);
+  bool body = false;          /* (set when the head is whole and good) */
+  long end = parse_block(p, req, s, again ? p->head_len : n, &body);
   if (end <= 0)
     return end;
   if (!again) {
-    if (!req->chunked && p->content_length == 0)
+    if (!body)
       return end;            /* the usual: no body */
     p->head_len = (size_t)end;
     p->line_ok = false;      /* parse_block reads it in the next phases */
