@@ -10,8 +10,9 @@
  * simply re-parsed (cheap, and it keeps every pointer valid whatever the
  * buffer did), while the progress through a body is kept as offsets from
  * the request's start. Chunked bodies are decoded into `body`. A complete
- * header block is validated and split in one pass (a byte class table for
- * tokens, request targets and field values eight bytes at a time); the
+ * header block is validated and split in one pass (a byte class table,
+ * and request targets, field values and names sixteen bytes at a time with
+ * SSE2, eight without; the usual Host line judged at a glance); the
  * block's end is searched for on its own only while it is incomplete or
  * after a bad line.
  */
@@ -117,7 +118,7 @@ static inline uint64_t flags(uint64_t x, unsigned c, unsigned o) {
  * two), and also HTAB in a value and '?' in a query: the first flagged
  * byte is looked up in the table, and the run goes on past it if it is of
  * the class after all. */
-static inline size_t run(const char *s, size_t i, size_t n, int c) {
+static inline size_t run8(const char *s, size_t i, size_t n, int c) {
   const unsigned char *u = (const unsigned char *)s;
   while (i + 8 <= n) {
     uint64_t x = load8(s + i);
@@ -133,6 +134,86 @@ static inline size_t run(const char *s, size_t i, size_t n, int c) {
   }
   return span(s, i, n, c);
 }
+
+#if defined(__SSE2__) && !defined(NR_HTTP_PORTABLE)
+/* Sixteen bytes at a time where SSE2 is there (every x86-64): the same
+ * runs, and names, a few instructions a block finding the bytes that
+ * may end one (the table judges those). Built with -DNR_HTTP_PORTABLE,
+ * the eight-byte code above does it all (the tests run both). */
+#include <emmintrin.h>
+#define HTTP_SSE2 1
+
+static inline __m128i load16(const char *s) {
+  return _mm_loadu_si128((const __m128i *)(const void *)s);
+}
+
+/* The digits of x, and its letters, as bytes of all ones. */
+static inline __m128i digits16(__m128i x) {
+  __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
+  return _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
+}
+
+static inline __m128i letters16(__m128i x) {
+  __m128i a = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)),
+                           _mm_set1_epi8('a'));   /* OR 0x20: a letter's
+                                                     lowercase, and no other
+                                                     byte becomes one */
+  return _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(25)), a);
+}
+
+/* The letters, digits and '-' of x, a bit each: the bytes of most names. */
+static inline unsigned name_bits(__m128i x) {
+  __m128i h = _mm_cmpeq_epi8(x, _mm_set1_epi8('-'));
+  return (unsigned)_mm_movemask_epi8(
+      _mm_or_si128(_mm_or_si128(digits16(x), letters16(x)), h));
+}
+
+/* The bytes of x that may be outside class c, a bit each. C_TOKEN: all
+ * but letters, digits and '-'. C_VALUE, C_TARGET, C_PATH, in three
+ * instructions or four: those below 0x20 or 0x21 as signed bytes
+ * (controls, SP for a target, and obs-text), DEL, and '?' for a path --
+ * exact but for obs-text, and HTAB in a value. */
+static inline unsigned flags16(__m128i x, int c) {
+  if (c == C_TOKEN)
+    return ~name_bits(x) & 0xffff;
+  __m128i m = _mm_cmplt_epi8(x, _mm_set1_epi8(c == C_VALUE ? 0x20 : 0x21));
+  m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8(0x7f)));
+  if (c == C_PATH)
+    m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8('?')));
+  return (unsigned)_mm_movemask_epi8(m);
+}
+
+/* run8's answer (span's for C_TOKEN), sixteen bytes a step, a flagged
+ * byte looked up in the table. The last bytes short of sixteen are judged
+ * in the block ending at n, the bits of the bytes already judged shifted
+ * out. */
+static inline size_t run(const char *s, size_t i, size_t n, int c) {
+  const unsigned char *u = (const unsigned char *)s;
+  for (;;) {
+    unsigned m;
+    if (i + 16 <= n)
+      m = flags16(load16(s + i), c);
+    else if (n >= 16)
+      m = flags16(load16(s + n - 16), c) >> (i - (n - 16));
+    else
+      return c == C_TOKEN ? span(s, i, n, c) : run8(s, i, n, c);
+    if (m == 0) {
+      i += 16;               /* (past n only when the block was the last) */
+      if (i >= n)
+        return n;
+      continue;
+    }
+    i += (size_t)__builtin_ctz(m);
+    if (!(cls[u[i]] & c))
+      return i;
+    i++;
+  }
+}
+#define tokens(s, i, n) run((s), (i), (n), C_TOKEN)
+#else
+#define run run8
+#define tokens(s, i, n) span((s), (i), (n), C_TOKEN)
+#endif
 
 bool nr_http_is_token(const char *s, size_t n) {
   return n > 0 && span(s, 0, n, C_TOKEN) == n;
@@ -153,7 +234,40 @@ static bool ieq(const char *a, size_t n, const char *lit, size_t ln) {
       return false;
   return true;
 }
-#define IEQ(a, n, lit) ieq((a), (n), lit, sizeof lit - 1)
+
+/* The same, a word at a time, for bytes a parsed line holds (a name's
+ * tchars, a value's bytes: no control byte but HTAB) and a literal of four
+ * bytes or more made of lowercase letters, digits and '-'. OR 0x20 then
+ * lowercases a letter and maps no other such byte onto one of the
+ * literal's (onto '-' only CR, onto a digit only controls, none there).
+ * The last word overlaps the one before when the length is not a multiple
+ * of it. */
+static inline uint64_t word_at(const char *s, size_t w) {
+  uint32_t x4;
+  uint64_t x8;
+  if (w == 4)
+    return memcpy(&x4, s, 4), x4;
+  return memcpy(&x8, s, 8), x8;
+}
+
+static inline bool ieq_lit(const char *a, size_t n, const char *lit,
+                           size_t ln) {
+  if (n != ln)
+    return false;
+  if (ln < 4)
+    return ieq(a, n, lit, ln);
+  size_t w = ln < 8 ? 4 : 8;
+  for (size_t k = 0;; k += w) {
+    if (k + w > ln)
+      k = ln - w;
+    if ((word_at(a + k, w) | 0x2020202020202020ull >> (64 - 8 * w)) !=
+        word_at(lit + k, w))
+      return false;
+    if (k + w == ln)
+      return true;
+  }
+}
+#define IEQ(a, n, lit) ieq_lit((a), (n), lit, sizeof lit - 1)
 
 /* ---- the header block ---------------------------------------------------------- */
 
@@ -186,20 +300,26 @@ parse_field(nr_http_header_t *h, const char *s, size_t len, size_t *ip) {
     n1 = n0 + 4;             /* the field every request has, at a glance */
     i = n0 + 6;
   } else {
-    n1 = i = span(s, n0, len, C_TOKEN);
+    n1 = i = tokens(s, n0, len);
     if (i == n0 || i >= len || s[i] != ':')
       return 400;            /* empty name, space before ':', obs-fold */
     i++;
   }
-  while (i < len && (s[i] == ' ' || s[i] == '\t'))
+  /* (each loop's first test is one compare for the usual byte) */
+  if (i < len && s[i] == ' ')
+    i++;
+  while (i < len && (unsigned char)s[i] <= ' ' &&
+         (s[i] == ' ' || s[i] == '\t'))
     i++;
   size_t v0 = i, v1 = i = run(s, i, len, C_VALUE);
-  if (i < len && s[i] == '\r')
-    i++;
-  if (i >= len || s[i] != '\n')
+  if (len - i >= 2 && memcmp(s + i, "\r\n", 2) == 0)
+    *ip = i + 2;
+  else if (i < len && s[i] == '\n')
+    *ip = i + 1;
+  else
     return 400;              /* a control byte, or a bare CR */
-  *ip = i + 1;
-  while (v1 > v0 && (s[v1 - 1] == ' ' || s[v1 - 1] == '\t'))
+  while (v1 > v0 && (unsigned char)s[v1 - 1] <= ' ' &&
+         (s[v1 - 1] == ' ' || s[v1 - 1] == '\t'))
     v1--;
   *h = (nr_http_header_t){s + n0, s + v0, n1 - n0, v1 - v0};
   return 0;
@@ -300,25 +420,37 @@ static int parse_version(nr_http_request_t *r, const char *s, size_t len,
  * same with any larger one. */
 static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
                               size_t *ip) {
-  /* GET, the usual method, in one compare (its bytes are tchars) */
-  size_t i = len >= 4 && memcmp(s, "GET ", 4) == 0 ? 3
-                                                    : span(s, 0, len, C_TOKEN);
-  if (i == len || (len == 1 && s[0] == '\r'))
-    return NEED;             /* (a CR may begin a blank line, skipped) */
-  if (i == 0 || s[i] != ' ')
-    return 400;
+  size_t i;
+  if (len >= 4 && memcmp(s, "GET ", 4) == 0) {
+    i = 3;                   /* GET, the usual method, in one compare */
+    r->head = r->switches = false;
+  } else {
+    i = span(s, 0, len, C_TOKEN);
+    if (i == len || (len == 1 && s[0] == '\r'))
+      return NEED;           /* (a CR may begin a blank line, skipped) */
+    if (i == 0 || s[i] != ' ')
+      return 400;
+    r->head = i == 4 && memcmp(s, "HEAD", 4) == 0;
+    r->switches = i == 7 && memcmp(s, "CONNECT", 7) == 0;
+  }
   r->method = s;
   r->method_len = i++;
   size_t t0 = i, q = run(s, i, len, C_PATH);   /* q: '?' or the end */
-  i = q < len && s[q] == '?' ? run(s, q + 1, len, C_TARGET) : q;
-  if (i == len)
-    return NEED;
-  if (q == t0 || s[i] != ' ')
-    return 400;              /* no target, or no path before its query */
+  if (q < len && s[q] == ' ' && q > t0) {
+    i = q;                   /* the usual: a path, no query */
+    r->query = NULL;
+    r->query_len = 0;
+  } else {
+    i = q < len && s[q] == '?' ? run(s, q + 1, len, C_TARGET) : q;
+    if (i == len)
+      return NEED;
+    if (q == t0 || s[i] != ' ')
+      return 400;            /* no target, or no path before its query */
+    r->query = s + q + 1;    /* (q < i: there is a query) */
+    r->query_len = i - q - 1;
+  }
   r->path = s + t0;
   r->path_len = q - t0;
-  r->query = q < i ? s + q + 1 : NULL;
-  r->query_len = q < i ? i - q - 1 : 0;
   i++;
   if (len - i >= 10 && memcmp(s + i, "HTTP/1.1\r\n", 10) == 0) {
     r->minor = 1;            /* the usual case, in two compares */
@@ -347,6 +479,46 @@ static bool valid_host(const char *v, size_t n) {
     i = span(v, i + 1, n, C_DIGIT);
   return i == n;
 }
+
+#ifdef HTTP_SSE2
+/* The bytes of x that may be in the usual Host (letters, digits, '.',
+ * '-', ':'), a bit each, with its ':' and its digits. */
+static inline uint64_t host_bits(__m128i x, uint64_t *colon, uint64_t *digit) {
+  __m128i d = digits16(x), a = letters16(x);
+  __m128i c = _mm_cmpeq_epi8(x, _mm_set1_epi8(':'));
+  __m128i o = _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')),
+                           _mm_cmpeq_epi8(x, _mm_set1_epi8('-')));
+  *colon = (uint64_t)_mm_movemask_epi8(c);
+  *digit = (uint64_t)_mm_movemask_epi8(d);
+  o = _mm_or_si128(_mm_or_si128(o, c), _mm_or_si128(d, a));
+  return (uint64_t)_mm_movemask_epi8(o);
+}
+
+/* The usual Host line's value at v, in one pass: its length when it is
+ * letters, digits, '.' and '-' (a name or IPv4 address), then maybe ':'
+ * and digits (a port), at most 31 bytes, ended by CRLF -- valid, and with
+ * nothing to trim; else NOT_PLAIN, and the line is parsed the long way.
+ * v + 17 <= end. */
+#define NOT_PLAIN ((size_t)-1)
+static inline size_t host_line(const char *v, const char *end) {
+  uint64_t colon, digit, c2, d2, ok = host_bits(load16(v), &colon, &digit);
+  if (ok == 0xffff) {
+    if (end - v < 34)
+      return NOT_PLAIN;
+    ok |= host_bits(load16(v + 16), &c2, &d2) << 16;
+    colon |= c2 << 16;
+    digit |= d2 << 16;
+  }
+  size_t e = (size_t)__builtin_ctzll(~ok);     /* the first other byte */
+  if (e == 32 || memcmp(v + e, "\r\n", 2) != 0)
+    return NOT_PLAIN;
+  uint64_t lanes = (1ull << e) - 1;
+  colon &= lanes;
+  uint64_t port = lanes & ~((colon & -colon) * 2 - 1);   /* past the first
+                                                           ':', if any */
+  return (port & ~digit) == 0 ? e : NOT_PLAIN;
+}
+#endif
 
 /* Is h named Host? Every request has one, so a word compare: OR 0x20
  * lowercases a letter and maps no other byte onto one of "host". */
@@ -406,6 +578,10 @@ static int framing(nr_http_parser_t *p, nr_http_request_t *r,
     break;
   case 10:
     if (IEQ(h->name, 10, "connection")) {
+      if (IEQ(h->value, h->value_len, "keep-alive")) {
+        *seen |= H_KEEP;     /* the usual, at a glance */
+        break;
+      }
       if (has_token(h->value, h->value_len, "close", 5))
         *seen |= H_CLOSE;
       if (has_token(h->value, h->value_len, "keep-alive", 10))
@@ -424,49 +600,71 @@ static int framing(nr_http_parser_t *p, nr_http_request_t *r,
   return 0;
 }
 
-/* Parse the header fields from s[i] (just past the request line) into r,
- * up to the blank line ending the block, and decide how the body is framed:
- * one pass, each byte looked at once. Returns the offset just past that
- * blank line, or 0 when the block has not all arrived (p->scan then holds
- * where its last line began); *rc gets 0 or the status of the first bad
- * line. At a bad line the rest is only searched for the block's end, as an
- * incomplete or oversized block is judged before its lines. Idempotent: run
- * again after the input moved. */
+/* Parse the header fields from s[i] (just past the request line, which
+ * parse_request_line put in r with what its method says) into r, up to the
+ * blank line ending the block, and decide how the body is framed: one pass,
+ * each byte looked at once. Returns the offset just past that blank line, or
+ * 0 when the block has not all arrived (p->scan then holds where its last
+ * line began); *rc gets 0 or the status of the first bad line, and when the
+ * block is whole and good *body whether a body follows (chunked, or a
+ * Content-Length above 0). At a bad line the rest is only searched for the
+ * block's end, as an incomplete or oversized block is judged before its
+ * lines. Idempotent: run again after the input moved. */
 static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
-                         const char *s, size_t n, size_t i, int *rc) {
+                         const char *s, size_t n, size_t i, int *rc,
+                         bool *body) {
   r->type = NR_MSG_HTTP_REQUEST;
-  r->nheaders = 0;
   r->expect_continue = r->chunked = false;
-  r->head = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
-  r->switches = r->method_len == 7 && memcmp(r->method, "CONNECT", 7) == 0;
   r->body = "";
   r->body_len = 0;
   p->content_length = 0;
   *rc = 0;
   unsigned seen = 0;
+  size_t nh = 0, max = p->max_headers;     /* (kept in registers) */
   for (;;) {
+#ifdef HTTP_SSE2
+    /* The first Host line, as most requests send it: in one pass (the
+     * long way below judges any other, and every error) */
+    size_t e;
+    if (n - i >= 23 && memcmp(s + i, "Host: ", 6) == 0 && !(seen & H_HOST) &&
+        nh < max && (e = host_line(s + i + 6, s + n)) != NOT_PLAIN) {
+      r->headers[nh++] = (nr_http_header_t){s + i, s + i + 6, 4, e};
+      seen |= H_HOST;
+      i += 6 + e + 2;
+      continue;
+    }
+#endif
     /* A name starts with a tchar: one compare tells most lines from the
-     * blank one ("\n" or "\r\n"; a lone CR fails as a field). */
-    if (i < n && (unsigned char)s[i] <= '\r' &&
-        (s[i] == '\n' || (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n')))
-      break;
+     * blank one ("\r\n" or "\n"; a lone CR fails as a field). */
+    if (i < n && (unsigned char)s[i] <= '\r') {
+      if (n - i >= 2 && memcmp(s + i, "\r\n", 2) == 0) {
+        i += 2;
+        break;
+      }
+      if (s[i] == '\n') {
+        i++;
+        break;
+      }
+    }
     size_t ls = i;
     nr_http_header_t h;
     if ((*rc = parse_field(&h, s, n, &i)) == 0) {
-      if (r->nheaders == p->max_headers) {
+      if (nh == max) {
         *rc = 431;
       } else {
-        r->headers[r->nheaders++] = h;
+        r->headers[nh++] = h;
         *rc = framing(p, r, &h, &seen);
       }
     }
     if (*rc != 0) {
+      r->nheaders = nh;
       p->scan = ls;
       return find_block_end(p, s, n);
     }
   }
+  r->nheaders = nh;
   r->ntrailers = 0;
-  r->trailers = r->headers + r->nheaders;
+  r->trailers = r->headers + nh;
   r->keep_alive = true;      /* HTTP/1.1, a Host and no framing header: the
                                 usual */
   if (seen != H_HOST || r->minor == 0) {
@@ -479,15 +677,18 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
     if (r->minor == 0)
       r->expect_continue = false;
   }
-  return i + (s[i] == '\r') + 1;
+  *body = (seen & (H_CHUNKED | H_LENGTH)) &&
+          ((seen & H_CHUNKED) || p->content_length != 0);
+  return i;
 }
 
-/* The request line and header block at s[0 .. n): the block's length when
- * it is whole and good (r filled in), 0 when more is needed, or -status.
- * The request line is judged as soon as it is whole (within max_header),
- * so garbage gets its 400 without waiting; the fields once the block is. */
+/* The request line and header block at s[0 .. n): the block's length when it
+ * is whole and good (r filled in, *body set as parse_head sets it), 0 when
+ * more is needed, or -status. The request line is judged as soon as it is
+ * whole (within max_header), so garbage gets its 400 without waiting; the
+ * fields once the block is. */
 static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
-                        const char *s, size_t n) {
+                        const char *s, size_t n, bool *body) {
   size_t i, max = p->max_header, first = n < max ? n : max;
   int rc;
   /* Resumed (the line was judged good before): search on from where the
@@ -496,7 +697,7 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
     return n > max ? -431 : 0;
   if ((rc = parse_request_line(r, s, first, &i)) != 0)
     return rc != NEED ? -rc : n >= max ? -431 : 0;
-  size_t end = parse_head(p, r, s, n, i, &rc);
+  size_t end = parse_head(p, r, s, n, i, &rc, body);
   if (end == 0) {
     p->line_ok = true;
     return n > max ? -431 : 0;
@@ -673,17 +874,19 @@ static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
 /* ---- one request ---------------------------------------------------------------- */
 
 /* Parse one request at s[0 .. n): its length when complete (req is then
- * filled in), 0 when more input is needed, or -status. */
+ * filled in), 0 when more input is needed, or -status. `between`: the
+ * parser is between requests (so in P_HEAD). */
 static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
-                      const char *s, size_t n) {
+                      const char *s, size_t n, bool between) {
   int rc = 0;
-  bool again = p->phase != P_HEAD;   /* the head parsed before: again, in
-                                        place (it cannot fail this time) */
-  long end = parse_block(p, req, s, again ? p->head_len : n);
+  /* the head parsed before: again, in place (it cannot fail this time) */
+  bool again = !between && p->phase != P_HEAD;
+  bool body = false;          /* (set when the head is whole and good) */
+  long end = parse_block(p, req, s, again ? p->head_len : n, &body);
   if (end <= 0)
     return end;
   if (!again) {
-    if (!req->chunked && p->content_length == 0)
+    if (!body)
       return end;            /* the usual: no body */
     p->head_len = (size_t)end;
     p->line_ok = false;      /* parse_block reads it in the next phases */
@@ -793,14 +996,17 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
   req.expect_continue = false;
   const char *s = cum ? nr_buf_peek(&p->in) : data;
   size_t n = cum ? nr_buf_len(&p->in) : len, off = 0;
+  /* Between requests (phase P_HEAD, no head search under way), as the
+   * parser is after each request: known here, where the compiler could
+   * not know it of p after a callback that may reach p. */
+  bool between = p->phase == P_HEAD && p->scan == 0;
   while (off < n) {
-    if (p->phase == P_HEAD && p->scan == 0 &&
-        (off = skip_blank(s, off, n)) == n)
+    if (between && (off = skip_blank(s, off, n)) == n)
       break;
-    long r = parse_one(p, &req, s + off, n - off);
-    if (r < 0)
+    long r = parse_one(p, &req, s + off, n - off, between);
+    if (__builtin_expect(r < 0, 0))
       return stop(p, (int)-r);
-    if (r == 0) {
+    if (__builtin_expect(r == 0, 0)) {
       if (p->phase != P_HEAD && req.expect_continue && !p->continue_sent) {
         p->continue_sent = true;
         if (cb(arg, NR_HTTP_EV_CONTINUE, &req))
@@ -810,13 +1016,15 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
     }
     int halt = cb(arg, NR_HTTP_EV_REQUEST, &req);
     next_request(p);
+    between = true;
     off += (size_t)r;
-    if (halt == NR_HTTP_PAUSE)
-      break;
-    if (halt == NR_HTTP_SWITCHED)
-      return switched(p, s, off, n, cum);
-    if (halt)
+    if (__builtin_expect(halt != 0, 0)) {
+      if (halt == NR_HTTP_PAUSE)
+        break;
+      if (halt == NR_HTTP_SWITCHED)
+        return switched(p, s, off, n, cum);
       return stop(p, 1);
+    }
   }
   if (cum)
     nr_buf_consume(&p->in, off);

@@ -472,3 +472,185 @@ TEST(a_bad_request_line_is_refused_at_its_first_bad_byte) {
   CHECK_EQ(FEED_ONCE("GET / HTTP/1.1\r"), 0);
   CHECK_EQ(FEED_ONCE("\r"), 0);
 }
+
+/* ---- the parser's scans, byte by byte: every byte value at positions
+ * around the 16-byte blocks the SSE2 code judges (and the 8-byte words of
+ * the portable code: test_http_portable runs these too), near the end of
+ * the bytes fed or not, must get the verdict of the plain rules below ---- */
+
+typedef struct seen_s {
+  int requests;
+  char path[64], query[64], value[64];
+  int has_query;
+} seen_t;
+
+static void copy_field(char *dst, const char *s, size_t n) {
+  CHECK_LT(n, 64);
+  memcpy(dst, s, n);
+  dst[n] = '\0';
+}
+
+static int on_seen(void *arg, int ev, nr_http_request_t *r) {
+  seen_t *z = arg;
+  CHECK_EQ(ev, NR_HTTP_EV_REQUEST);
+  z->requests++;
+  copy_field(z->path, r->path, r->path_len);
+  z->has_query = r->query != NULL;
+  copy_field(z->query, r->query ? r->query : "", r->query_len);
+  CHECK_GE(r->nheaders, 1);
+  const nr_http_header_t *h = &r->headers[r->nheaders - 1];
+  copy_field(z->value, h->value, h->value_len);
+  return 0;
+}
+
+/* Feed n bytes from a buffer of exactly n bytes (ASan sees any read past
+ * it): whole, or `tail` bytes held back for a second feed. */
+static int feed_exact(const char *req, size_t n, size_t tail, seen_t *z) {
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, NR_HTTP_DEFAULT_MAX_HEADERS);
+  char *b = malloc(n);
+  CHECK(b != NULL);
+  memcpy(b, req, n);
+  memset(z, 0, sizeof *z);
+  int rc = nr_http_feed(&p, b, n - tail, on_seen, z);
+  if (rc == 0 && tail > 0)
+    rc = nr_http_feed(&p, b + n - tail, tail, on_seen, z);
+  if (rc == 0 && z->requests == 0)
+    rc = -1;                 /* incomplete */
+  free(b);
+  nr_http_parser_free(&p);
+  return rc;
+}
+
+enum { IN_PATH, IN_QUERY, IN_VALUE, IN_HOST };
+
+/* Lengths around the block and word sizes, and positions within them. */
+static const size_t lens[] = {1, 2, 3, 7, 8, 9, 14, 15, 16, 17, 18, 24,
+                              30, 31, 32, 33, 34, 40};
+
+static void one_byte_case(int where, size_t len, size_t k, int b,
+                          size_t tail) {
+  char text[64], req[256];
+  memset(text, where == IN_HOST ? '1' : 'a', len);   /* the bytes around */
+  text[len] = '\0';
+  size_t n;
+  if (where == IN_PATH || where == IN_QUERY)
+    n = (size_t)snprintf(req, sizeof req,
+                         "GET /%s%.*s HTTP/1.1\r\nHost: h\r\n\r\n",
+                         where == IN_QUERY ? "p?" : "", (int)len, text);
+  else
+    n = (size_t)snprintf(req, sizeof req, "GET / HTTP/1.1\r\n%s%.*s\r\n\r\n",
+                         where == IN_HOST ? "Host: " : "Host: h\r\nX-V: ",
+                         (int)len, text);
+  /* then the byte (snprintf would stop at a NUL) */
+  text[k] = (char)b;
+  char *at = strstr(req, where == IN_HOST ? "Host: " : where == IN_VALUE
+                    ? "X-V: " : "GET /");
+  at += where == IN_QUERY ? 7 : where == IN_PATH ? 5 : where == IN_HOST ? 6 : 5;
+  at[k] = (char)b;
+  seen_t z;
+  int rc = feed_exact(req, n, tail, &z);
+  /* the rules, plainly */
+  bool vchar = b > 0x20 && b != 0x7f;      /* and obs-text */
+  bool ok;
+  const char *got;
+  size_t want_len = len;
+  size_t want_off = 0;
+  if (where == IN_PATH) {
+    ok = vchar;
+    if (b == '?')
+      want_len = k;          /* the path ends at '?' */
+    got = z.path + 1;        /* after the '/' */
+  } else if (where == IN_QUERY) {
+    ok = vchar;
+    got = z.query;
+  } else {
+    bool value = (b >= 0x20 && b != 0x7f) || b == '\t';
+    bool space = b == ' ' || b == '\t';
+    bool lf_end = b == '\n' && k == len - 1;   /* a bare LF ends the line */
+    if ((space && (k == 0 || k == len - 1)) || lf_end) {
+      want_len = len - 1;    /* leading or trailing whitespace: trimmed */
+      want_off = k == 0 && !lf_end;
+    }
+    if (where == IN_VALUE) {
+      ok = value || lf_end;
+    } else {                 /* digits and the byte: a host, or host:port */
+      bool hostc = (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') ||
+                   (b >= '0' && b <= '9') || strchr("-._~!$&'()*+,;=%", b);
+      ok = b != 0 && (hostc || b == ':' || lf_end ||
+                      (space && (k == 0 || k == len - 1)));
+    }
+    got = z.value;
+  }
+  if (!ok) {
+    if (rc != 400)
+      FAIL("where %d len %zu pos %zu byte 0x%02x tail %zu: %d, not 400", where,
+           len, k, b, tail, rc);
+    return;
+  }
+  if (rc != 0)
+    FAIL("where %d len %zu pos %zu byte 0x%02x tail %zu: refused with %d",
+         where, len, k, b, tail, rc);
+  CHECK_EQ(z.requests, 1);
+  if (strlen(got) != want_len || memcmp(got, text + want_off, want_len) != 0)
+    FAIL("where %d len %zu pos %zu byte 0x%02x: parsed [%s]", where, len, k,
+         b, got);
+}
+
+TEST_T(every_byte_at_every_block_position, 120) {
+  for (int where = IN_PATH; where <= IN_HOST; where++)
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+      size_t len = lens[li];
+      size_t pos[] = {0, 1, len / 2, len > 2 ? len - 2 : 0, len - 1};
+      for (size_t pi = 0; pi < sizeof pos / sizeof pos[0]; pi++)
+        for (int b = 0; b < 256 && pos[pi] < len; b++) {
+          one_byte_case(where, len, pos[pi], b, 0);
+          one_byte_case(where, len, pos[pi], b, 7);   /* the rest later:
+                                                         parsed from `in` */
+        }
+    }
+}
+
+/* The Host rules where the usual Host line is judged at a glance: a Host
+ * line with more header lines after it, of every length about the 16- and
+ * 32-byte blocks. */
+TEST(host_rules_hold_on_the_usual_host_line) {
+  static const char *const bad[] = {"a:80x", "a:b:c", "a:8:0", "a:80a",
+                                    "x:80 x", "a b", "a/b", "a@b", "a?",
+                                    "[::1", "[]", "[::1]x", "\x80", "a\x7f"};
+  static const char *const good[] = {"", "a", ":80", "a:", "127.0.0.1:8080",
+                                     "A-Z.example.COM:65535", "[::1]:80",
+                                     "a-b_c~d%41", "0123456789abcde",
+                                     "0123456789abcdef", "0123456789abcdefg",
+                                     "0123456789abcdef0123456789abcde",
+                                     "0123456789abcdef0123456789abcdef",
+                                     "0123456789abcdef0123456789abcdefg",
+                                     "0123456789abcdef0123456789a:12345",
+                                     "0123456789abcdef:12345678901234"};
+  for (int good_ones = 0; good_ones < 2; good_ones++) {
+    const char *const *list = good_ones ? good : bad;
+    size_t count = good_ones ? sizeof good / sizeof good[0]
+                             : sizeof bad / sizeof bad[0];
+    for (size_t i = 0; i < count; i++) {
+      char req[256];
+      int n = snprintf(req, sizeof req, "GET / HTTP/1.1\r\nHost: %s\r\n"
+                       "User-Agent: long enough for the block\r\n\r\n",
+                       list[i]);
+      for (size_t tail = 0; tail < 40; tail += 13) {
+        seen_t z;
+        int rc = feed_exact(req, (size_t)n, tail, &z);
+        if (rc != (good_ones ? 0 : 400))
+          FAIL("Host: %s (tail %zu): %d", list[i], tail, rc);
+      }
+    }
+  }
+  /* a second Host, after one judged at a glance or the long way */
+  static const char twice[] = "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n"
+                              "User-Agent: long enough for the block\r\n\r\n";
+  static const char twice_long[] =
+      "GET / HTTP/1.1\r\nhost: a\r\nHost: a\r\n"
+      "User-Agent: long enough for the block\r\n\r\n";
+  seen_t z;
+  CHECK_EQ(feed_exact(twice, sizeof twice - 1, 0, &z), 400);
+  CHECK_EQ(feed_exact(twice_long, sizeof twice_long - 1, 0, &z), 400);
+}
