@@ -203,9 +203,11 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   b->draining = true;
   b->complete = complete;
   b->may_hold = may_hold;
+  lua_pushcfunction(L, lnr_msgh);      /* below every call: lnr_pcall's, */
+  int msgh = lua_gettop(L);            /* without moving it in and out */
   while (b->next < b->n || b->complete) {
     lua_pushcfunction(L, batch_run);
-    if (lnr_pcall(L, 0, 0) != LUA_OK) {
+    if (lua_pcall(L, 0, 0, msgh) != LUA_OK) {
       if (b->owner != NULL) {
         bool read = strcmp(b->method, "channel_read") == 0;
         lnr_lh_route_error(ctx, L, b->method);          /* pops the message */
@@ -225,6 +227,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
       b->complete = true;              /* drained already: go on */
     }
   }
+  lua_pop(L, 1);                       /* msgh */
   LNR_STACK_END(L, 0);
   lua_settop(b->Q, 0);
   b->n = b->next = 0;
