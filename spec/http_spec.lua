@@ -72,13 +72,13 @@ function Describe:exception_caught(ctx, err)
   ctx:flush()
 end
 
-local function serve(opts)
+local function serve(opts, app)     -- app: Describe unless given
   local group = netrun.group { threads = 1, name = "http" }
   local server = netrun.server {
     group = group, host = "127.0.0.1", port = 0,
     init = function(ch)
       ch:pipeline():add_last("http", netrun.codec.http_server(opts or {}))
-      ch:pipeline():add_last("app", Describe)
+      ch:pipeline():add_last("app", app or Describe)
     end,
   }:sync()
   local _, port = server:local_address()
@@ -102,6 +102,15 @@ local function checksum(s)
 end
 
 local read_response = H.read_response
+
+-- One GET answered with resp on the embedded codec channel ch: the bytes
+-- written, but for the Date line.
+local function answer_get(ch, resp)
+  ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+  assert.equal(1, #ch:read_all_inbound())
+  ch:write_outbound(resp)
+  return (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
+end
 
 local function assert_closed(c)
   local data, err = c:receive(1)
@@ -797,14 +806,7 @@ function Varying:channel_read_complete(ctx) ctx:flush() end
 
 describe("http_server writing one response table again and again", function()
   it("sends each change at once, pipelined, on a loop that made no memo before", function()
-    local group = netrun.group { threads = 1, name = "http" }
-    local server = netrun.server {
-      group = group, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        ch:pipeline():add_last("http", netrun.codec.http_server {}):add_last("app", Mutating)
-      end,
-    }:sync()
-    local _, port = server:local_address()
+    local group, port = serve(nil, Mutating)
     local steps = {     -- path, then the status, content-type, x-added and body it gets
       { "/reset", 200, "text/plain", nil, "first" }, { "/same", 200, "text/plain", nil, "first" },
       { "/same", 200, "text/plain", nil, "first" }, { "/same", 200, "text/plain", nil, "first" },
@@ -839,14 +841,7 @@ describe("http_server writing one response table again and again", function()
   end)
 
   it("sends a head memoised with each request's body, pipelined, HEAD and close included", function()
-    local group = netrun.group { threads = 1, name = "http" }
-    local server = netrun.server {
-      group = group, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        ch:pipeline():add_last("http", netrun.codec.http_server {}):add_last("app", Varying)
-      end,
-    }:sync()
-    local _, port = server:local_address()
+    local group, port = serve(nil, Varying)
     local steps = {}    -- method, path, status and content-type it gets
     local status, ctype = 200, "text/plain"
     for i = 1, 60 do
@@ -1134,12 +1129,7 @@ describe("HTTP examples", function()
       -- The same strings written in a row are sent as a prepared response
       -- (lhttp_memo.c); each change below must reach the wire at once.
       local ch = netrun.embedded(netrun.codec.http_server {})
-      local function send(resp)
-        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-        assert.equal(1, #ch:read_all_inbound())
-        ch:write_outbound(resp)
-        return (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
-      end
+      local function send(resp) return answer_get(ch, resp) end
       local function refused(resp, why)
         ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
         assert.equal(1, #ch:read_all_inbound())
@@ -1302,12 +1292,7 @@ describe("HTTP examples", function()
 
     it("sends a changed status or header at once after a head memo, whatever the body", function()
       local ch = netrun.embedded(netrun.codec.http_server {})
-      local function send(resp)
-        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-        assert.equal(1, #ch:read_all_inbound())
-        ch:write_outbound(resp)
-        return (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
-      end
+      local function send(resp) return answer_get(ch, resp) end
       local h = { ["content-type"] = "text/plain" }
       local status
       local function expect(status_line, fields, length)

@@ -23,10 +23,10 @@
  * line made for that body, then the body, assembled in the memo's second
  * buffer (with_body) -- what write_response would encode, as the prepared
  * form is. A head is kept for other bodies only when netrun frames its
- * body: none whose user headers have a Content-Length (which must be
- * checked against the body, as write_response does) or a
- * Transfer-Encoding; a bodyless status (1xx, 204, 304) sends no body and
- * no length, so any body gets its prepared response as it is.
+ * body: none whose user headers have a Content-Length (the user's, sent
+ * as given: never taken for netrun's line and rewritten for another body)
+ * or a Transfer-Encoding; a bodyless status (1xx, 204, 304) sends no body
+ * and no length, so any body gets its prepared response as it is.
  *
  * The memo is filled from a response that passed the write's checks, on
  * the second write in a row of the same head: a cheap hint by address
@@ -183,10 +183,6 @@ static int header_ids(lua_State *L, int hidx, const nr_http_response_t *r,
   return n;
 }
 
-/* Remake m, at mi, from the response r whose fields are at base (types
- * t): its strings, anchored, and its bytes. false, m left as it was,
- * when r holds what a memo does not (a number or an array of values, too
- * many bytes) or is not what its table holds now. */
 /* Where m's prepared response has its Content-Length line, and whether
  * its head may go with another body (see the header comment). */
 static void find_length(lnr_http_memo_t *m, const nr_http_response_t *r) {
@@ -214,6 +210,10 @@ static void find_length(lnr_http_memo_t *m, const nr_http_response_t *r) {
     }
 }
 
+/* Remake m, at mi, from the response r whose fields are at base (types
+ * t): its strings, anchored, and its bytes. false, m left as it was,
+ * when r holds what a memo does not (a number or an array of values) or
+ * is not what its table holds now. */
 static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
                    const int *t, const nr_http_response_t *r) {
   const void *id[2 * MEMO_FIELDS];
