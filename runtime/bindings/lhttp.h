@@ -73,16 +73,16 @@ const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L, lnr_http_memo_t *m,
 void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
                          const int *t, const nr_http_response_t *r);
 
-/* A response's head by the addresses of its first and last values: a
+/* A response's head by its status and the addresses of its values: a
  * hint only (an address may be another string's by the next write), cheap
- * to take on every write that is not the memo's. The body is left out: a
- * head is memoised for whatever body follows it. */
+ * to take on every write that is not the memo's (a few instructions a
+ * field). The body is left out: a head is memoised for whatever body
+ * follows it. */
 static inline uint64_t lnr_http_memo_hint(const nr_http_response_t *r) {
   uint64_t h = (uint64_t)r->status << 20 ^ (uint64_t)r->nheaders << 32;
-  size_t n = r->nheaders;
-  return n > 0 ? h ^ (uintptr_t)r->headers[0].value << 1 ^
-                     (uintptr_t)r->headers[n - 1].value << 2
-               : h;
+  for (size_t i = 0; i < r->nheaders; i++)
+    h = (h << 7 | h >> 57) ^ (uintptr_t)r->headers[i].value;
+  return h;
 }
 
 /* lnr_http_memo_offer when r looks like the response converted before
