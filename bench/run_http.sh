@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run_http.sh -- the HTTP hello benchmark (DESIGN.md §7): netrun
 # (examples/http_hello.lua, one worker loop, Lua handler behind the native
-# codec; also with --response table), nginx + Lua (1 worker, content_by_lua_block), the C epoll
-# baseline (bench/http_baseline.c) and a naive luv server (bench/luv_http.lua:
+# codec; also with --response table and --response dynamic), nginx + Lua
+# (1 worker, content_by_lua_block), the C epoll baseline
+# (bench/http_baseline.c) and a naive luv server (bench/luv_http.lua:
 # counts request ends, writes a fixed response), each pinned to CPU 0, under
 # `taskset -c 1 wrk -t1 -c64 -d10s --latency` after a 2 s warm-up, keep-alive
 # and 16 pipelined requests per write; median of 3 runs by requests per
@@ -82,8 +83,8 @@ warm() {   # MODE PORT
 # round by round through the servers, so a slow spell of this shared VM
 # (its speed drifts by 10-20 % over minutes) falls on all of them alike.
 names=("C epoll baseline" "netrun http_hello.lua" "netrun http_hello.lua --response table"
-       "nginx + Lua" "luv (naive)")
-ports=(18181 18182 18184 18183 18185)
+       "nginx + Lua" "luv (naive)" "netrun http_hello.lua --response dynamic")
+ports=(18181 18182 18184 18183 18185 18186)
 declare -A procs
 taskset -c 0 "$work/http_baseline" 18181 2>/dev/null &
 pids+=($!); procs[0]=$!
@@ -93,6 +94,9 @@ pids+=($!); procs[1]=$!
 taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port 18184 --threads 1 \
   --response table >/dev/null 2>&1 &
 pids+=($!); procs[2]=$!
+taskset -c 0 build/http-bench/bin/netrun examples/http_hello.lua --port 18186 --threads 1 \
+  --response dynamic >/dev/null 2>&1 &
+pids+=($!); procs[5]=$!      # (started before nginx: its pids are looked up below)
 sed -i "s/PORT/18183/" "$work/nginx/nginx.conf"
 taskset -c 0 nginx -p "$work/nginx" -c nginx.conf 2>"$work/nginx/err.log" &
 pids+=($!)

@@ -72,13 +72,13 @@ function Describe:exception_caught(ctx, err)
   ctx:flush()
 end
 
-local function serve(opts)
+local function serve(opts, app)     -- app: Describe unless given
   local group = netrun.group { threads = 1, name = "http" }
   local server = netrun.server {
     group = group, host = "127.0.0.1", port = 0,
     init = function(ch)
       ch:pipeline():add_last("http", netrun.codec.http_server(opts or {}))
-      ch:pipeline():add_last("app", Describe)
+      ch:pipeline():add_last("app", app or Describe)
     end,
   }:sync()
   local _, port = server:local_address()
@@ -102,6 +102,15 @@ local function checksum(s)
 end
 
 local read_response = H.read_response
+
+-- One GET answered with resp on the embedded codec channel ch: the bytes
+-- written, but for the Date line.
+local function answer_get(ch, resp)
+  ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+  assert.equal(1, #ch:read_all_inbound())
+  ch:write_outbound(resp)
+  return (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
+end
 
 local function assert_closed(c)
   local data, err = c:receive(1)
@@ -781,16 +790,23 @@ function Mutating:channel_read(ctx, req)
 end
 function Mutating:channel_read_complete(ctx) ctx:flush() end
 
+-- A new table per request with the same status and headers, and the
+-- request's path as its body: /type/X makes a new headers table, /status/N
+-- sets the status, /reset goes back to the first ones.
+local Varying = {}
+function Varying:channel_read(ctx, req)
+  local what, arg = req.path:match("^/(%a+)/?(.*)$")
+  if what == "type" then self.h = { ["content-type"] = arg }
+  elseif what == "status" then self.status = tonumber(arg)
+  elseif what == "reset" then self.h, self.status = nil, nil end
+  self.h = self.h or { ["content-type"] = "text/plain" }
+  ctx:write { status = self.status or 200, headers = self.h, body = req.path }
+end
+function Varying:channel_read_complete(ctx) ctx:flush() end
+
 describe("http_server writing one response table again and again", function()
   it("sends each change at once, pipelined, on a loop that made no memo before", function()
-    local group = netrun.group { threads = 1, name = "http" }
-    local server = netrun.server {
-      group = group, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        ch:pipeline():add_last("http", netrun.codec.http_server {}):add_last("app", Mutating)
-      end,
-    }:sync()
-    local _, port = server:local_address()
+    local group, port = serve(nil, Mutating)
     local steps = {     -- path, then the status, content-type, x-added and body it gets
       { "/reset", 200, "text/plain", nil, "first" }, { "/same", 200, "text/plain", nil, "first" },
       { "/same", 200, "text/plain", nil, "first" }, { "/same", 200, "text/plain", nil, "first" },
@@ -819,6 +835,42 @@ describe("http_server writing one response table again and again", function()
                       { status, headers["content-type"], headers["x-added"], body }, step[1])
         end
       end
+      c:close()
+    end
+    H.shutdown(group)
+  end)
+
+  it("sends a head memoised with each request's body, pipelined, HEAD and close included", function()
+    local group, port = serve(nil, Varying)
+    local steps = {}    -- method, path, status and content-type it gets
+    local status, ctype = 200, "text/plain"
+    for i = 1, 60 do
+      local path = "/b/" .. ("x"):rep(i % 7) .. i
+      if i == 1 then path = "/reset" end
+      if i == 20 then path, ctype = "/type/text/html", "text/html" end
+      if i == 35 then path, status = "/status/404", 404 end
+      if i == 50 then path, status = "/status/200", 200 end
+      steps[i] = { i % 5 == 0 and "HEAD" or "GET", path, status, ctype }
+    end
+    for _, batch in ipairs { 1, 7, #steps } do   -- one at a time, then pipelined
+      local c = H.client(port)
+      for i = 1, #steps, batch do
+        local reqs = {}
+        for j = i, math.min(i + batch - 1, #steps) do
+          reqs[#reqs + 1] = steps[j][1] .. " " .. steps[j][2] .. " HTTP/1.1\r\nHost: h\r\n" ..
+                            (j == #steps and "Connection: close\r\n" or "") .. "\r\n"
+        end
+        assert(c:send(table.concat(reqs)))
+        for j = i, math.min(i + batch - 1, #steps) do
+          local step = steps[j]
+          local head = step[1] == "HEAD"
+          local st, headers, body = read_response(c, head)
+          assert.same({ step[3], step[4], tostring(#step[2]), head and "" or step[2] },
+                      { st, headers["content-type"], headers["content-length"], body }, step[2])
+          assert.equal(j == #steps and "close" or nil, headers.connection)
+        end
+      end
+      assert_closed(c)
       c:close()
     end
     H.shutdown(group)
@@ -1077,12 +1129,7 @@ describe("HTTP examples", function()
       -- The same strings written in a row are sent as a prepared response
       -- (lhttp_memo.c); each change below must reach the wire at once.
       local ch = netrun.embedded(netrun.codec.http_server {})
-      local function send(resp)
-        ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-        assert.equal(1, #ch:read_all_inbound())
-        ch:write_outbound(resp)
-        return (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
-      end
+      local function send(resp) return answer_get(ch, resp) end
       local function refused(resp, why)
         ch:write_inbound("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
         assert.equal(1, #ch:read_all_inbound())
@@ -1195,6 +1242,95 @@ describe("HTTP examples", function()
                     headers = { ["content-type"] = "text/plain" } }
         assert.equal(answer(req, netrun.codec.http_response(t)), answer(req, t), req)
       end
+    end)
+
+    it("sends a memo's head with other bodies as a table encoded anew, byte for byte, for every kind of request", function()
+      -- A table with a reason is never memoised (lhttp_memo.c): its bytes
+      -- are write_response's, the reference for the memo's head.
+      local function answer(req, t)
+        local ch = netrun.embedded(netrun.codec.http_server {})
+        ch:write_inbound(req)
+        assert.equal(1, #ch:read_all_inbound())
+        ch:write_outbound(t)
+        local out = (table.concat(ch:read_all_outbound()):gsub("\r\nDate: [^\r]*", ""))
+        ch:close()
+        return out
+      end
+      local long = ("0123456789"):rep(60)
+      local bodies = { "first", "second", "", nil, long, "first", "a" .. long, 12345, "second",
+                       ("x"):rep(5000), "first" }   -- past SMALL_BODY: encoded anew
+      local heads = {
+        { 200, "OK", { ["content-type"] = "text/plain" } },
+        { 404, "Not Found", { ["content-type"] = "text/plain", ["x-a"] = "1" } },
+        { 200, "OK", { date = "Thu, 01 Jan 1970 00:00:00 GMT", server = "s", ["x-b"] = "2" } },
+        { 200, "OK", { connection = "close" } },
+        { 201, "Created", {} },
+        { 204, "No Content", { ["x-a"] = "1" } },
+        { 200, "OK", { ["content-length"] = "5" } },
+        { 200, "OK", { ["Content-Length"] = "5", ["x-a"] = "1" } },   -- netrun's spelling
+        { 200, "OK", { ["Transfer-Encoding"] = "identity" } },
+        { 200, "OK", nil },
+      }
+      for _, req in ipairs { "GET / HTTP/1.1\r\nHost: h\r\n\r\n", "HEAD / HTTP/1.1\r\nHost: h\r\n\r\n",
+                             "GET / HTTP/1.0\r\n\r\n",
+                             "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                             "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n" } do
+        for _, head in ipairs(heads) do
+          local status, reason, headers = head[1], head[2], head[3]
+          for _ = 1, 3 do    -- the head memoised
+            answer(req, { status = status, headers = headers, body = "warm" })
+          end
+          for i = 1, #bodies + 1 do
+            local b = bodies[i]
+            local want = answer(req, { status = status, reason = reason, headers = headers, body = b })
+            local got = answer(req, { status = status, headers = headers, body = b })
+            assert.equal(want, got, req .. tostring(status) .. " body " .. i)
+          end
+        end
+      end
+    end)
+
+    it("sends a changed status or header at once after a head memo, whatever the body", function()
+      local ch = netrun.embedded(netrun.codec.http_server {})
+      local function send(resp) return answer_get(ch, resp) end
+      local h = { ["content-type"] = "text/plain" }
+      local status
+      local function expect(status_line, fields, length)
+        for i = 1, 6 do      -- a body other than the last one each time
+          local body = ({ "one", "three", "" })[i % 3 + 1]
+          local out = send { status = status, headers = h, body = body }
+          assert.equal(status_line .. "\r\nServer: netrun\r\n" ..
+                       (length or "Content-Length: " .. #body .. "\r\n") .. fields .. "\r\n" ..
+                       (status_line:find("204") and "" or body), out)
+        end
+      end
+      expect("HTTP/1.1 200 OK", "content-type: text/plain\r\n")
+      h["content-type"] = "text/html"
+      expect("HTTP/1.1 200 OK", "content-type: text/html\r\n")
+      status = 404
+      expect("HTTP/1.1 404 Not Found", "content-type: text/html\r\n")
+      status = 204
+      expect("HTTP/1.1 204 No Content", "content-type: text/html\r\n", "")
+      status = 200
+      h["x-added"] = "1"
+      local out = send { status = status, headers = h, body = "b" }
+      assert.truthy(out:find("\r\nx-added: 1\r\n", 1, true), out)
+      h["x-added"] = nil
+      expect("HTTP/1.1 200 OK", "content-type: text/html\r\n")
+      h["content-length"] = "3"    -- the user's length, sent as given, no other
+      for _ = 1, 4 do
+        assert.equal("HTTP/1.1 200 OK\r\nServer: netrun\r\n", send { headers = h, body = "one" }:sub(1, 33))
+        out = send { headers = h, body = "three" }
+        assert.is_nil(out:find("Content-Length", 1, true), out)
+        assert.truthy(out:find("\r\ncontent-length: 3\r\n", 1, true), out)
+      end
+      h["content-length"] = nil
+      expect("HTTP/1.1 200 OK", "content-type: text/html\r\n")
+      h["content-type"] = "text/plain\r\nInjected: 1"
+      local ok, err = pcall(send, { headers = h, body = "one" })
+      assert.is_false(ok)
+      assert.matches("control character", tostring(err))
+      ch:close()
     end)
 
     it("its metamethods and a prepared response's refuse other values", function()

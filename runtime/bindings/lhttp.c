@@ -37,7 +37,8 @@
  *                           ["set-cookie"] = { "a=1", "b=2" } },  -- repeats
  *               body = "..." }
  * (A table written again with the same strings is sent as the prepared
- * response made of it: lhttp_memo.c.)
+ * response made of it, and with the same status and headers but another
+ * body, from that response's head: lhttp_memo.c.)
  * Server, Date and Content-Length are added (a Content-Length, Server or
  * Date the user gives replaces netrun's); "Connection: close" is added and
  * the channel closed after the response when the request asked for it

@@ -58,13 +58,14 @@ enum { LNR_RF_STATUS = 1, LNR_RF_REASON, LNR_RF_BODY, LNR_RF_STREAM,
        LNR_RF_HEADERS, LNR_RF_N };
 
 /* The response memo: the response table written last and again, as a
- * prepared response (see lhttp_memo.c). */
+ * prepared response, its head also for other bodies (see lhttp_memo.c). */
 typedef struct lnr_http_memo_s lnr_http_memo_t;
 
 /* The prepared form of the response whose fields are at base (types t),
- * when it is the memo's, or NULL. Pushes nothing (the stack is as found). */
-const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
-                                            const lnr_http_memo_t *m,
+ * when its head is the memo's, or NULL: the memo's own, or its head with
+ * this body (valid until the next call). Pushes nothing (the stack is as
+ * found). */
+const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L, lnr_http_memo_t *m,
                                             int base, const int *t);
 /* The response r, converted from the fields at base (types t) and checked,
  * is about to be written, and its hint is that of the one written before:
@@ -72,13 +73,16 @@ const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
 void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
                          const int *t, const nr_http_response_t *r);
 
-/* A response by the addresses of its body and first value: a hint only (an
- * address may be another string's by the next write), cheap to take on
- * every write that is not the memo's. */
+/* A response's head by its status and the addresses of its values: a
+ * hint only (an address may be another string's by the next write), cheap
+ * to take on every write that is not the memo's (a few instructions a
+ * field). The body is left out: a head is memoised for whatever body
+ * follows it. */
 static inline uint64_t lnr_http_memo_hint(const nr_http_response_t *r) {
-  uint64_t h = (uintptr_t)r->body ^ (uint64_t)r->body_len << 40 ^
-               (uint64_t)r->status << 20 ^ (uint64_t)r->nheaders << 32;
-  return r->nheaders > 0 ? h ^ (uintptr_t)r->headers[0].value << 1 : h;
+  uint64_t h = (uint64_t)r->status << 20 ^ (uint64_t)r->nheaders << 32;
+  for (size_t i = 0; i < r->nheaders; i++)
+    h = (h << 7 | h >> 57) ^ (uintptr_t)r->headers[i].value;
+  return h;
 }
 
 /* lnr_http_memo_offer when r looks like the response converted before

@@ -1,26 +1,37 @@
 /*
  * lhttp_memo.c -- the response memo: a response table written again and
- * again (the same status, body and header strings) is sent as a prepared
- * response, with no conversion, check or encoding per write. Loop thread
- * only, one memo per state (lnr_state_t.http_memo).
+ * again (the same status and header strings) is sent from a prepared
+ * response, with no conversion, check or encoding of its head per write.
+ * Loop thread only, one memo per state (lnr_state_t.http_memo).
  *
  * Every write still reads the table's five fields and walks its headers
  * table: a table may change between writes, and nothing but reading it
- * tells. What the memo saves is the rest: no string is converted or
- * checked, and the bytes are copied as they were encoded once.
+ * tells. What the memo saves is the rest: no header string is converted
+ * or checked, and the head's bytes are copied as they were encoded once.
  *
- * A response matches the memo when its fields are the very strings the
- * memo was made from, compared by address (lua_topointer), and its
- * headers walk in the same order. The memo anchors those strings (in a
- * table, its user value) for as long as it holds them: while anchored no
- * other string can have their addresses, so an equal address is that
- * string, immutable, checked when the memo was made. A number, an array
- * of values, a reason or a stream never match (the memo holds none).
+ * A response matches the memo when its status and headers are the very
+ * strings the memo was made from, compared by address (lua_topointer),
+ * and its headers walk in the same order. The memo anchors those strings
+ * (in a table, its user value) for as long as it holds them: while
+ * anchored no other string can have their addresses, so an equal address
+ * is that string, immutable, checked when the memo was made. A number, an
+ * array of values, a reason or a stream never match (the memo holds none).
+ *
+ * Its body too, when it is the memo's string: then the prepared response
+ * is sent as it is. Another body (a string up to SMALL_BODY, or none) is
+ * sent with the memo's head: the head's bytes with its Content-Length
+ * line made for that body, then the body, assembled in the memo's second
+ * buffer (with_body) -- what write_response would encode, as the prepared
+ * form is. A head is kept for other bodies only when netrun frames its
+ * body: none whose user headers have a Content-Length (the user's, sent
+ * as given: never taken for netrun's line and rewritten for another body)
+ * or a Transfer-Encoding; a bodyless status (1xx, 204, 304) sends no body
+ * and no length, so any body gets its prepared response as it is.
  *
  * The memo is filled from a response that passed the write's checks, on
- * the second write in a row of the same strings: a cheap hint by address
+ * the second write in a row of the same head: a cheap hint by address
  * alone (lnr_state_t.http_memo_hint, lhttp.h) remembers the first, so
- * responses that differ every time pay ~10 instructions a write and never
+ * responses that differ every time pay a few instructions a write and never
  * fill it; one it cannot hold (a number among its values, say) is not
  * tried twice for the same hint. (A state's first such write makes the
  * memo, allocating; the next fills it, which allocates nothing, so no
@@ -31,14 +42,17 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 
 #include "codec/http_encode.h"
 #include "lhttp.h"
 
 /* What a memo holds at most: header fields, and the bytes of its prepared
- * response (head and body). */
+ * response (head and body). A head sent with another body has room for
+ * the head, a Content-Length of 20 digits and SMALL_BODY bytes of body. */
 #define MEMO_FIELDS 8
 #define MEMO_BYTES 2048
+#define OTHER_BYTES (MEMO_BYTES + 24 + SMALL_BODY)
 
 struct lnr_http_memo_s {
   bool valid;
@@ -47,16 +61,45 @@ struct lnr_http_memo_s {
   const void *body;           /* the body string; NULL: no body */
   unsigned n;                 /* header fields */
   const void *id[2 * MEMO_FIELDS];  /* name, value strings */
+  bool heads;                 /* its head may go with another body */
+  uint32_t length_at;         /* its Content-Length line, in its bytes */
+  uint32_t length_end;        /* where that line's CRLF is */
   _Alignas(nr_http_prepared_t)  /* (a userdata is aligned as a pointer) */
   char room[sizeof(nr_http_prepared_t) + MEMO_BYTES];
+  _Alignas(nr_http_prepared_t)  /* its head with another body */
+  char other[sizeof(nr_http_prepared_t) + OTHER_BYTES];
 };
 
 static const nr_http_prepared_t *prepared(const lnr_http_memo_t *m) {
   return (const nr_http_prepared_t *)m->room;
 }
 
-const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
-                                            const lnr_http_memo_t *m,
+/* The memo's head with the body at i (a string, or none), assembled in
+ * m->other; NULL when the body is too long for it. */
+static const nr_http_prepared_t *with_body(lua_State *L, lnr_http_memo_t *m,
+                                           int i) {
+  const nr_http_prepared_t *pr = prepared(m);
+  if (bodyless_status(pr->status))
+    return pr;                  /* neither body nor length is sent */
+  size_t blen = 0;
+  const char *body = lua_isnil(L, i) ? NULL : lua_tolstring(L, i, &blen);
+  if (blen > SMALL_BODY)
+    return NULL;
+  nr_http_prepared_t *o = (nr_http_prepared_t *)m->other;
+  memcpy(o, pr, sizeof *o);     /* type, status, user, date_at */
+  char *w = put(o->bytes, pr->bytes, m->length_at);
+  w = PUT_LIT(w, "Content-Length: ");
+  w = put_uint(w, blen, 10);
+  w = put(w, pr->bytes + m->length_end, pr->head_len + 2 - m->length_end);
+  o->head_len = (uint32_t)(w - o->bytes) - 2;
+  if (blen > 0)
+    w = put(w, body, blen);
+  o->body_len = (uint32_t)blen;
+  o->plain_len = o->user & U_CLOSE ? 0 : (uint32_t)(w - o->bytes);
+  return o;
+}
+
+const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L, lnr_http_memo_t *m,
                                             int base, const int *t) {
   if (!m->valid || t[LNR_RF_REASON] != LUA_TNIL ||
       t[LNR_RF_STREAM] != LUA_TNIL)
@@ -65,25 +108,35 @@ const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L,
       : !lua_isinteger(L, base + LNR_RF_STATUS) ||
         lua_tointeger(L, base + LNR_RF_STATUS) != m->status)
     return NULL;
-  if (t[LNR_RF_BODY] == LUA_TNIL ? m->body != NULL
-      : t[LNR_RF_BODY] != LUA_TSTRING ||
-        lua_topointer(L, base + LNR_RF_BODY) != m->body)
+  bool same;                    /* the memo's body, or another */
+  if (t[LNR_RF_BODY] == LUA_TNIL)
+    same = m->body == NULL;
+  else if (t[LNR_RF_BODY] == LUA_TSTRING)
+    same = lua_topointer(L, base + LNR_RF_BODY) == m->body;
+  else
     return NULL;
-  if (t[LNR_RF_HEADERS] != LUA_TTABLE)
-    return t[LNR_RF_HEADERS] == LUA_TNIL && m->n == 0 ? prepared(m) : NULL;
-  int hidx = base + LNR_RF_HEADERS;
-  unsigned i = 0;
-  lua_pushnil(L);
-  while (lua_next(L, hidx)) {                  /* name, value */
-    if (i == m->n || lua_topointer(L, -2) != m->id[2 * i] ||
-        lua_topointer(L, -1) != m->id[2 * i + 1]) {
-      lua_settop(L, hidx);
+  if (!same && !m->heads)
+    return NULL;
+  if (t[LNR_RF_HEADERS] != LUA_TTABLE) {
+    if (t[LNR_RF_HEADERS] != LUA_TNIL || m->n != 0)
       return NULL;
+  } else {
+    int hidx = base + LNR_RF_HEADERS;
+    unsigned i = 0;
+    lua_pushnil(L);
+    while (lua_next(L, hidx)) {                /* name, value */
+      if (i == m->n || lua_topointer(L, -2) != m->id[2 * i] ||
+          lua_topointer(L, -1) != m->id[2 * i + 1]) {
+        lua_settop(L, hidx);
+        return NULL;
+      }
+      lua_pop(L, 1);
+      i++;
     }
-    lua_pop(L, 1);
-    i++;
+    if (i != m->n)
+      return NULL;
   }
-  return i == m->n ? prepared(m) : NULL;
+  return same ? prepared(m) : with_body(L, m, base + LNR_RF_BODY);
 }
 
 /* Made once per state, protected (an allocation may fail): the memo, its
@@ -130,17 +183,43 @@ static int header_ids(lua_State *L, int hidx, const nr_http_response_t *r,
   return n;
 }
 
+/* Where m's prepared response has its Content-Length line, and whether
+ * its head may go with another body (see the header comment). */
+static void find_length(lnr_http_memo_t *m, const nr_http_response_t *r) {
+  static const char line[] = "\r\nContent-Length: ";
+  const nr_http_prepared_t *pr = prepared(m);
+  m->heads = !(pr->user & U_LENGTH);
+  for (size_t i = 0; i < r->nheaders; i++)
+    if (r->headers[i].name_len == 17 &&
+        strncasecmp(r->headers[i].name, "transfer-encoding", 17) == 0)
+      m->heads = false;
+  if (!m->heads || bodyless_status(pr->status))
+    return;
+  /* the first such line: the status line and Server come before it, and
+   * no field value holds a CR */
+  m->heads = false;
+  for (uint32_t at = 0; at + sizeof line - 1 <= pr->head_len; at++)
+    if (memcmp(pr->bytes + at, line, sizeof line - 1) == 0) {
+      const char *end = memchr(pr->bytes + at + 2, '\r', pr->head_len - at - 2);
+      if (end == NULL)
+        return;
+      m->length_at = at + 2;
+      m->length_end = (uint32_t)(end - pr->bytes);
+      m->heads = true;
+      return;
+    }
+}
+
 /* Remake m, at mi, from the response r whose fields are at base (types
  * t): its strings, anchored, and its bytes. false, m left as it was,
- * when r holds what a memo does not (a number or an array of values, too
- * many bytes) or is not what its table holds now. */
+ * when r holds what a memo does not (a number or an array of values) or
+ * is not what its table holds now. */
 static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
                    const int *t, const nr_http_response_t *r) {
   const void *id[2 * MEMO_FIELDS];
   int hidx = base + LNR_RF_HEADERS, n = 0;
-  if (nr_http_prepared_size(r) > sizeof m->room ||
-      (t[LNR_RF_BODY] == LUA_TSTRING &&
-       lua_tostring(L, base + LNR_RF_BODY) != r->body))
+  if (t[LNR_RF_BODY] == LUA_TSTRING &&
+      lua_tostring(L, base + LNR_RF_BODY) != r->body)
     return false;
   if (t[LNR_RF_HEADERS] == LUA_TTABLE &&
       (n = header_ids(L, hidx, r, id, 0)) != (int)r->nheaders)
@@ -167,6 +246,7 @@ static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
   m->n = (unsigned)n;
   m->status = r->status;
   nr_http_prepare(r, (nr_http_prepared_t *)m->room);
+  find_length(m, r);
   m->valid = true;
   return true;
 }
@@ -180,6 +260,9 @@ void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
       (t[LNR_RF_BODY] != LUA_TNIL && t[LNR_RF_BODY] != LUA_TSTRING) ||
       r->status < 100 || r->status > 999 || r->nheaders > MEMO_FIELDS ||
       r->body_len > MEMO_BYTES || (m != NULL && m->refused == S->http_memo_hint))
+    return;
+  /* too many bytes with this body, not refused: the hint leaves it out */
+  if (nr_http_prepared_size(r) > sizeof m->room)
     return;
   if (!lua_checkstack(L, 6))                  /* remake's 5 at most */
     return;
