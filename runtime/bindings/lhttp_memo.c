@@ -57,6 +57,7 @@
 struct lnr_http_memo_s {
   bool valid;
   uint64_t refused;           /* the hint of a response it cannot hold */
+  uint64_t hint;              /* the hint of the response it holds */
   int status;
   const void *body;           /* the body string; NULL: no body */
   unsigned n;                 /* header fields */
@@ -215,7 +216,7 @@ static void find_length(lnr_http_memo_t *m, const nr_http_response_t *r) {
  * when r holds what a memo does not (a number or an array of values) or
  * is not what its table holds now. */
 static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
-                   const int *t, const nr_http_response_t *r) {
+                   const int *t, const nr_http_response_t *r, uint64_t hint) {
   const void *id[2 * MEMO_FIELDS];
   int hidx = base + LNR_RF_HEADERS, n = 0;
   if (t[LNR_RF_BODY] == LUA_TSTRING &&
@@ -245,6 +246,7 @@ static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
   lua_pop(L, 1);
   m->n = (unsigned)n;
   m->status = r->status;
+  m->hint = hint;
   nr_http_prepare(r, (nr_http_prepared_t *)m->room);
   find_length(m, r);
   m->valid = true;
@@ -261,6 +263,11 @@ void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
       r->status < 100 || r->status > 999 || r->nheaders > MEMO_FIELDS ||
       r->body_len > MEMO_BYTES || (m != NULL && m->refused == S->http_memo_hint))
     return;
+  /* its head already, kept for its own body only (a Content-Length or
+   * Transfer-Encoding of the user's): another body is not remade for,
+   * write after write */
+  if (m != NULL && m->valid && !m->heads && m->hint == S->http_memo_hint)
+    return;
   /* too many bytes with this body, not refused: the hint leaves it out */
   if (nr_http_prepared_size(r) > sizeof m->room)
     return;
@@ -274,7 +281,7 @@ void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
     return;
   }
   lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
-  if (!remake(L, m, lua_gettop(L), base, t, r))
+  if (!remake(L, m, lua_gettop(L), base, t, r, S->http_memo_hint))
     m->refused = S->http_memo_hint;   /* not again for the same hint */
   lua_pop(L, 1);
 }
