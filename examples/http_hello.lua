@@ -32,6 +32,9 @@ local limits = {
 -- from the last one (two constant strings in turn, so what is measured is
 -- the write, not the making of a body).
 local mode = option("response", "prepared")
+if mode ~= "prepared" and mode ~= "table" and mode ~= "dynamic" then
+  error(("--response %s: prepared, table or dynamic"):format(mode), 0)
+end
 local TEXT = { ["content-type"] = "text/plain" }
 local response = {
   status = 200,
