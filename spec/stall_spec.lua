@@ -49,11 +49,12 @@ local function count(s, pattern)
   return n
 end
 
-local function line_of(path, text)
+-- The first line of path at or after line `from` that holds text.
+local function line_of(path, text, from)
   local i = 0
   for l in io.lines(path) do
     i = i + 1
-    if l:find(text, 1, true) then return i end
+    if i >= (from or 1) and l:find(text, 1, true) then return i end
   end
 end
 
@@ -153,6 +154,112 @@ describe("the stall detector", function()
     assert.has_error(function() netrun.group { stall_threshold = -1 } end)
     assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
       "netrun.group: stall_timeout must be a number of seconds, got string")
+  end)
+end)
+
+describe("a stall inside a coroutine", function()
+  -- Spins for at most 10 s of CPU (bounded, were the watchdog to miss it).
+  local SPIN = [[local t = os.clock() while os.clock() - t < 10 do end]]
+
+  local function watched(name)
+    return netrun.group { threads = 1, name = name, stall_threshold = 0.1, stall_timeout = 0.3 }
+  end
+
+  it("is logged with the coroutine's traceback (a spawn resumed after an await), then interrupted: its future fails", function()
+    local pid, log = spawn(FIXTURE .. " --stall_timeout 0.6")
+    local port = tonumber(wait_for(log, "ready (%d+)"))
+    local t0 = socket.gettime()
+    local line = ask(port, "cospin")
+    assert.matches("^spawned: .*stall_server%.lua:" .. spin_line() .. ": stalled for %d+%.%d s$", line)
+    assert.is_true(socket.gettime() - t0 < 4)
+    assert.equal("pong", ask(port, "ping"))
+    os.execute("kill -TERM " .. pid)
+    wait_status(log, 10)
+    local text = read_file(log)
+    assert.equal(1, count(text, "stall%-1: stalled: one run has lasted %d+%.%d s, in Lua %(a coroutine%):"), text)
+    assert.equal(1, count(text, "stall_server%.lua:" .. spin_line() .. ": in [^\n]*'spin'"), text)
+    local call = line_of(FIXTURE, "spin()", line_of(FIXTURE, "local function cospin") + 1)
+    assert.equal(1, count(text, "stall_server%.lua:" .. call .. ": in "), text)
+    assert.equal(0, count(text, "no Lua code answered"), text)
+  end)
+
+  it("interrupts a stream function that spins: its connection is closed and the loop serves the next one", function()
+    local g = watched("co-stream")
+    local server = netrun.server { group = g, host = "127.0.0.1", port = 0, stream = load([[
+      return function(s)
+        while true do
+          local line = s:receive("*l")
+          if not line then return end
+          if line == "spin" then ]] .. SPIN .. [[ end
+          s:send(line == "ping" and "pong\n" or "?\n")
+        end
+      end]])() }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    assert(c:send("spin\n"))
+    local t0 = socket.gettime()
+    local line, err = c:receive("*l")
+    assert.is_nil(line)
+    assert.equal("closed", err)
+    assert.is_true(socket.gettime() - t0 < 3, "closed after " .. socket.gettime() - t0 .. " s")
+    c:close()
+    assert.equal("pong", ask(port, "ping"))          -- the same (only) loop
+    assert.equal(1, g:stats()[1].stalls)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
+  it("interrupts a spawned coroutine that spins, and one resumed after an await: each future fails where it spun", function()
+    local g = watched("co-spawn")
+    local first = H.sync(g:submit(load([[
+      local netrun = require "netrun"
+      return netrun.spawn(function() ]] .. SPIN .. [[ end):cause()]], "=spin")))
+    assert.matches("^spin:%d+: stalled for %d+%.%d s\nstack traceback:", first)
+    local later = H.sync(g:submit(load([[
+      local netrun = require "netrun"
+      local p = netrun.promise()
+      local f = netrun.spawn(function() p:await() ]] .. SPIN .. [[ end)
+      netrun.current():execute(function() p:set_success(1) end)
+      local done = netrun.promise()
+      f:add_listener(function() done:set_success(f:cause()) end)
+      return done]], "=await")))
+    assert.matches("^await:%d+: stalled for %d+%.%d s\nstack traceback:", H.sync(later))
+    assert.equal(42, H.sync(g:submit(function() return 42 end)))
+    assert.equal(2, g:stats()[1].stalls)
+    H.shutdown(g)
+  end)
+
+  it("interrupts a coroutine.wrap inside a handler, and one nested in a spawn: the error reaches exception_caught", function()
+    local g = watched("co-wrap")
+    local Wrap = load([[
+      local netrun = require "netrun"
+      local Wrap = {}
+      function Wrap:channel_read(ctx, msg)
+        if msg:find("nested", 1, true) then
+          local f = netrun.spawn(function()
+            coroutine.wrap(function() coroutine.wrap(function() ]] .. SPIN .. [[ end)() end)()
+          end)
+          error(f:cause(), 0)
+        elseif msg:find("wrap", 1, true) then
+          coroutine.wrap(function() ]] .. SPIN .. [[ end)()
+        end
+        ctx:write_and_flush("pong\n")
+      end
+      function Wrap:exception_caught(ctx, err)
+        ctx:write_and_flush("error: " .. err:match("[^\n]*") .. "\n")
+      end
+      return Wrap]], "=wrap")()
+    local server, port = H.echo_server(g, Wrap)
+    for _, what in ipairs { "wrap", "nested" } do
+      local t0 = socket.gettime()
+      local line = ask(port, what)
+      assert.matches("^error: .*wrap:%d+: stalled for %d+%.%d s$", line)
+      assert.is_true(socket.gettime() - t0 < 3)
+    end
+    assert.equal("pong", ask(port, "ping"))
+    assert.equal(2, g:stats()[1].stalls)
+    server:close():sync()
+    H.shutdown(g)
   end)
 end)
 

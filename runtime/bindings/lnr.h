@@ -137,6 +137,13 @@ typedef struct lnr_state_s {
    * the run it is about and how long that had lasted. */
   _Atomic unsigned stall_req;
   _Atomic uint64_t stall_mark, stall_busy;
+  /* The coroutine running now, NULL when none is (lnr_resume): the thread
+   * the watchdog hooks besides L, since a count hook is per thread. Set
+   * as a resume begins; put back as it ends under run_lock, which the
+   * watchdog holds while it hooks `running`: a thread it reads there
+   * cannot be left, and so collected, before its hook is set. */
+  lua_State *_Atomic running;
+  _Atomic bool run_lock;
 #if LNR_STACK_CHECKED
   /* The tops at the handler calls in progress, innermost last (they nest:
    * a handler's write runs the handlers before it). */
@@ -308,6 +315,16 @@ bool lnr_loop_may_block(nr_loop_t *l);
  * (0: none, the defaults) into o (lstall.c); raises on a bad value. */
 void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
                        nr_group_opts_t *o);
+/* lua_resume(co, from, nargs, nres), with co known to the stall watchdog
+ * as the running coroutine while it runs (lstall.c). S may be NULL. Every
+ * resume of the bindings goes through here: netrun.spawn's, and the
+ * coroutine library's of loop states (lnr_open_coroutines). */
+int lnr_resume(lnr_state_t *S, lua_State *co, lua_State *from, int nargs,
+               int *nres);
+/* After luaL_openlibs in a loop state whose lnr_state is set: coroutine.
+ * resume, wrap and close that run their coroutine through lnr_resume, so
+ * that a stall inside one is hooked there (lstall.c). */
+void lnr_open_coroutines(lua_State *L);
 /* Reference counts of the handle kinds, defined next to each kind and
  * used by lnr_handle_retain/release (lhandle.c). */
 void lnr_group_retain(lnr_group_t *g);
