@@ -165,6 +165,16 @@ describe("a stall inside a coroutine", function()
     return netrun.group { threads = 1, name = name, stall_threshold = 0.1, stall_timeout = 0.3 }
   end
 
+  it("leaves coroutine.resume, wrap and close behaving as Lua's own (a loop state's are netrun's, to know the running coroutine)", function()
+    local src = read_file("spec/fixtures/coroutine_probe.lua")
+    local here = load(src, "=probe")()
+    local g = netrun.group { threads = 1, name = "co-lib" }
+    local there = H.sync(g:submit(load(src, "=probe")))
+    assert.equal(here, there)
+    assert.is_true(select(2, here:gsub("\n", "")) > 25)
+    H.shutdown(g)
+  end)
+
   it("is logged with the coroutine's traceback (a spawn resumed after an await), then interrupted: its future fails", function()
     local pid, log = spawn(FIXTURE .. " --stall_timeout 0.6")
     local port = tonumber(wait_for(log, "ready (%d+)"))

@@ -122,7 +122,7 @@ static lnr_state_t *upstate(lua_State *L) {
 
 static lua_State *check_co(lua_State *L) {
   lua_State *co = lua_tothread(L, 1);
-  luaL_argexpected(L, co != NULL, 1, "coroutine");
+  luaL_argexpected(L, co != NULL, 1, "thread");
   return co;
 }
 
