@@ -135,6 +135,9 @@ struct nr_loop_s {
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
+  /* Set by the stall watchdog while it reports the loop stalled (from the
+   * report until the run ends): group choosers pass it over. */
+  _Atomic bool stalled;
   /* written by the loop, read by stats and bounded producers */
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,

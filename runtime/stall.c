@@ -82,6 +82,7 @@ static void report(nr_loop_t *l, uint64_t mark, uint64_t busy, uint64_t now) {
   struct nr_watch_s *w = &l->wd;
   if (!w->reported && busy >= l->stall_threshold) {
     w->reported = true;
+    atomic_store_explicit(&l->stalled, true, memory_order_relaxed);
     atomic_fetch_add(&l->stalls, 1);
     w->asked = l->on_stall &&
                l->on_stall(l, NR_STALL_REPORT, busy, mark, l->ud);
@@ -118,12 +119,21 @@ static void interrupt(nr_loop_t *l, uint64_t mark, uint64_t busy,
   l->on_stall(l, NR_STALL_INTERRUPT, busy, mark, l->ud);
 }
 
+/* The reported run is over: choosers may pick the loop again. Written
+ * only when it changes (producers read its cache line on every task). */
+static void unstall(nr_loop_t *l) {
+  if (l->wd.reported)
+    atomic_store_explicit(&l->stalled, false, memory_order_relaxed);
+}
+
 /* One sample of one loop at `now`. */
 static void check(nr_loop_t *l, uint64_t now) {
   struct nr_watch_s *w = &l->wd;
   uint64_t since = atomic_load_explicit(&l->busy_since, memory_order_relaxed);
   if (since == 0) {                      /* blocked in its selector */
+    unstall(l);
     w->mark = w->since = 0;
+    w->reported = false;
     return;
   }
   uint64_t mark = since + atomic_load_explicit(&l->tasks_run,
@@ -131,6 +141,7 @@ static void check(nr_loop_t *l, uint64_t now) {
   if (mark != w->mark) {                 /* moved on since the last sample */
     /* A new iteration began at `since`; a new task, somewhere between the
      * last sample and now: count from now. */
+    unstall(l);
     w->start = since != w->since ? since : now;
     w->since = since;
     w->mark = mark;

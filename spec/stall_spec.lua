@@ -273,6 +273,95 @@ describe("a stall inside a coroutine", function()
   end)
 end)
 
+describe("a stalled loop and new work", function()
+  local dict
+  before_each(function()
+    dict = netrun.shared.dict("stall_spec")
+    dict:flush_all()
+  end)
+
+  -- A handler that answers "pong", and on "hold" spins until the shared
+  -- dict says stop (bounded: 20 s of CPU), then answers "held".
+  local Hold = {}
+  function Hold:channel_read(ctx, msg)
+    if msg:find("hold", 1, true) then
+      local d = require("netrun").shared.dict("stall_spec")
+      local t = os.clock()
+      while not d:get("stop") and os.clock() - t < 20 do end
+      ctx:write_and_flush("held\n")
+      return
+    end
+    ctx:write_and_flush("pong\n")
+  end
+
+  -- Make loop `i`... whichever loop takes a "hold" connection stuck, and
+  -- wait until the watchdog reports it; returns the connection, the stuck
+  -- loop's index.
+  local function stick(g, port)
+    local c = H.client(port)
+    assert(c:send("hold\n"))
+    local stuck = H.eventually(function()
+      for i, st in ipairs(g:stats()) do
+        if st.stalls > 0 then return i end
+      end
+    end)
+    assert(stuck, "no loop was reported stalled")
+    return c, stuck
+  end
+
+  local function release(c)
+    dict:set("stop", true)
+    assert.equal("held", c:receive("*l"))
+    c:close()
+  end
+
+  it("gets no new connections: 6 of 6 are served while one of two loops is stuck in a handler", function()
+    local boss = netrun.group { threads = 1, name = "nc-boss" }
+    local g = netrun.group { threads = 2, name = "nc", stall_threshold = 0.1 }
+    local server = netrun.server {
+      group = boss, child_group = g, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("hold", Hold) end,
+    }:sync()
+    local _, port = server:local_address()
+    local held = stick(g, port)
+    local served = 0
+    for i = 1, 6 do
+      local c = H.client(port)
+      c:settimeout(2)
+      assert(c:send("ping " .. i .. "\n"))
+      if c:receive("*l") == "pong" then served = served + 1 end
+      c:close()
+    end
+    assert.equal(6, served)
+    release(held)
+    -- once the watchdog has seen the run end, the loop takes its turns again
+    assert.is_true(H.eventually(function() return g:next():name() ~= g:next():name() end))
+    server:close():sync()
+    H.shutdown(g)
+    H.shutdown(boss)
+  end)
+
+  it("is not chosen for connects or the group's tasks while it is stuck", function()
+    local g = netrun.group { threads = 2, name = "cn", stall_threshold = 0.1 }
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("hold", Hold) end,
+    }:sync()
+    local _, port = server:local_address()
+    local held, stuck = stick(g, port)
+    local other = "cn-" .. (3 - stuck)
+    for _ = 1, 6 do
+      local ch = H.sync(netrun.connect { group = g, host = "127.0.0.1", port = port }, 2)
+      assert.equal(other, ch:loop():name())
+      ch:close():sync()
+      assert.equal(other, H.sync(g:submit(function() return require("netrun").current():name() end), 2))
+    end
+    release(held)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+end)
+
 describe("a stuck loop and the process", function()
   it("SIGTERM interrupts a spinning handler once the shutdown timeout has passed, and the process exits 0", function()
     local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
