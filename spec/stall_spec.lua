@@ -150,6 +150,54 @@ describe("the stall detector", function()
     assert.matches("%[watchdog%] cwait%-1: stalled: one run has lasted %d+%.%d s, in the C task at netrun%+0x%x+ %(no Lua code answered", out)
   end)
 
+  -- max_busy is the longest run timed on the loop itself, not the
+  -- watchdog's sample (which, a quarter of the threshold apart, read 0.25
+  -- for a run of 0.4 s). Runs spin on the wall clock (netrun.now).
+  it("gives the longest run as max_busy, timed on the loop: a handler's, a task's alone, one of several queued together", function()
+    local g = netrun.group { threads = 1, name = "busy-max" }   -- threshold 1 s: no stall
+    local Busy = {}
+    function Busy:channel_read(ctx, msg)
+      local now = require("netrun").now
+      local t = now()
+      while now() - t < tonumber(msg:match("[%d.]+")) do end
+      ctx:write_and_flush("done\n")
+    end
+    local server, port = H.echo_server(g, Busy)
+    -- read once the run is over: a task that runs after it has run (the
+    -- answer, or a future, comes while its run still goes on)
+    local function max_busy()
+      H.sync(g:submit(function() end))
+      return g:stats()[1].max_busy
+    end
+    assert.equal("done", ask(port, "0.4"))
+    local busy = max_busy()
+    assert.is_true(busy >= 0.4 and busy < 0.6, "a handler's 0.4 s read " .. busy)
+    local function spin(s)
+      return function()
+        local now = require("netrun").now
+        local t = now()
+        while now() - t < s do end
+      end
+    end
+    H.sync(g:submit(spin(0.5)))
+    busy = max_busy()
+    assert.is_true(busy >= 0.5 and busy < 0.7, "a task's 0.5 s read " .. busy)
+    -- queued together, run in one pass: 0.3 s, 0.3 s, then the longest
+    H.sync(g:submit(function()
+      local nr = require "netrun"
+      local loop = nr.current()
+      local function spin(s) local t = nr.now() while nr.now() - t < s do end end
+      loop:execute(function() spin(0.3) end)
+      loop:execute(function() spin(0.3) end)
+      loop:execute(function() spin(0.6) end)
+    end))
+    busy = max_busy()
+    assert.is_true(busy >= 0.6 and busy < 0.85, "the third of three queued read " .. busy)
+    assert.equal(0, g:stats()[1].stalls)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
   it("checks its options", function()
     assert.has_error(function() netrun.group { stall_threshold = -1 } end)
     assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
