@@ -316,8 +316,7 @@ static inline bool run_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
   uint64_t start = nr_now(), n = 0, io = l->run_from;
   if (io != 0)
     note_run(l, start - io);            /* the I/O run: exact */
-  if (atomic_load_explicit(&l->wd_seen, memory_order_relaxed))
-    atomic_store_explicit(&l->wd_seen, 0, memory_order_relaxed);
+  /* A wd_seen left from the I/O run times the first task: from `start`. */
   uint64_t from = start;
   int since = 0;                        /* tasks run since `from` */
   nr__timers_fetch_due(l, start);
