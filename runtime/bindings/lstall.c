@@ -84,42 +84,25 @@ static bool on_stall(nr_loop_t *loop, int what, uint64_t busy_ns, uint64_t mark,
 
 /* ---- the running coroutine ------------------------------------------------ */
 
-int lnr_resume(lnr_state_t *S, lua_State *co, lua_State *from, int nargs,
-               int *nres) {
-  if (S == NULL)
-    return lua_resume(co, from, nargs, nres);
-  /* Entering needs no lock: a watchdog that still reads the resumer hooks
-   * a thread that lives at least until this resume returns. */
-  lua_State *prev = atomic_load_explicit(&S->running, memory_order_relaxed);
-  atomic_store_explicit(&S->running, co, memory_order_release);
-  int st = lua_resume(co, from, nargs, nres);
+/* Entering needs no lock (lnr_run_enter): a watchdog that still reads the
+ * resumer hooks a thread that lives at least until this resume returns.
+ * Leaving does: the watchdog may be hooking the coroutine left. */
+void lnr_run_lock_wait(lnr_state_t *S) {
   while (atomic_exchange_explicit(&S->run_lock, true, memory_order_acquire))
-    sched_yield();                       /* the watchdog is hooking co */
-  atomic_store_explicit(&S->running, prev, memory_order_relaxed);
-  atomic_store_explicit(&S->run_lock, false, memory_order_release);
-  return st;
+    sched_yield();                       /* held for two lua_sethook calls */
 }
 
 /* lua_resetthread(co) -- it runs co's pending to-be-closed variables --
  * with co published as lnr_resume does. */
 static int reset_thread(lnr_state_t *S, lua_State *co) {
-  lua_State *prev = atomic_load_explicit(&S->running, memory_order_relaxed);
-  atomic_store_explicit(&S->running, co, memory_order_release);
+  lua_State *prev = lnr_run_enter(S, co);
   int st = lua_resetthread(co);
-  while (atomic_exchange_explicit(&S->run_lock, true, memory_order_acquire))
-    sched_yield();
-  atomic_store_explicit(&S->running, prev, memory_order_relaxed);
-  atomic_store_explicit(&S->run_lock, false, memory_order_release);
+  lnr_run_leave(S, prev);
   return st;
 }
 
 /* The coroutine library's resume, wrap and close, as Lua 5.4's behave (the
- * same results and messages), but resuming through lnr_resume. Each is a
- * closure over the state's lnr_state_t (a light userdata). */
-static lnr_state_t *upstate(lua_State *L) {
-  return lua_touserdata(L, lua_upvalueindex(1));
-}
-
+ * same results and messages), but resuming through lnr_resume. */
 static lua_State *check_co(lua_State *L) {
   lua_State *co = lua_tothread(L, 1);
   luaL_argexpected(L, co != NULL, 1, "thread");
@@ -151,15 +134,15 @@ static int resume_co(lnr_state_t *S, lua_State *L, lua_State *co, int narg) {
 
 static int co_resume(lua_State *L) {
   lua_State *co = check_co(L);
-  int n = resume_co(upstate(L), L, co, lua_gettop(L) - 1);
+  int n = resume_co(lnr_loop_state(L), L, co, lua_gettop(L) - 1);
   lua_pushboolean(L, n >= 0);
   lua_insert(L, n >= 0 ? -(n + 1) : -2);
   return n >= 0 ? n + 1 : 2;
 }
 
 static int co_wrapped(lua_State *L) {
-  lnr_state_t *S = upstate(L);
-  lua_State *co = lua_tothread(L, lua_upvalueindex(2));
+  lnr_state_t *S = lnr_loop_state(L);
+  lua_State *co = lua_tothread(L, lua_upvalueindex(1));
   int n = resume_co(S, L, co, lua_gettop(L));
   if (n >= 0)
     return n;
@@ -181,9 +164,7 @@ static int co_wrap(lua_State *L) {
   lua_State *co = lua_newthread(L);
   lua_pushvalue(L, 1);
   lua_xmove(L, co, 1);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, -2);                     /* S, co */
-  lua_pushcclosure(L, co_wrapped, 2);
+  lua_pushcclosure(L, co_wrapped, 1);
   return 1;
 }
 
@@ -202,7 +183,7 @@ static int co_close(lua_State *L) {
   const char *st = unclosable(L, co);
   if (st != NULL)
     return luaL_error(L, "cannot close a %s coroutine", st);
-  if (reset_thread(upstate(L), co) == LUA_OK) {
+  if (reset_thread(lnr_loop_state(L), co) == LUA_OK) {
     lua_pushboolean(L, 1);
     return 1;
   }
@@ -214,13 +195,10 @@ static int co_close(lua_State *L) {
 void lnr_open_coroutines(lua_State *L) {
   static const luaL_Reg fns[] = {{"resume", co_resume}, {"wrap", co_wrap},
                                  {"close", co_close}, {NULL, NULL}};
-  lnr_state_t *S = lnr_state(L);
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  if (S != NULL && lua_getfield(L, -1, LUA_COLIBNAME) == LUA_TTABLE) {
-    lua_pushlightuserdata(L, S);
-    luaL_setfuncs(L, fns, 1);
-  }
-  lua_pop(L, S != NULL ? 2 : 1);
+  if (lua_getfield(L, -1, LUA_COLIBNAME) == LUA_TTABLE)
+    luaL_setfuncs(L, fns, 0);
+  lua_pop(L, 2);
 }
 
 static uint64_t opt_seconds(lua_State *L, int t, const char *key,

@@ -474,6 +474,8 @@ void lnr_loop_started(nr_loop_t *loop, void *ud) {
   }
   S->L = L;
   S->loop = loop;
+  *(lnr_state_t **)lua_getextraspace(L) = S;   /* lnr_loop_state; before
+                                                   any thread is made */
   lua_pushlightuserdata(L, S);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
   nr_loop_set_data(loop, S);
