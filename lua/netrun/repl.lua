@@ -95,7 +95,7 @@ end
 -- Every loop of the process, in group order.
 function M.all_loops()
   local loops = {}
-  for _, g in ipairs(netrun.groups()) do
+  for _, g in ipairs(core.groups()) do
     for _, l in ipairs(g:loops()) do loops[#loops + 1] = l end
   end
   return loops
