@@ -414,9 +414,10 @@ void lnr_push_msg(lua_State *L, void *msg);
  * than lmsg.c's table holds, aborts with a message naming the type. */
 typedef void (*lnr_msg_push_fn)(lua_State *L, void *msg);
 void lnr_register_msg(int type, lnr_msg_push_fn push);
-/* What a Lua value no handler encoded is, for the head's error text
- * (nr_set_msg_describer). */
-void lnr_describe_msg(const void *msg, char *buf, size_t size);
+/* What a Lua value no handler encoded is, and the Lua line that wrote it,
+ * for the head's error text (nr_set_msg_describer). */
+void lnr_describe_msg(const void *msg, char *buf, size_t size, char *where,
+                      size_t wsize);
 void lnr_free_inits(void);
 /* Hot reload (lchannel.c, transfer.c): forget this state's unpacked server
  * inits and its map of module values, so that what crosses next resolves
