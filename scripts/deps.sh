@@ -16,6 +16,7 @@ PACKAGES=(
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
+  lintian                               # checks the Debian package (package_spec)
   nginx nodejs                          # peers: HTTP servers for the client specs, Node's https for TLS
   python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
 )
