@@ -5,23 +5,16 @@
 -- one child loop is held in a handler until a shared dict says stop; N new
 -- connections, made once the stall is reported: how many are answered
 -- within 2 s, and how many once the loop runs again.
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+package.path = here .. "/../spec/fixtures/?.lua;" .. package.path   -- hold.lua
 local netrun = require "netrun"
 local socket = require "socket"
 local mode, N = arg[1] or "boss", tonumber(arg[2]) or 6
 local dict = netrun.shared.dict("stalled_loop"); dict:flush_all()
-local Hold = {}
-function Hold:channel_read(ctx, msg)
-  if msg:find("hold", 1, true) then
-    local d = require("netrun").shared.dict("stalled_loop")
-    local t = os.clock()
-    while not d:get("stop") and os.clock() - t < 20 do end
-  end
-  ctx:write_and_flush("pong\n")
-end
 local g = netrun.group { threads = 2, name = "stall", stall_threshold = 0.1 }
 local boss = mode == "boss" and netrun.group { threads = 1, name = "stallboss" } or nil
 local server = netrun.server { group = boss or g, child_group = g, reuseport = mode == "reuseport",
-  host = "127.0.0.1", port = 0, init = function(ch) ch:pipeline():add_last("h", Hold) end }:sync()
+  host = "127.0.0.1", port = 0, init = function(ch) ch:pipeline():add_last("hold", require("hold")("stalled_loop")) end }:sync()
 local _, port = server:local_address()
 local held = socket.tcp(); held:settimeout(30); assert(held:connect("127.0.0.1", port)); held:send("hold\n")
 local t0 = socket.gettime()

@@ -4,32 +4,29 @@
 local H = require "spec.helper"
 local netrun = H.netrun
 
--- The TCP listeners on 127.0.0.1:port, from /proc/net/tcp (state 0A).
-local function listeners(port)
+-- The accept queue lengths (rx_queue) of the TCP listeners on
+-- 127.0.0.1:port, from /proc/net/tcp (state 0A): one per listener.
+local function listener_queues(port)
   local f = assert(io.open("/proc/net/tcp"))
-  local n = 0
-  for line in f:lines() do
-    local lport, state = line:match("^%s*%d+: 0100007F:(%x+) %x+:%x+ (%x%x)")
-    if lport and tonumber(lport, 16) == port and state == "0A" then n = n + 1 end
-  end
-  f:close()
-  return n
-end
-
--- Connections waiting in the accept queues of the listeners on
--- 127.0.0.1:port (a listener's rx_queue in /proc/net/tcp): their sum, and
--- the shortest queue.
-local function queued(port)
-  local f = assert(io.open("/proc/net/tcp"))
-  local n, least = 0, math.huge
+  local queues = {}
   for line in f:lines() do
     local lport, state, rx = line:match("^%s*%d+: 0100007F:(%x+) %x+:%x+ (%x%x) %x+:(%x+)")
     if lport and tonumber(lport, 16) == port and state == "0A" then
-      n = n + tonumber(rx, 16)
-      least = math.min(least, tonumber(rx, 16))
+      queues[#queues + 1] = tonumber(rx, 16)
     end
   end
   f:close()
+  return queues
+end
+
+local function listeners(port) return #listener_queues(port) end
+
+-- Connections waiting in those queues: their sum, and the shortest queue.
+local function queued(port)
+  local n, least = 0, math.huge
+  for _, q in ipairs(listener_queues(port)) do
+    n, least = n + q, math.min(least, q)
+  end
   return n, least
 end
 
@@ -173,21 +170,12 @@ describe("netrun.server reuseport", function()
   -- again (at the latest after stall_timeout, when one is set).
   it("a stalled loop's listener keeps its share: those connections wait in its queue and are served once it runs again", function()
     local g = netrun.group { threads = 2, name = "rpstall", stall_threshold = 0.1 }
-    local Hold = {}
-    function Hold:channel_read(ctx, msg)
-      local d = require("netrun").shared.dict("reuseport_spec")
-      if msg:find("hold", 1, true) then
-        local t = os.clock()
-        while not d:get("stop") and os.clock() - t < 20 do end
-      end
-      ctx:write_and_flush("pong\n")
-    end
     local server = netrun.server {
       group = g, reuseport = true, host = "127.0.0.1", port = 0,
       init = function(ch)
         local nr = require "netrun"
         nr.shared.dict("reuseport_spec"):incr(nr.current():name(), 1, 0)
-        ch:pipeline():add_last("hold", Hold)
+        ch:pipeline():add_last("hold", require("hold")("reuseport_spec"))
       end,
     }:sync()
     local _, port = server:local_address()

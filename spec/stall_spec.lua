@@ -328,19 +328,9 @@ describe("a stalled loop and new work", function()
     dict:flush_all()
   end)
 
-  -- A handler that answers "pong", and on "hold" spins until the shared
-  -- dict says stop (bounded: 20 s of CPU), then answers "held".
-  local Hold = {}
-  function Hold:channel_read(ctx, msg)
-    if msg:find("hold", 1, true) then
-      local d = require("netrun").shared.dict("stall_spec")
-      local t = os.clock()
-      while not d:get("stop") and os.clock() - t < 20 do end
-      ctx:write_and_flush("held\n")
-      return
-    end
-    ctx:write_and_flush("pong\n")
-  end
+  -- "pong", and on "hold" a spin until the shared dict says stop, then
+  -- "held" (spec/fixtures/hold.lua).
+  local function hold(ch) ch:pipeline():add_last("hold", require("hold")("stall_spec", "held")) end
 
   -- Make loop `i`... whichever loop takes a "hold" connection stuck, and
   -- wait until the watchdog reports it; returns the connection, the stuck
@@ -368,7 +358,7 @@ describe("a stalled loop and new work", function()
     local g = netrun.group { threads = 2, name = "nc", stall_threshold = 0.1 }
     local server = netrun.server {
       group = boss, child_group = g, host = "127.0.0.1", port = 0,
-      init = function(ch) ch:pipeline():add_last("hold", Hold) end,
+      init = hold,
     }:sync()
     local _, port = server:local_address()
     local held = stick(g, port)
@@ -393,7 +383,7 @@ describe("a stalled loop and new work", function()
     local g = netrun.group { threads = 2, name = "cn", stall_threshold = 0.1 }
     local server = netrun.server {
       group = g, host = "127.0.0.1", port = 0,
-      init = function(ch) ch:pipeline():add_last("hold", Hold) end,
+      init = hold,
     }:sync()
     local _, port = server:local_address()
     local held, stuck = stick(g, port)
@@ -411,50 +401,41 @@ describe("a stalled loop and new work", function()
 end)
 
 describe("a stuck loop and the process", function()
-  it("SIGTERM interrupts a spinning handler once the shutdown timeout has passed, and the process exits 0", function()
+  -- The fixture with a shutdown timeout of 1 s, stuck by `what`, sent
+  -- SIGTERM once the stall is logged: it exits after the timeout (checked);
+  -- returns its exit status, its log and the connection's last line.
+  local function terminate_stuck(what)
     local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
     local port = tonumber(wait_for(log, "ready (%d+)"))
     local c = H.client(port)
-    assert(c:send("spin\n"))
+    assert(c:send(what .. "\n"))
     wait_for(log, "stall%-1: stalled")
     os.execute("kill -TERM " .. pid)
     local secs, status = wait_status(log, 10)
-    assert.matches("stalled for", c:receive("*l"))
+    local line = c:receive("*l")
     c:close()
     assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    return status, read_file(log), line
+  end
+
+  it("SIGTERM interrupts a spinning handler once the shutdown timeout has passed, and the process exits 0", function()
+    local status, text, line = terminate_stuck("spin")
+    assert.matches("stalled for", line)
     assert.equal(0, status)
-    assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", read_file(log))
+    assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", text)
   end)
 
   it("SIGTERM interrupts a coroutine spinning after an await once the shutdown timeout has passed, and the process exits 0", function()
-    local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
-    local port = tonumber(wait_for(log, "ready (%d+)"))
-    local c = H.client(port)
-    assert(c:send("cospin\n"))
-    wait_for(log, "stall%-1: stalled")
-    os.execute("kill -TERM " .. pid)
-    local secs, status = wait_status(log, 10)
-    c:close()
-    assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    local status, text = terminate_stuck("cospin")
     assert.equal(0, status)
-    local text = read_file(log)
     assert.matches("stall%-1: stalled: one run has lasted %d+%.%d s, in Lua %(a coroutine%):", text)
     assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", text)
     assert.is_nil(text:find("has not terminated", 1, true), text)
   end)
 
   it("SIGTERM exits after the shutdown timeout even when a loop is stuck in C, naming the stuck loop", function()
-    local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
-    local port = tonumber(wait_for(log, "ready (%d+)"))
-    local c = H.client(port)
-    assert(c:send("block\n"))
-    wait_for(log, "stall%-1: stalled")
-    os.execute("kill -TERM " .. pid)
-    local secs, status = wait_status(log, 10)
-    c:close()
-    assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    local status, text = terminate_stuck("block")
     assert.equal(1, status)
-    local text = read_file(log)
     assert.matches("loop stall%-1 has not terminated %(shutting_down, busy for %d+%.%d s%)", text)
     assert.matches("shutdown did not finish within 1%.0 s: exiting now", text)
     assert.equal(1, count(text, "shutdown timed out while a run is stuck"), text)
