@@ -373,14 +373,7 @@ function Link:channel_read(ctx, data)
     self.err = err
     ctx:close()
   end
-  local woken = nc.woken
-  if woken[1] then
-    nc.woken = {}
-    for i = 1, #woken do
-      woken[i].marked = false
-      nc:_wake(woken[i])
-    end
-  end
+  if nc.woken[1] then nc:_deliver() end
 end
 
 function Link:channel_writability_changed(ctx)
@@ -638,6 +631,7 @@ function Conn:_ctl(kind, text)
   elseif kind == "PONG" then
     if link.phase == "ping" then return self:_up(link) end
     self.pings_out = 0
+    if self.woken[1] then self:_deliver() end
     local p = table.remove(self.pongs, 1)
     if p then p:try_success(true) end
   elseif kind == "INFO" then
@@ -851,6 +845,19 @@ local function worker(s)
   if s.drained then s.drained:try_success(true) end
 end
 
+-- Run the callbacks (or wake the readers) of the subscriptions that got
+-- messages in this read: at its end, or before a PONG or a reply that
+-- came after those messages completes a flush or a request (what was
+-- received before a flush's PONG has been handed over when it returns).
+function Conn:_deliver()
+  local woken = self.woken
+  self.woken = {}
+  for i = 1, #woken do
+    woken[i].marked = false
+    self:_wake(woken[i])
+  end
+end
+
 -- Messages arrived for s (or it ended): run its callback, or wake its reader.
 function Conn:_wake(s)
   local p = s.idle or s.waiter
@@ -984,6 +991,7 @@ function Conn:_response(subject, reply, data, hdr)
   if hdr and not decode_headers(m, hdr) then
     return p:try_failure("malformed header block in the reply")
   end
+  if self.woken[1] then self:_deliver() end
   if m.status == 503 and data == "" then return p:try_failure("no responders") end
   p:try_success(m)
 end
@@ -1141,6 +1149,14 @@ end
 -- nc:last_error() --> why the connection was last lost (or nil).
 function Conn:last_error() return self.last_error end
 
+-- nc:servers() --> the pool: "host:port" of each server it may reconnect to.
+function Conn:servers()
+  local out = {}
+  for i, s in ipairs(self.pool) do out[i] = s.key end
+  return out
+end
+
+-- nc:connected_server() --> "host:port" of the server it is connected to, or nil.
 function Conn:connected_server()
   local link = self.link
   return link and link.phase == "up" and link.server.key or nil

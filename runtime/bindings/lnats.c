@@ -45,6 +45,7 @@ typedef struct wire_s {
   int refs;                   /* the userdata's; a queued tail flush's */
   bool tail;                  /* a tail flush is queued */
   bool feeding;               /* inside feed: a reset waits for its end */
+  bool flushing;              /* inside write_out */
   bool reset_later;
   bool closed;
   uint64_t in_msgs, in_bytes, out_msgs, out_bytes;
@@ -67,15 +68,6 @@ static wire_t *check(lua_State *L) {
   return *u;
 }
 
-/* Raise msg at the caller's caller (level 2: the line that called the
- * method that called this C function, for the methods the Lua side
- * installs as they are). */
-static int raise_at(lua_State *L, int level, const char *msg) {
-  luaL_where(L, level);
-  lua_pushstring(L, msg);
-  lua_concat(L, 2);
-  return lua_error(L);
-}
 
 /* ---- outbound ------------------------------------------------------------ */
 
@@ -99,13 +91,24 @@ static bool writing(const wire_t *w) {
 
 /* Hand everything held to the channel. On a channel that refuses it
  * (closed under us, its inactive event not seen yet), the bytes stay for
- * the next connection and the wire detaches. */
+ * the next connection and the wire detaches. The bytes are copied into
+ * the channel first and flushed after: a flush may run Lua (the
+ * handler's channel_writability_changed, which flushes the wire, or a
+ * publisher woken by it), which must find the wire empty and not in the
+ * middle of a write. */
 static void write_out(wire_t *w) {
-  if (w->len == 0 || !writing(w))
+  if (w->len == 0 || w->flushing || !writing(w))
     return;
-  if (nr_channel_write(w->ch, w->out, w->len, true, NULL) < 0) {
-    nr_channel_release(w->ch);
-    w->ch = NULL;
+  nr_channel_t *ch = nr_channel_retain(w->ch);
+  w->flushing = true;
+  int rc = nr_channel_write(ch, w->out, w->len, false, NULL);
+  w->flushing = false;
+  if (rc < 0) {
+    if (w->ch == ch) {
+      nr_channel_release(w->ch);
+      w->ch = NULL;
+    }
+    nr_channel_release(ch);
     return;
   }
   w->len = 0;
@@ -114,6 +117,8 @@ static void write_out(wire_t *w) {
     w->out = NULL;
     w->cap = 0;
   }
+  nr_channel_flush(ch);
+  nr_channel_release(ch);
 }
 
 static int tail_flush(void *arg) {
@@ -148,10 +153,25 @@ static int fail(lua_State *L, const char *why) {
   return 2;
 }
 
+static size_t digits(size_t v) {
+  size_t n = 1;
+  while (v >= 10) {
+    v /= 10;
+    n++;
+  }
+  return n;
+}
+
+/* The exact bytes of a publication: the buffer's bound is exact. */
+static size_t pub_size(size_t sl, size_t rl, size_t hl, size_t dl) {
+  size_t n = (hl > 0 ? 5 + digits(hl) + 1 : 4) + sl + 1 + digits(hl + dl) + 2;
+  return n + (rl > 0 ? rl + 1 : 0) + hl + dl + 2;
+}
+
 /* Encode a publication from the arguments at 2..5 (subject, data, reply,
  * hdr: the header block, encoded, or nil): NULL once held or written,
  * else why not ("closed", "max_payload", "full"). A bad subject raises at
- * the caller's caller. */
+ * the caller's line (nc.publish is this C function itself). */
 static const char *publish(lua_State *L, wire_t *w) {
   size_t sl, dl = 0, rl = 0, hl = 0;
   const char *s = luaL_checklstring(L, 2, &sl);
@@ -159,17 +179,17 @@ static const char *publish(lua_State *L, wire_t *w) {
   const char *r = lua_isnoneornil(L, 4) ? NULL : luaL_checklstring(L, 4, &rl);
   const char *h = lua_isnoneornil(L, 5) ? NULL : luaL_checklstring(L, 5, &hl);
   if (!nr_nats_valid_subject(s, sl))
-    raise_at(L, 2, "netrun.nats: publish: the subject must be a non-empty "
-                   "string without spaces, tabs or line breaks");
+    luaL_error(L, "netrun.nats: publish: the subject must be a non-empty "
+                  "string without spaces, tabs or line breaks");
   if (r != NULL && !nr_nats_valid_subject(r, rl))
-    raise_at(L, 2, "netrun.nats: publish: the reply subject must be a "
-                   "non-empty string without spaces, tabs or line breaks");
+    luaL_error(L, "netrun.nats: publish: the reply subject must be a "
+                  "non-empty string without spaces, tabs or line breaks");
   if (w->closed)
     return "closed";
   if (hl + dl > w->max_payload)
     return "max_payload";
   size_t need = nr_nats_pub_line_max(sl, rl) + hl + dl + 2;
-  if (!writing(w) && w->len + need > w->buffer)
+  if (!writing(w) && w->len + pub_size(sl, rl, hl, dl) > w->buffer)
     return "full";
   if (!reserve(w, need))
     luaL_error(L, "netrun.nats: out of memory");
