@@ -120,6 +120,11 @@ describe("netrun.nats against nats-server", function()
       end
       local answers = netrun.all(futures):await()
       local chained = assert(nc:request("spec.svc.chain", "x"))
+      -- a reply is plain data: it may leave its coroutine as a spawn's result
+      local copied = netrun.spawn(function() return nc:request("spec.svc.upper", "copy") end):await()
+      local copied_ok = copied.data == "COPY" and copied.respond == netrun.nats.Msg.respond
+      local leak = netrun.spawn(function() return nc end)
+      local leak_err = select(2, pcall(leak.await, leak))
       local t0 = netrun.now()
       local none, none_err = nc:request("spec.svc.nobody", "x", { timeout = 5 })
       local none_took = netrun.now() - t0
@@ -133,11 +138,14 @@ describe("netrun.nats against nats-server", function()
       end
       nc:close()
       svc:close()
-      return { answers = answers, chained = chained.data, none = none, none_err = none_err,
+      return { answers = answers, chained = chained.data, copied_ok = copied_ok, leak_err = leak_err,
+               none = none, none_err = none_err,
                none_took = none_took, mute = mute, mute_err = mute_err, subs = subs }
     end, main.port, main.monitor)
     for i = 1, 50 do assert.equal("ABC" .. i, got.answers[i]) end
     assert.equal("chained X", got.chained)
+    assert.is_true(got.copied_ok)
+    assert.matches("cannot transfer a netrun.nats.connection", got.leak_err)
     assert.is_nil(got.none)
     assert.equal("no responders", got.none_err)
     assert.is_true(got.none_took < 1)
@@ -360,6 +368,46 @@ describe("netrun.nats against nats-server", function()
     assert.equal(1000, after.count)
     assert.equal(1, after.reconnects)
     assert.equal(0, after.held)
+  end)
+
+  it("examples/nats_chat.lua: two processes, one chat, rooms apart", function()
+    local pa, pb = H.free_port(), H.free_port()
+    local nats_url = "--nats nats://127.0.0.1:" .. main.port
+    local a = H.start("examples/nats_chat.lua", pa, nats_url .. " --name A")
+    local b = H.start("examples/nats_chat.lua", pb, nats_url .. " --name B")
+    finally(function() H.stop(a); H.stop(b) end)
+    local function line(c)
+      return assert(c:receive("*l"))
+    end
+    local ann, bob, cy, dee = H.client(pa), H.client(pb), H.client(pb), H.client(pa)
+    for _, c in ipairs { ann, bob, cy, dee } do assert.matches("^welcome", line(c)) end
+    local function skip_to(c, want)          -- past join/leave notices
+      for _ = 1, 20 do
+        local l = line(c)
+        if l == want then return end
+        assert.matches("^%* ", l)
+      end
+      error("never saw " .. want)
+    end
+    local function say(c, text, want)
+      c:send(text .. "\n")
+      if want then skip_to(c, want) end
+    end
+    say(ann, "/nick ann", "* you are ann")
+    say(bob, "/nick bob", "* you are bob")
+    say(cy, "/nick cy", "* you are cy")
+    say(dee, "/nick dee", "* you are dee")
+    say(cy, "/join other", "* you are in other")
+    say(dee, "/join other", "* you are in other")
+    say(ann, "hello from A")
+    skip_to(bob, "ann: hello from A")           -- A to B, through NATS
+    say(bob, "hi from B")
+    skip_to(ann, "bob: hi from B")
+    say(dee, "in other")                         -- A's other room reaches B's cy
+    skip_to(cy, "dee: in other")                 -- ... and the lobby's lines did not
+    say(cy, "/quit")
+    skip_to(dee, "* cy left")
+    for _, c in ipairs { ann, bob, dee } do c:close() end
   end)
 
   it("past `buffer` bytes during an outage, publish returns nil, err", function()

@@ -79,7 +79,29 @@ local Link = {}                  -- the handler of one TCP connection
 Link.__index = Link
 local JS = {}
 JS.__index = JS
-M.Conn, M.Sub = Conn, Sub
+-- Messages keep their connection as a number (_c, a key of conns): a
+-- message is plain data that may be copied to another loop (a spawn's
+-- result, a task's argument), where msg:respond then says why it cannot.
+-- The connection and subscription objects stay on their loop (a transfer
+-- of one raises, naming it).
+local Msg = {}
+Msg.__index = Msg
+Conn.__name = "netrun.nats.connection"
+Sub.__name = "netrun.nats.subscription"
+JS.__name = "netrun.nats.jetstream"
+M.Conn, M.Sub, M.Msg = Conn, Sub, Msg
+local conns = {}                 -- this state's open connections, by id
+local next_conn = 0
+
+-- msg:respond(data [, headers]): publish to the message's reply subject.
+function Msg:respond(data, headers)
+  if self.reply == nil then return nil, "the message has no reply subject" end
+  local nc = conns[self._c]
+  if nc == nil then
+    error("netrun.nats: msg:respond: the message's connection is closed or on another loop", 2)
+  end
+  return nc:publish(self.reply, data, nil, headers)
+end
 
 -- ---- small helpers ------------------------------------------------------
 
@@ -667,10 +689,9 @@ function M.connect(opts)
     requests = {}, next_token = 0, reconnects = 0,
     max_payload = 1024 * 1024, closed_p = core.promise(),
   }, Conn)
-  nc.msg_mt = { __index = { respond = function(m, data, headers)
-    if m.reply == nil then return nil, "the message has no reply subject" end
-    return nc:publish(m.reply, data, nil, headers)
-  end } }
+  next_conn = next_conn + 1
+  nc.id = next_conn
+  conns[next_conn] = nc
   nc.w = core.nats.wire(function(...) return nc:_msg(...) end,
                         function(kind, text) return nc:_ctl(kind, text) end,
                         { buffer = math.max(o.buffer, 1), max_control_line = o.max_control_line,
@@ -787,7 +808,7 @@ function Conn:_msg(sid, subject, reply, data, hdr)
   s.received = n
   local max = s.max
   if max and n > max then return end
-  local m = setmetatable({ subject = subject, data = data, reply = reply }, self.msg_mt)
+  local m = setmetatable({ subject = subject, data = data, reply = reply, _c = self.id }, Msg)
   if hdr and not decode_headers(m, hdr) then
     report(self, "NATS: a message with a malformed header block was dropped", s)
     return
@@ -987,7 +1008,7 @@ function Conn:_response(subject, reply, data, hdr)
   local p = self.requests[token]
   if p == nil then return end
   self.requests[token] = nil
-  local m = setmetatable({ subject = subject, data = data, reply = reply }, self.msg_mt)
+  local m = setmetatable({ subject = subject, data = data, reply = reply, _c = self.id }, Msg)
   if hdr and not decode_headers(m, hdr) then
     return p:try_failure("malformed header block in the reply")
   end
@@ -1124,6 +1145,7 @@ function Conn:_close(err)
   local subs = {}
   for _, s in pairs(self.subs) do subs[#subs + 1] = s end
   for _, s in ipairs(subs) do s:_finish(false) end
+  conns[self.id] = nil
   self.closed_p:try_success(true)
   event(self, "on_closed", err)
 end
