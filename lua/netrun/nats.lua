@@ -469,7 +469,8 @@ function Conn:_reconnect()
   if self.state == "closed" then return end
   local s, wait = next_server(self)
   if s == nil then
-    return self:_close("no server left to reconnect to (max_reconnects)")
+    return self:_close("no server left to reconnect to (max_reconnects); the last error: " ..
+      tostring(self.last_error))
   end
   if wait <= 0 then return attempt(self, s) end
   self.retry = self.loop:schedule(wait, function()
