@@ -49,21 +49,29 @@ describe("netrun.nats against nats-server", function()
                             m.headers and m.headers.Multi or false }
         if #seen == 101 then done:try_success() end
       end)
+      local it = nc:subscribe("spec.ps.n.*")      -- an iterator beside the callback
       for i = 1, 100 do assert(nc:publish("spec.ps.n." .. i, "m" .. i)) end
       assert(nc:publish("spec.ps.h", "with headers", nil,
                         { ["X-Trace"] = "abc", Multi = { "one", "two" } }))
       assert(nc:flush())
       done:await()
+      local first3 = {}
+      for m in it:messages() do
+        first3[#first3 + 1] = m.data
+        if #first3 == 3 then break end
+      end
       local st = nc:stats()
       nc:close()
-      return { seen = seen, wrong_loop = wrong_loop, st = st, status = nc:status() }
+      return { seen = seen, wrong_loop = wrong_loop, st = st, status = nc:status(),
+               first3 = first3 }
     end, main.port)
     assert.equal(101, #got.seen)
     for i = 1, 100 do assert.same({ "spec.ps.n." .. i, "m" .. i, false, false }, got.seen[i]) end
     assert.same({ "spec.ps.h", "with headers", "abc", { "one", "two" } }, got.seen[101])
     assert.equal(0, got.wrong_loop)
     assert.equal(101, got.st.out_msgs)
-    assert.equal(101, got.st.in_msgs)
+    assert.equal(201, got.st.in_msgs)
+    assert.same({ "m1", "m2", "m3" }, got.first3)
     assert.equal("closed", got.status)
   end)
 
@@ -709,6 +717,40 @@ describe("netrun.nats against broken and hostile servers", function()
     assert.equal(1, od:get("conns"))
     server:close():sync()
     other:close():sync()
+  end)
+
+  it("a server that stops reading: publications are held up to `buffer`, then refused", function()
+    local server, port = fake(group, function(s)
+      hello(s)
+      netrun.sleep(30)                          -- reads nothing more
+    end)
+    local got = on_loop(loop, function(p)
+      local nc = assert(netrun.nats.connect { url = "nats://127.0.0.1:" .. p,
+        buffer = 64 * 1024, flush_timeout = 0.3 })
+      local chunk, sent, err = string.rep("z", 1024), 0, nil
+      while sent < 512 * 1024 * 1024 do
+        local ok, e = nc:publish("spec.flood", chunk)
+        if not ok then err = e break end
+        sent = sent + #chunk
+      end
+      -- outside a coroutine (a task on the loop) it does not wait
+      local outside = netrun.current():submit(function(c, data)
+        for _ = 1, 100 do
+          local ok, e = c:publish("spec.flood", data)
+          if not ok then return e end
+        end
+      end, nc, chunk):await()
+      local out = { sent = sent, err = err, outside = outside, held = nc:stats().buffered,
+                    status = nc:status() }
+      nc:close()
+      return out
+    end, port)
+    assert.equal("write buffer full (timeout)", got.err)
+    assert.equal("write buffer full (the server does not read)", got.outside)
+    assert.is_true(got.held <= 64 * 1024, got.held)
+    assert.is_true(got.sent < 64 * 1024 * 1024, got.sent)    -- the kernel's buffers and ours
+    assert.equal("connected", got.status)
+    server:close():sync()
   end)
 
   it("a control line past max_control_line fails; a message dripped byte by byte arrives whole", function()

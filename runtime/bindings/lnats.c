@@ -218,11 +218,19 @@ static int l_pub(lua_State *L) {
   return 1;
 }
 
+/* After slow returned (or yielded and was resumed): its results. */
+static int publish_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  return lua_gettop(L);
+}
+
 /* The function core.nats.publisher(w, slow) makes: nc.publish(nc,
  * subject, data, reply, headers) --> true, in C, for a publication
  * without headers that the wire takes; anything else (headers to encode,
  * a refusal to explain or wait on) goes to slow(nc, subject, data, reply,
- * headers, why), whose results it returns. The wire is upvalue 1. */
+ * headers, why), whose results it returns (slow may yield: a coroutine
+ * waits there for the server to read). The wire is upvalue 1. */
 static int l_publish(lua_State *L) {
   wire_t **u = lua_touserdata(L, lua_upvalueindex(1));
   const char *why = NULL;
@@ -238,7 +246,8 @@ static int l_publish(lua_State *L) {
   lua_pushstring(L, why);             /* nil when headers were given */
   lua_pushvalue(L, lua_upvalueindex(2));
   lua_insert(L, 1);
-  lua_call(L, 6, LUA_MULTRET);
+  /* with a continuation: slow may wait (yield) for the server to read */
+  lua_callk(L, 6, LUA_MULTRET, 0, publish_k);
   return lua_gettop(L);
 }
 
