@@ -137,6 +137,16 @@ describe("netrun.nats against nats-server", function()
       local none, none_err = nc:request("spec.svc.nobody", "x", { timeout = 5 })
       local none_took = netrun.now() - t0
       local mute, mute_err = nc:request("spec.svc.mute", "x", { timeout = 0.2 })
+      -- deadlines out of order: each request times out at its own
+      local order, t1 = {}, netrun.now()
+      local waits = {}
+      for _, t in ipairs { 0.3, 0.1, 0.2 } do
+        waits[#waits + 1] = netrun.spawn(function()
+          local r, e = nc:request("spec.svc.mute", "x", { timeout = t })
+          order[#order + 1] = { t, e, netrun.now() - t1 }
+        end)
+      end
+      netrun.all(waits):await()
       -- the server's view of this client: its subscriptions
       local res = netrun.http.request { url = "http://127.0.0.1:" .. monitor ..
                                               "/connz?subs=1" }:await()
@@ -148,7 +158,8 @@ describe("netrun.nats against nats-server", function()
       svc:close()
       return { answers = answers, chained = chained.data, copied_ok = copied_ok, leak_err = leak_err,
                none = none, none_err = none_err,
-               none_took = none_took, mute = mute, mute_err = mute_err, subs = subs }
+               none_took = none_took, mute = mute, mute_err = mute_err, subs = subs,
+               order = order }
     end, main.port, main.monitor)
     for i = 1, 50 do assert.equal("ABC" .. i, got.answers[i]) end
     assert.equal("chained X", got.chained)
@@ -159,6 +170,11 @@ describe("netrun.nats against nats-server", function()
     assert.is_true(got.none_took < 1)
     assert.is_nil(got.mute)
     assert.equal("timeout", got.mute_err)
+    for i, t in ipairs { 0.1, 0.2, 0.3 } do
+      assert.equal(t, got.order[i][1])
+      assert.equal("timeout", got.order[i][2])
+      assert.is_true(got.order[i][3] >= t and got.order[i][3] < t + 0.5, got.order[i][3])
+    end
     assert.equal(1, #got.subs)
     assert.matches("^_INBOX%.[%w]+%.%*$", got.subs[1])
   end)

@@ -105,8 +105,10 @@ end
 
 -- ---- small helpers ------------------------------------------------------
 
+local valid_subject = core.nats.valid_subject
+
 local function check_subject(s, what, level)
-  if type(s) ~= "string" or s == "" or find(s, "[%s%z]") then
+  if not valid_subject(s) then
     error(format("netrun.nats: %s must be a non-empty string without spaces, tabs or " ..
       "line breaks, got %s", what, type(s) == "string" and format("%q", s) or type(s)), level + 1)
   end
@@ -431,11 +433,14 @@ local function attempt(nc, s)
   nc.w:detach()
   nc.w:reset()
   links[id] = link
-  link.timer = nc.loop:schedule(nc.opts.timeout, function()
-    if link.phase ~= "up" then nc:_failed(link, "timeout") end
-  end)
+  local timeout = nc.opts.timeout > 0 and nc.opts.timeout or nil    -- 0: none
+  if timeout then
+    link.timer = nc.loop:schedule(timeout, function()
+      if link.phase ~= "up" then nc:_failed(link, "timeout") end
+    end)
+  end
   require("netrun").connect {
-    group = nc.loop, host = s.host, port = s.port, timeout = nc.opts.timeout,
+    group = nc.loop, host = s.host, port = s.port, timeout = timeout,
     init = function(ch) require("netrun.nats")._adopt(ch, id) end,
   }:add_listener(function(f)
     if not f:is_success() then
@@ -603,7 +608,7 @@ end
 -- The handshake's PONG: the connection is up.
 function Conn:_up(link)
   link.phase = "up"
-  link.timer:cancel()
+  if link.timer then link.timer:cancel() end
   link.server.failures = 0
   local w, ch = self.w, link.ch
   -- subscriptions first, in the order they were made, then what was
@@ -693,7 +698,9 @@ function M.connect(opts)
   next_conn = next_conn + 1
   nc.id = next_conn
   conns[next_conn] = nc
-  nc.w = core.nats.wire(function(...) return nc:_msg(...) end,
+  nc.w = core.nats.wire(function(sid, subject, reply, data, hdr)
+                          return nc:_msg(sid, subject, reply, data, hdr)
+                        end,
                         function(kind, text) return nc:_ctl(kind, text) end,
                         { buffer = math.max(o.buffer, 1), max_control_line = o.max_control_line,
                           max_message = o.max_message })
@@ -1004,46 +1011,114 @@ function Conn:_inbox()
   return s
 end
 
+-- A request's entry in nc.requests is its future, or (waiter: a coroutine
+-- awaits it) { p = promise, m = the reply }: a future completed with a
+-- table keeps a copy-ready reference to it (lnr_keep_result), which cost
+-- more than the rest of a round trip; a waiter's completes with true.
+local function settle(entry, m, err)
+  local p = entry
+  if type(entry) == "table" then
+    entry.m = m
+    p = entry.p
+    m = true
+  end
+  if err then p:try_failure(err) else p:try_success(m) end
+end
+
 function Conn:_response(subject, reply, data, hdr)
   local token = sub(subject, #self.inbox_prefix + 1)
-  local p = self.requests[token]
-  if p == nil then return end
+  local entry = self.requests[token]
+  if entry == nil then return end
   self.requests[token] = nil
   local m = setmetatable({ subject = subject, data = data, reply = reply, _c = self.id }, Msg)
   if hdr and not decode_headers(m, hdr) then
-    return p:try_failure("malformed header block in the reply")
+    return settle(entry, nil, "malformed header block in the reply")
   end
   if self.woken[1] then self:_deliver() end
-  if m.status == 503 and data == "" then return p:try_failure("no responders") end
-  p:try_success(m)
+  if m.status == 503 and data == "" then return settle(entry, nil, "no responders") end
+  settle(entry, m)
 end
 
--- The request's future (failed with "timeout", "no responders", ...).
-function Conn:_request(subject, data, timeout, headers)
+-- The request's future (failed with "timeout", "no responders", ...), or
+-- with waiter, its entry (see settle).
+function Conn:_request(subject, data, timeout, headers, waiter)
   local p = core.promise()
+  local entry = waiter and { p = p } or p
   if self.state == "closed" then
     p:try_failure("closed")
-    return p
+    return entry
   end
   self:_inbox()
   local token = tostring(self.next_token)
   self.next_token = self.next_token + 1
-  self.requests[token] = p
+  self.requests[token] = entry
   local ok, err = self.publish(self, subject, data, self.inbox_prefix .. token, headers)
   if not ok then
     self.requests[token] = nil
     p:try_failure(err)
-    return p
+    return entry
   end
-  if timeout > 0 then
-    local requests = self.requests
-    local t = self.loop:schedule(timeout, function()
-      if requests[token] == p then requests[token] = nil end
-      p:try_failure("timeout")
-    end)
-    p:add_listener(function() t:cancel() end)
+  if timeout > 0 then self:_expire_at(core.now() + timeout, token) end
+  return entry
+end
+
+-- Request deadlines: one queue per connection, sorted by deadline, and
+-- one loop timer armed for its head -- not a timer and a listener per
+-- request (they were most of a request's cost). Answered requests stay
+-- queued until their deadline passes (nothing is searched when an answer
+-- comes); the timer fires at most every EXPIRY_SLACK seconds, so a
+-- timeout is reported up to that late.
+local EXPIRY_SLACK = 0.01
+
+function Conn:_expire_at(deadline, token)
+  local q = self.expiry
+  if q == nil then
+    q = { head = 1, tail = 0, at = {}, token = {} }
+    self.expiry = q
   end
-  return p
+  local at, tok = q.at, q.token
+  local i = q.tail + 1
+  -- requests with one timeout come in deadline order: almost always an append
+  while i > q.head and at[i - 1] > deadline do
+    at[i], tok[i] = at[i - 1], tok[i - 1]
+    i = i - 1
+  end
+  at[i], tok[i] = deadline, token
+  q.tail = q.tail + 1
+  if q.armed == nil or deadline < q.armed then self:_arm_expiry(deadline) end
+end
+
+function Conn:_arm_expiry(deadline)
+  local q = self.expiry
+  if q.timer then q.timer:cancel() end
+  q.armed = deadline
+  q.timer = self.loop:schedule(math.max(deadline - core.now(), 0) + EXPIRY_SLACK, function()
+    q.timer, q.armed = nil, nil
+    self:_expire()
+  end)
+end
+
+function Conn:_expire()
+  local q, requests = self.expiry, self.requests
+  local at, tok = q.at, q.token
+  -- a failed request resumes its coroutine here, which may make another
+  -- request (and queue it): q is kept consistent at every step
+  while q.head <= q.tail and at[q.head] <= core.now() do
+    local h = q.head
+    local token = tok[h]
+    at[h], tok[h] = nil, nil
+    q.head = h + 1
+    local entry = requests[token]
+    if entry then
+      requests[token] = nil
+      settle(entry, nil, "timeout")
+    end
+  end
+  if q.head > q.tail then
+    q.head, q.tail = 1, 0
+  elseif self.state ~= "closed" and (q.armed == nil or at[q.head] < q.armed) then
+    self:_arm_expiry(at[q.head])
+  end
 end
 
 -- nc:request(subject, data [, { timeout, headers }]) --> msg | nil, err
@@ -1058,7 +1133,11 @@ function Conn:request(subject, data, opts)
     timeout = opts.timeout or timeout
     headers = opts.headers
   end
-  return result(self:_request(subject, data, timeout, headers))
+  if not isyieldable() then return self:_request(subject, data, timeout, headers) end
+  local w = self:_request(subject, data, timeout, headers, true)
+  local ok, err = pcall(w.p.await, w.p)
+  if ok then return w.m end
+  return nil, err
 end
 
 -- ---- flush, drain, close --------------------------------------------------------
@@ -1124,6 +1203,7 @@ function Conn:_close(err)
   self.state = "closed"
   self.last_error = err or self.last_error
   if self.retry then self.retry:cancel(); self.retry = nil end
+  if self.expiry and self.expiry.timer then self.expiry.timer:cancel() end
   local link = self.link
   self.link = nil
   if link then
@@ -1136,7 +1216,7 @@ function Conn:_close(err)
   self.w:close()
   local requests, pongs = self.requests, self.pongs
   self.requests, self.pongs = {}, {}
-  for _, p in pairs(requests) do p:try_failure("closed") end
+  for _, entry in pairs(requests) do settle(entry, nil, "closed") end
   for _, p in ipairs(pongs) do if p then p:try_failure("closed") end end
   if self.writable then self.writable:try_success(false); self.writable = nil end
   if self.connecting then

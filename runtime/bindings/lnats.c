@@ -251,6 +251,17 @@ static int l_publish(lua_State *L) {
   return lua_gettop(L);
 }
 
+/* core.nats.valid_subject(s) --> whether s may be sent as a subject
+ * (nr_nats_valid_subject; a Lua pattern did the same at several times
+ * the cost, on every request). */
+static int l_valid_subject(lua_State *L) {
+  size_t n;
+  const char *s = lua_tolstring(L, 1, &n);
+  lua_pushboolean(L, s != NULL && lua_type(L, 1) == LUA_TSTRING &&
+                         nr_nats_valid_subject(s, n));
+  return 1;
+}
+
 /* core.nats.publisher(w, slow) --> nc.publish (see l_publish). */
 static int l_publisher(lua_State *L) {
   wire_t **u = luaL_checkudata(L, 1, WIRE_MT);
@@ -492,5 +503,7 @@ void lnr_open_nats(lua_State *L) {
   lua_setfield(L, -2, "wire");
   lua_pushcfunction(L, l_publisher);
   lua_setfield(L, -2, "publisher");
+  lua_pushcfunction(L, l_valid_subject);
+  lua_setfield(L, -2, "valid_subject");
   lua_setfield(L, -2, "nats");
 }
