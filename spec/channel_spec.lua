@@ -211,6 +211,89 @@ describe("channels", function()
     assert.is_nil(ch:loop():submit(function(chan) return chan:attr("k") end, ch):sync())
   end)
 
+  -- The chat room's "* alice left": what channel_read set is still there
+  -- when the channel goes, in every event of its close, whoever closes it.
+  local Nick = {}
+  function Nick:channel_read(ctx, msg)
+    ctx.channel:attr("nick", msg:match("^(%w+)"))
+    ctx:write_and_flush("ok\n")
+    if msg:match("bye") then ctx:close() end
+  end
+  function Nick:channel_inactive(ctx)
+    self.seen.inactive = ctx.channel:attr("nick")
+    ctx:fire_channel_inactive()
+  end
+  function Nick:channel_unregistered(ctx)
+    self.seen.unregistered = ctx.channel:attr("nick")
+  end
+  function Nick:handler_removed(ctx)
+    self.seen.removed = ctx.channel:attr("nick")
+    local ch, done = ctx.channel, self.done
+    ctx:loop():execute(function()        -- after the close: dropped
+      self.seen.after = ch:attr("nick") or "dropped"
+      done:set_success(self.seen)
+    end)
+  end
+
+  for _, who in ipairs { "peer", "handler" } do
+    it("keeps attributes readable through channel_inactive, channel_unregistered and handler_removed, "
+      .. "then drops them (closed by the " .. who .. ")", function()
+      local done = netrun.promise()
+      local server = netrun.server {
+        group = group, host = "127.0.0.1", port = 0,
+        init = function(ch)
+          ch:pipeline():add_last("nick", setmetatable({ seen = {}, done = done }, { __index = Nick }))
+        end,
+      }:sync()
+      local _, port = server:local_address()
+      local c = H.client(port)
+      c:send(who == "peer" and "alice\n" or "alice says bye\n")
+      assert.equal("ok", c:receive("*l"))
+      if who == "peer" then c:close() end
+      assert.same({ inactive = "alice", unregistered = "alice", removed = "alice", after = "dropped" },
+        H.sync(done))
+      c:close()
+      server:close():sync()
+    end)
+  end
+
+  it("holds no attributes of closed channels: a state's memory comes back", function()
+    local g = netrun.group { threads = 1, name = "attrs" }
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("nick", {
+          channel_read = function(_, ctx, msg)
+            ctx.channel:attr("nick", msg .. string.rep("x", 1000))
+            ctx.channel:attr("n", { msg })
+            ctx:write_and_flush("ok")
+          end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local loop = g:loops()[1]
+    local function memory()
+      return loop:submit(function() collectgarbage() collectgarbage() return collectgarbage("count") end):sync()
+    end
+    local function round(n)
+      for i = 1, n do
+        local c = H.client(port)
+        c:send("user" .. i)
+        assert.equal("ok", H.recv(c, 2))
+        c:close()
+      end
+      H.eventually(function() return loop:stats().channels == 1 end)  -- the server's
+    end
+    round(50)
+    local before = memory()
+    round(500)
+    local after = memory()
+    assert.is_true(after - before < 64, string.format("%.0f KiB more after 500 connections", after - before))
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
   it("close_future completes when the peer closes; close is idempotent", function()
     local server, port, accepted = accepting_server(group)
     local c = H.client(port)

@@ -264,20 +264,45 @@ static int l_option(lua_State *L) {
   return 1;
 }
 
-/* Attributes live in the channel's loop state, dropped when it closes. */
+/* Attributes live in the channel's loop state. As in Netty, where they
+ * live as long as the channel, they stay readable through the whole close:
+ * channel_inactive, channel_unregistered and handler_removed. They are
+ * dropped after it. The close future completes before the pipeline's
+ * teardown runs (at once, or when the handler call that closed returns:
+ * pipeline.c, unwound), and the teardown never waits for a task; so the
+ * future's listener queues the drop as a task, which runs after it. The
+ * listener holds a reference on the channel until the drop, so that a new
+ * channel cannot take its address (the key) meanwhile. */
 static const char ATTRS = 0;
+
+static void forget_attrs(lua_State *L, nr_channel_t *ch) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) == LUA_TTABLE) {
+    lua_pushnil(L);
+    lua_rawsetp(L, -2, ch);
+  }
+  lua_pop(L, 1);
+}
+
+static int drop_attrs_task(void *arg) {
+  nr_channel_t *ch = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S != NULL && !S->closing)
+    forget_attrs(S->L, ch);
+  nr_channel_release(ch);
+  return 0;
+}
 
 static void drop_attrs(nr_promise_t *p, void *arg) {
   (void)p;
-  lnr_state_t *S = lnr_current_state();
-  if (S == NULL || S->closing)
+  nr_channel_t *ch = arg;
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (!nr_loop_in_thread(loop)) {      /* its loop is gone, with the state */
+    nr_channel_release(ch);
     return;
-  lua_State *L = S->L;
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) == LUA_TTABLE) {
-    lua_pushnil(L);
-    lua_rawsetp(L, -2, arg);
   }
-  lua_pop(L, 1);
+  if (nr_loop_execute(loop, drop_attrs_task, ch) < 0)
+    nr_channel_release(ch);  /* the loop is past shutdown: its state, and
+                                the attributes with it, close after this */
 }
 
 static int l_attr(lua_State *L) {
@@ -302,7 +327,7 @@ static int l_attr(lua_State *L) {
     lua_pushvalue(L, -1);
     lua_rawsetp(L, -3, ch);
     nr_promise_add_listener(nr_channel_close_future(ch), nr_channel_loop(ch),
-                            drop_attrs, ch);
+                            drop_attrs, nr_channel_retain(ch));
   }
   if (!set) {
     lua_pushvalue(L, 2);
