@@ -372,6 +372,7 @@ static int l_eq(lua_State *L) {
 typedef struct init_s {
   _Atomic(lnr_blob_t *) b;
   bool once;          /* a client's: freed after its one use */
+  bool unlisted;      /* netrun.server { metrics = false }: not in stats */
   struct init_s *next;
   lnr_blob_t *retired;            /* swapped-out blobs, under inits_lock */
   nr_channel_t *server;           /* set once bound (identity only) */
@@ -583,7 +584,8 @@ static int l_server_stats(lua_State *L) {
   pthread_mutex_lock(&inits_lock);
   int n = 0;
   for (init_t *in = inits; in; in = in->next) {
-    if (in->once || !atomic_load_explicit(&in->bound, memory_order_acquire))
+    if (in->once || in->unlisted ||
+        !atomic_load_explicit(&in->bound, memory_order_acquire))
       continue;
     uint64_t acc = atomic_load_explicit(&in->accepted, memory_order_relaxed);
     uint64_t closed = atomic_load_explicit(&in->closed, memory_order_relaxed);
@@ -628,7 +630,7 @@ void lnr_free_inits(void) {
  * raises (lnr_check_options), so a new option is added here too. */
 static const char *const server_keys[] = {
     "group", "child_group", "host", "port", "unix", "mode", "backlog",
-    "reuseport", "child_options", "init", "stream", NULL};
+    "reuseport", "child_options", "init", "stream", "metrics", NULL};
 static const char *const connect_keys[] = {
     "group", "host", "port", "unix", "timeout", "options", "init", NULL};
 static const char *const udp_keys[] = {
@@ -852,6 +854,7 @@ static int l_server(lua_State *L) {
   place_t g = opt_place(L, 1, "group", what);
   place_t cg = opt_place(L, 1, "child_group", what);
   o.reuseport = opt_bool(L, 1, "reuseport", false, what);
+  bool listed = opt_bool(L, 1, "metrics", true, what);
   if (!g.group && !g.loop && !cg.group && !cg.loop) {
     /* reuseport: each worker accepts for itself; no boss group needed */
     g.group = o.reuseport ? NULL : lnr_default_group(L, true);
@@ -874,6 +877,8 @@ static int l_server(lua_State *L) {
   if (o.unix_path == NULL && !is_address(o.host) && on_loop())
     return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
+  if (in != NULL)
+    in->unlisted = !listed;
   o.child_init = in ? run_init : NULL;
   o.child_closed = in ? count_closed : NULL;
   o.arg = in;
