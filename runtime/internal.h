@@ -78,6 +78,7 @@ struct nr_timer_s {
   uint32_t idx;              /* heap index, NR_NOT_IN_HEAP when not in it */
   _Atomic int refs;
   _Atomic int state;
+  bool keeps_alive;          /* nr_loop_schedule_ref: counted in timer_refs */
 };
 #define NR_NOT_IN_HEAP UINT32_MAX
 
@@ -132,6 +133,8 @@ struct nr_loop_s {
   _Atomic uint64_t enqueued;        /* tasks ever queued */
   _Atomic uint64_t wakeups;         /* eventfd writes */
   _Atomic uint64_t timer_count;     /* timers alive (schedule/discard) */
+  _Atomic uint64_t timer_refs;      /* those that keep the loop alive */
+  _Atomic int64_t held;             /* work owed to it (nr_loop_hold) */
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
@@ -139,6 +142,7 @@ struct nr_loop_s {
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
       task_time, channel_count;
+  _Atomic uint64_t channel_unrefs;  /* linked channels that keep it not alive */
   /* Stall detection: when the current stretch of work began (0: blocked in
    * the selector), stored once per iteration, and the task running (0: I/O
    * events). With tasks_run they tell the watchdog whether work moves. */
@@ -162,6 +166,7 @@ struct nr_loop_s {
   uint64_t run_once_deadline;       /* external loops: bound on blocking */
   int select_cnt;
   bool spin;                        /* queued tasks ran last pass */
+  bool held_seen;                   /* a shutdown waited for work owed */
   uint64_t dequeued_seen;
   nr_channel_t *channels;           /* registered channels, for close_all */
   nr_channel_t *graveyard;          /* closed this pass, released after it */
@@ -333,7 +338,8 @@ enum {
   NR__LINGER_WANTED = 1u << 13,   /* nr_channel_linger: a close lingers */
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
-  NR__SHUTDOWN_TOLD = 1u << 16    /* NR_EVT_SHUTDOWN was fired on it */
+  NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
+  NR__UNREF = 1u << 17            /* linked, and keeps its loop not alive */
 };
 
 typedef struct nr_server_s {
@@ -464,6 +470,10 @@ bool nr__run_tasks_for(nr_loop_t *l, uint64_t timeout);
 bool nr__confirm_shutdown(nr_loop_t *l);
 uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
 void nr__loop_set_current(nr_loop_t *l);
+
+/* alive.c: work owed, in a shutdown (loop thread); about to block. */
+bool nr__loop_held(nr_loop_t *l);
+void nr__loop_blocking(nr_loop_t *l);
 
 /* timer.c */
 void nr__timers_fetch_due(nr_loop_t *l, uint64_t now);

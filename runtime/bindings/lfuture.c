@@ -488,8 +488,8 @@ static int l_sleep(lua_State *L) {
   if (!lua_isyieldable(L) || !is_spawned(S->L, L))
     return luaL_error(L, "netrun.sleep: only inside netrun.spawn");
   nr_promise_t *p = nr_promise_new();
-  nr_timer_t *t = nr_loop_schedule(home(L), lnr_ns(s), 0, complete_task,
-                                   cancel_task, nr_promise_retain(p));
+  nr_timer_t *t = nr_loop_schedule_ref(home(L), lnr_ns(s), 0, complete_task,
+                                       cancel_task, nr_promise_retain(p));
   if (t == NULL) {
     nr_promise_release(p);
     nr_promise_release(p);

@@ -308,6 +308,8 @@ static int lua_task(void *arg) {
   }
   if (p)
     nr_promise_release(p);
+  if (b->owed != NULL)        /* after the listeners' tasks were queued */
+    nr_loop_unhold(b->owed);
   lnr_blob_free(b);
   return 0;
 }
@@ -347,15 +349,30 @@ static int reject(lua_State *L, nr_loop_t *loop, int rc) {
                     nr_loop_name(loop));
 }
 
+/* A loop that sends a task elsewhere is owed its outcome (a future's
+ * listeners, what the task queues back to it): a graceful shutdown of
+ * the loop waits for it (nr_loop_hold). The main thread, which waits in
+ * netrun.run, is not a loop that shuts down. */
+static nr_loop_t *owed_to(nr_loop_t *target) {
+  nr_loop_t *from = nr_loop_current();
+  return from != NULL && from != target && from != lnr_main_loop() ? from
+                                                                   : NULL;
+}
+
 void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
                    nr_promise_t *p) {
   b->user = p ? nr_promise_retain(p) : NULL;
   b->task.fn = lua_task;
   b->task.arg = b;
+  b->owed = owed_to(loop);
+  if (b->owed != NULL)
+    nr_loop_hold(b->owed);
   int rc = nr_loop_execute_task(loop, &b->task);
   if (rc < 0) {
     if (p)
       nr_promise_release(p);
+    if (b->owed != NULL)
+      nr_loop_unhold(b->owed);
     lnr_blob_free(b);
     reject(L, loop, rc);
   }
@@ -479,8 +496,8 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   /* The caller's reference, taken first: a short delay may fire (and
    * free s) on the loop's thread before nr_loop_schedule returns. */
   nr_promise_t *p = nr_promise_retain(s->p);
-  nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
-                                   sched_cancelled, s);
+  nr_timer_t *t = nr_loop_schedule_ref(loop, lnr_ns(delay), period,
+                                       sched_fire, sched_cancelled, s);
   if (t == NULL) {                  /* rejected: cancel_fn is not called */
     nr_promise_release(p);
     nr_promise_release(s->p);
@@ -823,11 +840,53 @@ void lnr_open_group(lua_State *L) {
  * (nr_channel_hold), so an idle server stops at once. */
 #define SIGNAL_QUIET NR_MS(200)
 
-void lnr_shutdown_groups_async(uint64_t timeout) {
+/* Executor groups stop after the event-loop groups (as a Netty program
+ * shuts down its boss, then its workers, then the business executors):
+ * a loop whose channels wait for an answer computed on an executor
+ * (nr_loop_hold) may still send it work while it drains. */
+typedef struct after_loops_s {
+  _Atomic int left;                /* event-loop groups not terminated */
+  uint64_t deadline;
+} after_loops_t;
+
+static void shutdown_executors(uint64_t deadline) {
+  uint64_t now = nr_now();
+  uint64_t timeout = deadline > now ? deadline - now : 0;
   pthread_mutex_lock(&live_lock);
   for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
+    if (g->executor)
+      nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
   pthread_mutex_unlock(&live_lock);
+}
+
+static void loop_group_terminated(nr_promise_t *p, void *arg) {
+  (void)p;
+  after_loops_t *a = arg;
+  if (atomic_fetch_sub(&a->left, 1) == 1) {
+    shutdown_executors(a->deadline);
+    free(a);
+  }
+}
+
+void lnr_shutdown_groups_async(uint64_t timeout) {
+  after_loops_t *a = malloc(sizeof *a);
+  if (a != NULL) {
+    atomic_init(&a->left, 1);             /* ours, dropped below */
+    a->deadline = nr_now() + timeout;
+  }
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next) {
+    if (g->executor && a != NULL)
+      continue;
+    nr_promise_t *t = nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
+    if (a != NULL) {
+      atomic_fetch_add(&a->left, 1);
+      nr_promise_add_listener(t, NULL, loop_group_terminated, a);
+    }
+  }
+  pthread_mutex_unlock(&live_lock);
+  if (a != NULL)
+    loop_group_terminated(NULL, a);       /* none, or all done already */
 }
 
 /* core.shutdown_all([quiet [, timeout]]): start shutting every group down

@@ -13,6 +13,10 @@
  * is still doing (a flush its write, an inactive its reads): every event
  * takes the hop. bind, connect and disconnect are not offered to h.
  *
+ * While an event is on its way or being handled there, the channel's loop
+ * is owed what h sends back (nr_loop_hold): a graceful shutdown waits for
+ * it before closing the channel.
+ *
  * Threads: the ctx is touched only on the channel's loop (retained in
  * added, released in removed); h and its xctx only in the executor's state
  * (registry, keyed by the proxy); the proxy itself is reference counted by
@@ -244,6 +248,7 @@ static int xevent_task(void *arg) {
     LNR_STACK_END(L, 0);
     lua_settop(L, top);
   }
+  nr_loop_unhold(x->home);             /* after what h sent back */
   lnr_xh_release(x);
   lnr_blob_free(b);
   return 0;
@@ -270,9 +275,11 @@ static void xdispatch_read(nr_ctx_t *ctx, int n, const char *method,
   b->token = token;
   b->task.fn = xevent_task;
   b->task.arg = b;
+  nr_loop_hold(x->home);               /* h's answers come back to it */
   if (nr_loop_execute_task(x->exec, &b->task) < 0) {
     nr_log(NR_LOG_WARN, "handler '%s': executor %s is shut down, %s dropped",
            x->name, nr_loop_name(x->exec), method);
+    nr_loop_unhold(x->home);
     lnr_xh_release(x);
     lnr_blob_free(b);
   }
