@@ -1,7 +1,8 @@
 /*
  * netrun.c -- the `netrun` executable: runs a script (the `lua` command's
  * conventions: arg table, `-` for stdin, -e/-l/-i/-v/-h, exit status 1 and
- * a traceback on failure), then lives while any group is alive.
+ * a traceback on failure), then lives while anything of it is alive
+ * (netrun.run: a loop with a channel, a timer, a task or work owed).
  *
  * Signals: every thread blocks SIGINT/SIGTERM (the mask is set before any
  * loop thread exists, so they inherit it); one thread takes them with
@@ -89,7 +90,7 @@ static void usage(FILE *f) {
           "  -i               enter the REPL after running the script\n"
           "  -t N             default number of worker threads\n"
           "  --console PATH   serve a REPL console on a unix socket\n"
-          "  -v               show the version\n"
+          "  -v, --version    show the version\n"
           "  -h               show this help\n"
           "  -                run stdin as the script\n"
           "  %s attach PATH   a REPL on a live process's console socket\n"
@@ -426,7 +427,8 @@ static int parse(int argc, char **argv, opts_t *o) {
       return 0;
     }
     if (strcmp(a, "-i") == 0) o->interactive = true;
-    else if (strcmp(a, "-v") == 0) o->version = true;
+    else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0)
+      o->version = true;
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 2;
     else if (strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 ||
              strcmp(a, "-t") == 0 || strcmp(a, "--console") == 0) {
