@@ -928,13 +928,20 @@ typedef struct after_loops_s {
   uint64_t deadline;
 } after_loops_t;
 
+/* With the loops gone, an executor gets work only from another one: when
+ * none has anything to do (nr_loop_is_alive), none will, and they stop
+ * at once (no quiet period: an idle server exits in one). */
 static void shutdown_executors(uint64_t deadline) {
   uint64_t now = nr_now();
   uint64_t timeout = deadline > now ? deadline - now : 0;
   pthread_mutex_lock(&live_lock);
+  bool busy = false;
+  for (lnr_group_t *g = live; g && !busy; g = g->next)
+    for (int i = 0; g->executor && i < nr_group_size(g->g) && !busy; i++)
+      busy = nr_loop_is_alive(nr_group_loop(g->g, i), NULL);
   for (lnr_group_t *g = live; g; g = g->next)
     if (g->executor)
-      nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
+      nr_group_shutdown_gracefully(g->g, busy ? SIGNAL_QUIET : 0, timeout);
   pthread_mutex_unlock(&live_lock);
 }
 
