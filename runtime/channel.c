@@ -951,7 +951,9 @@ static bool tell_shutdown(nr_channel_t *ch) {
  * channel that holds work owed (nr_channel_hold) stops reading and closes
  * when the work is done; while work is owed to the loop itself
  * (nr_loop_hold: an answer computed elsewhere, for any of them), every
- * channel does. With abort, reset whatever is left. */
+ * channel does, but a listener, which owes nothing: it closes at once,
+ * and no connection comes in meanwhile. With abort, reset whatever is
+ * left. */
 static void close_each(nr_loop_t *l, bool abort) {
   send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
   bool loop_held = !abort && nr__loop_held(l);
@@ -975,7 +977,8 @@ static void close_each(nr_loop_t *l, bool abort) {
        * kept here, as this runs every turn of the shutdown */
       if (abort || nr_now() >= v[i]->linger_until)
         end_linger(v[i]);
-    } else if (!abort && (v[i]->holds > 0 || loop_held)) {
+    } else if (!abort && (v[i]->holds > 0 ||
+                          (loop_held && v[i]->kind != NR__LISTEN))) {
       if (!(v[i]->st & NR__CLOSE_IDLE)) {
         v[i]->st |= NR__CLOSE_IDLE;
         nr__channel_update_interest(v[i]);

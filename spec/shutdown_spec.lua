@@ -70,6 +70,28 @@ describe("SIGTERM", function()
     end)
   end
 
+  it("accepts no connection while it waits for the work owed", function()
+    local port = H.free_port()
+    local pid, log = H.start("spec/fixtures/slow_lines.lua", port, "--mode listener --work 1")
+    local c = H.client(port)
+    c:send("slow\n")
+    assert.is_truthy(H.eventually(function() return log_has(log, "working on slow") end))
+    os.execute("kill -TERM " .. pid)
+    assert.is_truthy(H.eventually(function()
+      local s = H.socket.connect("127.0.0.1", port)
+      if s then s:close() end
+      return s == nil
+    end, 0.8), "a connection was accepted during the shutdown")
+    c:settimeout(0)
+    local line, err = c:receive("*l")
+    assert.are.same({ nil, "timeout" }, { line, err })         -- still being worked on
+    c:settimeout(5)
+    assert.are.equal("done slow", c:receive("*l"))
+    c:close()
+    assert.is_true(H.stop(pid))
+    os.remove(log)
+  end)
+
   it("stops an idle line server (with executor groups) within half a second", function()
     local port = H.free_port()
     local pid, log = H.start("spec/fixtures/slow_lines.lua", port, "--mode listener")
