@@ -257,6 +257,34 @@ describe("channels", function()
     end)
   end
 
+  it("drops the attributes of a channel whose channel_inactive raises", function()
+    local done = netrun.promise()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("nick", {
+          channel_read = function(_, ctx, msg)
+            ctx.channel:attr("nick", msg)
+            ctx:write_and_flush("ok")
+          end,
+          channel_inactive = function(_, ctx)
+            local nick = ctx.channel:attr("nick")
+            local chan = ctx.channel
+            ctx:loop():execute(function() done:set_success { nick, chan:attr("nick") or "dropped" } end)
+            error("inactive raised for " .. nick)
+          end,
+        })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    c:send("carol")
+    assert.equal("ok", H.recv(c, 2))
+    c:close()
+    assert.same({ "carol", "dropped" }, H.sync(done))
+    server:close():sync()
+  end)
+
   it("holds no attributes of closed channels: a state's memory comes back", function()
     local g = netrun.group { threads = 1, name = "attrs" }
     local server = netrun.server {

@@ -171,6 +171,35 @@ describe("a handler that raises behind other handlers", function()
     end)
   end
 
+  it("survives clients that reset while their 500 is written, behind middleware", function()
+    local group = netrun.group { threads = 1, name = "raise-rst" }
+    local Pass = { channel_read = function(_, ctx, req) ctx:fire_channel_read(req) end }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("metrics", netrun.handler.metrics {})
+        ch:pipeline():add_last("pass", Pass)
+        ch:pipeline():add_last("app", App)
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    for _ = 1, 50 do
+      local c = H.client(port)
+      c:send(get("/boom") .. get("/boom") .. get("/a"))
+      c:setoption("linger", { on = true, timeout = 0 })
+      c:close()                                     -- a reset, not a FIN
+    end
+    local c = H.client(port)
+    c:send(get("/boom") .. get("/ok"))
+    assert.equal(500, (H.read_response(c)))
+    assert.equal("ok /ok", select(3, H.read_response(c)))
+    c:close()
+    H.eventually(function() return group:loops()[1]:stats().channels == 1 end)
+    server:close():sync()
+    H.shutdown(group)
+  end)
+
   it("lets SIGTERM stop the server at once after it (no request left owed)", function()
     local port = H.free_port()
     local pid, log = H.start(FIXTURE, port, "--front metrics")
