@@ -301,6 +301,12 @@ const char *nr_promise_message(const nr_promise_t *p);
  * listener runs on the completing thread, with a warning. Any thread. */
 int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on,
                             nr_listener_fn fn, void *arg);
+/* The same; if p is freed without completing (a future nobody completed,
+ * as a process ends), drop(arg) runs instead of fn, on the thread that
+ * frees it. */
+int nr_promise_add_listener_drop(nr_promise_t *p, nr_loop_t *on,
+                                 nr_listener_fn fn, void *arg,
+                                 void (*drop)(void *));
 /* Block until p completes or timeout ns pass (UINT64_MAX = forever).
  * On an event-loop thread returns NR_EDEADLOCK without waiting; on an
  * external loop's thread it runs that loop's tasks while waiting.

@@ -24,6 +24,7 @@ typedef struct listener_s {
   struct listener_s *next;
   nr_listener_fn fn;
   void *arg;
+  void (*drop)(void *);            /* arg's, if p is freed uncompleted */
   nr_loop_t *on;
   nr_promise_t *p;                 /* set when dispatched as a task */
 } listener_t;
@@ -104,6 +105,8 @@ void nr_promise_release(nr_promise_t *p) {
     return;
   for (listener_t *l = p->listeners, *n; l; l = n) {  /* never completed */
     n = l->next;
+    if (l->drop != NULL)
+      l->drop(l->arg);
     listener_free(l);
   }
   if (p->free_fn)
@@ -209,6 +212,12 @@ const char *nr_promise_message(const nr_promise_t *p) {
 
 int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
                             void *arg) {
+  return nr_promise_add_listener_drop(p, on, fn, arg, NULL);
+}
+
+int nr_promise_add_listener_drop(nr_promise_t *p, nr_loop_t *on,
+                                 nr_listener_fn fn, void *arg,
+                                 void (*drop)(void *)) {
   if (p == &void_promise)
     return -EINVAL;
   listener_t *l = calloc(1, sizeof *l);
@@ -216,6 +225,7 @@ int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
     return -ENOMEM;
   l->fn = fn;
   l->arg = arg;
+  l->drop = drop;
   l->on = on != NULL ? nr__loop_retain(on) : NULL;  /* it may be freed first */
   struct stripe_s *st = stripe(p);
   pthread_mutex_lock(&st->lock);

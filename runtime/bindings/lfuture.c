@@ -221,7 +221,9 @@ static int l_add_listener(lua_State *L) {
   l->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, 1);
   l->fut_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  nr_promise_add_listener(p, home(L), run_listener, l);
+  /* Freed uncompleted only once this state closed (fut_ref keeps the
+   * future until then): its refs went with the state. */
+  nr_promise_add_listener_drop(p, home(L), run_listener, l, free);
   lua_settop(L, 1);
   return 1;
 }
