@@ -407,10 +407,9 @@ typedef struct lnr_http_fwd_s {
 bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f);
 /* Is the value at idx a server request? */
 bool lnr_http_is_request(lua_State *L, int idx);
-/* A request knows the read it came in (its token, for pipeline p), so
- * that firing it on later, from anywhere in the state, still names it. */
-void lnr_http_mark_request(lua_State *L, int idx, const void *p, uint64_t token);
-/* That token if the value at idx is a request of pipeline p, else 0. */
+/* A request knows the read it came in (the codec's token, for pipeline
+ * p), so that firing it on later, from anywhere in the state, still names
+ * it: that token if the value at idx is a request of pipeline p, else 0. */
 uint64_t lnr_http_request_token(lua_State *L, int idx, const void *p);
 /* The head's fields of the request at idx as they arrived (names in
  * their case, repeats apart), into out[0 .. cap): how many there are. */

@@ -82,15 +82,6 @@ static bool state_idle(lua_State *L) {
   return lua_getstack(L, 0, &ar) == 0;
 }
 
-/* Push msg for a Lua handler at ctx; a request keeps its read's token
- * (lnr_http_mark_request), for a later ctx:fire_channel_read of it. */
-static inline void push_read(lua_State *L, nr_ctx_t *ctx, void *msg,
-                             uint64_t token) {
-  lnr_push_msg(L, msg);
-  if (token != 0)
-    lnr_http_mark_request(L, -1, nr_ctx_pipeline(ctx), token);
-}
-
 /* Fire the Lua value on top of L on from ctx, as read `token` (0: none). */
 static void fire_lua(lua_State *L, nr_ctx_t *ctx, uint64_t token) {
   lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
@@ -437,9 +428,8 @@ int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg) {
   lnr_batch_t *b = S->batch;
   if (b->owner == h && !b->draining) {           /* the usual: one more */
     if (nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
-      uint64_t token = nr_ctx_read_token(ctx, msg);
-      push_read(b->Q, ctx, msg, token);
-      b->tokens[b->n] = token;
+      lnr_push_msg(b->Q, msg);
+      b->tokens[b->n] = nr_ctx_read_token(ctx, msg);
       if (++b->n == BATCH_MAX)
         batch_settle(S, false, true);
       return 0;
@@ -454,17 +444,16 @@ int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg) {
     }
     if (h->held != NULL &&                       /* queued behind them */
         lua_checkstack(h->held, 2 + LUA_MINSTACK)) {
-      uint64_t token = nr_ctx_read_token(ctx, msg);
-      push_read(h->held, ctx, msg, token);
-      lua_pushinteger(h->held, (lua_Integer)token);
+      lnr_push_msg(h->held, msg);
+      lua_pushinteger(h->held, (lua_Integer)nr_ctx_read_token(ctx, msg));
       return 0;
     }
   }
   if (b->n == 0 && h->held == NULL && !b->draining &&
       nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L) &&
       batch_open(S, h, ctx)) {
+    lnr_push_msg(b->Q, msg);
     b->tokens[0] = nr_ctx_read_token(ctx, msg);
-    push_read(b->Q, ctx, msg, b->tokens[0]);
     b->n = 1;
     return 0;
   }
@@ -474,7 +463,7 @@ int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg) {
   }
   uint64_t token = nr_ctx_read_token(ctx, msg);
   lua_State *L = lnr_lh_begin_ref(ctx, h->rec->read_ref, "channel_read");
-  push_read(L, ctx, msg, token);
+  lnr_push_msg(L, msg);
   const void *read_ctx = S->read_ctx;            /* calls nest */
   uint64_t read_token = S->read_token;
   S->read_ctx = ctx;
