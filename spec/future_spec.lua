@@ -314,4 +314,16 @@ describe("futures", function()
       assert.same({ round = round }, p:sync())
     end
   end)
+
+  it("a coroutine asleep or awaiting when its loop shuts down is dropped, its parking freed", function()
+    -- (the timer is cancelled, the promise never completes: under ASan a
+    -- leak of what await allocated to resume it fails this spec)
+    local g = netrun.group { threads = 1, name = "fut-down" }
+    g:next():submit(function()
+      netrun.spawn(function() netrun.sleep(100) end)
+      netrun.spawn(function() netrun.promise():await() end)
+    end):sync()
+    H.sync(g:shutdown_gracefully(0, 5), 10)
+    assert.is_true(g:is_terminated())
+  end)
 end)
