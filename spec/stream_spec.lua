@@ -149,6 +149,38 @@ describe("a stream whose peer closes", function()
   end)
 end)
 
+describe("a stream whose peer resets", function()
+  it("mid-line: nil, 'closed' with what came, then 'closed' from every call", function()
+    local got = netrun.promise()
+    local one = netrun.group { threads = 1, name = "stream-reset" }
+    local server, port = stream_server(one, function(s)
+      if s:receive("*l") == "ping" then return s:send("pong\n") end
+      local r = { { s:receive("*l") } }
+      r[2] = { s:receive("*l") }
+      r[3] = { s:receive(1) }
+      local ok, err = s:send("late")
+      r[4] = { ok, err }
+      got:set_success(r)
+    end)
+    local c = H.client(port)
+    c:send("go\nhalf a li")
+    local b = H.client(port)                    -- the loop has most likely read c's bytes
+    b:send("ping\n")                            -- once it answers this
+    assert.equal("pong", b:receive("*l"))
+    b:close()
+    c:setoption("linger", { on = true, timeout = 0 })
+    c:close()                                   -- RST
+    local r = H.sync(got)
+    -- (a reset may destroy bytes the kernel had not handed over yet)
+    assert.is_true(r[1][3] == "half a li" or r[1][3] == "", tostring(r[1][3]))
+    r[1][3] = nil
+    local closed = { nil, "closed", "" }
+    assert.same({ { nil, "closed" }, closed, closed, { nil, "closed" } }, r)
+    server:close():sync()
+    H.shutdown(one)
+  end)
+end)
+
 describe("a stream that sends", function()
   it("to a peer that reads as fast as it writes yields a turn every buffer_limit bytes", function()
     local one = netrun.group { threads = 1, name = "stream-send" }

@@ -103,36 +103,63 @@ local function push(st, s)
   st.q[t], st.qt, st.size = s, t, st.size + #s
 end
 
--- Remove the first n bytes (n <= st.size) and return them.
-local function take(st, n)
-  local q, h, pos = st.q, st.qh, st.qpos
-  local s
-  if n == 0 then
-    s = ""
-  elseif pos + n <= #q[h] then              -- within the first chunk, which goes on
-    s = sub(q[h], pos, pos + n - 1)
-    st.qpos = pos + n
-  else
-    local parts, k, need = {}, 0, n
-    while need > 0 do
-      local c = q[h]
-      local avail = #c - pos + 1
-      k = k + 1
-      if avail <= need then                 -- the rest of c
-        parts[k] = pos == 1 and c or sub(c, pos)
-        q[h], h, pos, need = nil, h + 1, 1, need - avail
-      else
-        parts[k] = sub(c, pos, pos + need - 1)
-        pos, need = pos + need, 0
-      end
-    end
-    st.qh, st.qpos = h, pos
-    s = k == 1 and parts[1] or concat(parts, "", 1, k)
-  end
+-- After n bytes were taken.
+local function taken(st, n)
   st.size = st.size - n
   if st.size == 0 then st.qh, st.qt, st.qpos = 1, 0, 1 end
   if st.paused and st.size <= M.buffer_limit then set_reading(st, true) end
+end
+
+-- The first n bytes of several chunks (n > what the first one holds).
+local function gather(st, n)
+  local q, h, pos = st.q, st.qh, st.qpos
+  local parts, k, need = {}, 0, n
+  while need > 0 do
+    local c = q[h]
+    local avail = #c - pos + 1
+    k = k + 1
+    if avail <= need then                   -- the rest of c
+      parts[k] = pos == 1 and c or sub(c, pos)
+      q[h], h, pos, need = nil, h + 1, 1, need - avail
+    else
+      parts[k] = sub(c, pos, pos + need - 1)
+      pos, need = pos + need, 0
+    end
+  end
+  st.qh, st.qpos = h, pos
+  return concat(parts, "", 1, k)
+end
+
+-- Remove the first n bytes (n <= st.size) and return them.
+local function take(st, n)
+  if n == 0 then return "" end
+  local q, h, pos = st.q, st.qh, st.qpos
+  local c = q[h]
+  local avail, s = #c - pos + 1, nil
+  if n < avail then                         -- within the first chunk
+    s, st.qpos = sub(c, pos, pos + n - 1), pos + n
+  elseif n == avail then                    -- the rest of it
+    s, q[h], st.qh, st.qpos = pos == 1 and c or sub(c, pos), nil, h + 1, 1
+  else
+    s = gather(st, n)
+  end
+  taken(st, n)
   return s
+end
+
+-- Remove the first n bytes (n <= st.size), making no string of them.
+local function drop(st, n)
+  local q, h, pos, left = st.q, st.qh, st.qpos, n
+  while left > 0 do
+    local avail = #q[h] - pos + 1
+    if left < avail then
+      pos, left = pos + left, 0
+    else
+      q[h], h, pos, left = nil, h + 1, 1, left - avail
+    end
+  end
+  st.qh, st.qpos = h, pos
+  taken(st, n)
 end
 
 -- No more input will come (the peer's FIN or close_notify, a close).
@@ -164,10 +191,13 @@ function Handler:channel_read(ctx, msg)
 end
 
 -- The peer finished sending but may still read: its FIN (the channel
--- allows half-closure, as streams ask for) or a TLS close_notify.
+-- allows half-closure, as streams ask for) or a TLS close_notify. Reading
+-- stops too: what a peer sends after its close_notify is dropped, and not
+-- reading it leaves one that goes on to TCP's flow control.
 function Handler:user_event_triggered(ctx, evt)
   if evt == "input_shutdown" or type(evt) == "table" and evt.tls == "close_notify" then
     input_over(self)
+    set_reading(self, false)
   end
   ctx:fire_user_event_triggered(evt)
 end
@@ -300,7 +330,7 @@ end
 -- The n bytes before a delimiter of d bytes, both consumed.
 local function line_of(st, n, d, is_line)
   local s = take(st, n)
-  take(st, d)
+  drop(st, d)
   if is_line and sub(s, -1) == "\r" then s = sub(s, 1, -2) end
   return s
 end
