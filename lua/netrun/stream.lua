@@ -107,7 +107,7 @@ end
 local function taken(st, n)
   st.size = st.size - n
   if st.size == 0 then st.qh, st.qt, st.qpos = 1, 0, 1 end
-  if st.paused and st.size <= M.buffer_limit then set_reading(st, true) end
+  if st.paused and not st.eof and st.size <= M.buffer_limit then set_reading(st, true) end
 end
 
 -- The first n bytes of several chunks (n > what the first one holds).
