@@ -273,6 +273,11 @@ const char *nr_promise_message(const nr_promise_t *p);
  * listener runs on the completing thread, with a warning. Any thread. */
 int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on,
                             nr_listener_fn fn, void *arg);
+/* The same for an arg from malloc that fn frees: should p be released
+ * without ever completing (a timer a shutdown cancelled, a promise nobody
+ * sets), arg is freed with the listener instead of leaking. */
+int nr_promise_add_listener_owning(nr_promise_t *p, nr_loop_t *on,
+                                   nr_listener_fn fn, void *arg);
 /* Block until p completes or timeout ns pass (UINT64_MAX = forever).
  * On an event-loop thread returns NR_EDEADLOCK without waiting; on an
  * external loop's thread it runs that loop's tasks while waiting.

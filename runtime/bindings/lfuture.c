@@ -456,7 +456,8 @@ static int await_k(lua_State *L, int status, lua_KContext ctx) {
 static int park_on(lua_State *L, nr_promise_t *p) {
   lua_State *main = lnr_state(L)->L;
   resume_t *r = parking(main, L);
-  nr_promise_add_listener(p, home(L), resume_later, r);
+  nr_promise_add_listener_owning(p, home(L), resume_later, r);  /* a promise
+                         that never completes (netrun.sleep at a shutdown) */
   lua_pushlightuserdata(L, (void *)&PARKED);
   return lua_yieldk(L, 1, 0, await_k);
 }
