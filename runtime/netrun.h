@@ -128,7 +128,9 @@ typedef struct nr_loop_stats_s {
   uint64_t pending_tasks, scheduled_tasks, channels, tasks_run, io_events,
       wakeups, selector_rebuilds, iterations, io_time_ns, task_time_ns;
   uint64_t stalls;           /* stalls reported (watched loops only) */
-  uint64_t max_busy_ns;      /* longest run the watchdog saw without progress */
+  uint64_t max_busy_ns;      /* longest run (one task, or one iteration's I/O
+                                processing), timed on the loop; or the
+                                watchdog's sample of one still going on */
   uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
 } nr_loop_stats_t;
 
@@ -301,12 +303,11 @@ const char *nr_promise_message(const nr_promise_t *p);
  * listener runs on the completing thread, with a warning. Any thread. */
 int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on,
                             nr_listener_fn fn, void *arg);
-/* The same; if p is freed without completing (a future nobody completed,
- * as a process ends), drop(arg) runs instead of fn, on the thread that
- * frees it. */
-int nr_promise_add_listener_drop(nr_promise_t *p, nr_loop_t *on,
-                                 nr_listener_fn fn, void *arg,
-                                 void (*drop)(void *));
+/* The same for an arg from malloc that fn frees: should p be released
+ * without ever completing (a timer a shutdown cancelled, a promise nobody
+ * sets), arg is freed with the listener instead of leaking. */
+int nr_promise_add_listener_owning(nr_promise_t *p, nr_loop_t *on,
+                                   nr_listener_fn fn, void *arg);
 /* Block until p completes or timeout ns pass (UINT64_MAX = forever).
  * On an event-loop thread returns NR_EDEADLOCK without waiting; on an
  * external loop's thread it runs that loop's tasks while waiting.
@@ -355,9 +356,12 @@ void nr_msg_describe(int type, char *buf, size_t size);
 
 /* Error text for a message a channel cannot write: the describer says what
  * the message is ("a number (42)") in buf, for a type the core does not
- * know (the Lua bindings describe NR_MSG_LUA). Set once, before any loop
- * runs; called on the writing loop's thread while the message is valid. */
-typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size);
+ * know (the Lua bindings describe NR_MSG_LUA), and where it was written
+ * ("app.lua:12"), if it knows, in where (else ""). Set once, before any
+ * loop runs; called on the writing loop's thread while the message is
+ * valid (the write that made it has not returned). */
+typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size,
+                                   char *where, size_t wsize);
 void nr_set_msg_describer(nr_msg_describe_fn fn);
 
 /* Bytes. Stream channels deliver these to the first handler and accept them

@@ -223,7 +223,7 @@ static int l_add_listener(lua_State *L) {
   l->fut_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   /* Freed uncompleted only once this state closed (fut_ref keeps the
    * future until then): its refs went with the state. */
-  nr_promise_add_listener_drop(p, home(L), run_listener, l, free);
+  nr_promise_add_listener_owning(p, home(L), run_listener, l);
   lua_settop(L, 1);
   return 1;
 }
@@ -404,7 +404,7 @@ static void step(lua_State *L, lua_State *co, int nargs) {
   lnr_state_t *S = lnr_state(L);
   if (S)
     S->resuming++;                      /* the memory limit applies */
-  int st = lua_resume(co, L, nargs, &nres);
+  int st = lnr_resume(S, co, L, nargs, &nres);
   if (S)
     S->resuming--;
   if (st == LUA_YIELD) {
@@ -458,7 +458,8 @@ static int await_k(lua_State *L, int status, lua_KContext ctx) {
 static int park_on(lua_State *L, nr_promise_t *p) {
   lua_State *main = lnr_state(L)->L;
   resume_t *r = parking(main, L);
-  nr_promise_add_listener(p, home(L), resume_later, r);
+  nr_promise_add_listener_owning(p, home(L), resume_later, r);  /* a promise
+                         that never completes (netrun.sleep at a shutdown) */
   lua_pushlightuserdata(L, (void *)&PARKED);
   return lua_yieldk(L, 1, 0, await_k);
 }

@@ -25,7 +25,9 @@
  * Failures (a handshake refused, a record that does not decrypt) fire
  * exception_caught with OpenSSL's reason to the handlers after this one,
  * send the alert SSL produced, and close the channel. A close from the
- * handlers sends close_notify after everything they wrote before it.
+ * handlers sends close_notify after everything they wrote before it. The
+ * peer's close_notify is answered and closes the channel, unless the
+ * channel allows half-closure: then, like a FIN, it only ends the input.
  *
  * Writes made while this handler dispatches a read (its channel_read and
  * channel_read_complete) are gathered, after the first, into one record
@@ -92,6 +94,8 @@ typedef struct tls_s {
   bool flush_req;                 /* a flush came during the handshake */
   bool fired;                     /* plaintext fired in this read batch */
   bool shut_sent;                 /* close_notify written */
+  bool peer_shut;                 /* the peer's close_notify came, the
+                                     channel open for writing (half-closed) */
   bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
@@ -516,12 +520,23 @@ static void start_timer(tls_t *s) {
 
 /* ---- inbound ----------------------------------------------------------------------- */
 
-/* The peer sent close_notify: tell the handlers, answer with ours, close. */
+/* The peer sent close_notify: tell the handlers, answer with ours, close.
+ * A channel that allows half-closure takes it as TCP takes a FIN: the
+ * input is over, and the handlers may still write (TLS 1.3 lets the other
+ * side go on; OpenSSL refuses writes only after our own close_notify,
+ * which leaves at our close). */
 static void peer_closed(tls_t *s) {
   drain(s);                       /* what was written before it goes first */
-  s->st = ST_DONE;
   nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT, .kind = NR_TLS_CLOSE_NOTIFY,
                        .server = s->bundle->server};
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (nr_channel_options(ch)->allow_half_closure && nr_channel_is_open(ch)) {
+    s->peer_shut = true;
+    if (s->active_fired)
+      nr_ctx_fire_user_event(s->ctx, &ev);
+    return;
+  }
+  s->st = ST_DONE;
   if (s->active_fired)
     nr_ctx_fire_user_event(s->ctx, &ev);
   if (!s->shut_sent && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
@@ -548,7 +563,7 @@ static void decrypt(tls_t *s, bool last) {
   char buf[PLAIN_CHUNK];
   size_t have = 0;
   bool wrote = false;             /* SSL_read answered something itself */
-  while (s->st == ST_OPEN && !s->removed) {
+  while (s->st == ST_OPEN && !s->removed && !s->peer_shut) {
     size_t n = 0;
     int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
     /* Now: the handlers fired below may write, and SSL_write resets what
@@ -613,8 +628,8 @@ static int feed(tls_t *s, const char *data, size_t len, bool last) {
   if (s->st == ST_OPEN)
     decrypt(s, last);
   s->busy--;
-  if (s->st == ST_DONE || s->removed) {
-    s->in = NULL;                  /* after a failure, input is dropped */
+  if (s->st == ST_DONE || s->removed || s->peer_shut) {
+    s->in = NULL;     /* after a failure or close_notify, input is dropped */
     s->in_len = 0;
     nr_buf_free(&s->in_rest);
     return 0;
@@ -716,7 +731,7 @@ static int tls_channel_read(nr_ctx_t *ctx, void *msg) {
     nr_ctx_fire_read(ctx, msg);    /* not ours to decrypt */
     return 0;
   }
-  if (s->st == ST_DONE)
+  if (s->st == ST_DONE || s->peer_shut)
     return 0;
   bool last = nr_ctx_read_deferrable(ctx, msg);
   gather_enter(s);
