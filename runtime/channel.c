@@ -91,6 +91,7 @@ void nr_channel_release(nr_channel_t *ch) {
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   if (ch->setup) {
+    nr__attempts_free_list(ch->setup->attempts);   /* never connected */
     nr_promise_release(ch->setup->reg_promise);
     free(ch->setup->unix_path);
     free(ch->setup);
@@ -663,6 +664,7 @@ static void read_dgrams(nr_channel_t *ch) {
 
 static void connected(nr_channel_t *ch, nr_promise_t *p) {
   ch->st &= ~NR__CONNECTING;
+  nr__attempts_end(ch);
   if (ch->setup && ch->setup->connect_timer) {
     nr_timer_cancel(ch->setup->connect_timer);
     nr_timer_release(ch->setup->connect_timer);
@@ -684,11 +686,43 @@ static void connect_failed(nr_channel_t *ch, int err, const char *msg) {
   nr__channel_close(ch, true);
 }
 
+void nr__channel_connect_fail(nr_channel_t *ch, int err, const char *msg) {
+  connect_failed(ch, err, msg);
+}
+
+const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch) {
+  return peer(ch);
+}
+
+void nr__channel_connect_done(nr_channel_t *ch) {
+  nr_promise_t *p = ch->setup->connect_promise;
+  ch->setup->connect_promise = NULL;
+  connected(ch, p);
+  if (p)
+    nr_promise_release(p);
+}
+
+/* Whether fd's connect is still in flight although SO_ERROR says nothing:
+ * an event fetched for a socket this channel has since replaced (a
+ * connect to several addresses) comes with the new one's fd. */
+static bool still_connecting(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  return getpeername(fd, (struct sockaddr *)&ss, &len) < 0 && errno == ENOTCONN;
+}
+
 static void finish_connect(nr_channel_t *ch) {
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
+  if (ch->setup->attempts) {
+    if (err != 0)
+      nr__attempt_failed(ch, -err);
+    else if (!still_connecting(ch->io.fd))
+      nr__channel_connect_done(ch);
+    return;
+  }
   if (err != 0) {
     char host[128], msg[256];
     int port = 0;
@@ -697,11 +731,7 @@ static void finish_connect(nr_channel_t *ch) {
     connect_failed(ch, -err, msg);
     return;
   }
-  nr_promise_t *p = ch->setup->connect_promise;
-  ch->setup->connect_promise = NULL;
-  connected(ch, p);
-  if (p)
-    nr_promise_release(p);
+  nr__channel_connect_done(ch);
 }
 
 static int connect_timed_out(void *arg) {
@@ -710,8 +740,14 @@ static int connect_timed_out(void *arg) {
     char host[128], msg[256];
     int port = 0;
     nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
-    snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
-             port, (double)ch->setup->connect_timeout / 1e9);
+    int n = snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s",
+                     host, port, (double)ch->setup->connect_timeout / 1e9);
+    if (ch->setup->attempts) {   /* what the addresses tried before said */
+      int code;
+      const char *before = nr__attempts_message(ch->setup->attempts, &code);
+      if (*before && n > 0 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, "; %s", before);
+    }
     connect_failed(ch, NR_ETIMEDOUT, msg);
   }
   return 0;
@@ -849,6 +885,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   nr_setup_t *su = ch->setup;
   if (su) {
     drop_timer(&su->connect_timer);
+    nr__attempts_end(ch);
     if (su->connect_promise) {
       nr_promise_set_failure(su->connect_promise, NR_ECLOSED,
                              "channel closed before the connect completed");
@@ -1063,12 +1100,17 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
     nr__channel_close(ch, true);
     return nr_raise(-ENOMEM, "connect: out of memory");
   }
+  socklen_t first_len;
+  if (su->attempts && (memcmp(nr__attempts_first(su->attempts, &first_len), sa,
+                              len) != 0 || first_len != len))
+    nr__attempts_end(ch);        /* a handler changed the address: that one */
   if (connect(ch->io.fd, sa, len) == 0) {
     connected(ch, p);
     return 0;
   }
-  if (errno != EINPROGRESS) {
-    int err = -errno, port = 0;
+  int err = -errno;
+  if (err != -EINPROGRESS && su->attempts == NULL) {
+    int port = 0;
     char host[128];
     nr_format_addr(peer(ch), len, host, sizeof host, &port);
     nr__channel_close(ch, true);
@@ -1081,6 +1123,10 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (su->connect_timeout)
     su->connect_timer = nr_loop_schedule(ch->loop, su->connect_timeout, 0,
                                          connect_timed_out, NULL, ch);
+  if (su->attempts && err == -EINPROGRESS)
+    nr__attempts_arm(ch);        /* the next address in a while, */
+  else if (su->attempts)
+    nr__attempt_failed(ch, err); /* or now */
   return 0;
 }
 

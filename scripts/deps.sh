@@ -10,6 +10,7 @@ PACKAGES=(
   lua-cjson                             # netrun.json
   libssl-dev                            # TLS (OpenSSL 3)
   zlib1g-dev                            # WebSocket permessage-deflate
+  libc-ares-dev                         # netrun.dns: the asynchronous resolver
   curl redis-tools netcat-openbsd       # real clients used by tests
   redis-server                          # examples/counter.lua (deploy_spec), the stream client's spec
   openssl                               # test certificates, s_client as a TLS peer

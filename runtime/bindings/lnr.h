@@ -322,6 +322,8 @@ void lnr_tls_release(void *cfg);
 bool lnr_shutdown_all(lua_State *L);
 void lnr_free_dicts(void);
 void lnr_free_dns(void);
+/* Push a lookup's answer: an array of address strings, its TTL as `ttl`. */
+void lnr_push_addrs(lua_State *L, const nr_addrs_t *a);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 
