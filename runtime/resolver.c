@@ -108,8 +108,9 @@ static void add_addr(nr_addrs_t *a, const char *text) {
   for (int i = 0; i < a->n; i++)
     if (strcmp(a->addr[i], text) == 0)
       return;
-  if (a->n < NR_MAX_ADDRS)
-    snprintf(a->addr[a->n++], sizeof a->addr[0], "%s", text);
+  size_t n = strlen(text);
+  if (a->n < NR_MAX_ADDRS && n < sizeof a->addr[0])
+    memcpy(a->addr[a->n++], text, n + 1);
 }
 
 int nr_resolve_local(const char *name, int family, nr_addrs_t *out) {

@@ -241,6 +241,7 @@ describe("netrun.dns", function()
       assert.is_false(ok4)
       assert.matches(d .. ": 2 lookups in flight and 1 waiting (max_inflight, max_waiting)",
         err4, 1, true)
+      assert.is_nil(netrun.shared.dict("netrun.dns"):get("any " .. d))   -- not cached
       assert.is_true(H.eventually(function() return D.queries(a) > 0 and D.queries(b) > 0 end))
       assert.equal(0, D.queries(c))                      -- in line, not asked yet
       for i = 1, 2 do pcall(H.sync, fs[i], 5) end        -- they time out: c starts

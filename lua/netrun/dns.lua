@@ -40,6 +40,13 @@ end
 
 local FAMILIES = { inet = true, inet6 = true }
 
+-- Whether a failure says something of the name, to be cached: not the
+-- resolver's bound on lookups (runtime/resolver.c) nor its cancelling
+-- them as the process shuts down.
+local function of_the_name(cause)
+  return not (cause:find("(max_inflight, max_waiting)", 1, true) or cause:find("^cancelled"))
+end
+
 local function check(name, opts)
   if type(name) ~= "string" or name == "" then
     error("netrun.dns.resolve: name must be a non-empty string, got " ..
@@ -77,8 +84,11 @@ local function lookup(p, name, family, key)
       if ttl > 0 then cache:set(key, table.concat(addrs, " "), ttl) end
       p:try_success(addrs)
     else
-      local msg = what .. tostring(f:cause())
-      if dns.negative_ttl > 0 then cache:set(key, "!" .. msg, dns.negative_ttl) end
+      local cause = tostring(f:cause())
+      local msg = what .. cause
+      if dns.negative_ttl > 0 and of_the_name(cause) then
+        cache:set(key, "!" .. msg, dns.negative_ttl)
+      end
       p:try_failure(msg)
     end
   end)
