@@ -27,6 +27,7 @@ local ZONE = {
   ["garbage.test"] = { a = { "127.0.0.1" }, garbage = true },
   ["flood.test"] = { a = { "127.0.0.1" }, flood = 2000 },
   ["spoof.test"] = { a = { "127.0.0.1" }, spoof = true },
+  ["wrongname.test"] = { a = { "127.0.0.1" }, wrong_name = true },
   ["tc.test"] = { a = { "127.0.0.1" }, aaaa = { "::1" }, truncated = true },
   ["many.test"] = { many = 3000 },
 }
@@ -303,6 +304,7 @@ describe("netrun.dns", function()
     { "garbage.test", "a datagram of garbage first" },
     { "flood.test", "2000 answers with wrong IDs first" },
     { "spoof.test", "a forged answer from another port first" },
+    { "wrongname.test", "an answer (right ID) to another question first" },
   } do
     it("takes the right answer from " .. case[2], function()
       assert.same({ "127.0.0.1" }, H.sync(netrun.dns.resolve(case[1], { family = "inet" }), 10))
