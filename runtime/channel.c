@@ -665,11 +665,8 @@ static void read_dgrams(nr_channel_t *ch) {
 static void connected(nr_channel_t *ch, nr_promise_t *p) {
   ch->st &= ~NR__CONNECTING;
   nr__attempts_end(ch);
-  if (ch->setup && ch->setup->connect_timer) {
-    nr_timer_cancel(ch->setup->connect_timer);
-    nr_timer_release(ch->setup->connect_timer);
-    ch->setup->connect_timer = NULL;
-  }
+  if (ch->setup)
+    nr__timer_drop(&ch->setup->connect_timer);
   nr__channel_set_active(ch);
   if (p)
     nr_promise_set_success(p, nr_channel_retain(ch),
@@ -790,13 +787,6 @@ void nr__channel_close(nr_channel_t *ch, bool abort) {
   finish_close(ch, abort);
 }
 
-static void drop_timer(nr_timer_t **t) {
-  if (*t) {
-    nr_timer_cancel(*t);
-    nr_timer_release(*t);
-    *t = NULL;
-  }
-}
 
 /* ---- lingering close (nginx's lingering_close) ---------------------------------- */
 
@@ -813,7 +803,7 @@ static void drop_timer(nr_timer_t **t) {
  * its timeout) and aborts it at the end. */
 static void end_linger(nr_channel_t *ch) {
   ch->st &= ~NR__LINGER;
-  drop_timer(&ch->linger_timer);
+  nr__timer_drop(&ch->linger_timer);
   nr__io_stop(ch->loop, &ch->io);
   close(ch->io.fd);
   unlink_from_loop(ch);
@@ -879,12 +869,12 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   bool was_active = pub(ch) & NR__ACTIVE;
   ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
   atomic_store(&ch->pub, 0);
-  drop_timer(&ch->linger_timer);
+  nr__timer_drop(&ch->linger_timer);
   if (ch->srv)
-    drop_timer(&ch->srv->backoff_timer);
+    nr__timer_drop(&ch->srv->backoff_timer);
   nr_setup_t *su = ch->setup;
   if (su) {
-    drop_timer(&su->connect_timer);
+    nr__timer_drop(&su->connect_timer);
     nr__attempts_end(ch);
     if (su->connect_promise) {
       nr_promise_set_failure(su->connect_promise, NR_ECLOSED,

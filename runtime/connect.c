@@ -278,10 +278,7 @@ void nr__attempts_arm(nr_channel_t *ch) {
   nr_attempts_t *a = ch->setup ? ch->setup->attempts : NULL;
   if (a == NULL || a->next >= a->n || !(ch->st & NR__CONNECTING))
     return;
-  if (a->delay) {
-    nr_timer_cancel(a->delay);
-    nr_timer_release(a->delay);
-  }
+  nr__timer_drop(&a->delay);
   a->delay = nr_loop_schedule(ch->loop, ATTEMPT_DELAY, 0, delay_expired, NULL, ch);
 }
 
@@ -353,10 +350,7 @@ void nr__attempts_end(nr_channel_t *ch) {
     return;
   while (a->racers)
     stop_racer(ch, a->racers, false);
-  if (a->delay) {
-    nr_timer_cancel(a->delay);
-    nr_timer_release(a->delay);
-  }
+  nr__timer_drop(&a->delay);
   ch->setup->attempts = NULL;
   nr__attempts_free_list(a);
 }

@@ -504,6 +504,8 @@ uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
 void nr__loop_set_current(nr_loop_t *l);
 
 /* timer.c */
+/* Cancel and release the timer at *t, if any, and forget it. */
+void nr__timer_drop(nr_timer_t **t);
 void nr__timers_fetch_due(nr_loop_t *l, uint64_t now);
 uint64_t nr__next_deadline(nr_loop_t *l);     /* NR_NONE: no timer */
 void nr__cancel_timers(nr_loop_t *l);         /* at shutdown */

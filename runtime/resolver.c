@@ -236,14 +236,6 @@ static void list_remove(list_t *l, query_t *q) {
 
 /* ---- completing callers ---------------------------------------------------------- */
 
-static void drop_timer(nr_timer_t **t) {
-  if (*t) {
-    nr_timer_cancel(*t);
-    nr_timer_release(*t);
-    *t = NULL;
-  }
-}
-
 static void waiter_unlink(waiter_t *w) {
   query_t *q = w->q;
   if (w->prev)
@@ -252,7 +244,7 @@ static void waiter_unlink(waiter_t *w) {
     q->waiters = w->next;
   if (w->next)
     w->next->prev = w->prev;
-  drop_timer(&w->timer);
+  nr__timer_drop(&w->timer);
   nr_promise_release(w->p);
   free(w);
 }
@@ -293,7 +285,7 @@ static void release(query_t *q, int code, const char *msg) {
     ares_destroy(q->ch);
     q->ch = NULL;
   }
-  drop_timer(&q->tick);
+  nr__timer_drop(&q->tick);
   fail_all(q, code, msg);
   assert(q->socks == NULL);
   free(q->key);
@@ -312,7 +304,7 @@ static void settle(query_t *q) {
     return;
   }
   struct timeval tv, *t = ares_timeout(q->ch, NULL, &tv);
-  drop_timer(&q->tick);
+  nr__timer_drop(&q->tick);
   if (t != NULL) {
     uint64_t ns = (uint64_t)t->tv_sec * 1000000000ull + (uint64_t)t->tv_usec * 1000u;
     q->tick = nr_loop_schedule(nr_loop_current(), ns, 0, tick, NULL, q);
