@@ -699,25 +699,13 @@ void nr__channel_connect_done(nr_channel_t *ch) {
     nr_promise_release(p);
 }
 
-/* Whether fd's connect is still in flight although SO_ERROR says nothing:
- * an event fetched for a socket this channel has since replaced (a
- * connect to several addresses) comes with the new one's fd. */
-static bool still_connecting(int fd) {
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  return getpeername(fd, (struct sockaddr *)&ss, &len) < 0 && errno == ENOTCONN;
-}
-
 static void finish_connect(nr_channel_t *ch) {
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
-  if (ch->setup->attempts) {
-    if (err != 0)
-      nr__attempt_failed(ch, -err);
-    else if (!still_connecting(ch->io.fd))
-      nr__channel_connect_done(ch);
+  if (ch->setup->attempts && err != 0) {
+    nr__attempt_failed(ch, -err);
     return;
   }
   if (err != 0) {
@@ -1011,9 +999,18 @@ void nr__channels_abort_all(nr_loop_t *l) {
 
 /* ---- readiness ----------------------------------------------------------------- */
 
+/* Whether the event is for a socket the channel had before connect.c gave
+ * it another in this same pass (a connect to several addresses): fetched
+ * in the batch before the swap, it says nothing of the new one. */
+static inline bool stale(nr_loop_t *l, const nr_channel_t *ch) {
+  return ch->setup && ch->setup->swapped_at ==
+         atomic_load_explicit(&l->iterations, memory_order_relaxed);
+}
+
 static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
-  (void)l;
   nr_channel_t *ch = (nr_channel_t *)io;
+  if (stale(l, ch))
+    return 0;
   if (ch->st & NR__CLOSED) {
     if (!(ch->st & NR__LINGER))
       return 0;

@@ -173,11 +173,19 @@ static void stop_racer(nr_channel_t *ch, racer_t *r, bool keep_fd) {
     nr_log(NR_LOG_WARN, "connect: out of memory freeing an attempt (leaked)");
 }
 
+/* The channel's socket is about to change: events fetched for the old one
+ * in this pass are ignored (channel.c's on_io). */
+static void swap_socket(nr_channel_t *ch) {
+  nr__io_stop(ch->loop, &ch->io);
+  close(ch->io.fd);
+  ch->setup->swapped_at = atomic_load_explicit(&ch->loop->iterations,
+                                               memory_order_relaxed);
+}
+
 /* Make the channel's socket r's: the channel's own attempt is closed. */
 static void adopt(nr_channel_t *ch, racer_t *r) {
   nr_attempts_t *a = ch->setup->attempts;
-  nr__io_stop(ch->loop, &ch->io);
-  close(ch->io.fd);
+  swap_socket(ch);
   ch->io.fd = r->io.fd;
   ch->family = a->addrs[r->idx].ss_family;
   nr__channel_set_raddr(ch, &a->addrs[r->idx], addr_len(&a->addrs[r->idx]));
@@ -289,8 +297,7 @@ void nr__attempts_arm(nr_channel_t *ch) {
 static int own_try(nr_channel_t *ch, int idx) {
   nr_attempts_t *a = ch->setup->attempts;
   const struct sockaddr_storage *ss = &a->addrs[idx];
-  nr__io_stop(ch->loop, &ch->io);
-  close(ch->io.fd);
+  swap_socket(ch);
   int fd = nr__socket(ss->ss_family, SOCK_STREAM);
   ch->io.fd = fd;
   if (fd < 0) {

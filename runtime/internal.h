@@ -361,6 +361,8 @@ typedef struct nr_setup_s {
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
   nr_promise_t *connect_promise;
   nr_attempts_t *attempts;           /* a connect to several addresses */
+  uint64_t swapped_at;               /* the loop iteration in which connect.c
+                                        last gave the channel a new socket */
   nr_timer_t *connect_timer;
   uint64_t connect_timeout;
   char *unix_path;                   /* a listener's socket file, and */
