@@ -135,6 +135,9 @@ struct nr_loop_s {
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
+  /* Set by the stall watchdog while it reports the loop stalled (from the
+   * report until the run ends): group choosers pass it over. */
+  _Atomic bool stalled;
   /* written by the loop, read by stats and bounded producers */
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
@@ -144,8 +147,13 @@ struct nr_loop_s {
    * events). With tasks_run they tell the watchdog whether work moves. */
   _Atomic uint64_t busy_since;
   _Atomic uintptr_t task_fn;
+  _Atomic uint64_t longest_run;     /* ns, timed on the loop (executor.c) */
   /* written by the watchdog (stall.c), read by stats and the loop */
   _Atomic uint64_t stalls, max_busy, stall_claimed;
+  /* Set when the watchdog sees a run in progress (see "the longest run",
+   * executor.c): its previous sample's time, before which that run had not
+   * begun; the loop takes it (exchange) and times the run. */
+  _Atomic uint64_t wd_seen;
   _Atomic uint64_t shutdown_deadline;  /* when a shutdown asked is overdue */
   pthread_mutex_t hook_lock;
   nr_hook_t *hooks;
@@ -161,6 +169,9 @@ struct nr_loop_s {
   uint64_t shutdown_start, last_execution;
   uint64_t run_once_deadline;       /* external loops: bound on blocking */
   int select_cnt;
+  /* The iteration's wake-up, while one runs (0 between iterations): the
+   * start of its I/O run, for the longest run (executor.c). */
+  uint64_t run_from;
   bool spin;                        /* queued tasks ran last pass */
   uint64_t dequeued_seen;
   nr_channel_t *channels;           /* registered channels, for close_all */
@@ -197,6 +208,7 @@ struct nr_loop_s {
     nr_loop_t *next;
     bool listed, reported, asked, overdue;
     uint64_t mark, since, start, asked_at, interrupted_at;
+    uint64_t sampled_at;             /* the last sample of this loop */
   } wd;
 };
 

@@ -128,7 +128,9 @@ typedef struct nr_loop_stats_s {
   uint64_t pending_tasks, scheduled_tasks, channels, tasks_run, io_events,
       wakeups, selector_rebuilds, iterations, io_time_ns, task_time_ns;
   uint64_t stalls;           /* stalls reported (watched loops only) */
-  uint64_t max_busy_ns;      /* longest run the watchdog saw without progress */
+  uint64_t max_busy_ns;      /* longest run (one task, or one iteration's I/O
+                                processing), timed on the loop; or the
+                                watchdog's sample of one still going on */
   uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
 } nr_loop_stats_t;
 

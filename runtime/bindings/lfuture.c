@@ -405,7 +405,7 @@ static void step(lua_State *L, lua_State *co, int nargs) {
   lnr_state_t *S = lnr_state(L);
   if (S)
     S->resuming++;                      /* the memory limit applies */
-  int st = lua_resume(co, L, nargs, &nres);
+  int st = lnr_resume(S, co, L, nargs, &nres);
   if (S)
     S->resuming--;
   if (st == LUA_YIELD) {
