@@ -162,7 +162,8 @@ static int l_cause(lua_State *L) {
 }
 
 /* Push the result of a successful future: a copy of a Lua value, a channel
- * (servers and connects complete in the C core), or nil. */
+ * (servers and connects complete in the C core), a lookup's addresses, or
+ * nil. */
 static int l_result(lua_State *L) {
   nr_promise_t *p = check_polled(L);
   void (*kind)(void *) = nr_promise_value_free_fn(p);
@@ -172,6 +173,8 @@ static int l_result(lua_State *L) {
     lnr_unpack(L, nr_promise_value(p));
   else if (kind == (void (*)(void *))nr_channel_release)
     lnr_push_handle(L, LNR_CHANNEL, nr_promise_value(p));
+  else if (kind == nr_addrs_free)
+    lnr_push_addrs(L, nr_promise_value(p));
   else
     lua_pushnil(L);
   return 1;

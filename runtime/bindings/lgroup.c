@@ -943,6 +943,7 @@ static void shutdown_executors(uint64_t deadline) {
     if (g->executor)
       nr_group_shutdown_gracefully(g->g, busy ? SIGNAL_QUIET : 0, timeout);
   pthread_mutex_unlock(&live_lock);
+  nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
 }
 
 static void loop_group_terminated(nr_promise_t *p, void *arg) {
@@ -983,5 +984,6 @@ int lnr_l_shutdown_all(lua_State *L) {
   for (lnr_group_t *g = live; g; g = g->next)
     nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
   pthread_mutex_unlock(&live_lock);
+  nr_resolver_cancel_all();
   return 0;
 }

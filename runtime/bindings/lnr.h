@@ -374,10 +374,13 @@ void lnr_tls_retain(void *cfg);
 void lnr_tls_release(void *cfg);
 /* When the main state closes (lstate.c): shut every group down and wait
  * for it (false: a loop is stuck, and what it may use must not be freed);
- * then free the dict registry and the DNS pool. */
+ * then free the dict registry and stop the resolver (lookups in flight
+ * fail; none is waited for). */
 bool lnr_shutdown_all(lua_State *L);
 void lnr_free_dicts(void);
 void lnr_free_dns(void);
+/* Push a lookup's answer: an array of address strings, its TTL as `ttl`. */
+void lnr_push_addrs(lua_State *L, const nr_addrs_t *a);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 

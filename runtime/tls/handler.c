@@ -228,6 +228,14 @@ static void settle_hs(tls_t *s, int code, const char *msg) {
   s->hs = NULL;
 }
 
+/* Why the handshake failed when the channel closed: before it connected
+ * (no handshake began: the connect's own failure says why, and
+ * netrun.connect reports that one), or during the handshake. */
+static const char *closed_why(const tls_t *s) {
+  return s->active_seen ? "channel closed before the TLS handshake completed"
+                        : "channel closed before it connected";
+}
+
 static void stop_timer(tls_t *s) {
   if (s->timer) {
     nr_timer_cancel(s->timer);           /* on this loop: it cannot run now */
@@ -239,7 +247,7 @@ static void stop_timer(tls_t *s) {
 static void free_state(tls_t *s) {
   stop_timer(s);
   fail_queue(s, "channel closed before the TLS handshake completed");
-  settle_hs(s, NR_ECLOSED, "channel closed before the TLS handshake completed");
+  settle_hs(s, NR_ECLOSED, closed_why(s));
   SSL_free(s->ssl);
   nr_tls_bundle_release(s->bundle);
   nr_buf_free(&s->out);
@@ -784,7 +792,7 @@ static int tls_inactive(nr_ctx_t *ctx) {
   if (s->st == ST_HANDSHAKE) {
     s->st = ST_DONE;
     fail_queue(s, why);
-    settle_hs(s, NR_ECLOSED, why);
+    settle_hs(s, NR_ECLOSED, closed_why(s));
   }
   if (s->active_fired)
     nr_ctx_fire_inactive(ctx);
