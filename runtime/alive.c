@@ -9,10 +9,13 @@
  * holder releases its hold after queueing what comes back, so once the
  * count is 0 the loop runs what is queued before closing (held_seen).
  *
+ * A request under way elsewhere (nr_loop_ref: a name lookup) keeps the
+ * loop alive as work owed does, without holding its shutdown.
+ *
  * Alive (libuv's uv_loop_alive, with Node's ref/unref): a loop that has a
  * task queued or running, a pending timer that keeps it alive
- * (nr_loop_schedule_ref), a linked channel that is not unref'd, or work
- * owed to it. netrun.run() lets a process end once no loop of its groups
+ * (nr_loop_schedule_ref), a linked channel that is not unref'd, work owed
+ * to it or a request it waits for. netrun.run() lets a process end once no loop of its groups
  * is alive; loops tell it when they block with nothing alive
  * (nr_loop_watch_idle).
  *
@@ -51,6 +54,18 @@ void nr_loop_unhold(nr_loop_t *l) {
   nr__loop_release(l);
 }
 
+void nr_loop_ref(nr_loop_t *l) {
+  nr__loop_retain(l);
+  atomic_fetch_add(&l->waits, 1);
+}
+
+void nr_loop_unref(nr_loop_t *l) {
+  nr_loop_t *w = atomic_load(&idle_watcher);
+  if (atomic_fetch_sub(&l->waits, 1) == 1 && w != NULL && !keeps_alive(l))
+    nr_loop_execute(w, noop, NULL);
+  nr__loop_release(l);
+}
+
 /* Loop thread, in a shutdown: whether to keep the channels open for work
  * owed. Once none is, what came back (queued before the last unhold) runs
  * before they close. */
@@ -70,6 +85,7 @@ bool nr__loop_held(nr_loop_t *l) {
 static bool keeps_alive(const nr_loop_t *cl) {
   nr_loop_t *l = (nr_loop_t *)cl;
   return atomic_load(&l->timer_refs) > 0 || atomic_load(&l->held) > 0 ||
+         atomic_load(&l->waits) > 0 ||
          atomic_load(&l->channel_count) > atomic_load(&l->channel_unrefs);
 }
 

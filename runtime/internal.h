@@ -135,6 +135,7 @@ struct nr_loop_s {
   _Atomic uint64_t timer_count;     /* timers alive (schedule/discard) */
   _Atomic uint64_t timer_refs;      /* those that keep the loop alive */
   _Atomic int64_t held;             /* work owed to it (nr_loop_hold) */
+  _Atomic int64_t waits;            /* requests it waits for (nr_loop_ref) */
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */

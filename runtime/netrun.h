@@ -195,11 +195,19 @@ bool nr_loop_stall_claim(nr_loop_t *loop, uint64_t mark);
  * memory until its unhold. */
 void nr_loop_hold(nr_loop_t *loop);
 void nr_loop_unhold(nr_loop_t *loop);
+/* Any thread. A request `loop` waits for, under way elsewhere (a name
+ * lookup): it keeps the loop alive (nr_loop_is_alive) as a hold does, but
+ * does not hold its shutdown (libuv's active requests). The unref comes
+ * after what the request completes was queued back. Each ref keeps the
+ * loop's memory until its unref. */
+void nr_loop_ref(nr_loop_t *loop);
+void nr_loop_unref(nr_loop_t *loop);
 /* Any thread, a snapshot: whether the loop has anything that keeps a
  * process alive (libuv's uv_loop_alive, Node's ref/unref): a task queued
  * or running, a pending timer made by nr_loop_schedule_ref, a channel
- * linked to it and not unref'd (nr_channel_set_ref), work owed to it; or
- * it is shutting down and has not terminated. If mark is given, it gets a
+ * linked to it and not unref'd (nr_channel_set_ref), work owed to it, a
+ * request it waits for (nr_loop_ref); or it is shutting down and has not
+ * terminated. If mark is given, it gets a
  * number that changes whenever the loop ran or was given a task: two
  * calls with the same mark, both false, saw a loop idle in between. */
 bool nr_loop_is_alive(const nr_loop_t *loop, uint64_t *mark);

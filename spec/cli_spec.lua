@@ -174,6 +174,29 @@ describe("netrun command", function()
       end)
     end
 
+    it("(a name lookup under way keeps it: the main thread's and a loop's)", function()
+      local D = require "dns_server"
+      local g = H.netrun.group { threads = 1, name = "cli-dns" }
+      local dns_port = D.start(g, { ["held1.test"] = { held = true, a = { "127.0.0.1" } } })
+      local out = os.tmpname()
+      local f = assert(io.popen(string.format("NETRUN_DNS_SERVERS=127.0.0.1:%d timeout -k 1 20 %s "
+        .. "spec/fixtures/one_shot.lua --mode lookup --name held1.test > %s 2>&1; echo $? >> %s",
+        dns_port, BIN, out, out), "r"))
+      -- both questions reach the server, and the script waits for them
+      assert.is_truthy(H.eventually(function() return D.queries("held1.test") > 0 end, 10))
+      H.eventually(function() return false end, 0.3)    -- (it would have ended by now)
+      assert.equal("", read_file(out))
+      D.release("held1.test")
+      f:read("a")                                       -- until it ends
+      f:close()
+      local text = read_file(out)
+      os.remove(out)
+      H.shutdown(g)
+      assert.matches("lookup\t127.0.0.1\n", text)
+      assert.matches("lookup on a loop\t127.0.0.1\n", text)
+      assert.matches("\n0\n$", text)
+    end)
+
     it("(a console alone keeps nothing alive)", function()
       local dir = H.tmpdir()
       local out, st = run("timeout -k 1 20 " .. BIN .. " --console " .. dir .. "/c.sock -e "
