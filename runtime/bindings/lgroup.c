@@ -353,8 +353,8 @@ static int reject(lua_State *L, nr_loop_t *loop, int rc) {
  * listeners, what the task queues back to it): a graceful shutdown of
  * the loop waits for it, and it keeps the loop alive (nr_loop_hold). The
  * main thread is not a loop that shuts down, and a task it sends keeps
- * the process alive by itself -- unless it goes to a daemon group (the
- * name resolvers): then the main thread is owed it too. */
+ * the process alive by itself -- unless it goes to a daemon group, which
+ * keeps nothing alive: then the main thread is owed it too. */
 static nr_loop_t *owed_to(nr_loop_t *target) {
   nr_loop_t *from = nr_loop_current();
   if (from == NULL || from == target)
