@@ -211,6 +211,16 @@ describe("channels", function()
     assert.is_nil(ch:loop():submit(function(chan) return chan:attr("k") end, ch):sync())
   end)
 
+  -- A server on g whose channels each get make() as their only handler;
+  -- returns it and its port.
+  local function serving(g, make)
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("h", make()) end,
+    }:sync()
+    return server, select(2, server:local_address())
+  end
+
   -- The chat room's "* alice left": what channel_read set is still there
   -- when the channel goes, in every event of its close, whoever closes it.
   local Nick = {}
@@ -239,13 +249,9 @@ describe("channels", function()
     it("keeps attributes readable through channel_inactive, channel_unregistered and handler_removed, "
       .. "then drops them (closed by the " .. who .. ")", function()
       local done = netrun.promise()
-      local server = netrun.server {
-        group = group, host = "127.0.0.1", port = 0,
-        init = function(ch)
-          ch:pipeline():add_last("nick", setmetatable({ seen = {}, done = done }, { __index = Nick }))
-        end,
-      }:sync()
-      local _, port = server:local_address()
+      local server, port = serving(group, function()
+        return setmetatable({ seen = {}, done = done }, { __index = Nick })
+      end)
       local c = H.client(port)
       c:send(who == "peer" and "alice\n" or "alice says bye\n")
       assert.equal("ok", c:receive("*l"))
@@ -259,24 +265,17 @@ describe("channels", function()
 
   it("drops the attributes of a channel whose channel_inactive raises", function()
     local done = netrun.promise()
-    local server = netrun.server {
-      group = group, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        ch:pipeline():add_last("nick", {
-          channel_read = function(_, ctx, msg)
-            ctx.channel:attr("nick", msg)
-            ctx:write_and_flush("ok")
-          end,
-          channel_inactive = function(_, ctx)
-            local nick = ctx.channel:attr("nick")
-            local chan = ctx.channel
-            ctx:loop():execute(function() done:set_success { nick, chan:attr("nick") or "dropped" } end)
-            error("inactive raised for " .. nick)
-          end,
-        })
+    local server, port = serving(group, function() return {
+      channel_read = function(_, ctx, msg)
+        ctx.channel:attr("nick", msg)
+        ctx:write_and_flush("ok")
       end,
-    }:sync()
-    local _, port = server:local_address()
+      channel_inactive = function(_, ctx)
+        local nick, chan = ctx.channel:attr("nick"), ctx.channel
+        ctx:loop():execute(function() done:set_success { nick, chan:attr("nick") or "dropped" } end)
+        error("inactive raised for " .. nick)
+      end,
+    } end)
     local c = H.client(port)
     c:send("carol")
     assert.equal("ok", H.recv(c, 2))
@@ -287,19 +286,13 @@ describe("channels", function()
 
   it("holds no attributes of closed channels: a state's memory comes back", function()
     local g = netrun.group { threads = 1, name = "attrs" }
-    local server = netrun.server {
-      group = g, host = "127.0.0.1", port = 0,
-      init = function(ch)
-        ch:pipeline():add_last("nick", {
-          channel_read = function(_, ctx, msg)
-            ctx.channel:attr("nick", msg .. string.rep("x", 1000))
-            ctx.channel:attr("n", { msg })
-            ctx:write_and_flush("ok")
-          end,
-        })
+    local server, port = serving(g, function() return {
+      channel_read = function(_, ctx, msg)
+        ctx.channel:attr("nick", msg .. string.rep("x", 1000))
+        ctx.channel:attr("n", { msg })
+        ctx:write_and_flush("ok")
       end,
-    }:sync()
-    local _, port = server:local_address()
+    } end)
     local loop = g:loops()[1]
     local function memory()
       return loop:submit(function() collectgarbage() collectgarbage() return collectgarbage("count") end):sync()

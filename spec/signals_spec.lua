@@ -186,15 +186,6 @@ describe("SIGHUP", function()
     return pid
   end
 
-  local function gone_within(pid, secs)
-    local deadline = socket.gettime() + secs
-    while H.alive(pid) do
-      if socket.gettime() > deadline then return false end
-      socket.select(nil, nil, 0.02)
-    end
-    return true
-  end
-
   -- A line is being worked on (0.2 s on an executor) when the hangup comes.
   local function in_flight(port, log)
     local c = H.client(port)
