@@ -943,7 +943,6 @@ static void shutdown_executors(uint64_t deadline) {
     if (g->executor)
       nr_group_shutdown_gracefully(g->g, busy ? SIGNAL_QUIET : 0, timeout);
   pthread_mutex_unlock(&live_lock);
-  nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
 }
 
 static void loop_group_terminated(nr_promise_t *p, void *arg) {
@@ -972,6 +971,7 @@ void lnr_shutdown_groups_async(uint64_t timeout) {
     }
   }
   pthread_mutex_unlock(&live_lock);
+  nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
   if (a != NULL)
     loop_group_terminated(NULL, a);       /* none, or all done already */
 }
