@@ -223,11 +223,21 @@ describe("channels", function()
 
   -- The chat room's "* alice left": what channel_read set is still there
   -- when the channel goes, in every event of its close, whoever closes it.
+  -- The bytes of a line, gathered in an attribute too (a read may bring
+  -- part of one); the line, when it ends.
+  local function line_of(ctx, msg)
+    local got = (ctx.channel:attr("got") or "") .. msg
+    ctx.channel:attr("got", got)
+    return got:match("^(.*)\n$")
+  end
+
   local Nick = {}
   function Nick:channel_read(ctx, msg)
-    ctx.channel:attr("nick", msg:match("^(%w+)"))
+    local line = line_of(ctx, msg)
+    if not line then return end
+    ctx.channel:attr("nick", line:match("^(%w+)"))
     ctx:write_and_flush("ok\n")
-    if msg:match("bye") then ctx:close() end
+    if line:match("bye") then ctx:close() end
   end
   function Nick:channel_inactive(ctx)
     self.seen.inactive = ctx.channel:attr("nick")
@@ -267,8 +277,10 @@ describe("channels", function()
     local done = netrun.promise()
     local server, port = serving(group, function() return {
       channel_read = function(_, ctx, msg)
-        ctx.channel:attr("nick", msg)
-        ctx:write_and_flush("ok")
+        local line = line_of(ctx, msg)
+        if not line then return end
+        ctx.channel:attr("nick", line)
+        ctx:write_and_flush("ok\n")
       end,
       channel_inactive = function(_, ctx)
         local nick, chan = ctx.channel:attr("nick"), ctx.channel
@@ -277,8 +289,8 @@ describe("channels", function()
       end,
     } end)
     local c = H.client(port)
-    c:send("carol")
-    assert.equal("ok", H.recv(c, 2))
+    c:send("carol\n")
+    assert.equal("ok", c:receive("*l"))
     c:close()
     assert.same({ "carol", "dropped" }, H.sync(done))
     server:close():sync()
