@@ -302,6 +302,44 @@ describe("netrun.tls", function()
     end), seen:get("exception"))
   end)
 
+  it("reports a client certificate's subject and issuer whole, however long the subject", function()
+    -- long.crt's subject is 750 bytes in RFC 2253 form: each name must
+    -- come whole and apart (an issuer is what an application may trust).
+    local ous = {}
+    for i = 14, 1, -1 do ous[#ous + 1] = string.format("OU=unit %02d %s", i, string.rep("0", 40)) end
+    local subject = "CN=client long," .. table.concat(ous, ",") .. ",O=netrun"
+    assert.is_true(#subject > 700)
+    local Peer = {}
+    function Peer:user_event_triggered(ctx, e)
+      if e.tls == "handshake" then
+        seen:set("subject", e.peer and e.peer.subject or "none")
+        seen:set("issuer", e.peer and e.peer.issuer or "none")
+        seen:set("peer_error", e.peer and e.peer.error or "none")
+      end
+    end
+    Peer.channel_read = Echo.channel_read
+    Peer.channel_read_complete = Echo.channel_read_complete
+    for _, verify in ipairs { "optional", "required" } do
+      seen:flush_all()
+      local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key"),
+                                      ca = P("ca.crt"), verify = verify }
+      local server = netrun.server {
+        group = group, host = "127.0.0.1", port = 0, tls = tls,
+        init = function(ch) ch:pipeline():add_last("peer", Peer) end,
+      }:sync()
+      local _, port = server:local_address()
+      local client = netrun.tls.client { ca = P("ca.crt"), cert = P("long.crt"), key = P("long.key") }
+      local ch = H.sync(tls_client(port, client, verify))
+      ch:write_and_flush("x")
+      assert.truthy(H.eventually(function() return seen:get(verify) == "x" end))
+      assert.equal(subject, seen:get("subject"), verify)
+      assert.equal("CN=netrun test CA", seen:get("issuer"), verify)
+      assert.equal("none", seen:get("peer_error"))
+      ch:close():sync()
+      server:close():sync()
+    end
+  end)
+
   it("reports a plaintext or garbage client to exception_caught with OpenSSL's reason, closes it, and serves on", function()
     local _, port = https_server()
     local c = H.client(port)

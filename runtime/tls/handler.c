@@ -380,14 +380,45 @@ static void fail(tls_t *s, int e) {
 
 static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p);
 
+/* The peer certificate's subject and issuer (RFC 2253), each whole: both
+ * printed into one memory BIO (*m, the caller frees it), each followed by
+ * a NUL, so that neither is cut nor runs into the other, whatever their
+ * length (a certificate's size is bounded by SSL's max_cert_list). The
+ * RFC 2253 flags escape control characters, so a name holds no NUL of its
+ * own; checked anyway, as an application may authorize on these strings.
+ * 0, or -1 when either could not be printed (out of memory). */
+static int peer_names(X509 *peer, BIO **m, const char **subject,
+                      const char **issuer) {
+  char *data;
+  if ((*m = BIO_new(BIO_s_mem())) == NULL ||
+      X509_NAME_print_ex(*m, X509_get_subject_name(peer), 0,
+                         XN_FLAG_RFC2253) < 0 ||
+      BIO_write(*m, "", 1) != 1)
+    goto fail;
+  long at = BIO_get_mem_data(*m, NULL);     /* where the issuer begins */
+  if (X509_NAME_print_ex(*m, X509_get_issuer_name(peer), 0,
+                         XN_FLAG_RFC2253) < 0 ||
+      BIO_write(*m, "", 1) != 1)
+    goto fail;
+  long len = BIO_get_mem_data(*m, &data);   /* the data moves as it grows */
+  if (strlen(data) != (size_t)at - 1 || strlen(data + at) != (size_t)(len - at) - 1)
+    goto fail;
+  *subject = data;
+  *issuer = data + at;
+  return 0;
+fail:
+  ERR_clear_error();
+  return -1;
+}
+
 /* Fire the event that tells the handlers what was agreed. */
 static void fire_event(tls_t *s) {
-  nr_tls_event_t ev = {NR_MSG_TLS_EVENT, NR_TLS_HANDSHAKE,
-                       SSL_get_version(s->ssl),
-                       SSL_get_cipher_name(s->ssl), NULL,
-                       SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
-                       NULL, NULL, SSL_session_reused(s->ssl) == 1,
-                       s->bundle->server};
+  nr_tls_event_t ev = {
+      .type = NR_MSG_TLS_EVENT, .kind = NR_TLS_HANDSHAKE,
+      .version = SSL_get_version(s->ssl),
+      .cipher = SSL_get_cipher_name(s->ssl),
+      .server_name = SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
+      .resumed = SSL_session_reused(s->ssl) == 1, .server = s->bundle->server};
   const unsigned char *a = NULL;
   unsigned alen = 0;
   char alpn[256];
@@ -397,23 +428,15 @@ static void fire_event(tls_t *s) {
     alpn[alen] = '\0';
     ev.alpn = alpn;
   }
-  char subject[512], issuer[512];
   X509 *peer = SSL_get0_peer_certificate(s->ssl);
-  BIO *m = peer ? BIO_new(BIO_s_mem()) : NULL;
-  if (m) {
-    int len = X509_NAME_print_ex(m, X509_get_subject_name(peer), 0,
-                                 XN_FLAG_RFC2253);
-    len = len > 0 ? BIO_read(m, subject, sizeof subject - 1) : 0;
-    subject[len > 0 ? len : 0] = '\0';
-    len = X509_NAME_print_ex(m, X509_get_issuer_name(peer), 0,
-                             XN_FLAG_RFC2253);
-    len = len > 0 ? BIO_read(m, issuer, sizeof issuer - 1) : 0;
-    issuer[len > 0 ? len : 0] = '\0';
-    BIO_free(m);
-    ev.peer_subject = subject;
-    ev.peer_issuer = issuer;
+  BIO *m = NULL;
+  if (peer != NULL &&
+      peer_names(peer, &m, &ev.peer_subject, &ev.peer_issuer) < 0) {
+    ev.peer_subject = ev.peer_issuer = NULL;
+    ev.peer_error = "the certificate's subject or issuer could not be read";
   }
   nr_ctx_fire_user_event(s->ctx, &ev);
+  BIO_free(m);
 }
 
 /* The handshake completed: encrypt what waited, then let the handlers
