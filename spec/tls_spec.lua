@@ -461,6 +461,34 @@ describe("netrun.tls", function()
     assert.truthy(out:find("\nclosed", 1, true), out)   -- close_notify, not a bare EOF
   end)
 
+  it("takes the peer's close_notify as a half-close with allow_half_closure: writes go on, our close ends it", function()
+    local Half = {}
+    function Half:channel_read(ctx, msg) ctx:write(msg) end
+    function Half:channel_read_complete(ctx) ctx:flush() end
+    function Half:user_event_triggered(ctx, e)
+      local name = type(e) == "table" and e.tls or tostring(e)
+      seen:set("events", (seen:get("events") or "") .. name .. ";")
+      if e == "input_shutdown" then           -- the client sends no more
+        ctx.channel:loop():schedule(0.05, function()
+          ctx:write_and_flush(" and later")
+          ctx:close()
+        end)
+      end
+    end
+    local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key") }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0, tls = tls,
+      child_options = { allow_half_closure = true },
+      init = function(ch) ch:pipeline():add_last("half", Half) end,
+    }:sync()
+    local _, port = server:local_address()
+    local out, status = H.run("timeout 20 /usr/bin/python3 " .. H.root
+      .. "/spec/fixtures/tls/close_notify.py " .. port .. " " .. P("ca.crt") .. " --raw echoed")
+    assert.equal(0, status, out)
+    assert.equal("got echoed and later\nend close_notify\n", out)
+    assert.equal("handshake;close_notify;input_shutdown;", seen:get("events"))
+  end)
+
   it("makes the channel unwritable when the peer does not read, and reads with auto_read off", function()
     local Flood = {}
     function Flood:channel_active(ctx)

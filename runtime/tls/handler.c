@@ -92,6 +92,7 @@ typedef struct tls_s {
   bool flush_req;                 /* a flush came during the handshake */
   bool fired;                     /* plaintext fired in this read batch */
   bool shut_sent;                 /* close_notify written */
+  bool peer_shut;                 /* close_notify received */
   bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
@@ -539,22 +540,29 @@ static void start_timer(tls_t *s) {
 
 /* ---- inbound ----------------------------------------------------------------------- */
 
-/* The peer sent close_notify: tell the handlers, answer with ours, close. */
+/* The peer sent close_notify: it sends nothing more (RFC 8446 6.1), and
+ * input past it is dropped. The handlers are told; then, as at a TCP
+ * FIN, the channel closes -- once the answers to what came before it are
+ * out: those written in this read and its read_complete, and those still
+ * owed (nr_channel_hold: an HTTP request being answered). That close goes
+ * through the pipeline, so ours follows the answers (nginx does the
+ * same). With allow_half_closure the handlers get input_shutdown instead
+ * and close when they are done. */
 static void peer_closed(tls_t *s) {
-  drain(s);                       /* what was written before it goes first */
-  s->st = ST_DONE;
-  nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT, .kind = NR_TLS_CLOSE_NOTIFY,
-                       .server = s->bundle->server};
-  if (s->active_fired)
+  s->peer_shut = true;
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (s->active_fired) {
+    nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT,
+                         .kind = NR_TLS_CLOSE_NOTIFY,
+                         .server = s->bundle->server};
     nr_ctx_fire_user_event(s->ctx, &ev);
-  if (!s->shut_sent && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
-    s->shut_sent = true;
-    SSL_shutdown(s->ssl);
-    ERR_clear_error();
-    pass_out(s, NULL);
-    nr_ctx_flush(s->ctx);
   }
-  nr_ctx_close(s->ctx, NULL);
+  if (!nr_channel_is_open(ch))
+    return;
+  if (s->active_fired && nr_channel_options(ch)->allow_half_closure)
+    nr_ctx_fire_user_event(s->ctx, (void *)&NR_EVT_INPUT_SHUTDOWN);
+  else
+    nr_channel_close_when_idle(ch);
 }
 
 /* Whether SSL has taken all the input there is: the next SSL_read could
@@ -571,7 +579,7 @@ static void decrypt(tls_t *s, bool last) {
   char buf[PLAIN_CHUNK];
   size_t have = 0;
   bool wrote = false;             /* SSL_read answered something itself */
-  while (s->st == ST_OPEN && !s->removed) {
+  while (s->st == ST_OPEN && !s->removed && !s->peer_shut) {
     size_t n = 0;
     int rc = SSL_read_ex(s->ssl, buf + have, sizeof buf - have, &n);
     /* Now: the handlers fired below may write, and SSL_write resets what
@@ -636,7 +644,7 @@ static int feed(tls_t *s, const char *data, size_t len, bool last) {
   if (s->st == ST_OPEN)
     decrypt(s, last);
   s->busy--;
-  if (s->st == ST_DONE || s->removed) {
+  if (s->st == ST_DONE || s->removed || s->peer_shut) {
     s->in = NULL;                  /* after a failure, input is dropped */
     s->in_len = 0;
     nr_buf_free(&s->in_rest);
@@ -739,8 +747,8 @@ static int tls_channel_read(nr_ctx_t *ctx, void *msg) {
     nr_ctx_fire_read(ctx, msg);    /* not ours to decrypt */
     return 0;
   }
-  if (s->st == ST_DONE)
-    return 0;
+  if (s->st == ST_DONE || s->peer_shut)
+    return 0;                      /* nothing is read past close_notify */
   bool last = nr_ctx_read_deferrable(ctx, msg);
   gather_enter(s);
   if (type == NR_MSG_BYTES) {
@@ -771,6 +779,15 @@ static int tls_channel_read_complete(nr_ctx_t *ctx) {
   } else if (s->flush_owed) {
     flush_out(s);
   }
+  return 0;
+}
+
+/* The handlers had input_shutdown at close_notify: not again at the FIN
+ * that may follow it (allow_half_closure). */
+static int tls_user_event(nr_ctx_t *ctx, void *evt) {
+  tls_t *s = nr_ctx_state(ctx);
+  if (evt != &NR_EVT_INPUT_SHUTDOWN || !s->peer_shut)
+    nr_ctx_fire_user_event(ctx, evt);
   return 0;
 }
 
@@ -957,6 +974,7 @@ const nr_handler_t nr_tls_handler = {
     .removed = tls_removed,
     .active = tls_active,
     .inactive = tls_inactive,
+    .user_event = tls_user_event,
     .channel_read = tls_channel_read,
     .channel_read_complete = tls_channel_read_complete,
     .write = tls_write,
