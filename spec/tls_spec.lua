@@ -340,26 +340,49 @@ describe("netrun.tls", function()
     end
   end)
 
-  it("reports a plaintext or garbage client to exception_caught with OpenSSL's reason, closes it, and serves on", function()
+  it("answers plain HTTP with a 400 that says so, fails garbage with OpenSSL's reason, closes both, and serves on", function()
     local _, port = https_server()
-    local c = H.client(port)
-    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    local data, err = c:receive("*a")           -- closed by the server
-    assert.equal("closed", err)
-    c:close()
+    -- curl speaking plain HTTP to the TLS port: a 400 in plain text, as nginx
+    local out = H.run("curl -sS --max-time 10 -i http://127.0.0.1:" .. port .. "/x")
+    assert.truthy(out:find("^HTTP/1.1 400 Bad Request\r\n"), out)
+    assert.truthy(out:find("\r\nConnection: close\r\n", 1, true), out)
+    assert.truthy(out:find("\r\n\r\nThe plain HTTP request was sent to HTTPS port\n$"), out)
     assert.truthy(H.eventually(function() return seen:get("exception") end))
-    assert.truthy(seen:get("exception"):find("tls: handshake failed: error:0A00009C:SSL routines::http request", 1, true),
+    assert.equal("tls: handshake failed: a plain HTTP request on the TLS port (answered 400)",
       seen:get("exception"))
     assert.is_nil(seen:get("active"))            -- never active behind TLS
     assert.is_nil(seen:get("inactive"))
-    c = H.client(port)
-    c:send(string.rep("\22\3\1\0\5garbage", 10))
-    data, err = c:receive("*a")                 -- the alert, then closed
-    assert.truthy(data or err == "closed", err)
+    -- any method; HEAD gets no body
+    local c = H.client(port)
+    c:send("HEAD /x HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, headers, body = H.read_response(c, true)
+    assert.equal(400, status)
+    assert.equal("46", headers["content-length"])
+    local _, err, rest = c:receive("*a")        -- closed by the server, no body
+    assert.equal("closed", err)
+    assert.equal("", rest)
     c:close()
-    assert.truthy(H.eventually(function() return seen:get("exceptions") == 2 end))
-    assert.truthy(seen:get("exception"):find("SSL routines", 1, true), seen:get("exception"))
-    local out = curl("-w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
+    -- what is no request line fails the handshake as before: a TLS
+    -- record that is no handshake, an SSH client, lowercase words
+    local function refused(bytes)
+      local before = seen:get("exceptions")
+      c = H.client(port)
+      c:send(bytes)
+      local data, partial
+      data, err, partial = c:receive("*a")      -- an alert or nothing, then closed
+      data = data or partial
+      assert.truthy(err == nil or err == "closed", err)
+      assert.falsy(data:find("HTTP/1.1", 1, true), data)
+      c:close()
+      assert.truthy(H.eventually(function() return seen:get("exceptions") == before + 1 end))
+      assert.truthy(seen:get("exception"):find("tls: handshake failed: error:", 1, true),
+        seen:get("exception"))
+    end
+    refused(string.rep("\22\3\1\0\5garbage", 10))
+    refused("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    refused("get / http/1.1\r\n\r\n")
+    refused("GET\r\n\r\n")
+    out = curl("-w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
     assert.equal("200", out)
   end)
 

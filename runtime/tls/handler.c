@@ -471,16 +471,54 @@ static void handshake_done(tls_t *s) {
     fire_event(s);
 }
 
+/* The handshake cannot go on: tell the handlers after this one, close. */
+static void give_up(tls_t *s, int code, const char *msg) {
+  s->st = ST_DONE;
+  stop_timer(s);
+  fail_queue(s, msg);
+  settle_hs(s, code, msg);
+  nr_ctx_fire_exception(s->ctx, &(nr_err_t){code, msg});
+  nr_ctx_close(s->ctx, NULL);
+}
+
+/* Whether a server's first bytes look like an HTTP/1 request line -- a
+ * method in capitals, a space, a target -- rather than a TLS record
+ * (0x16; 0x80 for an SSLv2 hello): a plain HTTP client on the TLS port.
+ * Anything else is left to SSL, which refuses it as before. */
+static bool plain_http(const char *d, size_t n) {
+  size_t i = 0;
+  while (i < n && i < 16 && d[i] >= 'A' && d[i] <= 'Z')
+    i++;
+  return i >= 3 && i + 1 < n && d[i] == ' ' && d[i + 1] > ' ' &&
+         d[i + 1] < 0x7f;
+}
+
+/* Answer a plain HTTP request with a plain 400 that says why, as nginx
+ * does, and close (lingering: the client may still be sending). */
+static void refuse_plain(tls_t *s) {
+  static const char why[] = "The plain HTTP request was sent to HTTPS port\n";
+  char head[160];
+  int n = snprintf(head, sizeof head, "HTTP/1.1 400 Bad Request\r\n"
+                   "Content-Type: text/plain\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\n\r\n%s", sizeof why - 1,
+                   s->in_len >= 5 && memcmp(s->in, "HEAD ", 5) == 0 ? "" : why);
+  nr_bytes_t b = NR_BYTES(head, (size_t)n);
+  nr_ctx_write(s->ctx, &b, NULL);
+  nr_ctx_flush(s->ctx);
+  nr_channel_linger(nr_ctx_channel(s->ctx));
+  give_up(s, -EPROTO, "tls: handshake failed: a plain HTTP request on the "
+          "TLS port (answered 400)");
+}
+
 /* Drive the handshake with what has arrived; false once it failed. */
 static bool handshake(tls_t *s) {
   s->started = true;
+  if (s->ssl == NULL && s->bundle->server && plain_http(s->in, s->in_len)) {
+    refuse_plain(s);
+    return false;
+  }
   if (s->ssl == NULL && make_ssl(s) < 0) {
-    const char *msg = "tls: out of memory for the handshake";
-    s->st = ST_DONE;
-    fail_queue(s, msg);
-    settle_hs(s, -ENOMEM, msg);
-    nr_ctx_fire_exception(s->ctx, &(nr_err_t){-ENOMEM, msg});
-    nr_ctx_close(s->ctx, NULL);
+    give_up(s, -ENOMEM, "tls: out of memory for the handshake");
     return false;
   }
   int rc = SSL_do_handshake(s->ssl);
