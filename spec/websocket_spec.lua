@@ -322,7 +322,7 @@ describe("websocket", function()
       local out = py("deflate " .. url(ws_server("pmd", { deflate = true })))
       assert.matches("extensions permessage-deflate remote_no_context_takeover=True "
         .. "local_no_context_takeover=True remote_max_window_bits=15\n", out, 1, true)
-      assert.matches("text 104000\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
+      assert.matches("text 110490\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
       assert.matches("close_code 1000\n", out, 1, true)
     end)
 
@@ -334,7 +334,7 @@ describe("websocket", function()
       assert.matches("repeated 20\n", out, 1, true)
       out = py("deflate " .. url(ws_server("pmdoff")))
       assert.matches("extensions none\n", out, 1, true)
-      assert.matches("text 104000\n", out, 1, true)
+      assert.matches("text 110490\n", out, 1, true)
     end)
 
     it("compresses what it sends, and refuses RSV1 on control frames and continuations (1002)", function()
@@ -358,6 +358,24 @@ describe("websocket", function()
       c = raw(port)                                   -- not agreed on this one
       c:send(frame(1, HELLO, { rsv = 0x40 }))
       expect_close(c, 1002)
+    end)
+
+    it("bounds what a connection inflates by what it sent: 1008 past inflate_ratio (64), 0 for none", function()
+      -- 1,000,000 zeros (max_message is 1 MiB) come as ~1 KB: inflating
+      -- (and echoing) them costs ~3 ms of CPU per KB of the peer's
+      local out = py("bomb " .. url(ws_server("ratio", { deflate = true })) .. " 1000000")
+      assert.matches("close_code 1008\n", out, 1, true)
+      assert.truthy(H.eventually(function() return seen:get("ratio:close") end))
+      assert.equal("1008 message inflates past inflate_ratio times what the connection "
+        .. "sent compressed", seen:get("ratio:close"))
+      out = py("bomb " .. url(ws_server("noratio", { deflate = true, inflate_ratio = 0 }))
+        .. " 1000000")
+      assert.matches("echoed 1000000\nclose_code 1000\n", out, 1, true)
+      -- text compressed 12:1 goes through, message after message
+      out = py("deflate " .. url(ws_server("ratio2", { deflate = true, inflate_ratio = 16 })))
+      assert.matches("text 110490\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
+      assert.error_matches(function() netrun.codec.websocket { inflate_ratio = -1 } end,
+        "inflate_ratio must be a positive integer or 0 %(none%), got %-1")
     end)
 
     it("closes a zip bomb with 1009 (100 MB of zeros, max_message 1 MiB)", function()

@@ -4,7 +4,8 @@
  * this file gives them:
  *
  *   core.codec.websocket { max_message = 1 << 20, max_frame = max_message,
- *                          close_timeout = 5, frame_timeout = 60 }
+ *                          close_timeout = 5, frame_timeout = 60,
+ *                          inflate_ratio = 64 (0: none) }
  *     -- a server's codec config
  *     (client = true, request = "GET ...", accept = "...",
  *      handshake_timeout = 10: a client's, made by websocket.connect)
@@ -41,6 +42,7 @@ typedef struct conf_s {
   bool client;
   bool deflate;              /* client: the request offers permessage-deflate */
   size_t max_message, max_frame;
+  uint32_t inflate_ratio;    /* as nr_ws_opts_t's */
   uint64_t close_timeout, handshake_timeout, frame_timeout;
   char accept[32];
   size_t request_len;
@@ -151,7 +153,7 @@ static void *new_state(const conf_t *c, int deflate_bits) {
   nr_ws_opts_t o = {c->client, c->max_message, c->max_frame,
                     c->close_timeout, c->handshake_timeout, c->frame_timeout,
                     c->request, c->request_len, c->accept,
-                    {deflate_bits, false}, c->deflate};
+                    {deflate_bits, false}, c->deflate, c->inflate_ratio};
   return nr_ws_new(&o);
 }
 
@@ -174,6 +176,23 @@ static lua_Integer opt_int(lua_State *L, const char *k, lua_Integer d) {
   return v;
 }
 
+/* inflate_ratio: a positive integer, or 0 for none (nil: the default). */
+static uint32_t opt_ratio(lua_State *L) {
+  lua_getfield(L, 1, "inflate_ratio");
+  uint32_t r = 0;
+  if (!lua_isnil(L, -1)) {
+    int ok;
+    lua_Integer v = lua_tointegerx(L, -1, &ok);
+    if (!ok || v < 0 || v >= NR_WS_NO_RATIO)
+      luaL_error(L, "netrun.codec.websocket: inflate_ratio must be a "
+                 "positive integer or 0 (none), got %s",
+                 luaL_tolstring(L, -1, NULL));
+    r = v == 0 ? NR_WS_NO_RATIO : (uint32_t)v;
+  }
+  lua_pop(L, 1);
+  return r;
+}
+
 static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
   lua_getfield(L, 1, k);
   double v = lua_isnil(L, -1) ? d : lnr_checkseconds(L, -1, k);
@@ -184,7 +203,7 @@ static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
 static int l_websocket(lua_State *L) {
   static const char *const known[] = {"max_message", "max_frame",
       "close_timeout", "handshake_timeout", "frame_timeout", "client",
-      "request", "accept", "deflate",
+      "request", "accept", "deflate", "inflate_ratio",
       NULL};
   if (lua_isnoneornil(L, 1)) {
     lua_settop(L, 0);
@@ -199,6 +218,7 @@ static int l_websocket(lua_State *L) {
   c->close_timeout = opt_seconds(L, "close_timeout", 5);
   c->handshake_timeout = opt_seconds(L, "handshake_timeout", 10);
   c->frame_timeout = opt_seconds(L, "frame_timeout", 60);
+  c->inflate_ratio = opt_ratio(L);
   lua_getfield(L, 1, "client");
   c->client = lua_toboolean(L, -1);
   lua_getfield(L, 1, "deflate");
