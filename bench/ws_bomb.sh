@@ -13,9 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CONNS=${1:-20}
 BOMBS=${2:-5}
-shift 2 2>/dev/null || true
-RATIOS=("${@:-0 64}")
-[[ $# -gt 0 ]] && RATIOS=("$@") || RATIOS=(0 64)
+RATIOS=("${@:3}")
+[[ ${#RATIOS[@]} -gt 0 ]] || RATIOS=(0 64)
 
 source bench/lib.sh
 bench_init ws_bomb
