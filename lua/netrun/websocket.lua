@@ -163,15 +163,20 @@ function M.connect(opts)
                   tls = tls }
   copts.init = function(ch)
     local p = ch:pipeline()
+    local open = false
     p:add_last("websocket", codec)
     p:add_last("websocket_open", {
       channel_active = function(_, ctx)
+        open = true
         done:try_success(ctx.channel)
         ctx:fire_channel_active()
       end,
+      -- A failure before the 101 (a bad answer, TLS) is the future's to
+      -- report, once: the handlers after this one never saw the channel
+      -- active, and the tail would log it again at warn.
       exception_caught = function(_, ctx, err)
         done:try_failure(err)
-        ctx:fire_exception_caught(err)
+        if open then ctx:fire_exception_caught(err) end
       end,
       channel_inactive = function(_, ctx)
         done:try_failure("netrun.websocket.connect: " .. url

@@ -15,6 +15,12 @@
  *     -- write the 101 response from the HTTP codec's place and put the
  *     -- WebSocket codec there instead: bytes the client sent after its
  *     -- upgrade request (a first frame in the same packet) go to it.
+ *     -- The 101 is flushed once the handler call that upgraded returns
+ *     -- (a task), not at once: until the client has it, it cannot send,
+ *     -- nor count on anything, so what that call does after `upgrade`
+ *     -- (adding the socket to a channel group) is done before the client
+ *     -- can act -- else a broadcast the client expects, sent between the
+ *     -- 101 and the add, would never reach it.
  *
  * Messages: the codec's text and binary messages reach Lua handlers as
  * { type = "text" | "binary", data = "..." }, the peer's close as the
@@ -287,6 +293,13 @@ static int l_key(lua_State *L) {
   return 1;
 }
 
+static int flush_task(void *arg) {
+  nr_channel_t *ch = arg;
+  nr_channel_flush(ch);             /* on its loop: at once */
+  nr_channel_release(ch);
+  return 0;
+}
+
 /* The HTTP codec of ch's pipeline (the first handler of its type). */
 static nr_ctx_t *http_ctx(nr_pipeline_t *p) {
   for (nr_ctx_t *c = nr_pipeline_first(p); c != NULL; c = nr_ctx_next(c)) {
@@ -319,12 +332,18 @@ static int l_switch(lua_State *L) {
   char name[64];
   snprintf(name, sizeof name, "%s", nr_ctx_name(hc));
   nr_bytes_t b = NR_BYTES(resp, n);
-  nr_ctx_write_and_flush(hc, &b, NULL);   /* from its place: past it */
+  nr_ctx_write(hc, &b, NULL);       /* from its place: past it */
   int rc = nr_pipeline_replace(p, name, "websocket", &lua_ws_vt, state);
   if (rc < 0) {
     free(state);       /* never added: nothing else refers to it */
+    nr_ctx_flush(hc);
     return luaL_error(L, "netrun.websocket.upgrade: cannot replace the "
                       "http codec: %s", nr_strerror(rc));
+  }
+  if (nr_loop_execute(nr_channel_loop(ch), flush_task,
+                      nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);         /* (a loop shutting down) */
+    nr_channel_flush(ch);
   }
   return 0;
 }
