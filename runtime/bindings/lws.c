@@ -16,7 +16,8 @@
  *     -- WebSocket codec there instead: bytes the client sent after its
  *     -- upgrade request (a first frame in the same packet) go to it.
  *     -- The 101 is flushed once the handler call that upgraded returns
- *     -- (a task), not at once: until the client has it, it cannot send,
+ *     -- (a tail task: at the end of the loop's turn, with no turn of
+ *     -- its own), not at once: until the client has it, it cannot send,
  *     -- nor count on anything, so what that call does after `upgrade`
  *     -- (adding the socket to a channel group) is done before the client
  *     -- can act -- else a broadcast the client expects, sent between the
@@ -340,8 +341,8 @@ static int l_switch(lua_State *L) {
     return luaL_error(L, "netrun.websocket.upgrade: cannot replace the "
                       "http codec: %s", nr_strerror(rc));
   }
-  if (nr_loop_execute(nr_channel_loop(ch), flush_task,
-                      nr_channel_retain(ch)) < 0) {
+  if (nr_loop_after_iteration(nr_channel_loop(ch), flush_task,
+                              nr_channel_retain(ch)) < 0) {
     nr_channel_release(ch);         /* (a loop shutting down) */
     nr_channel_flush(ch);
   }
