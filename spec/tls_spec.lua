@@ -352,8 +352,17 @@ describe("netrun.tls", function()
       seen:get("exception"))
     assert.is_nil(seen:get("active"))            -- never active behind TLS
     assert.is_nil(seen:get("inactive"))
-    -- any method; HEAD gets no body
+    -- a request line that comes in pieces
     local c = H.client(port)
+    c:setoption("tcp-nodelay", true)
+    for _, piece in ipairs { "P", "OST", " ", "/form HTTP/1.1\r\nHost: x\r\n\r\n" } do
+      c:send(piece)
+      socket.sleep(0.02)                         -- (each its own segment, to be read alone)
+    end
+    assert.equal(400, (H.read_response(c)))
+    c:close()
+    -- any method; HEAD gets no body
+    c = H.client(port)
     c:send("HEAD /x HTTP/1.1\r\nHost: x\r\n\r\n")
     local status, headers, body = H.read_response(c, true)
     assert.equal(400, status)

@@ -481,27 +481,47 @@ static void give_up(tls_t *s, int code, const char *msg) {
   nr_ctx_close(s->ctx, NULL);
 }
 
-/* Whether a server's first bytes look like an HTTP/1 request line -- a
- * method in capitals, a space, a target -- rather than a TLS record
- * (0x16; 0x80 for an SSLv2 hello): a plain HTTP client on the TLS port.
- * Anything else is left to SSL, which refuses it as before. */
-static bool plain_http(const char *d, size_t n) {
+/* What a server's first bytes d[0 .. n) are: the start of an HTTP/1
+ * request line -- a method in capitals, a space, a target -- from a plain
+ * HTTP client on the TLS port (PLAIN); something else, for SSL to judge
+ * (OTHER: a TLS record begins with 0x16, 0x80 for an SSLv2 hello); or
+ * what may still become such a line (UNSURE: capitals so far, at most a
+ * space after them), when the line came split. */
+enum { OTHER, PLAIN, UNSURE };
+#define FIRST_PEEK 18             /* a 16-letter method, a space, a byte */
+
+static int first_bytes(const char *d, size_t n) {
   size_t i = 0;
   while (i < n && i < 16 && d[i] >= 'A' && d[i] <= 'Z')
     i++;
+  if (i == n || (i >= 3 && i + 1 == n && d[i] == ' '))
+    return n < FIRST_PEEK ? UNSURE : OTHER;
   return i >= 3 && i + 1 < n && d[i] == ' ' && d[i + 1] > ' ' &&
-         d[i + 1] < 0x7f;
+                 d[i + 1] < 0x7f
+             ? PLAIN
+             : OTHER;
+}
+
+/* The first bytes of the input (what waits, then the read): how many. */
+static size_t peek(const tls_t *s, char *d, size_t n) {
+  size_t rest = nr_buf_len(&s->in_rest), k = rest < n ? rest : n;
+  if (k > 0)
+    memcpy(d, nr_buf_peek(&s->in_rest), k);
+  size_t more = s->in_len < n - k ? s->in_len : n - k;
+  if (more > 0)
+    memcpy(d + k, s->in, more);
+  return k + more;
 }
 
 /* Answer a plain HTTP request with a plain 400 that says why, as nginx
  * does, and close (lingering: the client may still be sending). */
-static void refuse_plain(tls_t *s) {
+static void refuse_plain(tls_t *s, const char *line, size_t len) {
   static const char why[] = "The plain HTTP request was sent to HTTPS port\n";
   char head[160];
   int n = snprintf(head, sizeof head, "HTTP/1.1 400 Bad Request\r\n"
                    "Content-Type: text/plain\r\nContent-Length: %zu\r\n"
                    "Connection: close\r\n\r\n%s", sizeof why - 1,
-                   s->in_len >= 5 && memcmp(s->in, "HEAD ", 5) == 0 ? "" : why);
+                   len >= 5 && memcmp(line, "HEAD ", 5) == 0 ? "" : why);
   nr_bytes_t b = NR_BYTES(head, (size_t)n);
   nr_ctx_write(s->ctx, &b, NULL);
   nr_ctx_flush(s->ctx);
@@ -513,9 +533,16 @@ static void refuse_plain(tls_t *s) {
 /* Drive the handshake with what has arrived; false once it failed. */
 static bool handshake(tls_t *s) {
   s->started = true;
-  if (s->ssl == NULL && s->bundle->server && plain_http(s->in, s->in_len)) {
-    refuse_plain(s);
-    return false;
+  if (s->ssl == NULL && s->bundle->server) {
+    char d[FIRST_PEEK];
+    size_t n = peek(s, d, sizeof d);
+    int kind = first_bytes(d, n);
+    if (kind == UNSURE)
+      return true;                 /* feed keeps the bytes for the next */
+    if (kind == PLAIN) {
+      refuse_plain(s, d, n);
+      return false;
+    }
   }
   if (s->ssl == NULL && make_ssl(s) < 0) {
     give_up(s, -ENOMEM, "tls: out of memory for the handshake");
