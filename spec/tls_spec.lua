@@ -286,6 +286,41 @@ describe("netrun.tls", function()
     assert.equal("over tls by name", H.sync(H.sync(spawned)))
   end)
 
+  -- localhost is ::1 then 127.0.0.1: TLS starts on the address that
+  -- connected (before, the handshake started on ::1's channel and failed
+  -- the connect with "channel closed before the TLS handshake completed"),
+  -- and a connect no address accepts fails with each address's error.
+  it("a TLS connect by name starts TLS only on the address that answered, or reports the connect error", function()
+    local _, port = echo_server()
+    local free = H.free_port()
+    local got = group:next():submit(function(port, free, ca)
+      local netrun = require "netrun"
+      return netrun.spawn(function()
+        local tls = netrun.tls.client { ca = ca }
+        local ch = netrun.connect { group = netrun.current(), host = "localhost", port = port,
+                                    tls = tls }:await()
+        local peer = ch:remote_address()
+        ch:close()
+        local ok, err = pcall(function()
+          return netrun.tcp.connect("localhost", free, { timeout = 5, tls = tls }):await()
+        end)
+        local ok2, err2 = pcall(function()
+          return netrun.connect { group = netrun.current(), host = "localhost", port = free,
+                                  tls = tls }:await()
+        end)
+        return { peer, ok or tostring(err), ok2 or tostring(err2) }
+      end)
+    end, port, free, P("ca.crt"))
+    local peer, err, err2 = table.unpack(H.sync(H.sync(got)))
+    assert.equal("127.0.0.1", peer)
+    for _, e in ipairs { err, err2 } do
+      assert.matches("::1:" .. free .. ": ECONNREFUSED: connection refused; 127.0.0.1:" ..
+        free .. ": ECONNREFUSED: connection refused", e, 1, true)
+      assert.is_nil(e:find("TLS", 1, true), e)
+    end
+    assert.matches("netrun.tcp.connect: localhost:" .. free .. ": ", err, 1, true)
+  end)
+
   it("verifies client certificates when required and reports the peer's subject", function()
     local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
                                    ca = P("ca.crt"), verify = "required" }

@@ -652,6 +652,16 @@ describe("websocket", function()
       H.shutdown(loops)
     end)
 
+    it("wss:// to a name no address of which answers fails with the connect error", function()
+      local free = H.free_port()
+      local ok, err = pcall(H.sync, netrun.websocket.connect {
+        url = "wss://localhost:" .. free .. "/", group = group, timeout = 5 })
+      assert.is_false(ok)
+      assert.matches("::1:" .. free .. ": ECONNREFUSED: connection refused; 127.0.0.1:" ..
+        free .. ": ECONNREFUSED: connection refused", tostring(err), 1, true)
+      assert.is_nil(tostring(err):find("TLS", 1, true), err)
+    end)
+
     it("fails its future when the server refuses the upgrade, or is not there", function()
       local port = ws_server("nope", { refuse = true })
       local ok, err = pcall(H.sync, netrun.websocket.connect {

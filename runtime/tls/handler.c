@@ -25,7 +25,10 @@
  * Failures (a handshake refused, a record that does not decrypt) fire
  * exception_caught with OpenSSL's reason to the handlers after this one,
  * send the alert SSL produced, and close the channel. A close from the
- * handlers sends close_notify after everything they wrote before it.
+ * handlers sends close_notify after everything they wrote before it. The
+ * peer's close_notify ends the input, like a FIN: the channel closes (ours
+ * sent) once the answers to what came before it are out, or, when it
+ * allows half-closure, stays open for writing until the handlers close.
  *
  * Writes made while this handler dispatches a read (its channel_read and
  * channel_read_complete) are gathered, after the first, into one record
@@ -92,7 +95,8 @@ typedef struct tls_s {
   bool flush_req;                 /* a flush came during the handshake */
   bool fired;                     /* plaintext fired in this read batch */
   bool shut_sent;                 /* close_notify written */
-  bool peer_shut;                 /* close_notify received */
+  bool peer_shut;                 /* the peer's close_notify came: input is
+                                     over, the channel open for writing */
   bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
@@ -225,6 +229,14 @@ static void settle_hs(tls_t *s, int code, const char *msg) {
   s->hs = NULL;
 }
 
+/* Why the handshake failed when the channel closed: before it connected
+ * (no handshake began: the connect's own failure says why, and
+ * netrun.connect reports that one), or during the handshake. */
+static const char *closed_why(const tls_t *s) {
+  return s->active_seen ? "channel closed before the TLS handshake completed"
+                        : "channel closed before it connected";
+}
+
 static void stop_timer(tls_t *s) {
   if (s->timer) {
     nr_timer_cancel(s->timer);           /* on this loop: it cannot run now */
@@ -236,7 +248,7 @@ static void stop_timer(tls_t *s) {
 static void free_state(tls_t *s) {
   stop_timer(s);
   fail_queue(s, "channel closed before the TLS handshake completed");
-  settle_hs(s, NR_ECLOSED, "channel closed before the TLS handshake completed");
+  settle_hs(s, NR_ECLOSED, closed_why(s));
   SSL_free(s->ssl);
   nr_tls_bundle_release(s->bundle);
   nr_buf_free(&s->out);
@@ -710,7 +722,7 @@ static int feed(tls_t *s, const char *data, size_t len, bool last) {
     decrypt(s, last);
   s->busy--;
   if (s->st == ST_DONE || s->removed || s->peer_shut) {
-    s->in = NULL;                  /* after a failure, input is dropped */
+    s->in = NULL;     /* after a failure or close_notify, input is dropped */
     s->in_len = 0;
     nr_buf_free(&s->in_rest);
     return 0;
@@ -874,7 +886,7 @@ static int tls_inactive(nr_ctx_t *ctx) {
   if (s->st == ST_HANDSHAKE) {
     s->st = ST_DONE;
     fail_queue(s, why);
-    settle_hs(s, NR_ECLOSED, why);
+    settle_hs(s, NR_ECLOSED, closed_why(s));
   }
   if (s->active_fired)
     nr_ctx_fire_inactive(ctx);

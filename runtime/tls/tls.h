@@ -32,7 +32,8 @@
 
 /* The user events: after the handshake (NR_TLS_HANDSHAKE, every field
  * set), and when the peer's close_notify arrives (NR_TLS_CLOSE_NOTIFY,
- * just before the channel closes; Netty's SslCloseCompletionEvent).
+ * just before the channel closes -- or, if it allows half-closure, as the
+ * end of its input; Netty's SslCloseCompletionEvent).
  * Strings are borrowed: valid during the call; NULL when absent. */
 #define NR_MSG_TLS_EVENT (NR_MSG_NATIVE + 9)   /* registered by handler.c */
 enum { NR_TLS_HANDSHAKE, NR_TLS_CLOSE_NOTIFY };
