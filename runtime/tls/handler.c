@@ -20,7 +20,9 @@
  * this one, writes wait in `queue` (with a flush noted), and with
  * auto_read off the handler asks for reads itself. Once it completes, the
  * queued writes are encrypted and flushed, then the handlers after this
- * one see channel_active and the nr_tls_event_t user event.
+ * one see channel_active and the nr_tls_event_t user event. A server
+ * whose first bytes are a plain HTTP request line answers a plain 400
+ * instead of handing them to SSL (refuse_plain), as nginx does.
  *
  * Failures (a handshake refused, a record that does not decrypt) fire
  * exception_caught with OpenSSL's reason to the handlers after this one,
