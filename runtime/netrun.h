@@ -541,6 +541,13 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. The peer will send nothing more (a TLS close_notify)
+ * and the channel is to close once its answers are out: it stops reading,
+ * and closes through its pipeline (every handler's close runs, as with
+ * nr_channel_close) as soon as no work is held -- from a task, so that
+ * the read under way and its read_complete, where answers are written,
+ * come first. Nothing if the channel is closing already. */
+void nr_channel_close_when_idle(nr_channel_t *ch);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel
