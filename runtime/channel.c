@@ -924,10 +924,26 @@ void nr_channel_hold(nr_channel_t *ch) {
 
 static int close_idle_task(void *arg) {
   nr_channel_t *ch = arg;
-  if (ch->holds == 0 && !nr__loop_held(ch->loop))  /* else: close_each */
-    nr__channel_close(ch, false);
+  if (ch->holds == 0 && (ch->st & NR__CLOSE_IDLE_PIPE))
+    nr_pipeline_close(&ch->pipe, NULL);
+  else if (ch->holds == 0 && !(nr_loop_is_shutting_down(ch->loop) &&
+                               nr__loop_held(ch->loop)))
+    nr__channel_close(ch, false);  /* (work owed to the loop: close_each's) */
   nr_channel_release(ch);
   return 0;
+}
+
+void nr_channel_close_when_idle(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->st & (NR__CLOSING | NR__CLOSED | NR__CLOSE_IDLE))
+    return;                      /* closing already, or a shutdown will */
+  ch->st |= NR__CLOSE_IDLE | NR__CLOSE_IDLE_PIPE;
+  nr__channel_update_interest(ch);
+  if (ch->holds == 0 &&
+      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);
+    nr_pipeline_close(&ch->pipe, NULL);
+  }
 }
 
 /* The last hold goes with the answer's write, whose flush may still come

@@ -352,7 +352,9 @@ enum {
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
   NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
-  NR__UNREF = 1u << 17            /* linked, and keeps its loop not alive */
+  NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
+                                     pipeline (nr_channel_close_when_idle) */
+  NR__UNREF = 1u << 18            /* linked, and keeps its loop not alive */
 };
 
 typedef struct nr_server_s {

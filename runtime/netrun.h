@@ -583,6 +583,13 @@ void nr_channel_unhold(nr_channel_t *ch);
  * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
  * an idle pooled connection does not. Ignored once ch has closed. */
 void nr_channel_set_ref(nr_channel_t *ch, bool ref);
+/* Loop thread only. The peer will send nothing more (a TLS close_notify)
+ * and the channel is to close once its answers are out: it stops reading,
+ * and closes through its pipeline (every handler's close runs, as with
+ * nr_channel_close) as soon as no work is held -- from a task, so that
+ * the read under way and its read_complete, where answers are written,
+ * come first. Nothing if the channel is closing already. */
+void nr_channel_close_when_idle(nr_channel_t *ch);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel
