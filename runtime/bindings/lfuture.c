@@ -224,7 +224,9 @@ static int l_add_listener(lua_State *L) {
   l->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, 1);
   l->fut_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  nr_promise_add_listener(p, home(L), run_listener, l);
+  /* Freed uncompleted only once this state closed (fut_ref keeps the
+   * future until then): its refs went with the state. */
+  nr_promise_add_listener_owning(p, home(L), run_listener, l);
   lua_settop(L, 1);
   return 1;
 }
@@ -492,8 +494,8 @@ static int l_sleep(lua_State *L) {
   if (!lua_isyieldable(L) || !is_spawned(S->L, L))
     return luaL_error(L, "netrun.sleep: only inside netrun.spawn");
   nr_promise_t *p = nr_promise_new();
-  nr_timer_t *t = nr_loop_schedule(home(L), lnr_ns(s), 0, complete_task,
-                                   cancel_task, nr_promise_retain(p));
+  nr_timer_t *t = nr_loop_schedule_ref(home(L), lnr_ns(s), 0, complete_task,
+                                       cancel_task, nr_promise_retain(p));
   if (t == NULL) {
     nr_promise_release(p);
     nr_promise_release(p);
