@@ -1,0 +1,507 @@
+/*
+ * lredis.c -- core.redis: the C half of netrun.redis (lua/netrun/redis.lua).
+ *
+ *   core.redis.codec(max_reply, max_depth, max_line, error_mt) --> codec
+ *     c:cmd(name, ...)        encode one command (strings and numbers) at
+ *                             the end of the bytes waiting to be sent
+ *     c:cmdv(t [, n])         the same, its words t[1 .. n or t.n or #t]
+ *     c:append(other)         move other's waiting bytes to the end of c's
+ *     c:out()                 the waiting bytes as one string (nil: none);
+ *                             c has none after
+ *     c:waiting()             how many bytes wait
+ *     c:feed(s)               bytes read from the server
+ *     c:take(t, i, n [, pushes]) --> k, why
+ *                             up to n whole replies into t[i .. i+k-1];
+ *                             why: nil (n taken, or more bytes needed),
+ *                             "push" (the next reply is a RESP3 push and
+ *                             pushes is not true: it is left where it is),
+ *                             or "protocol error: <what>" (malformed, or
+ *                             over a limit: the codec takes no more)
+ *     c:buffered()            bytes read and not taken yet
+ *   core.redis.slot(key)      the cluster slot of a key (0..16383)
+ *
+ * Replies become Lua values: simple and bulk strings, verbatim strings
+ * (without "txt:") and big numbers are strings; integers integers; RESP3
+ * doubles numbers and booleans booleans; an error reply a table
+ * { err = "ERR ..." } with metatable error_mt; arrays, sets and pushes
+ * arrays; maps tables of key -> value; attributes are dropped. A null is
+ * nil as a whole reply (so t[i] is a hole) and the light userdata NULL
+ * (netrun.json.null, netrun.redis.null) inside an aggregate, where a nil
+ * would cut the array short.
+ *
+ * The codec holds no Lua value but the string last fed, which it reads in
+ * place while the replies in it are taken (uservalue 2, dropped once
+ * consumed); bytes of a reply still incomplete are cumulated (buf.h), and
+ * an idle connection's codec holds no memory past a small output buffer.
+ * Loop thread of the state that made it, like any Lua value.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec/buf.h"
+#include "codec/resp_reply.h"
+#include "lnr.h"
+
+#define CODEC_MT "netrun.redis.codec"
+#define OUT_KEEP 16384          /* output capacity kept across flushes */
+
+typedef struct codec_s {
+  nr_buf_t in;                  /* cumulated input, when a reply is split */
+  const char *bp;               /* borrowed: the rest of the string fed, */
+  size_t bn;                    /*   uservalue 2, while `in` is empty */
+  nr_resp_scan_t scan;
+  long ready;                   /* a reply already scanned (a push left) */
+  nr_resp_reply_limits_t lim;
+  const char *failed;           /* a protocol error: takes nothing more */
+  char *out;
+  size_t olen, ocap;
+} codec_t;
+
+static codec_t *check(lua_State *L) {
+  return luaL_checkudata(L, 1, CODEC_MT);
+}
+
+/* ---- encoding ---------------------------------------------------------------- */
+
+static void reserve(lua_State *L, codec_t *c, size_t more) {
+  if (c->ocap - c->olen >= more)
+    return;
+  size_t cap = c->ocap ? c->ocap : 256;
+  while (cap - c->olen < more) {
+    if (cap > ((size_t)-1) / 4)
+      luaL_error(L, "netrun.redis: command too large");
+    cap *= 2;
+  }
+  char *o = realloc(c->out, cap);
+  if (o == NULL)
+    luaL_error(L, "netrun.redis: out of memory");
+  c->out = o;
+  c->ocap = cap;
+}
+
+/* Append "<c><n>\r\n". */
+static void put_header(codec_t *c, char type, size_t n) {
+  char tmp[24];
+  int i = (int)sizeof tmp;
+  do {
+    tmp[--i] = (char)('0' + n % 10);
+    n /= 10;
+  } while (n > 0);
+  char *o = c->out + c->olen;
+  *o++ = type;
+  memcpy(o, tmp + i, sizeof tmp - (size_t)i);
+  o += sizeof tmp - (size_t)i;
+  *o++ = '\r';
+  *o++ = '\n';
+  c->olen = (size_t)(o - c->out);
+}
+
+static void put_bulk(lua_State *L, codec_t *c, const char *s, size_t n) {
+  reserve(L, c, n + 26);
+  put_header(c, '$', n);
+  memcpy(c->out + c->olen, s, n);
+  c->olen += n;
+  c->out[c->olen++] = '\r';
+  c->out[c->olen++] = '\n';
+}
+
+/* The level of the first caller outside this module (for messages that
+ * point at the user's line, past the Lua wrappers of redis.lua). */
+static int user_level(lua_State *L) {
+  lua_Debug ar;
+  for (int level = 1; lua_getstack(L, level, &ar); level++) {
+    lua_getinfo(L, "S", &ar);
+    if (strstr(ar.source, "netrun/redis") == NULL &&
+        strcmp(ar.what, "C") != 0)
+      return level;
+  }
+  return 1;
+}
+
+/* Append the value at idx as a bulk string: strings, and numbers as Redis
+ * reads them (integers in decimal, floats with 17 significant digits). */
+static void put_arg(lua_State *L, codec_t *c, int idx, const char *name,
+                    int argn) {
+  char num[48];
+  size_t n;
+  switch (lua_type(L, idx)) {
+  case LUA_TSTRING: {
+    const char *s = lua_tolstring(L, idx, &n);
+    put_bulk(L, c, s, n);
+    return;
+  }
+  case LUA_TNUMBER:
+    if (lua_isinteger(L, idx))
+      n = (size_t)snprintf(num, sizeof num, LUA_INTEGER_FMT,
+                           (LUAI_UACINT)lua_tointeger(L, idx));
+    else
+      n = (size_t)snprintf(num, sizeof num, "%.17g", (double)lua_tonumber(L, idx));
+    put_bulk(L, c, num, n);
+    return;
+  default:
+    luaL_where(L, user_level(L));
+    lua_pushfstring(L, "netrun.redis: %s: argument %d is a %s (strings and "
+                       "numbers only)", name, argn, luaL_typename(L, idx));
+    lua_concat(L, 2);
+    lua_error(L);
+  }
+}
+
+/* c:cmd(name, ...) */
+static int l_cmd(lua_State *L) {
+  codec_t *c = check(L);
+  int top = lua_gettop(L);
+  if (top < 2)
+    return luaL_error(L, "netrun.redis: a command needs a name");
+  const char *name = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : "command";
+  size_t before = c->olen;
+  reserve(L, c, 24);
+  put_header(c, '*', (size_t)(top - 1));
+  for (int i = 2; i <= top; i++) {
+    if (lua_type(L, i) != LUA_TSTRING && lua_type(L, i) != LUA_TNUMBER)
+      c->olen = before;                /* nothing half-encoded stays */
+    put_arg(L, c, i, name, i - 2);
+  }
+  return 0;
+}
+
+/* c:cmdv(t [, n]) */
+static int l_cmdv(lua_State *L) {
+  codec_t *c = check(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_Integer n;
+  if (lua_isnoneornil(L, 3)) {
+    n = lua_getfield(L, 2, "n") == LUA_TNUMBER ? lua_tointeger(L, -1)
+                                               : (lua_Integer)lua_rawlen(L, 2);
+    lua_pop(L, 1);
+  } else {
+    n = luaL_checkinteger(L, 3);
+  }
+  if (n < 1)
+    return luaL_error(L, "netrun.redis: a command needs a name");
+  lua_rawgeti(L, 2, 1);
+  const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "command";
+  size_t before = c->olen;
+  reserve(L, c, 24);
+  put_header(c, '*', (size_t)n);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, 2, i);
+    if (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
+      c->olen = before;
+    put_arg(L, c, lua_gettop(L), name, (int)i - 1);
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+/* Forget the output buffer if it grew large (a big pipeline once). */
+static void out_reset(codec_t *c) {
+  c->olen = 0;
+  if (c->ocap > OUT_KEEP) {
+    free(c->out);
+    c->out = NULL;
+    c->ocap = 0;
+  }
+}
+
+/* c:append(other) */
+static int l_append(lua_State *L) {
+  codec_t *c = check(L), *o = luaL_checkudata(L, 2, CODEC_MT);
+  if (o->olen > 0 && o != c) {
+    reserve(L, c, o->olen);
+    memcpy(c->out + c->olen, o->out, o->olen);
+    c->olen += o->olen;
+    out_reset(o);
+  }
+  return 0;
+}
+
+/* c:out() */
+static int l_out(lua_State *L) {
+  codec_t *c = check(L);
+  if (c->olen == 0)
+    return 0;
+  lua_pushlstring(L, c->out, c->olen);
+  out_reset(c);
+  return 1;
+}
+
+static int l_waiting(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)check(L)->olen);
+  return 1;
+}
+
+/* ---- decoding ---------------------------------------------------------------- */
+
+/* The bytes not taken yet. */
+static const char *view(codec_t *c, size_t *n) {
+  if (nr_buf_len(&c->in) > 0) {
+    *n = nr_buf_len(&c->in);
+    return nr_buf_peek(&c->in);
+  }
+  *n = c->bn;
+  return c->bp;
+}
+
+static void drop_borrowed(lua_State *L, codec_t *c) {
+  c->bp = NULL;
+  c->bn = 0;
+  lua_pushnil(L);
+  lua_setiuservalue(L, 1, 2);
+}
+
+/* Copy the borrowed bytes into the cumulation (more are coming). */
+static void keep_borrowed(lua_State *L, codec_t *c) {
+  if (c->bn == 0)
+    return;
+  if (nr_buf_append(&c->in, c->bp, c->bn) < 0)
+    luaL_error(L, "netrun.redis: out of memory");
+  drop_borrowed(L, c);
+}
+
+/* c:feed(s) */
+static int l_feed(lua_State *L) {
+  codec_t *c = check(L);
+  size_t n;
+  const char *s = luaL_checklstring(L, 2, &n);
+  if (c->failed || n == 0)
+    return 0;
+  keep_borrowed(L, c);
+  if (nr_buf_len(&c->in) > 0) {
+    if (nr_buf_append(&c->in, s, n) < 0)
+      return luaL_error(L, "netrun.redis: out of memory");
+    return 0;
+  }
+  c->bp = s;
+  c->bn = n;
+  lua_settop(L, 2);
+  lua_setiuservalue(L, 1, 2);          /* keeps s alive while read in place */
+  return 0;
+}
+
+static void consume(lua_State *L, codec_t *c, size_t n) {
+  if (nr_buf_len(&c->in) > 0) {
+    nr_buf_consume(&c->in, n);
+    return;
+  }
+  c->bp += n;
+  c->bn -= n;
+  if (c->bn == 0)
+    drop_borrowed(L, c);
+}
+
+static void build(lua_State *L, const char *p, size_t n, size_t *off,
+                  int top, int error_mt);
+
+/* A double's text (checked by the scanner: at most 128 bytes). */
+static double to_double(const char *s, size_t n) {
+  char tmp[136];
+  memcpy(tmp, s, n);
+  tmp[n] = '\0';
+  return strtod(tmp, NULL);
+}
+
+static void push_error(lua_State *L, const char *s, size_t n, int error_mt) {
+  lua_createtable(L, 0, 1);
+  lua_pushlstring(L, s, n);
+  lua_setfield(L, -2, "err");
+  lua_pushvalue(L, error_mt);
+  lua_setmetatable(L, -2);
+}
+
+/* Build the aggregate whose header t was just read. */
+static void build_aggregate(lua_State *L, const char *p, size_t n, size_t *off,
+                            const nr_resp_token_t *t, int error_mt) {
+  luaL_checkstack(L, 4, "netrun.redis: reply nested too deeply");
+  int64_t cnt = t->n;
+  if (t->type == '%') {
+    lua_createtable(L, 0, (int)(cnt / 2 > 1 << 24 ? 1 << 24 : cnt / 2));
+    for (int64_t i = 0; i < cnt; i += 2) {
+      build(L, p, n, off, 0, error_mt);
+      if (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "nan");       /* NaN cannot be a key */
+      }
+      build(L, p, n, off, 0, error_mt);
+      lua_rawset(L, -3);
+    }
+    return;
+  }
+  lua_createtable(L, (int)(cnt > 1 << 24 ? 1 << 24 : cnt), 0);
+  for (int64_t i = 1; i <= cnt; i++) {
+    build(L, p, n, off, 0, error_mt);
+    lua_rawseti(L, -2, (lua_Integer)i);
+  }
+}
+
+/* Push the value at p[*off] (a scanned reply: every token is whole) and
+ * advance *off past it. top: a whole reply (a null is nil) or an element
+ * (a null is NULL, which an array can hold). */
+static void build(lua_State *L, const char *p, size_t n, size_t *off,
+                  int top, int error_mt) {
+  nr_resp_token_t t;
+  for (;;) {
+    size_t len = nr_resp_reply_token(p + *off, n - *off, &t);
+    if (len == 0)
+      luaL_error(L, "netrun.redis: internal error: a scanned reply does not parse");
+    *off += len;
+    if (t.type != '|')
+      break;
+    for (int64_t i = 0; i < t.n; i++) {  /* an attribute: read and dropped */
+      build(L, p, n, off, 0, error_mt);
+      lua_pop(L, 1);
+    }
+  }
+  if (t.null) {
+    if (top)
+      lua_pushnil(L);
+    else
+      lua_pushlightuserdata(L, NULL);
+    return;
+  }
+  switch (t.type) {
+  case ':':
+    lua_pushinteger(L, (lua_Integer)t.n);
+    return;
+  case '#':
+    lua_pushboolean(L, t.n != 0);
+    return;
+  case ',':
+    lua_pushnumber(L, (lua_Number)to_double(t.data, t.len));
+    return;
+  case '-': case '!':
+    push_error(L, t.data, t.len, error_mt);
+    return;
+  case '*': case '~': case '>': case '%':
+    build_aggregate(L, p, n, off, &t, error_mt);
+    return;
+  default:                             /* + $ = ( */
+    lua_pushlstring(L, t.data, t.len);
+    return;
+  }
+}
+
+static int fail(lua_State *L, codec_t *c, lua_Integer k, const char *why) {
+  c->failed = why;
+  lua_pushinteger(L, k);
+  lua_pushfstring(L, "protocol error: %s", why);
+  return 2;
+}
+
+/* c:take(t, i, n [, pushes]) */
+static int l_take(lua_State *L) {
+  codec_t *c = check(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_Integer i = luaL_checkinteger(L, 3), want = luaL_checkinteger(L, 4);
+  bool pushes = lua_toboolean(L, 5);
+  lua_settop(L, 4);
+  lua_getiuservalue(L, 1, 1);          /* 5: error_mt */
+  lua_Integer k = 0;
+  if (c->failed)
+    return fail(L, c, 0, c->failed);
+  while (k < want) {
+    size_t n;
+    const char *p = view(c, &n);
+    long r = c->ready;
+    if (r == 0) {
+      const char *why = NULL;
+      r = nr_resp_reply_scan(&c->scan, p, n, &c->lim, &why);
+      if (r < 0)
+        return fail(L, c, k, why);
+      if (r == 0) {
+        keep_borrowed(L, c);           /* the rest follows in later reads */
+        break;
+      }
+    }
+    if (p[0] == '>' && !pushes) {
+      c->ready = r;
+      lua_pushinteger(L, k);
+      lua_pushliteral(L, "push");
+      return 2;
+    }
+    c->ready = 0;
+    size_t off = 0;
+    build(L, p, (size_t)r, &off, 1, 5);
+    lua_rawseti(L, 2, i + k);
+    k++;
+    consume(L, c, (size_t)r);
+  }
+  lua_pushinteger(L, k);
+  return 1;
+}
+
+static int l_buffered(lua_State *L) {
+  codec_t *c = check(L);
+  lua_pushinteger(L, (lua_Integer)(nr_buf_len(&c->in) + c->bn));
+  return 1;
+}
+
+static int l_gc(lua_State *L) {
+  codec_t *c = check(L);
+  nr_buf_free(&c->in);
+  free(c->out);
+  c->out = NULL;
+  c->olen = c->ocap = 0;
+  c->bp = NULL;
+  c->bn = 0;
+  return 0;
+}
+
+static int l_tostring(lua_State *L) {
+  codec_t *c = check(L);
+  lua_pushfstring(L, "netrun.redis.codec(%d bytes to send, %d read)",
+                  (int)c->olen, (int)(nr_buf_len(&c->in) + c->bn));
+  return 1;
+}
+
+/* core.redis.codec(max_reply, max_depth, max_line, error_mt) */
+static int l_codec(lua_State *L) {
+  lua_Integer max_reply = luaL_checkinteger(L, 1);
+  lua_Integer max_depth = luaL_checkinteger(L, 2);
+  lua_Integer max_line = luaL_checkinteger(L, 3);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_argcheck(L, max_reply > 0, 1, "must be positive");
+  luaL_argcheck(L, max_depth > 0 && max_depth <= NR_RESP_REPLY_DEPTH, 2,
+                "must be from 1 to 64");
+  luaL_argcheck(L, max_line > 0, 3, "must be positive");
+  codec_t *c = lua_newuserdatauv(L, sizeof *c, 2);
+  memset(c, 0, sizeof *c);
+  c->lim = (nr_resp_reply_limits_t){(size_t)max_reply, (size_t)max_depth,
+                                    (size_t)max_line};
+  luaL_setmetatable(L, CODEC_MT);
+  lua_pushvalue(L, 4);
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+/* core.redis.slot(key) */
+static int l_slot(lua_State *L) {
+  size_t n;
+  const char *k = luaL_checklstring(L, 1, &n);
+  lua_pushinteger(L, (lua_Integer)nr_resp_key_slot(k, n));
+  return 1;
+}
+
+void lnr_open_redis(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"cmd", l_cmd}, {"cmdv", l_cmdv}, {"append", l_append}, {"out", l_out},
+      {"waiting", l_waiting}, {"feed", l_feed}, {"take", l_take},
+      {"buffered", l_buffered}, {NULL, NULL}};
+  if (luaL_newmetatable(L, CODEC_MT)) {
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, l_codec);
+  lua_setfield(L, -2, "codec");
+  lua_pushcfunction(L, l_slot);
+  lua_setfield(L, -2, "slot");
+  lua_setfield(L, -2, "redis");
+}
