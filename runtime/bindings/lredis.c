@@ -1,24 +1,38 @@
 /*
  * lredis.c -- core.redis: the C half of netrun.redis (lua/netrun/redis.lua).
  *
- *   core.redis.codec(max_reply, max_depth, max_line, error_mt) --> codec
+ *   core.redis.codec(max_reply, max_depth, max_line, error_mt [, mt]) --> codec
+ *                             (mt: a pipeline's metatable instead of the
+ *                             codec's)
  *     c:cmd(name, ...)        encode one command (strings and numbers) at
  *                             the end of the bytes waiting to be sent
  *     c:cmdv(t [, n])         the same, its words t[1 .. n or t.n or #t]
- *     c:append(other)         move other's waiting bytes to the end of c's
  *     c:out()                 the waiting bytes as one string (nil: none);
  *                             c has none after
  *     c:waiting()             how many bytes wait
  *     c:feed(s)               bytes read from the server
- *     c:take(t, i, n [, pushes]) --> k, why
+ *     c:take(t, i, n [, pushes [, nulls]]) --> k, why
  *                             up to n whole replies into t[i .. i+k-1];
  *                             why: nil (n taken, or more bytes needed),
  *                             "push" (the next reply is a RESP3 push and
  *                             pushes is not true: it is left where it is),
  *                             or "protocol error: <what>" (malformed, or
- *                             over a limit: the codec takes no more)
+ *                             over a limit: the codec takes no more);
+ *                             nulls: a null reply is NULL, not a hole
  *     c:buffered()            bytes read and not taken yet
+ *   core.redis.send(c, ch)    write c's waiting bytes to channel ch, flushed
+ *   core.redis.append(c, p)   move p's waiting bytes to the end of c's:
+ *                             how many commands they are
+ *   core.redis.method(NAME)   a method encoding command NAME into its codec
+ *                             (a pipeline's p:set(...)); core.redis.cmd,
+ *                             take, out, waiting, gc: the codec methods as
+ *                             functions, for codecs with another metatable
+ *   core.redis.waiting_cmds(c) how many commands wait in c
+ *   core.redis.table(a, h)    a table with room for a elements, h fields
+ *   core.redis.ctx(c [, v])   a value kept with the codec (get, or set)
  *   core.redis.slot(key)      the cluster slot of a key (0..16383)
+ *   core.redis.sha1(s)        SHA-1 of s in hex (a script's EVALSHA name)
+ *   core.redis.null           the light userdata NULL (a null in an aggregate)
  *
  * Replies become Lua values: simple and bulk strings, verbatim strings
  * (without "txt:") and big numbers are strings; integers integers; RESP3
@@ -36,6 +50,7 @@
  * Loop thread of the state that made it, like any Lua value.
  */
 #include <math.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +63,7 @@
 #define OUT_KEEP 16384          /* output capacity kept across flushes */
 
 typedef struct codec_s {
+  const void *tag;              /* &codec_tag: the userdata is a codec */
   nr_buf_t in;                  /* cumulated input, when a reply is split */
   const char *bp;               /* borrowed: the rest of the string fed, */
   size_t bn;                    /*   uservalue 2, while `in` is empty */
@@ -57,17 +73,27 @@ typedef struct codec_s {
   const char *failed;           /* a protocol error: takes nothing more */
   char *out;
   size_t olen, ocap;
+  lua_Integer ncmd;             /* commands encoded since c:append took them */
 } codec_t;
 
+static const char codec_tag = 0;
+
+/* The codec at idx. A tag, not luaL_checkudata: a codec may have another
+ * metatable (a pipeline's), and this runs for every command. */
+static codec_t *to_codec(lua_State *L, int idx) {
+  codec_t *c = lua_touserdata(L, idx);
+  if (c == NULL || lua_rawlen(L, idx) != sizeof *c || c->tag != &codec_tag)
+    luaL_typeerror(L, idx, "netrun.redis codec");
+  return c;
+}
+
 static codec_t *check(lua_State *L) {
-  return luaL_checkudata(L, 1, CODEC_MT);
+  return to_codec(L, 1);
 }
 
 /* ---- encoding ---------------------------------------------------------------- */
 
-static void reserve(lua_State *L, codec_t *c, size_t more) {
-  if (c->ocap - c->olen >= more)
-    return;
+static void grow_out(lua_State *L, codec_t *c, size_t more) {
   size_t cap = c->ocap ? c->ocap : 256;
   while (cap - c->olen < more) {
     if (cap > ((size_t)-1) / 4)
@@ -81,30 +107,44 @@ static void reserve(lua_State *L, codec_t *c, size_t more) {
   c->ocap = cap;
 }
 
-/* Append "<c><n>\r\n". */
-static void put_header(codec_t *c, char type, size_t n) {
-  char tmp[24];
-  int i = (int)sizeof tmp;
-  do {
-    tmp[--i] = (char)('0' + n % 10);
-    n /= 10;
-  } while (n > 0);
+static inline void reserve(lua_State *L, codec_t *c, size_t more) {
+  if (c->ocap - c->olen < more)
+    grow_out(L, c, more);
+}
+
+/* Append "<c><n>\r\n" (room for 24 bytes reserved). Lengths and counts
+ * are mostly one or two digits: those skip the division loop. */
+static inline void put_header(codec_t *c, char type, size_t n) {
   char *o = c->out + c->olen;
   *o++ = type;
-  memcpy(o, tmp + i, sizeof tmp - (size_t)i);
-  o += sizeof tmp - (size_t)i;
+  if (n < 10) {
+    *o++ = (char)('0' + n);
+  } else if (n < 100) {
+    *o++ = (char)('0' + n / 10);
+    *o++ = (char)('0' + n % 10);
+  } else {
+    char tmp[24];
+    int i = (int)sizeof tmp;
+    do {
+      tmp[--i] = (char)('0' + n % 10);
+      n /= 10;
+    } while (n > 0);
+    memcpy(o, tmp + i, sizeof tmp - (size_t)i);
+    o += sizeof tmp - (size_t)i;
+  }
   *o++ = '\r';
   *o++ = '\n';
   c->olen = (size_t)(o - c->out);
 }
 
-static void put_bulk(lua_State *L, codec_t *c, const char *s, size_t n) {
+static inline void put_bulk(lua_State *L, codec_t *c, const char *s, size_t n) {
   reserve(L, c, n + 26);
   put_header(c, '$', n);
-  memcpy(c->out + c->olen, s, n);
-  c->olen += n;
-  c->out[c->olen++] = '\r';
-  c->out[c->olen++] = '\n';
+  char *o = c->out + c->olen;
+  memcpy(o, s, n);
+  o[n] = '\r';
+  o[n + 1] = '\n';
+  c->olen += n + 2;
 }
 
 /* The level of the first caller outside this module (for messages that
@@ -164,7 +204,35 @@ static int l_cmd(lua_State *L) {
       c->olen = before;                /* nothing half-encoded stays */
     put_arg(L, c, i, name, i - 2);
   }
+  c->ncmd++;
   return 0;
+}
+
+/* A command method: c:set(...) with the name "SET" as upvalue 1. */
+static int l_method(lua_State *L) {
+  codec_t *c = check(L);
+  int top = lua_gettop(L);
+  size_t nlen;
+  const char *name = lua_tolstring(L, lua_upvalueindex(1), &nlen);
+  size_t before = c->olen;
+  reserve(L, c, 24);
+  put_header(c, '*', (size_t)top);
+  put_bulk(L, c, name, nlen);
+  for (int i = 2; i <= top; i++) {
+    if (lua_type(L, i) != LUA_TSTRING && lua_type(L, i) != LUA_TNUMBER)
+      c->olen = before;
+    put_arg(L, c, i, name, i - 1);
+  }
+  c->ncmd++;
+  return 0;
+}
+
+/* core.redis.method(NAME): the method that encodes command NAME. */
+static int l_new_method(lua_State *L) {
+  luaL_checkstring(L, 1);
+  lua_settop(L, 1);
+  lua_pushcclosure(L, l_method, 1);
+  return 1;
 }
 
 /* c:cmdv(t [, n]) */
@@ -193,12 +261,14 @@ static int l_cmdv(lua_State *L) {
     put_arg(L, c, lua_gettop(L), name, (int)i - 1);
     lua_pop(L, 1);
   }
+  c->ncmd++;
   return 0;
 }
 
 /* Forget the output buffer if it grew large (a big pipeline once). */
 static void out_reset(codec_t *c) {
   c->olen = 0;
+  c->ncmd = 0;
   if (c->ocap > OUT_KEEP) {
     free(c->out);
     c->out = NULL;
@@ -206,16 +276,20 @@ static void out_reset(codec_t *c) {
   }
 }
 
-/* c:append(other) */
+/* core.redis.append(c, other) --> the commands moved */
 static int l_append(lua_State *L) {
-  codec_t *c = check(L), *o = luaL_checkudata(L, 2, CODEC_MT);
+  codec_t *c = check(L), *o = to_codec(L, 2);
+  lua_Integer n = o->ncmd;
   if (o->olen > 0 && o != c) {
     reserve(L, c, o->olen);
     memcpy(c->out + c->olen, o->out, o->olen);
     c->olen += o->olen;
+    c->ncmd += n;
     out_reset(o);
   }
-  return 0;
+  o->ncmd = 0;
+  lua_pushinteger(L, n);
+  return 1;
 }
 
 /* c:out() */
@@ -228,8 +302,28 @@ static int l_out(lua_State *L) {
   return 1;
 }
 
+/* core.redis.send(c, ch): write c's waiting bytes to the channel ch (on
+ * its loop) and flush; no future is made. The bytes written (0: none). */
+static int l_send(lua_State *L) {
+  codec_t *c = check(L);
+  nr_channel_t *ch = lnr_check_handle(L, 2, LNR_CHANNEL);
+  size_t n = c->olen;
+  if (n > 0) {
+    nr_channel_write(ch, c->out, n, true, NULL);
+    out_reset(c);
+  }
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
 static int l_waiting(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)check(L)->olen);
+  return 1;
+}
+
+/* core.redis.waiting_cmds(c): commands encoded and not sent or moved */
+static int l_waiting_cmds(lua_State *L) {
+  lua_pushinteger(L, check(L)->ncmd);
   return 1;
 }
 
@@ -383,6 +477,29 @@ static void build(lua_State *L, const char *p, size_t n, size_t *off,
   }
 }
 
+/* The usual whole replies, +OK and $3 abc, pushed without the token walk:
+ * true if it was one. p[0 .. r) is a scanned reply. */
+static bool push_simple(lua_State *L, const char *p, size_t r, bool nulls) {
+  if (p[0] == '+') {
+    lua_pushlstring(L, p + 1, r - 3);
+    return true;
+  }
+  if (p[0] != '$')
+    return false;
+  if (p[1] == '-') {                   /* $-1 */
+    if (nulls)
+      lua_pushlightuserdata(L, NULL);
+    else
+      lua_pushnil(L);
+    return true;
+  }
+  size_t i = 1;
+  while (p[i] != '\r')                 /* the digits, checked by the scan */
+    i++;
+  lua_pushlstring(L, p + i + 2, r - i - 4);
+  return true;
+}
+
 static int fail(lua_State *L, codec_t *c, lua_Integer k, const char *why) {
   c->failed = why;
   lua_pushinteger(L, k);
@@ -390,12 +507,12 @@ static int fail(lua_State *L, codec_t *c, lua_Integer k, const char *why) {
   return 2;
 }
 
-/* c:take(t, i, n [, pushes]) */
+/* c:take(t, i, n [, pushes [, nulls]]) */
 static int l_take(lua_State *L) {
   codec_t *c = check(L);
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_Integer i = luaL_checkinteger(L, 3), want = luaL_checkinteger(L, 4);
-  bool pushes = lua_toboolean(L, 5);
+  bool pushes = lua_toboolean(L, 5), nulls = lua_toboolean(L, 6);
   lua_settop(L, 4);
   lua_getiuservalue(L, 1, 1);          /* 5: error_mt */
   lua_Integer k = 0;
@@ -422,8 +539,10 @@ static int l_take(lua_State *L) {
       return 2;
     }
     c->ready = 0;
-    size_t off = 0;
-    build(L, p, (size_t)r, &off, 1, 5);
+    if (!push_simple(L, p, (size_t)r, nulls)) {
+      size_t off = 0;
+      build(L, p, (size_t)r, &off, !nulls, 5);
+    }
     lua_rawseti(L, 2, i + k);
     k++;
     consume(L, c, (size_t)r);
@@ -456,7 +575,29 @@ static int l_tostring(lua_State *L) {
   return 1;
 }
 
-/* core.redis.codec(max_reply, max_depth, max_line, error_mt) */
+/* core.redis.ctx(c [, v]): the value Lua keeps with a codec (uservalue
+ * 3: a pipeline's pool); with v, set it. */
+static int l_ctx(lua_State *L) {
+  check(L);
+  if (lua_gettop(L) >= 2) {
+    lua_settop(L, 2);
+    lua_setiuservalue(L, 1, 3);
+    return 0;
+  }
+  lua_getiuservalue(L, 1, 3);
+  return 1;
+}
+
+/* core.redis.table(narr, nrec): a table with room for that many */
+static int l_table(lua_State *L) {
+  lua_Integer a = luaL_checkinteger(L, 1), h = luaL_optinteger(L, 2, 0);
+  luaL_argcheck(L, a >= 0 && a <= 1 << 24, 1, "out of range");
+  luaL_argcheck(L, h >= 0 && h <= 64, 2, "out of range");
+  lua_createtable(L, (int)a, (int)h);
+  return 1;
+}
+
+/* core.redis.codec(max_reply, max_depth, max_line, error_mt [, mt]) */
 static int l_codec(lua_State *L) {
   lua_Integer max_reply = luaL_checkinteger(L, 1);
   lua_Integer max_depth = luaL_checkinteger(L, 2);
@@ -466,11 +607,17 @@ static int l_codec(lua_State *L) {
   luaL_argcheck(L, max_depth > 0 && max_depth <= NR_RESP_REPLY_DEPTH, 2,
                 "must be from 1 to 64");
   luaL_argcheck(L, max_line > 0, 3, "must be positive");
-  codec_t *c = lua_newuserdatauv(L, sizeof *c, 2);
+  codec_t *c = lua_newuserdatauv(L, sizeof *c, 3);
   memset(c, 0, sizeof *c);
+  c->tag = &codec_tag;
   c->lim = (nr_resp_reply_limits_t){(size_t)max_reply, (size_t)max_depth,
                                     (size_t)max_line};
-  luaL_setmetatable(L, CODEC_MT);
+  if (lua_istable(L, 5)) {             /* a pipeline: its own methods */
+    lua_pushvalue(L, 5);
+    lua_setmetatable(L, -2);
+  } else {
+    luaL_setmetatable(L, CODEC_MT);
+  }
   lua_pushvalue(L, 4);
   lua_setiuservalue(L, -2, 1);
   return 1;
@@ -484,9 +631,26 @@ static int l_slot(lua_State *L) {
   return 1;
 }
 
+/* core.redis.sha1(s) */
+static int l_sha1(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!EVP_Digest(s, n, md, &len, EVP_sha1(), NULL))
+    return luaL_error(L, "netrun.redis: SHA-1 failed");
+  char hex[2 * EVP_MAX_MD_SIZE + 1];
+  for (unsigned int i = 0; i < len; i++) {
+    hex[2 * i] = "0123456789abcdef"[md[i] >> 4];
+    hex[2 * i + 1] = "0123456789abcdef"[md[i] & 15];
+  }
+  lua_pushlstring(L, hex, 2 * (size_t)len);
+  return 1;
+}
+
 void lnr_open_redis(lua_State *L) {
   static const luaL_Reg methods[] = {
-      {"cmd", l_cmd}, {"cmdv", l_cmdv}, {"append", l_append}, {"out", l_out},
+      {"cmd", l_cmd}, {"cmdv", l_cmdv}, {"out", l_out},
       {"waiting", l_waiting}, {"feed", l_feed}, {"take", l_take},
       {"buffered", l_buffered}, {NULL, NULL}};
   if (luaL_newmetatable(L, CODEC_MT)) {
@@ -498,7 +662,17 @@ void lnr_open_redis(lua_State *L) {
     lua_setfield(L, -2, "__tostring");
   }
   lua_pop(L, 1);
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 12);
+  static const luaL_Reg funcs[] = {
+      {"append", l_append}, {"method", l_new_method}, {"table", l_table},
+      {"ctx", l_ctx}, {"send", l_send},
+      {"gc", l_gc}, {"cmd", l_cmd}, {"take", l_take}, {"out", l_out},
+      {"waiting", l_waiting}, {"waiting_cmds", l_waiting_cmds}, {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+  lua_pushlightuserdata(L, NULL);      /* cjson's null: netrun.json.null */
+  lua_setfield(L, -2, "null");
+  lua_pushcfunction(L, l_sha1);
+  lua_setfield(L, -2, "sha1");
   lua_pushcfunction(L, l_codec);
   lua_setfield(L, -2, "codec");
   lua_pushcfunction(L, l_slot);

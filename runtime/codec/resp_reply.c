@@ -16,10 +16,17 @@
 
 #include "resp_reply.h"
 
+/* Reset a scan state: left[] is only read below depth, so it stays. */
+static inline void reset(nr_resp_scan_t *st) {
+  st->off = 0;
+  st->depth = 0;
+  st->attr = 0;
+}
+
 #define FAIL(code, msg)                                                      \
   do {                                                                       \
     *why = (msg);                                                            \
-    *st = NR_RESP_SCAN_INIT;                                                 \
+    reset(st);                                                               \
     return -(code);                                                          \
   } while (0)
 
@@ -109,12 +116,22 @@ static bool valid_big(const char *s, size_t n) {
  * not followed by LF. */
 static long line_end(const char *q, size_t avail, size_t max_line) {
   size_t look = avail < max_line + 2 ? avail : max_line + 2;
-  const char *cr = memchr(q, '\r', look);
+  if (q[0] == '\r')
+    return -2;                              /* no type byte */
+  /* Most lines are short ("$3", "+OK", ":1"): look at a few bytes
+   * before calling memchr. */
+  size_t short_look = look < 8 ? look : 8;
+  for (size_t i = 1; i < short_look; i++) {
+    if (q[i] == '\r') {
+      if (i + 1 == avail)
+        return 0;
+      return q[i + 1] == '\n' ? (long)i : -2;
+    }
+  }
+  const char *cr = short_look < look ? memchr(q + short_look, '\r', look - short_look) : NULL;
   if (cr == NULL)
     return avail < max_line + 2 ? 0 : -1;
   size_t i = (size_t)(cr - q);
-  if (i == 0)
-    return -2;                              /* no type byte */
   if (i + 1 == avail)
     return 0;
   return cr[1] == '\n' ? (long)i : -2;
@@ -232,7 +249,7 @@ long nr_resp_reply_scan(nr_resp_scan_t *st, const char *p, size_t n,
       FAIL(EMSGSIZE, "reply too large");
     st->off = off;
     if (elem && complete_element(st)) {
-      *st = NR_RESP_SCAN_INIT;
+      reset(st);
       return (long)off;
     }
   }
