@@ -219,9 +219,10 @@ local function need_coroutine(level)
 end
 
 local function result(v, err)
+  if v == nil then return nil, err end
   if v == NULL then return nil end
   if type(v) == "table" and getmetatable(v) == Error then return nil, v.err end
-  return v, err
+  return v
 end
 M.result = result
 

@@ -31,6 +31,8 @@
  *   core.redis.table(a, h)    a table with room for a elements, h fields
  *   core.redis.ctx(c [, v])   a value kept with the codec (get, or set)
  *   core.redis.slot(key)      the cluster slot of a key (0..16383)
+ *   core.redis.seen()         MOVED and ASK replies decoded so far, in the
+ *                             process (a tap for the specs)
  *   core.redis.sha1(s)        SHA-1 of s in hex (a script's EVALSHA name)
  *   core.redis.null           the light userdata NULL (a null in an aggregate)
  *
@@ -397,7 +399,16 @@ static double to_double(const char *s, size_t n) {
   return strtod(tmp, NULL);
 }
 
+/* Redirects as they came off the wire, counted where the replies are
+ * decoded, apart from the cluster client's own counting (its metrics):
+ * the specs compare the two. Any thread: atomic. */
+static _Atomic long seen_moved, seen_ask;
+
 static void push_error(lua_State *L, const char *s, size_t n, int error_mt) {
+  if (n > 6 && memcmp(s, "MOVED ", 6) == 0)
+    atomic_fetch_add_explicit(&seen_moved, 1, memory_order_relaxed);
+  else if (n > 4 && memcmp(s, "ASK ", 4) == 0)
+    atomic_fetch_add_explicit(&seen_ask, 1, memory_order_relaxed);
   lua_createtable(L, 0, 1);
   lua_pushlstring(L, s, n);
   lua_setfield(L, -2, "err");
@@ -623,6 +634,13 @@ static int l_codec(lua_State *L) {
   return 1;
 }
 
+/* core.redis.seen(): the MOVED and ASK replies decoded in the process */
+static int l_seen(lua_State *L) {
+  lua_pushinteger(L, atomic_load_explicit(&seen_moved, memory_order_relaxed));
+  lua_pushinteger(L, atomic_load_explicit(&seen_ask, memory_order_relaxed));
+  return 2;
+}
+
 /* core.redis.slot(key) */
 static int l_slot(lua_State *L) {
   size_t n;
@@ -665,8 +683,8 @@ void lnr_open_redis(lua_State *L) {
   lua_createtable(L, 0, 12);
   static const luaL_Reg funcs[] = {
       {"append", l_append}, {"method", l_new_method}, {"table", l_table},
-      {"ctx", l_ctx}, {"send", l_send},
-      {"gc", l_gc}, {"cmd", l_cmd}, {"take", l_take}, {"out", l_out},
+      {"ctx", l_ctx}, {"send", l_send}, {"seen", l_seen},
+      {"gc", l_gc}, {"cmd", l_cmd}, {"cmdv", l_cmdv}, {"take", l_take}, {"out", l_out},
       {"waiting", l_waiting}, {"waiting_cmds", l_waiting_cmds}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
   lua_pushlightuserdata(L, NULL);      /* cjson's null: netrun.json.null */

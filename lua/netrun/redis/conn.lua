@@ -308,9 +308,10 @@ function fail_conn(conn, err)
     w.err = err
     complete(w)
   end
-  if conn.reader then              -- a pub/sub reader (pubsub.lua)
-    local co = conn.reader
-    conn.reader = nil
+  local sub = conn.sub             -- a pub/sub reader (pubsub.lua)
+  if sub and sub.reader then
+    local co = sub.reader
+    sub.reader = nil
     unpark(co)
   end
   local owner, pool = conn.owner, conn.pool

@@ -38,11 +38,14 @@ return function(M)
   local Client = M.Client
   local park, unpark = core.park, core.unpark
 
+  -- A subscriber's state: its sets, its messages (mh..mt) and the
+  -- coroutine parked in read_reply. Connections of one coroutine to
+  -- several nodes (the cluster client) share one.
   local function state(conn)
     local s = conn.sub
     if s == nil then
       s = { channels = {}, patterns = {}, shards = {}, n = { channels = 0, patterns = 0, shards = 0 },
-            msgs = {}, mh = 1, mt = 0, paused = false, total = 0 }
+            msgs = {}, mh = 1, mt = 0, paused = {}, total = 0, reader = nil }
       conn.sub = s
     end
     return s
@@ -52,13 +55,13 @@ return function(M)
     local s = state(conn)
     s.mt = s.mt + 1
     s.msgs[s.mt] = v
-    if s.mt - s.mh + 1 >= conn.cfg.max_messages and not s.paused and conn.ch then
-      s.paused = true
+    if s.mt - s.mh + 1 >= conn.cfg.max_messages and not s.paused[conn] and conn.ch then
+      s.paused[conn] = true
       conn.ch:option("auto_read", false)
     end
-    local co = conn.reader
+    local co = s.reader
     if co then
-      conn.reader = nil
+      s.reader = nil
       unpark(co)
     end
   end
@@ -96,6 +99,11 @@ return function(M)
   -- A reply that is not pub/sub: the next command's.
   local function reply(conn, v)
     local w = C.head(conn)
+    if w and w.confirm and type(v) == "table" and getmetatable(v) == M.Error then
+      w.err = v.err                      -- refused (CROSSSLOT, NOPERM, ...)
+      C.pop(conn)
+      return C.complete(w)
+    end
     if w == nil or w.confirm then
       return C.fail_conn(conn, "protocol error: a reply nobody asked for")
     end
@@ -139,24 +147,28 @@ return function(M)
       error("netrun.redis: r:" .. kind:lower() .. " inside a transaction (WATCH or MULTI " ..
         "first): finish it with exec or discard", 3)
     end
-    local s = state(conn)
-    local set = SETS[kind:lower()]
-    local want = n
-    if n == 0 then
-      if kind:lower():find("unsub") then
-        want = math.max(1, s.n[set])
-      else
-        error("netrun.redis: r:" .. kind:lower() .. ": name at least one channel", 3)
-      end
+    if n == 0 and not kind:lower():find("unsub") then
+      error("netrun.redis: r:" .. kind:lower() .. ": name at least one channel", 3)
     end
+    local last, err = I.subscribe_on(conn, kind, ...)
+    if last and kind:lower():find("unsub") and state(conn).total == 0 then
+      C.unbind(pool, conn)               -- no subscription left: the connection goes
+    end
+    return last, err
+  end
+
+  -- (Un)subscribe on conn (a pubsub connection) and wait for every
+  -- confirmation: the last one, or nil, err.
+  function I.subscribe_on(conn, kind, ...)
+    local n = select("#", ...)
+    local s = state(conn)
+    local want = n
+    if n == 0 then want = math.max(1, s.n[SETS[kind:lower()]]) end
     conn.codec:cmd(kind, ...)
     local w = { n = 1, seen = 0, confirm = want, kind = kind:lower() }
     if not C.submit(conn, w) then return nil, w.err end
     C.wait(w)
     if w.err then return nil, w.err end
-    if kind:lower():find("unsub") and s.total == 0 then
-      C.unbind(pool, conn)               -- no subscription left: the connection goes
-    end
     return w[1]
   end
 
@@ -222,16 +234,8 @@ return function(M)
     Client[kind:lower()] = method(kind)
   end
 
-  -- r:read_reply([timeout]): the next message of this coroutine's
-  -- subscriptions (see above).
-  function Client:read_reply(timeout)
-    if timeout ~= nil and (type(timeout) ~= "number" or timeout < 0) then
-      error("netrun.redis: r:read_reply: timeout must be a number >= 0, got " .. tostring(timeout), 2)
-    end
-    local pool = I.pool_of(self)
-    local conn = pool and pool.bound[running()]
-    if not conn or conn.mode ~= "pubsub" then return nil, "not subscribed" end
-    if not coroutine.isyieldable() then I.need_coroutine(2) end
+  -- The next message of conn's subscriber state (see r:read_reply).
+  function I.read_on(conn, timeout)
     local s = state(conn)
     local timer, timed_out
     while true do
@@ -239,9 +243,11 @@ return function(M)
         local v = s.msgs[s.mh]
         s.msgs[s.mh] = nil
         s.mh = s.mh + 1
-        if s.paused and s.mt - s.mh < conn.cfg.max_messages // 2 and not conn.closed then
-          s.paused = false
-          conn.ch:option("auto_read", true)
+        if next(s.paused) and s.mt - s.mh < conn.cfg.max_messages // 2 then
+          for c in pairs(s.paused) do
+            s.paused[c] = nil
+            if not c.closed then c.ch:option("auto_read", true) end
+          end
         end
         if timer then timer:cancel() end
         return v
@@ -252,18 +258,31 @@ return function(M)
       end
       if timed_out then return nil, "timeout" end
       local co = running()
-      conn.reader = co
+      s.reader = co
       if timeout and not timer then
         timer = conn.loop:schedule(timeout, function()
           timed_out = true
-          if conn.reader == co then
-            conn.reader = nil
+          if s.reader == co then
+            s.reader = nil
             unpark(co)
           end
         end)
       end
       park()
-      if conn.reader == co then conn.reader = nil end
+      if s.reader == co then s.reader = nil end
     end
+  end
+
+  -- r:read_reply([timeout]): the next message of this coroutine's
+  -- subscriptions (see above).
+  function Client:read_reply(timeout)
+    if timeout ~= nil and (type(timeout) ~= "number" or timeout < 0) then
+      error("netrun.redis: r:read_reply: timeout must be a number >= 0, got " .. tostring(timeout), 2)
+    end
+    local pool = I.pool_of(self)
+    local conn = pool and pool.bound[running()]
+    if not conn or conn.mode ~= "pubsub" then return nil, "not subscribed" end
+    if not coroutine.isyieldable() then I.need_coroutine(2) end
+    return I.read_on(conn, timeout)
   end
 end
