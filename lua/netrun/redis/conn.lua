@@ -102,6 +102,7 @@ function flush(conn)
   conn.flushing = false
   if conn.closed or not conn.ready then return end
   rsend(conn.codec, conn.ch)
+  conn.qsent = conn.qn               -- every queued command is on its way
 end
 
 local function flush_dirty()
@@ -162,6 +163,7 @@ local function pop(conn)
   conn.q[h] = nil
   conn.qh = h == conn.qcap and 1 or h + 1
   conn.qn = conn.qn - 1
+  if conn.qsent > 0 then conn.qsent = conn.qsent - 1 end
   conn.got = 0
 end
 C.pop = pop
@@ -268,6 +270,17 @@ local function connect_failed(conn, f)
   fail_conn(conn, "connect " .. cause)
 end
 
+-- Handlers of connections being made, by number: the channel's init
+-- (packed, so it cannot hold the handler itself) takes its own from here,
+-- on this loop, before any byte or error can reach the pipeline's tail.
+local attaching, nattach = {}, 0
+
+function C.attach(ch, id)
+  local h = attaching[id]
+  attaching[id] = nil
+  if h then ch:pipeline():add_last("redis", h) end
+end
+
 -- A connection to the pool's server, connecting (commands may be queued
 -- at once). mode: "shared", "dedicated" or "pubsub".
 function C.new_conn(pool, mode)
@@ -275,21 +288,24 @@ function C.new_conn(pool, mode)
   local conn = {
     pool = pool, cfg = cfg, loop = pool.loop, mode = mode, resp = cfg.resp,
     codec = rcore.codec(cfg.max_reply, cfg.max_depth, cfg.max_line, Error),
-    q = rtable(QCAP, 0), qh = 1, qn = 0, qcap = QCAP, got = 0,
+    q = rtable(QCAP, 0), qh = 1, qn = 0, qcap = QCAP, got = 0, qsent = 0,
     hs = {}, hsh = 1, hst = 0,
     ready = false, closed = false, flushing = false, timer = false, strikes = 0,
     timeout = cfg.timeout > 0 and cfg.timeout or false,
   }
-  local handler = setmetatable({ conn = conn }, Handler)
+  nattach = nattach + 1
+  local id = nattach
+  attaching[id] = setmetatable({ conn = conn }, Handler)
   require("netrun").connect {
     group = conn.loop, host = pool.host, port = pool.port,
     timeout = cfg.connect_timeout > 0 and cfg.connect_timeout or nil, tls = cfg.tls or nil,
+    init = function(ch) require("netrun.redis.conn").attach(ch, id) end,
   }:add_listener(function(f)
+    attaching[id] = nil
     if not f:is_success() then return connect_failed(conn, f) end
     local ch = f:result()
     conn.ch = ch
     if conn.closed then return ch:close() end
-    ch:pipeline():add_last("redis", handler)
     handshake(conn)
   end)
   return conn
@@ -338,11 +354,13 @@ end
 
 -- Hand the replies read to their waiters, in order (a push may come
 -- between them). Nulls are NULL here; a single command's caller makes
--- its own nil.
+-- its own nil. Only commands already sent (qsent of the queue) may take
+-- a reply: one queued meanwhile -- by a coroutine woken here -- has not
+-- left yet, and bytes read before it left are no answer to it.
 local function drain(conn)
   local codec = conn.codec
   while not conn.closed do
-    if conn.qn == 0 then
+    if conn.qsent == 0 then
       if codec:buffered() == 0 then return end
       local t = {}
       local k, why = codec:take(t, 1, 1)
