@@ -2,7 +2,8 @@
 -- client, in each loop's own Lua state (nothing here crosses threads).
 --
 -- A pool holds the connections of one client (or cluster node) on this
--- loop: up to cfg.pool shared ones, used round robin by every coroutine,
+-- loop: up to cfg.pool shared ones, used by every coroutine (one per turn
+-- of the loop, round robin),
 -- and dedicated ones (idle, or bound to a coroutine for WATCH/MULTI,
 -- pub/sub and blocking commands).
 --
@@ -57,7 +58,7 @@ function C.init(error_mt) Error = error_mt end
 -- A pool: the connections of one server on this loop.
 function C.new_pool(cfg, host, port, readonly)
   return { cfg = cfg, host = host, port = port, readonly = readonly or false,
-           loop = C.current(), max = cfg.pool, conns = {}, rr = 0, idle = {},
+           loop = C.current(), max = cfg.pool, conns = {}, rr = 0, cur = false, idle = {},
            bound = {}, nbound = 0, scripts = {},
            name = (host:find(":", 1, true) and "[" .. host .. "]" or host) .. ":" .. port }
 end
@@ -443,11 +444,16 @@ end
 
 -- ---- choosing a connection ----------------------------------------------------------
 
--- The next shared connection of the pool (round robin, opened on demand).
+-- The shared connection for a command (opened on demand). With several,
+-- the commands of one turn of the loop (what the coroutines woken by a
+-- read send next, say) stay on one connection, to leave in one write;
+-- the next turn's go to the next connection (round robin).
 local function pick(pool)
   local max = pool.max
   local i = 1
   if max > 1 then
+    local c = pool.cur
+    if c and c.flushing and not c.closed then return c end
     i = pool.rr % max + 1
     pool.rr = i
   end
@@ -456,6 +462,7 @@ local function pick(pool)
     c = C.new_conn(pool, "shared")
     pool.conns[i] = c
   end
+  pool.cur = c
   return c
 end
 C.pick = pick
