@@ -272,10 +272,11 @@ local function refresh_later(st)
   if st.refreshing or st.scheduled then return end
   st.scheduled = true
   local wait = math.max(0, M.refresh_every - (now() - st.last_refresh))
-  core.spawn(function()
-    if wait > 0 then core.sleep(wait) end
-    st.scheduled = false
-    refresh(st)
+  C.current():schedule(wait, function()
+    core.spawn(function()
+      st.scheduled = false
+      refresh(st)
+    end)
   end)
 end
 
@@ -387,7 +388,7 @@ local RETRY = { TRYAGAIN = true, CLUSTERDOWN = true, LOADING = true, MASTERDOWN 
 
 local function backoff(cfg, tries)
   local d = math.min(1, cfg.retry_delay * 2 ^ (tries - 1))
-  if d > 0 then core.sleep(d) end
+  if d > 0 then C.sleep(d) end
 end
 
 -- Point slot at addr's shard (after MOVED), making one if unknown.

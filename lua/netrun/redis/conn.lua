@@ -187,6 +187,15 @@ local function complete(w)
 end
 C.complete = complete
 
+-- Sleep in a coroutine, parked with a plain timer: unlike netrun.sleep
+-- (a promise and a listener), nothing is left allocated if the loop
+-- shuts down meanwhile.
+function C.sleep(seconds)
+  local co = running()
+  C.current():schedule(seconds, function() unpark(co) end)
+  park()
+end
+
 -- Park the running coroutine until w completes (after submit).
 local function wait(w)
   w.co = running()
