@@ -406,6 +406,22 @@ local function move(st, slot, addr)
   st.known[addr] = true
 end
 
+-- A redirect answer e (MOVED/ASK), counted; a MOVED applied to the map
+-- (and a refresh asked for). The node to ASK, if it is an ASK; nil, kind
+-- otherwise (nil, nil: no redirect).
+local function follow(st, e)
+  local kind, slot, addr = redirect(e)
+  if kind == "MOVED" then
+    count("moved")
+    move(st, slot, addr)
+    refresh_later(st)
+  elseif kind == "ASK" then
+    count("ask")
+    return addr, kind
+  end
+  return nil, kind
+end
+
 -- Send one command (args packed, a table) where the map says, following
 -- redirects and retrying failures; ask: a node to send it to once, after
 -- ASKING. The reply as it came (Error objects kept), or nil, err.
@@ -449,20 +465,13 @@ local function run(st, read, args)
       end
     end
     if v ~= nil and is_error(v) then
-      local kind, rslot, raddr = redirect(v.err)
+      local ask, kind = follow(st, v.err)
       if kind then
         redirects = redirects + 1
         if redirects > cfg.max_redirects then
           return nil, "too many redirects (" .. v.err .. ")"
         end
-        if kind == "MOVED" then
-          count("moved")
-          move(st, rslot, raddr)
-          refresh_later(st)
-        else
-          count("ask")
-          asking = raddr
-        end
+        asking = ask
         goto continue
       end
       local code = v.err:match("^(%u+)")
@@ -599,36 +608,37 @@ end
 local function needs_rerun(st, v)
   if v == nil then return true end
   if not is_error(v) then return false end
-  local kind, slot, addr = redirect(v.err)
-  if kind == "MOVED" then
-    count("moved")
-    move(st, slot, addr)
-    refresh_later(st)
-    return true
-  elseif kind == "ASK" then
-    count("ask")
-    return true
-  end
+  local _, kind = follow(st, v.err)
+  if kind then return true end
   return RETRY[v.err:match("^(%u+)")] or false
+end
+
+-- What c:pipeline and c:transaction begin with: fn's commands recorded,
+-- and this loop's state with a slot map. st, cmds; or false and what to
+-- return (the main thread's answer, or nil, err).
+local function recorded(self, what, fn)
+  if type(fn) ~= "function" then
+    error("netrun.redis.cluster: c:" .. what .. ": expects a function, got " .. type(fn), 3)
+  end
+  local st = states[self.id] or state_of(self)
+  if st == nil then return false, pack(main_on(self, what, fn)) end
+  if not isyieldable() then R.internal.need_coroutine(3) end
+  local cmds = setmetatable({}, CPipeMT)
+  fn(cmds)
+  if st.shards == nil and #cmds > 0 then
+    local ok, err = refresh(st)
+    if not ok then return false, pack(nil, err) end
+  end
+  return st, cmds
 end
 
 -- c:pipeline(fn): as r:pipeline, the commands split by node.
 function Cluster:pipeline(fn)
-  if type(fn) ~= "function" then
-    error("netrun.redis.cluster: c:pipeline: expects a function(p), got " .. type(fn), 2)
-  end
-  local st = states[self.id] or state_of(self)
-  if st == nil then return main_on(self, "pipeline", fn) end
-  if not isyieldable() then R.internal.need_coroutine(2) end
-  local cmds = setmetatable({}, CPipeMT)
-  fn(cmds)
+  local st, cmds = recorded(self, "pipeline", fn)
+  if not st then return unpack(cmds, 1, cmds.n) end
   local n = #cmds
   local res = { n = n }
   if n == 0 then return res end
-  if st.shards == nil then
-    local ok, err = refresh(st)
-    if not ok then return nil, err end
-  end
   local groups = {}
   local read = st.cfg.read_from == "replica"
   for i = 1, n do
@@ -663,18 +673,8 @@ end
 -- c:transaction(fn): MULTI, the commands, EXEC on the node of the first
 -- key (again, whole, after a redirect): EXEC's array, or nil, err.
 function Cluster:transaction(fn)
-  if type(fn) ~= "function" then
-    error("netrun.redis.cluster: c:transaction: expects a function(t), got " .. type(fn), 2)
-  end
-  local st = states[self.id] or state_of(self)
-  if st == nil then return main_on(self, "transaction", fn) end
-  if not isyieldable() then R.internal.need_coroutine(2) end
-  local cmds = setmetatable({}, CPipeMT)
-  fn(cmds)
-  if st.shards == nil then
-    local ok, err = refresh(st)
-    if not ok then return nil, err end
-  end
+  local st, cmds = recorded(self, "transaction", fn)
+  if not st then return unpack(cmds, 1, cmds.n) end
   local slot
   for _, c in ipairs(cmds) do
     slot = slot_of(unpack(c, 1, c.n))
@@ -707,17 +707,9 @@ function Cluster:transaction(fn)
         if is_error(res[1]) then return nil, res[1].err end
         return result(ex)
       end
-      local kind, rslot, raddr = redirect(moved)
       redirects = redirects + 1
       if redirects > st.cfg.max_redirects then return nil, "too many redirects (" .. moved .. ")" end
-      if kind == "MOVED" then
-        count("moved")
-        move(st, rslot, raddr)
-        refresh_later(st)
-      else
-        count("ask")
-        asking = raddr
-      end
+      asking = follow(st, moved)
     else
       tries = tries + 1
       count("retries")

@@ -362,6 +362,17 @@ local function unsolicited(conn, why)
   return fail_conn(conn, why or "protocol error: a reply nobody asked for")
 end
 
+-- A take stopped short of its count: a push to hand on (and go on: true),
+-- more bytes to wait for, or the codec failed (the connection goes).
+local function stopped(conn, why)
+  if why == "push" then
+    unsolicited(conn, why)
+    return true
+  end
+  if why then fail_conn(conn, why) end
+  return false
+end
+
 -- Hand the replies read to their waiters, in order (a push may come
 -- between them). Nulls are NULL here; a single command's caller makes
 -- its own nil. Only commands already sent (qsent of the queue) may take
@@ -392,12 +403,7 @@ local function drain(conn)
         complete(w)
       else
         conn.got = got
-        if why == "push" then
-          unsolicited(conn, why)
-        else
-          if why then fail_conn(conn, why) end
-          return
-        end
+        if not stopped(conn, why) then return end
       end
     end
   end
@@ -414,10 +420,7 @@ local function drain_handshake(conn)
       hs[conn.hsh] = nil
       conn.hsh = conn.hsh + 1
       complete(w)
-    elseif why == "push" then
-      unsolicited(conn, why)
-    else
-      if why then fail_conn(conn, why) end
+    elseif not stopped(conn, why) then
       return
     end
   end
