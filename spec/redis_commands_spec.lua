@@ -118,7 +118,7 @@ local netrun = H.netrun
       return { bad = bad, stats = r:stats(), clients = r:client("LIST") }
     end, url)
     assert.equal(0, out.bad)
-    assert.same({ shared = 1, idle = 0, bound = 0 }, out.stats)
+    assert.same({ shared = 1, idle = 0, bound = 0, unread = 0 }, out.stats)
     assert.equal("2000", S.cli(srv.port, "EVAL \"return #redis.call('keys', 'share:*')\" 0"))
   end)
 
@@ -151,7 +151,7 @@ local netrun = H.netrun
     assert.equal("OK", out.multi)
     assert.equal("QUEUED", out.queued)
     assert.same({ "OK" }, out.exec)
-    assert.same({ shared = 1, idle = 1, bound = 0 }, out.stats)   -- given back, kept idle
+    assert.same({ shared = 1, idle = 1, bound = 0, unread = 0 }, out.stats)   -- kept idle
     assert.same({}, out.aborted)                                  -- nil, no error
     assert.equal("100", out.after)
     assert.same({ 1, 2, "2" }, out.tx)
@@ -227,6 +227,45 @@ local netrun = H.netrun
       assert.equal(0, out.stats.bound)
     end)
   end
+
+  it("stops reading a subscriber's socket past max_messages unread, and loses none", function()
+    local out = on_loop(function(url, port)
+      local netrun = require "netrun"
+      local r = netrun.redis.connect { url = url, max_messages = 10 }
+      local ready, go = netrun.promise(), netrun.promise()
+      local reader = netrun.spawn(function()
+        r:subscribe("flood")
+        ready:set_success()
+        go:await()                           -- read nothing until told
+        local n, order = 0, true
+        for i = 1, 10000 do
+          local m = r:read_reply(5)
+          if not m then break end
+          n = n + 1
+          if m[3] ~= string.format("%05d", i) .. string.rep("x", 1000) then order = false end
+        end
+        return { n, order }
+      end)
+      ready:await()
+      local pub = netrun.redis.connect { url = url }
+      local res = pub:pipeline(function(p)
+        for i = 1, 10000 do p:publish("flood", string.format("%05d", i) .. string.rep("x", 1000)) end
+      end)
+      netrun.sleep(0.3)
+      local unread = r:stats().unread
+      local held = r:client("LIST")            -- the server holds the rest
+      go:set_success()
+      local got = reader:await()
+      return { unread, got[1], got[2], res[1], held }
+    end, url, srv.port)
+    -- at most the limit plus what one read brought (64 KiB of 1 KiB messages)
+    assert.is_true(out[1] >= 10 and out[1] <= 10 + 70, "unread " .. out[1])
+    assert.equal(10000, out[2])
+    assert.is_true(out[3], "messages out of order")
+    assert.equal(1, out[4])
+    -- 10 MB published: past the kernel's buffers, Redis holds the rest
+    assert.matches("omem=[1-9][^\n]*cmd=subscribe", out[5])
+  end)
 
   it("gives maps, doubles and booleans as Lua values in RESP3, flat arrays in RESP2", function()
     local out = on_loop(function(url)

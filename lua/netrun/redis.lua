@@ -625,13 +625,17 @@ function Client:__tostring()
     self.db, self.pool)
 end
 
--- For tests: this state's connections of a client.
+-- This state's connections of the client: { shared, idle, bound,
+-- unread } (unread: pub/sub messages waiting for read_reply).
 function Client:stats()
   local pool = pools[self.id]
-  if pool == nil then return { shared = 0, idle = 0, bound = 0 } end
-  local shared = 0
+  if pool == nil then return { shared = 0, idle = 0, bound = 0, unread = 0 } end
+  local shared, unread = 0, 0
   for _, c in pairs(pool.conns) do if not c.closed then shared = shared + 1 end end
-  return { shared = shared, idle = #pool.idle, bound = pool.nbound }
+  for _, c in pairs(pool.bound) do
+    if c.sub then unread = unread + (c.sub.mt - c.sub.mh + 1) end
+  end
+  return { shared = shared, idle = #pool.idle, bound = pool.nbound, unread = unread }
 end
 
 -- Pub/sub adds its methods; the cluster client is its own module.
