@@ -3,7 +3,8 @@
 -- made by `redis-cli --cluster create` on loopback ports of this spec's
 -- own; spec/fixtures/redis_servers.lua): routing by slot and hash tag,
 -- pipelines split by node and put back in order, replica reads, sharded
--- pub/sub, and under a steady load a live `redis-cli --cluster reshard`
+-- pub/sub, ASK during a slot's migration (set up by hand with CLUSTER
+-- SETSLOT IMPORTING/MIGRATING), and under a steady load a live `redis-cli --cluster reshard`
 -- of 1,000 slots, a CLUSTER FAILOVER and a master killed: no command
 -- fails, the counts come out exact (checked with redis-cli), and every
 -- MOVED and ASK the client decoded is counted in netrun.metrics.
@@ -152,6 +153,52 @@ end
     end, seeds)
     assert.same({ "smessage news to news", "smessage sport to sport",
                   "smessage {news}.eu to {news}.eu" }, got)
+  end)
+
+  it("follows ASK while a slot migrates (ASKING once, the map unchanged), then MOVED", function()
+    local slot = tonumber((S.cli(cl.ports[1], "CLUSTER KEYSLOT ask:probe")))
+    local masters = cl.masters()
+    local src, dst
+    for port in pairs(masters) do          -- the owner is the one that does not redirect
+      if not S.cli(port, "GET ask:probe"):find("MOVED", 1, true) then src = port end
+    end
+    for port in pairs(masters) do if port ~= src then dst = port break end end
+    assert(src and dst)
+    local moved0, ask0 = require("netrun.core").redis.seen()
+    assert.equal("OK", S.cli(dst, "CLUSTER SETSLOT " .. slot .. " IMPORTING " .. masters[src]))
+    assert.equal("OK", S.cli(src, "CLUSTER SETSLOT " .. slot .. " MIGRATING " .. masters[dst]))
+    local out = on_loop(function(seeds, slot)
+      local netrun = require "netrun"
+      local c = netrun.redis.cluster { nodes = seeds }
+      assert(c:await())
+      local owner = c:slot_owner(slot)
+      local r = { c:set("ask:probe", "there"), c:get("ask:probe") }
+      r[3] = c:slot_owner(slot) == owner
+      return r
+    end, seeds, slot)
+    assert.same({ "OK", "there", true }, out)
+    -- the key lives on the importing node (which answers it after ASKING)
+    local on_dst = H.run(string.format("printf 'ASKING\\nGET ask:probe\\n' | redis-cli -p %d", dst))
+    assert.equal("OK\nthere", (on_dst:gsub("%s+$", "")))
+    local moved1, ask1 = require("netrun.core").redis.seen()
+    assert.equal(2, ask1 - ask0)
+    assert.equal(0, moved1 - moved0)
+    -- the migration ends: the slot is dst's, and a client with the old map gets MOVED
+    for port in pairs(masters) do
+      S.cli(port, "CLUSTER SETSLOT " .. slot .. " NODE " .. masters[dst])
+    end
+    assert(H.eventually(function()
+      return S.cli(src, "GET ask:probe"):find("MOVED", 1, true) ~= nil
+    end, 10))
+    local v = on_loop(function(seeds)
+      local c = require("netrun").redis.cluster { nodes = seeds }
+      return c:get("ask:probe")
+    end, seeds)
+    assert.equal("there", v)
+    local text = netrun.metrics.text()
+    local moved2, ask2 = require("netrun.core").redis.seen()
+    assert.equal(ask2, metric(text, "netrun_redis_redirects_total", "ask"))
+    assert.equal(moved2, metric(text, "netrun_redis_redirects_total", "moved"))
   end)
 
   it("keeps every command going through a live reshard of 1,000 slots, a CLUSTER FAILOVER "
