@@ -36,6 +36,11 @@
 -- the node of its first key (all its keys must share a slot, as the
 -- server requires), and again, whole, if it was redirected.
 --
+-- Sharded pub/sub: c:ssubscribe subscribes on the master of each
+-- channel's slot, c:read_reply reads them all. A slot that moves (the
+-- server's "sunsubscribe" comes as a message) or a node that fails ("closed")
+-- ends those subscriptions; subscribing again is the caller's to do.
+--
 -- Metrics: netrun_redis_redirects_total{kind="moved"|"ask"},
 -- netrun_redis_retries_total and netrun_redis_slot_refreshes_total in
 -- netrun.metrics (a shared dict counts them, in every loop).
