@@ -491,6 +491,8 @@ void lnr_forget_modules(lua_State *L);
 void lnr_open_ops(lua_State *L);
 /* core.json(): a state's JSON codec for lua/netrun/json.lua (ljson.c). */
 void lnr_open_json(lua_State *L);
+/* lredis.c: core.redis (a RESP codec for lua/netrun/redis.lua, the cluster slot). */
+void lnr_open_redis(lua_State *L);
 /* Native messages: a full userdata that begins with an lnr_native_t, then
  * a C pipeline message (its first int its NR_MSG type) holding no
  * pointers, such as a prepared HTTP response. lnr_to_msg hands it to the
