@@ -8,12 +8,7 @@ local H = require "spec.helper"
 local N = require "nats_server"
 local netrun = H.netrun
 
-local function on_loop(loop, fn, ...)
-  local spawned = H.sync(loop:submit(function(f, ...)
-    return netrun.spawn(f, ...)
-  end, fn, ...))
-  return H.sync(spawned, 90)
-end
+local on_loop = N.on_loop
 
 describe("netrun.nats against a three-node cluster", function()
   local group, loop, dir, nodes, urls

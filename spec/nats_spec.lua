@@ -10,13 +10,7 @@ local H = require "spec.helper"
 local N = require "nats_server"
 local netrun = H.netrun
 
--- Run fn(...) in a coroutine on loop; its result (bounded in time).
-local function on_loop(loop, fn, ...)
-  local spawned = H.sync(loop:submit(function(f, ...)
-    return netrun.spawn(f, ...)
-  end, fn, ...))
-  return H.sync(spawned, 60)
-end
+local on_loop = N.on_loop
 
 describe("netrun.nats against nats-server", function()
   local group, loop, dir, main, auth, token, tls
