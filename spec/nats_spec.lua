@@ -763,6 +763,31 @@ describe("netrun.nats against broken and hostile servers", function()
     server:close():sync()
   end)
 
+  it("a server that floods PINGs and reads nothing is dropped once `buffer` bytes of PONGs are held", function()
+    local server, port = fake(group, function(s, n)
+      hello(s)
+      if n > 1 then return hold(s, true) end
+      s:channel():option("rcvbuf", 4096)      -- the kernel holds little of the PONGs
+      local pings = string.rep("PING\r\n", 10000)
+      for _ = 1, 2000 do                       -- 120 MB of PINGs at most
+        if not s:send(pings) then return end
+      end
+    end)
+    local got = on_loop(loop, function(p)
+      local lost = netrun.promise()
+      local nc = assert(netrun.nats.connect { url = "nats://127.0.0.1:" .. p,
+        buffer = 256 * 1024, reconnect_wait = 0.05, options = { sndbuf = 4096 },
+        on_disconnect = function(_, err) lost:try_success(err) end })
+      local err = lost:await()
+      local out = { err = err, held = nc:stats().buffered }
+      nc:close()
+      return out
+    end, port)
+    assert.matches("reads nothing", got.err)
+    assert.is_true(got.held <= 256 * 1024, got.held)
+    server:close():sync()
+  end)
+
   it("a control line past max_control_line fails; a message dripped byte by byte arrives whole", function()
     local server, port = fake(group, function(s, n)
       if n == 1 then

@@ -64,7 +64,7 @@ local M = {
 local OPTION_KEYS = {
   url = true, servers = true, token = true, user = true, pass = true, tls = true,
   name = true, on_disconnect = true, on_reconnect = true, on_closed = true,
-  on_error = true,
+  on_error = true, options = true,
 }
 for k in pairs(M.defaults) do OPTION_KEYS[k] = true end
 
@@ -279,6 +279,10 @@ local function read_options(opts, level)
       error("netrun.nats.connect: " .. k .. " must be a string, got " .. type(o[k]), level + 1)
     end
   end
+  if o.options ~= nil and type(o.options) ~= "table" then
+    error("netrun.nats.connect: options must be a table of channel options, got " ..
+      type(o.options), level + 1)
+  end
   if o.tls ~= nil and o.tls ~= true and o.tls ~= false and
      not (type(o.tls) == "userdata" and tostring(o.tls):match("^netrun%.tls%.client")) then
     error("netrun.nats.connect: tls must be true, false or a netrun.tls.client config, got " ..
@@ -389,14 +393,19 @@ function M._adopt(ch, id)
   ch:pipeline():add_last("nats", link)
 end
 
+-- Give up on a link's server (stale, broken, hostile): reset the
+-- connection at once -- a graceful close would wait for the server to
+-- read what is queued -- and remember why (channel_inactive reports it).
+local function drop(link, err)
+  link.err = link.err or err
+  if link.ch then core.nats.abort(link.ch) end
+end
+
 function Link:channel_read(ctx, data)
   local nc = self.nc
   if nc.link ~= self then return end
   local err = nc.w:feed(data)
-  if err and nc.link == self then
-    self.err = err
-    ctx:close()
-  end
+  if err and nc.link == self then drop(self, err) end
   if nc.woken[1] then nc:_deliver() end
 end
 
@@ -417,8 +426,7 @@ function Link:channel_inactive(ctx)
 end
 
 function Link:exception_caught(ctx, err)
-  self.err = self.err or tostring(err)
-  ctx:close()
+  drop(self, tostring(err))
 end
 
 -- ---- connecting ----------------------------------------------------------------
@@ -440,7 +448,7 @@ local function attempt(nc, s)
     end)
   end
   require("netrun").connect {
-    group = nc.loop, host = s.host, port = s.port, timeout = timeout,
+    group = nc.loop, host = s.host, port = s.port, timeout = timeout, options = nc.opts.options,
     init = function(ch) require("netrun.nats")._adopt(ch, id) end,
   }:add_listener(function(f)
     if not f:is_success() then
@@ -489,7 +497,7 @@ function Conn:_failed(link, err)
   if link.dead then return end
   link.dead = true
   if link.timer then link.timer:cancel() end
-  if link.ch then link.ch:close() end
+  drop(link, err)
   if self.link ~= link or self.state == "closed" then return end
   self.link = nil
   link.server.failures = link.server.failures + 1
@@ -592,8 +600,7 @@ end
 function Conn:_info(link, text)
   local ok, info = pcall(json.decode, text)
   if not ok or type(info) ~= "table" then
-    link.err = "NATS protocol error: INFO is not a JSON object"
-    return link.ch:close()
+    return drop(link, "NATS protocol error: INFO is not a JSON object")
   end
   self.info = info
   local mp = math.tointeger(info.max_payload)
@@ -642,8 +649,7 @@ end
 function Conn:_keepalive(link)
   if self.link ~= link or link.dead then return end
   if self.pings_out >= self.opts.max_pings_out then
-    link.err = "stale connection (no PONG to " .. self.pings_out .. " PINGs)"
-    return link.ch:close()
+    return drop(link, "stale connection (no PONG to " .. self.pings_out .. " PINGs)")
   end
   self.pings_out = self.pings_out + 1
   self.pongs[#self.pongs + 1] = false
@@ -655,7 +661,10 @@ function Conn:_ctl(kind, text)
   local link = self.link
   if link == nil then return end
   if kind == "PING" then
-    if link.phase == "up" then self.w:send("PONG\r\n") else link.ch:write_and_flush("PONG\r\n") end
+    if link.phase ~= "up" then return link.ch:write_and_flush("PONG\r\n") end
+    if not self.w:send("PONG\r\n", true) then
+      drop(link, "the server sends PINGs and reads nothing (buffer full)")
+    end
   elseif kind == "PONG" then
     if link.phase == "ping" then return self:_up(link) end
     self.pings_out = 0
@@ -674,9 +683,8 @@ function Conn:_ctl(kind, text)
       return report(self, text)
     end
     -- anything else ends the connection (the server closes it too)
-    link.err = text
     report(self, text)
-    link.ch:close()
+    drop(link, text)
   end
 end
 

@@ -262,6 +262,14 @@ static int l_valid_subject(lua_State *L) {
   return 1;
 }
 
+/* core.nats.abort(ch): reset the connection now, dropping what it holds.
+ * For a server the client gives up on (stale, hostile, broken): a
+ * graceful close would wait up to the close linger for it to read. */
+static int l_abort(lua_State *L) {
+  nr_channel_abort(lnr_check_handle(L, 1, LNR_CHANNEL));
+  return 0;
+}
+
 /* core.nats.publisher(w, slow) --> nc.publish (see l_publish). */
 static int l_publisher(lua_State *L) {
   wire_t **u = luaL_checkudata(L, 1, WIRE_MT);
@@ -272,18 +280,27 @@ static int l_publisher(lua_State *L) {
   return 1;
 }
 
-/* w:send(line): protocol bytes (SUB, UNSUB, PING, PONG), held or written
- * as publications are, but never refused. */
+/* w:send(line [, bounded]) --> true | false: protocol bytes (SUB, UNSUB,
+ * PING, PONG), held or written as publications are. What the client
+ * decides to send is never refused; with bounded (the PONG a server's
+ * PING asks for: the server sets the pace), false once `buffer` bytes
+ * are held and not being written -- a server that sends PINGs and reads
+ * nothing would otherwise grow the wire without bound. */
 static int l_send(lua_State *L) {
   wire_t *w = check(L);
   size_t n;
   const char *s = luaL_checklstring(L, 2, &n);
+  if (lua_toboolean(L, 3) && !writing(w) && w->len + n > w->buffer) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
   if (!reserve(w, n))
     return luaL_error(L, "netrun.nats: out of memory");
   memcpy(w->out + w->len, s, n);
   w->len += n;
   appended(w);
-  return 0;
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* w:attach(ch): write to ch from now on, beginning with what is held. */
@@ -505,5 +522,7 @@ void lnr_open_nats(lua_State *L) {
   lua_setfield(L, -2, "publisher");
   lua_pushcfunction(L, l_valid_subject);
   lua_setfield(L, -2, "valid_subject");
+  lua_pushcfunction(L, l_abort);
+  lua_setfield(L, -2, "abort");
   lua_setfield(L, -2, "nats");
 }
