@@ -69,7 +69,13 @@ local OPTION_KEYS = {
 for k in pairs(M.defaults) do OPTION_KEYS[k] = true end
 
 local concat, find, sub, format = table.concat, string.find, string.sub, string.format
-local isyieldable = coroutine.isyieldable
+local isyieldable, running = coroutine.isyieldable, coroutine.running
+-- A coroutine that waits for the client (a request's reply, a
+-- subscription's next message) parks without a promise (core.park; the
+-- client wakes it with core.unpark, exactly once): a promise, its
+-- listener and its registry reference cost more than the rest of a
+-- request round trip.
+local park, unpark = core.park, core.unpark
 
 local Conn = {}
 Conn.__index = Conn
@@ -862,6 +868,7 @@ end
 -- Run a subscription's callback on its queued messages, in its coroutine.
 local function worker(s)
   local fn, q = s.fn, s.q
+  s.co = running()
   while true do
     while s.head <= s.tail do
       local h = s.head
@@ -874,11 +881,10 @@ local function worker(s)
     end
     s.head, s.tail, s.slow = 1, 0, false
     if s.done then break end
-    local p = core.promise()
-    s.idle = p
-    p:await()
+    s.idle = true
+    park()                            -- until _wake
   end
-  s.running = false
+  s.running, s.co = false, nil
   if s.drained then s.drained:try_success(true) end
 end
 
@@ -897,10 +903,13 @@ end
 
 -- Messages arrived for s (or it ended): run its callback, or wake its reader.
 function Conn:_wake(s)
-  local p = s.idle or s.waiter
-  if p then
-    s.idle, s.waiter = nil, nil
-    p:try_success(true)
+  if s.idle then
+    s.idle = false
+    unpark(s.co)
+  elseif s.waiter then
+    local co = s.waiter
+    s.waiter = nil
+    unpark(co, true)
   elseif s.fn and not s.running then
     s.running = true
     core.spawn(worker, s)
@@ -971,19 +980,22 @@ function Sub:next(timeout)
     error("netrun.nats: sub:next waits, so it must run inside netrun.spawn", 2)
   end
   if self.waiter then return nil, "busy" end
-  local t
+  local stop = timeout and core.now() + timeout
   while self.head > self.tail do
     if self.done then return nil, "closed" end
-    local p = core.promise()
-    self.waiter = p
-    if timeout and not t then
-      t = self.nc.loop:schedule(timeout, function() p:try_success(false) end)
+    local co, t = running(), nil
+    self.waiter = co
+    if stop then
+      t = self.nc.loop:schedule(math.max(stop - core.now(), 0), function()
+        if self.waiter == co then
+          self.waiter = nil
+          unpark(co, false)
+        end
+      end)
     end
-    if not p:await() then
-      if self.waiter == p then self.waiter = nil end
-      return nil, "timeout"
-    end
-    if t then t:cancel(); t = nil; timeout = nil end
+    local woke = park()
+    if t then t:cancel() end
+    if not woke then return nil, "timeout" end
   end
   local h = self.head
   local m = self.q[h]
@@ -1019,18 +1031,16 @@ function Conn:_inbox()
   return s
 end
 
--- A request's entry in nc.requests is its future, or (waiter: a coroutine
--- awaits it) { p = promise, m = the reply }: a future completed with a
--- table keeps a copy-ready reference to it (lnr_keep_result), which cost
--- more than the rest of a round trip; a waiter's completes with true.
+-- A request's entry in nc.requests is the coroutine parked for it, or
+-- its future (a request made outside a coroutine).
 local function settle(entry, m, err)
-  local p = entry
-  if type(entry) == "table" then
-    entry.m = m
-    p = entry.p
-    m = true
+  if type(entry) == "thread" then
+    unpark(entry, m, err)
+  elseif err then
+    entry:try_failure(err)
+  else
+    entry:try_success(m)
   end
-  if err then p:try_failure(err) else p:try_success(m) end
 end
 
 function Conn:_response(subject, reply, data, hdr)
@@ -1047,15 +1057,10 @@ function Conn:_response(subject, reply, data, hdr)
   settle(entry, m)
 end
 
--- The request's future (failed with "timeout", "no responders", ...), or
--- with waiter, its entry (see settle).
-function Conn:_request(subject, data, timeout, headers, waiter)
-  local p = core.promise()
-  local entry = waiter and { p = p } or p
-  if self.state == "closed" then
-    p:try_failure("closed")
-    return entry
-  end
+-- Send a request whose reply settles entry (a coroutine or a future,
+-- see settle): true, or nil, err when it could not be sent.
+function Conn:_send_request(subject, data, timeout, headers, entry)
+  if self.state == "closed" then return nil, "closed" end
   self:_inbox()
   local token = tostring(self.next_token)
   self.next_token = self.next_token + 1
@@ -1063,11 +1068,18 @@ function Conn:_request(subject, data, timeout, headers, waiter)
   local ok, err = self.publish(self, subject, data, self.inbox_prefix .. token, headers)
   if not ok then
     self.requests[token] = nil
-    p:try_failure(err)
-    return entry
+    return nil, err
   end
   if timeout > 0 then self:_expire_at(core.now() + timeout, token) end
-  return entry
+  return true
+end
+
+-- The request's future (failed with "timeout", "no responders", ...).
+function Conn:_request(subject, data, timeout, headers)
+  local p = core.promise()
+  local ok, err = self:_send_request(subject, data, timeout, headers, p)
+  if not ok then p:try_failure(err) end
+  return p
 end
 
 -- Request deadlines: one queue per connection, sorted by deadline, and
@@ -1142,10 +1154,9 @@ function Conn:request(subject, data, opts)
     headers = opts.headers
   end
   if not isyieldable() then return self:_request(subject, data, timeout, headers) end
-  local w = self:_request(subject, data, timeout, headers, true)
-  local ok, err = pcall(w.p.await, w.p)
-  if ok then return w.m end
-  return nil, err
+  local ok, err = self:_send_request(subject, data, timeout, headers, running())
+  if not ok then return nil, err end
+  return park()                       -- the reply, or nil, err (settle)
 end
 
 -- ---- flush, drain, close --------------------------------------------------------
