@@ -31,7 +31,10 @@ local function ticks()
 end
 
 local function run()
-  local nc = assert(netrun.nats.connect { url = url, name = "bench-" .. mode })
+  -- no reconnecting: once run_nats.sh stops the server, the responder's
+  -- connection closes and the process ends (a reconnecting one lingered)
+  local nc = assert(netrun.nats.connect { url = url, name = "bench-" .. mode,
+                                          reconnect = false })
   local data = string.rep("x", size)
   if mode == "serve" then
     nc:subscribe("bench.req", function(m) m:respond(m.data) end)
