@@ -364,7 +364,7 @@ static int l_eq(lua_State *L) {
  * is swapped atomically and the old one retired (kept until exit, since a
  * loop may be unpacking it right now). Each loop state caches the function
  * it unpacked, with the blob it came from: a swapped blob misses, and a
- * hot reload forgets the cache (lnr_forget_inits), so that no copy of an
+ * hot reload forgets the cache (forget_inits), so that no copy of an
  * old init -- nor the module tables it resolved -- serves new channels.
  *
  * A server's connection counts (for netrun.metrics) live here too: one
@@ -386,6 +386,16 @@ static init_t *inits;
 static const char INIT_CACHE = 0;     /* init_t -> function */
 static const char INIT_BLOBS = 0;     /* init_t -> the blob it came from */
 
+/* A state's part: the server init run last here, its function (in the
+ * registry reference init_ref) the one unpacked from blob init_blob of
+ * init_t init_in. NULL: none (or forgotten by a reload). */
+typedef struct channel_part_s {
+  int init_ref;
+  const void *init_in, *init_blob;
+} channel_part_t;
+
+extern lnr_module_t lnr_channel_module;
+
 static void push_registry_table(lua_State *L, const void *key) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) != LUA_TTABLE) {
     lua_pop(L, 1);
@@ -400,22 +410,20 @@ static void push_registry_table(lua_State *L, const void *key) {
  * modules it names in this state now). The one run last is also in a
  * slot, so a loop serving one server finds it, per connection, with two
  * compares and an array read, not two registry lookups by pointer. */
-/* The function on top, of init_t in from blob b, becomes S's last. */
-static void remember_init(lua_State *L, lnr_state_t *S, const init_t *in,
+/* The function on top, of init_t in from blob b, becomes P's last. */
+static void remember_init(lua_State *L, channel_part_t *P, const init_t *in,
                           const lnr_blob_t *b) {
-  if (S == NULL)
-    return;
   lua_pushvalue(L, -1);
-  lnr_set_slot(L, LNR_SLOT_INIT);
-  S->init_in = in;
-  S->init_blob = b;
+  lnr_set_ref(L, &P->init_ref);
+  P->init_in = in;
+  P->init_blob = b;
 }
 
 static void push_server_init(lua_State *L, init_t *in) {
   lnr_blob_t *b = atomic_load_explicit(&in->b, memory_order_acquire);
-  lnr_state_t *S = lnr_state(L);
-  if (S != NULL && S->init_in == in && S->init_blob == b) {
-    if (lnr_push_slot(L, LNR_SLOT_INIT) != LUA_TNIL)
+  channel_part_t *P = lnr_part(lnr_state(L), &lnr_channel_module);
+  if (P->init_in == in && P->init_blob == b) {
+    if (lnr_push_ref(L, &P->init_ref) != LUA_TNIL)
       return;
     lua_pop(L, 1);
   }
@@ -426,7 +434,7 @@ static void push_server_init(lua_State *L, init_t *in) {
       lua_touserdata(L, -1) == b && lua_rawgetp(L, cache, in) != LUA_TNIL) {
     lua_replace(L, cache);
     lua_settop(L, cache);
-    remember_init(L, S, in, b);
+    remember_init(L, P, in, b);
     return;
   }
   lua_settop(L, blobs);
@@ -437,16 +445,16 @@ static void push_server_init(lua_State *L, init_t *in) {
   lua_rawsetp(L, blobs, in);
   lua_replace(L, cache);
   lua_settop(L, cache);
-  remember_init(L, S, in, b);
+  remember_init(L, P, in, b);
 }
 
-void lnr_forget_inits(lua_State *L) {
-  lnr_state_t *S = lnr_state(L);
-  if (S != NULL) {
-    S->init_in = S->init_blob = NULL;
-    lua_pushnil(L);
-    lnr_set_slot(L, LNR_SLOT_INIT);
-  }
+/* A hot reload: forget this state's unpacked server inits, so that the
+ * next channel unpacks its init afresh, resolving the modules anew. */
+static void forget_inits(lua_State *L) {
+  channel_part_t *P = lnr_part(lnr_state(L), &lnr_channel_module);
+  P->init_in = P->init_blob = NULL;
+  lua_pushnil(L);
+  lnr_set_ref(L, &P->init_ref);
   lua_pushnil(L);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_CACHE);
   lua_pushnil(L);
@@ -608,7 +616,9 @@ static int l_server_stats(lua_State *L) {
   return 1;
 }
 
-void lnr_free_inits(void) {
+/* The process's teardown: every server's init is freed. */
+static bool free_inits(lua_State *L) {
+  (void)L;
   pthread_mutex_lock(&inits_lock);
   init_t *in = inits;
   inits = NULL;
@@ -622,6 +632,7 @@ void lnr_free_inits(void) {
     lnr_blob_free(atomic_load_explicit(&in->b, memory_order_relaxed));
     free(in);
   }
+  return true;
 }
 
 /* ---- options ---------------------------------------------------------------------- */
@@ -1166,7 +1177,7 @@ static int l_cg_tostring(lua_State *L) {
   return 1;
 }
 
-void lnr_open_channel(lua_State *L) {
+static void open_channel(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"id", l_id}, {"loop", l_loop}, {"remote_address", l_remote_address},
       {"local_address", l_local_address}, {"is_open", l_is_open},
@@ -1197,3 +1208,8 @@ void lnr_open_channel(lua_State *L) {
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
+
+lnr_module_t lnr_channel_module = {
+    .name = "channel", .open = open_channel,
+    .part_size = sizeof(channel_part_t), .reload = forget_inits,
+    .teardown = free_inits};

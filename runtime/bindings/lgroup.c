@@ -837,7 +837,7 @@ int lnr_log_unterminated(const char *why) {
 #define SHUTDOWN_ALL_TIMEOUT NR_SEC(5)
 #define SHUTDOWN_MARGIN NR_SEC(1)
 
-bool lnr_shutdown_all(lua_State *L) {
+static bool shutdown_all(lua_State *L) {
   (void)L;
   nr_loop_t *m = lnr_main_loop();
   lnr_state_t *S = m ? nr_loop_data(m) : NULL;
@@ -874,7 +874,7 @@ bool lnr_shutdown_all(lua_State *L) {
 
 int lnr_l_shutdown_all(lua_State *L);
 
-void lnr_open_group(lua_State *L) {
+static void open_group(lua_State *L) {
   static const luaL_Reg group_methods[] = {
       {"next", l_next}, {"loops", l_loops}, {"execute", l_execute},
       {"submit", l_submit}, {"schedule", l_schedule},
@@ -987,3 +987,6 @@ int lnr_l_shutdown_all(lua_State *L) {
   nr_resolver_cancel_all();
   return 0;
 }
+
+lnr_module_t lnr_group_module = {
+    .name = "group", .open = open_group, .teardown = shutdown_all};

@@ -104,26 +104,24 @@ enum { K_STATUS = LNR_RF_STATUS, K_REASON, K_BODY, K_STREAM, K_HEADERS,
 static const char *const key_names[NKEYS] = {
     NULL, "status", "reason", "body", "stream", "headers"};
 
-/* Push field name k the first time (S: L's state, or NULL): made, and
- * kept in its slot. */
+/* Push field name k the first time (P: L's part): made, and kept in its
+ * reference. */
 static __attribute__((noinline)) void make_key(lua_State *L,
-                                               const lnr_state_t *S, int k) {
+                                               lnr_http_part_t *P, int k) {
   lua_pushstring(L, key_names[k]);
-  if (S != NULL) {
-    lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS + k - K_STATUS);
-  }
+  lua_pushvalue(L, -1);
+  lnr_set_ref(L, &P->key_refs[k - K_STATUS]);
 }
 
-/* Push field name k (S: L's state, or NULL). Inline: every response table
- * pushes five. */
+/* Push field name k (P: L's part). Inline: every response table pushes
+ * five. */
 static inline __attribute__((always_inline)) void
-push_key(lua_State *L, const lnr_state_t *S, int k) {
-  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
-  if (S != NULL && S->slots[slot] != 0)
-    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+push_key(lua_State *L, lnr_http_part_t *P, int k) {
+  int ref = P->key_refs[k - K_STATUS];
+  if (ref != 0)
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
   else
-    make_key(L, S, k);
+    make_key(L, P, k);
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
@@ -228,7 +226,7 @@ static uint32_t put_text(req_t *q, uint32_t *off, const char *s, size_t n) {
 
 /* The request's metatable and body, once its fields are in place. */
 static void request_done(lua_State *L, const nr_http_request_t *r) {
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
+  if (lnr_push_ref(L, &lnr_http_part(L)->request_mt_ref) != LUA_TTABLE) {
     lua_pop(L, 1);
     luaL_getmetatable(L, REQ_CLASS);
   }
@@ -581,7 +579,7 @@ static void open_request_class(lua_State *L) {
     lua_pushcclosure(L, req_pairs, 1);
     lua_setfield(L, -2, "__pairs");
     lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_REQUEST);
+    lnr_set_ref(L, &lnr_http_part(L)->request_mt_ref);
   }
   lua_pop(L, 1);
 }
@@ -702,16 +700,16 @@ static int bad(const char *fmt, ...) {
  * Keyed reads, cheaper than a lua_next walk (measured): once the keys
  * are in their slots (all five are made on the first read), a registry
  * read and a raw get each, unrolled. */
-static void read_fields(lua_State *L, int idx, const lnr_state_t *S,
+static void read_fields(lua_State *L, int idx, lnr_http_part_t *P,
                         int t[LNR_RF_N]) {
-  if (S == NULL || S->slots[LNR_SLOT_HTTP_KEYS + K_HEADERS - K_STATUS] == 0) {
+  if (P->key_refs[K_HEADERS - K_STATUS] == 0) {
     for (int k = K_STATUS; k < NKEYS; k++) {
-      push_key(L, S, k);
+      push_key(L, P, k);
       t[k] = lua_rawget(L, idx);
     }
     return;
   }
-  const int *ref = S->slots + LNR_SLOT_HTTP_KEYS - K_STATUS;
+  const int *ref = P->key_refs - K_STATUS;
 #define FIELD(k) (lua_rawgeti(L, LUA_REGISTRYINDEX, ref[k]), \
                   t[k] = lua_rawget(L, idx))
   FIELD(K_STATUS);
@@ -801,7 +799,7 @@ static int l_http_response(lua_State *L) {
   lnr_hdrs_t h;
   lnr_hdrs_init(&h, L);
   int t[LNR_RF_N], base = lua_gettop(L);
-  read_fields(L, 1, h.S, t);
+  read_fields(L, 1, h.P, t);
   int rc = to_response(L, base, t, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
@@ -848,19 +846,18 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   int top = lua_gettop(L);
   if (!lua_checkstack(L, 20))      /* the fields' 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
-  lnr_state_t *S = lnr_state(L);
+  lnr_http_part_t *P = lnr_http_part(L);
   int t[LNR_RF_N];
-  read_fields(L, m->idx, S, t);
+  read_fields(L, m->idx, P, t);
   const nr_http_prepared_t *pr;
-  if (S != NULL && S->http_memo != NULL &&
-      (pr = lnr_http_memo_hit(L, S->http_memo, top, t)) != NULL) {
+  if (P->memo != NULL && (pr = lnr_http_memo_hit(L, P->memo, top, t)) != NULL) {
     int rc = nr_http_server_write(ctx, (void *)pr, p);
     lua_settop(L, top);
     return rc;
   }
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   lnr_hdrs_t h;
-  lnr_hdrs_start(&h, S);
+  lnr_hdrs_start(&h, P);
   int rc = to_response(L, top, t, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];
@@ -870,8 +867,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
       nr_ctx_fire_exception(ctx, &err);
     rc = nr_raise(rc, "%s", msg);
   } else if (rc == 0) {
-    if (S != NULL)
-      lnr_http_memo_note(L, S, top, t, &r);
+    lnr_http_memo_note(L, P, top, t, &r);
     rc = nr_http_server_write(ctx, &r, p);
   }
   lnr_hdrs_free(&h);
@@ -962,13 +958,13 @@ static void register_converter(void) {
   lnr_register_msg(NR_MSG_HTTP_PREPARED, push_prepared);
 }
 
-void lnr_open_http(lua_State *L) {
+static void open_http(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
   open_request_class(L);
   lnr_native_class(L, RESP_CLASS, not_a_handler, resp_tostring);
   lnr_native_class(L, CLASS, make, l_tostring);
-  lua_getfield(L, -1, "codec");
+  luaL_getsubtable(L, -1, "codec");
   lua_pushcfunction(L, l_http_server);
   lua_setfield(L, -2, "http_server");
   lua_pushcfunction(L, l_http_response);
@@ -979,3 +975,6 @@ void lnr_open_http(lua_State *L) {
   lua_setfield(L, -2, "unescape");
   lua_setfield(L, -2, "http");
 }
+
+lnr_module_t lnr_http_module = {
+    .name = "http", .open = open_http, .part_size = sizeof(lnr_http_part_t)};

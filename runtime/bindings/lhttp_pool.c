@@ -1030,7 +1030,7 @@ static int l_lane(lua_State *L) {
   return 1;
 }
 
-void lnr_open_http_pool(lua_State *L) {
+static void open_http_pool(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"send", p_send}, {"connected", p_connected},
       {"connect_failed", p_connect_failed}, {"stats", p_stats}, {NULL, NULL}};
@@ -1050,3 +1050,5 @@ void lnr_open_http_pool(lua_State *L) {
   lua_setfield(L, -2, "forwarder");
   lua_pop(L, 1);
 }
+
+lnr_module_t lnr_http_pool_module = {.name = "http_pool", .open = open_http_pool};

@@ -1034,7 +1034,9 @@ static int l_new(lua_State *L) {
   return 1;
 }
 
-void lnr_open_json(lua_State *L) {
+static void open_json(lua_State *L) {
   lua_pushcfunction(L, l_new);
   lua_setfield(L, -2, "json");
 }
+
+lnr_module_t lnr_json_module = {.name = "json", .open = open_json};

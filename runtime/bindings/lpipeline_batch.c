@@ -46,35 +46,12 @@
  * takes them first. So a batch never answers more than the channel takes
  * (with 1 MiB answers, 32 of them per read were 32 MiB). */
 #define BATCH_MAX 32
-#define BATCH_TOKENS 128
+#define BATCH_TOKENS LNR_BATCH_TOKENS
 
-struct lnr_batch_s {
-  lua_State *Q;               /* the messages are Q's stack, 1 .. n */
-  int q_ref;                  /* anchors Q */
-  lh_t *owner;                /* the handler, NULL once removed */
-  nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
-  int n, next;                /* waiting, delivered (or dropped) */
-  uint64_t tokens[BATCH_TOKENS]; /* each one's nr_ctx_read_token (a batch
-                                 of held reads may be longer) */
-  bool draining;              /* being delivered: reads arriving now go
-                                 straight in */
-  bool complete;              /* read_complete goes in the same call */
-  bool may_hold;              /* the rest may wait for writability */
-  bool stalled;               /* the channel turned unwritable mid-batch */
-  const char *method;         /* the method being called, for errors */
-};
-
-int lnr_batch_init(lnr_state_t *S) {
-  if (S->batch == NULL && (S->batch = calloc(1, sizeof *S->batch)) == NULL)
-    return -ENOMEM;
-  return 0;
-}
-
-void lnr_batch_free(lnr_state_t *S) {
-  if (S->batch != NULL && S->batch->ctx != NULL)
-    nr_ctx_release(S->batch->ctx);    /* reads left waiting (none should be) */
-  free(S->batch);
-  S->batch = NULL;
+void lnr_batch_close(lnr_batch_t *b) {
+  if (b->ctx != NULL)
+    nr_ctx_release(b->ctx);    /* reads left waiting (none should be) */
+  b->ctx = NULL;
 }
 
 static bool state_idle(lua_State *L) {
@@ -93,11 +70,11 @@ static void fire_lua(lua_State *L, nr_ctx_t *ctx, uint64_t token) {
 
 /* Start a batch for handler h at ctx: false if it cannot. */
 static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
-  lnr_batch_t *b = S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(S)->batch;
   if (b->Q == NULL) {
     b->Q = lua_newthread(S->L);
     b->q_ref = luaL_ref(S->L, LUA_REGISTRYINDEX);
-    S->batch_thread = b->Q;
+    S->call_thread = b->Q;
   }
   if (!lua_checkstack(b->Q, BATCH_MAX + LUA_MINSTACK))
     return false;
@@ -116,7 +93,7 @@ static uint64_t batch_token(const lnr_batch_t *b, int i) {
 /* Protected: deliver what waits, from b->next on. */
 static int batch_run(lua_State *L) {
   lnr_state_t *S = lnr_state(L);
-  lnr_batch_t *b = S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(S)->batch;
   S->converting = false;               /* protected from here on */
   nr_ctx_t *ctx = b->ctx;
   nr_channel_t *ch = nr_ctx_channel(ctx);
@@ -180,7 +157,7 @@ static int batch_run(lua_State *L) {
  * still unwritable (false: it drained meanwhile, or closed, and the rest
  * goes on now). */
 static bool batch_hold(lnr_state_t *S) {
-  lnr_batch_t *b = S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(S)->batch;
   lh_t *h = b->owner;
   nr_channel_t *ch = nr_ctx_channel(b->ctx);
   int k = b->n - b->next;
@@ -205,7 +182,7 @@ static bool batch_hold(lnr_state_t *S) {
 /* Deliver the waiting reads (and read_complete after them if `complete`);
  * if `may_hold`, what the channel cannot take yet waits (batch_hold). */
 static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
-  lnr_batch_t *b = S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(S)->batch;
   lua_State *L = S->L;
   nr_ctx_t *ctx = b->ctx;
   bool converting = S->converting;     /* may be called from a handler */
@@ -267,7 +244,7 @@ static void drop_held(lh_t *h) {
  * event on. */
 static inline bool settle_first(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
-  lnr_batch_t *b = h->S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(h->S)->batch;
   if (b->draining)
     return false;
   if (b->n > 0) {
@@ -289,7 +266,7 @@ static inline bool settle_first(nr_ctx_t *ctx) {
 static void unhold(nr_ctx_t *ctx, bool may_hold) {
   lh_t *h = nr_ctx_state(ctx);
   lnr_state_t *S = h->S;
-  lnr_batch_t *b = S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(S)->batch;
   if (b->draining)
     return;
   if (b->n > 0) {
@@ -337,7 +314,7 @@ static int unhold_task(void *arg) {
  * batch, whose call cannot be entered again) from a task. */
 static void unhold_later(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
-  if (!h->S->batch->draining) {
+  if (!lnr_pipe_part(h->S)->batch.draining) {
     unhold(ctx, true);
   } else if (!h->unhold_queued) {
     h->unhold_queued = true;
@@ -377,7 +354,7 @@ static void pass_held(nr_ctx_t *ctx) {
 
 void lnr_batch_handler_removed(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
-  lnr_batch_t *b = h->S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(h->S)->batch;
   if (b->n > 0 && !b->draining)
     batch_settle(h->S, false, false);
   if (h->held != NULL)
@@ -385,15 +362,15 @@ void lnr_batch_handler_removed(nr_ctx_t *ctx) {
 }
 
 void lnr_batch_forget(lh_t *h) {
-  if (h->S->batch->owner == h)
-    h->S->batch->owner = NULL;       /* the rest of its batch goes on */
+  if (lnr_pipe_part(h->S)->batch.owner == h)
+    lnr_pipe_part(h->S)->batch.owner = NULL;       /* the rest of its batch goes on */
   if (h->held != NULL)
     drop_held(h);
 }
 
 int lnr_lh_channel_read_complete(nr_ctx_t *ctx) {
   lh_t *h = nr_ctx_state(ctx);
-  lnr_batch_t *b = h->S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(h->S)->batch;
   if (b->n > 0 && !b->draining) {
     if (b->owner == h) {
       batch_settle(h->S, true, true);            /* with read_complete */
@@ -425,7 +402,7 @@ int lnr_lh_channel_read_complete(nr_ctx_t *ctx) {
 int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg) {
   lh_t *h = nr_ctx_state(ctx);
   lnr_state_t *S = h->S;
-  lnr_batch_t *b = S->batch;
+  lnr_batch_t *b = &lnr_pipe_part(S)->batch;
   if (b->owner == h && !b->draining) {           /* the usual: one more */
     if (nr_ctx_read_deferrable(ctx, msg) && state_idle(S->L)) {
       lnr_push_msg(b->Q, msg);

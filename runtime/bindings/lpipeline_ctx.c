@@ -40,13 +40,14 @@ static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
   lua_createtable(L, 1, 4);
+  lnr_pipe_part_t *P = lnr_pipe_part(lnr_state(L));
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
-  lnr_push_keyed(L, LNR_KEYED_CTX_HANDLE_MT, &CTX_HANDLE_KEY);
+  lnr_push_keyed(L, &P->ctx_handle_mt_ref, &CTX_HANDLE_KEY);
   lua_setmetatable(L, -2);
   lua_rawseti(L, -2, 1);
-  lnr_push_keyed(L, LNR_KEYED_CTX_MT, &CTX_KEY);
+  lnr_push_keyed(L, &P->ctx_mt_ref, &CTX_KEY);
   lua_setmetatable(L, -2);
 }
 
@@ -92,8 +93,6 @@ static nr_ctx_t *check_ctx(lua_State *L, int idx) {
                nr_loop_name(loop));
   return ctx;
 }
-
-nr_ctx_t *lnr_check_ctx(lua_State *L, int idx) { return check_ctx(L, idx); }
 
 /* A Lua handler's ctx table is made when the handler is first called or
  * asked for (p:context), not when it is added: idle connections hold

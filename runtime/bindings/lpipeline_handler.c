@@ -66,7 +66,7 @@ static int method_ref(lua_State *L, int idx, const char *name) {
  * *made tells whether it was made now. */
 static const hrec_t *handler_rec(lua_State *L, int idx, bool *made) {
   idx = lua_absindex(L, idx);
-  lnr_push_weak_keyed(L, LNR_KEYED_RECS, &RECS, "k");
+  lnr_push_weak_keyed(L, &lnr_pipe_part(lnr_state(L))->recs_ref, &RECS, "k");
   lua_pushvalue(L, idx);
   *made = false;
   if (lua_rawget(L, -2) == LUA_TUSERDATA) {
@@ -501,8 +501,6 @@ const nr_handler_t *lnr_make_lua_handler(lua_State *L, int idx,
     luaL_error(L, "a handler must be a table or an object, got a %s",
                luaL_typename(L, idx));
   lnr_state_t *S = lnr_state(L);
-  if (lnr_batch_init(S) < 0)
-    luaL_error(L, "out of memory");
   lh_t *h = calloc(1, sizeof *h);
   if (h == NULL)
     luaL_error(L, "out of memory");

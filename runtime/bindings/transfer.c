@@ -376,7 +376,7 @@ static lua_Integer loaded_version(lua_State *L) {
 
 /* Watch package.loaded for new modules (once per state; leaves a
  * metatable someone else set alone and falls back to counting). */
-void lnr_open_transfer(lua_State *L) {
+static void watch_loaded(lua_State *L) {
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
   if (!lua_getmetatable(L, -1)) {
     lua_newtable(L);
@@ -1291,8 +1291,31 @@ int lnr_unpack(lua_State *L, const lnr_blob_t *b) {
   return lua_gettop(L) - base;
 }
 
+/* ---- the module ----------------------------------------------------------- */
 
-void lnr_forget_modules(lua_State *L) {
+/* A hot reload: forget this state's map of module values, so that what
+ * crosses next resolves the modules as they are now. */
+static void forget_modules(lua_State *L) {
   lua_pushnil(L);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &MODMAP_KEY);
 }
+
+/* core.transfer(...): pack and unpack in this state -- what another state
+ * would receive. For tests and the curious. */
+static int l_transfer(lua_State *L) {
+  int n = lua_gettop(L);
+  lnr_blob_t *b = lnr_pack(L, 1, n, "argument");
+  lua_settop(L, 0);
+  int got = lnr_unpack(L, b);
+  lnr_blob_free(b);
+  return got;
+}
+
+static void open_transfer(lua_State *L) {
+  watch_loaded(L);
+  lua_pushcfunction(L, l_transfer);
+  lua_setfield(L, -2, "transfer");
+}
+
+lnr_module_t lnr_transfer_module = {
+    .name = "transfer", .open = open_transfer, .reload = forget_modules};
