@@ -123,11 +123,15 @@ void lnr_batch_close(lnr_batch_t *b);
  * what waits is delivered first. False when the event goes on instead:
  * the handler left its pipeline meanwhile, or has no method for bit. */
 bool lnr_lh_enter(nr_ctx_t *ctx, unsigned bit);
+/* lnr_lh_enter for channel_writability_changed: what the handler holds
+ * goes on if the channel is writable (now, or from a task inside a
+ * batch); what is still held afterwards stays held, as this event does
+ * not force it out. */
+bool lnr_lh_enter_writability(nr_ctx_t *ctx);
+/* A read: it waits for its read_complete when it may (one path), or is
+ * called now, after what waits. */
 int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg);
 int lnr_lh_channel_read_complete(nr_ctx_t *ctx);
-/* channel_writability_changed reaching a handler that holds reads: they go
- * on if the channel is writable. True when the handler left meanwhile. */
-bool lnr_lh_writable_held(nr_ctx_t *ctx);
 /* The handler is leaving its pipeline: what waits for it is delivered,
  * what it holds goes on. */
 void lnr_batch_handler_removed(nr_ctx_t *ctx);

@@ -353,14 +353,9 @@ INBOUND0(lh_inactive, "channel_inactive", NR_EV_INACTIVE, nr_ctx_fire_inactive)
 OUTBOUND0(lh_flush, "flush", NR_OP_FLUSH, nr_ctx_flush)
 OUTBOUND0(lh_read, "read", NR_OP_READ, nr_ctx_read)
 
-/* Writable again: what the handler holds goes on first. What is still
- * held afterwards stays held: this event does not force it out, so it
- * enters through lnr_lh_enter only when nothing is held. */
+/* Writable again: what the handler holds goes on first. */
 static int lh_writability(nr_ctx_t *ctx) {
-  lh_t *h = nr_ctx_state(ctx);
-  if ((h->held != NULL && lnr_lh_writable_held(ctx)) ||
-      (h->held != NULL ? !(h->rec->has & NR_EV_WRITABILITY)
-                       : !lnr_lh_enter(ctx, NR_EV_WRITABILITY))) {
+  if (!lnr_lh_enter_writability(ctx)) {
     nr_ctx_fire_writability_changed(ctx);
     return 0;
   }
