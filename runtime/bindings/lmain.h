@@ -14,6 +14,11 @@
 
 /* require "netrun.core" (module.c). */
 int luaopen_netrun_core(lua_State *L);
+/* Call the function below nargs arguments in protected mode, with a
+ * traceback on error (lstate.c): the one protected call of the bindings
+ * and the executable. On error, leaves the message on the stack and
+ * returns non-zero. */
+int lnr_pcall(lua_State *L, int nargs, int nresults);
 /* Put the directory of `script` first on package.path (lstate.c). */
 void lnr_add_script_dir(lua_State *L, const char *script);
 /* `netrun --console PATH`: listen before the script runs; 0 or -1 with a

@@ -17,6 +17,7 @@
 #include <lualib.h>
 #include <stdatomic.h>
 
+#include "lmain.h"
 #include "netrun.h"
 
 typedef struct lnr_blob_s lnr_blob_t;
@@ -224,11 +225,8 @@ lnr_state_t *lnr_current_state(void);
 void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
                    nr_promise_t *p);
 
-/* Call the function below nargs arguments in protected mode, with a
- * traceback on error. On error, leaves the message on the stack and returns
- * non-zero. */
-int lnr_pcall(lua_State *L, int nargs, int nresults);
-/* The message handler lnr_pcall uses: adds a traceback. */
+/* lnr_pcall (lmain.h) is the one protected call. The message handler it
+ * uses: adds a traceback. */
 int lnr_msgh(lua_State *L);
 /* Log the error on top of the stack ("<what>: <message>") and pop it. */
 void lnr_log_error(lua_State *L, const char *what);
