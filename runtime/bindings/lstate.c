@@ -605,10 +605,10 @@ static int sentinel_gc(lua_State *L) {
   if (!lnr_modules_teardown(L))
     return 0;      /* a loop is stuck and may use all this: the process ends */
   if (main_state && main_state->L == L) {
+    lnr_modules_close(main_state);          /* while its loop is there */
     nr_loop_set_data(main_loop, NULL);
     nr_loop_free(main_loop);
     main_loop = NULL;
-    lnr_modules_close(main_state);
     free(main_state);
     main_state = NULL;
   }
