@@ -110,7 +110,9 @@ static void materialize(lua_State *L, int idx, proxy_t *p) {
 /* The proxy at idx if it is a userdata of class `kind`, else NULL. */
 static proxy_t *test_proxy(lua_State *L, int idx, int kind) {
   /* lua_touserdata is NULL for anything but a userdata, and a light one
-   * has length 0: two API calls tell a proxy (every dict call makes one). */
+   * has length 0: a full userdata of a proxy's size whose tag is a class
+   * key is a proxy (only C code could forge one), with no metatable
+   * lookup (every dict call makes one). */
   proxy_t *p = lua_touserdata(L, idx);
   if (p == NULL || lua_rawlen(L, idx) != sizeof(proxy_t))
     return NULL;

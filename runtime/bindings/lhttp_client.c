@@ -484,9 +484,9 @@ static const nr_handler_t lua_vt = {
 
 /* core.http.check_request(opts): raises, at the level of the call that
  * gave opts (netrun.http's request or client:request), when opts is not
- * a table of known options of the right types. One pass in C: a request
- * is checked each time it is made, and this way that costs a few hundred
- * instructions rather than a Lua loop and a C call per option. */
+ * a table of known options of the right types. One pass in C, as a
+ * request is checked each time it is made: not a Lua loop with a C call
+ * per option. */
 static void raise_at(lua_State *L, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
 static void raise_at(lua_State *L, int level, const char *fmt, ...) {

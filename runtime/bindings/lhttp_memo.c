@@ -31,8 +31,7 @@
  * The memo is filled from a response that passed the write's checks, on
  * the second write in a row of the same head: a cheap hint by address
  * alone (lnr_http_part_t.memo_hint, lhttp.h) remembers the first, so
- * responses that differ every time pay a few instructions a write and never
- * fill it; one it cannot hold (a number among its values, say) is not
+ * responses that differ every time pay only the hint and never fill it; one it cannot hold (a number among its values, say) is not
  * tried twice for the same hint. (A state's first such write makes the
  * memo, allocating; the next fills it, which allocates nothing, so no
  * finalizer can change the table while it is walked.) Its bytes are

@@ -28,7 +28,7 @@
  * channel_read_complete then calls channel_read for each, in order, and
  * channel_read_complete itself, in one protected call -- one where there
  * were as many as the read had messages (the method lookups, the protected
- * call and the message handler are a third of what a request costs). An
+ * call and its message handler are paid once per read, not per message). An
  * error skips only the message that raised it: it goes to
  * exception_caught, as from a call of its own, and the next message goes
  * on. Nothing else reaches the handler meanwhile: every Lua handler takes

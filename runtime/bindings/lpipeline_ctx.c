@@ -73,12 +73,14 @@ static lctx_t *to_ctx(lua_State *L, int idx) {
 }
 
 /* The ctx of the handler being called is known by its table's address
- * (begin notes it), which costs two API calls where reading the handle out
- * of the table costs five. The address cannot be a forgery's: the table is
- * anchored by its handler's ctx_ref, and forgotten when that is dropped,
- * so no other table can be made at that address meanwhile; the C context
- * lives as long as the handler is in its pipeline; and begin ran on this
- * state's thread, which is the channel's loop. */
+ * (begin notes it in the state's current call), so its handle need not be
+ * read out of the table. Invariant: while S->ctx_table is set, it is the
+ * address of a live ctx table whose C context is S->ctx. The address
+ * cannot be a forgery's: the table is anchored by its handler's ctx_ref,
+ * and forgotten when that is dropped (lnr_lh_free), so no other table can
+ * be made at that address meanwhile; the C context lives as long as the
+ * handler is in its pipeline; and begin ran on this state's thread, which
+ * is the channel's loop. */
 static nr_ctx_t *check_ctx(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TTABLE) {
     const lnr_state_t *S = lnr_state(L);

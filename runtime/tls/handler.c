@@ -263,8 +263,8 @@ static void free_state(tls_t *s) {
 
 /* The SSL and its BIO; 0 or -ENOMEM. One BIO reads and writes (its read
  * and write methods touch different fields, and each clears the retry
- * flags first), as a socket BIO does: a BIO made and freed per
- * connection costs about 550 instructions each way. */
+ * flags first), as a socket BIO does, so a connection makes and frees one
+ * BIO, not a pair. */
 static int make_ssl(tls_t *s) {
   s->ssl = SSL_new(s->bundle->ctx);
   BIO *b = BIO_new(bio_method);
