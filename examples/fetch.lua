@@ -39,7 +39,9 @@ group:next():execute(function(client, spec, requests, concurrency, verbose, done
   local function report()
     if verbose and last then
       local lines = { string.format("%s %d %s", last.version, last.status, last.reason) }
-      for k, v in pairs(last.headers) do lines[#lines + 1] = k .. ": " .. v end
+      for k, v in pairs(last.headers) do     -- (a repeated Set-Cookie: an array)
+        for _, one in ipairs(type(v) == "table" and v or { v }) do lines[#lines + 1] = k .. ": " .. one end
+      end
       io.write(table.concat(lines, "\n"), "\n\n", last.body, "\n")
     end
     done:set_success(string.format("requests=%d seconds=%.3f errors=%d cpu=%.3f",

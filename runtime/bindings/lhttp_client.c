@@ -31,7 +31,9 @@
  * The handler after it receives each whole response as a table:
  *   { status = 200, reason = "OK", version = "HTTP/1.1",
  *     headers = { ["content-type"] = "..." },   -- names lowercased,
- *                                               -- repeats joined by ", "
+ *                                               -- repeats joined by ", ",
+ *                                               -- but a repeated Set-Cookie
+ *                                               -- is an array of its values
  *     trailers = { ... } (only when a chunked body had some),
  *     body = "...", keep_alive = true }
  * keep_alive says whether the connection may carry another request.
@@ -86,16 +88,34 @@ static void push_lower(lua_State *L, const char *s, size_t n) {
   lua_pushlstring(L, buf, n);
 }
 
-/* A table of the fields h[0 .. n), repeats joined with ", ". */
+/* A repeated field's value (the first at -1, the name at -2, the table at
+ * -3) with h's joined: by ", " (RFC 9110 5.3), except Set-Cookie, whose
+ * values may hold commas (an Expires date) and are never combined (RFC
+ * 6265 3): an array of them, in their order, as lua-resty-http gives. */
+static void push_repeat(lua_State *L, const nr_http_header_t *h) {
+  if (h->name_len == 10 && strncasecmp(h->name, "set-cookie", 10) == 0) {
+    if (lua_type(L, -1) == LUA_TSTRING) {     /* the second: an array now */
+      lua_createtable(L, 2, 0);
+      lua_insert(L, -2);
+      lua_rawseti(L, -2, 1);
+    }
+    lua_pushlstring(L, h->value, h->value_len);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    return;
+  }
+  lua_pushliteral(L, ", ");
+  lua_pushlstring(L, h->value, h->value_len);
+  lua_concat(L, 3);
+}
+
+/* A table of the fields h[0 .. n), repeats joined (push_repeat). */
 static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
   lua_createtable(L, 0, (int)n);
   for (size_t i = 0; i < n; i++) {
     push_lower(L, h[i].name, h[i].name_len);
     lua_pushvalue(L, -1);
-    if (lua_rawget(L, -3) == LUA_TSTRING) {
-      lua_pushliteral(L, ", ");
-      lua_pushlstring(L, h[i].value, h[i].value_len);
-      lua_concat(L, 3);
+    if (lua_rawget(L, -3) != LUA_TNIL) {
+      push_repeat(L, &h[i]);
     } else {
       lua_pop(L, 1);
       lua_pushlstring(L, h[i].value, h[i].value_len);

@@ -360,8 +360,13 @@ int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
     off += (size_t)k;
     if (r.status < 200 && r.status != 101) {
       next_response(p);        /* 100 Continue, 103 Early Hints: skipped */
+      if (++p->info > NR_HTTPC_MAX_INFO) {
+        p->why = "more than 5 informational (1xx) responses";
+        return stop(p, NR_HTTPC_MALFORMED);
+      }
       continue;
     }
+    p->info = 0;
     answered(p);
     int halt = cb(arg, &r);
     next_response(p);          /* after: a chunked body lives in base.body */
