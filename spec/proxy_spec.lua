@@ -134,6 +134,23 @@ describe("examples/proxy.lua", function()
     print(string.format("\n  slow reader: backend asked %d of %d while stalled; proxy RSS +%d KiB", asked, n, grew))
   end)
 
+  it("answers HEAD with the backend's Content-Length and no body", function()
+    local out, status = H.run(string.format("curl -s -I 'http://127.0.0.1:%d/p/1'", port))
+    assert.equal(0, status, out)
+    assert.matches("^HTTP/1.1 200 OK\r\n", out)
+    -- the backend's GET would answer "HEAD /p/1?nil " (14 bytes)
+    assert.matches("\r\n[Cc]ontent%-[Ll]ength: 14\r\n", out)
+    local c = H.client(port)              -- and nothing follows the head
+    c:send("HEAD /p/2 HTTP/1.1\r\nHost: x\r\n\r\nGET /p/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    local st, h = H.read_response(c, true)
+    assert.equal(200, st)
+    assert.equal("14", h["content-length"])
+    local st2, _, body = H.read_response(c)
+    assert.equal(200, st2)
+    assert.equal("GET /p/3?nil ", body)
+    c:close()
+  end)
+
   it("a handler's late write to a client that left fails, and touches no freed codec", function()
     -- what a proxy does when the backend answers after its client closed
     local done = netrun.promise()

@@ -41,7 +41,8 @@
  * netrun.http.raw_response: the response encoded once in C, without its
  * hop-by-hop fields (RFC 9110 7.6.1) and framing (Content-Length,
  * Transfer-Encoding), ready for a server codec's ctx:write, which frames
- * it for its own client; res.status, res.keep_alive (true) and
+ * it for its own client (the answer to a HEAD keeps its Content-Length:
+ * the size a GET would get, which the server codec then sends as given); res.status, res.keep_alive (true) and
  * res.response (itself) read from it, and no headers or body table is
  * built. A response after which the connection closes comes as
  *   { status = 200, keep_alive = false, response = <raw_response> }
@@ -164,7 +165,8 @@ static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
   size_t n = 0;
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
-    if (!hop_by_hop(h->name, h->name_len))
+    if (!hop_by_hop(h->name, h->name_len) || (r->head && h->name_len == 14 &&
+                                              strncasecmp(h->name, "content-length", 14) == 0))
       kept[n++] = *h;
   }
   nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE, .status = r->status,

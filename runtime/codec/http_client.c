@@ -188,6 +188,7 @@ static int parse_head(nr_http_client_parser_t *p, nr_http_reply_t *r,
   r->trailers = r->headers + r->nheaders;
   r->keep_alive = !(seen & H_CLOSE) && (r->minor >= 1 || (seen & H_KEEP));
   bool head = p->nsent > 0 && (p->sent[p->oldest] & NR_HTTPC_HEAD);
+  r->head = head;
   int st = r->status;
   if (st < 200 || st == 204 || st == 304 || head) {
     *phase = C_HEAD;           /* no body, whatever the headers say */

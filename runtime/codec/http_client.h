@@ -60,6 +60,8 @@ typedef struct nr_http_reply_s {
   bool keep_alive;                /* the connection may carry another */
   bool chunked;
   bool raw;                       /* the codec's raw option (for its binding) */
+  bool head;                      /* the answer to a HEAD: its Content-Length
+                                     is the one a GET would have had */
   const char *reason;
   size_t reason_len;
   const char *body;               /* never NULL */
