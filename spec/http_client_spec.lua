@@ -912,6 +912,49 @@ describe("netrun.http client", function()
     server:close():sync()
   end)
 
+  it("leaves credentials and a given Host behind on a redirect to another origin, keeps them on the same", function()
+    local seen = function(req)
+      return string.format("%s %s auth=%s cookie=%s proxy=%s host=%s type=%s body=%s", req.method, req.path,
+        tostring(req.headers.authorization), tostring(req.headers.cookie),
+        tostring(req.headers["proxy-authorization"]), tostring(req.headers.host),
+        tostring(req.headers["content-type"]), req.body)
+    end
+    local other, oport = http_server(servers, "redir-other", function(req)
+      return { status = 200, body = seen(req) }
+    end)
+    local server, port = http_server(servers, "redir", function(req)
+      local to = req.path:match("^/to/(.*)$")
+      if to then return { status = tonumber(req.query) or 302, headers = { location = to } } end
+      return { status = 200, body = seen(req) }
+    end)
+    local secrets = { Authorization = "Bearer s3cret", cookie = "sid=42", ["Proxy-Authorization"] = "Basic eA==",
+                      Host = "public.example", ["X-Kept"] = "1" }
+    local function go(to, status, method)
+      return H.sync(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/to/" .. to .. "?" .. (status or 302),
+        follow = 2, headers = secrets, method = method, body = method and "data" or nil }).body
+    end
+    -- another port: another origin
+    assert.equal("GET /x auth=nil cookie=nil proxy=nil host=127.0.0.1:" .. oport .. " type=nil body=",
+      go("http://127.0.0.1:" .. oport .. "/x"))
+    -- another host for the same address: another origin too
+    assert.equal("GET /y auth=nil cookie=nil proxy=nil host=localhost:" .. oport .. " type=nil body=",
+      go("http://localhost:" .. oport .. "/y"))
+    -- the same origin (relative, and absolute): everything kept
+    assert.equal("GET /same auth=Bearer s3cret cookie=sid=42 proxy=Basic eA== host=public.example type=nil body=",
+      go("/same"))
+    assert.equal("GET /abs auth=Bearer s3cret cookie=sid=42 proxy=Basic eA== host=public.example type=nil body=",
+      go("http://127.0.0.1:" .. port .. "/abs"))
+    -- 307 keeps the method and body (and the fields of the body); 303 drops them
+    secrets["Content-Type"] = "text/plain"
+    assert.equal("POST /p auth=nil cookie=nil proxy=nil host=127.0.0.1:" .. oport .. " type=text/plain body=data",
+      go("http://127.0.0.1:" .. oport .. "/p", 307, "POST"))
+    assert.equal("GET /g auth=Bearer s3cret cookie=sid=42 proxy=Basic eA== host=public.example type=nil body=",
+      go("/g", 303, "POST"))
+    assert.equal("Bearer s3cret", secrets.Authorization)    -- the caller's table untouched
+    server:close():sync()
+    other:close():sync()
+  end)
+
   it("runs 200 concurrent requests through a pool of 64, and a loop timer keeps firing", function()
     local server, port = http_server(servers, "many", function(req, ctx)
       -- answer after a short delay, so requests really wait together

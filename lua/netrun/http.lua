@@ -4,7 +4,7 @@
 --   netrun.http.request { method = "GET", url = "https://a.example/x",
 --                         headers = {}, body = nil, timeout = 5,
 --                         max_body = 1 << 20, tls = nil, follow = 0,
---                         forward = nil }
+--                         follow_downgrade = false, forward = nil }
 --     --> future of { status = 200, headers = { lowercased }, body = "...",
 --                     reason, version, keep_alive }
 --   local client = netrun.http.client { pool = 64, keepalive = 60,
@@ -53,7 +53,11 @@
 --
 -- Redirects are not followed unless asked: follow = N follows up to N
 -- (301, 302, 303, 307, 308 with a Location; 303, and 301/302 after a POST,
--- turn into a GET without body).
+-- turn into a GET without body or the fields describing it). A redirect
+-- to another origin (scheme, host or port) leaves Authorization, Cookie,
+-- Proxy-Authorization and a given Host behind; one from https to http
+-- fails the request ("redirect from https to http refused") unless
+-- follow_downgrade = true (a request's or the client's option).
 --
 -- Threads: on a loop the connections live on that loop. From the main
 -- thread (a script, the REPL) the request runs on a loop of a daemon group
@@ -186,36 +190,78 @@ end
 
 local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308] = true }
 
+-- Fields a redirect to another origin (scheme, host or port) leaves
+-- behind: credentials meant for the first one, and a Host given for it
+-- (curl since CVE-2018-1000007 and CVE-2022-27776, the Fetch standard,
+-- Go's http.Client).
+local CROSS_ORIGIN = { authorization = true, cookie = true, ["proxy-authorization"] = true,
+                       host = true }
+-- Fields that describe a body, left behind when a redirect drops it (a
+-- 303, or a 301/302 after a POST, turned into a GET; the Fetch standard's
+-- request-body-header names, and the framing).
+local OF_BODY = { ["content-type"] = true, ["content-length"] = true,
+                  ["transfer-encoding"] = true, ["content-encoding"] = true,
+                  ["content-language"] = true, ["content-location"] = true }
+
+-- The headers table h without the fields named (lowercase) in drop.
+local function without(h, drop)
+  local out
+  for k, v in pairs(h) do
+    if type(k) == "string" and drop[k:lower()] then
+      if out == nil then              -- (copied only when something goes)
+        out = {}
+        for k2, v2 in pairs(h) do out[k2] = v2 end
+      end
+      out[k] = nil
+    end
+  end
+  return out or h
+end
+
 -- A request that follows redirects: its target (callback or promise) gets
 -- the response after the redirects, each one a request of its own with
--- the time left.
+-- the time left. To another origin the credentials and a given Host stay
+-- behind; from https to http it stops with an error unless
+-- follow_downgrade (a request's, else the client's) allows it.
 local function following(client, opts, url, method, follow, timeout, target)
   local t0 = now()
+  local function finish(r, e)
+    if type(target) == "function" then return target(r, e) end
+    if r then target:try_success(r) else target:try_failure(e) end
+  end
   return function(res, err)
     local loc = res and REDIRECT[res.status] and res.headers and res.headers.location
-    if loc then
-      local n = {}
-      for k, v in pairs(opts) do n[k] = v end
-      n.url = resolve_location(url, loc)
-      n.follow = follow - 1
-      n.timeout = timeout > 0 and math.max(0.001, t0 + timeout - now()) or 0
-      if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
-        if method ~= "HEAD" then n.method = "GET" end
-        n.body = nil
+    if not loc then return finish(res, err) end
+    local n = {}
+    for k, v in pairs(opts) do n[k] = v end
+    n.url = resolve_location(url, loc)
+    n.follow = follow - 1
+    n.timeout = timeout > 0 and math.max(0.001, t0 + timeout - now()) or 0
+    local s1, h1, p1 = parse_url(url)
+    local s2, h2, p2 = parse_url(n.url)      -- (a bad one fails as the request)
+    if s1 == "https" and s2 == "http" then
+      local allow = opts.follow_downgrade
+      if allow == nil then allow = client.follow_downgrade end
+      if not allow then
+        return finish(nil, string.format("netrun.http: %s %s: redirect from https to http " ..
+          "refused (follow_downgrade): %s", method, url, n.url))
       end
-      return M.request_with(client, n, function(r, e)
-        if type(target) == "function" then return target(r, e) end
-        if r then target:try_success(r) else target:try_failure(e) end
-      end)
     end
-    if type(target) == "function" then return target(res, err) end
-    if res then target:try_success(res) else target:try_failure(err) end
+    local h = opts.headers
+    if h and s2 and (s1 ~= s2 or h1 ~= h2 or p1 ~= p2) then h = without(h, CROSS_ORIGIN) end
+    if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
+      if method ~= "HEAD" then n.method = "GET" end
+      n.body = nil
+      if h then h = without(h, OF_BODY) end
+    end
+    n.headers = h
+    return M.request_with(client, n, finish)
   end
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true,
-                      max_waiting = true }
+                      max_waiting = true, follow_downgrade = true }
 -- A request's options checked: known, of the right types (raises at the
 -- level of the call that gave them: core.http.check_request, in C, as
 -- every request is checked).
@@ -410,8 +456,10 @@ function M.client(opts)
   check_number(what, "timeout", opts.timeout, 0)
   check_number(what, "max_body", opts.max_body, 0)
   check_number(what, "max_header", opts.max_header, 64)
-  if opts.raw ~= nil and type(opts.raw) ~= "boolean" then
-    error(what .. ": raw must be a boolean, got " .. type(opts.raw), 2)
+  for _, k in ipairs { "raw", "follow_downgrade" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+      error(what .. ": " .. k .. " must be a boolean, got " .. type(opts[k]), 2)
+    end
   end
   return setmetatable({
     id = new_id(), pool = math.tointeger(opts.pool or M.pool),
@@ -419,6 +467,7 @@ function M.client(opts)
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
     raw = opts.raw == true, max_waiting = math.tointeger(opts.max_waiting or M.max_waiting),
+    follow_downgrade = opts.follow_downgrade == true,
   }, Client)
 end
 
