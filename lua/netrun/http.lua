@@ -13,7 +13,11 @@
 --   client:request { ... } --> future
 --
 -- Connections: each client keeps, per loop (in that loop's own Lua state)
--- and per origin (scheme, host, port), up to `pool` connections; a
+-- and per origin (scheme, host, port) and TLS settings (the identity of
+-- the request's TLS config, else the client's, else the default: a
+-- request never takes a connection made under other settings, and a
+-- reload that changes a config's settings retires the connections made
+-- before it), up to `pool` connections; a
 -- response that leaves its connection usable puts it back (idle ones close
 -- after `keepalive` seconds), and a request finding every connection busy
 -- waits for one, up to `max_waiting` per pool (past it a request fails at
@@ -71,10 +75,11 @@ local M = {
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
 
-local pools = {}              -- client id -> origin -> pool (this state's)
+local pools = {}              -- client id -> origin [# TLS identity] -> pool (this state's)
 local by_id = {}              -- pool number -> pool (for connections' init)
 local codecs, ncodecs = {}, 0 -- "max_header max_body" -> codec config
 local now = core.now
+local tls_identity = core.tls.identity
 
 -- The loop running this state (nil: the main thread): a state lives on
 -- one thread for life, so it is asked once.
@@ -147,7 +152,7 @@ end
 
 local npools = 0
 
-local function pool_of(client, key, scheme, host, port, max_body)
+local function pool_of(client, key, scheme, host, port, max_body, tls)
   local per = pools[client.id]
   if per == nil then per = {}; pools[client.id] = per end
   local pool = per[key]
@@ -179,9 +184,12 @@ local function pool_of(client, key, scheme, host, port, max_body)
     end
     by_id[id] = nil
   end
+  -- https: the config its connections are made with, watched for reloads
+  -- (a request with another config's identity goes to another pool)
   pool = core.http.pool { max = client.pool, keepalive = client.keepalive,
                           max_waiting = client.max_waiting,
-                          connect = connect, empty = empty }
+                          connect = connect, empty = empty,
+                          tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil }
   per[key], by_id[id] = pool, pool
   return pool
 end
@@ -347,15 +355,30 @@ function M.request_with(client, opts, cb)
     mb = math.tointeger(mb)
     key = scheme .. "+" .. mb .. "://" .. u[2] .. ":" .. u[3]
   end
+  -- a TLS config of the request's own: connections of their own, shared
+  -- only with requests whose config has the same identity (the same
+  -- settings and files)
+  local tls = opts.tls
+  if tls ~= nil and scheme == "https" and tls ~= client.tls then
+    key = key .. "#" .. tls_identity(tls)
+  end
   local per = pools[client.id]
-  local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb)
+  local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb, tls)
   local target = cb or p
   local follow = not fwd and (opts.follow or client.follow)
   if follow and follow > 0 then
     target = following(client, opts, url, method, math.tointeger(follow), timeout, target)
   end
-  pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
-            fwd or false, hosthdr or false, url, timeout, opts.tls or false)
+  if not pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
+                   fwd or false, hosthdr or false, url, timeout, tls or false) then
+    -- retired: its config was reloaded with other settings; a new pool
+    -- for the key (the retired one finishes what it has)
+    per = pools[client.id]
+    if per and per[key] == pool then per[key] = nil end
+    pool = pool_of(client, key, scheme, u[2], u[3], mb, tls)
+    pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
+              fwd or false, hosthdr or false, url, timeout, tls or false)
+  end
   return p
 end
 
