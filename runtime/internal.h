@@ -333,7 +333,8 @@ enum {
   NR__LINGER_WANTED = 1u << 13,   /* nr_channel_linger: a close lingers */
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
-  NR__SHUTDOWN_TOLD = 1u << 16    /* NR_EVT_SHUTDOWN was fired on it */
+  NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
+  NR__READS_HELD = 1u << 17       /* nr_channel_hold_reads: read nothing */
 };
 
 typedef struct nr_server_s {

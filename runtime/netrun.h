@@ -477,6 +477,11 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. While held the channel reads nothing, whatever
+ * auto_read and read requests say: backpressure of a codec's own that the
+ * application's auto_read cannot undo (the HTTP server codec's body
+ * budget). Not counted: one holder. */
+void nr_channel_hold_reads(nr_channel_t *ch, bool held);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel

@@ -40,5 +40,9 @@ long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n);
 /* Whether p is between requests or within a request's head (not in a
  * body): what the server's timeouts tell apart. */
 bool nr__http_parsing_head(const nr_http_parser_t *p);
+/* The most the body being read may come to: its Content-Length, or
+ * max_body when it is chunked; 0 between requests or within a head (what
+ * the server's body budget reserves). */
+uint64_t nr__http_body_bound(const nr_http_parser_t *p);
 
 #endif /* NR_CODEC_HTTP_PARSE_H */
