@@ -983,23 +983,12 @@ static size_t skip_blank(const char *s, size_t off, size_t n) {
   return off;
 }
 
-/* Keep bytes of a request that is not whole yet: in a cumulation the
- * size of the request when its body's length is known (one copy, no
- * slack: an 8 MiB upload takes 8 MiB, not the 16 of doublings). */
-static int cumulate(nr_http_parser_t *p, const char *data, size_t len) {
-  if (p->phase == P_BODY &&
-      p->content_length <= SIZE_MAX - p->head_len &&
-      nr_buf_reserve(&p->in, p->head_len + (size_t)p->content_length) < 0)
-    return -1;
-  return nr_buf_append(&p->in, data, len);
-}
-
 int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
                  nr_http_cb cb, void *arg) {
   if (p->stopped)
     return 1;
   bool cum = nr_buf_len(&p->in) > 0;
-  if (cum && len > 0 && cumulate(p, data, len) < 0)
+  if (cum && len > 0 && nr_buf_append(&p->in, data, len) < 0)
     return stop(p, 500);
   /* The request lives on the stack: it is rebuilt from the bytes on every
    * call, so a connection between requests holds none of it. */
@@ -1039,7 +1028,7 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
   }
   if (cum)
     nr_buf_consume(&p->in, off);
-  else if (off < n && cumulate(p, s + off, n - off) < 0)
+  else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
     return stop(p, 500);
   return 0;
 }
@@ -1076,6 +1065,13 @@ long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
 
 bool nr__http_parsing_head(const nr_http_parser_t *p) {
   return p->phase == P_HEAD;
+}
+
+int nr__http_reserve_body(nr_http_parser_t *p) {
+  if (p->phase != P_BODY || nr_buf_len(&p->in) == 0 ||
+      p->content_length > SIZE_MAX - p->head_len)
+    return 0;
+  return nr_buf_reserve(&p->in, p->head_len + (size_t)p->content_length);
 }
 
 uint64_t nr__http_body_bound(const nr_http_parser_t *p) {

@@ -413,6 +413,7 @@ static bool gate(nr_http_server_t *s) {
     if ((ok = room(s, need, &loop_full))) {
       take(s, need);
       s->admitted = need;
+      nr__http_reserve_body(&s->parser);   /* (no memory: it grows as before) */
     }
   } else if (s->admitted == 0) {
     ok = room(s, 0, &loop_full);   /* between requests, or in a head */
@@ -838,6 +839,8 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   if (s->budget != NULL && !nr_inbound_busy(&s->in)) {
     gate(s);
     budget_wake(s->budget);    /* (room a delivery gave back) */
+  } else if (s->budget == NULL && !nr__http_parsing_head(&s->parser)) {
+    nr__http_reserve_body(&s->parser);     /* (no budget: at once) */
   }
   if (!nr_inbound_busy(&s->in))
     settle(s);
