@@ -75,7 +75,7 @@ struct nr_http_server_s {
   /* the body budget (below) */
   uint64_t budget_limit;      /* its loop's budget (0: none) */
   uint64_t conn_limit;        /* its own (0: none) */
-  budget_t *budget;           /* its loop's, from start() */
+  budget_t *budget;           /* its loop's (in its profile), from start() */
   uint64_t held;              /* body bytes it holds (admitted + delivered) */
   uint64_t admitted;          /* reserved for the body being read (0: none) */
   uint64_t *resv;             /* per unanswered request (ring), made at the
@@ -124,6 +124,9 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
  * connection, and each fires about once per timeout while the list is
  * busy.
  *
+ * A profile also holds its loop's body budget (below), for the codecs
+ * configured with that budget value.
+ *
  * Lifetime: a profile is counted by the connections using it, and by a
  * list timer while it runs (an expiry may free connections); the last
  * one cancels its timers (on the loop thread: they cannot fire
@@ -140,11 +143,18 @@ struct wait_list_s {
   uint8_t wait;               /* W_* of its members */
 };
 
+/* A loop's body budget (see "the body budget" below). */
+struct budget_s {
+  uint64_t limit, held;
+  nr_http_server_t *head, *tail;   /* connections waiting for room, in order */
+};
+
 struct profile_s {
   nr_loop_t *loop;
   uint64_t timeout[3];        /* as nr_http_server_t's */
   unsigned refs;
   wait_list_t list[NWAITS];   /* by W_* (W_NONE's is unused) */
+  budget_t budget;            /* its limit is part of the profile's key */
   profile_t *next;            /* the thread's profiles */
 };
 
@@ -159,15 +169,18 @@ static uint64_t coarse_now(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
+static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3],
+                              uint64_t budget) {
   assert(nr_loop_in_thread(loop));
   profile_t *p;
   for (p = profiles; p != NULL; p = p->next)
-    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0)
+    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0 &&
+        p->budget.limit == budget)
       break;
   if (p == NULL && (p = calloc(1, sizeof *p)) != NULL) {
     p->loop = loop;
     memcpy(p->timeout, timeout, sizeof p->timeout);
+    p->budget.limit = budget;
     static const int which[NWAITS] = {-1, 0, 2, 0, 1};  /* W_* -> timeout */
     for (int w = W_FRESH; w < NWAITS; w++)
       p->list[w] = (wait_list_t){.limit = timeout[which[w]], .prof = p,
@@ -183,6 +196,7 @@ static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
 static void profile_put(profile_t *p) {
   if (--p->refs > 0)
     return;
+  assert(p->budget.head == NULL && p->budget.held == 0);
   for (int w = W_FRESH; w < NWAITS; w++) {
     assert(p->list[w].head == NULL);
     if (p->list[w].timer != NULL) {
@@ -261,8 +275,9 @@ static void server_free(nr_http_server_t *s);
  * Request bodies are held whole -- in the parser while they arrive, then
  * by their request until it is answered -- so what a loop's connections
  * hold is counted in bytes. Each body is reserved from its loop's budget
- * (one per loop and budget value, shared by the connections of the codecs
- * configured alike) and from its connection's own, from its head on --
+ * (one per loop and budget value: in the profile, shared by the
+ * connections of the codecs configured alike) and from its connection's
+ * own, from its head on --
  * its Content-Length, or max_body when it is chunked (the excess is given
  * back once it is whole) -- until its answer has been written or the
  * connection closes. A body that does not fit holds its connection's reads
@@ -282,43 +297,6 @@ static void server_free(nr_http_server_t *s);
  * whose body had to wait, or bodies that came whole in one read (counted
  * as they are delivered).
  */
-struct budget_s {
-  nr_loop_t *loop;
-  uint64_t limit, held;
-  unsigned refs;
-  nr_http_server_t *head, *tail;   /* connections waiting for room, in order */
-  budget_t *next;                  /* the thread's budgets */
-};
-
-static _Thread_local budget_t *budgets;
-
-static budget_t *budget_get(nr_loop_t *loop, uint64_t limit) {
-  budget_t *b;
-  for (b = budgets; b != NULL; b = b->next)
-    if (b->loop == loop && b->limit == limit)
-      break;
-  if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
-    b->loop = loop;
-    b->limit = limit;
-    b->next = budgets;
-    budgets = b;
-  }
-  if (b != NULL)
-    b->refs++;
-  return b;
-}
-
-static void budget_put(budget_t *b) {
-  if (--b->refs > 0)
-    return;
-  assert(b->head == NULL && b->held == 0);
-  budget_t **pp = &budgets;
-  while (*pp != b)
-    pp = &(*pp)->next;
-  *pp = b->next;
-  free(b);
-}
-
 static void bline_remove(nr_http_server_t *s) {
   if (!s->bwaiting)
     return;
@@ -516,20 +494,19 @@ static void start(nr_http_server_t *s) {
     return;
   s->started = true;
   nr_loop_t *loop = nr_channel_loop(ch);
-  if (loop != NULL && (s->timeout[0] | s->timeout[1] | s->timeout[2]) != 0)
-    s->prof = profile_get(loop, s->timeout);
-  if (loop != NULL && s->budget_limit != 0)
-    s->budget = budget_get(loop, s->budget_limit);
+  if (loop != NULL &&
+      (s->timeout[0] | s->timeout[1] | s->timeout[2] | s->budget_limit) != 0)
+    s->prof = profile_get(loop, s->timeout, s->budget_limit);
+  if (s->prof != NULL && s->budget_limit != 0)
+    s->budget = &s->prof->budget;
   watch(s, W_FRESH);
 }
 
 static void server_free(nr_http_server_t *s) {
   unlist(s);
+  budget_leave(s);
   if (s->prof != NULL)
     profile_put(s->prof);
-  budget_leave(s);
-  if (s->budget != NULL)
-    budget_put(s->budget);
   free(s->resv);
   nr_inbound_free(&s->in);
   nr_http_parser_free(&s->parser);
