@@ -1129,7 +1129,7 @@ void nr_set_msg_describer(nr_msg_describe_fn fn) {
 /* What a channel of this kind takes, and what it was given instead: a
  * message that reaches the head unencoded is a programmer's mistake. */
 static int unwritable(nr_channel_t *ch, void *msg) {
-  char what[96];
+  char what[96], where[128] = "";
   int type = nr_msg_type(msg);
   if (type == NR_MSG_BYTES || type == NR_MSG_SLICES)
     snprintf(what, sizeof what, "%s", type == NR_MSG_BYTES
@@ -1137,14 +1137,16 @@ static int unwritable(nr_channel_t *ch, void *msg) {
   else if (type == NR_MSG_DATAGRAM)
     snprintf(what, sizeof what, "a datagram");
   else if (describer != NULL)
-    describer(msg, what, sizeof what);
+    describer(msg, what, sizeof what, where, sizeof where);
   else
     nr_msg_describe(type, what, sizeof what);
+  const char *sep = where[0] ? ": " : "";     /* "app.lua:12: cannot write" */
   if (ch->kind == NR__DGRAM)
-    return nr_raise(-EINVAL, "cannot write %s to a datagram channel: it takes "
-                    "{ data = ..., host = ..., port = ... }", what);
-  return nr_raise(-EINVAL, "cannot write %s to a stream channel: it takes a "
-                  "string or an array of strings (no handler encoded it)", what);
+    return nr_raise(-EINVAL, "%s%scannot write %s to a datagram channel: it "
+                    "takes { data = ..., host = ..., port = ... }", where, sep, what);
+  return nr_raise(-EINVAL, "%s%scannot write %s to a stream channel: it takes "
+                  "a string or an array of strings (no handler encoded it)",
+                  where, sep, what);
 }
 
 static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {

@@ -319,9 +319,12 @@ void nr_msg_describe(int type, char *buf, size_t size);
 
 /* Error text for a message a channel cannot write: the describer says what
  * the message is ("a number (42)") in buf, for a type the core does not
- * know (the Lua bindings describe NR_MSG_LUA). Set once, before any loop
- * runs; called on the writing loop's thread while the message is valid. */
-typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size);
+ * know (the Lua bindings describe NR_MSG_LUA), and where it was written
+ * ("app.lua:12"), if it knows, in where (else ""). Set once, before any
+ * loop runs; called on the writing loop's thread while the message is
+ * valid (the write that made it has not returned). */
+typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size,
+                                   char *where, size_t wsize);
 void nr_set_msg_describer(nr_msg_describe_fn fn);
 
 /* Bytes. Stream channels deliver these to the first handler and accept them

@@ -7,7 +7,6 @@ PACKAGES=(
   gcc make cmake pkg-config             # build
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
-  lua-cjson                             # netrun.json
   libssl-dev                            # TLS (OpenSSL 3)
   zlib1g-dev                            # WebSocket permessage-deflate
   curl redis-tools netcat-openbsd       # real clients used by tests
@@ -17,6 +16,7 @@ PACKAGES=(
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
+  lintian                               # checks the Debian package (package_spec)
   nginx nodejs                          # peers: HTTP servers for the client specs, Node's https for TLS
   python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
 )

@@ -661,7 +661,7 @@ static int l_current(lua_State *L) {
   return 1;
 }
 
-/* Every live group, for netrun.groups() (the REPL's :loops). */
+/* Every live group, for core.groups() (the REPL's :loops). */
 static int l_groups(lua_State *L) {
   lua_newtable(L);
   pthread_mutex_lock(&live_lock);

@@ -414,9 +414,10 @@ void lnr_push_msg(lua_State *L, void *msg);
  * than lmsg.c's table holds, aborts with a message naming the type. */
 typedef void (*lnr_msg_push_fn)(lua_State *L, void *msg);
 void lnr_register_msg(int type, lnr_msg_push_fn push);
-/* What a Lua value no handler encoded is, for the head's error text
- * (nr_set_msg_describer). */
-void lnr_describe_msg(const void *msg, char *buf, size_t size);
+/* What a Lua value no handler encoded is, and the Lua line that wrote it,
+ * for the head's error text (nr_set_msg_describer). */
+void lnr_describe_msg(const void *msg, char *buf, size_t size, char *where,
+                      size_t wsize);
 void lnr_free_inits(void);
 /* Hot reload (lchannel.c, transfer.c): forget this state's unpacked server
  * inits and its map of module values, so that what crosses next resolves
@@ -425,6 +426,8 @@ void lnr_forget_inits(lua_State *L);
 void lnr_forget_modules(lua_State *L);
 /* lops.c: core.file_stamp, core.forget_caches, core.term_*, core.http_stats. */
 void lnr_open_ops(lua_State *L);
+/* core.json(): a state's JSON codec for lua/netrun/json.lua (ljson.c). */
+void lnr_open_json(lua_State *L);
 /* Native messages: a full userdata that begins with an lnr_native_t, then
  * a C pipeline message (its first int its NR_MSG type) holding no
  * pointers, such as a prepared HTTP response. lnr_to_msg hands it to the
