@@ -17,12 +17,11 @@
 -- the request's TLS config, else the client's, else the default: a
 -- request never takes a connection made under other settings, and a
 -- reload that changes a config's settings retires the connections made
--- before it), up to `pool` connections; a
--- response that leaves its connection usable puts it back (idle ones close
--- after `keepalive` seconds), and a request finding every connection busy
--- waits for one, up to `max_waiting` per pool (past it a request fails at
--- once: a backend that cannot keep up does not grow the line without
--- bound). netrun.http.request uses one default client. One request
+-- before it), up to `pool` connections; a response that leaves its
+-- connection usable puts it back (idle ones close after `keepalive`
+-- seconds), and a request finding every connection busy waits for one, up
+-- to `max_waiting` per pool (past it a request fails at once: a backend
+-- that cannot keep up does not grow the line without bound). netrun.http.request uses one default client. One request
 -- at a time per connection (no pipelining: a slow response would hold up
 -- the ones behind it). The pools are C (runtime/bindings/lhttp_pool.c):
 -- this module reads a request's options and hands it to its pool.
