@@ -407,6 +407,14 @@ static bool gate(nr_http_server_t *s) {
   return ok;
 }
 
+/* Nothing for gate to do after a read: the connection holds no body,
+ * none is being read (a body in progress keeps bytes in the parser), its
+ * reads go on, and nobody waits (the usual, checked inline). */
+static inline bool budget_idle(const nr_http_server_t *s) {
+  return (s->held | s->admitted) == 0 && !s->reads_held &&
+         nr_buf_len(&s->parser.in) == 0 && s->budget->head == NULL;
+}
+
 /* A request with a body was delivered into ring slot i: what it holds is
  * its body's length from now until its answer (the reservation made at
  * its head, adjusted; or taken now, when it came whole in one read). */
@@ -813,7 +821,7 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
     else
       send_error(s, rc);
   }
-  if (s->budget != NULL && !nr_inbound_busy(&s->in)) {
+  if (s->budget != NULL && !nr_inbound_busy(&s->in) && !budget_idle(s)) {
     gate(s);
     budget_wake(s->budget);    /* (room a delivery gave back) */
   } else if (s->budget == NULL && !nr__http_parsing_head(&s->parser)) {
