@@ -770,9 +770,10 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   }
   uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
               (req->minor == 0 ? F_HTTP10 : 0);
-  s->flags[(s->oldest + s->outstanding) % RING] = f;
-  if (s->budget != NULL && (req->body_len > 0 || s->admitted > 0))
-    budget_delivered(s, (s->oldest + s->outstanding) % RING, req->body_len);
+  unsigned slot = (s->oldest + s->outstanding) % RING;
+  s->flags[slot] = f;
+  if ((req->body_len | s->admitted) != 0 && s->budget != NULL)
+    budget_delivered(s, slot, req->body_len);
   if (s->outstanding++ == 0)   /* a shutdown waits for the answers owed */
     nr_channel_hold(ch);
   s->wait = W_NONE;            /* the server's turn: no timeout runs */
