@@ -162,6 +162,9 @@ describe("examples/proxy.lua", function()
     local port2 = H.free_port()
     local pid2 = H.start(H.root .. "/examples/proxy.lua", port2,
       "--backend 127.0.0.1:" .. sport .. " --timeout 60")
+    -- (a graceful stop would wait for the writes to the silent backend:
+    -- its 15 s; killed whatever the test's outcome)
+    finally(function() os.execute("kill -KILL " .. pid2); silent:close() end)
     local rss0 = H.rss(pid2)
     local body = string.rep("x", 8 * 1024 * 1024)
     local head = "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: " .. #body .. "\r\n\r\n"
@@ -205,9 +208,6 @@ describe("examples/proxy.lua", function()
       assert.is_true(peak < 128 * 1024, "the proxy grew by " .. peak .. " KiB")
     end
     for _, c in ipairs(clients) do c:close() end
-    -- (a graceful stop waits for the writes to the silent backend: its 15 s)
-    os.execute("kill -KILL " .. pid2)
-    silent:close()
   end)
 
   it("a handler's late write to a client that left fails, and touches no freed codec", function()
