@@ -233,7 +233,8 @@ void nr__channel_update_interest(nr_channel_t *ch) {
   } else {
     if (ch->st & (NR__CONNECTING | NR__WAIT_OUT))
       ev |= EPOLLOUT;
-    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING | NR__CLOSE_IDLE)) &&
+    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING | NR__CLOSE_IDLE |
+                              NR__READS_HELD)) &&
         (ch->opts.auto_read || (ch->st & NR__READ_REQ)))
       ev |= EPOLLIN;
   }
@@ -580,6 +581,8 @@ static void input_closed(nr_channel_t *ch) {
 
 static void read_stream(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
+  if (ch->st & NR__READS_HELD)
+    return;               /* (an event from before the hold) */
   if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL)
     return;
   int reads = 0, err = 0;
@@ -605,7 +608,8 @@ static void read_stream(nr_channel_t *ch) {
         nr_pipeline_fire_read(&ch->pipe, &b);
       if ((ch->st & (NR__CLOSED | NR__CLOSING)) || n < NR_READ_BUF)
         break;            /* a short read drained the socket: skip EAGAIN */
-      if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))
+      if ((!ch->opts.auto_read && !(ch->st & NR__READ_REQ)) ||
+          (ch->st & NR__READS_HELD))
         break;
     } else if (n == 0) {
       eof = true;
@@ -1168,6 +1172,14 @@ static int head_close(nr_ctx_t *ctx, nr_promise_t *p) {
                             complete_on_close, nr_promise_retain(p));
   nr__channel_close(ch, false);
   return 0;
+}
+
+void nr_channel_hold_reads(nr_channel_t *ch, bool held) {
+  assert(nr_loop_in_thread(ch->loop));
+  if (held == ((ch->st & NR__READS_HELD) != 0))
+    return;
+  ch->st ^= NR__READS_HELD;
+  nr__channel_update_interest(ch);
 }
 
 static int head_read(nr_ctx_t *ctx) {

@@ -354,7 +354,8 @@ enum {
   NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
   NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
                                      pipeline (nr_channel_close_when_idle) */
-  NR__UNREF = 1u << 18            /* linked, and keeps its loop not alive */
+  NR__UNREF = 1u << 18,           /* linked, and keeps its loop not alive */
+  NR__READS_HELD = 1u << 19       /* nr_channel_hold_reads: read nothing */
 };
 
 typedef struct nr_server_s {

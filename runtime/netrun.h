@@ -590,6 +590,11 @@ void nr_channel_set_ref(nr_channel_t *ch, bool ref);
  * the read under way and its read_complete, where answers are written,
  * come first. Nothing if the channel is closing already. */
 void nr_channel_close_when_idle(nr_channel_t *ch);
+/* Loop thread only. While held the channel reads nothing, whatever
+ * auto_read and read requests say: backpressure of a codec's own that the
+ * application's auto_read cannot undo (the HTTP server codec's body
+ * budget). Not counted: one holder. */
+void nr_channel_hold_reads(nr_channel_t *ch, bool held);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel

@@ -15,6 +15,11 @@
  *                             -- and close; 0 = off
  *     keepalive_timeout = 75, -- seconds an idle connection waits for its
  *                             -- next request: closed silently; 0 = off
+ *     body_budget = 64 MiB,   -- request body bytes held at once by the
+ *                             -- connections on one loop (from a body's
+ *                             -- head to its answer); past it reading
+ *                             -- waits (http_server.c); 0 = none
+ *     conn_body_budget = 16 MiB, -- the same for one connection
  *   })
  * The timeouts are nginx's defaults (client_header_timeout,
  * client_body_timeout, keepalive_timeout) and time the client only: none
@@ -939,6 +944,10 @@ static int l_http_server(lua_State *L) {
   o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
   o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",
                                     NR_HTTP_KEEPALIVE_TIMEOUT);
+  o.body_budget = (uint64_t)lnr_codec_int(L, "http_server", "body_budget",
+                                          64 << 20, 0, (lua_Integer)1 << 50);
+  o.conn_body_budget = (uint64_t)lnr_codec_int(L, "http_server", "conn_body_budget",
+                                               16 << 20, 0, (lua_Integer)1 << 50);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -949,10 +958,13 @@ static int l_tostring(lua_State *L) {
   conf_t *c = luaL_checkudata(L, 1, CLASS);
   char b[256];
   snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
+           "body_budget = %llu, conn_body_budget = %llu, "
            "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
            "keepalive_timeout = %g }", c->max_header, c->max_body,
-           c->max_headers, (double)c->header_timeout / 1e9,
-           (double)c->body_timeout / 1e9, (double)c->keepalive_timeout / 1e9);
+           (unsigned long long)c->body_budget,
+           (unsigned long long)c->conn_body_budget, c->max_headers,
+           (double)c->header_timeout / 1e9, (double)c->body_timeout / 1e9,
+           (double)c->keepalive_timeout / 1e9);
   lua_pushstring(L, b);
   return 1;
 }

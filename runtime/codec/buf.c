@@ -33,6 +33,24 @@ int nr_buf_append(nr_buf_t *b, const void *p, size_t n) {
   return 0;
 }
 
+int nr_buf_reserve(nr_buf_t *b, size_t total) {
+  if (b->cap - b->r >= total)
+    return 0;
+  if (b->r > 0) {                          /* reclaim consumed bytes first */
+    memmove(b->data, b->data + b->r, b->w - b->r);
+    b->w -= b->r;
+    b->r = 0;
+  }
+  if (b->cap >= total)
+    return 0;
+  char *d = realloc(b->data, total);
+  if (d == NULL)
+    return -ENOMEM;
+  b->data = d;
+  b->cap = total;
+  return 0;
+}
+
 void nr_buf_consume(nr_buf_t *b, size_t n) {
   b->r += n;
   if (b->r >= b->w)

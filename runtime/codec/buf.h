@@ -30,6 +30,11 @@ static inline const char *nr_buf_peek(const nr_buf_t *b) {
 
 /* Append n bytes; 0 or -ENOMEM. Compacts before growing. */
 int nr_buf_append(nr_buf_t *b, const void *p, size_t n);
+/* Room for `total` readable bytes in all, made at once (a message whose
+ * size is known: its bytes are then copied once, into a buffer of its
+ * size, rather than through doublings that end up to twice as big);
+ * 0 or -ENOMEM. Compacts first. */
+int nr_buf_reserve(nr_buf_t *b, size_t total);
 /* Drop n readable bytes (n <= len). An emptied buffer frees its memory. */
 void nr_buf_consume(nr_buf_t *b, size_t n);
 /* Free everything. */

@@ -195,6 +195,10 @@ typedef struct nr_http_server_s nr_http_server_t;
 typedef struct nr_http_server_opts_s {
   size_t max_header, max_body, max_headers;
   uint64_t header_timeout, body_timeout, keepalive_timeout;
+  /* Request body bytes held at once (http_server.c's body budget): by the
+   * codec's connections on one loop (body_budget, shared by the codecs
+   * configured alike) and by one connection (conn_body_budget); 0: none. */
+  uint64_t body_budget, conn_body_budget;
 } nr_http_server_opts_t;
 
 #define NR_HTTP_HEADER_TIMEOUT NR_SEC(60)

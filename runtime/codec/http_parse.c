@@ -1068,3 +1068,15 @@ long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
 bool nr__http_parsing_head(const nr_http_parser_t *p) {
   return p->phase == P_HEAD;
 }
+
+int nr__http_reserve_body(nr_http_parser_t *p) {
+  if (p->phase != P_BODY || nr_buf_len(&p->in) == 0 ||
+      p->content_length > SIZE_MAX - p->head_len)
+    return 0;
+  return nr_buf_reserve(&p->in, p->head_len + (size_t)p->content_length);
+}
+
+uint64_t nr__http_body_bound(const nr_http_parser_t *p) {
+  return p->phase == P_HEAD ? 0 : p->phase == P_BODY ? p->content_length
+                                                     : p->max_body;
+}
