@@ -75,6 +75,7 @@ nr_channel_t *nr__channel_new(int kind, int family, int fd,
   fix_opts(&ch->opts, opts);
   nr__pipeline_init(&ch->pipe, ch, &nr__head_handler);
   nr__out_init(&ch->out);
+  ch->out.high = ch->opts.write_buffer_high;
   return ch;
 }
 
@@ -295,9 +296,10 @@ void nr__loop_reap(nr_loop_t *l) {
 
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
-  if (w && ch->out.pending > ch->opts.write_buffer_high)
+  if (w && ch->out.pending > ch->opts.write_buffer_high) {
     atomic_fetch_and(&ch->pub, ~NR__WRITABLE);
-  else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
+    ch->st |= NR__LAGGING;                   /* (read_stream) */
+  } else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
            (pub(ch) & NR__OPEN))
     atomic_fetch_or(&ch->pub, NR__WRITABLE);
   else
@@ -573,6 +575,14 @@ static void input_closed(nr_channel_t *ch) {
   nr_pipeline_fire_user_event(&ch->pipe, (void *)&NR_EVT_INPUT_SHUTDOWN);
 }
 
+/* A read of a lagging channel (NR__LAGGING: it turned unwritable, its
+ * peer is sent more than it takes) that drained the socket with nothing
+ * left to send: the peer has caught up, and is read in full again. */
+static void caught_up(nr_channel_t *ch) {
+  if (ch->out.pending == 0)
+    ch->st &= ~NR__LAGGING;
+}
+
 static void read_stream(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
   if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL)
@@ -583,22 +593,31 @@ static void read_stream(nr_channel_t *ch) {
    * because each read allocates a buffer; here the buffer is the loop's and
    * the message is borrowed, so a smaller guess would only split what the
    * socket holds into more read() calls (and make an exact fit cost an
-   * extra read that meets EAGAIN). */
+   * extra read that meets EAGAIN). But a peer that is sent more than it
+   * takes (a client that pipelines requests and reads no answers) is read
+   * NR_READ_LAGGING at a time until it catches up: the codecs stop when
+   * the channel is unwritable and hold the rest of the read that filled
+   * it, for as long as the peer reads nothing -- so a full read's rest
+   * would stay with every such connection. */
   while (reads < ch->opts.max_reads) {
-    ssize_t n = read(ch->io.fd, l->rbuf, NR_READ_BUF);
+    size_t want = ch->st & NR__LAGGING ? NR_READ_LAGGING : NR_READ_BUF;
+    ssize_t n = read(ch->io.fd, l->rbuf, want);
     if (n > 0) {
       if (reads++ == 0)   /* a read() is answered by data, not by EAGAIN */
         ch->st &= ~NR__READ_REQ;
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
+      bool full = (size_t)n == want;
+      if (__builtin_expect(!full && (ch->st & NR__LAGGING), 0))
+        caught_up(ch);
       /* A short read is the last of this batch whatever the handlers do,
        * so they may take it later (before read_complete); after a full
        * one, what they do (a close, auto_read off) decides whether to
        * read again. */
-      if (n < NR_READ_BUF)
+      if (!full)
         nr_pipeline_fire_read_deferrable(&ch->pipe, &b);
       else
         nr_pipeline_fire_read(&ch->pipe, &b);
-      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || n < NR_READ_BUF)
+      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || !full)
         break;            /* a short read drained the socket: skip EAGAIN */
       if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))
         break;
@@ -1356,7 +1375,7 @@ int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
   if (strcmp(name, "write_buffer_low") == 0 && v >= 0)
     o->write_buffer_low = (size_t)v;
   else if (strcmp(name, "write_buffer_high") == 0 && v > 0)
-    o->write_buffer_high = (size_t)v;
+    ch->out.high = o->write_buffer_high = (size_t)v;
   else if (strcmp(name, "allow_half_closure") == 0)
     o->allow_half_closure = v;
   else if (strcmp(name, "tcp_nodelay") == 0)

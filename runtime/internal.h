@@ -107,8 +107,14 @@ typedef struct nr_chunk_s {
 
 #define NR_CHUNK_SIZE 16384
 #define NR_READ_BUF 65536
+/* What one read() takes of a peer that is sent more than it takes (see
+ * read_stream). */
+#define NR_READ_LAGGING 4096
 
-nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need);
+/* A chunk for `need` bytes: NR_CHUNK_SIZE (from the cache) or more for a
+ * larger write; with exact, a smaller write gets exactly its size (not
+ * cached). NULL when out of memory. */
+nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need, bool exact);
 void nr__chunk_put(nr_loop_t *loop, nr_chunk_t *c);
 
 /* ---- loops --------------------------------------------------------------- */
@@ -268,10 +274,13 @@ typedef struct nr_outbound_s {
   nr_chunk_t *head, *tail;
   uint64_t appended, flushed, written;   /* stream offsets */
   nr_wentry_t *ents;                     /* ring of write promises */
-  size_t ehead, ecount, ecap;
+  uint32_t ehead, ecount, ecap;          /* (32 bits: the channel's budget) */
   nr_dgram_t *dq, **dq_tail;             /* datagrams, in order */
   size_t dq_count, dq_unflushed;         /* all / trailing not yet flushed */
   size_t pending;                        /* bytes queued, for water marks */
+  size_t high;                           /* the channel's write_buffer_high
+                                            (0: none): chunks near it are
+                                            sized to their writes */
   /* Offsets never go back, so a write is known by the offset where it
    * ends (its mark: nr_channel_write_mark). Bytes from dropped_from on were
    * dropped unwritten (close, write error) with drop_code; UINT64_MAX when
@@ -333,7 +342,9 @@ enum {
   NR__LINGER_WANTED = 1u << 13,   /* nr_channel_linger: a close lingers */
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
-  NR__SHUTDOWN_TOLD = 1u << 16    /* NR_EVT_SHUTDOWN was fired on it */
+  NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
+  NR__LAGGING = 1u << 18          /* its peer is sent more than it takes:
+                                     reads are NR_READ_LAGGING at most */
 };
 
 typedef struct nr_server_s {

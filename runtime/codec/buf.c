@@ -33,10 +33,31 @@ int nr_buf_append(nr_buf_t *b, const void *p, size_t n) {
   return 0;
 }
 
+/* A buffer that grew for a burst keeps no more than four times what it
+ * holds: a codec that holds a small rest of a large read for long (its
+ * peer does not read the answers) must not keep the large read's room. */
+#define SHRINK_FROM 4096
+
+static void shrink(nr_buf_t *b) {
+  size_t len = b->w - b->r, cap = b->cap;
+  while (cap / 2 >= 256 && len <= cap / 4)
+    cap /= 2;
+  memmove(b->data, b->data + b->r, len);   /* (len <= cap / 4: cheap) */
+  b->r = 0;
+  b->w = len;
+  char *d = realloc(b->data, cap);
+  if (d != NULL) {                         /* else it keeps its room */
+    b->data = d;
+    b->cap = cap;
+  }
+}
+
 void nr_buf_consume(nr_buf_t *b, size_t n) {
   b->r += n;
   if (b->r >= b->w)
     nr_buf_free(b);                        /* idle: hold no memory */
+  else if (b->cap > SHRINK_FROM && b->w - b->r <= b->cap / 4)
+    shrink(b);
 }
 
 void nr_buf_free(nr_buf_t *b) {
