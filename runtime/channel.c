@@ -253,6 +253,8 @@ int nr__channel_register(nr_channel_t *ch, uint32_t events) {
   ch->lnext = l->channels;
   if (l->channels)
     l->channels->lprev = ch;
+  else
+    l->channels_tail = ch;
   l->channels = ch;
   atomic_fetch_add_explicit(&l->channel_count, 1, memory_order_relaxed);
   if (ch->init)
@@ -277,10 +279,61 @@ static void unlink_from_loop(nr_channel_t *ch) {
     l->channels = ch->lnext;
   if (ch->lnext)
     ch->lnext->lprev = ch->lprev;
+  else
+    l->channels_tail = ch->lprev;
+  ch->st &= ~NR__FRESH;
   atomic_fetch_sub_explicit(&l->channel_count, 1, memory_order_relaxed);
   ch->lprev = NULL;
   ch->lnext = l->graveyard;                  /* the loop's ref waits here */
   l->graveyard = ch;
+}
+
+/* ---- fresh connections, shed when descriptors run out ------------------------
+ *
+ * An accepted channel is fresh (NR__FRESH, set by the acceptor) until its
+ * peer shows it speaks: its first byte read, unless a codec said a byte is
+ * not enough (nr_channel_fresh_until_message: the HTTP server codec, whose
+ * request head may drip in a byte a second), then the codec's first whole
+ * message (nr_channel_established). When accept fails for want of a
+ * descriptor, the acceptor asks each loop it serves to close its oldest
+ * fresh channels: those that took a descriptor the longest for nothing
+ * (slowloris). The loop's channel list is newest first, so they are found
+ * from its tail; a channel that is not fresh is passed over (a walk as long
+ * as the established channels older than the fresh ones, only when the
+ * table is full). No channel carries anything for it but two bits. */
+
+void nr_channel_fresh_until_message(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->st & NR__FRESH)
+    ch->st |= NR__FRESH_TO_MESSAGE;
+}
+
+void nr_channel_established(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  ch->st &= ~(NR__FRESH | NR__FRESH_TO_MESSAGE);
+}
+
+/* The first bytes came: enough, unless a codec waits for a message. */
+static void first_bytes(nr_channel_t *ch) {
+  if (!(ch->st & NR__FRESH_TO_MESSAGE))
+    ch->st &= ~NR__FRESH;
+}
+
+int nr__loop_shed_fresh(nr_loop_t *l, int max) {
+  NR_ASSERT_LOOP(l);
+  nr_channel_t *v[64];
+  int n = 0;
+  if (max > 64)
+    max = 64;
+  for (nr_channel_t *ch = l->channels_tail; ch != NULL && n < max; ch = ch->lprev)
+    if ((ch->st & (NR__FRESH | NR__CLOSED | NR__CLOSING)) == NR__FRESH)
+      v[n++] = nr_channel_retain(ch);
+  for (int i = 0; i < n; i++) {        /* (a close may run hooks: the walk
+                                          is done first) */
+    nr__channel_close(v[i], true);
+    nr_channel_release(v[i]);
+  }
+  return n;
 }
 
 void nr__loop_reap(nr_loop_t *l) {
@@ -603,8 +656,11 @@ static void read_stream(nr_channel_t *ch) {
     size_t want = ch->st & NR__LAGGING ? NR_READ_LAGGING : NR_READ_BUF;
     ssize_t n = read(ch->io.fd, l->rbuf, want);
     if (n > 0) {
-      if (reads++ == 0)   /* a read() is answered by data, not by EAGAIN */
+      if (reads++ == 0) { /* a read() is answered by data, not by EAGAIN */
         ch->st &= ~NR__READ_REQ;
+        if (__builtin_expect(ch->st & NR__FRESH, 0))
+          first_bytes(ch);
+      }
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
       bool full = (size_t)n == want;
       if (__builtin_expect(!full && (ch->st & NR__LAGGING), 0))

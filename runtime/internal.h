@@ -169,7 +169,9 @@ struct nr_loop_s {
   int select_cnt;
   bool spin;                        /* queued tasks ran last pass */
   uint64_t dequeued_seen;
-  nr_channel_t *channels;           /* registered channels, for close_all */
+  nr_channel_t *channels;           /* registered channels, for close_all:
+                                       newest first */
+  nr_channel_t *channels_tail;      /* ... and the oldest */
   nr_channel_t *graveyard;          /* closed this pass, released after it */
   /* Channels blocked on EPOLLOUT with a send timeout, by deadline, and
    * the one timer for them: armed for send_at (<= the head's deadline). */
@@ -343,8 +345,12 @@ enum {
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
   NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
-  NR__LAGGING = 1u << 18          /* its peer is sent more than it takes:
+  NR__LAGGING = 1u << 18,         /* its peer is sent more than it takes:
                                      reads are NR_READ_LAGGING at most */
+  NR__FRESH = 1u << 19,           /* accepted, and its peer has shown
+                                     nothing yet (nr_channel_established) */
+  NR__FRESH_TO_MESSAGE = 1u << 20 /* a byte does not end NR__FRESH: a
+                                     codec's first message does */
 };
 
 typedef struct nr_server_s {
@@ -360,6 +366,11 @@ typedef struct nr_server_s {
   nr_timer_t *backoff_timer;
   nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
   int nsiblings;
+  /* Out of descriptors (bootstrap.c, "shedding"): the loops asked to close
+   * fresh channels that have not answered yet, what they closed so far,
+   * and when the last warning was logged. The listener's loop only. */
+  int shed_waiting, shed_closed;
+  uint64_t shed_logged;
 } nr_server_t;
 
 /* What only a channel made by the bootstrap uses -- a listener, a channel
@@ -441,6 +452,14 @@ void nr__channel_close(nr_channel_t *ch, bool abort);
 /* The channel has closed: complete its close future (if one was made). */
 void nr__channel_closed(nr_channel_t *ch);
 void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
+/* Close the process's reserve descriptor, which lets a listener refuse
+ * connections when the table is full and nothing can be freed (for tests:
+ * the next listener made opens it again). */
+void nr__accept_reserve_drop(void);
+/* Close (reset) up to max of the loop's oldest fresh channels (NR__FRESH:
+ * accepted, their peer silent or still short of a first message); returns
+ * how many. The acceptor's answer to a descriptor table that is full. */
+int nr__loop_shed_fresh(nr_loop_t *l, int max);
 extern const nr_handler_t nr__head_handler;
 
 /* socket.c */

@@ -1,7 +1,9 @@
 /*
  * test_channel.c -- channels on real loopback sockets: a C-handler echo
  * server on two loops under 200 concurrent connections, backpressure
- * against a peer that does not read, accept backoff on EMFILE, TCP client
+ * against a peer that does not read (and an HTTP client that pipelines
+ * and never reads), accept out of descriptors (the oldest silent
+ * connection closed, a refusal when none can be, the backoff), TCP client
  * connect failures (refused, timed out), writes from many threads, the
  * main thread's external-loop wait, UDP, Unix stream sockets, half-close
  * and the flushing close; a server's child_closed hook; the child options
@@ -635,7 +637,7 @@ TEST(pipelining_client_that_never_reads_holds_one_small_read) {
   free(pipe_srv.answer);
 }
 
-/* ---- EMFILE on accept ------------------------------------------------------------ */
+/* ---- out of descriptors on accept ------------------------------------------------- */
 
 static nr_promise_t *accept_failed;
 static _Atomic int accept_errors;
@@ -655,7 +657,56 @@ static void srv_init(nr_channel_t *ch, void *arg) {
   CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "watch", &srv_watch, NULL), 0);
 }
 
-TEST(emfile_on_accept_backs_off_then_resumes) {
+static _Atomic int accepted_count;
+static void counting_init(nr_channel_t *ch, void *arg) {
+  atomic_fetch_add(&accepted_count, 1);
+  echo_init(ch, arg);
+}
+
+/* Leave the process a table of 128 descriptors, all taken but one (for
+ * the next client socket). */
+static int hog[128], nhog;
+static void hog_table(void) {
+  struct rlimit rl = {128, 128};
+  CHECK_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;)
+    hog[nhog++] = fd;
+  CHECK_EQ(errno, EMFILE);
+  CHECK_GT(nhog, 0);
+  close(hog[--nhog]);
+}
+static void unhog_table(void) {
+  while (nhog > 0)
+    close(hog[--nhog]);
+}
+
+/* The loop's iterations over a 200 ms window (a measurement, not a wait):
+ * a listener that spins on a full table would count thousands. */
+static void check_not_spinning(nr_loop_t *l) {
+  nr_loop_stats_t a, b;
+  nr_loop_stats(l, &a);
+  usleep(200 * 1000);
+  nr_loop_stats(l, &b);
+  fprintf(stderr, "  over 200 ms: %llu iterations, %llu io events\n",
+          (unsigned long long)(b.iterations - a.iterations),
+          (unsigned long long)(b.io_events - a.io_events));
+  CHECK_LT(b.iterations - a.iterations, 10);
+  CHECK_LT(b.io_events - a.io_events, 10);
+}
+
+/* The peer closed or reset the connection (within the socket's timeout). */
+static void expect_closed(int fd) {
+  char c;
+  ssize_t r;
+  while ((r = read(fd, &c, 1)) < 0 && errno == EINTR)
+    ;
+  if (!(r == 0 || (r < 0 && errno == ECONNRESET)))
+    FAIL("expected a close, got %zd (%s)", r, r < 0 ? strerror(errno) : "data");
+}
+
+/* Without the reserve descriptor (it could not be opened), a full table
+ * pauses accepts for the backoff, without spinning, and then they go on. */
+TEST(out_of_descriptors_without_a_reserve_backs_off_then_resumes) {
   nr_group_t *g = group("emfile", 1);
   nr_loop_t *l = nr_group_loop(g, 0);
   accept_failed = nr_promise_new();
@@ -663,41 +714,88 @@ TEST(emfile_on_accept_backs_off_then_resumes) {
       .group = g, .host = "127.0.0.1", .accept_backoff = NR_MS(600),
       .init = srv_init, .child_init = echo_init}));
   int port = local_port(srv);
-
-  /* Leave the process a small descriptor table and fill it, keeping one
-   * slot for the client socket. */
-  struct rlimit rl = {128, 128};
-  CHECK_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
-  int hog[128], nhog = 0;
-  for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;)
-    hog[nhog++] = fd;
-  CHECK_EQ(errno, EMFILE);
-  CHECK_GT(nhog, 0);
-  close(hog[--nhog]);
+  nr__accept_reserve_drop();
+  hog_table();
   int fd = dial(port);                  /* queued in the kernel's backlog */
-
   AWAIT_OK(accept_failed);
-  nr_loop_stats_t a, b;
-  nr_loop_stats(l, &a);
-  usleep(200 * 1000);                   /* inside the 600 ms backoff */
-  nr_loop_stats(l, &b);
-  fprintf(stderr, "  during backoff: %llu iterations, %llu io events\n",
-          (unsigned long long)(b.iterations - a.iterations),
-          (unsigned long long)(b.io_events - a.io_events));
-  CHECK_LT(b.iterations - a.iterations, 10);
-  CHECK_LT(b.io_events - a.io_events, 10);
+  check_not_spinning(l);                /* (inside the 600 ms backoff) */
   CHECK_EQ(atomic_load(&accept_errors), 1);
 
   /* Free the descriptors: after the backoff the pending connection is
    * accepted and served. */
-  while (nhog > 0)
-    close(hog[--nhog]);
+  unhog_table();
   roundtrip(fd, "accepted after the backoff");
   int fd2 = dial(port);
   roundtrip(fd2, "and so are new ones");
   close(fd);
   close(fd2);
   nr_promise_release(accept_failed);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+/* A full table and every connection established (none to close): what
+ * waits in the listen queue is accepted with the reserve descriptor and
+ * closed at once -- the client learns the server is full instead of
+ * hanging -- and the listener does not spin. */
+TEST(out_of_descriptors_with_nothing_to_free_refuses_at_once) {
+  nr_group_t *g = group("emfile", 1);
+  nr_loop_t *l = nr_group_loop(g, 0);
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .init = srv_init, .child_init = echo_init}));
+  int port = local_port(srv);
+  int est = dial(port);
+  roundtrip(est, "established");
+  hog_table();
+  int fd = dial(port);
+  expect_closed(fd);
+  close(fd);
+  check_not_spinning(l);
+  CHECK_EQ(atomic_load(&accept_errors), 0);
+  roundtrip(est, "still served");
+  unhog_table();
+  int fd2 = dial(port);
+  roundtrip(fd2, "and new ones are again");
+  close(est);
+  close(fd2);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(g);
+}
+
+/* A full table: the oldest accepted connection that has sent nothing is
+ * closed to let the new one in; younger silent ones and an established
+ * one stay. (The HTTP server codec's "nothing" is no whole request head:
+ * spec/accept_spec.lua.) */
+TEST(out_of_descriptors_closes_the_oldest_connection_that_sent_nothing) {
+  nr_group_t *g = group("shed", 1);
+  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "127.0.0.1", .child_init = counting_init}));
+  int port = local_port(srv);
+  int est = dial(port);
+  roundtrip(est, "established");
+  int idle[3];
+  for (int i = 0; i < 3; i++) {
+    idle[i] = dial(port);
+    for (int k = 0; k < 200 && atomic_load(&accepted_count) < i + 2; k++)
+      poll(NULL, 0, 5);                 /* accepted in order (bounded) */
+    CHECK_EQ(atomic_load(&accepted_count), i + 2);
+  }
+  hog_table();
+  int fd = dial(port);
+  roundtrip(fd, "let in");
+  expect_closed(idle[0]);
+  for (int i = 1; i < 3; i++) {         /* the younger ones are open */
+    char c;
+    CHECK_EQ(recv(idle[i], &c, 1, MSG_DONTWAIT), -1);
+    CHECK_EQ(errno, EAGAIN);
+  }
+  roundtrip(est, "still served");
+  unhog_table();
+  roundtrip(idle[1], "and the silent ones, once they speak");
+  for (int i = 0; i < 3; i++)
+    close(idle[i]);
+  close(est);
+  close(fd);
   nr_channel_release(srv);
   SHUTDOWN_GROUP(g);
 }
