@@ -564,20 +564,17 @@ static void one_byte_case(int where, size_t len, size_t k, int b,
   const char *got;
   size_t want_len = len;
   size_t want_off = 0;
-  char norm[64];
   if (where == IN_PATH) {
     /* normalized: '#' and a '%' without two hex digits refused, "%aa"
      * in upper case, "//" merged, "/." the root */
     ok = vchar && b != '#' && (b != '%' || k + 2 < len);
     if (b == '?')
       want_len = k;          /* the path ends at '?' */
-    if (b == '%' || (k == 0 && (b == '/' || (b == '.' && len == 1)))) {
-      memcpy(norm, text, len);
-      if (b == '%')
-        norm[k + 1] = norm[k + 2] = 'A';
-      want_off = b == '%' ? 0 : 1;
-      want_len = b == '%' ? len : len - 1;
-      memcpy(text, norm, len);
+    if (b == '%') {
+      text[k + 1] = text[k + 2] = 'A';
+    } else if (k == 0 && (b == '/' || (b == '.' && len == 1))) {
+      want_off = 1;          /* the byte goes: "//a" is "/a", "/." "/" */
+      want_len = len - 1;
     }
     got = z.path + 1;        /* after the '/' */
   } else if (where == IN_QUERY) {
