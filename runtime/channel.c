@@ -539,6 +539,7 @@ static void write_stream(nr_channel_t *ch) {
         if (!(ch->st & NR__WAIT_OUT)) {
           ch->st |= NR__WAIT_OUT;
           nr__channel_update_interest(ch);
+          nr__out_trim_head(ch->loop, o);
         }
         return;
       }

@@ -313,6 +313,11 @@ static inline void nr__out_commit(nr_outbound_t *o, size_t m) {
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p);
 void nr__out_flush(nr_outbound_t *o);
+/* The socket took no more (EAGAIN), and its peer may take nothing for
+ * long: a head chunk (16 KiB or more) written past its half keeps its room
+ * for the bytes left in it, so they move to a chunk of their size (and a
+ * 16 KiB one goes back to the loop's cache). */
+void nr__out_trim_head(nr_loop_t *l, nr_outbound_t *o);
 /* Fill iov with flushed, unwritten bytes; returns the count. */
 int nr__out_iov(nr_outbound_t *o, struct iovec *iov, int max);
 /* n bytes were written: drop them, complete finished writes. */

@@ -160,6 +160,25 @@ int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
   return 0;
 }
 
+void nr__out_trim_head(nr_loop_t *l, nr_outbound_t *o) {
+  nr_chunk_t *c = o->head;
+  if (c == NULL || c->cap < NR_CHUNK_SIZE || c->start < c->cap / 2)
+    return;                   /* (an exact small one, or mostly unwritten;
+                                 each move at least halves the room, so a
+                                 large write is copied once at most) */
+  size_t len = c->end - c->start;
+  nr_chunk_t *t = nr__chunk_get(l, len, true);
+  if (t == NULL)
+    return;                   /* (it keeps its room) */
+  memcpy(t->data, c->data + c->start, len);
+  t->end = len;
+  t->next = c->next;
+  o->head = t;
+  if (o->tail == c)
+    o->tail = t;
+  nr__chunk_put(l, c);
+}
+
 void nr__out_flush(nr_outbound_t *o) {
   o->flushed = o->appended;
   o->dq_unflushed = 0;

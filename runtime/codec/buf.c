@@ -16,12 +16,15 @@ int nr_buf_append(nr_buf_t *b, const void *p, size_t n) {
     b->r = 0;
   }
   if (b->cap - b->w < n) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap - b->w < n) {
-      if (cap > ((size_t)-1) / 2)
-        return -ENOMEM;
-      cap *= 2;
-    }
+    /* Twice the room, or at once what the bytes need (in 256s) if that
+     * is more: the rest of a read appended to a few bytes held gets room
+     * for it, not the next power of two (a rest often kept whole, while
+     * the peer reads no answers); a head dripping in still doubles. */
+    if (n > ((size_t)-1) / 2 - b->w || b->cap > ((size_t)-1) / 2)
+      return -ENOMEM;
+    size_t need = (b->w + n + 255) & ~(size_t)255, cap = b->cap * 2;
+    if (cap < need)
+      cap = need;
     char *d = realloc(b->data, cap);
     if (d == NULL)
       return -ENOMEM;
