@@ -92,6 +92,7 @@ void nr_channel_release(nr_channel_t *ch) {
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   if (ch->setup) {
+    nr__attempts_free_list(ch->setup->attempts);   /* never connected */
     nr_promise_release(ch->setup->reg_promise);
     free(ch->setup->unix_path);
     free(ch->setup);
@@ -739,11 +740,9 @@ static void read_dgrams(nr_channel_t *ch) {
 
 static void connected(nr_channel_t *ch, nr_promise_t *p) {
   ch->st &= ~NR__CONNECTING;
-  if (ch->setup && ch->setup->connect_timer) {
-    nr_timer_cancel(ch->setup->connect_timer);
-    nr_timer_release(ch->setup->connect_timer);
-    ch->setup->connect_timer = NULL;
-  }
+  nr__attempts_end(ch);
+  if (ch->setup)
+    nr__timer_drop(&ch->setup->connect_timer);
   nr__channel_set_active(ch);
   if (p)
     nr_promise_set_success(p, nr_channel_retain(ch),
@@ -760,11 +759,31 @@ static void connect_failed(nr_channel_t *ch, int err, const char *msg) {
   nr__channel_close(ch, true);
 }
 
+void nr__channel_connect_fail(nr_channel_t *ch, int err, const char *msg) {
+  connect_failed(ch, err, msg);
+}
+
+const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch) {
+  return peer(ch);
+}
+
+void nr__channel_connect_done(nr_channel_t *ch) {
+  nr_promise_t *p = ch->setup->connect_promise;
+  ch->setup->connect_promise = NULL;
+  connected(ch, p);
+  if (p)
+    nr_promise_release(p);
+}
+
 static void finish_connect(nr_channel_t *ch) {
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
+  if (ch->setup->attempts && err != 0) {
+    nr__attempt_failed(ch, -err);
+    return;
+  }
   if (err != 0) {
     char host[128], msg[256];
     int port = 0;
@@ -773,11 +792,7 @@ static void finish_connect(nr_channel_t *ch) {
     connect_failed(ch, -err, msg);
     return;
   }
-  nr_promise_t *p = ch->setup->connect_promise;
-  ch->setup->connect_promise = NULL;
-  connected(ch, p);
-  if (p)
-    nr_promise_release(p);
+  nr__channel_connect_done(ch);
 }
 
 static int connect_timed_out(void *arg) {
@@ -786,8 +801,14 @@ static int connect_timed_out(void *arg) {
     char host[128], msg[256];
     int port = 0;
     nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
-    snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
-             port, (double)ch->setup->connect_timeout / 1e9);
+    int n = snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s",
+                     host, port, (double)ch->setup->connect_timeout / 1e9);
+    if (ch->setup->attempts) {   /* what the addresses tried before said */
+      int code;
+      const char *before = nr__attempts_message(ch->setup->attempts, &code);
+      if (*before && n > 0 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, "; %s", before);
+    }
     connect_failed(ch, NR_ETIMEDOUT, msg);
   }
   return 0;
@@ -830,13 +851,6 @@ void nr__channel_close(nr_channel_t *ch, bool abort) {
   finish_close(ch, abort);
 }
 
-static void drop_timer(nr_timer_t **t) {
-  if (*t) {
-    nr_timer_cancel(*t);
-    nr_timer_release(*t);
-    *t = NULL;
-  }
-}
 
 /* ---- lingering close (nginx's lingering_close) ---------------------------------- */
 
@@ -853,7 +867,7 @@ static void drop_timer(nr_timer_t **t) {
  * its timeout) and aborts it at the end. */
 static void end_linger(nr_channel_t *ch) {
   ch->st &= ~NR__LINGER;
-  drop_timer(&ch->linger_timer);
+  nr__timer_drop(&ch->linger_timer);
   nr__io_stop(ch->loop, &ch->io);
   close(ch->io.fd);
   unlink_from_loop(ch);
@@ -919,12 +933,13 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   bool was_active = pub(ch) & NR__ACTIVE;
   ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
   atomic_store(&ch->pub, 0);
-  drop_timer(&ch->linger_timer);
+  nr__timer_drop(&ch->linger_timer);
   if (ch->srv)
-    drop_timer(&ch->srv->backoff_timer);
+    nr__timer_drop(&ch->srv->backoff_timer);
   nr_setup_t *su = ch->setup;
   if (su) {
-    drop_timer(&su->connect_timer);
+    nr__timer_drop(&su->connect_timer);
+    nr__attempts_end(ch);
     if (su->connect_promise) {
       nr_promise_set_failure(su->connect_promise, NR_ECLOSED,
                              "channel closed before the connect completed");
@@ -970,10 +985,25 @@ void nr_channel_hold(nr_channel_t *ch) {
 
 static int close_idle_task(void *arg) {
   nr_channel_t *ch = arg;
-  if (ch->holds == 0)
+  if (ch->holds == 0 && (ch->st & NR__CLOSE_IDLE_PIPE))
+    nr_pipeline_close(&ch->pipe, NULL);
+  else if (ch->holds == 0)
     nr__channel_close(ch, false);
   nr_channel_release(ch);
   return 0;
+}
+
+void nr_channel_close_when_idle(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->st & (NR__CLOSING | NR__CLOSED | NR__CLOSE_IDLE))
+    return;                      /* closing already, or a shutdown will */
+  ch->st |= NR__CLOSE_IDLE | NR__CLOSE_IDLE_PIPE;
+  nr__channel_update_interest(ch);
+  if (ch->holds == 0 &&
+      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);
+    nr_pipeline_close(&ch->pipe, NULL);
+  }
 }
 
 /* The last hold goes with the answer's write, whose flush may still come
@@ -1060,9 +1090,18 @@ void nr__channels_abort_all(nr_loop_t *l) {
 
 /* ---- readiness ----------------------------------------------------------------- */
 
+/* Whether the event is for a socket the channel had before connect.c gave
+ * it another in this same pass (a connect to several addresses): fetched
+ * in the batch before the swap, it says nothing of the new one. */
+static inline bool stale(nr_loop_t *l, const nr_channel_t *ch) {
+  return ch->setup && ch->setup->swapped_at ==
+         atomic_load_explicit(&l->iterations, memory_order_relaxed);
+}
+
 static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
-  (void)l;
   nr_channel_t *ch = (nr_channel_t *)io;
+  if (stale(l, ch))
+    return 0;
   if (ch->st & NR__CLOSED) {
     if (!(ch->st & NR__LINGER))
       return 0;
@@ -1139,12 +1178,17 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
     nr__channel_close(ch, true);
     return nr_raise(-ENOMEM, "connect: out of memory");
   }
+  socklen_t first_len;
+  if (su->attempts && (memcmp(nr__attempts_first(su->attempts, &first_len), sa,
+                              len) != 0 || first_len != len))
+    nr__attempts_end(ch);        /* a handler changed the address: that one */
   if (connect(ch->io.fd, sa, len) == 0) {
     connected(ch, p);
     return 0;
   }
-  if (errno != EINPROGRESS) {
-    int err = -errno, port = 0;
+  int err = -errno;
+  if (err != -EINPROGRESS && su->attempts == NULL) {
+    int port = 0;
     char host[128];
     nr_format_addr(peer(ch), len, host, sizeof host, &port);
     nr__channel_close(ch, true);
@@ -1157,6 +1201,10 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (su->connect_timeout)
     su->connect_timer = nr_loop_schedule(ch->loop, su->connect_timeout, 0,
                                          connect_timed_out, NULL, ch);
+  if (su->attempts && err == -EINPROGRESS)
+    nr__attempts_arm(ch);        /* the next address in a while, */
+  else if (su->attempts)
+    nr__attempt_failed(ch, err); /* or now */
   return 0;
 }
 
@@ -1193,7 +1241,7 @@ void nr_set_msg_describer(nr_msg_describe_fn fn) {
 /* What a channel of this kind takes, and what it was given instead: a
  * message that reaches the head unencoded is a programmer's mistake. */
 static int unwritable(nr_channel_t *ch, void *msg) {
-  char what[96];
+  char what[96], where[128] = "";
   int type = nr_msg_type(msg);
   if (type == NR_MSG_BYTES || type == NR_MSG_SLICES)
     snprintf(what, sizeof what, "%s", type == NR_MSG_BYTES
@@ -1201,14 +1249,16 @@ static int unwritable(nr_channel_t *ch, void *msg) {
   else if (type == NR_MSG_DATAGRAM)
     snprintf(what, sizeof what, "a datagram");
   else if (describer != NULL)
-    describer(msg, what, sizeof what);
+    describer(msg, what, sizeof what, where, sizeof where);
   else
     nr_msg_describe(type, what, sizeof what);
+  const char *sep = where[0] ? ": " : "";     /* "app.lua:12: cannot write" */
   if (ch->kind == NR__DGRAM)
-    return nr_raise(-EINVAL, "cannot write %s to a datagram channel: it takes "
-                    "{ data = ..., host = ..., port = ... }", what);
-  return nr_raise(-EINVAL, "cannot write %s to a stream channel: it takes a "
-                  "string or an array of strings (no handler encoded it)", what);
+    return nr_raise(-EINVAL, "%s%scannot write %s to a datagram channel: it "
+                    "takes { data = ..., host = ..., port = ... }", where, sep, what);
+  return nr_raise(-EINVAL, "%s%scannot write %s to a stream channel: it takes "
+                  "a string or an array of strings (no handler encoded it)",
+                  where, sep, what);
 }
 
 static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {

@@ -263,21 +263,62 @@ static nr_task_t *next_task(nr_loop_t *l) {
   return nr__mpsc_pop(&l->tasks);
 }
 
-static void run_tail_tasks(nr_loop_t *l) {
+static bool run_tail_tasks(nr_loop_t *l) {
   nr_task_t *t;
+  bool ran = false;
   while ((t = nr__mpsc_pop(&l->tail_tasks)) != NULL) {
     atomic_fetch_add_explicit(&l->dequeued, 1, memory_order_relaxed);
     run_task(l, t);
+    ran = true;
   }
+  return ran;
+}
+
+/* ---- the longest run (stats max_busy) -------------------------------------
+ *
+ * A run is what the stall watchdog tells apart by its mark: the I/O
+ * processing of an iteration, or one task (with what follows it until the
+ * next task or select). The loop times runs from the clock reads it makes
+ * anyway -- its wake-up (start_run, loop.c), the start and the end of its
+ * task phase, every 64th task -- and keeps the longest in longest_run: a
+ * stretch between two of them that holds a single run is that run. Tasks
+ * are not timed one by one, as a clock read costs about what a task does;
+ * instead, after a task that the watchdog saw in progress (wd_seen: the
+ * time of its sample before, when that task had not begun), the loop reads
+ * the clock and counts the run from the later of that time and its last
+ * clock read. That exceeds the run only by the tasks before it since then,
+ * which together lasted less than a watchdog period. On the echo and HTTP
+ * paths, where no task runs, the cost is a subtraction and a compare per
+ * iteration. */
+static inline void note_run(nr_loop_t *l, uint64_t len) {
+  if (len > atomic_load_explicit(&l->longest_run, memory_order_relaxed))
+    atomic_store_explicit(&l->longest_run, len, memory_order_relaxed);
+}
+
+/* After a task the watchdog saw (seen != 0): time it; the new `from`. */
+static __attribute__((noinline)) uint64_t time_seen(nr_loop_t *l,
+                                                    uint64_t from) {
+  uint64_t seen = atomic_exchange_explicit(&l->wd_seen, 0,
+                                           memory_order_relaxed);
+  uint64_t now = nr_now();
+  note_run(l, now - (seen > from ? seen : from));
+  return now;
 }
 
 /* The one task loop under both of Netty's runAllTasks: due timers, then
  * queued tasks; when `bounded`, stop once `timeout` ns have passed,
  * checking the clock every 64 tasks (so a zero timeout runs at most 64);
  * when not, fetch the timers that fell due meanwhile every 64 tasks. Tail
- * tasks run afterwards. Returns whether any task ran. */
+ * tasks run afterwards. Returns whether any task ran. Times the runs as
+ * "the longest run" above says: `from` is the last clock read, `alone`
+ * whether one task has run since. */
 static inline bool run_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
-  uint64_t start = nr_now(), n = 0;
+  uint64_t start = nr_now(), n = 0, io = l->run_from;
+  if (io != 0)
+    note_run(l, start - io);            /* the I/O run: exact */
+  /* A wd_seen left from the I/O run times the first task: from `start`. */
+  uint64_t from = start;
+  int since = 0;                        /* tasks run since `from` */
   nr__timers_fetch_due(l, start);
   nr_task_t *t;
   for (;;) {
@@ -290,21 +331,38 @@ static inline bool run_tasks(nr_loop_t *l, uint64_t timeout, bool bounded) {
      * promise it completed) then also sees it in the stats. */
     nr__stat_add(&l->tasks_run, 1);
     run_task(l, t);
+    since++;
+    if (__builtin_expect(
+            atomic_load_explicit(&l->wd_seen, memory_order_relaxed) != 0, 0)) {
+      from = time_seen(l, from);
+      since = 0;
+    }
     if ((++n & 63) == 0) {
-      if (bounded && nr_now() - start >= timeout)
+      uint64_t now = nr_now();
+      if (since == 1)
+        note_run(l, now - from);
+      from = now;
+      since = 0;
+      if (bounded && now - start >= timeout)
         break;
       if (!bounded)
-        nr__timers_fetch_due(l, nr_now());
+        nr__timers_fetch_due(l, now);
     }
   }
-  run_tail_tasks(l);
+  bool tails = run_tail_tasks(l);
   l->spin = l->dequeued_seen != atomic_load_explicit(&l->dequeued,
                                                      memory_order_relaxed);
   l->dequeued_seen = atomic_load_explicit(&l->dequeued, memory_order_relaxed);
-  if (n) {
+  if (n || (tails && io != 0)) {
     uint64_t end = nr_now();
-    l->last_execution = end;
-    nr__stat_add(&l->task_time, end - start);
+    if (since == 1)
+      note_run(l, end - from);          /* the last task and the tail's */
+    else if (n == 0)
+      note_run(l, end - io);            /* the I/O run and the tail's */
+    if (n) {
+      l->last_execution = end;
+      nr__stat_add(&l->task_time, end - start);
+    }
   }
   return n > 0;
 }
@@ -493,7 +551,11 @@ void nr_loop_stats(const nr_loop_t *cl, nr_loop_stats_t *o) {
   o->io_time_ns = atomic_load(&l->io_time);
   o->task_time_ns = atomic_load(&l->task_time);
   o->stalls = atomic_load(&l->stalls);
-  o->max_busy_ns = atomic_load(&l->max_busy);
+  /* The longest run that ended, timed on the loop; the watchdog's sample
+   * of one still going on (a stuck loop times nothing). */
+  uint64_t timed = atomic_load(&l->longest_run),
+           sampled = atomic_load(&l->max_busy);
+  o->max_busy_ns = timed > sampled ? timed : sampled;
   uint64_t since = atomic_load_explicit(&l->busy_since, memory_order_relaxed),
            now = nr_now();
   o->busy_ns = since && now > since ? now - since : 0;

@@ -3,6 +3,13 @@
  * loops created up front, a round-robin chooser with a power-of-two fast
  * path, shutdown of every child, and a termination future that completes
  * once all children have terminated.
+ *
+ * The chooser (nr_group_next: accepted channels, connects, servers, the
+ * group's tasks) passes over a loop that the stall watchdog reports
+ * stalled (nr_loop_t.stalled, stall.c), so that one stuck handler does
+ * not take every n-th new connection with it; its turn goes to the next
+ * loop that is not. The cost is one relaxed load, of the cache line
+ * producers read anyway (the loop's state).
  */
 #include <stdio.h>
 #include <unistd.h>
@@ -81,9 +88,31 @@ void nr_group_free(nr_group_t *g) {
   free(g);
 }
 
+static inline unsigned slot(const nr_group_t *g, unsigned i) {
+  return g->mask || g->n == 1 ? i & g->mask : i % (unsigned)g->n;
+}
+
+static inline bool is_stalled(const nr_loop_t *l) {
+  return atomic_load_explicit(&((nr_loop_t *)l)->stalled,
+                              memory_order_relaxed);
+}
+
+/* Loop i's turn when it is stalled: the next loop that is not, or loop i
+ * when every one is. */
+static __attribute__((noinline)) nr_loop_t *past_stalled(nr_group_t *g,
+                                                         unsigned i) {
+  for (unsigned k = 1; k < (unsigned)g->n; k++) {
+    nr_loop_t *l = g->loops[slot(g, i + k)];
+    if (!is_stalled(l))
+      return l;
+  }
+  return g->loops[slot(g, i)];
+}
+
 nr_loop_t *nr_group_next(nr_group_t *g) {
   unsigned i = atomic_fetch_add_explicit(&g->idx, 1, memory_order_relaxed);
-  return g->loops[g->mask || g->n == 1 ? i & g->mask : i % (unsigned)g->n];
+  nr_loop_t *l = g->loops[slot(g, i)];
+  return __builtin_expect(!is_stalled(l), 1) ? l : past_stalled(g, i);
 }
 
 int nr_group_size(const nr_group_t *g) { return g->n; }

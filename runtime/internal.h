@@ -141,6 +141,9 @@ struct nr_loop_s {
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
+  /* Set by the stall watchdog while it reports the loop stalled (from the
+   * report until the run ends): group choosers pass it over. */
+  _Atomic bool stalled;
   /* written by the loop, read by stats and bounded producers */
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
@@ -150,8 +153,13 @@ struct nr_loop_s {
    * events). With tasks_run they tell the watchdog whether work moves. */
   _Atomic uint64_t busy_since;
   _Atomic uintptr_t task_fn;
+  _Atomic uint64_t longest_run;     /* ns, timed on the loop (executor.c) */
   /* written by the watchdog (stall.c), read by stats and the loop */
   _Atomic uint64_t stalls, max_busy, stall_claimed;
+  /* Set when the watchdog sees a run in progress (see "the longest run",
+   * executor.c): its previous sample's time, before which that run had not
+   * begun; the loop takes it (exchange) and times the run. */
+  _Atomic uint64_t wd_seen;
   _Atomic uint64_t shutdown_deadline;  /* when a shutdown asked is overdue */
   pthread_mutex_t hook_lock;
   nr_hook_t *hooks;
@@ -167,6 +175,9 @@ struct nr_loop_s {
   uint64_t shutdown_start, last_execution;
   uint64_t run_once_deadline;       /* external loops: bound on blocking */
   int select_cnt;
+  /* The iteration's wake-up, while one runs (0 between iterations): the
+   * start of its I/O run, for the longest run (executor.c). */
+  uint64_t run_from;
   bool spin;                        /* queued tasks ran last pass */
   uint64_t dequeued_seen;
   nr_channel_t *channels;           /* registered channels, for close_all:
@@ -205,6 +216,7 @@ struct nr_loop_s {
     nr_loop_t *next;
     bool listed, reported, asked, overdue;
     uint64_t mark, since, start, asked_at, interrupted_at;
+    uint64_t sampled_at;             /* the last sample of this loop */
   } wd;
 };
 
@@ -350,6 +362,8 @@ enum {
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
   NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
+  NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
+                                     pipeline (nr_channel_close_when_idle) */
   NR__LAGGING = 1u << 18,         /* its peer is sent more than it takes:
                                      reads are NR_READ_LAGGING at most */
   NR__FRESH = 1u << 19,           /* accepted, and its peer has shown
@@ -382,9 +396,14 @@ typedef struct nr_server_s {
  * of nr_connect or nr_udp_bind -- and an accepted connection never does:
  * allocated for those (nr__channel_setup), so an idle accepted connection
  * does not carry it. Written before registration, then on the loop. */
+typedef struct nr_attempts_s nr_attempts_t;
+
 typedef struct nr_setup_s {
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
   nr_promise_t *connect_promise;
+  nr_attempts_t *attempts;           /* a connect to several addresses */
+  uint64_t swapped_at;               /* the loop iteration in which connect.c
+                                        last gave the channel a new socket */
   nr_timer_t *connect_timer;
   uint64_t connect_timeout;
   char *unix_path;                   /* a listener's socket file, and */
@@ -467,7 +486,42 @@ void nr__accept_reserve_drop(void);
 int nr__loop_shed_fresh(nr_loop_t *l, int max);
 extern const nr_handler_t nr__head_handler;
 
+/* connect.c: a connect to several addresses (RFC 8305). Loop thread only,
+ * but for nr__attempts_new, nr__attempts_first, nr__attempts_skip_first
+ * and nr__attempts_free_list (before the channel exists). */
+/* The numeric addresses hosts (at most NR_MAX_ADDRS) with port, IPv6 and
+ * IPv4 interleaved; 0, -ENOMEM, or -EINVAL (raised) for a host that is
+ * not a numeric address. */
+int nr__attempts_new(const char *const *hosts, int nhosts, int port,
+                     nr_attempts_t **out);
+const struct sockaddr_storage *nr__attempts_first(const nr_attempts_t *a,
+                                                  socklen_t *len);
+/* Drop the first address (no socket could be made for it: err) and
+ * record why; false when none is left. */
+bool nr__attempts_skip_first(nr_attempts_t *a, int err);
+/* The failures recorded: "host:port: ENAME: reason; ..."; *code is the
+ * first one's. */
+const char *nr__attempts_message(const nr_attempts_t *a, int *code);
+void nr__attempts_free_list(nr_attempts_t *a);
+/* The channel's first connect is in flight: the next address starts
+ * after the attempt delay if it has not answered. */
+void nr__attempts_arm(nr_channel_t *ch);
+/* The channel's own socket failed to connect with err: the next attempt
+ * goes on, or the connect completes (nr__channel_connect_done) or fails
+ * with every address's reason (nr__channel_connect_fail). */
+void nr__attempt_failed(nr_channel_t *ch, int err);
+/* The connect is over (connected, failed or closed): other attempts are
+ * closed and the list freed. */
+void nr__attempts_end(nr_channel_t *ch);
+/* channel.c, for connect.c */
+void nr__channel_connect_done(nr_channel_t *ch);
+void nr__channel_connect_fail(nr_channel_t *ch, int err, const char *msg);
+const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch);
+
 /* socket.c */
+/* "localhost" or a name under it, any case, a final dot allowed
+ * (resolver.c). */
+bool nr__is_localhost(const char *name);
 int nr__resolve(const char *host, int port, int socktype, bool passive,
                 struct sockaddr_storage *ss, socklen_t *len);
 int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
@@ -501,6 +555,8 @@ uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
 void nr__loop_set_current(nr_loop_t *l);
 
 /* timer.c */
+/* Cancel and release the timer at *t, if any, and forget it. */
+void nr__timer_drop(nr_timer_t **t);
 void nr__timers_fetch_due(nr_loop_t *l, uint64_t now);
 uint64_t nr__next_deadline(nr_loop_t *l);     /* NR_NONE: no timer */
 void nr__cancel_timers(nr_loop_t *l);         /* at shutdown */

@@ -232,6 +232,7 @@ static uint64_t start_run(nr_loop_t *l) {
   uint64_t woke = nr_now();
   atomic_store_explicit(&l->busy_since, woke, memory_order_relaxed);
   atomic_store_explicit(&l->task_fn, 0, memory_order_relaxed);
+  l->run_from = woke;            /* for the longest run (executor.c) */
   return woke;
 }
 
@@ -277,6 +278,7 @@ int nr__loop_iteration(nr_loop_t *l) {
   if (l->graveyard)
     nr__loop_reap(l);                               /* 4. closed channels */
   count_premature(l, ran || handled > 0, &s);       /* 5. */
+  l->run_from = 0;                 /* what runs outside an iteration is not timed */
   return ran;
 }
 

@@ -128,7 +128,9 @@ typedef struct nr_loop_stats_s {
   uint64_t pending_tasks, scheduled_tasks, channels, tasks_run, io_events,
       wakeups, selector_rebuilds, iterations, io_time_ns, task_time_ns;
   uint64_t stalls;           /* stalls reported (watched loops only) */
-  uint64_t max_busy_ns;      /* longest run the watchdog saw without progress */
+  uint64_t max_busy_ns;      /* longest run (one task, or one iteration's I/O
+                                processing), timed on the loop; or the
+                                watchdog's sample of one still going on */
   uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
 } nr_loop_stats_t;
 
@@ -271,6 +273,11 @@ const char *nr_promise_message(const nr_promise_t *p);
  * listener runs on the completing thread, with a warning. Any thread. */
 int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on,
                             nr_listener_fn fn, void *arg);
+/* The same for an arg from malloc that fn frees: should p be released
+ * without ever completing (a timer a shutdown cancelled, a promise nobody
+ * sets), arg is freed with the listener instead of leaking. */
+int nr_promise_add_listener_owning(nr_promise_t *p, nr_loop_t *on,
+                                   nr_listener_fn fn, void *arg);
 /* Block until p completes or timeout ns pass (UINT64_MAX = forever).
  * On an event-loop thread returns NR_EDEADLOCK without waiting; on an
  * external loop's thread it runs that loop's tasks while waiting.
@@ -319,9 +326,12 @@ void nr_msg_describe(int type, char *buf, size_t size);
 
 /* Error text for a message a channel cannot write: the describer says what
  * the message is ("a number (42)") in buf, for a type the core does not
- * know (the Lua bindings describe NR_MSG_LUA). Set once, before any loop
- * runs; called on the writing loop's thread while the message is valid. */
-typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size);
+ * know (the Lua bindings describe NR_MSG_LUA), and where it was written
+ * ("app.lua:12"), if it knows, in where (else ""). Set once, before any
+ * loop runs; called on the writing loop's thread while the message is
+ * valid (the write that made it has not returned). */
+typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size,
+                                   char *where, size_t wsize);
 void nr_set_msg_describer(nr_msg_describe_fn fn);
 
 /* Bytes. Stream channels deliver these to the first handler and accept them
@@ -427,6 +437,14 @@ typedef struct nr_connect_opts_s {
   nr_group_t *group;         /* the channel's loop is group's next() */
   nr_loop_t *loop;           /* or this loop */
   const char *host;
+  /* Or numeric addresses (at most NR_MAX_ADDRS), tried in turn on one
+   * channel, IPv6 and IPv4 interleaved (RFC 8305): the next starts when
+   * one fails, or beside it when it has not answered in 250 ms; the first
+   * to connect is the channel's (the others are closed) and only then is
+   * it active. Failing on all, the future fails with the first one's code
+   * and every address's reason. timeout bounds the whole. */
+  const char *const *hosts;
+  int nhosts;
   int port;
   const char *unix_path;
   uint64_t timeout;          /* connect timeout, default 30 s */
@@ -451,6 +469,52 @@ typedef struct nr_udp_opts_s {
 nr_promise_t *nr_server_bind(const nr_server_opts_t *opts);
 nr_promise_t *nr_connect(const nr_connect_opts_t *opts);
 nr_promise_t *nr_udp_bind(const nr_udp_opts_t *opts);
+
+/* ---- name resolution (resolver.c) ---------------------------------------- */
+
+/* The addresses of a name, as text, in the resolver's order (RFC 6724),
+ * each once. A promise of nr_resolve holds one (free_fn nr_addrs_free). */
+#define NR_MAX_ADDRS 32
+typedef struct nr_addrs_s {
+  int n;
+  uint32_t ttl;              /* seconds: the smallest TTL of the answer; 0
+                                when it gave none (hosts file, loopback) */
+  char addr[NR_MAX_ADDRS][46];
+} nr_addrs_t;
+void nr_addrs_free(void *addrs);
+
+/* The answer for a name that is never sent to a server, into *out: a
+ * numeric address (itself), "localhost" or a name under it (::1 then
+ * 127.0.0.1, RFC 6761 §6.3, whatever /etc/hosts says). family is AF_UNSPEC,
+ * AF_INET or AF_INET6. 1 if answered, 0 if the name needs the resolver,
+ * -EAFNOSUPPORT for a numeric address of another family. Any thread. */
+int nr_resolve_local(const char *name, int family, nr_addrs_t *out);
+
+/* Look name up (c-ares, on the resolver's own thread, made on first use):
+ * a future of an nr_addrs_t, or failed with the resolver's reason (or
+ * NR_ETIMEDOUT "timed out after N s" once `timeout` ns passed; 0 = 10 s).
+ * Names nr_resolve_local answers complete at once; names under "invalid"
+ * fail without a query (RFC 6761 §6.4). Callers asking for one name while
+ * it is looked up share the lookup. NULL only when out of memory. Any
+ * thread. */
+nr_promise_t *nr_resolve(const char *name, int family, uint64_t timeout);
+/* The name servers lookups use from now on: "host[:port],..." as c-ares
+ * takes them ("127.0.0.1:5353,[::1]:53"); NULL or "" for the environment's
+ * NETRUN_DNS_SERVERS, else the system's (/etc/resolv.conf). 0, or -EINVAL
+ * (a list c-ares refuses) or -ENOMEM with the reason in err. Any thread. */
+int nr_resolver_set_servers(const char *csv, char *err, size_t errlen);
+/* Names looked up at once (default 256) and names waiting for a slot
+ * beyond those (default 4096; past it a lookup fails at once with
+ * -EAGAIN). A value < 1 (< 0 for max_waiting) leaves it as it is. */
+void nr_resolver_set_limits(int max_inflight, int max_waiting);
+/* Fail every lookup in flight now (NR_ECANCELLED "cancelled: netrun is
+ * shutting down"): the process is shutting down and waits for none. Later
+ * lookups go on as usual. Any thread. */
+void nr_resolver_cancel_all(void);
+/* Fail every lookup in flight (NR_ECANCELLED), stop the resolver's thread
+ * and wait for it (not on the resolver's thread). Lookups after it start
+ * a new one. */
+void nr_resolver_shutdown(void);
 
 /* Channels are reference counted; the loop holds one while registered. */
 nr_channel_t *nr_channel_retain(nr_channel_t *ch);
@@ -486,6 +550,13 @@ void nr_channel_unhold(nr_channel_t *ch);
  * new ones in. Both do nothing to a channel that is not fresh. */
 void nr_channel_fresh_until_message(nr_channel_t *ch);
 void nr_channel_established(nr_channel_t *ch);
+/* Loop thread only. The peer will send nothing more (a TLS close_notify)
+ * and the channel is to close once its answers are out: it stops reading,
+ * and closes through its pipeline (every handler's close runs, as with
+ * nr_channel_close) as soon as no work is held -- from a task, so that
+ * the read under way and its read_complete, where answers are written,
+ * come first. Nothing if the channel is closing already. */
+void nr_channel_close_when_idle(nr_channel_t *ch);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel

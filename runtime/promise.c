@@ -26,6 +26,7 @@ typedef struct listener_s {
   void *arg;
   nr_loop_t *on;
   nr_promise_t *p;                 /* set when dispatched as a task */
+  bool owns_arg;                   /* free(arg) if the promise never completes */
 } listener_t;
 
 struct nr_promise_s {
@@ -104,6 +105,8 @@ void nr_promise_release(nr_promise_t *p) {
     return;
   for (listener_t *l = p->listeners, *n; l; l = n) {  /* never completed */
     n = l->next;
+    if (l->owns_arg)
+      free(l->arg);
     listener_free(l);
   }
   if (p->free_fn)
@@ -207,8 +210,8 @@ const char *nr_promise_message(const nr_promise_t *p) {
   return state_of(p) == PENDING ? NULL : p->msg;
 }
 
-int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
-                            void *arg) {
+static int add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
+                        void *arg, bool owns_arg) {
   if (p == &void_promise)
     return -EINVAL;
   listener_t *l = calloc(1, sizeof *l);
@@ -216,6 +219,7 @@ int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
     return -ENOMEM;
   l->fn = fn;
   l->arg = arg;
+  l->owns_arg = owns_arg;
   l->on = on != NULL ? nr__loop_retain(on) : NULL;  /* it may be freed first */
   struct stripe_s *st = stripe(p);
   pthread_mutex_lock(&st->lock);
@@ -228,6 +232,16 @@ int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
   pthread_mutex_unlock(&st->lock);
   dispatch(p, l);
   return 0;
+}
+
+int nr_promise_add_listener(nr_promise_t *p, nr_loop_t *on, nr_listener_fn fn,
+                            void *arg) {
+  return add_listener(p, on, fn, arg, false);
+}
+
+int nr_promise_add_listener_owning(nr_promise_t *p, nr_loop_t *on,
+                                   nr_listener_fn fn, void *arg) {
+  return add_listener(p, on, fn, arg, true);
 }
 
 static void wake_loop(nr_promise_t *p, void *arg) {

@@ -4,12 +4,17 @@
  * notices a loop whose current task or handler call has run too long.
  *
  * The loop pays two relaxed stores per iteration (busy_since when it wakes
- * and when it blocks, the task being run) and one per task (task_fn); it
- * never measures anything. The watchdog samples every watched loop a few
- * times per threshold: a loop is stuck while it is busy and neither its
+ * and when it blocks, the task being run) and one per task (task_fn). The
+ * watchdog samples every watched loop a few times per threshold: a loop
+ * is stuck while it is busy and neither its
  * busy_since nor its tasks_run has moved -- together they are the run's
  * mark. A run that began in an earlier sample is timed from the sample
  * that first saw its mark, so a stall is never over-reported.
+ *
+ * The watchdog tells the loop of each run it sees in progress (wd_seen),
+ * so that the loop times that run when it ends (max_busy, "the longest
+ * run" in executor.c), and flags a loop it reports stalled (stalled) until
+ * the run ends, so that group choosers pass it over (group.c).
  *
  * What is stuck is reported once per stall by whoever claims its mark
  * first: the loop's on_stall callback (the Lua bindings get a traceback on
@@ -82,6 +87,7 @@ static void report(nr_loop_t *l, uint64_t mark, uint64_t busy, uint64_t now) {
   struct nr_watch_s *w = &l->wd;
   if (!w->reported && busy >= l->stall_threshold) {
     w->reported = true;
+    atomic_store_explicit(&l->stalled, true, memory_order_relaxed);
     atomic_fetch_add(&l->stalls, 1);
     w->asked = l->on_stall &&
                l->on_stall(l, NR_STALL_REPORT, busy, mark, l->ud);
@@ -118,19 +124,33 @@ static void interrupt(nr_loop_t *l, uint64_t mark, uint64_t busy,
   l->on_stall(l, NR_STALL_INTERRUPT, busy, mark, l->ud);
 }
 
+/* The reported run is over: choosers may pick the loop again. Written
+ * only when it changes (producers read its cache line on every task). */
+static void unstall(nr_loop_t *l) {
+  if (l->wd.reported)
+    atomic_store_explicit(&l->stalled, false, memory_order_relaxed);
+}
+
 /* One sample of one loop at `now`. */
 static void check(nr_loop_t *l, uint64_t now) {
   struct nr_watch_s *w = &l->wd;
   uint64_t since = atomic_load_explicit(&l->busy_since, memory_order_relaxed);
   if (since == 0) {                      /* blocked in its selector */
+    unstall(l);
     w->mark = w->since = 0;
+    w->reported = false;
+    w->sampled_at = now;
     return;
   }
   uint64_t mark = since + atomic_load_explicit(&l->tasks_run,
                                                memory_order_relaxed);
   if (mark != w->mark) {                 /* moved on since the last sample */
     /* A new iteration began at `since`; a new task, somewhere between the
-     * last sample and now: count from now. */
+     * last sample and now: count from now. The loop times the run when it
+     * ends, from no earlier than the last sample (executor.c). */
+    atomic_store_explicit(&l->wd_seen, w->sampled_at ? w->sampled_at : 1,
+                          memory_order_relaxed);
+    unstall(l);
     w->start = since != w->since ? since : now;
     w->since = since;
     w->mark = mark;
@@ -142,6 +162,7 @@ static void check(nr_loop_t *l, uint64_t now) {
     atomic_store_explicit(&l->max_busy, busy, memory_order_relaxed);
   report(l, mark, busy, now);
   interrupt(l, mark, busy, now);
+  w->sampled_at = now;
 }
 
 static void *watchdog_main(void *arg) {

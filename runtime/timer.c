@@ -161,6 +161,14 @@ int nr_timer_cancel(nr_timer_t *t) {
   return 0;
 }
 
+void nr__timer_drop(nr_timer_t **t) {
+  if (*t) {
+    nr_timer_cancel(*t);
+    nr_timer_release(*t);
+    *t = NULL;
+  }
+}
+
 uint64_t nr__next_deadline(nr_loop_t *l) {
   nr_timer_t *t = nr__heap_peek(&l->heap);
   return t ? t->deadline : NR_NONE;

@@ -7,9 +7,9 @@ PACKAGES=(
   gcc make cmake pkg-config             # build
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
-  lua-cjson                             # netrun.json
   libssl-dev                            # TLS (OpenSSL 3)
   zlib1g-dev                            # WebSocket permessage-deflate
+  libc-ares-dev                         # netrun.dns: the asynchronous resolver
   curl redis-tools netcat-openbsd       # real clients used by tests
   redis-server                          # examples/counter.lua (deploy_spec), the stream client's spec
   openssl                               # test certificates, s_client as a TLS peer
@@ -17,6 +17,7 @@ PACKAGES=(
   procps iproute2 util-linux tmux       # ps, ss, setarch, taskset, a pty for REPL tests
   clang libclang-rt-dev                 # libFuzzer targets
   wrk                                   # benchmarks
+  lintian                               # checks the Debian package (package_spec)
   nginx nodejs                          # peers: HTTP servers for the client specs, Node's https for TLS
   python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
 )

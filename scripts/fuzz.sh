@@ -21,7 +21,8 @@ for src in fuzz/fuzz_*.c; do
   "$cc" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
     -Wmissing-prototypes -Wmissing-declarations \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iruntime -Ifuzz -o "$out/$target" "$src" "${sources[@]}" -lssl -lcrypto -lz -lpthread
+    -Iruntime -Ifuzz -I/usr/include/lua5.4 -o "$out/$target" "$src" "${sources[@]}" \
+    -llua5.4 -lssl -lcrypto -lz -lpthread -lm
   work="$out/$name"
   rm -rf "$work"
   mkdir -p "$work/corpus"

@@ -297,4 +297,33 @@ describe("futures", function()
     end, l2, tries), 30)
     assert.equal(tries, H.sync(n, 30))
   end)
+
+  it("a promise from elsewhere, completed on a loop whose own promises were collected, is read as a copy", function()
+    -- A new proxy in the loop's state may take the memory of a collected
+    -- local one (netrun.promise() made there): it must not inherit its
+    -- local mark, or the value stays on the loop and sync raises "a task
+    -- kept for one loop ran on another".
+    local loop = group:next()
+    for round = 1, 20 do
+      loop:submit(function()
+        for _ = 1, 200 do netrun.promise() end
+        collectgarbage()
+      end):sync()
+      local p = netrun.promise()
+      loop:submit(function(f, n) f:set_success({ round = n }) end, p, round):sync()
+      assert.same({ round = round }, p:sync())
+    end
+  end)
+
+  it("a coroutine asleep or awaiting when its loop shuts down is dropped, its parking freed", function()
+    -- (the timer is cancelled, the promise never completes: under ASan a
+    -- leak of what await allocated to resume it fails this spec)
+    local g = netrun.group { threads = 1, name = "fut-down" }
+    g:next():submit(function()
+      netrun.spawn(function() netrun.sleep(100) end)
+      netrun.spawn(function() netrun.promise():await() end)
+    end):sync()
+    H.sync(g:shutdown_gracefully(0, 5), 10)
+    assert.is_true(g:is_terminated())
+  end)
 end)

@@ -164,6 +164,38 @@ g:shutdown_gracefully(0, 5):sync()
     udp:close():sync()
   end)
 
+  it("names the Lua line that wrote a value no handler encoded, at the tail and to exception_caught", function()
+    local out, st = run_script([[
+local netrun = require "netrun"
+local g = netrun.group { threads = 1, name = "w" }
+local caught = netrun.promise()
+local Writer = {}
+function Writer:channel_active(ctx)
+  ctx:write(42)
+  netrun.spawn(function()
+    ctx:write(true)
+  end)
+end
+local Catcher = {}
+function Catcher:channel_active(ctx)
+  ctx:fire_channel_active()
+  ctx.channel:pipeline():write({ a = 1 }):add_listener(function(f) caught:try_success(f:cause()) end)
+end
+local s = netrun.server { group = g, host = "127.0.0.1", port = 0, init = function(ch)
+  ch:pipeline():add_last("c", Catcher):add_last("w", Writer)
+end }:sync()
+local _, port = s:local_address()
+local c = netrun.connect { group = g, host = "127.0.0.1", port = port }:sync()
+print("future: " .. tostring(caught:sync()))
+c:close():sync()
+g:shutdown_gracefully(0, 1):sync()
+]], nil, "writer.lua")
+    assert.equal(0, st, out)
+    assert.truthy(out:find("tail of the pipeline: /.-/writer%.lua:6: cannot write a number %(42%) to a stream channel"), out)
+    assert.truthy(out:find("tail of the pipeline: /.-/writer%.lua:8: cannot write a boolean %(true%)"), out)
+    assert.truthy(out:find("future: /.-/writer%.lua:14: cannot write a table that is not an array of strings"), out)
+  end)
+
   it("flushes what a handler without channel_read_complete wrote, at the end of the read", function()
     local server = netrun.server {
       group = group, host = "127.0.0.1", port = 0,

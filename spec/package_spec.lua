@@ -1,8 +1,11 @@
 -- package_spec.lua -- DESIGN.md §8.5 "Install": `cpack -G DEB` builds the
 -- netrun package. Its contents and dependencies are checked with dpkg-deb,
--- and the extracted tree serves examples/echo.lua. Nothing is installed on
--- the machine (dpkg -i would be): the package is unpacked in a temporary
--- directory.
+-- its documentation against Debian's policy (copyright, changelog.Debian.gz
+-- and a README under /usr/share/doc/netrun) and by lintian, which must
+-- report no error (skipped, saying so, only where lintian is not installed:
+-- scripts/deps.sh installs it), and the extracted tree serves
+-- examples/echo.lua. Nothing is installed on the machine (dpkg -i would
+-- be): the package is unpacked in a temporary directory.
 local H = require "spec.helper"
 
 local root = H.run("cd " .. H.root .. " && pwd"):match("[^\n]+")   -- absolute
@@ -44,9 +47,42 @@ describe("cpack -G DEB", function()
 
   it("depends on the runtime libraries", function()
     local depends = sh("dpkg-deb -f " .. deb .. " Depends")
-    for _, p in ipairs { "libssl3", "libedit2", "lua-cjson", "libc6" } do
+    for _, p in ipairs { "libssl3", "libedit2", "libc6", "libc-ares2" } do
       assert.is_truthy(depends:find(p, 1, true), p .. " missing from Depends: " .. depends)
     end
+  end)
+
+  it("ships copyright, changelog.Debian.gz and a README under /usr/share/doc/netrun", function()
+    local list = sh("dpkg-deb -c " .. deb)
+    for _, f in ipairs { "copyright", "changelog.Debian.gz", "README.md" } do
+      local line = list:match("[^\n]*%./usr/share/doc/netrun/" .. f:gsub("%.", "%%.") .. "\n")
+      assert.is_truthy(line, f .. " not in /usr/share/doc/netrun:\n" .. list)
+      assert.matches("^%-rw%-r%-%-r%-%- root/root", line)
+    end
+    local docs = dir .. "/docs"
+    sh(string.format("dpkg-deb -x %s %s", deb, docs))
+    local doc = docs .. "/usr/share/doc/netrun/"
+    -- the changelog's latest entry is this package's version
+    local version = sh("dpkg-deb -f " .. deb .. " Version"):match("%S+")
+    local changelog = sh("gzip -dc " .. doc .. "changelog.Debian.gz")
+    assert.equal("netrun (" .. version .. ")", changelog:match("^(netrun %b())"))
+    assert.matches("\n %-%- [^\n]+<[^@>]+@[^>]+>  %a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d [+-]%d%d%d%d\n",
+      changelog)
+    local copyright = H.read_file(doc .. "copyright")
+    assert.matches("^Format: https://www%.debian%.org/doc/packaging%-manuals/copyright%-format/1%.0/", copyright)
+    assert.matches("\nFiles: %*\nCopyright: [^\n]+\nLicense: ", copyright)
+    assert.matches("^# netrun", H.read_file(doc .. "README.md"))
+  end)
+
+  local have_lintian = H.run("command -v lintian"):match("lintian") ~= nil
+  ;(have_lintian and it or pending)("passes lintian with no error" ..
+      (have_lintian and "" or " (lintian is not installed: run scripts/deps.sh)"), function()
+    local out = H.run("lintian --fail-on error " .. deb)
+    local errors = {}
+    for line in out:gmatch("[^\n]+") do
+      if line:match("^E: ") then errors[#errors + 1] = line end
+    end
+    assert.same({}, errors)
   end)
 
   it("its netrun serves examples/echo.lua from the unpacked tree", function()

@@ -256,6 +256,17 @@ describe("attach on a terminal", function()
     expect("\n42\nnetrun>$", 10, name)
   end)
 
+  it("has netrun as a global in the server's main state and in its loops", function()
+    type_line("netrun.version", name)
+    expect('\n"%d+%.%d+%.%d+"\nnetrun>$', 10, name)
+    type_line(":loop bulk-1", name)
+    type_line("netrun.current():name()", name)
+    expect('\n"bulk%-1"\nnetrun%(bulk%-1%)>$', 10, name)
+    type_line(":main", name)
+    type_line("type(netrun.group)", name)
+    expect('\n"function"\nnetrun>$', 10, name)
+  end)
+
   it("discards a half-typed line and the server's incomplete chunk on Ctrl-C", function()
     type_text("half typed", name)
     ctrl_c_after("netrun> half typed$", name)
@@ -294,5 +305,22 @@ describe("REPL without a terminal", function()
     assert.matches("^2\n", out)
     assert.matches(":loops", out)
     assert.not_matches("netrun>", out)
+  end)
+
+  it("has netrun as a global in the main state and in every loop's, as luvit's REPL", function()
+    local lines = { "netrun.version", "g = netrun.group { threads = 2, name = 'glob' }",
+                    ":loop glob-2", "netrun.current():name()", "netrun.version", ":main",
+                    "netrun.current()", "type(netrun.server)", ":quit" }
+    local input = H.tmpdir() .. "/lines"
+    local lf = assert(io.open(input, "w"))
+    lf:write(table.concat(lines, "\n"), "\n")
+    lf:close()
+    local f = assert(io.popen(BIN .. " < " .. input .. " 2>&1"))
+    local out = f:read("a")
+    f:close()
+    local version = '"%d+%.%d+%.%d+"'
+    assert.matches("^" .. version .. "\nevaluating in glob%-2\n\"glob%-2\"\n" .. version
+      .. "\nevaluating in the main state\nnil\n\"function\"\n", out)
+    assert.not_matches("attempt to index", out)
   end)
 end)

@@ -4,16 +4,30 @@
 local H = require "spec.helper"
 local netrun = H.netrun
 
--- The TCP listeners on 127.0.0.1:port, from /proc/net/tcp (state 0A).
-local function listeners(port)
+-- The accept queue lengths (rx_queue) of the TCP listeners on
+-- 127.0.0.1:port, from /proc/net/tcp (state 0A): one per listener.
+local function listener_queues(port)
   local f = assert(io.open("/proc/net/tcp"))
-  local n = 0
+  local queues = {}
   for line in f:lines() do
-    local lport, state = line:match("^%s*%d+: 0100007F:(%x+) %x+:%x+ (%x%x)")
-    if lport and tonumber(lport, 16) == port and state == "0A" then n = n + 1 end
+    local lport, state, rx = line:match("^%s*%d+: 0100007F:(%x+) %x+:%x+ (%x%x) %x+:(%x+)")
+    if lport and tonumber(lport, 16) == port and state == "0A" then
+      queues[#queues + 1] = tonumber(rx, 16)
+    end
   end
   f:close()
-  return n
+  return queues
+end
+
+local function listeners(port) return #listener_queues(port) end
+
+-- Connections waiting in those queues: their sum, and the shortest queue.
+local function queued(port)
+  local n, least = 0, math.huge
+  for _, q in ipairs(listener_queues(port)) do
+    n, least = n + q, math.min(least, q)
+  end
+  return n, least
 end
 
 local function open_fds()
@@ -143,6 +157,73 @@ describe("netrun.server reuseport", function()
     assert.is_false(ok)
     assert.matches("reuseport needs a TCP address", err)
     os.execute("rm -rf " .. dir)
+    H.shutdown(g)
+  end)
+
+  -- What a stalled loop's listener does (measured: bench/RESULTS.md, "A
+  -- stalled loop and new connections"). The group chooser passes over a
+  -- stalled loop, but with reuseport nothing is chosen: the kernel hashes
+  -- each new connection to one of the listeners, the stuck loop's
+  -- included, and queues it there (the handshake completes; the backlog
+  -- holds it). So while one of two loops is stuck about half of the new
+  -- connections wait -- none is lost: each is served once the loop runs
+  -- again (at the latest after stall_timeout, when one is set).
+  it("a stalled loop's listener keeps its share: those connections wait in its queue and are served once it runs again", function()
+    local g = netrun.group { threads = 2, name = "rpstall", stall_threshold = 0.1 }
+    local server = netrun.server {
+      group = g, reuseport = true, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        local nr = require "netrun"
+        nr.shared.dict("reuseport_spec"):incr(nr.current():name(), 1, 0)
+        ch:pipeline():add_last("hold", require("hold")("reuseport_spec"))
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    -- hold whichever loop the kernel gives this connection
+    local held = H.client(port)
+    assert(held:send("hold\n"))
+    local stuck = H.eventually(function()
+      for i, st in ipairs(g:stats()) do if st.stalls > 0 then return "rpstall-" .. i end end
+    end)
+    assert(stuck, "no loop was reported stalled")
+    local other = stuck == "rpstall-1" and "rpstall-2" or "rpstall-1"
+    local before_stuck, before_other = dict:get(stuck), dict:get(other) or 0
+    -- 20 new connections: the kernel spreads them over both listeners
+    local N, clients = 20, {}
+    for i = 1, N do
+      clients[i] = H.client(port)                  -- connects, even to the stuck loop
+      assert(clients[i]:send("ping\n"))
+    end
+    local waiting, served = {}, 0
+    for i = 1, N do waiting[i] = clients[i] end
+    local deadline = H.socket.gettime() + 10
+    -- the other loop serves its share (its queue empties); the rest waits
+    -- in the stuck listener's accept queue
+    local function settled()
+      local n, least = queued(port)
+      return served + n == N and least == 0
+    end
+    while not settled() and H.socket.gettime() < deadline do
+      local list = {}
+      for _, c in pairs(waiting) do list[#list + 1] = c end
+      for _, c in ipairs((H.socket.select(list, nil, 0.05))) do
+        assert.equal("pong", c:receive("*l"))
+        for i, w in pairs(waiting) do if w == c then waiting[i] = nil end end
+        served = served + 1
+      end
+    end
+    assert.equal(N, served + queued(port))
+    assert.equal(served, dict:get(other) - before_other)
+    assert.equal(before_stuck, dict:get(stuck))     -- the stuck loop accepted none
+    assert.is_true(served > 0 and served < N, served .. " of " .. N .. " served while a loop is stuck")
+    -- release the loop: it accepts its queue and serves every one
+    dict:set("stop", true)
+    assert.equal("pong", held:receive("*l"))
+    for _, c in pairs(waiting) do assert.equal("pong", c:receive("*l")) end
+    assert.equal(N - served, dict:get(stuck) - before_stuck)
+    for i = 1, N do clients[i]:close() end
+    held:close()
+    H.sync(server:close())
     H.shutdown(g)
   end)
 

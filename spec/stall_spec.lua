@@ -49,11 +49,12 @@ local function count(s, pattern)
   return n
 end
 
-local function line_of(path, text)
+-- The first line of path at or after line `from` that holds text.
+local function line_of(path, text, from)
   local i = 0
   for l in io.lines(path) do
     i = i + 1
-    if l:find(text, 1, true) then return i end
+    if i >= (from or 1) and l:find(text, 1, true) then return i end
   end
 end
 
@@ -149,6 +150,54 @@ describe("the stall detector", function()
     assert.matches("%[watchdog%] cwait%-1: stalled: one run has lasted %d+%.%d s, in the C task at netrun%+0x%x+ %(no Lua code answered", out)
   end)
 
+  -- max_busy is the longest run timed on the loop itself, not the
+  -- watchdog's sample (which, a quarter of the threshold apart, read 0.25
+  -- for a run of 0.4 s). Runs spin on the wall clock (netrun.now).
+  it("gives the longest run as max_busy, timed on the loop: a handler's, a task's alone, one of several queued together", function()
+    local g = netrun.group { threads = 1, name = "busy-max" }   -- threshold 1 s: no stall
+    local Busy = {}
+    function Busy:channel_read(ctx, msg)
+      local now = require("netrun").now
+      local t = now()
+      while now() - t < tonumber(msg:match("[%d.]+")) do end
+      ctx:write_and_flush("done\n")
+    end
+    local server, port = H.echo_server(g, Busy)
+    -- read once the run is over: a task that runs after it has run (the
+    -- answer, or a future, comes while its run still goes on)
+    local function max_busy()
+      H.sync(g:submit(function() end))
+      return g:stats()[1].max_busy
+    end
+    assert.equal("done", ask(port, "0.4"))
+    local busy = max_busy()
+    assert.is_true(busy >= 0.4 and busy < 0.6, "a handler's 0.4 s read " .. busy)
+    local function spin(s)
+      return function()
+        local now = require("netrun").now
+        local t = now()
+        while now() - t < s do end
+      end
+    end
+    H.sync(g:submit(spin(0.5)))
+    busy = max_busy()
+    assert.is_true(busy >= 0.5 and busy < 0.7, "a task's 0.5 s read " .. busy)
+    -- queued together, run in one pass: 0.3 s, 0.3 s, then the longest
+    H.sync(g:submit(function()
+      local nr = require "netrun"
+      local loop = nr.current()
+      local function spin(s) local t = nr.now() while nr.now() - t < s do end end
+      loop:execute(function() spin(0.3) end)
+      loop:execute(function() spin(0.3) end)
+      loop:execute(function() spin(0.6) end)
+    end))
+    busy = max_busy()
+    assert.is_true(busy >= 0.6 and busy < 0.85, "the third of three queued read " .. busy)
+    assert.equal(0, g:stats()[1].stalls)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
   it("checks its options", function()
     assert.has_error(function() netrun.group { stall_threshold = -1 } end)
     assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
@@ -156,34 +205,237 @@ describe("the stall detector", function()
   end)
 end)
 
+describe("a stall inside a coroutine", function()
+  -- Spins for at most 10 s of CPU (bounded, were the watchdog to miss it).
+  local SPIN = [[local t = os.clock() while os.clock() - t < 10 do end]]
+
+  local function watched(name)
+    return netrun.group { threads = 1, name = name, stall_threshold = 0.1, stall_timeout = 0.3 }
+  end
+
+  it("leaves coroutine.resume, wrap and close behaving as Lua's own (a loop state's are netrun's, to know the running coroutine)", function()
+    local src = read_file("spec/fixtures/coroutine_probe.lua")
+    local here = load(src, "=probe")()
+    local g = netrun.group { threads = 1, name = "co-lib" }
+    local there = H.sync(g:submit(load(src, "=probe")))
+    assert.equal(here, there)
+    assert.is_true(select(2, here:gsub("\n", "")) > 25)
+    H.shutdown(g)
+  end)
+
+  it("is logged with the coroutine's traceback (a spawn resumed after an await), then interrupted: its future fails", function()
+    local pid, log = spawn(FIXTURE .. " --stall_timeout 0.6")
+    local port = tonumber(wait_for(log, "ready (%d+)"))
+    local t0 = socket.gettime()
+    local line = ask(port, "cospin")
+    assert.matches("^spawned: .*stall_server%.lua:" .. spin_line() .. ": stalled for %d+%.%d s$", line)
+    assert.is_true(socket.gettime() - t0 < 4)
+    assert.equal("pong", ask(port, "ping"))
+    os.execute("kill -TERM " .. pid)
+    wait_status(log, 10)
+    local text = read_file(log)
+    assert.equal(1, count(text, "stall%-1: stalled: one run has lasted %d+%.%d s, in Lua %(a coroutine%):"), text)
+    assert.equal(1, count(text, "stall_server%.lua:" .. spin_line() .. ": in [^\n]*'spin'"), text)
+    local call = line_of(FIXTURE, "spin()", line_of(FIXTURE, "local function cospin") + 1)
+    assert.equal(1, count(text, "stall_server%.lua:" .. call .. ": in "), text)
+    assert.equal(0, count(text, "no Lua code answered"), text)
+  end)
+
+  it("interrupts a stream function that spins: its connection is closed and the loop serves the next one", function()
+    local g = watched("co-stream")
+    local server = netrun.server { group = g, host = "127.0.0.1", port = 0, stream = load([[
+      return function(s)
+        while true do
+          local line = s:receive("*l")
+          if not line then return end
+          if line == "spin" then ]] .. SPIN .. [[ end
+          s:send(line == "ping" and "pong\n" or "?\n")
+        end
+      end]])() }:sync()
+    local _, port = server:local_address()
+    local c = H.client(port)
+    assert(c:send("spin\n"))
+    local t0 = socket.gettime()
+    local line, err = c:receive("*l")
+    assert.is_nil(line)
+    assert.equal("closed", err)
+    assert.is_true(socket.gettime() - t0 < 3, "closed after " .. socket.gettime() - t0 .. " s")
+    c:close()
+    assert.equal("pong", ask(port, "ping"))          -- the same (only) loop
+    assert.equal(1, g:stats()[1].stalls)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
+  it("interrupts a spawned coroutine that spins, and one resumed after an await: each future fails where it spun", function()
+    local g = watched("co-spawn")
+    local first = H.sync(g:submit(load([[
+      local netrun = require "netrun"
+      return netrun.spawn(function() ]] .. SPIN .. [[ end):cause()]], "=spin")))
+    assert.matches("^spin:%d+: stalled for %d+%.%d s\nstack traceback:", first)
+    local later = H.sync(g:submit(load([[
+      local netrun = require "netrun"
+      local p = netrun.promise()
+      local f = netrun.spawn(function() p:await() ]] .. SPIN .. [[ end)
+      netrun.current():execute(function() p:set_success(1) end)
+      local done = netrun.promise()
+      f:add_listener(function() done:set_success(f:cause()) end)
+      return done]], "=await")))
+    assert.matches("^await:%d+: stalled for %d+%.%d s\nstack traceback:", H.sync(later))
+    assert.equal(42, H.sync(g:submit(function() return 42 end)))
+    assert.equal(2, g:stats()[1].stalls)
+    H.shutdown(g)
+  end)
+
+  it("interrupts a coroutine.wrap inside a handler, and one nested in a spawn: the error reaches exception_caught", function()
+    local g = watched("co-wrap")
+    local Wrap = load([[
+      local netrun = require "netrun"
+      local Wrap = {}
+      function Wrap:channel_read(ctx, msg)
+        if msg:find("nested", 1, true) then
+          local f = netrun.spawn(function()
+            coroutine.wrap(function() coroutine.wrap(function() ]] .. SPIN .. [[ end)() end)()
+          end)
+          error(f:cause(), 0)
+        elseif msg:find("wrap", 1, true) then
+          coroutine.wrap(function() ]] .. SPIN .. [[ end)()
+        end
+        ctx:write_and_flush("pong\n")
+      end
+      function Wrap:exception_caught(ctx, err)
+        ctx:write_and_flush("error: " .. err:match("[^\n]*") .. "\n")
+      end
+      return Wrap]], "=wrap")()
+    local server, port = H.echo_server(g, Wrap)
+    for _, what in ipairs { "wrap", "nested" } do
+      local t0 = socket.gettime()
+      local line = ask(port, what)
+      assert.matches("^error: .*wrap:%d+: stalled for %d+%.%d s$", line)
+      assert.is_true(socket.gettime() - t0 < 3)
+    end
+    assert.equal("pong", ask(port, "ping"))
+    assert.equal(2, g:stats()[1].stalls)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+end)
+
+describe("a stalled loop and new work", function()
+  local dict
+  before_each(function()
+    dict = netrun.shared.dict("stall_spec")
+    dict:flush_all()
+  end)
+
+  -- "pong", and on "hold" a spin until the shared dict says stop, then
+  -- "held" (spec/fixtures/hold.lua).
+  local function hold(ch) ch:pipeline():add_last("hold", require("hold")("stall_spec", "held")) end
+
+  -- Make loop `i`... whichever loop takes a "hold" connection stuck, and
+  -- wait until the watchdog reports it; returns the connection, the stuck
+  -- loop's index.
+  local function stick(g, port)
+    local c = H.client(port)
+    assert(c:send("hold\n"))
+    local stuck = H.eventually(function()
+      for i, st in ipairs(g:stats()) do
+        if st.stalls > 0 then return i end
+      end
+    end)
+    assert(stuck, "no loop was reported stalled")
+    return c, stuck
+  end
+
+  local function release(c)
+    dict:set("stop", true)
+    assert.equal("held", c:receive("*l"))
+    c:close()
+  end
+
+  it("gets no new connections: 6 of 6 are served while one of two loops is stuck in a handler", function()
+    local boss = netrun.group { threads = 1, name = "nc-boss" }
+    local g = netrun.group { threads = 2, name = "nc", stall_threshold = 0.1 }
+    local server = netrun.server {
+      group = boss, child_group = g, host = "127.0.0.1", port = 0,
+      init = hold,
+    }:sync()
+    local _, port = server:local_address()
+    local held = stick(g, port)
+    local served = 0
+    for i = 1, 6 do
+      local c = H.client(port)
+      c:settimeout(2)
+      assert(c:send("ping " .. i .. "\n"))
+      if c:receive("*l") == "pong" then served = served + 1 end
+      c:close()
+    end
+    assert.equal(6, served)
+    release(held)
+    -- once the watchdog has seen the run end, the loop takes its turns again
+    assert.is_true(H.eventually(function() return g:next():name() ~= g:next():name() end))
+    server:close():sync()
+    H.shutdown(g)
+    H.shutdown(boss)
+  end)
+
+  it("is not chosen for connects or the group's tasks while it is stuck", function()
+    local g = netrun.group { threads = 2, name = "cn", stall_threshold = 0.1 }
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = hold,
+    }:sync()
+    local _, port = server:local_address()
+    local held, stuck = stick(g, port)
+    local other = "cn-" .. (3 - stuck)
+    for _ = 1, 6 do
+      local ch = H.sync(netrun.connect { group = g, host = "127.0.0.1", port = port }, 2)
+      assert.equal(other, ch:loop():name())
+      ch:close():sync()
+      assert.equal(other, H.sync(g:submit(function() return require("netrun").current():name() end), 2))
+    end
+    release(held)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+end)
+
 describe("a stuck loop and the process", function()
-  it("SIGTERM interrupts a spinning handler once the shutdown timeout has passed, and the process exits 0", function()
+  -- The fixture with a shutdown timeout of 1 s, stuck by `what`, sent
+  -- SIGTERM once the stall is logged: it exits after the timeout (checked);
+  -- returns its exit status, its log and the connection's last line.
+  local function terminate_stuck(what)
     local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
     local port = tonumber(wait_for(log, "ready (%d+)"))
     local c = H.client(port)
-    assert(c:send("spin\n"))
+    assert(c:send(what .. "\n"))
     wait_for(log, "stall%-1: stalled")
     os.execute("kill -TERM " .. pid)
     local secs, status = wait_status(log, 10)
-    assert.matches("stalled for", c:receive("*l"))
+    local line = c:receive("*l")
     c:close()
     assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    return status, read_file(log), line
+  end
+
+  it("SIGTERM interrupts a spinning handler once the shutdown timeout has passed, and the process exits 0", function()
+    local status, text, line = terminate_stuck("spin")
+    assert.matches("stalled for", line)
     assert.equal(0, status)
-    assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", read_file(log))
+    assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", text)
+  end)
+
+  it("SIGTERM interrupts a coroutine spinning after an await once the shutdown timeout has passed, and the process exits 0", function()
+    local status, text = terminate_stuck("cospin")
+    assert.equal(0, status)
+    assert.matches("stall%-1: stalled: one run has lasted %d+%.%d s, in Lua %(a coroutine%):", text)
+    assert.matches("stall%-1: shutdown timed out while a run is stuck: interrupting it", text)
+    assert.is_nil(text:find("has not terminated", 1, true), text)
   end)
 
   it("SIGTERM exits after the shutdown timeout even when a loop is stuck in C, naming the stuck loop", function()
-    local pid, log = spawn(FIXTURE, "NETRUN_SHUTDOWN_TIMEOUT=1")
-    local port = tonumber(wait_for(log, "ready (%d+)"))
-    local c = H.client(port)
-    assert(c:send("block\n"))
-    wait_for(log, "stall%-1: stalled")
-    os.execute("kill -TERM " .. pid)
-    local secs, status = wait_status(log, 10)
-    c:close()
-    assert.is_true(secs >= 0.9 and secs < 4, "exited after " .. secs .. " s")
+    local status, text = terminate_stuck("block")
     assert.equal(1, status)
-    local text = read_file(log)
     assert.matches("loop stall%-1 has not terminated %(shutting_down, busy for %d+%.%d s%)", text)
     assert.matches("shutdown did not finish within 1%.0 s: exiting now", text)
     assert.equal(1, count(text, "shutdown timed out while a run is stuck"), text)

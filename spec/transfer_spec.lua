@@ -93,7 +93,7 @@ describe("value transfer", function()
     ok, err = pcall(group.submit, group, function(x) return x end, { conn = { co = coroutine.create(print) } })
     assert.is_false(ok)
     assert.matches("cannot transfer thread %(field 'co' of field 'conn' of argument 1 of submit%)", err)
-    local f = netrun.transfer(function() return 1 end)   -- the same state
+    local f = require("netrun.core").transfer(function() return 1 end)   -- the same state
     assert.equal(1, f())
   end)
 
@@ -148,12 +148,12 @@ describe("value transfer", function()
       h.channel_read(ctx, "c"); h.channel_read_complete(ctx)
       return ctx
     end, Handler))
-    -- netrun.transfer packs and unpacks in this state: one blob too
+    -- netrun.core.transfer packs and unpacks in this state: one blob too
     local sum = 0
     local Acc = {}
     function Acc.add(x) sum = sum + x end
     function Acc.get() return sum end
-    local copy = netrun.transfer(Acc)
+    local copy = require("netrun.core").transfer(Acc)
     copy.add(2); copy.add(3)
     assert.equal(5, copy.get())
     assert.equal(0, sum)

@@ -1,71 +1,40 @@
--- netrun.json: JSON on lua-cjson (Debian's lua-cjson, module "cjson").
+-- netrun.json: JSON (RFC 8259) with Lua 5.4's integers kept exact; the
+-- codec is C (runtime/bindings/ljson.c, which says why not lua-cjson).
 --
--- encode(v) --> string; decode(s) --> value; null: the value JSON's null
--- decodes to and encodes from (cjson's own null, a light userdata; it
--- crosses states by name like a module's field, so a decoded document
--- may be sent to another loop).
+-- encode(v) --> text; decode(text) --> value. Numbers as Python's json
+-- module treats them:
+--   - an integer encodes as its digits (123456789012345, 2^63-1 exactly);
+--     a float as the shortest text that reads back as the same float, with
+--     ".0" added when it would otherwise read as an integer (1.0 -> 1.0,
+--     1e300 -> 1e+300, 0.1 -> 0.1);
+--   - a number without fraction or exponent decodes to an integer when it
+--     fits in 64 bits (-2^63 .. 2^63-1), anything else to a float: 1.0 and
+--     2e3 are floats, and so is an integer beyond 64 bits (its nearest
+--     float: 18446744073709551616 -> 1.8446744073709552e+19);
+--   - NaN and the infinities raise (encode_invalid_numbers to allow them).
+-- null: the value JSON's null decodes to and encodes from (cjson's own
+-- null, the NULL light userdata, so the two libraries agree).
+-- Arrays: decoded arrays carry array_mt (setmetatable({}, json.array_mt)
+-- marks one by hand), so an empty array decodes to a table that encodes
+-- as [] again; empty_array is a value that encodes as []. Any other empty
+-- table encodes as {} (encode_empty_table_as_object).
 --
--- Misuse raises, naming the function and the cause: decoding something
--- that is not JSON ("netrun.json.decode: Expected value but found invalid
--- token at character 1"), encoding a value JSON cannot hold (a function,
--- a userdata, a thread, NaN, an excessively sparse array, nesting deeper
--- than 1000).
+-- configure { setting = value, ... } --> every setting (configure() only
+-- reads them). Process-wide: every state's netrun.json follows them.
+-- cjson's names and defaults where cjson has the setting:
+--   encode_max_depth = 1000, decode_max_depth = 1000   (1..10000)
+--   encode_invalid_numbers = false   (true: NaN, Infinity; "null": null)
+--   decode_invalid_numbers = false   (true: NaN, Infinity, -Infinity read)
+--   encode_sparse_convert = false, encode_sparse_ratio = 2,
+--   encode_sparse_safe = 10   (an array whose largest index is past safe
+--                              and more than ratio times its count raises,
+--                              or encodes as an object if convert)
+--   encode_number_precision = 0   (0: shortest that round-trips; 1..17)
+--   encode_empty_table_as_object = true, decode_array_with_array_mt = true
 --
--- This module keeps its own cjson instance (cjson.new()), so another
--- library changing cjson's global settings does not change netrun.json.
-local cjson_global = require "cjson"
-local cjson = cjson_global.new()
-
-local json = { null = cjson_global.null }
-
--- cjson names the type it refuses ("Cannot serialise function: type not
--- supported") but not where it was: find the first such value, so the
--- message names its path (e.g. "cannot encode function at .handlers[2]").
-local ENCODABLE = { ["nil"] = true, boolean = true, number = true, string = true,
-                    table = true }
-
-local function key_path(path, k)
-  if type(k) == "string" and k:match("^[%a_][%w_]*$") then
-    return path .. "." .. k
-  end
-  return path .. "[" .. (type(k) == "string" and string.format("%q", k) or tostring(k)) .. "]"
-end
-
-local function find_bad(v, path, seen)
-  local t = type(v)
-  if v == json.null then return nil end
-  if not ENCODABLE[t] then return t, path end
-  if t ~= "table" or seen[v] then return nil end
-  seen[v] = true
-  for k, x in pairs(v) do
-    local kt = type(k)
-    if kt ~= "string" and kt ~= "number" then
-      return kt .. " key", path
-    end
-    local bad, where = find_bad(x, key_path(path, k), seen)
-    if bad then return bad, where end
-  end
-  return nil
-end
-
-function json.encode(v)
-  local ok, s = pcall(cjson.encode, v)
-  if ok then return s end
-  local bad, where = find_bad(v, "", {})
-  if bad then
-    error(string.format("netrun.json.encode: cannot encode %s%s", bad,
-      where ~= "" and " at " .. where or ""), 2)
-  end
-  error("netrun.json.encode: " .. tostring(s), 2)
-end
-
-function json.decode(s)
-  if type(s) ~= "string" then
-    error("netrun.json.decode: expected a string, got " .. type(s), 2)
-  end
-  local ok, v = pcall(cjson.decode, s)
-  if ok then return v end
-  error("netrun.json.decode: " .. tostring(v), 2)
-end
-
-return json
+-- Misuse raises at the caller's line, naming the function and the cause:
+-- text that is not JSON ("netrun.json.decode: expected a value but found
+-- 'x' at character 7"), a value JSON cannot hold ("netrun.json.encode:
+-- cannot encode function at .handlers[2]"), nesting deeper than the limit.
+-- Strings are bytes both ways: UTF-8 is not checked (as cjson).
+return require("netrun.core").json()

@@ -67,10 +67,19 @@ local function capturing(f)
   return table.concat(out), r
 end
 
+-- Every state the REPL evaluates in (the main state, a loop's after
+-- :loop N, an attached console's) sees the runtime as the global
+-- `netrun`, as luvit's and Node's REPLs expose theirs: typed lines need no
+-- require. A global of that name the program set itself is kept.
+function M.expose()
+  if rawget(_G, "netrun") == nil then rawset(_G, "netrun", require "netrun") end
+end
+
 -- Run compiled source here; returns the text to show. interruptible: a
 -- Ctrl-C raises in the chunk (the main state's own REPL); capture: what the
 -- chunk prints comes back in the text (a console client's evaluation).
 function M.run_chunk(code, interruptible, capture)
+  M.expose()
   local f, err = load(code, "=stdin")
   if not f then return err end
   local function run()
@@ -95,7 +104,7 @@ end
 -- Every loop of the process, in group order.
 function M.all_loops()
   local loops = {}
-  for _, g in ipairs(netrun.groups()) do
+  for _, g in ipairs(core.groups()) do
     for _, l in ipairs(g:loops()) do loops[#loops + 1] = l end
   end
   return loops
@@ -222,7 +231,9 @@ local COMMANDS = { ":help", ":loop", ":loops", ":main", ":quit", ":reload", ":st
 local COMPLETE_WAIT = 1         -- seconds a completion waits for a busy state
 
 local function remote_complete(word)
-  return require("netrun.repl").complete(word, _G)
+  local repl = require "netrun.repl"
+  repl.expose()
+  return repl.complete(word, _G)
 end
 
 -- Tab completion in the state being evaluated in (a loop's own globals
@@ -230,7 +241,10 @@ end
 function Session:complete(word)
   local target = self.target
   if not target and self.remote_main then target = core.main_loop() end
-  if word:sub(1, 1) == ":" or not target then return M.complete(word, _G) end
+  if word:sub(1, 1) == ":" or not target then
+    M.expose()
+    return M.complete(word, _G)
+  end
   local ok, f = pcall(target.submit, target, remote_complete, word)
   if not ok or not self.wait(f, COMPLETE_WAIT) or not f:is_success() then return {} end
   return f:result()

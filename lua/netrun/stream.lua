@@ -34,6 +34,20 @@
 -- operation returns nil, "closed") or "busy" (another
 -- coroutine is already receiving, or sending, on this stream).
 --
+-- The end of the input: the peer's FIN (streams set allow_half_closure
+-- unless their options say false), a TLS close_notify below, or the
+-- channel closing. A receive then returns what is buffered as far as its
+-- pattern allows ("*a": all of it), and once nothing is left every
+-- receive returns nil, "closed", "" -- so LuaSocket's `repeat ... until
+-- not data` ends -- while send still works until the channel closes (the
+-- peer may be waiting for an answer: `nc -N`, shutdown(SHUT_WR)).
+--
+-- No call returns forever without yielding: one that fails without having
+-- waited (closed, busy, a zero timeout) yields a turn of the loop first,
+-- and a send that never met backpressure yields a turn every buffer_limit
+-- bytes. A loop that ignores what its calls return burns its own time,
+-- not its loop's.
+--
 -- Each stream's state lives in its loop's Lua state (a weak table keyed
 -- by the channel's handle); the stream object itself is { ch = channel }
 -- with a module metatable, so it may travel through a future's result.
@@ -59,7 +73,7 @@ local Handler = {}
 Handler.__index = Handler
 M.Handler = Handler
 
-local concat, find, sub = table.concat, string.find, string.sub
+local concat, find, sub, max = table.concat, string.find, string.sub, math.max
 
 -- ---- the handler: buffering and waking ------------------------------------
 
@@ -78,9 +92,85 @@ local function set_reading(st, on)
   end
 end
 
+-- ---- the buffer: chunks as they arrived -----------------------------------
+-- q[qh .. qt] are the chunks not taken yet, q[qh] from byte qpos on; size
+-- counts their bytes. Bytes are appended as they arrive and a take copies
+-- only what it returns: nothing rebuilds the buffer, so a receive costs
+-- time linear in the bytes it waited for, however finely they came.
+
+local function push(st, s)
+  local t = st.qt + 1
+  st.q[t], st.qt, st.size = s, t, st.size + #s
+end
+
+-- After n bytes were taken.
+local function taken(st, n)
+  st.size = st.size - n
+  if st.size == 0 then st.qh, st.qt, st.qpos = 1, 0, 1 end
+  if st.paused and not st.eof and st.size <= M.buffer_limit then set_reading(st, true) end
+end
+
+-- The first n bytes of several chunks (n > what the first one holds).
+local function gather(st, n)
+  local q, h, pos = st.q, st.qh, st.qpos
+  local parts, k, need = {}, 0, n
+  while need > 0 do
+    local c = q[h]
+    local avail = #c - pos + 1
+    k = k + 1
+    if avail <= need then                   -- the rest of c
+      parts[k] = pos == 1 and c or sub(c, pos)
+      q[h], h, pos, need = nil, h + 1, 1, need - avail
+    else
+      parts[k] = sub(c, pos, pos + need - 1)
+      pos, need = pos + need, 0
+    end
+  end
+  st.qh, st.qpos = h, pos
+  return concat(parts, "", 1, k)
+end
+
+-- Remove the first n bytes (n <= st.size) and return them.
+local function take(st, n)
+  if n == 0 then return "" end
+  local q, h, pos = st.q, st.qh, st.qpos
+  local c = q[h]
+  local avail, s = #c - pos + 1, nil
+  if n < avail then                         -- within the first chunk
+    s, st.qpos = sub(c, pos, pos + n - 1), pos + n
+  elseif n == avail then                    -- the rest of it
+    s, q[h], st.qh, st.qpos = pos == 1 and c or sub(c, pos), nil, h + 1, 1
+  else
+    s = gather(st, n)
+  end
+  taken(st, n)
+  return s
+end
+
+-- Remove the first n bytes (n <= st.size), making no string of them.
+local function drop(st, n)
+  local q, h, pos, left = st.q, st.qh, st.qpos, n
+  while left > 0 do
+    local avail = #q[h] - pos + 1
+    if left < avail then
+      pos, left = pos + left, 0
+    else
+      q[h], h, pos, left = nil, h + 1, 1, left - avail
+    end
+  end
+  st.qh, st.qpos = h, pos
+  taken(st, n)
+end
+
+-- No more input will come (the peer's FIN or close_notify, a close).
+local function input_over(st)
+  st.eof = true
+  wake(st, "reader")
+end
+
 local function closed(self)
   self.closed = true
-  wake(self, "reader")
+  input_over(self)
   wake(self, "writer")
 end
 
@@ -92,14 +182,24 @@ function Handler:channel_read(ctx, msg)
     ctx:close()
     return
   end
-  local n = self.npend + 1
-  self.pend[n] = msg
-  self.npend = n
-  self.size = self.size + #msg
+  if msg == "" then return end
+  push(self, msg)
   if self.size > M.buffer_limit and self.reader == nil then
     set_reading(self, false)
   end
   wake(self, "reader")
+end
+
+-- The peer finished sending but may still read: its FIN (the channel
+-- allows half-closure, as streams ask for) or a TLS close_notify. Reading
+-- stops too: what a peer sends after its close_notify is dropped, and not
+-- reading it leaves one that goes on to TCP's flow control.
+function Handler:user_event_triggered(ctx, evt)
+  if evt == "input_shutdown" or type(evt) == "table" and evt.tls == "close_notify" then
+    input_over(self)
+    set_reading(self, false)
+  end
+  ctx:fire_user_event_triggered(evt)
 end
 
 function Handler:channel_writability_changed(ctx)
@@ -144,10 +244,12 @@ end
 -- with fn, run fn(stream) in a coroutine once the channel is active.
 function M.attach(ch, fn, timeout)
   local st = setmetatable({
-    ch = ch, loop = ch:loop(), buf = "", pos = 1, pend = {}, npend = 0, size = 0,
+    ch = ch, loop = ch:loop(), q = {}, qh = 1, qt = 0, qpos = 1, size = 0,
     timeout = timeout == nil and M.timeout or timeout or nil,
     paused = not ch:option("auto_read"),     -- child_options may start it off
-    closed = false, fn = fn,
+    closed = false, eof = false, fn = fn,
+    parks = 0,                     -- times a call of this stream yielded
+    sent = 0, sent_parks = 0,      -- bytes sent since parks was sent_parks
   }, Handler)
   live[ch] = st
   ch:pipeline():add_last("stream", st)
@@ -174,26 +276,6 @@ local function in_coroutine(what)
   end
 end
 
--- Move the pending chunks into buf, so buf[pos..] is every byte buffered.
-local function join(st)
-  if st.npend > 0 then
-    local rest = st.pos > 1 and sub(st.buf, st.pos) or st.buf
-    st.buf = rest .. concat(st.pend, "", 1, st.npend)
-    st.pend, st.npend, st.pos = {}, 0, 1
-  end
-end
-
--- Take n bytes (n <= st.size).
-local function take(st, n)
-  join(st)
-  local s = sub(st.buf, st.pos, st.pos + n - 1)
-  st.pos = st.pos + n
-  st.size = st.size - n
-  if st.size == 0 then st.buf, st.pos = "", 1 end
-  if st.paused and st.size <= M.buffer_limit then set_reading(st, true) end
-  return s
-end
-
 -- Park until the handler or a timer wakes the coroutine (field: "reader"
 -- or "writer"). Returns "timeout" once the deadline passed.
 local function wait(st, field, deadline)
@@ -208,10 +290,32 @@ local function wait(st, field, deadline)
     end
     timer = st.loop:schedule(left, function() p:try_success("timeout") end)
   end
+  st.parks = st.parks + 1
   local why = p:await()
   if timer then timer:cancel() end
   if st[field] == p then st[field] = nil end
   return why
+end
+
+-- Yield for one turn of the loop: a timer of 0 s, so the loop polls its
+-- sockets and runs what is due before the coroutine goes on. Timers end
+-- when a shutdown begins, so a coroutine paused then stays parked and
+-- holds nothing up.
+local function pause(st)
+  local p = core.promise()
+  st.loop:schedule(0, function() p:try_success() end)
+  st.parks = st.parks + 1
+  p:await()
+end
+
+-- What a call returns. One that fails without having waited (a stream
+-- already closed, "busy", a zero timeout) yields a turn first: a loop
+-- that retries it forever -- LuaSocket's `repeat ... until not data`
+-- written with another test, a retry on "busy" -- then costs a turn of
+-- the loop per try, and the loop serves its other channels meanwhile.
+local function settle(st, parks, data, ...)
+  if data == nil and st.parks == parks then pause(st) end
+  return data, ...
 end
 
 local function deadline_of(st)
@@ -223,23 +327,36 @@ local function fail(st, err)
   return nil, err, take(st, st.size)
 end
 
+-- The n bytes before a delimiter of d bytes, both consumed.
+local function line_of(st, n, d, is_line)
+  local s = take(st, n)
+  drop(st, d)
+  if is_line and sub(s, -1) == "\r" then s = sub(s, 1, -2) end
+  return s
+end
+
 -- Wait for a delimiter; returns the bytes before it (consumed with it).
-local function until_delim(st, delim, what, is_line)
+-- The search goes on where it stopped at each wake, so every byte is
+-- looked at once: i is the chunk to search next, before the bytes
+-- buffered ahead of it, tail the last #delim - 1 bytes searched (for a
+-- delimiter split between two chunks).
+local function until_delim(st, delim, is_line)
   local deadline = deadline_of(st)
-  local from = 1                             -- where in buf[pos..] to search
+  local q, d = st.q, #delim
+  local i, before, tail = st.qh, 0, ""
   while true do
-    join(st)
-    local i = find(st.buf, delim, st.pos + from - 1, true)
-    if i then
-      local n = i - st.pos
-      local s = take(st, n + #delim)
-      s = sub(s, 1, n)
-      if is_line and sub(s, -1) == "\r" then s = sub(s, 1, -2) end
-      return s
+    while i <= st.qt do
+      local c = q[i]
+      local first = i == st.qh and st.qpos or 1
+      local j = d > 1 and tail ~= "" and find(tail .. sub(c, first, first + d - 2), delim, 1, true)
+      if j then return line_of(st, before - #tail + j - 1, d, is_line) end
+      j = find(c, delim, first, true)
+      if j then return line_of(st, before + j - first, d, is_line) end
+      if d > 1 then tail = sub(tail .. sub(c, max(first, #c - d + 2)), 1 - d) end
+      before, i = before + #c - first + 1, i + 1
     end
     if st.size > M.max_line then return nil, "line too long" end
-    if st.closed then return fail(st, "closed") end
-    from = math.max(1, st.size - #delim + 2)
+    if st.eof then return fail(st, "closed") end
     set_reading(st, true)
     if wait(st, "reader", deadline) == "timeout" then return fail(st, "timeout") end
   end
@@ -249,61 +366,86 @@ local function receive_n(st, n)
   if n > M.max_receive then return nil, "too long" end
   local deadline = deadline_of(st)
   while st.size < n do
-    if st.closed then return fail(st, "closed") end
+    if st.eof then return fail(st, "closed") end
     set_reading(st, true)
     if wait(st, "reader", deadline) == "timeout" then return fail(st, "timeout") end
   end
   return take(st, n)
 end
 
+-- Everything until the peer closes: its bytes, or (none came) nil,
+-- "closed", as LuaSocket 3's "*a".
 local function receive_all(st)
   local deadline = deadline_of(st)
-  while not st.closed do
+  while not st.eof do
     if st.size > M.max_receive then return nil, "too long" end
     set_reading(st, true)
     if wait(st, "reader", deadline) == "timeout" then return fail(st, "timeout") end
   end
+  if st.size == 0 then return nil, "closed", "" end
   return take(st, st.size)
 end
 
-local function receiving(s, what)
-  local st = state(s, what)
-  in_coroutine("s:" .. what)
-  if st.reader or st.shut then return nil end
+local RECEIVERS = { ["*l"] = "line", l = "line", ["*a"] = "all", a = "all" }
+
+-- Start a receive: the stream's state, or nil and why not. Once the
+-- input is over and its bytes taken (EOF delivered), every receive is
+-- nil, "closed" (after s:close() too, whatever was left).
+local function receiving(st)
+  if st.shut or st.eof and st.size == 0 then return nil, "closed", "" end
+  if st.reader then return nil, "busy" end
   return st
 end
 
 -- s:receive([pattern]): "*l" (default; a line without its LF or CRLF), a
 -- byte count, or "*a" (everything until the peer closes).
 function Stream:receive(pattern)
-  local st = receiving(self, "receive")
-  if not st then return nil, live[self.ch].shut and "closed" or "busy" end
-  if pattern == nil or pattern == "*l" or pattern == "l" then
-    return until_delim(st, "\n", "receive", true)
-  elseif pattern == "*a" or pattern == "a" then
-    return receive_all(st)
-  elseif math.type(pattern) == "integer" and pattern >= 0 then
-    return receive_n(st, pattern)
+  local st = state(self, "receive")
+  in_coroutine("s:receive")
+  local how = pattern == nil and "line" or RECEIVERS[pattern]
+  if not how and not (math.type(pattern) == "integer" and pattern >= 0) then
+    error("netrun stream: s:receive: pattern must be \"*l\", \"*a\" or a byte count, got " ..
+      tostring(pattern), 2)
   end
-  error("netrun stream: s:receive: pattern must be \"*l\", \"*a\" or a byte count, got " ..
-    tostring(pattern), 2)
+  local parks = st.parks
+  local ok, err, partial = receiving(st)
+  if not ok then return settle(st, parks, nil, err, partial) end
+  if how == "line" then
+    return settle(st, parks, until_delim(st, "\n", true))
+  elseif how == "all" then
+    return settle(st, parks, receive_all(st))
+  end
+  return settle(st, parks, receive_n(st, pattern))
 end
 
 -- s:receive_until(delimiter): the bytes up to delimiter (which is
 -- consumed, not returned).
 function Stream:receive_until(delim)
-  local st = receiving(self, "receive_until")
-  if not st then return nil, live[self.ch].shut and "closed" or "busy" end
+  local st = state(self, "receive_until")
+  in_coroutine("s:receive_until")
   if type(delim) ~= "string" or delim == "" then
     error("netrun stream: s:receive_until: delimiter must be a non-empty string, got " ..
       (delim == "" and "an empty string" or type(delim)), 2)
   end
-  return until_delim(st, delim, "receive_until", false)
+  local parks = st.parks
+  local ok, err, partial = receiving(st)
+  if not ok then return settle(st, parks, nil, err, partial) end
+  return settle(st, parks, until_delim(st, delim, false))
+end
+
+local function size_of(data)
+  if type(data) == "string" then return #data end
+  local n = 0
+  for _, v in ipairs(data) do n = n + (type(v) == "string" and #v or 0) end
+  return n
 end
 
 -- s:send(data): data is a string or an array of strings (one gathered
 -- write). Waits first while the channel is unwritable (its outbound
 -- buffer above write_buffer_high); true once the channel took the bytes.
+-- A peer that reads as fast as the loop writes never makes the channel
+-- unwritable: past buffer_limit bytes sent without a wait, send yields a
+-- turn, so a loop of sends shares its loop with the other channels.
 function Stream:send(data)
   local st = state(self, "send")
   in_coroutine("s:send")
@@ -311,13 +453,17 @@ function Stream:send(data)
   if t ~= "string" and t ~= "table" then
     error("netrun stream: s:send: data must be a string or an array of strings, got " .. t, 2)
   end
-  if st.writer then return nil, "busy" end
+  local parks = st.parks
+  if st.writer then return settle(st, parks, nil, "busy") end
   local deadline = deadline_of(st)
   while not st.closed and not st.ch:is_writable() do
-    if wait(st, "writer", deadline) == "timeout" then return nil, "timeout" end
+    if wait(st, "writer", deadline) == "timeout" then return settle(st, parks, nil, "timeout") end
   end
-  if st.closed or not st.ch:is_active() then return nil, "closed" end
+  if st.closed or not st.ch:is_active() then return settle(st, parks, nil, "closed") end
   st.ch:write_and_flush(data)
+  if st.sent_parks ~= st.parks then st.sent, st.sent_parks = 0, st.parks end
+  st.sent = st.sent + size_of(data)
+  if st.sent > M.buffer_limit then pause(st) end
   return true
 end
 
@@ -336,7 +482,7 @@ end
 function Stream:close()
   local st = state(self, "close")
   if st.closed and not st.ch:is_open() then return nil, "closed" end
-  st.closed, st.shut = true, true     -- shut: closed by this side
+  st.closed, st.shut, st.eof = true, true, true     -- shut: closed by this side
   st.ch:close()
   wake(st, "reader")
   wake(st, "writer")
@@ -355,6 +501,17 @@ end
 
 local tcp = {}
 M.tcp = tcp
+
+-- A stream's channel options: allow_half_closure unless they say false,
+-- so the peer's FIN ends the input (receive: nil, "closed") while the
+-- stream may still send its answers, as OpenResty's cosockets do.
+local function half_closing(options)
+  if options ~= nil and type(options) ~= "table" then return options end  -- refused later
+  if options and options.allow_half_closure ~= nil then return options end
+  local o = { allow_half_closure = true }
+  for k, v in pairs(options or {}) do o[k] = v end
+  return o
+end
 
 local CONNECT_KEYS = { timeout = true, options = true, tls = true }
 
@@ -388,7 +545,8 @@ function tcp.connect(host, port, opts)
   local timeout = opts.timeout
   local p = core.promise()
   require("netrun").connect {
-    group = loop, host = host, port = port, timeout = timeout, options = opts.options,
+    group = loop, host = host, port = port, timeout = timeout,
+    options = half_closing(opts.options),
     tls = opts.tls,                    -- the future waits for its handshake
     init = function(ch) require("netrun.stream").attach(ch, nil, timeout) end,
   }:add_listener(function(f)
@@ -416,6 +574,7 @@ function M.server_options(opts)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.stream = nil
+  o.child_options = half_closing(opts.child_options)
   o.init = function(ch)
     if init then init(ch) end
     require("netrun.stream").attach(ch, fn)

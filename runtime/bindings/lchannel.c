@@ -797,6 +797,13 @@ static bool is_address(const char *host) {
   return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
 }
 
+/* Whether binding host needs a lookup: not for an address, nor for
+ * localhost (the core binds 127.0.0.1 for it, as on the main thread). */
+static bool needs_lookup(const char *host) {
+  nr_addrs_t a;
+  return nr_resolve_local(host, AF_UNSPEC, &a) == 0;
+}
+
 /* Whether the caller runs on a loop (or executor) thread, where a
  * getaddrinfo would hold up every channel of the loop; the main thread
  * may block. */
@@ -846,7 +853,7 @@ static int l_server(lua_State *L) {
   o.unix_mode = check_mode(L, 1, what);
   o.backlog = (int)opt_int(L, 1, "backlog", 1024, 1, INT_MAX, what);
   channel_opts(L, 1, "child_options", what, &o.child, NR_SEC(60));
-  if (o.unix_path == NULL && !is_address(o.host) && on_loop())
+  if (o.unix_path == NULL && needs_lookup(o.host) && on_loop())
     return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
   o.child_init = in ? run_init : NULL;
@@ -859,11 +866,32 @@ static int l_server(lua_State *L) {
 }
 
 /* A host name is resolved off the loop (lua/netrun/dns.lua), which then
- * connects here again with each address: getaddrinfo on the calling
- * thread would block a loop. The options at 1 are checked already. */
+ * connects here again with its addresses: a lookup on the calling thread
+ * would block a loop. The options at 1 are checked already. */
 static int connect_by_name(lua_State *L) {
   call_lua_side(L, "netrun.dns", "connect");
   return 1;
+}
+
+/* host = { "::1", "127.0.0.1", ... }: numeric addresses, tried in turn
+ * (the core's RFC 8305 connect). The strings stay anchored in the options
+ * table at 1; *n of them (at most NR_MAX_ADDRS) go into v. */
+static void opt_hosts(lua_State *L, const char **v, int *n, const char *what) {
+  lua_getfield(L, 1, "host");
+  lua_Integer len = luaL_len(L, -1);
+  if (len < 1)
+    luaL_error(L, "%s: host must be a string or a non-empty array of "
+               "addresses, got an empty table", what);
+  *n = len > NR_MAX_ADDRS ? NR_MAX_ADDRS : (int)len;
+  for (int i = 0; i < *n; i++) {
+    lua_rawgeti(L, -1, i + 1);
+    v[i] = lua_tostring(L, -1);
+    if (lua_type(L, -1) != LUA_TSTRING || !is_address(v[i]))
+      luaL_error(L, "%s: host[%d] must be a numeric address, got %s", what,
+                 i + 1, luaL_tolstring(L, -1, NULL));
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
 }
 
 static int l_connect(lua_State *L) {
@@ -876,14 +904,20 @@ static int l_connect(lua_State *L) {
   o.group = g.group ? lnr_group_core(g.group) : NULL;
   o.loop = g.loop;
   o.unix_path = opt_str(L, 1, "unix", NULL, what);
-  o.host = opt_str(L, 1, "host", "127.0.0.1", what);
+  const char *hosts[NR_MAX_ADDRS];
+  bool many = lua_getfield(L, 1, "host") == LUA_TTABLE;
+  lua_pop(L, 1);
+  if (many)
+    opt_hosts(L, hosts, &o.nhosts, what);
+  o.hosts = many ? hosts : NULL;
+  o.host = many ? NULL : opt_str(L, 1, "host", "127.0.0.1", what);
   o.port = o.unix_path ? 0 : check_port(L, 1, what);
   lua_getfield(L, 1, "timeout");
   o.timeout = lua_isnil(L, -1) ? NR_SEC(30)
                                : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
   lua_pop(L, 1);
   channel_opts(L, 1, "options", what, &o.opts, 0);
-  if (o.unix_path == NULL && !is_address(o.host))
+  if (o.unix_path == NULL && !many && !is_address(o.host))
     return connect_by_name(L);
   init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;
@@ -904,7 +938,7 @@ static int l_udp(lua_State *L) {
   o.host = opt_str(L, 1, "host", "0.0.0.0", what);
   o.port = check_port(L, 1, what);
   channel_opts(L, 1, "options", what, &o.opts, 0);
-  if (!is_address(o.host) && on_loop())
+  if (needs_lookup(o.host) && on_loop())
     return listen_by_name(L, "udp");
   init_t *in = pack_init(L, 1, true, what);
   o.init = in ? run_init : NULL;

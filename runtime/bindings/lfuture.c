@@ -162,7 +162,8 @@ static int l_cause(lua_State *L) {
 }
 
 /* Push the result of a successful future: a copy of a Lua value, a channel
- * (servers and connects complete in the C core), or nil. */
+ * (servers and connects complete in the C core), a lookup's addresses, or
+ * nil. */
 static int l_result(lua_State *L) {
   nr_promise_t *p = check_polled(L);
   void (*kind)(void *) = nr_promise_value_free_fn(p);
@@ -172,6 +173,8 @@ static int l_result(lua_State *L) {
     lnr_unpack(L, nr_promise_value(p));
   else if (kind == (void (*)(void *))nr_channel_release)
     lnr_push_handle(L, LNR_CHANNEL, nr_promise_value(p));
+  else if (kind == nr_addrs_free)
+    lnr_push_addrs(L, nr_promise_value(p));
   else
     lua_pushnil(L);
   return 1;
@@ -402,7 +405,7 @@ static void step(lua_State *L, lua_State *co, int nargs) {
   lnr_state_t *S = lnr_state(L);
   if (S)
     S->resuming++;                      /* the memory limit applies */
-  int st = lua_resume(co, L, nargs, &nres);
+  int st = lnr_resume(S, co, L, nargs, &nres);
   if (S)
     S->resuming--;
   if (st == LUA_YIELD) {
@@ -456,7 +459,8 @@ static int await_k(lua_State *L, int status, lua_KContext ctx) {
 static int park_on(lua_State *L, nr_promise_t *p) {
   lua_State *main = lnr_state(L)->L;
   resume_t *r = parking(main, L);
-  nr_promise_add_listener(p, home(L), resume_later, r);
+  nr_promise_add_listener_owning(p, home(L), resume_later, r);  /* a promise
+                         that never completes (netrun.sleep at a shutdown) */
   lua_pushlightuserdata(L, (void *)&PARKED);
   return lua_yieldk(L, 1, 0, await_k);
 }

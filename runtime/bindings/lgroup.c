@@ -661,7 +661,7 @@ static int l_current(lua_State *L) {
   return 1;
 }
 
-/* Every live group, for netrun.groups() (the REPL's :loops). */
+/* Every live group, for core.groups() (the REPL's :loops). */
 static int l_groups(lua_State *L) {
   lua_newtable(L);
   pthread_mutex_lock(&live_lock);
@@ -828,6 +828,7 @@ void lnr_shutdown_groups_async(uint64_t timeout) {
   for (lnr_group_t *g = live; g; g = g->next)
     nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
   pthread_mutex_unlock(&live_lock);
+  nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
 }
 
 /* core.shutdown_all([quiet [, timeout]]): start shutting every group down
@@ -838,5 +839,6 @@ int lnr_l_shutdown_all(lua_State *L) {
   for (lnr_group_t *g = live; g; g = g->next)
     nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
   pthread_mutex_unlock(&live_lock);
+  nr_resolver_cancel_all();
   return 0;
 }

@@ -160,6 +160,8 @@ static proxy_t *new_proxy(lua_State *L, int kind, void *ptr) {
   p->tag = &CLASS_KEYS[kind];
   p->kind = kind;
   p->ptr = ptr;
+  p->mark = 0;    /* a userdata's memory is not cleared: it may be a LOCAL
+                     future's that was collected */
   return p;
 }
 

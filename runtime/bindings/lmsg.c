@@ -168,15 +168,37 @@ static int resolve(lua_State *L, const char *host, int port,
 
 const char lnr_native_tag = 0;
 
+/* Where the Lua value of m was written: the innermost Lua function on the
+ * stack of the thread that wrote it (m->L; a coroutine's own), whose
+ * current line is the ctx:write, ch:write or p:write call, or the line
+ * of a handler's return that became the write. The describer runs while
+ * that write has not returned (netrun.h), so the stack is the writer's.
+ * A value written from another thread was copied and is written by a task
+ * of netrun's own, in C: no Lua function, no where. Only on this error
+ * path: writes that succeed never look at the stack. */
+static void written_at(lua_State *L, char *where, size_t size) {
+  lua_Debug ar;
+  for (int level = 0; level < 8 && lua_getstack(L, level, &ar); level++) {
+    if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0) {
+      snprintf(where, size, "%s:%d", ar.short_src, ar.currentline);
+      return;
+    }
+  }
+}
+
 /* What a Lua value no handler encoded is, for the head's error text (see
- * nr_set_msg_describer): its type, and a number's or a boolean's value. */
-void lnr_describe_msg(const void *msg, char *buf, size_t size) {
+ * nr_set_msg_describer): its type, and a number's or a boolean's value;
+ * and the Lua line that wrote it in where. A native message (a codec's)
+ * is named by its type; where it was written is not known here. */
+void lnr_describe_msg(const void *msg, char *buf, size_t size, char *where,
+                      size_t wsize) {
   const lnr_lmsg_t *m = msg;
   if (nr_msg_type(msg) != NR_MSG_LUA) {
     nr_msg_describe(nr_msg_type(msg), buf, size);
     return;
   }
   lua_State *L = m->L;
+  written_at(L, where, wsize);
   switch (lua_type(L, m->idx)) {
   case LUA_TNUMBER:
     if (lua_isinteger(L, m->idx))

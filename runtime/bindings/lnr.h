@@ -137,6 +137,13 @@ typedef struct lnr_state_s {
    * the run it is about and how long that had lasted. */
   _Atomic unsigned stall_req;
   _Atomic uint64_t stall_mark, stall_busy;
+  /* The coroutine running now, NULL when none is (lnr_resume): the thread
+   * the watchdog hooks besides L, since a count hook is per thread. Set
+   * as a resume begins; put back as it ends under run_lock, which the
+   * watchdog holds while it hooks `running`: a thread it reads there
+   * cannot be left, and so collected, before its hook is set. */
+  lua_State *_Atomic running;
+  _Atomic bool run_lock;
 #if LNR_STACK_CHECKED
   /* The tops at the handler calls in progress, innermost last (they nest:
    * a handler's write runs the handlers before it). */
@@ -308,6 +315,44 @@ bool lnr_loop_may_block(nr_loop_t *l);
  * (0: none, the defaults) into o (lstall.c); raises on a bad value. */
 void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
                        nr_group_opts_t *o);
+/* Publish co as the coroutine running (lnr_state_t.running) until
+ * lnr_run_leave(S, the value returned), which must follow before anything
+ * can collect co (lstall.c). */
+static inline lua_State *lnr_run_enter(lnr_state_t *S, lua_State *co) {
+  lua_State *prev = atomic_load_explicit(&S->running, memory_order_relaxed);
+  atomic_store_explicit(&S->running, co, memory_order_release);
+  return prev;
+}
+void lnr_run_lock_wait(lnr_state_t *S);   /* the watchdog holds it */
+static inline void lnr_run_leave(lnr_state_t *S, lua_State *prev) {
+  if (atomic_exchange_explicit(&S->run_lock, true, memory_order_acquire))
+    lnr_run_lock_wait(S);
+  atomic_store_explicit(&S->running, prev, memory_order_relaxed);
+  atomic_store_explicit(&S->run_lock, false, memory_order_release);
+}
+/* lua_resume(co, from, nargs, nres), with co known to the stall watchdog
+ * as the running coroutine while it runs. S may be NULL. Every resume of
+ * the bindings goes through here: netrun.spawn's, and the coroutine
+ * library's of loop states (lnr_open_coroutines). */
+static inline int lnr_resume(lnr_state_t *S, lua_State *co, lua_State *from,
+                             int nargs, int *nres) {
+  if (S == NULL)
+    return lua_resume(co, from, nargs, nres);
+  lua_State *prev = lnr_run_enter(S, co);
+  int st = lua_resume(co, from, nargs, nres);
+  lnr_run_leave(S, prev);
+  return st;
+}
+/* A loop state's lnr_state_t from any of its threads, in one load: it is
+ * kept in the extra space of the state's main thread (lnr_loop_started),
+ * which every thread made later copies. Loop states only. */
+static inline lnr_state_t *lnr_loop_state(lua_State *L) {
+  return *(lnr_state_t **)lua_getextraspace(L);
+}
+/* After luaL_openlibs in a loop state: coroutine.resume, wrap and close
+ * that run their coroutine through lnr_resume, so that a stall inside one
+ * is hooked there (lstall.c). */
+void lnr_open_coroutines(lua_State *L);
 /* Reference counts of the handle kinds, defined next to each kind and
  * used by lnr_handle_retain/release (lhandle.c). */
 void lnr_group_retain(lnr_group_t *g);
@@ -318,10 +363,13 @@ void lnr_tls_retain(void *cfg);
 void lnr_tls_release(void *cfg);
 /* When the main state closes (lstate.c): shut every group down and wait
  * for it (false: a loop is stuck, and what it may use must not be freed);
- * then free the dict registry and the DNS pool. */
+ * then free the dict registry and stop the resolver (lookups in flight
+ * fail; none is waited for). */
 bool lnr_shutdown_all(lua_State *L);
 void lnr_free_dicts(void);
 void lnr_free_dns(void);
+/* Push a lookup's answer: an array of address strings, its TTL as `ttl`. */
+void lnr_push_addrs(lua_State *L, const nr_addrs_t *a);
 /* Default groups for servers and clients without one (created lazily). */
 lnr_group_t *lnr_default_group(lua_State *L, bool boss);
 
@@ -414,9 +462,10 @@ void lnr_push_msg(lua_State *L, void *msg);
  * than lmsg.c's table holds, aborts with a message naming the type. */
 typedef void (*lnr_msg_push_fn)(lua_State *L, void *msg);
 void lnr_register_msg(int type, lnr_msg_push_fn push);
-/* What a Lua value no handler encoded is, for the head's error text
- * (nr_set_msg_describer). */
-void lnr_describe_msg(const void *msg, char *buf, size_t size);
+/* What a Lua value no handler encoded is, and the Lua line that wrote it,
+ * for the head's error text (nr_set_msg_describer). */
+void lnr_describe_msg(const void *msg, char *buf, size_t size, char *where,
+                      size_t wsize);
 void lnr_free_inits(void);
 /* Hot reload (lchannel.c, transfer.c): forget this state's unpacked server
  * inits and its map of module values, so that what crosses next resolves
@@ -425,6 +474,8 @@ void lnr_forget_inits(lua_State *L);
 void lnr_forget_modules(lua_State *L);
 /* lops.c: core.file_stamp, core.forget_caches, core.term_*, core.http_stats. */
 void lnr_open_ops(lua_State *L);
+/* core.json(): a state's JSON codec for lua/netrun/json.lua (ljson.c). */
+void lnr_open_json(lua_State *L);
 /* Native messages: a full userdata that begins with an lnr_native_t, then
  * a C pipeline message (its first int its NR_MSG type) holding no
  * pointers, such as a prepared HTTP response. lnr_to_msg hands it to the

@@ -7,7 +7,8 @@
  * sent to it -- runs whenever it waits inside netrun.
  *
  * Every loop thread creates its own state when it starts (on its thread),
- * with the standard libraries (os.execute and io.popen from lspawn.c), a
+ * with the standard libraries (os.execute and io.popen from lspawn.c;
+ * coroutine.resume, wrap and close from lstall.c), a
  * generational collector, the main state's package.path/cpath,
  * "netrun.core" preloaded and "netrun" required, and a counting allocator
  * so its memory can be read from any thread, and
@@ -444,6 +445,7 @@ static int open_loop_state(lua_State *L) {
   const lnr_paths_t *paths = lua_touserdata(L, 1);
   luaL_openlibs(L);
   lnr_open_spawn(L);
+  lnr_open_coroutines(L);
   lua_gc(L, LUA_GCGEN, 0, 0);
   set_path(L, "path", paths->path);
   set_path(L, "cpath", paths->cpath);
@@ -472,6 +474,8 @@ void lnr_loop_started(nr_loop_t *loop, void *ud) {
   }
   S->L = L;
   S->loop = loop;
+  *(lnr_state_t **)lua_getextraspace(L) = S;   /* lnr_loop_state; before
+                                                   any thread is made */
   lua_pushlightuserdata(L, S);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
   nr_loop_set_data(loop, S);

@@ -32,7 +32,8 @@
 
 /* The user events: after the handshake (NR_TLS_HANDSHAKE, every field
  * set), and when the peer's close_notify arrives (NR_TLS_CLOSE_NOTIFY,
- * just before the channel closes; Netty's SslCloseCompletionEvent).
+ * just before the channel closes -- or, if it allows half-closure, as the
+ * end of its input; Netty's SslCloseCompletionEvent).
  * Strings are borrowed: valid during the call; NULL when absent. */
 #define NR_MSG_TLS_EVENT (NR_MSG_NATIVE + 9)   /* registered by handler.c */
 enum { NR_TLS_HANDSHAKE, NR_TLS_CLOSE_NOTIFY };
@@ -45,6 +46,8 @@ typedef struct nr_tls_event_s {
   const char *server_name;        /* SNI: asked by the client / sent */
   const char *peer_subject;       /* the peer certificate's subject (RFC 2253) */
   const char *peer_issuer;
+  const char *peer_error;         /* a certificate came, its names could not
+                                     be read: subject and issuer are NULL */
   bool resumed;                   /* an abbreviated handshake (ticket) */
   bool server;
 } nr_tls_event_t;

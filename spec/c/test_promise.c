@@ -104,6 +104,24 @@ TEST(listener_on_a_loop_freed_before_completion) {
   nr_promise_release(p);
 }
 
+static void free_arg(nr_promise_t *p, void *arg) {
+  (void)p;
+  free(arg);
+}
+
+/* An owning listener's arg: freed by the listener once it runs, or with
+ * the promise when that is released without completing (ASan: no leak,
+ * no double free). */
+TEST(owning_listener_arg_freed_either_way) {
+  nr_promise_t *never = nr_promise_new();
+  CHECK_EQ(nr_promise_add_listener_owning(never, NULL, free_arg, malloc(16)), 0);
+  nr_promise_release(never);
+  nr_promise_t *done = nr_promise_new();
+  CHECK_EQ(nr_promise_add_listener_owning(done, NULL, free_arg, malloc(16)), 0);
+  nr_promise_set_success(done, NULL, NULL);
+  nr_promise_release(done);
+}
+
 typedef struct blk_s {
   nr_promise_t *pending, *result;
 } blk_t;
