@@ -274,6 +274,10 @@ void nr__channel_set_active(nr_channel_t *ch) {
 
 static void unlink_from_loop(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
+  if (ch->st & NR__UNREF) {
+    ch->st &= ~NR__UNREF;
+    atomic_fetch_sub(&l->channel_unrefs, 1);
+  }
   if (ch->lprev)
     ch->lprev->lnext = ch->lnext;
   else
@@ -978,6 +982,17 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__pipeline_teardown(&ch->pipe, td);
 }
 
+void nr_channel_set_ref(nr_channel_t *ch, bool ref) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (!(ch->st & NR__REGISTERED) || ref == !(ch->st & NR__UNREF))
+    return;                          /* closed, or so already */
+  ch->st ^= NR__UNREF;
+  if (ref)
+    atomic_fetch_sub(&ch->loop->channel_unrefs, 1);
+  else
+    atomic_fetch_add(&ch->loop->channel_unrefs, 1);
+}
+
 void nr_channel_hold(nr_channel_t *ch) {
   NR_ASSERT_CHANNEL_LOOP(ch);
   ch->holds++;
@@ -987,8 +1002,9 @@ static int close_idle_task(void *arg) {
   nr_channel_t *ch = arg;
   if (ch->holds == 0 && (ch->st & NR__CLOSE_IDLE_PIPE))
     nr_pipeline_close(&ch->pipe, NULL);
-  else if (ch->holds == 0)
-    nr__channel_close(ch, false);
+  else if (ch->holds == 0 && !(nr_loop_is_shutting_down(ch->loop) &&
+                               nr__loop_held(ch->loop)))
+    nr__channel_close(ch, false);  /* (work owed to the loop: close_each's) */
   nr_channel_release(ch);
   return 0;
 }
@@ -1040,9 +1056,14 @@ static bool tell_shutdown(nr_channel_t *ch) {
  * data still drains. Each is told first (NR_EVT_SHUTDOWN), and one whose
  * handlers say goodbye stays open until it ends or its deadline. A
  * channel that holds work owed (nr_channel_hold) stops reading and closes
- * when the work is done. With abort, reset whatever is left. */
+ * when the work is done; while work is owed to the loop itself
+ * (nr_loop_hold: an answer computed elsewhere, for any of them), every
+ * channel does, but a listener, which owes nothing: it closes at once,
+ * and no connection comes in meanwhile. With abort, reset whatever is
+ * left. */
 static void close_each(nr_loop_t *l, bool abort) {
   send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
+  bool loop_held = !abort && nr__loop_held(l);
   size_t n = 0, i = 0;
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     n++;
@@ -1063,7 +1084,8 @@ static void close_each(nr_loop_t *l, bool abort) {
        * kept here, as this runs every turn of the shutdown */
       if (abort || nr_now() >= v[i]->linger_until)
         end_linger(v[i]);
-    } else if (!abort && v[i]->holds > 0) {
+    } else if (!abort && (v[i]->holds > 0 ||
+                          (loop_held && v[i]->kind != NR__LISTEN))) {
       if (!(v[i]->st & NR__CLOSE_IDLE)) {
         v[i]->st |= NR__CLOSE_IDLE;
         nr__channel_update_interest(v[i]);

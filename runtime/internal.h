@@ -78,6 +78,7 @@ struct nr_timer_s {
   uint32_t idx;              /* heap index, NR_NOT_IN_HEAP when not in it */
   _Atomic int refs;
   _Atomic int state;
+  bool keeps_alive;          /* nr_loop_schedule_ref: counted in timer_refs */
 };
 #define NR_NOT_IN_HEAP UINT32_MAX
 
@@ -138,6 +139,9 @@ struct nr_loop_s {
   _Atomic uint64_t enqueued;        /* tasks ever queued */
   _Atomic uint64_t wakeups;         /* eventfd writes */
   _Atomic uint64_t timer_count;     /* timers alive (schedule/discard) */
+  _Atomic uint64_t timer_refs;      /* those that keep the loop alive */
+  _Atomic int64_t held;             /* work owed to it (nr_loop_hold) */
+  _Atomic int64_t waits;            /* requests it waits for (nr_loop_ref) */
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
@@ -148,6 +152,7 @@ struct nr_loop_s {
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
       task_time, channel_count;
+  _Atomic uint64_t channel_unrefs;  /* linked channels that keep it not alive */
   /* Stall detection: when the current stretch of work began (0: blocked in
    * the selector), stored once per iteration, and the task running (0: I/O
    * events). With tasks_run they tell the watchdog whether work moves. */
@@ -179,6 +184,7 @@ struct nr_loop_s {
    * start of its I/O run, for the longest run (executor.c). */
   uint64_t run_from;
   bool spin;                        /* queued tasks ran last pass */
+  bool held_seen;                   /* a shutdown waited for work owed */
   uint64_t dequeued_seen;
   nr_channel_t *channels;           /* registered channels, for close_all:
                                        newest first */
@@ -364,11 +370,12 @@ enum {
   NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
   NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
                                      pipeline (nr_channel_close_when_idle) */
-  NR__LAGGING = 1u << 18,         /* its peer is sent more than it takes:
+  NR__UNREF = 1u << 18,           /* linked, and keeps its loop not alive */
+  NR__LAGGING = 1u << 19,         /* its peer is sent more than it takes:
                                      reads are NR_READ_LAGGING at most */
-  NR__FRESH = 1u << 19,           /* accepted, and its peer has shown
+  NR__FRESH = 1u << 20,           /* accepted, and its peer has shown
                                      nothing yet (nr_channel_established) */
-  NR__FRESH_TO_MESSAGE = 1u << 20 /* a byte does not end NR__FRESH: a
+  NR__FRESH_TO_MESSAGE = 1u << 21 /* a byte does not end NR__FRESH: a
                                      codec's first message does */
 };
 
@@ -553,6 +560,10 @@ bool nr__run_tasks_for(nr_loop_t *l, uint64_t timeout);
 bool nr__confirm_shutdown(nr_loop_t *l);
 uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
 void nr__loop_set_current(nr_loop_t *l);
+
+/* alive.c: work owed, in a shutdown (loop thread); about to block. */
+bool nr__loop_held(nr_loop_t *l);
+void nr__loop_blocking(nr_loop_t *l);
 
 /* timer.c */
 /* Cancel and release the timer at *t, if any, and forget it. */

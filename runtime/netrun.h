@@ -186,6 +186,36 @@ uint64_t nr_loop_stall_mark(nr_loop_t *loop);
  * reports the stall (the loop thread, or the watchdog when it cannot). */
 bool nr_loop_stall_claim(nr_loop_t *loop, uint64_t mark);
 
+/* Any thread. Work owed to `loop` from elsewhere: a task it sent to
+ * another loop, whose outcome comes back to it (a future's listener, a
+ * task queued back, a name lookup). While any is owed, a graceful
+ * shutdown keeps the loop running and its channels open (they stop
+ * reading), within the shutdown's timeout, and the loop is alive. The
+ * holder unholds after queueing what comes back. A hold keeps the loop's
+ * memory until its unhold. */
+void nr_loop_hold(nr_loop_t *loop);
+void nr_loop_unhold(nr_loop_t *loop);
+/* Any thread. A request `loop` waits for, under way elsewhere (a name
+ * lookup): it keeps the loop alive (nr_loop_is_alive) as a hold does, but
+ * does not hold its shutdown (libuv's active requests). The unref comes
+ * after what the request completes was queued back. Each ref keeps the
+ * loop's memory until its unref. */
+void nr_loop_ref(nr_loop_t *loop);
+void nr_loop_unref(nr_loop_t *loop);
+/* Any thread, a snapshot: whether the loop has anything that keeps a
+ * process alive (libuv's uv_loop_alive, Node's ref/unref): a task queued
+ * or running, a pending timer made by nr_loop_schedule_ref, a channel
+ * linked to it and not unref'd (nr_channel_set_ref), work owed to it, a
+ * request it waits for (nr_loop_ref); or it is shutting down and has not
+ * terminated. If mark is given, it gets a
+ * number that changes whenever the loop ran or was given a task: two
+ * calls with the same mark, both false, saw a loop idle in between. */
+bool nr_loop_is_alive(const nr_loop_t *loop, uint64_t *mark);
+/* Any thread. While watcher is set (NULL: off), a loop about to block
+ * with nothing alive but its queue queues an empty task to watcher, which
+ * may then look again (nr_loop_is_alive). */
+void nr_loop_watch_idle(nr_loop_t *watcher);
+
 /* Diagnostics: the current epoll fd (tests use it to provoke a spurious
  * wakeup storm, as a stale registration would). */
 int nr_loop_selector_fd(const nr_loop_t *loop);
@@ -199,6 +229,14 @@ int nr_loop_selector_fd(const nr_loop_t *loop);
  * it too. Returns a handle the caller releases with nr_timer_release. */
 nr_timer_t *nr_loop_schedule(nr_loop_t *loop, uint64_t delay, int64_t period,
                              nr_task_fn fn, nr_task_fn cancel_fn, void *arg);
+/* As nr_loop_schedule, for a timer that keeps its loop alive while it is
+ * pending (nr_loop_is_alive): a program's own timers, as libuv's ref'd
+ * timers. A timer made by nr_loop_schedule keeps nothing alive by itself:
+ * it belongs to something that does (a channel's timeouts) or to nothing
+ * a program waits for (a pool's sweeper). */
+nr_timer_t *nr_loop_schedule_ref(nr_loop_t *loop, uint64_t delay,
+                                 int64_t period, nr_task_fn fn,
+                                 nr_task_fn cancel_fn, void *arg);
 /* Any thread. 0 if cancelled now, -EALREADY if it ran or was cancelled. */
 int nr_timer_cancel(nr_timer_t *t);
 bool nr_timer_is_cancelled(const nr_timer_t *t);
@@ -550,6 +588,10 @@ void nr_channel_unhold(nr_channel_t *ch);
  * new ones in. Both do nothing to a channel that is not fresh. */
 void nr_channel_fresh_until_message(nr_channel_t *ch);
 void nr_channel_established(nr_channel_t *ch);
+/* Loop thread only. Whether ch keeps its loop alive while it is open
+ * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
+ * an idle pooled connection does not. Ignored once ch has closed. */
+void nr_channel_set_ref(nr_channel_t *ch, bool ref);
 /* Loop thread only. The peer will send nothing more (a TLS close_notify)
  * and the channel is to close once its answers are out: it stops reading,
  * and closes through its pipeline (every handler's close runs, as with

@@ -70,7 +70,8 @@ end
 describe("accept with the descriptors all taken", function()
   it("lets clients in past 320 connections dripping a head into 300 descriptors", function()
     local port = H.free_port()
-    local pid, log = H.start("examples/http_hello.lua", port, "", { nofile = NOFILE })
+    local pid, log = H.start("examples/http_hello.lua", port, "",
+      ("sh -c 'ulimit -n %d && exec \"$0\" \"$@\"'"):format(NOFILE))
     finally(function() H.stop(pid); os.remove(log) end)
     local drippers = {}
     for i = 1, DRIPPERS do drippers[i] = drip_connect(port) end

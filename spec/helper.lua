@@ -153,12 +153,12 @@ end
 -- Start `netrun script --port N [args]` in the background and wait
 -- (bounded) until it logs that it listens on N: probing with a connection
 -- would disturb some servers (the chat room). Returns its pid and log file.
--- opts.nofile: its descriptor limit (ulimit -n).
-function H.start(script, port, args, opts)
+-- `prefix` runs it through a command that execs it (`setsid`: no
+-- controlling terminal, as a service).
+function H.start(script, port, args, prefix)
   local log = os.tmpname()
-  local limit = opts and opts.nofile and ("ulimit -n " .. opts.nofile .. " && ") or ""
-  local f = assert(io.popen(string.format("(%sexec %s %s --port %d %s) > %s 2>&1 & echo $!",
-    limit, H.BIN, script, port, args or "", log)))
+  local f = assert(io.popen(string.format("%s %s %s --port %d %s > %s 2>&1 & echo $!",
+    prefix or "", H.BIN, script, port, args or "", log)))
   local pid = tonumber(f:read("l"))
   f:close()
   local deadline = socket.gettime() + 10
