@@ -77,7 +77,7 @@ void nr_buf_consume(nr_buf_t *b, size_t n) {
   b->r += n;
   if (b->r >= b->w)
     nr_buf_free(b);                        /* idle: hold no memory */
-  else if (b->cap > SHRINK_FROM && b->w - b->r <= b->cap / 4)
+  else if (n > 0 && b->cap > SHRINK_FROM && b->w - b->r <= b->cap / 4)
     shrink(b);
 }
 
