@@ -662,7 +662,7 @@ static void open_http_client(lua_State *L) {
   lua_pushcfunction(L, l_http_client);
   lua_setfield(L, -2, "http_client");
   lua_pop(L, 1);
-  lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_getfield(L, -1, "http");                 /* made by the http row, before */
   lua_pushcfunction(L, l_check_request);
   lua_setfield(L, -2, "check_request");
   lua_pop(L, 1);

@@ -1116,7 +1116,7 @@ static void open_http_pool(lua_State *L) {
   lua_pushcfunction(L, p_gc);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
-  lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_getfield(L, -1, "http");                 /* made by the http row, before */
   lua_pushcfunction(L, l_pool);
   lua_setfield(L, -2, "pool");
   lua_pushcfunction(L, l_lane);
