@@ -1,6 +1,6 @@
 /*
  * lpipeline.h -- what the files of Lua handlers in the C pipeline share
- * (internal to runtime/bindings/lpipeline*.c; everything here runs on a loop
+ * (internal to runtime/bindings/pipeline/; everything here runs on a loop
  * thread, the one whose state the handler or ctx belongs to, unless it
  * says otherwise).
  *
