@@ -24,26 +24,28 @@
  * earlier one put in netrun.core) and are torn down (groups first: every
  * loop stops before anything it may use is freed). */
 #define MODULES(X)                                                          \
-  X(transfer)     /* transfer.c: values between states; core.transfer */    \
-  X(group)        /* lgroup.c: groups and loops; stops them at teardown */  \
-  X(future)       /* lfuture.c: futures, spawn, sleep */                    \
-  X(channel)      /* lchannel.c: servers, clients, UDP, channel handles */  \
-  X(pipeline)     /* lpipeline*.c: pipelines, Lua handlers, ctx */          \
-  X(dict)         /* ldict.c: netrun.shared.dict, core.log */               \
-  X(console)      /* console.c: the REPL's half in C */                     \
-  X(dns)          /* ldns.c: lookups; stops the resolver at teardown */     \
-  X(codec)        /* lcodec.c: frame codecs, the embedded channel */        \
-  X(http)         /* lhttp.c: the HTTP server codec, requests */            \
-  X(http_client)  /* lhttp_client.c: the HTTP client codec */               \
-  X(http_pool)    /* lhttp_pool.c: netrun.http's connection pools */        \
-  X(handlers)     /* lhandlers.c: idle_state, logging, resp */              \
-  X(tls)          /* ltls.c: TLS configs and handlers */                    \
-  X(websocket)    /* lws.c: the WebSocket codec */                          \
-  X(ops)          /* lops.c: reload, metrics, the terminal */               \
-  X(json)         /* ljson.c: core.json */                                  \
-  X(redis)        /* lredis.c: core.redis */                                \
-  X(stall)        /* lstall.c: the stall watchdog's hook, coroutines */     \
-  X(spawn)        /* lspawn.c: os.execute and io.popen in loop states */
+  X(transfer)      /* transfer/: values between states; core.transfer */    \
+  X(group)         /* lgroup.c: groups and loops; stops them at teardown */ \
+  X(future)        /* lfuture.c: futures, spawn, sleep */                   \
+  X(channel_handle)/* channel/lchannel_handle.c: netrun.channel */          \
+  X(channel)       /* channel/lchannel.c: servers, clients, UDP */          \
+  X(chgroup)       /* channel/lchgroup.c: netrun.channel_group */           \
+  X(pipeline)      /* pipeline/: pipelines, Lua handlers, ctx */            \
+  X(dict)          /* ldict.c: netrun.shared.dict, core.log */              \
+  X(console)       /* console.c: the REPL's half in C */                    \
+  X(dns)           /* ldns.c: lookups; stops the resolver at teardown */    \
+  X(codec)         /* lcodec.c: frame codecs, the embedded channel */       \
+  X(http)          /* http/lhttp.c: the HTTP server codec, requests */      \
+  X(http_client)   /* http/lhttp_client.c: the HTTP client codec */         \
+  X(http_pool)     /* http/lhttp_pool.c: netrun.http's connection pools */  \
+  X(handlers)      /* lhandlers.c: idle_state, logging, resp */             \
+  X(tls)           /* ltls.c: TLS configs and handlers */                   \
+  X(websocket)     /* lws.c: the WebSocket codec */                         \
+  X(ops)           /* lops.c: reload, metrics, the terminal */              \
+  X(json)          /* ljson.c: core.json */                                 \
+  X(redis)         /* lredis.c: core.redis */                               \
+  X(stall)         /* lstall.c: the stall watchdog's hook, coroutines */    \
+  X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
 MODULES(DECLARE)
