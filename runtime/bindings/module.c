@@ -25,7 +25,7 @@
  * loop stops before anything it may use is freed). */
 #define MODULES(X)                                                          \
   X(transfer)      /* transfer/: values between states; core.transfer */    \
-  X(group)         /* lgroup.c: groups and loops; stops them at teardown */ \
+  X(group)         /* group/: groups and loops; stops them at teardown */ \
   X(future)        /* lfuture.c: futures, spawn, sleep */                   \
   X(channel_handle)/* channel/lchannel_handle.c: netrun.channel */          \
   X(channel)       /* channel/lchannel.c: servers, clients, UDP */          \
