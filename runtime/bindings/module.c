@@ -42,7 +42,7 @@
   X(tls)           /* ltls.c: TLS configs and handlers */                   \
   X(websocket)     /* lws.c: the WebSocket codec */                         \
   X(ops)           /* lops.c: reload, metrics, the terminal */              \
-  X(json)          /* json/: core.json */                                     \
+  X(json)          /* json/: core.json */                                   \
   X(redis)         /* lredis.c: core.redis */                               \
   X(stall)         /* lstall.c: the stall watchdog's hook, coroutines */    \
   X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */
