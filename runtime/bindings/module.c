@@ -37,7 +37,7 @@
   X(codec)         /* lcodec.c: frame codecs, the embedded channel */       \
   X(http)          /* http/lhttp.c: the HTTP server codec, requests */      \
   X(http_client)   /* http/lhttp_client.c: the HTTP client codec */         \
-  X(http_pool)     /* http/lhttp_pool.c: netrun.http's connection pools */  \
+  X(http_pool)     /* http/lhttp_pool.c, lhttp_lane.c: netrun.http */        \
   X(handlers)      /* lhandlers.c: idle_state, logging, resp */             \
   X(tls)           /* ltls.c: TLS configs and handlers */                   \
   X(websocket)     /* lws.c: the WebSocket codec */                         \
