@@ -25,7 +25,7 @@
  * loop stops before anything it may use is freed). */
 #define MODULES(X)                                                          \
   X(transfer)      /* transfer/: values between states; core.transfer */    \
-  X(group)         /* group/: groups and loops; stops them at teardown */ \
+  X(group)         /* group/: groups and loops; stops them at teardown */   \
   X(future)        /* lfuture.c: futures, spawn, sleep */                   \
   X(channel_handle)/* channel/lchannel_handle.c: netrun.channel */          \
   X(channel)       /* channel/lchannel.c: servers, clients, UDP */          \
@@ -35,9 +35,9 @@
   X(console)       /* console.c: the REPL's half in C */                    \
   X(dns)           /* ldns.c: lookups; stops the resolver at teardown */    \
   X(codec)         /* lcodec.c: frame codecs, the embedded channel */       \
-  X(http)          /* http/lhttp.c: the HTTP server codec, requests */      \
+  X(http)          /* http/lhttp*.c: the HTTP server codec, requests */     \
   X(http_client)   /* http/lhttp_client.c: the HTTP client codec */         \
-  X(http_pool)     /* http/lhttp_pool.c, lhttp_lane.c: netrun.http */        \
+  X(http_pool)     /* http/lhttp_pool.c, lhttp_lane.c: netrun.http */       \
   X(handlers)      /* lhandlers.c: idle_state, logging, resp */             \
   X(tls)           /* ltls.c: TLS configs and handlers */                   \
   X(websocket)     /* lws.c: the WebSocket codec */                         \

@@ -98,7 +98,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lhttp.h"
+#include "lhttp_req.h"
 
 #define CLASS "netrun.codec.http_server"
 
@@ -146,27 +146,7 @@ push_key(lua_State *L, lnr_http_part_t *P, int k) {
  * reads see first. pairs() walks all of them; a request sent to another
  * state (a submit, a shared.dict, a handler on an executor group) crosses
  * as a plain table with the same fields. */
-#define REQ_CLASS "netrun.http.request"
-
-typedef struct rhdr_s {
-  uint32_t name, name_len, value, value_len;   /* offsets into the text */
-} rhdr_t;
-
-typedef struct req_s {
-  const void *tag;             /* &REQ_TAG: proves the userdata is one */
-  const void *pipe;            /* its read's pipeline and token (from the */
-  uint64_t token;              /* codec: nr_http_request_t's) */
-  uint32_t method_len, path, path_len, query, query_len, target, target_len;
-  uint16_t nheaders, ntrailers;
-  bool has_query, keep_alive, http11;
-  rhdr_t h[];                  /* headers, trailers, then the text */
-} req_t;
-
-static const char REQ_TAG = 0;
-
-static const char *req_text(const req_t *q) {
-  return (const char *)(q->h + q->nheaders + q->ntrailers);
-}
+const char lnr_http_req_tag = 0;
 
 bool lnr_http_is_request(lua_State *L, int idx) {
   const req_t *q = lua_touserdata(L, idx);  /* a light one has length 0 */
@@ -461,20 +441,6 @@ static int field_of(lua_State *L, int idx) {
   return F_NONE;
 }
 
-/* The table of assigned and cached fields (made if make); pushes it, or
- * nothing and returns 0. */
-static int req_fields(lua_State *L, int ud, bool make) {
-  if (lua_getiuservalue(L, ud, 2) == LUA_TTABLE)
-    return 1;
-  lua_pop(L, 1);
-  if (!make)
-    return 0;
-  lua_createtable(L, 0, 4);
-  lua_pushvalue(L, -1);
-  lua_setiuservalue(L, ud, 2);
-  return 1;
-}
-
 /* Push field f of the request at ud as it arrived. */
 static void push_field(lua_State *L, int ud, int f) {
   const req_t *q = lua_touserdata(L, ud);
@@ -601,103 +567,6 @@ static void open_request_class(lua_State *L) {
     lnr_set_ref(L, &lnr_http_part(L)->request_mt_ref);
   }
   lua_pop(L, 1);
-}
-
-/* ---- requests forwarded (the HTTP client's forward = req) ------------------- */
-
-/* A field as it is now: the one assigned (pushed, returns true) or none
- * (nothing pushed). Only a request whose fields table exists has any. */
-static bool assigned(lua_State *L, int fields, const char *k) {
-  if (fields == 0)
-    return false;
-  if (lua_getfield(L, fields, k) != LUA_TNIL)
-    return true;
-  lua_pop(L, 1);
-  return false;
-}
-
-/* Is the value at i a string (or, if may_be_none, false or nil)? */
-static bool string_or(lua_State *L, int i, bool may_be_none) {
-  return lua_type(L, i) == LUA_TSTRING || (may_be_none && !lua_toboolean(L, i));
-}
-
-bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f) {
-  const req_t *q = lua_touserdata(L, idx);
-  if (q == NULL || lua_rawlen(L, idx) < sizeof *q || q->tag != &REQ_TAG)
-    return false;
-  const char *text = req_text(q);
-  *f = (lnr_http_fwd_t){.method = text, .method_len = q->method_len,
-                        .target = text + q->path,
-                        .target_len = q->has_query
-                                          ? q->query + q->query_len - q->path
-                                          : q->path_len,
-                        .nheaders = q->nheaders};
-  if (q->has_query && q->query != q->path + q->path_len + 1) {
-    lua_pushlstring(L, text + q->path, q->path_len);   /* copied apart (a */
-    lua_pushliteral(L, "?");                            /* chunked request's */
-    lua_pushlstring(L, text + q->query, q->query_len);  /* fields): joined */
-    lua_concat(L, 3);
-    f->target = lua_tolstring(L, -1, &f->target_len);
-  }
-  int fields = req_fields(L, idx, false) ? lua_gettop(L) : 0;
-  if (fields == 0) {           /* the usual: nothing assigned or read */
-    if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING)
-      f->body = lua_tolstring(L, -1, &f->body_len);    /* anchored by q */
-    lua_pop(L, 1);
-    return true;
-  }
-  if (assigned(L, fields, "method")) {
-    if (!string_or(L, -1, false))
-      return f->bad = "method", true;
-    f->method = lua_tolstring(L, -1, &f->method_len);
-  }
-  int path = assigned(L, fields, "path") ? lua_gettop(L) : 0;
-  int query = assigned(L, fields, "query") ? lua_gettop(L) : 0;
-  if ((path && !string_or(L, path, false)) ||
-      (query && !string_or(L, query, true)))
-    return f->bad = path && !string_or(L, path, false) ? "path" : "query",
-           true;
-  if (path || query) {         /* rebuilt: path ["?" query] */
-    if (path)
-      lua_pushvalue(L, path);
-    else
-      lua_pushlstring(L, text + q->path, q->path_len);
-    if (query && lua_toboolean(L, query)) {
-      lua_pushliteral(L, "?");
-      lua_pushvalue(L, query);
-      lua_concat(L, 3);
-    } else if (!query && q->has_query) {
-      lua_pushliteral(L, "?");
-      lua_pushlstring(L, text + q->query, q->query_len);
-      lua_concat(L, 3);
-    }                          /* query = false: none */
-    f->target = lua_tolstring(L, -1, &f->target_len);
-  }
-  if (assigned(L, fields, "body")) {
-    if (!string_or(L, -1, true))
-      return f->bad = "body", true;
-    if (lua_toboolean(L, -1))
-      f->body = lua_tolstring(L, -1, &f->body_len);
-  } else if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING) {
-    f->body = lua_tolstring(L, -1, &f->body_len);      /* anchored by q */
-  }
-  if (assigned(L, fields, "headers")) {
-    if (lua_type(L, -1) != LUA_TTABLE)
-      return f->bad = "headers", true;
-    f->headers = lua_gettop(L);
-  }
-  return true;
-}
-
-size_t lnr_http_forward_fields(lua_State *L, int idx, nr_http_header_t *out,
-                               size_t cap) {
-  const req_t *q = lua_touserdata(L, idx);
-  assert(q != NULL && q->tag == &REQ_TAG);
-  const char *text = req_text(q);
-  for (size_t i = 0; i < q->nheaders && i < cap; i++)
-    out[i] = (nr_http_header_t){text + q->h[i].name, text + q->h[i].value,
-                                q->h[i].name_len, q->h[i].value_len};
-  return q->nheaders;
 }
 
 /* ---- responses from Lua -------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
 #include "lhttp_pool.h"
 
 /* ---- the lane: client:request(opts, cb) without Lua ---------------------------------- */

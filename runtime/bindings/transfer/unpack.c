@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
 #include "transfer.h"
 
 /* ---- unpacking ----------------------------------------------------------- */
