@@ -28,10 +28,10 @@ int lnr_console_start(lua_State *L, const char *path);
  * SIGINT as its own (console.c). */
 bool lnr_repl_interrupt(void);
 /* Any thread (the signal thread): ask every group to shut down with the
- * given timeout in ns (lgroup.c). */
+ * given timeout in ns (group/lrun.c). */
 void lnr_shutdown_groups_async(uint64_t timeout);
 /* Log each loop of a live group that has not terminated, saying why the
- * process gives up on it; returns how many. Any thread (lgroup.c). */
+ * process gives up on it; returns how many. Any thread (group/lrun.c). */
 int lnr_log_unterminated(const char *why);
 /* From the signal thread on SIGHUP: a hot reload, run on the main thread
  * (its outcome logged there) (lops.c). */

@@ -247,7 +247,7 @@ struct lnr_blob_s {
   void *user;                 /* for whoever sends the blob */
   void *user2;
   uint64_t token;             /* lpipeline_exec.c: a read's token */
-  nr_loop_t *owed;            /* lgroup.c: the loop the task's outcome
+  nr_loop_t *owed;            /* group/lgroup.c: the loop the task's outcome
                                  goes back to (nr_loop_hold), or NULL */
   int kept;                   /* lnr_keep: registry ref of the values, else 0 */
   const struct lnr_state_s *home;   /* lnr_keep: the state holding them */

@@ -32,7 +32,7 @@
  *   http://a.example/x" is "/x", its Host then a.example -- normalized:
  *   dot segments resolved, "//" merged, %XX of an unreserved byte
  *   decoded, other %XX in upper case; a path that climbs above the root
- *   is refused with 400, see http_parse.c's normalize_path),
+ *   is refused with 400, see http_target.c's normalize_path),
  *   req.args { x = "1" } (the query decoded: + and %XX; a repeated key
  *   gives an array of its values, a key without '=' true),
  *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
