@@ -506,7 +506,7 @@ static int l_wire(lua_State *L) {
   return 1;
 }
 
-void lnr_open_nats(lua_State *L) {
+static void open_nats(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"pub", l_pub},       {"send", l_send},       {"attach", l_attach},
       {"detach", l_detach}, {"flush", l_flush},     {"discard", l_discard},
@@ -526,3 +526,5 @@ void lnr_open_nats(lua_State *L) {
   lua_setfield(L, -2, "abort");
   lua_setfield(L, -2, "nats");
 }
+
+lnr_module_t lnr_nats_module = {.name = "nats", .open = open_nats};

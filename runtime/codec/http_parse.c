@@ -30,190 +30,7 @@ __attribute__((constructor)) static void declare_types(void) {
   nr_msg_declare(NR_MSG_HTTP_PREPARED, "http_prepared");
 }
 
-enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
-
-/* Bytes allowed in a chunk-size line (size, extensions) before it is
- * called malformed. */
-#define CHUNK_LINE_MAX 1024
-
-/* ---- character classes ------------------------------------------------------- */
-
-/* One table lookup per byte classifies it: C_TOKEN an RFC 9110 tchar (ALPHA
- * DIGIT and !#$%&'*+-.^_`|~), C_VALUE a field-value byte (VCHAR, obs-text,
- * SP, HTAB), C_TARGET a request-target byte (VCHAR, obs-text), C_PATH one
- * of those but '?', C_HOST a byte of an RFC 3986 reg-name or IPv4 address
- * (unreserved, sub-delims, '%'), C_DIGIT a decimal digit (a port). The
- * table is built by the compiler from these rules. */
-enum { C_TOKEN = 1, C_VALUE = 2, C_TARGET = 4, C_PATH = 8, C_HOST = 16,
-       C_DIGIT = 32 };
-#define TCHAR(c) ((c) < 128 && (((c) < 64 ? 0x03ff6cfa00000000ull        \
-                                           : 0x57ffffffc7fffffeull) >>   \
-                                 ((c) & 63) & 1))
-#define VALUE(c) (((c) >= 0x20 && (c) != 0x7f) || (c) == '\t')
-#define TARGET(c) ((c) > 0x20 && (c) != 0x7f)
-#define HOSTC(c) (((c) >= 'a' && (c) <= 'z') || ((c) >= 'A' && (c) <= 'Z') || \
-                  ((c) >= '0' && (c) <= '9') || (c) == '-' || (c) == '.' ||  \
-                  (c) == '_' || (c) == '~' || (c) == '!' || (c) == '$' ||    \
-                  ((c) >= '&' && (c) <= ',') || (c) == ';' || (c) == '=' ||  \
-                  (c) == '%')
-#define CLS(c) ((TCHAR(c) ? C_TOKEN : 0) | (VALUE(c) ? C_VALUE : 0) |     \
-                (TARGET(c) ? C_TARGET : 0) |                              \
-                (TARGET(c) && (c) != '?' ? C_PATH : 0) |                  \
-                (HOSTC(c) ? C_HOST : 0) |                                 \
-                ((c) >= '0' && (c) <= '9' ? C_DIGIT : 0))
-#define CLS4(c) CLS(c), CLS((c) + 1), CLS((c) + 2), CLS((c) + 3)
-#define CLS16(c) CLS4(c), CLS4((c) + 4), CLS4((c) + 8), CLS4((c) + 12)
-#define CLS64(c) CLS16(c), CLS16((c) + 16), CLS16((c) + 32), CLS16((c) + 48)
-static const uint8_t cls[256] = {CLS64(0), CLS64(64), CLS64(128), CLS64(192)};
-
-/* Where the run of class `c` bytes from s[i] ends (n at most), byte by
- * byte: for tokens, which are short. Unrolled: one bound check per four
- * bytes. */
-static inline size_t span(const char *s, size_t i, size_t n, int c) {
-  const unsigned char *u = (const unsigned char *)s;
-  for (; i + 4 <= n; i += 4) {
-    if (!(cls[u[i]] & c))
-      return i;
-    if (!(cls[u[i + 1]] & c))
-      return i + 1;
-    if (!(cls[u[i + 2]] & c))
-      return i + 2;
-    if (!(cls[u[i + 3]] & c))
-      return i + 3;
-  }
-  while (i < n && cls[u[i]] & c)
-    i++;
-  return i;
-}
-
-/* Eight bytes at a time, for the long runs: request targets and field
- * values. A word is loaded with the byte at the lowest address least
- * significant, and a test sets the high bit of each byte it flags. Its
- * borrows run upwards only, from a flagged byte, so the lowest flag is
- * exact (the ones above it may be wrong, and are not used). */
-#define ONES 0x0101010101010101ull
-#define HIGHS (ONES << 7)
-
-static inline uint64_t load8(const char *s) {
-  uint64_t x;
-  memcpy(&x, s, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  x = __builtin_bswap64(x);
-#endif
-  return x;
-}
-
-/* The bytes of x below c, or equal to 0x7f after x | o (o is 0 or 0x40):
- * x - c borrows into the high bit of a byte below c (c <= 0x80), and
- * (x | o) ^ 0x7f - 1 into that of a byte that was 0x7f; ~x keeps the bytes
- * that had no high bit of their own, and from them these borrows only. */
-static inline uint64_t flags(uint64_t x, unsigned c, unsigned o) {
-  return ((x - c * ONES) | (((x | o * ONES) ^ 0x7f * ONES) - ONES)) & ~x &
-         HIGHS;
-}
-
-/* Where the run of class `c` bytes (C_VALUE, C_TARGET or C_PATH) from s[i]
- * ends, n at most. The bytes flagged are those outside the class (for
- * targets, SP, controls, '?' and DEL: x | 0x40 is 0x7f for exactly these
- * two), and also HTAB in a value and '?' in a query: the first flagged
- * byte is looked up in the table, and the run goes on past it if it is of
- * the class after all. */
-static inline size_t run8(const char *s, size_t i, size_t n, int c) {
-  const unsigned char *u = (const unsigned char *)s;
-  while (i + 8 <= n) {
-    uint64_t x = load8(s + i);
-    uint64_t m = c == C_VALUE ? flags(x, 0x20, 0) : flags(x, 0x21, 0x40);
-    if (m == 0) {
-      i += 8;
-      continue;
-    }
-    i += (size_t)__builtin_ctzll(m) / 8;
-    if (c == C_PATH || !(cls[u[i]] & c))
-      return i;              /* a path's flags are exact */
-    i++;
-  }
-  return span(s, i, n, c);
-}
-
-#if defined(__SSE2__) && !defined(NR_HTTP_PORTABLE)
-/* Sixteen bytes at a time where SSE2 is there (every x86-64): the same
- * runs, and names, a few instructions a block finding the bytes that
- * may end one (the table judges those). Built with -DNR_HTTP_PORTABLE,
- * the eight-byte code above does it all (the tests run both). */
-#include <emmintrin.h>
-#define HTTP_SSE2 1
-
-static inline __m128i load16(const char *s) {
-  return _mm_loadu_si128((const __m128i *)(const void *)s);
-}
-
-/* The digits of x, and its letters, as bytes of all ones. */
-static inline __m128i digits16(__m128i x) {
-  __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
-  return _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
-}
-
-static inline __m128i letters16(__m128i x) {
-  __m128i a = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)),
-                           _mm_set1_epi8('a'));   /* OR 0x20: a letter's
-                                                     lowercase, and no other
-                                                     byte becomes one */
-  return _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(25)), a);
-}
-
-/* The letters, digits and '-' of x, a bit each: the bytes of most names. */
-static inline unsigned name_bits(__m128i x) {
-  __m128i h = _mm_cmpeq_epi8(x, _mm_set1_epi8('-'));
-  return (unsigned)_mm_movemask_epi8(
-      _mm_or_si128(_mm_or_si128(digits16(x), letters16(x)), h));
-}
-
-/* The bytes of x that may be outside class c, a bit each. C_TOKEN: all
- * but letters, digits and '-'. C_VALUE, C_TARGET, C_PATH, in three
- * instructions or four: those below 0x20 or 0x21 as signed bytes
- * (controls, SP for a target, and obs-text), DEL, and '?' for a path --
- * exact but for obs-text, and HTAB in a value. */
-static inline unsigned flags16(__m128i x, int c) {
-  if (c == C_TOKEN)
-    return ~name_bits(x) & 0xffff;
-  __m128i m = _mm_cmplt_epi8(x, _mm_set1_epi8(c == C_VALUE ? 0x20 : 0x21));
-  m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8(0x7f)));
-  if (c == C_PATH)
-    m = _mm_or_si128(m, _mm_cmpeq_epi8(x, _mm_set1_epi8('?')));
-  return (unsigned)_mm_movemask_epi8(m);
-}
-
-/* run8's answer (span's for C_TOKEN), sixteen bytes a step, a flagged
- * byte looked up in the table. The last bytes short of sixteen are judged
- * in the block ending at n, the bits of the bytes already judged shifted
- * out. */
-static inline size_t run(const char *s, size_t i, size_t n, int c) {
-  const unsigned char *u = (const unsigned char *)s;
-  for (;;) {
-    unsigned m;
-    if (i + 16 <= n)
-      m = flags16(load16(s + i), c);
-    else if (n >= 16)
-      m = flags16(load16(s + n - 16), c) >> (i - (n - 16));
-    else
-      return c == C_TOKEN ? span(s, i, n, c) : run8(s, i, n, c);
-    if (m == 0) {
-      i += 16;               /* (past n only when the block was the last) */
-      if (i >= n)
-        return n;
-      continue;
-    }
-    i += (size_t)__builtin_ctz(m);
-    if (!(cls[u[i]] & c))
-      return i;
-    i++;
-  }
-}
-#define tokens(s, i, n) run((s), (i), (n), C_TOKEN)
-#else
-#define run run8
-#define tokens(s, i, n) span((s), (i), (n), C_TOKEN)
-#endif
+#include "codec/http_chars.h"
 
 bool nr_http_is_token(const char *s, size_t n) {
   return n > 0 && span(s, 0, n, C_TOKEN) == n;
@@ -222,52 +39,6 @@ bool nr_http_is_token(const char *s, size_t n) {
 bool nr_http_is_field_value(const char *s, size_t n) {
   return run(s, 0, n, C_VALUE) == n;
 }
-
-static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
-
-/* Case-insensitive equality with a lowercase literal. */
-static bool ieq(const char *a, size_t n, const char *lit, size_t ln) {
-  if (n != ln)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (lower((unsigned char)a[i]) != lit[i])
-      return false;
-  return true;
-}
-
-/* The same, a word at a time, for bytes a parsed line holds (a name's
- * tchars, a value's bytes: no control byte but HTAB) and a literal of four
- * bytes or more made of lowercase letters, digits and '-'. OR 0x20 then
- * lowercases a letter and maps no other such byte onto one of the
- * literal's (onto '-' only CR, onto a digit only controls, none there).
- * The last word overlaps the one before when the length is not a multiple
- * of it. */
-static inline uint64_t word_at(const char *s, size_t w) {
-  uint32_t x4;
-  uint64_t x8;
-  if (w == 4)
-    return memcpy(&x4, s, 4), x4;
-  return memcpy(&x8, s, 8), x8;
-}
-
-static inline bool ieq_lit(const char *a, size_t n, const char *lit,
-                           size_t ln) {
-  if (n != ln)
-    return false;
-  if (ln < 4)
-    return ieq(a, n, lit, ln);
-  size_t w = ln < 8 ? 4 : 8;
-  for (size_t k = 0;; k += w) {
-    if (k + w > ln)
-      k = ln - w;
-    if ((word_at(a + k, w) | 0x2020202020202020ull >> (64 - 8 * w)) !=
-        word_at(lit + k, w))
-      return false;
-    if (k + w == ln)
-      return true;
-  }
-}
-#define IEQ(a, n, lit) ieq_lit((a), (n), lit, sizeof lit - 1)
 
 /* ---- the header block ---------------------------------------------------------- */
 
@@ -359,10 +130,6 @@ static bool has_token(const char *v, size_t n, const char *tok, size_t tn) {
 enum { H_LENGTH = 1, H_CHUNKED = 2, H_CLOSE = 4, H_KEEP = 8, H_HOST = 16,
        H_TE = 32 };
 
-/* The largest length a message may state (RFC 9112 leaves the bound to
- * the recipient; past int64 no peer agrees on it, so it is malformed, not
- * merely too large). */
-#define LENGTH_MAX ((uint64_t)INT64_MAX)
 
 /* Content-Length: digits only; a repeat must agree. */
 static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
@@ -384,6 +151,8 @@ static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
   p->content_length = v;
   return 0;
 }
+
+#define NOINLINE __attribute__((noinline))
 
 /* parse_request_line's "every byte so far may begin a good line". */
 #define NEED NR_HTTP_NEED        /* (-1): see the code space in http.h */
@@ -412,12 +181,71 @@ static int parse_version(nr_http_request_t *r, const char *s, size_t len,
   return s[v + 5] == '1' ? 0 : 505;
 }
 
+/* Whether the path at s[t0 .. q) is one handlers may take as it came:
+ * origin-form with no '%', '#', dot segment or empty segment (nothing for
+ * target_form to do). Loose, as a filter may be: "/.well-known", '!',
+ * '"', '$', '&' and '\'' go the long way too (the SSE2 test takes the
+ * bytes that are 0x27 once ORed with 6), and come back unchanged. For the
+ * path "/" one compare; else sixteen bytes a step where SSE2 is there,
+ * each byte with the one before it (before t0: the SP after the method),
+ * the flags gathered and tested once; the bytes past the last whole block
+ * of the input one by one. */
+static inline bool odd_pair(char prev, char c) {
+  return c == '%' || c == '#' || (prev == '/' && (c == '.' || c == '/'));
+}
+
+#ifdef HTTP_SSE2
+/* The bytes of x that make a path odd (loosely, see plain_path), a byte
+ * of all ones each; prev is x one byte earlier. */
+static inline __m128i odd16(__m128i x, __m128i prev) {
+  __m128i slash = _mm_cmpeq_epi8(prev, _mm_set1_epi8('/'));
+  __m128i dot_slash = _mm_cmpeq_epi8(_mm_or_si128(x, _mm_set1_epi8(1)),
+                                     _mm_set1_epi8('/'));   /* '.' or '/' */
+  __m128i pct_hash = _mm_cmpeq_epi8(_mm_or_si128(x, _mm_set1_epi8(6)),
+                                    _mm_set1_epi8(0x27));   /* '%', '#' (and
+                                                               !"$&') */
+  return _mm_or_si128(pct_hash, _mm_and_si128(slash, dot_slash));
+}
+#endif
+
+static inline bool plain_path(const char *s, size_t t0, size_t q, size_t len) {
+  (void)len;                 /* (SSE2 only) */
+  if (q - t0 == 1)
+    return s[t0] == '/';     /* "/": benchmarks, health checks */
+  if (s[t0] != '/')
+    return false;
+  size_t i = t0 + 1;
+#ifdef HTTP_SSE2
+  __m128i acc = _mm_setzero_si128();
+  for (; i + 16 <= q; i += 16)
+    acc = _mm_or_si128(acc, odd16(load16(s + i), load16(s + i - 1)));
+  unsigned m = (unsigned)_mm_movemask_epi8(acc);
+  if (i < q && i + 16 <= len) {       /* the rest, in a block that ends
+                                          past q (the line goes on) */
+    m |= (unsigned)_mm_movemask_epi8(odd16(load16(s + i), load16(s + i - 1))) &
+         ((1u << (q - i)) - 1);
+    i = q;
+  }
+  if (m != 0)
+    return false;
+#endif
+  for (; i < q; i++)
+    if (odd_pair(s[i - 1], s[i]))
+      return false;
+  return true;
+}
+
+/* parse_request_line's "the line is good, but its target is not a plain
+ * path": target_form judges it. */
+#define ODD (-2)
+
 /* The request line at s[0 .. len): METHOD SP target SP HTTP/1.x CRLF.
- * 0 when it is whole and good (*ip just past it), NEED when every byte so
- * far may still begin a good line, else the status refusing it -- decided
- * at its first bad byte, not at the line's end, so garbage is refused
- * without waiting for more. A line that parses with some len parses the
- * same with any larger one. */
+ * 0 when it is whole and good (*ip just past it), ODD when its target is
+ * not a plain path (plain_path), NEED when every byte so far may still
+ * begin a good line, else the status refusing it -- decided at its first
+ * bad byte, not at the line's end, so garbage is refused without waiting
+ * for more. A line that parses with some len parses the same with any
+ * larger one. */
 static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
                               size_t *ip) {
   size_t i;
@@ -449,15 +277,19 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
     r->query = s + q + 1;    /* (q < i: there is a query) */
     r->query_len = i - q - 1;
   }
-  r->path = s + t0;
+  r->path = r->target = s + t0;
   r->path_len = q - t0;
+  r->target_len = i - t0;
+  r->rewritten = false;
+  bool plain = plain_path(s, t0, q, len);
   i++;
   if (len - i >= 10 && memcmp(s + i, "HTTP/1.1\r\n", 10) == 0) {
     r->minor = 1;            /* the usual case, in two compares */
     *ip = i + 10;
-    return 0;
+    return plain ? 0 : ODD;
   }
-  return parse_version(r, s, len, i, ip);
+  int rc = parse_version(r, s, len, i, ip);
+  return rc == 0 && !plain ? ODD : rc;
 }
 
 /* Host = uri-host [ ":" port ] (RFC 9110 7.2): a reg-name or IPv4
@@ -529,6 +361,10 @@ static inline bool named_host(const nr_http_header_t *h) {
   memcpy(&host, "host", 4);
   return (w | 0x20202020u) == host;
 }
+
+/* For http_target.c: the checks above, out of line. */
+bool nr__http_valid_host(const char *v, size_t n) { return valid_host(v, n); }
+bool nr__http_named_host(const nr_http_header_t *h) { return named_host(h); }
 
 /* Transfer-Encoding: only "chunked", last, once (501 for any other
  * coding). None in HTTP/1.0 and no second Transfer-Encoding line: a
@@ -697,8 +533,14 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
    * last call stopped, so a slow block is scanned once. */
   if (p->line_ok && find_block_end(p, s, n) == 0)
     return n > max ? -431 : 0;
-  if ((rc = parse_request_line(r, s, first, &i)) != 0)
-    return rc != NEED ? -rc : n >= max ? -431 : 0;
+  bool odd = false;            /* the target was not a plain path */
+  if ((rc = parse_request_line(r, s, first, &i)) != 0) {
+    if (rc != ODD)
+      return rc != NEED ? -rc : n >= max ? -431 : 0;
+    if ((rc = nr__http_target_form(p, r)) != 0)
+      return -rc;            /* (refused at once, as a bad line is) */
+    odd = true;
+  }
   size_t end = parse_head(p, r, s, n, i, &rc, body);
   if (end == 0) {
     p->line_ok = true;
@@ -706,171 +548,9 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
   }
   if (end > max)
     return -431;
+  if (__builtin_expect(odd, 0) && rc == 0)
+    rc = nr__http_authority_host(p, r);
   return rc ? -rc : (long)end;
-}
-
-/* ---- chunked bodies -------------------------------------------------------------- */
-
-/* Each step of decode_chunks returns STEP to go on with the next phase, 0
- * when it needs more input, or -status. */
-#define STEP 1
-
-/* The chunk size in hex at s[i .. end) into *v, any number of digits
- * (leading zeros are fine): how many, 0 for none, -1 past 2^63 - 1. */
-static long chunk_size(const char *s, size_t i, size_t end, uint64_t *v) {
-  size_t digits = 0;
-  for (*v = 0; i + digits < end; digits++) {
-    int c = lower((unsigned char)s[i + digits]);
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (d < 0)
-      break;
-    if (*v > LENGTH_MAX >> 4)
-      return -1;             /* no size at all */
-    *v = *v * 16 + (uint64_t)d;
-  }
-  return (long)digits;
-}
-
-/* Chunk extensions at s[i .. end) are ignored, but must be sane: no
- * control bytes (the line's CR aside), and set off from the size. */
-static bool chunk_ext_ok(const char *s, size_t i, size_t end) {
-  if (i != end && s[i] != ';' && s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
-    return false;
-  for (; i < end; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if ((c < 0x20 && c != '\t' && !(c == '\r' && i + 1 == end)) || c == 0x7f)
-      return false;
-  }
-  return true;
-}
-
-/* P_CHUNK_SIZE: the chunk-size line; a zero size starts the trailer. */
-static long chunk_size_line(nr_http_parser_t *p, const char *s, size_t n) {
-  const char *nl = memchr(s + p->pos, '\n', n - p->pos);
-  if (nl == NULL)
-    return n - p->pos > CHUNK_LINE_MAX ? -400 : 0;
-  size_t end = (size_t)(nl - s);
-  if (end - p->pos > CHUNK_LINE_MAX)
-    return -400;
-  uint64_t v;
-  long digits = chunk_size(s, p->pos, end, &v);
-  if (digits <= 0 || !chunk_ext_ok(s, p->pos + (size_t)digits, end))
-    return -400;
-  p->pos = end + 1;
-  if (v == 0) {
-    p->phase = P_TRAILER;
-    p->scan = p->pos;
-    return STEP;
-  }
-  if (v > p->max_body - nr_buf_len(&p->body))
-    return -413;
-  p->chunk_left = v;
-  p->phase = P_CHUNK_DATA;
-  return STEP;
-}
-
-/* P_CHUNK_DATA: what there is of the chunk, into the body. */
-static long chunk_data(nr_http_parser_t *p, const char *s, size_t n) {
-  size_t take = n - p->pos;
-  if (take > p->chunk_left)
-    take = (size_t)p->chunk_left;
-  if (nr_buf_append(&p->body, s + p->pos, take) < 0)
-    return -500;
-  p->pos += take;
-  p->chunk_left -= take;
-  if (p->chunk_left > 0)
-    return 0;
-  p->phase = P_CHUNK_CRLF;
-  return STEP;
-}
-
-/* P_CHUNK_CRLF: the line end after a chunk's data (CRLF or LF). */
-static long chunk_crlf(nr_http_parser_t *p, const char *s, size_t n) {
-  if (p->pos >= n)
-    return 0;
-  if (s[p->pos] == '\r') {
-    if (p->pos + 1 >= n)
-      return 0;
-    if (s[p->pos + 1] != '\n')
-      return -400;
-    p->pos++;
-  } else if (s[p->pos] != '\n') {
-    return -400;
-  }
-  p->pos++;
-  p->phase = P_CHUNK_SIZE;
-  return STEP;
-}
-
-/* P_TRAILER: the offset just past the trailer section, 0 or -431. */
-static long trailer_end(nr_http_parser_t *p, const char *s, size_t n) {
-  size_t end = find_block_end(p, s, n);
-  if (end == 0)
-    return n - p->pos > p->max_header ? -431 : 0;
-  if (end - p->pos > p->max_header)
-    return -431;
-  return (long)end;
-}
-
-/* Decode chunks from s[p->pos .. n): 0 need more, -status, or the offset
- * just past the trailer section. */
-static long decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
-  long rc = STEP;
-  while (rc == STEP) {
-    if (p->pos - p->head_len > 2 * p->max_body + 65536)
-      return -413;           /* chunk framing out of all proportion */
-    switch (p->phase) {
-    case P_CHUNK_SIZE: rc = chunk_size_line(p, s, n); break;
-    case P_CHUNK_DATA: rc = chunk_data(p, s, n); break;
-    case P_CHUNK_CRLF: rc = chunk_crlf(p, s, n); break;
-    case P_TRAILER: return trailer_end(p, s, n);
-    default: return -500;
-    }
-  }
-  return rc;
-}
-
-/* Fields a trailer may not carry (RFC 9110 6.5.1): those that frame,
- * route or authorise the message, or modify how it is handled. A
- * recipient that merged trailers into the headers -- as netrun once did --
- * would let a trailer "Host: evil" or "Content-Length: 0" change what the
- * head said after the head was judged; netrun keeps trailers apart, and
- * refuses these anyway, so no proxy behind it can be fooled either. */
-static const char *const trailer_forbidden[] = {
-    "content-length", "transfer-encoding", "trailer", "host", "connection",
-    "keep-alive", "upgrade", "te", "expect", "max-forwards", "content-type",
-    "content-encoding", "content-range", "range", "if-match",
-    "if-none-match", "if-modified-since", "if-unmodified-since", "if-range",
-    "cache-control", "authorization", "proxy-authorization", "cookie"};
-
-static bool forbidden_in_trailer(const nr_http_header_t *h) {
-  size_t n = sizeof trailer_forbidden / sizeof trailer_forbidden[0];
-  for (size_t i = 0; i < n; i++)
-    if (ieq(h->name, h->name_len, trailer_forbidden[i],
-            strlen(trailer_forbidden[i])))
-      return true;
-  return false;
-}
-
-/* Parse the trailer fields at s[from .. end) (it ends with the blank
- * line) into r->trailers, after the headers in the same array: 0, 400
- * (a bad line, a line starting with a bare CR, a forbidden field) or 431
- * (headers and trailers over max_headers). */
-static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
-                          const char *s, size_t from, size_t end) {
-  size_t i = from;
-  r->trailers = r->headers + r->nheaders;
-  r->ntrailers = 0;
-  while (i < end && s[i] != '\n' &&
-         !(s[i] == '\r' && i + 1 < end && s[i + 1] == '\n')) {
-    nr_http_header_t h;
-    if (parse_field(&h, s, end, &i) != 0 || forbidden_in_trailer(&h))
-      return 400;
-    if (r->nheaders + r->ntrailers == p->max_headers)
-      return 431;
-    r->headers[r->nheaders + r->ntrailers++] = h;
-  }
-  return 0;
 }
 
 /* ---- one request ---------------------------------------------------------------- */
@@ -908,11 +588,11 @@ static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
     req->body_len = (size_t)p->content_length;
     return (long)(p->head_len + p->content_length);
   }
-  end = decode_chunks(p, s, n);
+  end = nr__http_decode_chunks(p, s, n);
   if (end <= 0)
     return end;
   /* p->pos stayed where the trailer section began */
-  if ((rc = parse_trailers(p, req, s, p->pos, (size_t)end)) != 0)
+  if ((rc = nr__http_parse_trailers(p, req, s, p->pos, (size_t)end)) != 0)
     return -rc;
   req->body = nr_buf_len(&p->body) ? nr_buf_peek(&p->body) : "";
   req->body_len = nr_buf_len(&p->body);
@@ -934,6 +614,9 @@ void nr_http_parser_init(nr_http_parser_t *p, size_t max_header,
 void nr_http_parser_free(nr_http_parser_t *p) {
   nr_buf_free(&p->in);
   nr_buf_free(&p->body);
+  free(p->norm);
+  p->norm = NULL;
+  p->norm_cap = 0;
 }
 
 /* After a request: a head without a body leaves only the head search's
@@ -951,6 +634,12 @@ static void next_request(nr_http_parser_t *p) {
   }
 }
 
+static NOINLINE void free_norm(nr_http_parser_t *p) {
+  free(p->norm);
+  p->norm = NULL;
+  p->norm_cap = 0;
+}
+
 static int stop(nr_http_parser_t *p, int status) {
   nr_http_parser_free(p);
   nr_http_parser_init(p, p->max_header, p->max_body, p->max_headers);
@@ -964,6 +653,7 @@ static int stop(nr_http_parser_t *p, int status) {
 static int switched(nr_http_parser_t *p, const char *s, size_t off, size_t n,
                     bool cum) {
   nr_buf_free(&p->body);
+  free_norm(p);
   if (cum)
     nr_buf_consume(&p->in, off);
   else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
@@ -1032,10 +722,17 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
     nr_buf_consume(&p->in, off);
   else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
     return stop(p, 500);
+  if (__builtin_expect(p->norm != NULL, 0))
+    free_norm(p);              /* its requests were delivered: an idle
+                                  connection holds no buffer */
   return 0;
 }
 
 /* ---- shared with the client codec (http_parse.h) ---------------------------------- */
+
+size_t nr__http_find_block_end(nr_http_parser_t *p, const char *s, size_t n) {
+  return find_block_end(p, s, n);
+}
 
 int nr__http_parse_field(nr_http_header_t *h, const char *s, size_t len,
                          size_t *ip) {
@@ -1061,10 +758,18 @@ void nr__http_chunks_start(nr_http_parser_t *p, size_t at) {
   p->chunk_left = 0;
 }
 
-long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
-  return decode_chunks(p, s, n);
-}
-
 bool nr__http_parsing_head(const nr_http_parser_t *p) {
   return p->phase == P_HEAD;
+}
+
+int nr__http_reserve_body(nr_http_parser_t *p) {
+  if (p->phase != P_BODY || nr_buf_len(&p->in) == 0 ||
+      p->content_length > SIZE_MAX - p->head_len)
+    return 0;
+  return nr_buf_reserve(&p->in, p->head_len + (size_t)p->content_length);
+}
+
+uint64_t nr__http_body_bound(const nr_http_parser_t *p) {
+  return p->phase == P_HEAD ? 0 : p->phase == P_BODY ? p->content_length
+                                                     : p->max_body;
 }

@@ -40,5 +40,29 @@ long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n);
 /* Whether p is between requests or within a request's head (not in a
  * body): what the server's timeouts tell apart. */
 bool nr__http_parsing_head(const nr_http_parser_t *p);
+/* The most the body being read may come to: its Content-Length, or
+ * max_body when it is chunked; 0 between requests or within a head (what
+ * the server's body budget reserves). */
+uint64_t nr__http_body_bound(const nr_http_parser_t *p);
+/* The body being read has a known length: make the cumulation the
+ * request's size at once, so that its bytes are copied once and it holds
+ * no slack (an 8 MiB upload takes 8 MiB, not the 16 of doublings). Done
+ * once the body is admitted, not for every head announcing one. 0 or
+ * -ENOMEM. */
+int nr__http_reserve_body(nr_http_parser_t *p);
+
+/* Between http_parse.c and http_target.c: a target other than a plain
+ * path put in its form (0 or a status), an absolute-form target's
+ * authority made the Host (0 or 431), and the Host checks they use. */
+int nr__http_target_form(nr_http_parser_t *p, nr_http_request_t *r);
+int nr__http_authority_host(nr_http_parser_t *p, nr_http_request_t *r);
+bool nr__http_valid_host(const char *v, size_t n);
+bool nr__http_named_host(const nr_http_header_t *h);
+/* Between http_parse.c and http_chunked.c: the end of a header block (0:
+ * not all here), and a chunked request's trailer fields parsed from
+ * s[from .. end) (0 or a status). */
+size_t nr__http_find_block_end(nr_http_parser_t *p, const char *s, size_t n);
+int nr__http_parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
+                            const char *s, size_t from, size_t end);
 
 #endif /* NR_CODEC_HTTP_PARSE_H */

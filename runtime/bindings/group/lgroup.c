@@ -1,0 +1,737 @@
+/*
+ * lgroup.c -- groups, executor groups and loops in Lua: creation (each loop
+ * with its own state), the chooser, execute/submit/schedule with values
+ * transferred, graceful shutdown, stats, netrun.current() and netrun.run().
+ *
+ * Lifetime: a group is reference counted by its proxies, by blobs carrying
+ * it, and by the list of live groups, which lets go once the group has
+ * terminated. The last release frees it -- on the main thread, since freeing
+ * joins the loop threads.
+ *
+ * How long the process lives (netrun.run) and shutting every group down
+ * are lrun.c's; what both share, lgroup.h's.
+ */
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lgroup.h"
+#include "lmain.h"
+
+pthread_mutex_t lnr_live_lock = PTHREAD_MUTEX_INITIALIZER;
+lnr_group_t *lnr_live;
+static lnr_group_t *default_boss, *default_workers;
+
+nr_group_t *lnr_group_core(lnr_group_t *g) { return g->g; }
+
+lnr_group_t *lnr_group_of_loop(nr_loop_t *l) {
+  nr_group_t *g = l ? nr_loop_group(l) : NULL;
+  return g ? nr_group_data(g) : NULL;
+}
+
+/* Executor groups exist to run blocking work, so their threads may wait
+ * for a future; an event loop's thread may not. */
+bool lnr_loop_may_block(nr_loop_t *l) {
+  lnr_group_t *g = lnr_group_of_loop(l);
+  return g != NULL && g->executor;
+}
+
+void lnr_group_retain(lnr_group_t *g) { atomic_fetch_add(&g->refs, 1); }
+
+static void group_free(lnr_group_t *g) {
+  nr_group_free(g->g);               /* joins threads: all terminated */
+  lnr_paths_free(g->paths);
+  free(g);
+}
+
+static int group_free_task(void *arg) {
+  group_free(arg);
+  return 0;
+}
+
+void lnr_group_release(lnr_group_t *g) {
+  if (atomic_fetch_sub(&g->refs, 1) != 1)
+    return;
+  nr_loop_t *cur = nr_loop_current();
+  if (cur == NULL || cur == lnr_main_loop()) {
+    group_free(g);
+  } else if (lnr_main_loop() == NULL ||
+             nr_loop_execute(lnr_main_loop(), group_free_task, g) < 0) {
+    /* The main thread is gone: the process is ending, let it go. */
+  }
+}
+
+/* A terminated group leaves the live list, dropping the list's reference. */
+void lnr_group_unlist(lnr_group_t *g) {
+  pthread_mutex_lock(&lnr_live_lock);
+  bool listed = g->listed;
+  for (lnr_group_t **pp = &lnr_live; listed && *pp; pp = &(*pp)->next)
+    if (*pp == g) {
+      *pp = g->next;
+      break;
+    }
+  g->listed = false;
+  if (default_boss == g)
+    default_boss = NULL;
+  if (default_workers == g)
+    default_workers = NULL;
+  pthread_mutex_unlock(&lnr_live_lock);
+  if (listed)
+    lnr_group_release(g);
+}
+
+static int unlist_task(void *arg) {
+  lnr_group_unlist(arg);
+  lnr_group_release(arg);                    /* the task's own reference */
+  return 0;
+}
+
+/* On the last loop to terminate: leave the list on the main thread. */
+static void on_terminated(nr_promise_t *p, void *arg) {
+  (void)p;
+  lnr_group_retain(arg);
+  if (lnr_main_loop() == NULL ||
+      nr_loop_execute(lnr_main_loop(), unlist_task, arg) < 0)
+    unlist_task(arg);
+}
+
+/* A loop takes at most this many queued tasks by default; execute and
+ * submit past it raise (Netty's RejectedExecutionException). A second of
+ * work at the rate a loop runs small Lua tasks, and about 200 MiB of the
+ * smallest ones: a producer that far ahead has lost its consumer, and
+ * memory, not the queue, would be the first thing to give. */
+#define MAX_PENDING_TASKS 1000000
+
+/* A loop state's Lua memory is bounded by default (lstate.c, "the memory
+ * limit"): past 512 MiB a state is almost surely leaking -- per-connection
+ * state of 100,000 connections at 1 KiB each is 100 MiB, and bigger data
+ * belongs in a shared dict, outside the states -- and a "not enough
+ * memory" error in the handler that asked is better than the kernel's
+ * OOM killer taking the whole process. At least 1 MiB: an empty state
+ * takes a few hundred KiB. */
+#define LUA_MEMORY_LIMIT ((size_t)512 << 20)
+#define LUA_MEMORY_MIN ((lua_Integer)1 << 20)
+
+static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
+                              int io_ratio, bool executor,
+                              size_t max_pending, size_t mem_limit, int opts) {
+  nr_group_opts_t stall = {0};                /* may raise: before calloc */
+  lnr_stall_options(L, opts, executor ? "netrun.executor_group"
+                                      : "netrun.group", executor, &stall);
+  lnr_group_t *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    luaL_error(L, "netrun.group: out of memory");
+  g->paths = lnr_paths_new(L);
+  lnr_paths_set_memory_limit(g->paths, mem_limit);
+  g->executor = executor;
+  g->max_pending = max_pending;
+  nr_group_opts_t o = {.name = name, .threads = threads,
+                       .io_ratio = executor ? 100 : io_ratio,
+                       .max_pending = max_pending,
+                       .on_start = lnr_loop_started,
+                       .on_exit = lnr_loop_exiting, .ud = g->paths,
+                       .stall_threshold = stall.stall_threshold,
+                       .stall_timeout = stall.stall_timeout,
+                       .on_stall = stall.on_stall};
+  g->g = nr_group_new(&o);
+  if (g->g == NULL) {
+    int err = errno;
+    lnr_paths_free(g->paths);
+    free(g);
+    luaL_error(L, "netrun.group: cannot create the group: %s", strerror(err));
+    return NULL;
+  }
+  nr_group_set_data(g->g, g);
+  atomic_init(&g->refs, 1);                  /* the live list's */
+  pthread_mutex_lock(&lnr_live_lock);
+  g->listed = true;
+  g->next = lnr_live;
+  lnr_live = g;
+  pthread_mutex_unlock(&lnr_live_lock);
+  nr_promise_add_listener(nr_group_termination_future(g->g), NULL,
+                          on_terminated, g);
+  return g;
+}
+
+/* The options netrun.group and netrun.executor_group know: a key not
+ * listed raises (lnr_check_options), so a new option is added here too.
+ * stall_threshold and stall_timeout are read by the stall detector. */
+static const char *const group_keys[] = {
+    "threads", "name", "io_ratio", "daemon", "stall_threshold",
+    "stall_timeout", "max_pending_tasks", "lua_memory_limit", NULL};
+
+static lua_Integer opt_integer(lua_State *L, int t, const char *k,
+                               lua_Integer dflt, const char *what) {
+  int type = lua_getfield(L, t, k);
+  if (type != LUA_TNIL && !lua_isinteger(L, -1))
+    luaL_error(L, "%s: %s must be an integer, got %s", what, k,
+               type == LUA_TNUMBER ? "a float" : luaL_typename(L, -1));
+  lua_Integer v = type == LUA_TNIL ? dflt : lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int opt_int(lua_State *L, int t, const char *k, int dflt,
+                   const char *what) {
+  lua_Integer v = opt_integer(L, t, k, dflt, what);
+  return v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
+}
+
+static int new_group(lua_State *L, bool executor) {
+  const char *what = executor ? "netrun.executor_group" : "netrun.group";
+  if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
+    return luaL_error(L, "%s: expected a table of options, got %s", what,
+                      luaL_typename(L, 1));
+  if (lua_isnoneornil(L, 1))
+    lua_newtable(L), lua_replace(L, 1);
+  lnr_check_options(L, 1, what, group_keys);
+  int threads = opt_int(L, 1, "threads", 0, what);
+  int ratio = opt_int(L, 1, "io_ratio", 50, what);
+  if (lua_getfield(L, 1, "name") != LUA_TNIL && !lua_isstring(L, -1))
+    return luaL_error(L, "%s: name must be a string, got %s", what,
+                      luaL_typename(L, -1));
+  const char *name = luaL_optstring(L, -1, executor ? "executor" : "worker");
+  if (threads < 0 || threads > 1024)
+    return luaL_error(L, "%s: threads must be between 1 and 1024, got %d",
+                      what, threads);
+  if (ratio < 1 || ratio > 100)
+    return luaL_error(L, "%s: io_ratio must be between 1 and 100, got %d",
+                      what, ratio);
+  if (threads == 0) {
+    lua_getglobal(L, "NETRUN_THREADS");       /* set by `netrun -t N` */
+    threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    lua_pop(L, 1);
+  }
+  lua_Integer max_pending = opt_integer(L, 1, "max_pending_tasks",
+                                        MAX_PENDING_TASKS, what);
+  if (max_pending < 1)
+    return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
+                      max_pending);
+  lua_Integer mem = opt_integer(L, 1, "lua_memory_limit",
+                                (lua_Integer)LUA_MEMORY_LIMIT, what);
+  if (mem != 0 && mem < LUA_MEMORY_MIN)
+    return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
+                      "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
+  int dt = lua_getfield(L, 1, "daemon");
+  if (dt != LUA_TNIL && dt != LUA_TBOOLEAN)
+    return luaL_error(L, "%s: daemon must be a boolean, got %s", what,
+                      luaL_typename(L, -1));
+  bool daemon = lua_toboolean(L, -1);
+  lnr_group_t *g = group_new(L, name, threads, ratio, executor,
+                             (size_t)max_pending, (size_t)mem, 1);
+  g->daemon = daemon;
+  lnr_push_handle(L, LNR_GROUP, g);
+  return 1;
+}
+
+static int l_group(lua_State *L) { return new_group(L, false); }
+static int l_executor_group(lua_State *L) { return new_group(L, true); }
+
+lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
+  pthread_mutex_lock(&lnr_live_lock);
+  lnr_group_t *g = boss ? default_boss : default_workers;
+  pthread_mutex_unlock(&lnr_live_lock);
+  if (g)
+    return g;
+  int threads = 0;
+  if (boss) {
+    threads = 1;
+  } else {
+    lua_getglobal(L, "NETRUN_THREADS");
+    threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    lua_pop(L, 1);
+  }
+  g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, 0);
+  pthread_mutex_lock(&lnr_live_lock);
+  lnr_group_t **slot = boss ? &default_boss : &default_workers;
+  if (*slot == NULL) {
+    *slot = g;
+  } else {                                      /* raced: keep the first */
+    pthread_mutex_unlock(&lnr_live_lock);
+    nr_group_shutdown_gracefully(g->g, 0, 0);
+    return *slot;
+  }
+  pthread_mutex_unlock(&lnr_live_lock);
+  return g;
+}
+
+/* ---- sending work -------------------------------------------------------- */
+
+static lnr_state_t *state_of_loop(nr_loop_t *l) { return nr_loop_data(l); }
+
+lnr_state_t *lnr_current_state(void) {
+  nr_loop_t *l = nr_loop_current();
+  return l ? state_of_loop(l) : NULL;
+}
+
+/* Runs a packed (fn, args...) on its loop; completes the blob's promise
+ * (user) with the first result, or fails it with the error. */
+static int lua_task(void *arg) {
+  lnr_blob_t *b = arg;
+  nr_promise_t *p = b->user;
+  lnr_state_t *S = lnr_current_state();
+  if (S == NULL || S->closing) {
+    if (p)
+      nr_promise_set_failure(p, NR_EREJECTED, "the loop's Lua state is gone");
+  } else {
+    lua_State *L = S->L;
+    int top = lua_gettop(L);
+    LNR_STACK_BEGIN(L);
+    int rc = lnr_run_packed(L, b, p ? 1 : 0);
+    if (rc != LUA_OK) {
+      if (p)
+        nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
+      else
+        nr_log(NR_LOG_ERROR, "a task failed: %s", lua_tostring(L, -1));
+    } else if (p) {
+      lnr_blob_t *r = NULL;
+      /* an own-loop submit's result is kept too (its caller is here) */
+      if (lnr_try_pack(L, -1, b->kept != 0, &r))   /* may not transfer */
+        nr_promise_set_success(p, r, lnr_blob_free_fn);
+      else
+        nr_promise_set_failure(p, NR_EHANDLER, lua_tostring(L, -1));
+    }
+    LNR_STACK_END(L, rc != LUA_OK || p ? 1 : 0);    /* error, or result */
+    lua_settop(L, top);
+  }
+  if (p)
+    nr_promise_release(p);
+  if (b->owed != NULL)        /* after the listeners' tasks were queued */
+    nr_loop_unhold(b->owed);
+  lnr_blob_free(b);
+  return 0;
+}
+
+static int try_pack_p(lua_State *L) {
+  lnr_blob_t **out = lua_touserdata(L, 2);
+  *out = lua_toboolean(L, 3) ? lnr_pack_result(L, 1)
+                             : lnr_pack(L, 1, 1, "result");
+  return 0;
+}
+
+int lnr_try_pack(lua_State *L, int idx, bool keep, lnr_blob_t **out) {
+  idx = lua_absindex(L, idx);
+  int t = lua_type(L, idx);
+  if (t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER ||
+      t == LUA_TSTRING) {
+    *out = lnr_pack(L, idx, 1, "result");   /* cannot fail: no pcall */
+    return 1;
+  }
+  lua_pushcfunction(L, try_pack_p);
+  lua_pushvalue(L, idx);
+  lua_pushlightuserdata(L, out);
+  lua_pushboolean(L, keep);
+  if (lua_pcall(L, 3, 0, 0) != LUA_OK)
+    return 0;                    /* the message is on the stack */
+  return 1;
+}
+
+/* Raise the error of a task the loop refused (NR_EFULL or NR_EREJECTED). */
+static int reject(lua_State *L, nr_loop_t *loop, int rc) {
+  lnr_group_t *g = lnr_group_of_loop(loop);
+  if (rc == NR_EFULL && g != NULL)
+    return luaL_error(L, "%s: task queue full (max_pending_tasks = %I): "
+                      "task rejected", nr_loop_name(loop),
+                      (lua_Integer)g->max_pending);
+  return luaL_error(L, "%s: loop is shut down: task rejected",
+                    nr_loop_name(loop));
+}
+
+/* A loop that sends a task elsewhere is owed its outcome (a future's
+ * listeners, what the task queues back to it): a graceful shutdown of
+ * the loop waits for it, and it keeps the loop alive (nr_loop_hold). The
+ * main thread is not a loop that shuts down, and a task it sends keeps
+ * the process alive by itself -- unless it goes to a daemon group, which
+ * keeps nothing alive: then the main thread is owed it too. */
+static nr_loop_t *owed_to(nr_loop_t *target) {
+  nr_loop_t *from = nr_loop_current();
+  if (from == NULL || from == target)
+    return NULL;
+  if (from != lnr_main_loop())
+    return from;
+  lnr_group_t *g = lnr_group_of_loop(target);
+  return g != NULL && g->daemon ? from : NULL;
+}
+
+void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
+                   nr_promise_t *p) {
+  b->user = p ? nr_promise_retain(p) : NULL;
+  b->task.fn = lua_task;
+  b->task.arg = b;
+  b->owed = owed_to(loop);
+  if (b->owed != NULL)
+    nr_loop_hold(b->owed);
+  int rc = nr_loop_execute_task(loop, &b->task);
+  if (rc < 0) {
+    if (p)
+      nr_promise_release(p);
+    if (b->owed != NULL)
+      nr_loop_unhold(b->owed);
+    lnr_blob_free(b);
+    reject(L, loop, rc);
+  }
+}
+
+/* Loop of a group or loop handle at idx 1: next() for groups. */
+static nr_loop_t *target_loop(lua_State *L) {
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  if (g)
+    return nr_group_next(g->g);
+  return lnr_check_handle(L, 1, LNR_LOOP);
+}
+
+/* A task for the caller's own loop, given as that loop (ctx:loop(),
+ * netrun.current()), crosses nothing (DESIGN.md §3): its function runs as
+ * the same closure and may capture ctx. Any other is copied -- a group's
+ * next() included, so that a task does not change meaning with the loop
+ * it happens to land on. */
+static lnr_blob_t *pack_task(lua_State *L, int from, int n, const char *what) {
+  nr_loop_t *loop = lnr_to_handle(L, 1, LNR_LOOP);
+  lnr_state_t *S = lnr_state(L);
+  if (loop && S && !S->main && S->loop == loop && nr_loop_in_thread(loop))
+    return lnr_keep(L, from, n);
+  return lnr_pack(L, from, n, what);
+}
+
+static int l_execute(lua_State *L) {
+  nr_loop_t *loop = target_loop(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "execute");
+  lnr_send_task(L, loop, b, NULL);
+  return 0;
+}
+
+static int l_submit(lua_State *L) {
+  nr_loop_t *loop = target_loop(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "submit");
+  nr_promise_t *p = nr_promise_new();
+  lnr_push_promise(L, p);                    /* takes the reference */
+  lnr_send_task(L, loop, b, p);
+  return 1;
+}
+
+/* after_iteration: a tail task, run after the loop's current iteration. */
+static int tail_task(void *arg) {
+  return lua_task(arg);
+}
+
+static int l_after_iteration(lua_State *L) {
+  nr_loop_t *loop = lnr_check_handle(L, 1, LNR_LOOP);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lnr_blob_t *b = pack_task(L, 2, lua_gettop(L) - 1, "after_iteration");
+  b->user = NULL;
+  int rc = nr_loop_after_iteration(loop, tail_task, b);
+  if (rc < 0) {
+    lnr_blob_free(b);
+    return reject(L, loop, rc);
+  }
+  return 0;
+}
+
+/* ---- scheduling --------------------------------------------------------------- */
+
+typedef struct sched_s {
+  lnr_blob_t *b;
+  nr_promise_t *p;
+  bool periodic;
+} sched_t;
+
+static int sched_fire(void *arg) {
+  sched_t *s = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S == NULL || S->closing)
+    return 0;
+  lua_State *L = S->L;
+  int top = lua_gettop(L);
+  LNR_STACK_BEGIN(L);
+  if (lnr_run_packed(L, s->b, 1) != LUA_OK) {
+    if (s->periodic)
+      nr_log(NR_LOG_ERROR, "a scheduled task failed: %s", lua_tostring(L, -1));
+    nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));
+  } else if (!s->periodic) {
+    lnr_blob_t *r = NULL;
+    if (lnr_try_pack(L, -1, s->b->kept != 0, &r))
+      nr_promise_set_success(s->p, r, lnr_blob_free_fn);
+    else
+      nr_promise_set_failure(s->p, NR_EHANDLER, lua_tostring(L, -1));
+  }
+  LNR_STACK_END(L, 1);                   /* the result, or the error */
+  lua_settop(L, top);
+  if (!s->periodic) {
+    nr_promise_release(s->p);
+    lnr_blob_free(s->b);
+    free(s);
+  }
+  return 0;
+}
+
+static int sched_cancelled(void *arg) {
+  sched_t *s = arg;
+  nr_promise_cancel(s->p);
+  nr_promise_release(s->p);
+  lnr_blob_free(s->b);
+  free(s);
+  return 0;
+}
+
+
+static int schedule(lua_State *L, int nargs_before_fn, double delay,
+                    int64_t period) {
+  nr_loop_t *loop = target_loop(L);
+  int fn = 2 + nargs_before_fn;
+  luaL_checktype(L, fn, LUA_TFUNCTION);
+  sched_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return luaL_error(L, "out of memory");
+  s->b = pack_task(L, fn, lua_gettop(L) - fn + 1, "schedule");
+  s->periodic = period != 0;
+  s->p = nr_promise_new();
+  /* The caller's reference, taken first: a short delay may fire (and
+   * free s) on the loop's thread before nr_loop_schedule returns. */
+  nr_promise_t *p = nr_promise_retain(s->p);
+  nr_timer_t *t = nr_loop_schedule_ref(loop, lnr_ns(delay), period,
+                                       sched_fire, sched_cancelled, s);
+  if (t == NULL) {                  /* rejected: cancel_fn is not called */
+    nr_promise_release(p);
+    nr_promise_release(s->p);
+    lnr_blob_free(s->b);
+    free(s);
+    return reject(L, loop, errno == EAGAIN ? NR_EFULL : NR_EREJECTED);
+  }
+  lnr_push_scheduled(L, p, t);
+  return 1;
+}
+
+static int l_schedule(lua_State *L) {
+  double d = lnr_checkseconds(L, 2, "schedule");
+  return schedule(L, 1, d, 0);
+}
+
+static int l_fixed_rate(lua_State *L) {
+  double d = lnr_checkseconds(L, 2, "schedule_at_fixed_rate");
+  double p = lnr_checkseconds(L, 3, "schedule_at_fixed_rate");
+  if (p <= 0)
+    return luaL_error(L, "schedule_at_fixed_rate: period must be > 0");
+  return schedule(L, 2, d, (int64_t)lnr_ns(p));
+}
+
+static int l_fixed_delay(lua_State *L) {
+  double d = lnr_checkseconds(L, 2, "schedule_with_fixed_delay");
+  double p = lnr_checkseconds(L, 3, "schedule_with_fixed_delay");
+  if (p <= 0)
+    return luaL_error(L, "schedule_with_fixed_delay: delay must be > 0");
+  return schedule(L, 2, d, -(int64_t)lnr_ns(p));
+}
+
+/* ---- shutdown and state --------------------------------------------------------- */
+
+static double secs(lua_State *L, int idx) {
+  return lnr_checkseconds(L, idx, "shutdown_gracefully");
+}
+
+static int l_shutdown(lua_State *L) {
+  double quiet = luaL_opt(L, secs, 2, 2.0);
+  double timeout = luaL_opt(L, secs, 3, 15.0);
+  nr_promise_t *p;
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  if (g)
+    p = nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
+  else
+    p = nr_loop_shutdown_gracefully(lnr_check_handle(L, 1, LNR_LOOP),
+                                    lnr_ns(quiet), lnr_ns(timeout));
+  lnr_push_promise(L, nr_promise_retain(p));
+  return 1;
+}
+
+static int l_termination(lua_State *L) {
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  nr_promise_t *p = g ? nr_group_termination_future(g->g)
+                      : nr_loop_termination_future(lnr_check_handle(L, 1, LNR_LOOP));
+  lnr_push_promise(L, nr_promise_retain(p));
+  return 1;
+}
+
+#define PRED(fname, gfn, lfn)                                              \
+  static int fname(lua_State *L) {                                         \
+    lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);                       \
+    lua_pushboolean(L, g ? gfn(g->g) : lfn(lnr_check_handle(L, 1, LNR_LOOP))); \
+    return 1;                                                              \
+  }
+PRED(l_is_shutting_down, nr_group_is_shutting_down, nr_loop_is_shutting_down)
+PRED(l_is_shutdown, nr_group_is_shutdown, nr_loop_is_shutdown)
+PRED(l_is_terminated, nr_group_is_terminated, nr_loop_is_terminated)
+
+const char *const lnr_loop_state_names[] = {"not_started", "started", "shutting_down",
+                                    "shutdown", "terminated"};
+
+static void push_stats(lua_State *L, nr_loop_t *loop) {
+  nr_loop_stats_t st;
+  nr_loop_stats(loop, &st);
+  lua_createtable(L, 0, 14);
+  lua_pushstring(L, st.name);
+  lua_setfield(L, -2, "name");
+  lua_pushstring(L, lnr_loop_state_names[st.state]);
+  lua_setfield(L, -2, "state");
+#define F(field)                                                           \
+  lua_pushinteger(L, (lua_Integer)st.field);                               \
+  lua_setfield(L, -2, #field)
+  F(pending_tasks); F(scheduled_tasks); F(channels); F(tasks_run);
+  F(io_events); F(wakeups); F(selector_rebuilds); F(iterations);
+#undef F
+  lua_pushnumber(L, (double)st.io_time_ns / 1e9);
+  lua_setfield(L, -2, "io_time");
+  lua_pushnumber(L, (double)st.task_time_ns / 1e9);
+  lua_setfield(L, -2, "task_time");
+  lua_pushinteger(L, (lua_Integer)st.stalls);
+  lua_setfield(L, -2, "stalls");
+  lua_pushnumber(L, (double)st.max_busy_ns / 1e9);
+  lua_setfield(L, -2, "max_busy");
+  if (loop == lnr_main_loop())
+    lua_pushinteger(L, (lua_Integer)lua_gc(L, LUA_GCCOUNT, 0) * 1024);
+  else   /* a loop state counts its bytes on its loop; none before it starts
+            (its state may come and go meanwhile: not read from here) */
+    lua_pushinteger(L, (lua_Integer)atomic_load_explicit(
+                           nr_loop_memory(loop), memory_order_relaxed));
+  lua_setfield(L, -2, "lua_memory");
+}
+
+static int l_stats(lua_State *L) {
+  lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
+  if (g == NULL) {
+    push_stats(L, lnr_check_handle(L, 1, LNR_LOOP));
+    return 1;
+  }
+  int n = nr_group_size(g->g);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    push_stats(L, nr_group_loop(g->g, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_next(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  lnr_push_handle(L, LNR_LOOP, nr_group_next(g->g));
+  return 1;
+}
+
+static int l_loops(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  int n = nr_group_size(g->g);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lnr_push_handle(L, LNR_LOOP, nr_group_loop(g->g, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_len(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  lua_pushinteger(L, nr_group_size(g->g));
+  return 1;
+}
+
+static int l_group_tostring(lua_State *L) {
+  lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
+  lua_pushfstring(L, "netrun.group(%s, %d loops)", nr_group_name(g->g),
+                  nr_group_size(g->g));
+  return 1;
+}
+
+static int l_loop_name(lua_State *L) {
+  lua_pushstring(L, nr_loop_name(lnr_check_handle(L, 1, LNR_LOOP)));
+  return 1;
+}
+
+static int l_in_event_loop(lua_State *L) {
+  lua_pushboolean(L, nr_loop_in_thread(lnr_check_handle(L, 1, LNR_LOOP)));
+  return 1;
+}
+
+static int l_loop_group(lua_State *L) {
+  lnr_push_handle(L, LNR_GROUP,
+                  lnr_group_of_loop(lnr_check_handle(L, 1, LNR_LOOP)));
+  return 1;
+}
+
+static int l_loop_tostring(lua_State *L) {
+  nr_loop_t *l = lnr_check_handle(L, 1, LNR_LOOP);
+  lua_pushfstring(L, "netrun.loop(%s)", nr_loop_name(l));
+  return 1;
+}
+
+static int l_current(lua_State *L) {
+  nr_loop_t *l = nr_loop_current();
+  if (l == NULL || l == lnr_main_loop())
+    lua_pushnil(L);
+  else
+    lnr_push_handle(L, LNR_LOOP, l);
+  return 1;
+}
+
+/* Every live group, for core.groups() (the REPL's :loops). */
+static int l_groups(lua_State *L) {
+  lua_newtable(L);
+  pthread_mutex_lock(&lnr_live_lock);
+  int n = 0;
+  lnr_group_t *v[256];
+  for (lnr_group_t *g = lnr_live; g && n < 256; g = g->next) {
+    lnr_group_retain(g);
+    v[n++] = g;
+  }
+  pthread_mutex_unlock(&lnr_live_lock);
+  for (int i = n - 1; i >= 0; i--) {          /* oldest first */
+    lnr_push_handle(L, LNR_GROUP, v[i]);
+    lua_rawseti(L, -2, n - i);
+    lnr_group_release(v[i]);
+  }
+  return 1;
+}
+
+static void open_group(lua_State *L) {
+  static const luaL_Reg group_methods[] = {
+      {"next", l_next}, {"loops", l_loops}, {"execute", l_execute},
+      {"submit", l_submit}, {"schedule", l_schedule},
+      {"schedule_at_fixed_rate", l_fixed_rate},
+      {"schedule_with_fixed_delay", l_fixed_delay},
+      {"shutdown_gracefully", l_shutdown},
+      {"termination_future", l_termination},
+      {"is_shutting_down", l_is_shutting_down}, {"is_shutdown", l_is_shutdown},
+      {"is_terminated", l_is_terminated}, {"stats", l_stats}, {NULL, NULL}};
+  static const luaL_Reg group_meta[] = {{"__len", l_len},
+                                        {"__tostring", l_group_tostring},
+                                        {NULL, NULL}};
+  static const luaL_Reg loop_methods[] = {
+      {"execute", l_execute}, {"submit", l_submit}, {"schedule", l_schedule},
+      {"schedule_at_fixed_rate", l_fixed_rate},
+      {"schedule_with_fixed_delay", l_fixed_delay},
+      {"after_iteration", l_after_iteration},
+      {"in_event_loop", l_in_event_loop}, {"name", l_loop_name},
+      {"group", l_loop_group}, {"stats", l_stats},
+      {"shutdown_gracefully", l_shutdown},
+      {"termination_future", l_termination},
+      {"is_shutting_down", l_is_shutting_down}, {"is_shutdown", l_is_shutdown},
+      {"is_terminated", l_is_terminated}, {NULL, NULL}};
+  static const luaL_Reg loop_meta[] = {{"__tostring", l_loop_tostring},
+                                       {NULL, NULL}};
+  lnr_new_class(L, lnr_kind_names[LNR_GROUP], group_methods, group_meta);
+  lnr_handle_class(L, LNR_GROUP);
+  lnr_new_class(L, lnr_kind_names[LNR_LOOP], loop_methods, loop_meta);
+  lnr_handle_class(L, LNR_LOOP);
+  static const luaL_Reg funcs[] = {
+      {"group", l_group}, {"executor_group", l_executor_group},
+      {"current", l_current}, {"run", lnr_l_run}, {"groups", l_groups},
+      {"shutdown_all", lnr_l_shutdown_all},
+      {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+}
+
+lnr_module_t lnr_group_module = {
+    .name = "group", .open = open_group, .teardown = lnr_groups_teardown};

@@ -1,0 +1,875 @@
+/*
+ * lhttp.c -- netrun.codec.http_server: the native HTTP/1.1 server codec
+ * (runtime/codec/http_server.c) as Lua sees it. Loop thread only.
+ *
+ *   ch:pipeline():add_last("http", netrun.codec.http_server {
+ *     max_header = 8192,      -- request line + headers; more: 431 and close
+ *     max_body = 1 << 20,     -- decoded body; more: 413 and close
+ *     max_headers = 64,       -- header + trailer lines (at most 512); more:
+ *                             -- 431 and close
+ *     header_timeout = 60,    -- seconds from a head's first byte to its
+ *                             -- end: 408 and close (also the wait for a
+ *                             -- new connection's first byte: closed
+ *                             -- silently); 0 = off
+ *     body_timeout = 60,      -- seconds between two reads of a body: 408
+ *                             -- and close; 0 = off
+ *     keepalive_timeout = 75, -- seconds an idle connection waits for its
+ *                             -- next request: closed silently; 0 = off
+ *     body_budget = 64 MiB,   -- request body bytes held at once by the
+ *                             -- connections on one loop (from a body's
+ *                             -- head to its answer); past it reading
+ *                             -- waits (http_server.c); 0 = none
+ *     conn_body_budget = 16 MiB, -- the same for one connection
+ *   })
+ * The timeouts are nginx's defaults (client_header_timeout,
+ * client_body_timeout, keepalive_timeout) and time the client only: none
+ * runs while a request is being answered, however slowly.
+ *
+ * The handler after it receives one request per message, read like a table:
+ *   req.method "GET", req.path "/a", req.query "x=1" (nil without '?'),
+ *   req.target "/a?x=1" (the request-target as it came; req.path is what
+ *   to match on: an absolute-form target's path -- "GET
+ *   http://a.example/x" is "/x", its Host then a.example -- normalized:
+ *   dot segments resolved, "//" merged, %XX of an unreserved byte
+ *   decoded, other %XX in upper case; a path that climbs above the root
+ *   is refused with 400, see http_target.c's normalize_path),
+ *   req.args { x = "1" } (the query decoded: + and %XX; a repeated key
+ *   gives an array of its values, a key without '=' true),
+ *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
+ *   repeated fields joined with ", "), req.trailers { ... } (a chunked
+ *   body's trailer fields, the same way; {} when none: they are never
+ *   merged into req.headers), req.body "" , req.keep_alive true
+ * It is a userdata whose fields are made when read (see "requests to Lua"
+ * below); assignments to it are kept, pairs() walks it, and it crosses to
+ * other states as a plain table.
+ * and answers, in request order, with a table:
+ *   ctx:write { status = 200, reason = "OK" (optional),
+ *               headers = { ["content-type"] = "text/plain",
+ *                           ["set-cookie"] = { "a=1", "b=2" } },  -- repeats
+ *               body = "..." }
+ * (A table written again with the same strings is sent as the prepared
+ * response made of it, and with the same status and headers but another
+ * body, from that response's head: lhttp_memo.c.)
+ * Server, Date and Content-Length are added (a Content-Length, Server or
+ * Date the user gives replaces netrun's); "Connection: close" is added and
+ * the channel closed after the response when the request asked for it
+ * (HTTP/1.0 without keep-alive, Connection: close) or the response carries
+ * Connection: close. A HEAD request's response has its body left out.
+ *
+ * Streaming: a response with `stream = true` sends its headers (with
+ * Transfer-Encoding: chunked; its `body`, if any, is the first chunk), then
+ * every string written is one chunk, and a write of "" or false ends it:
+ *   ctx:write { status = 200, stream = true }
+ *   ctx:write "part 1"; ctx:write "part 2"; ctx:write_and_flush(false)
+ * An HTTP/1.0 client gets the body unframed and the connection closed.
+ *
+ * Errors: a response table with a bad field (status not an integer, a
+ * header name that is not a token, CR or LF in a value), a response with
+ * no request to answer, or one written while a stream is open fails the
+ * write's future and is also reported to exception_caught of the handlers
+ * after the codec; nothing is sent.
+ *
+ * A client that pipelines requests and reads no answers: while the
+ * channel is unwritable the codec reads nothing and parses no further
+ * request; it goes on once the outbound buffer has drained (http_server.c,
+ * nr_http_server_writability).
+ *
+ * Bad requests are answered by the codec itself and the channel closed
+ * once the responses still owed have gone out: 400 malformed (also: an
+ * HTTP/1.1 request without exactly one valid Host, Transfer-Encoding in
+ * HTTP/1.0 or twice, a length past 2^63 - 1, a trailer that frames, routes
+ * or authorises -- Host, Content-Length, Transfer-Encoding, ... -- see
+ * http_parse.c), 413 body over max_body, 431 header block over max_header or
+ * more than max_headers header lines, 501 a transfer coding other than
+ * chunked, 505 an HTTP major version other than 1, 503 more than 64
+ * requests unanswered at once; 408 a timeout (above). An
+ * Expect: 100-continue request whose body has not arrived yet gets
+ * "100 Continue" at once (clients that use it do not pipeline).
+ *
+ * The value netrun.codec.http_server returns is a configuration: adding it
+ * to a pipeline makes a fresh codec, so one value may serve every channel
+ * of a state. Like every native handler configuration it is plain bytes,
+ * copied when it crosses states (an upvalue of `init`, say).
+ */
+#include <assert.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lhttp_req.h"
+
+#define CLASS "netrun.codec.http_server"
+
+typedef nr_http_server_opts_t conf_t;
+
+/* ---- interned keys ---------------------------------------------------------------- */
+
+/* Field names, interned once per state, each kept by a registry
+ * reference in a state slot: pushing one is an array read, where
+ * lua_getfield with a C string pays a string-cache lookup with strcmp on
+ * every call, and a table of them one more read to push it. */
+enum { K_STATUS = LNR_RF_STATUS, K_REASON, K_BODY, K_STREAM, K_HEADERS,
+       NKEYS };                  /* in the order of LNR_RF_* (lhttp.h) */
+static const char *const key_names[NKEYS] = {
+    NULL, "status", "reason", "body", "stream", "headers"};
+
+/* Push field name k the first time (P: L's part): made, and kept in its
+ * reference. */
+static __attribute__((noinline)) void make_key(lua_State *L,
+                                               lnr_http_part_t *P, int k) {
+  lua_pushstring(L, key_names[k]);
+  lua_pushvalue(L, -1);
+  lnr_set_ref(L, &P->key_refs[k - K_STATUS]);
+}
+
+/* Push field name k (P: L's part). Inline: every response table pushes
+ * five. */
+static inline __attribute__((always_inline)) void
+push_key(lua_State *L, lnr_http_part_t *P, int k) {
+  int ref = P->key_refs[k - K_STATUS];
+  if (ref != 0)
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  else
+    make_key(L, P, k);
+}
+
+/* ---- requests to Lua ---------------------------------------------------------- */
+
+/* A request reaches Lua as a userdata holding a copy of its parsed head
+ * (offsets into one block of text) and its body as
+ * a user value. Its fields are made when they are read, so a handler that
+ * reads none pays one allocation per request, not two tables and a string
+ * per field. The headers table is made on first use and kept; fields the
+ * handler assigns are kept in a table beside it (user value 2), which
+ * reads see first. pairs() walks all of them; a request sent to another
+ * state (a submit, a shared.dict, a handler on an executor group) crosses
+ * as a plain table with the same fields. */
+const char lnr_http_req_tag = 0;
+
+bool lnr_http_is_request(lua_State *L, int idx) {
+  const req_t *q = lua_touserdata(L, idx);  /* a light one has length 0 */
+  return q != NULL && lua_rawlen(L, idx) >= sizeof *q && q->tag == &REQ_TAG;
+}
+
+uint64_t lnr_http_request_token(lua_State *L, int idx, const void *p) {
+  if (!lnr_http_is_request(L, idx))
+    return 0;
+  const req_t *q = lua_touserdata(L, idx);
+  return q->pipe == p ? q->token : 0;
+}
+
+/* The request that is argument 1 of a metamethod (one fetched with
+ * getmetatable may be called with anything). */
+static const req_t *check_req(lua_State *L) {
+  const req_t *q = lua_touserdata(L, 1);    /* a light one has length 0 */
+  if (q == NULL || lua_rawlen(L, 1) < sizeof *q || q->tag != &REQ_TAG)
+    luaL_typeerror(L, 1, REQ_CLASS);
+  return q;
+}
+
+/* The codec parses a head in place, so every field of a request without
+ * trailers lies in one block, in order, from its method to the end of its
+ * last header. That block is copied whole -- one memcpy however many
+ * headers -- and the fields kept as offsets into it. A chunked request's
+ * trailers lie past its body: its fields are copied one by one. */
+#ifndef NDEBUG
+static bool in_block(const char *base, size_t span, const char *s, size_t n) {
+  uintptr_t off = (uintptr_t)s - (uintptr_t)base;   /* huge if s < base */
+  return n == 0 || (off <= span && n <= span - off);
+}
+
+static bool all_in_block(const nr_http_request_t *r, size_t span) {
+  if (!in_block(r->method, span, r->path, r->path_len) ||
+      !in_block(r->method, span, r->query, r->query_len) ||
+      !in_block(r->method, span, r->target, r->target_len))
+    return false;
+  for (size_t i = 0; i < r->nheaders; i++)
+    if (!in_block(r->method, span, r->headers[i].name, r->headers[i].name_len) ||
+        !in_block(r->method, span, r->headers[i].value, r->headers[i].value_len))
+      return false;
+  return true;
+}
+#endif
+
+/* The length of the block holding every field, or 0 (a normalized path,
+ * a Host added, trailers past the body: copied one by one). */
+static size_t head_block(const nr_http_request_t *r) {
+  if (r->chunked || r->rewritten)
+    return 0;
+  assert(r->ntrailers == 0);
+  const char *end = r->query ? r->query + r->query_len : r->path + r->path_len;
+  if (r->nheaders > 0)
+    end = r->headers[r->nheaders - 1].value + r->headers[r->nheaders - 1].value_len;
+  size_t span = (size_t)(end - r->method);
+  assert(span <= UINT32_MAX && all_in_block(r, span));
+  return span;
+}
+
+/* Copy field s[0 .. n) to the text at q: its offset. */
+static uint32_t put_text(req_t *q, uint32_t *off, const char *s, size_t n) {
+  if (n == 0)                  /* s may be NULL then (no query) */
+    return 0;
+  uint32_t at = *off;
+  memcpy((char *)req_text(q) + at, s, n);
+  *off += (uint32_t)n;
+  return at;
+}
+
+/* The request's metatable and body, once its fields are in place. */
+static void request_done(lua_State *L, const nr_http_request_t *r) {
+  if (lnr_push_ref(L, &lnr_http_part(L)->request_mt_ref) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    luaL_getmetatable(L, REQ_CLASS);
+  }
+  lua_setmetatable(L, -2);
+  if (r->body_len) {
+    lua_pushlstring(L, r->body, r->body_len);
+    lua_setiuservalue(L, -2, 1);
+  }
+}
+
+static void push_request(lua_State *L, void *msg) {
+  const nr_http_request_t *r = msg;
+  size_t n = r->nheaders, len = head_block(r);
+  const char *base = r->method;
+  if (len > 0) {               /* the usual: one copy, fields as offsets */
+    req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
+    *q = (req_t){.tag = &REQ_TAG, .pipe = r->pipeline, .token = r->token,
+                 .method_len = (uint32_t)r->method_len,
+                 .path = (uint32_t)(r->path - base),
+                 .path_len = (uint32_t)r->path_len,
+                 .query = r->query ? (uint32_t)(r->query - base) : 0,
+                 .query_len = r->query ? (uint32_t)r->query_len : 0,
+                 .target = (uint32_t)(r->target - base),
+                 .target_len = (uint32_t)r->target_len,
+                 .nheaders = (uint16_t)n, .has_query = r->query != NULL,
+                 .keep_alive = r->keep_alive, .http11 = r->minor != 0};
+    for (size_t i = 0; i < n; i++) {
+      const nr_http_header_t *h = &r->headers[i];
+      q->h[i] = (rhdr_t){(uint32_t)(h->name - base), (uint32_t)h->name_len,
+                         (uint32_t)(h->value - base), (uint32_t)h->value_len};
+    }
+    memcpy((char *)req_text(q), base, len);
+    request_done(L, r);
+    return;
+  }
+  n += r->ntrailers;          /* they follow the headers in r->headers */
+  len = r->method_len + r->path_len + (r->query ? r->query_len : 0) +
+        r->target_len;
+  for (size_t i = 0; i < n; i++)
+    len += r->headers[i].name_len + r->headers[i].value_len;
+  req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
+  uint32_t off = 0;
+  q->tag = &REQ_TAG;
+  q->pipe = r->pipeline;
+  q->token = r->token;
+  q->nheaders = (uint16_t)r->nheaders;
+  q->ntrailers = (uint16_t)r->ntrailers;
+  q->method_len = (uint32_t)r->method_len;
+  put_text(q, &off, r->method, r->method_len);
+  q->path_len = (uint32_t)r->path_len;
+  q->path = put_text(q, &off, r->path, r->path_len);
+  q->has_query = r->query != NULL;
+  q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
+  q->query = put_text(q, &off, r->query, q->query_len);
+  q->target_len = (uint32_t)r->target_len;
+  q->target = put_text(q, &off, r->target, r->target_len);
+  q->keep_alive = r->keep_alive;
+  q->http11 = r->minor != 0;
+  for (size_t i = 0; i < n; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    q->h[i].name_len = (uint32_t)h->name_len;
+    q->h[i].name = put_text(q, &off, h->name, h->name_len);
+    q->h[i].value_len = (uint32_t)h->value_len;
+    q->h[i].value = put_text(q, &off, h->value, h->value_len);
+  }
+  request_done(L, r);
+}
+
+static int lower(int c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+static bool same_name(const req_t *q, const rhdr_t *a, const rhdr_t *b) {
+  if (a->name_len != b->name_len)
+    return false;
+  const char *x = req_text(q) + a->name, *y = req_text(q) + b->name;
+  for (size_t i = 0; i < a->name_len; i++)
+    if (lower(x[i]) != lower(y[i]))  /* names are tokens: ASCII only */
+      return false;
+  return true;
+}
+
+static void push_lower(lua_State *L, const char *s, size_t n) {
+  char small[128];
+  char *b = n <= sizeof small ? small : malloc(n);
+  if (b == NULL)
+    luaL_error(L, "out of memory");
+  for (size_t i = 0; i < n; i++)
+    b[i] = (char)lower(s[i]);
+  lua_pushlstring(L, b, n);
+  if (b != small)
+    free(b);
+}
+
+/* headers = { name = value } from the fields q->h[from .. from + n):
+ * lowercased, repeats joined with ", ". */
+static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
+  const char *text = req_text(q);
+  lua_createtable(L, 0, (int)n);
+  for (size_t i = from; i < from + n; i++) {
+    const rhdr_t *h = &q->h[i];
+    bool seen = false, repeated = false;   /* before i, after i */
+    for (size_t j = from; j < from + n && !seen; j++)
+      if (j != i && same_name(q, h, &q->h[j]))
+        *(j < i ? &seen : &repeated) = true;
+    if (seen)
+      continue;              /* joined when its first occurrence was */
+    push_lower(L, text + h->name, h->name_len);
+    if (!repeated) {
+      lua_pushlstring(L, text + h->value, h->value_len);
+    } else {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      luaL_addlstring(&b, text + h->value, h->value_len);
+      for (size_t j = i + 1; j < from + n; j++)
+        if (same_name(q, h, &q->h[j])) {
+          luaL_addlstring(&b, ", ", 2);
+          luaL_addlstring(&b, text + q->h[j].value, q->h[j].value_len);
+        }
+      luaL_pushresult(&b);
+    }
+    lua_rawset(L, -3);
+  }
+}
+
+enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, NFIELDS };
+static const char *const field_names[NFIELDS] = {
+    NULL, "method", "path", "query", "version", "headers", "body",
+    "keep_alive", "trailers", "args", "target"};
+
+/* ---- query arguments ---------------------------------------------------------- */
+
+static int hexval(int c) {
+  return c >= '0' && c <= '9' ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Push s[0..n) decoded as a form or query component: + is a space, %XX a
+ * byte; a % not followed by two hex digits stays as it is. */
+static void push_unescaped(lua_State *L, const char *s, size_t n) {
+  luaL_Buffer b;
+  char *out = luaL_buffinitsize(L, &b, n);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    int hi, lo;
+    if (s[i] == '+') {
+      out[m++] = ' ';
+    } else if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 &&
+               (lo = hexval(s[i + 2])) >= 0) {
+      out[m++] = (char)(hi << 4 | lo);
+      i += 2;
+    } else {
+      out[m++] = s[i];
+    }
+  }
+  luaL_pushresultsize(&b, m);
+}
+
+/* netrun.http.unescape(s) */
+static int l_unescape(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  push_unescaped(L, s, n);
+  return 1;
+}
+
+/* Add key = value (on top) to the args table at t: a second value for a
+ * key makes an array of them, in order. */
+static void add_arg(lua_State *L, int t) {
+  lua_pushvalue(L, -2);
+  int old = lua_rawget(L, t);                  /* key value old */
+  if (old == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_rawset(L, t);
+    return;
+  }
+  if (old != LUA_TTABLE) {
+    lua_createtable(L, 2, 0);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);                     /* key value {old} */
+    lua_pushvalue(L, -3);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, t);
+  }
+  lua_insert(L, -2);                           /* key list value */
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 2);
+}
+
+/* The decoded query: { key = value | { values... } | true }. */
+static void push_args(lua_State *L, const char *q, size_t n) {
+  lua_newtable(L);
+  int t = lua_gettop(L);
+  const char *end = q + n;
+  while (q < end) {
+    const char *amp = memchr(q, '&', (size_t)(end - q));
+    const char *stop = amp ? amp : end;
+    const char *eq = memchr(q, '=', (size_t)(stop - q));
+    if (stop > q && eq != q) {                 /* skip "" and "=v" */
+      push_unescaped(L, q, (size_t)((eq ? eq : stop) - q));
+      if (eq)
+        push_unescaped(L, eq + 1, (size_t)(stop - eq - 1));
+      else
+        lua_pushboolean(L, 1);
+      add_arg(L, t);
+    }
+    q = stop + 1;
+  }
+}
+
+static int field_of(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TSTRING)
+    return F_NONE;
+  size_t n;
+  const char *k = lua_tolstring(L, idx, &n);
+  for (int f = F_METHOD; f < NFIELDS; f++)
+    if (strlen(field_names[f]) == n && memcmp(field_names[f], k, n) == 0)
+      return f;
+  return F_NONE;
+}
+
+/* Push field f of the request at ud as it arrived. */
+static void push_field(lua_State *L, int ud, int f) {
+  const req_t *q = lua_touserdata(L, ud);
+  const char *text = req_text(q);
+  switch (f) {
+  case F_METHOD: lua_pushlstring(L, text, q->method_len); break;
+  case F_PATH: lua_pushlstring(L, text + q->path, q->path_len); break;
+  case F_TARGET: lua_pushlstring(L, text + q->target, q->target_len); break;
+  case F_QUERY:
+    if (q->has_query)
+      lua_pushlstring(L, text + q->query, q->query_len);
+    else
+      lua_pushnil(L);
+    break;
+  case F_VERSION: lua_pushstring(L, q->http11 ? "HTTP/1.1" : "HTTP/1.0"); break;
+  case F_BODY:
+    if (lua_getiuservalue(L, ud, 1) != LUA_TSTRING) {
+      lua_pop(L, 1);
+      lua_pushliteral(L, "");
+    }
+    break;
+  case F_KEEP_ALIVE: lua_pushboolean(L, q->keep_alive); break;
+  case F_ARGS:               /* made once, kept, like the headers */
+    req_fields(L, ud, true);
+    push_args(L, text + q->query, q->has_query ? q->query_len : 0);
+    lua_pushstring(L, "args");
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+    lua_remove(L, -2);
+    break;
+  case F_HEADERS:            /* made once, kept: changes to it stay */
+  case F_TRAILERS:
+    req_fields(L, ud, true);
+    if (f == F_HEADERS)
+      push_fields(L, q, 0, q->nheaders);
+    else
+      push_fields(L, q, q->nheaders, q->ntrailers);
+    lua_pushstring(L, field_names[f]);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+    lua_remove(L, -2);
+    break;
+  default: lua_pushnil(L);
+  }
+}
+
+static int req_index(lua_State *L) {
+  check_req(L);
+  if (req_fields(L, 1, false)) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, -2) != LUA_TNIL)
+      return 1;
+    lua_pop(L, 2);
+  }
+  push_field(L, 1, field_of(L, 2));
+  return 1;
+}
+
+static int req_newindex(lua_State *L) {
+  check_req(L);
+  req_fields(L, 1, true);
+  lua_insert(L, 2);
+  lua_rawset(L, 2);
+  return 0;
+}
+
+/* All fields in the fields table, which is left pushed. */
+static void req_materialize(lua_State *L, int ud) {
+  req_fields(L, ud, true);
+  for (int f = F_METHOD; f < NFIELDS; f++) {
+    if (lua_getfield(L, -1, field_names[f]) == LUA_TNIL) {
+      push_field(L, ud, f);
+      lua_setfield(L, -3, field_names[f]);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+static int req_pairs(lua_State *L) {
+  check_req(L);
+  lua_pushvalue(L, lua_upvalueindex(1));   /* the base library's next */
+  req_materialize(L, 1);
+  lua_pushnil(L);
+  return 3;
+}
+
+/* What crosses to another state: a plain table, a copy of the fields. */
+static int req_copy(lua_State *L) {
+  check_req(L);
+  req_materialize(L, 1);
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+  }
+  return 1;
+}
+
+static int req_tostring(lua_State *L) {
+  const req_t *q = check_req(L);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, REQ_CLASS ": ");
+  luaL_addlstring(&b, req_text(q), q->method_len);
+  luaL_addchar(&b, ' ');
+  luaL_addlstring(&b, req_text(q) + q->path, q->path_len > 200 ? 200 : q->path_len);
+  luaL_pushresult(&b);
+  return 1;
+}
+
+static void open_request_class(lua_State *L) {
+  if (luaL_newmetatable(L, REQ_CLASS)) {
+    static const luaL_Reg m[] = {
+        {"__index", req_index}, {"__newindex", req_newindex},
+        {"__netrun_copy", req_copy}, {"__tostring", req_tostring},
+        {NULL, NULL}};
+    luaL_setfuncs(L, m, 0);
+    lua_getglobal(L, "next");       /* kept: a script may replace the global */
+    lua_pushcclosure(L, req_pairs, 1);
+    lua_setfield(L, -2, "__pairs");
+    lua_pushvalue(L, -1);
+    lnr_set_ref(L, &lnr_http_part(L)->request_mt_ref);
+  }
+  lua_pop(L, 1);
+}
+
+/* ---- responses from Lua -------------------------------------------------------- */
+
+/* Conversion errors: the message is kept for lwrite, which reports it. */
+static _Thread_local char bad_msg[256];
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(bad_msg, sizeof bad_msg, fmt, ap);
+  va_end(ap);
+  return -EINVAL;
+}
+
+/* Push the fields of the response table at idx, raw (a metamethod of the
+ * user's runs no code here), in key order: t[k] gets each one's type.
+ * Keyed reads, cheaper than a lua_next walk (measured): once the keys
+ * are in their slots (all five are made on the first read), a registry
+ * read and a raw get each, unrolled. */
+static void read_fields(lua_State *L, int idx, lnr_http_part_t *P,
+                        int t[LNR_RF_N]) {
+  if (P->key_refs[K_HEADERS - K_STATUS] == 0) {
+    for (int k = K_STATUS; k < NKEYS; k++) {
+      push_key(L, P, k);
+      t[k] = lua_rawget(L, idx);
+    }
+    return;
+  }
+  const int *ref = P->key_refs - K_STATUS;
+#define FIELD(k) (lua_rawgeti(L, LUA_REGISTRYINDEX, ref[k]), \
+                  t[k] = lua_rawget(L, idx))
+  FIELD(K_STATUS);
+  FIELD(K_REASON);
+  FIELD(K_BODY);
+  FIELD(K_STREAM);
+  FIELD(K_HEADERS);
+#undef FIELD
+}
+
+/* Fill r from the fields read_fields left at base (types t; values left
+ * on the stack). */
+static int to_response(lua_State *L, int base, const int *t,
+                       nr_http_response_t *r, lnr_hdrs_t *h) {
+  if (lua_isinteger(L, base + K_STATUS))
+    r->status = (int)lua_tointeger(L, base + K_STATUS);
+  else if (t[K_STATUS] != LUA_TNIL)
+    return bad("http response: status must be an integer, got a %s",
+               lua_typename(L, t[K_STATUS]));
+  if (t[K_REASON] == LUA_TSTRING)
+    r->reason = lua_tostring(L, base + K_REASON);
+  if (t[K_BODY] == LUA_TSTRING || t[K_BODY] == LUA_TNUMBER)
+    r->body = lua_tolstring(L, base + K_BODY, &r->body_len);  /* converts
+                                        the copy, which stays on the stack */
+  else if (t[K_BODY] != LUA_TNIL)
+    return bad("http response: body must be a string, got a %s",
+               lua_typename(L, t[K_BODY]));
+  if (t[K_STREAM] != LUA_TNIL)
+    r->stream = lua_toboolean(L, base + K_STREAM);
+  if (t[K_HEADERS] == LUA_TTABLE) {
+    char err[sizeof bad_msg - 16];
+    int rc = lnr_collect_headers(L, base + K_HEADERS, h, err, sizeof err);
+    if (rc == -ENOMEM)
+      return nr_raise(rc, "http response: %s", err);
+    if (rc)
+      return bad("http response: %s", err);
+    r->headers = h->v;
+    r->nheaders = h->n;
+  } else if (t[K_HEADERS] != LUA_TNIL) {
+    return bad("http response: headers must be a table, got a %s",
+               lua_typename(L, t[K_HEADERS]));
+  }
+  return 0;
+}
+
+/* ---- prepared responses ---------------------------------------------------------- */
+
+/* netrun.codec.http_response { status, reason, headers, body }: a response
+ * whose table is read, checked and encoded once (nr_http_prepare); writing
+ * it copies its bytes, adding Date and Connection as the request needs and
+ * leaving the body out for HEAD. It is plain bytes, so it crosses states
+ * like a handler configuration. It is a native message (lnr.h): written,
+ * it goes to the pipeline as the prepared response itself. */
+#define RESP_CLASS "netrun.codec.http_response"
+
+static const nr_http_prepared_t *to_prepared(lua_State *L, int idx) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, idx);
+  return pr && pr->type == NR_MSG_HTTP_PREPARED ? pr : NULL;
+}
+
+static size_t prepared_size(const nr_http_prepared_t *pr) {
+  return sizeof *pr + pr->head_len + 2 + pr->body_len;
+}
+
+/* A prepared response that a Lua handler is to see (an outbound handler
+ * between the writer and the codec): a copy. */
+static void push_prepared(lua_State *L, void *msg) {
+  const nr_http_prepared_t *pr = msg;
+  lnr_native_t *h = lua_newuserdatauv(L, sizeof *h + prepared_size(pr), 0);
+  h->tag = &lnr_native_tag;
+  h->pad = NULL;
+  memcpy(h + 1, pr, prepared_size(pr));
+  luaL_setmetatable(L, RESP_CLASS);
+}
+
+static const nr_handler_t *not_a_handler(lua_State *L, int idx, void **state) {
+  (void)idx;
+  (void)state;
+  luaL_error(L, RESP_CLASS ": a response to write, not a handler");
+  return NULL;
+}
+
+static int l_http_response(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
+                          .body = ""};
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
+  int t[LNR_RF_N], base = lua_gettop(L);
+  read_fields(L, 1, h.P, t);
+  int rc = to_response(L, base, t, &r, &h);
+  if (rc == 0 && r.stream)
+    rc = bad("http response: a prepared response cannot be streamed");
+  if (rc == 0 && (r.status < 100 || r.status > 999))
+    rc = bad("http response: status %d is not in 100..999", r.status);
+  if (rc == 0 && r.body_len > UINT32_MAX / 2)
+    rc = bad("http response: a prepared body is limited to 2 GiB");
+  if (rc != 0) {
+    lnr_hdrs_free(&h);
+    return luaL_error(L, RESP_CLASS ": %s",
+                      rc == -EINVAL ? bad_msg : "out of memory");
+  }
+  size_t n = nr_http_prepared_size(&r);
+  lnr_native_t *pr = lua_newuserdatauv(L, sizeof *pr + n, 0);
+  pr->tag = &lnr_native_tag;
+  pr->pad = NULL;
+  nr_http_prepare(&r, (nr_http_prepared_t *)(pr + 1));
+  lnr_hdrs_free(&h);
+  luaL_setmetatable(L, RESP_CLASS);
+  return 1;
+}
+
+static int resp_tostring(lua_State *L) {
+  const nr_http_prepared_t *pr = to_prepared(L, 1);
+  lua_pushfstring(L, RESP_CLASS " (%d, %d bytes of body)",
+                  pr ? pr->status : 0, pr ? (int)pr->body_len : 0);
+  return 1;
+}
+
+/* The codec's write behind a Lua front: response tables are converted,
+ * false ends a stream, everything else goes to the core as it is. */
+static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  if (nr_msg_type(msg) != NR_MSG_LUA)
+    return nr_http_server_write(ctx, msg, p);
+  const lnr_lmsg_t *m = msg;
+  lua_State *L = m->L;
+  int type = lua_type(L, m->idx);
+  if (type == LUA_TBOOLEAN && !lua_toboolean(L, m->idx)) {
+    nr_bytes_t end = NR_BYTES("", 0);
+    return nr_http_server_write(ctx, &end, p);
+  }
+  if (type != LUA_TTABLE)
+    return nr_http_server_write(ctx, msg, p);
+  int top = lua_gettop(L);
+  if (!lua_checkstack(L, 20))      /* the fields' 5, collect_headers' 5 */
+    return nr_raise(-ENOMEM, "http response: Lua stack overflow");
+  lnr_http_part_t *P = lnr_http_part(L);
+  int t[LNR_RF_N];
+  read_fields(L, m->idx, P, t);
+  const nr_http_prepared_t *pr;
+  if (P->memo != NULL && (pr = lnr_http_memo_hit(L, P->memo, top, t)) != NULL) {
+    int rc = nr_http_server_write(ctx, (void *)pr, p);
+    lua_settop(L, top);
+    return rc;
+  }
+  nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
+  lnr_hdrs_t h;
+  lnr_hdrs_start(&h, P);
+  int rc = to_response(L, top, t, &r, &h);
+  if (rc == -EINVAL) {
+    char msg[sizeof bad_msg];
+    memcpy(msg, bad_msg, sizeof msg);
+    nr_err_t err = {rc, msg};
+    if (p != NULL)           /* without one, the pipeline reports the error */
+      nr_ctx_fire_exception(ctx, &err);
+    rc = nr_raise(rc, "%s", msg);
+  } else if (rc == 0) {
+    lnr_http_memo_note(L, P, top, t, &r);
+    rc = nr_http_server_write(ctx, &r, p);
+  }
+  lnr_hdrs_free(&h);
+  lua_settop(L, top);
+  return rc;
+}
+
+static const nr_handler_t lua_http_vt = {
+    .type = "http_server", .added = nr_http_server_added,
+    .removed = nr_http_server_removed, .active = nr_http_server_active,
+    .inactive = nr_http_server_inactive,
+    .channel_read = nr_http_server_channel_read,
+    .read_failed = nr_http_server_read_failed,
+    .writability_changed = nr_http_server_writability,
+    .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
+
+/* ---- the constructor ------------------------------------------------------------ */
+
+static const nr_handler_t *make(lua_State *L, int idx, void **state) {
+  conf_t *c = luaL_checkudata(L, idx, CLASS);
+  nr_http_server_t *s = nr_http_server_new(c);
+  if (s == NULL)
+    luaL_error(L, "netrun.codec.http_server: out of memory");
+  *state = s;
+  return &lua_http_vt;
+}
+
+/* Size options: lnr_codec_int, as for the other codecs. */
+static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
+                       lua_Integer min, lua_Integer max) {
+  return (size_t)lnr_codec_int(L, "http_server", k, d, min, max);
+}
+
+/* A timeout in seconds (0: off) as ns; d when absent. */
+static uint64_t opt_seconds(lua_State *L, const char *k, uint64_t d) {
+  if (lua_isnoneornil(L, 1))
+    return d;
+  lua_getfield(L, 1, k);
+  uint64_t v = d;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      luaL_error(L, "netrun.codec.http_server: %s must be a number of "
+                 "seconds, got a %s", k, luaL_typename(L, -1));
+    lua_Number sec = lua_tonumber(L, -1);
+    if (!(sec >= 0 && sec <= 1e9))     /* NaN fails too */
+      luaL_error(L, "netrun.codec.http_server: %s must be 0 (off) or a "
+                 "positive number of seconds, got %f", k, (double)sec);
+    v = (uint64_t)(sec * 1e9);
+    if (sec > 0 && v == 0)
+      v = 1;
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+static int l_http_server(lua_State *L) {
+  if (!lua_isnoneornil(L, 1))
+    luaL_checktype(L, 1, LUA_TTABLE);
+  conf_t o;
+  o.max_header = opt_size(L, "max_header", 8192, 64, 1 << 30);
+  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
+  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1,
+                           NR_HTTP_MAX_HEADERS);
+  o.header_timeout = opt_seconds(L, "header_timeout", NR_HTTP_HEADER_TIMEOUT);
+  o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
+  o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",
+                                    NR_HTTP_KEEPALIVE_TIMEOUT);
+  o.body_budget = (uint64_t)lnr_codec_int(L, "http_server", "body_budget",
+                                          64 << 20, 0, (lua_Integer)1 << 50);
+  o.conn_body_budget = (uint64_t)lnr_codec_int(L, "http_server", "conn_body_budget",
+                                               16 << 20, 0, (lua_Integer)1 << 50);
+  conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
+  *c = o;
+  luaL_setmetatable(L, CLASS);
+  return 1;
+}
+
+static int l_tostring(lua_State *L) {
+  conf_t *c = luaL_checkudata(L, 1, CLASS);
+  char b[256];
+  snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
+           "body_budget = %llu, conn_body_budget = %llu, "
+           "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
+           "keepalive_timeout = %g }", c->max_header, c->max_body,
+           (unsigned long long)c->body_budget,
+           (unsigned long long)c->conn_body_budget, c->max_headers,
+           (double)c->header_timeout / 1e9, (double)c->body_timeout / 1e9,
+           (double)c->keepalive_timeout / 1e9);
+  lua_pushstring(L, b);
+  return 1;
+}
+
+static void register_converter(void) {
+  lnr_register_msg(NR_MSG_HTTP_REQUEST, push_request);
+  lnr_register_msg(NR_MSG_HTTP_PREPARED, push_prepared);
+}
+
+static void open_http(lua_State *L) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, register_converter);   /* every state opens this */
+  open_request_class(L);
+  lnr_native_class(L, RESP_CLASS, not_a_handler, resp_tostring);
+  lnr_native_class(L, CLASS, make, l_tostring);
+  luaL_getsubtable(L, -1, "codec");
+  lua_pushcfunction(L, l_http_server);
+  lua_setfield(L, -2, "http_server");
+  lua_pushcfunction(L, l_http_response);
+  lua_setfield(L, -2, "http_response");
+  lua_pop(L, 1);
+  lua_newtable(L);                             /* core.http */
+  lua_pushcfunction(L, l_unescape);
+  lua_setfield(L, -2, "unescape");
+  lua_setfield(L, -2, "http");
+}
+
+lnr_module_t lnr_http_module = {
+    .name = "http", .open = open_http, .part_size = sizeof(lnr_http_part_t)};

@@ -1,0 +1,671 @@
+/*
+ * lhttp_client.c -- netrun.codec.http_client: the native HTTP/1.1 client
+ * codec (runtime/codec/http_client.c) as Lua sees it. Loop thread only.
+ *
+ *   ch:pipeline():add_last("http", netrun.codec.http_client {
+ *     max_header = 16384,     -- status line + headers; more: an error
+ *     max_body = 1 << 20,     -- decoded body; more: an error
+ *     max_headers = 100,      -- header + trailer lines (at most 512)
+ *     raw = false,            -- true: responses as prepared responses
+ *   })
+ *
+ * Written to it, a request table is encoded (other values pass on):
+ *   ctx:write { method = "GET", path = "/a?x=1",
+ *               headers = { host = "a.example", ["x-a"] = { "1", "2" } },
+ *               body = "..." }
+ * method defaults to GET and path to "/"; Host is the writer's to give.
+ * A table with forward = <a request of netrun.codec.http_server> instead
+ * sends that request on (netrun.http's forward option): its method,
+ * target, body and end-to-end fields, from the bytes the server codec
+ * kept (or the fields its handler assigned), with the table's headers
+ * added in place of fields of their names and the table's host as Host
+ * when the request has none; hop-by-hop fields, Content-Length and Expect
+ * stay behind.
+ * netrun.http's pool (lhttp_pool.c) writes its requests in C, from the
+ * same fields kept as a userdata's uservalues (lnr_http_write_call).
+ * Content-Length is added for a body (and for an empty POST, PUT or
+ * PATCH) unless the headers frame it. A bad field (a method or header
+ * name that is not a token, a control byte or space in the path, CR or
+ * LF in a value) fails the write with a message naming it.
+ *
+ * The handler after it receives each whole response as a table:
+ *   { status = 200, reason = "OK", version = "HTTP/1.1",
+ *     headers = { ["content-type"] = "..." },   -- names lowercased,
+ *                                               -- repeats joined by ", ",
+ *                                               -- but a repeated Set-Cookie
+ *                                               -- is an array of its values
+ *     trailers = { ... } (only when a chunked body had some),
+ *     body = "...", keep_alive = true }
+ * keep_alive says whether the connection may carry another request.
+ * With raw = true (a proxy's mode) it is instead a
+ * netrun.http.raw_response: the response encoded once in C, without its
+ * hop-by-hop fields (RFC 9110 7.6.1) and framing (Content-Length,
+ * Transfer-Encoding), ready for a server codec's ctx:write, which frames
+ * it for its own client (the answer to a HEAD keeps its Content-Length:
+ * the size a GET would get, which the server codec then sends as given); res.status, res.keep_alive (true) and
+ * res.response (itself) read from it, and no headers or body table is
+ * built. A response after which the connection closes comes as
+ *   { status = 200, keep_alive = false, response = <raw_response> }
+ * (and one that cannot be prepared, a body over 2 GiB, as the table above).
+ * A response it cannot read (malformed, over a limit, cut short by the
+ * close) reaches exception_caught as "http_client: <kind>: <cause>" and
+ * the channel is closed.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "codec/http_client.h"
+#include "lhttp.h"
+
+#define CLASS "netrun.codec.http_client"
+
+/* ---- responses to Lua ----------------------------------------------------------- */
+
+/* Push a header name lowercased (most arrive so: then no copy). */
+static void push_lower(lua_State *L, const char *s, size_t n) {
+  char buf[256];
+  size_t i = 0;
+  while (i < n && !(s[i] >= 'A' && s[i] <= 'Z'))
+    i++;
+  if (i == n || n > sizeof buf) {
+    lua_pushlstring(L, s, n);
+    if (i < n) {               /* long and mixed-case: rare */
+      lua_getglobal(L, "string");
+      lua_getfield(L, -1, "lower");
+      lua_pushvalue(L, -3);
+      lua_call(L, 1, 1);
+      lua_replace(L, -3);
+      lua_pop(L, 1);
+    }
+    return;
+  }
+  for (size_t k = 0; k < n; k++)
+    buf[k] = s[k] >= 'A' && s[k] <= 'Z' ? s[k] + 32 : s[k];
+  lua_pushlstring(L, buf, n);
+}
+
+/* A repeated field's value (the first at -1, the name at -2, the table at
+ * -3) with h's joined: by ", " (RFC 9110 5.3), except Set-Cookie, whose
+ * values may hold commas (an Expires date) and are never combined (RFC
+ * 6265 3): an array of them, in their order, as lua-resty-http gives. */
+static void push_repeat(lua_State *L, const nr_http_header_t *h) {
+  if (h->name_len == 10 && strncasecmp(h->name, "set-cookie", 10) == 0) {
+    if (lua_type(L, -1) == LUA_TSTRING) {     /* the second: an array now */
+      lua_createtable(L, 2, 0);
+      lua_insert(L, -2);
+      lua_rawseti(L, -2, 1);
+    }
+    lua_pushlstring(L, h->value, h->value_len);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    return;
+  }
+  lua_pushliteral(L, ", ");
+  lua_pushlstring(L, h->value, h->value_len);
+  lua_concat(L, 3);
+}
+
+/* A table of the fields h[0 .. n), repeats joined (push_repeat). */
+static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
+  lua_createtable(L, 0, (int)n);
+  for (size_t i = 0; i < n; i++) {
+    push_lower(L, h[i].name, h[i].name_len);
+    lua_pushvalue(L, -1);
+    if (lua_rawget(L, -3) != LUA_TNIL) {
+      push_repeat(L, &h[i]);
+    } else {
+      lua_pop(L, 1);
+      lua_pushlstring(L, h[i].value, h[i].value_len);
+    }
+    lua_rawset(L, -3);
+  }
+}
+
+/* Hop-by-hop fields and the framing, which the codec writing the
+ * message gives its own hop. Told apart by length first: most fields of
+ * a message are none of them, and one compare then settles it. */
+static bool hop_by_hop(const char *n, size_t len) {
+#define IS(lit) (strncasecmp(n, lit, len) == 0)
+  switch (len) {
+  case 2: return IS("te");
+  case 7: return IS("trailer") || IS("upgrade");
+  case 10: return IS("connection") || IS("keep-alive");
+  case 14: return IS("content-length");
+  case 16: return IS("proxy-connection");
+  case 17: return IS("transfer-encoding");
+  case 18: return IS("proxy-authenticate");
+  case 19: return IS("proxy-authorization");
+  default: return false;
+  }
+#undef IS
+}
+
+/* The raw form: a netrun.http.raw_response, which is a prepared response
+ * (written, it goes to the pipeline as one: lnr.h's native messages) of
+ * r's status, end-to-end headers and body, whose status and keep_alive may
+ * be read (and response: itself, as the table form has one). It is made
+ * only for a response after which the connection stays open (keep_alive
+ * is true); false when r cannot be one (the caller then pushes the table
+ * form). The parser took only token names and values without control
+ * bytes, so the fields are prepared as they are. */
+#define RAW_CLASS "netrun.http.raw_response"
+
+static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
+  if (r->body_len > UINT32_MAX / 2 || r->status < 100 || r->status > 999 ||
+      !r->keep_alive)
+    return false;
+  nr_http_header_t small[32], *kept = small;
+  if (r->nheaders > sizeof small / sizeof small[0] &&
+      (kept = malloc(r->nheaders * sizeof *kept)) == NULL)
+    return false;
+  size_t n = 0;
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *h = &r->headers[i];
+    if (!hop_by_hop(h->name, h->name_len) || (r->head && h->name_len == 14 &&
+                                              strncasecmp(h->name, "content-length", 14) == 0))
+      kept[n++] = *h;
+  }
+  nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE, .status = r->status,
+                            .headers = kept, .nheaders = n, .body = r->body,
+                            .body_len = r->body_len};
+  size_t size = nr_http_prepared_size(&res);
+  lnr_native_t *ud = lua_newuserdatauv(L, sizeof *ud + size, 0);
+  ud->tag = &lnr_native_tag;
+  ud->pad = NULL;
+  nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
+  lnr_http_part_t *P = lnr_http_part(L);
+  if (lnr_push_ref(L, &P->raw_mt_ref) != LUA_TTABLE) {   /* one per */
+    lua_pop(L, 1);                                      /* response */
+    luaL_getmetatable(L, RAW_CLASS);
+    lua_pushvalue(L, -1);
+    lnr_set_ref(L, &P->raw_mt_ref);
+  }
+  lua_setmetatable(L, -2);
+  if (kept != small)
+    free(kept);
+  return true;
+}
+
+/* A raw response after which the connection closes, as the table
+ * { status, keep_alive = false, response }; false when it cannot be
+ * prepared (the caller then pushes the table form). */
+static bool push_raw_closing(lua_State *L, const nr_http_reply_t *r) {
+  nr_http_reply_t open = *r;
+  open.keep_alive = true;      /* (push_raw makes none for a closing one) */
+  if (!push_raw(L, &open))
+    return false;
+  lua_createtable(L, 0, 3);
+  lua_insert(L, -2);
+  lua_setfield(L, -2, "response");
+  lua_pushinteger(L, r->status);
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "keep_alive");
+  return true;
+}
+
+static int raw_index(lua_State *L) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, 1);
+  size_t n = 0;
+  const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : "";
+  if (pr == NULL)
+    return luaL_typeerror(L, 1, RAW_CLASS);
+  if (n == 6 && memcmp(k, "status", 6) == 0)
+    lua_pushinteger(L, pr->status);
+  else if (n == 10 && memcmp(k, "keep_alive", 10) == 0)
+    lua_pushboolean(L, 1);
+  else if (n == 8 && memcmp(k, "response", 8) == 0)
+    lua_settop(L, 1);
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+static int raw_tostring(lua_State *L) {
+  const nr_http_prepared_t *pr = lnr_to_native(L, 1);
+  lua_pushfstring(L, RAW_CLASS " (%d, %d bytes of body)", pr ? pr->status : 0,
+                  pr ? (int)pr->body_len : 0);
+  return 1;
+}
+
+static const nr_handler_t *raw_not_a_handler(lua_State *L, int idx,
+                                             void **state) {
+  (void)idx;
+  (void)state;
+  luaL_error(L, RAW_CLASS ": a response to write, not a handler");
+  return NULL;
+}
+
+static void push_reply(lua_State *L, void *msg) {
+  const nr_http_reply_t *r = msg;
+  luaL_checkstack(L, 8, "http_client");
+  if (r->raw && (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
+    return;
+  lua_createtable(L, 0, 7);
+  lua_pushinteger(L, r->status);
+  lua_setfield(L, -2, "status");
+  lua_pushlstring(L, r->reason, r->reason_len);
+  lua_setfield(L, -2, "reason");
+  lua_pushstring(L, r->minor == 0 ? "HTTP/1.0" : "HTTP/1.1");
+  lua_setfield(L, -2, "version");
+  push_fields(L, r->headers, r->nheaders);
+  lua_setfield(L, -2, "headers");
+  if (r->ntrailers > 0) {
+    push_fields(L, r->trailers, r->ntrailers);
+    lua_setfield(L, -2, "trailers");
+  }
+  lua_pushlstring(L, r->body, r->body_len);
+  lua_setfield(L, -2, "body");
+  lua_pushboolean(L, r->keep_alive);
+  lua_setfield(L, -2, "keep_alive");
+}
+
+/* ---- requests from Lua ------------------------------------------------------------ */
+
+static bool good_target(const char *s, size_t n) {
+  if (n == 0)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] <= 0x20 || s[i] == 0x7f)
+      return false;
+  return true;
+}
+
+/* ---- forwarding a server request ------------------------------------------- */
+
+/* What a forwarded request may carry as its target: origin-form (a path,
+ * maybe a query) or "*". Never absolute-form: the backend would take the
+ * target's host over the Host sent beside it (RFC 9112 3.2.2), and serve
+ * another host's path than the one a rule looked at -- the server codec
+ * turns a client's absolute-form into origin-form, and a handler that
+ * sets req.path = "http://..." is refused here. */
+static bool origin_form(const char *s, size_t n) {
+  return n > 0 && (s[0] == '/' || (n == 1 && s[0] == '*'));
+}
+
+/* Fields a forwarded request leaves behind besides the hop-by-hop ones:
+ * the server codec answered its Expect already. */
+static bool not_forwarded(const char *n, size_t len) {
+  return hop_by_hop(n, len) || (len == 6 && strncasecmp(n, "expect", 6) == 0);
+}
+
+/* Is name among h->v[0 .. n) (the fields the writer gave)? */
+static bool given(const lnr_hdrs_t *h, size_t n, const char *name, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (h->v[i].name_len == len && strncasecmp(h->v[i].name, name, len) == 0)
+      return true;
+  return false;
+}
+
+/* A forwarded field, unless hop-by-hop or given by the writer; *host is
+ * set when it is Host. */
+static int forward_field(lnr_hdrs_t *h, size_t ngiven, const char *name,
+                         size_t nl, const char *val, size_t vl, bool *host,
+                         char *err, size_t el) {
+  if (not_forwarded(name, nl) || given(h, ngiven, name, nl))
+    return 0;
+  *host = *host || (nl == 4 && strncasecmp(name, "host", 4) == 0);
+  return lnr_hdrs_add(h, name, nl, val, vl, err, el);
+}
+
+/* The fields of the headers table at t (the handler read or set them):
+ * each value a string, or an array of them. */
+static int forward_table(lua_State *L, int t, lnr_hdrs_t *h, size_t ngiven,
+                         bool *host, char *err, size_t el) {
+  lnr_hdrs_t all;
+  lnr_hdrs_init(&all, L);
+  int rc = lnr_collect_headers(L, t, &all, err, el);
+  for (size_t i = 0; rc == 0 && i < all.n; i++)
+    rc = forward_field(h, ngiven, all.v[i].name, all.v[i].name_len,
+                       all.v[i].value, all.v[i].value_len, host, err, el);
+  lnr_hdrs_free(&all);
+  return rc;
+}
+
+/* The head's own fields, as they arrived (checked by the server's parser). */
+static int forward_raw(lua_State *L, int idx, size_t n, lnr_hdrs_t *h,
+                       size_t ngiven, bool *host, char *err, size_t el) {
+  nr_http_header_t small[32], *v = small;
+  if (n > sizeof small / sizeof small[0] && (v = malloc(n * sizeof *v)) == NULL) {
+    snprintf(err, el, "out of memory");
+    return -ENOMEM;
+  }
+  lnr_http_forward_fields(L, idx, v, n);
+  int rc = 0;                  /* (checked by the server's parser, but
+                                  checked again: cheap, and a codec that
+                                  trusted a field would send it) */
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = forward_field(h, ngiven, v[i].name, v[i].name_len, v[i].value,
+                       v[i].value_len, host, err, el);
+  if (v != small)
+    free(v);
+  return rc;
+}
+
+/* A request's fields come by name (a table a writer gives) or as the
+ * uservalues of a userdata, at the positions REQ_* (netrun.http's pool,
+ * lhttp_pool.c: lnr_http_write_call). */
+enum { REQ_METHOD = 2, REQ_PATH, REQ_HEADERS, REQ_BODY, REQ_FORWARD, REQ_HOST };
+enum { BY_NAME, BY_UVALUE };
+
+/* Push the request's field (its uservalue, or its name), as lua_getfield;
+ * false counts as nil in a userdata's. */
+static int field(lua_State *L, int idx, int how, int i, const char *name) {
+  if (how == BY_NAME)
+    return lua_getfield(L, idx, name);
+  int t = lua_getiuservalue(L, idx, i);
+  if (t == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    return LUA_TNIL;
+  }
+  return t == LUA_TNONE ? LUA_TNIL : t;
+}
+
+/* Fill c from the server request at fwd (the request table's forward
+ * field, at idx): its method, target, body and end-to-end fields; the
+ * table's headers are added and replace forwarded ones of their names; the
+ * table's host is the Host when the request has none (HTTP/1.0). */
+static int to_forward(lua_State *L, int idx, int how, int fwd,
+                      nr_http_call_t *c, lnr_hdrs_t *h, char *err, size_t el) {
+  lnr_http_fwd_t f;
+  if (!lnr_http_forward_view(L, fwd, &f)) {
+    snprintf(err, el, "forward must be a request of netrun.codec.http_server, "
+             "got a %s", luaL_typename(L, fwd));
+    return -EINVAL;
+  }
+  if (f.bad != NULL) {
+    snprintf(err, el, "the forwarded request's %s cannot be sent", f.bad);
+    return -EINVAL;
+  }
+  if (!nr_http_is_token(f.method, f.method_len) ||
+      !good_target(f.target, f.target_len)) {
+    snprintf(err, el, "the forwarded request's %s cannot be sent",
+             nr_http_is_token(f.method, f.method_len) ? "path" : "method");
+    return -EINVAL;
+  }
+  if (!origin_form(f.target, f.target_len)) {
+    snprintf(err, el, "the forwarded request's path cannot be sent: it must "
+             "begin with '/' (origin-form), got \"%.*s\"",
+             f.target_len > 64 ? 64 : (int)f.target_len, f.target);
+    return -EINVAL;
+  }
+  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,
+                        .method_len = f.method_len, .target = f.target,
+                        .target_len = f.target_len,
+                        .body = f.body_len ? f.body : NULL,
+                        .body_len = f.body_len};
+  int rc = 0;
+  if (field(L, idx, how, REQ_HEADERS, "headers") == LUA_TTABLE)
+    rc = lnr_collect_headers(L, lua_gettop(L), h, err, el);
+  size_t ngiven = h->n;
+  bool host = given(h, ngiven, "host", 4);
+  if (rc == 0)
+    rc = f.headers ? forward_table(L, f.headers, h, ngiven, &host, err, el)
+                   : forward_raw(L, fwd, f.nheaders, h, ngiven, &host, err, el);
+  if (rc == 0 && !host &&
+      field(L, idx, how, REQ_HOST, "host") == LUA_TSTRING) {
+    size_t n;
+    const char *v = lua_tolstring(L, -1, &n);
+    rc = lnr_hdrs_add(h, "host", 4, v, n, err, el);
+  }
+  c->headers = h->v;
+  c->nheaders = h->n;
+  return rc;
+}
+
+/* Fill c from the request table at idx (its strings stay on the stack). */
+static int to_call(lua_State *L, int idx, int how, nr_http_call_t *c,
+                   lnr_hdrs_t *h, char *err, size_t el) {
+  if (field(L, idx, how, REQ_FORWARD, "forward") != LUA_TNIL)
+    return to_forward(L, idx, how, lua_gettop(L), c, h, err, el);
+  int t = field(L, idx, how, REQ_METHOD, "method");
+  c->method = t == LUA_TNIL ? "GET" : lua_tolstring(L, -1, &c->method_len);
+  if (t == LUA_TNIL)
+    c->method_len = 3;
+  if (c->method == NULL || (t != LUA_TSTRING && t != LUA_TNIL) ||
+      !nr_http_is_token(c->method, c->method_len)) {
+    snprintf(err, el, "method must be a token such as \"GET\", got %s",
+             t == LUA_TSTRING ? "a string that is not" : luaL_typename(L, -1));
+    return -EINVAL;
+  }
+  t = field(L, idx, how, REQ_PATH, "path");
+  c->target = t == LUA_TNIL ? "/" : lua_tolstring(L, -1, &c->target_len);
+  if (t == LUA_TNIL)
+    c->target_len = 1;
+  if (c->target == NULL || (t != LUA_TSTRING && t != LUA_TNIL) ||
+      !good_target(c->target, c->target_len)) {
+    snprintf(err, el, "path must be a string without spaces or control "
+             "characters, got %s", t == LUA_TSTRING ? "one with them"
+                                                    : luaL_typename(L, -1));
+    return -EINVAL;
+  }
+  t = field(L, idx, how, REQ_BODY, "body");
+  if (t == LUA_TSTRING || t == LUA_TNUMBER) {
+    c->body = lua_tolstring(L, -1, &c->body_len);
+  } else if (t != LUA_TNIL) {
+    snprintf(err, el, "body must be a string, got a %s", luaL_typename(L, -1));
+    return -EINVAL;
+  }
+  t = field(L, idx, how, REQ_HEADERS, "headers");
+  if (t == LUA_TTABLE) {
+    int rc = lnr_collect_headers(L, lua_gettop(L), h, err, el);
+    if (rc)
+      return rc;
+  } else if (t != LUA_TNIL) {
+    snprintf(err, el, "headers must be a table, got a %s",
+             luaL_typename(L, -1));
+    return -EINVAL;
+  }
+  c->headers = h->v;
+  c->nheaders = h->n;
+  return 0;
+}
+
+/* The codec's write behind a Lua front: request tables are converted,
+ * everything else goes to the core as it is. */
+static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
+  if (nr_msg_type(msg) != NR_MSG_LUA)
+    return nr_http_client_write(ctx, msg, p);
+  const lnr_lmsg_t *m = msg;
+  lua_State *L = m->L;
+  if (lua_type(L, m->idx) != LUA_TTABLE)
+    return nr_http_client_write(ctx, msg, p);
+  int top = lua_gettop(L);
+  if (!lua_checkstack(L, 16))
+    return nr_raise(-ENOMEM, "http_client: Lua stack overflow");
+  nr_http_call_t c = {.type = NR_MSG_HTTP_CALL};
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
+  char err[200];
+  int rc = to_call(L, m->idx, BY_NAME, &c, &h, err, sizeof err);
+  if (rc == 0)
+    rc = nr_http_client_write(ctx, &c, p);
+  else
+    rc = nr_raise(rc, "http_client request: %s", err);
+  lnr_hdrs_free(&h);
+  lua_settop(L, top);
+  return rc;
+}
+
+int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
+                        size_t el) {
+  int top = lua_gettop(L);
+  if (!lua_checkstack(L, 16)) {
+    snprintf(err, el, "Lua stack overflow");
+    return 1;
+  }
+  nr_http_call_t c = {.type = NR_MSG_HTTP_CALL};
+  lnr_hdrs_t h;
+  lnr_hdrs_init(&h, L);
+  int rc = to_call(L, idx, BY_UVALUE, &c, &h, err, el);
+  if (rc == 0)
+    rc = nr_ctx_write(ctx, &c, NULL);      /* a failure went to exception_caught */
+  else
+    rc = 1;
+  lnr_hdrs_free(&h);
+  lua_settop(L, top);
+  return rc;
+}
+
+static const nr_handler_t lua_vt = {
+    .type = "http_client", .removed = nr_http_client_removed,
+    .inactive = nr_http_client_inactive,
+    .channel_read = nr_http_client_channel_read,
+    .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
+
+/* ---- a request's options (netrun.http) ---------------------------------------------- */
+
+/* core.http.check_request(opts): raises, at the level of the call that
+ * gave opts (netrun.http's request or client:request), when opts is not
+ * a table of known options of the right types. One pass in C, as a
+ * request is checked each time it is made: not a Lua loop with a C call
+ * per option. */
+static void raise_at(lua_State *L, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));
+static void raise_at(lua_State *L, int level, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  luaL_where(L, level);
+  lua_pushfstring(L, "netrun.http.request: %s", msg);
+  lua_concat(L, 2);
+  lua_error(L);
+  abort();                     /* (lua_error does not return) */
+}
+
+/* The options, in the order of lnr.h's LNR_HOPT_*, and the type each must
+ * have (LUA_TNONE: any). */
+static const struct { const char *k; size_t n; int t; } options[] = {
+#define OPT(name, type) {name, sizeof name - 1, type}
+    OPT("url", LUA_TNONE), OPT("forward", LUA_TUSERDATA),
+    OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
+    OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
+    OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
+    OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN)};
+#undef OPT
+
+/* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are
+ * compared first: most options differ in length. */
+static int option_index(const char *k, size_t n) {
+  for (int i = 0; i < LNR_HOPT_N; i++)
+    if (options[i].n == n && memcmp(options[i].k, k, n) == 0)
+      return i;
+  return -1;
+}
+
+void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
+  if (lua_type(L, idx) != LUA_TTABLE)
+    raise_at(L, level, "options must be a table, got %s", luaL_typename(L, idx));
+  bool forward = false, method_or_body = false;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    size_t n = 0;
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &n)
+                                                   : NULL;
+    int i = k ? option_index(k, n) : -1, t = lua_type(L, -1);
+    int want = i >= 0 ? options[i].t : LUA_TNONE;
+    if (i < 0)
+      raise_at(L, level, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+    if (want == LUA_TUSERDATA && t == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
+      lua_pop(L, 1);                         /* forward = false: none */
+      continue;
+    }
+    if (want == LUA_TUSERDATA) {             /* forward */
+      if (!lnr_http_is_request(L, -1))
+        raise_at(L, level, "forward must be a request of netrun.codec.http_server, "
+                 "got %s", luaL_typename(L, -1));
+      forward = true;
+    } else if (want == LUA_TNUMBER) {
+      if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
+        raise_at(L, level, "%s must be a number >= 0, got %s", k,
+                 luaL_tolstring(L, -1, NULL));
+    } else if (want != LUA_TNONE && t != want) {
+      raise_at(L, level, "%s must be a %s, got %s", k, lua_typename(L, want),
+               luaL_typename(L, -1));
+    } else if (want == LUA_TSTRING) {        /* method or body */
+      method_or_body = true;
+    }
+    if (base > 0)
+      lua_copy(L, -1, base + i);
+    lua_pop(L, 1);
+  }
+  if (forward && method_or_body)
+    raise_at(L, level, "forward takes the request's method and body: give neither");
+}
+
+static int l_check_request(lua_State *L) {
+  lua_settop(L, 1);
+  lnr_http_check_request(L, 1, 0, 2);   /* (0 this, 1 netrun.http, 2 its caller) */
+  return 0;
+}
+
+/* ---- the constructor --------------------------------------------------------------- */
+
+static const nr_handler_t *make(lua_State *L, int idx, void **state) {
+  nr_http_client_opts_t *o = luaL_checkudata(L, idx, CLASS);
+  *state = nr_http_client_new(o);
+  if (*state == NULL)
+    luaL_error(L, CLASS ": out of memory");
+  return &lua_vt;
+}
+
+/* Size options: lnr_codec_int, as for the other codecs. */
+static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
+                       lua_Integer min, lua_Integer max) {
+  return (size_t)lnr_codec_int(L, "http_client", k, d, min, max);
+}
+
+static int l_http_client(lua_State *L) {
+  if (!lua_isnoneornil(L, 1))
+    luaL_checktype(L, 1, LUA_TTABLE);
+  nr_http_client_opts_t o;
+  o.max_header = opt_size(L, "max_header", 16384, 64, 1 << 30);
+  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
+  o.max_headers = opt_size(L, "max_headers", 100, 1, NR_HTTP_MAX_HEADERS);
+  o.raw = lnr_codec_bool(L, "http_client", "raw", false);
+  nr_http_client_opts_t *c = lua_newuserdatauv(L, sizeof *c, 0);
+  *c = o;
+  luaL_setmetatable(L, CLASS);
+  return 1;
+}
+
+static int l_tostring(lua_State *L) {
+  nr_http_client_opts_t *c = luaL_checkudata(L, 1, CLASS);
+  lua_pushfstring(L, CLASS "{ max_header = %I, max_body = %I, "
+                  "max_headers = %I, raw = %s }", (lua_Integer)c->max_header,
+                  (lua_Integer)c->max_body, (lua_Integer)c->max_headers,
+                  c->raw ? "true" : "false");
+  return 1;
+}
+
+static void register_converter(void) {
+  lnr_register_msg(NR_MSG_HTTP_REPLY, push_reply);
+}
+
+static void open_http_client(lua_State *L) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, register_converter);   /* every state opens this */
+  lnr_native_class(L, CLASS, make, l_tostring);
+  lnr_native_class(L, RAW_CLASS, raw_not_a_handler, raw_tostring);
+  luaL_getmetatable(L, RAW_CLASS);
+  lua_pushcfunction(L, raw_index);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_getsubtable(L, -1, "codec");
+  lua_pushcfunction(L, l_http_client);
+  lua_setfield(L, -2, "http_client");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "http");                 /* made by the http row, before */
+  lua_pushcfunction(L, l_check_request);
+  lua_setfield(L, -2, "check_request");
+  lua_pop(L, 1);
+}
+
+lnr_module_t lnr_http_client_module = {.name = "http_client", .open = open_http_client};

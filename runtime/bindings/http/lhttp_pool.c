@@ -1,0 +1,855 @@
+/*
+ * lhttp_pool.c -- netrun.http's connection pools (DESIGN.md §8.3), in C.
+ *
+ * lua/netrun/http.lua reads a request's options (URL, method, headers,
+ * redirects, the main thread's daemon loop) and hands each request to the
+ * pool of its client and origin on this loop; the pool does the rest:
+ *
+ *   local P = core.http.pool { max = 64, keepalive = 60, max_waiting = 1024,
+ *                              connect = function(P, tls, timeout) end,
+ *                              empty = function(P) end,
+ *                              tls = config }     -- https: its TLS config
+ *   P:send(target, method, path, headers, body, forward, host, url,
+ *          timeout, tls)        -- target: a callback(res, err) or a promise
+ *                               -- --> false when the pool is retired
+ *   ch:pipeline():add_last("client", P)     -- in a new connection's init,
+ *                                           -- after the client codec
+ *   P:connected(ch)  P:connect_failed(message)     -- connect's outcome
+ *   P:stats() --> { idle, total, waiting }
+ *   core.http.lane { Client, pools, urls, slow } --> Client.request
+ *   core.http.forwarder(client, pools, key, host, headers, url, slow)
+ *     --> forward(req, cb)                  -- client:forwarder's
+ *
+ * A request takes an idle connection (the one used last), or opens one
+ * while the pool has fewer than max (connect: http.lua's, which calls
+ * connected or connect_failed when the connect ends), or waits in line
+ * (at most max_waiting: past it, it fails at once).
+ * A keep-alive response puts its connection back: to the first request
+ * waiting, or idle (closed after keepalive seconds unused). A request's
+ * timeout (0: none) bounds it from send to response: one timer per pool
+ * watches every deadline, kept in order. A request sent on a reused
+ * connection that the server closed before answering (its keep-alive ran
+ * out then) is sent once more when its method is idempotent. The pool
+ * empties when it has no connection and no request; empty is told then
+ * (http.lua forgets it).
+ *
+ * TLS: http.lua keys pools by origin and the identity of the TLS config
+ * (nr_tls_config_identity), so a request never takes a connection made
+ * under other settings (verification, CA, certificate, server_name,
+ * ALPN). An https pool keeps the config it was made for, and checks its
+ * generation as each request comes (an atomic read): after a reload that
+ * changed the identity the pool retires (stale), and the request goes to
+ * a new pool.
+ *
+ * A request is a userdata whose uservalues are its Lua values (in
+ * lnr_http_write_call's order: 1 target, 2 method, 3 path, 4 headers,
+ * 5 body, 6 forward, 7 host; then 8 url, 9 tls), anchored by a registry
+ * reference until it is settled (then kept, cleared, for the pool's
+ * next: at most 32); a connection is a handler state (malloc'd, freed
+ * when the handler leaves); a pool is a userdata, anchored while it has a
+ * connection or a request. Loop thread only: a pool lives in its loop's
+ * state.
+ *
+ * Client.request (core.http.lane) checks the options and, for the usual
+ * request (a callback, a URL parsed before, no redirects, TLS config,
+ * limit or timeout of its own, its pool made), sends it without a Lua
+ * function call; any other goes to http.lua's `slow`, checked. A
+ * forwarder does the same for a proxy's forward(req, cb) with options
+ * checked when it was made.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lhttp_pool.h"
+
+static const nr_handler_t conn_vt;
+static void acquire(lua_State *L, hpool_t *P, hreq_t *q);
+static void lost(lua_State *L, hpool_t *P);
+static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry);
+
+static double secs(uint64_t ns) { return (double)ns / 1e9; }
+
+/* ---- lists ---------------------------------------------------------------- */
+
+static void wait_push(hpool_t *P, hreq_t *q, bool front) {
+  q->waiting = true;
+  P->nwait++;
+  if (front) {
+    q->wprev = NULL;
+    q->wnext = P->whead;
+    if (P->whead) P->whead->wprev = q; else P->wtail = q;
+    P->whead = q;
+  } else {
+    q->wnext = NULL;
+    q->wprev = P->wtail;
+    if (P->wtail) P->wtail->wnext = q; else P->whead = q;
+    P->wtail = q;
+  }
+}
+
+static void wait_remove(hpool_t *P, hreq_t *q) {
+  if (!q->waiting)
+    return;
+  q->waiting = false;
+  P->nwait--;
+  if (q->wprev) q->wprev->wnext = q->wnext; else P->whead = q->wnext;
+  if (q->wnext) q->wnext->wprev = q->wprev; else P->wtail = q->wprev;
+  q->wprev = q->wnext = NULL;
+}
+
+/* An idle connection keeps no process alive (Node's agent unrefs its idle
+ * sockets): a script that made a request ends once it is answered. */
+static void idle_push(hpool_t *P, hconn_t *c) {
+  nr_channel_set_ref(nr_ctx_channel(c->ctx), false);
+  c->idle = true;
+  c->since = nr_now();
+  c->iprev = NULL;
+  c->inext = P->idle;
+  if (P->idle) P->idle->iprev = c;
+  P->idle = c;
+  P->nidle++;
+}
+
+static void idle_remove(hpool_t *P, hconn_t *c) {
+  if (!c->idle)
+    return;
+  c->idle = false;
+  nr_channel_set_ref(nr_ctx_channel(c->ctx), true);
+  P->nidle--;
+  if (c->iprev) c->iprev->inext = c->inext; else P->idle = c->inext;
+  if (c->inext) c->inext->iprev = c->iprev;
+  c->inext = c->iprev = NULL;
+}
+
+static void all_remove(hpool_t *P, hconn_t *c) {
+  if (c->aprev) c->aprev->anext = c->anext; else if (P->all == c) P->all = c->anext;
+  if (c->anext) c->anext->aprev = c->aprev;
+  c->anext = c->aprev = NULL;
+}
+
+/* ---- timers ------------------------------------------------------------------ */
+
+static int on_deadline(void *arg);
+static int on_sweep(void *arg);
+
+static void drop_timer(nr_timer_t **t) {
+  if (*t) {
+    nr_timer_cancel(*t);
+    nr_timer_release(*t);
+    *t = NULL;
+  }
+}
+
+static void arm_deadline(hpool_t *P) {
+  if (P->dhead == NULL || (P->dtimer && P->dat <= P->dhead->deadline))
+    return;
+  drop_timer(&P->dtimer);
+  uint64_t now = nr_now(), at = P->dhead->deadline;
+  P->dat = at;
+  P->dtimer = nr_loop_schedule(P->loop, at > now ? at - now : 0, 0, on_deadline,
+                               NULL, P);
+}
+
+/* In deadline order; from the tail: most requests have the client's
+ * timeout and come last. */
+static void deadline_insert(hpool_t *P, hreq_t *q) {
+  hreq_t *after = P->dtail;
+  while (after && after->deadline > q->deadline)
+    after = after->dprev;
+  q->timed = true;
+  q->dprev = after;
+  q->dnext = after ? after->dnext : P->dhead;
+  if (q->dnext) q->dnext->dprev = q; else P->dtail = q;
+  if (after) after->dnext = q; else P->dhead = q;
+  arm_deadline(P);
+}
+
+static void deadline_remove(hpool_t *P, hreq_t *q) {
+  if (!q->timed)
+    return;
+  q->timed = false;
+  if (q->dprev) q->dprev->dnext = q->dnext; else P->dhead = q->dnext;
+  if (q->dnext) q->dnext->dprev = q->dprev; else P->dtail = q->dprev;
+  q->dprev = q->dnext = NULL;     /* (the timer stays: it finds nothing due) */
+}
+
+static void arm_sweeper(hpool_t *P, uint64_t delay) {
+  if (P->sweeper == NULL && P->nidle > 0)
+    P->sweeper = nr_loop_schedule(P->loop, delay, 0, on_sweep, NULL, P);
+}
+
+/* ---- the pool's life ----------------------------------------------------------- */
+
+static bool busy(const hpool_t *P) {
+  return P->total > 0 || P->nwait > 0 || P->dhead != NULL;
+}
+
+/* Every entry point (a handler's event, a timer, a method) runs between
+ * enter and leave; they nest (a close met inside one runs the handler's
+ * inactive at once). As the outermost leaves, a pool with nothing left
+ * lets go of itself (http.lua's empty forgets it; a request sent to it
+ * later holds it again): never while an outer one still uses it. */
+static void enter(hpool_t *P) { P->depth++; }
+
+static void leave(lua_State *L, hpool_t *P) {
+  if (--P->depth > 0 || busy(P) || P->self_ref == LUA_NOREF)
+    return;
+  drop_timer(&P->dtimer);
+  drop_timer(&P->sweeper);
+  int ref = P->self_ref;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, P->empty_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  if (lnr_pcall(L, 1, 0) != LUA_OK)
+    lnr_log_error(L, "netrun.http: a pool's empty");
+  if (!busy(P) && P->self_ref == ref) {   /* (unless used meanwhile) */
+    P->self_ref = LUA_NOREF;
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    while (P->nspare > 0)
+      luaL_unref(L, LUA_REGISTRYINDEX, P->spare[--P->nspare]->ref);
+  }
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+/* Push the request's userdata. */
+static void push_req(lua_State *L, const hreq_t *q) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, q->ref);
+}
+
+static bool idempotent(const char *m) {
+  static const char *const ok[] = {"GET", "HEAD", "OPTIONS", "PUT", "DELETE",
+                                   "TRACE"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+    if (strcmp(m, ok[i]) == 0)
+      return true;
+  return false;
+}
+
+/* Push the request's method (a forwarded one's read from the request). */
+static void push_method(lua_State *L, int u) {
+  if (lua_getiuservalue(L, u, UV_METHOD) != LUA_TSTRING) {
+    lua_pop(L, 1);
+    lua_getiuservalue(L, u, UV_FORWARD);
+    if (lua_type(L, -1) == LUA_TUSERDATA)
+      lua_getfield(L, -1, "method");
+    else
+      lua_pushliteral(L, "?");
+    lua_remove(L, -2);
+  }
+}
+
+/* The request's end: its target gets (res) or (nil, message); the
+ * response, if any, is on top of the stack (popped). An error in a
+ * callback is logged: it never reaches a connection. */
+static void settle(lua_State *L, hreq_t *q, const char *err) {
+  int res = err ? 0 : lua_gettop(L);
+  deadline_remove(q->pool, q);
+  q->done = true;
+  push_req(L, q);
+  int u = lua_gettop(L);
+  if (err) {
+    push_method(L, u);
+    lua_getiuservalue(L, u, UV_URL);
+    lua_pushfstring(L, "netrun.http: %s %s: %s", lua_tostring(L, -2),
+                    lua_tostring(L, -1), err);
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    res = lua_gettop(L);
+  }
+  lua_pushcfunction(L, lnr_msgh);
+  lua_getiuservalue(L, u, UV_TARGET);
+  if (q->callback) {
+    if (err) lua_pushnil(L);
+    lua_pushvalue(L, res);
+    if (lua_pcall(L, err ? 2 : 1, 0, -3 - (err ? 1 : 0)) != LUA_OK)
+      lnr_log_error(L, "netrun.http: a request's callback failed");
+  } else {
+    lua_getfield(L, -1, err ? "try_failure" : "try_success");
+    lua_insert(L, -2);
+    lua_pushvalue(L, res);
+    if (lua_pcall(L, 2, 0, -4) != LUA_OK)
+      lnr_log_error(L, "netrun.http: a request's future");
+  }
+  /* kept for the pool's next request (nothing refers to a settled one:
+   * it left every list and its connection), or let go */
+  hpool_t *P = q->pool;
+  if (P->nspare < (int)(sizeof P->spare / sizeof P->spare[0]) &&
+      P->self_ref != LUA_NOREF) {
+    for (int i = 1; i <= UV_N; i++) {
+      lua_pushnil(L);
+      lua_setiuservalue(L, u, i);
+    }
+    P->spare[P->nspare++] = q;
+  } else {
+    luaL_unref(L, LUA_REGISTRYINDEX, q->ref);
+    q->ref = LUA_NOREF;
+  }
+  lua_settop(L, u - (err ? 1 : 2));
+}
+
+static void fail(lua_State *L, hreq_t *q, const char *err) {
+  if (!q->done)
+    settle(L, q, err);
+}
+
+/* Send q on c (idle or new, not dead): true when written (or failed
+ * writing: exception_caught closes c, and its inactive fails q); false
+ * when a field of q cannot be sent -- q failed, nothing written, c still
+ * free unless q's callback took or closed it meanwhile. */
+static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
+  c->req = q;
+  q->conn = c;
+  c->reused = c->used;
+  c->used = true;
+  push_req(L, q);
+  char err[200];
+  nr_ctx_t *ctx = c->ctx;
+  int rc = lnr_http_write_call(L, lua_gettop(L), ctx, err, sizeof err);
+  lua_pop(L, 1);
+  if (rc == 1) {
+    c->req = NULL;
+    q->conn = NULL;
+    char msg[sizeof err + 32];
+    snprintf(msg, sizeof msg, "http_client request: %s", err);
+    fail(L, q, msg);
+    return false;
+  }
+  nr_ctx_flush(ctx);
+  return true;
+}
+
+static bool free_conn(const hconn_t *c) {
+  return c->pool && !c->dead && !c->idle && c->req == NULL;
+}
+
+/* A connection is free (its response came, it is new, or a request could
+ * not be sent on it): to the first request waiting, or idle. */
+static void release(lua_State *L, hconn_t *c) {
+  hpool_t *P = c->pool;
+  while (P->whead) {
+    hreq_t *q = P->whead;
+    wait_remove(P, q);
+    if (start(L, c, q) || !free_conn(c))
+      return;
+  }
+  if (P->retired) {                  /* made under settings since changed */
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
+    return;
+  }
+  idle_push(P, c);
+  arm_sweeper(P, P->keepalive);
+}
+
+/* Ask http.lua for a connection (counted in total and connecting before:
+ * its outcome may come at once). tls and the time left: the request q's. */
+static void open_connection(lua_State *L, hpool_t *P, hreq_t *q) {
+  P->total++;
+  P->connecting++;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, P->connect_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, P->self_ref);
+  push_req(L, q);
+  lua_getiuservalue(L, -1, UV_TLS);
+  lua_remove(L, -2);
+  if (q->deadline) {
+    uint64_t now = nr_now();
+    lua_pushnumber(L, q->deadline > now ? secs(q->deadline - now) : 0.001);
+  } else {
+    lua_pushnil(L);
+  }
+  if (lnr_pcall(L, 3, 1) != LUA_OK) {
+    lua_pushfstring(L, "connect: %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+  }
+  if (lua_type(L, -1) == LUA_TSTRING) {   /* could not even start */
+    P->total--;
+    P->connecting--;
+    hreq_t *w = P->whead;
+    if (w) {
+      wait_remove(P, w);
+      fail(L, w, lua_tostring(L, -1));
+    }
+  }
+  lua_pop(L, 1);
+}
+
+static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
+  hconn_t *c = P->idle;
+  if (c) {
+    idle_remove(P, c);
+    if (!start(L, c, q) && free_conn(c))
+      release(L, c);
+    return;
+  }
+  /* waiting: beyond those the connections being opened will take, when
+   * no other may be opened (a retry was let in before) */
+  if (P->total >= P->max && P->nwait - P->connecting >= P->max_wait &&
+      !q->retried) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "no connection free and %d requests waiting "
+             "(max_waiting)", P->nwait - P->connecting);
+    fail(L, q, msg);
+    return;
+  }
+  wait_push(P, q, q->retried);       /* a retried one goes first, as its
+                                        deadline is earliest */
+  if (P->total < P->max)
+    open_connection(L, P, q);
+}
+
+/* Requests waiting beyond the connections being opened get some. */
+static void lost(lua_State *L, hpool_t *P) {
+  while (P->nwait > P->connecting && P->total < P->max && P->self_ref != LUA_NOREF) {
+    hreq_t *q = P->whead;
+    for (int i = 0; i < P->connecting && q; i++)
+      q = q->wnext;
+    if (q == NULL)
+      break;
+    open_connection(L, P, q);
+  }
+}
+
+static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry) {
+  if (q->done)
+    return;
+  if (retry && !q->retried) {
+    push_req(L, q);
+    push_method(L, lua_gettop(L));
+    bool again = lua_type(L, -1) == LUA_TSTRING && idempotent(lua_tostring(L, -1));
+    lua_pop(L, 2);
+    if (again) {
+      q->retried = true;
+      q->conn = NULL;
+      acquire(L, q->pool, q);
+      return;
+    }
+  }
+  fail(L, q, err);
+}
+
+/* A ready connection is gone: no longer counted. */
+static void conn_gone(lua_State *L, hconn_t *c) {
+  hpool_t *P = c->pool;
+  idle_remove(P, c);
+  if (c->ready && !c->gone) {      /* (one not ready yet stays known to
+                                        the pool: connected counts it) */
+    c->gone = true;
+    P->total--;
+    all_remove(P, c);
+    c->pool = NULL;
+    lost(L, P);
+  }
+}
+
+/* ---- TLS settings that changed ----------------------------------------------------- */
+
+/* The pool's TLS config was reloaded with other settings (another
+ * identity): its connections were made under the old ones, so it takes no
+ * more requests -- http.lua gives its key a new pool -- its idle
+ * connections close now, and busy ones once no request that came before
+ * the reload waits for them (release). */
+bool lnr_pool_reloaded(lua_State *L, hpool_t *P) {
+  unsigned g = nr_tls_config_generation(P->tls);
+  char id[NR_TLS_ID_LEN + 1];
+  nr_tls_config_identity(P->tls, id);       /* (read after g: at least as new) */
+  if (memcmp(id, P->tls_id, sizeof id) == 0) {
+    P->tls_gen = g;                          /* rebuilt alike: nothing changed */
+    return false;
+  }
+  enter(P);
+  P->retired = true;
+  for (hconn_t *c; (c = P->idle) != NULL;) {
+    idle_remove(P, c);
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);
+  }
+  leave(L, P);
+  return true;
+}
+
+/* ---- timers' work ------------------------------------------------------------------ */
+
+static lua_State *state_of(hpool_t *P) {
+  return P->S && !P->S->closing ? P->S->L : NULL;
+}
+
+/* A timer of P's ran: its handle let go; the state to work in (entered),
+ * or NULL when it is closing. */
+static lua_State *timer_ran(hpool_t *P, nr_timer_t **t) {
+  nr_timer_release(*t);
+  *t = NULL;
+  lua_State *L = state_of(P);
+  if (L)
+    enter(P);
+  return L;
+}
+
+static int on_deadline(void *arg) {
+  hpool_t *P = arg;
+  lua_State *L = timer_ran(P, &P->dtimer);
+  if (L == NULL)
+    return 0;
+  uint64_t now = nr_now();
+  while (P->dhead && P->dhead->deadline <= now) {
+    hreq_t *q = P->dhead;
+    deadline_remove(P, q);
+    wait_remove(P, q);
+    hconn_t *c = q->conn;
+    if (c && c->req == q) {          /* its answer may still come: dropped */
+      c->req = NULL;
+      q->conn = NULL;
+      c->dead = true;
+      nr_ctx_close(c->ctx, NULL);
+    }
+    char msg[64];
+    snprintf(msg, sizeof msg, "timeout after %g s", q->timeout);
+    fail(L, q, msg);
+  }
+  arm_deadline(P);
+  leave(L, P);
+  return 0;
+}
+
+static int on_sweep(void *arg) {
+  hpool_t *P = arg;
+  lua_State *L = timer_ran(P, &P->sweeper);
+  if (L == NULL)
+    return 0;
+  uint64_t now = nr_now();
+  for (hconn_t *c = P->idle; c;) {
+    if (now - c->since < P->keepalive) {
+      c = c->inext;
+      continue;
+    }
+    idle_remove(P, c);
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
+    c = P->idle;                     /* (the list may have changed) */
+  }
+  arm_sweeper(P, P->keepalive / 2 + 10000000);
+  leave(L, P);
+  return 0;
+}
+
+/* ---- the connection handler -------------------------------------------------------- */
+
+static void h_added(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  c->ctx = ctx;
+}
+
+static int h_channel_read(nr_ctx_t *ctx, void *msg) {
+  hconn_t *c = nr_ctx_state(ctx);
+  hpool_t *P = c->pool;
+  lua_State *L = P ? state_of(P) : NULL;
+  if (L == NULL || nr_msg_type(msg) != NR_MSG_HTTP_REPLY)
+    return 0;
+  const nr_http_reply_t *r = msg;
+  hreq_t *q = c->req;
+  if (q == NULL) {                   /* nobody asked: a handler someone added */
+    c->dead = true;
+    nr_ctx_close(ctx, NULL);
+    return 0;
+  }
+  enter(P);
+  if (!q->done)                      /* (borrowed: made a value before the */
+    lnr_push_msg(L, msg);            /* close below ends the codec's input) */
+  c->req = NULL;
+  q->conn = NULL;
+  if (!r->keep_alive) {
+    c->dead = true;
+    nr_ctx_close(ctx, NULL);         /* (inactive: gone) */
+  } else {
+    release(L, c);
+  }
+  if (!q->done)
+    settle(L, q, NULL);
+  leave(L, P);
+  return 0;
+}
+
+static int h_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "%s", err->msg ? err->msg : "error");
+  c->dead = true;
+  nr_ctx_close(ctx, NULL);
+  return 0;
+}
+
+/* Gone: a request in flight fails (or, if the server closed a reused
+ * connection before answering, is sent again when idempotent). */
+static void conn_closed(hconn_t *c) {
+  c->dead = true;
+  hpool_t *P = c->pool;
+  lua_State *L = P ? state_of(P) : NULL;
+  if (L == NULL)
+    return;
+  enter(P);
+  hreq_t *q = c->req;
+  c->req = NULL;
+  if (q)
+    q->conn = NULL;
+  conn_gone(L, c);
+  if (q) {
+    const char *err = c->err[0] ? c->err : "the connection closed before the response";
+    fail_request(L, q, err, c->reused && strstr(err, "closed before a response"));
+  }
+  leave(L, P);
+}
+
+static int h_inactive(nr_ctx_t *ctx) {
+  conn_closed(nr_ctx_state(ctx));
+  return 0;
+}
+
+static void h_removed(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->pool && !c->gone && c->ready)
+    conn_closed(c);                  /* (removed from a live channel) */
+  if (c->pool) {
+    idle_remove(c->pool, c);
+    all_remove(c->pool, c);
+  }
+  free(c);
+}
+
+static const nr_handler_t conn_vt = {
+    .type = "http_pool", .added = h_added, .removed = h_removed,
+    .inactive = h_inactive, .channel_read = h_channel_read,
+    .exception = h_exception};
+
+/* p:add_last("client", P): a connection of the pool. */
+static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {
+  hpool_t *P = luaL_checkudata(L, idx, POOL_CLASS);
+  hconn_t *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    luaL_error(L, POOL_CLASS ": out of memory");
+  c->pool = P;
+  c->anext = P->all;
+  if (P->all) P->all->aprev = c;
+  P->all = c;
+  *state = c;
+  return &conn_vt;
+}
+
+/* ---- Lua ------------------------------------------------------------------------------ */
+
+static hpool_t *check_pool(lua_State *L) {
+  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
+  if (P->S == NULL)
+    luaL_error(L, POOL_CLASS ": closed");
+  return P;
+}
+
+static void hold(lua_State *L, hpool_t *P, int idx) {
+  if (P->self_ref == LUA_NOREF) {
+    lua_pushvalue(L, idx);
+    P->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+}
+
+/* Send the request userdata on top of the stack (popped) through P (at
+ * stack index pidx). */
+void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q) {
+  q->pool = P;
+  if (q->ref == LUA_NOREF)
+    q->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  else
+    lua_pop(L, 1);                       /* (a spare: anchored) */
+  hold(L, P, pidx);
+  enter(P);
+  if (q->deadline)
+    deadline_insert(P, q);
+  acquire(L, P, q);
+  leave(L, P);
+}
+
+/* Push a new request (a spare of P's if it has one; its uservalues nil). */
+hreq_t *lnr_pool_new_req(lua_State *L, hpool_t *P, bool callback,
+                         double timeout) {
+  hreq_t *q;
+  int ref = LUA_NOREF;
+  if (P->nspare > 0) {
+    q = P->spare[--P->nspare];
+    ref = q->ref;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  } else {
+    q = lua_newuserdatauv(L, sizeof *q, UV_N);
+  }
+  *q = (hreq_t){.callback = callback, .timeout = timeout, .ref = ref};
+  if (timeout > 0 && timeout < 1e9)  /* (longer: none, ~31 years) */
+    q->deadline = nr_now() + (uint64_t)(timeout * 1e9);
+  return q;
+}
+
+/* P:send(target, method, path, headers, body, forward, host, url, timeout, tls)
+ * --> true; false (nothing done) when the pool takes no more requests:
+ * its TLS config changed since it was made (http.lua then makes another). */
+static int p_send(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  if (stale(L, P)) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_settop(L, 11);
+  double timeout = luaL_optnumber(L, 10, 0);
+  hreq_t *q = lnr_pool_new_req(L, P, lua_type(L, 2) == LUA_TFUNCTION, timeout);
+  int u = lua_gettop(L);
+  static const int from[] = {[UV_TARGET] = 2, [UV_METHOD] = 3, [UV_PATH] = 4,
+                             [UV_HEADERS] = 5, [UV_BODY] = 6, [UV_FORWARD] = 7,
+                             [UV_HOST] = 8, [UV_URL] = 9, [UV_TLS] = 11};
+  for (int i = 1; i <= UV_N; i++) {
+    lua_pushvalue(L, from[i]);
+    lua_setiuservalue(L, u, i);
+  }
+  lnr_pool_send_req(L, P, 1, q);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* P:connected(ch) */
+static int p_connected(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  nr_channel_t *ch = lnr_check_handle(L, 2, LNR_CHANNEL);
+  enter(P);
+  P->connecting--;
+  nr_ctx_t *ctx = nr_pipeline_context(nr_channel_pipeline(ch), "client");
+  hconn_t *c = ctx && nr_ctx_handler(ctx) == &conn_vt ? nr_ctx_state(ctx) : NULL;
+  if (c == NULL || c->pool != P) {   /* gone meanwhile */
+    P->total--;
+    lost(L, P);
+  } else {
+    c->ready = true;
+    if (c->dead || !nr_channel_is_active(ch))
+      conn_gone(L, c);
+    else
+      release(L, c);
+  }
+  leave(L, P);
+  return 0;
+}
+
+/* P:connect_failed(message): the first request waiting fails with it. */
+static int p_connect_failed(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  const char *msg = luaL_checkstring(L, 2);
+  enter(P);
+  P->connecting--;
+  P->total--;
+  hreq_t *q = P->whead;
+  if (q) {
+    wait_remove(P, q);
+    fail(L, q, msg);
+  }
+  lost(L, P);
+  leave(L, P);
+  return 0;
+}
+
+static int p_stats(lua_State *L) {
+  hpool_t *P = check_pool(L);
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, P->nidle);
+  lua_setfield(L, -2, "idle");
+  lua_pushinteger(L, P->total);
+  lua_setfield(L, -2, "total");
+  lua_pushinteger(L, P->nwait);
+  lua_setfield(L, -2, "waiting");
+  return 1;
+}
+
+/* The state closes: connections left are detached (their handlers free
+ * themselves), timers dropped. */
+static int p_gc(lua_State *L) {
+  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
+  drop_timer(&P->dtimer);
+  drop_timer(&P->sweeper);
+  if (P->tls != NULL)
+    nr_tls_config_release(P->tls);
+  P->tls = NULL;
+  for (hconn_t *c = P->all, *n; c; c = n) {
+    n = c->anext;
+    c->pool = NULL;
+    c->req = NULL;
+    c->anext = c->aprev = c->inext = c->iprev = NULL;
+    c->idle = false;
+  }
+  P->all = P->idle = NULL;
+  P->S = NULL;
+  return 0;
+}
+
+static int p_tostring(lua_State *L) {
+  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
+  lua_pushfstring(L, POOL_CLASS " (%d connections, %d idle, %d waiting)",
+                  P->total, P->nidle, P->nwait);
+  return 1;
+}
+
+static int ref_function(lua_State *L, const char *k) {
+  if (lua_getfield(L, 1, k) != LUA_TFUNCTION)
+    luaL_error(L, "core.http.pool: %s must be a function", k);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* core.http.pool { max, keepalive, max_waiting, connect, empty, tls } */
+static int l_pool(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lnr_state_t *S = lnr_state(L);
+  nr_loop_t *loop = nr_loop_current();
+  if (S == NULL || loop == NULL || loop == lnr_main_loop())
+    return luaL_error(L, "core.http.pool: on a loop only");
+  lua_getfield(L, 1, "max");
+  lua_getfield(L, 1, "keepalive");
+  lua_getfield(L, 1, "max_waiting");
+  lua_Integer max = luaL_checkinteger(L, -3);
+  double keepalive = luaL_checknumber(L, -2);
+  lua_Integer max_wait = luaL_optinteger(L, -1, 1024);
+  lua_pop(L, 3);
+  hpool_t *P = lua_newuserdatauv(L, sizeof *P, 0);
+  *P = (hpool_t){.S = S, .loop = loop, .self_ref = LUA_NOREF,
+                 .connect_ref = LUA_NOREF, .empty_ref = LUA_NOREF,
+                 .max = max < 1 ? 1 : max > 1 << 20 ? 1 << 20 : (int)max,
+                 .keepalive = keepalive < 1e9 ? (uint64_t)(keepalive * 1e9)
+                                              : (uint64_t)1e18,   /* (~31 years) */
+                 .max_wait = max_wait < 0 ? 0 : max_wait > INT_MAX ? INT_MAX
+                                                                   : (int)max_wait};
+  luaL_setmetatable(L, POOL_CLASS);
+  P->connect_ref = ref_function(L, "connect");
+  P->empty_ref = ref_function(L, "empty");
+  if (lua_getfield(L, 1, "tls") != LUA_TNIL) {
+    P->tls = nr_tls_config_retain(lnr_check_handle(L, -1, LNR_TLS));
+    P->tls_gen = nr_tls_config_generation(P->tls);
+    nr_tls_config_identity(P->tls, P->tls_id);  /* (after the generation) */
+  }
+  lua_pop(L, 1);
+  return 1;
+}
+
+static void open_http_pool(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"send", p_send}, {"connected", p_connected},
+      {"connect_failed", p_connect_failed}, {"stats", p_stats}, {NULL, NULL}};
+  lnr_native_class(L, POOL_CLASS, make_conn, p_tostring);
+  luaL_getmetatable(L, POOL_CLASS);
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, p_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "http");                 /* made by the http row, before */
+  lua_pushcfunction(L, l_pool);
+  lua_setfield(L, -2, "pool");
+  lua_pushcfunction(L, lnr_http_lane);
+  lua_setfield(L, -2, "lane");
+  lua_pushcfunction(L, lnr_http_forwarder);
+  lua_setfield(L, -2, "forwarder");
+  lua_pop(L, 1);
+}
+
+lnr_module_t lnr_http_pool_module = {.name = "http_pool", .open = open_http_pool};
