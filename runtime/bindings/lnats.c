@@ -412,13 +412,18 @@ static int l_feed(lua_State *L) {
   return 0;
 }
 
-/* w:reset(): forget any partial operation (a new connection begins). */
-static int l_reset(lua_State *L) {
-  wire_t *w = check(L);
+/* Forget the reader's partial operation; inside a feed (a callback
+ * reconnecting or closing), once the feed returns. */
+static void reset_reader(wire_t *w) {
   if (w->feeding)
     w->reset_later = true;
   else
     nr_nats_reader_reset(&w->rd);
+}
+
+/* w:reset(): forget any partial operation (a new connection begins). */
+static int l_reset(lua_State *L) {
+  reset_reader(check(L));
   return 0;
 }
 
@@ -440,10 +445,7 @@ static int l_close(lua_State *L) {
   if (w->ch)
     nr_channel_release(w->ch);
   w->ch = NULL;
-  if (w->feeding)
-    w->reset_later = true;
-  else
-    nr_nats_reader_reset(&w->rd);
+  reset_reader(w);
   return 0;
 }
 
