@@ -389,7 +389,7 @@ describe("netrun.nats against nats-server", function()
   end)
 
   it("examples/nats_chat.lua: two processes, one chat, rooms apart", function()
-    local pa, pb = H.free_port(), H.free_port()
+    local pa, pb = N.port(), N.port()
     local nats_url = "--nats nats://127.0.0.1:" .. main.port
     local a = H.start("examples/nats_chat.lua", pa, nats_url .. " --name A")
     local b = H.start("examples/nats_chat.lua", pb, nats_url .. " --name B")
