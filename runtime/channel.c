@@ -295,9 +295,10 @@ void nr__loop_reap(nr_loop_t *l) {
 
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
-  if (w && ch->out.pending > ch->opts.write_buffer_high)
+  size_t pending = ch->out.pending + ch->held_out;
+  if (w && pending > ch->opts.write_buffer_high)
     atomic_fetch_and(&ch->pub, ~NR__WRITABLE);
-  else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
+  else if (!w && pending < ch->opts.write_buffer_low &&
            (pub(ch) & NR__OPEN))
     atomic_fetch_or(&ch->pub, NR__WRITABLE);
   else
@@ -885,6 +886,13 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__channel_closed(ch);
   if (td != 0)
     nr__pipeline_teardown(&ch->pipe, td);
+}
+
+void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  assert(delta >= 0 || ch->held_out >= (size_t)-delta);
+  ch->held_out += (size_t)delta;
+  check_writability(ch);
 }
 
 void nr_channel_hold(nr_channel_t *ch) {

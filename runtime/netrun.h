@@ -487,6 +487,13 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. Bytes a handler keeps for the peer outside the
+ * outbound buffer (HTTP/2 data waiting for the peer's flow-control
+ * window) count toward the water marks as if they had been written:
+ * delta > 0 as it takes them, < 0 as they go on (or are dropped). So
+ * the channel turns unwritable, and its handlers stop producing, while
+ * the peer holds the window shut. */
+void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel

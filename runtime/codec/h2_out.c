@@ -1,0 +1,597 @@
+/*
+ * h2_out.c -- the HTTP/2 server's output (h2.h): responses written by the
+ * handlers become nghttp2 submissions, and the pump serialises what
+ * nghttp2 queued into the channel. Loop thread only.
+ *
+ * Pumping. A response is submitted and pumped at once, inside the write
+ * that gave it: its HEADERS and as much of its body as the peer's windows
+ * allow go out there, framed straight from the caller's bytes (DATA with
+ * NGHTTP2_DATA_FLAG_NO_COPY: nghttp2 writes the 9-byte frame header, we
+ * the payload); only what the windows hold back is copied, into the
+ * stream's `copy`, and counted toward the channel's water marks
+ * (nr_channel_hold_bytes) so that handlers see it unwritable while the
+ * peer keeps its window shut. Frames land at the end of the outbound
+ * buffer (nr_ctx_write_reserve) when the codec writes straight to the
+ * socket, else they are gathered and written on as one message (through
+ * TLS: one record). The pump never runs inside nghttp2's own callbacks
+ * (h2_server.c delivers requests after nghttp2_session_mem_recv), and
+ * never nests: events it causes (writability) wait for it.
+ *
+ * Promises complete once nghttp2 has returned (their listeners may
+ * write): success when a response's last frame reached the outbound
+ * buffer (watched to the socket by the write mark when nothing is in
+ * between), failure when its stream was reset first.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec/h2_internal.h"
+#include "codec/http_encode.h"
+#include "codec/http_parse.h"
+
+/* ---- bytes out --------------------------------------------------------------------- */
+
+static void out_bytes(nr_h2_server_t *h, const void *p, size_t n) {
+  if (n == 0)
+    return;
+  h->wrote = true;
+  char *w;
+  if (nr_buf_len(&h->gather) == 0 &&
+      (w = nr_ctx_write_reserve(h->ctx, n)) != NULL) {
+    memcpy(w, p, n);
+    nr_ctx_write_commit(h->ctx, n);
+    return;
+  }
+  if (nr_buf_append(&h->gather, p, n) < 0)
+    h->calm = true;            /* out of memory: the session ends */
+}
+
+static ssize_t on_send(nghttp2_session *ng, const uint8_t *data, size_t len,
+                       int flags, void *ud) {
+  (void)ng, (void)flags;
+  out_bytes(ud, data, len);
+  return (ssize_t)len;
+}
+
+void nr__h2_held(nr_h2_server_t *h, ptrdiff_t delta) {
+  if (delta == 0)
+    return;
+  h->held += (size_t)delta;
+  nr_channel_hold_bytes(nr_ctx_channel(h->ctx), delta);
+}
+
+/* DATA: the frame header nghttp2 made, then the payload from the stream. */
+static int on_send_data(nghttp2_session *ng, nghttp2_frame *f,
+                        const uint8_t *framehd, size_t length,
+                        nghttp2_data_source *src, void *ud) {
+  (void)ng, (void)f;
+  nr_h2_server_t *h = ud;
+  h2s_t *s = src->ptr;
+  assert(length <= s->data_len);
+  out_bytes(h, framehd, 9);
+  out_bytes(h, s->data, length);
+  s->data += length;
+  s->data_len -= length;
+  if (s->own) {
+    nr_buf_consume(&s->copy, length);
+    nr__h2_held(h, -(ptrdiff_t)length);
+  }
+  h->progress = nr_now();
+  return 0;
+}
+
+static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf,
+                         size_t len, uint32_t *flags, nghttp2_data_source *src,
+                         void *ud) {
+  (void)ng, (void)id, (void)buf, (void)ud;
+  h2s_t *s = src->ptr;
+  size_t n = len < s->data_len ? len : s->data_len;
+  if (n == 0 && !s->eof) {
+    s->deferred = true;
+    return NGHTTP2_ERR_DEFERRED;
+  }
+  *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+  if (n == s->data_len && s->eof)
+    *flags |= NGHTTP2_DATA_FLAG_EOF;
+  return (ssize_t)n;
+}
+
+static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
+                         void *ud) {
+  (void)ng;
+  nr_h2_server_t *h = ud;
+  if (f->hd.type == NGHTTP2_RST_STREAM &&
+      !nr__h2_take(&h->resets_out, h->o.reset_burst, h->o.reset_rate))
+    h->calm = true;            /* MadeYouReset: the client makes us reset */
+  else if (f->hd.type == NGHTTP2_DATA && f->hd.length > 0 &&
+           h->flood.tokens < h->o.flood_burst)
+    h->flood.tokens += 1;      /* its WINDOW_UPDATEs are earned */
+  return 0;
+}
+
+void nr__h2_out_callbacks(nghttp2_session_callbacks *cb) {
+  nghttp2_session_callbacks_set_send_callback(cb, on_send);
+  nghttp2_session_callbacks_set_send_data_callback(cb, on_send_data);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send);
+}
+
+/* ---- promises ------------------------------------------------------------------------ */
+
+struct done_s {
+  nr_promise_t *p;
+  bool ok;
+};
+
+void nr__h2_complete(nr_h2_server_t *h, nr_promise_t *p, bool ok) {
+  if (h->ndone == h->cdone) {
+    size_t c = h->cdone ? h->cdone * 2 : 8;
+    struct done_s *d = nr_h2_alloc(c * sizeof *d);
+    if (d == NULL) {           /* (its listeners will not hear) */
+      nr_promise_release(p);
+      return;
+    }
+    if (h->ndone)
+      memcpy(d, h->done, h->ndone * sizeof *d);
+    nr_h2_free(h->done);
+    h->done = d;
+    h->cdone = c;
+  }
+  h->done[h->ndone++] = (struct done_s){p, ok};
+}
+
+static void run_done(nr_h2_server_t *h) {
+  nr_channel_t *ch = nr_ctx_channel(h->ctx);
+  bool watch = nr_ctx_writes_to_head(h->ctx);
+  while (h->ndone > 0) {
+    struct done_s d = h->done[--h->ndone];
+    if (!d.ok)
+      nr_promise_set_failure(d.p, NR_ECLOSED, "http2: the stream was reset");
+    else if (!watch || nr_channel_watch_write(ch, nr_channel_write_mark(ch),
+                                              d.p) < 0)
+      nr_promise_set_success(d.p, NULL, NULL);
+    nr_promise_release(d.p);
+  }
+}
+
+void nr__h2_fail_done(nr_h2_server_t *h) {
+  while (h->ndone > 0) {
+    struct done_s d = h->done[--h->ndone];
+    nr_promise_set_failure(d.p, NR_ECLOSED, "http2: the connection ended");
+    nr_promise_release(d.p);
+  }
+}
+
+/* ---- the pump ------------------------------------------------------------------------ */
+
+static void finish(nr_h2_server_t *h) {
+  h->dead = true;
+  nr_channel_t *ch = nr_ctx_channel(h->ctx);
+  if (!nr_channel_is_open(ch))
+    return;
+  nr_channel_linger(ch);       /* its late frames must not reset our GOAWAY */
+  nr_ctx_flush(h->ctx);
+  nr_ctx_close(h->ctx, NULL);
+}
+
+bool nr__h2_pump(nr_h2_server_t *h, bool flush) {
+  if (h->pumping || h->dead)
+    return !h->dead;
+  h->pumping = true;
+  int rv = nghttp2_session_send(h->ng);
+  if (nr_buf_len(&h->gather) > 0) {
+    nr_bytes_t b = NR_BYTES(nr_buf_peek(&h->gather), nr_buf_len(&h->gather));
+    nr_ctx_write(h->ctx, &b, NULL);
+    nr_buf_free(&h->gather);
+  }
+  h->pumping = false;
+  if (h->calm && rv == 0) {    /* a limit passed while sending */
+    h->calm = false;
+    nghttp2_session_terminate_session(h->ng, NGHTTP2_ENHANCE_YOUR_CALM);
+    h->pumping = true;
+    rv = nghttp2_session_send(h->ng);
+    if (nr_buf_len(&h->gather) > 0) {
+      nr_bytes_t b = NR_BYTES(nr_buf_peek(&h->gather), nr_buf_len(&h->gather));
+      nr_ctx_write(h->ctx, &b, NULL);
+      nr_buf_free(&h->gather);
+    }
+    h->pumping = false;
+  }
+  run_done(h);
+  if (flush && h->wrote) {
+    h->wrote = false;
+    nr_ctx_flush(h->ctx);
+  }
+  if (rv != 0 || (!nghttp2_session_want_read(h->ng) &&
+                  !nghttp2_session_want_write(h->ng))) {
+    finish(h);
+    return false;
+  }
+  nr__h2_window_check(h);
+  return true;
+}
+
+/* ---- the send timeout ----------------------------------------------------------------- */
+
+static int window_expired(void *arg) {
+  nr_h2_server_t *h = arg;
+  nr_timer_release(h->window_timer);
+  h->window_timer = NULL;
+  if (h->dead)
+    return 0;
+  uint64_t now = nr_now(), end = h->progress + h->o.send_timeout;
+  if (h->held > 0 && now >= end) {
+    nr_log(NR_LOG_DEBUG, "http2: the peer kept its window shut for %.0f s",
+           (double)h->o.send_timeout / 1e9);
+    nr__h2_die(h, NGHTTP2_FLOW_CONTROL_ERROR);
+  } else if (h->held > 0) {
+    h->window_timer = nr_loop_schedule(nr_channel_loop(nr_ctx_channel(h->ctx)),
+                                       end - now, 0, window_expired, NULL, h);
+  }
+  return 0;
+}
+
+/* Data held back by the peer's window: time it (from the last DATA that
+ * went out); nothing held: no timer. */
+void nr__h2_window_check(nr_h2_server_t *h) {
+  if (h->held > 0 && h->window_timer == NULL) {
+    if (h->progress == 0)
+      h->progress = nr_now();
+    h->window_timer = nr_loop_schedule(nr_channel_loop(nr_ctx_channel(h->ctx)),
+                                       h->o.send_timeout, 0, window_expired,
+                                       NULL, h);
+  } else if (h->held == 0 && h->window_timer != NULL) {
+    nr_timer_cancel(h->window_timer);
+    nr_timer_release(h->window_timer);
+    h->window_timer = NULL;
+  }
+}
+
+/* ---- responses ------------------------------------------------------------------------- */
+
+void nr__h2_settled(nr_h2_server_t *h, h2s_t *s) {
+  if (!s->counted)
+    return;
+  s->counted = false;
+  if (--h->owing == 0)
+    nr_channel_unhold(nr_ctx_channel(h->ctx));
+}
+
+static int misuse(nr_h2_server_t *h, nr_promise_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), cold));
+static int misuse(nr_h2_server_t *h, nr_promise_t *p, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (p != NULL) {
+    nr_err_t err = {-EINVAL, msg};
+    nr_ctx_fire_exception(h->ctx, &err);
+  }
+  return nr_raise(-EINVAL, "%s", msg);
+}
+
+/* Header fields HTTP/2 forbids (RFC 9113 8.2.2): the connection's own. */
+static bool connection_specific(const char *n, size_t l) {
+  switch (l) {
+  case 2: return nr__http_ieq(n, l, "te", 2);   /* (only "trailers" is
+                                                    allowed: not sent) */
+  case 7: return nr__http_ieq(n, l, "upgrade", 7);
+  case 10: return nr__http_ieq(n, l, "connection", 10) ||
+                  nr__http_ieq(n, l, "keep-alive", 10);
+  case 16: return nr__http_ieq(n, l, "proxy-connection", 16);
+  case 17: return nr__http_ieq(n, l, "transfer-encoding", 17);
+  }
+  return false;
+}
+
+/* The fields of a response being built: names lowercased into `low`. */
+#define NV_MAX (NR_HTTP_MAX_HEADERS + 8)
+typedef struct nvs_s {
+  nghttp2_nv v[NV_MAX];
+  size_t n;
+  char status[4];
+  char length[24];
+  char low[8192];             /* lowercased names; longer ones as given */
+  size_t low_used;
+} nvs_t;
+
+static void nv_add(nvs_t *a, const char *name, size_t nl, const char *value,
+                   size_t vl) {
+  if (a->n == NV_MAX)
+    return;
+  const char *lname = name;
+  bool upper = false;
+  for (size_t i = 0; i < nl && !upper; i++)
+    upper = name[i] >= 'A' && name[i] <= 'Z';
+  if (upper && a->low_used + nl <= sizeof a->low) {
+    char *d = a->low + a->low_used;
+    for (size_t i = 0; i < nl; i++)
+      d[i] = name[i] >= 'A' && name[i] <= 'Z' ? (char)(name[i] + 32) : name[i];
+    a->low_used += nl;
+    lname = d;
+  }
+  a->v[a->n++] = (nghttp2_nv){(uint8_t *)lname, (uint8_t *)value, nl, vl,
+                              NGHTTP2_NV_FLAG_NONE};
+}
+#define NV_LIT(a, n, v, vl) nv_add((a), n, sizeof n - 1, (v), (vl))
+
+static void nv_status(nvs_t *a, int status) {
+  a->status[0] = (char)('0' + status / 100 % 10);
+  a->status[1] = (char)('0' + status / 10 % 10);
+  a->status[2] = (char)('0' + status % 10);
+  NV_LIT(a, ":status", a->status, 3);
+}
+
+/* Which stream a response head answers (see h2.h). */
+static h2s_t *answering(nr_h2_server_t *h) {
+  if (h->cur != NULL && h->cur->st == S_OWED)
+    return h->cur;
+  return h->owed.head;
+}
+
+/* Whether s is still nghttp2's stream id (a pump may have closed and
+ * freed it). */
+static bool stream_alive(nr_h2_server_t *h, int32_t id, h2s_t *s) {
+  return nghttp2_session_get_stream_user_data(h->ng, id) == s;
+}
+
+/* What the windows held back of a body given by the caller, copied
+ * before the caller's bytes go away. */
+static void keep_rest(nr_h2_server_t *h, h2s_t *s) {
+  if (s->data_len == 0 || s->own)
+    return;
+  if (nr_buf_append(&s->copy, s->data, s->data_len) < 0) {
+    nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, s->id,
+                              NGHTTP2_INTERNAL_ERROR);
+    s->data_len = 0;
+    return;
+  }
+  s->data = nr_buf_peek(&s->copy);
+  s->own = true;
+  nr__h2_held(h, (ptrdiff_t)s->data_len);
+}
+
+/* Submit s's response (fields in a, body bytes borrowed) and pump; what
+ * the windows held back of the body is copied. A streamed response to
+ * HEAD (bodyless) stays listed, so that its chunks are dropped. */
+static int submit(nr_h2_server_t *h, h2s_t *s, nvs_t *a, const char *body,
+                  size_t blen, bool stream, bool bodyless, nr_promise_t *p) {
+  int32_t id = s->id;
+  s->st = S_SENDING;
+  s->data = body;
+  s->data_len = bodyless ? 0 : blen;
+  s->eof = !stream;
+  s->discard = bodyless;
+  s->streaming = stream;
+  if (stream)
+    nr__h2_list_push(&h->streaming, s);
+  if (p != NULL && !nr_promise_is_void(p))
+    s->p = nr_promise_retain(p);
+  nghttp2_data_provider dp = {.source.ptr = s, .read_callback = data_read};
+  bool data = !bodyless && (stream || blen > 0);
+  int rv = nghttp2_submit_response(h->ng, id, a->v, a->n, data ? &dp : NULL);
+  if (rv != 0) {
+    nr_log(NR_LOG_DEBUG, "http2: stream %d: %s", (int)id, nghttp2_strerror(rv));
+    if (stream)
+      nr__h2_list_remove(&h->streaming, s);
+    s->streaming = false;
+    s->data_len = 0;
+    return 0;                  /* (closed by now: dropped with it) */
+  }
+  nr__h2_pump(h, false);
+  if (stream_alive(h, id, s))
+    keep_rest(h, s);
+  return 0;
+}
+
+/* A head for a stream the client reset: dropped, and so is the record
+ * (but for a streamed one, which stays listed until its end). */
+static int drop_answer(nr_h2_server_t *h, h2s_t *s, bool stream,
+                       nr_promise_t *p) {
+  if (p != NULL && !nr_promise_is_void(p))
+    nr_promise_set_failure(p, NR_ECLOSED, "http2: the stream was reset");
+  if (stream) {
+    s->st = S_SENDING;
+    s->streaming = s->discard = true;
+    nr__h2_list_push(&h->streaming, s);
+    return 0;
+  }
+  nr__h2_stream_free(h, s);
+  return 0;
+}
+
+/* The fields every response gets unless the user's give them. */
+static void nv_common(nvs_t *a, unsigned user, bool length, size_t blen) {
+  if (!(user & U_SERVER))
+    NV_LIT(a, "server", "netrun", 6);
+  if (!(user & U_DATE))
+    NV_LIT(a, "date", nr_http_date(), DATE_LEN);
+  if (length && !(user & U_LENGTH)) {
+    int n = snprintf(a->length, sizeof a->length, "%zu", blen);
+    NV_LIT(a, "content-length", a->length, (size_t)n);
+  }
+}
+
+static __thread nvs_t *nvs_scratch;
+
+static nvs_t *nvs(void) {
+  if (nvs_scratch == NULL)
+    nvs_scratch = malloc(sizeof *nvs_scratch);
+  if (nvs_scratch != NULL)
+    nvs_scratch->n = nvs_scratch->low_used = 0;
+  return nvs_scratch;
+}
+
+static int write_response(nr_h2_server_t *h, const nr_http_response_t *r,
+                          nr_promise_t *p) {
+  h2s_t *s = answering(h);
+  if (s == NULL)
+    return misuse(h, p, "http_server: a response with no request to answer");
+  if (r->status < 100 || r->status > 999)
+    return misuse(h, p, "http_server: bad status %d", r->status);
+  if (r->status < 200)
+    return misuse(h, p, "http_server: HTTP/2 takes no 1xx response from "
+                  "handlers (status %d)", r->status);
+  nr__h2_list_remove(&h->owed, s);
+  nr_http_count_status(r->status);
+  if (s->gone)
+    return drop_answer(h, s, r->stream, p);
+  nvs_t *a = nvs();
+  if (a == NULL)
+    return nr_raise(-ENOMEM, "http2: out of memory");
+  size_t room;
+  unsigned user = nr__http_user_flags(r, &room);
+  bool bodyless = bodyless_status(r->status) || s->head;
+  nv_status(a, r->status);
+  nv_common(a, user, !r->stream && !bodyless_status(r->status),
+            r->body ? r->body_len : 0);
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *f = &r->headers[i];
+    if (!connection_specific(f->name, f->name_len))
+      nv_add(a, f->name, f->name_len, f->value, f->value_len);
+  }
+  return submit(h, s, a, r->body, r->body ? r->body_len : 0, r->stream,
+                bodyless, p);
+}
+
+/* A prepared response: its HTTP/1.1 head read back into fields (the date
+ * its own unless the user's headers gave one), its body as it is. */
+static int write_prepared(nr_h2_server_t *h, const nr_http_prepared_t *pr,
+                          nr_promise_t *p) {
+  h2s_t *s = answering(h);
+  if (s == NULL)
+    return misuse(h, p, "http_server: a response with no request to answer");
+  nr__h2_list_remove(&h->owed, s);
+  nr_http_count_status(pr->status);
+  if (s->gone)
+    return drop_answer(h, s, false, p);
+  nvs_t *a = nvs();
+  if (a == NULL)
+    return nr_raise(-ENOMEM, "http2: out of memory");
+  nv_status(a, pr->status);
+  const char *b = pr->bytes, *end = b + pr->head_len;
+  const char *line = memchr(b, '\n', pr->head_len);   /* past the status */
+  for (line = line ? line + 1 : end; line < end;) {
+    const char *eol = memchr(line, '\r', (size_t)(end - line));
+    const char *colon = memchr(line, ':', (size_t)(end - line));
+    if (eol == NULL || colon == NULL || colon > eol)
+      break;
+    const char *v = colon + 1;
+    while (v < eol && (*v == ' ' || *v == '\t'))
+      v++;
+    size_t nl = (size_t)(colon - line);
+    if ((size_t)(v - b) == pr->date_at && pr->date_at != 0)
+      nv_add(a, line, nl, nr_http_date(), DATE_LEN);
+    else if (!connection_specific(line, nl))
+      nv_add(a, line, nl, v, (size_t)(eol - v));
+    line = eol + 2;
+  }
+  bool bodyless = bodyless_status(pr->status) || s->head;
+  return submit(h, s, a, pr->bytes + pr->head_len + 2, pr->body_len, false,
+                bodyless, p);
+}
+
+/* The chunks of a streamed response, and its end (a zero-length write). */
+static int write_chunk(nr_h2_server_t *h, void *msg, nr_promise_t *p) {
+  h2s_t *s = h->cur != NULL && h->cur->streaming ? h->cur : h->streaming.head;
+  if (s == NULL)
+    return misuse(h, p, "http_server: bytes written on HTTP/2 with no "
+                  "streamed response open (write a response first)");
+  const nr_slice_t *parts;
+  nr_slice_t one;
+  size_t n = 1, total = 0;
+  if (nr_msg_type(msg) == NR_MSG_BYTES) {
+    one = (nr_slice_t){((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len};
+    parts = &one;
+  } else {
+    parts = ((nr_slices_t *)msg)->v;
+    n = ((nr_slices_t *)msg)->n;
+  }
+  for (size_t i = 0; i < n; i++)
+    total += parts[i].len;
+  int32_t id = s->id;
+  if (total == 0) {            /* the end: later chunks go elsewhere */
+    nr__h2_list_remove(&h->streaming, s);
+    s->streaming = false;
+    if (s->gone || s->discard) {
+      if (p != NULL && !nr_promise_is_void(p))
+        nr_promise_set_success(p, NULL, NULL);
+      if (s->gone)
+        nr__h2_stream_free(h, s);
+      return 0;
+    }
+    s->eof = true;
+    if (p != NULL && !nr_promise_is_void(p) && s->p == NULL)
+      s->p = nr_promise_retain(p);
+    else if (p != NULL && !nr_promise_is_void(p))
+      nr_promise_set_success(p, NULL, NULL);
+  } else if (s->gone || s->discard) {
+    if (p != NULL && !nr_promise_is_void(p))
+      nr_promise_set_success(p, NULL, NULL);
+    return 0;
+  } else if (s->data_len == 0 && n == 1) {
+    s->data = parts[0].data;   /* borrowed while it is pumped */
+    s->data_len = parts[0].len;
+    s->own = false;
+  } else {
+    if (!s->own && s->data_len > 0)
+      keep_rest(h, s);
+    for (size_t i = 0; i < n; i++)
+      if (nr_buf_append(&s->copy, parts[i].data, parts[i].len) < 0)
+        return nr_raise(-ENOMEM, "http2: out of memory");
+    s->data = nr_buf_peek(&s->copy);
+    s->data_len += total;
+    if (!s->own)
+      s->data_len = total;
+    s->own = true;
+    nr__h2_held(h, (ptrdiff_t)total);
+  }
+  if (total > 0 && p != NULL && !nr_promise_is_void(p))
+    nr_promise_set_success(p, NULL, NULL);  /* taken: the stream's own */
+  if (s->deferred) {
+    s->deferred = false;
+    nghttp2_session_resume_data(h->ng, id);
+  }
+  nr__h2_pump(h, false);
+  if (stream_alive(h, id, s))
+    keep_rest(h, s);
+  return 0;
+}
+
+int nr_h2_server_write(nr_h2_server_t *h, void *msg, nr_promise_t *p) {
+  if (h->dead) {
+    if (p != NULL && !nr_promise_is_void(p))
+      nr_promise_set_failure(p, NR_ECLOSED, "http2: the connection ended");
+    return 0;
+  }
+  switch (nr_msg_type(msg)) {
+  case NR_MSG_HTTP_PREPARED: return write_prepared(h, msg, p);
+  case NR_MSG_HTTP_RESPONSE: return write_response(h, msg, p);
+  case NR_MSG_BYTES:
+  case NR_MSG_SLICES: return write_chunk(h, msg, p);
+  }
+  return misuse(h, p, "http_server: HTTP/2 takes responses and the chunks "
+                "of streamed ones, not this message");
+}
+
+/* An answer of the server's own: the status and its reason as text. */
+void nr__h2_answer_status(nr_h2_server_t *h, h2s_t *s, int status) {
+  nr_http_count_status(status);
+  nvs_t *a = nvs();
+  if (a == NULL) {
+    nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, s->id,
+                              NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  static __thread char body[64];
+  int n = snprintf(body, sizeof body, "%s\n", nr_http_reason(status));
+  nv_status(a, status);
+  NV_LIT(a, "content-type", "text/plain", 10);
+  nv_common(a, 0, true, (size_t)n);
+  submit(h, s, a, body, (size_t)n, false, s->head, NULL);
+}
