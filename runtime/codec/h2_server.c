@@ -407,6 +407,18 @@ static bool lower_is(const char *a, size_t n, const char *lit) {
   return n == strlen(lit) && memcmp(a, lit, n) == 0;   /* names are lowercase */
 }
 
+/* Append b's own bytes at off (appending may move them first). */
+static bool append_own(nr_buf_t *b, size_t off, size_t n) {
+  char small[256], *tmp = n <= sizeof small ? small : malloc(n);
+  if (tmp == NULL)
+    return false;
+  memcpy(tmp, nr_buf_peek(b) + off, n);
+  int rc = nr_buf_append(b, tmp, n);
+  if (tmp != small)
+    free(tmp);
+  return rc == 0;
+}
+
 /* Cookies joined with "; " (RFC 9113 8.2.3) and a Host from :authority
  * when none came (8.3.1), appended to the text: into r's headers. */
 static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
@@ -419,11 +431,13 @@ static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
       first = i;
     host |= lower_is(t + s->hdr[i].name, s->hdr[i].name_len, "host");
   }
-  size_t at = nr_buf_len(&s->text);
+  /* appended in the order they go into r, after every field received:
+   * the last field's end is the text's (what head_block relies on) */
   uint32_t host_name = 0, cookie = 0, cookie_len = 0;
   if (!host && s->authority_len > 0) {
-    host_name = (uint32_t)at;
-    if (nr_buf_append(&s->text, "host", 4) < 0)
+    host_name = (uint32_t)nr_buf_len(&s->text);
+    if (nr_buf_append(&s->text, "host", 4) < 0 ||
+        !append_own(&s->text, s->authority, s->authority_len))
       return false;
   }
   if (cookies > 1) {           /* joined apart: appending moves the text */
@@ -455,7 +469,7 @@ static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
                                             f->name_len, f->value_len};
   }
   if (!host && s->authority_len > 0)
-    r->headers[(*n)++] = (nr_http_header_t){t + host_name, t + s->authority,
+    r->headers[(*n)++] = (nr_http_header_t){t + host_name, t + host_name + 4,
                                             4, s->authority_len};
   if (cookies > 1)
     r->headers[(*n)++] = (nr_http_header_t){t + s->hdr[first].name, t + cookie,
