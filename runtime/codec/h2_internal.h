@@ -85,6 +85,8 @@ struct nr_h2_server_s {
   unsigned records;           /* h2s_t alive */
   unsigned owing;             /* delivered, answer not complete: holds */
   unsigned opened;            /* streams opened by the current read */
+  int32_t max_id;             /* the highest stream the client opened */
+  uint32_t die_code;          /* a callback's reason to end the session */
   uint64_t delivered;         /* tokens given */
   size_t buffered;            /* request body bytes held, undelivered */
   size_t budget;              /* ... past which only the oldest arriving
