@@ -34,6 +34,16 @@ typedef struct h2hdr_s {
   uint32_t name, name_len, value, value_len;   /* offsets into text */
 } h2hdr_t;
 
+/* A request's text and fields: inline for the usual request, on the heap
+ * past that. */
+#define TEXT_INLINE 320
+#define HDR_INLINE 16
+
+typedef struct h2text_s {
+  char *p;                    /* small, or the heap */
+  uint32_t len, cap;
+} h2text_t;
+
 typedef struct h2s_s h2s_t;
 struct h2s_s {
   int32_t id;
@@ -55,7 +65,7 @@ struct h2s_s {
   uint32_t list_bytes;        /* the header list's size, RFC 9113 6.5.2 */
   uint32_t unacked;           /* body bytes received, window not given back */
   uint64_t token;             /* its delivery's token */
-  nr_buf_t text;              /* method, path and fields as received */
+  h2text_t text;              /* method, path and fields as received */
   nr_buf_t body;              /* the request body */
   h2hdr_t *hdr;
   const char *data;           /* response body bytes not yet framed */
@@ -63,6 +73,8 @@ struct h2s_s {
   nr_buf_t copy;              /* ... kept here once the write returned */
   nr_promise_t *p;            /* the response's write promise */
   h2s_t *prev, *next;         /* in ready, owed or streaming */
+  h2hdr_t hdr_small[HDR_INLINE];
+  char text_small[TEXT_INLINE];
 };
 
 typedef struct list_s {
@@ -82,6 +94,7 @@ struct nr_h2_server_s {
   size_t max_header, max_body, max_headers;
   list_t arriving, ready, owed, streaming;
   h2s_t *cur;                 /* whose request is being delivered */
+  h2s_t *hs;                  /* whose header block is being decoded */
   unsigned records;           /* h2s_t alive */
   unsigned owing;             /* delivered, answer not complete: holds */
   unsigned opened;            /* streams opened by the current read */

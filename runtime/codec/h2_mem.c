@@ -50,15 +50,18 @@ static void give_back(void *arg) {
 
 static void make_key(void) { pthread_key_create(&key, give_back); }
 
-static lists_t *mine(void) {
-  if (lists == NULL) {
-    pthread_once(&once, make_key);
-    lists = calloc(1, sizeof *lists);
-    if (lists != NULL)
-      pthread_setspecific(key, lists);
-  }
+static __attribute__((noinline)) lists_t *make_lists(void) {
+  pthread_once(&once, make_key);
+  lists = calloc(1, sizeof *lists);
+  if (lists != NULL)
+    pthread_setspecific(key, lists);
   return lists;
 }
+
+static inline lists_t *mine(void) {
+  return lists != NULL ? lists : make_lists();
+}
+
 
 void *nr_h2_alloc(size_t n) {
   size_t c = (n + CLASS - 1) / CLASS;

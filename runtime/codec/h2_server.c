@@ -30,6 +30,7 @@
  * `budget`, past which only the oldest arriving stream gets window.
  */
 #include <assert.h>
+#include <stddef.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -53,13 +54,52 @@ void nr__h2_list_remove(list_t *l, h2s_t *s) {
   s->prev = s->next = NULL;
 }
 
+/* ---- a request's text ---- */
+
+static void text_init(h2s_t *s) {
+  s->text = (h2text_t){s->text_small, 0, TEXT_INLINE};
+  s->hdr = s->hdr_small;
+  s->cap = HDR_INLINE;
+}
+
+static const char *text(const h2s_t *s) { return s->text.p; }
+
+/* Append p[0 .. n) (which may lie in the text itself): false when out of
+ * memory. */
+static bool text_add(h2s_t *s, const void *p, size_t n) {
+  h2text_t *t = &s->text;
+  if (n > UINT32_MAX / 2 - t->len)
+    return false;
+  if (t->len + n > t->cap) {
+    uint32_t cap = t->cap * 2;
+    while (cap < t->len + n)
+      cap *= 2;
+    char *d = malloc(cap);
+    if (d == NULL)
+      return false;
+    memcpy(d, t->p, t->len);
+    const char *from = p;
+    if (from >= t->p && from < t->p + t->len)
+      p = d + (from - t->p);   /* (appending its own bytes) */
+    if (t->p != s->text_small)
+      free(t->p);
+    t->p = d;
+    t->cap = cap;
+  }
+  memcpy(t->p + t->len, p, n);
+  t->len += (uint32_t)n;
+  return true;
+}
+
 static void drop_request(nr_h2_server_t *h, h2s_t *s) {
   h->buffered -= nr_buf_len(&s->body);
   nr_buf_free(&s->body);
-  nr_buf_free(&s->text);
-  nr_h2_free(s->hdr);
-  s->hdr = NULL;
-  s->nhdr = s->ntrl = s->cap = 0;
+  if (s->text.p != s->text_small)
+    free(s->text.p);
+  if (s->hdr != s->hdr_small)
+    nr_h2_free(s->hdr);
+  text_init(s);
+  s->nhdr = s->ntrl = 0;
 }
 
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s) {
@@ -117,10 +157,12 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   int32_t id = f->hd.stream_id;
   if (f->hd.type != NGHTTP2_HEADERS)
     return 0;
+  h->hs = NULL;
   if (f->headers.cat != NGHTTP2_HCAT_REQUEST) {
     h2s_t *s = stream_of(ng, id);
     if (s != NULL)
       s->trailers = true;
+    h->hs = s;
     return 0;
   }
   if (++h->opened > 2 * h->o.max_streams) {
@@ -135,7 +177,8 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   h2s_t *s = nr_h2_alloc(sizeof *s);
   if (s == NULL)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-  memset(s, 0, sizeof *s);
+  memset(s, 0, offsetof(h2s_t, hdr_small));
+  text_init(s);
   s->id = id;
   if (nghttp2_session_set_stream_user_data(ng, id, s) != 0) {
     nr_h2_free(s);
@@ -143,6 +186,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   }
   h->records++;
   nr__h2_list_push(&h->arriving, s);
+  h->hs = s;
   return 0;
 }
 
@@ -153,10 +197,10 @@ static bool is(const uint8_t *a, size_t n, const char *lit, size_t ln) {
 
 /* Append s[0 .. n) to the stream's text: its offset, or -1. */
 static int64_t keep(h2s_t *s, const uint8_t *p, size_t n) {
-  size_t at = nr_buf_len(&s->text);
-  if (n > 0 && nr_buf_append(&s->text, p, n) < 0)
+  uint32_t at = s->text.len;
+  if (n > 0 && !text_add(s, p, n))
     return -1;
-  return (int64_t)at;
+  return at;
 }
 
 static bool add_field(nr_h2_server_t *h, h2s_t *s, const uint8_t *name,
@@ -166,13 +210,13 @@ static bool add_field(nr_h2_server_t *h, h2s_t *s, const uint8_t *name,
     return true;
   }
   if (s->nhdr + s->ntrl == s->cap) {
-    uint16_t cap = s->cap ? (uint16_t)(s->cap * 2) : 16;
+    uint16_t cap = (uint16_t)(s->cap * 2);
     h2hdr_t *v = nr_h2_alloc(cap * sizeof *v);
     if (v == NULL)
       return false;
-    if (s->cap)
-      memcpy(v, s->hdr, s->cap * sizeof *v);
-    nr_h2_free(s->hdr);
+    memcpy(v, s->hdr, s->cap * sizeof *v);
+    if (s->hdr != s->hdr_small)
+      nr_h2_free(s->hdr);
     s->hdr = v;
     s->cap = cap;
   }
@@ -215,7 +259,8 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
                      size_t vl, uint8_t flags, void *ud) {
   (void)flags;
   nr_h2_server_t *h = ud;
-  h2s_t *s = stream_of(ng, f->hd.stream_id);
+  h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
+                 ? h->hs : stream_of(ng, f->hd.stream_id);
   if (s == NULL || s->error || s->st != S_ARRIVING)
     return 0;                  /* refused, or past a limit: decoded only */
   s->list_bytes += (uint32_t)(nl + vl + 32);
@@ -316,6 +361,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   h2s_t *s = stream_of(ng, id);
   if (s == NULL)
     return 0;
+  if (h->hs == s)
+    h->hs = NULL;
   nghttp2_session_set_stream_user_data(ng, id, NULL);
   switch (s->st) {
   case S_ARRIVING:
@@ -407,21 +454,22 @@ void nr__h2_credit(nr_h2_server_t *h) {
 static bool method_first(h2s_t *s) {
   if (s->method == 0)
     return true;
-  nr_buf_t t = NR_BUF_INIT;
-  const char *old = nr_buf_peek(&s->text);
-  if (nr_buf_append(&t, old + s->method, s->method_len) < 0 ||
-      nr_buf_append(&t, old, nr_buf_len(&s->text)) < 0) {
-    nr_buf_free(&t);
+  uint32_t d = s->method_len, len = s->text.len;
+  if (!text_add(s, text(s), d))  /* room for it, then moved to the front */
     return false;
-  }
-  uint32_t d = s->method_len;
+  char *t = s->text.p;
+  char *m = malloc(d ? d : 1);
+  if (m == NULL)
+    return false;
+  memcpy(m, t + s->method, d);
+  memmove(t + d, t, len);
+  memcpy(t, m, d);
+  free(m);
   s->path += d;
   s->authority += d;
   for (unsigned i = 0; i < (unsigned)s->nhdr + s->ntrl; i++)
     s->hdr[i].name += d, s->hdr[i].value += d;
   s->method = 0;
-  nr_buf_free(&s->text);
-  s->text = t;
   return true;
 }
 
@@ -429,22 +477,10 @@ static bool lower_is(const char *a, size_t n, const char *lit) {
   return n == strlen(lit) && memcmp(a, lit, n) == 0;   /* names are lowercase */
 }
 
-/* Append b's own bytes at off (appending may move them first). */
-static bool append_own(nr_buf_t *b, size_t off, size_t n) {
-  char small[256], *tmp = n <= sizeof small ? small : malloc(n);
-  if (tmp == NULL)
-    return false;
-  memcpy(tmp, nr_buf_peek(b) + off, n);
-  int rc = nr_buf_append(b, tmp, n);
-  if (tmp != small)
-    free(tmp);
-  return rc == 0;
-}
-
 /* Cookies joined with "; " (RFC 9113 8.2.3) and a Host from :authority
  * when none came (8.3.1), appended to the text: into r's headers. */
 static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
-  const char *t = nr_buf_peek(&s->text);
+  const char *t = text(s);
   unsigned cookies = 0, first = 0;
   bool host = false;
   for (unsigned i = 0; i < s->nhdr; i++) {
@@ -457,32 +493,24 @@ static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
    * the last field's end is the text's (what head_block relies on) */
   uint32_t host_name = 0, cookie = 0, cookie_len = 0;
   if (!host && s->authority_len > 0) {
-    host_name = (uint32_t)nr_buf_len(&s->text);
-    if (nr_buf_append(&s->text, "host", 4) < 0 ||
-        !append_own(&s->text, s->authority, s->authority_len))
+    host_name = s->text.len;
+    if (!text_add(s, "host", 4) ||
+        !text_add(s, text(s) + s->authority, s->authority_len))
       return false;
   }
-  if (cookies > 1) {           /* joined apart: appending moves the text */
-    nr_buf_t j = NR_BUF_INIT;
-    for (unsigned i = 0; i < s->nhdr; i++) {
-      const char *b = nr_buf_peek(&s->text);
+  if (cookies > 1) {
+    cookie = s->text.len;
+    for (unsigned i = 0, k = 0; i < s->nhdr; i++) {
       const h2hdr_t *c = &s->hdr[i];
-      if (!lower_is(b + c->name, c->name_len, "cookie"))
+      if (!lower_is(text(s) + c->name, c->name_len, "cookie"))
         continue;
-      if ((nr_buf_len(&j) > 0 && nr_buf_append(&j, "; ", 2) < 0) ||
-          nr_buf_append(&j, b + c->value, c->value_len) < 0) {
-        nr_buf_free(&j);
+      if ((k++ > 0 && !text_add(s, "; ", 2)) ||
+          !text_add(s, text(s) + c->value, c->value_len))
         return false;
-      }
     }
-    cookie = (uint32_t)nr_buf_len(&s->text);
-    cookie_len = (uint32_t)nr_buf_len(&j);
-    int rc = nr_buf_append(&s->text, nr_buf_peek(&j), nr_buf_len(&j));
-    nr_buf_free(&j);
-    if (rc < 0)
-      return false;
+    cookie_len = s->text.len - cookie;
   }
-  t = nr_buf_peek(&s->text);   /* (it may have moved) */
+  t = text(s);                 /* (it may have moved) */
   for (unsigned i = 0; i < s->nhdr; i++) {
     const h2hdr_t *f = &s->hdr[i];
     if (cookies > 1 && lower_is(t + f->name, f->name_len, "cookie"))
@@ -505,7 +533,7 @@ static bool build(h2s_t *s, nr_http_request_t *r) {
   size_t n = 0;
   if (!add_derived(s, r, &n))
     return false;
-  const char *t = nr_buf_peek(&s->text);
+  const char *t = text(s);
   r->type = NR_MSG_HTTP_REQUEST;
   r->method = t + s->method;
   r->method_len = s->method_len;
@@ -767,7 +795,8 @@ int nr_h2_server_upgrade(nr_h2_server_t *h, const char *v, size_t n,
   h2s_t *s = nr_h2_alloc(sizeof *s);
   if (s == NULL)
     return -ENOMEM;
-  memset(s, 0, sizeof *s);
+  memset(s, 0, offsetof(h2s_t, hdr_small));
+  text_init(s);
   s->id = 1;
   s->head = head;
   s->st = S_OWED;
