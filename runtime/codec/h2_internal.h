@@ -113,7 +113,6 @@ struct nr_h2_server_s {
   size_t held;                /* bytes counted by nr_channel_hold_bytes */
   nr_timer_t *window_timer;   /* send_timeout while the peer's window
                                  holds data back */
-  nr_timer_t *goaway_timer;   /* the second GOAWAY, if no PING ACK */
   int busy;                   /* in feed or pump: no re-entry */
   bool dead;                  /* the session ended: closing */
   bool shutting;              /* a graceful shutdown: GOAWAY sent */

@@ -180,9 +180,8 @@ static void finish(nr_h2_server_t *h) {
   nr_ctx_close(h->ctx, NULL);
 }
 
-bool nr__h2_pump(nr_h2_server_t *h, bool flush) {
-  if (h->pumping || h->dead)
-    return !h->dead;
+/* nghttp2_session_send into the channel: 0 or nghttp2's error. */
+static int send_now(nr_h2_server_t *h) {
   h->pumping = true;
   pump_depth++;
   int rv = nghttp2_session_send(h->ng);
@@ -193,27 +192,35 @@ bool nr__h2_pump(nr_h2_server_t *h, bool flush) {
     nr_buf_free(&h->gather);
   }
   h->pumping = false;
+  return rv;
+}
+
+static bool session_done(nr_h2_server_t *h) {
+  return !nghttp2_session_want_read(h->ng) && !nghttp2_session_want_write(h->ng);
+}
+
+bool nr__h2_pump(nr_h2_server_t *h, bool flush) {
+  if (h->pumping || h->dead)
+    return !h->dead;
+  int rv = send_now(h);
   if (h->calm && rv == 0) {    /* a limit passed while sending */
     h->calm = false;
     nghttp2_session_terminate_session(h->ng, NGHTTP2_ENHANCE_YOUR_CALM);
-    h->pumping = true;
-    pump_depth++;
-    rv = nghttp2_session_send(h->ng);
-    pump_depth--;
-    if (nr_buf_len(&h->gather) > 0) {
-      nr_bytes_t b = NR_BYTES(nr_buf_peek(&h->gather), nr_buf_len(&h->gather));
-      nr_ctx_write(h->ctx, &b, NULL);
-      nr_buf_free(&h->gather);
-    }
-    h->pumping = false;
+    rv = send_now(h);
+  }
+  if (rv == 0 && h->shutting && !h->goaway2 && session_done(h)) {
+    h->goaway2 = true;         /* the last stream finished before the ACK */
+    nghttp2_submit_goaway(h->ng, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(h->ng),
+                          NGHTTP2_NO_ERROR, NULL, 0);
+    rv = send_now(h);
   }
   run_done(h);
   if (flush && h->wrote) {
     h->wrote = false;
     nr_ctx_flush(h->ctx);
   }
-  if (rv != 0 || (!nghttp2_session_want_read(h->ng) &&
-                  !nghttp2_session_want_write(h->ng))) {
+  if (rv != 0 || session_done(h)) {
     finish(h);
     return false;
   }

@@ -261,9 +261,19 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
   nr_h2_server_t *h = ud;
   h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
                  ? h->hs : stream_of(ng, f->hd.stream_id);
-  if (s == NULL || s->error || s->st != S_ARRIVING)
-    return 0;                  /* refused, or past a limit: decoded only */
+  if (s == NULL || s->st != S_ARRIVING)
+    return 0;                  /* refused: decoded only */
+  /* A block that decodes into far more than the limit (an HPACK bomb:
+   * a large field indexed once, then referenced by one-byte indices)
+   * would cost decoding to its end: past 4 x max_header the connection
+   * ends, its HPACK state no longer shared. Up to that, 431. */
   s->list_bytes += (uint32_t)(nl + vl + 32);
+  if (s->list_bytes > 4 * h->max_header + 65536) {
+    h->die_code = NGHTTP2_ENHANCE_YOUR_CALM;
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
+  if (s->error)
+    return 0;
   if (s->list_bytes > h->max_header) {
     s->error = 431;
     return 0;
@@ -679,10 +689,6 @@ void nr_h2_server_free(nr_h2_server_t *h) {
     nr_timer_cancel(h->window_timer);
     nr_timer_release(h->window_timer);
   }
-  if (h->goaway_timer != NULL) {
-    nr_timer_cancel(h->goaway_timer);
-    nr_timer_release(h->goaway_timer);
-  }
   nr_codec_resume_cancel(h->resume);
   /* the records nghttp2 still points at go with the session; the rest
    * (owed, streaming) are ours */
@@ -728,6 +734,19 @@ static void after(nr_h2_server_t *h) {
   }
 }
 
+/* The GOAWAY for an error nghttp2_session_mem_recv could not go on
+ * after: a flood of what it must answer (SETTINGS, PING ACKs past 1000
+ * queued) or a header block of too many CONTINUATIONs is an abuse. */
+static uint32_t fatal_code(int rv) {
+  switch (rv) {
+  case NGHTTP2_ERR_BAD_CLIENT_MAGIC: return NGHTTP2_PROTOCOL_ERROR;
+  case NGHTTP2_ERR_FLOODED:
+  case NGHTTP2_ERR_TOO_MANY_CONTINUATIONS:
+  case NGHTTP2_ERR_TOO_MANY_SETTINGS: return NGHTTP2_ENHANCE_YOUR_CALM;
+  }
+  return NGHTTP2_INTERNAL_ERROR;
+}
+
 int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
   if (h->dead)
     return -1;
@@ -736,9 +755,7 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
     ssize_t rv = nghttp2_session_mem_recv(h->ng, (const uint8_t *)data, len);
     if (rv < 0) {
       nr_log(NR_LOG_DEBUG, "http2: %s", nghttp2_strerror((int)rv));
-      nr__h2_die(h, h->die_code ? h->die_code
-                    : rv == NGHTTP2_ERR_BAD_CLIENT_MAGIC ? NGHTTP2_PROTOCOL_ERROR
-                                                         : NGHTTP2_INTERNAL_ERROR);
+      nr__h2_die(h, h->die_code ? h->die_code : fatal_code((int)rv));
       if (!h->dead) {
         h->dead = true;
         nr_ctx_close(h->ctx, NULL);
@@ -754,11 +771,6 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
   nr__h2_credit(h);
   if (h->final_goaway && !h->goaway2) {
     h->goaway2 = true;
-    if (h->goaway_timer != NULL) {
-      nr_timer_cancel(h->goaway_timer);
-      nr_timer_release(h->goaway_timer);
-      h->goaway_timer = NULL;
-    }
     nghttp2_submit_goaway(h->ng, NGHTTP2_FLAG_NONE,
                           nghttp2_session_get_last_proc_stream_id(h->ng),
                           NGHTTP2_NO_ERROR, NULL, 0);
@@ -867,24 +879,13 @@ void nr_h2_server_writability(nr_h2_server_t *h) {
   }
 }
 
-static int goaway_late(void *arg) {
-  nr_h2_server_t *h = arg;
-  nr_timer_release(h->goaway_timer);
-  h->goaway_timer = NULL;
-  if (!h->dead && !h->goaway2) {
-    h->final_goaway = h->goaway2 = true;
-    nghttp2_submit_goaway(h->ng, NGHTTP2_FLAG_NONE,
-                          nghttp2_session_get_last_proc_stream_id(h->ng),
-                          NGHTTP2_NO_ERROR, NULL, 0);
-    nr__h2_pump(h, true);
-  }
-  return 0;
-}
-
 /* RFC 9113 6.8: a GOAWAY with the highest stream id first, so that
- * requests in flight are not lost; after a round trip (our PING's ACK,
- * or a second at most) the one with the last stream processed. Open
- * streams are finished; the session closes once none is left. */
+ * requests in flight are not lost; after a round trip (our PING's ACK)
+ * the one with the last stream processed. Open streams are finished, and
+ * the connection closes once none is left (nr__h2_pump: with the second
+ * GOAWAY, if the ACK never came). The loop's timers are cancelled by a
+ * shutdown, so none bounds the wait: the shutdown's own timeout does. A
+ * connection with nothing open gets both at once, and closes. */
 void nr_h2_server_shutdown(nr_h2_server_t *h) {
   if (h->dead || h->shutting)
     return;
@@ -892,9 +893,14 @@ void nr_h2_server_shutdown(nr_h2_server_t *h) {
   nr_channel_t *ch = nr_ctx_channel(h->ctx);
   nr_channel_delay_shutdown_close(ch, nr_now() + NR_SEC(3600));
   nghttp2_submit_shutdown_notice(h->ng);
-  nghttp2_submit_ping(h->ng, NGHTTP2_FLAG_NONE, (const uint8_t *)"netrun-g");
-  h->goaway_timer = nr_loop_schedule(nr_channel_loop(ch), NR_SEC(1), 0,
-                                     goaway_late, NULL, h);
+  if (nr_h2_server_waiting(h) == NR_H2_IDLE) {
+    h->final_goaway = h->goaway2 = true;
+    nghttp2_submit_goaway(h->ng, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(h->ng),
+                          NGHTTP2_NO_ERROR, NULL, 0);
+  } else {
+    nghttp2_submit_ping(h->ng, NGHTTP2_FLAG_NONE, (const uint8_t *)"netrun-g");
+  }
   nr__h2_pump(h, true);
 }
 
