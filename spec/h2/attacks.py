@@ -285,16 +285,21 @@ def concurrency(srv):
 
 def upload_slow_reader(srv):
     """1 GiB on one stream to a server whose handlers cannot take it: the
-    client reads nothing (not the 32 MiB answer it asked for, so the
+    client reads nothing (not the 8 MiB answer it asked for, so the
     server's channel stays unwritable and it gives no window; not the
     WINDOW_UPDATEs or RST_STREAM either) and sends DATA as fast as the
     socket takes it for ATTACK seconds. The server's memory grows by the
     stream's window and max_body at most; it stays cheap."""
     c = Conn(srv.port, local_settings=[(INITIAL_WINDOW_SIZE, 2 ** 31 - 1)])
     c.window_update(0, 2 ** 31 - 1 - 65535)
-    c.request(1, "/big?n=33554432")
-    time.sleep(1)                         # (the answer settles in buffers)
-    rss0, cpu0 = srv.rss(), srv.cpu()
+    c.request(1, "/big?n=8388608")
+    rss0, last = 0, time.monotonic()      # (the answer settles in buffers:
+    while time.monotonic() - last < 0.5:  # RSS steady for half a second)
+        time.sleep(0.1)
+        r = srv.rss()
+        if r != rss0:
+            rss0, last = r, time.monotonic()
+    cpu0 = srv.cpu()
     c.request(3, "/hold", "POST", end_stream=False)
     c.sock.setblocking(False)
     chunk = frame(DATA, 0, 3, b"u" * 16384)
