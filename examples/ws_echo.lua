@@ -5,6 +5,9 @@
 --                               [--max-message BYTES] [--close-timeout S]
 --                               [--deflate yes]  (permessage-deflate, when
 --                                                 the client offers it)
+--                               [--inflate-ratio N]  (what a connection may
+--                                 inflate: N times what it sent compressed;
+--                                 0: no bound but max-message)
 -- Try it: netrun examples/ws_client.lua --url ws://127.0.0.1:9000/
 local netrun = require "netrun"
 
@@ -14,6 +17,7 @@ local opts = {
   max_message = option("max-message", 1 << 20),   -- larger: closed with 1009
   close_timeout = option("close-timeout", 5),     -- wait for the peer's close
   deflate = option("deflate", "no") == "yes",     -- agree permessage-deflate
+  inflate_ratio = option("inflate-ratio", 64),    -- 1008 past it (0: none)
 }
 
 local PAGE = netrun.codec.http_response {

@@ -7,16 +7,23 @@
  * other's bytes (a key and certificate made once, in memory: none is
  * committed). Then the input decides what the server reads, fed in pieces
  * (fuzz_chunk):
- *   mode 0 (first byte even): the rest of the input as it is -- garbage
- *     where records should be;
- *   mode 1: the client encrypts the input's plaintext (after a 2-byte
- *     header: how many edit pairs follow), and the edits (offset, xor)
- *     corrupt its ciphertext on the way.
+ *   mode 0 (first byte's low bits 00): the rest of the input as it is --
+ *     garbage where records should be;
+ *   mode 1 (odd): the client encrypts the input's plaintext (after a
+ *     2-byte header: how many edit pairs follow, and with bit 0x80 of the
+ *     second byte, whether the client closes after it: its close_notify
+ *     follows the plaintext), and the edits (offset, xor) corrupt its
+ *     ciphertext on the way;
+ *   mode 2 (10): a fresh server gets the rest as its very first bytes, no
+ *     handshake before (garbage, or plain HTTP on the TLS port).
  * Invariants: whatever plaintext the server fires is a prefix of what the
  * client wrote (AEAD: nothing forged, reordered or truncated inside a
  * record gets through); a failure reaches exception_caught with a message
  * starting "tls: "; after it nothing more is fired; ciphertext left
- * untouched is delivered whole.
+ * untouched is delivered whole, and after the client's close_notify the
+ * server closes once its loop ran, its own close_notify last out. First
+ * bytes that look like an HTTP request line are answered with a plain
+ * 400; others fail the handshake; either way nothing is fired.
  */
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -157,10 +164,39 @@ static void feed(nr_embedded_t *s, const char *data, size_t len,
   }
 }
 
+/* Mode 2: a server that never had a handshake gets `data` first. */
+static void first_bytes(const char *data, size_t len, uint32_t seed) {
+  got_t g = {0};
+  nr_embedded_t *s = side(server_cfg, &g);
+  nr_embedded_start(s);
+  feed(s, data, len, seed);
+  FUZZ_ASSERT(g.len == 0);
+  char *out = NULL;
+  size_t n = 0, cap = 0;
+  drain(s, &out, &n, &cap);
+  if (n >= 9 && memcmp(out, "HTTP/1.1 ", 9) == 0)    /* plain HTTP: told */
+    FUZZ_ASSERT(g.errors == 1 && memcmp(out, "HTTP/1.1 400 ", 13) == 0 &&
+                !nr_channel_is_open(nr_embedded_channel(s)));
+  free(out);
+  nr_embedded_free(s);
+  free(g.plain);
+}
+
+/* Run what the loop has queued (a close after close_notify). */
+static void run_tasks(void) {
+  for (int i = 0; i < 16 && nr_loop_has_pending_tasks(fuzz_loop()); i++)
+    nr_loop_run_once(fuzz_loop(), 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
   setup();
+  if ((data[0] & 3) == 2) {
+    first_bytes((const char *)data + 1, size - 1, fuzz_seed(data, size));
+    ERR_clear_error();
+    return 0;
+  }
   got_t cg = {0}, sg = {0};
   nr_embedded_t *c = side(client_cfg, &cg), *s = side(server_cfg, &sg);
   nr_embedded_start(s);
@@ -181,6 +217,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     plain_len = size - head;
     nr_bytes_t m = NR_BYTES(plain, plain_len);
     FUZZ_ASSERT(nr_embedded_write_outbound(c, &m) == 0);
+    bool closes = data[1] & 0x80;
+    if (closes)                   /* its close_notify follows */
+      nr_channel_close(nr_embedded_channel(c), NULL);
     char *wire = NULL;
     size_t len = 0, cap = 0;
     drain(c, &wire, &len, &cap);
@@ -192,6 +231,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(sg.len <= plain_len);
     if (edits == 0)               /* untouched ciphertext arrives whole */
       FUZZ_ASSERT(sg.errors == 0 && sg.len == plain_len);
+    run_tasks();
+    if (edits == 0 && closes) {   /* answered with close_notify, closed */
+      len = 0;
+      drain(s, &wire, &len, &cap);
+      FUZZ_ASSERT(len > 0 && !nr_channel_is_open(nr_embedded_channel(s)));
+    }
     free(wire);
   }
   FUZZ_ASSERT(sg.len == 0 || (plain && memcmp(sg.plain, plain, sg.len) == 0));

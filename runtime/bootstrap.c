@@ -371,21 +371,52 @@ void nr__server_free(nr_server_t *srv) {
   free(srv);
 }
 
+/* The first address of a connect to several (o->hosts) whose socket can
+ * be made, in *ss and *fd; the list in *out. 0 or an error (raised). */
+static int first_attempt(const nr_connect_opts_t *o, nr_attempts_t **out,
+                         struct sockaddr_storage *ss, socklen_t *len, int *fd) {
+  int rc = nr__attempts_new(o->hosts, o->nhosts, o->port, out);
+  if (rc < 0)
+    return rc;
+  for (;;) {
+    const struct sockaddr_storage *first = nr__attempts_first(*out, len);
+    memcpy(ss, first, *len);
+    if ((*fd = nr__socket(ss->ss_family, SOCK_STREAM)) >= 0)
+      return 0;
+    if (!nr__attempts_skip_first(*out, *fd)) {
+      int code;
+      rc = nr_raise(*fd, "%s", nr__attempts_message(*out, &code));
+      nr__attempts_free_list(*out);
+      *out = NULL;
+      return rc;
+    }
+  }
+}
+
 nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
   struct sockaddr_storage ss;
   socklen_t len;
+  nr_attempts_t *attempts = NULL;
+  int fd;
   if (o->group == NULL && o->loop == NULL)
     return nr__promise_failed(-EINVAL, "connect needs a group or a loop");
-  int rc = address(o->unix_path, o->host ? o->host : "127.0.0.1", o->port,
-                   SOCK_STREAM, false, &ss, &len);
-  if (rc < 0)
-    return fail_with_raised(rc);
-  int fd = nr__socket(ss.ss_family, SOCK_STREAM);
-  if (fd < 0)
-    return fail_with_raised(fd);
+  if (o->nhosts > 1 && o->unix_path == NULL) {
+    int rc = first_attempt(o, &attempts, &ss, &len, &fd);
+    if (rc < 0)
+      return fail_with_raised(rc);
+  } else {
+    const char *host = o->nhosts == 1 ? o->hosts[0] : o->host;
+    int rc = address(o->unix_path, host ? host : "127.0.0.1", o->port,
+                     SOCK_STREAM, false, &ss, &len);
+    if (rc < 0)
+      return fail_with_raised(rc);
+    if ((fd = nr__socket(ss.ss_family, SOCK_STREAM)) < 0)
+      return fail_with_raised(fd);
+  }
   nr_channel_t *ch = nr__channel_new(NR__STREAM, ss.ss_family, fd, &o->opts);
   if (ch == NULL) {
     close(fd);
+    nr__attempts_free_list(attempts);
     return nr__promise_failed(-ENOMEM, "out of memory");
   }
   static const nr_channel_opts_t zero;
@@ -394,9 +425,11 @@ nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
   nr__apply_opts(fd, ss.ss_family, &ch->opts);
   nr_setup_t *su = nr__channel_setup(ch);
   if (su == NULL) {
+    nr__attempts_free_list(attempts);
     nr_channel_release(ch);                   /* closes the fd */
     return nr__promise_failed(-ENOMEM, "out of memory");
   }
+  su->attempts = attempts;
   ch->init = o->init;
   ch->init_arg = o->arg;
   su->connect_timeout = o->timeout ? o->timeout : NR_SEC(30);

@@ -91,6 +91,7 @@ void nr_channel_release(nr_channel_t *ch) {
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   if (ch->setup) {
+    nr__attempts_free_list(ch->setup->attempts);   /* never connected */
     nr_promise_release(ch->setup->reg_promise);
     free(ch->setup->unix_path);
     free(ch->setup);
@@ -270,6 +271,10 @@ void nr__channel_set_active(nr_channel_t *ch) {
 
 static void unlink_from_loop(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
+  if (ch->st & NR__UNREF) {
+    ch->st &= ~NR__UNREF;
+    atomic_fetch_sub(&l->channel_unrefs, 1);
+  }
   if (ch->lprev)
     ch->lprev->lnext = ch->lnext;
   else
@@ -664,11 +669,9 @@ static void read_dgrams(nr_channel_t *ch) {
 
 static void connected(nr_channel_t *ch, nr_promise_t *p) {
   ch->st &= ~NR__CONNECTING;
-  if (ch->setup && ch->setup->connect_timer) {
-    nr_timer_cancel(ch->setup->connect_timer);
-    nr_timer_release(ch->setup->connect_timer);
-    ch->setup->connect_timer = NULL;
-  }
+  nr__attempts_end(ch);
+  if (ch->setup)
+    nr__timer_drop(&ch->setup->connect_timer);
   nr__channel_set_active(ch);
   if (p)
     nr_promise_set_success(p, nr_channel_retain(ch),
@@ -685,11 +688,31 @@ static void connect_failed(nr_channel_t *ch, int err, const char *msg) {
   nr__channel_close(ch, true);
 }
 
+void nr__channel_connect_fail(nr_channel_t *ch, int err, const char *msg) {
+  connect_failed(ch, err, msg);
+}
+
+const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch) {
+  return peer(ch);
+}
+
+void nr__channel_connect_done(nr_channel_t *ch) {
+  nr_promise_t *p = ch->setup->connect_promise;
+  ch->setup->connect_promise = NULL;
+  connected(ch, p);
+  if (p)
+    nr_promise_release(p);
+}
+
 static void finish_connect(nr_channel_t *ch) {
   int err = 0;
   socklen_t len = sizeof err;
   if (getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
+  if (ch->setup->attempts && err != 0) {
+    nr__attempt_failed(ch, -err);
+    return;
+  }
   if (err != 0) {
     char host[128], msg[256];
     int port = 0;
@@ -698,11 +721,7 @@ static void finish_connect(nr_channel_t *ch) {
     connect_failed(ch, -err, msg);
     return;
   }
-  nr_promise_t *p = ch->setup->connect_promise;
-  ch->setup->connect_promise = NULL;
-  connected(ch, p);
-  if (p)
-    nr_promise_release(p);
+  nr__channel_connect_done(ch);
 }
 
 static int connect_timed_out(void *arg) {
@@ -711,8 +730,14 @@ static int connect_timed_out(void *arg) {
     char host[128], msg[256];
     int port = 0;
     nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
-    snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s", host,
-             port, (double)ch->setup->connect_timeout / 1e9);
+    int n = snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s",
+                     host, port, (double)ch->setup->connect_timeout / 1e9);
+    if (ch->setup->attempts) {   /* what the addresses tried before said */
+      int code;
+      const char *before = nr__attempts_message(ch->setup->attempts, &code);
+      if (*before && n > 0 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, "; %s", before);
+    }
     connect_failed(ch, NR_ETIMEDOUT, msg);
   }
   return 0;
@@ -755,13 +780,6 @@ void nr__channel_close(nr_channel_t *ch, bool abort) {
   finish_close(ch, abort);
 }
 
-static void drop_timer(nr_timer_t **t) {
-  if (*t) {
-    nr_timer_cancel(*t);
-    nr_timer_release(*t);
-    *t = NULL;
-  }
-}
 
 /* ---- lingering close (nginx's lingering_close) ---------------------------------- */
 
@@ -778,7 +796,7 @@ static void drop_timer(nr_timer_t **t) {
  * its timeout) and aborts it at the end. */
 static void end_linger(nr_channel_t *ch) {
   ch->st &= ~NR__LINGER;
-  drop_timer(&ch->linger_timer);
+  nr__timer_drop(&ch->linger_timer);
   nr__io_stop(ch->loop, &ch->io);
   close(ch->io.fd);
   unlink_from_loop(ch);
@@ -844,12 +862,13 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   bool was_active = pub(ch) & NR__ACTIVE;
   ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
   atomic_store(&ch->pub, 0);
-  drop_timer(&ch->linger_timer);
+  nr__timer_drop(&ch->linger_timer);
   if (ch->srv)
-    drop_timer(&ch->srv->backoff_timer);
+    nr__timer_drop(&ch->srv->backoff_timer);
   nr_setup_t *su = ch->setup;
   if (su) {
-    drop_timer(&su->connect_timer);
+    nr__timer_drop(&su->connect_timer);
+    nr__attempts_end(ch);
     if (su->connect_promise) {
       nr_promise_set_failure(su->connect_promise, NR_ECLOSED,
                              "channel closed before the connect completed");
@@ -895,6 +914,17 @@ void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta) {
   check_writability(ch);
 }
 
+void nr_channel_set_ref(nr_channel_t *ch, bool ref) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (!(ch->st & NR__REGISTERED) || ref == !(ch->st & NR__UNREF))
+    return;                          /* closed, or so already */
+  ch->st ^= NR__UNREF;
+  if (ref)
+    atomic_fetch_sub(&ch->loop->channel_unrefs, 1);
+  else
+    atomic_fetch_add(&ch->loop->channel_unrefs, 1);
+}
+
 void nr_channel_hold(nr_channel_t *ch) {
   NR_ASSERT_CHANNEL_LOOP(ch);
   ch->holds++;
@@ -902,10 +932,26 @@ void nr_channel_hold(nr_channel_t *ch) {
 
 static int close_idle_task(void *arg) {
   nr_channel_t *ch = arg;
-  if (ch->holds == 0)
-    nr__channel_close(ch, false);
+  if (ch->holds == 0 && (ch->st & NR__CLOSE_IDLE_PIPE))
+    nr_pipeline_close(&ch->pipe, NULL);
+  else if (ch->holds == 0 && !(nr_loop_is_shutting_down(ch->loop) &&
+                               nr__loop_held(ch->loop)))
+    nr__channel_close(ch, false);  /* (work owed to the loop: close_each's) */
   nr_channel_release(ch);
   return 0;
+}
+
+void nr_channel_close_when_idle(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->st & (NR__CLOSING | NR__CLOSED | NR__CLOSE_IDLE))
+    return;                      /* closing already, or a shutdown will */
+  ch->st |= NR__CLOSE_IDLE | NR__CLOSE_IDLE_PIPE;
+  nr__channel_update_interest(ch);
+  if (ch->holds == 0 &&
+      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);
+    nr_pipeline_close(&ch->pipe, NULL);
+  }
 }
 
 /* The last hold goes with the answer's write, whose flush may still come
@@ -942,9 +988,14 @@ static bool tell_shutdown(nr_channel_t *ch) {
  * data still drains. Each is told first (NR_EVT_SHUTDOWN), and one whose
  * handlers say goodbye stays open until it ends or its deadline. A
  * channel that holds work owed (nr_channel_hold) stops reading and closes
- * when the work is done. With abort, reset whatever is left. */
+ * when the work is done; while work is owed to the loop itself
+ * (nr_loop_hold: an answer computed elsewhere, for any of them), every
+ * channel does, but a listener, which owes nothing: it closes at once,
+ * and no connection comes in meanwhile. With abort, reset whatever is
+ * left. */
 static void close_each(nr_loop_t *l, bool abort) {
   send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
+  bool loop_held = !abort && nr__loop_held(l);
   size_t n = 0, i = 0;
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     n++;
@@ -965,7 +1016,8 @@ static void close_each(nr_loop_t *l, bool abort) {
        * kept here, as this runs every turn of the shutdown */
       if (abort || nr_now() >= v[i]->linger_until)
         end_linger(v[i]);
-    } else if (!abort && v[i]->holds > 0) {
+    } else if (!abort && (v[i]->holds > 0 ||
+                          (loop_held && v[i]->kind != NR__LISTEN))) {
       if (!(v[i]->st & NR__CLOSE_IDLE)) {
         v[i]->st |= NR__CLOSE_IDLE;
         nr__channel_update_interest(v[i]);
@@ -992,9 +1044,18 @@ void nr__channels_abort_all(nr_loop_t *l) {
 
 /* ---- readiness ----------------------------------------------------------------- */
 
+/* Whether the event is for a socket the channel had before connect.c gave
+ * it another in this same pass (a connect to several addresses): fetched
+ * in the batch before the swap, it says nothing of the new one. */
+static inline bool stale(nr_loop_t *l, const nr_channel_t *ch) {
+  return ch->setup && ch->setup->swapped_at ==
+         atomic_load_explicit(&l->iterations, memory_order_relaxed);
+}
+
 static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
-  (void)l;
   nr_channel_t *ch = (nr_channel_t *)io;
+  if (stale(l, ch))
+    return 0;
   if (ch->st & NR__CLOSED) {
     if (!(ch->st & NR__LINGER))
       return 0;
@@ -1071,12 +1132,17 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
     nr__channel_close(ch, true);
     return nr_raise(-ENOMEM, "connect: out of memory");
   }
+  socklen_t first_len;
+  if (su->attempts && (memcmp(nr__attempts_first(su->attempts, &first_len), sa,
+                              len) != 0 || first_len != len))
+    nr__attempts_end(ch);        /* a handler changed the address: that one */
   if (connect(ch->io.fd, sa, len) == 0) {
     connected(ch, p);
     return 0;
   }
-  if (errno != EINPROGRESS) {
-    int err = -errno, port = 0;
+  int err = -errno;
+  if (err != -EINPROGRESS && su->attempts == NULL) {
+    int port = 0;
     char host[128];
     nr_format_addr(peer(ch), len, host, sizeof host, &port);
     nr__channel_close(ch, true);
@@ -1089,6 +1155,10 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (su->connect_timeout)
     su->connect_timer = nr_loop_schedule(ch->loop, su->connect_timeout, 0,
                                          connect_timed_out, NULL, ch);
+  if (su->attempts && err == -EINPROGRESS)
+    nr__attempts_arm(ch);        /* the next address in a while, */
+  else if (su->attempts)
+    nr__attempt_failed(ch, err); /* or now */
   return 0;
 }
 

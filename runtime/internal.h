@@ -78,6 +78,7 @@ struct nr_timer_s {
   uint32_t idx;              /* heap index, NR_NOT_IN_HEAP when not in it */
   _Atomic int refs;
   _Atomic int state;
+  bool keeps_alive;          /* nr_loop_schedule_ref: counted in timer_refs */
 };
 #define NR_NOT_IN_HEAP UINT32_MAX
 
@@ -132,6 +133,9 @@ struct nr_loop_s {
   _Atomic uint64_t enqueued;        /* tasks ever queued */
   _Atomic uint64_t wakeups;         /* eventfd writes */
   _Atomic uint64_t timer_count;     /* timers alive (schedule/discard) */
+  _Atomic uint64_t timer_refs;      /* those that keep the loop alive */
+  _Atomic int64_t held;             /* work owed to it (nr_loop_hold) */
+  _Atomic int64_t waits;            /* requests it waits for (nr_loop_ref) */
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
@@ -142,6 +146,7 @@ struct nr_loop_s {
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
       task_time, channel_count;
+  _Atomic uint64_t channel_unrefs;  /* linked channels that keep it not alive */
   /* Stall detection: when the current stretch of work began (0: blocked in
    * the selector), stored once per iteration, and the task running (0: I/O
    * events). With tasks_run they tell the watchdog whether work moves. */
@@ -173,6 +178,7 @@ struct nr_loop_s {
    * start of its I/O run, for the longest run (executor.c). */
   uint64_t run_from;
   bool spin;                        /* queued tasks ran last pass */
+  bool held_seen;                   /* a shutdown waited for work owed */
   uint64_t dequeued_seen;
   nr_channel_t *channels;           /* registered channels, for close_all */
   nr_channel_t *graveyard;          /* closed this pass, released after it */
@@ -345,7 +351,10 @@ enum {
   NR__LINGER_WANTED = 1u << 13,   /* nr_channel_linger: a close lingers */
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
-  NR__SHUTDOWN_TOLD = 1u << 16    /* NR_EVT_SHUTDOWN was fired on it */
+  NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
+  NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
+                                     pipeline (nr_channel_close_when_idle) */
+  NR__UNREF = 1u << 18            /* linked, and keeps its loop not alive */
 };
 
 typedef struct nr_server_s {
@@ -367,9 +376,14 @@ typedef struct nr_server_s {
  * of nr_connect or nr_udp_bind -- and an accepted connection never does:
  * allocated for those (nr__channel_setup), so an idle accepted connection
  * does not carry it. Written before registration, then on the loop. */
+typedef struct nr_attempts_s nr_attempts_t;
+
 typedef struct nr_setup_s {
   nr_promise_t *reg_promise;         /* bootstrap: the caller's future */
   nr_promise_t *connect_promise;
+  nr_attempts_t *attempts;           /* a connect to several addresses */
+  uint64_t swapped_at;               /* the loop iteration in which connect.c
+                                        last gave the channel a new socket */
   nr_timer_t *connect_timer;
   uint64_t connect_timeout;
   char *unix_path;                   /* a listener's socket file, and */
@@ -446,7 +460,42 @@ void nr__channel_closed(nr_channel_t *ch);
 void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
 extern const nr_handler_t nr__head_handler;
 
+/* connect.c: a connect to several addresses (RFC 8305). Loop thread only,
+ * but for nr__attempts_new, nr__attempts_first, nr__attempts_skip_first
+ * and nr__attempts_free_list (before the channel exists). */
+/* The numeric addresses hosts (at most NR_MAX_ADDRS) with port, IPv6 and
+ * IPv4 interleaved; 0, -ENOMEM, or -EINVAL (raised) for a host that is
+ * not a numeric address. */
+int nr__attempts_new(const char *const *hosts, int nhosts, int port,
+                     nr_attempts_t **out);
+const struct sockaddr_storage *nr__attempts_first(const nr_attempts_t *a,
+                                                  socklen_t *len);
+/* Drop the first address (no socket could be made for it: err) and
+ * record why; false when none is left. */
+bool nr__attempts_skip_first(nr_attempts_t *a, int err);
+/* The failures recorded: "host:port: ENAME: reason; ..."; *code is the
+ * first one's. */
+const char *nr__attempts_message(const nr_attempts_t *a, int *code);
+void nr__attempts_free_list(nr_attempts_t *a);
+/* The channel's first connect is in flight: the next address starts
+ * after the attempt delay if it has not answered. */
+void nr__attempts_arm(nr_channel_t *ch);
+/* The channel's own socket failed to connect with err: the next attempt
+ * goes on, or the connect completes (nr__channel_connect_done) or fails
+ * with every address's reason (nr__channel_connect_fail). */
+void nr__attempt_failed(nr_channel_t *ch, int err);
+/* The connect is over (connected, failed or closed): other attempts are
+ * closed and the list freed. */
+void nr__attempts_end(nr_channel_t *ch);
+/* channel.c, for connect.c */
+void nr__channel_connect_done(nr_channel_t *ch);
+void nr__channel_connect_fail(nr_channel_t *ch, int err, const char *msg);
+const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch);
+
 /* socket.c */
+/* "localhost" or a name under it, any case, a final dot allowed
+ * (resolver.c). */
+bool nr__is_localhost(const char *name);
 int nr__resolve(const char *host, int port, int socktype, bool passive,
                 struct sockaddr_storage *ss, socklen_t *len);
 int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
@@ -479,7 +528,13 @@ bool nr__confirm_shutdown(nr_loop_t *l);
 uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
 void nr__loop_set_current(nr_loop_t *l);
 
+/* alive.c: work owed, in a shutdown (loop thread); about to block. */
+bool nr__loop_held(nr_loop_t *l);
+void nr__loop_blocking(nr_loop_t *l);
+
 /* timer.c */
+/* Cancel and release the timer at *t, if any, and forget it. */
+void nr__timer_drop(nr_timer_t **t);
 void nr__timers_fetch_due(nr_loop_t *l, uint64_t now);
 uint64_t nr__next_deadline(nr_loop_t *l);     /* NR_NONE: no timer */
 void nr__cancel_timers(nr_loop_t *l);         /* at shutdown */

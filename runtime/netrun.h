@@ -186,6 +186,36 @@ uint64_t nr_loop_stall_mark(nr_loop_t *loop);
  * reports the stall (the loop thread, or the watchdog when it cannot). */
 bool nr_loop_stall_claim(nr_loop_t *loop, uint64_t mark);
 
+/* Any thread. Work owed to `loop` from elsewhere: a task it sent to
+ * another loop, whose outcome comes back to it (a future's listener, a
+ * task queued back, a name lookup). While any is owed, a graceful
+ * shutdown keeps the loop running and its channels open (they stop
+ * reading), within the shutdown's timeout, and the loop is alive. The
+ * holder unholds after queueing what comes back. A hold keeps the loop's
+ * memory until its unhold. */
+void nr_loop_hold(nr_loop_t *loop);
+void nr_loop_unhold(nr_loop_t *loop);
+/* Any thread. A request `loop` waits for, under way elsewhere (a name
+ * lookup): it keeps the loop alive (nr_loop_is_alive) as a hold does, but
+ * does not hold its shutdown (libuv's active requests). The unref comes
+ * after what the request completes was queued back. Each ref keeps the
+ * loop's memory until its unref. */
+void nr_loop_ref(nr_loop_t *loop);
+void nr_loop_unref(nr_loop_t *loop);
+/* Any thread, a snapshot: whether the loop has anything that keeps a
+ * process alive (libuv's uv_loop_alive, Node's ref/unref): a task queued
+ * or running, a pending timer made by nr_loop_schedule_ref, a channel
+ * linked to it and not unref'd (nr_channel_set_ref), work owed to it, a
+ * request it waits for (nr_loop_ref); or it is shutting down and has not
+ * terminated. If mark is given, it gets a
+ * number that changes whenever the loop ran or was given a task: two
+ * calls with the same mark, both false, saw a loop idle in between. */
+bool nr_loop_is_alive(const nr_loop_t *loop, uint64_t *mark);
+/* Any thread. While watcher is set (NULL: off), a loop about to block
+ * with nothing alive but its queue queues an empty task to watcher, which
+ * may then look again (nr_loop_is_alive). */
+void nr_loop_watch_idle(nr_loop_t *watcher);
+
 /* Diagnostics: the current epoll fd (tests use it to provoke a spurious
  * wakeup storm, as a stale registration would). */
 int nr_loop_selector_fd(const nr_loop_t *loop);
@@ -199,6 +229,14 @@ int nr_loop_selector_fd(const nr_loop_t *loop);
  * it too. Returns a handle the caller releases with nr_timer_release. */
 nr_timer_t *nr_loop_schedule(nr_loop_t *loop, uint64_t delay, int64_t period,
                              nr_task_fn fn, nr_task_fn cancel_fn, void *arg);
+/* As nr_loop_schedule, for a timer that keeps its loop alive while it is
+ * pending (nr_loop_is_alive): a program's own timers, as libuv's ref'd
+ * timers. A timer made by nr_loop_schedule keeps nothing alive by itself:
+ * it belongs to something that does (a channel's timeouts) or to nothing
+ * a program waits for (a pool's sweeper). */
+nr_timer_t *nr_loop_schedule_ref(nr_loop_t *loop, uint64_t delay,
+                                 int64_t period, nr_task_fn fn,
+                                 nr_task_fn cancel_fn, void *arg);
 /* Any thread. 0 if cancelled now, -EALREADY if it ran or was cancelled. */
 int nr_timer_cancel(nr_timer_t *t);
 bool nr_timer_is_cancelled(const nr_timer_t *t);
@@ -437,6 +475,14 @@ typedef struct nr_connect_opts_s {
   nr_group_t *group;         /* the channel's loop is group's next() */
   nr_loop_t *loop;           /* or this loop */
   const char *host;
+  /* Or numeric addresses (at most NR_MAX_ADDRS), tried in turn on one
+   * channel, IPv6 and IPv4 interleaved (RFC 8305): the next starts when
+   * one fails, or beside it when it has not answered in 250 ms; the first
+   * to connect is the channel's (the others are closed) and only then is
+   * it active. Failing on all, the future fails with the first one's code
+   * and every address's reason. timeout bounds the whole. */
+  const char *const *hosts;
+  int nhosts;
   int port;
   const char *unix_path;
   uint64_t timeout;          /* connect timeout, default 30 s */
@@ -461,6 +507,52 @@ typedef struct nr_udp_opts_s {
 nr_promise_t *nr_server_bind(const nr_server_opts_t *opts);
 nr_promise_t *nr_connect(const nr_connect_opts_t *opts);
 nr_promise_t *nr_udp_bind(const nr_udp_opts_t *opts);
+
+/* ---- name resolution (resolver.c) ---------------------------------------- */
+
+/* The addresses of a name, as text, in the resolver's order (RFC 6724),
+ * each once. A promise of nr_resolve holds one (free_fn nr_addrs_free). */
+#define NR_MAX_ADDRS 32
+typedef struct nr_addrs_s {
+  int n;
+  uint32_t ttl;              /* seconds: the smallest TTL of the answer; 0
+                                when it gave none (hosts file, loopback) */
+  char addr[NR_MAX_ADDRS][46];
+} nr_addrs_t;
+void nr_addrs_free(void *addrs);
+
+/* The answer for a name that is never sent to a server, into *out: a
+ * numeric address (itself), "localhost" or a name under it (::1 then
+ * 127.0.0.1, RFC 6761 §6.3, whatever /etc/hosts says). family is AF_UNSPEC,
+ * AF_INET or AF_INET6. 1 if answered, 0 if the name needs the resolver,
+ * -EAFNOSUPPORT for a numeric address of another family. Any thread. */
+int nr_resolve_local(const char *name, int family, nr_addrs_t *out);
+
+/* Look name up (c-ares, on the resolver's own thread, made on first use):
+ * a future of an nr_addrs_t, or failed with the resolver's reason (or
+ * NR_ETIMEDOUT "timed out after N s" once `timeout` ns passed; 0 = 10 s).
+ * Names nr_resolve_local answers complete at once; names under "invalid"
+ * fail without a query (RFC 6761 §6.4). Callers asking for one name while
+ * it is looked up share the lookup. NULL only when out of memory. Any
+ * thread. */
+nr_promise_t *nr_resolve(const char *name, int family, uint64_t timeout);
+/* The name servers lookups use from now on: "host[:port],..." as c-ares
+ * takes them ("127.0.0.1:5353,[::1]:53"); NULL or "" for the environment's
+ * NETRUN_DNS_SERVERS, else the system's (/etc/resolv.conf). 0, or -EINVAL
+ * (a list c-ares refuses) or -ENOMEM with the reason in err. Any thread. */
+int nr_resolver_set_servers(const char *csv, char *err, size_t errlen);
+/* Names looked up at once (default 256) and names waiting for a slot
+ * beyond those (default 4096; past it a lookup fails at once with
+ * -EAGAIN). A value < 1 (< 0 for max_waiting) leaves it as it is. */
+void nr_resolver_set_limits(int max_inflight, int max_waiting);
+/* Fail every lookup in flight now (NR_ECANCELLED "cancelled: netrun is
+ * shutting down"): the process is shutting down and waits for none. Later
+ * lookups go on as usual. Any thread. */
+void nr_resolver_cancel_all(void);
+/* Fail every lookup in flight (NR_ECANCELLED), stop the resolver's thread
+ * and wait for it (not on the resolver's thread). Lookups after it start
+ * a new one. */
+void nr_resolver_shutdown(void);
 
 /* Channels are reference counted; the loop holds one while registered. */
 nr_channel_t *nr_channel_retain(nr_channel_t *ch);
@@ -494,6 +586,17 @@ void nr_channel_unhold(nr_channel_t *ch);
  * the channel turns unwritable, and its handlers stop producing, while
  * the peer holds the window shut. */
 void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta);
+/* Loop thread only. Whether ch keeps its loop alive while it is open
+ * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
+ * an idle pooled connection does not. Ignored once ch has closed. */
+void nr_channel_set_ref(nr_channel_t *ch, bool ref);
+/* Loop thread only. The peer will send nothing more (a TLS close_notify)
+ * and the channel is to close once its answers are out: it stops reading,
+ * and closes through its pipeline (every handler's close runs, as with
+ * nr_channel_close) as soon as no work is held -- from a task, so that
+ * the read under way and its read_complete, where answers are written,
+ * come first. Nothing if the channel is closing already. */
+void nr_channel_close_when_idle(nr_channel_t *ch);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel

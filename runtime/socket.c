@@ -19,6 +19,11 @@ int nr__resolve(const char *host, int port, int socktype, bool passive,
                 struct sockaddr_storage *ss, socklen_t *len) {
   if (port < 0 || port > 65535)
     return nr_raise(-EINVAL, "port %d: out of range", port);
+  /* localhost is loopback even with no /etc/hosts (RFC 6761), and one
+   * address here: 127.0.0.1, which every client reaches (IPv4 loopback
+   * exists everywhere; connects to localhost try ::1, then it). */
+  if (host && nr__is_localhost(host))
+    host = "127.0.0.1";
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = socktype,
                            .ai_flags = passive ? AI_PASSIVE : 0}, *res;
   char serv[16];

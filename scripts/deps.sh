@@ -9,6 +9,7 @@ PACKAGES=(
   lua-busted lua-socket                 # Lua specs and their independent client
   libssl-dev                            # TLS (OpenSSL 3)
   zlib1g-dev                            # WebSocket permessage-deflate
+  libc-ares-dev                         # netrun.dns: the asynchronous resolver
   libnghttp2-dev                        # HTTP/2
   curl redis-tools netcat-openbsd       # real clients used by tests
   redis-server                          # examples/counter.lua (deploy_spec), the stream client's spec

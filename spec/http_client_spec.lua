@@ -912,6 +912,37 @@ describe("netrun.http client", function()
     assert.matches("certificate", err)       -- the system store does not know it
     assert.is_true(H.stop(pid))
   end)
+
+  -- localhost is ::1 then 127.0.0.1, the server listens on 127.0.0.1
+  -- only: the request goes over the address that answered (before, TLS
+  -- started on ::1's refused channel: "channel closed before the TLS
+  -- handshake completed", and an ERROR "the pool of this connection is
+  -- gone"); with nobody listening, the error is the connect's.
+  it("https to localhost uses the address that answers; none: the connect error", function()
+    local dir = H.tmpdir()
+    assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      tls = netrun.tls.server { cert = dir .. "/server.crt", key = dir .. "/server.key" },
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("hello", { channel_read = function(_, ctx, req)
+          ctx:write_and_flush { status = 200, body = "over " .. ctx.channel:local_address() }
+        end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    local c = netrun.http.client { tls = netrun.tls.client { ca = dir .. "/ca.crt" } }
+    local res = H.sync(c:request { url = "https://localhost:" .. port .. "/" })
+    assert.equal(200, res.status)
+    assert.equal("over 127.0.0.1", res.body)
+    local free = H.free_port()
+    local err = failure(c:request { url = "https://localhost:" .. free .. "/" })
+    assert.matches("connect: localhost:" .. free .. ": ::1:" .. free .. ": ECONNREFUSED: " ..
+      "connection refused; 127.0.0.1:" .. free .. ": ECONNREFUSED: connection refused", err, 1, true)
+    assert.is_nil(err:find("TLS", 1, true), err)
+    server:close():sync()
+  end)
 end)
 
 -- Real servers of other makes.

@@ -47,7 +47,7 @@ describe("cpack -G DEB", function()
 
   it("depends on the runtime libraries", function()
     local depends = sh("dpkg-deb -f " .. deb .. " Depends")
-    for _, p in ipairs { "libssl3", "libedit2", "libc6" } do
+    for _, p in ipairs { "libssl3", "libedit2", "libc6", "libc-ares2" } do
       assert.is_truthy(depends:find(p, 1, true), p .. " missing from Depends: " .. depends)
     end
   end)

@@ -16,7 +16,12 @@ local seen = netrun.shared.dict("tls_peers_spec")
 local Hello = {}
 function Hello:channel_read(ctx, req)
   local body = req.path == "/echo" and req.body or "hello " .. req.path
-  ctx:write { status = 200, headers = { ["content-type"] = "text/plain" }, body = body }
+  local res = { status = 200, headers = { ["content-type"] = "text/plain" }, body = body }
+  if req.path:find("^/later") then          -- answered 0.1 s later: owed meanwhile
+    ctx:loop():schedule(0.1, function() ctx:write_and_flush(res) end)
+    return
+  end
+  ctx:write(res)
 end
 function Hello:channel_read_complete(ctx) ctx:flush() end
 function Hello:exception_caught(ctx, err)
@@ -228,6 +233,24 @@ describe("netrun.tls with real peers", function()
     assert.equal(2, records)
     assert.truthy(seen:get("p"):find("hello /16", 1, true))
     ch:close():sync()
+  end)
+
+  it("answers the requests that came with the client's close_notify, then sends its own", function()
+    -- RFC 8446 6.1: close_notify closes the client's side only. Python's
+    -- ssl sends its requests and close_notify in one flight; the answers
+    -- -- one owed 0.1 s past it -- must come, then our close_notify.
+    local port = https_server()
+    local py = "timeout 20 /usr/bin/python3 " .. H.root .. "/spec/fixtures/tls/close_notify.py "
+      .. port .. " " .. P("ca.crt") .. " "
+    for _, version in ipairs { "", "--tls12 " } do
+      local out, status = H.run(py .. version .. "/one")
+      assert.equal(0, status, out)
+      assert.equal("answers 1\nseen /one\nend close_notify\n", out, version)
+      out, status = H.run(py .. version .. "/a /b /c /later1")
+      assert.equal(0, status, out)
+      assert.equal("answers 4\nseen /a /b /c /later1\nend close_notify\n", out, version)
+    end
+    assert.is_nil(seen:get("exception"))
   end)
 
   it("carries 10 MiB each way intact", function()

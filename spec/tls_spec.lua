@@ -286,6 +286,41 @@ describe("netrun.tls", function()
     assert.equal("over tls by name", H.sync(H.sync(spawned)))
   end)
 
+  -- localhost is ::1 then 127.0.0.1: TLS starts on the address that
+  -- connected (before, the handshake started on ::1's channel and failed
+  -- the connect with "channel closed before the TLS handshake completed"),
+  -- and a connect no address accepts fails with each address's error.
+  it("a TLS connect by name starts TLS only on the address that answered, or reports the connect error", function()
+    local _, port = echo_server()
+    local free = H.free_port()
+    local got = group:next():submit(function(port, free, ca)
+      local netrun = require "netrun"
+      return netrun.spawn(function()
+        local tls = netrun.tls.client { ca = ca }
+        local ch = netrun.connect { group = netrun.current(), host = "localhost", port = port,
+                                    tls = tls }:await()
+        local peer = ch:remote_address()
+        ch:close()
+        local ok, err = pcall(function()
+          return netrun.tcp.connect("localhost", free, { timeout = 5, tls = tls }):await()
+        end)
+        local ok2, err2 = pcall(function()
+          return netrun.connect { group = netrun.current(), host = "localhost", port = free,
+                                  tls = tls }:await()
+        end)
+        return { peer, ok or tostring(err), ok2 or tostring(err2) }
+      end)
+    end, port, free, P("ca.crt"))
+    local peer, err, err2 = table.unpack(H.sync(H.sync(got)))
+    assert.equal("127.0.0.1", peer)
+    for _, e in ipairs { err, err2 } do
+      assert.matches("::1:" .. free .. ": ECONNREFUSED: connection refused; 127.0.0.1:" ..
+        free .. ": ECONNREFUSED: connection refused", e, 1, true)
+      assert.is_nil(e:find("TLS", 1, true), e)
+    end
+    assert.matches("netrun.tcp.connect: localhost:" .. free .. ": ", err, 1, true)
+  end)
+
   it("verifies client certificates when required and reports the peer's subject", function()
     local _, port = https_server { cert = P("server.crt"), key = P("server.key"),
                                    ca = P("ca.crt"), verify = "required" }
@@ -302,26 +337,96 @@ describe("netrun.tls", function()
     end), seen:get("exception"))
   end)
 
-  it("reports a plaintext or garbage client to exception_caught with OpenSSL's reason, closes it, and serves on", function()
+  it("reports a client certificate's subject and issuer whole, however long the subject", function()
+    -- long.crt's subject is 750 bytes in RFC 2253 form: each name must
+    -- come whole and apart (an issuer is what an application may trust).
+    local ous = {}
+    for i = 14, 1, -1 do ous[#ous + 1] = string.format("OU=unit %02d %s", i, string.rep("0", 40)) end
+    local subject = "CN=client long," .. table.concat(ous, ",") .. ",O=netrun"
+    assert.is_true(#subject > 700)
+    local Peer = {}
+    function Peer:user_event_triggered(ctx, e)
+      if e.tls == "handshake" then
+        seen:set("subject", e.peer and e.peer.subject or "none")
+        seen:set("issuer", e.peer and e.peer.issuer or "none")
+        seen:set("peer_error", e.peer and e.peer.error or "none")
+      end
+    end
+    Peer.channel_read = Echo.channel_read
+    Peer.channel_read_complete = Echo.channel_read_complete
+    for _, verify in ipairs { "optional", "required" } do
+      seen:flush_all()
+      local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key"),
+                                      ca = P("ca.crt"), verify = verify }
+      local server = netrun.server {
+        group = group, host = "127.0.0.1", port = 0, tls = tls,
+        init = function(ch) ch:pipeline():add_last("peer", Peer) end,
+      }:sync()
+      local _, port = server:local_address()
+      local client = netrun.tls.client { ca = P("ca.crt"), cert = P("long.crt"), key = P("long.key") }
+      local ch = H.sync(tls_client(port, client, verify))
+      ch:write_and_flush("x")
+      assert.truthy(H.eventually(function() return seen:get(verify) == "x" end))
+      assert.equal(subject, seen:get("subject"), verify)
+      assert.equal("CN=netrun test CA", seen:get("issuer"), verify)
+      assert.equal("none", seen:get("peer_error"))
+      ch:close():sync()
+      server:close():sync()
+    end
+  end)
+
+  it("answers plain HTTP with a 400 that says so, fails garbage with OpenSSL's reason, closes both, and serves on", function()
     local _, port = https_server()
-    local c = H.client(port)
-    c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    local data, err = c:receive("*a")           -- closed by the server
-    assert.equal("closed", err)
-    c:close()
+    -- curl speaking plain HTTP to the TLS port: a 400 in plain text, as nginx
+    local out = H.run("curl -sS --max-time 10 -i http://127.0.0.1:" .. port .. "/x")
+    assert.truthy(out:find("^HTTP/1.1 400 Bad Request\r\n"), out)
+    assert.truthy(out:find("\r\nConnection: close\r\n", 1, true), out)
+    assert.truthy(out:find("\r\n\r\nThe plain HTTP request was sent to HTTPS port\n$"), out)
     assert.truthy(H.eventually(function() return seen:get("exception") end))
-    assert.truthy(seen:get("exception"):find("tls: handshake failed: error:0A00009C:SSL routines::http request", 1, true),
+    assert.equal("tls: handshake failed: a plain HTTP request on the TLS port (answered 400)",
       seen:get("exception"))
     assert.is_nil(seen:get("active"))            -- never active behind TLS
     assert.is_nil(seen:get("inactive"))
-    c = H.client(port)
-    c:send(string.rep("\22\3\1\0\5garbage", 10))
-    data, err = c:receive("*a")                 -- the alert, then closed
-    assert.truthy(data or err == "closed", err)
+    -- a request line that comes in pieces
+    local c = H.client(port)
+    c:setoption("tcp-nodelay", true)
+    for _, piece in ipairs { "P", "OST", " ", "/form HTTP/1.1\r\nHost: x\r\n\r\n" } do
+      c:send(piece)
+      socket.sleep(0.02)                         -- (each its own segment, to be read alone)
+    end
+    assert.equal(400, (H.read_response(c)))
     c:close()
-    assert.truthy(H.eventually(function() return seen:get("exceptions") == 2 end))
-    assert.truthy(seen:get("exception"):find("SSL routines", 1, true), seen:get("exception"))
-    local out = curl("-w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
+    -- any method; HEAD gets no body
+    c = H.client(port)
+    c:send("HEAD /x HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, headers, body = H.read_response(c, true)
+    assert.equal(400, status)
+    assert.equal("46", headers["content-length"])
+    local _, err, rest = c:receive("*a")        -- closed by the server, no body
+    assert.equal("closed", err)
+    assert.equal("", rest)
+    c:close()
+    -- what is no request line fails the handshake as before: a TLS
+    -- record that is no handshake, an SSH client, lowercase words
+    local function refused(bytes)
+      local before = seen:get("exceptions")
+      c = H.client(port)
+      c:send(bytes)
+      local data, partial
+      data, err, partial = c:receive("*a")      -- an alert or nothing, then closed
+      data = data or partial
+      assert.truthy(err == nil or err == "closed", err)
+      assert.falsy(data:find("HTTP/1.1", 1, true), data)
+      c:close()
+      assert.truthy(H.eventually(function() return seen:get("exceptions") == before + 1 end))
+      assert.truthy(seen:get("exception"):find("tls: handshake failed: error:", 1, true),
+        seen:get("exception"))
+    end
+    refused(string.rep("\22\3\1\0\5garbage", 10))
+    refused("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    refused("get / http/1.1\r\n\r\n")
+    refused("GET\r\n\r\n")
+    out = curl("-w '%{http_code}' -o /dev/null https://localhost:" .. port .. "/")
     assert.equal("200", out)
   end)
 
@@ -421,6 +526,34 @@ describe("netrun.tls", function()
     local out = s_client(port, "-ign_eof")
     assert.truthy(out:find("the end", 1, true), out)
     assert.truthy(out:find("\nclosed", 1, true), out)   -- close_notify, not a bare EOF
+  end)
+
+  it("takes the peer's close_notify as a half-close with allow_half_closure: writes go on, our close ends it", function()
+    local Half = {}
+    function Half:channel_read(ctx, msg) ctx:write(msg) end
+    function Half:channel_read_complete(ctx) ctx:flush() end
+    function Half:user_event_triggered(ctx, e)
+      local name = type(e) == "table" and e.tls or tostring(e)
+      seen:set("events", (seen:get("events") or "") .. name .. ";")
+      if e == "input_shutdown" then           -- the client sends no more
+        ctx.channel:loop():schedule(0.05, function()
+          ctx:write_and_flush(" and later")
+          ctx:close()
+        end)
+      end
+    end
+    local tls = netrun.tls.server { cert = P("server.crt"), key = P("server.key") }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0, tls = tls,
+      child_options = { allow_half_closure = true },
+      init = function(ch) ch:pipeline():add_last("half", Half) end,
+    }:sync()
+    local _, port = server:local_address()
+    local out, status = H.run("timeout 20 /usr/bin/python3 " .. H.root
+      .. "/spec/fixtures/tls/close_notify.py " .. port .. " " .. P("ca.crt") .. " --raw echoed")
+    assert.equal(0, status, out)
+    assert.equal("got echoed and later\nend close_notify\n", out)
+    assert.equal("handshake;close_notify;input_shutdown;", seen:get("events"))
   end)
 
   it("makes the channel unwritable when the peer does not read, and reads with auto_read off", function()

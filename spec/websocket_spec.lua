@@ -322,7 +322,7 @@ describe("websocket", function()
       local out = py("deflate " .. url(ws_server("pmd", { deflate = true })))
       assert.matches("extensions permessage-deflate remote_no_context_takeover=True "
         .. "local_no_context_takeover=True remote_max_window_bits=15\n", out, 1, true)
-      assert.matches("text 104000\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
+      assert.matches("text 110490\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
       assert.matches("close_code 1000\n", out, 1, true)
     end)
 
@@ -334,7 +334,7 @@ describe("websocket", function()
       assert.matches("repeated 20\n", out, 1, true)
       out = py("deflate " .. url(ws_server("pmdoff")))
       assert.matches("extensions none\n", out, 1, true)
-      assert.matches("text 104000\n", out, 1, true)
+      assert.matches("text 110490\n", out, 1, true)
     end)
 
     it("compresses what it sends, and refuses RSV1 on control frames and continuations (1002)", function()
@@ -358,6 +358,24 @@ describe("websocket", function()
       c = raw(port)                                   -- not agreed on this one
       c:send(frame(1, HELLO, { rsv = 0x40 }))
       expect_close(c, 1002)
+    end)
+
+    it("bounds what a connection inflates by what it sent: 1008 past inflate_ratio (64), 0 for none", function()
+      -- 1,000,000 zeros (max_message is 1 MiB) come as ~1 KB: inflating
+      -- (and echoing) them costs ~3 ms of CPU per KB of the peer's
+      local out = py("bomb " .. url(ws_server("ratio", { deflate = true })) .. " 1000000")
+      assert.matches("close_code 1008\n", out, 1, true)
+      assert.truthy(H.eventually(function() return seen:get("ratio:close") end))
+      assert.equal("1008 message inflates past inflate_ratio times what the connection "
+        .. "sent compressed", seen:get("ratio:close"))
+      out = py("bomb " .. url(ws_server("noratio", { deflate = true, inflate_ratio = 0 }))
+        .. " 1000000")
+      assert.matches("echoed 1000000\nclose_code 1000\n", out, 1, true)
+      -- text compressed 12:1 goes through, message after message
+      out = py("deflate " .. url(ws_server("ratio2", { deflate = true, inflate_ratio = 16 })))
+      assert.matches("text 110490\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
+      assert.error_matches(function() netrun.codec.websocket { inflate_ratio = -1 } end,
+        "inflate_ratio must be a positive integer or 0 %(none%), got %-1")
     end)
 
     it("closes a zip bomb with 1009 (100 MB of zeros, max_message 1 MiB)", function()
@@ -577,6 +595,73 @@ describe("websocket", function()
       assert.equal("1000 ", H.eventually(function() return seen:get("wss:close") end))
     end)
 
+    it("keeps a channel group of upgraded sockets: 30 broadcasts reach 6 clients whole and in order", function()
+      -- The server adds each socket to the group after upgrade returns,
+      -- having looked its user up first (30 ms of work in the handler):
+      -- each client broadcasts as soon as its connect future completes.
+      -- The 101 must not reach a client before its socket is a member, or
+      -- what the group sends meanwhile is lost to it.
+      local members = netrun.channel_group()
+      local Room = {}
+      function Room:channel_read(ctx, msg)
+        if msg.method then
+          assert(netrun.websocket.upgrade(ctx, msg))
+          local t = os.clock() + 0.03               -- "who is this user?"
+          while os.clock() < t do end
+          members:add(ctx.channel)
+        end
+      end
+      function Room:channel_read_complete(ctx) ctx:flush() end
+      local loops = netrun.group { threads = 2, name = "wsroom" }
+      local server = H.sync(netrun.server {
+        group = loops, host = "127.0.0.1", port = 0,
+        init = function(ch)
+          ch:pipeline():add_last("http", netrun.codec.http_server())
+          ch:pipeline():add_last("room", Room)
+        end,
+      })
+      local _, port = server:local_address()
+      local Got = {}
+      Got.__index = Got
+      function Got:channel_read(ctx, msg) seen:set(self.tag, (seen:get(self.tag) or "") .. msg.data .. ",") end
+      -- Client c joins, then round c: 30 messages to the group. Client c
+      -- gets rounds c .. 6, each whole and in order.
+      local clients, rounds = {}, {}
+      for c = 1, 6 do
+        clients[c] = H.sync(netrun.websocket.connect {
+          url = url(port), group = group, timeout = 5,
+          init = function(ch) ch:pipeline():add_last("got", setmetatable({ tag = "room" .. c }, Got)) end,
+        })
+        local r = {}
+        for i = 1, 30 do
+          r[i] = c .. "." .. i .. ","
+          members:write_and_flush(c .. "." .. i)
+        end
+        rounds[c] = table.concat(r)
+      end
+      for c = 1, 6 do
+        local want = table.concat(rounds, "", c)
+        local got = H.eventually(function()
+          local got = seen:get("room" .. c) or ""
+          return #got >= #want and got
+        end, 5) or seen:get("room" .. c)
+        assert.equal(want, got, "client " .. c)
+      end
+      for c = 1, 6 do H.sync(clients[c]:close()) end
+      H.sync(server:close())
+      H.shutdown(loops)
+    end)
+
+    it("wss:// to a name no address of which answers fails with the connect error", function()
+      local free = H.free_port()
+      local ok, err = pcall(H.sync, netrun.websocket.connect {
+        url = "wss://localhost:" .. free .. "/", group = group, timeout = 5 })
+      assert.is_false(ok)
+      assert.matches("::1:" .. free .. ": ECONNREFUSED: connection refused; 127.0.0.1:" ..
+        free .. ": ECONNREFUSED: connection refused", tostring(err), 1, true)
+      assert.is_nil(tostring(err):find("TLS", 1, true), err)
+    end)
+
     it("fails its future when the server refuses the upgrade, or is not there", function()
       local port = ws_server("nope", { refuse = true })
       local ok, err = pcall(H.sync, netrun.websocket.connect {
@@ -590,6 +675,38 @@ describe("websocket", function()
         group = group, timeout = 5 })
       assert.is_false(ok)
       assert.matches("refused", tostring(err))
+    end)
+
+    it("reports a failed connect once, through its future: nothing logged", function()
+      -- a program of its own, so that its whole log can be read
+      local refusing, dead = ws_server("once", { refuse = true }), H.free_port()
+      local dir = H.tmpdir()
+      local certs = dir .. "/certs"
+      assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. certs))
+      local wss = ws_server("oncetls", nil, netrun.tls.server {
+        cert = certs .. "/server.crt", key = certs .. "/server.key" })
+      local f = assert(io.open(dir .. "/once.lua", "w"))
+      f:write(string.format([[
+        local netrun = require "netrun"
+        local urls = { "ws://127.0.0.1:%d/", "ws://127.0.0.1:%d/", "wss://localhost:%d/" }
+        for _, u in ipairs(urls) do
+          local ok, err = pcall(function()
+            return netrun.websocket.connect { url = u, timeout = 5,
+              tls = u:find("^wss") and netrun.tls.client { ca = %q } or nil }:await()
+          end)
+          print(ok, err)
+        end
+        netrun.spawn(function() netrun.sleep(0.2) end):await()  -- a late log line
+        os.exit(0)
+      ]], refusing, dead, wss, certs .. "/other-ca.crt"))
+      f:close()
+      local out, status = H.run(H.BIN .. " " .. dir .. "/once.lua 2>&1")
+      assert.equal(0, status, out)
+      assert.matches("false\t[^\n]*the server answered: HTTP/1.1 404", out)
+      assert.matches("false\t[^\n]*refused", out)
+      assert.matches("false\t[^\n]*certificate verify failed", out)
+      assert.is_nil(out:find("WARN", 1, true), out)
+      assert.is_nil(out:find("ERROR", 1, true), out)
     end)
   end)
 end)

@@ -1,46 +1,36 @@
 -- netrun.dns: host names resolved without blocking a loop (DESIGN.md §8.3).
 --
 -- resolve(name [, { family = "inet" | "inet6" }]) --> future of an array of
--- address strings, in getaddrinfo's order. A numeric address resolves at
--- once, on the caller's thread. A name is looked up by getaddrinfo on the
--- resolver pool (core.dns_pool(): two threads shared by the process), never
--- on a loop thread, and the answer is cached for every state in the shared
--- dict "netrun.dns":
---   - answers for dns.ttl seconds (30: getaddrinfo tells no TTL),
+-- address strings, in the resolver's order (RFC 6724). A numeric address,
+-- "localhost" and names under it (RFC 6761: ::1 then 127.0.0.1, with or
+-- without /etc/hosts) resolve at once, on the caller's thread. Other names
+-- are looked up by c-ares on the resolver's own thread (runtime/resolver.c:
+-- one lookup for all the callers of a name meanwhile, lookups in parallel,
+-- at most max_inflight at once), never on a loop, and the answer is cached
+-- for every state in the shared dict "netrun.dns":
+--   - answers for their TTL, at most dns.ttl seconds (30),
 --   - failures for dns.negative_ttl seconds (5),
 --   - at most dns.max_entries names (1024; the least recently used go).
 -- A lookup that has not answered after dns.timeout seconds (10) fails the
--- future (the lookup itself runs on; its answer is still cached). While a
--- name is being looked up, a state asking again gets the same future.
+-- future. While a name is being looked up, a state asking again gets the
+-- same future.
+--
+-- configure { servers = { "127.0.0.1:5353", ... } | "a,b" | false,
+--             max_inflight = 256, max_waiting = 4096 }: the process's
+-- resolver settings, from the next lookup on (servers false: the system's,
+-- or the environment's NETRUN_DNS_SERVERS).
 --
 -- connect(opts) is netrun.connect for a host name: lchannel.c calls it
--- once the options are checked. It resolves the name, then connects to
--- each address in turn until one answers ("localhost" may be ::1 first
--- while the server listens on 127.0.0.1).
+-- once the options are checked. It resolves the name, then connects to its
+-- addresses, which the core tries in turn on one channel (RFC 8305: IPv6
+-- and IPv4 interleaved; "localhost" is ::1 first while the server may
+-- listen on 127.0.0.1 only).
 local core = require "netrun.core"
 
 local dns = { ttl = 30, negative_ttl = 5, max_entries = 1024, timeout = 10 }
 
-local cache, pool
+local cache
 local pending = {}               -- this state's lookups in flight: key -> future
-
-local function lookup(name, family)   -- on a resolver thread
-  local addrs, err = core.getaddrinfo(name, family)
-  return { addrs = addrs, err = err }
-end
-
-local function fail_after(p, seconds, msg)   -- on a resolver thread
-  p:try_failure(msg)
-end
-
-local function done(p, key, value)
-  if type(value) == "table" then
-    p:try_success(value)
-  else
-    p:try_failure(value)
-  end
-  if pending[key] == p then pending[key] = nil end
-end
 
 local function split(s)
   local t = {}
@@ -50,29 +40,31 @@ end
 
 local FAMILIES = { inet = true, inet6 = true }
 
-function dns.resolve(name, opts)
+-- Whether a failure says something of the name, to be cached: not the
+-- resolver's bound on lookups (runtime/resolver.c) nor its cancelling
+-- them as the process shuts down.
+local function of_the_name(cause)
+  return not (cause:find("(max_inflight, max_waiting)", 1, true) or cause:find("^cancelled"))
+end
+
+local function check(name, opts)
   if type(name) ~= "string" or name == "" then
     error("netrun.dns.resolve: name must be a non-empty string, got " ..
-      (name == "" and "an empty string" or type(name)), 2)
+      (name == "" and "an empty string" or type(name)), 3)
   end
   if opts ~= nil and type(opts) ~= "table" then
-    error("netrun.dns.resolve: options must be a table, got " .. type(opts), 2)
+    error("netrun.dns.resolve: options must be a table, got " .. type(opts), 3)
   end
   local family = opts and opts.family
   if family ~= nil and not FAMILIES[family] then
     error("netrun.dns.resolve: family must be \"inet\", \"inet6\" or nil, got " ..
-      tostring(family), 2)
+      tostring(family), 3)
   end
-  local p = core.promise()
-  local numeric = core.dns_numeric(name)
-  if numeric then
-    if family and family ~= numeric then
-      return p:set_failure(string.format("netrun.dns.resolve: %s is an %s address, not %s",
-        name, numeric, family))
-    end
-    return p:set_success({ name })
-  end
-  local key = (family or "any") .. " " .. name:lower()
+  return family
+end
+
+-- The cache's answer, then the resolver's, into promise p.
+local function lookup(p, name, family, key)
   cache = cache or core.dict("netrun.dns", { capacity = dns.max_entries })
   local hit = cache:get(key)
   if hit then
@@ -81,61 +73,68 @@ function dns.resolve(name, opts)
   end
   if pending[key] then return pending[key] end
   pending[key] = p
-  pool = pool or core.dns_pool()
   local what = "netrun.dns.resolve: " .. name .. ": "
-  local timer = pool:schedule(dns.timeout, fail_after, p, dns.timeout,
-    what .. "timed out after " .. dns.timeout .. " s")
-  p:add_listener(function()
-    timer:cancel()
+  core.dns_lookup(name, family, dns.timeout):add_listener(function(f)
     if pending[key] == p then pending[key] = nil end
-  end)
-  pool:submit(lookup, name, family):add_listener(function(f)
-    local r = f:is_success() and f:result() or { err = f:cause() }
-    if r.addrs then
-      cache:set(key, table.concat(r.addrs, " "), dns.ttl)
-      done(p, key, r.addrs)
+    if f:is_success() then
+      local addrs = f:result()
+      local ttl = addrs.ttl
+      addrs.ttl = nil
+      ttl = (ttl > 0 and ttl < dns.ttl) and ttl or dns.ttl
+      if ttl > 0 then cache:set(key, table.concat(addrs, " "), ttl) end
+      p:try_success(addrs)
     else
-      local msg = what .. tostring(r.err)
-      cache:set(key, "!" .. msg, dns.negative_ttl)
-      done(p, key, msg)
+      local cause = tostring(f:cause())
+      local msg = what .. cause
+      if dns.negative_ttl > 0 and of_the_name(cause) then
+        cache:set(key, "!" .. msg, dns.negative_ttl)
+      end
+      p:try_failure(msg)
     end
   end)
   return p
 end
 
+function dns.resolve(name, opts)
+  local family = check(name, opts)
+  local p = core.promise()
+  local addrs, err = core.dns_local(name, family)
+  if addrs then return p:set_success(addrs) end
+  if err then return p:set_failure("netrun.dns.resolve: " .. err) end
+  return lookup(p, name, family, (family or "any") .. " " .. name:lower())
+end
+
+function dns.configure(opts)
+  if type(opts) ~= "table" then
+    error("netrun.dns.configure: expected a table of options, got " .. type(opts), 2)
+  end
+  core.dns_configure(opts)
+end
+
 function dns.connect(opts)
   local p = core.promise()
   local host, port = opts.host, opts.port
-  local what = string.format("netrun.connect: %s:%d: ", host, port)
   dns.resolve(host):add_listener(function(f)
     if not f:is_success() then
       p:try_failure("netrun.connect: " .. tostring(f:cause()))
       return
     end
-    local addrs, i = f:result(), 0
-    local function try(last)
-      i = i + 1
-      if addrs[i] == nil then
-        p:try_failure(what .. tostring(last))
-        return
-      end
-      local o = {}
-      for k, v in pairs(opts) do o[k] = v end
-      o.host = addrs[i]
-      local ok, cf = pcall(core.connect, o)
-      if not ok then
-        p:try_failure(what .. tostring(cf))
-        return
-      end
-      cf:add_listener(function(c)
-        if c:is_success() then
-          p:try_success(c:result())
-        else
-          try(c:cause())
-        end
-      end)
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.host = f:result()
+    local ok, cf = pcall(core.connect, o)
+    if not ok then
+      p:try_failure(string.format("netrun.connect: %s:%d: %s", host, port, tostring(cf)))
+      return
     end
-    try()
+    cf:add_listener(function(c)
+      if c:is_success() then
+        p:try_success(c:result())
+      else
+        p:try_failure(string.format("netrun.connect: %s:%d: %s", host, port,
+          tostring(c:cause())))
+      end
+    end)
   end)
   return p
 end
@@ -143,8 +142,8 @@ end
 -- listen(opts, kind) is netrun.server (kind "server") or netrun.udp
 -- ("udp") for a host name asked on a loop: lchannel.c calls it once the
 -- options are checked. It resolves the name off the loop, then binds the
--- first address, as getaddrinfo's first answer is what a bind on the
--- main thread takes.
+-- first address, as a bind on the main thread takes getaddrinfo's first.
+-- (localhost never comes here: the core binds 127.0.0.1 for it.)
 function dns.listen(opts, kind)
   local p = core.promise()
   local what = string.format("netrun.%s: %s:%d: ", kind, opts.host, opts.port)

@@ -56,8 +56,8 @@
 -- turn into a GET without body).
 --
 -- Threads: on a loop the connections live on that loop. From the main
--- thread (a script, the REPL) the request runs on a loop of a daemon group
--- of its own ("http", one thread) and its future's result is copied back;
+-- thread (a script, the REPL) the request runs on a loop of a group of
+-- its own ("http", one thread) and its future's result is copied back;
 -- await/sync there blocks until it is done.
 local core = require "netrun.core"
 
@@ -319,11 +319,14 @@ local Client = {}
 Client.__index = Client
 M.Client = Client
 
-local main_group                 -- the daemon group of main-thread requests
+-- The group of main-thread requests. Not a daemon: a script ends once
+-- nothing of it is alive (netrun.run), and this loop is alive only while
+-- a request is under way (an idle pooled connection keeps nothing alive).
+local main_group
 
 local function on_loop(client, opts)
   if current() ~= nil then return M.request_with(client, opts) end
-  main_group = main_group or require("netrun").group { threads = 1, name = "http", daemon = true }
+  main_group = main_group or require("netrun").group { threads = 1, name = "http" }
   local p = core.promise()
   main_group:next():execute(function(c, o, pr)
     require("netrun.http").request_with(c, o):add_listener(function(f)

@@ -102,10 +102,11 @@ end
 
 -- Parts loaded on first use (a state that never calls out pays nothing):
 -- netrun.json, netrun.dns, netrun.tcp, netrun.http (the client, and
--- unescape(s): + and %XX decoded), netrun.websocket, netrun.metrics.
+-- unescape(s): + and %XX decoded), netrun.websocket, netrun.metrics,
+-- netrun.redis.
 local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
                http = "netrun.http", websocket = "netrun.websocket",
-               metrics = "netrun.metrics" }
+               metrics = "netrun.metrics", redis = "netrun.redis" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end
@@ -152,7 +153,9 @@ end
 
 -- netrun.connect { tls = client_config, ... }: the future completes with
 -- the channel once the handshake did, and fails with OpenSSL's reason
--- when it failed (a certificate that does not verify, say).
+-- when it failed (a certificate that does not verify, say), or with the
+-- connect's when no address answered (then no handshake began).
+local NOT_CONNECTED = "channel closed before it connected"   -- runtime/tls/handler.c
 function netrun.connect(opts)
   if type(opts) ~= "table" or opts.tls == nil then return core.connect(opts) end
   check_tls("netrun.connect", opts.tls)
@@ -161,12 +164,12 @@ function netrun.connect(opts)
   local done = core.promise()
   o.init = function(ch)
     ch:pipeline():add_first("tls", tls)
-    if not unix then core.tls.set_host(ch, "tls", host) end
+    if not unix and type(host) == "string" then core.tls.set_host(ch, "tls", host) end
     if init then init(ch) end
     core.tls.handshake(ch):add_listener(function(f)
       if f:is_success() then
         done:try_success(ch)
-      else
+      elseif f:cause() ~= NOT_CONNECTED then   -- else the connect's error says why
         done:try_failure(f:cause())
       end
     end)

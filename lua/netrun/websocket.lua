@@ -41,14 +41,15 @@ end
 local configs = {}            -- one codec config per set of limits, per state
 
 local function config(opts)
-  local k = format("%s/%s/%s/%s", opts.max_message, opts.max_frame, opts.close_timeout,
-    opts.frame_timeout)
+  local k = format("%s/%s/%s/%s/%s", opts.max_message, opts.max_frame, opts.close_timeout,
+    opts.frame_timeout, opts.inflate_ratio)
   local c = configs[k]
   if c == nil then
     c = core.codec.websocket { max_message = opts.max_message,
                                max_frame = opts.max_frame,
                                close_timeout = opts.close_timeout,
-                               frame_timeout = opts.frame_timeout }
+                               frame_timeout = opts.frame_timeout,
+                               inflate_ratio = opts.inflate_ratio }
     configs[k] = c
   end
   return c
@@ -152,7 +153,7 @@ function M.connect(opts)
     accept = core.ws.accept(key), max_message = opts.max_message,
     max_frame = opts.max_frame, close_timeout = opts.close_timeout,
     frame_timeout = opts.frame_timeout, handshake_timeout = opts.timeout or 10,
-    deflate = opts.deflate and true or false }
+    deflate = opts.deflate and true or false, inflate_ratio = opts.inflate_ratio }
   local netrun = require "netrun"
   local tls = opts.tls
   if scheme == "wss" and tls == nil then tls = netrun.tls.client {} end
@@ -162,15 +163,20 @@ function M.connect(opts)
                   tls = tls }
   copts.init = function(ch)
     local p = ch:pipeline()
+    local open = false
     p:add_last("websocket", codec)
     p:add_last("websocket_open", {
       channel_active = function(_, ctx)
+        open = true
         done:try_success(ctx.channel)
         ctx:fire_channel_active()
       end,
+      -- A failure before the 101 (a bad answer, TLS) is the future's to
+      -- report, once: the handlers after this one never saw the channel
+      -- active, and the tail would log it again at warn.
       exception_caught = function(_, ctx, err)
         done:try_failure(err)
-        ctx:fire_exception_caught(err)
+        if open then ctx:fire_exception_caught(err) end
       end,
       channel_inactive = function(_, ctx)
         done:try_failure("netrun.websocket.connect: " .. url

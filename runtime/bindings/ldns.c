@@ -1,28 +1,20 @@
 /*
- * ldns.c -- the C half of netrun.dns (lua/netrun/dns.lua): getaddrinfo for
- * the resolver threads, the numeric-address test, and the resolver pool.
+ * ldns.c -- the C half of netrun.dns (lua/netrun/dns.lua): the core's
+ * resolver (runtime/resolver.c) as futures, the names answered without it
+ * (numeric addresses, localhost), and its configuration.
  *
- * getaddrinfo blocks, so it never runs on an event loop's thread: the Lua
- * half submits it to the resolver pool, a process-wide executor group of
- * RESOLVER_THREADS threads made on first use (a daemon: it keeps no
- * process alive). One pool serves every state; core.dns_pool() hands each
- * state its handle. Threading: `pool` is read and written under
- * `pool_lock`; the process holds one reference to it until the runtime
- * is torn down (lnr_free_dns).
+ * A lookup's future completes on the resolver's thread; its listeners
+ * run on the state that added them, as every future's do. Its value is
+ * an nr_addrs_t, which lfuture.c's result() turns into an array of
+ * address strings with the answer's TTL as field `ttl` (lnr_push_addrs).
+ * Any state, any thread: the resolver is the process's.
  */
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <pthread.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "lnr.h"
-
-#define RESOLVER_THREADS 2
-#define MAX_ADDRESSES 32
-
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static lnr_group_t *pool;
 
 /* "inet", "inet6" or nil (any) at idx, as an address family. */
 static int check_family(lua_State *L, int idx) {
@@ -33,129 +25,176 @@ static int check_family(lua_State *L, int idx) {
   return families[luaL_checkoption(L, idx, NULL, names)];
 }
 
-/* core.dns_numeric(s) --> "inet" | "inet6" | nil: whether s is an address
- * already (no resolution, no thread hop). */
-static int l_numeric(lua_State *L) {
-  const char *s = luaL_checkstring(L, 1);
-  unsigned char buf[sizeof(struct in6_addr)];
-  if (inet_pton(AF_INET, s, buf) == 1)
-    lua_pushliteral(L, "inet");
-  else if (inet_pton(AF_INET6, s, buf) == 1)
-    lua_pushliteral(L, "inet6");
-  else
-    lua_pushnil(L);
-  return 1;
+static const char *check_name(lua_State *L, int idx) {
+  size_t n;
+  const char *name = luaL_checklstring(L, idx, &n);
+  if (strlen(name) != n)
+    luaL_argerror(L, idx, "a host name holds no NUL byte");
+  return name;
 }
 
-/* Whether addr is among the first n strings of the array at t. */
-static bool listed(lua_State *L, int t, int n, const char *addr) {
-  for (int i = 1; i <= n; i++) {
-    lua_rawgeti(L, t, i);
-    bool same = strcmp(lua_tostring(L, -1), addr) == 0;
-    lua_pop(L, 1);
-    if (same)
-      return true;
+void lnr_push_addrs(lua_State *L, const nr_addrs_t *a) {
+  lua_createtable(L, a->n, 1);
+  for (int i = 0; i < a->n; i++) {
+    lua_pushstring(L, a->addr[i]);
+    lua_rawseti(L, -2, i + 1);
   }
-  return false;
+  lua_pushinteger(L, a->ttl);
+  lua_setfield(L, -2, "ttl");
 }
 
-/* core.getaddrinfo(name [, family]) --> array of address strings, in
- * getaddrinfo's order (RFC 6724), each once | nil, message. Blocks: for
- * the resolver threads only. */
-static int l_getaddrinfo(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  struct addrinfo hints = {.ai_family = check_family(L, 2),
-                           .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_ADDRCONFIG}, *res;
-  int rc = getaddrinfo(name, NULL, &hints, &res);
-  if (rc == EAI_BADFLAGS || (rc == EAI_NONAME && strcmp(name, "localhost") == 0)) {
-    hints.ai_flags = 0;          /* no address configured: localhost still is */
-    rc = getaddrinfo(name, NULL, &hints, &res);
-  }
-  if (rc != 0) {
+/* core.dns_local(name [, family]) --> array of addresses, for a name no
+ * server is asked about (a numeric address, localhost) | nil (ask one) |
+ * nil, message (a numeric address of another family). No thread hop. */
+static int l_local(lua_State *L) {
+  const char *name = check_name(L, 1);
+  int family = check_family(L, 2);
+  nr_addrs_t a;
+  int rc = nr_resolve_local(name, family, &a);
+  if (rc == 0) {
     lua_pushnil(L);
-    lua_pushstring(L, rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
-    return 2;
-  }
-  lua_newtable(L);
-  int t = lua_gettop(L), n = 0;
-  for (struct addrinfo *ai = res; ai && n < MAX_ADDRESSES; ai = ai->ai_next) {
-    char text[INET6_ADDRSTRLEN];
-    const void *a = ai->ai_family == AF_INET
-        ? (const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr
-        : (const void *)&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
-    if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) ||
-        inet_ntop(ai->ai_family, a, text, sizeof text) == NULL ||
-        listed(L, t, n, text))
-      continue;
-    lua_pushstring(L, text);
-    lua_rawseti(L, t, ++n);
-  }
-  freeaddrinfo(res);
-  if (n == 0) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "no address of the asked family");
-    return 2;
-  }
-  return 1;
-}
-
-/* core.dns_pool() --> the resolver pool (an executor group). Made here on
- * first use with the state's own netrun.executor_group (upvalue 1); a
- * state that loses the race shuts its new group down and takes the
- * winner's. */
-static int l_pool(lua_State *L) {
-  pthread_mutex_lock(&pool_lock);
-  lnr_group_t *g = pool;
-  pthread_mutex_unlock(&pool_lock);
-  if (g != NULL) {
-    lnr_push_handle(L, LNR_GROUP, g);
     return 1;
   }
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_createtable(L, 0, 3);
-  lua_pushinteger(L, RESOLVER_THREADS);
-  lua_setfield(L, -2, "threads");
-  lua_pushliteral(L, "dns");
-  lua_setfield(L, -2, "name");
-  lua_pushboolean(L, 1);
-  lua_setfield(L, -2, "daemon");
-  lua_call(L, 1, 1);
-  lnr_group_t *made = lnr_check_handle(L, -1, LNR_GROUP);
-  pthread_mutex_lock(&pool_lock);
-  if (pool == NULL) {
-    pool = made;
-    lnr_handle_retain(LNR_GROUP, made);        /* the process's reference */
+  if (rc < 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s is an %s address, not %s", name,
+                    family == AF_INET ? "inet6" : "inet",
+                    family == AF_INET ? "inet" : "inet6");
+    return 2;
   }
-  g = pool;
-  pthread_mutex_unlock(&pool_lock);
-  if (g != made) {
-    nr_group_shutdown_gracefully(lnr_group_core(made), 0, 0);   /* borrowed */
-    lua_pop(L, 1);
-    lnr_push_handle(L, LNR_GROUP, g);
+  lua_createtable(L, a.n, 0);
+  for (int i = 0; i < a.n; i++) {
+    lua_pushstring(L, a.addr[i]);
+    lua_rawseti(L, -2, i + 1);
   }
   return 1;
+}
+
+/* A lookup keeps its caller's loop (or the main thread) alive while it is
+ * under way (nr_loop_ref): a script that resolves a name and ends waits
+ * for the answer. The caller gets a future of its own, completed from the
+ * resolver's on the resolver's thread, and the ref goes after that: by
+ * then the caller's listeners are queued to it. */
+typedef struct lookup_s {
+  nr_promise_t *out;
+  nr_loop_t *caller;
+} lookup_t;
+
+static void lookup_done(nr_promise_t *p, void *arg) {
+  lookup_t *k = arg;
+  nr_addrs_t *a = nr_promise_is_success(p) ? malloc(sizeof *a) : NULL;
+  if (a != NULL) {
+    *a = *(const nr_addrs_t *)nr_promise_value(p);
+    nr_promise_set_success(k->out, a, nr_addrs_free);
+  } else if (nr_promise_is_success(p)) {
+    nr_promise_set_failure(k->out, -ENOMEM, "out of memory");
+  } else {
+    nr_promise_set_failure(k->out, nr_promise_code(p), nr_promise_message(p));
+  }
+  nr_loop_unref(k->caller);
+  nr_promise_release(k->out);
+  free(k);
+}
+
+/* core.dns_lookup(name, family, timeout) --> future of the addresses
+ * (lnr_push_addrs's table), or failed with the resolver's reason. */
+static int l_lookup(lua_State *L) {
+  const char *name = check_name(L, 1);
+  int family = check_family(L, 2);
+  double timeout = lnr_checkseconds(L, 3, "netrun.dns timeout");
+  nr_loop_t *caller = nr_loop_current();
+  nr_promise_t *out = caller ? nr_promise_new() : NULL;
+  lookup_t *k = out ? malloc(sizeof *k) : NULL;
+  nr_promise_t *p = nr_resolve(name, family, lnr_ns(timeout));
+  if (p == NULL || (caller != NULL && k == NULL)) {
+    free(k);
+    nr_promise_release(out);
+    nr_promise_release(p);
+    return luaL_error(L, "netrun.dns: out of memory");
+  }
+  if (k == NULL) {                 /* not from a loop: nothing to keep */
+    lnr_push_promise(L, p);
+    return 1;
+  }
+  k->out = nr_promise_retain(out);
+  k->caller = caller;
+  nr_loop_ref(caller);
+  nr_promise_add_listener(p, NULL, lookup_done, k);
+  nr_promise_release(p);
+  lnr_push_promise(L, out);
+  return 1;
+}
+
+/* servers: an array of "host[:port]" strings, one such string (a
+ * comma-separated list), or false for the system's. */
+static void configure_servers(lua_State *L, int idx) {
+  luaL_Buffer b;
+  char err[256];
+  if (lua_toboolean(L, idx) == 0) {
+    nr_resolver_set_servers(NULL, err, sizeof err);
+    return;
+  }
+  if (lua_type(L, idx) == LUA_TSTRING) {
+    lua_pushvalue(L, idx);
+  } else if (lua_type(L, idx) == LUA_TTABLE) {
+    luaL_buffinit(L, &b);
+    lua_Integer n = luaL_len(L, idx);
+    for (lua_Integer i = 1; i <= n; i++) {
+      if (lua_rawgeti(L, idx, i) != LUA_TSTRING)
+        luaL_error(L, "netrun.dns.configure: servers[%d] must be a string, got %s",
+                   (int)i, luaL_typename(L, -1));
+      if (i > 1)
+        luaL_addchar(&b, ',');
+      luaL_addvalue(&b);
+    }
+    luaL_pushresult(&b);
+  } else {
+    luaL_error(L, "netrun.dns.configure: servers must be an array of "
+               "\"host[:port]\" strings, a string or false, got %s",
+               luaL_typename(L, idx));
+  }
+  if (nr_resolver_set_servers(lua_tostring(L, -1), err, sizeof err) < 0)
+    luaL_error(L, "netrun.dns.configure: %s", err);
+  lua_pop(L, 1);
+}
+
+static int opt_count(lua_State *L, int idx, const char *key, int min) {
+  if (lua_getfield(L, idx, key) == LUA_TNIL) {
+    lua_pop(L, 1);
+    return -1;
+  }
+  int isnum;
+  lua_Integer v = lua_tointegerx(L, -1, &isnum);
+  if (!isnum || v < min || v > 1000000)
+    luaL_error(L, "netrun.dns.configure: %s must be an integer from %d to "
+               "1000000, got %s", key, min, luaL_tolstring(L, -1, NULL));
+  lua_pop(L, 1);
+  return (int)v;
+}
+
+/* core.dns_configure { servers = ..., max_inflight = n, max_waiting = n }:
+ * for the whole process, from the next lookup on; absent keys keep their
+ * setting. */
+static int l_configure(lua_State *L) {
+  static const char *const keys[] = {"servers", "max_inflight", "max_waiting", NULL};
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lnr_check_options(L, 1, "netrun.dns.configure", keys);
+  int inflight = opt_count(L, 1, "max_inflight", 1);
+  int waiting = opt_count(L, 1, "max_waiting", 0);
+  if (lua_getfield(L, 1, "servers") != LUA_TNIL)
+    configure_servers(L, lua_gettop(L));
+  lua_pop(L, 1);
+  nr_resolver_set_limits(inflight, waiting);
+  return 0;
 }
 
 /* The runtime is being torn down (the main state closes, every group has
- * terminated): drop the process's reference, so the pool's threads are
- * joined and its memory freed with the last proxy. */
-void lnr_free_dns(void) {
-  pthread_mutex_lock(&pool_lock);
-  lnr_group_t *g = pool;
-  pool = NULL;
-  pthread_mutex_unlock(&pool_lock);
-  if (g != NULL)
-    lnr_handle_release(LNR_GROUP, g);
-}
+ * terminated): lookups still in flight fail, the resolver's thread ends. */
+void lnr_free_dns(void) { nr_resolver_shutdown(); }
 
 /* Called with the core module table on top of the stack. */
 void lnr_open_dns(lua_State *L) {
-  lua_pushcfunction(L, l_getaddrinfo);
-  lua_setfield(L, -2, "getaddrinfo");
-  lua_pushcfunction(L, l_numeric);
-  lua_setfield(L, -2, "dns_numeric");
-  lua_getfield(L, -1, "executor_group");
-  lua_pushcclosure(L, l_pool, 1);
-  lua_setfield(L, -2, "dns_pool");
+  static const luaL_Reg fns[] = {{"dns_local", l_local}, {"dns_lookup", l_lookup},
+                                 {"dns_configure", l_configure}, {NULL, NULL}};
+  luaL_setfuncs(L, fns, 0);
 }

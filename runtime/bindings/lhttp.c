@@ -145,6 +145,8 @@ typedef struct rhdr_s {
 
 typedef struct req_s {
   const void *tag;             /* &REQ_TAG: proves the userdata is one */
+  const void *pipe;            /* its read's pipeline and token (from the */
+  uint64_t token;              /* codec: nr_http_request_t's) */
   int32_t stream;              /* HTTP/2: its stream; 0 for HTTP/1.x */
   uint32_t method_len, path, path_len, query, query_len;
   uint16_t nheaders, ntrailers;
@@ -161,6 +163,13 @@ static const char *req_text(const req_t *q) {
 bool lnr_http_is_request(lua_State *L, int idx) {
   const req_t *q = lua_touserdata(L, idx);  /* a light one has length 0 */
   return q != NULL && lua_rawlen(L, idx) >= sizeof *q && q->tag == &REQ_TAG;
+}
+
+uint64_t lnr_http_request_token(lua_State *L, int idx, const void *p) {
+  if (!lnr_http_is_request(L, idx))
+    return 0;
+  const req_t *q = lua_touserdata(L, idx);
+  return q->pipe == p ? q->token : 0;
 }
 
 /* The request that is argument 1 of a metamethod (one fetched with
@@ -237,7 +246,8 @@ static void push_request(lua_State *L, void *msg) {
   const char *base = r->method;
   if (len > 0) {               /* the usual: one copy, fields as offsets */
     req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
-    *q = (req_t){.tag = &REQ_TAG, .method_len = (uint32_t)r->method_len,
+    *q = (req_t){.tag = &REQ_TAG, .pipe = r->pipeline, .token = r->token,
+                 .method_len = (uint32_t)r->method_len,
                  .path = (uint32_t)(r->path - base),
                  .path_len = (uint32_t)r->path_len,
                  .query = r->query ? (uint32_t)(r->query - base) : 0,
@@ -261,6 +271,8 @@ static void push_request(lua_State *L, void *msg) {
   req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
   uint32_t off = 0;
   q->tag = &REQ_TAG;
+  q->pipe = r->pipeline;
+  q->token = r->token;
   q->nheaders = (uint16_t)r->nheaders;
   q->ntrailers = (uint16_t)r->ntrailers;
   q->method_len = (uint32_t)r->method_len;

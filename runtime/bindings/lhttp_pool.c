@@ -144,7 +144,10 @@ static void wait_remove(hpool_t *P, hreq_t *q) {
   q->wprev = q->wnext = NULL;
 }
 
+/* An idle connection keeps no process alive (Node's agent unrefs its idle
+ * sockets): a script that made a request ends once it is answered. */
 static void idle_push(hpool_t *P, hconn_t *c) {
+  nr_channel_set_ref(nr_ctx_channel(c->ctx), false);
   c->idle = true;
   c->since = nr_now();
   c->iprev = NULL;
@@ -158,6 +161,7 @@ static void idle_remove(hpool_t *P, hconn_t *c) {
   if (!c->idle)
     return;
   c->idle = false;
+  nr_channel_set_ref(nr_ctx_channel(c->ctx), true);
   P->nidle--;
   if (c->iprev) c->iprev->inext = c->inext; else P->idle = c->inext;
   if (c->inext) c->inext->iprev = c->iprev;

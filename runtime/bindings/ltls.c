@@ -312,10 +312,11 @@ static void push_event(lua_State *L, void *msg) {
   set_str(L, "server_name", e->server_name);
   lua_pushboolean(L, e->resumed);
   lua_setfield(L, -2, "resumed");
-  if (e->peer_subject) {
+  if (e->peer_subject || e->peer_error) {
     lua_createtable(L, 0, 2);
     set_str(L, "subject", e->peer_subject);
     set_str(L, "issuer", e->peer_issuer);
+    set_str(L, "error", e->peer_error);
     lua_setfield(L, -2, "peer");
   }
 }

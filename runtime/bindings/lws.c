@@ -4,7 +4,8 @@
  * this file gives them:
  *
  *   core.codec.websocket { max_message = 1 << 20, max_frame = max_message,
- *                          close_timeout = 5, frame_timeout = 60 }
+ *                          close_timeout = 5, frame_timeout = 60,
+ *                          inflate_ratio = 64 (0: none) }
  *     -- a server's codec config
  *     (client = true, request = "GET ...", accept = "...",
  *      handshake_timeout = 10: a client's, made by websocket.connect)
@@ -14,6 +15,13 @@
  *     -- write the 101 response from the HTTP codec's place and put the
  *     -- WebSocket codec there instead: bytes the client sent after its
  *     -- upgrade request (a first frame in the same packet) go to it.
+ *     -- The 101 is flushed once the handler call that upgraded returns
+ *     -- (a tail task: at the end of the loop's turn, with no turn of
+ *     -- its own), not at once: until the client has it, it cannot send,
+ *     -- nor count on anything, so what that call does after `upgrade`
+ *     -- (adding the socket to a channel group) is done before the client
+ *     -- can act -- else a broadcast the client expects, sent between the
+ *     -- 101 and the add, would never reach it.
  *
  * Messages: the codec's text and binary messages reach Lua handlers as
  * { type = "text" | "binary", data = "..." }, the peer's close as the
@@ -41,6 +49,7 @@ typedef struct conf_s {
   bool client;
   bool deflate;              /* client: the request offers permessage-deflate */
   size_t max_message, max_frame;
+  uint32_t inflate_ratio;    /* as nr_ws_opts_t's */
   uint64_t close_timeout, handshake_timeout, frame_timeout;
   char accept[32];
   size_t request_len;
@@ -151,7 +160,7 @@ static void *new_state(const conf_t *c, int deflate_bits) {
   nr_ws_opts_t o = {c->client, c->max_message, c->max_frame,
                     c->close_timeout, c->handshake_timeout, c->frame_timeout,
                     c->request, c->request_len, c->accept,
-                    {deflate_bits, false}, c->deflate};
+                    {deflate_bits, false}, c->deflate, c->inflate_ratio};
   return nr_ws_new(&o);
 }
 
@@ -174,6 +183,23 @@ static lua_Integer opt_int(lua_State *L, const char *k, lua_Integer d) {
   return v;
 }
 
+/* inflate_ratio: a positive integer, or 0 for none (nil: the default). */
+static uint32_t opt_ratio(lua_State *L) {
+  lua_getfield(L, 1, "inflate_ratio");
+  uint32_t r = 0;
+  if (!lua_isnil(L, -1)) {
+    int ok;
+    lua_Integer v = lua_tointegerx(L, -1, &ok);
+    if (!ok || v < 0 || v >= NR_WS_NO_RATIO)
+      luaL_error(L, "netrun.codec.websocket: inflate_ratio must be a "
+                 "positive integer or 0 (none), got %s",
+                 luaL_tolstring(L, -1, NULL));
+    r = v == 0 ? NR_WS_NO_RATIO : (uint32_t)v;
+  }
+  lua_pop(L, 1);
+  return r;
+}
+
 static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
   lua_getfield(L, 1, k);
   double v = lua_isnil(L, -1) ? d : lnr_checkseconds(L, -1, k);
@@ -184,7 +210,7 @@ static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
 static int l_websocket(lua_State *L) {
   static const char *const known[] = {"max_message", "max_frame",
       "close_timeout", "handshake_timeout", "frame_timeout", "client",
-      "request", "accept", "deflate",
+      "request", "accept", "deflate", "inflate_ratio",
       NULL};
   if (lua_isnoneornil(L, 1)) {
     lua_settop(L, 0);
@@ -199,6 +225,7 @@ static int l_websocket(lua_State *L) {
   c->close_timeout = opt_seconds(L, "close_timeout", 5);
   c->handshake_timeout = opt_seconds(L, "handshake_timeout", 10);
   c->frame_timeout = opt_seconds(L, "frame_timeout", 60);
+  c->inflate_ratio = opt_ratio(L);
   lua_getfield(L, 1, "client");
   c->client = lua_toboolean(L, -1);
   lua_getfield(L, 1, "deflate");
@@ -267,6 +294,13 @@ static int l_key(lua_State *L) {
   return 1;
 }
 
+static int flush_task(void *arg) {
+  nr_channel_t *ch = arg;
+  nr_channel_flush(ch);             /* on its loop: at once */
+  nr_channel_release(ch);
+  return 0;
+}
+
 /* The HTTP codec of ch's pipeline (the first handler of its type). */
 static nr_ctx_t *http_ctx(nr_pipeline_t *p) {
   for (nr_ctx_t *c = nr_pipeline_first(p); c != NULL; c = nr_ctx_next(c)) {
@@ -299,12 +333,18 @@ static int l_switch(lua_State *L) {
   char name[64];
   snprintf(name, sizeof name, "%s", nr_ctx_name(hc));
   nr_bytes_t b = NR_BYTES(resp, n);
-  nr_ctx_write_and_flush(hc, &b, NULL);   /* from its place: past it */
+  nr_ctx_write(hc, &b, NULL);       /* from its place: past it */
   int rc = nr_pipeline_replace(p, name, "websocket", &lua_ws_vt, state);
   if (rc < 0) {
     free(state);       /* never added: nothing else refers to it */
+    nr_ctx_flush(hc);
     return luaL_error(L, "netrun.websocket.upgrade: cannot replace the "
                       "http codec: %s", nr_strerror(rc));
+  }
+  if (nr_loop_after_iteration(nr_channel_loop(ch), flush_task,
+                              nr_channel_retain(ch)) < 0) {
+    nr_channel_release(ch);         /* (a loop shutting down) */
+    nr_channel_flush(ch);
   }
   return 0;
 }

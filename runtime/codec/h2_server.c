@@ -565,6 +565,8 @@ static bool build(h2s_t *s, nr_http_request_t *r) {
                                          s->hdr[i].name_len, s->hdr[i].value_len};
   r->ntrailers = s->ntrl;
   r->trailers = r->headers + r->nheaders;
+  r->token = 0;
+  r->pipeline = NULL;
   return true;
 }
 
@@ -581,6 +583,8 @@ static __attribute__((noinline)) void deliver(nr_h2_server_t *h, h2s_t *s) {
     nr_channel_hold(nr_ctx_channel(h->ctx));
   s->counted = true;
   s->token = ++h->delivered;
+  req.token = s->token;        /* (a copy fired on later is answered for) */
+  req.pipeline = nr_ctx_pipeline(h->ctx);
   h->cur = s;
   s->pinned = true;            /* an answer may close it meanwhile */
   nr_ctx_fire_read_tokened(h->ctx, &req, s->token, false);
@@ -828,6 +832,8 @@ void nr_h2_server_deliver_upgraded(nr_h2_server_t *h, void *msg) {
   s->counted = true;
   s->token = ++h->delivered;
   req->stream = 1;
+  req->token = s->token;
+  req->pipeline = nr_ctx_pipeline(h->ctx);
   h->cur = s;
   nr_ctx_fire_read_tokened(h->ctx, req, s->token, false);
   if (h->cur == s)

@@ -63,6 +63,12 @@ typedef struct nr_http_request_s {
                                      apart: trailers[0 .. n), never merged
                                      into the headers */
   const nr_http_header_t *trailers;    /* == headers + nheaders */
+  /* Set by the server codec as it fires the request: its read token
+   * (nr_ctx_fire_read_tokened) and the pipeline it was read on, which a
+   * binding keeps with a copy of the request, so that a handler that
+   * raises on that copy fired on later is answered for (a 500). */
+  uint64_t token;
+  const void *pipeline;
   nr_http_header_t headers[NR_HTTP_MAX_HEADERS];
 } nr_http_request_t;
 

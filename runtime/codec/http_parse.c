@@ -614,6 +614,8 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
                          const char *s, size_t n, size_t i, int *rc,
                          bool *body) {
   r->type = NR_MSG_HTTP_REQUEST;
+  r->token = 0;                 /* the server codec's, when it fires it */
+  r->pipeline = NULL;
   r->expect_continue = r->chunked = false;
   r->body = "";
   r->body_len = 0;

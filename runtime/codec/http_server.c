@@ -583,7 +583,9 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   /* Whether the handlers answer now or later, the next requests parse the
    * same, and a close stops them: they may take this one later -- unless
    * it may switch protocols, when what follows is theirs to read. */
-  nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
+  req->token = ++s->delivered;
+  req->pipeline = nr_ctx_pipeline(s->ctx);
+  nr_ctx_fire_read_tokened(s->ctx, req, req->token, !req->switches);
   if (s->in.removed && req->switches && nr_channel_is_open(ch))
     return NR_HTTP_SWITCHED;   /* replaced by the new protocol's codec */
   if ((f & F_CLOSE) || s->in.removed || s->closing || !nr_channel_is_open(ch))

@@ -143,6 +143,7 @@ void nr_ws_parser_init(nr_ws_parser_t *p, bool server, size_t max_message,
   p->server = server;
   p->max_message = max_message;
   p->max_frame = max_frame;
+  p->inflate_ratio = NR_WS_INFLATE_RATIO;
 }
 
 void nr_ws_parser_free(nr_ws_parser_t *p) {
@@ -300,6 +301,9 @@ static long inflate_msg(nr_ws_parser_t *p, int op, const char *in, size_t n,
   if (rc == NR_WS_TOO_BIG || rc == -ENOMEM)
     return fail(p, ev, NR_WS_TOO_BIG, rc == -ENOMEM ? "out of memory for a "
                 "message" : "message too big (inflated)");
+  if (rc == NR_WS_POLICY)
+    return fail(p, ev, NR_WS_POLICY, "message inflates past inflate_ratio "
+                "times what the connection sent compressed");
   if (rc != 0)
     return fail(p, ev, NR_WS_BAD_DATA, "invalid compressed data");
   if (op == NR_WS_TEXT && nr_utf8_check(0, out, len) != 0)
@@ -762,6 +766,9 @@ void *nr_ws_new(const nr_ws_opts_t *o) {
   size_t max_message = o->max_message ? o->max_message : NR_WS_MAX_MESSAGE;
   size_t max_frame = o->max_frame ? o->max_frame : max_message;
   nr_ws_parser_init(&w->parser, !o->client, max_message, max_frame);
+  if (o->inflate_ratio != 0)
+    w->parser.inflate_ratio = o->inflate_ratio == NR_WS_NO_RATIO
+                                  ? 0 : o->inflate_ratio;
   w->client = o->client;
   w->close_timeout = o->close_timeout;
   w->handshake_timeout = o->handshake_timeout;

@@ -85,6 +85,11 @@ typedef struct nr_ws_parser_s {
   bool inflater_ok;
   struct z_stream_s *inflater;  /* then: this connection's own stream */
   char *inflated;            /* a large inflated message, freed on reset */
+  /* The connection's inflate budget: what it inflates is at most
+   * inflate_ratio times the compressed bytes it sent, plus
+   * NR_WS_INFLATE_ALLOWANCE (0: no budget, max_message alone). */
+  uint32_t inflate_ratio;
+  uint64_t zin, zout;        /* compressed bytes taken, inflated bytes made */
 } nr_ws_parser_t;
 
 /* What one call decoded. opcode 0: nothing to deliver (a fragment kept).
@@ -160,8 +165,10 @@ int nr_ws_deflate(int bits, const nr_slice_t *v, size_t n, const char **out,
                   size_t *len);
 /* Inflate one message into a per-thread buffer (valid until the thread's
  * next call; one past 64 KiB moves to p->inflated, freed when the parser
- * is next called, so that a thread keeps no large buffer): 0, NR_WS_TOO_BIG past p->max_message (having allocated no
- * more than that), NR_WS_BAD_DATA, or -ENOMEM. */
+ * is next called, so that a thread keeps no large buffer): 0,
+ * NR_WS_TOO_BIG past p->max_message or NR_WS_POLICY past the connection's
+ * inflate budget (p->inflate_ratio; having allocated and inflated no more
+ * than either), NR_WS_BAD_DATA, or -ENOMEM. */
 int nr_ws_inflate(nr_ws_parser_t *p, const char *in, size_t n,
                   const char **out, size_t *len);
 /* Free what a parser keeps for the extension. */
@@ -185,9 +192,20 @@ typedef struct nr_ws_opts_s {
    * sent NR_WS_PMD_OFFER in its request (deflate_offered) */
   nr_ws_pmd_t deflate;
   bool deflate_offered;
+  /* permessage-deflate: the inflate budget's ratio (nr_ws_parser_t);
+   * 0: NR_WS_INFLATE_RATIO; NR_WS_NO_RATIO: none */
+  uint32_t inflate_ratio;
 } nr_ws_opts_t;
 
 #define NR_WS_MAX_MESSAGE (1u << 20)
+/* Inflating costs CPU in proportion to what comes out (~2 ms a MiB), and
+ * a deflate bomb makes 1 MiB of ~1 KiB: without a bound, each MiB an
+ * attacker sends costs seconds of CPU. A connection may inflate 64 times
+ * what it sent compressed (JSON and text compress 3-15 times), plus
+ * 64 KiB to start with; past it the message is refused with 1008. */
+#define NR_WS_INFLATE_RATIO 64u
+#define NR_WS_INFLATE_ALLOWANCE (64u << 10)
+#define NR_WS_NO_RATIO UINT32_MAX
 #define NR_WS_CLOSE_TIMEOUT NR_SEC(5)
 #define NR_WS_FRAME_TIMEOUT NR_SEC(60)
 /* The longest response head a client takes for its handshake. */

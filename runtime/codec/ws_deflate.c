@@ -18,7 +18,14 @@
  * max_message is refused (1009) when that byte is reached, so a zip bomb
  * never allocates more than the limit. A buffer grown past 64 KiB goes to
  * the parser, which frees it on its next call (as it does a reassembled
- * message): a thread keeps at most 64 KiB.
+ * message): a thread keeps at most 64 KiB. And the CPU a peer can make us
+ * spend inflating is bounded by what it sends: a connection's inflated
+ * bytes stay within inflate_ratio times its compressed bytes, plus an
+ * allowance (a budget, not a per-message ratio: a message of zeros now
+ * and then passes among ordinary ones, while a stream of bombs cannot
+ * make more than the ratio of what it costs the peer to send); a message
+ * that would pass it is refused (1008) as it reaches it, inflated no
+ * further.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -321,6 +328,26 @@ static z_stream *inflater(nr_ws_parser_t *p, zthread_t *t) {
   return z;
 }
 
+/* What a message of n compressed bytes may inflate to: max_message, or
+ * less -- what is left of the connection's budget (*budget set then). A
+ * peer that keeps its context (a server a client chose, that declined
+ * server_no_context_takeover) has none: each of its messages may refer to
+ * the last, so similar ones compress far past any ratio. */
+static size_t inflate_room(const nr_ws_parser_t *p, size_t n, bool *budget) {
+  *budget = false;
+  if (p->inflate_ratio == 0 || p->peer_context)
+    return p->max_message;
+  uint64_t in = p->zin + n, r = p->inflate_ratio;
+  uint64_t allowed = in > (UINT64_MAX - NR_WS_INFLATE_ALLOWANCE) / r
+                         ? UINT64_MAX
+                         : in * r + NR_WS_INFLATE_ALLOWANCE;
+  uint64_t left = allowed > p->zout ? allowed - p->zout : 0;
+  if (left >= p->max_message)
+    return p->max_message;
+  *budget = true;
+  return (size_t)left;
+}
+
 int nr_ws_inflate(nr_ws_parser_t *p, const char *in, size_t n,
                   const char **out, size_t *len) {
   zthread_t *t = zt_get();
@@ -333,13 +360,19 @@ int nr_ws_inflate(nr_ws_parser_t *p, const char *in, size_t n,
   if (z == NULL)
     return -ENOMEM;
   size_t have = 0;
-  int rc = feed(t, z, in, n, &have, p->max_message);
+  bool budget;
+  size_t max = inflate_room(p, n, &budget);
+  int rc = feed(t, z, in, n, &have, max);
   if (rc == 0)
-    rc = feed(t, z, "\0\0\xff\xff", 4, &have, p->max_message);
+    rc = feed(t, z, "\0\0\xff\xff", 4, &have, max);
   if (p->inflater == NULL || rc != 0)
     inflateReset(z);      /* no context kept (or none left to keep) */
   if (rc == 1)
     rc = 0;
+  if (rc == NR_WS_TOO_BIG && budget)
+    rc = NR_WS_POLICY;
+  p->zin += n;
+  p->zout += have;
   *out = have > 0 ? t->plain : "";
   *len = have;
   if (t->plain_cap > KEEP) {      /* the parser frees it on its next call */

@@ -20,14 +20,17 @@
  * this one, writes wait in `queue` (with a flush noted), and with
  * auto_read off the handler asks for reads itself. Once it completes, the
  * queued writes are encrypted and flushed, then the handlers after this
- * one see channel_active and the nr_tls_event_t user event.
+ * one see channel_active and the nr_tls_event_t user event. A server
+ * whose first bytes are a plain HTTP request line answers a plain 400
+ * instead of handing them to SSL (refuse_plain), as nginx does.
  *
  * Failures (a handshake refused, a record that does not decrypt) fire
  * exception_caught with OpenSSL's reason to the handlers after this one,
  * send the alert SSL produced, and close the channel. A close from the
  * handlers sends close_notify after everything they wrote before it. The
- * peer's close_notify is answered and closes the channel, unless the
- * channel allows half-closure: then, like a FIN, it only ends the input.
+ * peer's close_notify ends the input, like a FIN: the channel closes (ours
+ * sent) once the answers to what came before it are out, or, when it
+ * allows half-closure, stays open for writing until the handlers close.
  *
  * Writes made while this handler dispatches a read (its channel_read and
  * channel_read_complete) are gathered, after the first, into one record
@@ -95,8 +98,8 @@ typedef struct tls_s {
   bool flush_req;                 /* a flush came during the handshake */
   bool fired;                     /* plaintext fired in this read batch */
   bool shut_sent;                 /* close_notify written */
-  bool peer_shut;                 /* the peer's close_notify came, the
-                                     channel open for writing (half-closed) */
+  bool peer_shut;                 /* the peer's close_notify came: input is
+                                     over, the channel open for writing */
   bool handshaken;                /* the handshake completed (once) */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
@@ -240,6 +243,14 @@ static void settle_hs(tls_t *s, int code, const char *msg) {
   s->hs = NULL;
 }
 
+/* Why the handshake failed when the channel closed: before it connected
+ * (no handshake began: the connect's own failure says why, and
+ * netrun.connect reports that one), or during the handshake. */
+static const char *closed_why(const tls_t *s) {
+  return s->active_seen ? "channel closed before the TLS handshake completed"
+                        : "channel closed before it connected";
+}
+
 static void stop_timer(tls_t *s) {
   if (s->timer) {
     nr_timer_cancel(s->timer);           /* on this loop: it cannot run now */
@@ -251,7 +262,7 @@ static void stop_timer(tls_t *s) {
 static void free_state(tls_t *s) {
   stop_timer(s);
   fail_queue(s, "channel closed before the TLS handshake completed");
-  settle_hs(s, NR_ECLOSED, "channel closed before the TLS handshake completed");
+  settle_hs(s, NR_ECLOSED, closed_why(s));
   SSL_free(s->ssl);
   nr_tls_bundle_release(s->bundle);
   nr_buf_free(&s->out);
@@ -396,14 +407,45 @@ static void fail(tls_t *s, int e) {
 
 static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p);
 
+/* The peer certificate's subject and issuer (RFC 2253), each whole: both
+ * printed into one memory BIO (*m, the caller frees it), each followed by
+ * a NUL, so that neither is cut nor runs into the other, whatever their
+ * length (a certificate's size is bounded by SSL's max_cert_list). The
+ * RFC 2253 flags escape control characters, so a name holds no NUL of its
+ * own; checked anyway, as an application may authorize on these strings.
+ * 0, or -1 when either could not be printed (out of memory). */
+static int peer_names(X509 *peer, BIO **m, const char **subject,
+                      const char **issuer) {
+  char *data;
+  if ((*m = BIO_new(BIO_s_mem())) == NULL ||
+      X509_NAME_print_ex(*m, X509_get_subject_name(peer), 0,
+                         XN_FLAG_RFC2253) < 0 ||
+      BIO_write(*m, "", 1) != 1)
+    goto fail;
+  long at = BIO_get_mem_data(*m, NULL);     /* where the issuer begins */
+  if (X509_NAME_print_ex(*m, X509_get_issuer_name(peer), 0,
+                         XN_FLAG_RFC2253) < 0 ||
+      BIO_write(*m, "", 1) != 1)
+    goto fail;
+  long len = BIO_get_mem_data(*m, &data);   /* the data moves as it grows */
+  if (strlen(data) != (size_t)at - 1 || strlen(data + at) != (size_t)(len - at) - 1)
+    goto fail;
+  *subject = data;
+  *issuer = data + at;
+  return 0;
+fail:
+  ERR_clear_error();
+  return -1;
+}
+
 /* Fire the event that tells the handlers what was agreed. */
 static void fire_event(tls_t *s) {
-  nr_tls_event_t ev = {NR_MSG_TLS_EVENT, NR_TLS_HANDSHAKE,
-                       SSL_get_version(s->ssl),
-                       SSL_get_cipher_name(s->ssl), NULL,
-                       SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
-                       NULL, NULL, SSL_session_reused(s->ssl) == 1,
-                       s->bundle->server};
+  nr_tls_event_t ev = {
+      .type = NR_MSG_TLS_EVENT, .kind = NR_TLS_HANDSHAKE,
+      .version = SSL_get_version(s->ssl),
+      .cipher = SSL_get_cipher_name(s->ssl),
+      .server_name = SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
+      .resumed = SSL_session_reused(s->ssl) == 1, .server = s->bundle->server};
   const unsigned char *a = NULL;
   unsigned alen = 0;
   char alpn[256];
@@ -413,23 +455,15 @@ static void fire_event(tls_t *s) {
     alpn[alen] = '\0';
     ev.alpn = alpn;
   }
-  char subject[512], issuer[512];
   X509 *peer = SSL_get0_peer_certificate(s->ssl);
-  BIO *m = peer ? BIO_new(BIO_s_mem()) : NULL;
-  if (m) {
-    int len = X509_NAME_print_ex(m, X509_get_subject_name(peer), 0,
-                                 XN_FLAG_RFC2253);
-    len = len > 0 ? BIO_read(m, subject, sizeof subject - 1) : 0;
-    subject[len > 0 ? len : 0] = '\0';
-    len = X509_NAME_print_ex(m, X509_get_issuer_name(peer), 0,
-                             XN_FLAG_RFC2253);
-    len = len > 0 ? BIO_read(m, issuer, sizeof issuer - 1) : 0;
-    issuer[len > 0 ? len : 0] = '\0';
-    BIO_free(m);
-    ev.peer_subject = subject;
-    ev.peer_issuer = issuer;
+  BIO *m = NULL;
+  if (peer != NULL &&
+      peer_names(peer, &m, &ev.peer_subject, &ev.peer_issuer) < 0) {
+    ev.peer_subject = ev.peer_issuer = NULL;
+    ev.peer_error = "the certificate's subject or issuer could not be read";
   }
   nr_ctx_fire_user_event(s->ctx, &ev);
+  BIO_free(m);
 }
 
 /* The handshake completed: encrypt what waited, then let the handlers
@@ -463,16 +497,81 @@ static void handshake_done(tls_t *s) {
     fire_event(s);
 }
 
+/* The handshake cannot go on: tell the handlers after this one, close. */
+static void give_up(tls_t *s, int code, const char *msg) {
+  s->st = ST_DONE;
+  stop_timer(s);
+  fail_queue(s, msg);
+  settle_hs(s, code, msg);
+  nr_ctx_fire_exception(s->ctx, &(nr_err_t){code, msg});
+  nr_ctx_close(s->ctx, NULL);
+}
+
+/* What a server's first bytes d[0 .. n) are: the start of an HTTP/1
+ * request line -- a method in capitals, a space, a target -- from a plain
+ * HTTP client on the TLS port (PLAIN); something else, for SSL to judge
+ * (OTHER: a TLS record begins with 0x16, 0x80 for an SSLv2 hello); or
+ * what may still become such a line (UNSURE: capitals so far, at most a
+ * space after them), when the line came split. */
+enum { OTHER, PLAIN, UNSURE };
+#define FIRST_PEEK 18             /* a 16-letter method, a space, a byte */
+
+static int first_bytes(const char *d, size_t n) {
+  size_t i = 0;
+  while (i < n && i < 16 && d[i] >= 'A' && d[i] <= 'Z')
+    i++;
+  if (i == n || (i >= 3 && i + 1 == n && d[i] == ' '))
+    return n < FIRST_PEEK ? UNSURE : OTHER;
+  return i >= 3 && i + 1 < n && d[i] == ' ' && d[i + 1] > ' ' &&
+                 d[i + 1] < 0x7f
+             ? PLAIN
+             : OTHER;
+}
+
+/* The first bytes of the input (what waits, then the read): how many. */
+static size_t peek(const tls_t *s, char *d, size_t n) {
+  size_t rest = nr_buf_len(&s->in_rest), k = rest < n ? rest : n;
+  if (k > 0)
+    memcpy(d, nr_buf_peek(&s->in_rest), k);
+  size_t more = s->in_len < n - k ? s->in_len : n - k;
+  if (more > 0)
+    memcpy(d + k, s->in, more);
+  return k + more;
+}
+
+/* Answer a plain HTTP request with a plain 400 that says why, as nginx
+ * does, and close (lingering: the client may still be sending). */
+static void refuse_plain(tls_t *s, const char *line, size_t len) {
+  static const char why[] = "The plain HTTP request was sent to HTTPS port\n";
+  char head[160];
+  int n = snprintf(head, sizeof head, "HTTP/1.1 400 Bad Request\r\n"
+                   "Content-Type: text/plain\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\n\r\n%s", sizeof why - 1,
+                   len >= 5 && memcmp(line, "HEAD ", 5) == 0 ? "" : why);
+  nr_bytes_t b = NR_BYTES(head, (size_t)n);
+  nr_ctx_write(s->ctx, &b, NULL);
+  nr_ctx_flush(s->ctx);
+  nr_channel_linger(nr_ctx_channel(s->ctx));
+  give_up(s, -EPROTO, "tls: handshake failed: a plain HTTP request on the "
+          "TLS port (answered 400)");
+}
+
 /* Drive the handshake with what has arrived; false once it failed. */
 static bool handshake(tls_t *s) {
   s->started = true;
+  if (s->ssl == NULL && s->bundle->server) {
+    char d[FIRST_PEEK];
+    size_t n = peek(s, d, sizeof d);
+    int kind = first_bytes(d, n);
+    if (kind == UNSURE)
+      return true;                 /* feed keeps the bytes for the next */
+    if (kind == PLAIN) {
+      refuse_plain(s, d, n);
+      return false;
+    }
+  }
   if (s->ssl == NULL && make_ssl(s) < 0) {
-    const char *msg = "tls: out of memory for the handshake";
-    s->st = ST_DONE;
-    fail_queue(s, msg);
-    settle_hs(s, -ENOMEM, msg);
-    nr_ctx_fire_exception(s->ctx, &(nr_err_t){-ENOMEM, msg});
-    nr_ctx_close(s->ctx, NULL);
+    give_up(s, -ENOMEM, "tls: out of memory for the handshake");
     return false;
   }
   int rc = SSL_do_handshake(s->ssl);
@@ -532,33 +631,29 @@ static void start_timer(tls_t *s) {
 
 /* ---- inbound ----------------------------------------------------------------------- */
 
-/* The peer sent close_notify: tell the handlers, answer with ours, close.
- * A channel that allows half-closure takes it as TCP takes a FIN: the
- * input is over, and the handlers may still write (TLS 1.3 lets the other
- * side go on; OpenSSL refuses writes only after our own close_notify,
- * which leaves at our close). */
+/* The peer sent close_notify: it sends nothing more (RFC 8446 6.1), and
+ * input past it is dropped. The handlers are told; then, as at a TCP
+ * FIN, the channel closes -- once the answers to what came before it are
+ * out: those written in this read and its read_complete, and those still
+ * owed (nr_channel_hold: an HTTP request being answered). That close goes
+ * through the pipeline, so ours follows the answers (nginx does the
+ * same). With allow_half_closure the handlers get input_shutdown instead
+ * and close when they are done. */
 static void peer_closed(tls_t *s) {
-  drain(s);                       /* what was written before it goes first */
-  nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT, .kind = NR_TLS_CLOSE_NOTIFY,
-                       .server = s->bundle->server};
+  s->peer_shut = true;
   nr_channel_t *ch = nr_ctx_channel(s->ctx);
-  if (nr_channel_options(ch)->allow_half_closure && nr_channel_is_open(ch)) {
-    s->peer_shut = true;
-    if (s->active_fired)
-      nr_ctx_fire_user_event(s->ctx, &ev);
-    return;
-  }
-  s->st = ST_DONE;
-  if (s->active_fired)
+  if (s->active_fired) {
+    nr_tls_event_t ev = {.type = NR_MSG_TLS_EVENT,
+                         .kind = NR_TLS_CLOSE_NOTIFY,
+                         .server = s->bundle->server};
     nr_ctx_fire_user_event(s->ctx, &ev);
-  if (!s->shut_sent && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
-    s->shut_sent = true;
-    SSL_shutdown(s->ssl);
-    ERR_clear_error();
-    pass_out(s, NULL);
-    nr_ctx_flush(s->ctx);
   }
-  nr_ctx_close(s->ctx, NULL);
+  if (!nr_channel_is_open(ch))
+    return;
+  if (s->active_fired && nr_channel_options(ch)->allow_half_closure)
+    nr_ctx_fire_user_event(s->ctx, (void *)&NR_EVT_INPUT_SHUTDOWN);
+  else
+    nr_channel_close_when_idle(ch);
 }
 
 /* Whether SSL has taken all the input there is: the next SSL_read could
@@ -744,7 +839,7 @@ static int tls_channel_read(nr_ctx_t *ctx, void *msg) {
     return 0;
   }
   if (s->st == ST_DONE || s->peer_shut)
-    return 0;
+    return 0;                      /* nothing is read past close_notify */
   bool last = nr_ctx_read_deferrable(ctx, msg);
   gather_enter(s);
   if (type == NR_MSG_BYTES) {
@@ -778,6 +873,15 @@ static int tls_channel_read_complete(nr_ctx_t *ctx) {
   return 0;
 }
 
+/* The handlers had input_shutdown at close_notify: not again at the FIN
+ * that may follow it (allow_half_closure). */
+static int tls_user_event(nr_ctx_t *ctx, void *evt) {
+  tls_t *s = nr_ctx_state(ctx);
+  if (evt != &NR_EVT_INPUT_SHUTDOWN || !s->peer_shut)
+    nr_ctx_fire_user_event(ctx, evt);
+  return 0;
+}
+
 static int tls_active(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   s->active_seen = true;
@@ -796,7 +900,7 @@ static int tls_inactive(nr_ctx_t *ctx) {
   if (s->st == ST_HANDSHAKE) {
     s->st = ST_DONE;
     fail_queue(s, why);
-    settle_hs(s, NR_ECLOSED, why);
+    settle_hs(s, NR_ECLOSED, closed_why(s));
   }
   if (s->active_fired)
     nr_ctx_fire_inactive(ctx);
@@ -961,6 +1065,7 @@ const nr_handler_t nr_tls_handler = {
     .removed = tls_removed,
     .active = tls_active,
     .inactive = tls_inactive,
+    .user_event = tls_user_event,
     .channel_read = tls_channel_read,
     .channel_read_complete = tls_channel_read_complete,
     .write = tls_write,

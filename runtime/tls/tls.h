@@ -46,6 +46,8 @@ typedef struct nr_tls_event_s {
   const char *server_name;        /* SNI: asked by the client / sent */
   const char *peer_subject;       /* the peer certificate's subject (RFC 2253) */
   const char *peer_issuer;
+  const char *peer_error;         /* a certificate came, its names could not
+                                     be read: subject and issuer are NULL */
   bool resumed;                   /* an abbreviated handshake (ticket) */
   bool server;
 } nr_tls_event_t;

@@ -438,3 +438,50 @@ TEST(writes_to_head_through_none_or_only_sync_write_handlers) {
   nr_embedded_free(e);
   nr_loop_free(loop);
 }
+
+/* ---- closing once the work held is done ---------------------------------------- */
+
+static int th_close(nr_ctx_t *ctx, nr_promise_t *p) {
+  note(((th_t *)nr_ctx_state(ctx))->name, "close");
+  return nr_ctx_close(ctx, p);
+}
+static const nr_handler_t closer = {
+    .type = "closer", .close = th_close, .removed = th_removed};
+
+static void run_tasks(nr_loop_t *loop) {
+  for (int i = 0; i < 8 && nr_loop_has_pending_tasks(loop); i++)
+    nr_loop_run_once(loop, 0);
+}
+
+/* What TLS does at the peer's close_notify: the channel closes once the
+ * answers owed are out -- after the current call, and after the last
+ * hold -- and through its pipeline, so that a handler's close (TLS's own
+ * close_notify) runs. */
+TEST(close_when_idle_waits_for_the_call_and_the_holds_then_closes_through_the_pipeline) {
+  nr_loop_t *loop = loop_new();
+  for (int held = 0; held < 2; held++) {
+    elog[0] = 0;
+    nr_embedded_t *e = nr_embedded_new(loop, NULL);
+    nr_channel_t *ch = nr_embedded_channel(e);
+    add(pipe_of(e), "c", &closer, th_new("c"));
+    nr_embedded_start(e);
+    if (held)
+      nr_channel_hold(ch);             /* an answer owed */
+    nr_channel_close_when_idle(ch);
+    CHECK(nr_channel_is_open(ch));      /* not inside the caller's call */
+    run_tasks(loop);
+    CHECK_EQ(nr_channel_is_open(ch), held == 1);
+    if (held) {
+      CHECK_STR(elog, "");
+      nr_channel_unhold(ch);            /* the answer went out */
+      CHECK(nr_channel_is_open(ch));
+      run_tasks(loop);
+      CHECK(!nr_channel_is_open(ch));
+    }
+    CHECK_STR(elog, "c:close c:removed");
+    nr_channel_close_when_idle(ch);     /* closed: nothing more */
+    run_tasks(loop);
+    nr_embedded_free(e);
+  }
+  nr_loop_free(loop);
+}

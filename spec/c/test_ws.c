@@ -363,3 +363,64 @@ TEST(a_zip_bomb_is_refused_with_1009_without_allocating_past_max_message) {
   nr_ws_parser_free(&p);
   free(frame);
 }
+
+/* One compressed client frame of n bytes of `fill` (random when fill <
+ * 0) into *frame (malloc'd); returns its length. */
+static size_t compressed(char **frame, int fill, size_t n) {
+  char *plain = malloc(n);
+  CHECK(plain != NULL);
+  uint32_t x = 12345;
+  for (size_t i = 0; i < n; i++)
+    plain[i] = fill >= 0 ? (char)fill : (char)((x = x * 1103515245 + 12345) >> 16);
+  nr_slice_t v = {plain, n};
+  const char *z;
+  size_t zn;
+  CHECK_EQ(nr_ws_deflate(15, &v, 1, &z, &zn), 0);
+  free(plain);
+  *frame = malloc(zn + 14);
+  CHECK(*frame != NULL);
+  return deflated_frame(*frame, NR_WS_BINARY, true, true, z, zn);
+}
+
+TEST(a_connection_inflates_at_most_inflate_ratio_times_what_it_sent_compressed) {
+  char *bomb, *noise;
+  size_t bn = compressed(&bomb, 0, 1000000);     /* ~1 KB: ratio ~1000 */
+  size_t nn = compressed(&noise, -1, 20000);     /* incompressible: ~1 */
+  CHECK(bn < 2000);
+  nr_ws_event_t ev;
+  /* A fresh connection: 64 x ~1 KB + 64 KiB is far from 1 MB; refused
+   * with 1008, having inflated no more than the budget. */
+  nr_ws_parser_t p;
+  nr_ws_parser_init(&p, true, 2 << 20, 2 << 20);
+  nr_ws_parser_deflate(&p, false);
+  CHECK_EQ(p.inflate_ratio, NR_WS_INFLATE_RATIO);
+  CHECK_EQ(nr_ws_decode(&p, bomb, bn, &ev), -1);
+  CHECK_EQ(ev.code, NR_WS_POLICY);
+  CHECK(p.zout <= NR_WS_INFLATE_RATIO * (uint64_t)bn + NR_WS_INFLATE_ALLOWANCE);
+  nr_ws_parser_free(&p);
+  /* A budget, not a per-message ratio: after 20 KB of noise (which
+   * earned 64 times as much), the same message goes through -- once. */
+  nr_ws_parser_init(&p, true, 2 << 20, 2 << 20);
+  nr_ws_parser_deflate(&p, false);
+  CHECK_EQ(nr_ws_decode(&p, noise, nn, &ev), (long)nn);
+  CHECK_EQ(ev.len, 20000);
+  CHECK_EQ(nr_ws_decode(&p, bomb, bn, &ev), (long)bn);
+  CHECK_EQ(ev.len, 1000000);
+  CHECK_EQ(nr_ws_decode(&p, bomb, bn, &ev), -1);
+  CHECK_EQ(ev.code, NR_WS_POLICY);
+  nr_ws_parser_free(&p);
+  /* No budget: inflate_ratio 0, or a peer that keeps its context */
+  for (int k = 0; k < 2; k++) {
+    nr_ws_parser_init(&p, true, 2 << 20, 2 << 20);
+    nr_ws_parser_deflate(&p, k == 1);
+    if (k == 0)
+      p.inflate_ratio = 0;
+    for (int i = 0; i < 3; i++) {
+      CHECK_EQ(nr_ws_decode(&p, bomb, bn, &ev), (long)bn);
+      CHECK_EQ(ev.len, 1000000);
+    }
+    nr_ws_parser_free(&p);
+  }
+  free(bomb);
+  free(noise);
+}
