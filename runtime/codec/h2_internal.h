@@ -44,13 +44,36 @@ typedef struct h2text_s {
   uint32_t len, cap;
 } h2text_t;
 
+/* A header block's fields as they are decoded (a request's, on the
+ * server; a response's, on the client): names and values appended to
+ * the text, offsets kept; trailers after the headers. */
+typedef struct h2fields_s {
+  h2text_t text;              /* the values of pseudo-fields and fields */
+  h2hdr_t *hdr;
+  uint16_t nhdr, ntrl, cap;   /* header and trailer fields in hdr */
+  bool trailers;              /* the fields arriving are trailers */
+  uint32_t list_bytes;        /* the header list's size, RFC 9113 6.5.2 */
+  h2hdr_t hdr_small[HDR_INLINE];
+  char text_small[TEXT_INLINE];
+} h2fields_t;
+
+/* h2_fields.c */
+void nr__h2_fields_init(h2fields_t *f);
+void nr__h2_fields_free(h2fields_t *f);       /* and init again */
+/* Append p[0 .. n) (which may lie in the text itself); false: no memory. */
+bool nr__h2_text_add(h2fields_t *f, const void *p, size_t n);
+/* The same, returning the offset, or -1. */
+int64_t nr__h2_keep(h2fields_t *f, const void *p, size_t n);
+/* A field (a trailer once f->trailers): 0, 431 past max fields, or -1. */
+int nr__h2_add_field(h2fields_t *f, const uint8_t *name, size_t nl,
+                     const uint8_t *value, size_t vl, size_t max);
+
 typedef struct h2s_s h2s_t;
 struct h2s_s {
   int32_t id;
   uint8_t st;                 /* S_* */
   bool gone;                  /* nghttp2 closed it: answers are dropped */
   bool head;                  /* a HEAD request */
-  bool trailers;              /* the headers arriving are trailers */
   bool streaming;             /* a streamed response is open (listed) */
   bool discard;               /* ... whose chunks are dropped (HEAD) */
   bool eof;                   /* the response body ends with `data` */
@@ -60,21 +83,17 @@ struct h2s_s {
   bool pinned;                /* its request is being delivered */
   bool doomed;                /* ... and it was closed meanwhile */
   int16_t error;              /* answer this status instead of delivering */
-  uint16_t nhdr, ntrl, cap;   /* header and trailer fields in hdr */
   uint32_t method, method_len, path, path_len, authority, authority_len;
-  uint32_t list_bytes;        /* the header list's size, RFC 9113 6.5.2 */
   uint32_t unacked;           /* body bytes received, window not given back */
   uint64_t token;             /* its delivery's token */
-  h2text_t text;              /* method, path and fields as received */
   nr_buf_t body;              /* the request body */
-  h2hdr_t *hdr;
   const char *data;           /* response body bytes not yet framed */
   size_t data_len;
   nr_buf_t copy;              /* ... kept here once the write returned */
   nr_promise_t *p;            /* the response's write promise */
   h2s_t *prev, *next;         /* in ready, owed or streaming */
-  h2hdr_t hdr_small[HDR_INLINE];
-  char text_small[TEXT_INLINE];
+  h2fields_t f;               /* method, path and fields as received
+                                 (last: memset before it) */
 };
 
 typedef struct list_s {

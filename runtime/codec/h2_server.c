@@ -54,52 +54,10 @@ void nr__h2_list_remove(list_t *l, h2s_t *s) {
   s->prev = s->next = NULL;
 }
 
-/* ---- a request's text ---- */
-
-static void text_init(h2s_t *s) {
-  s->text = (h2text_t){s->text_small, 0, TEXT_INLINE};
-  s->hdr = s->hdr_small;
-  s->cap = HDR_INLINE;
-}
-
-static const char *text(const h2s_t *s) { return s->text.p; }
-
-/* Append p[0 .. n) (which may lie in the text itself): false when out of
- * memory. */
-static bool text_add(h2s_t *s, const void *p, size_t n) {
-  h2text_t *t = &s->text;
-  if (n > UINT32_MAX / 2 - t->len)
-    return false;
-  if (t->len + n > t->cap) {
-    uint32_t cap = t->cap * 2;
-    while (cap < t->len + n)
-      cap *= 2;
-    char *d = malloc(cap);
-    if (d == NULL)
-      return false;
-    memcpy(d, t->p, t->len);
-    const char *from = p;
-    if (from >= t->p && from < t->p + t->len)
-      p = d + (from - t->p);   /* (appending its own bytes) */
-    if (t->p != s->text_small)
-      free(t->p);
-    t->p = d;
-    t->cap = cap;
-  }
-  memcpy(t->p + t->len, p, n);
-  t->len += (uint32_t)n;
-  return true;
-}
-
 static void drop_request(nr_h2_server_t *h, h2s_t *s) {
   h->buffered -= nr_buf_len(&s->body);
   nr_buf_free(&s->body);
-  if (s->text.p != s->text_small)
-    free(s->text.p);
-  if (s->hdr != s->hdr_small)
-    nr_h2_free(s->hdr);
-  text_init(s);
-  s->nhdr = s->ntrl = 0;
+  nr__h2_fields_free(&s->f);
 }
 
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s) {
@@ -161,7 +119,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   if (f->headers.cat != NGHTTP2_HCAT_REQUEST) {
     h2s_t *s = stream_of(ng, id);
     if (s != NULL)
-      s->trailers = true;
+      s->f.trailers = true;
     h->hs = s;
     return 0;
   }
@@ -177,8 +135,8 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   h2s_t *s = nr_h2_alloc(sizeof *s);
   if (s == NULL)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-  memset(s, 0, offsetof(h2s_t, hdr_small));
-  text_init(s);
+  memset(s, 0, offsetof(h2s_t, f));
+  nr__h2_fields_init(&s->f);
   s->id = id;
   if (nghttp2_session_set_stream_user_data(ng, id, s) != 0) {
     nr_h2_free(s);
@@ -195,43 +153,6 @@ static bool is(const uint8_t *a, size_t n, const char *lit, size_t ln) {
 }
 #define IS(a, n, lit) is((a), (n), lit, sizeof lit - 1)
 
-/* Append s[0 .. n) to the stream's text: its offset, or -1. */
-static int64_t keep(h2s_t *s, const uint8_t *p, size_t n) {
-  uint32_t at = s->text.len;
-  if (n > 0 && !text_add(s, p, n))
-    return -1;
-  return at;
-}
-
-static bool add_field(nr_h2_server_t *h, h2s_t *s, const uint8_t *name,
-                      size_t nl, const uint8_t *value, size_t vl) {
-  if ((size_t)s->nhdr + s->ntrl >= h->max_headers) {
-    s->error = 431;
-    return true;
-  }
-  if (s->nhdr + s->ntrl == s->cap) {
-    uint16_t cap = (uint16_t)(s->cap * 2);
-    h2hdr_t *v = nr_h2_alloc(cap * sizeof *v);
-    if (v == NULL)
-      return false;
-    memcpy(v, s->hdr, s->cap * sizeof *v);
-    if (s->hdr != s->hdr_small)
-      nr_h2_free(s->hdr);
-    s->hdr = v;
-    s->cap = cap;
-  }
-  int64_t n = keep(s, name, nl), v = keep(s, value, vl);
-  if (n < 0 || v < 0)
-    return false;
-  s->hdr[s->nhdr + s->ntrl] = (h2hdr_t){(uint32_t)n, (uint32_t)nl,
-                                        (uint32_t)v, (uint32_t)vl};
-  if (s->trailers)
-    s->ntrl++;
-  else
-    s->nhdr++;
-  return true;
-}
-
 /* A pseudo-header (nghttp2 checked which may come, and their order). */
 static bool pseudo(h2s_t *s, const uint8_t *name, size_t nl,
                    const uint8_t *value, size_t vl) {
@@ -244,7 +165,7 @@ static bool pseudo(h2s_t *s, const uint8_t *name, size_t nl,
     at = &s->authority, len = &s->authority_len;
   else
     return true;               /* :scheme, :protocol */
-  int64_t v = keep(s, value, vl);
+  int64_t v = nr__h2_keep(&s->f, value, vl);
   if (v < 0)
     return false;
   *at = (uint32_t)v;
@@ -267,21 +188,25 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
    * a large field indexed once, then referenced by one-byte indices)
    * would cost decoding to its end: past 4 x max_header the connection
    * ends, its HPACK state no longer shared. Up to that, 431. */
-  s->list_bytes += (uint32_t)(nl + vl + 32);
-  if (s->list_bytes > 4 * h->max_header + 65536) {
+  s->f.list_bytes += (uint32_t)(nl + vl + 32);
+  if (s->f.list_bytes > 4 * h->max_header + 65536) {
     h->die_code = NGHTTP2_ENHANCE_YOUR_CALM;
     return NGHTTP2_ERR_CALLBACK_FAILURE;
   }
   if (s->error)
     return 0;
-  if (s->list_bytes > h->max_header) {
+  if (s->f.list_bytes > h->max_header) {
     s->error = 431;
     return 0;
   }
-  bool ok = nl > 0 && name[0] == ':' ? pseudo(s, name, nl, value, vl)
-                                     : add_field(h, s, name, nl, value, vl);
-  if (!ok)
-    s->error = 500;
+  if (nl > 0 && name[0] == ':') {
+    if (!pseudo(s, name, nl, value, vl))
+      s->error = 500;
+    return 0;
+  }
+  int rc = nr__h2_add_field(&s->f, name, nl, value, vl, h->max_headers);
+  if (rc != 0)
+    s->error = rc < 0 ? 500 : (int16_t)rc;
   return 0;
 }
 
@@ -464,10 +389,10 @@ void nr__h2_credit(nr_h2_server_t *h) {
 static bool method_first(h2s_t *s) {
   if (s->method == 0)
     return true;
-  uint32_t d = s->method_len, len = s->text.len;
-  if (!text_add(s, text(s), d))  /* room for it, then moved to the front */
+  uint32_t d = s->method_len, len = s->f.text.len;
+  if (!nr__h2_text_add(&s->f, s->f.text.p, d))  /* room for it, then moved to the front */
     return false;
-  char *t = s->text.p;
+  char *t = s->f.text.p;
   char *m = malloc(d ? d : 1);
   if (m == NULL)
     return false;
@@ -477,8 +402,8 @@ static bool method_first(h2s_t *s) {
   free(m);
   s->path += d;
   s->authority += d;
-  for (unsigned i = 0; i < (unsigned)s->nhdr + s->ntrl; i++)
-    s->hdr[i].name += d, s->hdr[i].value += d;
+  for (unsigned i = 0; i < (unsigned)s->f.nhdr + s->f.ntrl; i++)
+    s->f.hdr[i].name += d, s->f.hdr[i].value += d;
   s->method = 0;
   return true;
 }
@@ -490,39 +415,39 @@ static bool lower_is(const char *a, size_t n, const char *lit) {
 /* Cookies joined with "; " (RFC 9113 8.2.3) and a Host from :authority
  * when none came (8.3.1), appended to the text: into r's headers. */
 static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
-  const char *t = text(s);
+  const char *t = s->f.text.p;
   unsigned cookies = 0, first = 0;
   bool host = false;
-  for (unsigned i = 0; i < s->nhdr; i++) {
-    if (lower_is(t + s->hdr[i].name, s->hdr[i].name_len, "cookie") &&
+  for (unsigned i = 0; i < s->f.nhdr; i++) {
+    if (lower_is(t + s->f.hdr[i].name, s->f.hdr[i].name_len, "cookie") &&
         cookies++ == 0)
       first = i;
-    host |= lower_is(t + s->hdr[i].name, s->hdr[i].name_len, "host");
+    host |= lower_is(t + s->f.hdr[i].name, s->f.hdr[i].name_len, "host");
   }
   /* appended in the order they go into r, after every field received:
    * the last field's end is the text's (what head_block relies on) */
   uint32_t host_name = 0, cookie = 0, cookie_len = 0;
   if (!host && s->authority_len > 0) {
-    host_name = s->text.len;
-    if (!text_add(s, "host", 4) ||
-        !text_add(s, text(s) + s->authority, s->authority_len))
+    host_name = s->f.text.len;
+    if (!nr__h2_text_add(&s->f, "host", 4) ||
+        !nr__h2_text_add(&s->f, s->f.text.p + s->authority, s->authority_len))
       return false;
   }
   if (cookies > 1) {
-    cookie = s->text.len;
-    for (unsigned i = 0, k = 0; i < s->nhdr; i++) {
-      const h2hdr_t *c = &s->hdr[i];
-      if (!lower_is(text(s) + c->name, c->name_len, "cookie"))
+    cookie = s->f.text.len;
+    for (unsigned i = 0, k = 0; i < s->f.nhdr; i++) {
+      const h2hdr_t *c = &s->f.hdr[i];
+      if (!lower_is(s->f.text.p + c->name, c->name_len, "cookie"))
         continue;
-      if ((k++ > 0 && !text_add(s, "; ", 2)) ||
-          !text_add(s, text(s) + c->value, c->value_len))
+      if ((k++ > 0 && !nr__h2_text_add(&s->f, "; ", 2)) ||
+          !nr__h2_text_add(&s->f, s->f.text.p + c->value, c->value_len))
         return false;
     }
-    cookie_len = s->text.len - cookie;
+    cookie_len = s->f.text.len - cookie;
   }
-  t = text(s);                 /* (it may have moved) */
-  for (unsigned i = 0; i < s->nhdr; i++) {
-    const h2hdr_t *f = &s->hdr[i];
+  t = s->f.text.p;                 /* (it may have moved) */
+  for (unsigned i = 0; i < s->f.nhdr; i++) {
+    const h2hdr_t *f = &s->f.hdr[i];
     if (cookies > 1 && lower_is(t + f->name, f->name_len, "cookie"))
       continue;                /* joined, at the end */
     r->headers[(*n)++] = (nr_http_header_t){t + f->name, t + f->value,
@@ -532,7 +457,7 @@ static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
     r->headers[(*n)++] = (nr_http_header_t){t + host_name, t + host_name + 4,
                                             4, s->authority_len};
   if (cookies > 1)
-    r->headers[(*n)++] = (nr_http_header_t){t + s->hdr[first].name, t + cookie,
+    r->headers[(*n)++] = (nr_http_header_t){t + s->f.hdr[first].name, t + cookie,
                                             6, cookie_len};
   return true;
 }
@@ -543,7 +468,7 @@ static bool build(h2s_t *s, nr_http_request_t *r) {
   size_t n = 0;
   if (!add_derived(s, r, &n))
     return false;
-  const char *t = text(s);
+  const char *t = s->f.text.p;
   r->type = NR_MSG_HTTP_REQUEST;
   r->method = t + s->method;
   r->method_len = s->method_len;
@@ -560,10 +485,10 @@ static bool build(h2s_t *s, nr_http_request_t *r) {
   r->body = nr_buf_len(&s->body) ? nr_buf_peek(&s->body) : "";
   r->body_len = nr_buf_len(&s->body);
   r->nheaders = n;
-  for (unsigned i = s->nhdr; i < (unsigned)s->nhdr + s->ntrl; i++)
-    r->headers[n++] = (nr_http_header_t){t + s->hdr[i].name, t + s->hdr[i].value,
-                                         s->hdr[i].name_len, s->hdr[i].value_len};
-  r->ntrailers = s->ntrl;
+  for (unsigned i = s->f.nhdr; i < (unsigned)s->f.nhdr + s->f.ntrl; i++)
+    r->headers[n++] = (nr_http_header_t){t + s->f.hdr[i].name, t + s->f.hdr[i].value,
+                                         s->f.hdr[i].name_len, s->f.hdr[i].value_len};
+  r->ntrailers = s->f.ntrl;
   r->trailers = r->headers + r->nheaders;
   r->token = 0;
   r->pipeline = NULL;
@@ -811,8 +736,8 @@ int nr_h2_server_upgrade(nr_h2_server_t *h, const char *v, size_t n,
   h2s_t *s = nr_h2_alloc(sizeof *s);
   if (s == NULL)
     return -ENOMEM;
-  memset(s, 0, offsetof(h2s_t, hdr_small));
-  text_init(s);
+  memset(s, 0, offsetof(h2s_t, f));
+  nr__h2_fields_init(&s->f);
   s->id = 1;
   s->head = head;
   s->st = S_OWED;
