@@ -428,7 +428,8 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level);
  * through ctx (to the client codec before it): 0 when written; 1, err
  * filled, when a field cannot be sent (nothing written); < 0 when the
  * write failed (reported to exception_caught). */
-int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
+int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, uint64_t tag,
+                        char *err,
                         size_t el);
 /* lhttp_pool.c: core.http.pool, netrun.http's connection pools. */
 void lnr_open_http_pool(lua_State *L);

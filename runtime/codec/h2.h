@@ -101,6 +101,43 @@ void nr_h2_server_expire(nr_h2_server_t *h);
 enum { NR_H2_OWED, NR_H2_ARRIVING, NR_H2_IDLE };
 int nr_h2_server_waiting(const nr_h2_server_t *h);
 
+/* ---- the client session ------------------------------------------------------ */
+
+/* What an HTTP/2 client connection tells the handlers after its codec
+ * (a user event): that it speaks HTTP/2, how many streams the server
+ * takes at once (its SETTINGS_MAX_CONCURRENT_STREAMS; nghttp2's 100
+ * before they come), and whether the server said GOAWAY (no new
+ * streams: the connection closes once the open ones end). Fired when
+ * one of them changes. */
+#define NR_MSG_H2_STATE (NR_MSG_NATIVE + 20)
+typedef struct nr_h2_state_s {
+  int type;                       /* NR_MSG_H2_STATE */
+  uint32_t max_streams;
+  bool goaway;
+} nr_h2_state_t;
+
+typedef struct nr_h2_client_s nr_h2_client_t;
+struct nr_http_client_opts_s;
+struct nr_http_call_s;
+
+/* A session for the client codec at ctx (tls: the connection is TLS, its
+ * requests' :scheme https). It sends the preface and SETTINGS at once.
+ * NULL on out of memory. */
+nr_h2_client_t *nr_h2_client_new(nr_ctx_t *ctx,
+                                 const struct nr_http_client_opts_s *o,
+                                 bool tls);
+void nr_h2_client_free(nr_h2_client_t *h);
+/* A request (its tag comes back in its reply), or with call->cancel the
+ * stream of that tag reset. 0, or an error raised (a request that cannot
+ * be sent: no Host, no stream left). */
+int nr_h2_client_write(nr_h2_client_t *h, const struct nr_http_call_s *call,
+                       nr_promise_t *p);
+/* Bytes read: replies are fired as their streams end, each with its tag
+ * (a stream that failed: a reply with `error` set). */
+void nr_h2_client_feed(nr_h2_client_t *h, const char *data, size_t len);
+/* The connection ended: every stream open gets an error reply. */
+void nr_h2_client_end(nr_h2_client_t *h);
+
 /* ---- nghttp2's allocator ---------------------------------------------------- */
 
 /* Every nghttp2 session netrun makes allocates through this (nghttp2_mem):
