@@ -7,6 +7,10 @@
 --                             [--concurrency 1] [--method GET] [--body S]
 --                             [--timeout 5] [--max-body BYTES] [--follow N]
 --                             [--verbose 1] [--api future|callback]  (or URL=, ...)
+--                             [--h2 [yes|no|auto]] [--ca FILE]
+-- --h2: HTTP/2 (yes: always, h2c by prior knowledge for http://; auto, the
+-- default: where TLS agrees it; no: HTTP/1.1); requests to an origin are
+-- then multiplexed on one connection. --ca: the CA of an https server.
 -- --api callback uses client:request(opts, callback) (no future per
 -- request) instead of client:request(opts):await().
 -- With --requests 1 (the default) it prints the response: status line,
@@ -21,8 +25,19 @@ local spec = {
   url = url, method = option("method", "GET"), body = option("body"),
   timeout = option("timeout", 5), follow = option("follow", 0),
 }
+-- --h2 alone (the last argument, or before another --option) is --h2 yes
+local h2 = option("h2", "auto")
+for i, a in ipairs(arg or {}) do
+  if a == "--h2" and (arg[i + 1] == nil or arg[i + 1]:sub(1, 2) == "--") then h2 = "yes" end
+end
+h2 = ({ yes = true, no = false, auto = "auto" })[h2]
+if h2 == nil then error("fetch: --h2 must be yes, no or auto") end
+local ca = option("ca")
 local client = netrun.http.client {
   pool = concurrency, timeout = spec.timeout, max_body = math.tointeger(option("max-body", 1 << 20)),
+  h2 = h2,
+  tls = ca and netrun.tls.client { ca = ca, alpn = h2 == false and { "http/1.1" }
+                                   or h2 == true and { "h2" } or { "h2", "http/1.1" } } or nil,
 }
 local verbose = requests == 1 or option("verbose", 0) ~= 0
 local api = option("api", "future")

@@ -363,7 +363,8 @@ static int to_forward(lua_State *L, int idx, int how, int fwd,
              nr_http_is_token(f.method, f.method_len) ? "path" : "method");
     return -EINVAL;
   }
-  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,
+  uint64_t tag = c->tag;       /* (the pool's: its reply comes back with it) */
+  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .tag = tag, .method = f.method,
                         .method_len = f.method_len, .target = f.target,
                         .target_len = f.target_len,
                         .body = f.body_len ? f.body : NULL,

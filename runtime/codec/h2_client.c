@@ -331,9 +331,8 @@ static void pump(nr_h2_client_t *h) {
   h->pumping = false;
   if (rv != 0 || h->dead || (!nghttp2_session_want_read(h->ng) &&
                              !nghttp2_session_want_write(h->ng))) {
-    nr_log(NR_LOG_DEBUG, "http_client: HTTP/2 session ends (%s) r%d w%d",
-           rv != 0 ? nghttp2_strerror(rv) : h->dead ? "failed" : "done",
-           nghttp2_session_want_read(h->ng), nghttp2_session_want_write(h->ng));
+    nr_log(NR_LOG_DEBUG, "http_client: the HTTP/2 session ends (%s)",
+           rv != 0 ? nghttp2_strerror(rv) : h->dead ? "failed" : "done");
     h->dead = true;
     nr_ctx_flush(h->ctx);
     nr_ctx_close(h->ctx, NULL);  /* (inactive: what is open fails) */
