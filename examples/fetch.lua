@@ -6,11 +6,14 @@
 --   netrun examples/fetch.lua --url http://127.0.0.1:8080/ [--requests 1]
 --                             [--concurrency 1] [--method GET] [--body S]
 --                             [--timeout 5] [--max-body BYTES] [--follow N]
---                             [--verbose 1] [--api future|callback]  (or URL=, ...)
---                             [--h2 [yes|no|auto]] [--ca FILE]
+--                             [--verbose 1] [--api future|callback]
+--                             [--ca FILE] [--insecure] [--h2 [yes|no|auto]]  (or URL=, ...)
+-- https: the server's certificate is verified against the system's CAs,
+-- or against --ca FILE (PEM); --insecure verifies nothing (curl's -k: for
+-- a test server with a self-signed certificate, never for real ones).
 -- --h2: HTTP/2 (yes: always, h2c by prior knowledge for http://; auto, the
 -- default: where TLS agrees it; no: HTTP/1.1); requests to an origin are
--- then multiplexed on one connection. --ca: the CA of an https server.
+-- then multiplexed on one connection.
 -- --api callback uses client:request(opts, callback) (no future per
 -- request) instead of client:request(opts):await().
 -- With --requests 1 (the default) it prints the response: status line,
@@ -25,6 +28,14 @@ local spec = {
   url = url, method = option("method", "GET"), body = option("body"),
   timeout = option("timeout", 5), follow = option("follow", 0),
 }
+-- A flag without a value: --name (or --name=1, NAME=1).
+local function flag(name)
+  for _, a in ipairs(rawget(_G, "arg") or {}) do
+    if a == "--" .. name then return true end
+  end
+  local v = option(name)
+  return v ~= nil and v ~= "0" and v ~= "false" and v ~= ""
+end
 -- --h2 alone (the last argument, or before another --option) is --h2 yes
 local h2 = option("h2", "auto")
 for i, a in ipairs(arg or {}) do
@@ -32,12 +43,14 @@ for i, a in ipairs(arg or {}) do
 end
 h2 = ({ yes = true, no = false, auto = "auto" })[h2]
 if h2 == nil then error("fetch: --h2 must be yes, no or auto") end
-local ca = option("ca")
+local ca, insecure = option("ca"), flag("insecure")
+if ca and insecure then error("fetch: --ca and --insecure: give one (--insecure verifies nothing)") end
+local tls = (ca or insecure) and netrun.tls.client {
+  ca = ca, verify = not insecure,
+  alpn = h2 == false and { "http/1.1" } or h2 == true and { "h2" } or { "h2", "http/1.1" } } or nil
 local client = netrun.http.client {
   pool = concurrency, timeout = spec.timeout, max_body = math.tointeger(option("max-body", 1 << 20)),
-  h2 = h2,
-  tls = ca and netrun.tls.client { ca = ca, alpn = h2 == false and { "http/1.1" }
-                                   or h2 == true and { "h2" } or { "h2", "http/1.1" } } or nil,
+  tls = tls, h2 = h2,
 }
 local verbose = requests == 1 or option("verbose", 0) ~= 0
 local api = option("api", "future")
@@ -54,7 +67,9 @@ group:next():execute(function(client, spec, requests, concurrency, verbose, done
   local function report()
     if verbose and last then
       local lines = { string.format("%s %d %s", last.version, last.status, last.reason) }
-      for k, v in pairs(last.headers) do lines[#lines + 1] = k .. ": " .. v end
+      for k, v in pairs(last.headers) do     -- (a repeated Set-Cookie: an array)
+        for _, one in ipairs(type(v) == "table" and v or { v }) do lines[#lines + 1] = k .. ": " .. one end
+      end
       io.write(table.concat(lines, "\n"), "\n\n", last.body, "\n")
     end
     done:set_success(string.format("requests=%d seconds=%.3f errors=%d cpu=%.3f",

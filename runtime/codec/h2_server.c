@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "codec/h2_internal.h"
+#include "codec/http_parse.h"
 #include "tls/tls.h"
 
 /* ---- lists and records -------------------------------------------------------- */
@@ -462,21 +463,54 @@ static bool add_derived(h2s_t *s, nr_http_request_t *r, size_t *n) {
   return true;
 }
 
-static bool build(h2s_t *s, nr_http_request_t *r) {
+/* The path as handlers judge it (HTTP/1.1's rules: dot segments, "//",
+ * %XX of unreserved bytes; http_parse.c), when that is not the path as it
+ * came: appended to the text, at *at. 0, 1 (appended), or a status. */
+static int normal_path(h2s_t *s, size_t len, uint32_t *at, size_t *n) {
+  const char *p = s->f.text.p + s->path;
+  if (len == 0 || p[0] != '/')
+    return 0;                  /* "*" (OPTIONS), a CONNECT's authority */
+  char small[512], *out = len <= sizeof small ? small : malloc(len);
+  if (out == NULL)
+    return 500;
+  long m = nr__http_normalize_path(p, len, out);
+  int rc = m < 0 ? (int)-m : 0;
+  if (m >= 0 && ((size_t)m != len || memcmp(out, p, len) != 0)) {
+    *at = s->f.text.len;
+    *n = (size_t)m;
+    rc = nr__h2_text_add(&s->f, out, (size_t)m) ? 1 : 500;
+  }
+  if (out != small)
+    free(out);
+  return rc;
+}
+
+/* The request of s, in r; 0 or the status to answer instead. */
+static int build(h2s_t *s, nr_http_request_t *r) {
   if (!method_first(s))
-    return false;
-  size_t n = 0;
+    return 500;
+  const char *q0 = memchr(s->f.text.p + s->path, '?', s->path_len);
+  size_t plen = q0 ? (size_t)(q0 - (s->f.text.p + s->path)) : s->path_len;
+  uint32_t norm = 0;
+  size_t norm_len = 0;
+  int rc = normal_path(s, plen, &norm, &norm_len);
+  if (rc > 1)
+    return rc;
+  size_t n = 0;                /* (pointers from here: the text is whole) */
   if (!add_derived(s, r, &n))
-    return false;
+    return 500;
   const char *t = s->f.text.p;
   r->type = NR_MSG_HTTP_REQUEST;
   r->method = t + s->method;
   r->method_len = s->method_len;
   const char *path = t + s->path, *q = memchr(path, '?', s->path_len);
-  r->path = path;
-  r->path_len = q ? (size_t)(q - path) : s->path_len;
+  r->target = path;
+  r->target_len = s->path_len;
+  r->rewritten = rc == 1;
+  r->path = rc == 1 ? t + norm : path;
+  r->path_len = rc == 1 ? norm_len : plen;
   r->query = q ? q + 1 : NULL;
-  r->query_len = q ? s->path_len - r->path_len - 1 : 0;
+  r->query_len = q ? s->path_len - plen - 1 : 0;
   r->minor = 1;
   r->stream = s->id;
   r->keep_alive = true;
@@ -492,14 +526,15 @@ static bool build(h2s_t *s, nr_http_request_t *r) {
   r->trailers = r->headers + r->nheaders;
   r->token = 0;
   r->pipeline = NULL;
-  return true;
+  return 0;
 }
 
 /* Hand s's request to the handlers; it is owed an answer from now on. */
 static __attribute__((noinline)) void deliver(nr_h2_server_t *h, h2s_t *s) {
   nr_http_request_t req;
-  if (!build(s, &req)) {
-    nr__h2_answer_status(h, s, 500);
+  int bad = build(s, &req);
+  if (bad) {
+    nr__h2_answer_status(h, s, bad);
     return;
   }
   s->st = S_OWED;
