@@ -355,11 +355,10 @@ void nr__loop_reap(nr_loop_t *l) {
 
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
-  size_t pending = ch->out.pending + ch->held_out;
-  if (w && pending > ch->opts.write_buffer_high) {
+  if (w && ch->out.pending > ch->opts.write_buffer_high) {
     atomic_fetch_and(&ch->pub, ~NR__WRITABLE);
     ch->st |= NR__LAGGING;                   /* (read_stream) */
-  } else if (!w && pending < ch->opts.write_buffer_low &&
+  } else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
            (pub(ch) & NR__OPEN))
     atomic_fetch_or(&ch->pub, NR__WRITABLE);
   else
@@ -987,10 +986,15 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__pipeline_teardown(&ch->pipe, td);
 }
 
+/* Counted in the outbound buffer's pending bytes, as if written: no
+ * field of its own in every channel, nr_channel_pending_bytes tells what
+ * the peer has yet to take, held here or there, and a channel whose peer
+ * keeps its window shut stays lagging (read_stream) as one that does not
+ * read. The holder gives them all back before the channel goes. */
 void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta) {
   NR_ASSERT_CHANNEL_LOOP(ch);
-  assert(delta >= 0 || ch->held_out >= (size_t)-delta);
-  ch->held_out += (size_t)delta;
+  assert(delta >= 0 || ch->out.pending >= (size_t)-delta);
+  ch->out.pending += (size_t)delta;
   check_writability(ch);
 }
 

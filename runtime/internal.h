@@ -429,8 +429,6 @@ struct nr_channel_s {
   int kind, family;
   unsigned st;
   unsigned holds;            /* work owed (nr_channel_hold) */
-  size_t held_out;           /* bytes handlers keep for the socket outside
-                                the outbound buffer (nr_channel_hold_bytes) */
   nr_pipeline_t pipe;
   nr_outbound_t out;
   nr_channel_opts_t opts;

@@ -319,15 +319,19 @@ def upload_slow_reader(srv):
 
 def shutdown(srv):
     """Not an attack: a graceful shutdown (SIGTERM) while a 1 MiB answer is
-    under way on a window the client opens 64 KiB at a time: GOAWAY with
-    the highest stream id and a PING, the PING acked, GOAWAY with the last
-    stream, the answer finished, the close, the process gone."""
+    under way on a window the client opens as it reads once the first
+    GOAWAY is in: GOAWAY with the highest stream id and a PING, the PING
+    acked, GOAWAY with the last stream, the answer finished, the close, the
+    process gone."""
     c = Conn(srv.port)
     c.request(1, "/big?n=1048576")
     f = c.wait(lambda f: f[0] == DATA, "DATA")
     got = len(f[3])
     srv.proc.send_signal(signal.SIGTERM)
-    goaways, body_done, acked = [], False, False
+    # The window opens only once the first GOAWAY is in: the signal reaches
+    # the server's loop when it will, and an answer finished before would
+    # leave nothing open to finish (then both GOAWAYs come at once).
+    goaways, body_done, acked, owed = [], False, False, got
     while True:
         f = c.read(10)
         if f is None:
@@ -339,9 +343,12 @@ def shutdown(srv):
             acked = True
         elif f[0] == DATA and f[2] == 1:
             got += len(f[3])
-            c.window_update(0, len(f[3]))
-            c.window_update(1, len(f[3]))
+            owed += len(f[3])
             body_done = bool(f[1] & END_STREAM)
+        if goaways and owed > 0:
+            c.window_update(0, owed)
+            c.window_update(1, owed)
+            owed = 0
     c.close()
     t = time.monotonic()
     srv.proc.wait(15)
