@@ -244,8 +244,11 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *f,
   out_bytes(h, s->data, length);
   s->data += length;
   s->data_len -= length;
-  if (s->own)
+  if (s->own) {
     nr_buf_consume(&s->copy, length);
+    /* The copy may have shrunk (moved) or gone: read from it afresh. */
+    s->data = s->data_len > 0 ? nr_buf_peek(&s->copy) : NULL;
+  }
   return 0;
 }
 

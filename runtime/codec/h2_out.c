@@ -81,6 +81,8 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *f,
   s->data_len -= length;
   if (s->own) {
     nr_buf_consume(&s->copy, length);
+    /* The copy may have shrunk (moved) or gone: read from it afresh. */
+    s->data = s->data_len > 0 ? nr_buf_peek(&s->copy) : NULL;
     nr__h2_held(h, -(ptrdiff_t)length);
   }
   h->progress = nr_now();
@@ -460,10 +462,11 @@ static void nv_common(nvs_t *a, unsigned user, bool length, size_t blen) {
 }
 
 static __thread nvs_t *nvs_scratch;
+static void thread_owned(void);
 
 static nvs_t *nvs(void) {
-  if (nvs_scratch == NULL)
-    nvs_scratch = malloc(sizeof *nvs_scratch);
+  if (nvs_scratch == NULL && (nvs_scratch = malloc(sizeof *nvs_scratch)))
+    thread_owned();
   if (nvs_scratch != NULL)
     nvs_scratch->n = nvs_scratch->low_used = 0;
   return nvs_scratch;
@@ -551,8 +554,11 @@ static memo_t *memo_of(const nr_http_prepared_t *pr) {
   if (pr->head_len > MEMO_HEAD || pump_depth > 0)
     return NULL;               /* (a memo in use is not replaced) */
   unsigned i = memo_next++ % MEMOS;
-  if (memos[i] == NULL && (memos[i] = malloc(sizeof *memos[i])) == NULL)
-    return NULL;
+  if (memos[i] == NULL) {
+    if ((memos[i] = malloc(sizeof *memos[i])) == NULL)
+      return NULL;
+    thread_owned();
+  }
   memo_t *m = memos[i];
   m->head_len = pr->head_len;
   memcpy(m->head, pr->bytes, pr->head_len);
@@ -565,6 +571,28 @@ static memo_t *memo_of(const nr_http_prepared_t *pr) {
       m->date = (int)k;
   }
   return m;
+}
+
+/* The scratch fields and the memos are the thread's: freed as it ends
+ * (a key's destructor runs while its thread's TLS is still there). */
+static pthread_key_t thread_key;
+static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
+
+static void thread_free(void *unused) {
+  (void)unused;
+  free(nvs_scratch);
+  nvs_scratch = NULL;
+  for (int i = 0; i < MEMOS; i++) {
+    free(memos[i]);
+    memos[i] = NULL;
+  }
+}
+
+static void thread_key_make(void) { pthread_key_create(&thread_key, thread_free); }
+
+static void thread_owned(void) {
+  pthread_once(&thread_once, thread_key_make);
+  pthread_setspecific(thread_key, &thread_key);  /* (any non-NULL value) */
 }
 
 /* A prepared response: its head's fields (from a memo when it can), its
