@@ -23,7 +23,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from h2lib import *                                       # noqa: E402,F403
 
-ATTACK = 10.0             # seconds an attack may last at most
+# Seconds an attack may last at most: 10 by hand (issue 29's figure: an
+# attack of 10 s costs the server under a CPU-second), shorter in ctest
+# (spec/http2_limits_spec.lua), where a flood that is not stopped shows as
+# a missing GOAWAY whatever the length, and the slow reader's buffers are
+# full within the first second.
+ATTACK = float(os.environ.get("NETRUN_H2_ATTACK_SECONDS", "10"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APP = os.path.join(ROOT, "spec", "fixtures", "h2_app.lua")
 
@@ -123,12 +128,26 @@ def headers_block(enc, path, sid_extra=()):
 
 
 def rapid_reset(srv):
-    """CVE-2023-44487: streams opened and reset at once, 100 a write."""
+    """CVE-2023-44487: streams opened and reset at once, 100 a write, each
+    write read by the server before the next (a PING's ACK between them:
+    a slow server would read several in one, and the limit of new streams
+    a read would end it before the reset bucket is drained)."""
     a = Attack(srv.port)
-    nxt = [1]
+    nxt, acked = [1], [True]
+
+    def on_frame(t, fl, sid, p):
+        if t == PING and fl & ACK:
+            acked[0] = True
+    a.on_frame = on_frame
 
     def batch():
-        out = []
+        end = time.monotonic() + 2
+        while not acked[0] and a.goaway is None and time.monotonic() < end:
+            if a.pump():
+                break
+            time.sleep(0.001)
+        acked[0] = False
+        out = [frame(PING, 0, 0, b"rr-sync!")]
         for _ in range(100):
             sid = nxt[0]
             nxt[0] += 2
