@@ -25,7 +25,6 @@
 #include <assert.h>
 #include <pthread.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,21 +275,6 @@ void nr__h2_settled(nr_h2_server_t *h, h2s_t *s) {
     nr_channel_unhold(nr_ctx_channel(h->ctx));
 }
 
-static int misuse(nr_h2_server_t *h, nr_promise_t *p, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4), cold));
-static int misuse(nr_h2_server_t *h, nr_promise_t *p, const char *fmt, ...) {
-  char msg[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (p != NULL) {
-    nr_err_t err = {-EINVAL, msg};
-    nr_ctx_fire_exception(h->ctx, &err);
-  }
-  return nr_raise(-EINVAL, "%s", msg);
-}
-
 /* Header fields HTTP/2 forbids (RFC 9113 8.2.2): the connection's own. */
 static bool connection_specific(const char *n, size_t l) {
   switch (l) {
@@ -476,12 +460,14 @@ static int write_response(nr_h2_server_t *h, const nr_http_response_t *r,
                           nr_promise_t *p) {
   h2s_t *s = answering(h);
   if (s == NULL)
-    return misuse(h, p, "http_server: a response with no request to answer");
+    return nr__http_misuse(h->ctx, p,
+                           "http_server: a response with no request to answer");
   if (r->status < 100 || r->status > 999)
-    return misuse(h, p, "http_server: bad status %d", r->status);
+    return nr__http_misuse(h->ctx, p, "http_server: bad status %d",
+                           r->status);
   if (r->status < 200)
-    return misuse(h, p, "http_server: HTTP/2 takes no 1xx response from "
-                  "handlers (status %d)", r->status);
+    return nr__http_misuse(h->ctx, p, "http_server: HTTP/2 takes no 1xx "
+                           "response from handlers (status %d)", r->status);
   nr__h2_list_remove(&h->owed, s);
   nr_http_count_status(r->status);
   if (s->gone)
@@ -601,7 +587,8 @@ static int write_prepared(nr_h2_server_t *h, const nr_http_prepared_t *pr,
                           nr_promise_t *p) {
   h2s_t *s = answering(h);
   if (s == NULL)
-    return misuse(h, p, "http_server: a response with no request to answer");
+    return nr__http_misuse(h->ctx, p,
+                           "http_server: a response with no request to answer");
   nr__h2_list_remove(&h->owed, s);
   nr_http_count_status(pr->status);
   if (s->gone)
@@ -625,8 +612,9 @@ static int write_prepared(nr_h2_server_t *h, const nr_http_prepared_t *pr,
 static int write_chunk(nr_h2_server_t *h, void *msg, nr_promise_t *p) {
   h2s_t *s = h->cur != NULL && h->cur->streaming ? h->cur : h->streaming.head;
   if (s == NULL)
-    return misuse(h, p, "http_server: bytes written on HTTP/2 with no "
-                  "streamed response open (write a response first)");
+    return nr__http_misuse(h->ctx, p, "http_server: bytes written on HTTP/2 "
+                           "with no streamed response open (write a "
+                           "response first)");
   const nr_slice_t *parts;
   nr_slice_t one;
   size_t n = 1, total = 0;
@@ -700,8 +688,8 @@ int nr_h2_server_write(nr_h2_server_t *h, void *msg, nr_promise_t *p) {
   case NR_MSG_BYTES:
   case NR_MSG_SLICES: return write_chunk(h, msg, p);
   }
-  return misuse(h, p, "http_server: HTTP/2 takes responses and the chunks "
-                "of streamed ones, not this message");
+  return nr__http_misuse(h->ctx, p, "http_server: HTTP/2 takes responses and "
+                         "the chunks of streamed ones, not this message");
 }
 
 /* An answer of the server's own: the status and its reason as text. */

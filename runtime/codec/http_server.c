@@ -1018,9 +1018,7 @@ int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg) {
  * write, reported once. Without a promise the pipeline raises the returned
  * error to exception_caught; with one it only fails that promise, so the
  * misuse is fired here as well (a programming error should be heard). */
-static int misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4), cold));
-static int misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
+int nr__http_misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
@@ -1069,10 +1067,10 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
 /* A response may be written: no stream open, a request to answer. */
 static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx, nr_promise_t *p) {
   if (s->stream != S_NONE)
-    return misuse(ctx, p, "http_server: a response written while a streamed "
+    return nr__http_misuse(ctx, p, "http_server: a response written while a streamed "
                   "one is open (end it with \"\" or false)");
   if (s->outstanding == 0)
-    return misuse(ctx, p, "http_server: a response with no request to answer");
+    return nr__http_misuse(ctx, p, "http_server: a response with no request to answer");
   return 0;
 }
 
@@ -1090,7 +1088,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   if (rc < 0)
     return rc;
   if (r->status < 100 || r->status > 999)
-    return misuse(ctx, p, "http_server: bad status %d", r->status);
+    return nr__http_misuse(ctx, p, "http_server: bad status %d", r->status);
   nr_http_count_status(r->status);
   uint8_t f = s->flags[s->oldest];
   size_t need;
