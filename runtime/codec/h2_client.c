@@ -41,10 +41,7 @@ struct cs_s {
   const char *error;          /* why it failed (static text) */
   bool retry;
   nr_buf_t body;
-  const char *data;           /* the request body not yet framed */
-  size_t data_len;
-  bool own;                   /* data is in copy */
-  nr_buf_t copy;
+  h2body_t b;                 /* the request body not yet framed */
   cs_t *prev, *next;          /* all the session's streams */
   cs_t *dnext;                /* in done */
   h2fields_t f;               /* the response's fields (last) */
@@ -86,7 +83,7 @@ static void cs_free(nr_h2_client_t *h, cs_t *s) {
   if (s->next)
     s->next->prev = s->prev;
   nr_buf_free(&s->body);
-  nr_buf_free(&s->copy);
+  nr_buf_free(&s->b.copy);
   nr__h2_fields_free(&s->f);
   nr_h2_free(s);
 }
@@ -198,8 +195,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   cs_t *s = nghttp2_session_get_stream_user_data(ng, id);
   if (s == NULL)
     return 0;
-  if (s->own)                  /* (its request body no longer goes) */
-    s->data_len = 0;
+  if (s->b.own)                  /* (its request body no longer goes) */
+    s->b.len = 0;
   s->id = 0;                   /* (no longer nghttp2's) */
   nghttp2_session_set_stream_user_data(ng, id, NULL);
   if (s->fired) {              /* answered (or given up) before: its */
@@ -241,14 +238,8 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *f,
   nr_h2_client_t *h = ud;
   cs_t *s = src->ptr;
   out_bytes(h, framehd, 9);
-  out_bytes(h, s->data, length);
-  s->data += length;
-  s->data_len -= length;
-  if (s->own) {
-    nr_buf_consume(&s->copy, length);
-    /* The copy may have shrunk (moved) or gone: read from it afresh. */
-    s->data = s->data_len > 0 ? nr_buf_peek(&s->copy) : NULL;
-  }
+  out_bytes(h, s->b.data, length);
+  nr__h2_body_sent(&s->b, length);
   return 0;
 }
 
@@ -257,9 +248,9 @@ static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf,
                          void *ud) {
   (void)ng, (void)id, (void)buf, (void)ud;
   cs_t *s = src->ptr;
-  size_t n = len < s->data_len ? len : s->data_len;
+  size_t n = len < s->b.len ? len : s->b.len;
   *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-  if (n == s->data_len)
+  if (n == s->b.len)
     *flags |= NGHTTP2_DATA_FLAG_EOF;
   return (ssize_t)n;
 }
@@ -466,11 +457,11 @@ int nr_h2_client_write(nr_h2_client_t *h, const nr_http_call_t *c,
     free(nv);
     return nr_raise(-ENOMEM, "http_client: out of memory");
   }
-  s->data = c->body;
-  s->data_len = c->body ? c->body_len : 0;
+  s->b.data = c->body;
+  s->b.len = c->body ? c->body_len : 0;
   nghttp2_data_provider dp = {.source.ptr = s, .read_callback = data_read};
   int32_t id = nghttp2_submit_request(h->ng, NULL, nv, n,
-                                      s->data_len > 0 ? &dp : NULL, s);
+                                      s->b.len > 0 ? &dp : NULL, s);
   free(nv);
   if (id < 0) {
     cs_free(h, s);
@@ -479,13 +470,13 @@ int nr_h2_client_write(nr_h2_client_t *h, const nr_http_call_t *c,
   s->id = id;
   pump(h);
   /* what the window held back of the body is the caller's: copied */
-  if (!h->dead && s->data_len > 0 &&
-      nghttp2_session_get_stream_user_data(h->ng, id) == s && !s->own) {
-    if (nr_buf_append(&s->copy, s->data, s->data_len) < 0) {
+  if (!h->dead && s->b.len > 0 &&
+      nghttp2_session_get_stream_user_data(h->ng, id) == s && !s->b.own) {
+    if (nr_buf_append(&s->b.copy, s->b.data, s->b.len) < 0) {
       refuse(h, s, "http_client: out of memory");
     } else {
-      s->data = nr_buf_peek(&s->copy);
-      s->own = true;
+      s->b.data = nr_buf_peek(&s->b.copy);
+      s->b.own = true;
     }
   }
   if (p != NULL && !nr_promise_is_void(p))

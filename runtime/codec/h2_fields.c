@@ -4,7 +4,9 @@
  * client's responses: names and values appended to one text, inline for
  * the usual block and on the heap past it, their offsets kept in an
  * array (inline too, then from nr_h2_alloc). Offsets, not pointers: the
- * text may move as it grows. Loop thread only, like the session.
+ * text may move as it grows. And what the server's responses and the
+ * client's requests share on the way out: a body framed from its bytes
+ * (h2body_t). Loop thread only, like the session.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -85,4 +87,15 @@ int nr__h2_add_field(h2fields_t *f, const uint8_t *name, size_t nl,
   else
     f->nhdr++;
   return 0;
+}
+
+/* ---- bodies framed without copies ----------------------------------------------- */
+
+void nr__h2_body_sent(h2body_t *b, size_t n) {
+  b->data += n;
+  b->len -= n;
+  if (b->own) {
+    nr_buf_consume(&b->copy, n);
+    b->data = b->len > 0 ? nr_buf_peek(&b->copy) : NULL;
+  }
 }

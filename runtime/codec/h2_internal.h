@@ -68,6 +68,20 @@ int64_t nr__h2_keep(h2fields_t *f, const void *p, size_t n);
 int nr__h2_add_field(h2fields_t *f, const uint8_t *name, size_t nl,
                      const uint8_t *value, size_t vl, size_t max);
 
+/* A body nghttp2 frames straight from its bytes (DATA with
+ * NGHTTP2_DATA_FLAG_NO_COPY): the caller's, borrowed while its write
+ * runs, then what the windows held back, copied into `copy` (own). */
+typedef struct h2body_s {
+  const char *data;           /* the bytes not yet framed */
+  size_t len;
+  nr_buf_t copy;              /* ... kept here once the write returned */
+  bool own;                   /* `data` is in `copy`, else borrowed */
+} h2body_t;
+
+/* n bytes of b went into a DATA frame: past them (a copy drops them, and
+ * may shrink, so moves: the rest is read from it afresh). */
+void nr__h2_body_sent(h2body_t *b, size_t n);
+
 typedef struct h2s_s h2s_t;
 struct h2s_s {
   int32_t id;
@@ -77,7 +91,6 @@ struct h2s_s {
   bool streaming;             /* a streamed response is open (listed) */
   bool discard;               /* ... whose chunks are dropped (HEAD) */
   bool eof;                   /* the response body ends with `data` */
-  bool own;                   /* `data` is in `copy`, else borrowed */
   bool deferred;              /* nghttp2 waits for data (resume it) */
   bool counted;               /* owed: counted in `owing` */
   bool pinned;                /* its request is being delivered */
@@ -87,9 +100,7 @@ struct h2s_s {
   uint32_t unacked;           /* body bytes received, window not given back */
   uint64_t token;             /* its delivery's token */
   nr_buf_t body;              /* the request body */
-  const char *data;           /* response body bytes not yet framed */
-  size_t data_len;
-  nr_buf_t copy;              /* ... kept here once the write returned */
+  h2body_t b;                 /* the response body not yet framed */
   nr_promise_t *p;            /* the response's write promise */
   h2s_t *prev, *next;         /* in ready, owed or streaming */
   h2fields_t f;               /* method, path and fields as received

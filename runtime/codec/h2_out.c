@@ -73,17 +73,12 @@ static int on_send_data(nghttp2_session *ng, nghttp2_frame *f,
   (void)ng, (void)f;
   nr_h2_server_t *h = ud;
   h2s_t *s = src->ptr;
-  assert(length <= s->data_len);
+  assert(length <= s->b.len);
   out_bytes(h, framehd, 9);
-  out_bytes(h, s->data, length);
-  s->data += length;
-  s->data_len -= length;
-  if (s->own) {
-    nr_buf_consume(&s->copy, length);
-    /* The copy may have shrunk (moved) or gone: read from it afresh. */
-    s->data = s->data_len > 0 ? nr_buf_peek(&s->copy) : NULL;
+  out_bytes(h, s->b.data, length);
+  if (s->b.own)
     nr__h2_held(h, -(ptrdiff_t)length);
-  }
+  nr__h2_body_sent(&s->b, length);
   h->progress = nr_now();
   return 0;
 }
@@ -93,13 +88,13 @@ static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf,
                          void *ud) {
   (void)ng, (void)id, (void)buf, (void)ud;
   h2s_t *s = src->ptr;
-  size_t n = len < s->data_len ? len : s->data_len;
+  size_t n = len < s->b.len ? len : s->b.len;
   if (n == 0 && !s->eof) {
     s->deferred = true;
     return NGHTTP2_ERR_DEFERRED;
   }
   *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-  if (n == s->data_len && s->eof)
+  if (n == s->b.len && s->eof)
     *flags |= NGHTTP2_DATA_FLAG_EOF;
   return (ssize_t)n;
 }
@@ -362,17 +357,17 @@ static bool stream_alive(nr_h2_server_t *h, int32_t id, h2s_t *s) {
 /* What the windows held back of a body given by the caller, copied
  * before the caller's bytes go away. */
 static void keep_rest(nr_h2_server_t *h, h2s_t *s) {
-  if (s->data_len == 0 || s->own)
+  if (s->b.len == 0 || s->b.own)
     return;
-  if (nr_buf_append(&s->copy, s->data, s->data_len) < 0) {
+  if (nr_buf_append(&s->b.copy, s->b.data, s->b.len) < 0) {
     nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, s->id,
                               NGHTTP2_INTERNAL_ERROR);
-    s->data_len = 0;
+    s->b.len = 0;
     return;
   }
-  s->data = nr_buf_peek(&s->copy);
-  s->own = true;
-  nr__h2_held(h, (ptrdiff_t)s->data_len);
+  s->b.data = nr_buf_peek(&s->b.copy);
+  s->b.own = true;
+  nr__h2_held(h, (ptrdiff_t)s->b.len);
 }
 
 /* Submit s's response (fields in a, body bytes borrowed) and pump; what
@@ -382,8 +377,8 @@ static int submit(nr_h2_server_t *h, h2s_t *s, nvs_t *a, const char *body,
                   size_t blen, bool stream, bool bodyless, nr_promise_t *p) {
   int32_t id = s->id;
   s->st = S_SENDING;
-  s->data = body;
-  s->data_len = bodyless ? 0 : blen;
+  s->b.data = body;
+  s->b.len = bodyless ? 0 : blen;
   s->eof = !stream;
   s->discard = bodyless;
   s->streaming = stream;
@@ -406,7 +401,7 @@ static int submit(nr_h2_server_t *h, h2s_t *s, nvs_t *a, const char *body,
     if (stream)
       nr__h2_list_remove(&h->streaming, s);
     s->streaming = false;
-    s->data_len = 0;
+    s->b.len = 0;
     return 0;                  /* (closed by now: dropped with it) */
   }
   if (!later)
@@ -647,21 +642,21 @@ static int write_chunk(nr_h2_server_t *h, void *msg, nr_promise_t *p) {
     if (p != NULL && !nr_promise_is_void(p))
       nr_promise_set_success(p, NULL, NULL);
     return 0;
-  } else if (s->data_len == 0 && n == 1 && !h->pumping) {
-    s->data = parts[0].data;   /* borrowed while it is pumped */
-    s->data_len = parts[0].len;
-    s->own = false;
+  } else if (s->b.len == 0 && n == 1 && !h->pumping) {
+    s->b.data = parts[0].data;   /* borrowed while it is pumped */
+    s->b.len = parts[0].len;
+    s->b.own = false;
   } else {
-    if (!s->own && s->data_len > 0)
+    if (!s->b.own && s->b.len > 0)
       keep_rest(h, s);
     for (size_t i = 0; i < n; i++)
-      if (nr_buf_append(&s->copy, parts[i].data, parts[i].len) < 0)
+      if (nr_buf_append(&s->b.copy, parts[i].data, parts[i].len) < 0)
         return nr_raise(-ENOMEM, "http2: out of memory");
-    s->data = nr_buf_peek(&s->copy);
-    s->data_len += total;
-    if (!s->own)
-      s->data_len = total;
-    s->own = true;
+    s->b.data = nr_buf_peek(&s->b.copy);
+    s->b.len += total;
+    if (!s->b.own)
+      s->b.len = total;
+    s->b.own = true;
     nr__h2_held(h, (ptrdiff_t)total);
   }
   if (total > 0 && p != NULL && !nr_promise_is_void(p))

@@ -62,9 +62,9 @@ static void drop_request(nr_h2_server_t *h, h2s_t *s) {
 }
 
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s) {
-  if (s->own)
-    nr__h2_held(h, -(ptrdiff_t)s->data_len);
-  nr_buf_free(&s->copy);
+  if (s->b.own)
+    nr__h2_held(h, -(ptrdiff_t)s->b.len);
+  nr_buf_free(&s->b.copy);
   if (s->p != NULL)
     nr__h2_complete(h, s->p, false);
   nr__h2_settled(h, s);
@@ -313,11 +313,11 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   case S_SENDING:
     if (s->streaming) {        /* ... or for the stream's end: listed */
       s->gone = true;
-      if (s->own)
-        nr__h2_held(h, -(ptrdiff_t)s->data_len);
-      s->own = false;
-      s->data_len = 0;
-      nr_buf_free(&s->copy);
+      if (s->b.own)
+        nr__h2_held(h, -(ptrdiff_t)s->b.len);
+      s->b.own = false;
+      s->b.len = 0;
+      nr_buf_free(&s->b.copy);
       if (s->p != NULL)
         nr__h2_complete(h, s->p, false);
       s->p = NULL;
