@@ -39,6 +39,9 @@ for line in io.lines(items_file) do
     modules[m].file = where
     if summary ~= "yes" then fail("module %s (%s) has no summary", m, where) end
   else
+    -- LDoc keeps an item's module prefix when it inferred the name from
+    -- `function netrun.log.level`: netrun.log.level is log.level.
+    if name:sub(1, #m + 1) == m .. "." then name = name:sub(#m + 2) end
     modules[m].items[name] = { section = section, kind = kind, where = where,
                                summary = summary == "yes", used = false }
   end

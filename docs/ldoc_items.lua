@@ -15,9 +15,11 @@ function M.filter(modules)
   local out = assert(io.open(path, "w"))
   for _, m in ipairs(modules) do
     out:write(table.concat({ m.name, "", "module", m.type,
-      (m.summary or "") ~= "" and "yes" or "no", clean(m.file and m.file.filename) }, "\t"), "\n")
+      (m.summary or "") ~= "" and "yes" or "no", clean(m.file) }, "\t"), "\n")
     for _, item in ipairs(m.items) do
-      local file = item.file and item.file.filename or (m.file and m.file.filename) or "?"
+      -- (LDoc hands a filter no item's file: the module's first file and
+      -- the item's line have to do.)
+      local file = type(m.file) == "string" and m.file:match("[^/]+/[^/]+$") or "?"
       out:write(table.concat({ m.name, clean(item.name), clean(item.section), clean(item.type),
         (item.summary or "") ~= "" and "yes" or "no",
         clean(file) .. ":" .. tostring(item.lineno or "?") }, "\t"), "\n")
