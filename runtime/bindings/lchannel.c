@@ -9,6 +9,10 @@
  * unpacked once per loop state, so one handler table can serve every
  * channel of that loop.
  */
+
+/***
+@module netrun
+*/
 #include <arpa/inet.h>
 #include <assert.h>
 #include <limits.h>
@@ -136,14 +140,54 @@ static int do_write(lua_State *L, bool flush) {
   return 1;
 }
 
+/***
+A channel: a TCP, Unix or UDP socket with its pipeline, bound to one loop
+for life (`netrun.server`'s children and the server channel itself,
+`netrun.connect`, `netrun.udp`). A handle may be used from any thread: a
+write or close from another thread is queued to the channel's loop with its
+message copied. Stream channels take a string, or an array of strings
+(gathered in one write); datagram messages are
+`{ data = "...", host = "1.2.3.4", port = 1234 }`. `ch1 == ch2` compares
+channels.
+@type channel
+*/
+
+/***
+Write a message through the whole pipeline, from its tail; it is sent at
+the next flush.
+@function channel:write
+@param msg a string, an array of strings, or what the pipeline's encoders take
+@tparam[opt] future promise a promise to complete instead of a new future (e.g. the void promise)
+@treturn future completed once the bytes are written, failed if they cannot be
+*/
+/***
+Write and flush.
+@function channel:write_and_flush
+@param msg the message
+@tparam[opt] future promise a promise to complete instead of a new future
+@treturn future
+*/
+
 static int l_write(lua_State *L) { return do_write(L, false); }
 static int l_write_and_flush(lua_State *L) { return do_write(L, true); }
+
+/***
+Flush what was written.
+@function channel:flush
+@treturn channel itself
+*/
 
 static int l_flush(lua_State *L) {
   nr_channel_flush(check(L, 1));
   lua_settop(L, 1);
   return 1;
 }
+
+/***
+Close the channel, after flushing what it accepted; idempotent.
+@function channel:close
+@treturn future completed once it is closed
+*/
 
 static int l_close(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
@@ -153,10 +197,22 @@ static int l_close(lua_State *L) {
   return 1;
 }
 
+/***
+The future that completes when the channel closes.
+@function channel:close_future
+@treturn future
+*/
+
 static int l_close_future(lua_State *L) {
   lnr_push_promise(L, nr_promise_retain(nr_channel_close_future(check(L, 1))));
   return 1;
 }
+
+/***
+Ask for one read, when `auto_read` is false.
+@function channel:read
+@treturn channel itself
+*/
 
 static int l_read(lua_State *L) {
   nr_channel_read(check(L, 1));
@@ -183,25 +239,69 @@ static int push_address(lua_State *L, int remote) {
   return 2;
 }
 
+/***
+The local address (for a server bound to port 0, the port it got).
+@function channel:local_address
+@treturn string|nil host (a path for a Unix socket), nil once unknown
+@treturn int port
+*/
+/***
+The peer's address.
+@function channel:remote_address
+@treturn string|nil host, nil if not connected
+@treturn int port
+*/
+
 static int l_local_address(lua_State *L) { return push_address(L, 0); }
 static int l_remote_address(lua_State *L) { return push_address(L, 1); }
+
+/***
+The channel's id, unique in the process.
+@function channel:id
+@treturn int
+*/
 
 static int l_id(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)nr_channel_id(check(L, 1)));
   return 1;
 }
+/***
+The loop the channel lives on.
+@function channel:loop
+@treturn loop
+*/
+
 static int l_loop(lua_State *L) {
   lnr_push_handle(L, LNR_LOOP, nr_channel_loop(check(L, 1)));
   return 1;
 }
+/***
+Whether the channel is open (not yet closed).
+@function channel:is_open
+@treturn bool
+*/
+
 static int l_is_open(lua_State *L) {
   lua_pushboolean(L, nr_channel_is_open(check(L, 1)));
   return 1;
 }
+/***
+Whether the channel is active: connected (bound, for a server or UDP).
+@function channel:is_active
+@treturn bool
+*/
+
 static int l_is_active(lua_State *L) {
   lua_pushboolean(L, nr_channel_is_active(check(L, 1)));
   return 1;
 }
+/***
+Whether the channel is writable: its outbound buffer is below
+`write_buffer_high` (or has drained below `write_buffer_low` since).
+@function channel:is_writable
+@treturn bool
+*/
+
 static int l_is_writable(lua_State *L) {
   lua_pushboolean(L, nr_channel_is_writable(check(L, 1)));
   return 1;
@@ -221,6 +321,18 @@ static void push_seconds(lua_State *L, uint64_t ns) {
   else
     lua_pushnumber(L, (lua_Number)ns / 1e9);
 }
+
+/***
+Get or set a channel option: `tcp_nodelay`, `keepalive`, `auto_read`,
+`allow_half_closure`, `write_buffer_low`, `write_buffer_high`, `sndbuf`,
+`rcvbuf`, `send_timeout` (seconds, 0: none). Options other than
+`auto_read` are read and set on the channel's loop only; an unknown name
+raises.
+@function channel:option
+@string name the option
+@param[opt] value a new value
+@return the value (getting), or the channel (setting)
+*/
 
 static int l_option(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
@@ -304,6 +416,16 @@ static void drop_attrs(nr_promise_t *p, void *arg) {
     nr_channel_release(ch);  /* the loop is past shutdown: its state, and
                                 the attributes with it, close after this */
 }
+
+/***
+Get or set a per-channel attribute. Values live in the channel's loop
+state (read and set them on that loop only), as long as the channel: they
+stay readable through `channel_inactive` and `handler_removed`.
+@function channel:attr
+@param key the key
+@param[opt] value a new value (an explicit nil clears it)
+@return the value (getting), or the channel (setting)
+*/
 
 static int l_attr(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
@@ -558,6 +680,14 @@ static init_t *init_of(nr_channel_t *ch) {
   pthread_mutex_unlock(&inits_lock);
   return found;
 }
+
+/***
+On a server channel: channels accepted from now on run `fn` as their init
+(copied to each child loop); live connections keep theirs.
+@function channel:set_init
+@tparam function fn the new init, `fn(ch)`
+@treturn channel itself
+*/
 
 /* server:set_init(fn): channels accepted from now on run fn (copied to
  * their loops like any init); channels already open keep their pipelines. */
@@ -956,6 +1086,21 @@ static int l_connect(lua_State *L) {
   return 1;
 }
 
+/*** @section end */
+
+/***
+Open a UDP channel. Its messages are datagrams,
+`{ data = "...", host = "1.2.3.4", port = 1234 }`, read and written.
+@function udp
+@tparam table opts the options; an unknown key raises
+@tparam[opt] group opts.group where it lives (a loop may be given)
+@string[opt="0.0.0.0"] opts.host the address to bind
+@int[opt=0] opts.port the port to bind (0: an ephemeral one)
+@tparam[opt] table opts.options channel options (`sndbuf`, `rcvbuf`, ...)
+@tparam[opt] function opts.init `init(ch)`, run on its loop
+@treturn future of the channel
+*/
+
 static int l_udp(lua_State *L) {
   const char *what = "netrun.udp";
   check_opts(L, what, udp_keys);
@@ -1027,6 +1172,17 @@ static void left_on_close(nr_promise_t *p, void *arg) {
   free(m);
 }
 
+/***
+A new channel group (Netty's ChannelGroup): a thread-safe set of channels
+that may be written to or closed together, from any thread. A closed
+channel leaves by itself.
+@function channel_group
+@treturn channel_group
+@usage local room = netrun.channel_group()
+room:add(ctx.channel)
+room:write_and_flush("hello all\n")
+*/
+
 static int l_channel_group(lua_State *L) {
   chgroup_t *g = calloc(1, sizeof *g);
   if (g == NULL)
@@ -1037,6 +1193,19 @@ static int l_channel_group(lua_State *L) {
   lnr_chgroup_release(g);
   return 1;
 }
+
+/***
+A thread-safe set of channels, made by `channel_group`; `#members` is how
+many it holds.
+@type channel_group
+*/
+
+/***
+Add a channel; a closed one leaves by itself.
+@function channel_group:add
+@tparam channel ch the channel
+@treturn bool whether it was added (false if it was a member already)
+*/
 
 static int l_cg_add(lua_State *L) {
   chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
@@ -1068,6 +1237,13 @@ static int l_cg_add(lua_State *L) {
   lua_pushboolean(L, !dup);
   return 1;
 }
+
+/***
+Remove a channel.
+@function channel_group:remove
+@tparam channel ch the channel
+@treturn bool whether it was a member
+*/
 
 static int l_cg_remove(lua_State *L) {
   chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
@@ -1156,6 +1332,18 @@ static int l_cg_op(lua_State *L, bool close) {
   nr_promise_set_success(self, NULL, NULL);
   return 1;
 }
+
+/***
+Write and flush a message to every member (copied to each member's loop).
+@function channel_group:write_and_flush
+@param msg the message
+@treturn future completed once every member's write has, failed if any failed
+*/
+/***
+Close every member.
+@function channel_group:close
+@treturn future completed once every member has closed
+*/
 
 static int l_cg_write(lua_State *L) { return l_cg_op(L, false); }
 static int l_cg_close(lua_State *L) { return l_cg_op(L, true); }

@@ -2,6 +2,10 @@
  * module.c -- luaopen_netrun_core: the C half of require "netrun". The Lua
  * half (lua/netrun/init.lua) builds the public module on top of it.
  */
+
+/***
+@module netrun
+*/
 #include "lmain.h"
 #include "lnr.h"
 
@@ -15,6 +19,12 @@ static int l_transfer(lua_State *L) {
   lnr_blob_free(b);
   return got;
 }
+
+/***
+The monotonic clock, in seconds (for measuring intervals, not dates).
+@function now
+@treturn number
+*/
 
 /* core.now(): the monotonic clock in seconds. */
 static int l_now(lua_State *L) {
