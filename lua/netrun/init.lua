@@ -157,8 +157,20 @@ require("netrun.reload").watch()
 -- @return a report of what was reloaded and what failed
 function netrun.reload() return require("netrun.reload").reload() end
 if core.handler.metrics == nil then
+  --- Handlers: `netrun.handler`.
+  -- @section handler
+
+  --- Serves `netrun.metrics.text()` over HTTP: put it after
+  -- `codec.http_server`; a request for its path gets the metrics, others
+  -- go on to the next handler.
+  -- @function handler.metrics
+  -- @tparam[opt] table opts
+  -- @string[opt="/metrics"] opts.path the path it answers
+  -- @return a handler
   core.handler.metrics = function(opts) return require("netrun.metrics").handler(opts) end
 end
+
+--- @section end
 
 -- Parts loaded on first use (a state that never calls out pays nothing):
 -- netrun.json, netrun.dns, netrun.tcp, netrun.http (the client, and

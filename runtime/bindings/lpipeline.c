@@ -79,6 +79,16 @@ void lnr_push_pipeline(lua_State *L, nr_channel_t *ch) {
   lua_remove(L, -2);
 }
 
+/***
+@type channel
+*/
+
+/***
+The channel's pipeline. Use it on the channel's loop.
+@function channel:pipeline
+@treturn pipeline
+*/
+
 static int l_channel_pipeline(lua_State *L) {
   lnr_check_handle(L, 1, LNR_CHANNEL);
   push_pipeline_of(L, 1);
@@ -230,6 +240,10 @@ static int do_add(lua_State *L, adder_fn add, bool with_base) {
   lua_settop(L, 1);
   return 1;
 }
+
+/***
+@type pipeline
+*/
 
 /***
 Add a handler at the head.
