@@ -83,6 +83,7 @@ local INTERNAL = {
     request_with = "the request path shared by netrun.http.request and client:request",
     default_tls = "the client's default TLS config, made once per state",
     stats = "the pools' counters, read by netrun.metrics",
+    parse_url = "URL parsing, shared with netrun.websocket",
     Client = "the class table (its methods are documented as client:...)",
   },
   ["netrun.redis"] = {
