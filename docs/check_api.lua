@@ -83,7 +83,7 @@ local INTERNAL = {
     request_with = "the request path shared by netrun.http.request and client:request",
     default_tls = "the client's default TLS config, made once per state",
     stats = "the pools' counters, read by netrun.metrics",
-    parse_url = "URL parsing, shared with netrun.websocket",
+    parse_url = "the client's URL parser, kept reachable for its specs and tools",
     Client = "the class table (its methods are documented as client:...)",
   },
   ["netrun.redis"] = {
@@ -113,7 +113,10 @@ local INTERNAL = {
     Handler = "the class of netrun.metrics.handler's handler",
     redis_families = "the Redis client's families, rendered by text()",
   },
-  ["netrun.dns"] = {},
+  ["netrun.dns"] = {
+    connect = "netrun.connect's path for a host name (lchannel.c calls it)",
+    listen = "netrun.server's and netrun.udp's path for a host name on a loop",
+  },
   ["netrun.json"] = {},
   ["netrun.tcp"] = {},
   ["netrun.websocket"] = {},

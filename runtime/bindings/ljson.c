@@ -32,6 +32,19 @@
  * at start-up, read by every state); everything else belongs to the
  * state that runs the call.
  */
+
+/***
+JSON (RFC 8259): `netrun.json`, loaded on first use, with Lua 5.4's integers
+kept exact. An integer encodes as its digits and a float as the shortest
+text that reads back the same (with ".0" where it would read as an
+integer); a number without fraction or exponent decodes to an integer when
+it fits in 64 bits. `netrun.json.null` is JSON's null (the same as
+lua-cjson's); decoded arrays carry `netrun.json.array_mt`, so an empty one
+encodes as `[]` again, and `netrun.json.empty_array` encodes as `[]`.
+Strings are bytes both ways. Misuse raises at the caller's line, naming
+the cause and where.
+@module netrun.json
+*/
 #include <locale.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -504,6 +517,14 @@ static int encode_value(enc_t *e, int idx) {
 #define SCRATCH lua_upvalueindex(1)
 #define ARRAY_MT lua_upvalueindex(2)
 
+/***
+Encode a value as JSON text.
+@param v nil (null), a boolean, a number, a string, or a table (an array
+when its keys are 1..n, else an object with string keys)
+@treturn string the text
+@function encode
+*/
+
 /* json.encode(v) --> text; raises "netrun.json.encode: cannot encode
  * function at .handlers[2]" for what JSON cannot hold. */
 static int l_encode(lua_State *L) {
@@ -881,6 +902,13 @@ static void decode_value(dec_t *d) {
   dec_error(d, "expected a value");
 }
 
+/***
+Decode JSON text.
+@string text the text
+@return the value (null as `netrun.json.null`)
+@function decode
+*/
+
 /* json.decode(text) --> value; raises "netrun.json.decode: expected a
  * value but found 'x' at character 7" for text that is not JSON. */
 static int l_decode(lua_State *L) {
@@ -982,6 +1010,18 @@ static void push_settings(lua_State *L) {
 #undef FIELD_I
 #undef FIELD_B
 }
+
+/***
+Process-wide settings (every state follows them), with lua-cjson's names:
+`encode_max_depth` and `decode_max_depth` (1000), `encode_invalid_numbers`
+and `decode_invalid_numbers` (false), `encode_sparse_convert` (false),
+`encode_sparse_ratio` (2), `encode_sparse_safe` (10),
+`encode_number_precision` (0: the shortest that round-trips),
+`encode_empty_table_as_object` (true), `decode_array_with_array_mt` (true).
+@tparam[opt] table settings those to change
+@treturn table every setting
+@function configure
+*/
 
 /* json.configure { setting = value, ... } --> every setting's value now
  * (process-wide); json.configure() only reads them. A setting checked
