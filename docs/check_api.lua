@@ -118,7 +118,7 @@ local INTERNAL = {
     listen = "netrun.server's and netrun.udp's path for a host name on a loop",
   },
   ["netrun.json"] = {},
-  ["netrun.tcp"] = {},
+  ["netrun.tcp"] = {},      -- (the table netrun.tcp holds only connect)
   ["netrun.websocket"] = {},
 }
 
