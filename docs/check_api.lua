@@ -155,6 +155,8 @@ local function lua_classes()
     { "netrun.redis", "pipeline", redis.PipelineMT.__index },
     { "netrun.redis", "subscription", redis.Subscription.__index },
     { "netrun.redis", "cluster", cluster.Cluster },
+    -- (a cluster's pipeline records what a client's encodes: the same methods)
+    { "netrun.redis", "pipeline", cluster.CPipe },
   }
 end
 

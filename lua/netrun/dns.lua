@@ -1,4 +1,4 @@
---- Host names resolved without blocking a loop (DESIGN.md §8.3):
+--- Host names resolved without blocking a loop:
 -- `netrun.dns`, loaded on first use. `netrun.connect`, `netrun.tcp.connect`
 -- and URLs use it. Per-state settings are fields of the module: `ttl`
 -- (30 s, the most an answer is cached), `negative_ttl` (5 s),

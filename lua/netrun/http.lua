@@ -1,4 +1,4 @@
---- The HTTP/1.1 client (DESIGN.md §8.3): `netrun.http`, loaded on first use.
+--- The HTTP/1.1 client: `netrun.http`, loaded on first use.
 --
 -- Requests run on the caller's loop, on keep-alive connections pooled per
 -- loop, origin and TLS settings; from the main thread (a script, the REPL)

@@ -8,7 +8,7 @@
 -- the `netrun` executable). Groups of single-threaded event loops run
 -- channels (TCP, UDP, Unix sockets) through pipelines of handlers; each
 -- loop thread runs its handlers in its own `lua_State`, and values cross
--- between states by copy (DESIGN.md §3). Durations are seconds as Lua
+-- between states by copy. Durations are seconds as Lua
 -- numbers. Programmer mistakes (a wrong type, an unknown option or handler
 -- name, use after shutdown) raise; runtime failures (a refused connect, a
 -- peer's reset) fail futures or reach `exception_caught`.
@@ -150,7 +150,7 @@ netrun.handler = core.handler
 -- serves netrun.metrics.text() over HTTP.
 require("netrun.reload").watch()
 --- Hot reload: re-require, in every loop's state and this one, the Lua
--- modules whose files changed (DESIGN.md §8.5; also SIGHUP, `netrun reload
+-- modules whose files changed (also SIGHUP, `netrun reload
 -- CONSOLE_PATH` and the REPL's `:reload`). New connections get the new
 -- code, live ones keep theirs; a module that fails to load leaves the old
 -- one running and says why. Server inits are re-run from their modules.
@@ -223,7 +223,7 @@ end
 -- @int[opt=1024] opts.backlog the listen backlog
 -- @bool[opt=false] opts.reuseport one listener per child loop (SO_REUSEPORT), no boss hop
 -- @tparam[opt] table opts.child_options the accepted channels' options: `tcp_nodelay` (true), `keepalive`, `auto_read` (true), `allow_half_closure`, `write_buffer_low` (32768), `write_buffer_high` (65536), `sndbuf`, `rcvbuf`, `send_timeout` (60 s; 0: none)
--- @tparam[opt] function opts.init `init(ch)`, run on the child's loop for each accepted channel (copied there: DESIGN.md §3); it builds the pipeline
+-- @tparam[opt] function opts.init `init(ch)`, run on the child's loop for each accepted channel (copied there); it builds the pipeline
 -- @tparam[opt] function opts.stream `fn(s)`, run as a coroutine per connection with a `netrun.tcp` stream (instead of `init`)
 -- @param[opt] opts.tls a `tls.server` config: TLS first in every child pipeline, before what `init` adds
 -- @param[opt] opts.metrics a label for this server's connection counts in `netrun.metrics`

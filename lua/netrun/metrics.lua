@@ -1,5 +1,5 @@
---- The process's figures in the Prometheus text exposition format 0.0.4
--- (DESIGN.md §8.5): `netrun.metrics`, loaded on first use. Every loop's
+--- The process's figures in the Prometheus text exposition format 0.0.4:
+-- `netrun.metrics`, loaded on first use. Every loop's
 -- stats (`netrun_loop_*{loop}`), each server's connections
 -- (`netrun_server_connections{server}`, labelled by `netrun.server`'s
 -- `metrics` option), the HTTP server codec's responses by status, the

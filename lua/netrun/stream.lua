@@ -1,4 +1,4 @@
---- Streams: sequential code in coroutines over TCP (DESIGN.md §8.2,
+--- Streams: sequential code in coroutines over TCP (as
 -- OpenResty's cosockets): `netrun.tcp`, loaded on first use, and
 -- `netrun.server { stream = fn }`. Every wait yields the coroutine, never
 -- the loop; calls must run in a coroutine that `netrun.spawn` (or a stream

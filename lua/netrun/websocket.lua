@@ -1,4 +1,4 @@
---- WebSocket (RFC 6455, DESIGN.md §8.3): `netrun.websocket`, loaded on
+--- WebSocket (RFC 6455): `netrun.websocket`, loaded on
 -- first use, on the native codec `netrun.codec.websocket`: frames parsed
 -- and masked in C, fragments reassembled, text checked as UTF-8, pings
 -- answered, the close handshake done for you. Handlers read

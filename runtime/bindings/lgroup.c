@@ -439,7 +439,7 @@ static lnr_blob_t *pack_task(lua_State *L, int from, int n, const char *what) {
 /***
 A group of event loops or executors, made by `group` or `executor_group`.
 `#g` is its number of loops. Work sent to a group goes to `g:next()`;
-functions and arguments are copied into the loop's state (DESIGN.md §3).
+functions and arguments are copied into the loop's state (as the `netrun` module says of values).
 @type group
 */
 
@@ -631,7 +631,7 @@ static double secs(lua_State *L, int idx) {
 }
 
 /***
-Shut the group down gracefully (DESIGN.md §2): each loop cancels its
+Shut the group down gracefully: each loop cancels its
 scheduled tasks, closes its channels (flushing what they accepted), runs
 what is queued and terminates once no task ran for `quiet` seconds, or
 after `timeout`. Tasks submitted after the shutdown raise.
