@@ -63,10 +63,12 @@ local function expect(module, name, what)
   if not it.summary then fail("%s (%s) has a doc comment without a summary", what, it.where) end
 end
 
+-- (A name that begins with "_" is private by Lua's convention: a module's
+-- parts share it, and no program calls it.)
 local function sorted_keys(t)
   local ks = {}
   for k in pairs(t) do
-    if type(k) == "string" then ks[#ks + 1] = k end
+    if type(k) == "string" and k:sub(1, 1) ~= "_" then ks[#ks + 1] = k end
   end
   table.sort(ks)
   return ks
@@ -143,7 +145,8 @@ local C_CLASSES = {
 }
 
 -- Classes written in Lua: where their methods are, from live objects or
--- the class tables their modules keep.
+-- the class tables their modules keep. (Nothing finds a new one: a module
+-- that adds a class adds its row here, and documents it with `@type`.)
 local function lua_classes()
   local redis = netrun.redis
   local stream = require "netrun.stream"
@@ -188,17 +191,74 @@ local function walk(module, t, prefix, internal, depth)
   end
 end
 
+-- The parts netrun loads on first use (netrun.http, ...): the table LAZY,
+-- an upvalue of its __index, so that a part added there is walked without
+-- a line here.
+local function lazy_parts()
+  local mt = getmetatable(netrun)
+  local index = mt and rawget(mt, "__index")
+  if type(index) == "function" then
+    for i = 1, 255 do
+      local name, v = debug.getupvalue(index, i)
+      if name == nil then break end
+      if name == "LAZY" and type(v) == "table" then return v end
+    end
+  end
+  fail("netrun's lazily loaded parts (LAZY, an upvalue of its metatable's __index) " ..
+       "are not where docs/check_api.lua looks for them")
+  return {}
+end
+local LAZY = lazy_parts()
+
 -- The netrun module; its lazily loaded parts first, so pairs shows them.
-for _, k in ipairs { "dns", "http", "json", "metrics", "redis", "tcp", "websocket" } do
+for _, k in ipairs(sorted_keys(LAZY)) do
   local _ = netrun[k]
 end
 walk("netrun", netrun, "", nil, 0)
+
+-- Every file lua/netrun/X.lua is a part of netrun walked above (LAZY), a
+-- module of its own that a program requires (documented with `@module
+-- netrun.X`: walked here), or one of these, with why. Files under
+-- lua/netrun/X/ are parts of netrun.X, documented under its @module.
+local PRIVATE_MODULES = {
+  init = "the netrun module itself, walked above",
+  console = "the console socket of `netrun --console`, reached through the CLI",
+  pretty = "the REPL's printer",
+  reload = "hot reload's machinery (netrun.reload is documented)",
+  repl = "the REPL, reached through the CLI",
+  top = "`netrun top`, reached through the CLI",
+}
+local lazy_modules = {}
+for _, name in pairs(LAZY) do lazy_modules[name] = true end
+local files = {}
+local ls = assert(io.popen("ls '" .. root .. "/lua/netrun'"))
+for file in ls:lines() do
+  local x = file:match("^(.+)%.lua$")
+  if x then files[#files + 1] = x end
+end
+ls:close()
+local seen = {}
+for _, x in ipairs(files) do
+  local name = "netrun." .. x
+  seen[x] = true
+  if PRIVATE_MODULES[x] or lazy_modules[name] then
+    -- not public, or walked as a part of netrun
+  elseif modules[name] then
+    walk(name, require(name), "", INTERNAL[name], 1)
+  else
+    fail("lua/netrun/%s.lua (%s) is neither loaded by netrun (its LAZY table) nor documented " ..
+         "(`@module %s`) nor in docs/check_api.lua's PRIVATE_MODULES", x, name, name)
+  end
+end
+for x in pairs(PRIVATE_MODULES) do
+  if not seen[x] then fail("docs/check_api.lua's PRIVATE_MODULES names lua/netrun/%s.lua, which is gone", x) end
+end
 
 local classes = {}    -- "module class" -> true, the classes seen live
 local function class_methods(module, class, methods, what)
   classes[module .. " " .. class] = true
   for _, k in ipairs(sorted_keys(methods)) do
-    if type(methods[k]) == "function" and not k:match("^__") then
+    if type(methods[k]) == "function" then
       counts.methods = counts.methods + 1
       expect(module, class .. ":" .. k, what .. ":" .. k)
     end
