@@ -6,7 +6,7 @@
 -- directory (HOME too is pointed there, for LuaRocks' cache).
 --
 -- The build is the project's own CMake build without tests and benchmarks
--- (about 25 s of CPU, two jobs). Sanitizer builds skip it: the rock is a
+-- (about 25 s of CPU, two jobs; ctest runs it alone, RUN_SERIAL). Sanitizer builds skip it: the rock is a
 -- plain build whatever the suite's, so running it again there checks
 -- nothing more.
 local H = require "spec.helper"
