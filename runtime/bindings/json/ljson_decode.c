@@ -7,16 +7,8 @@
  *
  * Threads: the state that runs the call; the settings are read relaxed.
  */
+
 /***
-JSON (RFC 8259): `netrun.json`, loaded on first use, with Lua 5.4's integers
-kept exact. An integer encodes as its digits and a float as the shortest
-text that reads back the same (with ".0" where it would read as an
-integer); a number without fraction or exponent decodes to an integer when
-it fits in 64 bits. `netrun.json.null` is JSON's null (the same as
-lua-cjson's); decoded arrays carry `netrun.json.array_mt`, so an empty one
-encodes as `[]` again, and `netrun.json.empty_array` encodes as `[]`.
-Strings are bytes both ways. Misuse raises at the caller's line, naming
-the cause and where.
 @module netrun.json
 */
 #include <locale.h>
