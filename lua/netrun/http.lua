@@ -101,7 +101,7 @@ local core = require "netrun.core"
 
 local M = {
   pool = 64, keepalive = 60, timeout = 5, max_body = 1 << 20, max_header = 16384,
-  max_waiting = 1024,
+  max_waiting = 1024, h2 = "auto",
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
 
@@ -172,11 +172,12 @@ end
 
 -- In a new connection's init (on its loop): the codec and the pool's
 -- handler.
-function M.attach(ch, max_header, max_body, raw, id)
-  local key = max_header .. " " .. max_body .. (raw and " raw" or "")
+function M.attach(ch, max_header, max_body, raw, id, h2)
+  local key = max_header .. " " .. max_body .. (raw and " raw" or "") .. " " .. tostring(h2)
   local codec = codecs[key]
   if codec == nil then
-    codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
+    codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw,
+                                     h2 = h2 }
     ncodecs = ncodecs + 1
     if ncodecs > 64 then codecs, ncodecs = {}, 1 end   -- (a limit per request
     codecs[key] = codec                                 -- makes one each)
@@ -195,18 +196,22 @@ local function pool_of(client, key, scheme, host, port, max_body, tls)
   if pool ~= nil then return pool end
   npools = npools + 1
   local id, loop = npools, current()
-  local mh, raw = client.max_header, client.raw
+  local mh, raw, h2 = client.max_header, client.raw, client.h2
   -- open a connection for the pool (tls and the time left: the request's
   -- that asked); an error string if it could not even start
   local function connect(P, tls, left)
-    tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil
+    tls = scheme == "https" and (tls or client.tls or M.default_tls(h2)) or nil
     local ok, f = pcall(require("netrun").connect, {
       group = loop, host = host, port = port, timeout = left, tls = tls,
-      init = function(ch) require("netrun.http").attach(ch, mh, max_body, raw, id) end,
+      init = function(ch) require("netrun.http").attach(ch, mh, max_body, raw, id, h2) end,
     })
     if not ok then return tostring(f) end
     f:add_listener(function(cf)
-      if cf:is_success() then return P:connected(cf:result()) end
+      if cf:is_success() then
+        -- (a turn later: TLS completes the future before it tells the
+        -- codec which protocol ALPN agreed, and h2 must be known first)
+        return loop:execute(function() P:connected(cf:result()) end)
+      end
       P:connect_failed("connect: " .. tostring(cf:cause()):gsub("^netrun%.connect: ", ""))
     end)
   end
@@ -224,8 +229,9 @@ local function pool_of(client, key, scheme, host, port, max_body, tls)
   -- (a request with another config's identity goes to another pool)
   pool = core.http.pool { max = client.pool, keepalive = client.keepalive,
                           max_waiting = client.max_waiting,
+                          h2 = h2 == true or (h2 == "auto" and scheme == "https"),
                           connect = connect, empty = empty,
-                          tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil }
+                          tls = scheme == "https" and (tls or client.tls or M.default_tls(h2)) or nil }
   per[key], by_id[id] = pool, pool
   return pool
 end
@@ -305,7 +311,7 @@ end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true,
-                      max_waiting = true, follow_downgrade = true }
+                      max_waiting = true, follow_downgrade = true, h2 = true }
 -- A request's options checked: known, of the right types (raises at the
 -- level of the call that gave them: core.http.check_request, in C, as
 -- every request is checked).
@@ -551,13 +557,18 @@ function M.client(opts)
       error(what .. ": " .. k .. " must be a boolean, got " .. type(opts[k]), 2)
     end
   end
+  local h2 = opts.h2
+  if h2 == nil then h2 = M.h2 end
+  if h2 ~= "auto" and type(h2) ~= "boolean" then
+    error(what .. ': h2 must be "auto", true or false, got ' .. tostring(h2), 2)
+  end
   return setmetatable({
     id = new_id(), pool = math.tointeger(opts.pool or M.pool),
     keepalive = opts.keepalive or M.keepalive, timeout = opts.timeout or M.timeout,
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
     raw = opts.raw == true, max_waiting = math.tointeger(opts.max_waiting or M.max_waiting),
-    follow_downgrade = opts.follow_downgrade == true,
+    follow_downgrade = opts.follow_downgrade == true, h2 = h2,
   }, Client)
 end
 
@@ -574,11 +585,18 @@ function M.request(opts)
 end
 
 -- The TLS config of https requests that give none: the system's CAs,
--- the host name verified.
-local default_tls
-function M.default_tls()
-  default_tls = default_tls or core.tls.client {}
-  return default_tls
+-- the host name verified; ALPN offering h2 unless h2 is false (only h2
+-- when it is true).
+local default_tls = {}
+local ALPN = { [false] = nil, auto = { "h2", "http/1.1" }, [true] = { "h2" } }
+function M.default_tls(h2)
+  if h2 == nil then h2 = false end
+  local t = default_tls[h2]
+  if t == nil then
+    t = core.tls.client { alpn = ALPN[h2] }
+    default_tls[h2] = t
+  end
+  return t
 end
 
 -- For tests: this state's pools as { [client id] = { [origin] = { idle, total, waiting } } }.
