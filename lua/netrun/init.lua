@@ -2,6 +2,9 @@
 -- loops, futures, channels, pipelines and shared dicts; this file adds the
 -- parts that are policy rather than mechanism.
 local core = require "netrun.core"
+-- Option errors name the caller's line, past netrun's own modules: those
+-- are the files of this directory (runtime/bindings/lopts.c).
+core.options_home()
 
 -- Only the public API (DESIGN.md §4, §8, §9.7) is copied from the core;
 -- what the REPL, the console, reload, metrics and `netrun top` use
@@ -123,27 +126,25 @@ netrun.tls = {
   reload = core.tls.reload, handshake = core.tls.handshake,
 }
 
-local function without_tls(opts)
+-- A copy of opts, its init checked: the copy's init is the caller's
+-- (core.server and core.connect check the rest, tls among them).
+local function copy(what, opts)
+  local init = opts.init
+  if init ~= nil and type(init) ~= "function" then
+    core.option_error(what, "init", init, "a function")
+  end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
-  o.tls = nil
-  return o
-end
-
-local function check_tls(what, cfg)
-  if type(cfg) ~= "userdata" or not tostring(cfg):match("^netrun%.tls%.") then
-    error(what .. ": tls must be a netrun.tls.server/client config, got "
-      .. tostring(cfg), 3)
-  end
+  return o, init
 end
 
 -- netrun.server { tls = config, ... }: TLS first in every child pipeline,
--- before the handlers init adds.
+-- before the handlers init adds. (core.server checks tls: a
+-- netrun.tls.server config.)
 function netrun.server(opts)
   if type(opts) ~= "table" or opts.tls == nil then return core.server(opts) end
-  check_tls("netrun.server", opts.tls)
-  local o = without_tls(opts)
-  local tls, init = opts.tls, opts.init
+  local o, init = copy("netrun.server", opts)
+  local tls = opts.tls
   o.init = function(ch)
     ch:pipeline():add_first("tls", tls)
     if init then init(ch) end
@@ -158,9 +159,8 @@ end
 local NOT_CONNECTED = "channel closed before it connected"   -- runtime/tls/handler.c
 function netrun.connect(opts)
   if type(opts) ~= "table" or opts.tls == nil then return core.connect(opts) end
-  check_tls("netrun.connect", opts.tls)
-  local o = without_tls(opts)
-  local tls, init, host, unix = opts.tls, opts.init, opts.host or "127.0.0.1", opts.unix
+  local o, init = copy("netrun.connect", opts)
+  local tls, host, unix = opts.tls, opts.host or "127.0.0.1", opts.unix
   local done = core.promise()
   o.init = function(ch)
     ch:pipeline():add_first("tls", tls)

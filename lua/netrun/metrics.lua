@@ -156,17 +156,13 @@ function Handler:channel_read(ctx, req)
 end
 
 -- netrun.handler.metrics { path = "/metrics" }
+local check_handler = core.options("netrun.handler.metrics", { path = "string" })
+
 function M.handler(opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error("netrun.handler.metrics: options must be a table, got " .. type(opts), 2)
-  end
-  for k in pairs(opts) do
-    if k ~= "path" then error("netrun.handler.metrics: unknown option '" .. tostring(k) .. "'", 2) end
-  end
+  opts = check_handler(opts) or {}
   local path = opts.path or "/metrics"
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" then
-    error("netrun.handler.metrics: path must be a string starting with '/', got " .. tostring(path), 2)
+  if path:sub(1, 1) ~= "/" then
+    core.option_error("netrun.handler.metrics", "path", path, "a string starting with '/'")
   end
   return setmetatable({ path = path }, Handler)
 end

@@ -899,46 +899,24 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   return &lua_http_vt;
 }
 
-/* Size options: lnr_codec_int, as for the other codecs. */
-static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
-                       lua_Integer min, lua_Integer max) {
-  return (size_t)lnr_codec_int(L, "http_server", k, d, min, max);
-}
-
-/* A timeout in seconds (0: off) as ns; d when absent. */
-static uint64_t opt_seconds(lua_State *L, const char *k, uint64_t d) {
-  if (lua_isnoneornil(L, 1))
-    return d;
-  lua_getfield(L, 1, k);
-  uint64_t v = d;
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TNUMBER)
-      luaL_error(L, "netrun.codec.http_server: %s must be a number of "
-                 "seconds, got a %s", k, luaL_typename(L, -1));
-    lua_Number sec = lua_tonumber(L, -1);
-    if (!(sec >= 0 && sec <= 1e9))     /* NaN fails too */
-      luaL_error(L, "netrun.codec.http_server: %s must be 0 (off) or a "
-                 "positive number of seconds, got %f", k, (double)sec);
-    v = (uint64_t)(sec * 1e9);
-    if (sec > 0 && v == 0)
-      v = 1;
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
 static int l_http_server(lua_State *L) {
-  if (!lua_isnoneornil(L, 1))
-    luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {
+      "max_header", "max_body", "max_headers", "header_timeout",
+      "body_timeout", "keepalive_timeout", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.codec.http_server", keys, false);
   conf_t o;
-  o.max_header = opt_size(L, "max_header", 8192, 64, 1 << 30);
-  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
-  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1,
-                           NR_HTTP_MAX_HEADERS);
-  o.header_timeout = opt_seconds(L, "header_timeout", NR_HTTP_HEADER_TIMEOUT);
-  o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
-  o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",
-                                    NR_HTTP_KEEPALIVE_TIMEOUT);
+  o.max_header = lnr_opt_size(&t, "max_header", 8192, 64, 1 << 30);
+  o.max_body = lnr_opt_size(&t, "max_body", 1 << 20, 0, LNR_OPT_SIZE_MAX);
+  o.max_headers = (size_t)lnr_opt_integer(&t, "max_headers",
+                                          NR_HTTP_DEFAULT_MAX_HEADERS, 1,
+                                          NR_HTTP_MAX_HEADERS);
+  /* timeouts: 0 turns one off */
+  o.header_timeout = lnr_opt_seconds(&t, "header_timeout",
+                                     NR_HTTP_HEADER_TIMEOUT);
+  o.body_timeout = lnr_opt_seconds(&t, "body_timeout", NR_HTTP_BODY_TIMEOUT);
+  o.keepalive_timeout = lnr_opt_seconds(&t, "keepalive_timeout",
+                                        NR_HTTP_KEEPALIVE_TIMEOUT);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);

@@ -33,6 +33,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_dict(L);
   lnr_open_console(L);
   lnr_open_dns(L);
+  lnr_open_opts(L);
   /* Batteries: each fills core.codec / core.handler (see lnr.h). */
   lua_newtable(L);
   lua_setfield(L, -2, "codec");
