@@ -13,6 +13,10 @@
 --           and an init adding a line codec (made per connection, as an
 --           init that builds its codec does) and a handler, a server whose
 --           init does the same.
+--   websocket N: N WebSocket connections one after another, each
+--           netrun.websocket.connect with options, upgraded by the server
+--           with options (a table made per request, as a handler that
+--           writes them in place does), one text message echoed, closed.
 local netrun = require "netrun"
 local mode, n = arg[1], tonumber(arg[2])
 local g = netrun.group { threads = 1, name = "bench" }
@@ -21,8 +25,24 @@ local g = netrun.group { threads = 1, name = "bench" }
 local Echo = {}
 function Echo:channel_read(ctx, line) ctx:write_and_flush(#line .. "\n") end
 
+-- websocket: the server side upgrades and echoes.
+local WsEcho = {}
+function WsEcho:channel_read(ctx, msg)
+  if msg.method == nil then
+    ctx:write_and_flush(msg.data)
+  else
+    netrun.websocket.upgrade(ctx, msg, { max_message = 65536, protocols = { "echo" } })
+  end
+end
+
 local server
-if mode == "channel" then
+if mode == "websocket" then
+  local http = netrun.codec.http_server()
+  server = netrun.server {
+    group = g, host = "127.0.0.1", port = 0,
+    init = function(ch) ch:pipeline():add_last("http", http):add_last("echo", WsEcho) end,
+  }:sync()
+elseif mode == "channel" then
   server = netrun.server {
     group = g, host = "127.0.0.1", port = 0,
     child_options = { tcp_nodelay = true },
@@ -67,6 +87,24 @@ local function one_channel(p)
   return #line
 end
 
+-- One WebSocket: connect, a message out, its echo in, closed.
+local function one_websocket(p)
+  local got = netrun.promise()
+  local ch = netrun.websocket.connect {
+    url = "ws://127.0.0.1:" .. p .. "/", timeout = 5, max_message = 65536,
+    protocols = { "echo" },
+    init = function(ch)
+      ch:pipeline():add_last("client", {
+        channel_read = function(_, ctx, m) got:try_success(m.data) end,
+      })
+    end,
+  }:await()
+  ch:write_and_flush("hello")
+  local m = got:await()
+  ch:close():await()
+  return #m
+end
+
 local done = g:next():submit(function(p, mode, n)
   return netrun.spawn(function()
     local total = 0
@@ -81,6 +119,9 @@ local done = g:next():submit(function(p, mode, n)
       return total
     elseif mode == "channel" then
       for _ = 1, n do total = total + one_channel(p) end
+      return total
+    elseif mode == "websocket" then
+      for _ = 1, n do total = total + one_websocket(p) end
       return total
     end
     local s = netrun.tcp.connect("127.0.0.1", p):await()

@@ -534,7 +534,7 @@ static const char *const type_names[] = {
 
 #define MAX_NAMES 8
 typedef struct field_s {
-  const char *key;            /* anchored by the schema (an upvalue) */
+  const char *key;            /* anchored by the index (an upvalue) */
   int type;
   bool required;
   lua_Number min, max;
@@ -546,6 +546,7 @@ typedef struct field_s {
 typedef struct checker_s {
   const char *what;           /* anchored by an upvalue */
   int n;
+  int required;               /* how many fields are */
   const char **keys;          /* n + 1, NULL-terminated (after fields) */
   field_t f[];
 } checker_t;
@@ -694,29 +695,44 @@ static _Noreturn void absent(const lnr_opts_t *o, const field_t *f) {
 }
 
 /* checker(opts) --> opts, or a copy of it with its numeric strings made
- * numbers; nil for nil (every option absent). Upvalues: the checker, the
- * schema, the name. */
+ * numbers; nil for nil (every option absent). Upvalues: the checker, and
+ * the index of its fields by name (which anchors the names); one pass
+ * over the options given, a lookup each: a connect pays for the options
+ * it gives, not for those it could. */
 static int run_checker(lua_State *L) {
   checker_t *c = lua_touserdata(L, lua_upvalueindex(1));
   lua_settop(L, 1);
   lnr_opts_t o;
-  lnr_opts_open(&o, L, 1, c->what, c->keys, false);
+  lnr_opts_open(&o, L, 1, c->what, NULL, false);
+  int seen = 0;                          /* required options given */
   lua_pushnil(L);                        /* 2: the copy, once one is made */
-  for (int i = 0; i < c->n; i++) {
-    const field_t *f = &c->f[i];
-    if ((o.t ? lua_getfield(L, 1, f->key) : (lua_pushnil(L), LUA_TNIL)) == LUA_TNIL) {
-      if (f->required)
-        absent(&o, f);
-      lua_pop(L, 1);
-      continue;
-    }
-    if (check_value(&o, f, 3)) {         /* its number at 4 */
+  for (lua_pushnil(L); o.t && lua_next(L, 1); lua_pop(L, 1)) {
+    lua_pushvalue(L, 3);                 /* 3 the key, 4 its value */
+    int i = lua_rawget(L, lua_upvalueindex(2)) == LUA_TNUMBER
+                ? (int)lua_tointeger(L, -1) : -1;
+    lua_pop(L, 1);
+    if (i < 0)                           /* says which, and what it meant */
+      lnr_opts_open(&o, L, 1, c->what, c->keys, false);
+    seen += c->f[i].required;
+    if (check_value(&o, &c->f[i], 4)) {  /* its number at 5 */
       if (lua_isnil(L, 2)) {
         lnr_push_copy(L, 1);
         lua_replace(L, 2);
       }
-      lua_setfield(L, 2, f->key);
+      lua_pushvalue(L, 3);
+      lua_insert(L, -2);
+      lua_rawset(L, 2);
     }
+  }
+  for (int i = 0; seen < c->required && i < c->n; i++) {
+    if (!c->f[i].required)
+      continue;
+    if (o.t)
+      lua_getfield(L, 1, c->f[i].key);
+    else
+      lua_pushnil(L);
+    if (lua_isnil(L, -1))
+      absent(&o, &c->f[i]);
     lua_pop(L, 1);
   }
   if (lua_isnil(L, 2))
@@ -728,6 +744,7 @@ static int run_checker(lua_State *L) {
 static int l_options(lua_State *L) {
   luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, 2);
   int n = 0;
   for (lua_pushnil(L); lua_next(L, 2); lua_pop(L, 1))
     n++;
@@ -735,18 +752,23 @@ static int l_options(lua_State *L) {
   checker_t *c = lua_newuserdatauv(L, size + sizeof(char *) * (size_t)(n + 1), 0);
   c->what = lua_tostring(L, 1);
   c->n = n;
+  c->required = 0;
   c->keys = (const char **)((char *)c + size);
+  lua_createtable(L, 0, n);              /* 4: name -> field index */
   int i = 0;
   for (lua_pushnil(L); lua_next(L, 2); lua_pop(L, 1), i++) {
     if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
       return luaL_error(L, "core.options: a schema maps names to specs");
     compile(L, &c->f[i], lua_tostring(L, -2), lua_tostring(L, -1));
     c->keys[i] = c->f[i].key;
+    c->required += c->f[i].required;
+    lua_pushvalue(L, -2);
+    lua_pushinteger(L, i);
+    lua_rawset(L, 4);
   }
   c->keys[n] = NULL;
-  lua_pushvalue(L, 2);                   /* anchors the keys */
   lua_pushvalue(L, 1);                   /* anchors what */
-  lua_pushcclosure(L, run_checker, 3);
+  lua_pushcclosure(L, run_checker, 3);   /* the checker, the index, what */
   return 1;
 }
 
