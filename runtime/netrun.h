@@ -579,6 +579,15 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. A server's accepted channel is "fresh" until its peer
+ * has shown it speaks: by default its first byte read. A codec whose
+ * messages may drip in a byte at a time (the HTTP server codec's request
+ * heads) calls nr_channel_fresh_until_message as it is added, and
+ * nr_channel_established at its first whole message. When accept finds
+ * no free descriptor, the server closes its oldest fresh channels to let
+ * new ones in. Both do nothing to a channel that is not fresh. */
+void nr_channel_fresh_until_message(nr_channel_t *ch);
+void nr_channel_established(nr_channel_t *ch);
 /* Loop thread only. Whether ch keeps its loop alive while it is open
  * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
  * an idle pooled connection does not. Ignored once ch has closed. */
@@ -590,6 +599,11 @@ void nr_channel_set_ref(nr_channel_t *ch, bool ref);
  * the read under way and its read_complete, where answers are written,
  * come first. Nothing if the channel is closing already. */
 void nr_channel_close_when_idle(nr_channel_t *ch);
+/* Loop thread only. While held the channel reads nothing, whatever
+ * auto_read and read requests say: backpressure of a codec's own that the
+ * application's auto_read cannot undo (the HTTP server codec's body
+ * budget). Not counted: one holder. */
+void nr_channel_hold_reads(nr_channel_t *ch, bool held);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel

@@ -26,7 +26,7 @@ local POST = { method = "POST", headers = {} }
 -- the options every case adds to; numeric, options given as strings where
 -- numbers belong, taken (done(result) ends what they made; loop: the
 -- constructor runs only on a loop); wrong, { options, message } refused;
--- typo, { options, what it meant }.
+-- typo (and typo2), { options, what it meant }.
 local rows = {
   { name = "netrun.server", call = function(o) local r = netrun.server(o) return r end,
     base = { host = "127.0.0.1", port = 0 },
@@ -98,9 +98,11 @@ local rows = {
     wrong = { { { length = {} }, "length must be a size in bytes from 1 to 1099511627776, got a table" } },
     typo = { { lengh = 4 }, "length" } },
   { name = "netrun.codec.http_server", call = function(o) local r = netrun.codec.http_server(o) return r end,
-    numeric = { header_timeout = "2", max_body = "1m", max_headers = "50" },
-    wrong = { { { keepalive_timeout = "soon" }, 'keepalive_timeout must be a number of seconds from 0 to 1e9, got "soon"' } },
-    typo = { { max_bdy = 1 }, "max_body" } },
+    numeric = { header_timeout = "2", max_body = "1m", max_headers = "50", body_budget = "32m",
+                conn_body_budget = "8388608" },
+    wrong = { { { keepalive_timeout = "soon" }, 'keepalive_timeout must be a number of seconds from 0 to 1e9, got "soon"' },
+              { { conn_body_budget = -1 }, "conn_body_budget must be a size in bytes from 0 to 1125899906842624, got -1" } },
+    typo = { { max_bdy = 1 }, "max_body" }, typo2 = { { body_bugdet = 1 }, "body_budget" } },
   { name = "netrun.codec.http_client", call = function(o) local r = netrun.codec.http_client(o) return r end,
     numeric = { max_headers = "50", max_header = "16k" },
     wrong = { { { raw = "yes" }, 'raw must be a boolean, got "yes"' } },
@@ -124,15 +126,17 @@ local rows = {
     wrong = { { { path = 5 }, "path must be a string, got 5" } },
     typo = { { pth = "/m" }, "path" } },
   { name = "netrun.http.client", call = function(o) local r = netrun.http.client(o) return r end,
-    numeric = { pool = "4", timeout = "2", max_body = "1m", keepalive = "30" },
+    numeric = { pool = "4", timeout = "2", max_body = "1m", keepalive = "30", max_waiting = "16" },
     wrong = { { { pool = "many" }, 'pool must be an integer >= 1, got "many"' },
-              { { tls = tls_server }, "tls must be a netrun.tls.client config, got netrun.tls.server (generation 1)" } },
+              { { tls = tls_server }, "tls must be a netrun.tls.client config, got netrun.tls.server (generation 1)" },
+              { { follow_downgrade = "yes" }, 'follow_downgrade must be a boolean, got "yes"' } },
     typo = { { keepalvie = 1 }, "keepalive" } },
   { name = "netrun.http.request", call = function(o) local r = netrun.http.request(o) return r end,
     base = { url = "http://127.0.0.1:1/" }, numeric = { timeout = "0.5", max_body = "64k", follow = "2" },
     done = function(f) pcall(f.sync, f) end,
     wrong = { { { timeout = "soon" }, 'timeout must be a number of seconds from 0 to 1e9, got "soon"' },
-              { { headers = "x" }, 'headers must be a table, got "x"' } },
+              { { headers = "x" }, 'headers must be a table, got "x"' },
+              { { follow_downgrade = 1 }, "follow_downgrade must be a boolean, got 1" } },
     typo = { { ulr = "http://127.0.0.1:1/" }, "url" } },
   { name = "client:request", what = "netrun.http.request",
     call = function(o) local r = netrun.http.client {}:request(o) return r end,
@@ -235,9 +239,11 @@ describe("every constructor's options", function()
       end)
 
       it("answers a key near a real one with did you mean", function()
-        local k = next(row.typo[1])
-        assert.matches(expected(row, ("unknown option '%s' (did you mean '%s'?)"):format(k, row.typo[2])),
-          refused(row, row.typo[1]))
+        for _, typo in ipairs { row.typo, row.typo2 } do
+          local k = next(typo[1])
+          assert.matches(expected(row, ("unknown option '%s' (did you mean '%s'?)"):format(k, typo[2])),
+            refused(row, typo[1]))
+        end
       end)
 
       it("names the caller's line in a coroutine and on a loop", function()
