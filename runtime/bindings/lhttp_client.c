@@ -553,6 +553,17 @@ static int option_index(const char *k, size_t n) {
 static bool check_number(const lnr_opts_t *o, int i) {
   lua_State *L = o->L;
   const char *k = options[i].k;
+  if (lua_type(L, -1) == LUA_TNUMBER) {      /* the usual: checked inline */
+    if (i == LNR_HOPT_TIMEOUT) {
+      lua_Number s = lua_tonumber(L, -1);
+      if (s >= 0 && s <= 1e9)
+        return false;
+    } else if (lua_isinteger(L, -1)) {
+      lua_Integer v = lua_tointeger(L, -1);
+      if (v >= 0 && (i != LNR_HOPT_MAX_BODY || v <= LNR_OPT_SIZE_MAX))
+        return false;
+    }
+  }
   if (i == LNR_HOPT_TIMEOUT) {
     lnr_optv_seconds(o, k, -1);
     if (lua_type(L, -1) == LUA_TNUMBER)
@@ -578,8 +589,10 @@ static _Noreturn void unknown_option(lnr_opts_t *o, int idx) {
 }
 
 bool lnr_http_check_request(lua_State *L, int idx, int base) {
-  lnr_opts_t o;
-  lnr_opts_open(&o, L, idx, "netrun.http.request", NULL, true);
+  idx = lua_absindex(L, idx);
+  lnr_opts_t o = {.L = L, .t = idx, .what = "netrun.http.request"};
+  if (lua_type(L, idx) != LUA_TTABLE)       /* (raises) */
+    lnr_opts_open(&o, L, idx, o.what, NULL, true);
   bool forward = false, method_or_body = false, converted = false;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
