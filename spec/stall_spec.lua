@@ -201,7 +201,7 @@ describe("the stall detector", function()
   it("checks its options", function()
     assert.has_error(function() netrun.group { stall_threshold = -1 } end)
     assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
-      "netrun.group: stall_timeout must be a number of seconds, got string")
+      'netrun.group: stall_timeout must be a number of seconds from 0 to 1e9, got "soon"')
   end)
 end)
 

@@ -126,6 +126,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_state_size();                   /* the layout, before any state */
   lnr_open_state(L);
   lua_newtable(L);
+  lnr_open_opts(L);                   /* the kernel's option readers */
   for (size_t i = 0; i < NMODULES; i++)
     if (modules[i]->open != NULL)
       modules[i]->open(L);
