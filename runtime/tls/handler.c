@@ -100,6 +100,8 @@ typedef struct tls_s {
   bool peer_shut;                 /* the peer's close_notify came: input is
                                      over, the channel open for writing */
   bool handshaken;                /* the handshake completed (once) */
+  bool ku_over;                   /* the peer updated its keys too often */
+  uint64_t ku_tat;                /* key updates: when the next is due */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
   bool flush_owed;                /* a flush waits for the gather's end */
@@ -426,6 +428,37 @@ fail:
   return -1;
 }
 
+/* ---- key updates ------------------------------------------------------------- */
+
+/* A TLS 1.3 peer may update its keys (KeyUpdate, RFC 8446 4.6.3) when it
+ * likes, and SSL derives a new key for each: ~30 us for a ~40-byte
+ * record, a thousand times what the same bytes of data cost. A peer
+ * sending one byte of data between them (to pass OpenSSL's own count of
+ * key updates with nothing between, as Go's and BoringSSL's) could keep a
+ * loop busy for seconds. Real peers update after gigabytes (AES-GCM's
+ * limit is 2^24.5 records) or hours, so past KU_BURST at once and one
+ * per KU_EVERY after (a token bucket, kept as the time the next update is
+ * due: the generic cell rate algorithm) the connection fails, as OpenSSL
+ * plans to (one per 100 ms). Counted by SSL's info callback, set once a
+ * TLS 1.3 handshake completed: it runs as SSL's state machine moves, so a
+ * record of data costs nothing more; a key update about seven calls. */
+#define KU_BURST 32
+#define KU_EVERY NR_MS(100)
+
+static void count_key_update(const SSL *ssl, int where, int ret) {
+  (void)ret;
+  if (!(where & SSL_CB_LOOP))
+    return;
+  OSSL_HANDSHAKE_STATE st = SSL_get_state(ssl);
+  if (st != TLS_ST_SR_KEY_UPDATE && st != TLS_ST_CR_KEY_UPDATE)
+    return;                        /* (once per key update received) */
+  tls_t *s = BIO_get_data(SSL_get_rbio(ssl));
+  uint64_t now = nr_now();
+  s->ku_tat = (s->ku_tat > now ? s->ku_tat : now) + KU_EVERY;
+  if (s->ku_tat - now > KU_BURST * KU_EVERY)
+    s->ku_over = true;             /* decrypt() fails the connection */
+}
+
 /* Fire the event that tells the handlers what was agreed. */
 static void fire_event(tls_t *s) {
   nr_tls_event_t ev = {
@@ -460,6 +493,8 @@ static void handshake_done(tls_t *s) {
   s->st = ST_OPEN;
   s->handshaken = true;
   stop_timer(s);
+  if (SSL_version(s->ssl) == TLS1_3_VERSION)
+    SSL_set_info_callback(s->ssl, count_key_update);
   pw_t *q = s->queue;
   s->queue = NULL;
   s->qtail = &s->queue;
@@ -644,6 +679,19 @@ static void peer_closed(tls_t *s) {
     nr_channel_close_when_idle(ch);
 }
 
+/* The peer updated its keys too often (count_key_update): say so, close
+ * (SSL has no way to send an alert of our choosing). */
+static void key_update_flood(tls_t *s) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "tls: the peer updated its keys too often "
+           "(KeyUpdate: more than %d at once or %d a second)", KU_BURST,
+           (int)(NR_SEC(1) / KU_EVERY));
+  s->st = ST_DONE;
+  fail_queue(s, msg);
+  nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
+  nr_ctx_close(s->ctx, NULL);
+}
+
 /* Whether SSL has taken all the input there is: the next SSL_read could
  * only say "want read". */
 static bool input_done(tls_t *s) {
@@ -665,6 +713,10 @@ static void decrypt(tls_t *s, bool last) {
      * SSL_get_error reads. */
     int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
     wrote |= settle(s);           /* a key update's answer, an alert */
+    if (s->ku_over) {
+      key_update_flood(s);        /* what came with the updates is dropped */
+      break;
+    }
     bool done = rc == 1 && input_done(s);
     if (rc == 1) {
       have += n;
