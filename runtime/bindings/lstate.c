@@ -466,6 +466,7 @@ static int open_loop_state(lua_State *L) {
   const lnr_paths_t *paths = lua_touserdata(L, 1);
   luaL_openlibs(L);
   lnr_open_spawn(L);
+  lnr_open_print(L);
   lnr_open_coroutines(L);
   lua_gc(L, LUA_GCGEN, 0, 0);
   set_path(L, "path", paths->path);
