@@ -100,6 +100,7 @@ typedef struct tls_s {
   bool peer_shut;                 /* the peer's close_notify came: input is
                                      over, the channel open for writing */
   bool handshaken;                /* the handshake completed (once) */
+  bool shedding;                  /* nr_channel_set_handshaking(true) said */
   bool ku_over;                   /* the peer updated its keys too often */
   uint64_t ku_tat;                /* key updates: when the next is due */
   bool removed;                   /* removed during a call: free at its end */
@@ -489,9 +490,20 @@ static void fire_event(tls_t *s) {
 
 /* The handshake completed: encrypt what waited, then let the handlers
  * after this one see the channel (active, then the event). */
+/* A server's handshake under way: the channel may be shed when accept
+ * finds no free descriptor (a peer that drips its ClientHello holds one
+ * as a slowloris does), until the handshake completes. */
+static void mark_handshaking(tls_t *s, bool on) {
+  if (s->shedding != on && (s->bundle->server || !on)) {
+    s->shedding = on;
+    nr_channel_set_handshaking(nr_ctx_channel(s->ctx), on);
+  }
+}
+
 static void handshake_done(tls_t *s) {
   s->st = ST_OPEN;
   s->handshaken = true;
+  mark_handshaking(s, false);
   stop_timer(s);
   if (SSL_version(s->ssl) == TLS1_3_VERSION)
     SSL_set_info_callback(s->ssl, count_key_update);
@@ -1054,6 +1066,8 @@ static void tls_added(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   s->ctx = ctx;
   nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (s->st == ST_HANDSHAKE)
+    mark_handshaking(s, true);
   if (nr_channel_is_active(ch) && nr_channel_fired_active(ch)) {
     /* Added by hand: the handlers after this one saw channel_active. */
     s->active_seen = s->active_fired = true;
@@ -1066,6 +1080,7 @@ static void tls_added(nr_ctx_t *ctx) {
 
 static void tls_removed(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
+  mark_handshaking(s, false);
   drain(s);                        /* the way on stays: passed out */
   if (s->flush_owed) {
     s->flush_owed = false;
