@@ -123,6 +123,41 @@ local function serve_normal(port, step)
   return served, slowest
 end
 
+-- DRIPPERS dripping clients (head: what they drip, HEAD unless given)
+-- and drip_all(), which drips a byte on each once a second.
+local function dripping(port, head)
+  local drippers = {}
+  for i = 1, DRIPPERS do drippers[i] = drip_connect(port) end
+  local next_drip = socket.gettime()
+  local function drip_all()
+    if socket.gettime() >= next_drip then
+      for _, d in ipairs(drippers) do drip(d, port, head) end
+      next_drip = next_drip + 1
+    end
+  end
+  return drippers, drip_all
+end
+
+-- Two seconds of the attack: the server's table fills, the rest of the
+-- attackers wait in its listen queue.
+local function two_seconds_of(step)
+  local t0 = socket.gettime()
+  while socket.gettime() < t0 + 2 do
+    step()
+    socket.select(nil, nil, 0.05)
+  end
+end
+
+-- How many times the server closed the attackers; closes them all.
+local function closed_by_server(clients)
+  local n = 0
+  for _, d in ipairs(clients) do
+    n = n + (d.reconnects or 0)
+    d.c:close()
+  end
+  return n
+end
+
 describe("accept with the descriptors all taken", function()
   it("lets clients in past 320 idle keep-alive connections in 300 descriptors", function()
     local port = H.free_port()
@@ -134,19 +169,14 @@ describe("accept with the descriptors all taken", function()
     local function step() for _, d in ipairs(idlers) do idle_step(d, port) end end
     -- Until those that got in have their answers (the server's table is
     -- full of idle connections, the rest wait in its listen queue): 2 s
-    local t0 = socket.gettime()
-    while socket.gettime() < t0 + 2 do
-      step()
-      socket.select(nil, nil, 0.05)
-    end
+    two_seconds_of(step)
     local served, slowest = serve_normal(port, step)
-    local answered, reconnects = 0, 0      -- (answers: those closed after theirs too)
+    local answered = 0                      -- (those closed after theirs too)
     for _, d in ipairs(idlers) do
       if d.got:find("Hello, World!", 1, true) then answered = answered + 1 end
       answered = answered + (d.answers or 0)
-      reconnects = reconnects + (d.reconnects or 0)
-      d.c:close()
     end
+    local reconnects = closed_by_server(idlers)
     print(("  %d answers to idle clients; %d of %d served within 10 s (slowest %.2f s); %d idle closed")
       :format(answered, served, NORMAL, slowest, reconnects))
     assert.is_true(H.alive(pid), "the server died: " .. H.read_file(log))
@@ -160,50 +190,11 @@ describe("accept with the descriptors all taken", function()
     local pid, log = H.start("examples/http_hello.lua", port, "",
       ("sh -c 'ulimit -n %d && exec \"$0\" \"$@\"'"):format(NOFILE))
     finally(function() H.stop(pid); os.remove(log) end)
-    local drippers = {}
-    for i = 1, DRIPPERS do drippers[i] = drip_connect(port) end
-    -- Two seconds of dripping: the server's table is full, the rest of
-    -- the drippers wait in its listen queue.
-    local t0 = socket.gettime()
-    local next_drip = t0
-    local function drip_all()
-      local now = socket.gettime()
-      if now >= next_drip then
-        for _, d in ipairs(drippers) do drip(d, port) end
-        next_drip = next_drip + 1
-      end
-    end
-    while socket.gettime() < t0 + 2 do
-      drip_all()
-      socket.select(nil, nil, 0.05)
-    end
+    local drippers, drip_all = dripping(port)
+    two_seconds_of(drip_all)
     -- Ten clients come; each must be served within 10 s of its connect.
-    local normal = {}
-    for i = 1, NORMAL do normal[i] = normal_start(port) end
-    local deadline = socket.gettime() + 10
-    while socket.gettime() < deadline do
-      local all = true
-      local rs = {}
-      for _, n in ipairs(normal) do
-        if not normal_step(n) then all = false; rs[#rs + 1] = n.c end
-      end
-      if all then break end
-      drip_all()
-      socket.select(rs, nil, 0.05)     -- (a wait for their answers, bounded)
-    end
-    local served, slowest = 0, 0
-    for _, n in ipairs(normal) do
-      if n.ok and n.took <= 10 then
-        served = served + 1
-        slowest = math.max(slowest, n.took)
-      end
-      n.c:close()
-    end
-    local reconnects = 0
-    for _, d in ipairs(drippers) do
-      reconnects = reconnects + (d.reconnects or 0)
-      d.c:close()
-    end
+    local served, slowest = serve_normal(port, drip_all)
+    local reconnects = closed_by_server(drippers)
     print(("  %d of %d served within 10 s (slowest %.2f s); %d drippers closed by the server")
       :format(served, NORMAL, slowest, reconnects))
     assert.is_true(H.alive(pid), "the server died: " .. H.read_file(log))
@@ -224,19 +215,8 @@ describe("accept with the descriptors all taken", function()
     finally(function() H.stop(pid); os.remove(log); os.execute("rm -rf " .. dir) end)
     -- a ClientHello's record header and the start of its handshake header
     local HELLO = "\22\3\1\0\200\1\0\0\196\3\3"
-    local drippers = {}
-    for i = 1, DRIPPERS do drippers[i] = drip_connect(port) end
-    local t0, next_drip = socket.gettime(), socket.gettime()
-    local function drip_all()
-      if socket.gettime() >= next_drip then
-        for _, d in ipairs(drippers) do drip(d, port, HELLO) end
-        next_drip = next_drip + 1
-      end
-    end
-    while socket.gettime() < t0 + 2 do
-      drip_all()
-      socket.select(nil, nil, 0.05)
-    end
+    local drippers, drip_all = dripping(port, HELLO)
+    two_seconds_of(drip_all)
     -- Ten TLS clients come (Python's ssl), each to be answered within 10 s.
     os.execute(("python3 spec/fixtures/tls_clients.py %d %d 10 > %s.tmp 2>&1 && mv %s.tmp %s &")
       :format(port, NORMAL, out, out, out))
@@ -245,11 +225,7 @@ describe("accept with the descriptors all taken", function()
       drip_all()
       socket.select(nil, nil, 0.05)
     end
-    local reconnects = 0
-    for _, d in ipairs(drippers) do
-      reconnects = reconnects + (d.reconnects or 0)
-      d.c:close()
-    end
+    local reconnects = closed_by_server(drippers)
     local served, slowest = H.read_file(out):match("^(%d+) ([%d.]+)")
     print(("  %s of %d served within 10 s (slowest %s s); %d drippers closed by the server")
       :format(tostring(served), NORMAL, tostring(slowest), reconnects))
