@@ -16,6 +16,7 @@
 #include <lualib.h>
 
 #include "lmain.h"
+#include "lnr.h"
 
 static int l_print(lua_State *L) {
   int n = lua_gettop(L);
@@ -40,3 +41,5 @@ void lnr_open_print(lua_State *L) {
   lua_pushcfunction(L, l_print);
   lua_setglobal(L, "print");
 }
+
+lnr_module_t lnr_print_module = {.name = "print", .libs = lnr_open_print};
