@@ -1,3 +1,10 @@
+--- Host names resolved without blocking a loop:
+-- `netrun.dns`, loaded on first use. `netrun.connect`, `netrun.tcp.connect`
+-- and URLs use it. Per-state settings are fields of the module: `ttl`
+-- (30 s, the most an answer is cached), `negative_ttl` (5 s),
+-- `max_entries` (1024 names, process-wide), `timeout` (10 s a lookup).
+-- @module netrun.dns
+
 -- netrun.dns: host names resolved without blocking a loop (DESIGN.md §8.3).
 --
 -- resolve(name [, { family = "inet" | "inet6" }]) --> future of an array of
@@ -38,8 +45,6 @@ local function split(s)
   return t
 end
 
-local FAMILIES = { inet = true, inet6 = true }
-
 -- Whether a failure says something of the name, to be cached: not the
 -- resolver's bound on lookups (runtime/resolver.c) nor its cancelling
 -- them as the process shuts down.
@@ -47,20 +52,13 @@ local function of_the_name(cause)
   return not (cause:find("(max_inflight, max_waiting)", 1, true) or cause:find("^cancelled"))
 end
 
+local check_resolve = core.options("netrun.dns.resolve", { family = "enum inet inet6" })
+
 local function check(name, opts)
   if type(name) ~= "string" or name == "" then
-    error("netrun.dns.resolve: name must be a non-empty string, got " ..
-      (name == "" and "an empty string" or type(name)), 3)
+    core.option_error("netrun.dns.resolve", "name", name, "a non-empty string")
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    error("netrun.dns.resolve: options must be a table, got " .. type(opts), 3)
-  end
-  local family = opts and opts.family
-  if family ~= nil and not FAMILIES[family] then
-    error("netrun.dns.resolve: family must be \"inet\", \"inet6\" or nil, got " ..
-      tostring(family), 3)
-  end
-  return family
+  return opts ~= nil and check_resolve(opts).family or nil
 end
 
 -- The cache's answer, then the resolver's, into promise p.
@@ -95,6 +93,15 @@ local function lookup(p, name, family, key)
   return p
 end
 
+--- Resolve a host name without blocking a loop: a numeric address and
+-- "localhost" at once, other names by c-ares on the resolver's thread,
+-- answers cached for every state (their TTL, at most `ttl` seconds;
+-- failures `negative_ttl`). Callers of one name share one lookup.
+-- @string name the host name
+-- @tparam[opt] table opts
+-- @string[opt] opts.family "inet" (IPv4) or "inet6" (IPv6); default both
+-- @treturn future of an array of address strings, in the resolver's order (RFC 6724)
+-- @usage local addrs = netrun.dns.resolve("example.com"):await()
 function dns.resolve(name, opts)
   local family = check(name, opts)
   local p = core.promise()
@@ -104,10 +111,12 @@ function dns.resolve(name, opts)
   return lookup(p, name, family, (family or "any") .. " " .. name:lower())
 end
 
+--- The process's resolver settings, from the next lookup on.
+-- @tparam table opts
+-- @param[opt] opts.servers name servers, `{ "127.0.0.1:5353", ... }` or `"a,b"`; false: the system's (or `NETRUN_DNS_SERVERS`)
+-- @int[opt=256] opts.max_inflight distinct names looked up at once
+-- @int[opt=4096] opts.max_waiting names waiting for a slot; past it a lookup fails at once
 function dns.configure(opts)
-  if type(opts) ~= "table" then
-    error("netrun.dns.configure: expected a table of options, got " .. type(opts), 2)
-  end
   core.dns_configure(opts)
 end
 

@@ -1,3 +1,13 @@
+--- WebSocket (RFC 6455): `netrun.websocket`, loaded on
+-- first use, on the native codec `netrun.codec.websocket`: frames parsed
+-- and masked in C, fragments reassembled, text checked as UTF-8, pings
+-- answered, the close handshake done for you. Handlers read
+-- `{ type = "text" | "binary", data = "..." }` and write a string (a text
+-- frame) or `{ type = "binary" | "ping" | "pong" | "close", data, code,
+-- reason }`; the peer's close comes as the user event
+-- `{ type = "close", code, reason }`. README, "WebSocket".
+-- @module netrun.websocket
+
 -- netrun.websocket: WebSocket (RFC 6455, DESIGN.md §8.3) on the native
 -- codec (runtime/codec/ws.c, runtime/bindings/lws.c).
 --
@@ -38,6 +48,21 @@ local function has_token(v, token)
   return false
 end
 
+-- The options, checked by lopts.c's readers (core.options): numeric
+-- strings are numbers, sizes may be "64k".
+local LIMITS = { max_message = "size 1", max_frame = "size 1", close_timeout = "seconds",
+                 frame_timeout = "seconds", inflate_ratio = "integer 0" }
+local function schema(t)
+  for k, v in pairs(LIMITS) do t[k] = v end
+  return t
+end
+local check_upgrade = core.options("netrun.websocket.upgrade",
+  schema { protocols = "strings", deflate = "boolean" })
+local check_connect = core.options("netrun.websocket.connect",
+  schema { url = "string!", protocols = "strings", deflate = "boolean", headers = "table",
+           timeout = "seconds", tls = "tls.client", init = "function", group = "group" })
+local option_error = core.option_error
+
 local configs = {}            -- one codec config per set of limits, per state
 
 local function config(opts)
@@ -71,11 +96,28 @@ local function choose(offered, protocols)
   return nil
 end
 
+local NONE = {}
+
+--- Upgrade an HTTP request to a WebSocket, from the `channel_read` of the
+-- handler after `netrun.codec.http_server` that got the request: answers
+-- 101 (the first of `protocols` the client offered) and puts the WebSocket
+-- codec where the HTTP codec was; bytes the client sent after its request
+-- go to it. The handler keeps its place and reads the messages next. A
+-- request that is no valid upgrade is answered 400, 405 or 426 here. The
+-- 101 is flushed when the handler call returns: add the channel to a
+-- channel group before then, in the same call.
+-- @tparam ctx ctx the handler's ctx
+-- @param req the request
+-- @tparam[opt] table opts the codec's options (`netrun.codec.websocket`: `max_message`, `max_frame`, `close_timeout`, `frame_timeout`, `inflate_ratio`) and:
+-- @tparam[opt] {string,...} opts.protocols subprotocols this server speaks, by preference
+-- @bool[opt=false] opts.deflate accept permessage-deflate when the client offers it
+-- @treturn[1] bool true
+-- @treturn[1] string|nil the protocol chosen
+-- @treturn[2] nil
+-- @treturn[2] string why (the request was answered with an error status)
+-- @usage if req.headers.upgrade then return netrun.websocket.upgrade(ctx, req) end
 function M.upgrade(ctx, req, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error("netrun.websocket.upgrade: options must be a table, got " .. type(opts), 2)
-  end
+  opts = check_upgrade(opts) or NONE
   local h = req.headers
   if req.method ~= "GET" then
     return refuse(ctx, 405, "websocket upgrade: the method must be GET", { allow = "GET" })
@@ -121,18 +163,34 @@ local function parse_url(url)
 end
 
 local function check_header(k, v)
-  if type(k) ~= "string" or type(v) ~= "string" or find(k, "[^%w%-_]") or find(v, "[\r\n]") then
-    error("netrun.websocket.connect: bad header " .. tostring(k), 3)
+  if type(k) ~= "string" or find(k, "[^%w%-_]") then
+    option_error("netrun.websocket.connect", "headers", k, "a table of header names (letters, " ..
+      "digits, - and _)")
+  end
+  if type(v) ~= "string" or find(v, "[\r\n]") then
+    option_error("netrun.websocket.connect", "headers." .. k, v, "a string without CR or LF")
   end
 end
 
+--- Connect a WebSocket client: TCP (TLS for `wss://`), the HTTP handshake,
+-- then a channel whose handlers read and write messages as a server's do.
+-- The handlers `init` adds see `channel_active` once the 101 came. The
+-- codec's options (`max_message`, ...) are taken as `upgrade` takes them.
+-- @tparam table opts
+-- @string opts.url `ws://host[:port][/path]` or `wss://...`
+-- @tparam[opt] function opts.init `init(ch)`, adds the handlers
+-- @tparam[opt] {string,...} opts.protocols subprotocols to offer
+-- @tparam[opt] table opts.headers extra handshake fields
+-- @bool[opt=false] opts.deflate offer permessage-deflate
+-- @number[opt=10] opts.timeout seconds for the connect and the handshake
+-- @param[opt] opts.tls a `netrun.tls.client` config (default: the system's CAs, the URL's host)
+-- @tparam[opt] group opts.group where the channel lives (a loop may be given)
+-- @treturn future of the channel, once the server accepted the handshake
 function M.connect(opts)
-  if type(opts) ~= "table" or type(opts.url) ~= "string" then
-    error("netrun.websocket.connect: expects { url = \"ws://host:port/path\", ... }", 2)
-  end
+  opts = check_connect(opts)
   local scheme, host, port, path, hostport = parse_url(opts.url)
   if not scheme then
-    error("netrun.websocket.connect: url must be ws:// or wss://host[:port][/path], got " .. opts.url, 2)
+    option_error("netrun.websocket.connect", "url", opts.url, "ws:// or wss://host[:port][/path]")
   end
   local key = core.ws.key()
   local lines = { "GET ", path, " HTTP/1.1\r\nHost: ", hostport,

@@ -14,6 +14,10 @@
  * state. Being plain bytes, it is copied when it crosses states (as an
  * upvalue of `init`, say).
  */
+
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <string.h>
 
@@ -57,38 +61,6 @@ static void register_msgs(void) {
   lnr_register_msg(NR_MSG_RESP, push_resp);
 }
 
-/* ---- option helpers ------------------------------------------------------ */
-
-static double opt_seconds(lua_State *L, int t, const char *k, const char *what) {
-  double s = 0;
-  if (lua_getfield(L, t, k) != LUA_TNIL)
-    s = lnr_checkseconds(L, -1, what);
-  lua_pop(L, 1);
-  return s;
-}
-
-static size_t opt_size(lua_State *L, int t, const char *k, size_t def,
-                       const char *what) {
-  size_t v = def;
-  if (lua_getfield(L, t, k) != LUA_TNIL) {
-    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)
-      luaL_error(L, "%s: %s must be a positive integer", what, k);
-    v = (size_t)lua_tointeger(L, -1);
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
-/* The options table at 1 (optional), as an absolute index or 0. */
-static int opts(lua_State *L, const char *what) {
-  if (lua_isnoneornil(L, 1))
-    return 0;
-  if (!lua_istable(L, 1))
-    luaL_error(L, "%s: expected an options table, got a %s", what,
-               luaL_typename(L, 1));
-  return 1;
-}
-
 static void *new_native(lua_State *L, size_t size, const char *mt,
                         lnr_native_fn make) {
   void *u = lua_newuserdatauv(L, size, 0);
@@ -115,13 +87,33 @@ static const nr_handler_t *make_idle(lua_State *L, int idx, void **state) {
   return &nr_idle_handler;
 }
 
+/***
+Handlers: `netrun.handler`.
+Native handlers; like codecs, a constructor returns a configuration that
+makes a fresh handler each time it is added to a pipeline.
+@section handler
+*/
+
+/***
+Fires a user event `{ idle = "reader" | "writer" | "all", first = bool }`
+when the channel has read nothing (reader), written nothing (writer), or
+neither (all) for that long (Netty's IdleStateHandler).
+@function handler.idle_state
+@tparam[opt] table opts
+@number[opt=0] opts.reader seconds without a read (0: not watched)
+@number[opt=0] opts.writer seconds without a write
+@number[opt=0] opts.all seconds without either
+@return a handler configuration
+@usage ch:pipeline():add_last("idle", netrun.handler.idle_state { reader = 30 })
+*/
+
 static int l_idle_state(lua_State *L) {
-  static const char *const keys[] = {"reader", "writer", "all"};
-  const char *what = "netrun.handler.idle_state";
-  int t = opts(L, what);
+  static const char *const keys[] = {"reader", "writer", "all", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.handler.idle_state", keys, false);
   idle_cfg_t cfg = {{0}};
-  for (int k = 0; t && k < 3; k++)
-    cfg.t[k] = lnr_ns(opt_seconds(L, t, keys[k], what));
+  for (int k = 0; k < 3; k++)                 /* seconds; 0: not watched */
+    cfg.t[k] = lnr_opt_seconds(&t, keys[k], 0);
   *(idle_cfg_t *)new_native(L, sizeof cfg, IDLE_MT, make_idle) = cfg;
   return 1;
 }
@@ -134,15 +126,21 @@ static const nr_handler_t *make_logging(lua_State *L, int idx, void **state) {
   return &nr_logging_handler;
 }
 
+/***
+Logs every event that passes through it, in both directions, and passes
+it on (Netty's LoggingHandler).
+@function handler.logging
+@tparam[opt] table opts
+@string[opt="debug"] opts.level "debug", "info", "warn" or "error"
+@return a handler configuration
+*/
+
 static int l_logging(lua_State *L) {
+  static const char *const keys[] = {"level", NULL};
   static const char *const levels[] = {"debug", "info", "warn", "error", NULL};
-  int t = opts(L, "netrun.handler.logging");
-  logging_cfg_t cfg = {NR_LOG_DEBUG};
-  if (t) {
-    lua_getfield(L, t, "level");
-    cfg.level = luaL_checkoption(L, -1, "debug", levels);
-    lua_pop(L, 1);
-  }
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.handler.logging", keys, false);
+  logging_cfg_t cfg = {lnr_opt_enum(&t, "level", NR_LOG_DEBUG, levels)};
   *(logging_cfg_t *)new_native(L, sizeof cfg, LOGGING_MT, make_logging) = cfg;
   return 1;
 }
@@ -155,17 +153,37 @@ static const nr_handler_t *make_resp(lua_State *L, int idx, void **state) {
   return &nr_resp_handler;
 }
 
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
+
+/***
+RESP (Redis protocol) requests in, each an array of strings (inline
+commands too); replies out as written. Past a limit: `-ERR Protocol
+error: ...`, then close.
+@function codec.resp
+@tparam[opt] table opts
+@int[opt=1048576] opts.max_bulk the largest bulk string
+@int[opt=1024] opts.max_args the most arguments of one command
+@int[opt=65536] opts.max_inline the longest inline command
+@int[opt=67108864] opts.max_request the largest request, headers and data
+@return a codec configuration
+*/
+
 static int l_resp(lua_State *L) {
-  const char *what = "netrun.codec.resp";
-  int t = opts(L, what);
-  resp_cfg_t cfg = {{NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS, NR_RESP_MAX_INLINE,
-                     NR_RESP_MAX_REQUEST}};
-  if (t) {
-    cfg.lim.max_bulk = opt_size(L, t, "max_bulk", cfg.lim.max_bulk, what);
-    cfg.lim.max_args = opt_size(L, t, "max_args", cfg.lim.max_args, what);
-    cfg.lim.max_inline = opt_size(L, t, "max_inline", cfg.lim.max_inline, what);
-    cfg.lim.max_request = opt_size(L, t, "max_request", cfg.lim.max_request, what);
-  }
+  static const char *const keys[] = {"max_bulk", "max_args", "max_inline",
+                                     "max_request", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.codec.resp", keys, false);
+  nr_resp_limits_t lim = {NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS,
+                          NR_RESP_MAX_INLINE, NR_RESP_MAX_REQUEST};
+  resp_cfg_t cfg = {{
+      lnr_opt_size(&t, "max_bulk", lim.max_bulk, 1, LNR_OPT_SIZE_MAX),
+      (size_t)lnr_opt_integer(&t, "max_args", (lua_Integer)lim.max_args, 1,
+                              LUA_MAXINTEGER),
+      lnr_opt_size(&t, "max_inline", lim.max_inline, 1, LNR_OPT_SIZE_MAX),
+      lnr_opt_size(&t, "max_request", lim.max_request, 1, LNR_OPT_SIZE_MAX)}};
   *(resp_cfg_t *)new_native(L, sizeof cfg, RESP_MT, make_resp) = cfg;
   return 1;
 }

@@ -13,6 +13,10 @@
  * Threads: the walks run on the thread of the state they are given; the
  * layout is computed once, before the first state is made.
  */
+
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <stdalign.h>
 #include <stddef.h>
@@ -46,6 +50,7 @@
   X(redis)         /* lredis.c: core.redis */                               \
   X(stall)         /* lstall.c: the stall watchdog's hook, coroutines */    \
   X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */  \
+  X(print)         /* lprint.c: print writing whole lines in loop states */ \
   X(nats)          /* lnats.c: core.nats, the wire under netrun.nats */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
@@ -107,6 +112,12 @@ bool lnr_modules_teardown(lua_State *L) {
 
 /* ---- netrun.core -------------------------------------------------------- */
 
+/***
+The monotonic clock, in seconds (for measuring intervals, not dates).
+@function now
+@treturn number
+*/
+
 /* core.now(): the monotonic clock in seconds. */
 static int l_now(lua_State *L) {
   lua_pushnumber(L, (double)nr_now() / 1e9);
@@ -117,6 +128,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_state_size();                   /* the layout, before any state */
   lnr_open_state(L);
   lua_newtable(L);
+  lnr_open_opts(L);                   /* the kernel's option readers */
   for (size_t i = 0; i < NMODULES; i++)
     if (modules[i]->open != NULL)
       modules[i]->open(L);

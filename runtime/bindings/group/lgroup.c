@@ -11,6 +11,10 @@
  * How long the process lives (netrun.run) and shutting every group down
  * are lrun.c's; what both share, lgroup.h's.
  */
+
+/***
+@module netrun
+*/
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -117,10 +121,10 @@ static void on_terminated(nr_promise_t *p, void *arg) {
 
 static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
                               int io_ratio, bool executor,
-                              size_t max_pending, size_t mem_limit, int opts) {
+                              size_t max_pending, size_t mem_limit,
+                              const lnr_opts_t *opts) {
   nr_group_opts_t stall = {0};                /* may raise: before calloc */
-  lnr_stall_options(L, opts, executor ? "netrun.executor_group"
-                                      : "netrun.group", executor, &stall);
+  lnr_stall_options(opts, executor, &stall);
   lnr_group_t *g = calloc(1, sizeof *g);
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
@@ -157,75 +161,78 @@ static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
 }
 
 /* The options netrun.group and netrun.executor_group know: a key not
- * listed raises (lnr_check_options), so a new option is added here too.
+ * listed raises (lnr_opts_open), so a new option is added here too.
  * stall_threshold and stall_timeout are read by the stall detector. */
 static const char *const group_keys[] = {
     "threads", "name", "io_ratio", "daemon", "stall_threshold",
     "stall_timeout", "max_pending_tasks", "lua_memory_limit", NULL};
 
-static lua_Integer opt_integer(lua_State *L, int t, const char *k,
-                               lua_Integer dflt, const char *what) {
-  int type = lua_getfield(L, t, k);
-  if (type != LUA_TNIL && !lua_isinteger(L, -1))
-    luaL_error(L, "%s: %s must be an integer, got %s", what, k,
-               type == LUA_TNUMBER ? "a float" : luaL_typename(L, -1));
-  lua_Integer v = type == LUA_TNIL ? dflt : lua_tointeger(L, -1);
-  lua_pop(L, 1);
-  return v;
-}
-
-static int opt_int(lua_State *L, int t, const char *k, int dflt,
-                   const char *what) {
-  lua_Integer v = opt_integer(L, t, k, dflt, what);
-  return v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
+/* lua_memory_limit: 0 (none) or at least LUA_MEMORY_MIN bytes. */
+static size_t opt_memory(const lnr_opts_t *o) {
+  static const char k[] = "lua_memory_limit";
+  size_t mem = LUA_MEMORY_LIMIT;
+  if (o->t && lua_getfield(o->L, o->t, k) != LUA_TNIL) {
+    mem = lnr_optv_size(o, k, -1, 0, LNR_OPT_SIZE_MAX);
+    if (mem != 0 && mem < (size_t)LUA_MEMORY_MIN)
+      lnr_opt_bad(o, k, -1, "0 (none) or a size of at least 1048576 bytes");
+  }
+  if (o->t)
+    lua_pop(o->L, 1);
+  return mem;
 }
 
 static int new_group(lua_State *L, bool executor) {
-  const char *what = executor ? "netrun.executor_group" : "netrun.group";
-  if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
-    return luaL_error(L, "%s: expected a table of options, got %s", what,
-                      luaL_typename(L, 1));
-  if (lua_isnoneornil(L, 1))
-    lua_newtable(L), lua_replace(L, 1);
-  lnr_check_options(L, 1, what, group_keys);
-  int threads = opt_int(L, 1, "threads", 0, what);
-  int ratio = opt_int(L, 1, "io_ratio", 50, what);
-  if (lua_getfield(L, 1, "name") != LUA_TNIL && !lua_isstring(L, -1))
-    return luaL_error(L, "%s: name must be a string, got %s", what,
-                      luaL_typename(L, -1));
-  const char *name = luaL_optstring(L, -1, executor ? "executor" : "worker");
-  if (threads < 0 || threads > 1024)
-    return luaL_error(L, "%s: threads must be between 1 and 1024, got %d",
-                      what, threads);
-  if (ratio < 1 || ratio > 100)
-    return luaL_error(L, "%s: io_ratio must be between 1 and 100, got %d",
-                      what, ratio);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, executor ? "netrun.executor_group" : "netrun.group",
+                group_keys, false);
+  /* threads = 0: NETRUN_THREADS (`netrun -t N`), else the core's choice */
+  int threads = (int)lnr_opt_integer(&o, "threads", 0, 0, 1024);
+  int ratio = (int)lnr_opt_integer(&o, "io_ratio", 50, 1, 100);
+  const char *name = lnr_opt_string(&o, "name", executor ? "executor"
+                                                         : "worker", NULL);
   if (threads == 0) {
-    lua_getglobal(L, "NETRUN_THREADS");       /* set by `netrun -t N` */
+    lua_getglobal(L, "NETRUN_THREADS");
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
-  lua_Integer max_pending = opt_integer(L, 1, "max_pending_tasks",
-                                        MAX_PENDING_TASKS, what);
-  if (max_pending < 1)
-    return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
-                      max_pending);
-  lua_Integer mem = opt_integer(L, 1, "lua_memory_limit",
-                                (lua_Integer)LUA_MEMORY_LIMIT, what);
-  if (mem != 0 && mem < LUA_MEMORY_MIN)
-    return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
-                      "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
-  int dt = lua_getfield(L, 1, "daemon");
-  if (dt != LUA_TNIL && dt != LUA_TBOOLEAN)
-    return luaL_error(L, "%s: daemon must be a boolean, got %s", what,
-                      luaL_typename(L, -1));
-  bool daemon = lua_toboolean(L, -1);
+  lua_Integer max_pending = lnr_opt_integer(&o, "max_pending_tasks",
+                                            MAX_PENDING_TASKS, 1,
+                                            LUA_MAXINTEGER);
+  size_t mem = opt_memory(&o);
+  bool daemon = lnr_opt_boolean(&o, "daemon", false);
   lnr_group_t *g = group_new(L, name, threads, ratio, executor,
-                             (size_t)max_pending, (size_t)mem, 1);
+                             (size_t)max_pending, mem, &o);
   g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
 }
+
+/***
+Make a group of event loops (Netty's NioEventLoopGroup): `threads` loops,
+each a thread with its own epoll selector and its own Lua state, started
+on its first task. A channel registered with a loop stays on it for life.
+@function group
+@tparam[opt] table opts the options; an unknown key raises
+@int[opt] opts.threads how many loops (1..1024; default: the number of CPUs, or `netrun -t N`)
+@string[opt="worker"] opts.name the loops are named name-1, name-2, ...
+@int[opt=50] opts.io_ratio percent of a turn given to I/O rather than tasks (1..100; 100: run every task each turn)
+@bool[opt=false] opts.daemon a daemon group keeps no process alive (`netrun.run`)
+@number[opt=1] opts.stall_threshold seconds a task or handler call may run before the stall detector logs it (0: off)
+@number[opt] opts.stall_timeout seconds after which a stuck Lua call is interrupted with "stalled for N s" (default: off)
+@int[opt=1000000] opts.max_pending_tasks tasks queued on one loop before `execute` and `submit` raise
+@int[opt=536870912] opts.lua_memory_limit bytes of Lua memory per loop state (0: none; at least 1 MiB)
+@treturn group the group
+@usage local workers = netrun.group { threads = 4, name = "worker" }
+*/
+/***
+Make a group of executors: task threads with no selector, for blocking work
+(`pipeline:add_last(group, name, h)` runs a handler there). Their threads may
+block in `future:sync`. Options as `group` (`io_ratio` aside; stalls are
+not watched by default); the default name is "executor".
+@function executor_group
+@tparam[opt] table opts the options, as `group`'s
+@treturn group the group
+*/
 
 static int l_group(lua_State *L) { return new_group(L, false); }
 static int l_executor_group(lua_State *L) { return new_group(L, true); }
@@ -245,7 +252,7 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
     lua_pop(L, 1);
   }
   g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
-                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, 0);
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, NULL);
   pthread_mutex_lock(&lnr_live_lock);
   lnr_group_t **slot = boss ? &default_boss : &default_workers;
   if (*slot == NULL) {
@@ -397,6 +404,22 @@ static lnr_blob_t *pack_task(lua_State *L, int from, int n, const char *what) {
   return lnr_pack(L, from, n, what);
 }
 
+/***
+A group of event loops or executors, made by `group` or `executor_group`.
+`#g` is its number of loops. Work sent to a group goes to `g:next()`;
+functions and arguments are copied into the loop's state (as the `netrun` module says of values).
+@type group
+*/
+
+/***
+Run `fn(...)` on the next loop. `fn` and its arguments are copied to that
+loop's state; an error it raises is logged. Past `max_pending_tasks`
+queued, raises (Netty's RejectedExecutionException); after shutdown, raises.
+@function group:execute
+@tparam function fn the task
+@param ... its arguments
+*/
+
 static int l_execute(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -404,6 +427,15 @@ static int l_execute(lua_State *L) {
   lnr_send_task(L, loop, b, NULL);
   return 0;
 }
+
+/***
+Run `fn(...)` on the next loop; a future of its first result (copied
+back), failed by its error.
+@function group:submit
+@tparam function fn the task
+@param ... its arguments
+@treturn future of fn's first result
+*/
 
 static int l_submit(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
@@ -507,10 +539,31 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   return 1;
 }
 
+/***
+Run `fn(...)` once after `delay` seconds, on the next loop.
+@function group:schedule
+@number delay seconds (0: as soon as possible)
+@tparam function fn the task
+@param ... its arguments
+@treturn future of fn's first result; `cancel()` it to cancel the task
+*/
+
 static int l_schedule(lua_State *L) {
   double d = lnr_checkseconds(L, 2, "schedule");
   return schedule(L, 1, d, 0);
 }
+
+/***
+Run `fn(...)` after `initial` seconds, then every `period` seconds from
+its start times (Netty's scheduleAtFixedRate). A run that raises is logged
+and stops the repetition.
+@function group:schedule_at_fixed_rate
+@number initial seconds before the first run
+@number period seconds between starts (> 0)
+@tparam function fn the task
+@param ... its arguments
+@treturn future that completes only when cancelled or failed; `cancel()` stops it
+*/
 
 static int l_fixed_rate(lua_State *L) {
   double d = lnr_checkseconds(L, 2, "schedule_at_fixed_rate");
@@ -519,6 +572,17 @@ static int l_fixed_rate(lua_State *L) {
     return luaL_error(L, "schedule_at_fixed_rate: period must be > 0");
   return schedule(L, 2, d, (int64_t)lnr_ns(p));
 }
+
+/***
+Run `fn(...)` after `initial` seconds, then again `delay` seconds after
+each run ends (Netty's scheduleWithFixedDelay).
+@function group:schedule_with_fixed_delay
+@number initial seconds before the first run
+@number delay seconds between a run's end and the next start (> 0)
+@tparam function fn the task
+@param ... its arguments
+@treturn future that completes only when cancelled or failed; `cancel()` stops it
+*/
 
 static int l_fixed_delay(lua_State *L) {
   double d = lnr_checkseconds(L, 2, "schedule_with_fixed_delay");
@@ -534,6 +598,17 @@ static double secs(lua_State *L, int idx) {
   return lnr_checkseconds(L, idx, "shutdown_gracefully");
 }
 
+/***
+Shut the group down gracefully: each loop cancels its
+scheduled tasks, closes its channels (flushing what they accepted), runs
+what is queued and terminates once no task ran for `quiet` seconds, or
+after `timeout`. Tasks submitted after the shutdown raise.
+@function group:shutdown_gracefully
+@number[opt=2] quiet the quiet period, seconds
+@number[opt=15] timeout the most it may take, seconds
+@treturn future the termination future
+*/
+
 static int l_shutdown(lua_State *L) {
   double quiet = luaL_opt(L, secs, 2, 2.0);
   double timeout = luaL_opt(L, secs, 3, 15.0);
@@ -547,6 +622,12 @@ static int l_shutdown(lua_State *L) {
   lnr_push_promise(L, nr_promise_retain(p));
   return 1;
 }
+
+/***
+The future that completes once every loop of the group has terminated.
+@function group:termination_future
+@treturn future
+*/
 
 static int l_termination(lua_State *L) {
   lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
@@ -562,6 +643,22 @@ static int l_termination(lua_State *L) {
     lua_pushboolean(L, g ? gfn(g->g) : lfn(lnr_check_handle(L, 1, LNR_LOOP))); \
     return 1;                                                              \
   }
+/***
+Whether a graceful shutdown has begun.
+@function group:is_shutting_down
+@treturn bool
+*/
+/***
+Whether the group is shut down (no task is accepted any more).
+@function group:is_shutdown
+@treturn bool
+*/
+/***
+Whether every loop has terminated.
+@function group:is_terminated
+@treturn bool
+*/
+
 PRED(l_is_shutting_down, nr_group_is_shutting_down, nr_loop_is_shutting_down)
 PRED(l_is_shutdown, nr_group_is_shutdown, nr_loop_is_shutdown)
 PRED(l_is_terminated, nr_group_is_terminated, nr_loop_is_terminated)
@@ -600,6 +697,12 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_setfield(L, -2, "lua_memory");
 }
 
+/***
+The stats of every loop, as `loop:stats` gives them.
+@function group:stats
+@treturn {table,...} one table per loop
+*/
+
 static int l_stats(lua_State *L) {
   lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
   if (g == NULL) {
@@ -615,11 +718,24 @@ static int l_stats(lua_State *L) {
   return 1;
 }
 
+/***
+The next loop, round robin (a power-of-two mask when the size is one);
+a stalled loop is skipped while it stalls.
+@function group:next
+@treturn loop
+*/
+
 static int l_next(lua_State *L) {
   lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
   lnr_push_handle(L, LNR_LOOP, nr_group_next(g->g));
   return 1;
 }
+
+/***
+The group's loops, in order.
+@function group:loops
+@treturn {loop,...}
+*/
 
 static int l_loops(lua_State *L) {
   lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
@@ -645,15 +761,123 @@ static int l_group_tostring(lua_State *L) {
   return 1;
 }
 
+/***
+One loop (or executor) of a group: a thread with its own Lua state. Work
+given to a loop runs on it; a function sent to the caller's own loop is not
+copied, so it may capture `ctx` and other loop-local values.
+@type loop
+*/
+
+/***
+Run `fn(...)` on this loop; as `group:execute`.
+@function loop:execute
+@tparam function fn the task
+@param ... its arguments
+*/
+/***
+Run `fn(...)` on this loop; as `group:submit`.
+@function loop:submit
+@tparam function fn the task
+@param ... its arguments
+@treturn future of fn's first result
+*/
+/***
+Run `fn(...)` on this loop after `delay` seconds; as `group:schedule`.
+@function loop:schedule
+@number delay seconds
+@tparam function fn the task
+@param ... its arguments
+@treturn future
+*/
+/***
+As `group:schedule_at_fixed_rate`, on this loop.
+@function loop:schedule_at_fixed_rate
+@number initial seconds
+@number period seconds
+@tparam function fn the task
+@param ... its arguments
+@treturn future
+*/
+/***
+As `group:schedule_with_fixed_delay`, on this loop.
+@function loop:schedule_with_fixed_delay
+@number initial seconds
+@number delay seconds
+@tparam function fn the task
+@param ... its arguments
+@treturn future
+*/
+/***
+Queue a tail task: `fn(...)` runs after the loop's current iteration
+(Netty's executeAfterEventLoopIteration).
+@function loop:after_iteration
+@tparam function fn the task
+@param ... its arguments
+*/
+/***
+Shut this loop down gracefully; as `group:shutdown_gracefully`.
+@function loop:shutdown_gracefully
+@number[opt=2] quiet seconds
+@number[opt=15] timeout seconds
+@treturn future
+*/
+/***
+The future that completes once this loop has terminated.
+@function loop:termination_future
+@treturn future
+*/
+/***
+Whether this loop is shutting down.
+@function loop:is_shutting_down
+@treturn bool
+*/
+/***
+Whether this loop is shut down.
+@function loop:is_shutdown
+@treturn bool
+*/
+/***
+Whether this loop has terminated.
+@function loop:is_terminated
+@treturn bool
+*/
+/***
+This loop's stats: `name`, `state` ("not_started", "started",
+"shutting_down", "shutdown", "terminated"), `pending_tasks`,
+`scheduled_tasks`, `channels`, `tasks_run`, `io_events`, `wakeups`,
+`selector_rebuilds`, `iterations`, `io_time` and `task_time` (seconds),
+`stalls`, `max_busy` (seconds, the longest uninterrupted run) and
+`lua_memory` (bytes).
+@function loop:stats
+@treturn table
+*/
+/***
+The loop's name, e.g. "worker-2".
+@function loop:name
+@treturn string
+*/
+
 static int l_loop_name(lua_State *L) {
   lua_pushstring(L, nr_loop_name(lnr_check_handle(L, 1, LNR_LOOP)));
   return 1;
 }
 
+/***
+Whether the caller runs on this loop's thread.
+@function loop:in_event_loop
+@treturn bool
+*/
+
 static int l_in_event_loop(lua_State *L) {
   lua_pushboolean(L, nr_loop_in_thread(lnr_check_handle(L, 1, LNR_LOOP)));
   return 1;
 }
+
+/***
+The group this loop belongs to.
+@function loop:group
+@treturn group
+*/
 
 static int l_loop_group(lua_State *L) {
   lnr_push_handle(L, LNR_GROUP,
@@ -666,6 +890,14 @@ static int l_loop_tostring(lua_State *L) {
   lua_pushfstring(L, "netrun.loop(%s)", nr_loop_name(l));
   return 1;
 }
+
+/*** @section end */
+
+/***
+The loop running the caller: nil on the main thread.
+@function current
+@treturn loop|nil
+*/
 
 static int l_current(lua_State *L) {
   nr_loop_t *l = nr_loop_current();
