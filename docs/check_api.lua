@@ -141,6 +141,7 @@ local C_CLASSES = {
   ["netrun.dict"] = { "netrun", "dict" },
   ["netrun.http.pool"] = false,      -- the C half of netrun.http's pools
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections
+  ["netrun.nats.wire"] = false,      -- the C half of netrun.nats's connections
   ["netrun.ctx.handle"] = false,     -- a ctx's anchor, no methods
 }
 
@@ -151,6 +152,12 @@ local function lua_classes()
   local redis = netrun.redis
   local stream = require "netrun.stream"
   local cluster = require "netrun.redis.cluster"
+  local nats = netrun.nats
+  -- A connection's publish is a field of each connection (a C function
+  -- around its wire, made by connect), not of its class: a connection
+  -- cannot be made here without a server, so it is added by hand.
+  local nats_connection = { publish = require("netrun.core").nats.publisher }
+  for k, v in pairs(nats.Conn) do nats_connection[k] = v end
   return {
     { "netrun.http", "client", getmetatable(netrun.http.client {}).__index },
     { "netrun.tcp", "stream", stream.Stream },
@@ -160,6 +167,11 @@ local function lua_classes()
     { "netrun.redis", "cluster", cluster.Cluster },
     -- (a cluster's pipeline records what a client's encodes: the same methods)
     { "netrun.redis", "pipeline", cluster.CPipe },
+    { "netrun.nats", "connection", nats_connection },
+    { "netrun.nats", "subscription", nats.Sub },
+    { "netrun.nats", "msg", nats.Msg },
+    -- (a context is made without I/O: Conn.jetstream's object, on no connection)
+    { "netrun.nats", "jetstream", getmetatable(nats.Conn.jetstream({})).__index },
   }
 end
 
