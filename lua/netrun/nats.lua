@@ -788,7 +788,7 @@ end
 -- @string[opt="_INBOX"] opts.inbox_prefix the prefix of the requests' reply subjects
 -- @tparam[opt] function opts.on_disconnect `(nc, err)`: the connection was lost, reconnecting
 -- @tparam[opt] function opts.on_reconnect `(nc)`: connected again
--- @tparam[opt] function opts.on_closed `(nc, err)`: closed for good (`err` nil after `connection:close`)
+-- @tparam[opt] function opts.on_closed `(nc, err)`: closed for good (`err` nil after `connection:close` or `connection:drain`)
 -- @tparam[opt] function opts.on_error `(nc, err, sub)`: a permissions violation, a slow consumer, a callback that raised (without it, they are logged)
 -- @treturn[1] connection
 -- @treturn[2] nil
