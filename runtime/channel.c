@@ -299,6 +299,59 @@ void nr__loop_reap(nr_loop_t *l) {
 
 /* ---- writing ------------------------------------------------------------------ */
 
+/* ---- watches (nr_channel_watch) ----
+ *
+ * A list per channel, told in order. A watch may end itself or another
+ * while they are told: nr_channel_unwatch moves the cursor (watch_next)
+ * past the one it removes, so the walk never reaches freed memory. A
+ * change met while they are told (a watch wrote to ch) is told as one
+ * more round once this one ends: each watch reads the state itself. */
+void nr_channel_watch(nr_channel_t *ch, nr_chwatch_t *w) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  assert(w->ch == NULL);
+  w->ch = nr_channel_retain(ch);
+  w->prev = NULL;
+  w->next = ch->watches;
+  if (ch->watches)
+    ch->watches->prev = w;
+  ch->watches = w;
+}
+
+void nr_channel_unwatch(nr_chwatch_t *w) {
+  nr_channel_t *ch = w->ch;
+  if (ch == NULL)
+    return;
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->watch_next == w)
+    ch->watch_next = w->next;
+  *(w->prev ? &w->prev->next : &ch->watches) = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  w->ch = NULL;
+  w->prev = w->next = NULL;
+  nr_channel_release(ch);
+}
+
+static void tell_watches(nr_channel_t *ch) {
+  if (ch->watches == NULL)
+    return;
+  if (ch->telling) {                    /* told again by a watch: once */
+    ch->telling = 2;                    /* more, after this round */
+    return;
+  }
+  nr_channel_retain(ch);                /* (the last watch may end) */
+  do {
+    ch->telling = 1;
+    for (nr_chwatch_t *w = ch->watches; w != NULL; w = ch->watch_next) {
+      ch->watch_next = w->next;
+      w->fn(w, ch);
+    }
+  } while (ch->telling == 2);
+  ch->telling = 0;
+  ch->watch_next = NULL;
+  nr_channel_release(ch);
+}
+
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
   if (w && ch->out.pending > ch->opts.write_buffer_high)
@@ -309,6 +362,7 @@ static void check_writability(nr_channel_t *ch) {
   else
     return;
   nr__pipeline_fire_writability(&ch->pipe);
+  tell_watches(ch);
 }
 
 static void finish_close(nr_channel_t *ch, bool abort);
@@ -908,6 +962,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__channel_closed(ch);
   if (td != 0)
     nr__pipeline_teardown(&ch->pipe, td);
+  tell_watches(ch);             /* (closed: each learns it, and lets go) */
 }
 
 void nr_channel_set_ref(nr_channel_t *ch, bool ref) {

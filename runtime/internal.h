@@ -436,6 +436,9 @@ struct nr_channel_s {
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
   nr_channel_t *sprev, *snext;       /* loop's send-timeout list */
   uint64_t send_deadline;            /* when listed: closed by then */
+  nr_chwatch_t *watches;              /* nr_channel_watch: told of writability */
+  nr_chwatch_t *watch_next;           /* the next one told, while telling */
+  uint8_t telling;                   /* 1: telling them; 2: and again after */
 };
 
 nr_channel_t *nr__channel_new(int kind, int family, int fd,

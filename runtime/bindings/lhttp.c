@@ -93,6 +93,7 @@
 #include <string.h>
 
 #include "lhttp.h"
+#include "lhttp_stream.h"
 
 #define CLASS "netrun.codec.http_server"
 
@@ -143,6 +144,7 @@ push_key(lua_State *L, const lnr_state_t *S, int k) {
  * state (a submit, a shared.dict, a handler on an executor group) crosses
  * as a plain table with the same fields. */
 #define REQ_CLASS "netrun.http.request"
+#define REQ_STREAM_CLASS "netrun.http.request (streamed)"
 
 typedef struct rhdr_s {
   uint32_t name, name_len, value, value_len;   /* offsets into the text */
@@ -155,6 +157,12 @@ typedef struct req_s {
   uint32_t method_len, path, path_len, query, query_len;
   uint16_t nheaders, ntrailers;
   bool has_query, keep_alive, http11;
+  /* A streamed head's (body = "stream"): its body follows as messages,
+   * framed so (chunked, or content_length bytes), from the codec at
+   * `codec` (retained; released by the streamed class's __gc). */
+  bool streaming, chunked;
+  uint64_t content_length;
+  nr_ctx_t *codec;
   rhdr_t h[];                  /* headers, trailers, then the text */
 } req_t;
 
@@ -233,6 +241,15 @@ static uint32_t put_text(req_t *q, uint32_t *off, const char *s, size_t n) {
 
 /* The request's metatable and body, once its fields are in place. */
 static void request_done(lua_State *L, const nr_http_request_t *r) {
+  if (r->streaming) {          /* (rare: a class with __gc of its own) */
+    req_t *q = lua_touserdata(L, -1);
+    q->streaming = true;
+    q->chunked = r->chunked;
+    q->content_length = r->content_length;
+    q->codec = r->codec ? nr_ctx_retain(r->codec) : NULL;
+    luaL_setmetatable(L, REQ_STREAM_CLASS);
+    return;
+  }
   if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
     lua_pop(L, 1);
     luaL_getmetatable(L, REQ_CLASS);
@@ -273,6 +290,7 @@ static void push_request(lua_State *L, void *msg) {
     len += r->headers[i].name_len + r->headers[i].value_len;
   req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
   uint32_t off = 0;
+  memset(q, 0, sizeof *q);
   q->tag = &REQ_TAG;
   q->pipe = r->pipeline;
   q->token = r->token;
@@ -353,10 +371,10 @@ static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_STREAMING, NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "trailers", "args"};
+    "keep_alive", "trailers", "args", "streaming"};
 
 /* ---- query arguments ---------------------------------------------------------- */
 
@@ -481,9 +499,13 @@ static void push_field(lua_State *L, int ud, int f) {
   case F_BODY:
     if (lua_getiuservalue(L, ud, 1) != LUA_TSTRING) {
       lua_pop(L, 1);
-      lua_pushliteral(L, "");
+      if (q->streaming)
+        lua_pushnil(L);        /* it follows as messages */
+      else
+        lua_pushliteral(L, "");
     }
     break;
+  case F_STREAMING: lua_pushboolean(L, q->streaming); break;
   case F_KEEP_ALIVE: lua_pushboolean(L, q->keep_alive); break;
   case F_ARGS:               /* made once, kept, like the headers */
     req_fields(L, ud, true);
@@ -517,7 +539,13 @@ static int req_index(lua_State *L) {
       return 1;
     lua_pop(L, 2);
   }
-  push_field(L, 1, field_of(L, 2));
+  int f = field_of(L, 2);
+  if (f == F_NONE && lua_type(L, 2) == LUA_TSTRING &&
+      strcmp(lua_tostring(L, 2), "sink") == 0) {
+    lua_pushcfunction(L, lnr_http_req_sink);
+    return 1;
+  }
+  push_field(L, 1, f);
   return 1;
 }
 
@@ -531,8 +559,11 @@ static int req_newindex(lua_State *L) {
 
 /* All fields in the fields table, which is left pushed. */
 static void req_materialize(lua_State *L, int ud) {
+  const req_t *q = lua_touserdata(L, ud);
   req_fields(L, ud, true);
   for (int f = F_METHOD; f < NFIELDS; f++) {
+    if (f == F_STREAMING && !q->streaming)
+      continue;                /* (a field of streamed requests only) */
     if (lua_getfield(L, -1, field_names[f]) == LUA_TNIL) {
       push_field(L, ud, f);
       lua_setfield(L, -3, field_names[f]);
@@ -575,6 +606,8 @@ static int req_tostring(lua_State *L) {
   return 1;
 }
 
+static int req_gc(lua_State *L);
+
 static void open_request_class(lua_State *L) {
   if (luaL_newmetatable(L, REQ_CLASS)) {
     static const luaL_Reg m[] = {
@@ -588,7 +621,41 @@ static void open_request_class(lua_State *L) {
     lua_pushvalue(L, -1);
     lnr_set_slot(L, LNR_SLOT_HTTP_REQUEST);
   }
-  lua_pop(L, 1);
+  if (luaL_newmetatable(L, REQ_STREAM_CLASS)) {   /* the same, and __gc */
+    luaL_getmetatable(L, REQ_CLASS);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, -5);
+    }
+    lua_pop(L, 1);
+    lua_pushcfunction(L, req_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 2);
+}
+
+/* A streamed request lets go of its codec's context. */
+static int req_gc(lua_State *L) {
+  req_t *q = lua_touserdata(L, 1);
+  if (q != NULL && lua_rawlen(L, 1) >= sizeof *q && q->tag == &REQ_TAG &&
+      q->codec != NULL) {
+    nr_ctx_release(q->codec);
+    q->codec = NULL;
+  }
+  return 0;
+}
+
+bool lnr_http_request_body(lua_State *L, int idx, lnr_http_body_ref_t *b) {
+  const req_t *q = lua_touserdata(L, idx);
+  if (q == NULL || lua_rawlen(L, idx) < sizeof *q || q->tag != &REQ_TAG ||
+      !q->streaming)
+    return false;
+  *b = (lnr_http_body_ref_t){.codec = q->codec, .token = q->token,
+                             .chunked = q->chunked,
+                             .content_length = q->content_length};
+  return true;
 }
 
 /* ---- requests forwarded (the HTTP client's forward = req) ------------------- */
@@ -615,6 +682,8 @@ bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f) {
     return false;
   const char *text = req_text(q);
   *f = (lnr_http_fwd_t){.method = text, .method_len = q->method_len,
+                        .streaming = q->streaming, .chunked = q->chunked,
+                        .content_length = q->content_length,
                         .target = text + q->path,
                         .target_len = q->has_query
                                           ? q->query + q->query_len - q->path
@@ -891,6 +960,7 @@ static const nr_handler_t lua_http_vt = {
     .channel_read = nr_http_server_channel_read,
     .read_failed = nr_http_server_read_failed,
     .writability_changed = nr_http_server_writability,
+    .read = nr_http_server_read,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- the constructor ------------------------------------------------------------ */
@@ -948,6 +1018,7 @@ static int l_http_server(lua_State *L) {
                                           64 << 20, 0, (lua_Integer)1 << 50);
   o.conn_body_budget = (uint64_t)lnr_codec_int(L, "http_server", "conn_body_budget",
                                                16 << 20, 0, (lua_Integer)1 << 50);
+  o.stream_bodies = lnr_http_body_option(L, "netrun.codec.http_server");
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -956,12 +1027,13 @@ static int l_http_server(lua_State *L) {
 
 static int l_tostring(lua_State *L) {
   conf_t *c = luaL_checkudata(L, 1, CLASS);
-  char b[256];
-  snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
+  char b[400];
+  snprintf(b, sizeof b, CLASS "{ %smax_header = %zu, max_body = %zu, "
            "body_budget = %llu, conn_body_budget = %llu, "
            "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
-           "keepalive_timeout = %g }", c->max_header, c->max_body,
-           (unsigned long long)c->body_budget,
+           "keepalive_timeout = %g }",
+           c->stream_bodies ? "body = \"stream\", " : "", c->max_header,
+           c->max_body, (unsigned long long)c->body_budget,
            (unsigned long long)c->conn_body_budget, c->max_headers,
            (double)c->header_timeout / 1e9, (double)c->body_timeout / 1e9,
            (double)c->keepalive_timeout / 1e9);
@@ -972,6 +1044,7 @@ static int l_tostring(lua_State *L) {
 static void register_converter(void) {
   lnr_register_msg(NR_MSG_HTTP_REQUEST, push_request);
   lnr_register_msg(NR_MSG_HTTP_PREPARED, push_prepared);
+  lnr_http_stream_register();
 }
 
 void lnr_open_http(lua_State *L) {

@@ -450,6 +450,8 @@ typedef struct lnr_http_fwd_s {
   const char *bad;            /* the field the handler assigned a value
                                  that cannot be sent (a table as path),
                                  or NULL */
+  bool streaming, chunked;    /* a streamed body follows (lhttp_stream.h), */
+  uint64_t content_length;    /* framed so */
 } lnr_http_fwd_t;
 /* false if the value at idx (absolute) is no server request. */
 bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f);

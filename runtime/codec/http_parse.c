@@ -28,9 +28,11 @@ __attribute__((constructor)) static void declare_types(void) {
   nr_msg_declare(NR_MSG_HTTP_REQUEST, "http_request");
   nr_msg_declare(NR_MSG_HTTP_RESPONSE, "http_response");
   nr_msg_declare(NR_MSG_HTTP_PREPARED, "http_prepared");
+  nr_msg_declare(NR_MSG_HTTP_BODY, "http_body");
 }
 
-enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
+enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER,
+       P_SBODY };            /* P_SBODY: a streamed body of known length */
 
 /* Bytes allowed in a chunk-size line (size, extensions) before it is
  * called malformed. */
@@ -762,19 +764,41 @@ static long chunk_size_line(nr_http_parser_t *p, const char *s, size_t n) {
     p->scan = p->pos;
     return STEP;
   }
-  if (v > p->max_body - nr_buf_len(&p->body))
+  uint64_t had = p->sbody ? p->content_length : nr_buf_len(&p->body);
+  if (v > p->max_body - had)
     return -413;
+  if (p->sbody)
+    p->content_length = had + v;
   p->chunk_left = v;
   p->phase = P_CHUNK_DATA;
   return STEP;
 }
 
-/* P_CHUNK_DATA: what there is of the chunk, into the body. */
+/* A streamed piece's data s[0 .. n): the first run of a feed is only
+ * pointed at (one chunk spanning reads, the usual, costs no copy); a
+ * second one puts both in the body buffer. */
+static int piece_add(nr_http_parser_t *p, const char *s, size_t n) {
+  if (p->piece == NULL && nr_buf_len(&p->body) == 0) {
+    p->piece = s;
+    p->piece_len = n;
+    return 0;
+  }
+  if (p->piece != NULL) {
+    if (nr_buf_append(&p->body, p->piece, p->piece_len) < 0)
+      return -1;
+    p->piece = NULL;
+  }
+  return nr_buf_append(&p->body, s, n);
+}
+
+/* P_CHUNK_DATA: what there is of the chunk, into the body (or the piece
+ * streamed). */
 static long chunk_data(nr_http_parser_t *p, const char *s, size_t n) {
   size_t take = n - p->pos;
   if (take > p->chunk_left)
     take = (size_t)p->chunk_left;
-  if (nr_buf_append(&p->body, s + p->pos, take) < 0)
+  if (take > 0 && (p->stream ? piece_add(p, s + p->pos, take)
+                             : nr_buf_append(&p->body, s + p->pos, take)) < 0)
     return -500;
   p->pos += take;
   p->chunk_left -= take;
@@ -873,6 +897,76 @@ static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
   return 0;
 }
 
+/* ---- streamed bodies -------------------------------------------------------------- */
+
+/* A streaming parser's head with a body: the body's state is set up (it
+ * follows the head, which the caller consumes as it delivers it), and the
+ * head goes out alone. Its length, or -413. */
+static long stream_head(nr_http_parser_t *p, nr_http_request_t *req,
+                        long end) {
+  if (!req->chunked && p->content_length > p->max_body)
+    return -413;
+  req->streaming = true;
+  p->sbody = true;
+  p->line_ok = false;
+  p->head_len = p->pos = 0;  /* offsets from where the body's bytes begin */
+  if (req->chunked) {
+    p->phase = P_CHUNK_SIZE;
+    p->chunk_left = 0;
+    p->content_length = 0;   /* (counts the data that came) */
+  } else {
+    p->phase = P_SBODY;      /* (content_length counts down) */
+  }
+  return end;
+}
+
+/* The next piece of a streamed body from s[0 .. n) into req (body,
+ * body_len, last, trailers): the bytes used (*piece says whether req
+ * holds a piece to deliver; when not, the bytes used are framing and the
+ * rest waits for more input), or -status. */
+static long stream_piece(nr_http_parser_t *p, nr_http_request_t *req,
+                         const char *s, size_t n, bool *piece) {
+  req->nheaders = req->ntrailers = 0;
+  req->trailers = req->headers;
+  req->last = false;
+  if (p->phase == P_SBODY) {
+    size_t take = n < p->content_length ? n : (size_t)p->content_length;
+    p->content_length -= take;
+    req->body = s;
+    req->body_len = take;
+    req->last = p->content_length == 0;
+    *piece = true;
+    return (long)take;
+  }
+  p->pos = 0;
+  p->piece = NULL;
+  long end = decode_chunks(p, s, n);
+  if (end < 0)
+    return end;
+  if (end > 0) {              /* the last chunk and the trailers: p->pos is
+                                 where the trailer section began */
+    int rc = parse_trailers(p, req, s, p->pos, (size_t)end);
+    if (rc != 0)
+      return -rc;
+    req->last = true;
+  } else {
+    end = (long)p->pos;       /* what was whole; the rest waits */
+    if (p->phase == P_TRAILER)
+      p->scan -= p->pos;      /* (the trailer search resumes there) */
+  }
+  req->body = p->piece ? p->piece : nr_buf_len(&p->body) ? nr_buf_peek(&p->body) : "";
+  req->body_len = p->piece ? p->piece_len : nr_buf_len(&p->body);
+  *piece = req->body_len > 0 || req->last;
+  return end;
+}
+
+/* After a piece was delivered: its copy (if any) is let go. */
+static void piece_done(nr_http_parser_t *p) {
+  p->piece = NULL;
+  if (nr_buf_len(&p->body) > 0)
+    nr_buf_consume(&p->body, nr_buf_len(&p->body));
+}
+
 /* ---- one request ---------------------------------------------------------------- */
 
 /* Parse one request at s[0 .. n): its length when complete (req is then
@@ -890,6 +984,8 @@ static long parse_one(nr_http_parser_t *p, nr_http_request_t *req,
   if (!again) {
     if (!body)
       return end;            /* the usual: no body */
+    if (p->stream)
+      return stream_head(p, req, end);
     p->head_len = (size_t)end;
     p->line_ok = false;      /* parse_block reads it in the next phases */
     if (req->chunked) {
@@ -946,6 +1042,8 @@ static void next_request(nr_http_parser_t *p) {
     p->head_len = p->pos = 0;
     p->chunk_left = p->content_length = 0;
     p->continue_sent = false;
+    p->sbody = false;
+    p->piece = NULL;
     if (p->body.data != NULL)
       nr_buf_free(&p->body);
   }
@@ -1003,8 +1101,30 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
    * not know it of p after a callback that may reach p. */
   bool between = p->phase == P_HEAD && p->scan == 0;
   while (off < n) {
+    if (p->sbody) {            /* a streamed body's next piece */
+      bool piece = false;
+      long r = stream_piece(p, &req, s + off, n - off, &piece);
+      if (__builtin_expect(r < 0, 0))
+        return stop(p, (int)-r);
+      off += (size_t)r;
+      if (!piece)
+        break;               /* framing split across reads: wait */
+      int halt = cb(arg, NR_HTTP_EV_BODY, &req);
+      piece_done(p);
+      if (req.last) {
+        next_request(p);
+        between = true;
+      }
+      if (__builtin_expect(halt != 0, 0)) {
+        if (halt == NR_HTTP_PAUSE)
+          break;
+        return stop(p, 1);
+      }
+      continue;
+    }
     if (between && (off = skip_blank(s, off, n)) == n)
       break;
+    req.streaming = false;
     long r = parse_one(p, &req, s + off, n - off, between);
     if (__builtin_expect(r < 0, 0))
       return stop(p, (int)-r);
@@ -1017,8 +1137,13 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
       break;
     }
     int halt = cb(arg, NR_HTTP_EV_REQUEST, &req);
-    next_request(p);
-    between = true;
+    if (req.streaming) {
+      between = false;         /* its body follows */
+      p->scan = 0;
+    } else {
+      next_request(p);
+      between = true;
+    }
     off += (size_t)r;
     if (__builtin_expect(halt != 0, 0)) {
       if (halt == NR_HTTP_PAUSE)
@@ -1077,6 +1202,8 @@ int nr__http_reserve_body(nr_http_parser_t *p) {
 }
 
 uint64_t nr__http_body_bound(const nr_http_parser_t *p) {
-  return p->phase == P_HEAD ? 0 : p->phase == P_BODY ? p->content_length
-                                                     : p->max_body;
+  return p->phase == P_HEAD || p->sbody ? 0
+         : p->phase == P_BODY ? p->content_length : p->max_body;
 }
+
+bool nr__http_streaming_body(const nr_http_parser_t *p) { return p->sbody; }

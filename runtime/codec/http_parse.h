@@ -44,6 +44,8 @@ bool nr__http_parsing_head(const nr_http_parser_t *p);
  * max_body when it is chunked; 0 between requests or within a head (what
  * the server's body budget reserves). */
 uint64_t nr__http_body_bound(const nr_http_parser_t *p);
+/* Whether a body is being streamed (a streaming parser gave its head). */
+bool nr__http_streaming_body(const nr_http_parser_t *p);
 /* The body being read has a known length: make the cumulation the
  * request's size at once, so that its bytes are copied once and it holds
  * no slack (an 8 MiB upload takes 8 MiB, not the 16 of doublings). Done

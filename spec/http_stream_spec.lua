@@ -1,0 +1,270 @@
+-- http_stream_spec.lua -- netrun.codec.http_server { body = "stream" }:
+-- the head first, the body in pieces once a handler reads it, no faster
+-- than where it goes takes it; 100-continue only on the read; answers
+-- before the body; bodies cut short. Real sockets: curl and raw clients.
+local H = require "spec.helper"
+local netrun = H.netrun
+local socket = H.socket
+
+local results = netrun.shared.dict("http_stream_spec")
+
+-- A stream-mode server whose handler is made by `make` (a function
+-- returning a handler table), on its own one-loop group.
+local function serve(group, make, opts)
+  local server = netrun.server {
+    group = group, host = "127.0.0.1", port = 0,
+    init = function(ch)
+      local o = opts or {}
+      o.body = "stream"
+      ch:pipeline():add_last("http", require("netrun").codec.http_server(o))
+      ch:pipeline():add_last("app", make())
+    end,
+  }:sync()
+  local _, port = server:local_address()
+  return server, port
+end
+
+-- A handler that reads every body and answers its length, piece count,
+-- largest piece, a checksum (the sum of every 4099th byte) and trailers.
+local function summing()
+  local n, pieces, largest, sum, tr
+  return {
+    channel_read = function(_, ctx, m)
+      if m.type == "body" then
+        n, pieces = n + #m.data, pieces + 1
+        if #m.data > largest then largest = #m.data end
+        for i = 1, #m.data do
+          if (n - #m.data + i) % 4099 == 0 then sum = sum + m.data:byte(i) end
+        end
+        if m.trailers then tr = m.trailers["x-sum"] end
+        if m.last then
+          ctx:write_and_flush { status = 200, body = string.format("%d %d %d %d %s",
+            n, pieces, largest, sum, tostring(tr)) }
+        end
+        return
+      end
+      assert(m.streaming == (m.method ~= "GET"))
+      if not m.streaming then
+        return ctx:write_and_flush { status = 200, body = "whole " .. m.path .. " " .. m.body }
+      end
+      assert(m.body == nil)
+      n, pieces, largest, sum, tr = 0, 0, 0, 0, nil
+      ctx:read()
+    end,
+  }
+end
+
+local function checksum(s)
+  local sum = 0
+  for i = 4099, #s, 4099 do sum = sum + s:byte(i) end
+  return sum
+end
+
+describe("http_server body = \"stream\"", function()
+  local group
+  setup(function() group = netrun.group { threads = 1, name = "stream" } end)
+  teardown(function() H.shutdown(group) end)
+
+  it("hands up a curl upload in pieces, each at most one read, intact", function()
+    local server, port = serve(group, summing, { max_body = 64 << 20 })
+    local path = os.tmpname()
+    local f = assert(io.open(path, "wb"))
+    local parts = {}
+    for i = 1, 5 * 1024 do parts[i] = string.rep(string.char(32 + i % 90), 1024) end
+    local data = table.concat(parts)
+    f:write(data)
+    f:close()
+    local out, st = H.run(string.format(
+      "curl -s -H 'Expect:' --data-binary @%s http://127.0.0.1:%d/up", path, port))
+    assert.equal(0, st, out)
+    local n, pieces, largest, sum = out:match("^(%d+) (%d+) (%d+) (%d+)")
+    assert.equal(#data, tonumber(n))
+    assert.equal(checksum(data), tonumber(sum))
+    assert.is_true(tonumber(pieces) > 1)
+    assert.is_true(tonumber(largest) <= 65536, "a piece of " .. largest)
+    -- chunked, as curl sends a stream
+    out, st = H.run(string.format(
+      "curl -s -H 'Expect:' -H 'Transfer-Encoding: chunked' --data-binary @%s http://127.0.0.1:%d/up",
+      path, port))
+    assert.equal(0, st, out)
+    n, pieces, largest, sum = out:match("^(%d+) (%d+) (%d+) (%d+)")
+    assert.equal(#data, tonumber(n))
+    assert.equal(checksum(data), tonumber(sum))
+    os.remove(path)
+    server:close():sync()
+  end)
+
+  it("gives a chunked body's trailers with its last piece, and requests without a body whole", function()
+    local server, port = serve(group, summing)
+    local c = H.client(port)
+    c:send("POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" ..
+           "3\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 42\r\n\r\n" ..
+           "GET /g HTTP/1.1\r\nHost: x\r\n\r\n")
+    local st, _, body = H.read_response(c)
+    assert.equal(200, st)
+    assert.matches("^5 %d+ %d+ 0 42$", body)
+    st, _, body = H.read_response(c)
+    assert.equal(200, st)
+    assert.equal("whole /g ", body)
+    c:close()
+    server:close():sync()
+  end)
+
+  it("answers 100-continue only when the handler reads", function()
+    local server, port = serve(group, function()
+      return {
+        channel_read = function(_, ctx, m)
+          if m.type == "body" then
+            if m.last then ctx:write_and_flush { status = 200, body = "got " .. m.data } end
+            return
+          end
+          -- read after 0.3 s: no "100 Continue" may come before
+          ctx:loop():schedule(0.3, function() ctx:read() end)
+        end,
+      }
+    end)
+    local c = H.client(port)
+    c:send("PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    c:settimeout(0.15)
+    local early = c:receive("*l")
+    assert.is_nil(early)                       -- nothing while unread
+    c:settimeout(5)
+    assert.equal("HTTP/1.1 100 Continue", c:receive("*l"))
+    assert.equal("", c:receive("*l"))
+    c:send("abcd")
+    local st, _, body = H.read_response(c)
+    assert.equal(200, st)
+    assert.equal("got abcd", body)
+    c:close()
+    server:close():sync()
+  end)
+
+  it("closes after an answer given before the body was read, without a 100", function()
+    local server, port = serve(group, function()
+      return { channel_read = function(_, ctx, m)
+        ctx:write_and_flush { status = 413, body = "no" }
+      end }
+    end)
+    local c = H.client(port)
+    c:send("PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+    local st, h, body, line = H.read_response(c)
+    assert.equal(413, st, line)
+    assert.equal("close", h.connection)
+    assert.equal("no", body)
+    local rest, err = c:receive("*a")
+    assert.equal("", rest or "")                  -- no 100 Continue, then EOF
+    c:close()
+    server:close():sync()
+  end)
+
+  it("reads no faster than the channel the body goes to takes it (req:sink)", function()
+    -- the body goes to a TCP peer that reads nothing at first; the client
+    -- offers 64 MiB; what the server takes stays within a few windows
+    local sink_srv = assert(socket.bind("127.0.0.1", 0, 4))
+    local _, sport = sink_srv:getsockname()
+    results:set("sink_port", tonumber(sport))
+    local server, port = serve(group, function()
+      local out, n = nil, 0
+      return {
+        channel_read = function(_, ctx, m)
+          if m.type == "body" then
+            n = n + #m.data
+            out:write_and_flush(m.data)
+            if m.last then
+              results:set("got", n)
+              ctx:write_and_flush { status = 200, body = tostring(n) }
+            end
+            return
+          end
+          local netrun = require "netrun"
+          netrun.connect { group = ctx:loop(), host = "127.0.0.1",
+                           port = netrun.shared.dict("http_stream_spec"):get("sink_port"),
+                           init = function() end }:add_listener(function(f)
+            out = f:result()
+            m:sink(out)
+          end)
+        end,
+      }
+    end, { max_body = 1 << 30 })
+    local c = H.client(port)
+    c:settimeout(0)
+    local total = 64 * 1024 * 1024
+    local head = "POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: " .. total .. "\r\n\r\n"
+    assert(c:send(head))
+    local chunk = string.rep("z", 256 * 1024)
+    local sent, quiet = 0, 0
+    sink_srv:settimeout(10)
+    local peer = assert(sink_srv:accept())
+    while quiet < 10 and sent < total do            -- until 1 s with nothing taken
+      local n, err, partial = c:send(chunk)
+      local took = n or partial or 0
+      sent = sent + took
+      if took == 0 then quiet = quiet + 1; socket.select(nil, nil, 0.1) else quiet = 0 end
+    end
+    -- stalled: the kernel's buffers (client send, server receive, peer
+    -- receive, server send) and the server's window, not 64 MiB
+    assert.is_true(sent < 24 * 1024 * 1024, "the server took " .. sent .. " bytes")
+    local stalled = sent
+    -- now the peer reads: everything flows, and arrives whole
+    peer:settimeout(0)
+    local got = 0
+    local deadline = socket.gettime() + 60
+    while got < total and socket.gettime() < deadline do
+      if sent < total then
+        local n, err, partial = c:send(chunk, 1, math.min(#chunk, total - sent))
+        sent = sent + (n or partial or 0)
+      end
+      local data, err, partial = peer:receive(1 << 20)
+      got = got + #(data or partial or "")
+    end
+    assert.equal(total, got)
+    c:settimeout(10)
+    local st, _, body = H.read_response(c)
+    assert.equal(200, st)
+    assert.equal(tostring(total), body)
+    print(string.format("\n  sink that reads nothing: the client got %d KiB of 64 MiB in", stalled // 1024))
+    peer:close(); sink_srv:close(); c:close()
+    server:close():sync()
+  end)
+
+  it("tells the handler of a body cut short, and answers bad framing 400", function()
+    results:set("err", "")
+    local server, port = serve(group, function()
+      return {
+        channel_read = function(_, ctx, m)
+          if m.type ~= "body" then ctx:read() end
+        end,
+        exception_caught = function(_, ctx, err)
+          require("netrun").shared.dict("http_stream_spec"):set("err", tostring(err))
+        end,
+      }
+    end)
+    local c = H.client(port)
+    c:send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nonly some")
+    c:close()
+    H.eventually(function() return results:get("err") ~= "" end)
+    assert.matches("closed in the middle of a request body", results:get("err"))
+    results:set("err", "")
+    c = H.client(port)
+    c:send("POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nZZ\r\n")
+    local st, h = H.read_response(c)
+    assert.equal(400, st)
+    assert.equal("close", h.connection)
+    assert.matches("malformed request body", results:get("err"))
+    c:close()
+    server:close():sync()
+  end)
+
+  it("answers 408 to a body that stops coming", function()
+    local server, port = serve(group, function()
+      return { channel_read = function(_, ctx, m) if m.type ~= "body" then ctx:read() end end,
+               exception_caught = function() end }
+    end, { body_timeout = 0.3 })
+    local c = H.client(port)
+    c:send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+    local st = H.read_response(c)
+    assert.equal(408, st)
+    c:close()
+    server:close():sync()
+  end)
+end)
