@@ -108,8 +108,14 @@ typedef struct nr_chunk_s {
 
 #define NR_CHUNK_SIZE 16384
 #define NR_READ_BUF 65536
+/* What one read() takes of a peer that is sent more than it takes (see
+ * read_stream). */
+#define NR_READ_LAGGING 4096
 
-nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need);
+/* A chunk for `need` bytes: NR_CHUNK_SIZE (from the cache) or more for a
+ * larger write; with exact, a smaller write gets exactly its size (not
+ * cached). NULL when out of memory. */
+nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need, bool exact);
 void nr__chunk_put(nr_loop_t *loop, nr_chunk_t *c);
 
 /* ---- loops --------------------------------------------------------------- */
@@ -180,7 +186,9 @@ struct nr_loop_s {
   bool spin;                        /* queued tasks ran last pass */
   bool held_seen;                   /* a shutdown waited for work owed */
   uint64_t dequeued_seen;
-  nr_channel_t *channels;           /* registered channels, for close_all */
+  nr_channel_t *channels;           /* registered channels, for close_all:
+                                       newest first */
+  nr_channel_t *channels_tail;      /* ... and the oldest */
   nr_channel_t *graveyard;          /* closed this pass, released after it */
   /* Channels blocked on EPOLLOUT with a send timeout, by deadline, and
    * the one timer for them: armed for send_at (<= the head's deadline). */
@@ -286,10 +294,13 @@ typedef struct nr_outbound_s {
   nr_chunk_t *head, *tail;
   uint64_t appended, flushed, written;   /* stream offsets */
   nr_wentry_t *ents;                     /* ring of write promises */
-  size_t ehead, ecount, ecap;
+  uint32_t ehead, ecount, ecap;          /* (32 bits: the channel's budget) */
   nr_dgram_t *dq, **dq_tail;             /* datagrams, in order */
   size_t dq_count, dq_unflushed;         /* all / trailing not yet flushed */
   size_t pending;                        /* bytes queued, for water marks */
+  size_t high;                           /* the channel's write_buffer_high
+                                            (0: none): chunks near it are
+                                            sized to their writes */
   /* Offsets never go back, so a write is known by the offset where it
    * ends (its mark: nr_channel_write_mark). Bytes from dropped_from on were
    * dropped unwritten (close, write error) with drop_code; UINT64_MAX when
@@ -320,6 +331,11 @@ static inline void nr__out_commit(nr_outbound_t *o, size_t m) {
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p);
 void nr__out_flush(nr_outbound_t *o);
+/* The socket took no more (EAGAIN), and its peer may take nothing for
+ * long: a head chunk (16 KiB or more) written past its half keeps its room
+ * for the bytes left in it, so they move to a chunk of their size (and a
+ * 16 KiB one goes back to the loop's cache). */
+void nr__out_trim_head(nr_loop_t *l, nr_outbound_t *o);
 /* Fill iov with flushed, unwritten bytes; returns the count. */
 int nr__out_iov(nr_outbound_t *o, struct iovec *iov, int max);
 /* n bytes were written: drop them, complete finished writes. */
@@ -355,7 +371,13 @@ enum {
   NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
                                      pipeline (nr_channel_close_when_idle) */
   NR__UNREF = 1u << 18,           /* linked, and keeps its loop not alive */
-  NR__READS_HELD = 1u << 19       /* nr_channel_hold_reads: read nothing */
+  NR__LAGGING = 1u << 19,         /* its peer is sent more than it takes:
+                                     reads are NR_READ_LAGGING at most */
+  NR__FRESH = 1u << 20,           /* accepted, and its peer has shown
+                                     nothing yet (nr_channel_established) */
+  NR__FRESH_TO_MESSAGE = 1u << 21, /* a byte does not end NR__FRESH: a
+                                     codec's first message does */
+  NR__READS_HELD = 1u << 22       /* nr_channel_hold_reads: read nothing */
 };
 
 typedef struct nr_server_s {
@@ -371,6 +393,11 @@ typedef struct nr_server_s {
   nr_timer_t *backoff_timer;
   nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
   int nsiblings;
+  /* Out of descriptors (bootstrap.c, "shedding"): the loops asked to close
+   * fresh channels that have not answered yet, what they closed so far,
+   * and when the last warning was logged. The listener's loop only. */
+  int shed_waiting, shed_closed;
+  uint64_t shed_logged;
 } nr_server_t;
 
 /* What only a channel made by the bootstrap uses -- a listener, a channel
@@ -460,6 +487,14 @@ void nr__channel_close(nr_channel_t *ch, bool abort);
 /* The channel has closed: complete its close future (if one was made). */
 void nr__channel_closed(nr_channel_t *ch);
 void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
+/* Close the process's reserve descriptor, which lets a listener refuse
+ * connections when the table is full and nothing can be freed (for tests:
+ * the next listener made opens it again). */
+void nr__accept_reserve_drop(void);
+/* Close (reset) up to max of the loop's oldest fresh channels (NR__FRESH:
+ * accepted, their peer silent or still short of a first message); returns
+ * how many. The acceptor's answer to a descriptor table that is full. */
+int nr__loop_shed_fresh(nr_loop_t *l, int max);
 extern const nr_handler_t nr__head_handler;
 
 /* connect.c: a connect to several addresses (RFC 8305). Loop thread only,

@@ -579,6 +579,15 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. A server's accepted channel is "fresh" until its peer
+ * has shown it speaks: by default its first byte read. A codec whose
+ * messages may drip in a byte at a time (the HTTP server codec's request
+ * heads) calls nr_channel_fresh_until_message as it is added, and
+ * nr_channel_established at its first whole message. When accept finds
+ * no free descriptor, the server closes its oldest fresh channels to let
+ * new ones in. Both do nothing to a channel that is not fresh. */
+void nr_channel_fresh_until_message(nr_channel_t *ch);
+void nr_channel_established(nr_channel_t *ch);
 /* Loop thread only. Whether ch keeps its loop alive while it is open
  * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
  * an idle pooled connection does not. Ignored once ch has closed. */

@@ -923,7 +923,7 @@ describe("netrun.http client", function()
       return { status = 200, body = seen(req) }
     end)
     local server, port = http_server(servers, "redir", function(req)
-      local to = req.path:match("^/to/(.*)$")
+      local to = req.target:match("^/to/([^?]*)")
       if to then return { status = tonumber(req.query) or 302, headers = { location = to } } end
       return { status = 200, body = seen(req) }
     end)

@@ -36,7 +36,7 @@ local function https_server(group, name, opts)
           ctx:fire_user_event_triggered(e)
         end,
         channel_read = function(_, ctx, req)
-          local to = req.path:match("^/to/(.*)$")
+          local to = req.target:match("^/to/(.*)$")
           if to then return ctx:write_and_flush { status = 302, headers = { location = to } } end
           ctx:write_and_flush { status = 200, body = string.format("ok %s peer=%s alpn=%s",
             req.path, tostring(ctx.channel:attr("peer")), tostring(ctx.channel:attr("alpn"))) }

@@ -37,7 +37,8 @@ local function backend(group)
           end)
         else
           ctx:write_and_flush { status = 200, headers = { ["x-seen-xff"] = tostring(req.headers["x-forwarded-for"]),
-            ["x-conn-hdr"] = tostring(req.headers.connection) },
+            ["x-conn-hdr"] = tostring(req.headers.connection),
+            ["x-seen-target"] = req.target, ["x-seen-host"] = tostring(req.headers.host) },
             body = req.method .. " " .. req.path .. "?" .. tostring(req.query) .. " " .. req.body }
         end
       end })
@@ -90,6 +91,25 @@ describe("examples/proxy.lua", function()
       assert.equal(200, status)
       assert.equal(tostring(i), body)
     end
+    c:close()
+  end)
+
+  it("sends origin-form on with the host the proxy saw: an absolute-form target does not reach the backend", function()
+    -- The backend would take an absolute-form target's host over Host
+    -- (RFC 9112 3.2.2): it gets the path the proxy's rules saw, and that
+    -- host as Host.
+    local c = H.client(port)
+    c:send("GET http://evil.example/admin?k=1 HTTP/1.1\r\nHost: public.example\r\n\r\n" ..
+           "GET /pub/../admin//x HTTP/1.1\r\nHost: public.example\r\n\r\n")
+    local status, headers, body = H.read_response(c)
+    assert.equal(200, status, body)
+    assert.equal("/admin?k=1", headers["x-seen-target"])
+    assert.equal("evil.example", headers["x-seen-host"])
+    assert.equal("GET /admin?k=1 ", body)
+    status, headers, body = H.read_response(c)
+    assert.equal(200, status)
+    assert.equal("/admin/x", headers["x-seen-target"])
+    assert.equal("public.example", headers["x-seen-host"])
     c:close()
   end)
 
@@ -231,5 +251,50 @@ describe("examples/proxy.lua", function()
     c:close()
     assert.equal("failed", H.sync(done))
     server:close():sync()
+  end)
+end)
+
+-- A forwarder sends only origin-form: a handler that makes the path an
+-- absolute URL gets the request refused, not sent to another host.
+describe("client:forwarder and request targets", function()
+  it("refuses a path that is not origin-form", function()
+    local group = netrun.group { threads = 1, name = "fwd-target" }
+    local backend = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          ctx:write_and_flush { status = 200, body = req.target }
+        end })
+      end,
+    }:sync()
+    local base = "http://127.0.0.1:" .. select(2, backend:local_address())
+    local front = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        local forward = netrun.http.client {}:forwarder { url = base }
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          if req.path == "/to-evil" then req.path = "http://evil.example/admin" end
+          forward(req, function(res, err)
+            if res then return ctx:write_and_flush(res) end
+            ctx:write_and_flush { status = 502, body = err }
+          end)
+        end })
+      end,
+    }:sync()
+    local c = H.client(select(2, front:local_address()))
+    c:send("GET /ok?a=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(c)
+    assert.equal(200, status, body)
+    assert.equal("/ok?a=1", body)
+    c:send("GET /to-evil HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, body = H.read_response(c)
+    assert.equal(502, status)
+    assert.matches("the forwarded request's path cannot be sent: it must begin with '/'", body, 1, true)
+    c:close()
+    front:close():sync()
+    backend:close():sync()
+    H.shutdown(group)
   end)
 end)

@@ -27,6 +27,12 @@
  *
  * The handler after it receives one request per message, read like a table:
  *   req.method "GET", req.path "/a", req.query "x=1" (nil without '?'),
+ *   req.target "/a?x=1" (the request-target as it came; req.path is what
+ *   to match on: an absolute-form target's path -- "GET
+ *   http://a.example/x" is "/x", its Host then a.example -- normalized:
+ *   dot segments resolved, "//" merged, %XX of an unreserved byte
+ *   decoded, other %XX in upper case; a path that climbs above the root
+ *   is refused with 400, see http_parse.c's normalize_path),
  *   req.args { x = "1" } (the query decoded: + and %XX; a repeated key
  *   gives an array of its values, a key without '=' true),
  *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
@@ -154,7 +160,7 @@ typedef struct req_s {
   const void *tag;             /* &REQ_TAG: proves the userdata is one */
   const void *pipe;            /* its read's pipeline and token (from the */
   uint64_t token;              /* codec: nr_http_request_t's) */
-  uint32_t method_len, path, path_len, query, query_len;
+  uint32_t method_len, path, path_len, query, query_len, target, target_len;
   uint16_t nheaders, ntrailers;
   bool has_query, keep_alive, http11;
   /* A streamed head's (body = "stream"): its body follows as messages,
@@ -206,7 +212,8 @@ static bool in_block(const char *base, size_t span, const char *s, size_t n) {
 
 static bool all_in_block(const nr_http_request_t *r, size_t span) {
   if (!in_block(r->method, span, r->path, r->path_len) ||
-      !in_block(r->method, span, r->query, r->query_len))
+      !in_block(r->method, span, r->query, r->query_len) ||
+      !in_block(r->method, span, r->target, r->target_len))
     return false;
   for (size_t i = 0; i < r->nheaders; i++)
     if (!in_block(r->method, span, r->headers[i].name, r->headers[i].name_len) ||
@@ -216,9 +223,10 @@ static bool all_in_block(const nr_http_request_t *r, size_t span) {
 }
 #endif
 
-/* The length of the block holding every field, or 0. */
+/* The length of the block holding every field, or 0 (a normalized path,
+ * a Host added, trailers past the body: copied one by one). */
 static size_t head_block(const nr_http_request_t *r) {
-  if (r->chunked)
+  if (r->chunked || r->rewritten)
     return 0;
   assert(r->ntrailers == 0);
   const char *end = r->query ? r->query + r->query_len : r->path + r->path_len;
@@ -273,6 +281,8 @@ static void push_request(lua_State *L, void *msg) {
                  .path_len = (uint32_t)r->path_len,
                  .query = r->query ? (uint32_t)(r->query - base) : 0,
                  .query_len = r->query ? (uint32_t)r->query_len : 0,
+                 .target = (uint32_t)(r->target - base),
+                 .target_len = (uint32_t)r->target_len,
                  .nheaders = (uint16_t)n, .has_query = r->query != NULL,
                  .keep_alive = r->keep_alive, .http11 = r->minor != 0};
     for (size_t i = 0; i < n; i++) {
@@ -285,7 +295,8 @@ static void push_request(lua_State *L, void *msg) {
     return;
   }
   n += r->ntrailers;          /* they follow the headers in r->headers */
-  len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
+  len = r->method_len + r->path_len + (r->query ? r->query_len : 0) +
+        r->target_len;
   for (size_t i = 0; i < n; i++)
     len += r->headers[i].name_len + r->headers[i].value_len;
   req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
@@ -303,6 +314,8 @@ static void push_request(lua_State *L, void *msg) {
   q->has_query = r->query != NULL;
   q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
   q->query = put_text(q, &off, r->query, q->query_len);
+  q->target_len = (uint32_t)r->target_len;
+  q->target = put_text(q, &off, r->target, r->target_len);
   q->keep_alive = r->keep_alive;
   q->http11 = r->minor != 0;
   for (size_t i = 0; i < n; i++) {
@@ -371,10 +384,10 @@ static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_STREAMING, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, F_STREAMING, NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "trailers", "args", "streaming"};
+    "keep_alive", "trailers", "args", "target", "streaming"};
 
 /* ---- query arguments ---------------------------------------------------------- */
 
@@ -489,6 +502,7 @@ static void push_field(lua_State *L, int ud, int f) {
   switch (f) {
   case F_METHOD: lua_pushlstring(L, text, q->method_len); break;
   case F_PATH: lua_pushlstring(L, text + q->path, q->path_len); break;
+  case F_TARGET: lua_pushlstring(L, text + q->target, q->target_len); break;
   case F_QUERY:
     if (q->has_query)
       lua_pushlstring(L, text + q->query, q->query_len);

@@ -276,6 +276,16 @@ static bool good_target(const char *s, size_t n) {
 
 /* ---- forwarding a server request ------------------------------------------- */
 
+/* What a forwarded request may carry as its target: origin-form (a path,
+ * maybe a query) or "*". Never absolute-form: the backend would take the
+ * target's host over the Host sent beside it (RFC 9112 3.2.2), and serve
+ * another host's path than the one a rule looked at -- the server codec
+ * turns a client's absolute-form into origin-form, and a handler that
+ * sets req.path = "http://..." is refused here. */
+static bool origin_form(const char *s, size_t n) {
+  return n > 0 && (s[0] == '/' || (n == 1 && s[0] == '*'));
+}
+
 /* Fields a forwarded request leaves behind besides the hop-by-hop ones:
  * the server codec answered its Expect already. */
 static bool not_forwarded(const char *n, size_t len) {
@@ -375,6 +385,12 @@ static int to_forward(lua_State *L, int idx, int how, int fwd,
       !good_target(f.target, f.target_len)) {
     snprintf(err, el, "the forwarded request's %s cannot be sent",
              nr_http_is_token(f.method, f.method_len) ? "path" : "method");
+    return -EINVAL;
+  }
+  if (!origin_form(f.target, f.target_len)) {
+    snprintf(err, el, "the forwarded request's path cannot be sent: it must "
+             "begin with '/' (origin-form), got \"%.*s\"",
+             f.target_len > 64 ? 64 : (int)f.target_len, f.target);
     return -EINVAL;
   }
   *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,

@@ -285,6 +285,8 @@ static NOINLINE void settle(nr_http_server_t *s) {
     if (s->wait != W_HEAD)
       watch(s, W_HEAD);
   } else {
+    if (s->delivered == 0)     /* a whole head came: its upload is not */
+      nr_channel_established(nr_ctx_channel(s->ctx));   /* shed */
     watch(s, W_BODY);
   }
 }
@@ -561,6 +563,11 @@ static void server_free(nr_http_server_t *s) {
 void nr_http_server_added(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   s->ctx = ctx;
+  /* A head dripping in a byte at a time does not make a connection
+   * established: its first whole request head does (settle, deliver).
+   * Until then it is among the first closed when the descriptors run
+   * out (bootstrap.c). */
+  nr_channel_fresh_until_message(nr_ctx_channel(ctx));
   start(s);
 }
 
@@ -1079,6 +1086,8 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
     s->overflow = true;
     return 1;
   }
+  if (__builtin_expect(s->delivered == 0, 0))
+    nr_channel_established(ch);
   uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
               (req->minor == 0 ? F_HTTP10 : 0) | (req->streaming ? F_BODY : 0);
   unsigned slot = (s->oldest + s->outstanding) % RING;
