@@ -90,6 +90,14 @@ describe("http_server body = \"stream\"", function()
     n, pieces, largest, sum = out:match("^(%d+) (%d+) (%d+) (%d+)")
     assert.equal(#data, tonumber(n))
     assert.equal(checksum(data), tonumber(sum))
+    -- curl's own "Expect: 100-continue" (its default past 1 MiB): the 100
+    -- comes as the handler reads
+    out, st = H.run(string.format(
+      "curl -s -v --data-binary @%s http://127.0.0.1:%d/up", path, port))
+    assert.equal(0, st, out)
+    assert.matches("Expect: 100%-continue", out)
+    assert.matches("HTTP/1.1 100 Continue", out)
+    assert.matches(#data .. " %d+ %d+ " .. checksum(data), out)
     os.remove(path)
     server:close():sync()
   end)
@@ -227,6 +235,56 @@ describe("http_server body = \"stream\"", function()
     server:close():sync()
   end)
 
+  it("reads no faster than its own client takes a body echoed back to it", function()
+    -- a handler streams the body back as its answer; the client sends
+    -- 64 MiB and reads nothing: the server stops taking it once its
+    -- answer cannot go out, then everything flows when the client reads
+    local server, port = serve(group, function()
+      return {
+        channel_read = function(_, ctx, m)
+          if m.type == "body" then
+            ctx:write_and_flush(m.last and "" or m.data)
+            return
+          end
+          ctx:write_and_flush { status = 200, stream = true }
+          ctx:read()
+        end,
+      }
+    end, { max_body = 1 << 30 })
+    local c = H.client(port)
+    c:settimeout(0)
+    local total = 64 * 1024 * 1024
+    assert(c:send("POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: " .. total .. "\r\n\r\n"))
+    local chunk = string.rep("e", 256 * 1024)
+    local sent, quiet = 0, 0
+    while quiet < 10 and sent < total do            -- until 1 s with nothing taken
+      local n, _, partial = c:send(chunk)
+      local took = n or partial or 0
+      sent = sent + took
+      if took == 0 then quiet = quiet + 1; socket.select(nil, nil, 0.1) else quiet = 0 end
+    end
+    assert.is_true(sent < 24 * 1024 * 1024, "the server took " .. sent .. " bytes")
+    local stalled = sent
+    -- the client reads: the answer is the body, chunked, whole
+    local deadline = socket.gettime() + 60
+    local raw, tail = 0, ""
+    while tail:sub(-5) ~= "0\r\n\r\n" and socket.gettime() < deadline do
+      if sent < total then
+        local n, _, partial = c:send(chunk, 1, math.min(#chunk, total - sent))
+        sent = sent + (n or partial or 0)
+      end
+      local data, _, partial = c:receive(1 << 20)
+      data = data or partial or ""
+      raw = raw + #data
+      tail = (tail .. data):sub(-16)
+    end
+    assert.equal("0\r\n\r\n", tail:sub(-5))     -- the chunked answer's end
+    assert.is_true(raw > total, "got " .. raw .. " of " .. total)
+    print(string.format("\n  echo to a client that reads nothing: it got %d KiB of 64 MiB in", stalled // 1024))
+    c:close()
+    server:close():sync()
+  end)
+
   it("tells the handler of a body cut short, and answers bad framing 400", function()
     results:set("err", "")
     local server, port = serve(group, function()
@@ -251,6 +309,66 @@ describe("http_server body = \"stream\"", function()
     assert.equal(400, st)
     assert.equal("close", h.connection)
     assert.matches("malformed request body", results:get("err"))
+    c:close()
+    server:close():sync()
+  end)
+
+  it("answers 413 past max_body, 500 when a handler raises on a piece, and reads on after a body", function()
+    results:set("err", "")
+    local server, port = serve(group, function()
+      return {
+        channel_read = function(_, ctx, m)
+          if m.type == "body" then
+            if m.data:find("boom", 1, true) then error("piece refused") end
+            if m.last then ctx:write_and_flush { status = 200, body = "ok" } end
+            return
+          end
+          if m.streaming then return ctx:read() end
+          ctx:write_and_flush { status = 200, body = "next " .. m.path }
+        end,
+        exception_caught = function(_, ctx, err)
+          require("netrun").shared.dict("http_stream_spec"):set("err", tostring(err))
+        end,
+      }
+    end, { max_body = 10 })
+    -- a Content-Length body, then a request pipelined behind it
+    local c = H.client(port)
+    c:send("PUT /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+    local st, _, body = H.read_response(c)
+    assert.equal(200, st); assert.equal("ok", body)
+    st, _, body = H.read_response(c)
+    assert.equal(200, st); assert.equal("next /b", body)
+    -- a chunked body that goes past max_body: 413, then the close
+    c:send("POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n")
+    local h
+    st, h = H.read_response(c)
+    assert.equal(413, st)
+    assert.equal("close", h.connection)
+    assert.matches("over max_body", results:get("err"))
+    assert.equal("", c:receive("*a") or "")       -- then EOF, nothing more
+    c:close()
+    -- a Content-Length past max_body is refused before its head goes up
+    c = H.client(port)
+    c:send("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
+    st = H.read_response(c)
+    assert.equal(413, st)
+    c:close()
+    -- a handler that raises on a piece: 500; the connection closes when
+    -- the body is not all read, and stays when it was
+    c = H.client(port)
+    c:send("POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nboom")
+    st, h = H.read_response(c)
+    assert.equal(500, st)
+    assert.equal("close", h.connection)
+    c:close()
+    c = H.client(port)
+    c:send("POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nboom")
+    st, h = H.read_response(c)
+    assert.equal(500, st)
+    assert.is_nil(h.connection)
+    c:send("GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+    st, _, body = H.read_response(c)
+    assert.equal("next /after", body)
     c:close()
     server:close():sync()
   end)
