@@ -7,6 +7,12 @@
  *     max_body = 1 << 20,     -- decoded body; more: an error
  *     max_headers = 100,      -- header + trailer lines (at most 512)
  *     raw = false,            -- true: responses as prepared responses
+ *     stream = false,         -- true: a response with a body comes as its
+ *                             -- head ({ ..., streaming = true }, no body),
+ *                             -- then { type = "body", data, last } pieces,
+ *                             -- one per read at most (turn the channel's
+ *                             -- auto_read off to pace it); max_body still
+ *                             -- bounds the whole (not with raw)
  *   })
  *
  * Written to it, a request table is encoded (other values pass on):
@@ -242,7 +248,8 @@ static const nr_handler_t *raw_not_a_handler(lua_State *L, int idx,
 static void push_reply(lua_State *L, void *msg) {
   const nr_http_reply_t *r = msg;
   luaL_checkstack(L, 8, "http_client");
-  if (r->raw && (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
+  if (r->raw && !r->streaming &&
+      (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
     return;
   lua_createtable(L, 0, 7);
   lua_pushinteger(L, r->status);
@@ -257,8 +264,13 @@ static void push_reply(lua_State *L, void *msg) {
     push_fields(L, r->trailers, r->ntrailers);
     lua_setfield(L, -2, "trailers");
   }
-  lua_pushlstring(L, r->body, r->body_len);
-  lua_setfield(L, -2, "body");
+  if (r->streaming) {          /* its body follows, in pieces */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "streaming");
+  } else {
+    lua_pushlstring(L, r->body, r->body_len);
+    lua_setfield(L, -2, "body");
+  }
   lua_pushboolean(L, r->keep_alive);
   lua_setfield(L, -2, "keep_alive");
 }
@@ -629,6 +641,10 @@ static int l_http_client(lua_State *L) {
   o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
   o.max_headers = opt_size(L, "max_headers", 100, 1, NR_HTTP_MAX_HEADERS);
   o.raw = lnr_codec_bool(L, "http_client", "raw", false);
+  o.stream = lnr_codec_bool(L, "http_client", "stream", false);
+  if (o.raw && o.stream)
+    luaL_error(L, CLASS ": raw and stream cannot go together (a raw "
+               "response is prepared whole)");
   nr_http_client_opts_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -638,9 +654,9 @@ static int l_http_client(lua_State *L) {
 static int l_tostring(lua_State *L) {
   nr_http_client_opts_t *c = luaL_checkudata(L, 1, CLASS);
   lua_pushfstring(L, CLASS "{ max_header = %I, max_body = %I, "
-                  "max_headers = %I, raw = %s }", (lua_Integer)c->max_header,
+                  "max_headers = %I, raw = %s%s }", (lua_Integer)c->max_header,
                   (lua_Integer)c->max_body, (lua_Integer)c->max_headers,
-                  c->raw ? "true" : "false");
+                  c->raw ? "true" : "false", c->stream ? ", stream = true" : "");
   return 1;
 }
 

@@ -1192,6 +1192,8 @@ static int parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
 
 /* ---- streamed bodies -------------------------------------------------------------- */
 
+static void piece_done(nr_http_parser_t *p);
+
 /* The most of a chunked body's input one stream_piece takes (its piece's
  * offsets fit 32 bits; a feed is one read, far less, in practice). */
 #define STREAM_RUN ((size_t)1 << 30)
@@ -1205,17 +1207,23 @@ static long stream_head(nr_http_parser_t *p, nr_http_request_t *req,
     return -413;
   req->streaming = true;
   req->content_length = req->chunked ? 0 : p->content_length;
-  p->sbody = true;
   p->line_ok = false;
+  nr__http_stream_start(p, req->chunked, p->content_length);
+  return end;
+}
+
+void nr__http_stream_start(nr_http_parser_t *p, bool chunked, uint64_t length) {
+  p->sbody = true;
   p->head_len = p->pos = 0;  /* offsets from where the body's bytes begin */
-  if (req->chunked) {
+  p->piece_len = 0;
+  if (chunked) {
     p->phase = P_CHUNK_SIZE;
     p->chunk_left = 0;
     p->content_length = 0;   /* (counts the data that came) */
   } else {
     p->phase = P_SBODY;      /* (content_length counts down) */
+    p->content_length = length;
   }
-  return end;
 }
 
 /* The next piece of a streamed body from s[0 .. n) into req (body,
@@ -1261,7 +1269,14 @@ static long stream_piece(nr_http_parser_t *p, nr_http_request_t *req,
   return end;
 }
 
+long nr__http_stream_piece(nr_http_parser_t *p, nr_http_request_t *req,
+                           const char *s, size_t n, bool *piece) {
+  return stream_piece(p, req, s, n, piece);
+}
+
 /* After a piece was delivered: its copy (if any) is let go. */
+void nr__http_stream_piece_done(nr_http_parser_t *p) { piece_done(p); }
+
 static void piece_done(nr_http_parser_t *p) {
   p->piece_len = 0;
   if (nr_buf_len(&p->body) > 0)

@@ -164,3 +164,101 @@ TEST(chunk_framing_holds_a_line_at_most) {
     rc = nr_http_feed(p, line, sizeof line, on_event, &s);
   CHECK_EQ(rc, 400);
 }
+
+/* ---- the client's streamed responses (http_client.c with stream) ---- */
+
+#include "codec/http_client.h"
+
+typedef struct cseen_s {
+  char heads[256];            /* "STATUS streaming|whole;" each */
+  char body[1 << 16];
+  size_t body_len;
+  int pieces, lasts;
+  char trailers[128];
+} cseen_t;
+
+static int on_reply(void *arg, nr_http_reply_t *r) {
+  cseen_t *s = arg;
+  if (!r->piece) {
+    size_t n = strlen(s->heads);
+    snprintf(s->heads + n, sizeof s->heads - n, "%d %s;", r->status,
+             r->streaming ? "streaming" : "whole");
+    return 0;
+  }
+  CHECK(r->body_len > 0 || r->last);
+  CHECK_LE(s->body_len + r->body_len, sizeof s->body);
+  memcpy(s->body + s->body_len, r->body, r->body_len);
+  s->body_len += r->body_len;
+  s->pieces++;
+  if (r->last) {
+    s->lasts++;
+    for (size_t i = 0; i < r->ntrailers; i++) {
+      size_t n = strlen(s->trailers);
+      snprintf(s->trailers + n, sizeof s->trailers - n, "%.*s=%.*s;",
+               (int)r->trailers[i].name_len, r->trailers[i].name,
+               (int)r->trailers[i].value_len, r->trailers[i].value);
+    }
+  }
+  return 0;
+}
+
+static const char replies[] =
+    "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    "HTTP/1.1 204 No Content\r\n\r\n"
+    "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+    "3\r\nabc\r\n4;x=y\r\ndefg\r\n0\r\nX-Sum: 9\r\n\r\n"
+    "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    "HTTP/1.0 200 OK\r\n\r\nto the close";
+
+TEST(client_streams_response_bodies_whatever_the_splits) {
+  size_t n = sizeof replies - 1;
+  for (size_t k = 1; k <= n; k++) {
+    cseen_t s = {0};
+    nr_http_client_parser_t p;
+    nr_http_client_parser_init(&p, 8192, 1 << 20, 64);
+    p.stream = true;
+    for (int i = 0; i < 5; i++)
+      CHECK_EQ(nr_http_client_expect(&p, 0), 0);
+    for (size_t at = 0; at < n; at += k)
+      CHECK_EQ(nr_http_client_feed(&p, replies + at, n - at < k ? n - at : k,
+                                   on_reply, &s), 0);
+    CHECK_EQ(nr_http_client_end(&p, on_reply, &s), 0);
+    CHECK_STR(s.heads, "200 streaming;204 whole;201 streaming;200 whole;"
+                       "200 streaming;");
+    CHECK_EQ(s.body_len, 24);
+    CHECK(memcmp(s.body, "helloabcdefgto the close", 24) == 0);
+    CHECK_EQ(s.lasts, 3);
+    CHECK_STR(s.trailers, "X-Sum=9;");
+    nr_http_client_parser_free(&p);
+  }
+}
+
+TEST(client_streamed_body_cut_short_or_too_long_fails) {
+  cseen_t s = {0};
+  nr_http_client_parser_t p;
+  nr_http_client_parser_init(&p, 8192, 10, 64);
+  p.stream = true;
+  CHECK_EQ(nr_http_client_expect(&p, 0), 0);
+  static const char cut[] = "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc";
+  CHECK_EQ(nr_http_client_feed(&p, cut, sizeof cut - 1, on_reply, &s), 0);
+  CHECK_EQ(nr_http_client_end(&p, on_reply, &s), NR_HTTPC_TRUNCATED);
+  CHECK_EQ(s.lasts, 0);
+  nr_http_client_parser_free(&p);
+  cseen_t t = {0};
+  nr_http_client_parser_init(&p, 8192, 10, 64);
+  p.stream = true;
+  CHECK_EQ(nr_http_client_expect(&p, 0), 0);
+  static const char big[] = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            "6\r\nabcdef\r\n6\r\nghijkl\r\n";
+  CHECK_EQ(nr_http_client_feed(&p, big, sizeof big - 1, on_reply, &t),
+           NR_HTTPC_TOO_LARGE);
+  nr_http_client_parser_free(&p);
+  cseen_t u = {0};
+  nr_http_client_parser_init(&p, 8192, 10, 64);
+  p.stream = true;
+  CHECK_EQ(nr_http_client_expect(&p, 0), 0);
+  static const char closed[] = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n0123456789X";
+  CHECK_EQ(nr_http_client_feed(&p, closed, sizeof closed - 1, on_reply, &u),
+           NR_HTTPC_TOO_LARGE);
+  nr_http_client_parser_free(&p);
+}
