@@ -400,3 +400,187 @@ describe("http_server body = \"stream\"", function()
     server:close():sync()
   end)
 end)
+
+-- Run fn(...) in a coroutine on loop; returns its result (bounded).
+local function on_loop(loop, fn, ...)
+  local spawned = H.sync(loop:submit(function(f, ...)
+    return netrun.spawn(f, ...)
+  end, fn, ...))
+  return H.sync(spawned, 60)
+end
+
+describe("netrun.http request { stream = true }", function()
+  local group
+  setup(function() group = netrun.group { threads = 1, name = "cstream" } end)
+  teardown(function() H.shutdown(group) end)
+
+  -- A netrun server answering GET /n/<bytes> with that many bytes, chunked
+  -- (a streamed answer) or with a Content-Length (/l/<bytes>), trailers on
+  -- /t; 204 on /none.
+  local function origin()
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", require("netrun").codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          local kind, n = req.path:match("^/(%a+)/(%d+)$")
+          if req.path == "/none" then return ctx:write_and_flush { status = 204 } end
+          n = tonumber(n)
+          local function byte_at(i) return string.char(32 + (i * 7) % 90) end
+          local parts = {}
+          for i = 0, n - 1, 4096 do
+            local t = {}
+            for j = i, math.min(n, i + 4096) - 1 do t[#t + 1] = byte_at(j) end
+            parts[#parts + 1] = table.concat(t)
+          end
+          if kind == "l" then
+            return ctx:write_and_flush { status = 200, body = table.concat(parts) }
+          end
+          ctx:write { status = 200, stream = true }
+          for _, p in ipairs(parts) do ctx:write(p) end
+          ctx:write_and_flush("")
+        end })
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    return server, port
+  end
+
+  local function expected(n)
+    local t = {}
+    for i = 0, n - 1 do t[#t + 1] = string.char(32 + (i * 7) % 90) end
+    return table.concat(t)
+  end
+
+  it("gives the head first, then the body piece by piece with res:read()", function()
+    local server, port = origin()
+    local got = on_loop(group:next(), function(port)
+      local http = require("netrun.http")
+      local out = {}
+      for _, path in ipairs { "/n/300000", "/l/200000", "/none" } do
+        local res = assert(http.request { url = "http://127.0.0.1:" .. port .. path,
+                                          stream = true, max_body = 1 << 20 }:await())
+        local parts, pieces = {}, 0
+        assert(res.body == nil)
+        while true do
+          local d, err = res:read()
+          assert(not err, err)
+          if d == nil then break end
+          pieces = pieces + 1
+          parts[#parts + 1] = d
+        end
+        out[#out + 1] = { status = res.status, body = table.concat(parts), pieces = pieces }
+      end
+      return out
+    end, port)
+    assert.equal(200, got[1].status)
+    assert.equal(expected(300000), got[1].body)
+    assert.is_true(got[1].pieces > 1)
+    assert.equal(expected(200000), got[2].body)
+    assert.equal(204, got[3].status)
+    assert.equal("", got[3].body)
+    server:close():sync()
+  end)
+
+  it("reads no faster than res:read() takes the body", function()
+    -- a raw server offers a body of BIG bytes; the reader takes the head
+    -- and waits: the server gets to send a few windows' worth, not BIG
+    local srv = assert(socket.bind("127.0.0.1", 0, 4))
+    local _, port = srv:getsockname()
+    results:set("stalled", -1)
+    local f = group:next():submit(function(port, big)
+      return netrun.spawn(function()
+        local http = require("netrun.http")
+        local d = require("netrun").shared.dict("http_stream_spec")
+        local res = assert(http.request { url = "http://127.0.0.1:" .. port .. "/big",
+                                          stream = true, max_body = 1 << 30 }:await())
+        d:set("head", res.status)
+        while d:get("stalled") < 0 do require("netrun").sleep(0.05) end
+        local n = 0
+        while true do
+          local data, err = res:read()
+          assert(not err, err)
+          if not data then break end
+          n = n + #data
+        end
+        return n
+      end)
+    end, tonumber(port), BIG)
+    srv:settimeout(10)
+    local c = assert(srv:accept())
+    assert(c:receive("*l"))                  -- the request line; the rest is small
+    c:send("HTTP/1.1 200 OK\r\nContent-Length: " .. BIG .. "\r\n\r\n")
+    H.eventually(function() return results:get("head") == 200 end)
+    c:settimeout(0)
+    local chunk = string.rep("b", 256 * 1024)
+    local sent, quiet = 0, 0
+    while quiet < 10 and sent < BIG do
+      local n, _, partial = c:send(chunk, 1, math.min(#chunk, BIG - sent))
+      local took = n or partial or 0
+      sent = sent + took
+      if took == 0 then quiet = quiet + 1; socket.select(nil, nil, 0.1) else quiet = 0 end
+    end
+    assert.is_true(sent < STALL, "the client took " .. sent .. " bytes")
+    local stalled = sent
+    results:set("stalled", sent)
+    local deadline = socket.gettime() + 60
+    while sent < BIG and socket.gettime() < deadline do
+      local n, _, partial = c:send(chunk, 1, math.min(#chunk, BIG - sent))
+      local took = n or partial or 0
+      sent = sent + took
+      if took == 0 then socket.select(nil, {c}, 0.1) end
+    end
+    local spawned = H.sync(f)
+    assert.equal(BIG, H.sync(spawned, 60))
+    print(string.format("\n  a reader that waits: the server got %d KiB of %d MiB out", stalled // 1024, BIG >> 20))
+    c:close(); srv:close()
+  end)
+
+  it("says when a body is cut short, over max_body, or the head never comes", function()
+    local srv = assert(socket.bind("127.0.0.1", 0, 4))
+    local _, port = srv:getsockname()
+    port = tonumber(port)
+    local f = group:next():submit(function(port)
+      return netrun.spawn(function()
+        local http = require("netrun.http")
+        local out = {}
+        for _, max in ipairs { 1000, 10 } do
+          local ok, res = pcall(function()
+            return http.request { url = "http://127.0.0.1:" .. port .. "/",
+                                  stream = true, max_body = max }:await()
+          end)
+          local parts = {}
+          if not ok then parts[1] = "FAILED " .. tostring(res) end
+          while ok do
+            local d, err = res:read()
+            if err then parts[#parts + 1] = "ERR " .. err break end
+            if not d then break end
+            parts[#parts + 1] = d
+          end
+          out[#out + 1] = table.concat(parts, "|")
+        end
+        local ok, err = pcall(function()
+          return http.request { url = "http://127.0.0.1:" .. port .. "/", stream = true,
+                                timeout = 0.3 }:await()
+        end)
+        out[#out + 1] = tostring(ok) .. " " .. tostring(err)
+        return out
+      end)
+    end, port)
+    srv:settimeout(10)
+    local c = assert(srv:accept())
+    assert(c:receive("*l"))
+    c:send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten..")
+    socket.select(nil, nil, 0.1)
+    c:close()
+    c = assert(srv:accept())
+    assert(c:receive("*l"))
+    c:send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+    local c3 = assert(srv:accept())               -- says nothing
+    local out = H.sync(H.sync(f), 30)
+    assert.matches("^only ten%.%.|ERR .*closed in the middle of a response", out[1])
+    assert.matches("^FAILED .*over max_body", out[2])   -- (its Content-Length says so)
+    assert.matches("^false .*timeout", out[3])
+    c:close(); c3:close(); srv:close()
+  end)
+end)

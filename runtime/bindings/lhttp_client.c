@@ -559,7 +559,8 @@ static const struct { const char *k; size_t n; int t; } options[] = {
     OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
     OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
     OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
-    OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN)};
+    OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN),
+    OPT("stream", LUA_TBOOLEAN)};
 #undef OPT
 
 /* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are

@@ -421,7 +421,8 @@ void lnr_open_http_client(lua_State *L);
  * LNR_HOPT_* (slots the caller made; those of absent options are left). */
 enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
        LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
-       LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_N };
+       LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_STREAM,
+       LNR_HOPT_N };
 void lnr_http_check_request(lua_State *L, int idx, int base, int level);
 /* Write the request whose fields are the uservalues of the userdata at idx
  * (2 method, 3 path, 4 headers, 5 body, 6 forward, 7 host; false: none)
