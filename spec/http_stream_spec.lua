@@ -482,6 +482,29 @@ describe("netrun.http request { stream = true }", function()
     server:close():sync()
   end)
 
+  it("hands the pieces to a callback with res:each(fn), the request's too", function()
+    local server, port = origin()
+    local got = on_loop(group:next(), function(port)
+      local netrun = require "netrun"
+      local client = require("netrun.http").client { max_body = 1 << 20 }
+      local done = netrun.promise()
+      client:request({ url = "http://127.0.0.1:" .. port .. "/n/100000", stream = true },
+        function(res, err)
+          assert(res, err)
+          local parts = {}
+          res:each(function(d, e)
+            if d then parts[#parts + 1] = d return end
+            done:set_success({ status = res.status, body = table.concat(parts), err = e })
+          end)
+        end)
+      return done:await()
+    end, port)
+    assert.equal(200, got.status)
+    assert.is_nil(got.err)
+    assert.equal(expected(100000), got.body)
+    server:close():sync()
+  end)
+
   it("reads no faster than res:read() takes the body", function()
     -- a raw server offers a body of BIG bytes; the reader takes the head
     -- and waits: the server gets to send a few windows' worth, not BIG

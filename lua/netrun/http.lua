@@ -346,8 +346,27 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
     if err and not st.err then st.err = err end
     st.done = true
     if st.ch and st.ch:is_open() then st.ch:close() end
-    if not head_sent then deliver(nil, st.err or (what .. ": the connection closed before a response")) end
+    if not head_sent then
+      return deliver(nil, st.err or (what .. ": the connection closed before a response"))
+    end
+    if st.each then st.each(nil, st.err) end
     wake()
+  end
+  -- res:each(fn): the callback form -- fn(piece) as each comes (what
+  -- waited first), then fn(nil) at the end or fn(nil, err).
+  local function each(_, fn)
+    if type(fn) ~= "function" then
+      error("res:each(fn): fn must be a function, got " .. type(fn), 2)
+    end
+    st.each = fn
+    for i = st.first, st.last do
+      local d = st[i]
+      st[i] = nil
+      fn(d)
+    end
+    st.first, st.last = 1, 0
+    if st.done then return fn(nil, st.err) end
+    if st.ch then st.ch:option("auto_read", true) end
   end
   local function read(_)
     while true do
@@ -371,6 +390,11 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
   st.handler = {
     channel_read = function(_, ctx, m)
       if m.type == "body" then
+        if st.each then
+          if #m.data > 0 then st.each(m.data) end
+          if m.last then st.trailers = m.trailers; finish(nil) end
+          return
+        end
         if #m.data > 0 then
           st.last = st.last + 1
           st[st.last] = m.data
@@ -386,12 +410,12 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
       end
       if m.streaming then
         m.streaming = nil
-        m.read = read
+        m.read, m.each = read, each
         deliver(m)
       else                                  -- no body (204, 304, HEAD, 0 bytes)
         local body = m.body
         m.body = nil
-        m.read = read
+        m.read, m.each = read, each
         if #body > 0 then st.last = 1; st[1] = body end
         deliver(m)
         finish(nil)

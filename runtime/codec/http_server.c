@@ -1141,8 +1141,15 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   if (s->overflow)
     rc = 503;
   if (rc > 1 && s->body != B_NONE) {
+    nr_inbound_enter_quiet(&s->in);    /* (its answer may close: s goes) */
     fail_body(s, rc, rc == 413 ? "http_server: the request body is over "
               "max_body" : "http_server: malformed request body");
+    if (nr_inbound_leave(&s->in)) {
+      server_free(s);
+      return false;
+    }
+    if (s->in.removed)
+      return false;
     rc = 0;                    /* (answered in its turn) */
   }
   if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
