@@ -5,6 +5,13 @@
 --          [--threads 1] [--pool 64] [--timeout 30] [--max-body 8388608]
 --          [--in-flight 16] [--body-budget 33554432]
 --          [--conn-body-budget 16777216]            (or BACKEND=, PORT=, ...)
+--          [--body whole|stream] [--buffer 65536]
+-- --body stream streams request and response bodies both ways instead of
+-- holding them whole (see "--body stream" below): what a client
+-- connection costs is then about 2 x --buffer whatever the bodies' sizes,
+-- and --max-body 0 means no limit. (The default stays whole for now: the
+-- streamed mode has a backend connection per client connection, not the
+-- pool, and no retries.)
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
