@@ -92,6 +92,12 @@ local function response_for(r, err)
            body = timeout and "gateway timeout\n" or "bad gateway\n" }
 end
 
+-- A client connection that failed (a reset, a write that failed) closes.
+local function client_failed(_, c, err)
+  netrun.log.debug("proxy: client %s", tostring(err))
+  c:close()
+end
+
 -- The handler of a client connection. Responses go out in request order
 -- (the codec's rule), so each request sent to the backend takes the next
 -- slot of a ring of in_flight slots, and the slots are written in order
@@ -185,10 +191,7 @@ local function proxy_handler()
       closed = true                   -- (answers still coming are dropped)
       c:fire_channel_inactive()
     end,
-    exception_caught = function(_, c, err)
-      netrun.log.debug("proxy: client %s", tostring(err))
-      c:close()
-    end,
+    exception_caught = client_failed,
   }
 end
 
@@ -346,10 +349,7 @@ local function stream_handler()
       if be then be:close() end
       c:fire_channel_inactive()
     end,
-    exception_caught = function(_, c, err)
-      netrun.log.debug("proxy: client %s", tostring(err))
-      c:close()
-    end,
+    exception_caught = client_failed,
   }
 end
 

@@ -211,17 +211,12 @@ describe("http_server body = \"stream\"", function()
     local total = BIG
     local head = "POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: " .. total .. "\r\n\r\n"
     assert(c:send(head))
-    c:settimeout(0)
     local chunk = string.rep("z", 256 * 1024)
-    local sent, quiet = 0, 0
     sink_srv:settimeout(10)
     local peer = assert(sink_srv:accept())
-    while quiet < 10 and sent < total do            -- until 1 s with nothing taken
-      local n, err, partial = c:send(chunk)
-      local took = n or partial or 0
-      sent = sent + took
-      if took == 0 then quiet = quiet + 1; socket.select(nil, nil, 0.1) else quiet = 0 end
-    end
+    c:settimeout(1)                                 -- until 1 s with nothing taken
+    local sent = H.flood(c, chunk, total)
+    c:settimeout(0)
     -- stalled: the kernel's buffers (client send, server receive, peer
     -- receive, server send) and the server's window, not 32 MiB
     assert.is_true(sent < STALL, "the server took " .. sent .. " bytes")
@@ -268,15 +263,10 @@ describe("http_server body = \"stream\"", function()
     local c = H.client(port)
     local total = BIG
     assert(c:send("POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: " .. total .. "\r\n\r\n"))
-    c:settimeout(0)
     local chunk = string.rep("e", 256 * 1024)
-    local sent, quiet = 0, 0
-    while quiet < 10 and sent < total do            -- until 1 s with nothing taken
-      local n, _, partial = c:send(chunk)
-      local took = n or partial or 0
-      sent = sent + took
-      if took == 0 then quiet = quiet + 1; socket.select(nil, nil, 0.1) else quiet = 0 end
-    end
+    c:settimeout(1)                                 -- until 1 s with nothing taken
+    local sent = H.flood(c, chunk, total)
+    c:settimeout(0)
     assert.is_true(sent < STALL, "the server took " .. sent .. " bytes")
     local stalled = sent
     -- the client reads: the answer is the body, chunked, whole
@@ -406,13 +396,7 @@ local function read_head(c)
   repeat local l = assert(c:receive("*l")) until l == ""
 end
 
--- Run fn(...) in a coroutine on loop; returns its result (bounded).
-local function on_loop(loop, fn, ...)
-  local spawned = H.sync(loop:submit(function(f, ...)
-    return netrun.spawn(f, ...)
-  end, fn, ...))
-  return H.sync(spawned, 60)
-end
+local on_loop = H.on_loop
 
 describe("netrun.http request { stream = true }", function()
   local group
@@ -539,15 +523,10 @@ describe("netrun.http request { stream = true }", function()
     read_head(c)
     c:send("HTTP/1.1 200 OK\r\nContent-Length: " .. BIG .. "\r\n\r\n")
     H.eventually(function() return results:get("head") == 200 end)
-    c:settimeout(0)
     local chunk = string.rep("b", 256 * 1024)
-    local sent, quiet = 0, 0
-    while quiet < 10 and sent < BIG do
-      local n, _, partial = c:send(chunk, 1, math.min(#chunk, BIG - sent))
-      local took = n or partial or 0
-      sent = sent + took
-      if took == 0 then quiet = quiet + 1; socket.select(nil, nil, 0.1) else quiet = 0 end
-    end
+    c:settimeout(1)                                 -- until 1 s with nothing taken
+    local sent = H.flood(c, chunk, BIG)
+    c:settimeout(0)
     assert.is_true(sent < STALL, "the client took " .. sent .. " bytes")
     local stalled = sent
     results:set("stalled", sent)
