@@ -424,6 +424,10 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
     exception_caught = function(_, ctx, err)
       finish(what .. ": " .. tostring(err))
     end,
+    channel_writability_changed = function(_, ctx)
+      if st.pump and ctx.channel:is_writable() then st.pump() end
+      ctx:fire_channel_writability_changed()
+    end,
     channel_inactive = function(_, ctx)
       if not st.done then
         finish(what .. (head_sent and ": the connection closed in the middle of the body"
@@ -449,7 +453,35 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
     end
     local ch = cf:result()
     if finished then return ch:close() end
-    ch:write_and_flush({ method = method, path = u[4], headers = h, body = opts.body })
+    local body = opts.body
+    if type(body) == "function" then        -- chunked, as the connection takes it
+      h["transfer-encoding"] = "chunked"
+      ch:write({ method = method, path = u[4], headers = h })
+      st.pump = function()
+        while st.pump and ch:is_open() do
+          local ok, d = pcall(body)
+          if not ok then
+            st.pump = nil
+            return finish(what .. ": the body function failed: " .. tostring(d))
+          end
+          if d == nil or d == "" then
+            st.pump = nil
+            return ch:write_and_flush("0\r\n\r\n")
+          end
+          if type(d) ~= "string" then
+            st.pump = nil
+            return finish(what .. ": the body function returned a " .. type(d) .. ", not a string")
+          end
+          ch:write(string.format("%x\r\n", #d))
+          ch:write(d)
+          ch:write("\r\n")
+          ch:flush()
+          if not ch:is_writable() then return end   -- on when it drains
+        end
+      end
+      return st.pump()
+    end
+    ch:write_and_flush({ method = method, path = u[4], headers = h, body = body })
       :add_listener(function(wf)
         if not wf:is_success() then finish(what .. ": " .. tostring(wf:cause())) end
       end)

@@ -575,7 +575,8 @@ static int option_index(const char *k, size_t n) {
 void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
   if (lua_type(L, idx) != LUA_TTABLE)
     raise_at(L, level, "options must be a table, got %s", luaL_typename(L, idx));
-  bool forward = false, method_or_body = false;
+  bool forward = false, method_or_body = false, stream = false,
+       stream_body = false;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     size_t n = 0;
@@ -598,9 +599,14 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
       if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
         raise_at(L, level, "%s must be a number >= 0, got %s", k,
                  luaL_tolstring(L, -1, NULL));
+    } else if (i == LNR_HOPT_BODY && t == LUA_TFUNCTION) {
+      stream_body = true;                    /* (with stream = true only) */
+      method_or_body = true;
     } else if (want != LUA_TNONE && t != want) {
       raise_at(L, level, "%s must be a %s, got %s", k, lua_typename(L, want),
                luaL_typename(L, -1));
+    } else if (i == LNR_HOPT_STREAM && lua_toboolean(L, -1)) {
+      stream = true;
     } else if (want == LUA_TSTRING) {        /* method or body */
       method_or_body = true;
     }
@@ -610,6 +616,8 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
   }
   if (forward && method_or_body)
     raise_at(L, level, "forward takes the request's method and body: give neither");
+  if (stream_body && !stream)
+    raise_at(L, level, "a body that is a function needs stream = true");
 }
 
 static int l_check_request(lua_State *L) {
