@@ -356,10 +356,22 @@ void nr__loop_reap(nr_loop_t *l) {
 /* ---- watches (nr_channel_watch) ----
  *
  * A list per channel, told in order. A watch may end itself or another
- * while they are told: nr_channel_unwatch moves the cursor (watch_next)
- * past the one it removes, so the walk never reaches freed memory. A
- * change met while they are told (a watch wrote to ch) is told as one
- * more round once this one ends: each watch reads the state itself. */
+ * while they are told: each walk under way on this thread is a frame on
+ * its stack (walks nest: a watch that writes to another channel tells
+ * that one's), and nr_channel_unwatch moves a frame's cursor past the
+ * watch it removes, so no walk reaches freed memory. A change met while
+ * a channel's watches are told (a watch wrote to it) is told as one more
+ * round once this one ends: each watch reads the state itself. The
+ * channel keeps only the list's head (a connection stays within its
+ * memory budget). */
+typedef struct tell_s {
+  nr_channel_t *ch;
+  nr_chwatch_t *next;                  /* the next one told */
+  bool again;                          /* a change met meanwhile */
+  struct tell_s *up;
+} tell_t;
+static _Thread_local tell_t *telling;
+
 void nr_channel_watch(nr_channel_t *ch, nr_chwatch_t *w) {
   NR_ASSERT_CHANNEL_LOOP(ch);
   assert(w->ch == NULL);
@@ -376,8 +388,9 @@ void nr_channel_unwatch(nr_chwatch_t *w) {
   if (ch == NULL)
     return;
   NR_ASSERT_CHANNEL_LOOP(ch);
-  if (ch->watch_next == w)
-    ch->watch_next = w->next;
+  for (tell_t *t = telling; t != NULL; t = t->up)
+    if (t->next == w)
+      t->next = w->next;
   *(w->prev ? &w->prev->next : &ch->watches) = w->next;
   if (w->next)
     w->next->prev = w->prev;
@@ -389,20 +402,22 @@ void nr_channel_unwatch(nr_chwatch_t *w) {
 static void tell_watches(nr_channel_t *ch) {
   if (ch->watches == NULL)
     return;
-  if (ch->telling) {                    /* told again by a watch: once */
-    ch->telling = 2;                    /* more, after this round */
-    return;
-  }
-  nr_channel_retain(ch);                /* (the last watch may end) */
+  for (tell_t *t = telling; t != NULL; t = t->up)
+    if (t->ch == ch) {                 /* told again by a watch: once */
+      t->again = true;                 /* more, after this round */
+      return;
+    }
+  tell_t t = {ch, NULL, false, telling};
+  telling = &t;
+  nr_channel_retain(ch);               /* (the last watch may end) */
   do {
-    ch->telling = 1;
-    for (nr_chwatch_t *w = ch->watches; w != NULL; w = ch->watch_next) {
-      ch->watch_next = w->next;
+    t.again = false;
+    for (nr_chwatch_t *w = ch->watches; w != NULL; w = t.next) {
+      t.next = w->next;
       w->fn(w, ch);
     }
-  } while (ch->telling == 2);
-  ch->telling = 0;
-  ch->watch_next = NULL;
+  } while (t.again);
+  telling = t.up;
   nr_channel_release(ch);
 }
 
