@@ -18,6 +18,25 @@ typedef struct seen_s {
   size_t max_held;            /* the most the parser held between feeds */
 } seen_t;
 
+/* A piece of a streamed body (server or client), gathered into s. */
+static void got_piece(seen_t *s, const char *body, size_t len, bool last,
+                      const nr_http_header_t *tr, size_t ntr) {
+  CHECK(len > 0 || last);
+  CHECK_LE(s->body_len + len, sizeof s->body);
+  memcpy(s->body + s->body_len, body, len);
+  s->body_len += len;
+  s->pieces++;
+  if (!last)
+    return;
+  s->lasts++;
+  for (size_t i = 0; i < ntr; i++) {
+    size_t n = strlen(s->trailers);
+    snprintf(s->trailers + n, sizeof s->trailers - n, "%.*s=%.*s;",
+             (int)tr[i].name_len, tr[i].name, (int)tr[i].value_len,
+             tr[i].value);
+  }
+}
+
 static int on_event(void *arg, int ev, nr_http_request_t *r) {
   seen_t *s = arg;
   if (ev == NR_HTTP_EV_CONTINUE)
@@ -35,20 +54,7 @@ static int on_event(void *arg, int ev, nr_http_request_t *r) {
     }
     return 0;
   }
-  CHECK(r->body_len > 0 || r->last);
-  CHECK_LE(s->body_len + r->body_len, sizeof s->body);
-  memcpy(s->body + s->body_len, r->body, r->body_len);
-  s->body_len += r->body_len;
-  s->pieces++;
-  if (r->last) {
-    s->lasts++;
-    for (size_t i = 0; i < r->ntrailers; i++) {
-      size_t n = strlen(s->trailers);
-      snprintf(s->trailers + n, sizeof s->trailers - n, "%.*s=%.*s;",
-               (int)r->trailers[i].name_len, r->trailers[i].name,
-               (int)r->trailers[i].value_len, r->trailers[i].value);
-    }
-  }
+  got_piece(s, r->body, r->body_len, r->last, r->trailers, r->ntrailers);
   if (s->pause_after && s->pieces % s->pause_after == 0)
     return NR_HTTP_PAUSE;
   return 0;
@@ -169,36 +175,16 @@ TEST(chunk_framing_holds_a_line_at_most) {
 
 #include "codec/http_client.h"
 
-typedef struct cseen_s {
-  char heads[256];            /* "STATUS streaming|whole;" each */
-  char body[1 << 16];
-  size_t body_len;
-  int pieces, lasts;
-  char trailers[128];
-} cseen_t;
 
 static int on_reply(void *arg, nr_http_reply_t *r) {
-  cseen_t *s = arg;
+  seen_t *s = arg;
   if (!r->piece) {
     size_t n = strlen(s->heads);
     snprintf(s->heads + n, sizeof s->heads - n, "%d %s;", r->status,
              r->streaming ? "streaming" : "whole");
     return 0;
   }
-  CHECK(r->body_len > 0 || r->last);
-  CHECK_LE(s->body_len + r->body_len, sizeof s->body);
-  memcpy(s->body + s->body_len, r->body, r->body_len);
-  s->body_len += r->body_len;
-  s->pieces++;
-  if (r->last) {
-    s->lasts++;
-    for (size_t i = 0; i < r->ntrailers; i++) {
-      size_t n = strlen(s->trailers);
-      snprintf(s->trailers + n, sizeof s->trailers - n, "%.*s=%.*s;",
-               (int)r->trailers[i].name_len, r->trailers[i].name,
-               (int)r->trailers[i].value_len, r->trailers[i].value);
-    }
-  }
+  got_piece(s, r->body, r->body_len, r->last, r->trailers, r->ntrailers);
   return 0;
 }
 
@@ -213,7 +199,7 @@ static const char replies[] =
 TEST(client_streams_response_bodies_whatever_the_splits) {
   size_t n = sizeof replies - 1;
   for (size_t k = 1; k <= n; k++) {
-    cseen_t s = {0};
+    seen_t s = {0};
     nr_http_client_parser_t p;
     nr_http_client_parser_init(&p, 8192, 1 << 20, 64);
     p.stream = true;
@@ -234,7 +220,7 @@ TEST(client_streams_response_bodies_whatever_the_splits) {
 }
 
 TEST(client_streamed_body_cut_short_or_too_long_fails) {
-  cseen_t s = {0};
+  seen_t s = {0};
   nr_http_client_parser_t p;
   nr_http_client_parser_init(&p, 8192, 10, 64);
   p.stream = true;
@@ -244,7 +230,7 @@ TEST(client_streamed_body_cut_short_or_too_long_fails) {
   CHECK_EQ(nr_http_client_end(&p, on_reply, &s), NR_HTTPC_TRUNCATED);
   CHECK_EQ(s.lasts, 0);
   nr_http_client_parser_free(&p);
-  cseen_t t = {0};
+  seen_t t = {0};
   nr_http_client_parser_init(&p, 8192, 10, 64);
   p.stream = true;
   CHECK_EQ(nr_http_client_expect(&p, 0), 0);
@@ -253,7 +239,7 @@ TEST(client_streamed_body_cut_short_or_too_long_fails) {
   CHECK_EQ(nr_http_client_feed(&p, big, sizeof big - 1, on_reply, &t),
            NR_HTTPC_TOO_LARGE);
   nr_http_client_parser_free(&p);
-  cseen_t u = {0};
+  seen_t u = {0};
   nr_http_client_parser_init(&p, 8192, 10, 64);
   p.stream = true;
   CHECK_EQ(nr_http_client_expect(&p, 0), 0);
