@@ -436,12 +436,20 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
     end,
   }
   local tls = u[1] == "https" and (opts.tls or client.tls or M.default_tls()) or nil
-  if timeout and timeout > 0 then
-    timer = loop:schedule(timeout, function()
-      timer = nil
-      if not head_sent then finish(what .. ": timeout after " .. timeout .. " s") end
-    end)
+  -- the time for the connect, and for the head once the request is sent
+  -- (not while a body function's chunks are going out: an upload takes
+  -- what it takes, each chunk paced by the connection)
+  local function arm()
+    if timer then timer:cancel() end
+    timer = nil
+    if timeout and timeout > 0 and not head_sent then
+      timer = loop:schedule(timeout, function()
+        timer = nil
+        if not head_sent then finish(what .. ": timeout after " .. timeout .. " s") end
+      end)
+    end
   end
+  arm()
   local ok, f = pcall(require("netrun").connect, {
     group = loop, host = u[2], port = u[3], timeout = timeout > 0 and timeout or nil, tls = tls,
     init = function(ch) require("netrun.http").attach_stream(ch, id) end,
@@ -457,6 +465,7 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
     if type(body) == "function" then        -- chunked, as the connection takes it
       h["transfer-encoding"] = "chunked"
       ch:write({ method = method, path = u[4], headers = h })
+      if timer then timer:cancel(); timer = nil end     -- (armed again at its end)
       st.pump = function()
         while st.pump and ch:is_open() do
           local ok, d = pcall(body)
@@ -466,6 +475,7 @@ local function stream_request(client, opts, u, method, h, mb, timeout, target)
           end
           if d == nil or d == "" then
             st.pump = nil
+            arm()
             return ch:write_and_flush("0\r\n\r\n")
           end
           if type(d) ~= "string" then
