@@ -301,7 +301,7 @@ end)
 
 describe("examples/proxy.lua --body stream", function()
   local bpid, pid, port
-  local BIG = (H.faults and 16 or 64) * 1024 * 1024
+  local BIG = (H.faults and 16 or 32) * 1024 * 1024
   local function sha_of_pattern(n)
     local out = H.run(string.format("python3 -c \"import hashlib,sys;P=bytes(range(256))*4096;" ..
       "n=%d;h=hashlib.sha256()\nwhile n: k=min(n,len(P));h.update(P[:k]);n-=k\nprint(h.hexdigest())\"", n))
