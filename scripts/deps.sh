@@ -7,6 +7,7 @@ PACKAGES=(
   gcc make cmake pkg-config             # build
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
+  lua-ldoc lua-markdown luarocks        # the API reference (docs/config.ld), the rockspec
   libssl-dev                            # TLS (OpenSSL 3)
   zlib1g-dev                            # WebSocket permessage-deflate
   libc-ares-dev                         # netrun.dns: the asynchronous resolver

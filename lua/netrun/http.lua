@@ -1,3 +1,34 @@
+--- The HTTP/1.1 client: `netrun.http`, loaded on first use.
+--
+-- Requests run on the caller's loop, on keep-alive connections pooled per
+-- loop, origin and TLS settings; from the main thread (a script, the REPL)
+-- they run on a loop of a group of their own and `sync`/`await` block until
+-- done. Futures fail with the method, URL and cause (a bad URL, a refused or
+-- timed-out connect, `timeout after N s`, a reset mid-response, a body over
+-- `max_body`, a malformed response); a connection that failed is never
+-- reused, and an idempotent request whose reused connection was closed
+-- before answering is sent once more. Host names resolve through
+-- `netrun.dns`; `https` verifies the server against the system's CAs and
+-- the host name unless a `tls` config says otherwise. The defaults are
+-- fields of the module: `pool` (64), `keepalive` (60), `timeout` (5),
+-- `max_body` (1 MiB), `max_header` (16384), `max_waiting` (1024). Limits:
+-- README, "Limits, timeouts and defaults"; the whole story: README, "HTTP
+-- client".
+-- @module netrun.http
+
+--- A request's options (`request`, `client:request`):
+-- @table request_options
+-- @string url the absolute URL, `http://` or `https://` (for `forward`: the origin only)
+-- @string[opt="GET"] method the method
+-- @tparam[opt] table headers header fields (an array value repeats a field)
+-- @string[opt] body the body (Content-Length is set)
+-- @number[opt=5] timeout seconds for the whole request: lookup, connect, TLS, response (0: none)
+-- @int[opt=1048576] max_body the largest response body
+-- @param[opt] tls a `netrun.tls.client` config
+-- @int[opt=0] follow redirects to follow
+-- @bool[opt=false] follow_downgrade follow a redirect from https to http
+-- @param[opt] forward a request of `netrun.codec.http_server` to send on as it came (proxies)
+
 -- netrun.http: the HTTP/1.1 client (DESIGN.md §8.3) on the native codec
 -- netrun.codec.http_client.
 --
@@ -73,6 +104,12 @@ local M = {
   max_waiting = 1024,
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
+
+--- Decode a URL component as the server codec decodes `req.args`: `+` as
+-- a space and `%XX` escapes.
+-- @function unescape
+-- @string s the component
+-- @treturn string the decoded text
 
 local pools = {}              -- client id -> origin [# TLS identity] -> pool (this state's)
 local by_id = {}              -- pool number -> pool (for connections' init)
@@ -645,12 +682,22 @@ local function request_other(self, opts, callback)
   M.request_with(self, opts, callback)
 end
 
--- client:forwarder { url = origin, headers = {...} } --> forward: a
--- proxy's request path with its options checked once (the origin parsed,
--- its pool found by key): forward(req, callback) is client:request({ url =
--- origin, forward = req, headers = headers }, callback), req a request of
--- netrun.codec.http_server, on a loop. (headers: the table itself, read
--- as each request is written.)
+--- An HTTP client, made by `client`.
+-- @type client
+
+--- A proxy's request path with its options checked once: returns
+-- `forward(req, callback)`, which is `client:request({ url = origin,
+-- forward = req, headers = headers }, callback)` for a request `req` of
+-- `netrun.codec.http_server`, on a loop. The headers table is read as
+-- each request is written. Hop-by-hop fields, Content-Length and Expect
+-- stay behind; fields a handler assigned to `req` win.
+-- @function client:forwarder
+-- @tparam table opts
+-- @string opts.url the origin (`http://backend:8080`; no path)
+-- @tparam[opt] table opts.headers fields added, replacing forwarded ones of the same names
+-- @treturn function forward(req, callback)
+-- @usage local forward = client:forwarder { url = "http://127.0.0.1:8080" }
+-- forward(req, function(res, err) ctx:write(res and res.response or bad_gateway) end)
 function Client:forwarder(opts)
   local what = "netrun.http client:forwarder"
   if getmetatable(self) ~= Client then error(what .. ": call it as client:forwarder { ... }", 2) end
@@ -682,6 +729,24 @@ local function new_id()
   return "c" .. d:incr("clients", 1, 0)
 end
 
+--- @section end
+
+--- An HTTP client: its own pools (per loop, origin and TLS settings) and
+-- defaults for its requests. Made anywhere, used on any loop.
+-- @tparam[opt] table opts
+-- @int[opt=64] opts.pool connections per loop, origin and TLS settings
+-- @int[opt=1024] opts.max_waiting requests waiting for a connection, per pool; past it a request fails at once
+-- @number[opt=60] opts.keepalive seconds an idle pooled connection is kept
+-- @number[opt=5] opts.timeout a request's default timeout, seconds (0: none)
+-- @int[opt=1048576] opts.max_body the largest response body
+-- @int[opt=16384] opts.max_header the largest response head
+-- @param[opt] opts.tls a `netrun.tls.client` config for https
+-- @int[opt=0] opts.follow redirects to follow
+-- @bool[opt=false] opts.follow_downgrade follow https to http redirects
+-- @bool[opt=false] opts.raw responses as `netrun.http.raw_response` (proxies): `res.status`, `res.keep_alive`, `res.response` to write
+-- @treturn client
+-- @usage local client = netrun.http.client { pool = 16, timeout = 2 }
+-- local res = client:request { url = "http://127.0.0.1:8080/" }:await()
 function M.client(opts)
   local what = "netrun.http.client"
   if opts ~= nil and type(opts) ~= "table" then
@@ -713,6 +778,10 @@ function M.client(opts)
 end
 
 local default_client
+--- Send a request with the default client.
+-- @tparam table opts the request's options (`request_options`)
+-- @treturn future of the response `{ status, reason, version, headers, trailers, body, keep_alive }` (header names in lower case)
+-- @usage local res = netrun.http.request { url = "https://a.example/x" }:await()
 function M.request(opts)
   check_request(opts)
   default_client = default_client or M.client()
@@ -738,6 +807,14 @@ function M.stats()
   return out
 end
 
+--- @type client
+
+--- Send a request on this client's pools. With a callback, no future is
+-- made: `callback(res)` or `callback(nil, err)` runs on the caller's loop.
+-- @function client:request
+-- @tparam table opts the request's options (`request_options`)
+-- @tparam[opt] function callback `callback(res, err)`
+-- @treturn future|nil of the response (nil with a callback)
 Client.request = core.http.lane { Client = Client, pools = pools, urls = urls,
                                   slow = request_other }
 

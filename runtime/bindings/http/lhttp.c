@@ -91,6 +91,10 @@
  * of a state. Like every native handler configuration it is plain bytes,
  * copied when it crosses states (an upvalue of `init`, say).
  */
+
+/***
+@module netrun
+*/
 #include <assert.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -740,6 +744,26 @@ static const nr_handler_t *not_a_handler(lua_State *L, int idx, void **state) {
   return NULL;
 }
 
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
+
+/***
+A prepared HTTP response: encoded once, written many times
+(`ctx:write(hello, VOID)` copies its bytes and adds Date). Not streamed;
+the body is at most 2 GiB.
+@function codec.http_response
+@tparam table res a response table, as a handler writes
+@int[opt=200] res.status the status code (100..999)
+@string[opt] res.reason the reason phrase
+@tparam[opt] table res.headers header fields (lower-case names; an array value repeats the field)
+@string[opt=""] res.body the body
+@return a prepared response (a bad field raises)
+@usage local hello = netrun.codec.http_response { body = "Hello, World!",
+  headers = { ["content-type"] = "text/plain" } }
+*/
+
 static int l_http_response(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
@@ -871,6 +895,33 @@ static uint64_t opt_seconds(lua_State *L, const char *k, uint64_t d) {
   lua_pop(L, 1);
   return v;
 }
+
+/***
+The HTTP/1.1 server codec. The handler after it reads one request per
+message -- a userdata read like a table whose fields are made when first
+read: `method`, `path` (normalized: match on it), `target` (as it came),
+`query`, `args` (the query decoded; a repeated key gives an array),
+`version`, `headers` (lower-case names; repeats joined with ", "),
+`trailers`, `body`, `keep_alive` -- and answers each, in request order, by
+writing (or returning from `channel_read`) a response table
+`{ status = 200, reason, headers = {...}, body = "..." }` or a
+`codec.http_response`. Server, Date and Content-Length are added; with
+`stream = true` the response is chunked: each string written next is a
+chunk, and `""` or `false` ends it. A request over a limit is answered by
+the codec (413, 431, 408) and the connection closed.
+@function codec.http_server
+@tparam[opt] table opts
+@int[opt=8192] opts.max_header request line and headers, bytes
+@int[opt=1048576] opts.max_body the decoded body, bytes
+@int[opt=64] opts.max_headers header and trailer lines (at most 512)
+@number[opt=60] opts.header_timeout seconds for a head, from its first byte (0: off)
+@number[opt=60] opts.body_timeout seconds between two reads of a body (0: off)
+@number[opt=75] opts.keepalive_timeout seconds an idle connection waits for its next request (0: off)
+@int[opt=67108864] opts.body_budget request body bytes held at once by one loop's connections (0: none)
+@int[opt=16777216] opts.conn_body_budget the same for one connection
+@return a codec configuration
+@usage ch:pipeline():add_last("http", netrun.codec.http_server { max_body = 1 << 20 })
+*/
 
 static int l_http_server(lua_State *L) {
   if (!lua_isnoneornil(L, 1))

@@ -57,6 +57,15 @@
  * close) reaches exception_caught as "http_client: <kind>: <cause>" and
  * the channel is closed.
  */
+
+/***
+@module netrun
+*/
+
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -642,6 +651,24 @@ static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
                        lua_Integer min, lua_Integer max) {
   return (size_t)lnr_codec_int(L, "http_client", k, d, min, max);
 }
+
+/***
+The HTTP/1.1 client codec (`netrun.http` pools such channels for you).
+Write request tables `{ method = "GET", path = "/a?x=1", headers = {...},
+body = "..." }` (Host is yours to give; Content-Length is added), and read
+one table per whole response: `{ status, reason, version, headers,
+trailers, body, keep_alive }` (a repeated Set-Cookie is an array).
+Content-Length, chunked (trailers kept apart), bodies until the close, no
+body for HEAD, 204 and 304; 1xx skipped (at most 5); a response framed by
+both Content-Length and Transfer-Encoding is refused.
+@function codec.http_client
+@tparam[opt] table opts
+@int[opt=16384] opts.max_header status line and headers, bytes
+@int[opt=1048576] opts.max_body the decoded body, bytes
+@int[opt=100] opts.max_headers header and trailer lines (at most 512)
+@bool[opt=false] opts.raw responses as prepared responses (`netrun.http.raw_response`), for proxies
+@return a codec configuration
+*/
 
 static int l_http_client(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
