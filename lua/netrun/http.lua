@@ -21,13 +21,14 @@
 -- @string url the absolute URL, `http://` or `https://` (for `forward`: the origin only)
 -- @string[opt="GET"] method the method
 -- @tparam[opt] table headers header fields (an array value repeats a field)
--- @string[opt] body the body (Content-Length is set)
+-- @param[opt] body the body, a string (Content-Length is set); with `stream`, also a function returning the next chunk, nil at the end (sent chunked)
 -- @number[opt=5] timeout seconds for the whole request: lookup, connect, TLS, response (0: none)
 -- @int[opt=1048576] max_body the largest response body
 -- @param[opt] tls a `netrun.tls.client` config
 -- @int[opt=0] follow redirects to follow
 -- @bool[opt=false] follow_downgrade follow a redirect from https to http
 -- @param[opt] forward a request of `netrun.codec.http_server` to send on as it came (proxies)
+-- @bool[opt=false] stream on a loop: the response head first (no `body`), then its body with `res:read()` (in a coroutine: the next piece, nil at the end, or nil, err) or `res:each(fn)`; a connection of its own, read one piece ahead at most
 
 -- netrun.http: the HTTP/1.1 client (DESIGN.md §8.3) on the native codec
 -- netrun.codec.http_client.
