@@ -518,6 +518,9 @@ void nr_loop_free(nr_loop_t *l) {
   nr__loop_release(l);
 }
 
+void nr_loop_retain(nr_loop_t *l) { nr__loop_retain(l); }
+void nr_loop_release(nr_loop_t *l) { nr__loop_release(l); }
+
 nr_loop_t *nr__loop_retain(nr_loop_t *l) {
   atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
   return l;

@@ -150,6 +150,10 @@ typedef struct nr_loop_stats_s {
 nr_loop_t *nr_loop_new(const nr_loop_opts_t *opts);
 /* Free a terminated loop, joining its thread. Not from the loop itself. */
 void nr_loop_free(nr_loop_t *loop);
+/* Keep a loop's memory (its name, state and termination future) past
+ * nr_loop_free, for a handle of a loop that has no group. Any thread. */
+void nr_loop_retain(nr_loop_t *loop);
+void nr_loop_release(nr_loop_t *loop);
 
 /* Any thread. Queue fn(arg); 0, NR_EREJECTED, NR_EFULL or -ENOMEM. */
 int nr_loop_execute(nr_loop_t *loop, nr_task_fn fn, void *arg);
@@ -848,6 +852,9 @@ void nr_embedded_free(nr_embedded_t *e);
  * Functions named "simulation's thread" are called there only. */
 typedef struct nr_sim_s nr_sim_t;
 typedef struct nr_sim_host_s nr_sim_host_t;
+/* The CPUs of a simulated host: a group of 0 threads made there has this
+ * many loops, on any machine. */
+#define NR_SIM_CPUS 2
 
 typedef struct nr_sim_opts_s {
   uint64_t seed;
@@ -907,6 +914,9 @@ uint64_t nr_sim_now(const nr_sim_t *w);
 uint64_t nr_sim_seed(const nr_sim_t *w);
 uint64_t nr_sim_random(nr_sim_t *w);
 uint64_t nr_sim_trace_hash(const nr_sim_t *w);
+/* The clock goes no further than `at` (nr_now's; 0: no limit): a wait
+ * that would need it to fails as stuck (NR_ESIMSTUCK). */
+void nr_sim_limit(nr_sim_t *w, uint64_t at);
 /* Counters: scheduler steps, packets, connections. */
 typedef struct nr_sim_stats_s {
   uint64_t steps, events, connections, bytes, datagrams, resets;
@@ -917,6 +927,12 @@ void nr_sim_stats(const nr_sim_t *w, nr_sim_stats_t *out);
  * loops running meanwhile. 0, or NR_ESIMSTUCK when nothing can complete
  * it. */
 int nr_sim_wait(nr_promise_t *p);
+/* A simulated loop's scratch memory (on its fiber's thread, while it
+ * runs), at the same address in every run of a seed: *size bytes. For
+ * what must not depend on where memory happens to be (the Lua state's
+ * first block, whose address seeds its string hashes). NULL for a real
+ * loop. */
+void *nr_sim_loop_scratch(const nr_loop_t *l, size_t *size);
 /* "sim<id>/<host>/" for the caller's world and host, the prefix of what
  * a host keeps by name (shared dicts: hosts are separate machines); 0 and
  * "" outside a simulation. */

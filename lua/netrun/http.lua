@@ -320,10 +320,14 @@ Client.__index = Client
 M.Client = Client
 
 local main_group                 -- the daemon group of main-thread requests
+local main_world = 0             -- the simulation it was made in (0: none)
 
 local function on_loop(client, opts)
   if current() ~= nil then return M.request_with(client, opts) end
-  main_group = main_group or require("netrun").group { threads = 1, name = "http", daemon = true }
+  if main_group == nil or main_world ~= core.sim_id() then   -- (netrun.sim)
+    main_group = require("netrun").group { threads = 1, name = "http", daemon = true }
+    main_world = core.sim_id()
+  end
   local p = core.promise()
   main_group:next():execute(function(c, o, pr)
     require("netrun.http").request_with(c, o):add_listener(function(f)

@@ -611,6 +611,9 @@ static int l_dict(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   lua_Integer cap = opt_limit(L, "capacity", DEFAULT_CAPACITY);
   lua_Integer mem = opt_limit(L, "memory", DEFAULT_MEMORY);
+  char ns[128];
+  if (nr_sim_namespace(ns, sizeof ns) > 0)   /* a simulated host's own */
+    name = lua_pushfstring(L, "%s%s", ns, name);
   pthread_mutex_lock(&dicts_lock);
   dict_t *d = dicts;
   while (d && strcmp(d->name, name) != 0)

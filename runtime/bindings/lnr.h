@@ -95,6 +95,11 @@ typedef struct lnr_state_s {
   lua_State *L;
   int slots[LNR_NSLOTS];      /* registry refs; 0: not set yet */
   lnr_pool_t pool;
+  /* A simulated loop's state: Lua's first block (its global state) at the
+   * address the simulation gives (nr_sim_loop_scratch), see lstate.c. */
+  void *first;
+  size_t first_size;
+  bool first_taken;
   nr_loop_t *loop;            /* the loop this state runs on (main: external) */
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */
@@ -395,6 +400,10 @@ void lnr_open_dict(lua_State *L);
 void lnr_open_state(lua_State *L);
 void lnr_open_console(lua_State *L);
 void lnr_open_dns(lua_State *L);
+void lnr_open_sim(lua_State *L);
+/* The main state's loop becomes l (a simulation's, while one runs:
+ * lsim.c); returns the one before. Main thread. */
+nr_loop_t *lnr_swap_main_loop(nr_loop_t *l);
 /* Batteries. Each is called with the core module table on top of the stack
  * and adds its constructors to its subtables "codec" and "handler" (made
  * before): lcodec.c the frame codecs, lhttp.c the HTTP codec, lhandlers.c

@@ -111,6 +111,16 @@ void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
 
 nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
+nr_loop_t *lnr_swap_main_loop(nr_loop_t *l) {
+  nr_loop_t *old = main_loop;
+  main_loop = l;
+  if (main_state != NULL) {
+    main_state->loop = l;
+    nr_loop_set_data(l, main_state);
+  }
+  return old;
+}
+
 /* ---- protected calls ---------------------------------------------------- */
 
 /* Loop states do not see the main script's globals (DESIGN.md §3: a
@@ -422,6 +432,30 @@ static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return alloc_slow(S, ptr, osize, nsize);
 }
 
+/* A simulated loop's allocator: counting_alloc, but for Lua's first
+ * block, its global state, which lives in the loop's scratch memory -- at
+ * the same address in every run of a seed. Lua seeds a state's string
+ * hashes with that address (and a stack address and the time, which a
+ * simulation fixes too), and the hashes decide the order pairs() visits
+ * string keys in: header fields written from a table, say. So a seed
+ * replays that order as well. */
+static void *sim_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  lnr_state_t *S = ud;
+  if (ptr != NULL && ptr == S->first) {
+    if (nsize == 0) {                    /* lua_close: the last block */
+      count(S, 0, osize);
+      return NULL;
+    }
+    return nsize <= S->first_size ? ptr : NULL;
+  }
+  if (ptr == NULL && nsize > 0 && !S->first_taken && nsize <= S->first_size) {
+    S->first_taken = true;
+    count(S, nsize, 0);
+    return S->first;
+  }
+  return counting_alloc(ud, ptr, osize, nsize);
+}
+
 /* What a loop state copies from the state that created its group. */
 typedef struct lnr_paths_s {
   char *path, *cpath;
@@ -465,8 +499,10 @@ void lnr_loop_started(nr_loop_t *loop, void *ud) {
   if (S) {
     S->mem_limit = paths->mem_limit ? paths->mem_limit : SIZE_MAX;
     S->memory = nr_loop_memory(loop);  /* read by stats() from any thread */
+    S->first = nr_sim_loop_scratch(loop, &S->first_size);
   }
-  lua_State *L = S ? lua_newstate(counting_alloc, S) : NULL;
+  lua_State *L = S ? lua_newstate(S->first ? sim_alloc : counting_alloc, S)
+                   : NULL;
   if (L == NULL) {
     nr_log(NR_LOG_ERROR, "%s: cannot create a Lua state", nr_loop_name(loop));
     free(S);

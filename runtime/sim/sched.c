@@ -37,6 +37,13 @@
 
 #define STACK_SIZE ((size_t)1 << 20)       /* per fiber, mapped lazily */
 #define GUARD ((size_t)4096)
+#define SCRATCH ((size_t)16384)            /* nr_sim_loop_scratch */
+/* Fiber i's mapping is at STACKS + i * STRIDE when that is free: the same
+ * address in every run of a seed, in-process or not, so that what Lua
+ * derives from addresses on the stack (a state's string hash seed) is the
+ * same too. */
+#define STACKS ((uintptr_t)0x6e0000000000ull)
+#define STRIDE ((uintptr_t)4 << 20)
 
 #if defined(__SANITIZE_ADDRESS__)
 void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom,
@@ -59,8 +66,8 @@ struct sim_fiber_s {
 #else
   void *sp;                  /* saved stack pointer while switched out */
 #endif
-  char *mem;                 /* the mapping: guard page, then the stack */
-  size_t size;
+  char *mem;                 /* the mapping: guard page, scratch, stack */
+  size_t size;               /* of the stack */
   void *fake;                /* ASan's fake stack while switched out */
 };
 
@@ -132,14 +139,23 @@ static int fiber_new(simloop_t *s) {
   if (f == NULL)
     return -ENOMEM;
   f->size = STACK_SIZE;
-  f->mem = mmap(NULL, f->size + GUARD, PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  size_t len = GUARD + SCRATCH + f->size;
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK;
+  void *at = (void *)(STACKS + (uintptr_t)(s->id % 65536) * STRIDE);
+  f->mem = mmap(at, len, PROT_READ | PROT_WRITE, flags | MAP_FIXED_NOREPLACE,
+                -1, 0);
+  if (f->mem != MAP_FAILED && f->mem != at) {    /* (an old kernel: a hint) */
+    munmap(f->mem, len);
+    f->mem = MAP_FAILED;
+  }
+  if (f->mem == MAP_FAILED)
+    f->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (f->mem == MAP_FAILED) {
     free(f);
     return -ENOMEM;
   }
   mprotect(f->mem, GUARD, PROT_NONE);
-  char *bottom = f->mem + GUARD;
+  char *bottom = f->mem + GUARD + SCRATCH;
 #ifdef USE_UCONTEXT
   getcontext(&f->ctx);
   f->ctx.uc_stack.ss_sp = bottom;
@@ -169,14 +185,22 @@ static int fiber_new(simloop_t *s) {
 static void fiber_free(sim_fiber_t *f) {
   if (f == NULL)
     return;
-  munmap(f->mem, f->size + GUARD);
+  munmap(f->mem, GUARD + SCRATCH + f->size);
   free(f);
+}
+
+void *nr_sim_loop_scratch(const nr_loop_t *l, size_t *size) {
+  simloop_t *s = l ? l->sim : NULL;
+  if (s == NULL || s->fiber == NULL)
+    return NULL;
+  *size = SCRATCH;
+  return s->fiber->mem + GUARD;
 }
 
 /* The main context switches to fiber s and is back once s yields. */
 static void switch_in(simloop_t *s) {
   sim_fiber_t *f = s->fiber;
-  ASAN_START(&sched_fake, f->mem + GUARD, f->size);
+  ASAN_START(&sched_fake, f->mem + GUARD + SCRATCH, f->size);
 #ifdef USE_UCONTEXT
   starting = s;
   swapcontext(&sched_ctx, &f->ctx);
@@ -350,9 +374,9 @@ void sim_schedule(nr_sim_t *w) {
       uint64_t ev = sim_next_event(w);
       if (ev < next)
         next = ev;
-      if (next == NR_NONE) {
-        w->stuck = true;             /* nothing can ever happen */
-        return;
+      if (next == NR_NONE || next > w->limit) {
+        w->stuck = true;             /* nothing can ever happen (before */
+        return;                      /* the limit) */
       }
       w->now = next;                 /* the clock jumps */
       continue;
@@ -368,6 +392,10 @@ void sim_schedule(nr_sim_t *w) {
     switch_in(s);
     w->running = NULL;
     nr__loop_set_current(m ? m->loop : w->outer);
+    if (s->state == SL_DONE) {     /* its stack goes now: the next run's */
+      fiber_free(s->fiber);        /* loop of that id gets the address */
+      s->fiber = NULL;
+    }
   }
 }
 

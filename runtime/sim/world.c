@@ -82,15 +82,26 @@ void sim_trace(nr_sim_t *w, uint64_t kind, uint64_t a, uint64_t b) {
   mix(w, w->now - w->start);
   mix(w, a);
   mix(w, b);
+  if (w->trace_log)
+    fprintf(w->trace_log, "%.9f %02llx %llu %llu\n",
+            (double)(w->now - w->start) / 1e9, (unsigned long long)kind,
+            (unsigned long long)a, (unsigned long long)b);
 }
 
 void sim_trace_bytes(nr_sim_t *w, const void *p, size_t n) {
   const unsigned char *c = p;
   for (size_t i = 0; i < n; i++)
     w->trace = (w->trace ^ c[i]) * FNV_PRIME;
+  if (w->trace_log) {
+    fputs("  ", w->trace_log);
+    for (size_t i = 0; i < n; i++)
+      fputc(c[i] >= 32 && c[i] < 127 ? c[i] : '.', w->trace_log);
+    fputc('\n', w->trace_log);
+  }
 }
 
 uint64_t nr_sim_trace_hash(const nr_sim_t *w) { return w->trace; }
+void nr_sim_limit(nr_sim_t *w, uint64_t at) { w->limit = at ? at : NR_NONE; }
 uint64_t nr_sim_now(const nr_sim_t *w) { return w->now; }
 uint64_t nr_sim_seed(const nr_sim_t *w) { return w->seed; }
 void nr_sim_stats(const nr_sim_t *w, nr_sim_stats_t *out) { *out = w->stats; }
@@ -126,6 +137,7 @@ nr_sim_t *nr_sim_new(const nr_sim_opts_t *o) {
   for (int i = 0; i < 4; i++)
     w->rng[i] = splitmix(&x);
   w->now = w->start = NR_SIM_START;
+  w->limit = NR_NONE;
   w->epoch = o && o->epoch ? o->epoch : DEFAULT_EPOCH;
   w->latency = o && o->latency ? o->latency : DEFAULT_LATENCY;
   w->local_latency = LOCAL_LATENCY;
@@ -133,12 +145,17 @@ nr_sim_t *nr_sim_new(const nr_sim_opts_t *o) {
   w->rcvbuf = o && o->rcvbuf ? o->rcvbuf : 128 * 1024;
   w->trace = 0xcbf29ce484222325ull;
   mix(w, w->seed);
+  const char *log = getenv("NETRUN_SIM_TRACE");  /* to tell two runs apart */
+  if (log && *log)
+    w->trace_log = fopen(log, "a");
   return w;
 }
 
 void sim_retain(nr_sim_t *w) { atomic_fetch_add(&w->refs, 1); }
 
 static void world_free(nr_sim_t *w) {
+  if (w->trace_log)
+    fclose(w->trace_log);
   for (size_t i = 0; i < w->nev; i++)    /* what never happened */
     if (w->evq[i].drop)
       w->evq[i].drop(w, w->evq[i].obj, w->evq[i].arg);
@@ -180,6 +197,8 @@ void nr_sim_leave(nr_sim_t *w) {
   /* The transport's table stays: descriptors of this world may still be
    * closed later (nr__transport is set once and for all). */
   atomic_store(&nr__clock, NULL);
+  if (w->trace_log)
+    fflush(w->trace_log);
   w->entered = false;
   here = NULL;
   nr__loop_set_current(w->outer);

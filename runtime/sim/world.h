@@ -21,6 +21,7 @@
 
 #include <netinet/in.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "../internal.h"
 #include "sim.h"
@@ -90,6 +91,7 @@ struct nr_sim_s {
   uint64_t now, start;           /* virtual monotonic ns */
   int64_t epoch;                 /* wall seconds at start */
   uint64_t trace;                /* FNV-1a over the events */
+  FILE *trace_log;               /* NETRUN_SIM_TRACE: each event, as text */
   nr_sim_stats_t stats;
   bool entered;
   nr_loop_t *outer;              /* the thread's loop before it entered */
@@ -111,6 +113,7 @@ struct nr_sim_s {
   int nrunnable, rcap;
   uint64_t loop_ids, conn_ids;
   bool stuck;
+  uint64_t limit;                /* the clock stops short of it (NR_NONE) */
   /* TCP connections alive (tcp.c), for resets */
   struct sim_conn_s *conns;
 };
