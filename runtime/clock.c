@@ -14,6 +14,7 @@
  * is none, gets the system's. The production cost is one relaxed load and
  * a branch predicted not taken.
  */
+#include <dlfcn.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -21,12 +22,17 @@
 
 const nr_clock_t *_Atomic nr__clock;
 
-/* The simulation's table when the calling thread runs on it, else NULL. */
-static inline const nr_clock_t *virtual_clock(void) {
+/* Whether a simulation exists (then the calling thread may be its). */
+static inline bool maybe_virtual(void) {
+  return __builtin_expect(
+      atomic_load_explicit(&nr__clock, memory_order_relaxed) != NULL, 0);
+}
+
+/* The simulation's table when the calling thread runs on it, else NULL;
+ * out of line, so that the production path is a load and a branch. */
+static __attribute__((noinline)) const nr_clock_t *virtual_clock(void) {
   const nr_clock_t *c = atomic_load_explicit(&nr__clock, memory_order_relaxed);
-  if (__builtin_expect(c != NULL, 0) && c->owns())
-    return c;
-  return NULL;
+  return c != NULL && c->owns() ? c : NULL;
 }
 
 static inline uint64_t read_clock(clockid_t id) {
@@ -35,36 +41,56 @@ static inline uint64_t read_clock(clockid_t id) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t nr_now(void) {
+/* Each reading: the system's unless a simulation owns the thread. */
+static __attribute__((noinline)) uint64_t read_virtual(clockid_t id) {
   const nr_clock_t *c = virtual_clock();
-  if (__builtin_expect(c != NULL, 0))
-    return c->now();
+  if (c == NULL)
+    return read_clock(id);
+  return id == CLOCK_REALTIME ? c->wall() : c->now();
+}
+
+uint64_t nr_now(void) {
+  if (maybe_virtual())
+    return read_virtual(CLOCK_MONOTONIC);
   return read_clock(CLOCK_MONOTONIC);
 }
 
 uint64_t nr_now_coarse(void) {
-  const nr_clock_t *c = virtual_clock();
-  if (__builtin_expect(c != NULL, 0))
-    return c->now();
+  if (maybe_virtual())
+    return read_virtual(CLOCK_MONOTONIC);
   return read_clock(CLOCK_MONOTONIC_COARSE);
 }
 
 uint64_t nr_wall_ns(void) {
-  const nr_clock_t *c = virtual_clock();
-  if (__builtin_expect(c != NULL, 0))
-    return c->wall();
+  if (maybe_virtual())
+    return read_virtual(CLOCK_REALTIME);
   return read_clock(CLOCK_REALTIME);
 }
 
+/* The C library's time(), found once: the `netrun` executable defines a
+ * time() of its own (bin/interpose.c) that this need not go through. */
+static time_t (*_Atomic libc_time)(time_t *);
+
+static __attribute__((noinline)) time_t first_time(void) {
+  time_t (*f)(time_t *) = (time_t (*)(time_t *))dlsym(RTLD_NEXT, "time");
+  if (f == NULL) {
+    struct timespec ts;                 /* (what time() reads: the tick) */
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return ts.tv_sec;
+  }
+  atomic_store_explicit(&libc_time, f, memory_order_relaxed);
+  return f(NULL);
+}
+
 int64_t nr_wall_sec(void) {
-  const nr_clock_t *c = virtual_clock();
-  if (__builtin_expect(c != NULL, 0))
-    return (int64_t)(c->wall() / 1000000000ull);
-  return time(NULL);
+  if (maybe_virtual())
+    return (int64_t)(read_virtual(CLOCK_REALTIME) / 1000000000ull);
+  time_t (*f)(time_t *) = atomic_load_explicit(&libc_time, memory_order_relaxed);
+  return __builtin_expect(f != NULL, 1) ? f(NULL) : first_time();
 }
 
 void nr_random_bytes(void *buf, size_t n) {
-  const nr_clock_t *c = virtual_clock();
+  const nr_clock_t *c = maybe_virtual() ? virtual_clock() : NULL;
   if (c != NULL) {
     c->random(buf, n);
     return;
@@ -82,4 +108,6 @@ void nr_random_bytes(void *buf, size_t n) {
   }
 }
 
-bool nr_clock_is_virtual(void) { return virtual_clock() != NULL; }
+bool nr_clock_is_virtual(void) {
+  return maybe_virtual() && virtual_clock() != NULL;
+}

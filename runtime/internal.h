@@ -44,7 +44,8 @@ typedef struct nr_clock_s {
   uint64_t (*wall)(void);            /* ns since the Unix epoch */
   void (*random)(void *buf, size_t n);
 } nr_clock_t;
-extern const nr_clock_t *_Atomic nr__clock;
+extern const nr_clock_t *_Atomic nr__clock
+    __attribute__((visibility("hidden")));
 
 /* ---- MPSC queue (Vyukov's intrusive list): wait-free producers --------- */
 
