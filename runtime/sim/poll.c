@@ -29,46 +29,45 @@ const nr_transport_t *nr__transport;
 
 /* ---- the descriptor table --------------------------------------------------------------- */
 
+/* One table for the process, made once at its full size (the kernel maps
+ * its pages as they are first written), so that a lookup -- every
+ * simulated syscall makes one -- takes no lock: only making and freeing
+ * numbers (the free list) does. */
+#define TAB_MAX (1 << 20)
+
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
-static sim_fd_t **tab;
-static int tab_cap, tab_next;
+static sim_fd_t *_Atomic *tab;
+static int tab_next;                       /* slots ever used */
 static int *free_slots, nfree, free_cap;
 
 int sim_fd_add(sim_fd_t *d) {
   pthread_mutex_lock(&tab_lock);
+  if (tab == NULL && (tab = calloc(TAB_MAX, sizeof *tab)) == NULL) {
+    pthread_mutex_unlock(&tab_lock);
+    errno = ENOMEM;
+    return -1;
+  }
   int slot;
   if (nfree > 0) {
     slot = free_slots[--nfree];
-  } else {
-    if (tab_next == tab_cap) {
-      int cap = tab_cap ? tab_cap * 2 : 1024;
-      sim_fd_t **v = realloc(tab, (size_t)cap * sizeof *v);
-      if (v == NULL || cap > (1 << 24)) {
-        if (v)
-          tab = v;
-        pthread_mutex_unlock(&tab_lock);
-        errno = EMFILE;
-        return -1;
-      }
-      tab = v;
-      tab_cap = cap;
-    }
+  } else if (tab_next < TAB_MAX) {
     slot = tab_next++;
+  } else {
+    pthread_mutex_unlock(&tab_lock);
+    errno = EMFILE;
+    return -1;
   }
-  tab[slot] = d;
   d->fd = NR_SIM_FD_BASE + slot;
+  atomic_store_explicit(&tab[slot], d, memory_order_release);
   pthread_mutex_unlock(&tab_lock);
   sim_retain(d->w);
   return d->fd;
 }
 
 sim_fd_t *sim_fd_get(int fd, int kind) {
-  int slot = fd - NR_SIM_FD_BASE;
-  sim_fd_t *d = NULL;
-  pthread_mutex_lock(&tab_lock);
-  if (slot >= 0 && slot < tab_next)
-    d = tab[slot];
-  pthread_mutex_unlock(&tab_lock);
+  unsigned slot = (unsigned)(fd - NR_SIM_FD_BASE);
+  sim_fd_t *d = tab != NULL && slot < TAB_MAX
+                ? atomic_load_explicit(&tab[slot], memory_order_acquire) : NULL;
   if (d == NULL || (kind && d->kind != kind)) {
     errno = d == NULL ? EBADF : ENOTSOCK;
     return NULL;
@@ -82,7 +81,7 @@ void sim_fd_remove(sim_fd_t *d) {
   unregister_all(d);
   pthread_mutex_lock(&tab_lock);
   int slot = d->fd - NR_SIM_FD_BASE;
-  tab[slot] = NULL;
+  atomic_store_explicit(&tab[slot], NULL, memory_order_relaxed);
   if (nfree == free_cap) {
     int cap = free_cap ? free_cap * 2 : 256;
     int *v = realloc(free_slots, (size_t)cap * sizeof *v);

@@ -9,7 +9,7 @@
  * it jumps to the next event or deadline (sched.c). Wall time is the
  * epoch plus the time passed.
  *
- * The trace hash is FNV-1a over every scheduling choice and every packet
+ * The trace hash is FNV-1a (over 64-bit words) of every scheduling choice and every packet
  * (kind, time, parties, bytes): two runs of a seed that behave the same
  * have the same hash, and a run that differs in one byte or one step has
  * another.
@@ -72,9 +72,11 @@ uint64_t nr_sim_random(nr_sim_t *w) { return sim_rand(w); }
 
 #define FNV_PRIME 0x100000001b3ull
 
+/* FNV-1a over 64-bit words, with a shift folding the high bits back in
+ * (a word at a time, the multiply alone would not reach the low ones). */
 static inline void mix(nr_sim_t *w, uint64_t v) {
-  for (int i = 0; i < 8; i++, v >>= 8)
-    w->trace = (w->trace ^ (v & 0xff)) * FNV_PRIME;
+  uint64_t h = (w->trace ^ v) * FNV_PRIME;
+  w->trace = h ^ (h >> 29);
 }
 
 void sim_trace(nr_sim_t *w, uint64_t kind, uint64_t a, uint64_t b) {
@@ -90,8 +92,16 @@ void sim_trace(nr_sim_t *w, uint64_t kind, uint64_t a, uint64_t b) {
 
 void sim_trace_bytes(nr_sim_t *w, const void *p, size_t n) {
   const unsigned char *c = p;
-  for (size_t i = 0; i < n; i++)
-    w->trace = (w->trace ^ c[i]) * FNV_PRIME;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v;
+    memcpy(&v, c + i, 8);
+    mix(w, v);
+  }
+  uint64_t tail = n;                       /* the length, and what is left */
+  for (; i < n; i++)
+    tail = tail << 8 | c[i];
+  mix(w, tail);
   if (w->trace_log) {
     fputs("  ", w->trace_log);
     for (size_t i = 0; i < n; i++)
