@@ -562,6 +562,9 @@ void nr__loop_run(nr_loop_t *l);
  * on_start) until it terminates (before on_exit); loop thread. */
 void nr__watch_add(nr_loop_t *l);
 void nr__watch_remove(nr_loop_t *l);
+/* One sample of a simulated loop at `now`, on its own (the world's)
+ * thread: runtime/sim/ calls it while a run spins on the virtual clock. */
+void nr__watch_check(nr_loop_t *l, uint64_t now);
 
 /* channel.c */
 void nr__channels_close_all(nr_loop_t *l);

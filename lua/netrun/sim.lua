@@ -57,11 +57,22 @@
 -- the virtual clock, math.random is seeded from the seed, and shared dicts
 -- and the default groups are each host's own.
 --
+-- Time passes only when nothing can run: a run that spins on the clock
+-- (busy work timed by os.clock, a loop waiting for netrun.now() to move)
+-- sees it move on (10 us per read past 10,000 reads in one run), and the
+-- stall watchdog (stall_threshold, stall_timeout) watches such runs in
+-- virtual time. A loop spinning without reading the clock stops the
+-- world (there is no other thread to interrupt it).
+--
 -- sim.main(seeds, script, args): what `netrun --sim SEEDS script.lua ...`
 -- runs -- the script in a world per seed ("42", or a range "1-100"), then
 -- its groups until they end, the world is quiet, or NETRUN_SIM_TIME virtual
 -- seconds (3600) pass; a failure names its seed and the command that
--- replays it.
+-- replays it. A script that returns a table of functions is a file of
+-- scenarios: each function runs as fn(world) in a world of its own per
+-- seed, in name order (NETRUN_SIM_ONLY=name runs one). With a range (or
+-- NETRUN_SIM_REPORT set) each run's trace hash is printed:
+-- spec/sim/determinism.sh compares two processes' lines.
 local core = require "netrun.core"
 
 local sim = {}
@@ -346,33 +357,73 @@ local function seeds_of(spec)
   return s, s
 end
 
+-- The functions of a table of scenarios, by name.
+local function scenario_names(t)
+  local names = {}
+  for k, v in pairs(t) do
+    if type(k) == "string" and type(v) == "function" then names[#names + 1] = k end
+  end
+  table.sort(names)
+  return names
+end
+
+local function failed(seed, err, replay, only)
+  io.stderr:write(tostring(err), "\n",
+    ("netrun: the simulation failed with seed %d; replay it with: %s%s\n")
+      :format(seed, only and ("NETRUN_SIM_ONLY=" .. only .. " ") or "", replay:format(seed)))
+  return 1
+end
+
 -- `netrun --sim SEEDS script.lua args...`: 0 if every seed's run passed.
+-- A script that returns a table of functions is a file of scenarios: each
+-- runs in a world of its own, per seed, in name order (NETRUN_SIM_ONLY
+-- names one); any other script runs as netrun would run it.
 function sim.main(spec, script, args, cmdline)
   local first, last = seeds_of(spec)
   local limit = tonumber(os.getenv("NETRUN_SIM_TIME") or "") or 3600
+  local only = os.getenv("NETRUN_SIM_ONLY")
+  if only == "" then only = nil end
   local report = first ~= last or os.getenv("NETRUN_SIM_REPORT")
+  local chunk = assert(loadfile(script))
+  local replay = cmdline or ("netrun --sim %d " .. script)
+  local function finish(world)
+    return world:trace_hash(), world:elapsed(), world:stats()
+  end
   for seed = first, last do
+    local scenarios
     local ok, err, elapsed, stats = pcall(sim.run, { seed = seed }, function(world)
       local a = { [0] = script }
       for i, s in ipairs(args) do a[i] = s end
       arg = a
-      local chunk = assert(loadfile(script))
-      chunk(table.unpack(args))
+      local r = chunk(table.unpack(args))
+      if type(r) == "table" and getmetatable(r) == nil and #scenario_names(r) > 0 then
+        scenarios = r
+        return finish(world)
+      end
       -- then, as netrun does, its groups run: until they end, for
       -- NETRUN_SIM_TIME virtual seconds at most, or until nothing can
       -- happen any more (netrun.run returns when the world is stuck)
       world._w:limit(limit)
       core.run()
       world._w:limit(nil)
-      return world:trace_hash(), world:elapsed(), world:stats()
+      return finish(world)
     end)
-    if not ok then
-      io.stderr:write(tostring(err), "\n",
-        ("netrun: the simulation failed with seed %d; replay it with: %s\n")
-          :format(seed, (cmdline or "netrun --sim %d " .. script):format(seed)))
-      return 1
-    end
-    if report then
+    if not ok then return failed(seed, err, replay) end
+    if scenarios then
+      for _, name in ipairs(scenario_names(scenarios)) do
+        if only == nil or only == name then
+          ok, err, elapsed, stats = pcall(sim.run, { seed = seed }, function(world)
+            scenarios[name](world)
+            return finish(world)
+          end)
+          if not ok then return failed(seed, err, replay, name) end
+          if report then
+            io.stderr:write(("netrun --sim: seed %d %s: trace %s, %.3f s virtual, %d steps\n")
+              :format(seed, name, err, elapsed, stats.steps))
+          end
+        end
+      end
+    elseif report then
       io.stderr:write(("netrun --sim: seed %d: trace %s, %.3f s virtual, %d steps\n")
         :format(seed, err, elapsed, stats.steps))
     end

@@ -224,7 +224,9 @@ static int l_add_listener(lua_State *L) {
   l->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, 1);
   l->fut_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  nr_promise_add_listener(p, home(L), run_listener, l);
+  /* Owning: a future that never completes frees l with it (its refs go
+   * with the state, which must have closed for the future to go). */
+  nr_promise_add_listener_owning(p, home(L), run_listener, l);
   lua_settop(L, 1);
   return 1;
 }

@@ -388,6 +388,7 @@ void sim_schedule(nr_sim_t *w) {
     if (s == m)
       return;
     w->running = s;
+    w->reads = 0;
     nr__loop_set_current(s->loop);
     switch_in(s);
     w->running = NULL;
@@ -410,6 +411,7 @@ void sim_yield(simloop_t *s, bool block, uint64_t deadline) {
       sim_schedule(s->w);
     s->state = SL_RUNNABLE;
     runnable_add(s->w, s);
+    s->w->reads = 0;
     return;
   }
   switch_out(s, false);

@@ -23,6 +23,7 @@
 #include <strings.h>
 
 #include "world.h"
+#include "tls/tls.h"
 
 #define NR_SIM_START NR_SEC(1000000)      /* an uptime of 11.6 days */
 #define DEFAULT_EPOCH 1735689600          /* 2025-01-01T00:00:00Z */
@@ -118,10 +119,34 @@ void nr_sim_stats(const nr_sim_t *w, nr_sim_stats_t *out) { *out = w->stats; }
 
 /* ---- the clock seam ---------------------------------------------------------------------- */
 
+/* A run that reads the clock more than SPIN_READS times between two
+ * scheduling points is spinning on it (busy work timed by os.clock, a
+ * loop waiting for netrun.now() to move): from there each read moves the
+ * clock SPIN_TICK on, as the work would take time, so that it ends; the
+ * stall watchdog, which has no thread of its own in a world, looks at the
+ * running loop every SPIN_CHECK ticks (stall.c's nr__watch_check). A
+ * normal run reads it a few times. */
+#define SPIN_READS 10000
+#define SPIN_TICK NR_US(10)
+#define SPIN_CHECK 100
+
+static __attribute__((noinline)) uint64_t spin(nr_sim_t *w) {
+  w->now += SPIN_TICK;
+  if ((w->reads - SPIN_READS) % SPIN_CHECK == 0) {
+    nr_loop_t *l = w->running ? w->running->loop : NULL;
+    if (l != NULL && l->stall_threshold)
+      nr__watch_check(l, w->now);
+  }
+  return w->now;
+}
+
 static bool clock_owns(void) { return here != NULL; }
-static uint64_t clock_now(void) { return here->now; }
+static uint64_t clock_now(void) {
+  nr_sim_t *w = here;
+  return ++w->reads > SPIN_READS ? spin(w) : w->now;
+}
 static uint64_t clock_wall(void) {
-  return (uint64_t)here->epoch * 1000000000ull + (here->now - here->start);
+  return (uint64_t)here->epoch * 1000000000ull + (clock_now() - here->start);
 }
 static void clock_random(void *buf, size_t n) {
   unsigned char *p = buf;
@@ -194,6 +219,7 @@ int nr_sim_enter(nr_sim_t *w) {
   w->outer = nr_loop_current();
   nr__transport = &nr__sim_transport;
   atomic_store(&nr__clock, &sim_clock);
+  nr_tls_simulated_random(true);           /* handshakes replay too */
   if (w->nhosts == 0 && nr_sim_host(w, "main") == NULL) {
     nr_sim_leave(w);
     return -ENOMEM;
@@ -206,6 +232,7 @@ void nr_sim_leave(nr_sim_t *w) {
     return;
   /* The transport's table stays: descriptors of this world may still be
    * closed later (nr__transport is set once and for all). */
+  nr_tls_simulated_random(false);
   atomic_store(&nr__clock, NULL);
   if (w->trace_log)
     fflush(w->trace_log);

@@ -114,6 +114,8 @@ struct nr_sim_s {
   uint64_t loop_ids, conn_ids;
   bool stuck;
   uint64_t limit;                /* the clock stops short of it (NR_NONE) */
+  uint64_t reads;                /* clock reads since the last scheduling
+                                    point: a run that spins on the clock */
   /* TCP connections alive (tcp.c), for resets */
   struct sim_conn_s *conns;
 };
