@@ -17,7 +17,16 @@
 #
 #   bench/instr.sh [CASES...]   cases: c prepared table dynamic luv redis-set
 #                               redis-get netrun-set netrun-get proxy
-#                               nginx-proxy (default all)
+#                               nginx-proxy client client-https (default all)
+#
+# The client cases measure the client instead: examples/fetch.lua
+# (callbacks, 64 in flight -- 8 for https --, one loop) under callgrind
+# from its start,
+# fetching CLIENT_N and 3 x CLIENT_N requests; the difference of the two
+# totals divided by the 2 x CLIENT_N requests between them leaves out the
+# start-up and the exit. `client` fetches from the C baseline (plain
+# HTTP), `client-https` from examples/https_hello.lua with the test
+# certificates (TLS 1.3, --ca). No syscall count for them.
 #   PIPE=1 bench/instr.sh ...   the same unpipelined (wrk without the
 #                               script, redis-benchmark -P 1)
 #   BUILD=build/test            use that netrun build (default: build/instr)
@@ -26,7 +35,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 CASES=("$@")
 ((${#CASES[@]})) || CASES=(c prepared table dynamic luv redis-set redis-get netrun-set netrun-get
-                           proxy nginx-proxy)
+                           proxy nginx-proxy client client-https)
 N=${N:-100000}          # RESP requests per measured run
 PIPE=${PIPE:-16}        # requests in flight per connection (16 or 1)
 DUR=${DUR:-3}           # seconds of wrk per measured run
@@ -41,6 +50,7 @@ cc -O2 -g -o "$work/http_baseline" "$here/bench/http_baseline.c"
 spid="" bpid=""
 cleanup() {
   [[ -z $spid ]] || kill "$spid" 2>/dev/null || true
+  [[ -z ${hpid:-} ]] || kill "$hpid" 2>/dev/null || true
   [[ -z $bpid ]] || kill "$bpid" 2>/dev/null || true
   wait 2>/dev/null || true; rm -rf "$work"
 }
@@ -143,9 +153,53 @@ sys_one() {   # $1 case: prints "syscalls/request"
   grep -E 'read|write|epoll|send|recv' "$work/st.$1" >&2 || true
 }
 
+CLIENT_N=${CLIENT_N:-10000}
+client_run() {   # $1 requests, $2 URL, $3... fetch options: prints the
+                 # instructions and the requests answered
+  local out=$work/cg.client.$1 ok conc=64
+  # https: 8 connections, whose handshakes (a second each under valgrind)
+  # end well within the server's 60 s wait for a first request
+  [[ $2 != https* ]] || conc=8
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$build/bin/netrun" \
+    "$here/examples/fetch.lua" --url "$2" --requests "$1" --concurrency $conc --api callback \
+    --timeout 600 \
+    "${@:3}" >"$work/log.client" 2>&1
+  ok=$(sed -n 's/^requests=\([0-9]*\) .*/\1/p' "$work/log.client")
+  # (a request or two may fail under valgrind's slowness: counted out)
+  [[ -n $ok ]] && ((ok * 100 >= $1 * 99)) || { cat "$work/log.client" >&2; exit 1; }
+  echo "$(cat "$out"* | awk '/^totals:/ { s += $2 } END { print s }') $ok"
+  rm -f "$out"*
+}
+hpid=""
+https_server() {   # the HTTPS server of client-https, started once
+  [[ -z $hpid ]] || return 0
+  bash "$here/spec/fixtures/tls/make_certs.sh" "$work/certs" >/dev/null
+  HTTPS=$((20000 + RANDOM % 12000))
+  "$build/bin/netrun" "$here/examples/https_hello.lua" --port "$HTTPS" --threads 1 \
+    --cert "$work/certs/server.crt" --key "$work/certs/server.key" >/dev/null 2>&1 &
+  hpid=$!
+  wait_port "$HTTPS"
+}
+client_one() {   # $1 case: prints "instructions/request requests"
+  local url=http://127.0.0.1:$BACKEND/ opts=() a b
+  if [[ $1 == client-https ]]; then
+    url=https://127.0.0.1:$HTTPS/ opts=(--ca "$work/certs/ca.crt")
+  fi
+  read -r a na < <(client_run "$CLIENT_N" "$url" "${opts[@]}")
+  read -r b nb < <(client_run $((3 * CLIENT_N)) "$url" "${opts[@]}")
+  awk -v a="$a" -v b="$b" -v n=$((nb - na)) 'BEGIN { printf "%.0f %d\n", (b - a) / n, n }'
+}
+
 echo "| case | instructions/request | requests measured | syscalls/request |"
 echo "|---|---:|---:|---:|"
 for c in "${CASES[@]}"; do
+  if [[ $c == client* ]]; then
+    backend
+    [[ $c != client-https ]] || https_server
+    read -r ipr reqs < <(client_one "$c")
+    echo "| $c | $ipr | $reqs | -- |"
+    continue
+  fi
   [[ $c != *proxy ]] || backend
   read -r ipr reqs < <(instr_one "$c")
   spr=$(sys_one "$c")

@@ -1,7 +1,8 @@
 /*
  * netrun.c -- the `netrun` executable: runs a script (the `lua` command's
  * conventions: arg table, `-` for stdin, -e/-l/-i/-v/-h, exit status 1 and
- * a traceback on failure), then lives while any group is alive.
+ * a traceback on failure), then lives while anything of it is alive
+ * (netrun.run: a loop with a channel, a timer, a task or work owed).
  *
  * Signals: every thread blocks SIGINT/SIGTERM (the mask is set before any
  * loop thread exists, so they inherit it); one thread takes them with
@@ -15,10 +16,20 @@
  * margin, the loops still running (stuck in C) are named and the process
  * exits with status 1.
  *
- * SIGHUP asks a process running a script for a hot reload (netrun.reload,
- * run on the main thread the next time it waits inside netrun; its outcome
- * is logged). Elsewhere (the bare REPL, attach, top, reload) it keeps its
- * default action: the terminal went away, so does the process.
+ * SIGHUP means what it meant to the process's parent. A process started
+ * with a controlling terminal (run from a shell, in tmux) gets it when
+ * that terminal goes away (the window closed, the ssh connection dropped,
+ * `tmux kill-session`): it shuts down gracefully, as on SIGTERM -- an
+ * orphan serving on would hold its port with no one to stop it. The kernel
+ * and the shell may both send it, so a repeated SIGHUP is not the "second
+ * signal". A process without one (a service: systemd, setsid, a container
+ * without a tty), or one that was started with SIGHUP ignored (nohup),
+ * takes it as a request for a hot reload if it runs a script
+ * (netrun.reload, run on the main thread the next time it waits inside
+ * netrun; its outcome is logged). Elsewhere (the bare REPL, attach, top,
+ * reload) it keeps its default action: the process ends. Whether there is
+ * a terminal is decided at start: by the time a hangup arrives, the
+ * kernel has already taken it away.
  *
  * SIGPIPE is caught by a handler that does nothing rather than ignored:
  * writes to a closed pipe fail with EPIPE all the same, and a caught
@@ -38,6 +49,7 @@
  * (epoll, eventfd, sockets, pipes) are all O_CLOEXEC: programs get none.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <lauxlib.h>
 #include <lua.h>
@@ -60,6 +72,7 @@ void netrun_freeze_time(int64_t t);      /* interpose.c */
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
 static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
+static bool hup_stops;               /* started in a terminal: SIGHUP stops */
 
 /* The standard libraries, with os.execute and io.popen that start programs
  * with none of the signals blocked (lspawn.c). */
@@ -94,7 +107,7 @@ static void usage(FILE *f) {
           "  --console PATH   serve a REPL console on a unix socket\n"
           "  --sim SEEDS      run the script in a simulation (netrun.sim) per\n"
           "                   seed: N, or a range N-M\n"
-          "  -v               show the version\n"
+          "  -v, --version    show the version\n"
           "  -h               show this help\n"
           "  -                run stdin as the script\n"
           "  %s attach PATH   a REPL on a live process's console socket\n"
@@ -155,6 +168,14 @@ static void *signal_thread(void *arg) {
     }
     if (sig == SIGINT && lnr_repl_interrupt())
       continue;                           /* the REPL abandons its wait */
+    if (sig == SIGHUP && hup_stops && atomic_load(&hup_reloads)) {
+      if (atomic_fetch_add(&signals_seen, 1) == 0) {
+        nr_log(NR_LOG_INFO, "SIGHUP: the terminal is gone: shutting down "
+               "gracefully");
+        request_shutdown(timeout);
+      }
+      continue;                           /* the kernel's and the shell's */
+    }
     if (sig == SIGHUP && atomic_load(&hup_reloads)) {
       nr_log(NR_LOG_INFO, "SIGHUP: reloading the changed Lua modules");
       lnr_reload_signal();
@@ -185,7 +206,22 @@ static void *signal_thread(void *arg) {
 
 static void on_sigpipe(int sig) { (void)sig; }
 
+/* Whether a hangup means the terminal went away: the process has a
+ * controlling terminal, and SIGHUP was not ignored when it started
+ * (nohup asks for it to survive). Before SIGHUP is blocked. */
+static bool started_in_terminal(void) {
+  struct sigaction sa;
+  if (sigaction(SIGHUP, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+    return false;
+  int fd = open("/dev/tty", O_RDONLY | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0)
+    return false;                         /* ENXIO: no controlling terminal */
+  close(fd);
+  return true;
+}
+
 static void start_signal_thread(void) {
+  hup_stops = started_in_terminal();
   static sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -468,7 +504,8 @@ static int parse(int argc, char **argv, opts_t *o) {
       return 0;
     }
     if (strcmp(a, "-i") == 0) o->interactive = true;
-    else if (strcmp(a, "-v") == 0) o->version = true;
+    else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0)
+      o->version = true;
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 2;
     else if (strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 ||
              strcmp(a, "-t") == 0 || strcmp(a, "--console") == 0 ||

@@ -2,7 +2,7 @@
 -- every other client. Try it with two `nc 127.0.0.1 7001` sessions.
 --   netrun examples/chat.lua [--port N]     (or PORT=N)
 -- The members live in a channel group, shared by every loop; a member
--- leaves it by itself when its connection closes.
+-- leaves it by itself when its connection closes. "/nick NAME" renames.
 local netrun = require "netrun"
 
 local option = netrun.option
@@ -26,19 +26,30 @@ function Lines:channel_read(ctx, msg)
   end
 end
 
+-- Each member's name is a channel attribute: "user PORT" until it says
+-- "/nick NAME". Attributes stay readable through channel_inactive, so the
+-- room hears who left.
 local Chat = {}
 function Chat:channel_active(ctx)
   local _, port = ctx.channel:remote_address()
-  members:write_and_flush(string.format("* user %d joined\n", port))
+  local nick = "user " .. port
+  ctx.channel:attr("nick", nick)
+  members:write_and_flush(string.format("* %s joined\n", nick))
   members:add(ctx.channel)
-  ctx:write_and_flush(string.format("welcome, user %d; %d here\n", port, #members))
+  ctx:write_and_flush(string.format("welcome, %s; %d here (/nick NAME to rename)\n", nick, #members))
 end
 function Chat:channel_read(ctx, line)
-  local _, port = ctx.channel:remote_address()
-  members:write_and_flush(string.format("<user %d> %s\n", port, line))
+  local nick = ctx.channel:attr("nick")
+  local new = line:match("^/nick%s+(%S+)%s*$")
+  if new then
+    ctx.channel:attr("nick", new:sub(1, 32))
+    members:write_and_flush(string.format("* %s is now %s\n", nick, new:sub(1, 32)))
+  else
+    members:write_and_flush(string.format("<%s> %s\n", nick, line))
+  end
 end
 function Chat:channel_inactive(ctx)
-  members:write_and_flush("* a user left\n")
+  members:write_and_flush(string.format("* %s left\n", ctx.channel:attr("nick")))
 end
 function Chat:exception_caught(ctx, err)
   -- a peer that resets its connection is routine, not a warning

@@ -6,7 +6,11 @@
 --   netrun examples/fetch.lua --url http://127.0.0.1:8080/ [--requests 1]
 --                             [--concurrency 1] [--method GET] [--body S]
 --                             [--timeout 5] [--max-body BYTES] [--follow N]
---                             [--verbose 1] [--api future|callback]  (or URL=, ...)
+--                             [--verbose 1] [--api future|callback]
+--                             [--ca FILE] [--insecure]           (or URL=, ...)
+-- https: the server's certificate is verified against the system's CAs,
+-- or against --ca FILE (PEM); --insecure verifies nothing (curl's -k: for
+-- a test server with a self-signed certificate, never for real ones).
 -- --api callback uses client:request(opts, callback) (no future per
 -- request) instead of client:request(opts):await().
 -- With --requests 1 (the default) it prints the response: status line,
@@ -21,8 +25,20 @@ local spec = {
   url = url, method = option("method", "GET"), body = option("body"),
   timeout = option("timeout", 5), follow = option("follow", 0),
 }
+-- A flag without a value: --name (or --name=1, NAME=1).
+local function flag(name)
+  for _, a in ipairs(rawget(_G, "arg") or {}) do
+    if a == "--" .. name then return true end
+  end
+  local v = option(name)
+  return v ~= nil and v ~= "0" and v ~= "false" and v ~= ""
+end
+local ca, insecure = option("ca"), flag("insecure")
+if ca and insecure then error("fetch: --ca and --insecure: give one (--insecure verifies nothing)") end
+local tls = (ca or insecure) and netrun.tls.client { ca = ca, verify = not insecure } or nil
 local client = netrun.http.client {
   pool = concurrency, timeout = spec.timeout, max_body = math.tointeger(option("max-body", 1 << 20)),
+  tls = tls,
 }
 local verbose = requests == 1 or option("verbose", 0) ~= 0
 local api = option("api", "future")
@@ -39,7 +55,9 @@ group:next():execute(function(client, spec, requests, concurrency, verbose, done
   local function report()
     if verbose and last then
       local lines = { string.format("%s %d %s", last.version, last.status, last.reason) }
-      for k, v in pairs(last.headers) do lines[#lines + 1] = k .. ": " .. v end
+      for k, v in pairs(last.headers) do     -- (a repeated Set-Cookie: an array)
+        for _, one in ipairs(type(v) == "table" and v or { v }) do lines[#lines + 1] = k .. ": " .. one end
+      end
       io.write(table.concat(lines, "\n"), "\n\n", last.body, "\n")
     end
     done:set_success(string.format("requests=%d seconds=%.3f errors=%d cpu=%.3f",

@@ -48,7 +48,13 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
   check(r->minor == 0 || r->minor == 1);
   check(r->nheaders + r->ntrailers <= NR_HTTP_DEFAULT_MAX_HEADERS);
   check(r->trailers == r->headers + r->nheaders);
+  check(r->target_len > 0 && r->target_len <= MAX_HEADER);
+  check(r->path_len <= r->target_len || r->rewritten);
   volatile char sink = 0;
+  for (size_t j = 0; j < r->target_len; j++)
+    sink ^= r->target[j];
+  for (size_t j = 0; j < r->path_len; j++)
+    sink ^= r->path[j];
   for (size_t i = 0; i < r->nheaders + r->ntrailers; i++) {   /* touch every
                                                                byte: ASan */
     const nr_http_header_t *h = &r->headers[i];
@@ -63,6 +69,7 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
     run->count++;
     mix(run, r->method, r->method_len);
     mix(run, r->path, r->path_len);
+    mix(run, r->target, r->target_len);
     mix(run, r->query ? r->query : "-", r->query ? r->query_len : 1);
     mix(run, r->body, r->body_len);
     for (size_t i = 0; i < r->nheaders + r->ntrailers; i++) {

@@ -17,7 +17,14 @@
  *  - framing: a chunked request is HTTP/1.1 with one Transfer-Encoding and
  *    no Content-Length; otherwise a Content-Length, if any, is the body's
  *    length and within int64;
- *  - headers and trailers together are at most max_headers.
+ *  - headers and trailers together are at most max_headers;
+ *  - the path a handler matches on is "*" (OPTIONS), a CONNECT's
+ *    authority, or a normalized one: it begins with '/', has no '#', no
+ *    empty, "." or ".." segment, and a '%' only before two upper-case hex
+ *    digits that encode neither NUL nor an unreserved byte (a validator
+ *    written apart from the parser's normalize_path); and parsed again it
+ *    is the same (normalization is idempotent);
+ *  - an absolute-form target's authority is the request's one Host.
  */
 #include <stdbool.h>
 #include <strings.h>
@@ -74,6 +81,99 @@ static const char *const forbidden[] = {
     "upgrade", "te", "expect", "authorization", "proxy-authorization",
     "cookie", "content-type", "content-encoding", "keep-alive"};
 
+static bool upper_hex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F');
+}
+
+static int hex_of(char c) { return c <= '9' ? c - '0' : c - 'A' + 10; }
+
+/* A segment of a normal path (its %XX checked by normal_path). */
+static bool normal_segment(const char *s, size_t n, bool last) {
+  if (n == 0)
+    return last;               /* only a trailing '/' leaves one */
+  return !(n == 1 && s[0] == '.') && !(n == 2 && s[0] == '.' && s[1] == '.');
+}
+
+static bool normal_path(const char *p, size_t n) {
+  static const char unreserved[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789-._~";
+  if (n == 0 || p[0] != '/')
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] == '#')
+      return false;
+    if (p[i] != '%')
+      continue;
+    if (n - i < 3 || !upper_hex(p[i + 1]) || !upper_hex(p[i + 2]))
+      return false;
+    int v = hex_of(p[i + 1]) * 16 + hex_of(p[i + 2]);
+    if (v == 0 || memchr(unreserved, v, sizeof unreserved - 1) != NULL)
+      return false;
+  }
+  size_t from = 1;
+  for (size_t i = 1; i <= n; i++)
+    if (i == n || p[i] == '/') {
+      if (!normal_segment(p + from, i - from, i == n))
+        return false;
+      from = i + 1;
+    }
+  return true;
+}
+
+static int first_path(void *arg, int ev, nr_http_request_t *r) {
+  if (ev == NR_HTTP_EV_REQUEST && r->path_len < 1024) {
+    memcpy(arg, r->path, r->path_len);
+    ((char *)arg)[r->path_len] = '\0';
+  }
+  return 1;
+}
+
+/* The path parsed again, as the target of a request of its own. */
+static void check_idempotent(const nr_http_request_t *r) {
+  if (r->path_len > 512)
+    return;
+  char req[600], again[1024] = "";
+  int n = snprintf(req, sizeof req, "GET %.*s HTTP/1.1\r\nHost: x\r\n\r\n",
+                   (int)r->path_len, r->path);
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, MAX_BODY, 8);
+  nr_http_feed(&p, req, (size_t)n, first_path, again);
+  nr_http_parser_free(&p);
+  CHECK(strlen(again) == r->path_len && memcmp(again, r->path, r->path_len) == 0);
+}
+
+static bool method_is(const nr_http_request_t *r, const char *m) {
+  return r->method_len == strlen(m) && memcmp(r->method, m, r->method_len) == 0;
+}
+
+static void check_target(const nr_http_request_t *r) {
+  if (r->path_len == 1 && r->path[0] == '*') {
+    CHECK(method_is(r, "OPTIONS"));
+    return;
+  }
+  if (method_is(r, "CONNECT") && r->target[0] != '/')
+    return;                    /* authority-form, as it came */
+  CHECK(normal_path(r->path, r->path_len));
+  check_idempotent(r);
+  if (r->target[0] == '/')
+    return;
+  /* absolute-form: scheme "://" authority, which is the Host */
+  const char *t = r->target, *end = t + r->target_len;
+  const char *sep = memchr(t, ':', r->target_len);
+  CHECK(sep != NULL && end - sep >= 3 && sep[1] == '/' && sep[2] == '/');
+  const char *a = sep + 3, *e = a;
+  while (e < end && *e != '/' && *e != '?')
+    e++;
+  size_t hosts = 0;
+  for (size_t i = 0; i < r->nheaders; i++)
+    if (named(&r->headers[i], "host")) {
+      hosts++;
+      CHECK(r->headers[i].value_len == (size_t)(e - a) &&
+            memcmp(r->headers[i].value, a, (size_t)(e - a)) == 0);
+    }
+  CHECK(hosts == 1);
+}
+
 static void check_request(run_t *run, const nr_http_request_t *r) {
   size_t hosts = 0, lengths = 0, tes = 0;
   const char *head_end = r->method;
@@ -101,6 +201,7 @@ static void check_request(run_t *run, const nr_http_request_t *r) {
   }
   CHECK(hosts <= 1);
   CHECK(r->minor == 0 || hosts == 1);
+  check_target(r);
   if (r->chunked) {
     CHECK(r->minor == 1 && tes == 1 && lengths == 0);
   } else {
@@ -122,6 +223,7 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
   run->count++;
   mix(run, r->method, r->method_len);
   mix(run, r->path, r->path_len);
+  mix(run, r->target, r->target_len);
   mix(run, r->body, r->body_len);
   for (size_t i = 0; i < r->nheaders + r->ntrailers; i++) {
     mix(run, i < r->nheaders ? "h" : "t", 1);

@@ -9,6 +9,7 @@
  * reuseport server binds one listener per child loop (see "reuseport"
  * below): the first as above, the others from the first one's loop.
  */
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -101,6 +102,8 @@ static bool set_inherited(int fd, const nr_channel_opts_t *child) {
           nr_sys_setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) == 0);
 }
 
+static void reserve_open(void);
+
 static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
                                   int fd) {
   nr_channel_t *ch = nr__channel_new(NR__LISTEN, family, fd, NULL);
@@ -127,6 +130,7 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
   srv->arg = o->arg;
   srv->backoff = o->accept_backoff ? o->accept_backoff : NR_SEC(1);
   ch->srv = srv;
+  reserve_open();              /* (for when the descriptors run out) */
   su->backlog = o->backlog > 0 ? o->backlog : 1024;
   ch->init = o->init;
   ch->init_arg = o->arg;
@@ -470,6 +474,8 @@ static int register_child(void *arg) {
   nr_channel_t *ch = arg;
   uint32_t ev = ch->opts.auto_read ? EPOLLIN : 0;
   atomic_fetch_or(&ch->pub, NR__ACTIVE);     /* accepted: already connected */
+  ch->st |= NR__FRESH;                       /* (before init: its codecs may
+                                                say what ends it) */
   int rc = nr__channel_register(ch, ev);
   if (rc < 0) {
     nr_log(NR_LOG_WARN, "cannot register an accepted channel: %s",
@@ -521,9 +527,9 @@ static int resume_accept(void *arg) {
   return 0;
 }
 
-/* Out of descriptors: stop accepting for a while instead of spinning on a
- * listener that stays readable (Netty's ServerBootstrapAcceptor pauses
- * auto-read for a second). */
+/* Out of memory, or of descriptors with none to free: stop accepting for a
+ * while instead of spinning on a listener that stays readable (Netty's
+ * ServerBootstrapAcceptor pauses auto-read for a second). */
 static void pause_accept(nr_channel_t *ch, int err) {
   char msg[200];
   snprintf(msg, sizeof msg, "accept: %s; pausing accepts for %.3g s",
@@ -534,6 +540,180 @@ static void pause_accept(nr_channel_t *ch, int err) {
   ch->srv->backoff_timer = nr_loop_schedule(ch->loop, ch->srv->backoff, 0,
                                             resume_accept, NULL, ch);
   nr_pipeline_fire_exception(&ch->pipe, &(nr_err_t){err, msg});
+}
+
+/* ---- shedding: out of descriptors ------------------------------------------
+ *
+ * A full descriptor table (EMFILE, ENFILE) is what a slowloris aims at:
+ * connections that send a request head a byte a second hold every
+ * descriptor, and no other client gets in until their header timeout.
+ * So accept asks each loop it serves for its oldest fresh connections
+ * (channel.c: accepted, and nothing complete came from them -- no byte, or
+ * for the HTTP server codec no whole request head), as many as wait in the
+ * listen queue (a listening socket's tcpi_unacked), SHED_BATCH at most,
+ * shared among the loops of its child group, and stops accepting until
+ * every loop has answered. Then, if any were closed, it accepts again at
+ * once: the connections waiting in the listen queue, oldest first, get
+ * their descriptors. If none could be
+ * closed, the reserve descriptor (one per process, opened with the first
+ * listener) is closed to accept and close at once what waits, so that
+ * clients learn the server is full rather than hang in the queue, and the
+ * listener does not spin; without a reserve, accepts pause for the
+ * backoff as on ENOMEM. The loops are asked with tasks (a loop's channels
+ * are its own); the listener's loop counts the answers. */
+
+#define SHED_BATCH 16
+#define SHED_LOG_EVERY NR_SEC(1)
+
+static _Atomic int reserve_fd = -1;
+
+void nr__accept_reserve_drop(void) {
+  int fd = atomic_exchange(&reserve_fd, -1);
+  if (fd >= 0)
+    close(fd);
+}
+
+/* The reserve, if there is none (a free descriptor becomes it). */
+static void reserve_open(void) {
+  if (atomic_load(&reserve_fd) >= 0)
+    return;
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int none = -1;
+  if (fd >= 0 && !atomic_compare_exchange_strong(&reserve_fd, &none, fd))
+    close(fd);                     /* another listener's thread made one */
+}
+
+/* Accept and close what waits (max_reads at most) with the reserve's
+ * descriptor; how many, or -1 when there is no reserve. */
+static int refuse_waiting(nr_channel_t *ch) {
+  int fd = atomic_exchange(&reserve_fd, -1), n = 0;
+  if (fd < 0)
+    return -1;
+  close(fd);
+  for (int c; n < ch->opts.max_reads &&
+              (c = accept4(ch->io.fd, NULL, NULL, SOCK_CLOEXEC)) >= 0; n++)
+    close(c);
+  reserve_open();
+  return n;
+}
+
+static void shed_log(nr_channel_t *ch, const char *fmt, int n) {
+  nr_server_t *srv = ch->srv;
+  uint64_t now = nr_now();
+  if (srv->shed_logged != 0 && now - srv->shed_logged < SHED_LOG_EVERY)
+    return;
+  srv->shed_logged = now;
+  nr_log(NR_LOG_WARN, fmt, (unsigned long long)ch->id, n, n == 1 ? "" : "s");
+}
+
+static void resume_now(nr_channel_t *ch) {
+  ch->st &= ~NR__ACCEPT_PAUSED;
+  nr__channel_update_interest(ch);
+}
+
+/* Every loop answered: accept again, refuse what waits, or back off. */
+static void shed_over(nr_channel_t *ch, int err) {
+  nr_server_t *srv = ch->srv;
+  if (ch->st & NR__CLOSED)
+    return;
+  if (srv->shed_closed > 0) {
+    shed_log(ch, "channel %llu: accept: out of descriptors: closed %d "
+             "connection%s that had sent nothing whole since accept, oldest "
+             "first", srv->shed_closed);
+    reserve_open();
+    resume_now(ch);
+    return;
+  }
+  int n = refuse_waiting(ch);
+  if (n < 0) {
+    pause_accept(ch, err);
+    return;
+  }
+  shed_log(ch, "channel %llu: accept: out of descriptors, none to close "
+           "(each connection has sent something whole): refused %d waiting "
+           "connection%s", n);
+  resume_now(ch);
+}
+
+typedef struct shed_s {
+  nr_channel_t *listener;      /* retained */
+  nr_loop_t *loop;             /* whose fresh channels are closed */
+  int max, closed, err;
+} shed_t;
+
+static int shed_answered(void *arg) {
+  shed_t *t = arg;
+  nr_server_t *srv = t->listener->srv;
+  srv->shed_closed += t->closed;
+  if (--srv->shed_waiting == 0)
+    shed_over(t->listener, t->err);
+  nr_channel_release(t->listener);
+  free(t);
+  return 0;
+}
+
+static int shed_on_loop(void *arg) {
+  shed_t *t = arg;
+  t->closed = nr__loop_shed_fresh(t->loop, t->max);
+  nr_loop_t *home = t->listener->loop;
+  if (nr__in_loop(home))
+    return shed_answered(t);
+  if (nr_loop_execute(home, shed_answered, t) < 0) {
+    nr_channel_release(t->listener);         /* its loop is going */
+    free(t);
+  }
+  return 0;
+}
+
+/* Ask loop l for up to max fresh channels; false if it cannot be asked. */
+static bool shed_ask(nr_channel_t *ch, nr_loop_t *l, int max, int err) {
+  shed_t *t = malloc(sizeof *t);
+  if (t == NULL)
+    return false;
+  *t = (shed_t){nr_channel_retain(ch), l, max, 0, err};
+  ch->srv->shed_waiting++;
+  if (nr__in_loop(l))
+    return shed_on_loop(t), true;
+  if (nr_loop_execute(l, shed_on_loop, t) == 0)
+    return true;
+  ch->srv->shed_waiting--;
+  nr_channel_release(ch);
+  free(t);
+  return false;
+}
+
+/* How many connections wait in the listener's accept queue (Linux tells
+ * a listening socket's queue length as its tcpi_unacked), or -1. */
+static int accept_queue(nr_channel_t *ch) {
+  struct tcp_info ti;
+  socklen_t len = sizeof ti;
+  if (ch->family == AF_UNIX ||
+      getsockopt(ch->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+    return -1;
+  return (int)ti.tcpi_unacked;
+}
+
+static void out_of_descriptors(nr_channel_t *ch, int err) {
+  nr_server_t *srv = ch->srv;
+  if (srv->shed_waiting > 0)
+    return;                                  /* (paused: asked already) */
+  int want = accept_queue(ch);
+  want = want < 0 ? 4 : want > SHED_BATCH ? SHED_BATCH : want;
+  if (want == 0)
+    return;                                  /* (it left: nothing waits) */
+  ch->st |= NR__ACCEPT_PAUSED;               /* until the loops answer */
+  nr__channel_update_interest(ch);
+  srv->shed_closed = 0;
+  srv->shed_waiting = 1;                     /* held while asking: a loop
+                                                that answers at once must
+                                                not end the round early */
+  nr_group_t *g = srv->child_group;
+  int n = g ? nr_group_size(g) : 1;
+  for (int i = 0; i < n; i++)
+    shed_ask(ch, g ? nr_group_loop(g, i) : srv->child_loop,
+             (want + n - 1) / n, err);
+  if (--srv->shed_waiting == 0)
+    shed_over(ch, err);
 }
 
 void nr__accept_ready(nr_channel_t *ch) {
@@ -550,8 +730,11 @@ void nr__accept_ready(nr_channel_t *ch) {
       continue;
     if (errno == EAGAIN)
       break;
-    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-        errno == ENOMEM) {
+    if (errno == EMFILE || errno == ENFILE) {
+      out_of_descriptors(ch, err);
+      break;
+    }
+    if (errno == ENOBUFS || errno == ENOMEM) {
       pause_accept(ch, err);
       break;
     }

@@ -75,6 +75,7 @@ nr_channel_t *nr__channel_new(int kind, int family, int fd,
   fix_opts(&ch->opts, opts);
   nr__pipeline_init(&ch->pipe, ch, &nr__head_handler);
   nr__out_init(&ch->out);
+  ch->out.high = ch->opts.write_buffer_high;
   return ch;
 }
 
@@ -233,7 +234,8 @@ void nr__channel_update_interest(nr_channel_t *ch) {
   } else {
     if (ch->st & (NR__CONNECTING | NR__WAIT_OUT))
       ev |= EPOLLOUT;
-    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING | NR__CLOSE_IDLE)) &&
+    if (active && !(ch->st & (NR__INPUT_SHUT | NR__CLOSING | NR__CLOSE_IDLE |
+                              NR__READS_HELD)) &&
         (ch->opts.auto_read || (ch->st & NR__READ_REQ)))
       ev |= EPOLLIN;
   }
@@ -253,6 +255,8 @@ int nr__channel_register(nr_channel_t *ch, uint32_t events) {
   ch->lnext = l->channels;
   if (l->channels)
     l->channels->lprev = ch;
+  else
+    l->channels_tail = ch;
   l->channels = ch;
   atomic_fetch_add_explicit(&l->channel_count, 1, memory_order_relaxed);
   if (ch->init)
@@ -271,16 +275,71 @@ void nr__channel_set_active(nr_channel_t *ch) {
 
 static void unlink_from_loop(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
+  if (ch->st & NR__UNREF) {
+    ch->st &= ~NR__UNREF;
+    atomic_fetch_sub(&l->channel_unrefs, 1);
+  }
   if (ch->lprev)
     ch->lprev->lnext = ch->lnext;
   else
     l->channels = ch->lnext;
   if (ch->lnext)
     ch->lnext->lprev = ch->lprev;
+  else
+    l->channels_tail = ch->lprev;
+  ch->st &= ~NR__FRESH;
   atomic_fetch_sub_explicit(&l->channel_count, 1, memory_order_relaxed);
   ch->lprev = NULL;
   ch->lnext = l->graveyard;                  /* the loop's ref waits here */
   l->graveyard = ch;
+}
+
+/* ---- fresh connections, shed when descriptors run out ------------------------
+ *
+ * An accepted channel is fresh (NR__FRESH, set by the acceptor) until its
+ * peer shows it speaks: its first byte read, unless a codec said a byte is
+ * not enough (nr_channel_fresh_until_message: the HTTP server codec, whose
+ * request head may drip in a byte a second), then the codec's first whole
+ * message (nr_channel_established). When accept fails for want of a
+ * descriptor, the acceptor asks each loop it serves to close its oldest
+ * fresh channels: those that took a descriptor the longest for nothing
+ * (slowloris). The loop's channel list is newest first, so they are found
+ * from its tail; a channel that is not fresh is passed over (a walk as long
+ * as the established channels older than the fresh ones, only when the
+ * table is full). No channel carries anything for it but two bits. */
+
+void nr_channel_fresh_until_message(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->st & NR__FRESH)
+    ch->st |= NR__FRESH_TO_MESSAGE;
+}
+
+void nr_channel_established(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  ch->st &= ~(NR__FRESH | NR__FRESH_TO_MESSAGE);
+}
+
+/* The first bytes came: enough, unless a codec waits for a message. */
+static void first_bytes(nr_channel_t *ch) {
+  if (!(ch->st & NR__FRESH_TO_MESSAGE))
+    ch->st &= ~NR__FRESH;
+}
+
+int nr__loop_shed_fresh(nr_loop_t *l, int max) {
+  NR_ASSERT_LOOP(l);
+  nr_channel_t *v[64];
+  int n = 0;
+  if (max > 64)
+    max = 64;
+  for (nr_channel_t *ch = l->channels_tail; ch != NULL && n < max; ch = ch->lprev)
+    if ((ch->st & (NR__FRESH | NR__CLOSED | NR__CLOSING)) == NR__FRESH)
+      v[n++] = nr_channel_retain(ch);
+  for (int i = 0; i < n; i++) {        /* (a close may run hooks: the walk
+                                          is done first) */
+    nr__channel_close(v[i], true);
+    nr_channel_release(v[i]);
+  }
+  return n;
 }
 
 void nr__loop_reap(nr_loop_t *l) {
@@ -296,9 +355,10 @@ void nr__loop_reap(nr_loop_t *l) {
 
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
-  if (w && ch->out.pending > ch->opts.write_buffer_high)
+  if (w && ch->out.pending > ch->opts.write_buffer_high) {
     atomic_fetch_and(&ch->pub, ~NR__WRITABLE);
-  else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
+    ch->st |= NR__LAGGING;                   /* (read_stream) */
+  } else if (!w && ch->out.pending < ch->opts.write_buffer_low &&
            (pub(ch) & NR__OPEN))
     atomic_fetch_or(&ch->pub, NR__WRITABLE);
   else
@@ -484,6 +544,7 @@ static void write_stream(nr_channel_t *ch) {
         if (!(ch->st & NR__WAIT_OUT)) {
           ch->st |= NR__WAIT_OUT;
           nr__channel_update_interest(ch);
+          nr__out_trim_head(ch->loop, o);
         }
         return;
       }
@@ -573,8 +634,18 @@ static void input_closed(nr_channel_t *ch) {
   nr_pipeline_fire_user_event(&ch->pipe, (void *)&NR_EVT_INPUT_SHUTDOWN);
 }
 
+/* A read of a lagging channel (NR__LAGGING: it turned unwritable, its
+ * peer is sent more than it takes) that drained the socket with nothing
+ * left to send: the peer has caught up, and is read in full again. */
+static void caught_up(nr_channel_t *ch) {
+  if (ch->out.pending == 0)
+    ch->st &= ~NR__LAGGING;
+}
+
 static void read_stream(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
+  if (ch->st & NR__READS_HELD)
+    return;               /* (an event from before the hold) */
   if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL)
     return;
   int reads = 0, err = 0;
@@ -583,24 +654,37 @@ static void read_stream(nr_channel_t *ch) {
    * because each read allocates a buffer; here the buffer is the loop's and
    * the message is borrowed, so a smaller guess would only split what the
    * socket holds into more read() calls (and make an exact fit cost an
-   * extra read that meets EAGAIN). */
+   * extra read that meets EAGAIN). But a peer that is sent more than it
+   * takes (a client that pipelines requests and reads no answers) is read
+   * NR_READ_LAGGING at a time until it catches up: the codecs stop when
+   * the channel is unwritable and hold the rest of the read that filled
+   * it, for as long as the peer reads nothing -- so a full read's rest
+   * would stay with every such connection. */
   while (reads < ch->opts.max_reads) {
-    ssize_t n = nr_sys_read(ch->io.fd, l->rbuf, NR_READ_BUF);
+    size_t want = ch->st & NR__LAGGING ? NR_READ_LAGGING : NR_READ_BUF;
+    ssize_t n = nr_sys_read(ch->io.fd, l->rbuf, want);
     if (n > 0) {
-      if (reads++ == 0)   /* a read() is answered by data, not by EAGAIN */
+      if (reads++ == 0) { /* a read() is answered by data, not by EAGAIN */
         ch->st &= ~NR__READ_REQ;
+        if (__builtin_expect(ch->st & NR__FRESH, 0))
+          first_bytes(ch);
+      }
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
+      bool full = (size_t)n == want;
+      if (__builtin_expect(!full && (ch->st & NR__LAGGING), 0))
+        caught_up(ch);
       /* A short read is the last of this batch whatever the handlers do,
        * so they may take it later (before read_complete); after a full
        * one, what they do (a close, auto_read off) decides whether to
        * read again. */
-      if (n < NR_READ_BUF)
+      if (!full)
         nr_pipeline_fire_read_deferrable(&ch->pipe, &b);
       else
         nr_pipeline_fire_read(&ch->pipe, &b);
-      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || n < NR_READ_BUF)
+      if ((ch->st & (NR__CLOSED | NR__CLOSING)) || !full)
         break;            /* a short read drained the socket: skip EAGAIN */
-      if (!ch->opts.auto_read && !(ch->st & NR__READ_REQ))
+      if ((!ch->opts.auto_read && !(ch->st & NR__READ_REQ)) ||
+          (ch->st & NR__READS_HELD))
         break;
     } else if (n == 0) {
       eof = true;
@@ -908,6 +992,17 @@ int nr_channel_shutdown_output(nr_channel_t *ch) {
   return nr_sys_shutdown(ch->io.fd, SHUT_WR) < 0 ? -errno : 0;
 }
 
+void nr_channel_set_ref(nr_channel_t *ch, bool ref) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (!(ch->st & NR__REGISTERED) || ref == !(ch->st & NR__UNREF))
+    return;                          /* closed, or so already */
+  ch->st ^= NR__UNREF;
+  if (ref)
+    atomic_fetch_sub(&ch->loop->channel_unrefs, 1);
+  else
+    atomic_fetch_add(&ch->loop->channel_unrefs, 1);
+}
+
 void nr_channel_hold(nr_channel_t *ch) {
   NR_ASSERT_CHANNEL_LOOP(ch);
   ch->holds++;
@@ -917,8 +1012,9 @@ static int close_idle_task(void *arg) {
   nr_channel_t *ch = arg;
   if (ch->holds == 0 && (ch->st & NR__CLOSE_IDLE_PIPE))
     nr_pipeline_close(&ch->pipe, NULL);
-  else if (ch->holds == 0)
-    nr__channel_close(ch, false);
+  else if (ch->holds == 0 && !(nr_loop_is_shutting_down(ch->loop) &&
+                               nr__loop_held(ch->loop)))
+    nr__channel_close(ch, false);  /* (work owed to the loop: close_each's) */
   nr_channel_release(ch);
   return 0;
 }
@@ -970,9 +1066,14 @@ static bool tell_shutdown(nr_channel_t *ch) {
  * data still drains. Each is told first (NR_EVT_SHUTDOWN), and one whose
  * handlers say goodbye stays open until it ends or its deadline. A
  * channel that holds work owed (nr_channel_hold) stops reading and closes
- * when the work is done. With abort, reset whatever is left. */
+ * when the work is done; while work is owed to the loop itself
+ * (nr_loop_hold: an answer computed elsewhere, for any of them), every
+ * channel does, but a listener, which owes nothing: it closes at once,
+ * and no connection comes in meanwhile. With abort, reset whatever is
+ * left. */
 static void close_each(nr_loop_t *l, bool abort) {
   send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
+  bool loop_held = !abort && nr__loop_held(l);
   size_t n = 0, i = 0;
   for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
     n++;
@@ -993,7 +1094,8 @@ static void close_each(nr_loop_t *l, bool abort) {
        * kept here, as this runs every turn of the shutdown */
       if (abort || nr_now() >= v[i]->linger_until)
         end_linger(v[i]);
-    } else if (!abort && v[i]->holds > 0) {
+    } else if (!abort && (v[i]->holds > 0 ||
+                          (loop_held && v[i]->kind != NR__LISTEN))) {
       if (!(v[i]->st & NR__CLOSE_IDLE)) {
         v[i]->st |= NR__CLOSE_IDLE;
         nr__channel_update_interest(v[i]);
@@ -1152,6 +1254,14 @@ static int head_close(nr_ctx_t *ctx, nr_promise_t *p) {
                             complete_on_close, nr_promise_retain(p));
   nr__channel_close(ch, false);
   return 0;
+}
+
+void nr_channel_hold_reads(nr_channel_t *ch, bool held) {
+  assert(nr_loop_in_thread(ch->loop));
+  if (held == ((ch->st & NR__READS_HELD) != 0))
+    return;
+  ch->st ^= NR__READS_HELD;
+  nr__channel_update_interest(ch);
 }
 
 static int head_read(nr_ctx_t *ctx) {
@@ -1412,7 +1522,7 @@ int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
   if (strcmp(name, "write_buffer_low") == 0 && v >= 0)
     o->write_buffer_low = (size_t)v;
   else if (strcmp(name, "write_buffer_high") == 0 && v > 0)
-    o->write_buffer_high = (size_t)v;
+    ch->out.high = o->write_buffer_high = (size_t)v;
   else if (strcmp(name, "allow_half_closure") == 0)
     o->allow_half_closure = v;
   else if (strcmp(name, "tcp_nodelay") == 0)

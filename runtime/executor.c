@@ -448,8 +448,9 @@ bool nr__confirm_shutdown(nr_loop_t *l) {
   bool timed_out = now - l->shutdown_start > l->timeout ||
                    (asked != 0 && now >= asked);
   bool down = nr_loop_is_shutdown(l);
-  if (l->channels != NULL && !timed_out && !down)
-    return false;                  /* channels still flushing what they took */
+  if ((l->channels != NULL || nr__loop_held(l)) && !timed_out && !down)
+    return false;                  /* channels still flushing what they took,
+                                      or work owed still to come back */
   if (ran)
     return down || l->quiet == 0;
   if (down || timed_out)

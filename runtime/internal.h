@@ -92,6 +92,7 @@ struct nr_timer_s {
   uint32_t idx;              /* heap index, NR_NOT_IN_HEAP when not in it */
   _Atomic int refs;
   _Atomic int state;
+  bool keeps_alive;          /* nr_loop_schedule_ref: counted in timer_refs */
 };
 #define NR_NOT_IN_HEAP UINT32_MAX
 
@@ -121,8 +122,14 @@ typedef struct nr_chunk_s {
 
 #define NR_CHUNK_SIZE 16384
 #define NR_READ_BUF 65536
+/* What one read() takes of a peer that is sent more than it takes (see
+ * read_stream). */
+#define NR_READ_LAGGING 4096
 
-nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need);
+/* A chunk for `need` bytes: NR_CHUNK_SIZE (from the cache) or more for a
+ * larger write; with exact, a smaller write gets exactly its size (not
+ * cached). NULL when out of memory. */
+nr_chunk_t *nr__chunk_get(nr_loop_t *loop, size_t need, bool exact);
 void nr__chunk_put(nr_loop_t *loop, nr_chunk_t *c);
 
 /* ---- loops --------------------------------------------------------------- */
@@ -146,6 +153,9 @@ struct nr_loop_s {
   _Atomic uint64_t enqueued;        /* tasks ever queued */
   _Atomic uint64_t wakeups;         /* eventfd writes */
   _Atomic uint64_t timer_count;     /* timers alive (schedule/discard) */
+  _Atomic uint64_t timer_refs;      /* those that keep the loop alive */
+  _Atomic int64_t held;             /* work owed to it (nr_loop_hold) */
+  _Atomic int64_t waits;            /* requests it waits for (nr_loop_ref) */
   /* read by producers on every task, written rarely */
   _Alignas(NR_CACHELINE) _Atomic int state;
   _Atomic uint64_t next_wakeup;     /* written only around a blocking select */
@@ -156,6 +166,7 @@ struct nr_loop_s {
   _Alignas(NR_CACHELINE) _Atomic uint64_t dequeued;
   _Atomic uint64_t tasks_run, io_events, rebuilds, iterations, io_time,
       task_time, channel_count;
+  _Atomic uint64_t channel_unrefs;  /* linked channels that keep it not alive */
   /* Stall detection: when the current stretch of work began (0: blocked in
    * the selector), stored once per iteration, and the task running (0: I/O
    * events). With tasks_run they tell the watchdog whether work moves. */
@@ -187,8 +198,11 @@ struct nr_loop_s {
    * start of its I/O run, for the longest run (executor.c). */
   uint64_t run_from;
   bool spin;                        /* queued tasks ran last pass */
+  bool held_seen;                   /* a shutdown waited for work owed */
   uint64_t dequeued_seen;
-  nr_channel_t *channels;           /* registered channels, for close_all */
+  nr_channel_t *channels;           /* registered channels, for close_all:
+                                       newest first */
+  nr_channel_t *channels_tail;      /* ... and the oldest */
   nr_channel_t *graveyard;          /* closed this pass, released after it */
   /* Channels blocked on EPOLLOUT with a send timeout, by deadline, and
    * the one timer for them: armed for send_at (<= the head's deadline). */
@@ -297,10 +311,13 @@ typedef struct nr_outbound_s {
   nr_chunk_t *head, *tail;
   uint64_t appended, flushed, written;   /* stream offsets */
   nr_wentry_t *ents;                     /* ring of write promises */
-  size_t ehead, ecount, ecap;
+  uint32_t ehead, ecount, ecap;          /* (32 bits: the channel's budget) */
   nr_dgram_t *dq, **dq_tail;             /* datagrams, in order */
   size_t dq_count, dq_unflushed;         /* all / trailing not yet flushed */
   size_t pending;                        /* bytes queued, for water marks */
+  size_t high;                           /* the channel's write_buffer_high
+                                            (0: none): chunks near it are
+                                            sized to their writes */
   /* Offsets never go back, so a write is known by the offset where it
    * ends (its mark: nr_channel_write_mark). Bytes from dropped_from on were
    * dropped unwritten (close, write error) with drop_code; UINT64_MAX when
@@ -331,6 +348,11 @@ static inline void nr__out_commit(nr_outbound_t *o, size_t m) {
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p);
 void nr__out_flush(nr_outbound_t *o);
+/* The socket took no more (EAGAIN), and its peer may take nothing for
+ * long: a head chunk (16 KiB or more) written past its half keeps its room
+ * for the bytes left in it, so they move to a chunk of their size (and a
+ * 16 KiB one goes back to the loop's cache). */
+void nr__out_trim_head(nr_loop_t *l, nr_outbound_t *o);
 /* Fill iov with flushed, unwritten bytes; returns the count. */
 int nr__out_iov(nr_outbound_t *o, struct iovec *iov, int max);
 /* n bytes were written: drop them, complete finished writes. */
@@ -363,8 +385,16 @@ enum {
   NR__SEND_LISTED = 1u << 14,     /* on the loop's send-timeout list */
   NR__SEND_TIMED_OUT = 1u << 15,  /* the send timeout ran out: closes reset */
   NR__SHUTDOWN_TOLD = 1u << 16,   /* NR_EVT_SHUTDOWN was fired on it */
-  NR__CLOSE_IDLE_PIPE = 1u << 17  /* CLOSE_IDLE's close goes through the
+  NR__CLOSE_IDLE_PIPE = 1u << 17, /* CLOSE_IDLE's close goes through the
                                      pipeline (nr_channel_close_when_idle) */
+  NR__UNREF = 1u << 18,           /* linked, and keeps its loop not alive */
+  NR__LAGGING = 1u << 19,         /* its peer is sent more than it takes:
+                                     reads are NR_READ_LAGGING at most */
+  NR__FRESH = 1u << 20,           /* accepted, and its peer has shown
+                                     nothing yet (nr_channel_established) */
+  NR__FRESH_TO_MESSAGE = 1u << 21, /* a byte does not end NR__FRESH: a
+                                     codec's first message does */
+  NR__READS_HELD = 1u << 22       /* nr_channel_hold_reads: read nothing */
 };
 
 typedef struct nr_server_s {
@@ -380,6 +410,11 @@ typedef struct nr_server_s {
   nr_timer_t *backoff_timer;
   nr_channel_t **siblings;      /* reuseport: the other loops' listeners */
   int nsiblings;
+  /* Out of descriptors (bootstrap.c, "shedding"): the loops asked to close
+   * fresh channels that have not answered yet, what they closed so far,
+   * and when the last warning was logged. The listener's loop only. */
+  int shed_waiting, shed_closed;
+  uint64_t shed_logged;
 } nr_server_t;
 
 /* What only a channel made by the bootstrap uses -- a listener, a channel
@@ -466,6 +501,14 @@ void nr__channel_close(nr_channel_t *ch, bool abort);
 /* The channel has closed: complete its close future (if one was made). */
 void nr__channel_closed(nr_channel_t *ch);
 void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
+/* Close the process's reserve descriptor, which lets a listener refuse
+ * connections when the table is full and nothing can be freed (for tests:
+ * the next listener made opens it again). */
+void nr__accept_reserve_drop(void);
+/* Close (reset) up to max of the loop's oldest fresh channels (NR__FRESH:
+ * accepted, their peer silent or still short of a first message); returns
+ * how many. The acceptor's answer to a descriptor table that is full. */
+int nr__loop_shed_fresh(nr_loop_t *l, int max);
 extern const nr_handler_t nr__head_handler;
 
 /* connect.c: a connect to several addresses (RFC 8305). Loop thread only,
@@ -536,6 +579,10 @@ bool nr__run_tasks_for(nr_loop_t *l, uint64_t timeout);
 bool nr__confirm_shutdown(nr_loop_t *l);
 uint64_t nr__shutdown_poll_deadline(nr_loop_t *l, uint64_t deadline);
 void nr__loop_set_current(nr_loop_t *l);
+
+/* alive.c: work owed, in a shutdown (loop thread); about to block. */
+bool nr__loop_held(nr_loop_t *l);
+void nr__loop_blocking(nr_loop_t *l);
 
 /* timer.c */
 /* Cancel and release the timer at *t, if any, and forget it. */

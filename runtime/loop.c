@@ -221,6 +221,7 @@ static select_t select_events(nr_loop_t *l) {
     if (!nr__loop_has_tasks(l)) {
       s.blocked = true;
       atomic_store_explicit(&l->busy_since, 0, memory_order_relaxed);
+      nr__loop_blocking(l);                 /* a watcher of idle loops */
       s.n = nr_sys_epoll_wait(l->epfd, l->events, l->nevents,
                               timeout_ms(s.dl, nr_now()), s.dl);
     }

@@ -202,6 +202,36 @@ uint64_t nr_loop_stall_mark(nr_loop_t *loop);
  * reports the stall (the loop thread, or the watchdog when it cannot). */
 bool nr_loop_stall_claim(nr_loop_t *loop, uint64_t mark);
 
+/* Any thread. Work owed to `loop` from elsewhere: a task it sent to
+ * another loop, whose outcome comes back to it (a future's listener, a
+ * task queued back, a name lookup). While any is owed, a graceful
+ * shutdown keeps the loop running and its channels open (they stop
+ * reading), within the shutdown's timeout, and the loop is alive. The
+ * holder unholds after queueing what comes back. A hold keeps the loop's
+ * memory until its unhold. */
+void nr_loop_hold(nr_loop_t *loop);
+void nr_loop_unhold(nr_loop_t *loop);
+/* Any thread. A request `loop` waits for, under way elsewhere (a name
+ * lookup): it keeps the loop alive (nr_loop_is_alive) as a hold does, but
+ * does not hold its shutdown (libuv's active requests). The unref comes
+ * after what the request completes was queued back. Each ref keeps the
+ * loop's memory until its unref. */
+void nr_loop_ref(nr_loop_t *loop);
+void nr_loop_unref(nr_loop_t *loop);
+/* Any thread, a snapshot: whether the loop has anything that keeps a
+ * process alive (libuv's uv_loop_alive, Node's ref/unref): a task queued
+ * or running, a pending timer made by nr_loop_schedule_ref, a channel
+ * linked to it and not unref'd (nr_channel_set_ref), work owed to it, a
+ * request it waits for (nr_loop_ref); or it is shutting down and has not
+ * terminated. If mark is given, it gets a
+ * number that changes whenever the loop ran or was given a task: two
+ * calls with the same mark, both false, saw a loop idle in between. */
+bool nr_loop_is_alive(const nr_loop_t *loop, uint64_t *mark);
+/* Any thread. While watcher is set (NULL: off), a loop about to block
+ * with nothing alive but its queue queues an empty task to watcher, which
+ * may then look again (nr_loop_is_alive). */
+void nr_loop_watch_idle(nr_loop_t *watcher);
+
 /* Diagnostics: the current epoll fd (tests use it to provoke a spurious
  * wakeup storm, as a stale registration would). */
 int nr_loop_selector_fd(const nr_loop_t *loop);
@@ -215,6 +245,14 @@ int nr_loop_selector_fd(const nr_loop_t *loop);
  * it too. Returns a handle the caller releases with nr_timer_release. */
 nr_timer_t *nr_loop_schedule(nr_loop_t *loop, uint64_t delay, int64_t period,
                              nr_task_fn fn, nr_task_fn cancel_fn, void *arg);
+/* As nr_loop_schedule, for a timer that keeps its loop alive while it is
+ * pending (nr_loop_is_alive): a program's own timers, as libuv's ref'd
+ * timers. A timer made by nr_loop_schedule keeps nothing alive by itself:
+ * it belongs to something that does (a channel's timeouts) or to nothing
+ * a program waits for (a pool's sweeper). */
+nr_timer_t *nr_loop_schedule_ref(nr_loop_t *loop, uint64_t delay,
+                                 int64_t period, nr_task_fn fn,
+                                 nr_task_fn cancel_fn, void *arg);
 /* Any thread. 0 if cancelled now, -EALREADY if it ran or was cancelled. */
 int nr_timer_cancel(nr_timer_t *t);
 bool nr_timer_is_cancelled(const nr_timer_t *t);
@@ -557,6 +595,19 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. A server's accepted channel is "fresh" until its peer
+ * has shown it speaks: by default its first byte read. A codec whose
+ * messages may drip in a byte at a time (the HTTP server codec's request
+ * heads) calls nr_channel_fresh_until_message as it is added, and
+ * nr_channel_established at its first whole message. When accept finds
+ * no free descriptor, the server closes its oldest fresh channels to let
+ * new ones in. Both do nothing to a channel that is not fresh. */
+void nr_channel_fresh_until_message(nr_channel_t *ch);
+void nr_channel_established(nr_channel_t *ch);
+/* Loop thread only. Whether ch keeps its loop alive while it is open
+ * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
+ * an idle pooled connection does not. Ignored once ch has closed. */
+void nr_channel_set_ref(nr_channel_t *ch, bool ref);
 /* Loop thread only. The peer will send nothing more (a TLS close_notify)
  * and the channel is to close once its answers are out: it stops reading,
  * and closes through its pipeline (every handler's close runs, as with
@@ -564,6 +615,11 @@ void nr_channel_unhold(nr_channel_t *ch);
  * the read under way and its read_complete, where answers are written,
  * come first. Nothing if the channel is closing already. */
 void nr_channel_close_when_idle(nr_channel_t *ch);
+/* Loop thread only. While held the channel reads nothing, whatever
+ * auto_read and read requests say: backpressure of a codec's own that the
+ * application's auto_read cannot undo (the HTTP server codec's body
+ * budget). Not counted: one holder. */
+void nr_channel_hold_reads(nr_channel_t *ch, bool held);
 /* Loop thread only. The peer may still be sending (it pipelines): a
  * graceful close half-closes and drains its input (lingering close) even
  * if none has arrived yet, so that its late bytes cannot make the kernel
@@ -917,6 +973,9 @@ uint64_t nr_sim_trace_hash(const nr_sim_t *w);
 /* The clock goes no further than `at` (nr_now's; 0: no limit): a wait
  * that would need it to fails as stuck (NR_ESIMSTUCK). */
 void nr_sim_limit(nr_sim_t *w, uint64_t at);
+/* Whether the main context's last wait found nothing that could ever
+ * happen (before the limit): every loop idle, nothing scheduled. */
+bool nr_sim_is_stuck(const nr_sim_t *w);
 /* Counters: scheduler steps, packets, connections. */
 typedef struct nr_sim_stats_s {
   uint64_t steps, events, connections, bytes, datagrams, resets;

@@ -3,7 +3,8 @@
  * Loop thread only.
  *
  * Stream writes are copied into a list of chunks (16 KiB from the loop's
- * cache, or one exact chunk for a larger write) and tracked as offsets in
+ * cache, or one exact chunk for a larger write, or for a write near the
+ * channel's high water mark: new_chunk) and tracked as offsets in
  * one byte stream: `appended` (written by handlers), `flushed` (handed to
  * the socket by flush), `written` (accepted by the kernel). A write's
  * promise completes when `written` passes its end offset; writes without a
@@ -16,10 +17,14 @@
 
 #define CHUNK_CACHE_MAX 64
 
-nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need) {
+nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need, bool exact) {
   NR_ASSERT_LOOP(l);                  /* the cache is the loop thread's */
   nr_chunk_t *c;
-  if (need <= NR_CHUNK_SIZE && l->chunk_cache != NULL) {
+  if (exact && need < NR_CHUNK_SIZE) {
+    if ((c = malloc(sizeof *c + need)) == NULL)
+      return NULL;
+    c->cap = need;
+  } else if (need <= NR_CHUNK_SIZE && l->chunk_cache != NULL) {
     c = l->chunk_cache;
     l->chunk_cache = c->next;
     l->chunk_cached--;
@@ -51,6 +56,17 @@ void nr__out_init(nr_outbound_t *o) {
   o->dropped_from = UINT64_MAX;
 }
 
+/* A chunk for the next `need` bytes of o. Within a quarter chunk of the
+ * high water mark, it is exactly their size: a peer that takes nothing
+ * leaves the buffer at the mark for as long as it takes nothing (the
+ * codecs stop there), and the write that crossed it should not keep a
+ * chunk's room past it meanwhile. */
+static nr_chunk_t *new_chunk(nr_loop_t *l, const nr_outbound_t *o,
+                             size_t need) {
+  return nr__chunk_get(l, need,
+                       o->high != 0 && o->pending + NR_CHUNK_SIZE / 4 >= o->high);
+}
+
 static void note_drop(nr_outbound_t *o, uint64_t from, int code) {
   if (from < o->dropped_from) {
     o->dropped_from = from;
@@ -60,7 +76,9 @@ static void note_drop(nr_outbound_t *o, uint64_t from, int code) {
 
 static int push_entry(nr_outbound_t *o, nr_promise_t *p, uint64_t end) {
   if (o->ecount == o->ecap) {
-    size_t cap = o->ecap ? o->ecap * 2 : 8;
+    if (o->ecap > UINT32_MAX / 2)
+      return -ENOMEM;
+    uint32_t cap = o->ecap ? o->ecap * 2 : 8;
     nr_wentry_t *e = malloc(cap * sizeof *e);
     if (e == NULL)
       return -ENOMEM;
@@ -89,7 +107,7 @@ int nr__out_append(nr_loop_t *l, nr_outbound_t *o, const void *data,
     left -= n;
   }
   if (left > 0) {
-    nr_chunk_t *c = nr__chunk_get(l, left);
+    nr_chunk_t *c = new_chunk(l, o, left);
     if (c == NULL)
       return -ENOMEM;       /* the first part stays: it is a prefix */
     memcpy(c->data, src, left);
@@ -112,7 +130,7 @@ int nr__out_append(nr_loop_t *l, nr_outbound_t *o, const void *data,
  * less than n bytes). It stays empty until nr__out_commit, which follows
  * at once. */
 char *nr__out_reserve_chunk(nr_loop_t *l, nr_outbound_t *o, size_t n) {
-  nr_chunk_t *c = nr__chunk_get(l, n);
+  nr_chunk_t *c = new_chunk(l, o, n);
   if (c == NULL)
     return NULL;
   if (o->tail)
@@ -140,6 +158,25 @@ int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
   o->dq_count++;
   o->pending += g->len;
   return 0;
+}
+
+void nr__out_trim_head(nr_loop_t *l, nr_outbound_t *o) {
+  nr_chunk_t *c = o->head;
+  if (c == NULL || c->cap < NR_CHUNK_SIZE || c->start < c->cap / 2)
+    return;                   /* (an exact small one, or mostly unwritten;
+                                 each move at least halves the room, so a
+                                 large write is copied once at most) */
+  size_t len = c->end - c->start;
+  nr_chunk_t *t = nr__chunk_get(l, len, true);
+  if (t == NULL)
+    return;                   /* (it keeps its room) */
+  memcpy(t->data, c->data + c->start, len);
+  t->end = len;
+  t->next = c->next;
+  o->head = t;
+  if (o->tail == c)
+    o->tail = t;
+  nr__chunk_put(l, c);
 }
 
 void nr__out_flush(nr_outbound_t *o) {
@@ -280,7 +317,9 @@ void nr__out_fail_all(nr_loop_t *l, nr_outbound_t *o, int code,
   uint64_t written = o->written, from = o->dropped_from;
   int dcode = o->drop_code;
   bool dropped = o->appended > written;
+  size_t high = o->high;
   nr__out_init(o);
+  o->high = high;
   o->written = o->flushed = o->appended = written;
   o->dropped_from = from;
   o->drop_code = dcode;

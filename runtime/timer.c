@@ -36,6 +36,8 @@ static void discard(nr_loop_t *l, nr_timer_t *t, bool cancelled) {
   if (cancelled && t->cancel_fn)
     t->cancel_fn(t->arg);
   atomic_fetch_sub_explicit(&l->timer_count, 1, memory_order_relaxed);
+  if (t->keeps_alive)
+    atomic_fetch_sub(&l->timer_refs, 1);
   timer_unref(t);
 }
 
@@ -104,8 +106,9 @@ void nr__timers_fetch_due(nr_loop_t *l, uint64_t now) {
   }
 }
 
-nr_timer_t *nr_loop_schedule(nr_loop_t *l, uint64_t delay, int64_t period,
-                             nr_task_fn fn, nr_task_fn cancel_fn, void *arg) {
+static nr_timer_t *schedule(nr_loop_t *l, uint64_t delay, int64_t period,
+                            nr_task_fn fn, nr_task_fn cancel_fn, void *arg,
+                            bool keeps_alive) {
   nr_timer_t *t = calloc(1, sizeof *t);
   if (t == NULL)
     return NULL;
@@ -118,7 +121,10 @@ nr_timer_t *nr_loop_schedule(nr_loop_t *l, uint64_t delay, int64_t period,
   t->fn = fn;
   t->cancel_fn = cancel_fn;
   t->arg = arg;
+  t->keeps_alive = keeps_alive;
   atomic_fetch_add_explicit(&l->timer_count, 1, memory_order_relaxed);
+  if (keeps_alive)
+    atomic_fetch_add(&l->timer_refs, 1);
   if (nr_loop_in_thread(l)) {
     add_timer(l, t);
     return t;
@@ -128,11 +134,24 @@ nr_timer_t *nr_loop_schedule(nr_loop_t *l, uint64_t delay, int64_t period,
   int rc = nr_loop_execute_task(l, &t->task);
   if (rc < 0) {
     atomic_fetch_sub_explicit(&l->timer_count, 1, memory_order_relaxed);
+    if (keeps_alive)
+      atomic_fetch_sub(&l->timer_refs, 1);
     free(t);
     errno = rc == NR_EFULL ? EAGAIN : ESHUTDOWN;
     return NULL;
   }
   return t;
+}
+
+nr_timer_t *nr_loop_schedule(nr_loop_t *l, uint64_t delay, int64_t period,
+                             nr_task_fn fn, nr_task_fn cancel_fn, void *arg) {
+  return schedule(l, delay, period, fn, cancel_fn, arg, false);
+}
+
+nr_timer_t *nr_loop_schedule_ref(nr_loop_t *l, uint64_t delay, int64_t period,
+                                 nr_task_fn fn, nr_task_fn cancel_fn,
+                                 void *arg) {
+  return schedule(l, delay, period, fn, cancel_fn, arg, true);
 }
 
 static int remove_timer_task(void *arg) {

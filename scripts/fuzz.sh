@@ -22,7 +22,7 @@ for src in fuzz/fuzz_*.c; do
     -Wmissing-prototypes -Wmissing-declarations \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -Iruntime -Ifuzz -I/usr/include/lua5.4 -o "$out/$target" "$src" "${sources[@]}" \
-    -llua5.4 -lssl -lcrypto -lz -lpthread -lm
+    -llua5.4 -lssl -lcrypto -lz -lcares -lpthread -lm
   work="$out/$name"
   rm -rf "$work"
   mkdir -p "$work/corpus"

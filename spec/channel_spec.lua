@@ -211,6 +211,122 @@ describe("channels", function()
     assert.is_nil(ch:loop():submit(function(chan) return chan:attr("k") end, ch):sync())
   end)
 
+  -- A server on g whose channels each get make() as their only handler;
+  -- returns it and its port.
+  local function serving(g, make)
+    local server = netrun.server {
+      group = g, host = "127.0.0.1", port = 0,
+      init = function(ch) ch:pipeline():add_last("h", make()) end,
+    }:sync()
+    return server, select(2, server:local_address())
+  end
+
+  -- The chat room's "* alice left": what channel_read set is still there
+  -- when the channel goes, in every event of its close, whoever closes it.
+  -- The bytes of a line, gathered in an attribute too (a read may bring
+  -- part of one); the line, when it ends.
+  local function line_of(ctx, msg)
+    local got = (ctx.channel:attr("got") or "") .. msg
+    ctx.channel:attr("got", got)
+    return got:match("^(.*)\n$")
+  end
+
+  local Nick = {}
+  function Nick:channel_read(ctx, msg)
+    local line = line_of(ctx, msg)
+    if not line then return end
+    ctx.channel:attr("nick", line:match("^(%w+)"))
+    ctx:write_and_flush("ok\n")
+    if line:match("bye") then ctx:close() end
+  end
+  function Nick:channel_inactive(ctx)
+    self.seen.inactive = ctx.channel:attr("nick")
+    ctx:fire_channel_inactive()
+  end
+  function Nick:channel_unregistered(ctx)
+    self.seen.unregistered = ctx.channel:attr("nick")
+  end
+  function Nick:handler_removed(ctx)
+    self.seen.removed = ctx.channel:attr("nick")
+    local ch, done = ctx.channel, self.done
+    ctx:loop():execute(function()        -- after the close: dropped
+      self.seen.after = ch:attr("nick") or "dropped"
+      done:set_success(self.seen)
+    end)
+  end
+
+  for _, who in ipairs { "peer", "handler" } do
+    it("keeps attributes readable through channel_inactive, channel_unregistered and handler_removed, "
+      .. "then drops them (closed by the " .. who .. ")", function()
+      local done = netrun.promise()
+      local server, port = serving(group, function()
+        return setmetatable({ seen = {}, done = done }, { __index = Nick })
+      end)
+      local c = H.client(port)
+      c:send(who == "peer" and "alice\n" or "alice says bye\n")
+      assert.equal("ok", c:receive("*l"))
+      if who == "peer" then c:close() end
+      assert.same({ inactive = "alice", unregistered = "alice", removed = "alice", after = "dropped" },
+        H.sync(done))
+      c:close()
+      server:close():sync()
+    end)
+  end
+
+  it("drops the attributes of a channel whose channel_inactive raises", function()
+    local done = netrun.promise()
+    local server, port = serving(group, function() return {
+      channel_read = function(_, ctx, msg)
+        local line = line_of(ctx, msg)
+        if not line then return end
+        ctx.channel:attr("nick", line)
+        ctx:write_and_flush("ok\n")
+      end,
+      channel_inactive = function(_, ctx)
+        local nick, chan = ctx.channel:attr("nick"), ctx.channel
+        ctx:loop():execute(function() done:set_success { nick, chan:attr("nick") or "dropped" } end)
+        error("inactive raised for " .. nick)
+      end,
+    } end)
+    local c = H.client(port)
+    c:send("carol\n")
+    assert.equal("ok", c:receive("*l"))
+    c:close()
+    assert.same({ "carol", "dropped" }, H.sync(done))
+    server:close():sync()
+  end)
+
+  it("holds no attributes of closed channels: a state's memory comes back", function()
+    local g = netrun.group { threads = 1, name = "attrs" }
+    local server, port = serving(g, function() return {
+      channel_read = function(_, ctx, msg)
+        ctx.channel:attr("nick", msg .. string.rep("x", 1000))
+        ctx.channel:attr("n", { msg })
+        ctx:write_and_flush("ok")
+      end,
+    } end)
+    local loop = g:loops()[1]
+    local function memory()
+      return loop:submit(function() collectgarbage() collectgarbage() return collectgarbage("count") end):sync()
+    end
+    local function round(n)
+      for i = 1, n do
+        local c = H.client(port)
+        c:send("user" .. i)
+        assert.equal("ok", H.recv(c, 2))
+        c:close()
+      end
+      H.eventually(function() return loop:stats().channels == 1 end)  -- the server's
+    end
+    round(50)
+    local before = memory()
+    round(500)
+    local after = memory()
+    assert.is_true(after - before < 64, string.format("%.0f KiB more after 500 connections", after - before))
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
   it("close_future completes when the peer closes; close is idempotent", function()
     local server, port, accepted = accepting_server(group)
     local c = H.client(port)

@@ -52,6 +52,22 @@ describe("netrun command", function()
     assert.matches("^netrun %d+%.%d+%.%d+ %(Lua 5%.4", out)
   end)
 
+  it("prints its version with --version, and says so in its help", function()
+    local out, st = run(BIN .. " --version")
+    assert.equal(0, st)
+    assert.equal(run(BIN .. " -v"), out)
+    assert.matches("^netrun %d+%.%d+%.%d+ %(Lua 5%.4", out)
+    assert.matches("%-v, %-%-version", (run(BIN .. " -h")))
+  end)
+
+  it("gives every state the command line: netrun.option reads flags on loops and executors", function()
+    local out, st = run("timeout -k 1 20 " .. BIN .. " -t 3 spec/fixtures/options.lua --name bob --count=7")
+    assert.equal(0, st, out)
+    local arg0 = " arg[0]=spec/fixtures/options.lua\n"
+    assert.equal("main bob integer 7" .. arg0 .. "loop bob integer 7" .. arg0
+      .. "executor bob integer 7" .. arg0 .. "nested 3 bob integer 7" .. arg0, out)
+  end)
+
   it("runs -e code and -l modules in order", function()
     local out, st = run(BIN .. " -l string -e 'print(type(string), 6 * 7)'")
     assert.equal(0, st)
@@ -124,6 +140,88 @@ describe("netrun command", function()
       .. "g:schedule(0.05, function() require(\"netrun\").current():group():shutdown_gracefully(0, 1) end)'")
     assert.equal(0, st)
     assert.equal("", out)
+  end)
+
+  -- A script lives while anything of it is alive (Node's rule, libuv's
+  -- uv_loop_alive): a task queued or running, a timer of its own, an open
+  -- channel (not an idle pooled HTTP connection), work a loop is owed.
+  -- Then it exits 0 by itself, with no os.exit.
+  describe("ends a script once nothing of it is alive", function()
+    local server_pid, server_log, port
+    setup(function()
+      port = H.free_port()
+      server_pid, server_log = H.start("examples/http_hello.lua", port)
+    end)
+    teardown(function()
+      H.stop(server_pid)
+      os.remove(server_log)
+    end)
+
+    local EXPECT = {
+      request = "request\t200\tHello, World!\n", listener = "listener\t200\n",
+      timer = "timer fired\n", stream = "stream\tHTTP/1.1 200 OK\n",
+      executor = "executor\t42\n", idle = "idle\n",
+    }
+    for _, mode in ipairs { "request", "listener", "timer", "stream", "executor", "idle" } do
+      it("(" .. mode .. ")", function()
+        local t0 = socket.gettime()
+        local out, st = run("timeout -k 1 20 " .. BIN .. " spec/fixtures/one_shot.lua --mode " .. mode
+          .. " --port " .. port)
+        local took = socket.gettime() - t0
+        assert.equal(0, st, out)
+        assert.equal(EXPECT[mode], out)
+        assert.is_true(took < 3, string.format("took %.2f s", took))
+      end)
+    end
+
+    it("(a name lookup under way keeps it: the main thread's and a loop's)", function()
+      local D = require "dns_server"
+      local g = H.netrun.group { threads = 1, name = "cli-dns" }
+      local dns_port = D.start(g, { ["held1.test"] = { held = true, a = { "127.0.0.1" } } })
+      local out = os.tmpname()
+      local f = assert(io.popen(string.format("NETRUN_DNS_SERVERS=127.0.0.1:%d timeout -k 1 20 %s "
+        .. "spec/fixtures/one_shot.lua --mode lookup --name held1.test > %s 2>&1; echo $? >> %s",
+        dns_port, BIN, out, out), "r"))
+      -- both questions reach the server, and the script waits for them
+      assert.is_truthy(H.eventually(function() return D.queries("held1.test") > 0 end, 10))
+      H.eventually(function() return false end, 0.3)    -- (it would have ended by now)
+      assert.equal("", read_file(out))
+      D.release("held1.test")
+      f:read("a")                                       -- until it ends
+      f:close()
+      local text = read_file(out)
+      os.remove(out)
+      H.shutdown(g)
+      assert.matches("lookup\t127.0.0.1\n", text)
+      assert.matches("lookup on a loop\t127.0.0.1\n", text)
+      assert.matches("\n0\n$", text)
+    end)
+
+    it("(a console alone keeps nothing alive)", function()
+      local dir = H.tmpdir()
+      local out, st = run("timeout -k 1 20 " .. BIN .. " --console " .. dir .. "/c.sock -e "
+        .. "'require(\"netrun\").group { threads = 1 } print(\"done\")'")
+      os.execute("rm -rf " .. dir)
+      assert.equal(0, st, out)
+      assert.matches("^done\n", out)
+    end)
+
+    for _, mode in ipairs { "server", "interval" } do
+      it("but keeps one with a " .. mode .. " up", function()
+        local p = H.free_port()
+        local pid, log = H.start("spec/fixtures/one_shot.lua --mode " .. mode, p)
+        H.eventually(function() return false end, 0.3)      -- (it would have ended by now)
+        assert.is_true(H.alive(pid))
+        if mode == "server" then
+          local c = H.client(p)
+          c:send("still here\n")
+          assert.equal("still here", c:receive("*l"))
+          c:close()
+        end
+        assert.is_true(H.stop(pid))
+        os.remove(log)
+      end)
+    end
   end)
 
   it("on SIGTERM shuts down gracefully: accepted writes are flushed, status 0", function()

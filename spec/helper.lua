@@ -153,10 +153,12 @@ end
 -- Start `netrun script --port N [args]` in the background and wait
 -- (bounded) until it logs that it listens on N: probing with a connection
 -- would disturb some servers (the chat room). Returns its pid and log file.
-function H.start(script, port, args)
+-- `prefix` runs it through a command that execs it (`setsid`: no
+-- controlling terminal, as a service).
+function H.start(script, port, args, prefix)
   local log = os.tmpname()
-  local f = assert(io.popen(string.format("%s %s --port %d %s > %s 2>&1 & echo $!",
-    H.BIN, script, port, args or "", log)))
+  local f = assert(io.popen(string.format("%s %s %s --port %d %s > %s 2>&1 & echo $!",
+    prefix or "", H.BIN, script, port, args or "", log)))
   local pid = tonumber(f:read("l"))
   f:close()
   local deadline = socket.gettime() + 10

@@ -87,8 +87,15 @@ local function raw_front(group, on_request)
   return front, H.client(port)
 end
 
+-- Read a request head; returns its X-Info field, if any, and true when
+-- the connection ended instead.
 local function read_head(s)
-  repeat local l = s:receive("*l") until l == nil or l == ""
+  local info, l
+  repeat
+    l = s:receive("*l")
+    info = info or (l and l:match("^[Xx]%-[Ii]nfo: *(.-)%s*$"))
+  until l == nil or l == ""
+  return info, l == nil
 end
 
 describe("netrun.http client", function()
@@ -159,6 +166,58 @@ describe("netrun.http client", function()
     assert.equal(200, res.status)
     assert.equal("until the close", res.body)
     assert.is_false(res.keep_alive)
+    server:close():sync()
+  end)
+
+  it("takes at most 5 informational responses before the final one: an endless 100 Continue fails at once", function()
+    -- 5 then a 200: fine; 6: malformed. An upstream that sends 100
+    -- Continue without end used to hold the loop at 100 % CPU until the
+    -- request's timeout.
+    local counted, cport = raw_server(servers, function(s)
+      for _ = 1, 10 do                    -- (requests on one kept-alive connection)
+        local info, gone = read_head(s)
+        if gone then return end
+        s:send(string.rep("HTTP/1.1 100 Continue\r\n\r\n", tonumber(info)) ..
+          "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+      end
+    end)
+    local url = "http://127.0.0.1:" .. cport .. "/"
+    local res = H.sync(netrun.http.request { url = url, headers = { ["x-info"] = "5" } })
+    assert.equal("ok", res.body)
+    assert.matches("malformed response: more than 5 informational %(1xx%) responses",
+      failure(netrun.http.request { url = url, headers = { ["x-info"] = "6" } }))
+    local flood, fport = raw_server(servers, function(s)
+      read_head(s)
+      local batch = string.rep("HTTP/1.1 100 Continue\r\n\r\n", 1000)
+      for _ = 1, 10000 do                 -- until the client goes (bounded)
+        if not s:send(batch) then return end
+      end
+    end)
+    local t0 = socket.gettime()
+    local err = failure(netrun.http.request { url = "http://127.0.0.1:" .. fport .. "/", timeout = 10 })
+    assert.matches("more than 5 informational", err)
+    assert.is_true(socket.gettime() - t0 < 3, "failed after " .. (socket.gettime() - t0) .. " s")
+    counted:close():sync()
+    flood:close():sync()
+  end)
+
+  it("keeps repeated Set-Cookie fields apart (an array), and joins other repeats with ', '", function()
+    local expires = "a=1; Path=/; Expires=Wed, 21 Oct 2026 07:28:00 GMT; HttpOnly"
+    local server, port = raw_server(servers, function(s)
+      for _ = 1, 10 do
+        local info, gone = read_head(s)
+        if gone then return end
+        local cookies = info == "1" and "Set-Cookie: solo=1\r\n" or
+          "Set-Cookie: " .. expires .. "\r\nX-A: 1\r\nset-cookie: b=2\r\nX-A: 2\r\nSet-Cookie: c=3\r\n"
+        s:send("HTTP/1.1 200 OK\r\n" .. cookies .. "Content-Length: 0\r\n\r\n")
+      end
+    end)
+    local url = "http://127.0.0.1:" .. port .. "/"
+    local res = H.sync(netrun.http.request { url = url, headers = { ["x-info"] = "3" } })
+    assert.same({ expires, "b=2", "c=3" }, res.headers["set-cookie"])
+    assert.equal("1, 2", res.headers["x-a"])
+    res = H.sync(netrun.http.request { url = url, headers = { ["x-info"] = "1" } })
+    assert.equal("solo=1", res.headers["set-cookie"])   -- once: a string, as before
     server:close():sync()
   end)
 
@@ -851,6 +910,49 @@ describe("netrun.http client", function()
     local res = H.sync(netrun.http.request { url = u, follow = 2, method = "POST", body = "b" })
     assert.equal("here GET x=1", res.body)
     server:close():sync()
+  end)
+
+  it("leaves credentials and a given Host behind on a redirect to another origin, keeps them on the same", function()
+    local seen = function(req)
+      return string.format("%s %s auth=%s cookie=%s proxy=%s host=%s type=%s body=%s", req.method, req.path,
+        tostring(req.headers.authorization), tostring(req.headers.cookie),
+        tostring(req.headers["proxy-authorization"]), tostring(req.headers.host),
+        tostring(req.headers["content-type"]), req.body)
+    end
+    local other, oport = http_server(servers, "redir-other", function(req)
+      return { status = 200, body = seen(req) }
+    end)
+    local server, port = http_server(servers, "redir", function(req)
+      local to = req.target:match("^/to/([^?]*)")
+      if to then return { status = tonumber(req.query) or 302, headers = { location = to } } end
+      return { status = 200, body = seen(req) }
+    end)
+    local secrets = { Authorization = "Bearer s3cret", cookie = "sid=42", ["Proxy-Authorization"] = "Basic eA==",
+                      Host = "public.example", ["X-Kept"] = "1" }
+    local function go(to, status, method)
+      return H.sync(netrun.http.request { url = "http://127.0.0.1:" .. port .. "/to/" .. to .. "?" .. (status or 302),
+        follow = 2, headers = secrets, method = method, body = method and "data" or nil }).body
+    end
+    -- another port: another origin
+    assert.equal("GET /x auth=nil cookie=nil proxy=nil host=127.0.0.1:" .. oport .. " type=nil body=",
+      go("http://127.0.0.1:" .. oport .. "/x"))
+    -- another host for the same address: another origin too
+    assert.equal("GET /y auth=nil cookie=nil proxy=nil host=localhost:" .. oport .. " type=nil body=",
+      go("http://localhost:" .. oport .. "/y"))
+    -- the same origin (relative, and absolute): everything kept
+    assert.equal("GET /same auth=Bearer s3cret cookie=sid=42 proxy=Basic eA== host=public.example type=nil body=",
+      go("/same"))
+    assert.equal("GET /abs auth=Bearer s3cret cookie=sid=42 proxy=Basic eA== host=public.example type=nil body=",
+      go("http://127.0.0.1:" .. port .. "/abs"))
+    -- 307 keeps the method and body (and the fields of the body); 303 drops them
+    secrets["Content-Type"] = "text/plain"
+    assert.equal("POST /p auth=nil cookie=nil proxy=nil host=127.0.0.1:" .. oport .. " type=text/plain body=data",
+      go("http://127.0.0.1:" .. oport .. "/p", 307, "POST"))
+    assert.equal("GET /g auth=Bearer s3cret cookie=sid=42 proxy=Basic eA== host=public.example type=nil body=",
+      go("/g", 303, "POST"))
+    assert.equal("Bearer s3cret", secrets.Authorization)    -- the caller's table untouched
+    server:close():sync()
+    other:close():sync()
   end)
 
   it("runs 200 concurrent requests through a pool of 64, and a loop timer keeps firing", function()

@@ -147,3 +147,72 @@ describe("a handler that raises on an HTTP request", function()
     H.shutdown(group)
   end)
 end)
+
+-- The same guarantee whatever stands between the codec and the app: the
+-- README's netrun.handler.metrics, Lua middleware that passes requests on
+-- (as they are, wrapped in a new table, later from a task or a future's
+-- listener), native handlers, several of them, a handler on an executor
+-- group; a real netrun process and curl (one connection: /boom, /ok, /boom).
+describe("a handler that raises behind other handlers", function()
+  local FIXTURE = "spec/fixtures/middleware_app.lua"
+
+  for _, front in ipairs { "metrics", "lua", "wrap", "native", "chain", "async", "listener",
+                           "executor_front", "executor_app" } do
+    it("gets its 500 with " .. front .. " in front", function()
+      local port = H.free_port()
+      local pid, log = H.start(FIXTURE, port, "--front " .. front)
+      local url = "http://127.0.0.1:" .. port
+      local out, st = H.run(string.format("curl -s --max-time 5 -o /dev/null -o /dev/null -o /dev/null "
+        .. "-w '%%{http_code} %%{num_connects}\\n' %s/boom %s/ok %s/boom", url, url, url))
+      assert.equal(0, st, out)
+      assert.equal("500 1\n200 0\n500 0\n", out)          -- in turn, on one connection
+      assert.is_true(H.stop(pid))
+      os.remove(log)
+    end)
+  end
+
+  it("survives clients that reset while their 500 is written, behind middleware", function()
+    local group = netrun.group { threads = 1, name = "raise-rst" }
+    local Pass = { channel_read = function(_, ctx, req) ctx:fire_channel_read(req) end }
+    local server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("metrics", netrun.handler.metrics {})
+        ch:pipeline():add_last("pass", Pass)
+        ch:pipeline():add_last("app", App)
+      end,
+    }:sync()
+    local _, port = server:local_address()
+    for _ = 1, 50 do
+      local c = H.client(port)
+      c:send(get("/boom") .. get("/boom") .. get("/a"))
+      c:setoption("linger", { on = true, timeout = 0 })
+      c:close()                                     -- a reset, not a FIN
+    end
+    local c = H.client(port)
+    c:send(get("/boom") .. get("/ok"))
+    assert.equal(500, (H.read_response(c)))
+    assert.equal("ok /ok", select(3, H.read_response(c)))
+    c:close()
+    H.eventually(function() return group:loops()[1]:stats().channels == 1 end)
+    server:close():sync()
+    H.shutdown(group)
+  end)
+
+  it("lets SIGTERM stop the server at once after it (no request left owed)", function()
+    local port = H.free_port()
+    local pid, log = H.start(FIXTURE, port, "--front metrics")
+    local c = H.client(port)
+    c:send(get("/boom"))
+    assert.is_truthy(H.eventually(function() return H.read_file(log):find("boom on purpose", 1, true) end))
+    local t0 = H.socket.gettime()
+    assert.is_true(H.stop(pid))                    -- not the 15 s shutdown timeout
+    local took = H.socket.gettime() - t0
+    assert.is_true(took < (H.sanitized and 3 or 1.5), string.format("took %.2f s", took))
+    assert.equal(500, (H.read_response(c)))
+    assert.is_nil((c:receive(1)))                  -- then closed by the shutdown
+    c:close()
+    os.remove(log)
+  end)
+end)

@@ -1021,7 +1021,7 @@ describe("HTTP examples", function()
       local seen = {}
       for k, v in pairs(req) do seen[k] = v end
       assert.same({ method = "POST", path = "/rewritten", query = "x=1&y=2",
-                    args = { x = "1", y = "2" },
+                    target = "/p/a?x=1&y=2", args = { x = "1", y = "2" },
                     version = "HTTP/1.1", body = "body", keep_alive = true,
                     user = { id = 7 }, trailers = {},
                     headers = { host = "h", ["x-a"] = "1, 2", ["content-length"] = "4",
@@ -1420,5 +1420,77 @@ describe("HTTP examples", function()
     end)
     stop(pid)
     assert(ok, err)
+  end)
+end)
+
+-- What a handler matches on is what the request names: an absolute-form
+-- target's path and host (RFC 9112 3.2.2), a path normalized as nginx
+-- matches locations; the target as it came is req.target.
+describe("http_server and request targets", function()
+  local group, server, port
+  setup(function()
+    group = netrun.group { threads = 1, name = "http-target" }
+    server = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", {
+          channel_read = function(_, ctx, req)
+            -- a rule on the path and on the host, as a proxy's would be
+            local denied = req.path:find("^/admin") or req.headers.host ~= "public.example"
+            ctx:write_and_flush { status = denied and 403 or 200,
+              body = table.concat({ req.path, tostring(req.query), req.target,
+                                    tostring(req.headers.host) }, " ") }
+          end,
+        })
+      end,
+    }:sync()
+    port = select(2, server:local_address())
+  end)
+  teardown(function()
+    server:close():sync()
+    H.shutdown(group)
+  end)
+
+  local function ask(line, host)
+    local c = H.client(port)
+    c:send(line .. "\r\n" .. (host and ("Host: " .. host .. "\r\n") or "") .. "Connection: close\r\n\r\n")
+    local status, _, body = H.read_response(c)
+    c:close()
+    return status, body
+  end
+
+  it("takes an absolute-form target's path and host, whatever Host says", function()
+    local status, body = ask("GET http://evil.example/admin?k=1 HTTP/1.1", "public.example")
+    assert.equal(403, status)
+    assert.equal("/admin k=1 http://evil.example/admin?k=1 evil.example", body)
+    status, body = ask("GET HTTP://public.example:80 HTTP/1.1", "other.example")
+    assert.equal(403, status)                   -- the host is "public.example:80"
+    assert.equal("/ nil HTTP://public.example:80 public.example:80", body)
+    status, body = ask("GET http://public.example/pub HTTP/1.0")   -- 1.0: no Host sent
+    assert.equal(200, status)
+    assert.equal("/pub nil http://public.example/pub public.example", body)
+  end)
+
+  it("normalizes the path before a handler matches it", function()
+    local status, body = ask("GET /public/../admin HTTP/1.1", "public.example")
+    assert.equal(403, status)
+    assert.equal("/admin nil /public/../admin public.example", body)
+    status, body = ask("GET //%61dmin/./x/%2e%2E/y HTTP/1.1", "public.example")
+    assert.equal(403, status)
+    assert.equal("/admin/y nil //%61dmin/./x/%2e%2E/y public.example", body)
+    status, body = ask("GET /pub//a%2fb?x=/../y HTTP/1.1", "public.example")
+    assert.equal(200, status)                   -- %2F stays encoded; the query as it came
+    assert.equal("/pub/a%2Fb x=/../y /pub//a%2fb?x=/../y public.example", body)
+  end)
+
+  it("refuses with 400 a path above the root, a dot segment behind an encoded slash, and other forms", function()
+    for _, line in ipairs { "GET /../etc/passwd HTTP/1.1", "GET /a/%2e%2e/.. HTTP/1.1",
+                            "GET /public/..%2Fadmin HTTP/1.1", "GET /a%00 HTTP/1.1",
+                            "GET /a#b HTTP/1.1", "GET /%zz HTTP/1.1", "GET admin HTTP/1.1",
+                            "GET http://u:p@evil.example/ HTTP/1.1", "GET * HTTP/1.1" } do
+      local status = ask(line, "public.example")
+      assert.equal(400, status, line)
+    end
   end)
 end)

@@ -155,3 +155,20 @@ describe("netrun.metrics", function()
     end
   end)
 end)
+
+describe("netrun.metrics of a process with a console", function()
+  it("lists the program's servers and not the console's socket", function()
+    local port = H.free_port()
+    local dir = H.tmpdir()
+    local sock = dir .. "/console.sock"
+    local pid, log = H.start("--console " .. sock .. " spec/fixtures/middleware_app.lua", port, "--front metrics")
+    local out, st = H.run("curl -s --max-time 5 http://127.0.0.1:" .. port .. "/metrics")
+    assert.equal(0, st, out)
+    local servers = {}
+    for label in out:gmatch('netrun_server_accepted_total{server="([^"]*)"}') do servers[#servers + 1] = label end
+    assert.same({ "127.0.0.1:" .. port }, servers)
+    assert.is_true(H.stop(pid))
+    os.remove(log)
+    os.execute("rm -rf " .. dir)
+  end)
+end)

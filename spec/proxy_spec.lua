@@ -37,7 +37,8 @@ local function backend(group)
           end)
         else
           ctx:write_and_flush { status = 200, headers = { ["x-seen-xff"] = tostring(req.headers["x-forwarded-for"]),
-            ["x-conn-hdr"] = tostring(req.headers.connection) },
+            ["x-conn-hdr"] = tostring(req.headers.connection),
+            ["x-seen-target"] = req.target, ["x-seen-host"] = tostring(req.headers.host) },
             body = req.method .. " " .. req.path .. "?" .. tostring(req.query) .. " " .. req.body }
         end
       end })
@@ -93,6 +94,25 @@ describe("examples/proxy.lua", function()
     c:close()
   end)
 
+  it("sends origin-form on with the host the proxy saw: an absolute-form target does not reach the backend", function()
+    -- The backend would take an absolute-form target's host over Host
+    -- (RFC 9112 3.2.2): it gets the path the proxy's rules saw, and that
+    -- host as Host.
+    local c = H.client(port)
+    c:send("GET http://evil.example/admin?k=1 HTTP/1.1\r\nHost: public.example\r\n\r\n" ..
+           "GET /pub/../admin//x HTTP/1.1\r\nHost: public.example\r\n\r\n")
+    local status, headers, body = H.read_response(c)
+    assert.equal(200, status, body)
+    assert.equal("/admin?k=1", headers["x-seen-target"])
+    assert.equal("evil.example", headers["x-seen-host"])
+    assert.equal("GET /admin?k=1 ", body)
+    status, headers, body = H.read_response(c)
+    assert.equal(200, status)
+    assert.equal("/admin/x", headers["x-seen-target"])
+    assert.equal("public.example", headers["x-seen-host"])
+    c:close()
+  end)
+
   it("answers 502 when the backend fails and 504 past its timeout", function()
     local out = H.run(string.format("curl -s -i 'http://127.0.0.1:%d/slow'", port))
     assert.matches("^HTTP/1.1 504 ", out)
@@ -134,6 +154,82 @@ describe("examples/proxy.lua", function()
     print(string.format("\n  slow reader: backend asked %d of %d while stalled; proxy RSS +%d KiB", asked, n, grew))
   end)
 
+  it("answers HEAD with the backend's Content-Length and no body", function()
+    local out, status = H.run(string.format("curl -s -I 'http://127.0.0.1:%d/p/1'", port))
+    assert.equal(0, status, out)
+    assert.matches("^HTTP/1.1 200 OK\r\n", out)
+    -- the backend's GET would answer "HEAD /p/1?nil " (14 bytes)
+    assert.matches("\r\n[Cc]ontent%-[Ll]ength: 14\r\n", out)
+    local c = H.client(port)              -- and nothing follows the head
+    c:send("HEAD /p/2 HTTP/1.1\r\nHost: x\r\n\r\nGET /p/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    local st, h = H.read_response(c, true)
+    assert.equal(200, st)
+    assert.equal("14", h["content-length"])
+    local st2, _, body = H.read_response(c)
+    assert.equal(200, st2)
+    assert.equal("GET /p/3?nil ", body)
+    c:close()
+  end)
+
+  it("holds request bodies within its budget, whatever the number of clients posting to a silent backend", function()
+    -- A backend that never reads: a socket listening and never accepting
+    -- (the kernel completes the connects). 12 clients each pipeline 4
+    -- POSTs of 8 MiB (384 MiB offered); the proxy's defaults (a body
+    -- budget of 32 MiB per loop, 16 MiB per connection) keep its RSS
+    -- within 128 MiB (README: 3 x the budget and 64 KiB per client).
+    local silent = assert(socket.bind("127.0.0.1", 0, 128))
+    local _, sport = silent:getsockname()
+    local port2 = H.free_port()
+    local pid2 = H.start(H.root .. "/examples/proxy.lua", port2,
+      "--backend 127.0.0.1:" .. sport .. " --timeout 60")
+    -- (a graceful stop would wait for the writes to the silent backend:
+    -- its 15 s; killed whatever the test's outcome)
+    finally(function() os.execute("kill -KILL " .. pid2); silent:close() end)
+    local rss0 = H.rss(pid2)
+    local body = string.rep("x", 8 * 1024 * 1024)
+    local head = "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: " .. #body .. "\r\n\r\n"
+    local data = head .. body
+    local clients, left = {}, {}
+    for i = 1, 12 do
+      clients[i] = H.client(port2)
+      clients[i]:settimeout(0)
+      left[i] = { n = 4, at = 1 }
+    end
+    local sent, peak, quiet = 0, 0, 0
+    local deadline = socket.gettime() + 20
+    while socket.gettime() < deadline and quiet < 20 do   -- until 2 s with nothing taken
+      local moved = 0
+      for i, c in ipairs(clients) do
+        local l = left[i]
+        if l.n > 0 then
+          local n, err, partial = c:send(data, l.at, math.min(#data, l.at + 256 * 1024 - 1))
+          local upto = n or partial or (l.at - 1)
+          assert(n or err == "timeout", "send failed: " .. tostring(err))
+          moved = moved + (upto - l.at + 1)
+          l.at = upto + 1
+          if l.at > #data then l.n, l.at = l.n - 1, 1 end
+        end
+      end
+      sent = sent + moved
+      peak = math.max(peak, H.rss(pid2) - rss0)
+      if moved == 0 then
+        quiet = quiet + 1
+        socket.select(nil, nil, 0.1)
+      else
+        quiet = 0
+      end
+    end
+    peak = math.max(peak, H.rss(pid2) - rss0)
+    print(string.format("\n  12 clients posting 4 x 8 MiB to a silent backend: %d MiB taken, proxy RSS +%d MiB",
+      sent // (1024 * 1024), peak // 1024))
+    assert.is_true(sent >= 32 * 1024 * 1024, "only " .. sent .. " bytes taken")   -- it did read
+    assert.is_true(sent < 384 * 1024 * 1024, "everything was taken")              -- and stopped
+    if not H.sanitized then
+      assert.is_true(peak < 128 * 1024, "the proxy grew by " .. peak .. " KiB")
+    end
+    for _, c in ipairs(clients) do c:close() end
+  end)
+
   it("a handler's late write to a client that left fails, and touches no freed codec", function()
     -- what a proxy does when the backend answers after its client closed
     local done = netrun.promise()
@@ -155,5 +251,50 @@ describe("examples/proxy.lua", function()
     c:close()
     assert.equal("failed", H.sync(done))
     server:close():sync()
+  end)
+end)
+
+-- A forwarder sends only origin-form: a handler that makes the path an
+-- absolute URL gets the request refused, not sent to another host.
+describe("client:forwarder and request targets", function()
+  it("refuses a path that is not origin-form", function()
+    local group = netrun.group { threads = 1, name = "fwd-target" }
+    local backend = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          ctx:write_and_flush { status = 200, body = req.target }
+        end })
+      end,
+    }:sync()
+    local base = "http://127.0.0.1:" .. select(2, backend:local_address())
+    local front = netrun.server {
+      group = group, host = "127.0.0.1", port = 0,
+      init = function(ch)
+        local forward = netrun.http.client {}:forwarder { url = base }
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          if req.path == "/to-evil" then req.path = "http://evil.example/admin" end
+          forward(req, function(res, err)
+            if res then return ctx:write_and_flush(res) end
+            ctx:write_and_flush { status = 502, body = err }
+          end)
+        end })
+      end,
+    }:sync()
+    local c = H.client(select(2, front:local_address()))
+    c:send("GET /ok?a=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    local status, _, body = H.read_response(c)
+    assert.equal(200, status, body)
+    assert.equal("/ok?a=1", body)
+    c:send("GET /to-evil HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, body = H.read_response(c)
+    assert.equal(502, status)
+    assert.matches("the forwarded request's path cannot be sent: it must begin with '/'", body, 1, true)
+    c:close()
+    front:close():sync()
+    backend:close():sync()
+    H.shutdown(group)
   end)
 end)

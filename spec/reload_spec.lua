@@ -229,7 +229,9 @@ netrun.log.info("listening on :%d", port)
 ]])
     f:close()
     port = H.free_port()
-    pid, log = H.start("--console " .. path .. " " .. pdir .. "/server.lua", port)
+    -- setsid: no controlling terminal, as a service (in a terminal a
+    -- hangup stops netrun instead: signals_spec)
+    pid, log = H.start("--console " .. path .. " " .. pdir .. "/server.lua", port, nil, "setsid")
   end)
   teardown(function()
     if pid then H.stop(pid) end

@@ -145,3 +145,115 @@ describe("io.popen and os.execute", function()
     assert.equal(stock, run("timeout 20 " .. H.BIN .. " -e " .. quote(on_loop)))
   end)
 end)
+
+-- SIGHUP means what it meant to the parent: a netrun started in a terminal
+-- (tmux here, as from an ssh session) that the terminal's end reaches
+-- shuts down gracefully -- work in flight is answered -- instead of living
+-- on as an orphan; one without a terminal (a service, setsid) or started
+-- under nohup takes SIGHUP as a hot reload (reload_spec, and below).
+describe("SIGHUP", function()
+  local TMUX = string.format("tmux -L netrun-spec-%d-%d -f /dev/null", os.time(), math.random(1e6))
+  local have_tmux = os.execute("command -v tmux >/dev/null") == true
+  local root = H.root
+
+  teardown(function() os.execute(TMUX .. " kill-server 2>/dev/null") end)
+
+  local function tmux(args) return H.run(TMUX .. " " .. args) end
+
+  local function read(path) return H.read_file(path) end
+
+  -- netrun on spec/fixtures/slow_lines.lua in a new tmux session running
+  -- `cmd` (with PIDFILE, LOG, PORT and BIN replaced); returns the session,
+  -- port, log and a function that tells netrun's pid.
+  local function session(cmd)
+    local name = "s" .. math.random(1e9)
+    local port = H.free_port()
+    local dir = H.tmpdir()
+    local log, pidfile = dir .. "/log", dir .. "/pid"
+    cmd = cmd:gsub("PIDFILE", pidfile):gsub("LOG", log):gsub("PORT", tostring(port))
+      :gsub("BIN", H.BIN):gsub("FIXTURE", root .. "/spec/fixtures/slow_lines.lua")
+    local quoted = "'" .. cmd:gsub("'", "'\\''") .. "'"
+    local out, st = tmux("new-session -d -s " .. name .. " -x 100 -y 20 " .. quoted)
+    assert.equal(0, st, out)
+    assert.is_truthy(H.eventually(function() return read(log):find("listening", 1, true) end, 10),
+      "netrun did not start in tmux: " .. read(log))
+    return name, port, log, dir, pidfile
+  end
+
+  local function pid_of(pidfile)
+    local pid = tonumber(read(pidfile):match("%d+"))
+    assert.equal("netrun", (read("/proc/" .. pid .. "/comm"):gsub("%s+$", "")))
+    return pid
+  end
+
+  -- A line is being worked on (0.2 s on an executor) when the hangup comes.
+  local function in_flight(port, log)
+    local c = H.client(port)
+    c:send("hello\n")
+    assert.is_truthy(H.eventually(function() return read(log):find("working on hello", 1, true) end))
+    return c
+  end
+
+  local function answered(c)
+    assert.equal("done hello", c:receive("*l"))
+    assert.is_nil((c:receive(1)))          -- then closed
+    c:close()
+  end
+
+  it("from a terminal that closes (tmux kill-session) stops netrun gracefully", function()
+    if not have_tmux then return pending("needs tmux") end
+    local name, port, log, dir, pidfile = session("echo $$ > PIDFILE; exec BIN FIXTURE --port PORT 2>LOG")
+    local pid = pid_of(pidfile)
+    local c = in_flight(port, log)
+    tmux("kill-session -t " .. name)
+    answered(c)
+    assert.is_true(gone_within(pid, 5), "netrun lived on after its terminal closed")
+    assert.matches("SIGHUP: the terminal is gone: shutting down gracefully", read(log))
+    assert.not_matches("second signal", read(log))  -- the kernel's and the shell's hangups
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("reaches netrun run from an interactive shell in a pane that is killed (tmux kill-pane)", function()
+    if not have_tmux then return pending("needs tmux") end
+    local name, port, log, dir = session("bash --norc --noprofile -i -c 'BIN FIXTURE --port PORT 2>LOG; exec bash --norc -i'")
+    local pane = tonumber((tmux("display-message -p -t " .. name .. " '#{pane_pid}'")))
+    local pid = tonumber((H.run("ps -o pid= --ppid " .. pane):match("%d+")))
+    assert.truthy(pid, "no netrun under the pane's shell")
+    assert.equal("netrun", (read("/proc/" .. pid .. "/comm"):gsub("%s+$", "")))
+    local c = in_flight(port, log)
+    tmux("kill-pane -t " .. name)
+    answered(c)
+    assert.is_true(gone_within(pid, 5), "netrun lived on after its pane was killed")
+    assert.matches("SIGHUP: the terminal is gone", read(log))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("reloads a netrun started in a terminal under nohup, which asks to survive hangups", function()
+    if not have_tmux then return pending("needs tmux") end
+    local name, port, log, dir, pidfile = session("echo $$ > PIDFILE; exec nohup BIN FIXTURE --port PORT >/dev/null 2>LOG")
+    local pid = pid_of(pidfile)
+    os.execute("kill -HUP " .. pid)
+    assert.is_truthy(H.eventually(function() return read(log):find("SIGHUP: reloading", 1, true) end))
+    tmux("kill-session -t " .. name)
+    local c = H.client(port)                -- it survives its terminal, and serves
+    c:send("x\n")
+    assert.equal("done x", c:receive("*l"))
+    c:close()
+    assert.is_true(H.alive(pid))
+    assert.is_true(H.stop(pid))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("reloads a netrun without a controlling terminal (setsid), as a service", function()
+    local port = H.free_port()
+    local pid, log = H.start("spec/fixtures/slow_lines.lua", port, nil, "setsid")
+    os.execute("kill -HUP " .. pid)
+    assert.is_truthy(H.eventually(function() return read(log):find("SIGHUP: reloading", 1, true) end))
+    local c = H.client(port)
+    c:send("x\n")
+    assert.equal("done x", c:receive("*l"))
+    c:close()
+    assert.is_true(H.stop(pid))
+    os.remove(log)
+  end)
+end)

@@ -13,6 +13,7 @@ function M.listen(path)
   local ok, server = pcall(function()
     return netrun.server {
       group = group, unix = path, mode = tonumber("600", 8),   -- born 0600
+      metrics = false,                   -- not one of the program's servers
       init = function(ch) require("netrun.console").accept(ch) end,
     }:sync()
   end)

@@ -4,7 +4,7 @@
 --   netrun.http.request { method = "GET", url = "https://a.example/x",
 --                         headers = {}, body = nil, timeout = 5,
 --                         max_body = 1 << 20, tls = nil, follow = 0,
---                         forward = nil }
+--                         follow_downgrade = false, forward = nil }
 --     --> future of { status = 200, headers = { lowercased }, body = "...",
 --                     reason, version, keep_alive }
 --   local client = netrun.http.client { pool = 64, keepalive = 60,
@@ -13,12 +13,15 @@
 --   client:request { ... } --> future
 --
 -- Connections: each client keeps, per loop (in that loop's own Lua state)
--- and per origin (scheme, host, port), up to `pool` connections; a
--- response that leaves its connection usable puts it back (idle ones close
--- after `keepalive` seconds), and a request finding every connection busy
--- waits for one, up to `max_waiting` per pool (past it a request fails at
--- once: a backend that cannot keep up does not grow the line without
--- bound). netrun.http.request uses one default client. One request
+-- and per origin (scheme, host, port) and TLS settings (the identity of
+-- the request's TLS config, else the client's, else the default: a
+-- request never takes a connection made under other settings, and a
+-- reload that changes a config's settings retires the connections made
+-- before it), up to `pool` connections; a response that leaves its
+-- connection usable puts it back (idle ones close after `keepalive`
+-- seconds), and a request finding every connection busy waits for one, up
+-- to `max_waiting` per pool (past it a request fails at once: a backend
+-- that cannot keep up does not grow the line without bound). netrun.http.request uses one default client. One request
 -- at a time per connection (no pipelining: a slow response would hold up
 -- the ones behind it). The pools are C (runtime/bindings/lhttp_pool.c):
 -- this module reads a request's options and hands it to its pool.
@@ -53,11 +56,15 @@
 --
 -- Redirects are not followed unless asked: follow = N follows up to N
 -- (301, 302, 303, 307, 308 with a Location; 303, and 301/302 after a POST,
--- turn into a GET without body).
+-- turn into a GET without body or the fields describing it). A redirect
+-- to another origin (scheme, host or port) leaves Authorization, Cookie,
+-- Proxy-Authorization and a given Host behind; one from https to http
+-- fails the request ("redirect from https to http refused") unless
+-- follow_downgrade = true (a request's or the client's option).
 --
 -- Threads: on a loop the connections live on that loop. From the main
--- thread (a script, the REPL) the request runs on a loop of a daemon group
--- of its own ("http", one thread) and its future's result is copied back;
+-- thread (a script, the REPL) the request runs on a loop of a group of
+-- its own ("http", one thread) and its future's result is copied back;
 -- await/sync there blocks until it is done.
 local core = require "netrun.core"
 
@@ -67,10 +74,11 @@ local M = {
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
 
-local pools = {}              -- client id -> origin -> pool (this state's)
+local pools = {}              -- client id -> origin [# TLS identity] -> pool (this state's)
 local by_id = {}              -- pool number -> pool (for connections' init)
 local codecs, ncodecs = {}, 0 -- "max_header max_body" -> codec config
 local now = core.now
+local tls_identity = core.tls.identity
 
 -- The loop running this state (nil: the main thread): a state lives on
 -- one thread for life, so it is asked once.
@@ -143,7 +151,7 @@ end
 
 local npools = 0
 
-local function pool_of(client, key, scheme, host, port, max_body)
+local function pool_of(client, key, scheme, host, port, max_body, tls)
   local per = pools[client.id]
   if per == nil then per = {}; pools[client.id] = per end
   local pool = per[key]
@@ -175,9 +183,12 @@ local function pool_of(client, key, scheme, host, port, max_body)
     end
     by_id[id] = nil
   end
+  -- https: the config its connections are made with, watched for reloads
+  -- (a request with another config's identity goes to another pool)
   pool = core.http.pool { max = client.pool, keepalive = client.keepalive,
                           max_waiting = client.max_waiting,
-                          connect = connect, empty = empty }
+                          connect = connect, empty = empty,
+                          tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil }
   per[key], by_id[id] = pool, pool
   return pool
 end
@@ -186,36 +197,78 @@ end
 
 local REDIRECT = { [301] = true, [302] = true, [303] = true, [307] = true, [308] = true }
 
+-- Fields a redirect to another origin (scheme, host or port) leaves
+-- behind: credentials meant for the first one, and a Host given for it
+-- (curl since CVE-2018-1000007 and CVE-2022-27776, the Fetch standard,
+-- Go's http.Client).
+local CROSS_ORIGIN = { authorization = true, cookie = true, ["proxy-authorization"] = true,
+                       host = true }
+-- Fields that describe a body, left behind when a redirect drops it (a
+-- 303, or a 301/302 after a POST, turned into a GET; the Fetch standard's
+-- request-body-header names, and the framing).
+local OF_BODY = { ["content-type"] = true, ["content-length"] = true,
+                  ["transfer-encoding"] = true, ["content-encoding"] = true,
+                  ["content-language"] = true, ["content-location"] = true }
+
+-- The headers table h without the fields named (lowercase) in drop.
+local function without(h, drop)
+  local out
+  for k, v in pairs(h) do
+    if type(k) == "string" and drop[k:lower()] then
+      if out == nil then              -- (copied only when something goes)
+        out = {}
+        for k2, v2 in pairs(h) do out[k2] = v2 end
+      end
+      out[k] = nil
+    end
+  end
+  return out or h
+end
+
 -- A request that follows redirects: its target (callback or promise) gets
 -- the response after the redirects, each one a request of its own with
--- the time left.
+-- the time left. To another origin the credentials and a given Host stay
+-- behind; from https to http it stops with an error unless
+-- follow_downgrade (a request's, else the client's) allows it.
 local function following(client, opts, url, method, follow, timeout, target)
   local t0 = now()
+  local function finish(r, e)
+    if type(target) == "function" then return target(r, e) end
+    if r then target:try_success(r) else target:try_failure(e) end
+  end
   return function(res, err)
     local loc = res and REDIRECT[res.status] and res.headers and res.headers.location
-    if loc then
-      local n = {}
-      for k, v in pairs(opts) do n[k] = v end
-      n.url = resolve_location(url, loc)
-      n.follow = follow - 1
-      n.timeout = timeout > 0 and math.max(0.001, t0 + timeout - now()) or 0
-      if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
-        if method ~= "HEAD" then n.method = "GET" end
-        n.body = nil
+    if not loc then return finish(res, err) end
+    local n = {}
+    for k, v in pairs(opts) do n[k] = v end
+    n.url = resolve_location(url, loc)
+    n.follow = follow - 1
+    n.timeout = timeout > 0 and math.max(0.001, t0 + timeout - now()) or 0
+    local s1, h1, p1 = parse_url(url)
+    local s2, h2, p2 = parse_url(n.url)      -- (a bad one fails as the request)
+    if s1 == "https" and s2 == "http" then
+      local allow = opts.follow_downgrade
+      if allow == nil then allow = client.follow_downgrade end
+      if not allow then
+        return finish(nil, string.format("netrun.http: %s %s: redirect from https to http " ..
+          "refused (follow_downgrade): %s", method, url, n.url))
       end
-      return M.request_with(client, n, function(r, e)
-        if type(target) == "function" then return target(r, e) end
-        if r then target:try_success(r) else target:try_failure(e) end
-      end)
     end
-    if type(target) == "function" then return target(res, err) end
-    if res then target:try_success(res) else target:try_failure(err) end
+    local h = opts.headers
+    if h and s2 and (s1 ~= s2 or h1 ~= h2 or p1 ~= p2) then h = without(h, CROSS_ORIGIN) end
+    if res.status == 303 or ((res.status == 301 or res.status == 302) and method == "POST") then
+      if method ~= "HEAD" then n.method = "GET" end
+      n.body = nil
+      if h then h = without(h, OF_BODY) end
+    end
+    n.headers = h
+    return M.request_with(client, n, finish)
   end
 end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true,
-                      max_waiting = true }
+                      max_waiting = true, follow_downgrade = true }
 -- A request's options checked: known, of the right types (raises at the
 -- level of the call that gave them: core.http.check_request, in C, as
 -- every request is checked).
@@ -301,15 +354,30 @@ function M.request_with(client, opts, cb)
     mb = math.tointeger(mb)
     key = scheme .. "+" .. mb .. "://" .. u[2] .. ":" .. u[3]
   end
+  -- a TLS config of the request's own: connections of their own, shared
+  -- only with requests whose config has the same identity (the same
+  -- settings and files)
+  local tls = opts.tls
+  if tls ~= nil and scheme == "https" and tls ~= client.tls then
+    key = key .. "#" .. tls_identity(tls)
+  end
   local per = pools[client.id]
-  local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb)
+  local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb, tls)
   local target = cb or p
   local follow = not fwd and (opts.follow or client.follow)
   if follow and follow > 0 then
     target = following(client, opts, url, method, math.tointeger(follow), timeout, target)
   end
-  pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
-            fwd or false, hosthdr or false, url, timeout, opts.tls or false)
+  if not pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
+                   fwd or false, hosthdr or false, url, timeout, tls or false) then
+    -- retired: its config was reloaded with other settings; a new pool
+    -- for the key (the retired one finishes what it has)
+    per = pools[client.id]
+    if per and per[key] == pool then per[key] = nil end
+    pool = pool_of(client, key, scheme, u[2], u[3], mb, tls)
+    pool:send(target, method, not fwd and u[4] or false, h or false, opts.body or false,
+              fwd or false, hosthdr or false, url, timeout, tls or false)
+  end
   return p
 end
 
@@ -319,13 +387,17 @@ local Client = {}
 Client.__index = Client
 M.Client = Client
 
-local main_group                 -- the daemon group of main-thread requests
-local main_world = 0             -- the simulation it was made in (0: none)
+-- The group of main-thread requests. Not a daemon: a script ends once
+-- nothing of it is alive (netrun.run), and this loop is alive only while
+-- a request is under way (an idle pooled connection keeps nothing alive).
+-- One per simulated world too (netrun.sim: core.sim_id).
+local main_group
+local main_world = 0
 
 local function on_loop(client, opts)
   if current() ~= nil then return M.request_with(client, opts) end
-  if main_group == nil or main_world ~= core.sim_id() then   -- (netrun.sim)
-    main_group = require("netrun").group { threads = 1, name = "http", daemon = true }
+  if main_group == nil or main_world ~= core.sim_id() then
+    main_group = require("netrun").group { threads = 1, name = "http" }
     main_world = core.sim_id()
   end
   local p = core.promise()
@@ -414,8 +486,10 @@ function M.client(opts)
   check_number(what, "timeout", opts.timeout, 0)
   check_number(what, "max_body", opts.max_body, 0)
   check_number(what, "max_header", opts.max_header, 64)
-  if opts.raw ~= nil and type(opts.raw) ~= "boolean" then
-    error(what .. ": raw must be a boolean, got " .. type(opts.raw), 2)
+  for _, k in ipairs { "raw", "follow_downgrade" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+      error(what .. ": " .. k .. " must be a boolean, got " .. type(opts[k]), 2)
+    end
   end
   return setmetatable({
     id = new_id(), pool = math.tointeger(opts.pool or M.pool),
@@ -423,6 +497,7 @@ function M.client(opts)
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
     raw = opts.raw == true, max_waiting = math.tointeger(opts.max_waiting or M.max_waiting),
+    follow_downgrade = opts.follow_downgrade == true,
   }, Client)
 end
 

@@ -1,6 +1,7 @@
 -- netrun.metrics -- the process's figures in the Prometheus text
 -- exposition format 0.0.4 (DESIGN.md §8.5): every loop's stats, each
--- server's connections, the HTTP codec's responses by status.
+-- server's connections, the HTTP codec's responses by status, the Redis
+-- cluster client's redirects and retries.
 --
 -- Nothing is counted for this module: it reads counters that exist anyway
 -- (loop:stats(), the per-server counts of lchannel.c, the per-thread HTTP
@@ -110,8 +111,28 @@ function M.text()
   end
   family(out, "netrun_http_requests_total", "counter",
     "HTTP requests answered by the server codec, by status code.", rows)
+  M.redis_families(out)
   out[#out + 1] = ""
   return table.concat(out, "\n")
+end
+
+-- netrun.redis's cluster client counts its redirects, retries and slot
+-- map refreshes in a shared dict (lua/netrun/redis/cluster.lua); shown
+-- once there is something to show.
+function M.redis_families(out)
+  local d = core.dict("netrun.redis.metrics", { capacity = 64 })
+  if #d == 0 then return end
+  local redirects = {}
+  for _, kind in ipairs { "moved", "ask" } do
+    redirects[#redirects + 1] = { labels = { "kind", kind }, value = d:get(kind) or 0 }
+  end
+  family(out, "netrun_redis_redirects_total", "counter",
+    "Redis Cluster redirects followed (MOVED, ASK).", redirects)
+  family(out, "netrun_redis_retries_total", "counter",
+    "Redis Cluster commands sent again after a failed connection, TRYAGAIN, CLUSTERDOWN or LOADING.",
+    { { labels = {}, value = d:get("retries") or 0 } })
+  family(out, "netrun_redis_slot_refreshes_total", "counter",
+    "Redis Cluster slot maps fetched.", { { labels = {}, value = d:get("refreshes") or 0 } })
 end
 
 local CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -264,20 +264,45 @@ static int l_option(lua_State *L) {
   return 1;
 }
 
-/* Attributes live in the channel's loop state, dropped when it closes. */
+/* Attributes live in the channel's loop state. As in Netty, where they
+ * live as long as the channel, they stay readable through the whole close:
+ * channel_inactive, channel_unregistered and handler_removed. They are
+ * dropped after it. The close future completes before the pipeline's
+ * teardown runs (at once, or when the handler call that closed returns:
+ * pipeline.c, unwound), and the teardown never waits for a task; so the
+ * future's listener queues the drop as a task, which runs after it. The
+ * listener holds a reference on the channel until the drop, so that a new
+ * channel cannot take its address (the key) meanwhile. */
 static const char ATTRS = 0;
+
+static void forget_attrs(lua_State *L, nr_channel_t *ch) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) == LUA_TTABLE) {
+    lua_pushnil(L);
+    lua_rawsetp(L, -2, ch);
+  }
+  lua_pop(L, 1);
+}
+
+static int drop_attrs_task(void *arg) {
+  nr_channel_t *ch = arg;
+  lnr_state_t *S = lnr_current_state();
+  if (S != NULL && !S->closing)
+    forget_attrs(S->L, ch);
+  nr_channel_release(ch);
+  return 0;
+}
 
 static void drop_attrs(nr_promise_t *p, void *arg) {
   (void)p;
-  lnr_state_t *S = lnr_current_state();
-  if (S == NULL || S->closing)
+  nr_channel_t *ch = arg;
+  nr_loop_t *loop = nr_channel_loop(ch);
+  if (!nr_loop_in_thread(loop)) {      /* its loop is gone, with the state */
+    nr_channel_release(ch);
     return;
-  lua_State *L = S->L;
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) == LUA_TTABLE) {
-    lua_pushnil(L);
-    lua_rawsetp(L, -2, arg);
   }
-  lua_pop(L, 1);
+  if (nr_loop_execute(loop, drop_attrs_task, ch) < 0)
+    nr_channel_release(ch);  /* the loop is past shutdown: its state, and
+                                the attributes with it, close after this */
 }
 
 static int l_attr(lua_State *L) {
@@ -302,7 +327,7 @@ static int l_attr(lua_State *L) {
     lua_pushvalue(L, -1);
     lua_rawsetp(L, -3, ch);
     nr_promise_add_listener(nr_channel_close_future(ch), nr_channel_loop(ch),
-                            drop_attrs, ch);
+                            drop_attrs, nr_channel_retain(ch));
   }
   if (!set) {
     lua_pushvalue(L, 2);
@@ -347,6 +372,7 @@ static int l_eq(lua_State *L) {
 typedef struct init_s {
   _Atomic(lnr_blob_t *) b;
   bool once;          /* a client's: freed after its one use */
+  bool unlisted;      /* netrun.server { metrics = false }: not in stats */
   struct init_s *next;
   lnr_blob_t *retired;            /* swapped-out blobs, under inits_lock */
   nr_channel_t *server;           /* set once bound (identity only) */
@@ -558,7 +584,8 @@ static int l_server_stats(lua_State *L) {
   pthread_mutex_lock(&inits_lock);
   int n = 0;
   for (init_t *in = inits; in; in = in->next) {
-    if (in->once || !atomic_load_explicit(&in->bound, memory_order_acquire))
+    if (in->once || in->unlisted ||
+        !atomic_load_explicit(&in->bound, memory_order_acquire))
       continue;
     uint64_t acc = atomic_load_explicit(&in->accepted, memory_order_relaxed);
     uint64_t closed = atomic_load_explicit(&in->closed, memory_order_relaxed);
@@ -603,7 +630,7 @@ void lnr_free_inits(void) {
  * raises (lnr_check_options), so a new option is added here too. */
 static const char *const server_keys[] = {
     "group", "child_group", "host", "port", "unix", "mode", "backlog",
-    "reuseport", "child_options", "init", "stream", NULL};
+    "reuseport", "child_options", "init", "stream", "metrics", NULL};
 static const char *const connect_keys[] = {
     "group", "host", "port", "unix", "timeout", "options", "init", NULL};
 static const char *const udp_keys[] = {
@@ -834,6 +861,7 @@ static int l_server(lua_State *L) {
   place_t g = opt_place(L, 1, "group", what);
   place_t cg = opt_place(L, 1, "child_group", what);
   o.reuseport = opt_bool(L, 1, "reuseport", false, what);
+  bool listed = opt_bool(L, 1, "metrics", true, what);
   if (!g.group && !g.loop && !cg.group && !cg.loop) {
     /* reuseport: each worker accepts for itself; no boss group needed */
     g.group = o.reuseport ? NULL : lnr_default_group(L, true);
@@ -856,6 +884,8 @@ static int l_server(lua_State *L) {
   if (o.unix_path == NULL && needs_lookup(o.host) && on_loop())
     return listen_by_name(L, "server");
   init_t *in = pack_init(L, 1, false, what);
+  if (in != NULL)
+    in->unlisted = !listed;
   o.child_init = in ? run_init : NULL;
   o.child_closed = in ? count_closed : NULL;
   o.arg = in;

@@ -9,6 +9,8 @@
  * address strings with the answer's TTL as field `ttl` (lnr_push_addrs).
  * Any state, any thread: the resolver is the process's.
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -68,16 +70,58 @@ static int l_local(lua_State *L) {
   return 1;
 }
 
+/* A lookup keeps its caller's loop (or the main thread) alive while it is
+ * under way (nr_loop_ref): a script that resolves a name and ends waits
+ * for the answer. The caller gets a future of its own, completed from the
+ * resolver's on the resolver's thread, and the ref goes after that: by
+ * then the caller's listeners are queued to it. */
+typedef struct lookup_s {
+  nr_promise_t *out;
+  nr_loop_t *caller;
+} lookup_t;
+
+static void lookup_done(nr_promise_t *p, void *arg) {
+  lookup_t *k = arg;
+  nr_addrs_t *a = nr_promise_is_success(p) ? malloc(sizeof *a) : NULL;
+  if (a != NULL) {
+    *a = *(const nr_addrs_t *)nr_promise_value(p);
+    nr_promise_set_success(k->out, a, nr_addrs_free);
+  } else if (nr_promise_is_success(p)) {
+    nr_promise_set_failure(k->out, -ENOMEM, "out of memory");
+  } else {
+    nr_promise_set_failure(k->out, nr_promise_code(p), nr_promise_message(p));
+  }
+  nr_loop_unref(k->caller);
+  nr_promise_release(k->out);
+  free(k);
+}
+
 /* core.dns_lookup(name, family, timeout) --> future of the addresses
  * (lnr_push_addrs's table), or failed with the resolver's reason. */
 static int l_lookup(lua_State *L) {
   const char *name = check_name(L, 1);
   int family = check_family(L, 2);
   double timeout = lnr_checkseconds(L, 3, "netrun.dns timeout");
+  nr_loop_t *caller = nr_loop_current();
+  nr_promise_t *out = caller ? nr_promise_new() : NULL;
+  lookup_t *k = out ? malloc(sizeof *k) : NULL;
   nr_promise_t *p = nr_resolve(name, family, lnr_ns(timeout));
-  if (p == NULL)
+  if (p == NULL || (caller != NULL && k == NULL)) {
+    free(k);
+    nr_promise_release(out);
+    nr_promise_release(p);
     return luaL_error(L, "netrun.dns: out of memory");
-  lnr_push_promise(L, p);
+  }
+  if (k == NULL) {                 /* not from a loop: nothing to keep */
+    lnr_push_promise(L, p);
+    return 1;
+  }
+  k->out = nr_promise_retain(out);
+  k->caller = caller;
+  nr_loop_ref(caller);
+  nr_promise_add_listener(p, NULL, lookup_done, k);
+  nr_promise_release(p);
+  lnr_push_promise(L, out);
   return 1;
 }
 

@@ -224,8 +224,8 @@ static int l_add_listener(lua_State *L) {
   l->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, 1);
   l->fut_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  /* Owning: a future that never completes frees l with it (its refs go
-   * with the state, which must have closed for the future to go). */
+  /* Freed uncompleted only once this state closed (fut_ref keeps the
+   * future until then): its refs went with the state. */
   nr_promise_add_listener_owning(p, home(L), run_listener, l);
   lua_settop(L, 1);
   return 1;
@@ -498,8 +498,8 @@ static int l_sleep(lua_State *L) {
   if (!lua_isyieldable(L) || !is_spawned(S->L, L))
     return luaL_error(L, "netrun.sleep: only inside netrun.spawn");
   nr_promise_t *p = nr_promise_new();
-  nr_timer_t *t = nr_loop_schedule(home(L), lnr_ns(s), 0, complete_task,
-                                   cancel_task, nr_promise_retain(p));
+  nr_timer_t *t = nr_loop_schedule_ref(home(L), lnr_ns(s), 0, complete_task,
+                                       cancel_task, nr_promise_retain(p));
   if (t == NULL) {
     nr_promise_release(p);
     nr_promise_release(p);
@@ -510,6 +510,70 @@ static int l_sleep(lua_State *L) {
   lua_replace(L, 1);
   lua_settop(L, 1);
   return park_on(L, check(L, 1));
+}
+
+/* core.park() / core.unpark(co, ...): suspend a spawned coroutine until
+ * Lua code that tracks it resumes it, with no promise in between (no
+ * allocation, no listener, no registry reference): the waits of
+ * netrun.redis, which keeps its waiting coroutines in queues of its own
+ * and wakes each exactly once. park() returns unpark's extra arguments.
+ * unpark resumes co at once, on the caller's thread (as a promise's
+ * listener would), and returns true; false if co is not parked by park
+ * (parked in await or sleep, running, dead), which it leaves alone. */
+static const char PARKED_BY_PARK = 0;  /* registry: coroutine -> true */
+
+static int park_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  return lua_gettop(L);                /* what unpark passed */
+}
+
+static void parked_mark(lua_State *L, lua_State *co, bool on) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &PARKED_BY_PARK) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &PARKED_BY_PARK);
+  }
+  lua_pushthread(co);
+  if (co != L)
+    lua_xmove(co, L, 1);
+  if (on)
+    lua_pushboolean(L, 1);
+  else
+    lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+static int l_park(lua_State *L) {
+  lnr_state_t *S = lnr_state(L);
+  if (!lua_isyieldable(L) || S == NULL || !is_spawned(S->L, L))
+    return luaL_error(L, "netrun: park: only inside netrun.spawn");
+  parked_mark(L, L, true);
+  lua_settop(L, 0);
+  lua_pushlightuserdata(L, (void *)&PARKED);
+  return lua_yieldk(L, 1, 0, park_k);
+}
+
+static int l_unpark(lua_State *L) {
+  lua_State *co = lua_tothread(L, 1);
+  luaL_argexpected(L, co != NULL, 1, "coroutine");
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &PARKED_BY_PARK);
+  lua_pushvalue(L, 1);
+  bool parked = lua_istable(L, -2) && lua_rawget(L, -2) == LUA_TBOOLEAN;
+  lua_pop(L, 2);
+  if (!parked || lua_status(co) != LUA_YIELD) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  parked_mark(L, co, false);
+  int n = lua_gettop(L) - 1;
+  lua_xmove(L, co, n);
+  step(L, co, n);
+  lua_settop(L, 0);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 static int l_tostring(lua_State *L) {
@@ -539,6 +603,8 @@ void lnr_open_future(lua_State *L) {
                                    {"spawn", l_spawn},
                                    {"sleep", l_sleep},
                                    {"void_promise", l_void_promise},
+                                   {"park", l_park},
+                                   {"unpark", l_unpark},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }

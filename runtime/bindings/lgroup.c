@@ -344,6 +344,8 @@ static int lua_task(void *arg) {
   }
   if (p)
     nr_promise_release(p);
+  if (b->owed != NULL)        /* after the listeners' tasks were queued */
+    nr_loop_unhold(b->owed);
   lnr_blob_free(b);
   return 0;
 }
@@ -383,15 +385,36 @@ static int reject(lua_State *L, nr_loop_t *loop, int rc) {
                     nr_loop_name(loop));
 }
 
+/* A loop that sends a task elsewhere is owed its outcome (a future's
+ * listeners, what the task queues back to it): a graceful shutdown of
+ * the loop waits for it, and it keeps the loop alive (nr_loop_hold). The
+ * main thread is not a loop that shuts down, and a task it sends keeps
+ * the process alive by itself -- unless it goes to a daemon group, which
+ * keeps nothing alive: then the main thread is owed it too. */
+static nr_loop_t *owed_to(nr_loop_t *target) {
+  nr_loop_t *from = nr_loop_current();
+  if (from == NULL || from == target)
+    return NULL;
+  if (from != lnr_main_loop())
+    return from;
+  lnr_group_t *g = lnr_group_of_loop(target);
+  return g != NULL && g->daemon ? from : NULL;
+}
+
 void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
                    nr_promise_t *p) {
   b->user = p ? nr_promise_retain(p) : NULL;
   b->task.fn = lua_task;
   b->task.arg = b;
+  b->owed = owed_to(loop);
+  if (b->owed != NULL)
+    nr_loop_hold(b->owed);
   int rc = nr_loop_execute_task(loop, &b->task);
   if (rc < 0) {
     if (p)
       nr_promise_release(p);
+    if (b->owed != NULL)
+      nr_loop_unhold(b->owed);
     lnr_blob_free(b);
     reject(L, loop, rc);
   }
@@ -515,8 +538,8 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   /* The caller's reference, taken first: a short delay may fire (and
    * free s) on the loop's thread before nr_loop_schedule returns. */
   nr_promise_t *p = nr_promise_retain(s->p);
-  nr_timer_t *t = nr_loop_schedule(loop, lnr_ns(delay), period, sched_fire,
-                                   sched_cancelled, s);
+  nr_timer_t *t = nr_loop_schedule_ref(loop, lnr_ns(delay), period,
+                                       sched_fire, sched_cancelled, s);
   if (t == NULL) {                  /* rejected: cancel_fn is not called */
     nr_promise_release(p);
     nr_promise_release(s->p);
@@ -716,37 +739,110 @@ static int l_groups(lua_State *L) {
   return 1;
 }
 
-/* netrun.run(): wait until every group has terminated, running the main
- * thread's work meanwhile. */
+/* ---- netrun.run: how long a process lives ------------------------------------ */
+
+/* The first group of the live list, retained; NULL if none. */
+static lnr_group_t *live_first(void) {
+  pthread_mutex_lock(&live_lock);
+  lnr_group_t *g = live;
+  if (g)
+    lnr_group_retain(g);
+  pthread_mutex_unlock(&live_lock);
+  return g;
+}
+
+/* One look at everything that may keep the process alive: the main
+ * thread's own queue and timers, and every loop of the groups that are
+ * not daemons (nr_loop_is_alive). *sum adds their marks, which only grow:
+ * two looks with the same sum saw nothing run in between. */
+static bool alive_once(nr_loop_t *m, uint64_t *sum) {
+  uint64_t mark;
+  bool alive = nr_loop_is_alive(m, &mark);
+  *sum = mark;
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next) {
+    if (g->daemon)
+      continue;
+    for (int i = 0; i < nr_group_size(g->g); i++) {
+      alive |= nr_loop_is_alive(nr_group_loop(g->g, i), &mark);
+      *sum += mark;
+    }
+  }
+  pthread_mutex_unlock(&live_lock);
+  return alive;
+}
+
+/* Whether anything keeps the process alive: a task queued or running, a
+ * timer of the program (schedule*, netrun.sleep), a channel open (a
+ * server, a connection, a stream; not an idle pooled HTTP connection), or
+ * work a loop is owed. Looked at twice, so that a task passing from one
+ * loop to another between two loops' looks is not missed. */
+static bool process_alive(nr_loop_t *m) {
+  uint64_t a, b;
+  if (alive_once(m, &a) || alive_once(m, &b))
+    return true;
+  return a != b;
+}
+
+/* The first group of the live list that keeps the process alive (not a
+ * daemon), retained; NULL if none. */
+static lnr_group_t *first_kept(void) {
+  pthread_mutex_lock(&live_lock);
+  lnr_group_t *g = live;
+  while (g && g->daemon)
+    g = g->next;
+  if (g)
+    lnr_group_retain(g);
+  pthread_mutex_unlock(&live_lock);
+  return g;
+}
+
+static void shutdown_listed(bool daemons, uint64_t timeout) {
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next)
+    if (daemons || !g->daemon)
+      nr_group_shutdown_gracefully(g->g, 0, timeout);
+  pthread_mutex_unlock(&live_lock);
+}
+
+/* netrun.run(): run the main thread's work while anything of the process
+ * is alive (process_alive, as Node lives while its event loop has ref'd
+ * handles); then shut its groups down (gracefully: nothing is left to
+ * wait for), and the daemons, and wait until they have terminated. A
+ * shutdown asked meanwhile (SIGTERM, shutdown_gracefully) ends it too,
+ * once the groups have terminated. Loops that block with nothing alive
+ * wake the main thread (nr_loop_watch_idle), so it looks again. */
 static int l_run(lua_State *L) {
   nr_loop_t *m = lnr_main_loop();
   if (nr_loop_current() != m)
     return luaL_error(L, "netrun.run: only the main thread can wait for groups");
-  /* Wait for the groups that keep the process alive, then stop daemons. */
-  for (bool daemons = false;; ) {
-    pthread_mutex_lock(&live_lock);
-    lnr_group_t *g = live;
-    while (g && g->daemon && !daemons)
-      g = g->next;
-    if (g)
-      lnr_group_retain(g);
-    pthread_mutex_unlock(&live_lock);
-    if (g == NULL && !daemons) {
-      daemons = true;
-      pthread_mutex_lock(&live_lock);
-      for (lnr_group_t *d = live; d; d = d->next)
-        nr_group_shutdown_gracefully(d->g, 0, NR_SEC(2));
-      pthread_mutex_unlock(&live_lock);
-      continue;
-    }
+  nr_loop_watch_idle(m);
+  for (;;) {
+    while (nr_loop_run_once(m, 0) > 0)
+      ;                             /* the main thread's own work first */
+    lnr_group_t *g = first_kept();
     if (g == NULL)
       break;
-    if (nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX) ==
-        NR_ESIMSTUCK) {
-      lnr_group_release(g);         /* a simulated world where nothing can */
-      break;                        /* happen any more: as good as forever */
+    bool done = nr_group_is_terminated(g->g);
+    if (done)
+      unlist(g);                    /* do not wait for the queued task */
+    lnr_group_release(g);
+    if (done)
+      continue;
+    if (!process_alive(m))
+      shutdown_listed(false, NR_SEC(2));
+    nr_loop_run_once(m, UINT64_MAX);  /* until a task: a loop went idle,
+                                         a group terminated, work for us */
+    if (nr_sim_current() != NULL && nr_sim_is_stuck(nr_sim_current())) {
+      shutdown_listed(false, NR_SEC(2));   /* a simulated world where */
+      break;                               /* nothing can happen any more */
     }
-    unlist(g);                      /* do not wait for the queued task */
+  }
+  nr_loop_watch_idle(NULL);
+  shutdown_listed(true, NR_SEC(2));   /* the daemons, now */
+  for (lnr_group_t *g; (g = live_first()) != NULL; ) {
+    nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
+    unlist(g);
     lnr_group_release(g);
   }
   while (nr_loop_run_once(m, 0) > 0)
@@ -863,12 +959,61 @@ void lnr_open_group(lua_State *L) {
  * (nr_channel_hold), so an idle server stops at once. */
 #define SIGNAL_QUIET NR_MS(200)
 
-void lnr_shutdown_groups_async(uint64_t timeout) {
+/* Executor groups stop after the event-loop groups (as a Netty program
+ * shuts down its boss, then its workers, then the business executors):
+ * a loop whose channels wait for an answer computed on an executor
+ * (nr_loop_hold) may still send it work while it drains. */
+typedef struct after_loops_s {
+  _Atomic int left;                /* event-loop groups not terminated */
+  uint64_t deadline;
+} after_loops_t;
+
+/* With the loops gone, an executor gets work only from another one: when
+ * none has anything to do (nr_loop_is_alive), none will, and they stop
+ * at once (no quiet period: an idle server exits in one). */
+static void shutdown_executors(uint64_t deadline) {
+  uint64_t now = nr_now();
+  uint64_t timeout = deadline > now ? deadline - now : 0;
   pthread_mutex_lock(&live_lock);
+  bool busy = false;
+  for (lnr_group_t *g = live; g && !busy; g = g->next)
+    for (int i = 0; g->executor && i < nr_group_size(g->g) && !busy; i++)
+      busy = nr_loop_is_alive(nr_group_loop(g->g, i), NULL);
   for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
+    if (g->executor)
+      nr_group_shutdown_gracefully(g->g, busy ? SIGNAL_QUIET : 0, timeout);
+  pthread_mutex_unlock(&live_lock);
+}
+
+static void loop_group_terminated(nr_promise_t *p, void *arg) {
+  (void)p;
+  after_loops_t *a = arg;
+  if (atomic_fetch_sub(&a->left, 1) == 1) {
+    shutdown_executors(a->deadline);
+    free(a);
+  }
+}
+
+void lnr_shutdown_groups_async(uint64_t timeout) {
+  after_loops_t *a = malloc(sizeof *a);
+  if (a != NULL) {
+    atomic_init(&a->left, 1);             /* ours, dropped below */
+    a->deadline = nr_now() + timeout;
+  }
+  pthread_mutex_lock(&live_lock);
+  for (lnr_group_t *g = live; g; g = g->next) {
+    if (g->executor && a != NULL)
+      continue;
+    nr_promise_t *t = nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
+    if (a != NULL) {
+      atomic_fetch_add(&a->left, 1);
+      nr_promise_add_listener(t, NULL, loop_group_terminated, a);
+    }
+  }
   pthread_mutex_unlock(&live_lock);
   nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
+  if (a != NULL)
+    loop_group_terminated(NULL, a);       /* none, or all done already */
 }
 
 /* core.shutdown_all([quiet [, timeout]]): start shutting every group down

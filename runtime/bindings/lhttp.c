@@ -15,6 +15,11 @@
  *                             -- and close; 0 = off
  *     keepalive_timeout = 75, -- seconds an idle connection waits for its
  *                             -- next request: closed silently; 0 = off
+ *     body_budget = 64 MiB,   -- request body bytes held at once by the
+ *                             -- connections on one loop (from a body's
+ *                             -- head to its answer); past it reading
+ *                             -- waits (http_server.c); 0 = none
+ *     conn_body_budget = 16 MiB, -- the same for one connection
  *   })
  * The timeouts are nginx's defaults (client_header_timeout,
  * client_body_timeout, keepalive_timeout) and time the client only: none
@@ -22,6 +27,12 @@
  *
  * The handler after it receives one request per message, read like a table:
  *   req.method "GET", req.path "/a", req.query "x=1" (nil without '?'),
+ *   req.target "/a?x=1" (the request-target as it came; req.path is what
+ *   to match on: an absolute-form target's path -- "GET
+ *   http://a.example/x" is "/x", its Host then a.example -- normalized:
+ *   dot segments resolved, "//" merged, %XX of an unreserved byte
+ *   decoded, other %XX in upper case; a path that climbs above the root
+ *   is refused with 400, see http_parse.c's normalize_path),
  *   req.args { x = "1" } (the query decoded: + and %XX; a repeated key
  *   gives an array of its values, a key without '=' true),
  *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
@@ -145,7 +156,9 @@ typedef struct rhdr_s {
 
 typedef struct req_s {
   const void *tag;             /* &REQ_TAG: proves the userdata is one */
-  uint32_t method_len, path, path_len, query, query_len;
+  const void *pipe;            /* its read's pipeline and token (from the */
+  uint64_t token;              /* codec: nr_http_request_t's) */
+  uint32_t method_len, path, path_len, query, query_len, target, target_len;
   uint16_t nheaders, ntrailers;
   bool has_query, keep_alive, http11;
   rhdr_t h[];                  /* headers, trailers, then the text */
@@ -160,6 +173,13 @@ static const char *req_text(const req_t *q) {
 bool lnr_http_is_request(lua_State *L, int idx) {
   const req_t *q = lua_touserdata(L, idx);  /* a light one has length 0 */
   return q != NULL && lua_rawlen(L, idx) >= sizeof *q && q->tag == &REQ_TAG;
+}
+
+uint64_t lnr_http_request_token(lua_State *L, int idx, const void *p) {
+  if (!lnr_http_is_request(L, idx))
+    return 0;
+  const req_t *q = lua_touserdata(L, idx);
+  return q->pipe == p ? q->token : 0;
 }
 
 /* The request that is argument 1 of a metamethod (one fetched with
@@ -184,7 +204,8 @@ static bool in_block(const char *base, size_t span, const char *s, size_t n) {
 
 static bool all_in_block(const nr_http_request_t *r, size_t span) {
   if (!in_block(r->method, span, r->path, r->path_len) ||
-      !in_block(r->method, span, r->query, r->query_len))
+      !in_block(r->method, span, r->query, r->query_len) ||
+      !in_block(r->method, span, r->target, r->target_len))
     return false;
   for (size_t i = 0; i < r->nheaders; i++)
     if (!in_block(r->method, span, r->headers[i].name, r->headers[i].name_len) ||
@@ -194,9 +215,10 @@ static bool all_in_block(const nr_http_request_t *r, size_t span) {
 }
 #endif
 
-/* The length of the block holding every field, or 0. */
+/* The length of the block holding every field, or 0 (a normalized path,
+ * a Host added, trailers past the body: copied one by one). */
 static size_t head_block(const nr_http_request_t *r) {
-  if (r->chunked)
+  if (r->chunked || r->rewritten)
     return 0;
   assert(r->ntrailers == 0);
   const char *end = r->query ? r->query + r->query_len : r->path + r->path_len;
@@ -236,11 +258,14 @@ static void push_request(lua_State *L, void *msg) {
   const char *base = r->method;
   if (len > 0) {               /* the usual: one copy, fields as offsets */
     req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
-    *q = (req_t){.tag = &REQ_TAG, .method_len = (uint32_t)r->method_len,
+    *q = (req_t){.tag = &REQ_TAG, .pipe = r->pipeline, .token = r->token,
+                 .method_len = (uint32_t)r->method_len,
                  .path = (uint32_t)(r->path - base),
                  .path_len = (uint32_t)r->path_len,
                  .query = r->query ? (uint32_t)(r->query - base) : 0,
                  .query_len = r->query ? (uint32_t)r->query_len : 0,
+                 .target = (uint32_t)(r->target - base),
+                 .target_len = (uint32_t)r->target_len,
                  .nheaders = (uint16_t)n, .has_query = r->query != NULL,
                  .keep_alive = r->keep_alive, .http11 = r->minor != 0};
     for (size_t i = 0; i < n; i++) {
@@ -253,12 +278,15 @@ static void push_request(lua_State *L, void *msg) {
     return;
   }
   n += r->ntrailers;          /* they follow the headers in r->headers */
-  len = r->method_len + r->path_len + (r->query ? r->query_len : 0);
+  len = r->method_len + r->path_len + (r->query ? r->query_len : 0) +
+        r->target_len;
   for (size_t i = 0; i < n; i++)
     len += r->headers[i].name_len + r->headers[i].value_len;
   req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
   uint32_t off = 0;
   q->tag = &REQ_TAG;
+  q->pipe = r->pipeline;
+  q->token = r->token;
   q->nheaders = (uint16_t)r->nheaders;
   q->ntrailers = (uint16_t)r->ntrailers;
   q->method_len = (uint32_t)r->method_len;
@@ -268,6 +296,8 @@ static void push_request(lua_State *L, void *msg) {
   q->has_query = r->query != NULL;
   q->query_len = q->has_query ? (uint32_t)r->query_len : 0;
   q->query = put_text(q, &off, r->query, q->query_len);
+  q->target_len = (uint32_t)r->target_len;
+  q->target = put_text(q, &off, r->target, r->target_len);
   q->keep_alive = r->keep_alive;
   q->http11 = r->minor != 0;
   for (size_t i = 0; i < n; i++) {
@@ -336,10 +366,10 @@ static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "trailers", "args"};
+    "keep_alive", "trailers", "args", "target"};
 
 /* ---- query arguments ---------------------------------------------------------- */
 
@@ -454,6 +484,7 @@ static void push_field(lua_State *L, int ud, int f) {
   switch (f) {
   case F_METHOD: lua_pushlstring(L, text, q->method_len); break;
   case F_PATH: lua_pushlstring(L, text + q->path, q->path_len); break;
+  case F_TARGET: lua_pushlstring(L, text + q->target, q->target_len); break;
   case F_QUERY:
     if (q->has_query)
       lua_pushlstring(L, text + q->query, q->query_len);
@@ -927,6 +958,10 @@ static int l_http_server(lua_State *L) {
   o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
   o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",
                                     NR_HTTP_KEEPALIVE_TIMEOUT);
+  o.body_budget = (uint64_t)lnr_codec_int(L, "http_server", "body_budget",
+                                          64 << 20, 0, (lua_Integer)1 << 50);
+  o.conn_body_budget = (uint64_t)lnr_codec_int(L, "http_server", "conn_body_budget",
+                                               16 << 20, 0, (lua_Integer)1 << 50);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -937,10 +972,13 @@ static int l_tostring(lua_State *L) {
   conf_t *c = luaL_checkudata(L, 1, CLASS);
   char b[256];
   snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
+           "body_budget = %llu, conn_body_budget = %llu, "
            "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
            "keepalive_timeout = %g }", c->max_header, c->max_body,
-           c->max_headers, (double)c->header_timeout / 1e9,
-           (double)c->body_timeout / 1e9, (double)c->keepalive_timeout / 1e9);
+           (unsigned long long)c->body_budget,
+           (unsigned long long)c->conn_body_budget, c->max_headers,
+           (double)c->header_timeout / 1e9, (double)c->body_timeout / 1e9,
+           (double)c->keepalive_timeout / 1e9);
   lua_pushstring(L, b);
   return 1;
 }

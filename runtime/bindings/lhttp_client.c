@@ -31,7 +31,9 @@
  * The handler after it receives each whole response as a table:
  *   { status = 200, reason = "OK", version = "HTTP/1.1",
  *     headers = { ["content-type"] = "..." },   -- names lowercased,
- *                                               -- repeats joined by ", "
+ *                                               -- repeats joined by ", ",
+ *                                               -- but a repeated Set-Cookie
+ *                                               -- is an array of its values
  *     trailers = { ... } (only when a chunked body had some),
  *     body = "...", keep_alive = true }
  * keep_alive says whether the connection may carry another request.
@@ -39,7 +41,8 @@
  * netrun.http.raw_response: the response encoded once in C, without its
  * hop-by-hop fields (RFC 9110 7.6.1) and framing (Content-Length,
  * Transfer-Encoding), ready for a server codec's ctx:write, which frames
- * it for its own client; res.status, res.keep_alive (true) and
+ * it for its own client (the answer to a HEAD keeps its Content-Length:
+ * the size a GET would get, which the server codec then sends as given); res.status, res.keep_alive (true) and
  * res.response (itself) read from it, and no headers or body table is
  * built. A response after which the connection closes comes as
  *   { status = 200, keep_alive = false, response = <raw_response> }
@@ -86,16 +89,34 @@ static void push_lower(lua_State *L, const char *s, size_t n) {
   lua_pushlstring(L, buf, n);
 }
 
-/* A table of the fields h[0 .. n), repeats joined with ", ". */
+/* A repeated field's value (the first at -1, the name at -2, the table at
+ * -3) with h's joined: by ", " (RFC 9110 5.3), except Set-Cookie, whose
+ * values may hold commas (an Expires date) and are never combined (RFC
+ * 6265 3): an array of them, in their order, as lua-resty-http gives. */
+static void push_repeat(lua_State *L, const nr_http_header_t *h) {
+  if (h->name_len == 10 && strncasecmp(h->name, "set-cookie", 10) == 0) {
+    if (lua_type(L, -1) == LUA_TSTRING) {     /* the second: an array now */
+      lua_createtable(L, 2, 0);
+      lua_insert(L, -2);
+      lua_rawseti(L, -2, 1);
+    }
+    lua_pushlstring(L, h->value, h->value_len);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    return;
+  }
+  lua_pushliteral(L, ", ");
+  lua_pushlstring(L, h->value, h->value_len);
+  lua_concat(L, 3);
+}
+
+/* A table of the fields h[0 .. n), repeats joined (push_repeat). */
 static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
   lua_createtable(L, 0, (int)n);
   for (size_t i = 0; i < n; i++) {
     push_lower(L, h[i].name, h[i].name_len);
     lua_pushvalue(L, -1);
-    if (lua_rawget(L, -3) == LUA_TSTRING) {
-      lua_pushliteral(L, ", ");
-      lua_pushlstring(L, h[i].value, h[i].value_len);
-      lua_concat(L, 3);
+    if (lua_rawget(L, -3) != LUA_TNIL) {
+      push_repeat(L, &h[i]);
     } else {
       lua_pop(L, 1);
       lua_pushlstring(L, h[i].value, h[i].value_len);
@@ -144,7 +165,8 @@ static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
   size_t n = 0;
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
-    if (!hop_by_hop(h->name, h->name_len))
+    if (!hop_by_hop(h->name, h->name_len) || (r->head && h->name_len == 14 &&
+                                              strncasecmp(h->name, "content-length", 14) == 0))
       kept[n++] = *h;
   }
   nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE, .status = r->status,
@@ -254,6 +276,16 @@ static bool good_target(const char *s, size_t n) {
 
 /* ---- forwarding a server request ------------------------------------------- */
 
+/* What a forwarded request may carry as its target: origin-form (a path,
+ * maybe a query) or "*". Never absolute-form: the backend would take the
+ * target's host over the Host sent beside it (RFC 9112 3.2.2), and serve
+ * another host's path than the one a rule looked at -- the server codec
+ * turns a client's absolute-form into origin-form, and a handler that
+ * sets req.path = "http://..." is refused here. */
+static bool origin_form(const char *s, size_t n) {
+  return n > 0 && (s[0] == '/' || (n == 1 && s[0] == '*'));
+}
+
 /* Fields a forwarded request leaves behind besides the hop-by-hop ones:
  * the server codec answered its Expect already. */
 static bool not_forwarded(const char *n, size_t len) {
@@ -353,6 +385,12 @@ static int to_forward(lua_State *L, int idx, int how, int fwd,
       !good_target(f.target, f.target_len)) {
     snprintf(err, el, "the forwarded request's %s cannot be sent",
              nr_http_is_token(f.method, f.method_len) ? "path" : "method");
+    return -EINVAL;
+  }
+  if (!origin_form(f.target, f.target_len)) {
+    snprintf(err, el, "the forwarded request's path cannot be sent: it must "
+             "begin with '/' (origin-form), got \"%.*s\"",
+             f.target_len > 64 ? 64 : (int)f.target_len, f.target);
     return -EINVAL;
   }
   *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,
@@ -509,7 +547,7 @@ static const struct { const char *k; size_t n; int t; } options[] = {
     OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
     OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
     OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
-    OPT("follow", LUA_TNUMBER)};
+    OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN)};
 #undef OPT
 
 /* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are

@@ -7,9 +7,11 @@
  *
  *   local P = core.http.pool { max = 64, keepalive = 60, max_waiting = 1024,
  *                              connect = function(P, tls, timeout) end,
- *                              empty = function(P) end }
+ *                              empty = function(P) end,
+ *                              tls = config }     -- https: its TLS config
  *   P:send(target, method, path, headers, body, forward, host, url,
  *          timeout, tls)        -- target: a callback(res, err) or a promise
+ *                               -- --> false when the pool is retired
  *   ch:pipeline():add_last("client", P)     -- in a new connection's init,
  *                                           -- after the client codec
  *   P:connected(ch)  P:connect_failed(message)     -- connect's outcome
@@ -30,6 +32,14 @@
  * out then) is sent once more when its method is idempotent. The pool
  * empties when it has no connection and no request; empty is told then
  * (http.lua forgets it).
+ *
+ * TLS: http.lua keys pools by origin and the identity of the TLS config
+ * (nr_tls_config_identity), so a request never takes a connection made
+ * under other settings (verification, CA, certificate, server_name,
+ * ALPN). An https pool keeps the config it was made for, and checks its
+ * generation as each request comes (an atomic read): after a reload that
+ * changed the identity the pool retires (stale), and the request goes to
+ * a new pool.
  *
  * A request is a userdata whose uservalues are its Lua values (in
  * lnr_http_write_call's order: 1 target, 2 method, 3 path, 4 headers,
@@ -56,6 +66,7 @@
 
 #include "codec/http_client.h"
 #include "lnr.h"
+#include "tls/tls.h"
 
 #define POOL_CLASS "netrun.http.pool"
 #define REQ_CLASS "netrun.http.call"
@@ -107,6 +118,13 @@ struct hpool {
   int depth;                  /* entry points running (see enter) */
   hreq_t *spare[32];          /* settled requests, kept (anchored) for reuse */
   int nspare;
+  /* https: the TLS config its connections are made with (retained), and
+   * the identity and generation of that config when last looked at; a
+   * reload that changed the identity retires the pool (see stale) */
+  nr_tls_config_t *tls;
+  unsigned tls_gen;
+  char tls_id[NR_TLS_ID_LEN + 1];
+  bool retired;
 };
 
 static const nr_handler_t conn_vt;
@@ -144,7 +162,10 @@ static void wait_remove(hpool_t *P, hreq_t *q) {
   q->wprev = q->wnext = NULL;
 }
 
+/* An idle connection keeps no process alive (Node's agent unrefs its idle
+ * sockets): a script that made a request ends once it is answered. */
 static void idle_push(hpool_t *P, hconn_t *c) {
+  nr_channel_set_ref(nr_ctx_channel(c->ctx), false);
   c->idle = true;
   c->since = nr_now();
   c->iprev = NULL;
@@ -158,6 +179,7 @@ static void idle_remove(hpool_t *P, hconn_t *c) {
   if (!c->idle)
     return;
   c->idle = false;
+  nr_channel_set_ref(nr_ctx_channel(c->ctx), true);
   P->nidle--;
   if (c->iprev) c->iprev->inext = c->inext; else P->idle = c->inext;
   if (c->inext) c->inext->iprev = c->iprev;
@@ -375,6 +397,11 @@ static void release(lua_State *L, hconn_t *c) {
     if (start(L, c, q) || !free_conn(c))
       return;
   }
+  if (P->retired) {                  /* made under settings since changed */
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
+    return;
+  }
   idle_push(P, c);
   arm_sweeper(P, P->keepalive);
 }
@@ -477,6 +504,40 @@ static void conn_gone(lua_State *L, hconn_t *c) {
     c->pool = NULL;
     lost(L, P);
   }
+}
+
+/* ---- TLS settings that changed ----------------------------------------------------- */
+
+/* The pool's TLS config was reloaded with other settings (another
+ * identity): its connections were made under the old ones, so it takes no
+ * more requests -- http.lua gives its key a new pool -- its idle
+ * connections close now, and busy ones once no request that came before
+ * the reload waits for them (release). */
+static __attribute__((noinline)) bool reloaded(lua_State *L, hpool_t *P) {
+  unsigned g = nr_tls_config_generation(P->tls);
+  char id[NR_TLS_ID_LEN + 1];
+  nr_tls_config_identity(P->tls, id);       /* (read after g: at least as new) */
+  if (memcmp(id, P->tls_id, sizeof id) == 0) {
+    P->tls_gen = g;                          /* rebuilt alike: nothing changed */
+    return false;
+  }
+  enter(P);
+  P->retired = true;
+  for (hconn_t *c; (c = P->idle) != NULL;) {
+    idle_remove(P, c);
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);
+  }
+  leave(L, P);
+  return true;
+}
+
+/* Whether P may take no request (its TLS settings changed): one atomic
+ * read per https request, nothing for http. */
+static inline bool stale(lua_State *L, hpool_t *P) {
+  return P->retired || (P->tls != NULL &&
+                        nr_tls_config_generation(P->tls) != P->tls_gen &&
+                        reloaded(L, P));
 }
 
 /* ---- timers' work ------------------------------------------------------------------ */
@@ -695,9 +756,15 @@ static hreq_t *new_req(lua_State *L, hpool_t *P, bool callback,
   return q;
 }
 
-/* P:send(target, method, path, headers, body, forward, host, url, timeout, tls) */
+/* P:send(target, method, path, headers, body, forward, host, url, timeout, tls)
+ * --> true; false (nothing done) when the pool takes no more requests:
+ * its TLS config changed since it was made (http.lua then makes another). */
 static int p_send(lua_State *L) {
   hpool_t *P = check_pool(L);
+  if (stale(L, P)) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
   lua_settop(L, 11);
   double timeout = luaL_optnumber(L, 10, 0);
   hreq_t *q = new_req(L, P, lua_type(L, 2) == LUA_TFUNCTION, timeout);
@@ -710,7 +777,8 @@ static int p_send(lua_State *L) {
     lua_setiuservalue(L, u, i);
   }
   send_req(L, P, 1, q);
-  return 0;
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* P:connected(ch) */
@@ -770,6 +838,9 @@ static int p_gc(lua_State *L) {
   hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
   drop_timer(&P->dtimer);
   drop_timer(&P->sweeper);
+  if (P->tls != NULL)
+    nr_tls_config_release(P->tls);
+  P->tls = NULL;
   for (hconn_t *c = P->all, *n; c; c = n) {
     n = c->anext;
     c->pool = NULL;
@@ -795,7 +866,7 @@ static int ref_function(lua_State *L, const char *k) {
   return luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-/* core.http.pool { max, keepalive, connect, empty } */
+/* core.http.pool { max, keepalive, max_waiting, connect, empty, tls } */
 static int l_pool(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lnr_state_t *S = lnr_state(L);
@@ -820,6 +891,12 @@ static int l_pool(lua_State *L) {
   luaL_setmetatable(L, POOL_CLASS);
   P->connect_ref = ref_function(L, "connect");
   P->empty_ref = ref_function(L, "empty");
+  if (lua_getfield(L, 1, "tls") != LUA_TNIL) {
+    P->tls = nr_tls_config_retain(lnr_check_handle(L, -1, LNR_TLS));
+    P->tls_gen = nr_tls_config_generation(P->tls);
+    nr_tls_config_identity(P->tls, P->tls_id);  /* (after the generation) */
+  }
+  lua_pop(L, 1);
   return 1;
 }
 
@@ -895,7 +972,8 @@ static int lane_request(lua_State *L) {
   lua_rawget(L, -2);
   hpool_t *P = lua_touserdata(L, -1);
   if (P == NULL || !lua_getmetatable(L, -1) ||
-      !lua_rawequal(L, -1, lua_upvalueindex(UP_POOL_MT)) || P->S == NULL)
+      !lua_rawequal(L, -1, lua_upvalueindex(UP_POOL_MT)) || P->S == NULL ||
+      stale(L, P))
     goto slow;
   lua_pop(L, 1);
   const int pidx = lua_gettop(L);
@@ -964,7 +1042,8 @@ static int forward_call(lua_State *L) {
     lua_rawget(L, -2);
     P = lua_touserdata(L, -1);
     if (P && (!lua_getmetatable(L, -1) ||
-              !lua_rawequal(L, -1, lua_upvalueindex(F_POOL_MT)) || P->S == NULL))
+              !lua_rawequal(L, -1, lua_upvalueindex(F_POOL_MT)) || P->S == NULL ||
+              stale(L, P)))
       P = NULL;
     lua_settop(L, 4);                    /* the pool at 4 */
   }

@@ -117,6 +117,14 @@ typedef struct lnr_state_s {
    * table. NULL when that handler has left its pipeline. */
   const void *ctx_table;
   nr_ctx_t *ctx;
+  /* The read being handled (lpipeline_batch.c, lpipeline_exec.c): the ctx
+   * (or executor proxy) of the Lua handler whose channel_read runs, and
+   * the read's token, when its producer asked to hear of a failure
+   * (nr_ctx_read_token: the HTTP codec, which answers 500). What that
+   * handler fires on from this ctx carries the token, so a handler after
+   * it that raises is answered for too, however many stand between. */
+  const void *read_ctx;
+  uint64_t read_token;
   /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
@@ -229,6 +237,9 @@ struct lnr_blob_s {
   struct lnr_href_s { int kind; void *ptr; } *handles;
   void *user;                 /* for whoever sends the blob */
   void *user2;
+  uint64_t token;             /* lpipeline_exec.c: a read's token */
+  nr_loop_t *owed;            /* lgroup.c: the loop the task's outcome
+                                 goes back to (nr_loop_hold), or NULL */
   int kept;                   /* lnr_keep: registry ref of the values, else 0 */
   const struct lnr_state_s *home;   /* lnr_keep: the state holding them */
   /* lnr_pack_result: packed and kept both; the kept ref is let go on
@@ -419,7 +430,7 @@ void lnr_open_http_client(lua_State *L);
  * LNR_HOPT_* (slots the caller made; those of absent options are left). */
 enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
        LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
-       LNR_HOPT_FOLLOW, LNR_HOPT_N };
+       LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_N };
 void lnr_http_check_request(lua_State *L, int idx, int base, int level);
 /* Write the request whose fields are the uservalues of the userdata at idx
  * (2 method, 3 path, 4 headers, 5 body, 6 forward, 7 host; false: none)
@@ -453,6 +464,10 @@ typedef struct lnr_http_fwd_s {
 bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f);
 /* Is the value at idx a server request? */
 bool lnr_http_is_request(lua_State *L, int idx);
+/* A request knows the read it came in (the codec's token, for pipeline
+ * p), so that firing it on later, from anywhere in the state, still names
+ * it: that token if the value at idx is a request of pipeline p, else 0. */
+uint64_t lnr_http_request_token(lua_State *L, int idx, const void *p);
 /* The head's fields of the request at idx as they arrived (names in
  * their case, repeats apart), into out[0 .. cap): how many there are. */
 struct nr_http_header_s;
@@ -485,6 +500,8 @@ void lnr_forget_modules(lua_State *L);
 void lnr_open_ops(lua_State *L);
 /* core.json(): a state's JSON codec for lua/netrun/json.lua (ljson.c). */
 void lnr_open_json(lua_State *L);
+/* lredis.c: core.redis (a RESP codec for lua/netrun/redis.lua, the cluster slot). */
+void lnr_open_redis(lua_State *L);
 /* Native messages: a full userdata that begins with an lnr_native_t, then
  * a C pipeline message (its first int its NR_MSG type) holding no
  * pointers, such as a prepared HTTP response. lnr_to_msg hands it to the

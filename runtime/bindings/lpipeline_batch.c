@@ -82,6 +82,15 @@ static bool state_idle(lua_State *L) {
   return lua_getstack(L, 0, &ar) == 0;
 }
 
+/* Fire the Lua value on top of L on from ctx, as read `token` (0: none). */
+static void fire_lua(lua_State *L, nr_ctx_t *ctx, uint64_t token) {
+  lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
+  if (token != 0)
+    nr_ctx_fire_read_tokened(ctx, &m, token, false);
+  else
+    nr_ctx_fire_read(ctx, &m);
+}
+
 /* Start a batch for handler h at ctx: false if it cannot. */
 static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
   lnr_batch_t *b = S->batch;
@@ -97,6 +106,11 @@ static bool batch_open(lnr_state_t *S, lh_t *h, nr_ctx_t *ctx) {
   b->owner = h;
   b->ctx = nr_ctx_retain(ctx);
   return true;
+}
+
+/* The token of the batch's message i (1-based), 0 past what it records. */
+static uint64_t batch_token(const lnr_batch_t *b, int i) {
+  return i <= BATCH_TOKENS ? b->tokens[i - 1] : 0;
 }
 
 /* Protected: deliver what waits, from b->next on. */
@@ -123,8 +137,7 @@ static int batch_run(lua_State *L) {
     lua_pushvalue(b->Q, i);
     if (b->owner == NULL) {            /* removed: the rest goes on */
       lua_xmove(b->Q, L, 1);
-      lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
-      nr_ctx_fire_read(ctx, &m);
+      fire_lua(L, ctx, batch_token(b, i));
       lua_pop(L, 1);
       continue;
     }
@@ -134,6 +147,8 @@ static int batch_run(lua_State *L) {
     lua_xmove(b->Q, L, 1);
     S->ctx_table = h->ctx_table;                  /* see check_ctx */
     S->ctx = ctx;
+    S->read_ctx = ctx;                 /* restored by batch_settle */
+    S->read_token = batch_token(b, i);
     lua_call(L, 3, 0);
     if (b->next < b->n && b->may_hold && !nr_channel_is_writable(ch)) {
       b->stalled = true;                /* read_complete now: it flushes */
@@ -150,6 +165,7 @@ static int batch_run(lua_State *L) {
       lua_pushvalue(L, 3);
       S->ctx_table = h->ctx_table;
       S->ctx = ctx;
+      S->read_ctx = NULL;
       lua_call(L, 2, 0);
     } else if (b->owner != NULL) {
       lnr_read_complete_flushing(ctx);
@@ -158,11 +174,6 @@ static int batch_run(lua_State *L) {
     }
   }
   return 0;
-}
-
-/* The token of the batch's message i (1-based), 0 past what it records. */
-static uint64_t batch_token(const lnr_batch_t *b, int i) {
-  return i <= BATCH_TOKENS ? b->tokens[i - 1] : 0;
 }
 
 /* The batch stalled: hold the rest for its handler while the channel is
@@ -198,6 +209,8 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   lua_State *L = S->L;
   nr_ctx_t *ctx = b->ctx;
   bool converting = S->converting;     /* may be called from a handler */
+  const void *read_ctx = S->read_ctx;  /* and within one's read */
+  uint64_t read_token = S->read_token;
   LNR_STACK_BEGIN(L);
   S->converting = true;                /* what is made here, unprotected */
   b->draining = true;
@@ -235,6 +248,8 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   b->ctx = NULL;
   b->draining = false;
   S->converting = converting;
+  S->read_ctx = read_ctx;
+  S->read_token = read_token;
   nr_ctx_release(ctx);
 }
 
@@ -351,10 +366,10 @@ static void pass_held(nr_ctx_t *ctx) {
   lua_State *L = h->S->L, *Q = h->held;
   int k = lua_gettop(Q);                        /* message, token; ... */
   for (int i = 1; i <= k && nr_channel_is_open(nr_ctx_channel(ctx)); i += 2) {
+    uint64_t token = (uint64_t)lua_tointeger(Q, i + 1);
     lua_pushvalue(Q, i);
     lua_xmove(Q, L, 1);
-    lnr_lmsg_t m = {NR_MSG_LUA, L, lua_gettop(L)};
-    nr_ctx_fire_read(ctx, &m);
+    fire_lua(L, ctx, token);
     lua_pop(L, 1);
   }
   drop_held(h);
@@ -449,7 +464,14 @@ int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg) {
   uint64_t token = nr_ctx_read_token(ctx, msg);
   lua_State *L = lnr_lh_begin_ref(ctx, h->rec->read_ref, "channel_read");
   lnr_push_msg(L, msg);
-  if (lnr_lh_call(ctx, L, 1) != LUA_OK) {
+  const void *read_ctx = S->read_ctx;            /* calls nest */
+  uint64_t read_token = S->read_token;
+  S->read_ctx = ctx;
+  S->read_token = token;
+  int rc = lnr_lh_call(ctx, L, 1);
+  S->read_ctx = read_ctx;
+  S->read_token = read_token;
+  if (rc != LUA_OK) {
     lnr_lh_route_error(ctx, L, "channel_read");         /* pops the message */
     if (token != 0)                              /* its producer answers */
       nr_ctx_read_failed(ctx, token);

@@ -175,6 +175,18 @@ static int write_msg(lua_State *L, int idx, nr_ctx_t *ctx, nr_promise_t *p) {
   return rc;
 }
 
+/* The token a read fired on from ctx `from` carries (0: none): the one of
+ * the read its handler is handling now, else the one a request fired on
+ * later keeps (a middleware that passes it on from a future's listener).
+ * So a handler further on that raises on it is answered for (the HTTP
+ * codec's 500), whatever stands between it and the codec. */
+static uint64_t read_token(lua_State *L, nr_ctx_t *from) {
+  lnr_state_t *S = lnr_state(L);
+  if (S != NULL && S->read_ctx == from && S->read_token != 0)
+    return S->read_token;
+  return lnr_http_request_token(L, 2, nr_ctx_pipeline(from));
+}
+
 int lnr_fire(lua_State *L, nr_ctx_t *from, int event) {
   static void (*const fire0[])(nr_ctx_t *) = {
       [LNR_FIRE_REGISTERED] = nr_ctx_fire_registered,
@@ -185,8 +197,13 @@ int lnr_fire(lua_State *L, nr_ctx_t *from, int event) {
       [LNR_FIRE_WRITABILITY] = nr_ctx_fire_writability_changed};
   if (event == LNR_FIRE_READ) {
     luaL_checkany(L, 2);
+    uint64_t token = read_token(L, from);
     lnr_msgbuf_t m;
-    nr_ctx_fire_read(from, lnr_to_msg(L, 2, NULL, &m));
+    void *msg = lnr_to_msg(L, 2, NULL, &m);
+    if (token != 0)
+      nr_ctx_fire_read_tokened(from, msg, token, false);
+    else
+      nr_ctx_fire_read(from, msg);
     lnr_msg_done(&m);
   } else if (event == LNR_FIRE_USER_EVENT) {
     luaL_checkany(L, 2);

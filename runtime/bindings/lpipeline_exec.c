@@ -13,6 +13,10 @@
  * is still doing (a flush its write, an inactive its reads): every event
  * takes the hop. bind, connect and disconnect are not offered to h.
  *
+ * While an event is on its way or being handled there, the channel's loop
+ * is owed what h sends back (nr_loop_hold): a graceful shutdown waits for
+ * it before closing the channel.
+ *
  * Threads: the ctx is touched only on the channel's loop (retained in
  * added, released in removed); h and its xctx only in the executor's state
  * (registry, keyed by the proxy); the proxy itself is reference counted by
@@ -59,7 +63,8 @@ void lnr_xh_release(xh_t *x) {
 /* Operations an xctx sends back to the channel's loop. */
 enum { XOP_READ, XOP_READ_COMPLETE, XOP_ACTIVE, XOP_INACTIVE, XOP_REGISTERED,
        XOP_UNREGISTERED, XOP_WRITABILITY, XOP_USER_EVENT, XOP_EXCEPTION,
-       XOP_WRITE, XOP_WRITE_FLUSH, XOP_FLUSH, XOP_CLOSE, XOP_DO_READ };
+       XOP_WRITE, XOP_WRITE_FLUSH, XOP_FLUSH, XOP_CLOSE, XOP_DO_READ,
+       XOP_READ_FAILED };
 
 /* Pack n values from the top of the stack in protected mode (a message may
  * not transfer); pops them. NULL with the error message pushed on failure. */
@@ -227,13 +232,23 @@ static int xevent_task(void *arg) {
     LNR_STACK_BEGIN(L);
     lua_pushcfunction(L, xevent_p);
     lua_pushlightuserdata(L, b);
-    if (lnr_pcall(L, 1, 0) != LUA_OK)
+    S->read_ctx = x;                    /* b->token: a read's, else 0 */
+    S->read_token = b->token;
+    int rc = lnr_pcall(L, 1, 0);
+    S->read_ctx = NULL;
+    if (rc != LUA_OK) {
       xroute_error(L, x, method);
+      if (b->token != 0) {              /* its producer answers for it */
+        lua_pushinteger(L, (lua_Integer)b->token);
+        xsend(L, x, XOP_READ_FAILED, 1, NULL);
+      }
+    }
     if (strcmp(method, "handler_removed") == 0)
       xforget(L, x);
     LNR_STACK_END(L, 0);
     lua_settop(L, top);
   }
+  nr_loop_unhold(x->home);             /* after what h sent back */
   lnr_xh_release(x);
   lnr_blob_free(b);
   return 0;
@@ -243,7 +258,8 @@ static int xevent_task(void *arg) {
 
 /* Send the n values on top to h's executor, for h:method(); pops them.
  * `method` is a literal: it travels as a pointer. */
-static void xdispatch(nr_ctx_t *ctx, int n, const char *method) {
+static void xdispatch_read(nr_ctx_t *ctx, int n, const char *method,
+                           uint64_t token) {
   xh_t *x = nr_ctx_state(ctx);
   lua_State *L = lnr_current_state()->L;
   lnr_blob_t *b = xpack(L, n);
@@ -256,14 +272,21 @@ static void xdispatch(nr_ctx_t *ctx, int n, const char *method) {
   }
   b->user = xh_retain(x);
   b->user2 = (void *)method;
+  b->token = token;
   b->task.fn = xevent_task;
   b->task.arg = b;
+  nr_loop_hold(x->home);               /* h's answers come back to it */
   if (nr_loop_execute_task(x->exec, &b->task) < 0) {
     nr_log(NR_LOG_WARN, "handler '%s': executor %s is shut down, %s dropped",
            x->name, nr_loop_name(x->exec), method);
+    nr_loop_unhold(x->home);
     lnr_xh_release(x);
     lnr_blob_free(b);
   }
+}
+
+static void xdispatch(nr_ctx_t *ctx, int n, const char *method) {
+  xdispatch_read(ctx, n, method, 0);
 }
 
 #define XINBOUND0(cname, method)                                            \
@@ -280,9 +303,11 @@ XINBOUND0(xh_writability, "channel_writability_changed")
 XINBOUND0(xh_flush, "flush")
 XINBOUND0(xh_read, "read")
 
+/* A read's token goes with it: h's failure on it, or the read h fires on
+ * while handling it, names it to its producer on the channel's loop. */
 static int xh_channel_read(nr_ctx_t *ctx, void *msg) {
   lnr_push_msg(lnr_current_state()->L, msg);
-  xdispatch(ctx, 1, "channel_read");
+  xdispatch_read(ctx, 1, "channel_read", nr_ctx_read_token(ctx, msg));
   return 0;
 }
 
@@ -405,11 +430,19 @@ static int xop_p(lua_State *L) {
   nr_ctx_t *ctx = x->ctx;
   switch ((int)lua_tointeger(L, 1)) {
   case XOP_READ: {
+    uint64_t token = (uint64_t)lua_tointeger(L, 3);     /* 0 when none */
     lnr_msgbuf_t m;
-    nr_ctx_fire_read(ctx, lnr_to_msg(L, 2, NULL, &m));
+    void *msg = lnr_to_msg(L, 2, NULL, &m);
+    if (token != 0)
+      nr_ctx_fire_read_tokened(ctx, msg, token, false);
+    else
+      nr_ctx_fire_read(ctx, msg);
     lnr_msg_done(&m);
     break;
   }
+  case XOP_READ_FAILED:
+    nr_ctx_read_failed(ctx, (uint64_t)lua_tointeger(L, 2));
+    break;
   case XOP_READ_COMPLETE: nr_ctx_fire_read_complete(ctx); break;
   case XOP_ACTIVE: nr_ctx_fire_active(ctx); break;
   case XOP_INACTIVE: nr_ctx_fire_inactive(ctx); break;
@@ -475,6 +508,13 @@ static int xop_task(void *arg) {
 /* Queue (op, the nvals values on top) to the channel's loop; pops them.
  * Raises if a value cannot transfer (a mistake of the caller). */
 static void xsend(lua_State *L, xh_t *x, int op, int nvals, nr_promise_t *p) {
+  if (op == XOP_READ) {               /* fired while h handles a read */
+    lnr_state_t *S = lnr_state(L);
+    if (S != NULL && S->read_ctx == x && S->read_token != 0) {
+      lua_pushinteger(L, (lua_Integer)S->read_token);
+      nvals++;
+    }
+  }
   lua_pushinteger(L, op);
   lua_insert(L, -nvals - 1);
   lnr_blob_t *b = xpack(L, nvals + 1);

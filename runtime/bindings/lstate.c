@@ -456,10 +456,16 @@ static void *sim_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return counting_alloc(ud, ptr, osize, nsize);
 }
 
-/* What a loop state copies from the state that created its group. */
+/* What a loop state copies from the state that created its group: the
+ * module paths, and the command line (the global `arg`, so that
+ * netrun.option reads the same flags in every state, and `netrun -t N`'s
+ * NETRUN_THREADS, the default size of the groups a loop makes). */
 typedef struct lnr_paths_s {
   char *path, *cpath;
   size_t mem_limit;           /* 0: none */
+  char **args;                /* arg[first .. first + nargs - 1] */
+  int first, nargs;
+  lua_Integer threads;        /* NETRUN_THREADS, 0 when unset */
 } lnr_paths_t;
 
 void lnr_paths_set_memory_limit(void *ud, size_t bytes) {
@@ -475,6 +481,21 @@ static void set_path(lua_State *L, const char *field, const char *value) {
   lua_pop(L, 1);
 }
 
+static void set_args(lua_State *L, const lnr_paths_t *paths) {
+  if (paths->args != NULL) {
+    lua_createtable(L, paths->nargs, 0);
+    for (int i = 0; i < paths->nargs; i++) {
+      lua_pushstring(L, paths->args[i]);
+      lua_rawseti(L, -2, paths->first + i);
+    }
+    lua_setglobal(L, "arg");
+  }
+  if (paths->threads > 0) {
+    lua_pushinteger(L, paths->threads);
+    lua_setglobal(L, "NETRUN_THREADS");
+  }
+}
+
 static int open_loop_state(lua_State *L) {
   const lnr_paths_t *paths = lua_touserdata(L, 1);
   luaL_openlibs(L);
@@ -483,6 +504,7 @@ static int open_loop_state(lua_State *L) {
   lua_gc(L, LUA_GCGEN, 0, 0);
   set_path(L, "path", paths->path);
   set_path(L, "cpath", paths->cpath);
+  set_args(L, paths);
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
   lua_pushcfunction(L, luaopen_netrun_core);
   lua_setfield(L, -2, "netrun.core");
@@ -556,6 +578,39 @@ void lnr_add_script_dir(lua_State *L, const char *script) {
   free(abs);
 }
 
+/* Whether t[i] (t on top) is a string. */
+static bool string_at(lua_State *L, lua_Integer i) {
+  bool is = lua_rawgeti(L, -1, i) == LUA_TSTRING;
+  lua_pop(L, 1);
+  return is;
+}
+
+/* The strings of the global `arg` (lua.c's: arg[0] the script, the
+ * interpreter and its options below 0, the script's arguments from 1), as
+ * far as they run without a gap. */
+static void copy_args(lua_State *L, lnr_paths_t *p) {
+  if (lua_getglobal(L, "arg") != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  int first = 1, last = 0;
+  if (string_at(L, 0))
+    for (first = 0; first > -1000 && string_at(L, first - 1); first--)
+      ;
+  while (last < 100000 && string_at(L, last + 1))
+    last++;
+  int n = last - first + 1;
+  p->args = n > 0 ? calloc((size_t)n, sizeof *p->args) : NULL;
+  for (int i = 0; p->args != NULL && i < n; i++) {
+    lua_rawgeti(L, -1, first + i);
+    p->args[i] = strdup(lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  p->first = first;
+  p->nargs = p->args != NULL ? n : 0;
+  lua_pop(L, 1);
+}
+
 void *lnr_paths_new(lua_State *L) {
   lnr_paths_t *p = calloc(1, sizeof *p);
   lua_getglobal(L, "package");
@@ -564,6 +619,10 @@ void *lnr_paths_new(lua_State *L) {
   lua_getfield(L, -2, "cpath");
   p->cpath = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
   lua_pop(L, 3);
+  copy_args(L, p);
+  lua_getglobal(L, "NETRUN_THREADS");
+  p->threads = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
   return p;
 }
 
@@ -572,6 +631,9 @@ void lnr_paths_free(void *ud) {
   if (p) {
     free(p->path);
     free(p->cpath);
+    for (int i = 0; i < p->nargs; i++)
+      free(p->args[i]);
+    free(p->args);
     free(p);
   }
 }

@@ -9,6 +9,7 @@
  *                       verify = true, alpn = {...}, cert = ..., key = ... }
  *   netrun.tls.reload(config [, options])   -- new handshakes, new contexts
  *   netrun.tls.handshake(ch [, name])       -- future of the handshake
+ *   core.tls.identity(config)               -- what it was built from
  * and the converter of the handshake event.
  *
  * A config is a handle (LNR_TLS): a reference-counted C object whose
@@ -242,6 +243,17 @@ static int l_reload(lua_State *L) {
   return 1;
 }
 
+/* core.tls.identity(config): nr_tls_config_identity's 32 hex digits --
+ * equal for configs made alike, another after a reload that changed
+ * anything (netrun.http keys its pools by it). */
+static int l_identity(lua_State *L) {
+  nr_tls_config_t *c = lnr_check_handle(L, 1, LNR_TLS);
+  char id[NR_TLS_ID_LEN + 1];
+  nr_tls_config_identity(c, id);
+  lua_pushlstring(L, id, NR_TLS_ID_LEN);
+  return 1;
+}
+
 static int l_tostring(lua_State *L) {
   nr_tls_config_t *c = lnr_check_handle(L, 1, LNR_TLS);
   lua_pushfstring(L, "netrun.tls.%s (generation %d)",
@@ -337,7 +349,8 @@ void lnr_open_tls(lua_State *L) {
   lua_pop(L, 1);
   static const luaL_Reg funcs[] = {
       {"server", l_server}, {"client", l_client}, {"reload", l_reload},
-      {"handshake", l_handshake}, {"set_host", l_set_host}, {NULL, NULL}};
+      {"handshake", l_handshake}, {"set_host", l_set_host},
+      {"identity", l_identity}, {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, funcs, 0);
   lua_setfield(L, -2, "tls");

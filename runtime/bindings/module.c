@@ -47,6 +47,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_open_websocket(L);
   lnr_open_ops(L);
   lnr_open_json(L);
+  lnr_open_redis(L);
   lnr_open_sim(L);
   lua_pushcfunction(L, l_now);
   lua_setfield(L, -2, "now");

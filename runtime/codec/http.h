@@ -44,8 +44,15 @@ typedef struct nr_http_header_s {
 
 typedef struct nr_http_request_s {
   int type;                       /* NR_MSG_HTTP_REQUEST */
-  const char *method, *path, *query;   /* query: after '?', NULL if none */
-  size_t method_len, path_len, query_len;
+  /* path: as handlers should judge it -- an absolute-form target's path
+   * ("GET http://a.example/x" is "/x"; its Host is then the target's
+   * authority, RFC 9112 3.2.2), normalized as nginx does (dot segments
+   * resolved, "//" merged, %XX of an unreserved byte decoded, other
+   * %XX in upper case); "*" (OPTIONS) and a CONNECT's authority as they
+   * came. query: after '?', NULL if none, as it came. target: the
+   * request-target as it came (path and query included). */
+  const char *method, *path, *query, *target;
+  size_t method_len, path_len, query_len, target_len;
   int minor;                      /* HTTP/1.<minor>: 0 or 1 (higher reads as 1) */
   bool keep_alive;                /* HTTP/1.0 and 1.1 rules with Connection */
   bool expect_continue;           /* Expect: 100-continue */
@@ -53,6 +60,11 @@ typedef struct nr_http_request_s {
   bool head;                      /* method HEAD: the response has no body */
   bool switches;                  /* CONNECT, or an Upgrade header: what
                                      follows may not be HTTP */
+  bool rewritten;                 /* a field is not where the request's
+                                     bytes have it: the path normalized,
+                                     or Host taken from an absolute-form
+                                     target (or added, for HTTP/1.0): copy
+                                     fields one by one */
   const char *body;               /* never NULL; "" when there is none */
   size_t body_len;
   size_t nheaders;                /* the head's fields: headers[0 .. n) */
@@ -60,6 +72,12 @@ typedef struct nr_http_request_s {
                                      apart: trailers[0 .. n), never merged
                                      into the headers */
   const nr_http_header_t *trailers;    /* == headers + nheaders */
+  /* Set by the server codec as it fires the request: its read token
+   * (nr_ctx_fire_read_tokened) and the pipeline it was read on, which a
+   * binding keeps with a copy of the request, so that a handler that
+   * raises on that copy fired on later is answered for (a 500). */
+  uint64_t token;
+  const void *pipeline;
   nr_http_header_t headers[NR_HTTP_MAX_HEADERS];
 } nr_http_request_t;
 
@@ -140,6 +158,9 @@ typedef struct nr_http_parser_s {
   bool continue_sent;
   bool line_ok;                   /* the request line was checked already */
   bool stopped;                   /* the callback stopped it, or an error */
+  char *norm;                     /* a normalized path (request.path), kept
+                                     until nr_http_feed returns */
+  size_t norm_cap;
 } nr_http_parser_t;
 
 /* max_headers is clamped to 1 .. NR_HTTP_MAX_HEADERS. */
@@ -155,8 +176,12 @@ void nr_http_parser_free(nr_http_parser_t *p);
  * request without exactly one valid Host, a second Host in any version,
  * Transfer-Encoding in HTTP/1.0, a repeated Transfer-Encoding, a
  * Content-Length or chunk size beyond 2^63 - 1, Content-Length with
- * Transfer-Encoding, and a trailer naming a field that frames, routes or
- * authorises the message (trailer_forbidden). */
+ * Transfer-Encoding, a trailer naming a field that frames, routes or
+ * authorises the message (trailer_forbidden), and a request-target that
+ * is none of origin-form, absolute-form (userinfo refused), "*" for
+ * OPTIONS, authority-form for CONNECT, or whose path has '#', a bad or
+ * NUL %XX, climbs above the root, or has a dot segment behind an encoded
+ * slash ("/a/..%2Fb": normalize_path). */
 int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
                  nr_http_cb cb, void *arg);
 
@@ -189,6 +214,10 @@ typedef struct nr_http_server_s nr_http_server_t;
 typedef struct nr_http_server_opts_s {
   size_t max_header, max_body, max_headers;
   uint64_t header_timeout, body_timeout, keepalive_timeout;
+  /* Request body bytes held at once (http_server.c's body budget): by the
+   * codec's connections on one loop (body_budget, shared by the codecs
+   * configured alike) and by one connection (conn_body_budget); 0: none. */
+  uint64_t body_budget, conn_body_budget;
 } nr_http_server_opts_t;
 
 #define NR_HTTP_HEADER_TIMEOUT NR_SEC(60)

@@ -188,6 +188,7 @@ static int parse_head(nr_http_client_parser_t *p, nr_http_reply_t *r,
   r->trailers = r->headers + r->nheaders;
   r->keep_alive = !(seen & H_CLOSE) && (r->minor >= 1 || (seen & H_KEEP));
   bool head = p->nsent > 0 && (p->sent[p->oldest] & NR_HTTPC_HEAD);
+  r->head = head;
   int st = r->status;
   if (st < 200 || st == 204 || st == 304 || head) {
     *phase = C_HEAD;           /* no body, whatever the headers say */
@@ -360,8 +361,13 @@ int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
     off += (size_t)k;
     if (r.status < 200 && r.status != 101) {
       next_response(p);        /* 100 Continue, 103 Early Hints: skipped */
+      if (++p->info > NR_HTTPC_MAX_INFO) {
+        p->why = "more than 5 informational (1xx) responses";
+        return stop(p, NR_HTTPC_MALFORMED);
+      }
       continue;
     }
+    p->info = 0;
     answered(p);
     int halt = cb(arg, &r);
     next_response(p);          /* after: a chunked body lives in base.body */

@@ -8,9 +8,11 @@
  * and the fuzzer drive it directly. It knows which responses it waits for
  * (nr_http_client_expect, one per request sent, in order): a response to
  * HEAD has no body, nor has a 204, a 304 or a 1xx; 1xx other than 101 are
- * skipped. A body is framed by Transfer-Encoding: chunked, else by
- * Content-Length, else it runs until the server closes (nr_http_client_end
- * delivers it then). Responses point into the fed bytes or the parser's
+ * skipped, at most NR_HTTPC_MAX_INFO before a final response (more: a
+ * malformed response -- a peer sending "100 Continue" without end would
+ * hold the loop parsing them). A body is framed by Transfer-Encoding:
+ * chunked, else by Content-Length, else it runs until the server closes
+ * (nr_http_client_end delivers it then). Responses point into the fed bytes or the parser's
  * buffers: borrowed, valid only during the callback that receives them.
  *
  * The handler (nr_http_client_handler) is loop thread only. Outbound it
@@ -58,6 +60,8 @@ typedef struct nr_http_reply_s {
   bool keep_alive;                /* the connection may carry another */
   bool chunked;
   bool raw;                       /* the codec's raw option (for its binding) */
+  bool head;                      /* the answer to a HEAD: its Content-Length
+                                     is the one a GET would have had */
   const char *reason;
   size_t reason_len;
   const char *body;               /* never NULL */
@@ -79,12 +83,16 @@ typedef struct nr_http_client_parser_s {
   uint64_t length;                /* Content-Length of the body in hand */
   uint8_t sent[NR_HTTPC_RING];    /* per request sent: NR_HTTPC_HEAD */
   unsigned nsent, oldest;
+  unsigned info;                  /* 1xx skipped since the last final response */
   bool stopped;
   bool upgraded;                  /* stopped after a 101: not an error */
   const char *why;                /* the error's cause, for its message */
 } nr_http_client_parser_t;
 
 #define NR_HTTPC_HEAD 1
+/* Informational responses (100 Continue, 103 Early Hints) taken before a
+ * final one, at most: Go's http.Transport allows 5 too. */
+#define NR_HTTPC_MAX_INFO 5
 
 /* Errors: the kind of a failed feed or end (the parser accepts nothing
  * more after one; p->why says what exactly). */

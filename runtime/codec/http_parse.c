@@ -385,6 +385,8 @@ static int content_length(nr_http_parser_t *p, const nr_http_header_t *h,
   return 0;
 }
 
+#define NOINLINE __attribute__((noinline))
+
 /* parse_request_line's "every byte so far may begin a good line". */
 #define NEED NR_HTTP_NEED        /* (-1): see the code space in http.h */
 
@@ -412,12 +414,71 @@ static int parse_version(nr_http_request_t *r, const char *s, size_t len,
   return s[v + 5] == '1' ? 0 : 505;
 }
 
+/* Whether the path at s[t0 .. q) is one handlers may take as it came:
+ * origin-form with no '%', '#', dot segment or empty segment (nothing for
+ * target_form to do). Loose, as a filter may be: "/.well-known", '!',
+ * '"', '$', '&' and '\'' go the long way too (the SSE2 test takes the
+ * bytes that are 0x27 once ORed with 6), and come back unchanged. For the
+ * path "/" one compare; else sixteen bytes a step where SSE2 is there,
+ * each byte with the one before it (before t0: the SP after the method),
+ * the flags gathered and tested once; the bytes past the last whole block
+ * of the input one by one. */
+static inline bool odd_pair(char prev, char c) {
+  return c == '%' || c == '#' || (prev == '/' && (c == '.' || c == '/'));
+}
+
+#ifdef HTTP_SSE2
+/* The bytes of x that make a path odd (loosely, see plain_path), a byte
+ * of all ones each; prev is x one byte earlier. */
+static inline __m128i odd16(__m128i x, __m128i prev) {
+  __m128i slash = _mm_cmpeq_epi8(prev, _mm_set1_epi8('/'));
+  __m128i dot_slash = _mm_cmpeq_epi8(_mm_or_si128(x, _mm_set1_epi8(1)),
+                                     _mm_set1_epi8('/'));   /* '.' or '/' */
+  __m128i pct_hash = _mm_cmpeq_epi8(_mm_or_si128(x, _mm_set1_epi8(6)),
+                                    _mm_set1_epi8(0x27));   /* '%', '#' (and
+                                                               !"$&') */
+  return _mm_or_si128(pct_hash, _mm_and_si128(slash, dot_slash));
+}
+#endif
+
+static inline bool plain_path(const char *s, size_t t0, size_t q, size_t len) {
+  (void)len;                 /* (SSE2 only) */
+  if (q - t0 == 1)
+    return s[t0] == '/';     /* "/": benchmarks, health checks */
+  if (s[t0] != '/')
+    return false;
+  size_t i = t0 + 1;
+#ifdef HTTP_SSE2
+  __m128i acc = _mm_setzero_si128();
+  for (; i + 16 <= q; i += 16)
+    acc = _mm_or_si128(acc, odd16(load16(s + i), load16(s + i - 1)));
+  unsigned m = (unsigned)_mm_movemask_epi8(acc);
+  if (i < q && i + 16 <= len) {       /* the rest, in a block that ends
+                                          past q (the line goes on) */
+    m |= (unsigned)_mm_movemask_epi8(odd16(load16(s + i), load16(s + i - 1))) &
+         ((1u << (q - i)) - 1);
+    i = q;
+  }
+  if (m != 0)
+    return false;
+#endif
+  for (; i < q; i++)
+    if (odd_pair(s[i - 1], s[i]))
+      return false;
+  return true;
+}
+
+/* parse_request_line's "the line is good, but its target is not a plain
+ * path": target_form judges it. */
+#define ODD (-2)
+
 /* The request line at s[0 .. len): METHOD SP target SP HTTP/1.x CRLF.
- * 0 when it is whole and good (*ip just past it), NEED when every byte so
- * far may still begin a good line, else the status refusing it -- decided
- * at its first bad byte, not at the line's end, so garbage is refused
- * without waiting for more. A line that parses with some len parses the
- * same with any larger one. */
+ * 0 when it is whole and good (*ip just past it), ODD when its target is
+ * not a plain path (plain_path), NEED when every byte so far may still
+ * begin a good line, else the status refusing it -- decided at its first
+ * bad byte, not at the line's end, so garbage is refused without waiting
+ * for more. A line that parses with some len parses the same with any
+ * larger one. */
 static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
                               size_t *ip) {
   size_t i;
@@ -449,15 +510,238 @@ static int parse_request_line(nr_http_request_t *r, const char *s, size_t len,
     r->query = s + q + 1;    /* (q < i: there is a query) */
     r->query_len = i - q - 1;
   }
-  r->path = s + t0;
+  r->path = r->target = s + t0;
   r->path_len = q - t0;
+  r->target_len = i - t0;
+  r->rewritten = false;
+  bool plain = plain_path(s, t0, q, len);
   i++;
   if (len - i >= 10 && memcmp(s + i, "HTTP/1.1\r\n", 10) == 0) {
     r->minor = 1;            /* the usual case, in two compares */
     *ip = i + 10;
+    return plain ? 0 : ODD;
+  }
+  int rc = parse_version(r, s, len, i, ip);
+  return rc == 0 && !plain ? ODD : rc;
+}
+
+/* ---- the request-target ------------------------------------------------------- */
+
+static int hexval(int c) {
+  return c >= '0' && c <= '9' ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* RFC 3986 unreserved: ALPHA DIGIT - . _ ~ (what percent-encoding never
+ * changes the meaning of, 6.2.2.2). */
+static bool unreserved(int c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' || c == '~';
+}
+
+/* Is the segment s[0 .. n) "." or ".."? */
+static bool dot_segment(const char *s, size_t n) {
+  return (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.');
+}
+
+/* Does the segment s[0 .. n) (its %XX in upper case) hold a dot segment
+ * once its encoded slashes (%2F, and %5C, a slash to some backends) are
+ * decoded? */
+static bool hides_dots(const char *s, size_t n) {
+  size_t from = 0;
+  bool slashed = false;
+  for (size_t i = 0; i + 3 <= n; i++) {
+    if (s[i] != '%' || s[i + 1] != (s[i + 2] == 'F' ? '2' : '5') ||
+        (s[i + 2] != 'F' && s[i + 2] != 'C'))
+      continue;
+    if (dot_segment(s + from, i - from))
+      return true;
+    slashed = true;
+    from = i + 3;
+    i += 2;
+  }
+  return slashed && dot_segment(s + from, n - from);
+}
+
+/* The path s[0 .. n) (it begins with '/') normalized into out (room for n
+ * bytes), as nginx does before matching locations (ngx_http_parse_complex_uri)
+ * but without decoding what would change the path's meaning: %XX of an
+ * unreserved byte decoded (so "%2e%2E" is ".."), other %XX kept with
+ * upper-case digits (%2F stays an encoded slash, not a separator);
+ * then dot segments resolved (RFC 3986 5.2.4: "/a/./b/../c" is "/a/c",
+ * "/a/.." is "/a/") and empty segments merged ("//" is "/", nginx's
+ * merge_slashes). Its length, or -400: '#' (no fragment in a request),
+ * a '%' without two hex digits, %00 (nginx refuses these three too), a
+ * path that climbs above the root (as nginx), or a segment that holds a
+ * dot segment behind an encoded slash ("/public/..%2Fadmin": a backend
+ * that decodes %2F, nginx among them, would resolve it, past a rule that
+ * saw "/public/..."). */
+static long normalize_path(const char *s, size_t n, char *out) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    int c = (unsigned char)s[i], hi, lo;
+    if (c == '#')
+      return -400;
+    if (c != '%') {
+      out[m++] = (char)c;
+      continue;
+    }
+    if (n - i < 3 || (hi = hexval((unsigned char)s[i + 1])) < 0 ||
+        (lo = hexval((unsigned char)s[i + 2])) < 0 || (hi | lo) == 0)
+      return -400;
+    i += 2;
+    if (unreserved(hi << 4 | lo)) {
+      out[m++] = (char)(hi << 4 | lo);
+    } else {
+      out[m++] = '%';
+      out[m++] = hex[hi];
+      out[m++] = hex[lo];
+    }
+  }
+  /* segments, in place: w <= r, and out[0 .. w) ends with '/' but after
+   * the last segment */
+  size_t w = 1, r = 1;
+  while (r <= m) {
+    const char *e = memchr(out + r, '/', m - r);
+    size_t end = e ? (size_t)(e - out) : m, len = end - r;
+    if (len == 2 && out[r] == '.' && out[r + 1] == '.') {
+      if (w == 1)
+        return -400;          /* above the root */
+      for (w--; out[w - 1] != '/'; w--)
+        ;                     /* drop the last segment, keep its '/' */
+    } else if (len > 0 && !(len == 1 && out[r] == '.')) {
+      if (hides_dots(out + r, len))
+        return -400;
+      memmove(out + w, out + r, len);
+      w += len;
+      if (end < m)
+        out[w++] = '/';
+    }                         /* ("" and "." leave nothing) */
+    r = end + 1;
+  }
+  return (long)w;
+}
+
+/* Room for n bytes of normalized path: 0 or -500. */
+static int norm_room(nr_http_parser_t *p, size_t n) {
+  if (p->norm_cap >= n)
+    return 0;
+  char *b = realloc(p->norm, n);
+  if (b == NULL)
+    return -500;
+  p->norm = b;
+  p->norm_cap = n;
+  return 0;
+}
+
+/* r's path from the origin-form path t[0 .. n): t itself when it is
+ * normal already, else its normalized form (p->norm). 0 or a status. */
+static int origin_path(nr_http_parser_t *p, nr_http_request_t *r,
+                       const char *t, size_t n) {
+  if (norm_room(p, n) < 0)
+    return 500;
+  long m = normalize_path(t, n, p->norm);
+  if (m < 0)
+    return (int)-m;
+  if ((size_t)m == n && memcmp(p->norm, t, n) == 0) {
+    r->path = t;
+    r->path_len = n;
+  } else {
+    r->path = p->norm;
+    r->path_len = (size_t)m;
+    r->rewritten = true;
+  }
+  return 0;
+}
+
+static bool method_is(const nr_http_request_t *r, const char *m, size_t n) {
+  return r->method_len == n && memcmp(r->method, m, n) == 0;
+}
+
+static bool valid_host(const char *v, size_t n);
+
+/* The length of an RFC 3986 scheme at t[0 .. n) followed by "://" (the
+ * form an absolute http(s) URI has), or 0. */
+static size_t scheme_len(const char *t, size_t n) {
+  size_t k = 0;
+  if (n == 0 || !((t[0] | 0x20) >= 'a' && (t[0] | 0x20) <= 'z'))
+    return 0;
+  while (k < n && (((t[k] | 0x20) >= 'a' && (t[k] | 0x20) <= 'z') ||
+                   (t[k] >= '0' && t[k] <= '9') || t[k] == '+' ||
+                   t[k] == '-' || t[k] == '.'))
+    k++;
+  return n - k >= 3 && memcmp(t + k, "://", 3) == 0 ? k : 0;
+}
+
+/* Where an absolute-form target's authority lies in its part before '?'
+ * (t[0 .. n)): *a0 .. *a1 (the path follows at *a1); false if t is not
+ * one: scheme "://" authority, with no userinfo (RFC 9110 4.2.4) and a
+ * valid host. */
+static bool absolute_form(const char *t, size_t n, size_t *a0, size_t *a1) {
+  size_t k = scheme_len(t, n);
+  if (k == 0)
+    return false;
+  *a0 = k + 3;
+  const char *slash = memchr(t + *a0, '/', n - *a0);
+  *a1 = slash ? (size_t)(slash - t) : n;
+  return *a1 > *a0 && memchr(t + *a0, '@', *a1 - *a0) == NULL &&
+         valid_host(t + *a0, *a1 - *a0);
+}
+
+/* A target that is not a plain path (parse_request_line said ODD; r->path
+ * holds its part before any '?'): origin-form with a path to normalize;
+ * "*" (asterisk-form: OPTIONS only); authority-form (CONNECT only, as it
+ * came); else absolute-form, whose path becomes r->path ("/" when empty;
+ * its authority becomes the Host once the fields are parsed:
+ * authority_host). 0 or a status. */
+static int target_form(nr_http_parser_t *p, nr_http_request_t *r) {
+  const char *t = r->path;
+  size_t n = r->path_len, a0, a1;
+  if (n > 0 && t[0] == '/')
+    return origin_path(p, r, t, n);
+  if (n == 1 && t[0] == '*')
+    return method_is(r, "OPTIONS", 7) && r->query == NULL ? 0 : 400;
+  if (method_is(r, "CONNECT", 7))
+    return r->query == NULL && valid_host(t, n) ? 0 : 400;
+  if (!absolute_form(t, n, &a0, &a1))
+    return 400;
+  if (a1 == n) {
+    r->path = "/";
+    r->path_len = 1;
+    r->rewritten = true;
     return 0;
   }
-  return parse_version(r, s, len, i, ip);
+  return origin_path(p, r, t + a1, n - a1);
+}
+
+/* An absolute-form target's authority is the request's Host (RFC 9112
+ * 3.2.2: the Host field sent beside it is ignored): it replaces that
+ * field's value, or is added for an HTTP/1.0 request that sent none. 0
+ * (and nothing done for another form) or 431 (no room for the field). */
+static bool named_host(const nr_http_header_t *h);
+
+static NOINLINE int authority_host(nr_http_parser_t *p, nr_http_request_t *r) {
+  size_t a0, a1, tn = r->query ? (size_t)(r->query - 1 - r->target)
+                               : r->target_len;
+  if (r->target[0] == '/' || method_is(r, "CONNECT", 7) ||
+      !absolute_form(r->target, tn, &a0, &a1))
+    return 0;
+  const char *a = r->target + a0;
+  size_t n = a1 - a0;
+  r->rewritten = true;         /* (a field out of its line's order) */
+  for (size_t i = 0; i < r->nheaders; i++)
+    if (r->headers[i].name_len == 4 && named_host(&r->headers[i])) {
+      r->headers[i].value = a;
+      r->headers[i].value_len = n;
+      return 0;
+    }
+  if (r->nheaders == p->max_headers)
+    return 431;
+  r->headers[r->nheaders++] = (nr_http_header_t){"Host", a, 4, n};
+  r->trailers = r->headers + r->nheaders;
+  return 0;
 }
 
 /* Host = uri-host [ ":" port ] (RFC 9110 7.2): a reg-name or IPv4
@@ -614,6 +898,8 @@ static size_t parse_head(nr_http_parser_t *p, nr_http_request_t *r,
                          const char *s, size_t n, size_t i, int *rc,
                          bool *body) {
   r->type = NR_MSG_HTTP_REQUEST;
+  r->token = 0;                 /* the server codec's, when it fires it */
+  r->pipeline = NULL;
   r->expect_continue = r->chunked = false;
   r->body = "";
   r->body_len = 0;
@@ -695,8 +981,14 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
    * last call stopped, so a slow block is scanned once. */
   if (p->line_ok && find_block_end(p, s, n) == 0)
     return n > max ? -431 : 0;
-  if ((rc = parse_request_line(r, s, first, &i)) != 0)
-    return rc != NEED ? -rc : n >= max ? -431 : 0;
+  bool odd = false;            /* the target was not a plain path */
+  if ((rc = parse_request_line(r, s, first, &i)) != 0) {
+    if (rc != ODD)
+      return rc != NEED ? -rc : n >= max ? -431 : 0;
+    if ((rc = target_form(p, r)) != 0)
+      return -rc;            /* (refused at once, as a bad line is) */
+    odd = true;
+  }
   size_t end = parse_head(p, r, s, n, i, &rc, body);
   if (end == 0) {
     p->line_ok = true;
@@ -704,6 +996,8 @@ static long parse_block(nr_http_parser_t *p, nr_http_request_t *r,
   }
   if (end > max)
     return -431;
+  if (__builtin_expect(odd, 0) && rc == 0)
+    rc = authority_host(p, r);
   return rc ? -rc : (long)end;
 }
 
@@ -932,6 +1226,9 @@ void nr_http_parser_init(nr_http_parser_t *p, size_t max_header,
 void nr_http_parser_free(nr_http_parser_t *p) {
   nr_buf_free(&p->in);
   nr_buf_free(&p->body);
+  free(p->norm);
+  p->norm = NULL;
+  p->norm_cap = 0;
 }
 
 /* After a request: a head without a body leaves only the head search's
@@ -949,6 +1246,12 @@ static void next_request(nr_http_parser_t *p) {
   }
 }
 
+static NOINLINE void free_norm(nr_http_parser_t *p) {
+  free(p->norm);
+  p->norm = NULL;
+  p->norm_cap = 0;
+}
+
 static int stop(nr_http_parser_t *p, int status) {
   nr_http_parser_free(p);
   nr_http_parser_init(p, p->max_header, p->max_body, p->max_headers);
@@ -962,6 +1265,7 @@ static int stop(nr_http_parser_t *p, int status) {
 static int switched(nr_http_parser_t *p, const char *s, size_t off, size_t n,
                     bool cum) {
   nr_buf_free(&p->body);
+  free_norm(p);
   if (cum)
     nr_buf_consume(&p->in, off);
   else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
@@ -1030,6 +1334,9 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
     nr_buf_consume(&p->in, off);
   else if (off < n && nr_buf_append(&p->in, s + off, n - off) < 0)
     return stop(p, 500);
+  if (__builtin_expect(p->norm != NULL, 0))
+    free_norm(p);              /* its requests were delivered: an idle
+                                  connection holds no buffer */
   return 0;
 }
 
@@ -1065,4 +1372,16 @@ long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n) {
 
 bool nr__http_parsing_head(const nr_http_parser_t *p) {
   return p->phase == P_HEAD;
+}
+
+int nr__http_reserve_body(nr_http_parser_t *p) {
+  if (p->phase != P_BODY || nr_buf_len(&p->in) == 0 ||
+      p->content_length > SIZE_MAX - p->head_len)
+    return 0;
+  return nr_buf_reserve(&p->in, p->head_len + (size_t)p->content_length);
+}
+
+uint64_t nr__http_body_bound(const nr_http_parser_t *p) {
+  return p->phase == P_HEAD ? 0 : p->phase == P_BODY ? p->content_length
+                                                     : p->max_body;
 }

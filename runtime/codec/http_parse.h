@@ -40,5 +40,15 @@ long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n);
 /* Whether p is between requests or within a request's head (not in a
  * body): what the server's timeouts tell apart. */
 bool nr__http_parsing_head(const nr_http_parser_t *p);
+/* The most the body being read may come to: its Content-Length, or
+ * max_body when it is chunked; 0 between requests or within a head (what
+ * the server's body budget reserves). */
+uint64_t nr__http_body_bound(const nr_http_parser_t *p);
+/* The body being read has a known length: make the cumulation the
+ * request's size at once, so that its bytes are copied once and it holds
+ * no slack (an 8 MiB upload takes 8 MiB, not the 16 of doublings). Done
+ * once the body is admitted, not for every head announcing one. 0 or
+ * -ENOMEM. */
+int nr__http_reserve_body(nr_http_parser_t *p);
 
 #endif /* NR_CODEC_HTTP_PARSE_H */

@@ -49,6 +49,7 @@ enum { W_NONE, W_FRESH, W_IDLE, W_HEAD, W_BODY, NWAITS };
 
 typedef struct wait_list_s wait_list_t;
 typedef struct profile_s profile_t;
+typedef struct budget_s budget_t;
 
 struct nr_http_server_s {
   nr_http_parser_t parser;
@@ -71,6 +72,17 @@ struct nr_http_server_s {
   wait_list_t *list;          /* the list it is in, or NULL */
   nr_http_server_t *prev, *next;   /* in that list */
   uint64_t since;             /* when it joined it (coarse_now) */
+  /* the body budget (below) */
+  uint64_t budget_limit;      /* its loop's budget (0: none) */
+  uint64_t conn_limit;        /* its own (0: none) */
+  budget_t *budget;           /* its loop's (in its profile), from start() */
+  uint64_t held;              /* body bytes it holds (admitted + delivered) */
+  uint64_t admitted;          /* reserved for the body being read (0: none) */
+  uint64_t *resv;             /* per unanswered request (ring), made at the
+                                 first body */
+  nr_http_server_t *bprev, *bnext;   /* in the budget's line */
+  bool bwaiting;              /* in it */
+  bool reads_held;            /* nr_channel_hold_reads by the budget */
 };
 
 nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
@@ -81,6 +93,8 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
   s->timeout[0] = o->header_timeout;
   s->timeout[1] = o->body_timeout;
   s->timeout[2] = o->keepalive_timeout;
+  s->budget_limit = o->body_budget;
+  s->conn_limit = o->conn_body_budget;
   return s;
 }
 
@@ -110,6 +124,9 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
  * connection, and each fires about once per timeout while the list is
  * busy.
  *
+ * A profile also holds its loop's body budget (below), for the codecs
+ * configured with that budget value.
+ *
  * Lifetime: a profile is counted by the connections using it, and by a
  * list timer while it runs (an expiry may free connections); the last
  * one cancels its timers (on the loop thread: they cannot fire
@@ -126,11 +143,18 @@ struct wait_list_s {
   uint8_t wait;               /* W_* of its members */
 };
 
+/* A loop's body budget (see "the body budget" below). */
+struct budget_s {
+  uint64_t limit, held;
+  nr_http_server_t *head, *tail;   /* connections waiting for room, in order */
+};
+
 struct profile_s {
   nr_loop_t *loop;
   uint64_t timeout[3];        /* as nr_http_server_t's */
   unsigned refs;
   wait_list_t list[NWAITS];   /* by W_* (W_NONE's is unused) */
+  budget_t budget;            /* its limit is part of the profile's key */
   profile_t *next;            /* the thread's profiles */
 };
 
@@ -141,15 +165,18 @@ static _Thread_local profile_t *profiles;
  * may so end up to one tick early. */
 static uint64_t coarse_now(void) { return nr_now_coarse(); }
 
-static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
+static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3],
+                              uint64_t budget) {
   assert(nr_loop_in_thread(loop));
   profile_t *p;
   for (p = profiles; p != NULL; p = p->next)
-    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0)
+    if (p->loop == loop && memcmp(p->timeout, timeout, sizeof p->timeout) == 0 &&
+        p->budget.limit == budget)
       break;
   if (p == NULL && (p = calloc(1, sizeof *p)) != NULL) {
     p->loop = loop;
     memcpy(p->timeout, timeout, sizeof p->timeout);
+    p->budget.limit = budget;
     static const int which[NWAITS] = {-1, 0, 2, 0, 1};  /* W_* -> timeout */
     for (int w = W_FRESH; w < NWAITS; w++)
       p->list[w] = (wait_list_t){.limit = timeout[which[w]], .prof = p,
@@ -165,6 +192,7 @@ static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3]) {
 static void profile_put(profile_t *p) {
   if (--p->refs > 0)
     return;
+  assert(p->budget.head == NULL && p->budget.held == 0);
   for (int w = W_FRESH; w < NWAITS; w++) {
     assert(p->list[w].head == NULL);
     if (p->list[w].timer != NULL) {
@@ -221,7 +249,8 @@ static void watch(nr_http_server_t *s, int w) {
  * is timed from its first byte (however slowly the rest drips in), a body
  * from its last read, an idle time from its start. */
 static NOINLINE void settle(nr_http_server_t *s) {
-  if (s->closing || s->outstanding > 0 || s->in.held || s->pending_error) {
+  if (s->closing || s->outstanding > 0 || s->in.held || s->pending_error ||
+      s->reads_held) {
     s->wait = W_NONE;
   } else if (nr_buf_len(&s->parser.in) == 0) {
     if (s->wait != W_IDLE && s->wait != W_FRESH)
@@ -230,12 +259,202 @@ static NOINLINE void settle(nr_http_server_t *s) {
     if (s->wait != W_HEAD)
       watch(s, W_HEAD);
   } else {
+    if (s->delivered == 0)     /* a whole head came: its upload is not */
+      nr_channel_established(nr_ctx_channel(s->ctx));   /* shed */
     watch(s, W_BODY);
   }
 }
 
 static void send_error(nr_http_server_t *s, int status);
 static void server_free(nr_http_server_t *s);
+
+/* ---- the body budget ----
+ *
+ * Request bodies are held whole -- in the parser while they arrive, then
+ * by their request until it is answered -- so what a loop's connections
+ * hold is counted in bytes. Each body is reserved from its loop's budget
+ * (one per loop and budget value: in the profile, shared by the
+ * connections of the codecs configured alike) and from its connection's
+ * own, from its head on --
+ * its Content-Length, or max_body when it is chunked (the excess is given
+ * back once it is whole) -- until its answer has been written or the
+ * connection closes. A body that does not fit holds its connection's reads
+ * (nr_channel_hold_reads, which the application's auto_read cannot undo)
+ * until answers free room: its own connection's answers for its own
+ * budget, any connection's for the loop's, given to the waiting
+ * connections in the order they began to wait (so a big body is not
+ * starved by small ones). A connection between requests that holds
+ * bodies reads nothing either while a budget is spent; one that holds
+ * none reads on (a request without a body goes through, whatever the
+ * others wait for). A body is always admitted when its connection, or the
+ * loop, holds nothing else: one bigger than a budget passes, alone. A
+ * connection that waits is not timed (the wait is the server's).
+ *
+ * So the bodies a loop holds stay within its budget (or one max_body),
+ * plus, per connection, one read (64 KiB): the read that brought a head
+ * whose body had to wait, or bodies that came whole in one read (counted
+ * as they are delivered).
+ */
+static void bline_remove(nr_http_server_t *s) {
+  if (!s->bwaiting)
+    return;
+  budget_t *b = s->budget;
+  *(s->bprev ? &s->bprev->bnext : &b->head) = s->bnext;
+  *(s->bnext ? &s->bnext->bprev : &b->tail) = s->bprev;
+  s->bprev = s->bnext = NULL;
+  s->bwaiting = false;
+}
+
+static void bline_push(nr_http_server_t *s) {
+  if (s->bwaiting)
+    return;
+  budget_t *b = s->budget;
+  s->bprev = b->tail;
+  s->bnext = NULL;
+  *(b->tail ? &b->tail->bnext : &b->head) = s;
+  b->tail = s;
+  s->bwaiting = true;
+}
+
+/* Reads held while there is no room, or going on. */
+static void hold_reads(nr_http_server_t *s, bool held) {
+  if (s->reads_held == held)
+    return;
+  s->reads_held = held;
+  nr_channel_hold_reads(nr_ctx_channel(s->ctx), held);
+  if (!held && !nr_inbound_busy(&s->in))
+    settle(s);                 /* its timeouts run again */
+}
+
+/* Is there room for a body of n bytes (n == 0: for reading on between
+ * requests)? *loop_full says whether the loop's budget (or bodies waiting
+ * before s) is what stops it, rather than the connection's own. A
+ * connection that holds nothing reads on between requests whatever the
+ * loop holds: its next read adds at most that read (and a request
+ * without a body, which may be what frees the others, gets through). */
+static bool room(const nr_http_server_t *s, uint64_t n, bool *loop_full) {
+  const budget_t *b = s->budget;
+  *loop_full = false;
+  if (n == 0 && s->held == 0)
+    return true;
+  if (s->conn_limit != 0 && s->held != 0 &&
+      (n == 0 ? s->held >= s->conn_limit : s->held + n > s->conn_limit))
+    return false;
+  if (n == 0 ? b->held >= b->limit
+             : (b->head != NULL && b->head != s) ||
+                   (b->held != 0 && b->held + n > b->limit)) {
+    *loop_full = true;
+    return false;
+  }
+  return true;
+}
+
+static void take(nr_http_server_t *s, uint64_t n) {
+  s->held += n;
+  s->budget->held += n;
+}
+
+static bool gate(nr_http_server_t *s);
+
+/* Room freed on the loop: the connections waiting for it, in order, as
+ * long as each gets its room. One inside its own read is left to that
+ * read's end, which gates it (and those after it). */
+static void budget_wake(budget_t *b) {
+  nr_http_server_t *w;
+  while ((w = b->head) != NULL && !nr_inbound_busy(&w->in)) {
+    gate(w);
+    if (b->head == w)
+      break;                   /* still first: no room for it yet */
+  }
+}
+
+static void give(nr_http_server_t *s, uint64_t n) {
+  s->held -= n;
+  s->budget->held -= n;
+  if (s->reads_held && !s->bwaiting && !nr_inbound_busy(&s->in))
+    gate(s);                   /* it waited for its own answers */
+  budget_wake(s->budget);
+}
+
+/* After a read was parsed (or room freed): admit the body being read, or
+ * hold the reads until there is room; true when reads go on. */
+static bool gate(nr_http_server_t *s) {
+  if (s->closing) {            /* (it leaves the line, and lets others on) */
+    bline_remove(s);
+    return true;
+  }
+  bool loop_full, ok = true;
+  uint64_t need = s->admitted ? 0 : nr__http_body_bound(&s->parser);
+  if (need > 0) {              /* a body begins: its reservation */
+    if ((ok = room(s, need, &loop_full))) {
+      take(s, need);
+      s->admitted = need;
+      nr__http_reserve_body(&s->parser);   /* (no memory: it grows as before) */
+    }
+  } else if (s->admitted == 0) {
+    ok = room(s, 0, &loop_full);   /* between requests, or in a head */
+  }
+  if (ok) {
+    bline_remove(s);
+  } else if (loop_full) {
+    bline_push(s);
+  } else {
+    bline_remove(s);           /* its own answers will free its room */
+  }
+  hold_reads(s, !ok);
+  return ok;
+}
+
+/* Nothing for gate to do after a read: the connection holds no body,
+ * none is being read (a body in progress keeps bytes in the parser), its
+ * reads go on, and nobody waits (the usual, checked inline). */
+static inline bool budget_idle(const nr_http_server_t *s) {
+  return (s->held | s->admitted) == 0 && !s->reads_held &&
+         nr_buf_len(&s->parser.in) == 0 && s->budget->head == NULL;
+}
+
+/* A request with a body was delivered into ring slot i: what it holds is
+ * its body's length from now until its answer (the reservation made at
+ * its head, adjusted; or taken now, when it came whole in one read). */
+static NOINLINE void budget_delivered(nr_http_server_t *s, unsigned i,
+                                      size_t len) {
+  if (s->resv == NULL && (s->resv = calloc(RING, sizeof *s->resv)) == NULL) {
+    if (s->admitted)           /* (no memory: this one goes uncounted) */
+      give(s, s->admitted);
+    s->admitted = 0;
+    return;
+  }
+  if (s->admitted > len) {
+    s->held -= s->admitted - len;       /* (give's waking comes at the */
+    s->budget->held -= s->admitted - len;   /* read's end: gate) */
+  } else if (len > s->admitted) {
+    take(s, len - s->admitted);
+  }
+  s->admitted = 0;
+  s->resv[i] = len;
+}
+
+/* Its answer was written: the body's room is free. */
+static NOINLINE void budget_answered(nr_http_server_t *s) {
+  uint64_t n = s->resv[s->oldest];
+  s->resv[s->oldest] = 0;
+  give(s, n);
+}
+
+/* The connection ends (or the codec leaves it): all it holds is free. */
+static void budget_leave(nr_http_server_t *s) {
+  if (s->budget == NULL)
+    return;
+  bline_remove(s);
+  if (s->resv != NULL)
+    memset(s->resv, 0, RING * sizeof *s->resv);
+  s->admitted = 0;
+  if (s->held > 0) {
+    s->budget->held -= s->held;
+    s->held = 0;
+    budget_wake(s->budget);
+  }
+}
 
 /* The wait ran out: a request half sent gets 408, an idle connection is
  * closed silently (nginx does both). */
@@ -281,15 +500,20 @@ static void start(nr_http_server_t *s) {
     return;
   s->started = true;
   nr_loop_t *loop = nr_channel_loop(ch);
-  if (loop != NULL && (s->timeout[0] | s->timeout[1] | s->timeout[2]) != 0)
-    s->prof = profile_get(loop, s->timeout);
+  if (loop != NULL &&
+      (s->timeout[0] | s->timeout[1] | s->timeout[2] | s->budget_limit) != 0)
+    s->prof = profile_get(loop, s->timeout, s->budget_limit);
+  if (s->prof != NULL && s->budget_limit != 0)
+    s->budget = &s->prof->budget;
   watch(s, W_FRESH);
 }
 
 static void server_free(nr_http_server_t *s) {
   unlist(s);
+  budget_leave(s);
   if (s->prof != NULL)
     profile_put(s->prof);
+  free(s->resv);
   nr_inbound_free(&s->in);
   nr_http_parser_free(&s->parser);
   free(s);
@@ -298,6 +522,11 @@ static void server_free(nr_http_server_t *s) {
 void nr_http_server_added(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   s->ctx = ctx;
+  /* A head dripping in a byte at a time does not make a connection
+   * established: its first whole request head does (settle, deliver).
+   * Until then it is among the first closed when the descriptors run
+   * out (bootstrap.c). */
+  nr_channel_fresh_until_message(nr_ctx_channel(ctx));
   start(s);
 }
 
@@ -305,6 +534,11 @@ void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   if (s->outstanding > 0)     /* nobody will answer them through us */
     nr_channel_unhold(nr_ctx_channel(ctx));
+  budget_leave(s);            /* (an upgrade: the next protocol reads on) */
+  if (s->reads_held) {
+    s->reads_held = false;
+    nr_channel_hold_reads(nr_ctx_channel(ctx), false);
+  }
   if (nr_inbound_removed(&s->in, ctx))
     server_free(s);
 }
@@ -320,6 +554,7 @@ int nr_http_server_inactive(nr_ctx_t *ctx) {
   s->closing = true;          /* nothing more to read, nothing to time */
   s->wait = W_NONE;
   unlist(s);
+  budget_leave(s);
   nr_ctx_fire_inactive(ctx);
   return 0;
 }
@@ -476,6 +711,8 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
 static NOINLINE void finished(nr_http_server_t *s, bool close);
 
 static inline void finish_response(nr_http_server_t *s, bool close) {
+  if (s->resv != NULL && s->resv[s->oldest] != 0)
+    budget_answered(s);
   s->oldest = (s->oldest + 1) % RING;
   if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
     nr_channel_unhold(nr_ctx_channel(s->ctx));
@@ -533,9 +770,14 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
     s->overflow = true;
     return 1;
   }
+  if (__builtin_expect(s->delivered == 0, 0))
+    nr_channel_established(ch);
   uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
               (req->minor == 0 ? F_HTTP10 : 0);
-  s->flags[(s->oldest + s->outstanding) % RING] = f;
+  unsigned slot = (s->oldest + s->outstanding) % RING;
+  s->flags[slot] = f;
+  if ((req->body_len | s->admitted) != 0 && s->budget != NULL)
+    budget_delivered(s, slot, req->body_len);
   if (s->outstanding++ == 0)   /* a shutdown waits for the answers owed */
     nr_channel_hold(ch);
   s->wait = W_NONE;            /* the server's turn: no timeout runs */
@@ -543,7 +785,9 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   /* Whether the handlers answer now or later, the next requests parse the
    * same, and a close stops them: they may take this one later -- unless
    * it may switch protocols, when what follows is theirs to read. */
-  nr_ctx_fire_read_tokened(s->ctx, req, ++s->delivered, !req->switches);
+  req->token = ++s->delivered;
+  req->pipeline = nr_ctx_pipeline(s->ctx);
+  nr_ctx_fire_read_tokened(s->ctx, req, req->token, !req->switches);
   if (s->in.removed && req->switches && nr_channel_is_open(ch))
     return NR_HTTP_SWITCHED;   /* replaced by the new protocol's codec */
   if ((f & F_CLOSE) || s->in.removed || s->closing || !nr_channel_is_open(ch))
@@ -583,6 +827,12 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
       s->pending_error = rc;
     else
       send_error(s, rc);
+  }
+  if (s->budget != NULL && !nr_inbound_busy(&s->in) && !budget_idle(s)) {
+    gate(s);
+    budget_wake(s->budget);    /* (room a delivery gave back) */
+  } else if (s->budget == NULL && !nr__http_parsing_head(&s->parser)) {
+    nr__http_reserve_body(&s->parser);     /* (no budget: at once) */
   }
   if (!nr_inbound_busy(&s->in))
     settle(s);

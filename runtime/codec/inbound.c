@@ -45,6 +45,10 @@ void nr_codec_resume_cancel(nr_codec_resume_t *r) {
     r->state = NULL;
 }
 
+void nr__inbound_reads_back(nr_inbound_t *in) {
+  nr_codec_throttle(in->ch, &in->paused);   /* on, if writable */
+}
+
 bool nr_codec_throttle(nr_channel_t *ch, bool *paused) {
   bool writable = nr_channel_is_writable(ch);
   if (!writable && !*paused && nr_channel_options(ch)->auto_read) {
@@ -73,8 +77,14 @@ void nr_inbound_free(nr_inbound_t *in) {
 
 int nr_inbound_writability(nr_inbound_t *in, nr_ctx_t *ctx, void *state,
                            void (*go_on)(void *state, nr_ctx_t *ctx)) {
-  if (nr_codec_throttle(nr_ctx_channel(ctx), &in->paused) && in->held)
-    nr_codec_resume(ctx, state, &in->resume, go_on);
+  nr_channel_t *ch = nr_ctx_channel(ctx);
+  in->ch = ch;
+  if (in->held && nr_channel_is_writable(ch))
+    nr_codec_resume(ctx, state, &in->resume, go_on);   /* reads stay off */
+  if (!in->held || !nr_channel_is_writable(ch) ||
+      in->resume == NULL)      /* (none queued: out of memory; the next
+                                  read decodes what is held) */
+    nr_codec_throttle(ch, &in->paused);
   nr_ctx_fire_writability_changed(ctx);
   return 0;
 }

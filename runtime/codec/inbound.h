@@ -20,8 +20,12 @@
  * on only what it turned off, and its removal gives it back). Once the
  * buffer has drained, nr_inbound_writability queues a task that decodes
  * what was held -- from a task, not from inside the flush that drained it
- * -- and the codec fires read_complete as after a read. So what the codec
- * owes cannot grow without bound.
+ * -- and the codec fires read_complete as after a read. Reading stays off
+ * until what was held is decoded (the decode loop that ends holding
+ * nothing gives the reads back as it leaves): a read meanwhile would only
+ * pile more input behind the held rest. So what the codec owes is bounded
+ * by the high water mark and one read, however long its peer reads
+ * nothing.
  */
 #ifndef NR_CODEC_INBOUND_H
 #define NR_CODEC_INBOUND_H
@@ -35,9 +39,11 @@ typedef struct nr_codec_resume_s nr_codec_resume_t;
 typedef struct nr_inbound_s {
   int depth;                   /* decode loops (and expiries) in progress */
   bool removed;                /* removed during one: free when it ends */
-  bool paused;                 /* auto_read turned off while unwritable */
+  bool paused;                 /* auto_read turned off while unwritable, or
+                                  while input is held */
   bool held;                   /* decoding stopped while unwritable */
   nr_codec_resume_t *resume;   /* a queued task decodes what is held */
+  nr_channel_t *ch;            /* the channel paused (set with `paused`) */
 } nr_inbound_t;
 
 /* A decode loop begins: nothing is held any more (it decodes it). */
@@ -52,10 +58,17 @@ static inline void nr_inbound_enter_quiet(nr_inbound_t *in) {
   in->depth++;
 }
 
+void nr__inbound_reads_back(nr_inbound_t *in);
+
 /* The loop ends: true when it was the outermost one and the codec was
- * removed meanwhile, so the caller frees its state now. */
+ * removed meanwhile, so the caller frees its state now. The outermost one
+ * that leaves nothing held gives back the reads it kept off. */
 static inline bool nr_inbound_leave(nr_inbound_t *in) {
-  return --in->depth == 0 && in->removed;
+  if (--in->depth > 0)
+    return false;
+  if (__builtin_expect(in->paused && !in->held && !in->removed, 0))
+    nr__inbound_reads_back(in);
+  return in->removed;
 }
 
 static inline bool nr_inbound_busy(const nr_inbound_t *in) {

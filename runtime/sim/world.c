@@ -113,6 +113,7 @@ void sim_trace_bytes(nr_sim_t *w, const void *p, size_t n) {
 
 uint64_t nr_sim_trace_hash(const nr_sim_t *w) { return w->trace; }
 void nr_sim_limit(nr_sim_t *w, uint64_t at) { w->limit = at ? at : NR_NONE; }
+bool nr_sim_is_stuck(const nr_sim_t *w) { return w->stuck; }
 uint64_t nr_sim_now(const nr_sim_t *w) { return w->now; }
 uint64_t nr_sim_seed(const nr_sim_t *w) { return w->seed; }
 void nr_sim_stats(const nr_sim_t *w, nr_sim_stats_t *out) { *out = w->stats; }

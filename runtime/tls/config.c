@@ -10,6 +10,10 @@
  * swaps the config's pointer under `lock`) never frees contexts that a
  * live connection -- or its SNI callback -- still reads.
  *
+ * Each bundle also carries the identity of what it was built from
+ * (nr_tls_config_identity): a digest of the options and of the files'
+ * stat, made as it is built, read under `lock` like the bundle pointer.
+ *
  * Errors: every failure says what it was loading and OpenSSL's reason
  * (ERR_error_string_n of the earliest error queued), then clears the
  * thread's error queue so the next call starts clean.
@@ -22,7 +26,10 @@
 #include <string.h>
 #include <strings.h>
 
+#include <sys/stat.h>
+
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 
@@ -282,6 +289,79 @@ static SSL_CTX *ctx_new(const nr_tls_opts_t *o, nr_tls_bundle_t *b,
   return ctx;
 }
 
+/* ---- identity ------------------------------------------------------------------- */
+
+/* A field into the digest: its tag, length and bytes (NULL: absent), so
+ * that no two option sets encode alike. */
+static void id_str(EVP_MD_CTX *md, char tag, const char *v) {
+  uint64_t n = v ? strlen(v) : UINT64_MAX;
+  EVP_DigestUpdate(md, &tag, 1);
+  EVP_DigestUpdate(md, &n, sizeof n);
+  if (v)
+    EVP_DigestUpdate(md, v, strlen(v));
+}
+
+static void id_int(EVP_MD_CTX *md, char tag, int64_t v) {
+  EVP_DigestUpdate(md, &tag, 1);
+  EVP_DigestUpdate(md, &v, sizeof v);
+}
+
+/* A file option: its path and what stat says of the file now (a file
+ * replaced or rewritten since gives another identity). */
+static void id_file(EVP_MD_CTX *md, char tag, const char *path) {
+  id_str(md, tag, path);
+  struct stat st;
+  if (path == NULL || stat(path, &st) != 0)
+    memset(&st, 0, sizeof st);
+  int64_t v[5] = {(int64_t)st.st_dev, (int64_t)st.st_ino, (int64_t)st.st_size,
+                  (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec};
+  EVP_DigestUpdate(md, v, sizeof v);
+}
+
+static void id_cert(EVP_MD_CTX *md, const nr_tls_cert_t *c) {
+  id_str(md, 'n', c->name);
+  id_file(md, 'c', c->cert);
+  id_str(md, 'C', c->cert_pem);
+  id_file(md, 'k', c->key);
+  id_str(md, 'K', c->key_pem);
+}
+
+/* nr_tls_config_identity's digest of o, into b->id. Files are looked at
+ * before they are read (bundle_new): one changed in between makes an
+ * identity no other build shares, never a shared one. */
+static int identity(nr_tls_bundle_t *b, const nr_tls_opts_t *o, char *err,
+                    size_t n) {
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned dn = 0;
+  if (md == NULL || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    EVP_MD_CTX_free(md);
+    return ssl_fail(err, n, "SHA-256");
+  }
+  id_int(md, 's', o->server);
+  id_int(md, 'v', o->verify);
+  id_int(md, 'm', o->min_version);
+  id_int(md, 't', o->session_tickets ? 1 + o->tickets : 0);
+  id_int(md, 'h', (int64_t)o->handshake_timeout);
+  id_str(md, 'S', o->server_name);
+  id_file(md, 'a', o->ca);
+  id_str(md, '3', o->ciphersuites);
+  id_str(md, '2', o->ciphers);
+  id_str(md, 'g', o->groups);
+  id_int(md, 'A', o->nalpn);
+  for (int i = 0; i < o->nalpn; i++)
+    id_str(md, 'p', o->alpn[i]);
+  id_cert(md, &o->cert);
+  id_int(md, 'N', o->nsni);
+  for (int i = 0; i < o->nsni; i++)
+    id_cert(md, &o->sni[i]);
+  EVP_DigestFinal_ex(md, d, &dn);
+  EVP_MD_CTX_free(md);
+  for (int i = 0; i < NR_TLS_ID_LEN / 2; i++)
+    snprintf(b->id + 2 * i, 3, "%02x", d[i]);
+  return 0;
+}
+
 /* ---- bundles -------------------------------------------------------------------- */
 
 void nr_tls_bundle_release(nr_tls_bundle_t *b) {
@@ -323,7 +403,7 @@ static nr_tls_bundle_t *bundle_new(const nr_tls_opts_t *o, char *err,
   atomic_init(&b->refs, 1);
   b->server = o->server;
   b->handshake_timeout = o->handshake_timeout;
-  if (alpn_wire(b, o, err, n) < 0) {
+  if (identity(b, o, err, n) < 0 || alpn_wire(b, o, err, n) < 0) {
     nr_tls_bundle_release(b);
     return NULL;
   }
@@ -405,6 +485,12 @@ bool nr_tls_config_is_server(const nr_tls_config_t *c) { return c->server; }
 
 unsigned nr_tls_config_generation(const nr_tls_config_t *c) {
   return atomic_load(&c->generation);
+}
+
+void nr_tls_config_identity(nr_tls_config_t *c, char out[NR_TLS_ID_LEN + 1]) {
+  pthread_mutex_lock(&c->lock);
+  memcpy(out, c->cur->id, NR_TLS_ID_LEN + 1);
+  pthread_mutex_unlock(&c->lock);
 }
 
 nr_tls_bundle_t *nr__tls_config_bundle(nr_tls_config_t *c) {

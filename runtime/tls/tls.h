@@ -112,6 +112,18 @@ int nr_tls_config_reload(nr_tls_config_t *c, const nr_tls_opts_t *o,
 /* How many times the contexts were built (1 + successful reloads). */
 unsigned nr_tls_config_generation(const nr_tls_config_t *c);
 
+/* The identity of what the current contexts were built from: every
+ * option, and for each file named its device, inode, size and
+ * modification time -- 32 hex digits of a SHA-256 of them. Two configs
+ * made from the same options and the same files have the same identity;
+ * any other setting (verification, CA, certificate, server_name, ALPN,
+ * versions, ciphers), or a file changed since, gives another. A
+ * connection pool keys its connections by it (lhttp_pool.c): a request
+ * never takes a connection made under other settings. Into out (NUL
+ * terminated). Any thread. */
+#define NR_TLS_ID_LEN 32
+void nr_tls_config_identity(nr_tls_config_t *c, char out[NR_TLS_ID_LEN + 1]);
+
 extern const nr_handler_t nr_tls_handler;
 
 /* A handler state for a channel (its SSL takes the config's current

@@ -21,6 +21,7 @@ typedef struct nr_tls_bundle_s {
   bool server;
   char *server_name;              /* clients: SNI and the name verified */
   uint64_t handshake_timeout;     /* ns; 0 = none */
+  char id[NR_TLS_ID_LEN + 1];     /* what it was built from (config.c) */
   int nsni;
   struct { char *name; SSL_CTX *ctx; } sni[];
 } nr_tls_bundle_t;

@@ -151,6 +151,30 @@ TEST(length_field_too_long_and_corrupt) {
            NR_ETOOLONG);
 }
 
+/* A cumulation keeps no more room than four times what it holds once it
+ * is consumed down (a codec holding the small rest of a large read, for
+ * as long as its peer reads no answers, must not keep the read's room),
+ * and none when it is empty; what it holds is untouched. */
+TEST(a_cumulation_consumed_down_gives_its_room_back) {
+  static char big[65536];
+  for (size_t i = 0; i < sizeof big; i++)
+    big[i] = (char)(i * 7);
+  nr_buf_t b = NR_BUF_INIT;
+  CHECK_EQ(nr_buf_append(&b, big, sizeof big), 0);
+  CHECK_GE(b.cap, sizeof big);
+  nr_buf_consume(&b, sizeof big - 1000);
+  CHECK_EQ(nr_buf_len(&b), 1000);
+  CHECK_LE(b.cap, 4096);
+  CHECK_EQ(memcmp(nr_buf_peek(&b), big + sizeof big - 1000, 1000), 0);
+  CHECK_EQ(nr_buf_append(&b, big, 3000), 0);      /* and it grows again */
+  CHECK_EQ(nr_buf_len(&b), 4000);
+  CHECK_EQ(memcmp(nr_buf_peek(&b) + 1000, big, 3000), 0);
+  nr_buf_consume(&b, 4000);
+  CHECK(b.data == NULL);
+  CHECK_EQ(b.cap, 0);
+  nr_buf_free(&b);
+}
+
 TEST(big_endian_helpers) {
   char b[8];
   nr_put_be(b, 3, 0x010203);

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 
 #include "codec/http.h"
+#include "codec/http_parse.h"
 #include "test.h"
 
 #define MAX_HEADER 8192
@@ -72,6 +73,14 @@ static int on_request(void *arg, int ev, nr_http_request_t *r) {
   }
   putf(d, " HTTP/1.%d keep_alive=%d chunked=%d head=%d expect=%d\n",
        r->minor, r->keep_alive, r->chunked, r->head, r->expect_continue);
+  /* the target as it came, when the path is not its first part */
+  bool same = r->target_len == r->path_len + (r->query ? r->query_len + 1 : 0) &&
+              memcmp(r->target, r->path, r->path_len) == 0;
+  if (!same) {
+    put(d, "  target [", 10);
+    put_esc(d, r->target, r->target_len);
+    put(d, "]\n", 2);
+  }
   for (size_t i = 0; i < r->nheaders; i++) {
     put(d, "  ", 2);
     put_esc(d, r->headers[i].name, r->headers[i].name_len);
@@ -246,6 +255,37 @@ TEST(idle_parser_holds_no_memory) {
   /* what a connection keeps between requests is small: the request and its
    * header array are rebuilt on the stack from the bytes at each read */
   CHECK_LE(sizeof p, 160);
+  nr_http_parser_free(&p);
+  free(d.p);
+}
+
+TEST(a_body_of_known_length_is_cumulated_once_at_its_size) {
+  /* 1 MiB announced, sent in 1000-byte reads: with the body reserved
+   * (nr__http_reserve_body, what the server codec does once it admits the
+   * body) the cumulation is the request's size, never grown again */
+  static const char head[] = "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n";
+  nr_http_parser_t p;
+  nr_http_parser_init(&p, MAX_HEADER, 2 << 20, NR_HTTP_DEFAULT_MAX_HEADERS);
+  dump_t d = {0};
+  char chunk[1000];
+  memset(chunk, 'b', sizeof chunk);
+  CHECK_EQ(nr_http_feed(&p, head, sizeof head - 1, on_request, &d), 0);
+  CHECK_EQ(nr_http_feed(&p, chunk, sizeof chunk, on_request, &d), 0);
+  CHECK_EQ(nr__http_reserve_body(&p), 0);
+  size_t whole = sizeof head - 1 + (1 << 20);
+  CHECK_EQ(p.in.cap, whole);
+  const char *data = p.in.data;
+  size_t sent = sizeof chunk;
+  while (sent < (1 << 20)) {
+    size_t k = (1 << 20) - sent < sizeof chunk ? (1 << 20) - sent : sizeof chunk;
+    CHECK_EQ(nr_http_feed(&p, chunk, k, on_request, &d), 0);
+    sent += k;
+    if (sent < (1 << 20))
+      CHECK(p.in.data == data && p.in.cap == whole);   /* no realloc */
+  }
+  CHECK_EQ(d.requests, 1);
+  CHECK(p.in.data == NULL);
+  CHECK_EQ(nr__http_body_bound(&p), 0);
   nr_http_parser_free(&p);
   free(d.p);
 }
@@ -557,9 +597,17 @@ static void one_byte_case(int where, size_t len, size_t k, int b,
   size_t want_len = len;
   size_t want_off = 0;
   if (where == IN_PATH) {
-    ok = vchar;
+    /* normalized: '#' and a '%' without two hex digits refused, "%aa"
+     * in upper case, "//" merged, "/." the root */
+    ok = vchar && b != '#' && (b != '%' || k + 2 < len);
     if (b == '?')
       want_len = k;          /* the path ends at '?' */
+    if (b == '%') {
+      text[k + 1] = text[k + 2] = 'A';
+    } else if (k == 0 && (b == '/' || (b == '.' && len == 1))) {
+      want_off = 1;          /* the byte goes: "//a" is "/a", "/." "/" */
+      want_len = len - 1;
+    }
     got = z.path + 1;        /* after the '/' */
   } else if (where == IN_QUERY) {
     ok = vchar;
@@ -609,6 +657,36 @@ TEST_T(every_byte_at_every_block_position, 120) {
                                                          parsed from `in` */
         }
     }
+}
+
+/* What a handler matches on (nginx's normalized $uri, less the decoding
+ * that would change a path's meaning), and what is refused with 400. */
+TEST(paths_are_normalized_before_handlers_match_them) {
+  static const struct { const char *target, *path; } cases[] = {
+      {"/", "/"}, {"/a/b", "/a/b"}, {"/a/b/", "/a/b/"}, {"/.well-known/x", "/.well-known/x"},
+      {"/a/./b", "/a/b"}, {"/a/b/..", "/a/"}, {"/a/b/../../c", "/c"}, {"/a/.", "/a/"},
+      {"/./", "/"}, {"//", "/"}, {"//a//b//", "/a/b/"}, {"/a/..//b", "/b"},
+      {"/a//../b", "/b"}, {"/%2e%2E/x", NULL}, {"/a/%2e%2e/b", "/b"},
+      {"/%7euser/%41%62c", "/~user/Abc"}, {"/a%2fb", "/a%2Fb"}, {"/a%3a%3A", "/a%3A%3A"},
+      {"/%e2%82%ac", "/%E2%82%AC"}, {"/..", NULL}, {"/../", NULL}, {"/a/../..", NULL},
+      {"/a/..%2Fb", NULL}, {"/a/b%2F..%2Fc", NULL}, {"/a%5C..%5Cb", NULL}, {"/a%2F", "/a%2F"},
+      {"/a%2F.b", "/a%2F.b"}, {"/a%00", NULL}, {"/a%0", NULL}, {"/a%g0", NULL},
+      {"/a#b", NULL}, {"a/b", NULL}, {"*", NULL}, {"http://h/a/../b", "/b"},
+      {"http://h", "/"}, {"HTTP://h:80/x?", "/x"}, {"http://u@h/", NULL}, {"http:///x", NULL},
+      {"http://h:x/", NULL}, {"ftp:/h/x", NULL}, {"1http://h/", NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n",
+                     cases[i].target);
+    seen_t z;
+    int rc = feed_exact(req, (size_t)n, 0, &z);
+    if (cases[i].path == NULL) {
+      if (rc != 400)
+        FAIL("%s: %d (path %s), not 400", cases[i].target, rc, z.path);
+    } else if (rc != 0 || strcmp(z.path, cases[i].path) != 0) {
+      FAIL("%s: %d, path %s, not %s", cases[i].target, rc, z.path, cases[i].path);
+    }
+  }
 }
 
 /* The Host rules where the usual Host line is judged at a glance: a Host

@@ -133,6 +133,42 @@ TEST(bytes_cross_chunk_borders_intact) {
   teardown(l, &o);
 }
 
+/* A buffer whose socket took no more keeps no chunk's room for bytes it
+ * wrote already: a head chunk mostly written moves its rest to a chunk of
+ * its size, the bytes and their order unchanged; a head mostly unwritten,
+ * or an exact one, stays. And near the high water mark a new chunk is
+ * sized to its write. */
+TEST(a_stalled_buffer_gives_back_the_room_of_what_it_wrote) {
+  nr_outbound_t o;
+  nr_loop_t *l = setup(&o);
+  static char big[NR_CHUNK_SIZE + 100];
+  for (size_t i = 0; i < sizeof big; i++)
+    big[i] = (char)('a' + i % 26);
+  CHECK_EQ(nr__out_append(l, &o, big, NR_CHUNK_SIZE, NULL), 0);  /* a cached */
+  CHECK_EQ(nr__out_append(l, &o, big + NR_CHUNK_SIZE, 100, NULL), 0); /* one */
+  nr__out_flush(&o);
+  nr_chunk_t *first = o.head;
+  nr__out_consume(l, &o, 1000);
+  nr__out_trim_head(l, &o);
+  CHECK(o.head == first);                   /* mostly unwritten: kept */
+  nr__out_consume(l, &o, NR_CHUNK_SIZE / 2);
+  nr__out_trim_head(l, &o);
+  CHECK(o.head != first);
+  CHECK_EQ(o.head->cap, o.head->end);       /* exactly its rest */
+  CHECK_EQ(o.head->end, NR_CHUNK_SIZE / 2 - 1000);
+  CHECK_EQ(memcmp(flushed_bytes(&o), big + 1000 + NR_CHUNK_SIZE / 2,
+                  sizeof big - 1000 - NR_CHUNK_SIZE / 2), 0);
+  CHECK_EQ(o.pending, sizeof big - 1000 - NR_CHUNK_SIZE / 2);
+  teardown(l, &o);
+
+  l = setup(&o);                            /* a high water mark of 20 KiB */
+  o.high = 20 * 1024;
+  CHECK_EQ(nr__out_append(l, &o, big, NR_CHUNK_SIZE, NULL), 0);
+  append(l, &o, "tail", NULL);              /* within 4 KiB of the mark */
+  CHECK_EQ(o.tail->cap, 4);
+  teardown(l, &o);
+}
+
 /* ---- fail_unflushed ------------------------------------------------------------------ */
 
 /* A write error or a close cuts the stream at the flushed offset: writes
