@@ -284,6 +284,29 @@ describe("netrun --sim", function()
     os.remove(script)
   end)
 
+  -- Lua's patches replace os.clock and socket.gettime in the states of a
+  -- world; a reference taken before it began still holds the C function,
+  -- and the executable's gettimeofday and clock (bin/interpose.c) are
+  -- virtual on the world's thread.
+  it("reads the virtual clock through references taken before the world", function()
+    local script = os.tmpname()
+    local f = io.open(script, "w")
+    f:write([[
+      local sim = require "netrun.sim"
+      local gettime, clock = require("socket").gettime, os.clock
+      local g0, g, c = sim.run({ seed = 19, epoch = 2000000000 }, function(world)
+        local g0, c0 = gettime(), clock()
+        world:sleep(3600)
+        return g0, gettime() - g0, clock() - c0
+      end)
+      print(("%d %.3f %.3f %s"):format(g0, g, c, tostring(gettime() > 1.7e9)))
+    ]])
+    f:close()
+    local out = sh(H.BIN .. " " .. script)
+    os.remove(script)
+    assert.matches("^2000000000 3600%.000 3600%.000 true\n", out)
+  end)
+
   it("replays a seed the same in another process", function()
     local a = sh(H.BIN .. " --sim 1-3 " .. FIX .. "hello_server.lua")
     local b = sh(H.BIN .. " --sim 1-3 " .. FIX .. "hello_server.lua")

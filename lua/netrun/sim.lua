@@ -96,13 +96,13 @@ function sim.patch_state()
   os.clock = function() return core.now() - start end
   math.randomseed(core.sim_random(), core.sim_random())
   local function patch_socket(m)
-    if type(m) == "table" and type(m.gettime) == "function" then
+    if type(m) == "table" and type(m.gettime) == "function" and saved[m] == nil then
       saved[m] = m.gettime
       m.gettime = core.sim_wall
     end
   end
-  patch_socket(package.loaded["socket"])
-  patch_socket(package.loaded["socket.core"])
+  patch_socket(package.loaded["socket"])       -- (LuaSocket's socket is
+  patch_socket(package.loaded["socket.core"])  -- socket.core: saved once)
   local req = saved.require
   require = function(name, ...)
     local m, extra = req(name, ...)
