@@ -90,6 +90,22 @@ static int sink_read(nr_ctx_t *ctx, void *msg) {
   return 0;
 }
 
+/* The end of a test of a client (ch on ga) and a server (srv on gb):
+ * both released, both groups shut down, the sink (if any) freed, the
+ * world ended. */
+static void end_pair(world_t *t, nr_channel_t *ch, nr_channel_t *srv,
+                     nr_group_t *ga, nr_group_t *gb, sink_t *s) {
+  nr_channel_release(ch);
+  nr_channel_release(srv);
+  SHUTDOWN_GROUP(ga);
+  SHUTDOWN_GROUP(gb);
+  if (s != NULL) {
+    nr_promise_release(s->full);
+    free(s);
+  }
+  world_end(t);
+}
+
 static int sink_error(nr_ctx_t *ctx, const nr_err_t *err) {
   sink_t *s = nr_ctx_state(ctx);
   if (s->error == 0)
@@ -157,13 +173,7 @@ TEST(echo_between_two_hosts_takes_the_latency_in_virtual_time) {
   CHECK(memcmp(s->buf, "hello", 5) == 0);
   CHECK_GE(nr_now() - t0, NR_MS(10));      /* there and back */
   CHECK_LT(nr_now() - t0, NR_MS(11));
-  nr_channel_release(ch);
-  nr_channel_release(srv);
-  SHUTDOWN_GROUP(ga);
-  SHUTDOWN_GROUP(gb);
-  nr_promise_release(s->full);
-  free(s);
-  world_end(&t);
+  end_pair(&t, ch, srv, ga, gb, s);
 }
 
 TEST(a_host_name_resolves_to_its_address) {
@@ -224,13 +234,7 @@ TEST(a_partition_times_connects_out_and_its_heal_lets_data_through) {
   nr_sim_heal(t.w);
   AWAIT_OK(s->full);
   CHECK(memcmp(s->buf, "abc", 3) == 0);
-  nr_channel_release(ch);
-  nr_channel_release(srv);
-  SHUTDOWN_GROUP(ga);
-  SHUTDOWN_GROUP(gb);
-  nr_promise_release(s->full);
-  free(s);
-  world_end(&t);
+  end_pair(&t, ch, srv, ga, gb, s);
 }
 
 /* A server that reads nothing. */
@@ -267,11 +271,7 @@ TEST(a_peer_that_reads_nothing_fills_the_buffers_and_backpressure_holds) {
   CHECK_GE(writable_count, 1);
   CHECK(nr_channel_is_open(ch));
   nr_promise_release(done);
-  nr_channel_release(ch);
-  nr_channel_release(srv);
-  SHUTDOWN_GROUP(ga);
-  SHUTDOWN_GROUP(gb);
-  world_end(&t);
+  end_pair(&t, ch, srv, ga, gb, NULL);
 }
 
 TEST(a_reset_reaches_both_ends_and_closes_them) {
@@ -290,13 +290,7 @@ TEST(a_reset_reaches_both_ends_and_closes_them) {
   nr_sim_stats_t st;
   nr_sim_stats(t.w, &st);
   CHECK_EQ(st.resets, 2);
-  nr_channel_release(ch);
-  nr_channel_release(srv);
-  SHUTDOWN_GROUP(ga);
-  SHUTDOWN_GROUP(gb);
-  nr_promise_release(s->full);
-  free(s);
-  world_end(&t);
+  end_pair(&t, ch, srv, ga, gb, s);
 }
 
 /* A server that half-closes once it read 4 bytes: the client reads the
@@ -328,13 +322,7 @@ TEST(a_half_close_delivers_the_answer_then_eof) {
   CHECK(memcmp(s->buf, "bye", 3) == 0);
   AWAIT_OK(nr_channel_close_future(ch));    /* EOF closes it */
   CHECK_EQ(s->error, 0);
-  nr_channel_release(ch);
-  nr_channel_release(srv);
-  SHUTDOWN_GROUP(ga);
-  SHUTDOWN_GROUP(gb);
-  nr_promise_release(s->full);
-  free(s);
-  world_end(&t);
+  end_pair(&t, ch, srv, ga, gb, s);
 }
 
 /* UDP: count what arrives. */

@@ -94,18 +94,25 @@ function S.a_request_before_the_keepalive_timeout_keeps_the_connection(world)
   near(r[3], 1, 0.01)                   -- 10 s after the last answer
 end
 
-function S.a_head_that_never_ends_gets_408_at_the_header_timeout(world)
+-- A server on b with codec_opts, a client on a that sends `bytes` and
+-- reads one line: the line, and how long after the send it came.
+local function line_after(world, codec_opts, bytes)
   local a, b = world:host "a", world:host "b"
-  server(b, 80)
+  server(b, 80, codec_opts)
   local r = client(a, b.address, 80, function(s, now)
     s:settimeout(1000)
     local t0 = now()
-    assert(s:send("GET / HTTP/1.1\r\nHost: b\r\n"))     -- never the blank line
+    assert(s:send(bytes))
     local line = s:receive("*l")
     return { line, now() - t0 }
   end)
-  assert(r[1] == "HTTP/1.1 408 Request Timeout", tostring(r[1]))
-  near(r[2], 60, 0.01)
+  return r[1], r[2]
+end
+
+function S.a_head_that_never_ends_gets_408_at_the_header_timeout(world)
+  local line, t = line_after(world, nil, "GET / HTTP/1.1\r\nHost: b\r\n")  -- never the blank line
+  assert(line == "HTTP/1.1 408 Request Timeout", tostring(line))
+  near(t, 60, 0.01)
 end
 
 function S.a_head_dripped_a_byte_every_10_s_is_timed_from_its_first_byte(world)
@@ -141,17 +148,10 @@ function S.a_connection_that_says_nothing_is_closed_at_the_header_timeout(world)
 end
 
 function S.a_body_that_stops_gets_408_at_the_body_timeout(world)
-  local a, b = world:host "a", world:host "b"
-  server(b, 80, { body_timeout = 20 })
-  local r = client(a, b.address, 80, function(s, now)
-    s:settimeout(1000)
-    assert(s:send("POST /up HTTP/1.1\r\nHost: b\r\nContent-Length: 10\r\n\r\n12345"))
-    local t0 = now()
-    local line = s:receive("*l")
-    return { line, now() - t0 }
-  end)
-  assert(r[1] == "HTTP/1.1 408 Request Timeout", tostring(r[1]))
-  near(r[2], 20, 0.01)
+  local line, t = line_after(world, { body_timeout = 20 },
+    "POST /up HTTP/1.1\r\nHost: b\r\nContent-Length: 10\r\n\r\n12345")
+  assert(line == "HTTP/1.1 408 Request Timeout", tostring(line))
+  near(t, 20, 0.01)
 end
 
 function S.a_slow_answer_is_waited_for_and_counts_no_idle_time(world)
