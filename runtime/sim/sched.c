@@ -20,8 +20,8 @@
  *
  * Fibers switch with a few instructions of assembly on x86-64 (ucontext's
  * swapcontext makes a system call for the signal mask on every switch);
- * elsewhere with ucontext. Under AddressSanitizer every switch is
- * announced to it. A fiber's stack is mapped with a guard page below it.
+ * elsewhere with ucontext. Under AddressSanitizer and ThreadSanitizer
+ * every switch is announced to them. A fiber's stack is mapped with a guard page below it.
  *
  * Threads: the world's thread only.
  */
@@ -44,6 +44,24 @@
  * same too. */
 #define STACKS ((uintptr_t)0x6e0000000000ull)
 #define STRIDE ((uintptr_t)4 << 20)
+
+/* ThreadSanitizer is told of every switch (as of a thread's stack
+ * changing hands: __tsan_switch_to_fiber), and fibers take the address
+ * the kernel gives: ThreadSanitizer's shadow owns STACKS, and it ends the
+ * process at a fixed mapping there. So a seed replays under it in
+ * process but not across processes (the determinism check runs without
+ * it). */
+#if defined(__SANITIZE_THREAD__)
+void *__tsan_get_current_fiber(void);
+void *__tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void *fiber);
+void __tsan_switch_to_fiber(void *fiber, unsigned flags);
+#define TSAN_FIBERS 1
+#define TSAN_SWITCH(fiber) __tsan_switch_to_fiber(fiber, 0)
+#else
+#define TSAN_FIBERS 0
+#define TSAN_SWITCH(fiber) ((void)(fiber))
+#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom,
@@ -69,6 +87,7 @@ struct sim_fiber_s {
   char *mem;                 /* the mapping: guard page, scratch, stack */
   size_t size;               /* of the stack */
   void *fake;                /* ASan's fake stack while switched out */
+  void *tsan;                /* ThreadSanitizer's fiber (NULL without it) */
 };
 
 /* The scheduler's (main context's) side of every switch. */
@@ -78,6 +97,7 @@ static ucontext_t sched_ctx;
 static void *sched_sp;
 #endif
 static void *sched_fake;
+static void *sched_tsan;     /* the main context, to ThreadSanitizer */
 static const void *sched_bottom;
 static size_t sched_size;
 
@@ -142,8 +162,10 @@ static int fiber_new(simloop_t *s) {
   size_t len = GUARD + SCRATCH + f->size;
   int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK;
   void *at = (void *)(STACKS + (uintptr_t)(s->id % 65536) * STRIDE);
-  f->mem = mmap(at, len, PROT_READ | PROT_WRITE, flags | MAP_FIXED_NOREPLACE,
-                -1, 0);
+  f->mem = MAP_FAILED;
+  if (!TSAN_FIBERS)
+    f->mem = mmap(at, len, PROT_READ | PROT_WRITE, flags | MAP_FIXED_NOREPLACE,
+                  -1, 0);
   if (f->mem != MAP_FAILED && f->mem != at) {    /* (an old kernel: a hint) */
     munmap(f->mem, len);
     f->mem = MAP_FAILED;
@@ -155,6 +177,9 @@ static int fiber_new(simloop_t *s) {
     return -ENOMEM;
   }
   mprotect(f->mem, GUARD, PROT_NONE);
+#if TSAN_FIBERS
+  f->tsan = __tsan_create_fiber(0);
+#endif
   char *bottom = f->mem + GUARD + SCRATCH;
 #ifdef USE_UCONTEXT
   getcontext(&f->ctx);
@@ -185,6 +210,9 @@ static int fiber_new(simloop_t *s) {
 static void fiber_free(sim_fiber_t *f) {
   if (f == NULL)
     return;
+#if TSAN_FIBERS
+  __tsan_destroy_fiber(f->tsan);
+#endif
   munmap(f->mem, GUARD + SCRATCH + f->size);
   free(f);
 }
@@ -201,6 +229,10 @@ void *nr_sim_loop_scratch(const nr_loop_t *l, size_t *size) {
 static void switch_in(simloop_t *s) {
   sim_fiber_t *f = s->fiber;
   ASAN_START(&sched_fake, f->mem + GUARD + SCRATCH, f->size);
+#if TSAN_FIBERS
+  sched_tsan = __tsan_get_current_fiber();
+#endif
+  TSAN_SWITCH(f->tsan);
 #ifdef USE_UCONTEXT
   starting = s;
   swapcontext(&sched_ctx, &f->ctx);
@@ -214,6 +246,7 @@ static void switch_in(simloop_t *s) {
 static void switch_out(simloop_t *s, bool dying) {
   sim_fiber_t *f = s->fiber;
   ASAN_START(dying ? NULL : &f->fake, sched_bottom, sched_size);
+  TSAN_SWITCH(sched_tsan);
 #ifdef USE_UCONTEXT
   swapcontext(&f->ctx, &sched_ctx);
 #else
