@@ -174,6 +174,22 @@ function S.requests_racing_the_servers_keepalive_timeout_never_run_twice(world)
   end
 end
 
+function S.a_pool_of_one_connects_again_after_its_connection_is_reset(world)
+  local a, b = world:host "a", world:host "b"
+  server(b, 80, { slow = 10 })
+  local c = world:client(a, { pool = 1, timeout = 30 })
+  local first = c:request { url = "http://b/slow" }   -- in flight...
+  world:sleep(1 + math.random() * 8)     -- (math.random: seeded by the world)
+  assert(world:reset(a, b) == 2)                      -- ...when it is reset
+  local ok, err = pcall(function() return first:await() end)
+  assert(not ok and tostring(err):find("ECONNRESET", 1, true), tostring(err))
+  for i = 1, 3 do                        -- the pool's one place is free again
+    local res = c:request { url = "http://b/" .. i, timeout = 5 }:await()
+    assert(res.body == "ok /" .. i, tostring(res.body))
+  end
+  assert(dict_of(b, "server").conns == 2)
+end
+
 function S.the_pool_reconnects_after_the_backend_restarts(world)
   local a, b = world:host "a", world:host "b"
   local function start()
