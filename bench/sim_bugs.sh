@@ -7,16 +7,17 @@
 #   bench/sim_bugs.sh [BUG...]     bugs: idle_off_by_one pool_leak_on_reset
 #                                  post_retried stale_timeout lost_wakeup
 #
-# The tree (HEAD, unchanged) is copied to a scratch directory and built
-# once; each bug is an exact edit of one line or two of that copy (it
+# The tree (HEAD, unchanged) is copied to a scratch directory (WORK=DIR
+# keeps it, and its build, for the next run) and built once; each bug is an exact edit of one line or two of that copy (it
 # must match once: the script stops otherwise, so a bug that no longer
 # applies is noticed), rebuilt (one file), run, and undone. Nothing here
 # runs in ctest: it takes minutes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 SEEDS=${SEEDS:-1-1000}
-work=$(mktemp -d /tmp/netrun-sim-bugs.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+work=${WORK:-$(mktemp -d /tmp/netrun-sim-bugs.XXXXXX)}   # WORK=DIR: kept, reused
+[[ -n ${WORK:-} ]] || trap 'rm -rf "$work"' EXIT
+rm -rf "$work/src"
 git -C "$here" archive HEAD | tar -x -C "$work" --one-top-level=src
 cmake -S "$work/src" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DNETRUN_BENCH=OFF >/dev/null
@@ -62,9 +63,10 @@ hunt() {
 
 bug() {
   case $1 in
-    idle_off_by_one)   # an idle timer that fires exactly on time is "not yet idle"
-      plant "$1" 'idle.c' '  if (idle < t) {' '  if (idle <= t) {' >/dev/null
-      hunt "$1" spec/sim/channel.lua idle_state_fires_reader_writer_and_all_events_on_time ;;
+    idle_off_by_one)   # the server's idle (keep-alive) wait counted from a second early
+      plant "$1" 'http_server.c' '  s->since = coarse_now();' \
+        '  s->since = coarse_now() - NR_SEC(1);' >/dev/null
+      hunt "$1" spec/sim/server.lua keepalive_timeout_closes_an_idle_connection_at_75_s ;;
     pool_leak_on_reset)   # a connection that dies of a reset keeps its place
       plant "$1" 'lhttp_pool.c' '    c->gone = true;
     P->total--;' '    c->gone = true;
