@@ -221,6 +221,27 @@ describe("a simulated world", function()
     assert.is_nil(y)
   end)
 
+  -- A timer of no delay re-armed until the clock passes a deadline it
+  -- first equals: real time would move on under it; virtual time stood
+  -- still while the loop stayed runnable (the run never ended).
+  it("lets time pass under loops that never block", function()
+    local n, dt = sim.run({ seed = 20 }, function(world)
+      return table.unpack(world:host("a"):run(function()
+        local netrun = require "netrun"
+        local loop, p, t0, n = netrun.current(), netrun.promise(), netrun.now(), 0
+        local function again()
+          n = n + 1
+          if netrun.now() > t0 then p:set_success(n) else loop:schedule(0, again) end
+        end
+        loop:schedule(0, again)
+        p:await()
+        return { n, netrun.now() - t0 }
+      end):await())
+    end)
+    assert.is_true(n > 1000 and n < 1000000, tostring(n))
+    assert.is_true(dt > 0 and dt < 0.001, tostring(dt))
+  end)
+
   it("reads the virtual clock from Lua on the hosts", function()
     local t, c = sim.run({ seed = 18, epoch = 2000000000 }, function(world)
       world:sleep(100)

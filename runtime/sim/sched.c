@@ -397,6 +397,15 @@ static uint64_t wake_due(nr_sim_t *w) {
   return next;
 }
 
+/* Loops that never all block -- one re-arming a timer of no delay at a
+ * deadline it then finds not yet passed, two that keep waking each other
+ * -- would hold the clock still for ever, where real time would move on
+ * under them (and end the first at once). Past STILL_STEPS steps without
+ * a jump, each step moves the clock STILL_TICK, as a spin's reads do
+ * (world.c). A busy instant of a normal world takes a few thousand. */
+#define STILL_STEPS 200000
+#define STILL_TICK ((uint64_t)10000)     /* ns: 10 us */
+
 void sim_schedule(nr_sim_t *w) {
   simloop_t *m = w->main;
   w->stuck = false;
@@ -412,8 +421,11 @@ void sim_schedule(nr_sim_t *w) {
         return;                      /* the limit) */
       }
       w->now = next;                 /* the clock jumps */
+      w->still = 0;
       continue;
     }
+    if (++w->still > STILL_STEPS)    /* a livelock: time passes as it would */
+      w->now += STILL_TICK;
     simloop_t *s = w->runnable[w->nrunnable == 1 ? 0
                                : (int)(sim_rand(w) % (uint64_t)w->nrunnable)];
     w->stats.steps++;

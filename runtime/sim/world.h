@@ -116,6 +116,9 @@ struct nr_sim_s {
   uint64_t limit;                /* the clock stops short of it (NR_NONE) */
   uint64_t reads;                /* clock reads since the last scheduling
                                     point: a run that spins on the clock */
+  uint64_t still;                /* steps since the clock last jumped: loops
+                                    that keep each other (or themselves)
+                                    runnable forever (sched.c, STILL_STEPS) */
   /* TCP connections alive (tcp.c), for resets */
   struct sim_conn_s *conns;
 };
