@@ -63,19 +63,18 @@ hunt() {
 
 bug() {
   case $1 in
-    idle_off_by_one)   # the server's idle (keep-alive) wait counted from a second early
-      plant "$1" 'http_server.c' '  s->since = coarse_now();' \
-        '  s->since = coarse_now() - NR_SEC(1);' >/dev/null
+    idle_off_by_one)   # the server's idle (keep-alive) timeout one second short
+      plant "$1" 'http_server.c' '  s->timeout[2] = o->keepalive_timeout;' \
+        '  s->timeout[2] = o->keepalive_timeout - NR_SEC(1);' >/dev/null
       hunt "$1" spec/sim/server.lua keepalive_timeout_closes_an_idle_connection_at_75_s ;;
     pool_leak_on_reset)   # a connection that dies of a reset keeps its place
       plant "$1" 'lhttp_pool.c' '    c->gone = true;
     P->total--;' '    c->gone = true;
     if (!strstr(c->err, "ECONNRESET")) P->total--;' >/dev/null
       hunt "$1" spec/sim/client.lua a_pool_of_one_connects_again_after_its_connection_is_reset ;;
-    post_retried)   # every method counts as idempotent: a POST is sent again
-      plant "$1" 'lhttp_pool.c' 'static bool idempotent(const char *m) {' \
-        'static bool idempotent(const char *m) {
-  if (m) return true;' >/dev/null
+    post_retried)   # POST counts as idempotent: sent again when its connection closes
+      plant "$1" 'lhttp_pool.c' '    if (strcmp(m, ok[i]) == 0)' \
+        '    if (strcmp(m, ok[i]) == 0 || strcmp(m, "POST") == 0)' >/dev/null
       hunt "$1" spec/sim/client.lua requests_racing_the_servers_keepalive_timeout_never_run_twice ;;
     stale_timeout)   # a connection's old deadline is not let go when its wait ends
       plant "$1" 'http_server.c' '    if (s->wait == l->wait && !s->closing' \
