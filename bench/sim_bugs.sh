@@ -85,7 +85,7 @@ bug() {
     lost_wakeup)   # a producer wakes a loop only if it blocks with no deadline
       plant "$1" 'executor.c' '  if (atomic_load(&l->next_wakeup) != NR_AWAKE &&' \
         '  if (atomic_load(&l->next_wakeup) == NR_NONE &&' >/dev/null
-      hunt "$1" spec/sim/shutdown.lua a_shutdown_waits_for_an_answer_being_computed ;;
+      hunt "$1" spec/sim/server.lua an_answer_computed_by_another_group_goes_out_at_once ;;
     *) echo "sim_bugs: no bug $1" >&2; exit 2 ;;
   esac
   unplant

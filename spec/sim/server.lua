@@ -171,6 +171,36 @@ function S.a_slow_answer_is_waited_for_and_counts_no_idle_time(world)
   near(r[3], 30, 0.01)                  -- 30 s of handler, no 5 s idle cut
 end
 
+-- An answer computed by another group reaches the connection's loop as a
+-- task (the future's listener): the loop, blocked until its timeouts' next
+-- deadline (60 s away), is woken for it at once.
+function S.an_answer_computed_by_another_group_goes_out_at_once(world)
+  local a, b = world:host "a", world:host "b"
+  local delay = 1 + math.random()          -- (math.random: seeded by the world)
+  b:run(function(d)
+    local netrun = require "netrun"
+    local compute = netrun.group { threads = 1, name = "compute" }
+    netrun.server { group = netrun.group { threads = 1, name = "web" }, port = 80,
+      init = function(ch)
+        ch:pipeline():add_last("http", netrun.codec.http_server {})
+        ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+          compute:schedule(d, function(p) return "done " .. p end, req.path):add_listener(function(f)
+            ctx:write_and_flush { status = 200, body = f:result() }
+          end)
+        end })
+      end }:sync()
+  end, delay):await()
+  local r = client(a, b.address, 80, function(s, now)
+    s:settimeout(1000)
+    local t0 = now()
+    assert(s:send("GET /x HTTP/1.1\r\nHost: b\r\n\r\n"))
+    local line, body = response(s)
+    return { body, now() - t0 }
+  end)
+  assert(r[1] == "done /x", tostring(r[1]))
+  near(r[2], delay, 0.01)
+end
+
 function S.pipelined_requests_are_answered_in_order_across_the_network(world)
   local a, b = world:host "a", world:host "b"
   world:latency(a, b, 0.025)
