@@ -238,18 +238,6 @@ static void start_signal_thread(void) {
 
 /* ---- running chunks ------------------------------------------------------ */
 
-static int msgh(lua_State *L) {
-  const char *msg = lua_tostring(L, 1);
-  if (msg == NULL) {
-    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
-      return 1;
-    msg = lua_pushfstring(L, "(error object is a %s value)",
-                          luaL_typename(L, 1));
-  }
-  luaL_traceback(L, L, msg, 1);
-  return 1;
-}
-
 static int report(lua_State *L, int status) {
   if (status != LUA_OK) {
     nr_log_flush();                       /* log lines first, in order */
@@ -260,13 +248,10 @@ static int report(lua_State *L, int status) {
   return status;
 }
 
+/* Every chunk runs as the bindings run Lua: lnr_pcall, whose message
+ * handler adds the traceback. */
 static int docall(lua_State *L, int narg, int nres) {
-  int base = lua_gettop(L) - narg;
-  lua_pushcfunction(L, msgh);
-  lua_insert(L, base);
-  int status = lua_pcall(L, narg, nres, base);
-  lua_remove(L, base);
-  return status;
+  return lnr_pcall(L, narg, nres);
 }
 
 static int dostring(lua_State *L, const char *s, const char *name) {

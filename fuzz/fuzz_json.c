@@ -1,6 +1,6 @@
 /*
  * fuzz_json.c -- netrun.json's decoder and encoder (runtime/bindings/
- * ljson.c) on arbitrary text, in a Lua state of their own.
+ * json/) on arbitrary text, in a Lua state of their own.
  *
  * The input is decoded (protected call). Invariants: a refusal is a string
  * that starts "netrun.json.decode: " (never a crash, never another
@@ -10,7 +10,8 @@
  * of each value may not); the Lua stack is balanced after each call.
  * Nesting is kept to the default limit (1000) by the codec itself.
  */
-#include "../runtime/bindings/ljson.c"
+#include "../runtime/bindings/json/ljson.c"
+#include "../runtime/bindings/json/ljson_decode.c"
 
 #include "common.h"
 

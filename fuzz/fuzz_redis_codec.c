@@ -45,7 +45,7 @@ static void setup(void) {
   L = luaL_newstate();
   luaL_openlibs(L);
   lua_newtable(L);
-  lnr_open_redis(L);
+  open_redis(L);
   lua_getfield(L, -1, "redis");
   lua_setglobal(L, "redis");
   lua_pop(L, 1);

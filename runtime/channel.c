@@ -23,7 +23,6 @@
 #include "internal.h"
 
 #define CLOSE_LINGER NR_SEC(30)   /* longest drain of flushed data at close */
-#define INPUT_LINGER NR_SEC(5)    /* longest wait for the peer's FIN after ours */
 #define MAX_IOV 64
 
 static _Atomic uint64_t next_id = 1;
@@ -273,7 +272,7 @@ void nr__channel_set_active(nr_channel_t *ch) {
   nr__channel_update_interest(ch);
 }
 
-static void unlink_from_loop(nr_channel_t *ch) {
+void nr__channel_unlink(nr_channel_t *ch) {
   nr_loop_t *l = ch->loop;
   if (ch->st & NR__UNREF) {
     ch->st &= ~NR__UNREF;
@@ -859,78 +858,6 @@ void nr__channel_close(nr_channel_t *ch, bool abort) {
 }
 
 
-/* ---- lingering close (nginx's lingering_close) ---------------------------------- */
-
-/* Closing a socket with unread input makes the kernel answer with a reset,
- * and a reset destroys whatever the peer had not yet read of our last
- * writes -- a response, the last megabytes to a slow reader at shutdown.
- * So a graceful close of a connection that holds unread input, or whose
- * peer may still be sending (nr_channel_linger: it pipelines), sends our
- * FIN (shutdown), then reads and discards until the peer's FIN or reset,
- * or INPUT_LINGER. (Else the close is immediate: an idle keep-alive peer
- * must not hold a shutdown up.) The channel is closed for its users
- * meanwhile (its pipeline gone, its close future done); only its fd waits,
- * still on the loop's list, so a shutting-down loop waits for it (within
- * its timeout) and aborts it at the end. */
-static void end_linger(nr_channel_t *ch) {
-  ch->st &= ~NR__LINGER;
-  nr__timer_drop(&ch->linger_timer);
-  nr__io_stop(ch->loop, &ch->io);
-  nr_sys_close(ch->io.fd);
-  unlink_from_loop(ch);
-}
-
-static int linger_timed_out(void *arg) {
-  nr_channel_t *ch = arg;
-  if (ch->st & NR__LINGER)
-    end_linger(ch);
-  return 0;
-}
-
-void nr_channel_linger(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  ch->st |= NR__LINGER_WANTED;
-}
-
-static bool start_linger(nr_channel_t *ch) {
-  int unread = 0;
-  if (!(ch->st & NR__LINGER_WANTED) &&
-      (nr_sys_ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0))
-    return false;
-  if (nr_sys_shutdown(ch->io.fd, SHUT_WR) < 0 ||
-      nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
-    return false;
-  ch->st |= NR__LINGER;
-  ch->linger_until = nr_now() + INPUT_LINGER;  /* (timers end at shutdown) */
-  ch->linger_timer = nr_loop_schedule(ch->loop, INPUT_LINGER, 0,
-                                      linger_timed_out, NULL, ch);
-  return true;
-}
-
-/* Input on a lingering fd: discard it; the peer's FIN or an error ends it. */
-static void drain_linger(nr_channel_t *ch) {
-  nr_loop_t *l = ch->loop;
-  if (l->rbuf == NULL && (l->rbuf = malloc(NR_READ_BUF)) == NULL) {
-    end_linger(ch);
-    return;
-  }
-  for (int i = 0; i < 16; i++) {   /* a flood waits for the next turn */
-    ssize_t n = nr_sys_read(ch->io.fd, l->rbuf, NR_READ_BUF);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0 && errno == EAGAIN)
-      return;
-    if (n <= 0) {
-      end_linger(ch);
-      return;
-    }
-    if ((size_t)n < NR_READ_BUF)
-      return;   /* all there was: the peer's FIN (or reset) mostly comes
-                   after its last bytes (a TLS close_notify), with a later
-                   event; reading on now would mostly say EAGAIN */
-  }
-}
-
 static void finish_close(nr_channel_t *ch, bool abort) {
   if (ch->st & NR__CLOSED)
     return;
@@ -956,7 +883,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
   }
   bool linger = !abort && was_active && ch->kind == NR__STREAM &&
                 (ch->st & NR__REGISTERED) && !(ch->st & NR__INPUT_SHUT) &&
-                start_linger(ch);
+                nr__linger_start(ch);
   if (!linger) {
     if (ch->st & NR__REGISTERED)
       nr__io_stop(ch->loop, &ch->io);
@@ -976,7 +903,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     td |= NR__TD_UNREGISTERED | NR__TD_DESTROY;
     ch->st &= ~NR__REGISTERED;
     if (!linger)
-      unlink_from_loop(ch);                    /* else end_linger does */
+      nr__channel_unlink(ch);                  /* else the linger's end does */
   }
   /* A reuseport server's close future waits for its other listeners. */
   if (ch->srv == NULL || !nr__server_closed(ch))
@@ -1090,10 +1017,7 @@ static void close_each(nr_loop_t *l, bool abort) {
       continue;
     }
     if (v[i]->st & NR__LINGER) {
-      /* a shutting-down loop cancels its timers: the linger's bound is
-       * kept here, as this runs every turn of the shutdown */
-      if (abort || nr_now() >= v[i]->linger_until)
-        end_linger(v[i]);
+      nr__linger_shutdown(v[i], abort);
     } else if (!abort && (v[i]->holds > 0 ||
                           (loop_held && v[i]->kind != NR__LISTEN))) {
       if (!(v[i]->st & NR__CLOSE_IDLE)) {
@@ -1137,7 +1061,7 @@ static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   if (ch->st & NR__CLOSED) {
     if (!(ch->st & NR__LINGER))
       return 0;
-    drain_linger(ch);
+    nr__linger_drain(ch);
     return 1;
   }
   if (ch->kind == NR__LISTEN) {

@@ -500,6 +500,16 @@ void nr__channel_set_active(nr_channel_t *ch);
 void nr__channel_close(nr_channel_t *ch, bool abort);
 /* The channel has closed: complete its close future (if one was made). */
 void nr__channel_closed(nr_channel_t *ch);
+/* Take a channel off its loop's list, into the graveyard (its loop's
+ * reference is dropped after the pass). */
+void nr__channel_unlink(nr_channel_t *ch);
+/* The lingering close (linger.c): start it for a stream channel being
+ * closed gracefully (false: close the fd now); drain a lingering fd's
+ * input (on_io); a shutting-down loop's turn ends it when due (abort:
+ * now). */
+bool nr__linger_start(nr_channel_t *ch);
+void nr__linger_drain(nr_channel_t *ch);
+void nr__linger_shutdown(nr_channel_t *ch, bool abort);
 void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
 /* Close the process's reserve descriptor, which lets a listener refuse
  * connections when the table is full and nothing can be freed (for tests:

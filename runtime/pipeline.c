@@ -70,9 +70,16 @@ void nr_ctx_release(nr_ctx_t *c) {
     nr_channel_release(ch);
 }
 
-/* Every handler call passes here: the one place to check that the
- * pipeline is used on its channel's loop ("all calls happen on the
- * channel's loop thread", netrun.h). Free under NDEBUG. */
+/* "Loop thread only" (netrun.h): a pipeline is used on its channel's
+ * loop, or anywhere before the channel is registered, while its creator
+ * sets it up. Every public entry point asserts it (OWNED), as does every
+ * handler call (enter); free under NDEBUG. */
+static bool owned_here(const nr_pipeline_t *p) {
+  nr_loop_t *l = p->ch != NULL ? nr_channel_loop(p->ch) : NULL;
+  return l == NULL || !(p->ch->st & NR__REGISTERED) || nr_loop_in_thread(l);
+}
+#define OWNED(p) assert(owned_here(p))
+
 static inline void enter(nr_pipeline_t *p) {
   assert(p->ch == NULL || p->ch->loop == NULL ||
          nr_loop_in_thread(p->ch->loop));
@@ -184,22 +191,27 @@ static int outbound_result(nr_ctx_t *c, int rc, nr_promise_t *prom) {
   } while (0)
 
 void nr_ctx_fire_registered(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_REGISTERED);
   INVOKE(c, c->h->registered(c));
 }
 void nr_ctx_fire_unregistered(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_UNREGISTERED);
   INVOKE(c, c->h->unregistered(c));
 }
 void nr_ctx_fire_active(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_ACTIVE);
   INVOKE(c, c->h->active(c));
 }
 void nr_ctx_fire_inactive(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_INACTIVE);
   INVOKE(c, c->h->inactive(c));
 }
 void nr_ctx_fire_read(nr_ctx_t *ctx, void *msg) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_READ);
   INVOKE(c, c->h->channel_read(c, msg));
 }
@@ -211,6 +223,7 @@ void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg) {
   p->deferrable = outer;
 }
 bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg) {
+  OWNED(ctx->pipe);
   return msg == ctx->pipe->deferrable;
 }
 void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
@@ -228,11 +241,13 @@ void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
   p->token = outer_token;
 }
 uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg) {
+  OWNED(ctx->pipe);
   return msg == ctx->pipe->tokened ? ctx->pipe->token : 0;
 }
 /* To the nearest handler before ctx that asked (a removed ctx keeps its
  * way back). */
 void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token) {
+  OWNED(ctx->pipe);
   for (nr_ctx_t *c = ctx->prev; c != NULL && !c->embedded; c = c->prev)
     if (c->h->read_failed != NULL && !c->removed) {
       nr_pipeline_t *p = c->pipe;
@@ -243,18 +258,22 @@ void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token) {
     }
 }
 void nr_ctx_fire_read_complete(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_READ_COMPLETE);
   INVOKE(c, c->h->channel_read_complete(c));
 }
 void nr_ctx_fire_user_event(nr_ctx_t *ctx, void *evt) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_USER_EVENT);
   INVOKE(c, c->h->user_event(c, evt));
 }
 void nr_ctx_fire_writability_changed(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_in(ctx, NR_EV_WRITABILITY);
   INVOKE(c, c->h->writability_changed(c));
 }
 void nr_ctx_fire_exception(nr_ctx_t *ctx, const nr_err_t *err) {
+  OWNED(ctx->pipe);
   invoke_exception(next_in(ctx, NR_EV_EXCEPTION), err);
 }
 
@@ -265,36 +284,43 @@ static nr_promise_t *real(nr_promise_t *p) {
 
 int nr_ctx_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
                 nr_promise_t *prom) {
+  OWNED(ctx->pipe);
   prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_BIND);
   INVOKE_OUT(c, c->h->bind(c, sa, len, prom), prom);
 }
 int nr_ctx_connect(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
                    nr_promise_t *prom) {
+  OWNED(ctx->pipe);
   prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_CONNECT);
   INVOKE_OUT(c, c->h->connect(c, sa, len, prom), prom);
 }
 int nr_ctx_disconnect(nr_ctx_t *ctx, nr_promise_t *prom) {
+  OWNED(ctx->pipe);
   prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_DISCONNECT);
   INVOKE_OUT(c, c->h->disconnect(c, prom), prom);
 }
 int nr_ctx_close(nr_ctx_t *ctx, nr_promise_t *prom) {
+  OWNED(ctx->pipe);
   prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_CLOSE);
   INVOKE_OUT(c, c->h->close(c, prom), prom);
 }
 int nr_ctx_read(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_out(ctx, NR_OP_READ);
   INVOKE_OUT(c, c->h->read(c), NULL);
 }
 int nr_ctx_write(nr_ctx_t *ctx, void *msg, nr_promise_t *prom) {
+  OWNED(ctx->pipe);
   prom = real(prom);
   nr_ctx_t *c = next_out(ctx, NR_OP_WRITE);
   INVOKE_OUT(c, c->h->write(c, msg, prom), prom);
 }
 int nr_ctx_flush(nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   nr_ctx_t *c = next_out(ctx, NR_OP_FLUSH);
   INVOKE_OUT(c, c->h->flush(c), NULL);
 }
@@ -308,6 +334,7 @@ int nr_ctx_write_void(nr_ctx_t *ctx, void *msg) {
 }
 
 bool nr_ctx_writes_to_head(const nr_ctx_t *ctx) {
+  OWNED(ctx->pipe);
   const nr_ctx_t *c = next_out(ctx, NR_OP_WRITE);
   while (!c->embedded && (c->h->flags & NR_HANDLER_SYNC_WRITE))
     c = next_out(c, NR_OP_WRITE);
@@ -413,13 +440,6 @@ static nr_ctx_t *find(nr_pipeline_t *p, const char *name) {
   return NULL;
 }
 
-/* Handlers may be added anywhere until the channel is registered (its
- * creator sets it up), then only on its loop. */
-static bool owned_here(const nr_pipeline_t *p) {
-  nr_loop_t *l = nr_channel_loop(p->ch);
-  return l == NULL || !(p->ch->st & NR__REGISTERED) || nr_loop_in_thread(l);
-}
-
 static int link_new(nr_pipeline_t *p, nr_ctx_t *prev, const char *name,
                     const nr_handler_t *h, void *state) {
   if (!owned_here(p))
@@ -500,7 +520,7 @@ static void unlink_ctx(nr_pipeline_t *p, nr_ctx_t *c) {
 }
 
 int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
-  assert(owned_here(p));
+  OWNED(p);
   nr_ctx_t *c = find(p, name);
   if (c == NULL)
     return -ENOENT;
@@ -511,7 +531,7 @@ int nr_pipeline_remove(nr_pipeline_t *p, const char *name) {
 int nr_pipeline_replace(nr_pipeline_t *p, const char *old_name,
                         const char *new_name, const nr_handler_t *h,
                         void *state) {
-  assert(owned_here(p));
+  OWNED(p);
   nr_ctx_t *c = find(p, old_name);
   if (c == NULL)
     return -ENOENT;
@@ -577,12 +597,15 @@ static void unwound(nr_pipeline_t *p) {
 }
 
 nr_ctx_t *nr_pipeline_context(nr_pipeline_t *p, const char *name) {
+  OWNED(p);
   return find(p, name);
 }
 nr_ctx_t *nr_pipeline_first(nr_pipeline_t *p) {
+  OWNED(p);
   return p->head.next == &p->tail ? NULL : p->head.next;
 }
 nr_ctx_t *nr_pipeline_last(nr_pipeline_t *p) {
+  OWNED(p);
   return p->tail.prev == &p->head ? NULL : p->tail.prev;
 }
 nr_channel_t *nr_pipeline_channel(nr_pipeline_t *p) { return p->ch; }

@@ -23,7 +23,7 @@
 -- to `max_waiting` per pool (past it a request fails at once: a backend
 -- that cannot keep up does not grow the line without bound). netrun.http.request uses one default client. One request
 -- at a time per connection (no pipelining: a slow response would hold up
--- the ones behind it). The pools are C (runtime/bindings/lhttp_pool.c):
+-- the ones behind it). The pools are C (runtime/bindings/http/lhttp_pool.c):
 -- this module reads a request's options and hands it to its pool.
 --
 -- timeout bounds the whole request (0: no bound): the name lookup, the
@@ -129,7 +129,7 @@ end
 -- ---- pools ------------------------------------------------------------------------
 
 -- Each pool (client, origin, body limit) on this loop is a
--- core.http.pool (runtime/bindings/lhttp_pool.c): its connections, its
+-- core.http.pool (runtime/bindings/http/lhttp_pool.c): its connections, its
 -- line of waiting requests, its timers and its rules are there. What it
 -- asks of this side: open a connection, and forget it once it empties.
 

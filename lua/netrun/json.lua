@@ -1,5 +1,5 @@
 -- netrun.json: JSON (RFC 8259) with Lua 5.4's integers kept exact; the
--- codec is C (runtime/bindings/ljson.c, which says why not lua-cjson).
+-- codec is C (runtime/bindings/json/ljson.c, which says why not lua-cjson).
 --
 -- encode(v) --> text; decode(text) --> value. Numbers as Python's json
 -- module treats them:

@@ -335,7 +335,7 @@ static int l_exit_now(lua_State *L) {
   return 0;
 }
 
-void lnr_open_console(lua_State *L) {
+static void open_console(lua_State *L) {
   pthread_once(&wake_once, make_wake_pipe);   /* before repl_mode() is on */
   static const luaL_Reg funcs[] = {
       {"repl_mode", l_repl_mode}, {"repl_wait", l_repl_wait},
@@ -386,3 +386,5 @@ int lnr_console_start(lua_State *L, const char *path) {
   lua_pop(L, 1);
   return -1;
 }
+
+lnr_module_t lnr_console_module = {.name = "console", .open = open_console};

@@ -544,7 +544,7 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
   lua_pop(L, 1);
 }
 
-void lnr_open_codec(lua_State *L) {
+static void open_codec(lua_State *L) {
   pthread_once(&slices_once, register_slices);
   lnr_native_class(L, CODEC, make_handler, codec_tostring);
   static const luaL_Reg codecs[] = {
@@ -553,7 +553,7 @@ void lnr_open_codec(lua_State *L) {
       {"length_prepender", l_length_prepender},
       {"fixed_length", l_fixed_length}, {"buffered", l_buffered},
       {NULL, NULL}};
-  lua_getfield(L, -1, "codec");
+  luaL_getsubtable(L, -1, "codec");
   luaL_setfuncs(L, codecs, 0);
   lua_pop(L, 1);
   static const luaL_Reg methods[] = {
@@ -570,3 +570,5 @@ void lnr_open_codec(lua_State *L) {
   lua_pushcfunction(L, l_embedded);
   lua_setfield(L, -2, "embedded");
 }
+
+lnr_module_t lnr_codec_module = {.name = "codec", .open = open_codec};

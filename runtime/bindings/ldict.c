@@ -629,7 +629,9 @@ static int l_dict(lua_State *L) {
   return 1;
 }
 
-void lnr_free_dicts(void) {
+/* The process's teardown: every dict is freed. */
+static bool free_dicts(lua_State *L) {
+  (void)L;
   pthread_mutex_lock(&dicts_lock);
   for (dict_t *d = dicts, *n; d; d = n) {
     n = d->next;
@@ -640,6 +642,7 @@ void lnr_free_dicts(void) {
   }
   dicts = NULL;
   pthread_mutex_unlock(&dicts_lock);
+  return true;
 }
 
 /* core.log(level, message) and core.log_level(). */
@@ -656,7 +659,7 @@ static int l_log_level(lua_State *L) {
   return 1;
 }
 
-void lnr_open_dict(lua_State *L) {
+static void open_dict(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"get", d_get}, {"set", d_set}, {"add", d_add}, {"incr", d_incr},
       {"safe_set", d_safe_set}, {"safe_add", d_safe_add}, {"delete", d_delete},
@@ -670,3 +673,6 @@ void lnr_open_dict(lua_State *L) {
                                    {"log_level", l_log_level}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
+
+lnr_module_t lnr_dict_module = {
+    .name = "dict", .open = open_dict, .teardown = free_dicts};

@@ -190,11 +190,18 @@ static int l_configure(lua_State *L) {
 
 /* The runtime is being torn down (the main state closes, every group has
  * terminated): lookups still in flight fail, the resolver's thread ends. */
-void lnr_free_dns(void) { nr_resolver_shutdown(); }
+static bool stop_resolver(lua_State *L) {
+  (void)L;
+  nr_resolver_shutdown();
+  return true;
+}
 
 /* Called with the core module table on top of the stack. */
-void lnr_open_dns(lua_State *L) {
+static void open_dns(lua_State *L) {
   static const luaL_Reg fns[] = {{"dns_local", l_local}, {"dns_lookup", l_lookup},
                                  {"dns_configure", l_configure}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }
+
+lnr_module_t lnr_dns_module = {
+    .name = "dns", .open = open_dns, .teardown = stop_resolver};

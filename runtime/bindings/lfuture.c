@@ -587,7 +587,7 @@ static int l_tostring(lua_State *L) {
   return 1;
 }
 
-void lnr_open_future(lua_State *L) {
+static void open_future(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"set_success", l_set_success}, {"set_failure", l_set_failure},
       {"try_success", l_try_success}, {"try_failure", l_try_failure},
@@ -608,3 +608,5 @@ void lnr_open_future(lua_State *L) {
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
+
+lnr_module_t lnr_future_module = {.name = "future", .open = open_future};

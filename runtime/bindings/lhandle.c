@@ -74,7 +74,8 @@ static const char CLASS_KEYS[LNR_NKINDS];
 
 static void push_class(lua_State *L, int kind) {
   if (kind == LNR_CHANNEL)               /* one per connection: a slot */
-    lnr_push_keyed(L, LNR_KEYED_CHANNEL_MT, &CLASS_KEYS[kind]);
+    lnr_push_keyed(L, &lnr_state(L)->slots[LNR_KEYED_CHANNEL_MT],
+                   &CLASS_KEYS[kind]);
   else
     lua_rawgetp(L, LUA_REGISTRYINDEX, &CLASS_KEYS[kind]);
 }
@@ -113,7 +114,9 @@ static void materialize(lua_State *L, int idx, proxy_t *p) {
 /* The proxy at idx if it is a userdata of class `kind`, else NULL. */
 static proxy_t *test_proxy(lua_State *L, int idx, int kind) {
   /* lua_touserdata is NULL for anything but a userdata, and a light one
-   * has length 0: two API calls tell a proxy (every dict call makes one). */
+   * has length 0: a full userdata of a proxy's size whose tag is a class
+   * key is a proxy (only C code could forge one), with no metatable
+   * lookup (every dict call makes one). */
   proxy_t *p = lua_touserdata(L, idx);
   if (p == NULL || lua_rawlen(L, idx) != sizeof(proxy_t))
     return NULL;
@@ -196,7 +199,8 @@ static void push_cached(lua_State *L, int kind, void *ptr) {
  * the channel). So its first proxy (made for init, once per connection)
  * is entered in the cache without looking it up first. */
 void lnr_push_new_channel(lua_State *L, nr_channel_t *ch) {
-  lnr_push_weak_keyed(L, LNR_KEYED_HANDLES, &CACHE_KEY, "v");
+  lnr_push_weak_keyed(L, &lnr_state(L)->slots[LNR_KEYED_HANDLES], &CACHE_KEY,
+                      "v");
 #ifndef NDEBUG
   assert(lua_rawgetp(L, -1, ch) == LUA_TNIL);   /* as argued above */
   lua_pop(L, 1);
@@ -209,7 +213,8 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
     lua_pushnil(L);
     return;
   }
-  lnr_push_weak_keyed(L, LNR_KEYED_HANDLES, &CACHE_KEY, "v");
+  lnr_push_weak_keyed(L, &lnr_state(L)->slots[LNR_KEYED_HANDLES], &CACHE_KEY,
+                      "v");
   if (lua_rawgetp(L, -1, ptr) == LUA_TUSERDATA) {
     proxy_t *p = lua_touserdata(L, -1);
     if (p->kind == kind && p->ptr == ptr) {
@@ -221,11 +226,9 @@ void lnr_push_handle(lua_State *L, int kind, void *ptr) {
   push_cached(L, kind, ptr);
   if (kind == LNR_FUTURE && nr_promise_is_void(ptr)) {
     lnr_state_t *S = lnr_state(L);       /* anchored: one proxy, one address */
-    if (S != NULL) {
-      lua_pushvalue(L, -1);
-      lnr_set_slot(L, LNR_SLOT_VOID);
-      S->void_proxy = lua_topointer(L, -1);
-    }
+    lua_pushvalue(L, -1);
+    lnr_set_ref(L, &S->slots[LNR_SLOT_VOID]);
+    S->void_proxy = lua_topointer(L, -1);
   }
 }
 

@@ -170,16 +170,18 @@ static int l_resp(lua_State *L) {
   return 1;
 }
 
-void lnr_open_handlers(lua_State *L) {
+static void open_handlers(lua_State *L) {
   pthread_once(&once, register_msgs);
-  lua_getfield(L, -1, "handler");
+  luaL_getsubtable(L, -1, "handler");
   lua_pushcfunction(L, l_idle_state);
   lua_setfield(L, -2, "idle_state");
   lua_pushcfunction(L, l_logging);
   lua_setfield(L, -2, "logging");
   lua_pop(L, 1);
-  lua_getfield(L, -1, "codec");
+  luaL_getsubtable(L, -1, "codec");
   lua_pushcfunction(L, l_resp);
   lua_setfield(L, -2, "resp");
   lua_pop(L, 1);
 }
+
+lnr_module_t lnr_handlers_module = {.name = "handlers", .open = open_handlers};

@@ -17,6 +17,7 @@
 #include <lualib.h>
 #include <stdatomic.h>
 
+#include "lmain.h"
 #include "netrun.h"
 
 typedef struct lnr_blob_s lnr_blob_t;
@@ -68,38 +69,20 @@ typedef struct lnr_pool_s {
   size_t mkept;                 /* bytes on the medium lists */
 } lnr_pool_t;
 
-/* Values a state's bindings fetch on every message, kept as registry
- * integer references (an array read, where a registry lookup by pointer
- * or name walks a hash chain). The KEYED ones mirror a registry entry
- * under a pointer key that never changes once made (a metatable, a weak
- * cache), fetched per connection: see lnr_push_keyed. */
-enum { LNR_SLOT_HTTP_REQUEST, LNR_SLOT_HTTP_KEYS,  /* five: lhttp.c */
-       LNR_SLOT_HTTP_CHECKED = LNR_SLOT_HTTP_KEYS + 5, LNR_SLOT_VOID,
-       LNR_SLOT_INIT, LNR_SLOT_NATIVE_MT, LNR_SLOT_HTTP_RAW_MT,
-       LNR_SLOT_HTTP_MEMO,
-       LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_KEYED_PIPE_MT,
-       LNR_KEYED_CTX_MT, LNR_KEYED_CTX_HANDLE_MT, LNR_KEYED_RECS,
-       LNR_NSLOTS };
+/* Registry references the kernel itself fetches on every message: an
+ * array read, where a registry lookup by pointer or name walks a hash
+ * chain. A feature keeps its own such references in its part (below) and
+ * reads them through lnr_push_ref / lnr_push_keyed. */
+enum { LNR_SLOT_VOID, LNR_KEYED_HANDLES, LNR_KEYED_CHANNEL_MT, LNR_NSLOTS };
 
-/* Header strings of responses remembered as checked (lhttp.c): names
- * and values, half each. */
-#define LNR_HTTP_CHECKED 64
+typedef struct lnr_module_s lnr_module_t;
 
-/* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
- * read, converted, wait on the stack of a thread of their own until that
- * read's channel_read_complete, which delivers them all in one protected
- * call. One batch per state at a time; private to lpipeline_batch.c. */
-typedef struct lnr_batch_s lnr_batch_t;
-
+/* A state's context: the kernel's fields here, then each module's part
+ * (lnr_part), in one block made with the state and freed after it. */
 typedef struct lnr_state_s {
   lua_State *L;
   int slots[LNR_NSLOTS];      /* registry refs; 0: not set yet */
   lnr_pool_t pool;
-  /* A simulated loop's state: Lua's first block (its global state) at the
-   * address the simulation gives (nr_sim_loop_scratch), see lstate.c. */
-  void *first;
-  size_t first_size;
-  bool first_taken;
   nr_loop_t *loop;            /* the loop this state runs on (main: external) */
   bool main;
   bool closing;               /* the state is being closed: run no more tasks */
@@ -112,9 +95,10 @@ typedef struct lnr_state_s {
   bool mem_reserve;           /* refused: the reserve is open */
   bool converting;            /* the bindings push values for a call */
   int resuming;               /* coroutines resumed from C */
-  /* The ctx of the Lua handler called last (lpipeline_handler.c): its table's
-   * address and C context, so that ctx:write knows it without reading the
-   * table. NULL when that handler has left its pipeline. */
+  /* The current call. The ctx of the Lua handler called last
+   * (lpipeline_handler.c): its table's address and C context, so that
+   * ctx:write knows it without reading the table. NULL when that handler
+   * has left its pipeline. */
   const void *ctx_table;
   nr_ctx_t *ctx;
   /* The read being handled (lpipeline_batch.c, lpipeline_exec.c): the ctx
@@ -125,34 +109,16 @@ typedef struct lnr_state_s {
    * it that raises is answered for too, however many stand between. */
   const void *read_ctx;
   uint64_t read_token;
+  /* The thread of this state, besides L, that handlers are called on
+   * (the pipeline's read batch), once made: lnr_state finds the state of
+   * either without a registry lookup. */
+  lua_State *call_thread;
   /* This state's proxy of the void promise, kept in LNR_SLOT_VOID (so its
    * address stays): a write tells it by address. NULL until made. */
   const void *void_proxy;
-  /* The server init run last here (lchannel.c): its function, in
-   * LNR_SLOT_INIT, is the one unpacked from blob init_blob of init_t
-   * init_in. NULL: none (or forgotten by a reload). */
-  const void *init_in, *init_blob;
-  /* The metatable of the native handler added last (lpipeline.c), kept in
-   * LNR_SLOT_NATIVE_MT (so its address stays its), and its maker. */
-  const void *native_mt;
-  const nr_handler_t *(*native_make)(lua_State *L, int idx, void **state);
-  lnr_batch_t *batch;         /* made when a Lua handler is first added */
-  /* Response header strings that passed their check, by address; each is
-   * anchored in LNR_SLOT_HTTP_CHECKED while it is here (lhttp.c). */
-  const char *http_checked[LNR_HTTP_CHECKED];
-  /* The response memo (lhttp_memo.c), kept in LNR_SLOT_HTTP_MEMO; NULL
-   * until made. Its hint: the last response table converted. */
-  struct lnr_http_memo_s *http_memo;
-  uint64_t http_memo_hint;
-  lua_State *batch_thread;    /* the batch's thread, once made: the other
-                                 thread the state's converters run on */
-  /* The stall watchdog's request (lstall.c): NR_STALL_* bits, the mark of
-   * the run it is about and how long that had lasted. */
-  _Atomic unsigned stall_req;
-  _Atomic uint64_t stall_mark, stall_busy;
   /* The coroutine running now, NULL when none is (lnr_resume): the thread
-   * the watchdog hooks besides L, since a count hook is per thread. Set
-   * as a resume begins; put back as it ends under run_lock, which the
+   * the stall watchdog hooks besides L, since a count hook is per thread.
+   * Set as a resume begins; put back as it ends under run_lock, which the
    * watchdog holds while it hooks `running`: a thread it reads there
    * cannot be left, and so collected, before its hook is set. */
   lua_State *_Atomic running;
@@ -165,8 +131,51 @@ typedef struct lnr_state_s {
 #endif
 } lnr_state_t;
 
-/* Free the state's batch, once its Lua state is closed. */
-void lnr_batch_free(lnr_state_t *S);
+/* ---- modules ---------------------------------------------------------------- */
+
+/* A feature of the bindings is a module: one row of the module table
+ * (module.c), as in Lua's linit.c and nginx's ngx_module_t. The kernel --
+ * lstate.c and module.c -- knows features only through their rows: it
+ * opens them, sizes and closes their parts, and runs their hooks, in
+ * table order, naming none. Every field but name may be empty. */
+struct lnr_module_s {
+  const char *name;
+  /* Fill netrun.core: called in every state, with the core table on top
+   * of the stack, which it leaves as it found it. */
+  void (*open)(lua_State *L);
+  /* After luaL_openlibs in a loop state, before "netrun" is required:
+   * replace standard functions (os.execute, coroutine.resume). */
+  void (*libs)(lua_State *L);
+  /* The module's per-state part: part_size bytes of every state's
+   * context, zeroed when the state is made (lnr_part). close, if any,
+   * runs on the state's thread after its Lua state is closed. */
+  size_t part_size;
+  void (*close)(lnr_state_t *S, void *part);
+  /* A hot reload (core.forget_caches) in this state, on its thread:
+   * forget what the state cached of the code it ran. */
+  void (*reload)(lua_State *L);
+  /* The process's teardown, as the main state closes, in table order.
+   * false stops it: what later rows free may still be in use (a loop is
+   * stuck). */
+  bool (*teardown)(lua_State *L);
+  /* Where the part begins in a state's context: set by the kernel
+   * (lnr_state_size) before any state is made, constant after. */
+  size_t part_offset;
+};
+
+/* The part of module m in the state S (m->part_size bytes). */
+static inline void *lnr_part(const lnr_state_t *S, const lnr_module_t *m) {
+  return (char *)S + m->part_offset;
+}
+
+/* The kernel's walks of the table (module.c). The size of a state's
+ * context with every part (computed once; any thread). */
+size_t lnr_state_size(void);
+void lnr_modules_libs(lua_State *L);
+void lnr_modules_close(lnr_state_t *S);
+void lnr_modules_reload(lua_State *L);
+bool lnr_modules_teardown(lua_State *L);
+
 
 #if LNR_STACK_CHECKED
 #define LNR_STACK_MARK(S)                                                   \
@@ -188,16 +197,19 @@ void lnr_batch_free(lnr_state_t *S);
 #define LNR_STACK_UNMARK(S, n) ((void)0)
 #endif
 
-/* The context of the state L (every netrun state has one). */
+/* The context of the state L. Every state that runs the bindings' code
+ * has one: it is made before netrun.core opens (lnr_open_state). */
 lnr_state_t *lnr_state(lua_State *L);
-/* Push the value in slot (nil if unset); returns its type. */
-int lnr_push_slot(lua_State *L, int slot);
-/* Pop the value on top into slot. */
-void lnr_set_slot(lua_State *L, int slot);
+/* A registry reference kept in a state's context (a kernel slot, a field
+ * of a module's part): 0 until set. Push its value (nil if unset);
+ * returns its type. */
+int lnr_push_ref(lua_State *L, const int *ref);
+/* Pop the value on top into *ref (letting go of the one there). */
+void lnr_set_ref(lua_State *L, int *ref);
 /* Push registry[key] (a light-userdata key whose value, once made, never
- * changes), read through slot once it was found there: an array read, not
+ * changes), read through *ref once it was found there: an array read, not
  * a walk of the registry's hash chains. Returns its type. */
-int lnr_push_keyed(lua_State *L, int slot, const void *key);
+int lnr_push_keyed(lua_State *L, int *ref, const void *key);
 /* The main thread's external loop, created when the module is first loaded. */
 nr_loop_t *lnr_main_loop(void);
 /* Loop state hooks; ud is what lnr_paths_new returned. */
@@ -213,11 +225,8 @@ lnr_state_t *lnr_current_state(void);
 void lnr_send_task(lua_State *L, nr_loop_t *loop, lnr_blob_t *b,
                    nr_promise_t *p);
 
-/* Call the function below nargs arguments in protected mode, with a
- * traceback on error. On error, leaves the message on the stack and returns
- * non-zero. */
-int lnr_pcall(lua_State *L, int nargs, int nresults);
-/* The message handler lnr_pcall uses: adds a traceback. */
+/* lnr_pcall (lmain.h) is the one protected call. The message handler it
+ * uses: adds a traceback. */
 int lnr_msgh(lua_State *L);
 /* Log the error on top of the stack ("<what>: <message>") and pop it. */
 void lnr_log_error(lua_State *L, const char *what);
@@ -238,7 +247,7 @@ struct lnr_blob_s {
   void *user;                 /* for whoever sends the blob */
   void *user2;
   uint64_t token;             /* lpipeline_exec.c: a read's token */
-  nr_loop_t *owed;            /* lgroup.c: the loop the task's outcome
+  nr_loop_t *owed;            /* group/lgroup.c: the loop the task's outcome
                                  goes back to (nr_loop_hold), or NULL */
   int kept;                   /* lnr_keep: registry ref of the values, else 0 */
   const struct lnr_state_s *home;   /* lnr_keep: the state holding them */
@@ -349,7 +358,7 @@ static inline void lnr_run_leave(lnr_state_t *S, lua_State *prev) {
 /* lua_resume(co, from, nargs, nres), with co known to the stall watchdog
  * as the running coroutine while it runs. S may be NULL. Every resume of
  * the bindings goes through here: netrun.spawn's, and the coroutine
- * library's of loop states (lnr_open_coroutines). */
+ * library's of loop states (lstall.c). */
 static inline int lnr_resume(lnr_state_t *S, lua_State *co, lua_State *from,
                              int nargs, int *nres) {
   if (S == NULL)
@@ -365,10 +374,6 @@ static inline int lnr_resume(lnr_state_t *S, lua_State *co, lua_State *from,
 static inline lnr_state_t *lnr_loop_state(lua_State *L) {
   return *(lnr_state_t **)lua_getextraspace(L);
 }
-/* After luaL_openlibs in a loop state: coroutine.resume, wrap and close
- * that run their coroutine through lnr_resume, so that a stall inside one
- * is hooked there (lstall.c). */
-void lnr_open_coroutines(lua_State *L);
 /* Reference counts of the handle kinds, defined next to each kind and
  * used by lnr_handle_retain/release (lhandle.c). */
 void lnr_group_retain(lnr_group_t *g);
@@ -377,13 +382,6 @@ void lnr_chgroup_retain(void *cg);
 void lnr_chgroup_release(void *cg);
 void lnr_tls_retain(void *cfg);
 void lnr_tls_release(void *cfg);
-/* When the main state closes (lstate.c): shut every group down and wait
- * for it (false: a loop is stuck, and what it may use must not be freed);
- * then free the dict registry and stop the resolver (lookups in flight
- * fail; none is waited for). */
-bool lnr_shutdown_all(lua_State *L);
-void lnr_free_dicts(void);
-void lnr_free_dns(void);
 /* Push a lookup's answer: an array of address strings, its TTL as `ttl`. */
 void lnr_push_addrs(lua_State *L, const nr_addrs_t *a);
 /* Default groups for servers and clients without one (created lazily). */
@@ -400,29 +398,16 @@ int lnr_try_pack(lua_State *L, int idx, bool keep, lnr_blob_t **out);
 /* Run a Lua task packed as (fn, args...) in the current state. */
 int lnr_run_packed(lua_State *L, lnr_blob_t *b, int nresults);
 
-/* ---- module parts ------------------------------------------------------------- */
-
-void lnr_open_transfer(lua_State *L);
-void lnr_open_group(lua_State *L);
-void lnr_open_future(lua_State *L);
-void lnr_open_channel(lua_State *L);
-void lnr_open_pipeline(lua_State *L);
-void lnr_open_dict(lua_State *L);
+/* Make the context of the state L, if it has none yet (the first state
+ * of a thread that is not a loop's becomes the main one): the kernel's
+ * first step in opening netrun.core (module.c). */
 void lnr_open_state(lua_State *L);
-void lnr_open_console(lua_State *L);
-void lnr_open_dns(lua_State *L);
-void lnr_open_sim(lua_State *L);
 /* The main state's loop becomes l (a simulation's, while one runs:
  * lsim.c); returns the one before. Main thread. */
 nr_loop_t *lnr_swap_main_loop(nr_loop_t *l);
-/* Batteries. Each is called with the core module table on top of the stack
- * and adds its constructors to its subtables "codec" and "handler" (made
- * before): lcodec.c the frame codecs, lhttp.c the HTTP codec, lhandlers.c
- * idle_state, logging and any other native handler. */
-void lnr_open_codec(lua_State *L);
-void lnr_open_http(lua_State *L);
-/* lhttp_client.c: core.codec.http_client. */
-void lnr_open_http_client(lua_State *L);
+
+/* ---- what features share -------------------------------------------------------- */
+
 /* A request's options (netrun.http), checked: raises, at the level given
  * (luaL_where's: that of the call that gave them to netrun.http), when
  * the value at idx is not a table of known options of the right types;
@@ -439,11 +424,6 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level);
  * write failed (reported to exception_caught). */
 int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
                         size_t el);
-/* lhttp_pool.c: core.http.pool, netrun.http's connection pools. */
-void lnr_open_http_pool(lua_State *L);
-/* lpipeline_ctx.c: the C context of the ctx at idx (raises if none, or
- * off its loop). */
-nr_ctx_t *lnr_check_ctx(lua_State *L, int idx);
 /* lhttp.c: a server request (netrun.http.request) seen by the client
  * codec that forwards it (lhttp_client.c), without making a Lua value of
  * its fields. Loop thread of L. A field the handler assigned wins over
@@ -473,11 +453,6 @@ uint64_t lnr_http_request_token(lua_State *L, int idx, const void *p);
 struct nr_http_header_s;
 size_t lnr_http_forward_fields(lua_State *L, int idx,
                                struct nr_http_header_s *out, size_t cap);
-void lnr_open_handlers(lua_State *L);
-/* ltls.c: core.tls (server, client, reload, attach, handshake). */
-void lnr_open_tls(lua_State *L);
-/* lws.c: core.codec.websocket and core.websocket (accept, key, switch). */
-void lnr_open_websocket(lua_State *L);
 
 /* Messages: Lua value <-> C pipeline message (lmsg.c). */
 void lnr_push_msg(lua_State *L, void *msg);
@@ -490,18 +465,6 @@ void lnr_register_msg(int type, lnr_msg_push_fn push);
  * for the head's error text (nr_set_msg_describer). */
 void lnr_describe_msg(const void *msg, char *buf, size_t size, char *where,
                       size_t wsize);
-void lnr_free_inits(void);
-/* Hot reload (lchannel.c, transfer.c): forget this state's unpacked server
- * inits and its map of module values, so that what crosses next resolves
- * the modules as they are now. Loop (or main) thread of L. */
-void lnr_forget_inits(lua_State *L);
-void lnr_forget_modules(lua_State *L);
-/* lops.c: core.file_stamp, core.forget_caches, core.term_*, core.http_stats. */
-void lnr_open_ops(lua_State *L);
-/* core.json(): a state's JSON codec for lua/netrun/json.lua (ljson.c). */
-void lnr_open_json(lua_State *L);
-/* lredis.c: core.redis (a RESP codec for lua/netrun/redis.lua, the cluster slot). */
-void lnr_open_redis(lua_State *L);
 /* Native messages: a full userdata that begins with an lnr_native_t, then
  * a C pipeline message (its first int its NR_MSG type) holding no
  * pointers, such as a prepared HTTP response. lnr_to_msg hands it to the
@@ -571,8 +534,8 @@ void lnr_native_class(lua_State *L, const char *name, lnr_native_fn make,
 /* Push the registry table stored under the address `key`, making it the
  * first time as a weak table of the given __mode ("k", "v" or "kv"). */
 void lnr_push_weak(lua_State *L, const void *key, const char *mode);
-/* lnr_push_weak through slot (lnr_push_keyed). */
-void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
+/* lnr_push_weak through *ref (lnr_push_keyed). */
+void lnr_push_weak_keyed(lua_State *L, int *ref, const void *key,
                          const char *mode);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
 /* Levenshtein distance of two names (64 or more: "far", for long ones). */

@@ -35,12 +35,12 @@ static int l_file_stamp(lua_State *L) {
   return 1;
 }
 
-/* core.forget_caches(): after a reload's swap in this state, the server
- * inits it unpacked and its map of module values are dropped; the next
+/* core.forget_caches(): after a reload's swap in this state, what the
+ * modules cached of the code it ran is dropped (each module's reload
+ * hook: the server inits it unpacked, its map of module values); the next
  * channel unpacks its init afresh, resolving the modules anew. */
 static int l_forget_caches(lua_State *L) {
-  lnr_forget_inits(L);
-  lnr_forget_modules(L);
+  lnr_modules_reload(L);
   return 0;
 }
 
@@ -135,10 +135,12 @@ void lnr_reload_signal(void) {
     nr_log(NR_LOG_WARN, "SIGHUP: no netrun main state to reload; ignored");
 }
 
-void lnr_open_ops(lua_State *L) {
+static void open_ops(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"file_stamp", l_file_stamp}, {"forget_caches", l_forget_caches},
       {"http_stats", l_http_stats}, {"term_raw", l_term_raw},
       {"term_key", l_term_key}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
+
+lnr_module_t lnr_ops_module = {.name = "ops", .open = open_ops};

@@ -666,7 +666,7 @@ static int l_sha1(lua_State *L) {
   return 1;
 }
 
-void lnr_open_redis(lua_State *L) {
+static void open_redis(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"cmd", l_cmd}, {"cmdv", l_cmdv}, {"out", l_out},
       {"waiting", l_waiting}, {"feed", l_feed}, {"take", l_take},
@@ -697,3 +697,5 @@ void lnr_open_redis(lua_State *L) {
   lua_setfield(L, -2, "slot");
   lua_setfield(L, -2, "redis");
 }
+
+lnr_module_t lnr_redis_module = {.name = "redis", .open = open_redis};

@@ -353,7 +353,7 @@ static int l_random(lua_State *L) {
   return 1;
 }
 
-void lnr_open_sim(lua_State *L) {
+static void open_sim(lua_State *L) {
   static const luaL_Reg world_methods[] = {
       {"host", w_host}, {"set_host", w_set_host}, {"latency", w_latency},
       {"loss", w_loss}, {"duplicate", w_duplicate}, {"reorder", w_reorder},
@@ -376,3 +376,5 @@ void lnr_open_sim(lua_State *L) {
   lua_pushboolean(L, nr_clock_is_virtual());
   lua_setfield(L, -2, "sim_state");
 }
+
+lnr_module_t lnr_sim_module = {.name = "sim", .open = open_sim};

@@ -34,6 +34,7 @@
 #include <lualib.h>
 
 #include "lmain.h"
+#include "lnr.h"
 
 #define SHELL "/bin/sh"
 
@@ -168,3 +169,5 @@ void lnr_open_spawn(lua_State *L) {
   replace(L, LUA_OSLIBNAME, "execute", l_execute);
   replace(L, LUA_IOLIBNAME, "popen", l_popen);
 }
+
+lnr_module_t lnr_spawn_module = {.name = "spawn", .libs = lnr_open_spawn};

@@ -34,17 +34,32 @@
 
 #include "lnr.h"
 
+/* A state's part: the watchdog's request, NR_STALL_* bits, the mark of
+ * the run it is about and how long that had lasted. Written by the
+ * watchdog's thread, read by the hook on the state's own. */
+typedef struct stall_part_s {
+  _Atomic unsigned req;
+  _Atomic uint64_t mark, busy;
+} stall_part_t;
+
+extern lnr_module_t lnr_stall_module;
+
+static stall_part_t *stall_part(lnr_state_t *S) {
+  return lnr_part(S, &lnr_stall_module);
+}
+
 static void stall_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);            /* first: a new request sets it again */
   lnr_state_t *S = lnr_state(L);
   if (S == NULL || S->loop == NULL)
     return;
-  unsigned req = atomic_exchange(&S->stall_req, 0);
-  uint64_t mark = atomic_load(&S->stall_mark);
+  stall_part_t *P = stall_part(S);
+  unsigned req = atomic_exchange(&P->req, 0);
+  uint64_t mark = atomic_load(&P->mark);
   if (req == 0 || nr_loop_stall_mark(S->loop) != mark)
     return;                              /* that run is over */
-  double busy = (double)atomic_load(&S->stall_busy) / 1e9;
+  double busy = (double)atomic_load(&P->busy) / 1e9;
   if ((req & NR_STALL_REPORT) && nr_loop_stall_claim(S->loop, mark)) {
     luaL_traceback(L, L, NULL, 0);
     nr_log(NR_LOG_WARN, "%s: stalled: one run has lasted %.1f s, in Lua%s:\n%s",
@@ -69,9 +84,10 @@ static bool on_stall(nr_loop_t *loop, int what, uint64_t busy_ns, uint64_t mark,
   lnr_state_t *S = nr_loop_data(loop);
   if (S == NULL || S->L == NULL)
     return false;
-  atomic_store(&S->stall_busy, busy_ns);
-  atomic_store(&S->stall_mark, mark);
-  atomic_fetch_or(&S->stall_req, (unsigned)what);
+  stall_part_t *P = stall_part(S);
+  atomic_store(&P->busy, busy_ns);
+  atomic_store(&P->mark, mark);
+  atomic_fetch_or(&P->req, (unsigned)what);
   lua_sethook(S->L, stall_hook, LUA_MASKCOUNT, 1);
   while (atomic_exchange_explicit(&S->run_lock, true, memory_order_acquire))
     sched_yield();                       /* held for a store at most */
@@ -192,7 +208,10 @@ static int co_close(lua_State *L) {
   return 2;
 }
 
-void lnr_open_coroutines(lua_State *L) {
+/* After luaL_openlibs in a loop state: coroutine.resume, wrap and close
+ * that run their coroutine through lnr_resume, so that a stall inside one
+ * is hooked there. */
+static void open_coroutines(lua_State *L) {
   static const luaL_Reg fns[] = {{"resume", co_resume}, {"wrap", co_wrap},
                                  {"close", co_close}, {NULL, NULL}};
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
@@ -227,3 +246,6 @@ void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
     o->stall_threshold = o->stall_timeout;
   o->on_stall = on_stall;
 }
+
+lnr_module_t lnr_stall_module = {
+    .name = "stall", .libs = open_coroutines, .part_size = sizeof(stall_part_t)};

@@ -7,13 +7,17 @@
  * sent to it -- runs whenever it waits inside netrun.
  *
  * Every loop thread creates its own state when it starts (on its thread),
- * with the standard libraries (os.execute and io.popen from lspawn.c;
- * coroutine.resume, wrap and close from lstall.c), a
+ * with the standard libraries (as the modules' libs hooks change them), a
  * generational collector, the main state's package.path/cpath,
  * "netrun.core" preloaded and "netrun" required, and a counting allocator
  * so its memory can be read from any thread, and
  * bounded (lua_memory_limit, see "the memory limit"). The state is closed
  * on the same thread when the loop terminates.
+ *
+ * This is the kernel: a state's context (lnr_state_t) holds the state, its
+ * loop, the current call, slots and the memory limit; each module's part
+ * follows it in the same block (module.c lays them out and runs their
+ * hooks). Nothing here names a feature.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,60 +57,51 @@ static __attribute__((noinline)) lnr_state_t *lookup_state(lua_State *L) {
   return S;
 }
 
-/* The batch thread (lpipeline_batch.c) is the other thread a state's converters
- * run on: it hits too. */
+/* The state's call thread (lnr_state_t.call_thread) is the other thread
+ * its handlers run on: it hits too. */
 static inline lnr_state_t *state_of(lua_State *L) {
-  return L == last_L || (last_S != NULL && L == last_S->batch_thread)
+  return L == last_L || (last_S != NULL && L == last_S->call_thread)
              ? last_S : lookup_state(L);
 }
 
 lnr_state_t *lnr_state(lua_State *L) { return state_of(L); }
 
-int lnr_push_slot(lua_State *L, int slot) {
-  lnr_state_t *S = state_of(L);
-  if (S == NULL || S->slots[slot] == 0) {
+int lnr_push_ref(lua_State *L, const int *ref) {
+  if (*ref == 0) {
     lua_pushnil(L);
     return LUA_TNIL;
   }
-  return lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+  return lua_rawgeti(L, LUA_REGISTRYINDEX, *ref);
 }
 
-void lnr_set_slot(lua_State *L, int slot) {
-  lnr_state_t *S = state_of(L);
-  if (S == NULL) {
-    lua_pop(L, 1);
-    return;
-  }
-  if (S->slots[slot] != 0)
-    luaL_unref(L, LUA_REGISTRYINDEX, S->slots[slot]);
-  S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
+void lnr_set_ref(lua_State *L, int *ref) {
+  if (*ref != 0)
+    luaL_unref(L, LUA_REGISTRYINDEX, *ref);
+  *ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-static void keep_in_slot(lua_State *L, lnr_state_t *S, int slot) {
+static void keep_in_ref(lua_State *L, int *ref) {
   lua_pushvalue(L, -1);
-  S->slots[slot] = luaL_ref(L, LUA_REGISTRYINDEX);
+  *ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-int lnr_push_keyed(lua_State *L, int slot, const void *key) {
-  lnr_state_t *S = state_of(L);
-  if (S != NULL && S->slots[slot] > 0)
-    return lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+int lnr_push_keyed(lua_State *L, int *ref, const void *key) {
+  if (*ref > 0)
+    return lua_rawgeti(L, LUA_REGISTRYINDEX, *ref);
   int t = lua_rawgetp(L, LUA_REGISTRYINDEX, key);
-  if (S != NULL && t != LUA_TNIL)
-    keep_in_slot(L, S, slot);
+  if (t != LUA_TNIL)
+    keep_in_ref(L, ref);
   return t;
 }
 
-void lnr_push_weak_keyed(lua_State *L, int slot, const void *key,
+void lnr_push_weak_keyed(lua_State *L, int *ref, const void *key,
                          const char *mode) {
-  lnr_state_t *S = state_of(L);
-  if (S != NULL && S->slots[slot] > 0) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+  if (*ref > 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, *ref);
     return;
   }
   lnr_push_weak(L, key, mode);
-  if (S != NULL)
-    keep_in_slot(L, S, slot);
+  keep_in_ref(L, ref);
 }
 
 nr_loop_t *lnr_main_loop(void) { return main_loop; }
@@ -432,26 +427,37 @@ static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return alloc_slow(S, ptr, osize, nsize);
 }
 
-/* A simulated loop's allocator: counting_alloc, but for Lua's first
- * block, its global state, which lives in the loop's scratch memory -- at
- * the same address in every run of a seed. Lua seeds a state's string
- * hashes with that address (and a stack address and the time, which a
- * simulation fixes too), and the hashes decide the order pairs() visits
- * string keys in: header fields written from a table, say. So a seed
- * replays that order as well. */
-static void *sim_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+/* The allocator of a loop whose memory must not depend on where things
+ * happen to be (the loops that have an nr_loop_scratch): counting_alloc, but
+ * for Lua's first block, its global state, which lives in the loop's
+ * scratch block -- at the same address in every run. Lua seeds a state's
+ * string hashes with that address (and a stack address and the time,
+ * which such a loop fixes too), and the hashes decide the order pairs()
+ * visits string keys in: header fields written from a table, say. So a
+ * run replays that order as well. The scratch's first SCRATCH_HEAD bytes
+ * say whether the block is taken (the scratch comes zeroed). */
+#define SCRATCH_HEAD 16
+
+static void *scratch_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   lnr_state_t *S = ud;
-  if (ptr != NULL && ptr == S->first) {
+  size_t size = 0;
+  char *head = nr_loop_scratch(S->loop, &size);
+  if (head == NULL || size <= SCRATCH_HEAD)
+    return counting_alloc(ud, ptr, osize, nsize);
+  char *first = head + SCRATCH_HEAD;
+  size -= SCRATCH_HEAD;
+  if (ptr != NULL && ptr == first) {
     if (nsize == 0) {                    /* lua_close: the last block */
       count(S, 0, osize);
+      *head = 0;
       return NULL;
     }
-    return nsize <= S->first_size ? ptr : NULL;
+    return nsize <= size ? ptr : NULL;
   }
-  if (ptr == NULL && nsize > 0 && !S->first_taken && nsize <= S->first_size) {
-    S->first_taken = true;
+  if (ptr == NULL && nsize > 0 && *head == 0 && nsize <= size) {
+    *head = 1;
     count(S, nsize, 0);
-    return S->first;
+    return first;
   }
   return counting_alloc(ud, ptr, osize, nsize);
 }
@@ -499,8 +505,7 @@ static void set_args(lua_State *L, const lnr_paths_t *paths) {
 static int open_loop_state(lua_State *L) {
   const lnr_paths_t *paths = lua_touserdata(L, 1);
   luaL_openlibs(L);
-  lnr_open_spawn(L);
-  lnr_open_coroutines(L);
+  lnr_modules_libs(L);
   lua_gc(L, LUA_GCGEN, 0, 0);
   set_path(L, "path", paths->path);
   set_path(L, "cpath", paths->cpath);
@@ -516,15 +521,18 @@ static int open_loop_state(lua_State *L) {
 }
 
 void lnr_loop_started(nr_loop_t *loop, void *ud) {
-  lnr_state_t *S = calloc(1, sizeof *S);
+  lnr_state_t *S = calloc(1, lnr_state_size());
   const lnr_paths_t *paths = ud;
   if (S) {
     S->mem_limit = paths->mem_limit ? paths->mem_limit : SIZE_MAX;
     S->memory = nr_loop_memory(loop);  /* read by stats() from any thread */
-    S->first = nr_sim_loop_scratch(loop, &S->first_size);
+    S->loop = loop;                    /* (scratch_alloc reads it) */
   }
-  lua_State *L = S ? lua_newstate(S->first ? sim_alloc : counting_alloc, S)
-                   : NULL;
+  size_t scratch;
+  lua_State *L = S == NULL ? NULL
+                 : lua_newstate(nr_loop_scratch(loop, &scratch) ? scratch_alloc
+                                                                : counting_alloc,
+                                S);
   if (L == NULL) {
     nr_log(NR_LOG_ERROR, "%s: cannot create a Lua state", nr_loop_name(loop));
     free(S);
@@ -550,7 +558,7 @@ void lnr_loop_exiting(nr_loop_t *loop, void *ud) {
     return;
   nr_loop_set_data(loop, NULL);
   lua_close(S->L);
-  lnr_batch_free(S);
+  lnr_modules_close(S);
   forget_states();
   pool_free_pages(&S->pool);
   free(S);
@@ -642,22 +650,26 @@ void lnr_paths_free(void *ud) {
 
 /* The main state registers itself the first time the module is opened on
  * a thread that is not a loop. A sentinel's __gc tears the runtime down
- * when that state closes. */
+ * when that state closes: the modules' teardowns, in table order. */
 static int sentinel_gc(lua_State *L) {
-  if (!lnr_shutdown_all(L))
+  if (!lnr_modules_teardown(L))
     return 0;      /* a loop is stuck and may use all this: the process ends */
-  lnr_free_inits();
-  lnr_free_dicts();
-  lnr_free_dns();
   if (main_state && main_state->L == L) {
+    lnr_modules_close(main_state);          /* while its loop is there */
     nr_loop_set_data(main_loop, NULL);
     nr_loop_free(main_loop);
     main_loop = NULL;
-    lnr_batch_free(main_state);
     free(main_state);
     main_state = NULL;
   }
   forget_states();
+  return 0;
+}
+
+/* A second non-loop state's context is a userdata of that state, kept
+ * until it closes. */
+static int second_state_gc(lua_State *L) {
+  lnr_modules_close(lua_touserdata(L, 1));
   return 0;
 }
 
@@ -668,17 +680,21 @@ void lnr_open_state(lua_State *L) {
     /* A second non-loop state (rare): give it a context on the same loop. */
     no_cache = true;
     forget_states();
-    lnr_state_t *S = lua_newuserdatauv(L, sizeof *S, 0);
-    memset(S, 0, sizeof *S);
+    lnr_state_t *S = lua_newuserdatauv(L, lnr_state_size(), 0);
+    memset(S, 0, lnr_state_size());
     S->L = L;
     S->loop = main_loop;
+    lua_newtable(L);                         /* its parts close with it */
+    lua_pushcfunction(L, second_state_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
     luaL_ref(L, LUA_REGISTRYINDEX);          /* keep it alive */
     lua_pushlightuserdata(L, S);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
     return;
   }
   main_loop = nr_loop_new(&(nr_loop_opts_t){.name = "main", .external = true});
-  main_state = calloc(1, sizeof *main_state);
+  main_state = calloc(1, lnr_state_size());
   if (main_loop == NULL || main_state == NULL)
     luaL_error(L, "netrun: cannot create the main loop");
   main_state->L = L;

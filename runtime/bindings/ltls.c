@@ -338,7 +338,7 @@ static void register_msgs(void) {
   lnr_register_msg(NR_MSG_TLS_EVENT, push_event);
 }
 
-void lnr_open_tls(lua_State *L) {
+static void open_tls(lua_State *L) {
   pthread_once(&once, register_msgs);
   static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {NULL, NULL}};
   lnr_new_class(L, TLS_MT, NULL, meta);
@@ -355,3 +355,5 @@ void lnr_open_tls(lua_State *L) {
   luaL_setfuncs(L, funcs, 0);
   lua_setfield(L, -2, "tls");
 }
+
+lnr_module_t lnr_tls_module = {.name = "tls", .open = open_tls};

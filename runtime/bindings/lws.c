@@ -367,11 +367,11 @@ static void register_converter(void) {
   lnr_register_msg(NR_MSG_WEBSOCKET, push_msg);
 }
 
-void lnr_open_websocket(lua_State *L) {
+static void open_websocket(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);
   lnr_native_class(L, CLASS, make, l_tostring);
-  lua_getfield(L, -1, "codec");
+  luaL_getsubtable(L, -1, "codec");
   lua_pushcfunction(L, l_websocket);
   lua_setfield(L, -2, "websocket");
   lua_pop(L, 1);
@@ -386,3 +386,5 @@ void lnr_open_websocket(lua_State *L) {
   lua_setfield(L, -2, "ws");      /* not "websocket": core's fields are
                                      netrun's, and that is websocket.lua */
 }
+
+lnr_module_t lnr_websocket_module = {.name = "websocket", .open = open_websocket};

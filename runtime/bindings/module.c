@@ -1,20 +1,111 @@
 /*
- * module.c -- luaopen_netrun_core: the C half of require "netrun". The Lua
- * half (lua/netrun/init.lua) builds the public module on top of it.
+ * module.c -- the module table and luaopen_netrun_core, the C half of
+ * require "netrun" (the Lua half, lua/netrun/init.lua, builds the public
+ * module on top of it).
+ *
+ * Every feature of the bindings is one row of the table, and its file
+ * defines the row's lnr_module_t (lnr.h says what each field means). The
+ * kernel walks the table -- to open netrun.core, to lay out and close a
+ * state's parts, for a hot reload and for the process's teardown -- and
+ * names no feature anywhere else. Adding one is a row here and a file
+ * (docs/architecture.md, "Adding a module").
+ *
+ * Threads: the walks run on the thread of the state they are given; the
+ * layout is computed once, before the first state is made.
  */
+#include <pthread.h>
+#include <stdalign.h>
+#include <stddef.h>
+
 #include "lmain.h"
 #include "lnr.h"
 
-/* core.transfer(...): pack and unpack in this state -- what another state
- * would receive. For tests and the curious. */
-static int l_transfer(lua_State *L) {
-  int n = lua_gettop(L);
-  lnr_blob_t *b = lnr_pack(L, 1, n, "argument");
-  lua_settop(L, 0);
-  int got = lnr_unpack(L, b);
-  lnr_blob_free(b);
-  return got;
+/* The table, in the order the modules open (a later row may use what an
+ * earlier one put in netrun.core) and are torn down (groups first: every
+ * loop stops before anything it may use is freed). */
+#define MODULES(X)                                                          \
+  X(transfer)      /* transfer/: values between states; core.transfer */    \
+  X(group)         /* group/: groups and loops; stops them at teardown */   \
+  X(future)        /* lfuture.c: futures, spawn, sleep */                   \
+  X(channel_handle)/* channel/lchannel_handle.c: netrun.channel */          \
+  X(channel)       /* channel/lchannel.c: servers, clients, UDP */          \
+  X(chgroup)       /* channel/lchgroup.c: netrun.channel_group */           \
+  X(pipeline)      /* pipeline/: pipelines, Lua handlers, ctx */            \
+  X(dict)          /* ldict.c: netrun.shared.dict, core.log */              \
+  X(console)       /* console.c: the REPL's half in C */                    \
+  X(dns)           /* ldns.c: lookups; stops the resolver at teardown */    \
+  X(codec)         /* lcodec.c: frame codecs, the embedded channel */       \
+  X(http)          /* http/lhttp*.c: the HTTP server codec, requests */     \
+  X(http_client)   /* http/lhttp_client.c: the HTTP client codec */         \
+  X(http_pool)     /* http/lhttp_pool.c, lhttp_lane.c: netrun.http */       \
+  X(handlers)      /* lhandlers.c: idle_state, logging, resp */             \
+  X(tls)           /* ltls.c: TLS configs and handlers */                   \
+  X(websocket)     /* lws.c: the WebSocket codec */                         \
+  X(ops)           /* lops.c: reload, metrics, the terminal */              \
+  X(json)          /* json/: core.json */                                   \
+  X(redis)         /* lredis.c: core.redis */                               \
+  X(stall)         /* lstall.c: the stall watchdog's hook, coroutines */    \
+  X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */   \
+  X(sim)           /* lsim.c: netrun.sim's worlds (lua/netrun/sim.lua) */
+
+#define DECLARE(name) extern lnr_module_t lnr_##name##_module;
+MODULES(DECLARE)
+#define ROW(name) &lnr_##name##_module,
+static lnr_module_t *const modules[] = {MODULES(ROW)};
+#define NMODULES (sizeof modules / sizeof modules[0])
+
+/* ---- a state's parts ---------------------------------------------------- */
+
+static pthread_once_t layout_once = PTHREAD_ONCE_INIT;
+static size_t state_size;
+
+#define PART_ALIGN alignof(max_align_t)
+
+static size_t aligned(size_t n) { return (n + PART_ALIGN - 1) & ~(PART_ALIGN - 1); }
+
+/* Each part after the kernel's fields, in table order. */
+static void lay_out(void) {
+  size_t at = aligned(sizeof(lnr_state_t));
+  for (size_t i = 0; i < NMODULES; i++) {
+    modules[i]->part_offset = at;
+    at += aligned(modules[i]->part_size);
+  }
+  state_size = at;
 }
+
+size_t lnr_state_size(void) {
+  pthread_once(&layout_once, lay_out);
+  return state_size;
+}
+
+void lnr_modules_close(lnr_state_t *S) {
+  for (size_t i = 0; i < NMODULES; i++)
+    if (modules[i]->close != NULL)
+      modules[i]->close(S, lnr_part(S, modules[i]));
+}
+
+/* ---- hooks -------------------------------------------------------------- */
+
+void lnr_modules_libs(lua_State *L) {
+  for (size_t i = 0; i < NMODULES; i++)
+    if (modules[i]->libs != NULL)
+      modules[i]->libs(L);
+}
+
+void lnr_modules_reload(lua_State *L) {
+  for (size_t i = 0; i < NMODULES; i++)
+    if (modules[i]->reload != NULL)
+      modules[i]->reload(L);
+}
+
+bool lnr_modules_teardown(lua_State *L) {
+  for (size_t i = 0; i < NMODULES; i++)
+    if (modules[i]->teardown != NULL && !modules[i]->teardown(L))
+      return false;
+  return true;
+}
+
+/* ---- netrun.core -------------------------------------------------------- */
 
 /* core.now(): the monotonic clock in seconds. */
 static int l_now(lua_State *L) {
@@ -23,36 +114,14 @@ static int l_now(lua_State *L) {
 }
 
 int luaopen_netrun_core(lua_State *L) {
+  lnr_state_size();                   /* the layout, before any state */
   lnr_open_state(L);
-  lnr_open_transfer(L);
   lua_newtable(L);
-  lnr_open_group(L);
-  lnr_open_future(L);
-  lnr_open_channel(L);
-  lnr_open_pipeline(L);
-  lnr_open_dict(L);
-  lnr_open_console(L);
-  lnr_open_dns(L);
-  /* Batteries: each fills core.codec / core.handler (see lnr.h). */
-  lua_newtable(L);
-  lua_setfield(L, -2, "codec");
-  lua_newtable(L);
-  lua_setfield(L, -2, "handler");
-  lnr_open_codec(L);
-  lnr_open_http(L);
-  lnr_open_http_client(L);
-  lnr_open_http_pool(L);
-  lnr_open_handlers(L);
-  lnr_open_tls(L);
-  lnr_open_websocket(L);
-  lnr_open_ops(L);
-  lnr_open_json(L);
-  lnr_open_redis(L);
-  lnr_open_sim(L);
+  for (size_t i = 0; i < NMODULES; i++)
+    if (modules[i]->open != NULL)
+      modules[i]->open(L);
   lua_pushcfunction(L, l_now);
   lua_setfield(L, -2, "now");
-  lua_pushcfunction(L, l_transfer);
-  lua_setfield(L, -2, "transfer");
   lua_pushliteral(L, NR_VERSION);
   lua_setfield(L, -2, "version");
   return 1;

@@ -51,4 +51,18 @@ uint64_t nr__http_body_bound(const nr_http_parser_t *p);
  * -ENOMEM. */
 int nr__http_reserve_body(nr_http_parser_t *p);
 
+/* Between http_parse.c and http_target.c: a target other than a plain
+ * path put in its form (0 or a status), an absolute-form target's
+ * authority made the Host (0 or 431), and the Host checks they use. */
+int nr__http_target_form(nr_http_parser_t *p, nr_http_request_t *r);
+int nr__http_authority_host(nr_http_parser_t *p, nr_http_request_t *r);
+bool nr__http_valid_host(const char *v, size_t n);
+bool nr__http_named_host(const nr_http_header_t *h);
+/* Between http_parse.c and http_chunked.c: the end of a header block (0:
+ * not all here), and a chunked request's trailer fields parsed from
+ * s[from .. end) (0 or a status). */
+size_t nr__http_find_block_end(nr_http_parser_t *p, const char *s, size_t n);
+int nr__http_parse_trailers(nr_http_parser_t *p, nr_http_request_t *r,
+                            const char *s, size_t from, size_t end);
+
 #endif /* NR_CODEC_HTTP_PARSE_H */

@@ -37,7 +37,7 @@
 
 #define STACK_SIZE ((size_t)1 << 20)       /* per fiber, mapped lazily */
 #define GUARD ((size_t)4096)
-#define SCRATCH ((size_t)16384)            /* nr_sim_loop_scratch */
+#define SCRATCH ((size_t)16384)            /* nr_loop_scratch */
 /* Fiber i's mapping is at STACKS + i * STRIDE when that is free: the same
  * address in every run of a seed, in-process or not, so that what Lua
  * derives from addresses on the stack (a state's string hash seed) is the
@@ -217,7 +217,7 @@ static void fiber_free(sim_fiber_t *f) {
   free(f);
 }
 
-void *nr_sim_loop_scratch(const nr_loop_t *l, size_t *size) {
+void *nr_loop_scratch(const nr_loop_t *l, size_t *size) {
   simloop_t *s = l ? l->sim : NULL;
   if (s == NULL || s->fiber == NULL)
     return NULL;

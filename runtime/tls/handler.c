@@ -54,59 +54,12 @@
 #include <openssl/x509v3.h>
 
 #include "codec/buf.h"
-#include "tls/tls_internal.h"
+#include "tls/handler.h"
 
 /* Its event, registered as the program loads (netrun.h). */
 __attribute__((constructor)) static void declare_types(void) {
   nr_msg_declare(NR_MSG_TLS_EVENT, "tls_event");
 }
-
-#define PLAIN_CHUNK 32768     /* plaintext fired per message, at most */
-#define WRITE_CHUNK 65536     /* plaintext encrypted per pass of a write */
-
-enum { ST_HANDSHAKE, ST_OPEN, ST_DONE };   /* DONE: failed or shut down */
-
-/* A write made before the handshake completed. */
-typedef struct pw_s {
-  struct pw_s *next;
-  nr_promise_t *p;
-  size_t len;
-  char data[];
-} pw_t;
-
-typedef struct tls_s {
-  nr_ctx_t *ctx;                  /* set when added */
-  nr_tls_bundle_t *bundle;        /* the contexts ssl came from */
-  SSL *ssl;
-  const char *in;                 /* ciphertext of the read being handled */
-  size_t in_len;
-  nr_buf_t in_rest;               /* ciphertext SSL has not taken yet */
-  char *direct;                   /* ciphertext SSL wrote in place at the end */
-  size_t direct_len;              /* of the outbound buffer, not committed */
-  nr_buf_t out;                   /* ciphertext out, not yet passed on */
-  nr_buf_t pend;                  /* plaintext gathered (see "gathering") */
-  nr_promise_t **pp;              /* the promises of the writes gathered */
-  size_t npp, cpp;
-  pw_t *queue, **qtail;
-  nr_promise_t *hs;               /* the handshake future, once asked */
-  nr_timer_t *timer;              /* the handshake's deadline */
-  int st;
-  bool started;                   /* the handshake has begun */
-  bool active_seen;               /* channel_active reached this handler */
-  bool active_fired;              /* ... and the handlers after it */
-  bool flush_req;                 /* a flush came during the handshake */
-  bool fired;                     /* plaintext fired in this read batch */
-  bool shut_sent;                 /* close_notify written */
-  bool peer_shut;                 /* the peer's close_notify came: input is
-                                     over, the channel open for writing */
-  bool handshaken;                /* the handshake completed (once) */
-  bool removed;                   /* removed during a call: free at its end */
-  bool wrote_one;                 /* a write was encrypted in this gather */
-  bool flush_owed;                /* a flush waits for the gather's end */
-  bool hold;                      /* ... or for the read's read_complete */
-  int busy;
-  int gather;                     /* inside tls_channel_read(_complete) */
-} tls_t;
 
 static int drain(tls_t *s);
 
@@ -114,7 +67,7 @@ static int drain(tls_t *s);
  * the tickets SSL writes as a handshake completes, the answer to the
  * request that came with the client's Finished and, on a close, the
  * close_notify then leave in one write (one syscall, not three). */
-static void flush_out(tls_t *s) {
+void nr__tls_flush_out(tls_t *s) {
   if (s->gather > 0) {
     s->flush_owed = true;
     return;
@@ -207,7 +160,7 @@ static void make_bio_method(void) {
 
 /* ---- state ------------------------------------------------------------------- */
 
-static void fail_queue(tls_t *s, const char *why) {
+void nr__tls_fail_queue(tls_t *s, const char *why) {
   for (pw_t *w = s->queue, *n; w; w = n) {
     n = w->next;
     if (w->p) {
@@ -220,7 +173,7 @@ static void fail_queue(tls_t *s, const char *why) {
   s->qtail = &s->queue;
 }
 
-static void settle_hs(tls_t *s, int code, const char *msg) {
+void nr__tls_settle_hs(tls_t *s, int code, const char *msg) {
   if (s->hs == NULL)
     return;
   if (code == 0)
@@ -239,7 +192,7 @@ static const char *closed_why(const tls_t *s) {
                         : "channel closed before it connected";
 }
 
-static void stop_timer(tls_t *s) {
+void nr__tls_stop_timer(tls_t *s) {
   if (s->timer) {
     nr_timer_cancel(s->timer);           /* on this loop: it cannot run now */
     nr_timer_release(s->timer);
@@ -248,9 +201,9 @@ static void stop_timer(tls_t *s) {
 }
 
 static void free_state(tls_t *s) {
-  stop_timer(s);
-  fail_queue(s, "channel closed before the TLS handshake completed");
-  settle_hs(s, NR_ECLOSED, closed_why(s));
+  nr__tls_stop_timer(s);
+  nr__tls_fail_queue(s, "channel closed before the TLS handshake completed");
+  nr__tls_settle_hs(s, NR_ECLOSED, closed_why(s));
   SSL_free(s->ssl);
   nr_tls_bundle_release(s->bundle);
   nr_buf_free(&s->out);
@@ -263,9 +216,9 @@ static void free_state(tls_t *s) {
 
 /* The SSL and its BIO; 0 or -ENOMEM. One BIO reads and writes (its read
  * and write methods touch different fields, and each clears the retry
- * flags first), as a socket BIO does: a BIO made and freed per
- * connection costs about 550 instructions each way. */
-static int make_ssl(tls_t *s) {
+ * flags first), as a socket BIO does, so a connection makes and frees one
+ * BIO, not a pair. */
+int nr__tls_make_ssl(tls_t *s) {
   s->ssl = SSL_new(s->bundle->ctx);
   BIO *b = BIO_new(bio_method);
   if (s->ssl == NULL || b == NULL) {
@@ -302,7 +255,7 @@ void *nr_tls_new(nr_tls_config_t *c) {
   }
   s->qtail = &s->queue;
   s->bundle = nr__tls_config_bundle(c);
-  if (!s->bundle->server && make_ssl(s) < 0) {
+  if (!s->bundle->server && nr__tls_make_ssl(s) < 0) {
     free_state(s);
     errno = ENOMEM;
     return NULL;
@@ -338,13 +291,13 @@ static bool settle(tls_t *s) {
   return true;
 }
 
-static bool has_out(const tls_t *s) {
+bool nr__tls_has_out(const tls_t *s) {
   return s->direct_len > 0 || nr_buf_len(&s->out) > 0;
 }
 
 /* Pass what SSL wrote to the next outbound handler, with p (which then
  * completes when those bytes are written, at once if there are none). */
-static int pass_out(tls_t *s, nr_promise_t *p) {
+int nr__tls_pass_out(tls_t *s, nr_promise_t *p) {
   settle(s);
   size_t n = nr_buf_len(&s->out);
   if (n == 0 && p == NULL)
@@ -378,243 +331,17 @@ static void ssl_reason(tls_t *s, int e, char *buf, size_t n) {
 
 /* A handshake refused or a record that does not decrypt: tell the
  * handlers after this one, send SSL's alert, close. */
-static void fail(tls_t *s, int e) {
+void nr__tls_fail(tls_t *s, int e) {
   char msg[512];
   ssl_reason(s, e, msg, sizeof msg);
   s->st = ST_DONE;
-  stop_timer(s);
-  fail_queue(s, msg);
-  settle_hs(s, -EPROTO, msg);
-  pass_out(s, NULL);
+  nr__tls_stop_timer(s);
+  nr__tls_fail_queue(s, msg);
+  nr__tls_settle_hs(s, -EPROTO, msg);
+  nr__tls_pass_out(s, NULL);
   nr_ctx_flush(s->ctx);
   nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
   nr_ctx_close(s->ctx, NULL);
-}
-
-/* ---- the handshake ----------------------------------------------------------------- */
-
-static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p);
-
-/* The peer certificate's subject and issuer (RFC 2253), each whole: both
- * printed into one memory BIO (*m, the caller frees it), each followed by
- * a NUL, so that neither is cut nor runs into the other, whatever their
- * length (a certificate's size is bounded by SSL's max_cert_list). The
- * RFC 2253 flags escape control characters, so a name holds no NUL of its
- * own; checked anyway, as an application may authorize on these strings.
- * 0, or -1 when either could not be printed (out of memory). */
-static int peer_names(X509 *peer, BIO **m, const char **subject,
-                      const char **issuer) {
-  char *data;
-  if ((*m = BIO_new(BIO_s_mem())) == NULL ||
-      X509_NAME_print_ex(*m, X509_get_subject_name(peer), 0,
-                         XN_FLAG_RFC2253) < 0 ||
-      BIO_write(*m, "", 1) != 1)
-    goto fail;
-  long at = BIO_get_mem_data(*m, NULL);     /* where the issuer begins */
-  if (X509_NAME_print_ex(*m, X509_get_issuer_name(peer), 0,
-                         XN_FLAG_RFC2253) < 0 ||
-      BIO_write(*m, "", 1) != 1)
-    goto fail;
-  long len = BIO_get_mem_data(*m, &data);   /* the data moves as it grows */
-  if (strlen(data) != (size_t)at - 1 || strlen(data + at) != (size_t)(len - at) - 1)
-    goto fail;
-  *subject = data;
-  *issuer = data + at;
-  return 0;
-fail:
-  ERR_clear_error();
-  return -1;
-}
-
-/* Fire the event that tells the handlers what was agreed. */
-static void fire_event(tls_t *s) {
-  nr_tls_event_t ev = {
-      .type = NR_MSG_TLS_EVENT, .kind = NR_TLS_HANDSHAKE,
-      .version = SSL_get_version(s->ssl),
-      .cipher = SSL_get_cipher_name(s->ssl),
-      .server_name = SSL_get_servername(s->ssl, TLSEXT_NAMETYPE_host_name),
-      .resumed = SSL_session_reused(s->ssl) == 1, .server = s->bundle->server};
-  const unsigned char *a = NULL;
-  unsigned alen = 0;
-  char alpn[256];
-  SSL_get0_alpn_selected(s->ssl, &a, &alen);
-  if (alen > 0) {
-    memcpy(alpn, a, alen);
-    alpn[alen] = '\0';
-    ev.alpn = alpn;
-  }
-  X509 *peer = SSL_get0_peer_certificate(s->ssl);
-  BIO *m = NULL;
-  if (peer != NULL &&
-      peer_names(peer, &m, &ev.peer_subject, &ev.peer_issuer) < 0) {
-    ev.peer_subject = ev.peer_issuer = NULL;
-    ev.peer_error = "the certificate's subject or issuer could not be read";
-  }
-  nr_ctx_fire_user_event(s->ctx, &ev);
-  BIO_free(m);
-}
-
-/* The handshake completed: encrypt what waited, then let the handlers
- * after this one see the channel (active, then the event). */
-static void handshake_done(tls_t *s) {
-  s->st = ST_OPEN;
-  s->handshaken = true;
-  stop_timer(s);
-  pw_t *q = s->queue;
-  s->queue = NULL;
-  s->qtail = &s->queue;
-  for (pw_t *n; q; q = n) {
-    n = q->next;
-    if (s->st == ST_OPEN)
-      encrypt(s, q->data, q->len, q->p);
-    else if (q->p)
-      nr_promise_set_failure(q->p, NR_ECLOSED, "channel closed");
-    if (q->p)
-      nr_promise_release(q->p);
-    free(q);
-  }
-  if (s->flush_req)
-    flush_out(s);
-  s->flush_req = false;
-  settle_hs(s, 0, NULL);
-  if (s->active_seen && !s->active_fired) {
-    s->active_fired = true;
-    nr_ctx_fire_active(s->ctx);
-  }
-  if (s->st == ST_OPEN && !s->removed)
-    fire_event(s);
-}
-
-/* The handshake cannot go on: tell the handlers after this one, close. */
-static void give_up(tls_t *s, int code, const char *msg) {
-  s->st = ST_DONE;
-  stop_timer(s);
-  fail_queue(s, msg);
-  settle_hs(s, code, msg);
-  nr_ctx_fire_exception(s->ctx, &(nr_err_t){code, msg});
-  nr_ctx_close(s->ctx, NULL);
-}
-
-/* What a server's first bytes d[0 .. n) are: the start of an HTTP/1
- * request line -- a method in capitals, a space, a target -- from a plain
- * HTTP client on the TLS port (PLAIN); something else, for SSL to judge
- * (OTHER: a TLS record begins with 0x16, 0x80 for an SSLv2 hello); or
- * what may still become such a line (UNSURE: capitals so far, at most a
- * space after them), when the line came split. */
-enum { OTHER, PLAIN, UNSURE };
-#define FIRST_PEEK 18             /* a 16-letter method, a space, a byte */
-
-static int first_bytes(const char *d, size_t n) {
-  size_t i = 0;
-  while (i < n && i < 16 && d[i] >= 'A' && d[i] <= 'Z')
-    i++;
-  if (i == n || (i >= 3 && i + 1 == n && d[i] == ' '))
-    return n < FIRST_PEEK ? UNSURE : OTHER;
-  return i >= 3 && i + 1 < n && d[i] == ' ' && d[i + 1] > ' ' &&
-                 d[i + 1] < 0x7f
-             ? PLAIN
-             : OTHER;
-}
-
-/* The first bytes of the input (what waits, then the read): how many. */
-static size_t peek(const tls_t *s, char *d, size_t n) {
-  size_t rest = nr_buf_len(&s->in_rest), k = rest < n ? rest : n;
-  if (k > 0)
-    memcpy(d, nr_buf_peek(&s->in_rest), k);
-  size_t more = s->in_len < n - k ? s->in_len : n - k;
-  if (more > 0)
-    memcpy(d + k, s->in, more);
-  return k + more;
-}
-
-/* Answer a plain HTTP request with a plain 400 that says why, as nginx
- * does, and close (lingering: the client may still be sending). */
-static void refuse_plain(tls_t *s, const char *line, size_t len) {
-  static const char why[] = "The plain HTTP request was sent to HTTPS port\n";
-  char head[160];
-  int n = snprintf(head, sizeof head, "HTTP/1.1 400 Bad Request\r\n"
-                   "Content-Type: text/plain\r\nContent-Length: %zu\r\n"
-                   "Connection: close\r\n\r\n%s", sizeof why - 1,
-                   len >= 5 && memcmp(line, "HEAD ", 5) == 0 ? "" : why);
-  nr_bytes_t b = NR_BYTES(head, (size_t)n);
-  nr_ctx_write(s->ctx, &b, NULL);
-  nr_ctx_flush(s->ctx);
-  nr_channel_linger(nr_ctx_channel(s->ctx));
-  give_up(s, -EPROTO, "tls: handshake failed: a plain HTTP request on the "
-          "TLS port (answered 400)");
-}
-
-/* Drive the handshake with what has arrived; false once it failed. */
-static bool handshake(tls_t *s) {
-  s->started = true;
-  if (s->ssl == NULL && s->bundle->server) {
-    char d[FIRST_PEEK];
-    size_t n = peek(s, d, sizeof d);
-    int kind = first_bytes(d, n);
-    if (kind == UNSURE)
-      return true;                 /* feed keeps the bytes for the next */
-    if (kind == PLAIN) {
-      refuse_plain(s, d, n);
-      return false;
-    }
-  }
-  if (s->ssl == NULL && make_ssl(s) < 0) {
-    give_up(s, -ENOMEM, "tls: out of memory for the handshake");
-    return false;
-  }
-  int rc = SSL_do_handshake(s->ssl);
-  int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
-  if (e != SSL_ERROR_NONE && e != SSL_ERROR_WANT_READ) {
-    fail(s, e);
-    return false;
-  }
-  if (has_out(s)) {
-    pass_out(s, NULL);
-    flush_out(s);
-  }
-  if (rc == 1)
-    handshake_done(s);
-  return true;
-}
-
-/* With auto_read off nobody else asks for the bytes the handshake (or an
- * incomplete record) needs. */
-static void read_if_needed(tls_t *s) {
-  const nr_channel_opts_t *o = nr_channel_options(nr_ctx_channel(s->ctx));
-  if (!o->auto_read && nr_channel_is_open(nr_ctx_channel(s->ctx)) &&
-      (s->st == ST_HANDSHAKE || !s->fired))
-    nr_ctx_read(s->ctx);
-}
-
-/* A peer that never completes the handshake holds a connection (and an
- * fd) for nothing: past the deadline it is told so and closed. */
-static int timed_out(void *arg) {
-  tls_t *s = arg;
-  nr_timer_release(s->timer);            /* this timer; the loop holds it */
-  s->timer = NULL;
-  if (s->st != ST_HANDSHAKE)
-    return 0;
-  char msg[128];
-  snprintf(msg, sizeof msg, "tls: handshake timed out after %g s",
-           (double)s->bundle->handshake_timeout / 1e9);
-  s->st = ST_DONE;
-  fail_queue(s, msg);
-  settle_hs(s, NR_ETIMEDOUT, msg);
-  /* Outside any handler call: a handler that closes the channel from
-   * exception_caught frees s as that call returns. */
-  nr_ctx_t *ctx = nr_ctx_retain(s->ctx);
-  nr_ctx_fire_exception(ctx, &(nr_err_t){NR_ETIMEDOUT, msg});
-  nr_ctx_close(ctx, NULL);
-  nr_ctx_release(ctx);
-  return 0;
-}
-
-static void start_timer(tls_t *s) {
-  if (s->timer || s->bundle->handshake_timeout == 0 || s->st != ST_HANDSHAKE)
-    return;
-  s->timer = nr_loop_schedule(nr_channel_loop(nr_ctx_channel(s->ctx)),
-                              s->bundle->handshake_timeout, 0, timed_out,
-                              NULL, s);
 }
 
 /* ---- inbound ----------------------------------------------------------------------- */
@@ -689,12 +416,12 @@ static void decrypt(tls_t *s, bool last) {
     if (e == SSL_ERROR_ZERO_RETURN)
       peer_closed(s);
     else if (e != SSL_ERROR_WANT_READ && s->st == ST_OPEN)
-      fail(s, e);
+      nr__tls_fail(s, e);
     break;
   }
-  if ((wrote || has_out(s)) && s->st == ST_OPEN) {
-    pass_out(s, NULL);            /* a key update's answer, tickets */
-    flush_out(s);
+  if ((wrote || nr__tls_has_out(s)) && s->st == ST_OPEN) {
+    nr__tls_pass_out(s, NULL);            /* a key update's answer, tickets */
+    nr__tls_flush_out(s);
   }
 }
 
@@ -719,7 +446,7 @@ static int feed(tls_t *s, const char *data, size_t len, bool last) {
   s->in_len = len;
   s->busy++;
   if (s->st == ST_HANDSHAKE)
-    handshake(s);
+    nr__tls_handshake(s);
   if (s->st == ST_OPEN)
     decrypt(s, last);
   s->busy--;
@@ -782,11 +509,11 @@ static int drain(tls_t *s) {
   s->npp = s->cpp = 0;
   int rc = NR_ECLOSED;
   if (s->st == ST_OPEN && !s->shut_sent)
-    rc = nr_buf_len(&b) > 0 ? encrypt(s, nr_buf_peek(&b), nr_buf_len(&b), NULL)
+    rc = nr_buf_len(&b) > 0 ? nr__tls_encrypt(s, nr_buf_peek(&b), nr_buf_len(&b), NULL)
                             : 0;
   for (size_t i = 0; i < n; i++) {
     if (rc == 0)
-      pass_out(s, pp[i]);          /* completes once the record is written */
+      nr__tls_pass_out(s, pp[i]);          /* completes once the record is written */
     else
       nr_promise_set_failure(pp[i], rc, rc == NR_ECLOSED
                              ? "channel closed before the write was encrypted"
@@ -815,7 +542,7 @@ static bool gather_leave(tls_t *s) {
     nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO,
                           "tls: encrypting the writes of a read failed"});
   if (s->flush_owed && !s->hold)
-    flush_out(s);
+    nr__tls_flush_out(s);
   return true;
 }
 
@@ -848,7 +575,7 @@ static int tls_channel_read(nr_ctx_t *ctx, void *msg) {
 
 static int tls_channel_read_complete(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
-  read_if_needed(s);
+  nr__tls_read_if_needed(s);
   bool fired = s->fired;
   s->fired = false;
   if (fired || s->active_fired) {
@@ -856,7 +583,7 @@ static int tls_channel_read_complete(nr_ctx_t *ctx) {
     nr_ctx_fire_read_complete(ctx);
     gather_leave(s);
   } else if (s->flush_owed) {
-    flush_out(s);
+    nr__tls_flush_out(s);
   }
   return 0;
 }
@@ -873,22 +600,22 @@ static int tls_user_event(nr_ctx_t *ctx, void *evt) {
 static int tls_active(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   s->active_seen = true;
-  start_timer(s);
+  nr__tls_start_timer(s);
   if (!s->bundle->server && !s->started && s->st == ST_HANDSHAKE)
-    handshake(s);                  /* the ClientHello */
+    nr__tls_handshake(s);                  /* the ClientHello */
   if (s->st == ST_HANDSHAKE)
-    read_if_needed(s);
+    nr__tls_read_if_needed(s);
   return 0;
 }
 
 static int tls_inactive(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   const char *why = "channel closed before the TLS handshake completed";
-  stop_timer(s);
+  nr__tls_stop_timer(s);
   if (s->st == ST_HANDSHAKE) {
     s->st = ST_DONE;
-    fail_queue(s, why);
-    settle_hs(s, NR_ECLOSED, closed_why(s));
+    nr__tls_fail_queue(s, why);
+    nr__tls_settle_hs(s, NR_ECLOSED, closed_why(s));
   }
   if (s->active_fired)
     nr_ctx_fire_inactive(ctx);
@@ -898,7 +625,7 @@ static int tls_inactive(nr_ctx_t *ctx) {
 /* ---- outbound ---------------------------------------------------------------------- */
 
 /* Encrypt len bytes and pass the records on, p with the last of them. */
-static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p) {
+int nr__tls_encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p) {
   int rc = 0;
   do {
     size_t n = len < WRITE_CHUNK ? len : WRITE_CHUNK, done = 0;
@@ -911,7 +638,7 @@ static int encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p) {
     }
     data += n;
     len -= n;
-    rc = pass_out(s, len == 0 ? p : NULL);
+    rc = nr__tls_pass_out(s, len == 0 ? p : NULL);
   } while (len > 0 && rc == 0);
   return rc;
 }
@@ -938,7 +665,7 @@ static int write_bytes(tls_t *s, const char *data, size_t len,
     return gather(s, data, len, p);
   int rc = drain(s);
   s->wrote_one = s->gather > 0;
-  return rc < 0 ? rc : encrypt(s, data, len, p);
+  return rc < 0 ? rc : nr__tls_encrypt(s, data, len, p);
 }
 
 static int tls_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
@@ -972,7 +699,7 @@ static int tls_flush(nr_ctx_t *ctx) {
     return 0;
   }
   int rc = drain(s);
-  flush_out(s);
+  nr__tls_flush_out(s);
   return rc;
 }
 
@@ -984,10 +711,10 @@ static int tls_close(nr_ctx_t *ctx, nr_promise_t *p) {
     s->shut_sent = true;
     SSL_shutdown(s->ssl);
     ERR_clear_error();
-    pass_out(s, NULL);
+    nr__tls_pass_out(s, NULL);
     s->flush_owed = true;
   } else if (s->st == ST_HANDSHAKE) {
-    fail_queue(s, "channel closed before the TLS handshake completed");
+    nr__tls_fail_queue(s, "channel closed before the TLS handshake completed");
   }
   if (s->flush_owed) {             /* what waited leaves before the close */
     s->flush_owed = false;
@@ -1005,10 +732,10 @@ static void tls_added(nr_ctx_t *ctx) {
   if (nr_channel_is_active(ch) && nr_channel_fired_active(ch)) {
     /* Added by hand: the handlers after this one saw channel_active. */
     s->active_seen = s->active_fired = true;
-    start_timer(s);
+    nr__tls_start_timer(s);
     if (!s->bundle->server)
-      handshake(s);
-    read_if_needed(s);
+      nr__tls_handshake(s);
+    nr__tls_read_if_needed(s);
   }
 }
 

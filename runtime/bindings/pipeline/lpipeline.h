@@ -1,6 +1,6 @@
 /*
  * lpipeline.h -- what the files of Lua handlers in the C pipeline share
- * (internal to runtime/bindings/lpipeline*.c; everything here runs on a loop
+ * (internal to runtime/bindings/pipeline/; everything here runs on a loop
  * thread, the one whose state the handler or ctx belongs to, unless it
  * says otherwise).
  *
@@ -31,8 +31,48 @@ typedef struct hrec_s {
   int read_ref, read_complete_ref;
 } hrec_t;
 
+/* Reads a Lua handler takes later (lpipeline_batch.c): the messages of one
+ * read, converted, wait on the stack of a thread of their own until that
+ * read's channel_read_complete, which delivers them all in one protected
+ * call. One batch per state, owned by one handler at a time. */
+#define LNR_BATCH_TOKENS 128
+typedef struct lh_s lh_t;
+typedef struct lnr_batch_s {
+  lua_State *Q;               /* the messages are Q's stack, 1 .. n */
+  int q_ref;                  /* anchors Q */
+  lh_t *owner;                /* the handler, NULL once removed */
+  nr_ctx_t *ctx;              /* its ctx, retained while messages wait */
+  int n, next;                /* waiting, delivered (or dropped) */
+  uint64_t tokens[LNR_BATCH_TOKENS]; /* each one's nr_ctx_read_token (a
+                                 batch of held reads may be longer) */
+  bool draining;              /* being delivered: reads arriving now go
+                                 straight in */
+  bool complete;              /* read_complete goes in the same call */
+  bool may_hold;              /* the rest may wait for writability */
+  bool stalled;               /* the channel turned unwritable mid-batch */
+  const char *method;         /* the method being called, for errors */
+} lnr_batch_t;
+
+/* The pipeline module's part of a state: its read batch, the registry
+ * references of its metatables and weak tables (lnr_push_keyed), and the
+ * native handler added last (lpipeline.c): its metatable, anchored in
+ * native_mt_ref (so its address stays its), and its maker. */
+typedef struct lnr_pipe_part_s {
+  lnr_batch_t batch;
+  int recs_ref, ctx_mt_ref, ctx_handle_mt_ref, pipe_mt_ref;
+  int native_mt_ref;
+  const void *native_mt;
+  const nr_handler_t *(*native_make)(lua_State *L, int idx, void **state);
+} lnr_pipe_part_t;
+
+extern lnr_module_t lnr_pipeline_module;
+
+static inline lnr_pipe_part_t *lnr_pipe_part(const lnr_state_t *S) {
+  return lnr_part(S, &lnr_pipeline_module);
+}
+
 /* The state of one Lua handler in one pipeline (nr_ctx_state). */
-typedef struct lh_s {
+struct lh_s {
   lnr_state_t *S;
   int ref;                   /* the handler (table or object) */
   int ctx_ref;               /* the ctx table */
@@ -41,7 +81,7 @@ typedef struct lh_s {
   lua_State *held;           /* reads waiting for writability, or NULL */
   int held_ref;              /* anchors held */
   bool unhold_queued;        /* a task delivers them */
-} lh_t;
+};
 
 /* ---- lpipeline_handler.c ------------------------------------------------ */
 
@@ -76,19 +116,22 @@ void lnr_push_opt_promise(lua_State *L, nr_promise_t *p);
 
 /* ---- lpipeline_batch.c -------------------------------------------------- */
 
-/* Give S its batch (once, when a Lua handler is first added): 0 or
- * -ENOMEM. lnr_batch_free (lnr.h) frees it with the state. */
-int lnr_batch_init(lnr_state_t *S);
+/* The state is closed: a ctx its batch still holds is let go. */
+void lnr_batch_close(lnr_batch_t *b);
 /* The one way into a Lua handler's method (but channel_read_complete and
  * channel_writability_changed, which order themselves after what waits):
  * what waits is delivered first. False when the event goes on instead:
  * the handler left its pipeline meanwhile, or has no method for bit. */
 bool lnr_lh_enter(nr_ctx_t *ctx, unsigned bit);
+/* lnr_lh_enter for channel_writability_changed: what the handler holds
+ * goes on if the channel is writable (now, or from a task inside a
+ * batch); what is still held afterwards stays held, as this event does
+ * not force it out. */
+bool lnr_lh_enter_writability(nr_ctx_t *ctx);
+/* A read: it waits for its read_complete when it may (one path), or is
+ * called now, after what waits. */
 int lnr_lh_channel_read(nr_ctx_t *ctx, void *msg);
 int lnr_lh_channel_read_complete(nr_ctx_t *ctx);
-/* channel_writability_changed reaching a handler that holds reads: they go
- * on if the channel is writable. True when the handler left meanwhile. */
-bool lnr_lh_writable_held(nr_ctx_t *ctx);
 /* The handler is leaving its pipeline: what waits for it is delivered,
  * what it holds goes on. */
 void lnr_batch_handler_removed(nr_ctx_t *ctx);

@@ -32,7 +32,7 @@
  *   http://a.example/x" is "/x", its Host then a.example -- normalized:
  *   dot segments resolved, "//" merged, %XX of an unreserved byte
  *   decoded, other %XX in upper case; a path that climbs above the root
- *   is refused with 400, see http_parse.c's normalize_path),
+ *   is refused with 400, see http_target.c's normalize_path),
  *   req.args { x = "1" } (the query decoded: + and %XX; a repeated key
  *   gives an array of its values, a key without '=' true),
  *   req.version "HTTP/1.1", req.headers { host = "..." } (names lowercased,
@@ -98,7 +98,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lhttp.h"
+#include "lhttp_req.h"
 
 #define CLASS "netrun.codec.http_server"
 
@@ -115,26 +115,24 @@ enum { K_STATUS = LNR_RF_STATUS, K_REASON, K_BODY, K_STREAM, K_HEADERS,
 static const char *const key_names[NKEYS] = {
     NULL, "status", "reason", "body", "stream", "headers"};
 
-/* Push field name k the first time (S: L's state, or NULL): made, and
- * kept in its slot. */
+/* Push field name k the first time (P: L's part): made, and kept in its
+ * reference. */
 static __attribute__((noinline)) void make_key(lua_State *L,
-                                               const lnr_state_t *S, int k) {
+                                               lnr_http_part_t *P, int k) {
   lua_pushstring(L, key_names[k]);
-  if (S != NULL) {
-    lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_KEYS + k - K_STATUS);
-  }
+  lua_pushvalue(L, -1);
+  lnr_set_ref(L, &P->key_refs[k - K_STATUS]);
 }
 
-/* Push field name k (S: L's state, or NULL). Inline: every response table
- * pushes five. */
+/* Push field name k (P: L's part). Inline: every response table pushes
+ * five. */
 static inline __attribute__((always_inline)) void
-push_key(lua_State *L, const lnr_state_t *S, int k) {
-  int slot = LNR_SLOT_HTTP_KEYS + k - K_STATUS;
-  if (S != NULL && S->slots[slot] != 0)
-    lua_rawgeti(L, LUA_REGISTRYINDEX, S->slots[slot]);
+push_key(lua_State *L, lnr_http_part_t *P, int k) {
+  int ref = P->key_refs[k - K_STATUS];
+  if (ref != 0)
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
   else
-    make_key(L, S, k);
+    make_key(L, P, k);
 }
 
 /* ---- requests to Lua ---------------------------------------------------------- */
@@ -148,27 +146,7 @@ push_key(lua_State *L, const lnr_state_t *S, int k) {
  * reads see first. pairs() walks all of them; a request sent to another
  * state (a submit, a shared.dict, a handler on an executor group) crosses
  * as a plain table with the same fields. */
-#define REQ_CLASS "netrun.http.request"
-
-typedef struct rhdr_s {
-  uint32_t name, name_len, value, value_len;   /* offsets into the text */
-} rhdr_t;
-
-typedef struct req_s {
-  const void *tag;             /* &REQ_TAG: proves the userdata is one */
-  const void *pipe;            /* its read's pipeline and token (from the */
-  uint64_t token;              /* codec: nr_http_request_t's) */
-  uint32_t method_len, path, path_len, query, query_len, target, target_len;
-  uint16_t nheaders, ntrailers;
-  bool has_query, keep_alive, http11;
-  rhdr_t h[];                  /* headers, trailers, then the text */
-} req_t;
-
-static const char REQ_TAG = 0;
-
-static const char *req_text(const req_t *q) {
-  return (const char *)(q->h + q->nheaders + q->ntrailers);
-}
+const char lnr_http_req_tag = 0;
 
 bool lnr_http_is_request(lua_State *L, int idx) {
   const req_t *q = lua_touserdata(L, idx);  /* a light one has length 0 */
@@ -241,7 +219,7 @@ static uint32_t put_text(req_t *q, uint32_t *off, const char *s, size_t n) {
 
 /* The request's metatable and body, once its fields are in place. */
 static void request_done(lua_State *L, const nr_http_request_t *r) {
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_REQUEST) != LUA_TTABLE) {
+  if (lnr_push_ref(L, &lnr_http_part(L)->request_mt_ref) != LUA_TTABLE) {
     lua_pop(L, 1);
     luaL_getmetatable(L, REQ_CLASS);
   }
@@ -463,20 +441,6 @@ static int field_of(lua_State *L, int idx) {
   return F_NONE;
 }
 
-/* The table of assigned and cached fields (made if make); pushes it, or
- * nothing and returns 0. */
-static int req_fields(lua_State *L, int ud, bool make) {
-  if (lua_getiuservalue(L, ud, 2) == LUA_TTABLE)
-    return 1;
-  lua_pop(L, 1);
-  if (!make)
-    return 0;
-  lua_createtable(L, 0, 4);
-  lua_pushvalue(L, -1);
-  lua_setiuservalue(L, ud, 2);
-  return 1;
-}
-
 /* Push field f of the request at ud as it arrived. */
 static void push_field(lua_State *L, int ud, int f) {
   const req_t *q = lua_touserdata(L, ud);
@@ -600,106 +564,9 @@ static void open_request_class(lua_State *L) {
     lua_pushcclosure(L, req_pairs, 1);
     lua_setfield(L, -2, "__pairs");
     lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_REQUEST);
+    lnr_set_ref(L, &lnr_http_part(L)->request_mt_ref);
   }
   lua_pop(L, 1);
-}
-
-/* ---- requests forwarded (the HTTP client's forward = req) ------------------- */
-
-/* A field as it is now: the one assigned (pushed, returns true) or none
- * (nothing pushed). Only a request whose fields table exists has any. */
-static bool assigned(lua_State *L, int fields, const char *k) {
-  if (fields == 0)
-    return false;
-  if (lua_getfield(L, fields, k) != LUA_TNIL)
-    return true;
-  lua_pop(L, 1);
-  return false;
-}
-
-/* Is the value at i a string (or, if may_be_none, false or nil)? */
-static bool string_or(lua_State *L, int i, bool may_be_none) {
-  return lua_type(L, i) == LUA_TSTRING || (may_be_none && !lua_toboolean(L, i));
-}
-
-bool lnr_http_forward_view(lua_State *L, int idx, lnr_http_fwd_t *f) {
-  const req_t *q = lua_touserdata(L, idx);
-  if (q == NULL || lua_rawlen(L, idx) < sizeof *q || q->tag != &REQ_TAG)
-    return false;
-  const char *text = req_text(q);
-  *f = (lnr_http_fwd_t){.method = text, .method_len = q->method_len,
-                        .target = text + q->path,
-                        .target_len = q->has_query
-                                          ? q->query + q->query_len - q->path
-                                          : q->path_len,
-                        .nheaders = q->nheaders};
-  if (q->has_query && q->query != q->path + q->path_len + 1) {
-    lua_pushlstring(L, text + q->path, q->path_len);   /* copied apart (a */
-    lua_pushliteral(L, "?");                            /* chunked request's */
-    lua_pushlstring(L, text + q->query, q->query_len);  /* fields): joined */
-    lua_concat(L, 3);
-    f->target = lua_tolstring(L, -1, &f->target_len);
-  }
-  int fields = req_fields(L, idx, false) ? lua_gettop(L) : 0;
-  if (fields == 0) {           /* the usual: nothing assigned or read */
-    if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING)
-      f->body = lua_tolstring(L, -1, &f->body_len);    /* anchored by q */
-    lua_pop(L, 1);
-    return true;
-  }
-  if (assigned(L, fields, "method")) {
-    if (!string_or(L, -1, false))
-      return f->bad = "method", true;
-    f->method = lua_tolstring(L, -1, &f->method_len);
-  }
-  int path = assigned(L, fields, "path") ? lua_gettop(L) : 0;
-  int query = assigned(L, fields, "query") ? lua_gettop(L) : 0;
-  if ((path && !string_or(L, path, false)) ||
-      (query && !string_or(L, query, true)))
-    return f->bad = path && !string_or(L, path, false) ? "path" : "query",
-           true;
-  if (path || query) {         /* rebuilt: path ["?" query] */
-    if (path)
-      lua_pushvalue(L, path);
-    else
-      lua_pushlstring(L, text + q->path, q->path_len);
-    if (query && lua_toboolean(L, query)) {
-      lua_pushliteral(L, "?");
-      lua_pushvalue(L, query);
-      lua_concat(L, 3);
-    } else if (!query && q->has_query) {
-      lua_pushliteral(L, "?");
-      lua_pushlstring(L, text + q->query, q->query_len);
-      lua_concat(L, 3);
-    }                          /* query = false: none */
-    f->target = lua_tolstring(L, -1, &f->target_len);
-  }
-  if (assigned(L, fields, "body")) {
-    if (!string_or(L, -1, true))
-      return f->bad = "body", true;
-    if (lua_toboolean(L, -1))
-      f->body = lua_tolstring(L, -1, &f->body_len);
-  } else if (lua_getiuservalue(L, idx, 1) == LUA_TSTRING) {
-    f->body = lua_tolstring(L, -1, &f->body_len);      /* anchored by q */
-  }
-  if (assigned(L, fields, "headers")) {
-    if (lua_type(L, -1) != LUA_TTABLE)
-      return f->bad = "headers", true;
-    f->headers = lua_gettop(L);
-  }
-  return true;
-}
-
-size_t lnr_http_forward_fields(lua_State *L, int idx, nr_http_header_t *out,
-                               size_t cap) {
-  const req_t *q = lua_touserdata(L, idx);
-  assert(q != NULL && q->tag == &REQ_TAG);
-  const char *text = req_text(q);
-  for (size_t i = 0; i < q->nheaders && i < cap; i++)
-    out[i] = (nr_http_header_t){text + q->h[i].name, text + q->h[i].value,
-                                q->h[i].name_len, q->h[i].value_len};
-  return q->nheaders;
 }
 
 /* ---- responses from Lua -------------------------------------------------------- */
@@ -721,16 +588,16 @@ static int bad(const char *fmt, ...) {
  * Keyed reads, cheaper than a lua_next walk (measured): once the keys
  * are in their slots (all five are made on the first read), a registry
  * read and a raw get each, unrolled. */
-static void read_fields(lua_State *L, int idx, const lnr_state_t *S,
+static void read_fields(lua_State *L, int idx, lnr_http_part_t *P,
                         int t[LNR_RF_N]) {
-  if (S == NULL || S->slots[LNR_SLOT_HTTP_KEYS + K_HEADERS - K_STATUS] == 0) {
+  if (P->key_refs[K_HEADERS - K_STATUS] == 0) {
     for (int k = K_STATUS; k < NKEYS; k++) {
-      push_key(L, S, k);
+      push_key(L, P, k);
       t[k] = lua_rawget(L, idx);
     }
     return;
   }
-  const int *ref = S->slots + LNR_SLOT_HTTP_KEYS - K_STATUS;
+  const int *ref = P->key_refs - K_STATUS;
 #define FIELD(k) (lua_rawgeti(L, LUA_REGISTRYINDEX, ref[k]), \
                   t[k] = lua_rawget(L, idx))
   FIELD(K_STATUS);
@@ -820,7 +687,7 @@ static int l_http_response(lua_State *L) {
   lnr_hdrs_t h;
   lnr_hdrs_init(&h, L);
   int t[LNR_RF_N], base = lua_gettop(L);
-  read_fields(L, 1, h.S, t);
+  read_fields(L, 1, h.P, t);
   int rc = to_response(L, base, t, &r, &h);
   if (rc == 0 && r.stream)
     rc = bad("http response: a prepared response cannot be streamed");
@@ -867,19 +734,18 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   int top = lua_gettop(L);
   if (!lua_checkstack(L, 20))      /* the fields' 5, collect_headers' 5 */
     return nr_raise(-ENOMEM, "http response: Lua stack overflow");
-  lnr_state_t *S = lnr_state(L);
+  lnr_http_part_t *P = lnr_http_part(L);
   int t[LNR_RF_N];
-  read_fields(L, m->idx, S, t);
+  read_fields(L, m->idx, P, t);
   const nr_http_prepared_t *pr;
-  if (S != NULL && S->http_memo != NULL &&
-      (pr = lnr_http_memo_hit(L, S->http_memo, top, t)) != NULL) {
+  if (P->memo != NULL && (pr = lnr_http_memo_hit(L, P->memo, top, t)) != NULL) {
     int rc = nr_http_server_write(ctx, (void *)pr, p);
     lua_settop(L, top);
     return rc;
   }
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200};
   lnr_hdrs_t h;
-  lnr_hdrs_start(&h, S);
+  lnr_hdrs_start(&h, P);
   int rc = to_response(L, top, t, &r, &h);
   if (rc == -EINVAL) {
     char msg[sizeof bad_msg];
@@ -889,8 +755,7 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
       nr_ctx_fire_exception(ctx, &err);
     rc = nr_raise(rc, "%s", msg);
   } else if (rc == 0) {
-    if (S != NULL)
-      lnr_http_memo_note(L, S, top, t, &r);
+    lnr_http_memo_note(L, P, top, t, &r);
     rc = nr_http_server_write(ctx, &r, p);
   }
   lnr_hdrs_free(&h);
@@ -988,13 +853,13 @@ static void register_converter(void) {
   lnr_register_msg(NR_MSG_HTTP_PREPARED, push_prepared);
 }
 
-void lnr_open_http(lua_State *L) {
+static void open_http(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
   open_request_class(L);
   lnr_native_class(L, RESP_CLASS, not_a_handler, resp_tostring);
   lnr_native_class(L, CLASS, make, l_tostring);
-  lua_getfield(L, -1, "codec");
+  luaL_getsubtable(L, -1, "codec");
   lua_pushcfunction(L, l_http_server);
   lua_setfield(L, -2, "http_server");
   lua_pushcfunction(L, l_http_response);
@@ -1005,3 +870,6 @@ void lnr_open_http(lua_State *L) {
   lua_setfield(L, -2, "unescape");
   lua_setfield(L, -2, "http");
 }
+
+lnr_module_t lnr_http_module = {
+    .name = "http", .open = open_http, .part_size = sizeof(lnr_http_part_t)};

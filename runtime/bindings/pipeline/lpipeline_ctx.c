@@ -40,13 +40,14 @@ static const char CTX_KEY = 0, CTX_HANDLE_KEY = 0;
 
 void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx) {
   lua_createtable(L, 1, 4);
+  lnr_pipe_part_t *P = lnr_pipe_part(lnr_state(L));
   lctx_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->tag = &CTX_TAG;
   c->ctx = nr_ctx_retain(ctx);
-  lnr_push_keyed(L, LNR_KEYED_CTX_HANDLE_MT, &CTX_HANDLE_KEY);
+  lnr_push_keyed(L, &P->ctx_handle_mt_ref, &CTX_HANDLE_KEY);
   lua_setmetatable(L, -2);
   lua_rawseti(L, -2, 1);
-  lnr_push_keyed(L, LNR_KEYED_CTX_MT, &CTX_KEY);
+  lnr_push_keyed(L, &P->ctx_mt_ref, &CTX_KEY);
   lua_setmetatable(L, -2);
 }
 
@@ -72,12 +73,14 @@ static lctx_t *to_ctx(lua_State *L, int idx) {
 }
 
 /* The ctx of the handler being called is known by its table's address
- * (begin notes it), which costs two API calls where reading the handle out
- * of the table costs five. The address cannot be a forgery's: the table is
- * anchored by its handler's ctx_ref, and forgotten when that is dropped,
- * so no other table can be made at that address meanwhile; the C context
- * lives as long as the handler is in its pipeline; and begin ran on this
- * state's thread, which is the channel's loop. */
+ * (begin notes it in the state's current call), so its handle need not be
+ * read out of the table. Invariant: while S->ctx_table is set, it is the
+ * address of a live ctx table whose C context is S->ctx. The address
+ * cannot be a forgery's: the table is anchored by its handler's ctx_ref,
+ * and forgotten when that is dropped (lnr_lh_free), so no other table can
+ * be made at that address meanwhile; the C context lives as long as the
+ * handler is in its pipeline; and begin ran on this state's thread, which
+ * is the channel's loop. */
 static nr_ctx_t *check_ctx(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TTABLE) {
     const lnr_state_t *S = lnr_state(L);
@@ -92,8 +95,6 @@ static nr_ctx_t *check_ctx(lua_State *L, int idx) {
                nr_loop_name(loop));
   return ctx;
 }
-
-nr_ctx_t *lnr_check_ctx(lua_State *L, int idx) { return check_ctx(L, idx); }
 
 /* A Lua handler's ctx table is made when the handler is first called or
  * asked for (p:context), not when it is added: idle connections hold
@@ -260,20 +261,12 @@ nr_promise_t *lnr_opt_promise(lua_State *L, int idx) {
   return p;
 }
 
-/* A write to an open stream channel that reaches its head at once (see
- * nr_ctx_writes_to_head), with no promise given: its future is a lazy one
- * (see lhandle.c), which costs nothing unless it is used. A write that
- * fails was reported to exception_caught by the pipeline; its future is a
- * failed one. */
-static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
-  if (!lua_isnoneornil(L, 3))
-    return false;
-  nr_channel_t *ch = nr_ctx_channel(ctx);
-  if (!nr_channel_is_open(ch) || !nr_ctx_writes_to_head(ctx))
-    return false;
-  lnr_msgbuf_t m;
-  int rc = nr_ctx_write_void(ctx, lnr_to_msg(L, 2, ch, &m));
-  lnr_msg_done(&m);
+/* A write's lazy future (see lhandle.c): it costs nothing unless used.
+ * Pushed for a write of no given future on an open stream channel that
+ * reaches its head at once (nr_ctx_writes_to_head); the write that failed
+ * there was reported to exception_caught by the pipeline, and its future
+ * is a failed one. */
+static void push_written(lua_State *L, nr_channel_t *ch, int rc) {
   if (rc < 0) {
     nr_promise_t *p = nr_promise_new();
     if (p == NULL)
@@ -283,16 +276,13 @@ static bool write_lazily(lua_State *L, nr_ctx_t *ctx, bool flush) {
   } else {
     lnr_push_lazy_write(L, ch, nr_channel_write_mark(ch), 1, LAZY_MT);
   }
-  if (flush)
-    nr_ctx_flush(ctx);
-  return true;
 }
 
 /* A write to a datagram channel given no promise that fails at once (a
  * string instead of { data, host, port }) reaches exception_caught too, as
- * a stream channel's does on the lazy path above: its future is rarely
- * looked at. (Stream writes that pass through a codec are reported by the
- * codec.) A write on a closed channel only fails its future, as there. */
+ * a stream channel's does on the lazy path: its future is rarely looked
+ * at. (Stream writes that pass through a codec are reported by the
+ * codec.) A write on a closed channel only fails its future. */
 static void report_write_failure(nr_ctx_t *ctx, int rc, nr_promise_t *p) {
   if (rc == NR_ECLOSED || !nr_channel_is_datagram(nr_ctx_channel(ctx)))
     return;
@@ -300,17 +290,48 @@ static void report_write_failure(nr_ctx_t *ctx, int rc, nr_promise_t *p) {
   nr_pipeline_fire_exception(nr_channel_pipeline(nr_ctx_channel(ctx)), &err);
 }
 
-static int ctx_do_write(lua_State *L, bool flush) {
-  nr_ctx_t *ctx = check_ctx(L, 1);
-  if (lua_gettop(L) < 2)
-    luaL_checkany(L, 2);                   /* raises */
-  if (lnr_is_void(L, 3)) {                 /* no future: a failure is raised */
-    write_msg(L, 2, ctx, NULL);
-    if (lua_gettop(L) != 3)
-      lua_settop(L, 3);
-  } else if (write_lazily(L, ctx, flush)) {
-    return 1;
+/* ctx:write(msg [, future]) and ctx:write_and_flush(msg [, future]),
+ * read top to bottom as luv's luv_write: the ctx, the message, the future
+ * the write completes (none, lazy, given or new), the write and what its
+ * failure becomes, the flush; the future is returned.
+ *
+ * The usual call, ctx:write(msg, VOID) by the handler being called, is
+ * told by two addresses: its ctx table's (see check_ctx) and the void
+ * promise's (lnr_is_void; a full userdata, so lua_touserdata gives the
+ * address recorded, for less), and a string or a native message (a
+ * prepared response, say) goes to the pipeline as it is. */
+static int ctx_write(lua_State *L, bool flush) {
+  const lnr_state_t *S = lnr_state(L);
+  int top = lua_gettop(L);
+  nr_ctx_t *ctx = S->ctx_table != NULL && lua_topointer(L, 1) == S->ctx_table
+                      ? S->ctx : check_ctx(L, 1);
+  if (top < 2)
+    luaL_checkany(L, 2);                   /* raises: no message */
+  if (top >= 3 && S->void_proxy != NULL && lua_touserdata(L, 3) == S->void_proxy) {
+    /* VOID: no future; a failure went to exception_caught */
+    void *native;
+    if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_to_msg does; first: */
+      size_t n;                            /* the usual reply */
+      const char *s = lua_tolstring(L, 2, &n);    /* anchored by the stack */
+      nr_bytes_t b = NR_BYTES(s, n);
+      nr_ctx_write(ctx, &b, NULL);
+    } else if ((native = lnr_to_native(L, 2)) != NULL) {
+      nr_ctx_write(ctx, native, NULL);
+    } else {                               /* a response table, an array */
+      write_msg(L, 2, ctx, NULL);
+    }
+    if (top != 3)
+      lua_settop(L, 3);                    /* the void promise */
+  } else if (lua_isnoneornil(L, 3) && nr_channel_is_open(nr_ctx_channel(ctx)) &&
+             nr_ctx_writes_to_head(ctx)) {
+    /* none given, straight to an open stream's head: a lazy future */
+    nr_channel_t *ch = nr_ctx_channel(ctx);
+    lnr_msgbuf_t m;
+    int rc = nr_ctx_write_void(ctx, lnr_to_msg(L, 2, ch, &m));
+    lnr_msg_done(&m);
+    push_written(L, ch, rc);
   } else {
+    /* the future given, or a new one */
     bool implicit = lua_isnoneornil(L, 3);
     nr_promise_t *p = write_promise(L, 3);
     int rc = write_msg(L, 2, ctx, p);
@@ -322,36 +343,8 @@ static int ctx_do_write(lua_State *L, bool flush) {
   return 1;
 }
 
-/* The usual write, ctx:write(msg, VOID) by the handler being called, is
- * told by addresses: the ctx table's and the void promise's (see
- * check_ctx and lnr_is_void), in five API calls where the general path
- * makes a dozen; a native message (a prepared response, say) then goes to
- * the pipeline as it is. */
-static int c_write(lua_State *L) {
-  const lnr_state_t *S = lnr_state(L);
-  /* (the void promise is a full userdata: lua_touserdata gives the
-   * address lua_topointer gave when it was recorded, for less) */
-  if (lua_gettop(L) == 3 && S != NULL && S->ctx_table != NULL &&
-      S->void_proxy != NULL && lua_topointer(L, 1) == S->ctx_table &&
-      lua_touserdata(L, 3) == S->void_proxy) {
-    void *native;
-    if (lua_type(L, 2) == LUA_TSTRING) {   /* as lnr_to_msg does; first: */
-      size_t n;                            /* the usual reply */
-      const char *s = lua_tolstring(L, 2, &n);    /* anchored by the stack */
-      nr_bytes_t b = NR_BYTES(s, n);
-      nr_ctx_write(S->ctx, &b, NULL);      /* a failure went to exception_caught */
-    } else if ((native = lnr_to_native(L, 2)) != NULL) {
-      nr_ctx_write(S->ctx, native, NULL);
-    } else {                               /* a response table, an array */
-      write_msg(L, 2, S->ctx, NULL);
-    }
-    if (lua_gettop(L) != 3)
-      lua_settop(L, 3);
-    return 1;                              /* the void promise */
-  }
-  return ctx_do_write(L, false);
-}
-static int c_write_and_flush(lua_State *L) { return ctx_do_write(L, true); }
+static int c_write(lua_State *L) { return ctx_write(L, false); }
+static int c_write_and_flush(lua_State *L) { return ctx_write(L, true); }
 
 static int c_flush(lua_State *L) {
   nr_ctx_flush(check_ctx(L, 1));

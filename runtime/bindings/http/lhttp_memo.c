@@ -2,7 +2,7 @@
  * lhttp_memo.c -- the response memo: a response table written again and
  * again (the same status and header strings) is sent from a prepared
  * response, with no conversion, check or encoding of its head per write.
- * Loop thread only, one memo per state (lnr_state_t.http_memo).
+ * Loop thread only, one memo per state (lnr_http_part_t.memo).
  *
  * Every write still reads the table's five fields and walks its headers
  * table: a table may change between writes, and nothing but reading it
@@ -30,9 +30,8 @@
  *
  * The memo is filled from a response that passed the write's checks, on
  * the second write in a row of the same head: a cheap hint by address
- * alone (lnr_state_t.http_memo_hint, lhttp.h) remembers the first, so
- * responses that differ every time pay a few instructions a write and never
- * fill it; one it cannot hold (a number among its values, say) is not
+ * alone (lnr_http_part_t.memo_hint, lhttp.h) remembers the first, so
+ * responses that differ every time pay only the hint and never fill it; one it cannot hold (a number among its values, say) is not
  * tried twice for the same hint. (A state's first such write makes the
  * memo, allocating; the next fills it, which allocates nothing, so no
  * finalizer can change the table while it is walked.) Its bytes are
@@ -149,7 +148,7 @@ static int make_memo(lua_State *L) {
                                                   allocation later */
   lua_setiuservalue(L, -2, 1);
   lua_pushvalue(L, -1);
-  lnr_set_slot(L, LNR_SLOT_HTTP_MEMO);
+  lnr_set_ref(L, &lnr_http_part(L)->memo_ref);
   return 1;
 }
 
@@ -253,20 +252,20 @@ static bool remake(lua_State *L, lnr_http_memo_t *m, int mi, int base,
   return true;
 }
 
-void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
+void lnr_http_memo_offer(lua_State *L, lnr_http_part_t *P, int base,
                          const int *t, const nr_http_response_t *r) {
-  lnr_http_memo_t *m = S->http_memo;
+  lnr_http_memo_t *m = P->memo;
   /* what lnr_http_memo_hit can match: no reason, no stream (not even
    * false), a body that is a string or none */
   if (t[LNR_RF_REASON] != LUA_TNIL || t[LNR_RF_STREAM] != LUA_TNIL ||
       (t[LNR_RF_BODY] != LUA_TNIL && t[LNR_RF_BODY] != LUA_TSTRING) ||
       r->status < 100 || r->status > 999 || r->nheaders > MEMO_FIELDS ||
-      r->body_len > MEMO_BYTES || (m != NULL && m->refused == S->http_memo_hint))
+      r->body_len > MEMO_BYTES || (m != NULL && m->refused == P->memo_hint))
     return;
   /* its head already, kept for its own body only (a Content-Length or
    * Transfer-Encoding of the user's): another body is not remade for,
    * write after write */
-  if (m != NULL && m->valid && !m->heads && m->hint == S->http_memo_hint)
+  if (m != NULL && m->valid && !m->heads && m->hint == P->memo_hint)
     return;
   /* too many bytes with this body, not refused: the hint leaves it out */
   if (nr_http_prepared_size(r) > sizeof m->room)
@@ -276,12 +275,12 @@ void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
   if (m == NULL) {          /* the first: made, filled by the next offer */
     lua_pushcfunction(L, make_memo);
     if (lua_pcall(L, 0, 1, 0) == LUA_OK)
-      S->http_memo = lua_touserdata(L, -1);
+      P->memo = lua_touserdata(L, -1);
     lua_pop(L, 1);
     return;
   }
-  lnr_push_slot(L, LNR_SLOT_HTTP_MEMO);
-  if (!remake(L, m, lua_gettop(L), base, t, r, S->http_memo_hint))
-    m->refused = S->http_memo_hint;   /* not again for the same hint */
+  lnr_push_ref(L, &P->memo_ref);
+  if (!remake(L, m, lua_gettop(L), base, t, r, P->memo_hint))
+    m->refused = P->memo_hint;        /* not again for the same hint */
   lua_pop(L, 1);
 }

@@ -11,8 +11,8 @@
  * Checked strings. Header names must be tokens and values free of control
  * characters, checked on every write; most writes give the same strings
  * again ("content-type", "text/plain"). So a string that passed is
- * remembered by its address, per state (lnr_state_t.http_checked), and
- * kept alive by an anchor table (LNR_SLOT_HTTP_CHECKED) for as long as it
+ * remembered by its address, per state (lnr_http_part_t.checked), and
+ * kept alive by an anchor table (its checked_ref) for as long as it
  * is remembered: while it is anchored no other string can have its
  * address, so a hit is that very string, immutable and checked already.
  * An entry is replaced together with its anchor. A name and a value are
@@ -35,26 +35,26 @@ static unsigned ck_slot(const char *s, int kind) {
 }
 
 static bool ck_known(const lnr_hdrs_t *h, const char *s, int kind) {
-  return h->S != NULL && h->S->http_checked[ck_slot(s, kind)] == s;
+  return h->P != NULL && h->P->checked[ck_slot(s, kind)] == s;
 }
 
 /* The string at idx passed its check: remember it. Pushes 2 at most. */
 static void ck_remember(lua_State *L, lnr_hdrs_t *h, int idx, const char *s,
                         int kind) {
-  if (h->S == NULL)
+  if (h->P == NULL)
     return;
   unsigned k = ck_slot(s, kind);
   idx = lua_absindex(L, idx);
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_CHECKED) != LUA_TTABLE) {
+  if (lnr_push_ref(L, &h->P->checked_ref) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_createtable(L, LNR_HTTP_CHECKED, 0);
     lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_CHECKED);
+    lnr_set_ref(L, &h->P->checked_ref);
   }
   lua_pushvalue(L, idx);
   lua_rawseti(L, -2, (lua_Integer)k + 1);
   lua_pop(L, 1);
-  h->S->http_checked[k] = s;
+  h->P->checked[k] = s;
 }
 
 /* Room for more fields: the array doubles, off the usual path. */

@@ -64,68 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec/http_client.h"
-#include "lnr.h"
-#include "tls/tls.h"
-
-#define POOL_CLASS "netrun.http.pool"
-#define REQ_CLASS "netrun.http.call"
-
-/* A request's uservalues. */
-enum { UV_TARGET = 1, UV_METHOD, UV_PATH, UV_HEADERS, UV_BODY, UV_FORWARD,
-       UV_HOST, UV_URL, UV_TLS, UV_N = UV_TLS };
-
-typedef struct hpool hpool_t;
-typedef struct hconn hconn_t;
-typedef struct hreq hreq_t;
-
-struct hreq {
-  hpool_t *pool;
-  hconn_t *conn;              /* in flight on it, or NULL */
-  hreq_t *wprev, *wnext;      /* the pool's line of waiting requests */
-  hreq_t *dprev, *dnext;      /* the pool's deadlines, earliest first */
-  uint64_t deadline;          /* nr_now() ns; 0: none */
-  double timeout;             /* s, for the message */
-  int ref;                    /* anchors the userdata until settled */
-  bool callback;              /* the target is a function (else a promise) */
-  bool waiting, timed, retried, done;
-};
-
-struct hconn {
-  hpool_t *pool;              /* NULL: detached (the pool's state closed) */
-  nr_ctx_t *ctx;
-  hreq_t *req;                /* in flight, or NULL */
-  hconn_t *inext, *iprev;     /* the idle list */
-  hconn_t *anext, *aprev;     /* all the pool's connections */
-  uint64_t since;             /* idle since (nr_now) */
-  bool ready;                 /* connected: counted in total until gone */
-  bool idle, dead, gone, used, reused;
-  char err[200];              /* the first error met */
-};
-
-struct hpool {
-  lnr_state_t *S;
-  nr_loop_t *loop;
-  int self_ref;               /* anchors the pool while it has anything */
-  int connect_ref, empty_ref; /* http.lua's functions */
-  hconn_t *idle, *all;
-  int nidle, total, connecting, max, nwait, max_wait;
-  hreq_t *whead, *wtail;
-  hreq_t *dhead, *dtail;
-  uint64_t keepalive;         /* ns */
-  nr_timer_t *dtimer, *sweeper;
-  uint64_t dat;               /* the deadline dtimer is set for */
-  int depth;                  /* entry points running (see enter) */
-  hreq_t *spare[32];          /* settled requests, kept (anchored) for reuse */
-  int nspare;
-  /* https: the TLS config its connections are made with (retained), and
-   * the identity and generation of that config when last looked at; a
-   * reload that changed the identity retires the pool (see stale) */
-  nr_tls_config_t *tls;
-  unsigned tls_gen;
-  char tls_id[NR_TLS_ID_LEN + 1];
-  bool retired;
-};
+#include "lhttp_pool.h"
 
 static const nr_handler_t conn_vt;
 static void acquire(lua_State *L, hpool_t *P, hreq_t *q);
@@ -513,7 +452,7 @@ static void conn_gone(lua_State *L, hconn_t *c) {
  * more requests -- http.lua gives its key a new pool -- its idle
  * connections close now, and busy ones once no request that came before
  * the reload waits for them (release). */
-static __attribute__((noinline)) bool reloaded(lua_State *L, hpool_t *P) {
+bool lnr_pool_reloaded(lua_State *L, hpool_t *P) {
   unsigned g = nr_tls_config_generation(P->tls);
   char id[NR_TLS_ID_LEN + 1];
   nr_tls_config_identity(P->tls, id);       /* (read after g: at least as new) */
@@ -530,14 +469,6 @@ static __attribute__((noinline)) bool reloaded(lua_State *L, hpool_t *P) {
   }
   leave(L, P);
   return true;
-}
-
-/* Whether P may take no request (its TLS settings changed): one atomic
- * read per https request, nothing for http. */
-static inline bool stale(lua_State *L, hpool_t *P) {
-  return P->retired || (P->tls != NULL &&
-                        nr_tls_config_generation(P->tls) != P->tls_gen &&
-                        reloaded(L, P));
 }
 
 /* ---- timers' work ------------------------------------------------------------------ */
@@ -724,7 +655,7 @@ static void hold(lua_State *L, hpool_t *P, int idx) {
 
 /* Send the request userdata on top of the stack (popped) through P (at
  * stack index pidx). */
-static void send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q) {
+void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q) {
   q->pool = P;
   if (q->ref == LUA_NOREF)
     q->ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -739,8 +670,8 @@ static void send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q) {
 }
 
 /* Push a new request (a spare of P's if it has one; its uservalues nil). */
-static hreq_t *new_req(lua_State *L, hpool_t *P, bool callback,
-                       double timeout) {
+hreq_t *lnr_pool_new_req(lua_State *L, hpool_t *P, bool callback,
+                         double timeout) {
   hreq_t *q;
   int ref = LUA_NOREF;
   if (P->nspare > 0) {
@@ -767,7 +698,7 @@ static int p_send(lua_State *L) {
   }
   lua_settop(L, 11);
   double timeout = luaL_optnumber(L, 10, 0);
-  hreq_t *q = new_req(L, P, lua_type(L, 2) == LUA_TFUNCTION, timeout);
+  hreq_t *q = lnr_pool_new_req(L, P, lua_type(L, 2) == LUA_TFUNCTION, timeout);
   int u = lua_gettop(L);
   static const int from[] = {[UV_TARGET] = 2, [UV_METHOD] = 3, [UV_PATH] = 4,
                              [UV_HEADERS] = 5, [UV_BODY] = 6, [UV_FORWARD] = 7,
@@ -776,7 +707,7 @@ static int p_send(lua_State *L) {
     lua_pushvalue(L, from[i]);
     lua_setiuservalue(L, u, i);
   }
-  send_req(L, P, 1, q);
+  lnr_pool_send_req(L, P, 1, q);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -900,212 +831,7 @@ static int l_pool(lua_State *L) {
   return 1;
 }
 
-/* ---- the lane: client:request(opts, cb) without Lua ---------------------------------- */
-
-enum { UP_CLIENT = 1, UP_POOLS, UP_URLS, UP_SLOW, UP_POOL_MT, UP_KEYS };
-/* The client fields read, as strings made once (upvalues from UP_KEYS). */
-enum { K_ID, K_TIMEOUT, K_FOLLOW, K_N };
-
-/* A parsed URL's slots (http.lua's parsed). */
-enum { U_SCHEME = 1, U_HOST, U_PORT, U_TARGET, U_HOSTHDR, U_KEY };
-
-static int get(lua_State *L, int t, int k) {
-  lua_pushvalue(L, lua_upvalueindex(UP_KEYS + k));
-  return lua_rawget(L, t);
-}
-
-/* A method the Lua path would send as it is: upper-case letters only. */
-static bool plain_method(lua_State *L, int idx) {
-  size_t n;
-  const char *s = lua_tolstring(L, idx, &n);
-  if (n == 0 || n > 16)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (s[i] < 'A' || s[i] > 'Z')
-      return false;
-  return true;
-}
-
-static int lane_request(lua_State *L) {
-  lua_settop(L, 3);
-  if (!lua_getmetatable(L, 1) ||
-      !lua_rawequal(L, -1, lua_upvalueindex(UP_CLIENT)))
-    goto slow;                           /* (http.lua says what is wrong) */
-  const int o = 4;                       /* the options' slots */
-  lua_settop(L, o + LNR_HOPT_N - 1);
-  lnr_http_check_request(L, 2, o, 1);    /* (0 this, 1 its caller) */
-  nr_loop_t *loop = nr_loop_current();
-  if (lua_type(L, 3) != LUA_TFUNCTION || loop == NULL ||
-      loop == lnr_main_loop() || !lua_isnil(L, o + LNR_HOPT_TLS) || !lua_isnil(L, o + LNR_HOPT_FOLLOW) ||
-      !lua_isnil(L, o + LNR_HOPT_MAX_BODY) ||
-      lua_type(L, o + LNR_HOPT_URL) != LUA_TSTRING)
-    goto slow;
-  if (get(L, 1, K_FOLLOW) != LUA_TNIL)
-    goto slow;
-  get(L, 1, K_TIMEOUT);
-  double timeout = lua_tonumber(L, -1);
-  if (!lua_isnil(L, o + LNR_HOPT_TIMEOUT) &&
-      lua_tonumber(L, o + LNR_HOPT_TIMEOUT) != timeout)
-    goto slow;
-  lua_pushvalue(L, o + LNR_HOPT_URL);
-  if (lua_rawget(L, lua_upvalueindex(UP_URLS)) != LUA_TTABLE)
-    goto slow;                           /* not parsed yet */
-  const int url = lua_gettop(L);
-  if (lua_rawgeti(L, url, U_SCHEME) != LUA_TSTRING)
-    goto slow;                           /* a bad URL */
-  bool fwd = !lua_isnil(L, o + LNR_HOPT_FORWARD);
-  if (fwd) {                             /* a forwarded request's URL names */
-    size_t n;                            /* only the origin */
-    lua_rawgeti(L, url, U_TARGET);
-    const char *t = lua_tolstring(L, -1, &n);
-    if (n != 1 || t[0] != '/')
-      goto slow;
-  } else if (!lua_isnil(L, o + LNR_HOPT_HEADERS) ||
-             (!lua_isnil(L, o + LNR_HOPT_METHOD) &&
-              !plain_method(L, o + LNR_HOPT_METHOD))) {
-    goto slow;                           /* headers merged with Host there */
-  }
-  get(L, 1, K_ID);
-  if (lua_rawget(L, lua_upvalueindex(UP_POOLS)) != LUA_TTABLE)
-    goto slow;
-  lua_rawgeti(L, url, U_KEY);
-  lua_rawget(L, -2);
-  hpool_t *P = lua_touserdata(L, -1);
-  if (P == NULL || !lua_getmetatable(L, -1) ||
-      !lua_rawequal(L, -1, lua_upvalueindex(UP_POOL_MT)) || P->S == NULL ||
-      stale(L, P))
-    goto slow;
-  lua_pop(L, 1);
-  const int pidx = lua_gettop(L);
-  hreq_t *q = new_req(L, P, true, timeout);
-  const int u = lua_gettop(L);
-  lua_pushvalue(L, 3);
-  lua_setiuservalue(L, u, UV_TARGET);
-  if (fwd) {
-    lua_pushvalue(L, o + LNR_HOPT_FORWARD);
-    lua_setiuservalue(L, u, UV_FORWARD);
-    lua_pushvalue(L, o + LNR_HOPT_HEADERS);
-    lua_setiuservalue(L, u, UV_HEADERS);
-    lua_rawgeti(L, url, U_HOSTHDR);
-    lua_setiuservalue(L, u, UV_HOST);
-  } else {
-    if (lua_isnil(L, o + LNR_HOPT_METHOD))
-      lua_pushliteral(L, "GET");
-    else
-      lua_pushvalue(L, o + LNR_HOPT_METHOD);
-    lua_setiuservalue(L, u, UV_METHOD);
-    lua_rawgeti(L, url, U_TARGET);
-    lua_setiuservalue(L, u, UV_PATH);
-    lua_createtable(L, 0, 1);
-    lua_rawgeti(L, url, U_HOSTHDR);
-    lua_setfield(L, -2, "host");
-    lua_setiuservalue(L, u, UV_HEADERS);
-    lua_pushvalue(L, o + LNR_HOPT_BODY);
-    lua_setiuservalue(L, u, UV_BODY);
-  }
-  lua_pushvalue(L, o + LNR_HOPT_URL);
-  lua_setiuservalue(L, u, UV_URL);
-  send_req(L, P, pidx, q);
-  return 0;
-slow:                                    /* http.lua's, with what was given */
-  lua_settop(L, 3);
-  lua_pushvalue(L, lua_upvalueindex(UP_SLOW));
-  lua_insert(L, 1);
-  lua_call(L, 3, LUA_MULTRET);
-  return lua_gettop(L);
-}
-
-/* ---- a forwarder: a proxy's requests with their options set once -------------- */
-
-enum { F_CLIENT = 1, F_POOLS, F_KEY, F_HOST, F_HEADERS, F_URL, F_SLOW, F_POOL_MT,
-       F_ID, F_TIMEOUT, F_N = F_TIMEOUT };
-
-/* forward(req, callback): client:request({ url, forward = req, headers },
- * callback) with the options checked when the forwarder was made. */
-static int forward_call(lua_State *L) {
-  lua_settop(L, 2);
-  if (!lnr_http_is_request(L, 1))
-    return luaL_error(L, "netrun.http forwarder: forward(req, callback): req "
-                      "must be a request of netrun.codec.http_server, got %s",
-                      luaL_typename(L, 1));
-  if (lua_type(L, 2) != LUA_TFUNCTION)
-    return luaL_error(L, "netrun.http forwarder: the callback must be a "
-                      "function, got %s", luaL_typename(L, 2));
-  nr_loop_t *loop = nr_loop_current();
-  if (loop == NULL || loop == lnr_main_loop())
-    return luaL_error(L, "netrun.http forwarder: call it on a loop");
-  lua_pushvalue(L, lua_upvalueindex(F_ID));
-  lua_rawget(L, lua_upvalueindex(F_CLIENT));
-  hpool_t *P = NULL;
-  if (lua_rawget(L, lua_upvalueindex(F_POOLS)) == LUA_TTABLE) {
-    lua_pushvalue(L, lua_upvalueindex(F_KEY));
-    lua_rawget(L, -2);
-    P = lua_touserdata(L, -1);
-    if (P && (!lua_getmetatable(L, -1) ||
-              !lua_rawequal(L, -1, lua_upvalueindex(F_POOL_MT)) || P->S == NULL ||
-              stale(L, P)))
-      P = NULL;
-    lua_settop(L, 4);                    /* the pool at 4 */
-  }
-  if (P == NULL) {                       /* no pool yet: http.lua makes it */
-    lua_settop(L, 2);
-    lua_pushvalue(L, lua_upvalueindex(F_SLOW));
-    lua_insert(L, 1);
-    lua_call(L, 2, 0);
-    return 0;
-  }
-  lua_pushvalue(L, lua_upvalueindex(F_TIMEOUT));
-  lua_rawget(L, lua_upvalueindex(F_CLIENT));
-  double timeout = lua_tonumber(L, -1);
-  lua_pop(L, 1);
-  hreq_t *q = new_req(L, P, true, timeout);
-  const int u = lua_gettop(L);
-  static const struct { int uv, from; } set[] = {
-      {UV_TARGET, 2}, {UV_FORWARD, 1}, {UV_HEADERS, -F_HEADERS},
-      {UV_HOST, -F_HOST}, {UV_URL, -F_URL}};
-  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
-    lua_pushvalue(L, set[i].from > 0 ? set[i].from
-                                     : lua_upvalueindex(-set[i].from));
-    lua_setiuservalue(L, u, set[i].uv);
-  }
-  send_req(L, P, 4, q);
-  return 0;
-}
-
-/* core.http.forwarder(client, pools, key, host, headers, url, slow) */
-static int l_forwarder(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  luaL_checktype(L, 2, LUA_TTABLE);
-  luaL_checkstring(L, 3);
-  luaL_checkstring(L, 4);
-  luaL_checkstring(L, 6);
-  luaL_checktype(L, 7, LUA_TFUNCTION);
-  lua_settop(L, 7);
-  luaL_getmetatable(L, POOL_CLASS);
-  lua_pushliteral(L, "id");
-  lua_pushliteral(L, "timeout");
-  lua_pushcclosure(L, forward_call, F_N);
-  return 1;
-}
-
-/* core.http.lane { Client, pools, urls, slow } --> request */
-static int l_lane(lua_State *L) {
-  static const char *const ups[] = {"Client", "pools", "urls", "slow"};
-  static const char *const keys[] = {[K_ID] = "id", [K_TIMEOUT] = "timeout",
-                                     [K_FOLLOW] = "follow"};
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lua_settop(L, 1);
-  for (int i = 0; i < UP_POOL_MT - 1; i++)
-    if (lua_getfield(L, 1, ups[i]) == LUA_TNIL)
-      return luaL_error(L, "core.http.lane: %s missing", ups[i]);
-  luaL_getmetatable(L, POOL_CLASS);
-  for (int i = 0; i < K_N; i++)
-    lua_pushstring(L, keys[i]);
-  lua_pushcclosure(L, lane_request, UP_KEYS - 1 + K_N);
-  return 1;
-}
-
-void lnr_open_http_pool(lua_State *L) {
+static void open_http_pool(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"send", p_send}, {"connected", p_connected},
       {"connect_failed", p_connect_failed}, {"stats", p_stats}, {NULL, NULL}};
@@ -1116,12 +842,14 @@ void lnr_open_http_pool(lua_State *L) {
   lua_pushcfunction(L, p_gc);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
-  lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_getfield(L, -1, "http");                 /* made by the http row, before */
   lua_pushcfunction(L, l_pool);
   lua_setfield(L, -2, "pool");
-  lua_pushcfunction(L, l_lane);
+  lua_pushcfunction(L, lnr_http_lane);
   lua_setfield(L, -2, "lane");
-  lua_pushcfunction(L, l_forwarder);
+  lua_pushcfunction(L, lnr_http_forwarder);
   lua_setfield(L, -2, "forwarder");
   lua_pop(L, 1);
 }
+
+lnr_module_t lnr_http_pool_module = {.name = "http_pool", .open = open_http_pool};

@@ -66,7 +66,7 @@ static int method_ref(lua_State *L, int idx, const char *name) {
  * *made tells whether it was made now. */
 static const hrec_t *handler_rec(lua_State *L, int idx, bool *made) {
   idx = lua_absindex(L, idx);
-  lnr_push_weak_keyed(L, LNR_KEYED_RECS, &RECS, "k");
+  lnr_push_weak_keyed(L, &lnr_pipe_part(lnr_state(L))->recs_ref, &RECS, "k");
   lua_pushvalue(L, idx);
   *made = false;
   if (lua_rawget(L, -2) == LUA_TUSERDATA) {
@@ -353,14 +353,9 @@ INBOUND0(lh_inactive, "channel_inactive", NR_EV_INACTIVE, nr_ctx_fire_inactive)
 OUTBOUND0(lh_flush, "flush", NR_OP_FLUSH, nr_ctx_flush)
 OUTBOUND0(lh_read, "read", NR_OP_READ, nr_ctx_read)
 
-/* Writable again: what the handler holds goes on first. What is still
- * held afterwards stays held: this event does not force it out, so it
- * enters through lnr_lh_enter only when nothing is held. */
+/* Writable again: what the handler holds goes on first. */
 static int lh_writability(nr_ctx_t *ctx) {
-  lh_t *h = nr_ctx_state(ctx);
-  if ((h->held != NULL && lnr_lh_writable_held(ctx)) ||
-      (h->held != NULL ? !(h->rec->has & NR_EV_WRITABILITY)
-                       : !lnr_lh_enter(ctx, NR_EV_WRITABILITY))) {
+  if (!lnr_lh_enter_writability(ctx)) {
     nr_ctx_fire_writability_changed(ctx);
     return 0;
   }
@@ -501,8 +496,6 @@ const nr_handler_t *lnr_make_lua_handler(lua_State *L, int idx,
     luaL_error(L, "a handler must be a table or an object, got a %s",
                luaL_typename(L, idx));
   lnr_state_t *S = lnr_state(L);
-  if (lnr_batch_init(S) < 0)
-    luaL_error(L, "out of memory");
   lh_t *h = calloc(1, sizeof *h);
   if (h == NULL)
     luaL_error(L, "out of memory");

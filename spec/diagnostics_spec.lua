@@ -1,5 +1,5 @@
--- newcomer_spec.lua -- no silent failures (issue 18): what a newcomer
--- meets in the first hour says what went wrong and what to do. Objects
+-- diagnostics_spec.lua -- no silent failures: what a newcomer meets in
+-- the first hour says what went wrong and what to do. Objects
 -- with metatable methods work when copied; misspelled handler methods and
 -- option keys are named; unwritable messages say what a channel takes;
 -- a write nobody flushed is flushed; an undefined global on a loop says
@@ -28,7 +28,7 @@ local function count(s, pat)
   return n
 end
 
-describe("issue 18: no silent failures", function()
+describe("diagnostics: no silent failures", function()
   local group
   setup(function() group = netrun.group { threads = 2, name = "nc" } end)
   teardown(function() H.shutdown(group) end)

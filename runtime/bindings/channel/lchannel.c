@@ -1,360 +1,24 @@
 /*
- * lchannel.c -- servers, clients, UDP and channels in Lua; channel groups;
- * per-channel attributes. (Messages are converted between Lua and the C
- * pipeline in lmsg.c.)
+ * lchannel.c -- servers, clients and UDP in Lua (netrun.server,
+ * netrun.connect, netrun.udp): their options, and the servers' init
+ * registry. (Channel handles are lchannel_handle.c's; channel groups
+ * lchgroup.c's.)
  *
- * Channel handles work from any thread: on the channel's loop a write goes
- * straight into the pipeline; from elsewhere the message is packed and the
- * write runs on the loop. An init function is packed once per server and
- * unpacked once per loop state, so one handler table can serve every
- * channel of that loop.
+ * An init function is packed once per server and unpacked once per loop
+ * state, so one handler table can serve every channel of that loop; each
+ * state keeps the one it ran last in its part (channel_part_t).
  */
 #include <arpa/inet.h>
-#include <assert.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/un.h>
 
 #include "lnr.h"
 
-static nr_channel_t *check(lua_State *L, int idx) {
-  return lnr_check_handle(L, idx, LNR_CHANNEL);
-}
-
-/* ---- writes --------------------------------------------------------------- */
-
-typedef struct xwrite_s {
-  nr_channel_t *ch;
-  nr_promise_t *p;
-  lnr_blob_t *b;
-  bool flush;
-} xwrite_t;
-
-static int xwrite_p(lua_State *L) {
-  xwrite_t *w = lua_touserdata(L, 1);
-  lua_settop(L, 0);
-  lnr_unpack(L, w->b);
-  lnr_msgbuf_t m;
-  nr_pipeline_write(nr_channel_pipeline(w->ch), lnr_to_msg(L, 1, w->ch, &m), w->p);
-  lnr_msg_done(&m);
-  if (w->flush)
-    nr_pipeline_flush(nr_channel_pipeline(w->ch));
-  return 0;
-}
-
-/* On the channel's loop: a write that came from another thread. */
-static int xwrite_task(void *arg) {
-  xwrite_t *w = arg;
-  lnr_state_t *S = lnr_current_state();
-  if (S && !S->closing) {
-    lua_State *L = S->L;
-    LNR_STACK_BEGIN(L);
-    lua_pushcfunction(L, xwrite_p);
-    lua_pushlightuserdata(L, w);
-    if (lnr_pcall(L, 1, 0) != LUA_OK) {
-      if (w->p)
-        nr_promise_set_failure(w->p, NR_EHANDLER, lua_tostring(L, -1));
-      lua_pop(L, 1);
-    }
-    LNR_STACK_END(L, 0);
-  } else if (w->p) {
-    nr_promise_set_failure(w->p, NR_ECLOSED, "channel closed");
-  }
-  if (w->p)
-    nr_promise_release(w->p);
-  lnr_blob_free(w->b);
-  nr_channel_release(w->ch);
-  free(w);
-  return 0;
-}
-
-/* A write from another thread is encoded on the channel's loop; check the
- * shape of an array of strings here, so the mistake raises in the caller
- * like it does on the loop. */
-static void check_array(lua_State *L, int idx) {
-  if (lua_type(L, idx) != LUA_TTABLE || lua_rawgeti(L, idx, 1) != LUA_TSTRING) {
-    if (lua_type(L, idx) == LUA_TTABLE)
-      lua_pop(L, 1);
-    return;
-  }
-  lua_pop(L, 1);
-  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
-  for (lua_Integer i = 2; i <= n; i++) {
-    int t = lua_rawgeti(L, idx, i);
-    lua_pop(L, 1);
-    if (t != LUA_TSTRING)
-      luaL_error(L, "write: element %d of the array is a %s, not a string",
-                 (int)i, lua_typename(L, t));
-  }
-}
-
-static int do_write(lua_State *L, bool flush) {
-  nr_channel_t *ch = check(L, 1);
-  luaL_checkany(L, 2);
-  nr_promise_t *p = nr_promise_new();
-  lnr_push_promise(L, p);
-  int fut = lua_gettop(L);
-  nr_loop_t *loop = nr_channel_loop(ch);
-  if (loop && nr_loop_in_thread(loop)) {
-    lnr_msgbuf_t m;
-    nr_pipeline_write(nr_channel_pipeline(ch), lnr_to_msg(L, 2, ch, &m), p);
-    lnr_msg_done(&m);
-    if (flush)
-      nr_pipeline_flush(nr_channel_pipeline(ch));
-    lua_pushvalue(L, fut);
-    return 1;
-  }
-  if (!nr_channel_is_datagram(ch))
-    check_array(L, 2);
-  lnr_blob_t *b = lnr_pack(L, 2, 1, "message");   /* may raise: first */
-  xwrite_t *w = malloc(sizeof *w);
-  if (w == NULL) {
-    lnr_blob_free(b);
-    return luaL_error(L, "out of memory");
-  }
-  w->b = b;
-  w->ch = nr_channel_retain(ch);
-  w->p = nr_promise_retain(p);
-  w->flush = flush;
-  int rc = loop == NULL ? NR_ECLOSED : nr_loop_execute(loop, xwrite_task, w);
-  if (rc < 0) {
-    if (rc == NR_EFULL)      /* a write is an asynchronous failure */
-      nr_promise_set_failure(p, NR_EFULL, "channel's loop: task queue full "
-                             "(max_pending_tasks): write rejected");
-    else
-      nr_promise_set_failure(p, NR_ECLOSED, "channel closed");
-    nr_promise_release(p);
-    lnr_blob_free(w->b);
-    nr_channel_release(ch);
-    free(w);
-  }
-  lua_pushvalue(L, fut);
-  return 1;
-}
-
-static int l_write(lua_State *L) { return do_write(L, false); }
-static int l_write_and_flush(lua_State *L) { return do_write(L, true); }
-
-static int l_flush(lua_State *L) {
-  nr_channel_flush(check(L, 1));
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int l_close(lua_State *L) {
-  nr_channel_t *ch = check(L, 1);
-  nr_promise_t *p = nr_promise_new();
-  lnr_push_promise(L, p);
-  nr_channel_close(ch, p);
-  return 1;
-}
-
-static int l_close_future(lua_State *L) {
-  lnr_push_promise(L, nr_promise_retain(nr_channel_close_future(check(L, 1))));
-  return 1;
-}
-
-static int l_read(lua_State *L) {
-  nr_channel_read(check(L, 1));
-  lua_settop(L, 1);
-  return 1;
-}
-
-/* ---- accessors ------------------------------------------------------------------ */
-
-static int push_address(lua_State *L, int remote) {
-  nr_channel_t *ch = check(L, 1);
-  char host[128];
-  int port;
-  int rc = remote ? nr_channel_remote_address(ch, host, sizeof host, &port)
-                  : nr_channel_local_address(ch, host, sizeof host, &port);
-  if (rc < 0) {
-    lua_pushnil(L);
-    return 1;
-  }
-  lua_pushstring(L, host);
-  if (port < 0)
-    return 1;
-  lua_pushinteger(L, port);
-  return 2;
-}
-
-static int l_local_address(lua_State *L) { return push_address(L, 0); }
-static int l_remote_address(lua_State *L) { return push_address(L, 1); }
-
-static int l_id(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)nr_channel_id(check(L, 1)));
-  return 1;
-}
-static int l_loop(lua_State *L) {
-  lnr_push_handle(L, LNR_LOOP, nr_channel_loop(check(L, 1)));
-  return 1;
-}
-static int l_is_open(lua_State *L) {
-  lua_pushboolean(L, nr_channel_is_open(check(L, 1)));
-  return 1;
-}
-static int l_is_active(lua_State *L) {
-  lua_pushboolean(L, nr_channel_is_active(check(L, 1)));
-  return 1;
-}
-static int l_is_writable(lua_State *L) {
-  lua_pushboolean(L, nr_channel_is_writable(check(L, 1)));
-  return 1;
-}
-
-static void require_loop(lua_State *L, nr_channel_t *ch, const char *what) {
-  nr_loop_t *loop = nr_channel_loop(ch);
-  if (loop == NULL || !nr_loop_in_thread(loop))
-    luaL_error(L, "%s of channel %d can only be used on its loop (%s)", what,
-               (int)nr_channel_id(ch), loop ? nr_loop_name(loop) : "none");
-}
-
-/* Nanoseconds as seconds: an integer when whole (60, not 60.0). */
-static void push_seconds(lua_State *L, uint64_t ns) {
-  if (ns % 1000000000u == 0)
-    lua_pushinteger(L, (lua_Integer)(ns / 1000000000u));
-  else
-    lua_pushnumber(L, (lua_Number)ns / 1e9);
-}
-
-static int l_option(lua_State *L) {
-  nr_channel_t *ch = check(L, 1);
-  const char *name = luaL_checkstring(L, 2);
-  if (!lua_isnoneornil(L, 3)) {
-    if (strcmp(name, "auto_read") == 0) {
-      nr_channel_set_auto_read(ch, lua_toboolean(L, 3));
-      lua_settop(L, 1);
-      return 1;
-    }
-    require_loop(L, ch, "options");
-    if (strcmp(name, "send_timeout") == 0) {
-      lua_Number s = luaL_checknumber(L, 3);
-      if (!(s >= 0 && s <= 1e9))
-        return luaL_error(L, "option 'send_timeout': expected seconds from 0 "
-                          "(none) to 1e9, got %s", lua_tostring(L, 3));
-      nr_channel_set_send_timeout(ch, lnr_ns(s));
-      lua_settop(L, 1);
-      return 1;
-    }
-    int v = lua_isboolean(L, 3) ? lua_toboolean(L, 3)
-                                : (int)luaL_checkinteger(L, 3);
-    int rc = nr_channel_set_option(ch, name, v);
-    if (rc < 0)
-      return luaL_error(L, "option '%s': %s", name, nr_strerror(rc));
-    lua_settop(L, 1);
-    return 1;
-  }
-  require_loop(L, ch, "options");
-  const nr_channel_opts_t *o = nr_channel_options(ch);
-  if (strcmp(name, "tcp_nodelay") == 0) lua_pushboolean(L, o->tcp_nodelay);
-  else if (strcmp(name, "keepalive") == 0) lua_pushboolean(L, o->keepalive);
-  else if (strcmp(name, "auto_read") == 0) lua_pushboolean(L, o->auto_read);
-  else if (strcmp(name, "allow_half_closure") == 0) lua_pushboolean(L, o->allow_half_closure);
-  else if (strcmp(name, "write_buffer_low") == 0) lua_pushinteger(L, (lua_Integer)o->write_buffer_low);
-  else if (strcmp(name, "write_buffer_high") == 0) lua_pushinteger(L, (lua_Integer)o->write_buffer_high);
-  else if (strcmp(name, "sndbuf") == 0) lua_pushinteger(L, o->sndbuf);
-  else if (strcmp(name, "rcvbuf") == 0) lua_pushinteger(L, o->rcvbuf);
-  else if (strcmp(name, "send_timeout") == 0) push_seconds(L, o->send_timeout);
-  else return luaL_error(L, "unknown channel option '%s'", name);
-  return 1;
-}
-
-/* Attributes live in the channel's loop state. As in Netty, where they
- * live as long as the channel, they stay readable through the whole close:
- * channel_inactive, channel_unregistered and handler_removed. They are
- * dropped after it. The close future completes before the pipeline's
- * teardown runs (at once, or when the handler call that closed returns:
- * pipeline.c, unwound), and the teardown never waits for a task; so the
- * future's listener queues the drop as a task, which runs after it. The
- * listener holds a reference on the channel until the drop, so that a new
- * channel cannot take its address (the key) meanwhile. */
-static const char ATTRS = 0;
-
-static void forget_attrs(lua_State *L, nr_channel_t *ch) {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) == LUA_TTABLE) {
-    lua_pushnil(L);
-    lua_rawsetp(L, -2, ch);
-  }
-  lua_pop(L, 1);
-}
-
-static int drop_attrs_task(void *arg) {
-  nr_channel_t *ch = arg;
-  lnr_state_t *S = lnr_current_state();
-  if (S != NULL && !S->closing)
-    forget_attrs(S->L, ch);
-  nr_channel_release(ch);
-  return 0;
-}
-
-static void drop_attrs(nr_promise_t *p, void *arg) {
-  (void)p;
-  nr_channel_t *ch = arg;
-  nr_loop_t *loop = nr_channel_loop(ch);
-  if (!nr_loop_in_thread(loop)) {      /* its loop is gone, with the state */
-    nr_channel_release(ch);
-    return;
-  }
-  if (nr_loop_execute(loop, drop_attrs_task, ch) < 0)
-    nr_channel_release(ch);  /* the loop is past shutdown: its state, and
-                                the attributes with it, close after this */
-}
-
-static int l_attr(lua_State *L) {
-  nr_channel_t *ch = check(L, 1);
-  luaL_checkany(L, 2);
-  bool set = !lua_isnone(L, 3);            /* before the stack grows */
-  lua_settop(L, set ? 3 : 2);
-  require_loop(L, ch, "attributes");
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ATTRS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &ATTRS);
-  }
-  if (lua_rawgetp(L, -1, ch) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    if (!set) {
-      lua_pushnil(L);
-      return 1;
-    }
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, -3, ch);
-    nr_promise_add_listener(nr_channel_close_future(ch), nr_channel_loop(ch),
-                            drop_attrs, nr_channel_retain(ch));
-  }
-  if (!set) {
-    lua_pushvalue(L, 2);
-    lua_rawget(L, -2);
-    return 1;
-  }
-  lua_pushvalue(L, 2);
-  lua_pushvalue(L, 3);
-  lua_rawset(L, -3);
-  lua_settop(L, 1);
-  return 1;
-}
-
-static int l_tostring(lua_State *L) {
-  nr_channel_t *ch = check(L, 1);
-  lua_pushfstring(L, "netrun.channel(%d%s)", (int)nr_channel_id(ch),
-                  nr_channel_is_open(ch) ? "" : ", closed");
-  return 1;
-}
-
-static int l_eq(lua_State *L) {
-  lua_pushboolean(L, lnr_to_handle(L, 1, LNR_CHANNEL) ==
-                         lnr_to_handle(L, 2, LNR_CHANNEL));
-  return 1;
-}
-
-/* ---- creating channels ------------------------------------------------------------ */
+/* ---- the servers' init registry ------------------------------------------ */
 
 /* A packed init function, shared by every channel of a server. Kept for
  * the life of the process: accepted channels may still be registering on
@@ -364,7 +28,7 @@ static int l_eq(lua_State *L) {
  * is swapped atomically and the old one retired (kept until exit, since a
  * loop may be unpacking it right now). Each loop state caches the function
  * it unpacked, with the blob it came from: a swapped blob misses, and a
- * hot reload forgets the cache (lnr_forget_inits), so that no copy of an
+ * hot reload forgets the cache (forget_inits), so that no copy of an
  * old init -- nor the module tables it resolved -- serves new channels.
  *
  * A server's connection counts (for netrun.metrics) live here too: one
@@ -386,6 +50,16 @@ static init_t *inits;
 static const char INIT_CACHE = 0;     /* init_t -> function */
 static const char INIT_BLOBS = 0;     /* init_t -> the blob it came from */
 
+/* A state's part: the server init run last here, its function (in the
+ * registry reference init_ref) the one unpacked from blob init_blob of
+ * init_t init_in. NULL: none (or forgotten by a reload). */
+typedef struct channel_part_s {
+  int init_ref;
+  const void *init_in, *init_blob;
+} channel_part_t;
+
+extern lnr_module_t lnr_channel_module;
+
 static void push_registry_table(lua_State *L, const void *key) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) != LUA_TTABLE) {
     lua_pop(L, 1);
@@ -395,27 +69,25 @@ static void push_registry_table(lua_State *L, const void *key) {
   }
 }
 
+/* The function on top, of init_t in from blob b, becomes P's last. */
+static void remember_init(lua_State *L, channel_part_t *P, const init_t *in,
+                          const lnr_blob_t *b) {
+  lua_pushvalue(L, -1);
+  lnr_set_ref(L, &P->init_ref);
+  P->init_in = in;
+  P->init_blob = b;
+}
+
 /* Push this state's function for a server's init: the cached one if it
  * came from the current blob, else a fresh unpack (which resolves the
  * modules it names in this state now). The one run last is also in a
  * slot, so a loop serving one server finds it, per connection, with two
  * compares and an array read, not two registry lookups by pointer. */
-/* The function on top, of init_t in from blob b, becomes S's last. */
-static void remember_init(lua_State *L, lnr_state_t *S, const init_t *in,
-                          const lnr_blob_t *b) {
-  if (S == NULL)
-    return;
-  lua_pushvalue(L, -1);
-  lnr_set_slot(L, LNR_SLOT_INIT);
-  S->init_in = in;
-  S->init_blob = b;
-}
-
 static void push_server_init(lua_State *L, init_t *in) {
   lnr_blob_t *b = atomic_load_explicit(&in->b, memory_order_acquire);
-  lnr_state_t *S = lnr_state(L);
-  if (S != NULL && S->init_in == in && S->init_blob == b) {
-    if (lnr_push_slot(L, LNR_SLOT_INIT) != LUA_TNIL)
+  channel_part_t *P = lnr_part(lnr_state(L), &lnr_channel_module);
+  if (P->init_in == in && P->init_blob == b) {
+    if (lnr_push_ref(L, &P->init_ref) != LUA_TNIL)
       return;
     lua_pop(L, 1);
   }
@@ -426,7 +98,7 @@ static void push_server_init(lua_State *L, init_t *in) {
       lua_touserdata(L, -1) == b && lua_rawgetp(L, cache, in) != LUA_TNIL) {
     lua_replace(L, cache);
     lua_settop(L, cache);
-    remember_init(L, S, in, b);
+    remember_init(L, P, in, b);
     return;
   }
   lua_settop(L, blobs);
@@ -437,16 +109,16 @@ static void push_server_init(lua_State *L, init_t *in) {
   lua_rawsetp(L, blobs, in);
   lua_replace(L, cache);
   lua_settop(L, cache);
-  remember_init(L, S, in, b);
+  remember_init(L, P, in, b);
 }
 
-void lnr_forget_inits(lua_State *L) {
-  lnr_state_t *S = lnr_state(L);
-  if (S != NULL) {
-    S->init_in = S->init_blob = NULL;
-    lua_pushnil(L);
-    lnr_set_slot(L, LNR_SLOT_INIT);
-  }
+/* A hot reload: forget this state's unpacked server inits, so that the
+ * next channel unpacks its init afresh, resolving the modules anew. */
+static void forget_inits(lua_State *L) {
+  channel_part_t *P = lnr_part(lnr_state(L), &lnr_channel_module);
+  P->init_in = P->init_blob = NULL;
+  lua_pushnil(L);
+  lnr_set_ref(L, &P->init_ref);
   lua_pushnil(L);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &INIT_CACHE);
   lua_pushnil(L);
@@ -562,7 +234,7 @@ static init_t *init_of(nr_channel_t *ch) {
 /* server:set_init(fn): channels accepted from now on run fn (copied to
  * their loops like any init); channels already open keep their pipelines. */
 static int l_set_init(lua_State *L) {
-  nr_channel_t *ch = check(L, 1);
+  nr_channel_t *ch = lnr_check_handle(L, 1, LNR_CHANNEL);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   init_t *in = nr_channel_is_server(ch) ? init_of(ch) : NULL;
   if (in == NULL)
@@ -608,7 +280,9 @@ static int l_server_stats(lua_State *L) {
   return 1;
 }
 
-void lnr_free_inits(void) {
+/* The process's teardown: every server's init is freed. */
+static bool free_inits(lua_State *L) {
+  (void)L;
   pthread_mutex_lock(&inits_lock);
   init_t *in = inits;
   inits = NULL;
@@ -622,9 +296,10 @@ void lnr_free_inits(void) {
     lnr_blob_free(atomic_load_explicit(&in->b, memory_order_relaxed));
     free(in);
   }
+  return true;
 }
 
-/* ---- options ---------------------------------------------------------------------- */
+/* ---- options -------------------------------------------------------------- */
 
 /* The options each constructor knows, one table each: a key not listed
  * raises (lnr_check_options), so a new option is added here too. */
@@ -792,7 +467,7 @@ static void check_opts(lua_State *L, const char *what, const char *const *keys) 
   lnr_check_options(L, 1, what, keys);
 }
 
-/* ---- creating channels ------------------------------------------------------------- */
+/* ---- creating channels ---------------------------------------------------- */
 
 /* require(mod)[fn](the options at 1): its result replaces nothing, it is
  * pushed. The Lua side of an option (streams, host names) lives in Lua. */
@@ -977,223 +652,22 @@ static int l_udp(lua_State *L) {
   return 1;
 }
 
-/* ---- channel groups ---------------------------------------------------------------- */
-
-typedef struct chgroup_s {
-  _Atomic int refs;
-  pthread_mutex_t lock;
-  nr_channel_t **v;
-  size_t n, cap;
-} chgroup_t;
-
-void lnr_chgroup_retain(void *p) { atomic_fetch_add(&((chgroup_t *)p)->refs, 1); }
-
-void lnr_chgroup_release(void *p) {
-  chgroup_t *g = p;
-  if (atomic_fetch_sub(&g->refs, 1) != 1)
-    return;
-  for (size_t i = 0; i < g->n; i++)
-    nr_channel_release(g->v[i]);
-  free(g->v);
-  pthread_mutex_destroy(&g->lock);
-  free(g);
-}
-
-static bool cg_remove(chgroup_t *g, nr_channel_t *ch) {
-  bool found = false;
-  pthread_mutex_lock(&g->lock);
-  for (size_t i = 0; i < g->n; i++)
-    if (g->v[i] == ch) {
-      g->v[i] = g->v[--g->n];
-      found = true;
-      break;
-    }
-  pthread_mutex_unlock(&g->lock);
-  if (found)
-    nr_channel_release(ch);
-  return found;
-}
-
-typedef struct membership_s {
-  chgroup_t *g;
-  nr_channel_t *ch;
-} membership_t;
-
-static void left_on_close(nr_promise_t *p, void *arg) {
-  (void)p;
-  membership_t *m = arg;
-  cg_remove(m->g, m->ch);
-  lnr_chgroup_release(m->g);
-  free(m);
-}
-
-static int l_channel_group(lua_State *L) {
-  chgroup_t *g = calloc(1, sizeof *g);
-  if (g == NULL)
-    return luaL_error(L, "out of memory");
-  atomic_init(&g->refs, 1);
-  pthread_mutex_init(&g->lock, NULL);
-  lnr_push_handle(L, LNR_CHGROUP, g);
-  lnr_chgroup_release(g);
-  return 1;
-}
-
-static int l_cg_add(lua_State *L) {
-  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
-  nr_channel_t *ch = check(L, 2);
-  pthread_mutex_lock(&g->lock);
-  bool dup = false;
-  for (size_t i = 0; i < g->n && !dup; i++)
-    dup = g->v[i] == ch;
-  if (!dup && g->n == g->cap) {
-    size_t cap = g->cap ? g->cap * 2 : 16;
-    nr_channel_t **v = realloc(g->v, cap * sizeof *v);
-    if (v == NULL) {
-      pthread_mutex_unlock(&g->lock);
-      return luaL_error(L, "out of memory");
-    }
-    g->v = v;
-    g->cap = cap;
-  }
-  if (!dup)
-    g->v[g->n++] = nr_channel_retain(ch);
-  pthread_mutex_unlock(&g->lock);
-  if (!dup) {
-    membership_t *m = malloc(sizeof *m);
-    m->g = g;
-    m->ch = ch;
-    lnr_chgroup_retain(g);
-    nr_promise_add_listener(nr_channel_close_future(ch), NULL, left_on_close, m);
-  }
-  lua_pushboolean(L, !dup);
-  return 1;
-}
-
-static int l_cg_remove(lua_State *L) {
-  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
-  lua_pushboolean(L, cg_remove(g, check(L, 2)));
-  return 1;
-}
-
-static int l_cg_len(lua_State *L) {
-  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
-  pthread_mutex_lock(&g->lock);
-  lua_pushinteger(L, (lua_Integer)g->n);
-  pthread_mutex_unlock(&g->lock);
-  return 1;
-}
-
-/* A future completed once every member's operation has. */
-typedef struct gather_s {
-  nr_promise_t *p;
-  _Atomic int left, failed;
-} gather_t;
-
-static void gather_one(nr_promise_t *p, void *arg) {
-  gather_t *g = arg;
-  if (!nr_promise_is_success(p))
-    atomic_fetch_add(&g->failed, 1);
-  nr_promise_release(p);
-  if (atomic_fetch_sub(&g->left, 1) != 1)
-    return;
-  int failed = atomic_load(&g->failed);
-  if (failed)
-    nr_promise_set_failure(g->p, NR_ECLOSED, "some channels of the group failed");
-  else
-    nr_promise_set_success(g->p, NULL, NULL);
-  nr_promise_release(g->p);
-  free(g);
-}
-
-static nr_channel_t **snapshot(chgroup_t *g, size_t *n) {
-  pthread_mutex_lock(&g->lock);
-  nr_channel_t **v = malloc((g->n + 1) * sizeof *v);
-  *n = 0;
-  for (size_t i = 0; v && i < g->n; i++)
-    v[(*n)++] = nr_channel_retain(g->v[i]);
-  pthread_mutex_unlock(&g->lock);
-  return v;
-}
-
-static int l_cg_op(lua_State *L, bool close) {
-  chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
-  size_t len = 0;
-  const char *data = NULL;
-  if (!close && lua_type(L, 2) == LUA_TTABLE) {
-    luaL_Buffer buf;                    /* an array of strings: gathered */
-    luaL_buffinit(L, &buf);
-    for (lua_Integer i = 1, n = (lua_Integer)lua_rawlen(L, 2); i <= n; i++) {
-      if (lua_rawgeti(L, 2, i) != LUA_TSTRING)
-        return luaL_error(L, "write_and_flush: element %d of the array is a "
-                          "%s, not a string", (int)i, luaL_typename(L, -1));
-      luaL_addvalue(&buf);
-    }
-    luaL_pushresult(&buf);
-    lua_replace(L, 2);
-  }
-  if (!close)
-    data = luaL_checklstring(L, 2, &len);
-  size_t n;
-  nr_channel_t **v = snapshot(g, &n);
-  nr_promise_t *all = nr_promise_new();
-  lnr_push_promise(L, nr_promise_retain(all));
-  gather_t *gt = malloc(sizeof *gt);
-  gt->p = all;
-  atomic_init(&gt->left, (int)n + 1);
-  atomic_init(&gt->failed, 0);
-  for (size_t i = 0; i < n; i++) {
-    nr_promise_t *p = nr_promise_new();
-    nr_promise_add_listener(p, NULL, gather_one, gt);
-    if (close)
-      nr_channel_close(v[i], p);
-    else
-      nr_channel_write(v[i], data, len, true, p);
-    nr_channel_release(v[i]);
-  }
-  free(v);
-  nr_promise_t *self = nr_promise_new();   /* the +1: done dispatching */
-  nr_promise_add_listener(self, NULL, gather_one, gt);
-  nr_promise_set_success(self, NULL, NULL);
-  return 1;
-}
-
-static int l_cg_write(lua_State *L) { return l_cg_op(L, false); }
-static int l_cg_close(lua_State *L) { return l_cg_op(L, true); }
-
-static int l_cg_tostring(lua_State *L) {
-  l_cg_len(L);
-  lua_pushfstring(L, "netrun.channel_group(%d channels)", (int)lua_tointeger(L, -1));
-  return 1;
-}
-
-void lnr_open_channel(lua_State *L) {
-  static const luaL_Reg methods[] = {
-      {"id", l_id}, {"loop", l_loop}, {"remote_address", l_remote_address},
-      {"local_address", l_local_address}, {"is_open", l_is_open},
-      {"is_active", l_is_active}, {"is_writable", l_is_writable},
-      {"write", l_write}, {"flush", l_flush},
-      {"write_and_flush", l_write_and_flush}, {"read", l_read},
-      {"option", l_option}, {"close", l_close},
-      {"close_future", l_close_future}, {"attr", l_attr},
-      {"set_init", l_set_init}, {NULL, NULL}};
-  static const luaL_Reg meta[] = {{"__tostring", l_tostring}, {"__eq", l_eq},
-                                  {NULL, NULL}};
-  lnr_new_class(L, lnr_kind_names[LNR_CHANNEL], methods, meta);
-  lnr_handle_class(L, LNR_CHANNEL);
-  nr_set_msg_describer(lnr_describe_msg);
-  static const luaL_Reg cg_methods[] = {
-      {"add", l_cg_add}, {"remove", l_cg_remove},
-      {"write_and_flush", l_cg_write}, {"close", l_cg_close}, {NULL, NULL}};
-  static const luaL_Reg cg_meta[] = {{"__len", l_cg_len},
-                                     {"__tostring", l_cg_tostring},
-                                     {NULL, NULL}};
-  lnr_new_class(L, lnr_kind_names[LNR_CHGROUP], cg_methods, cg_meta);
-  lnr_handle_class(L, LNR_CHGROUP);
+static void open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {{"server", l_server},
                                    {"connect", l_connect},
                                    {"udp", l_udp},
-                                   {"channel_group", l_channel_group},
                                    {"server_stats", l_server_stats},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
+  /* server:set_init(fn), a method of every channel handle */
+  luaL_getmetatable(L, lnr_kind_names[LNR_CHANNEL]);
+  lua_getfield(L, -1, "__index");
+  lua_pushcfunction(L, l_set_init);
+  lua_setfield(L, -2, "set_init");
+  lua_pop(L, 2);
 }
+
+lnr_module_t lnr_channel_module = {
+    .name = "channel", .open = open_channel,
+    .part_size = sizeof(channel_part_t), .reload = forget_inits,
+    .teardown = free_inits};

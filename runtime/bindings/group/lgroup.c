@@ -7,6 +7,9 @@
  * it, and by the list of live groups, which lets go once the group has
  * terminated. The last release frees it -- on the main thread, since freeing
  * joins the loop threads.
+ *
+ * How long the process lives (netrun.run) and shutting every group down
+ * are lrun.c's; what both share, lgroup.h's.
  */
 #include <limits.h>
 #include <pthread.h>
@@ -15,26 +18,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lgroup.h"
 #include "lmain.h"
-#include "lnr.h"
 
-struct lnr_group_s {
-  _Atomic int refs;
-  nr_group_t *g;
-  void *paths;
-  bool listed;                /* in the live list (under live_lock) */
-  bool daemon;                /* does not keep the process alive */
-  bool executor;              /* task threads for blocking work */
-  size_t max_pending;         /* tasks a loop may have queued */
-  lnr_group_t *next;
-};
-
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static lnr_group_t *live;
+pthread_mutex_t lnr_live_lock = PTHREAD_MUTEX_INITIALIZER;
+lnr_group_t *lnr_live;
 static lnr_group_t *default_boss, *default_workers;
 
 /* A simulation's hosts are machines of their own: each has its own
- * default groups, by its namespace (nr_sim_namespace), under live_lock. */
+ * default groups, by its namespace (nr_sim_namespace), under lnr_live_lock. */
 typedef struct sim_defaults_s {
   struct sim_defaults_s *next;
   lnr_group_t *boss, *workers;
@@ -42,7 +34,7 @@ typedef struct sim_defaults_s {
 } sim_defaults_t;
 static sim_defaults_t *sim_defaults;
 
-/* The slot of the caller's default boss or workers group (live_lock). */
+/* The slot of the caller's default boss or workers group (lnr_live_lock). */
 static lnr_group_t **default_slot(bool boss) {
   char ns[128];
   if (nr_sim_namespace(ns, sizeof ns) == 0)
@@ -98,10 +90,10 @@ void lnr_group_release(lnr_group_t *g) {
 }
 
 /* A terminated group leaves the live list, dropping the list's reference. */
-static void unlist(lnr_group_t *g) {
-  pthread_mutex_lock(&live_lock);
+void lnr_group_unlist(lnr_group_t *g) {
+  pthread_mutex_lock(&lnr_live_lock);
   bool listed = g->listed;
-  for (lnr_group_t **pp = &live; listed && *pp; pp = &(*pp)->next)
+  for (lnr_group_t **pp = &lnr_live; listed && *pp; pp = &(*pp)->next)
     if (*pp == g) {
       *pp = g->next;
       break;
@@ -117,13 +109,13 @@ static void unlist(lnr_group_t *g) {
     if (d->workers == g)
       d->workers = NULL;
   }
-  pthread_mutex_unlock(&live_lock);
+  pthread_mutex_unlock(&lnr_live_lock);
   if (listed)
     lnr_group_release(g);
 }
 
 static int unlist_task(void *arg) {
-  unlist(arg);
+  lnr_group_unlist(arg);
   lnr_group_release(arg);                    /* the task's own reference */
   return 0;
 }
@@ -185,11 +177,11 @@ static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
   }
   nr_group_set_data(g->g, g);
   atomic_init(&g->refs, 1);                  /* the live list's */
-  pthread_mutex_lock(&live_lock);
+  pthread_mutex_lock(&lnr_live_lock);
   g->listed = true;
-  g->next = live;
-  live = g;
-  pthread_mutex_unlock(&live_lock);
+  g->next = lnr_live;
+  lnr_live = g;
+  pthread_mutex_unlock(&lnr_live_lock);
   nr_promise_add_listener(nr_group_termination_future(g->g), NULL,
                           on_terminated, g);
   return g;
@@ -270,10 +262,10 @@ static int l_group(lua_State *L) { return new_group(L, false); }
 static int l_executor_group(lua_State *L) { return new_group(L, true); }
 
 lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
-  pthread_mutex_lock(&live_lock);
+  pthread_mutex_lock(&lnr_live_lock);
   lnr_group_t **slot = default_slot(boss);
   lnr_group_t *g = slot ? *slot : NULL;
-  pthread_mutex_unlock(&live_lock);
+  pthread_mutex_unlock(&lnr_live_lock);
   if (g)
     return g;
   int threads = 0;
@@ -286,20 +278,20 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
   }
   g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
                 MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, 0);
-  pthread_mutex_lock(&live_lock);
+  pthread_mutex_lock(&lnr_live_lock);
   slot = default_slot(boss);
   if (slot == NULL) {                           /* out of memory: unkept */
-    pthread_mutex_unlock(&live_lock);
+    pthread_mutex_unlock(&lnr_live_lock);
     return g;
   }
   if (*slot == NULL) {
     *slot = g;
   } else {                                      /* raced: keep the first */
-    pthread_mutex_unlock(&live_lock);
+    pthread_mutex_unlock(&lnr_live_lock);
     nr_group_shutdown_gracefully(g->g, 0, 0);
     return *slot;
   }
-  pthread_mutex_unlock(&live_lock);
+  pthread_mutex_unlock(&lnr_live_lock);
   return g;
 }
 
@@ -610,7 +602,7 @@ PRED(l_is_shutting_down, nr_group_is_shutting_down, nr_loop_is_shutting_down)
 PRED(l_is_shutdown, nr_group_is_shutdown, nr_loop_is_shutdown)
 PRED(l_is_terminated, nr_group_is_terminated, nr_loop_is_terminated)
 
-static const char *state_names[] = {"not_started", "started", "shutting_down",
+const char *const lnr_loop_state_names[] = {"not_started", "started", "shutting_down",
                                     "shutdown", "terminated"};
 
 static void push_stats(lua_State *L, nr_loop_t *loop) {
@@ -619,7 +611,7 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_createtable(L, 0, 14);
   lua_pushstring(L, st.name);
   lua_setfield(L, -2, "name");
-  lua_pushstring(L, state_names[st.state]);
+  lua_pushstring(L, lnr_loop_state_names[st.state]);
   lua_setfield(L, -2, "state");
 #define F(field)                                                           \
   lua_pushinteger(L, (lua_Integer)st.field);                               \
@@ -723,14 +715,14 @@ static int l_current(lua_State *L) {
 /* Every live group, for core.groups() (the REPL's :loops). */
 static int l_groups(lua_State *L) {
   lua_newtable(L);
-  pthread_mutex_lock(&live_lock);
+  pthread_mutex_lock(&lnr_live_lock);
   int n = 0;
   lnr_group_t *v[256];
-  for (lnr_group_t *g = live; g && n < 256; g = g->next) {
+  for (lnr_group_t *g = lnr_live; g && n < 256; g = g->next) {
     lnr_group_retain(g);
     v[n++] = g;
   }
-  pthread_mutex_unlock(&live_lock);
+  pthread_mutex_unlock(&lnr_live_lock);
   for (int i = n - 1; i >= 0; i--) {          /* oldest first */
     lnr_push_handle(L, LNR_GROUP, v[i]);
     lua_rawseti(L, -2, n - i);
@@ -739,182 +731,7 @@ static int l_groups(lua_State *L) {
   return 1;
 }
 
-/* ---- netrun.run: how long a process lives ------------------------------------ */
-
-/* The first group of the live list, retained; NULL if none. */
-static lnr_group_t *live_first(void) {
-  pthread_mutex_lock(&live_lock);
-  lnr_group_t *g = live;
-  if (g)
-    lnr_group_retain(g);
-  pthread_mutex_unlock(&live_lock);
-  return g;
-}
-
-/* One look at everything that may keep the process alive: the main
- * thread's own queue and timers, and every loop of the groups that are
- * not daemons (nr_loop_is_alive). *sum adds their marks, which only grow:
- * two looks with the same sum saw nothing run in between. */
-static bool alive_once(nr_loop_t *m, uint64_t *sum) {
-  uint64_t mark;
-  bool alive = nr_loop_is_alive(m, &mark);
-  *sum = mark;
-  pthread_mutex_lock(&live_lock);
-  for (lnr_group_t *g = live; g; g = g->next) {
-    if (g->daemon)
-      continue;
-    for (int i = 0; i < nr_group_size(g->g); i++) {
-      alive |= nr_loop_is_alive(nr_group_loop(g->g, i), &mark);
-      *sum += mark;
-    }
-  }
-  pthread_mutex_unlock(&live_lock);
-  return alive;
-}
-
-/* Whether anything keeps the process alive: a task queued or running, a
- * timer of the program (schedule*, netrun.sleep), a channel open (a
- * server, a connection, a stream; not an idle pooled HTTP connection), or
- * work a loop is owed. Looked at twice, so that a task passing from one
- * loop to another between two loops' looks is not missed. */
-static bool process_alive(nr_loop_t *m) {
-  uint64_t a, b;
-  if (alive_once(m, &a) || alive_once(m, &b))
-    return true;
-  return a != b;
-}
-
-/* The first group of the live list that keeps the process alive (not a
- * daemon), retained; NULL if none. */
-static lnr_group_t *first_kept(void) {
-  pthread_mutex_lock(&live_lock);
-  lnr_group_t *g = live;
-  while (g && g->daemon)
-    g = g->next;
-  if (g)
-    lnr_group_retain(g);
-  pthread_mutex_unlock(&live_lock);
-  return g;
-}
-
-static void shutdown_listed(bool daemons, uint64_t timeout) {
-  pthread_mutex_lock(&live_lock);
-  for (lnr_group_t *g = live; g; g = g->next)
-    if (daemons || !g->daemon)
-      nr_group_shutdown_gracefully(g->g, 0, timeout);
-  pthread_mutex_unlock(&live_lock);
-}
-
-/* netrun.run(): run the main thread's work while anything of the process
- * is alive (process_alive, as Node lives while its event loop has ref'd
- * handles); then shut its groups down (gracefully: nothing is left to
- * wait for), and the daemons, and wait until they have terminated. A
- * shutdown asked meanwhile (SIGTERM, shutdown_gracefully) ends it too,
- * once the groups have terminated. Loops that block with nothing alive
- * wake the main thread (nr_loop_watch_idle), so it looks again. */
-static int l_run(lua_State *L) {
-  nr_loop_t *m = lnr_main_loop();
-  if (nr_loop_current() != m)
-    return luaL_error(L, "netrun.run: only the main thread can wait for groups");
-  nr_loop_watch_idle(m);
-  for (;;) {
-    while (nr_loop_run_once(m, 0) > 0)
-      ;                             /* the main thread's own work first */
-    lnr_group_t *g = first_kept();
-    if (g == NULL)
-      break;
-    bool done = nr_group_is_terminated(g->g);
-    if (done)
-      unlist(g);                    /* do not wait for the queued task */
-    lnr_group_release(g);
-    if (done)
-      continue;
-    if (!process_alive(m))
-      shutdown_listed(false, NR_SEC(2));
-    nr_loop_run_once(m, UINT64_MAX);  /* until a task: a loop went idle,
-                                         a group terminated, work for us */
-    if (nr_sim_current() != NULL && nr_sim_is_stuck(nr_sim_current())) {
-      shutdown_listed(false, NR_SEC(2));   /* a simulated world where */
-      break;                               /* nothing can happen any more */
-    }
-  }
-  nr_loop_watch_idle(NULL);
-  shutdown_listed(true, NR_SEC(2));   /* the daemons, now */
-  for (lnr_group_t *g; (g = live_first()) != NULL; ) {
-    nr_promise_wait(nr_group_termination_future(g->g), UINT64_MAX);
-    unlist(g);
-    lnr_group_release(g);
-  }
-  while (nr_loop_run_once(m, 0) > 0)
-    ;
-  nr_log_flush();                 /* the groups' last lines, before what follows */
-  return 0;
-}
-
-int lnr_log_unterminated(const char *why) {
-  int n = 0;
-  pthread_mutex_lock(&live_lock);
-  for (lnr_group_t *g = live; g; g = g->next)
-    for (int i = 0; i < nr_group_size(g->g); i++) {
-      nr_loop_t *l = nr_group_loop(g->g, i);
-      nr_loop_stats_t st;
-      nr_loop_stats(l, &st);
-      if (st.state == NR_TERMINATED || st.state == NR_NOT_STARTED)
-        continue;
-      nr_log(NR_LOG_ERROR, "%s: loop %s has not terminated (%s, busy for "
-             "%.1f s)", why, st.name, state_names[st.state],
-             (double)st.busy_ns / 1e9);
-      n++;
-    }
-  pthread_mutex_unlock(&live_lock);
-  return n;
-}
-
-/* Shut everything down (the main state is closing, or the process ends).
- * A loop that does not terminate within the timeout plus a margin (stuck
- * in a task that never returns) is named and left behind, with its group:
- * returns false then, and the caller must not free what it may use. */
-#define SHUTDOWN_ALL_TIMEOUT NR_SEC(5)
-#define SHUTDOWN_MARGIN NR_SEC(1)
-
-bool lnr_shutdown_all(lua_State *L) {
-  (void)L;
-  nr_loop_t *m = lnr_main_loop();
-  lnr_state_t *S = m ? nr_loop_data(m) : NULL;
-  if (S)
-    S->closing = true;
-  pthread_mutex_lock(&live_lock);
-  for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, 0, SHUTDOWN_ALL_TIMEOUT);
-  pthread_mutex_unlock(&live_lock);
-  uint64_t deadline = nr_now() + SHUTDOWN_ALL_TIMEOUT + SHUTDOWN_MARGIN;
-  for (;;) {
-    pthread_mutex_lock(&live_lock);
-    lnr_group_t *g = live;
-    if (g)
-      lnr_group_retain(g);
-    pthread_mutex_unlock(&live_lock);
-    if (g == NULL)
-      break;
-    uint64_t now = nr_now();
-    if (nr_promise_wait(nr_group_termination_future(g->g),
-                        deadline > now ? deadline - now : 0) != 0) {
-      lnr_group_release(g);
-      lnr_log_unterminated("shutdown timed out");
-      return false;
-    }
-    unlist(g);
-    lnr_group_release(g);
-  }
-  if (m)
-    while (nr_loop_run_once(m, 0) > 0)
-      ;
-  return true;
-}
-
-int lnr_l_shutdown_all(lua_State *L);
-
-void lnr_open_group(lua_State *L) {
+static void open_group(lua_State *L) {
   static const luaL_Reg group_methods[] = {
       {"next", l_next}, {"loops", l_loops}, {"execute", l_execute},
       {"submit", l_submit}, {"schedule", l_schedule},
@@ -946,84 +763,11 @@ void lnr_open_group(lua_State *L) {
   lnr_handle_class(L, LNR_LOOP);
   static const luaL_Reg funcs[] = {
       {"group", l_group}, {"executor_group", l_executor_group},
-      {"current", l_current}, {"run", l_run}, {"groups", l_groups},
+      {"current", l_current}, {"run", lnr_l_run}, {"groups", l_groups},
       {"shutdown_all", lnr_l_shutdown_all},
       {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }
 
-/* From any thread (the signal thread): ask every group to shut down with
- * a short quiet period and the given timeout (ns). Every group stops at once,
- * so the quiet period only has to cover tasks already on their way between
- * loops; the answers a channel still owes hold it open by themselves
- * (nr_channel_hold), so an idle server stops at once. */
-#define SIGNAL_QUIET NR_MS(200)
-
-/* Executor groups stop after the event-loop groups (as a Netty program
- * shuts down its boss, then its workers, then the business executors):
- * a loop whose channels wait for an answer computed on an executor
- * (nr_loop_hold) may still send it work while it drains. */
-typedef struct after_loops_s {
-  _Atomic int left;                /* event-loop groups not terminated */
-  uint64_t deadline;
-} after_loops_t;
-
-/* With the loops gone, an executor gets work only from another one: when
- * none has anything to do (nr_loop_is_alive), none will, and they stop
- * at once (no quiet period: an idle server exits in one). */
-static void shutdown_executors(uint64_t deadline) {
-  uint64_t now = nr_now();
-  uint64_t timeout = deadline > now ? deadline - now : 0;
-  pthread_mutex_lock(&live_lock);
-  bool busy = false;
-  for (lnr_group_t *g = live; g && !busy; g = g->next)
-    for (int i = 0; g->executor && i < nr_group_size(g->g) && !busy; i++)
-      busy = nr_loop_is_alive(nr_group_loop(g->g, i), NULL);
-  for (lnr_group_t *g = live; g; g = g->next)
-    if (g->executor)
-      nr_group_shutdown_gracefully(g->g, busy ? SIGNAL_QUIET : 0, timeout);
-  pthread_mutex_unlock(&live_lock);
-}
-
-static void loop_group_terminated(nr_promise_t *p, void *arg) {
-  (void)p;
-  after_loops_t *a = arg;
-  if (atomic_fetch_sub(&a->left, 1) == 1) {
-    shutdown_executors(a->deadline);
-    free(a);
-  }
-}
-
-void lnr_shutdown_groups_async(uint64_t timeout) {
-  after_loops_t *a = malloc(sizeof *a);
-  if (a != NULL) {
-    atomic_init(&a->left, 1);             /* ours, dropped below */
-    a->deadline = nr_now() + timeout;
-  }
-  pthread_mutex_lock(&live_lock);
-  for (lnr_group_t *g = live; g; g = g->next) {
-    if (g->executor && a != NULL)
-      continue;
-    nr_promise_t *t = nr_group_shutdown_gracefully(g->g, SIGNAL_QUIET, timeout);
-    if (a != NULL) {
-      atomic_fetch_add(&a->left, 1);
-      nr_promise_add_listener(t, NULL, loop_group_terminated, a);
-    }
-  }
-  pthread_mutex_unlock(&live_lock);
-  nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
-  if (a != NULL)
-    loop_group_terminated(NULL, a);       /* none, or all done already */
-}
-
-/* core.shutdown_all([quiet [, timeout]]): start shutting every group down
- * (what SIGTERM does; the REPL's :quit too). */
-int lnr_l_shutdown_all(lua_State *L) {
-  double quiet = luaL_opt(L, secs, 1, 2.0), timeout = luaL_opt(L, secs, 2, 15.0);
-  pthread_mutex_lock(&live_lock);
-  for (lnr_group_t *g = live; g; g = g->next)
-    nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
-  pthread_mutex_unlock(&live_lock);
-  nr_resolver_cancel_all();
-  return 0;
-}
+lnr_module_t lnr_group_module = {
+    .name = "group", .open = open_group, .teardown = lnr_groups_teardown};

@@ -177,11 +177,12 @@ static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
   ud->tag = &lnr_native_tag;
   ud->pad = NULL;
   nr_http_prepare(&res, (nr_http_prepared_t *)(ud + 1));
-  if (lnr_push_slot(L, LNR_SLOT_HTTP_RAW_MT) != LUA_TTABLE) {   /* one per */
-    lua_pop(L, 1);                                              /* response */
+  lnr_http_part_t *P = lnr_http_part(L);
+  if (lnr_push_ref(L, &P->raw_mt_ref) != LUA_TTABLE) {   /* one per */
+    lua_pop(L, 1);                                      /* response */
     luaL_getmetatable(L, RAW_CLASS);
     lua_pushvalue(L, -1);
-    lnr_set_slot(L, LNR_SLOT_HTTP_RAW_MT);
+    lnr_set_ref(L, &P->raw_mt_ref);
   }
   lua_setmetatable(L, -2);
   if (kept != small)
@@ -521,9 +522,9 @@ static const nr_handler_t lua_vt = {
 
 /* core.http.check_request(opts): raises, at the level of the call that
  * gave opts (netrun.http's request or client:request), when opts is not
- * a table of known options of the right types. One pass in C: a request
- * is checked each time it is made, and this way that costs a few hundred
- * instructions rather than a Lua loop and a C call per option. */
+ * a table of known options of the right types. One pass in C, as a
+ * request is checked each time it is made: not a Lua loop with a C call
+ * per option. */
 static void raise_at(lua_State *L, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
 static void raise_at(lua_State *L, int level, const char *fmt, ...) {
@@ -648,7 +649,7 @@ static void register_converter(void) {
   lnr_register_msg(NR_MSG_HTTP_REPLY, push_reply);
 }
 
-void lnr_open_http_client(lua_State *L) {
+static void open_http_client(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_converter);   /* every state opens this */
   lnr_native_class(L, CLASS, make, l_tostring);
@@ -657,12 +658,14 @@ void lnr_open_http_client(lua_State *L) {
   lua_pushcfunction(L, raw_index);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
-  lua_getfield(L, -1, "codec");
+  luaL_getsubtable(L, -1, "codec");
   lua_pushcfunction(L, l_http_client);
   lua_setfield(L, -2, "http_client");
   lua_pop(L, 1);
-  lua_getfield(L, -1, "http");                 /* made by lnr_open_http */
+  lua_getfield(L, -1, "http");                 /* made by the http row, before */
   lua_pushcfunction(L, l_check_request);
   lua_setfield(L, -2, "check_request");
   lua_pop(L, 1);
 }
+
+lnr_module_t lnr_http_client_module = {.name = "http_client", .open = open_http_client};

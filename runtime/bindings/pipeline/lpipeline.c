@@ -40,7 +40,7 @@ static void push_pipeline_of(lua_State *L, int idx) {
   lpipe_t *p = lua_newuserdatauv(L, sizeof *p, 1);
   p->tag = &PIPE_TAG;
   p->ch = lnr_check_handle(L, idx, LNR_CHANNEL);
-  lnr_push_keyed(L, LNR_KEYED_PIPE_MT, &PIPE_MT);
+  lnr_push_keyed(L, &lnr_pipe_part(lnr_state(L))->pipe_mt_ref, &PIPE_MT);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, idx);
   lua_setiuservalue(L, -2, 1);                 /* pipeline -> handle */
@@ -103,20 +103,20 @@ static nr_ctx_t *find_ctx(lua_State *L, nr_pipeline_t *p, int idx) {
 static lnr_native_fn native_maker(lua_State *L, int idx) {
   if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
     return NULL;
-  lnr_state_t *S = lnr_state(L);
-  if (S != NULL && S->native_mt == lua_topointer(L, -1)) {
+  lnr_pipe_part_t *P = lnr_pipe_part(lnr_state(L));
+  if (P->native_mt == lua_topointer(L, -1)) {
     lua_pop(L, 1);
-    return S->native_make;
+    return P->native_make;
   }
   lnr_native_fn make = NULL;
   lua_pushliteral(L, "__netrun_native");
   if (lua_rawget(L, -2) == LUA_TLIGHTUSERDATA)
     make = (lnr_native_fn)(uintptr_t)lua_touserdata(L, -1);
   lua_pop(L, 1);                                      /* mt */
-  if (make != NULL && S != NULL) {
-    S->native_mt = lua_topointer(L, -1);
-    S->native_make = make;
-    lnr_set_slot(L, LNR_SLOT_NATIVE_MT);              /* pops mt */
+  if (make != NULL) {
+    P->native_mt = lua_topointer(L, -1);
+    P->native_make = make;
+    lnr_set_ref(L, &P->native_mt_ref);                /* pops mt */
   } else {
     lua_pop(L, 1);
   }
@@ -351,7 +351,7 @@ static int p_tostring(lua_State *L) {
   return 1;
 }
 
-void lnr_open_pipeline(lua_State *L) {
+static void open_pipeline(lua_State *L) {
   lnr_open_ctx(L);
   static const luaL_Reg pipe_methods[] = {
       {"add_first", p_add_first}, {"add_last", p_add_last},
@@ -384,3 +384,11 @@ void lnr_open_pipeline(lua_State *L) {
   lua_pop(L, 2);
 }
 
+static void close_part(lnr_state_t *S, void *part) {
+  (void)S;
+  lnr_batch_close(&((lnr_pipe_part_t *)part)->batch);
+}
+
+lnr_module_t lnr_pipeline_module = {
+    .name = "pipeline", .open = open_pipeline,
+    .part_size = sizeof(lnr_pipe_part_t), .close = close_part};

@@ -12,23 +12,53 @@
 #include "codec/http.h"
 #include "lnr.h"
 
+/* Header strings of responses remembered as checked (lhttp_fields.c):
+ * names and values, half each. */
+#define LNR_HTTP_CHECKED 64
+
+typedef struct lnr_http_memo_s lnr_http_memo_t;
+
+/* The HTTP module's part of a state: registry references it reads per
+ * message (lnr_push_ref), the checked header strings and the response
+ * memo. */
+typedef struct lnr_http_part_s {
+  int request_mt_ref;          /* lhttp.c: the request metatable */
+  int key_refs[5];             /* lhttp.c: a response table's field names */
+  int checked_ref;             /* lhttp_fields.c: anchors `checked` */
+  int raw_mt_ref;              /* lhttp_client.c: raw responses' metatable */
+  int memo_ref;                /* lhttp_memo.c: anchors `memo` */
+  /* Header strings that passed their check, by address; each is
+   * anchored in checked_ref's table while it is here. */
+  const char *checked[LNR_HTTP_CHECKED];
+  /* The response memo (lhttp_memo.c), NULL until made; its hint: the
+   * last response table converted. */
+  lnr_http_memo_t *memo;
+  uint64_t memo_hint;
+} lnr_http_part_t;
+
+extern lnr_module_t lnr_http_module;
+
+static inline lnr_http_part_t *lnr_http_part(lua_State *L) {
+  return lnr_part(lnr_state(L), &lnr_http_module);
+}
+
 /* Header fields being collected: 32 inline, more on the heap. */
 typedef struct lnr_hdrs_s {
   nr_http_header_t small[32], *v;
   size_t n, cap;
-  lnr_state_t *S;              /* its checked strings; NULL: none kept */
+  lnr_http_part_t *P;          /* its checked strings; NULL: none kept */
 } lnr_hdrs_t;
 
-/* Start h for the state S (NULL: none, no checked strings kept). */
-static inline void lnr_hdrs_start(lnr_hdrs_t *h, lnr_state_t *S) {
+/* Start h for the part P (NULL: none, no checked strings kept). */
+static inline void lnr_hdrs_start(lnr_hdrs_t *h, lnr_http_part_t *P) {
   h->v = h->small;
   h->n = 0;
   h->cap = sizeof h->small / sizeof h->small[0];
-  h->S = S;
+  h->P = P;
 }
 
 static inline void lnr_hdrs_init(lnr_hdrs_t *h, lua_State *L) {
-  lnr_hdrs_start(h, lnr_state(L));
+  lnr_hdrs_start(h, lnr_http_part(L));
 }
 
 static inline void lnr_hdrs_free(lnr_hdrs_t *h) {
@@ -59,7 +89,6 @@ enum { LNR_RF_STATUS = 1, LNR_RF_REASON, LNR_RF_BODY, LNR_RF_STREAM,
 
 /* The response memo: the response table written last and again, as a
  * prepared response, its head also for other bodies (see lhttp_memo.c). */
-typedef struct lnr_http_memo_s lnr_http_memo_t;
 
 /* The prepared form of the response whose fields are at base (types t),
  * when its head is the memo's, or NULL: the memo's own, or its head with
@@ -70,7 +99,7 @@ const nr_http_prepared_t *lnr_http_memo_hit(lua_State *L, lnr_http_memo_t *m,
 /* The response r, converted from the fields at base (types t) and checked,
  * is about to be written, and its hint is that of the one written before:
  * it is remembered. Pushes nothing. */
-void lnr_http_memo_offer(lua_State *L, lnr_state_t *S, int base,
+void lnr_http_memo_offer(lua_State *L, lnr_http_part_t *P, int base,
                          const int *t, const nr_http_response_t *r);
 
 /* A response's head by its status and the addresses of its values: a
@@ -86,15 +115,15 @@ static inline uint64_t lnr_http_memo_hint(const nr_http_response_t *r) {
 }
 
 /* lnr_http_memo_offer when r looks like the response converted before
- * it (S->http_memo_hint), else r's hint kept for the next. */
-static inline void lnr_http_memo_note(lua_State *L, lnr_state_t *S, int base,
-                                      const int *t,
+ * it (P->memo_hint), else r's hint kept for the next. */
+static inline void lnr_http_memo_note(lua_State *L, lnr_http_part_t *P,
+                                      int base, const int *t,
                                       const nr_http_response_t *r) {
   uint64_t hint = lnr_http_memo_hint(r);
-  if (hint != S->http_memo_hint)
-    S->http_memo_hint = hint;
+  if (hint != P->memo_hint)
+    P->memo_hint = hint;
   else
-    lnr_http_memo_offer(L, S, base, t, r);
+    lnr_http_memo_offer(L, P, base, t, r);
 }
 
 #endif /* LNR_HTTP_H */

@@ -1,0 +1,96 @@
+/*
+ * lhttp_pool.h -- what lhttp_pool.c (pools, connections, requests) and
+ * lhttp_lane.c (the lane and the forwarder) share: the pool's structures
+ * and the calls that make and send a request. Private to the http_pool
+ * module; loop thread only.
+ */
+#ifndef LNR_HTTP_POOL_H
+#define LNR_HTTP_POOL_H
+
+#include "codec/http_client.h"
+#include "lnr.h"
+#include "tls/tls.h"
+
+#define POOL_CLASS "netrun.http.pool"
+#define REQ_CLASS "netrun.http.call"
+
+/* A request's uservalues. */
+enum { UV_TARGET = 1, UV_METHOD, UV_PATH, UV_HEADERS, UV_BODY, UV_FORWARD,
+       UV_HOST, UV_URL, UV_TLS, UV_N = UV_TLS };
+
+typedef struct hpool hpool_t;
+typedef struct hconn hconn_t;
+typedef struct hreq hreq_t;
+
+struct hreq {
+  hpool_t *pool;
+  hconn_t *conn;              /* in flight on it, or NULL */
+  hreq_t *wprev, *wnext;      /* the pool's line of waiting requests */
+  hreq_t *dprev, *dnext;      /* the pool's deadlines, earliest first */
+  uint64_t deadline;          /* nr_now() ns; 0: none */
+  double timeout;             /* s, for the message */
+  int ref;                    /* anchors the userdata until settled */
+  bool callback;              /* the target is a function (else a promise) */
+  bool waiting, timed, retried, done;
+};
+
+struct hconn {
+  hpool_t *pool;              /* NULL: detached (the pool's state closed) */
+  nr_ctx_t *ctx;
+  hreq_t *req;                /* in flight, or NULL */
+  hconn_t *inext, *iprev;     /* the idle list */
+  hconn_t *anext, *aprev;     /* all the pool's connections */
+  uint64_t since;             /* idle since (nr_now) */
+  bool ready;                 /* connected: counted in total until gone */
+  bool idle, dead, gone, used, reused;
+  char err[200];              /* the first error met */
+};
+
+struct hpool {
+  lnr_state_t *S;
+  nr_loop_t *loop;
+  int self_ref;               /* anchors the pool while it has anything */
+  int connect_ref, empty_ref; /* http.lua's functions */
+  hconn_t *idle, *all;
+  int nidle, total, connecting, max, nwait, max_wait;
+  hreq_t *whead, *wtail;
+  hreq_t *dhead, *dtail;
+  uint64_t keepalive;         /* ns */
+  nr_timer_t *dtimer, *sweeper;
+  uint64_t dat;               /* the deadline dtimer is set for */
+  int depth;                  /* entry points running (see enter) */
+  hreq_t *spare[32];          /* settled requests, kept (anchored) for reuse */
+  int nspare;
+  /* https: the TLS config its connections are made with (retained), and
+   * the identity and generation of that config when last looked at; a
+   * reload that changed the identity retires the pool (see stale) */
+  nr_tls_config_t *tls;
+  unsigned tls_gen;
+  char tls_id[NR_TLS_ID_LEN + 1];
+  bool retired;
+};
+
+/* P's TLS config was reloaded with another identity: retire P (true).
+ * Out of line: stale's usual answer costs one atomic read. */
+__attribute__((noinline)) bool lnr_pool_reloaded(lua_State *L, hpool_t *P);
+
+/* Whether P may take no request (its TLS settings changed): one atomic
+ * read per https request, nothing for http. */
+static inline bool stale(lua_State *L, hpool_t *P) {
+  return P->retired || (P->tls != NULL &&
+                        nr_tls_config_generation(P->tls) != P->tls_gen &&
+                        lnr_pool_reloaded(L, P));
+}
+
+/* Push a new request (a spare of P's if it has one; its uservalues nil). */
+hreq_t *lnr_pool_new_req(lua_State *L, hpool_t *P, bool callback,
+                         double timeout);
+/* Send the request userdata on top of the stack (popped) through P (at
+ * stack index pidx). */
+void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q);
+
+/* core.http.lane and core.http.forwarder (lhttp_lane.c). */
+int lnr_http_lane(lua_State *L);
+int lnr_http_forwarder(lua_State *L);
+
+#endif
