@@ -61,16 +61,6 @@ static double wall(void) {
 
 /* ---- handlers ----------------------------------------------------------------------- */
 
-static int echo_read(nr_ctx_t *ctx, void *msg) { return nr_ctx_write(ctx, msg, NULL); }
-static int echo_flush(nr_ctx_t *ctx) { return nr_ctx_flush(ctx); }
-static const nr_handler_t echo = {.type = "echo", .channel_read = echo_read,
-                                  .channel_read_complete = echo_flush};
-
-static void echo_init(nr_channel_t *ch, void *arg) {
-  (void)arg;
-  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "echo", &echo, NULL), 0);
-}
-
 /* A client that collects what it reads until `want` bytes came. */
 typedef struct sink_s {
   char buf[1 << 20];
@@ -120,23 +110,10 @@ static void sink_init(nr_channel_t *ch, void *arg) {
   CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "sink", &sink_h, arg), 0);
 }
 
-static nr_channel_t *take_channel(nr_promise_t *f) {
-  AWAIT_OK(f);
-  nr_channel_t *ch = nr_channel_retain(nr_promise_value(f));
-  nr_promise_release(f);
-  return ch;
-}
-
-static int local_port(nr_channel_t *ch) {
-  char host[128];
-  int port = 0;
-  CHECK_EQ(nr_channel_local_address(ch, host, sizeof host, &port), 0);
-  return port;
-}
 
 static nr_channel_t *echo_server(nr_group_t *g, int port) {
-  return take_channel(nr_server_bind(&(nr_server_opts_t){
-      .group = g, .host = "0.0.0.0", .port = port, .child_init = echo_init}));
+  return test_take_channel(nr_server_bind(&(nr_server_opts_t){
+      .group = g, .host = "0.0.0.0", .port = port, .child_init = test_echo_init}));
 }
 
 static nr_promise_t *connect_to(nr_group_t *g, const char *host, int port,
@@ -152,12 +129,12 @@ TEST(echo_between_two_hosts_takes_the_latency_in_virtual_time) {
   world_t t = world(1);
   nr_group_t *ga = group_on(&t, t.a, "a"), *gb = group_on(&t, t.b, "b");
   nr_channel_t *srv = echo_server(gb, 7);
-  CHECK_EQ(local_port(srv), 7);
+  CHECK_EQ(test_local_port(srv), 7);
   sink_t *s = calloc(1, sizeof *s);
   s->want = 5;
   s->full = nr_promise_new();
   uint64_t t0 = nr_now();
-  nr_channel_t *ch = take_channel(connect_to(ga, nr_sim_host_addr(t.b), 7, s, 0));
+  nr_channel_t *ch = test_take_channel(connect_to(ga, nr_sim_host_addr(t.b), 7, s, 0));
   uint64_t connected = nr_now() - t0;
   CHECK_GE(connected, NR_MS(10));          /* SYN there, SYN-ACK back */
   CHECK_LT(connected, NR_MS(11));
@@ -226,7 +203,7 @@ TEST(a_partition_times_connects_out_and_its_heal_lets_data_through) {
   nr_promise_release(f);
   /* connected first, then cut: the bytes wait for the heal, not lost */
   nr_sim_heal(t.w);
-  nr_channel_t *ch = take_channel(connect_to(ga, nr_sim_host_addr(t.b), 80, s, 0));
+  nr_channel_t *ch = test_take_channel(connect_to(ga, nr_sim_host_addr(t.b), 80, s, 0));
   nr_sim_partition(t.w, t.a, NULL);
   CHECK_EQ(nr_channel_write(ch, "abc", 3, true, NULL), 0);
   CHECK_EQ(nr_promise_wait(s->full, NR_SEC(60)), NR_ETIMEDOUT);
@@ -259,9 +236,9 @@ static void watch_init(nr_channel_t *ch, void *arg) {
 TEST(a_peer_that_reads_nothing_fills_the_buffers_and_backpressure_holds) {
   world_t t = world(5);
   nr_group_t *ga = group_on(&t, t.a, "a"), *gb = group_on(&t, t.b, "b");
-  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+  nr_channel_t *srv = test_take_channel(nr_server_bind(&(nr_server_opts_t){
       .group = gb, .port = 81, .child_init = mute_init}));
-  nr_channel_t *ch = take_channel(nr_connect(&(nr_connect_opts_t){
+  nr_channel_t *ch = test_take_channel(nr_connect(&(nr_connect_opts_t){
       .group = ga, .host = nr_sim_host_addr(t.b), .port = 81, .init = watch_init}));
   static char big[1 << 20];
   nr_promise_t *done = nr_promise_new();
@@ -281,7 +258,7 @@ TEST(a_reset_reaches_both_ends_and_closes_them) {
   sink_t *s = calloc(1, sizeof *s);
   s->want = 1;
   s->full = nr_promise_new();
-  nr_channel_t *ch = take_channel(connect_to(ga, nr_sim_host_addr(t.b), 82, s, 0));
+  nr_channel_t *ch = test_take_channel(connect_to(ga, nr_sim_host_addr(t.b), 82, s, 0));
   CHECK_EQ(nr_channel_write(ch, "x", 1, true, NULL), 0);
   AWAIT_OK(s->full);
   CHECK_EQ(nr_sim_reset(t.w, t.a, t.b), 2);
@@ -311,12 +288,12 @@ static void half_init(nr_channel_t *ch, void *arg) {
 TEST(a_half_close_delivers_the_answer_then_eof) {
   world_t t = world(7);
   nr_group_t *ga = group_on(&t, t.a, "a"), *gb = group_on(&t, t.b, "b");
-  nr_channel_t *srv = take_channel(nr_server_bind(&(nr_server_opts_t){
+  nr_channel_t *srv = test_take_channel(nr_server_bind(&(nr_server_opts_t){
       .group = gb, .port = 83, .child_init = half_init}));
   sink_t *s = calloc(1, sizeof *s);
   s->want = 3;
   s->full = nr_promise_new();
-  nr_channel_t *ch = take_channel(connect_to(ga, nr_sim_host_addr(t.b), 83, s, 0));
+  nr_channel_t *ch = test_take_channel(connect_to(ga, nr_sim_host_addr(t.b), 83, s, 0));
   CHECK_EQ(nr_channel_write(ch, "ping", 4, true, NULL), 0);
   AWAIT_OK(s->full);
   CHECK(memcmp(s->buf, "bye", 3) == 0);
@@ -362,9 +339,9 @@ static int udp_case(uint64_t seed, double loss, double dup) {
   nr_group_t *ga = group_on(&t, t.a, "a"), *gb = group_on(&t, t.b, "b");
   dgrams = 0;
   dgram_done = nr_promise_new();
-  nr_channel_t *rx = take_channel(nr_udp_bind(&(nr_udp_opts_t){
+  nr_channel_t *rx = test_take_channel(nr_udp_bind(&(nr_udp_opts_t){
       .group = gb, .port = 53, .init = dgram_init}));
-  nr_channel_t *tx = take_channel(nr_udp_bind(&(nr_udp_opts_t){.group = ga}));
+  nr_channel_t *tx = test_take_channel(nr_udp_bind(&(nr_udp_opts_t){.group = ga}));
   nr_datagram_t *d = calloc(1, sizeof *d);
   d->type = NR_MSG_DATAGRAM;
   d->data = "q";
@@ -418,7 +395,7 @@ static uint64_t traffic(uint64_t seed) {
     s[i] = calloc(1, sizeof *s[i]);
     s[i]->want = 30000;
     s[i]->full = nr_promise_new();
-    ch[i] = take_channel(connect_to(ga, "b", 7, s[i], 0));
+    ch[i] = test_take_channel(connect_to(ga, "b", 7, s[i], 0));
   }
   char msg[1000];
   for (int k = 0; k < 30; k++)
