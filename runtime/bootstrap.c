@@ -591,8 +591,8 @@ static int refuse_waiting(nr_channel_t *ch) {
     return -1;
   close(fd);
   for (int c; n < ch->opts.max_reads &&
-              (c = accept4(ch->io.fd, NULL, NULL, SOCK_CLOEXEC)) >= 0; n++)
-    close(c);
+              (c = nr_sys_accept(ch->io.fd, NULL, NULL)) >= 0; n++)
+    nr_sys_close(c);
   reserve_open();
   return n;
 }
@@ -688,7 +688,7 @@ static int accept_queue(nr_channel_t *ch) {
   struct tcp_info ti;
   socklen_t len = sizeof ti;
   if (ch->family == AF_UNIX ||
-      getsockopt(ch->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+      nr_sys_getsockopt(ch->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
     return -1;
   return (int)ti.tcpi_unacked;
 }
