@@ -36,6 +36,7 @@
 
 #include "lmain.h"
 #include "lnr.h"
+#include "lopts.h"
 
 #define WORLD_MT "netrun.sim.world"
 #define HOST_MT "netrun.sim.host"
@@ -83,8 +84,8 @@ static lua_Integer opt_int(lua_State *L, int t, const char *k) {
 static int l_begin(lua_State *L) {
   static const char *const known[] = {"seed", "latency", "epoch", "sndbuf",
                                       "rcvbuf", NULL};
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lnr_check_options(L, 1, "netrun.sim.run", known);
+  lnr_opts_t t;                              /* (checks the keys) */
+  lnr_opts_open(&t, L, 1, "netrun.sim.run", known, true);
   if (nr_sim_current() != NULL)
     return luaL_error(L, "netrun.sim.run: already inside a simulation");
   if (lnr_main_loop() == NULL || nr_loop_current() != lnr_main_loop())
