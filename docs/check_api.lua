@@ -143,6 +143,8 @@ local C_CLASSES = {
   ["netrun.http.pool"] = false,      -- the C half of netrun.http's pools
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections
   ["netrun.ctx.handle"] = false,     -- a ctx's anchor, no methods
+  ["netrun.sim.world"] = false,      -- the C half of netrun.sim's world
+  ["netrun.sim.host"] = false,       -- the C half of netrun.sim's hosts
 }
 
 -- Classes written in Lua: where their methods are, from live objects or
@@ -228,6 +230,9 @@ local PRIVATE_MODULES = {
   reload = "hot reload's machinery (netrun.reload is documented)",
   repl = "the REPL, reached through the CLI",
   top = "`netrun top`, reached through the CLI",
+  -- Not private: documented in README ("Testing on virtual time") and its
+  -- header, not yet in ldoc's form (issue 31 left it; remove this row then).
+  sim = "netrun.sim, documented in README for now",
 }
 local lazy_modules = {}
 for _, name in pairs(LAZY) do lazy_modules[name] = true end

@@ -645,14 +645,19 @@ M.Client = Client
 -- The group of main-thread requests. Not a daemon: a script ends once
 -- nothing of it is alive (netrun.run), and this loop is alive only while
 -- a request is under way (an idle pooled connection keeps nothing alive).
+-- One per simulated world too (netrun.sim: core.sim_id).
 local main_group
+local main_world = 0
 
 local function on_loop(client, opts)
   if current() ~= nil then return M.request_with(client, opts) end
   if opts.stream then        -- (res:read() lives in the loop's state)
     error("netrun.http: stream = true runs on a loop: in netrun.spawn, a handler or a task", 3)
   end
-  main_group = main_group or require("netrun").group { threads = 1, name = "http" }
+  if main_group == nil or main_world ~= core.sim_id() then
+    main_group = require("netrun").group { threads = 1, name = "http" }
+    main_world = core.sim_id()
+  end
   local p = core.promise()
   main_group:next():execute(function(c, o, pr)
     require("netrun.http").request_with(c, o):add_listener(function(f)

@@ -403,6 +403,9 @@ int lnr_run_packed(lua_State *L, lnr_blob_t *b, int nresults);
  * of a thread that is not a loop's becomes the main one): the kernel's
  * first step in opening netrun.core (module.c). */
 void lnr_open_state(lua_State *L);
+/* The main state's loop becomes l (a simulation's, while one runs:
+ * lsim.c); returns the one before. Main thread. */
+nr_loop_t *lnr_swap_main_loop(nr_loop_t *l);
 
 /* ---- what features share -------------------------------------------------------- */
 

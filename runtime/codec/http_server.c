@@ -192,11 +192,7 @@ static _Thread_local profile_t *profiles;
 /* The monotonic clock to within the kernel's tick (a few ms, and never
  * ahead of nr_now): cheap enough to read once per read burst. Timeouts
  * may so end up to one tick early. */
-static uint64_t coarse_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+static uint64_t coarse_now(void) { return nr_now_coarse(); }
 
 static profile_t *profile_get(nr_loop_t *loop, const uint64_t timeout[3],
                               uint64_t budget) {
@@ -696,9 +692,8 @@ static int linger_cancelled(void *arg) {
  * or it cannot: close. */
 static void error_sent(nr_promise_t *p, void *arg) {
   nr_channel_t *ch = arg;
-  int fd = nr_channel_fd(ch);
   if (!nr_promise_is_success(p) ||
-      (nr_channel_is_open(ch) && (fd < 0 || shutdown(fd, SHUT_WR) != 0)))
+      (nr_channel_is_open(ch) && nr_channel_shutdown_output(ch) != 0))
     nr_channel_close(ch, NULL);
   nr_channel_release(ch);
 }
