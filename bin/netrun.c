@@ -60,11 +60,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bindings/lmain.h"
 #include "netrun.h"
+
+void netrun_freeze_time(int64_t t);      /* interpose.c */
 
 static const char *progname = "netrun";
 static _Atomic int signals_seen;
@@ -104,6 +107,8 @@ static void usage(FILE *f) {
           "  -i               enter the REPL after running the script\n"
           "  -t N             default number of worker threads\n"
           "  --console PATH   serve a REPL console on a unix socket\n"
+          "  --sim SEEDS      run the script in a simulation (netrun.sim) per\n"
+          "                   seed: N, or a range N-M\n"
           "  -v, --version    show the version\n"
           "  -h               show this help\n"
           "  -                run stdin as the script\n"
@@ -310,6 +315,42 @@ static int run_groups(lua_State *L) {
   return report(L, status);
 }
 
+/* `netrun --sim SEEDS script args...`: netrun.sim.main runs the script in
+ * a simulated world per seed; its exit status. */
+static int run_sim(lua_State *L, const char *seeds, char **argv, int argc,
+                   int script) {
+  lnr_add_script_dir(L, argv[script]);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "netrun.sim");
+  int status = docall(L, 1, 1);
+  if (status == LUA_OK) {
+    lua_getfield(L, -1, "main");
+    lua_remove(L, -2);
+    lua_pushstring(L, seeds);
+    lua_pushstring(L, argv[script]);
+    lua_createtable(L, argc - script - 1, 0);
+    for (int i = script + 1; i < argc; i++) {
+      lua_pushstring(L, argv[i]);
+      lua_rawseti(L, -2, i - script);
+    }
+    luaL_Buffer b;                         /* the command that replays it */
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "netrun --sim %d");
+    for (int i = script; i < argc; i++) {
+      luaL_addchar(&b, ' ');
+      for (const char *c = argv[i]; *c; c++)
+        luaL_addstring(&b, *c == '%' ? "%%" : (char[]){*c, 0});
+    }
+    luaL_pushresult(&b);
+    status = docall(L, 4, 1);
+  }
+  if (report(L, status) != LUA_OK)
+    return 1;
+  int rc = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return rc;
+}
+
 static int run_repl(lua_State *L) {
   lua_getglobal(L, "require");
   lua_pushliteral(L, "netrun.repl");
@@ -434,6 +475,7 @@ typedef struct opts_s {
   int script;                /* index of the script in argv, or 0 */
   bool interactive, version, has_e;
   const char *console;
+  const char *sim;           /* --sim SEEDS */
 } opts_t;
 
 /* First pass: find the script and the flags that matter before running. */
@@ -453,13 +495,15 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->version = true;
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 2;
     else if (strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 ||
-             strcmp(a, "-t") == 0 || strcmp(a, "--console") == 0) {
+             strcmp(a, "-t") == 0 || strcmp(a, "--console") == 0 ||
+             strcmp(a, "--sim") == 0) {
       if (++i >= argc) {
         fprintf(stderr, "%s: '%s' needs an argument\n", progname, a);
         return 1;
       }
       if (a[1] == 'e') o->has_e = true;
-      if (a[1] == '-') o->console = argv[i];
+      if (a[1] == '-' && a[2] == 'c') o->console = argv[i];
+      if (a[1] == '-' && a[2] == 's') o->sim = argv[i];
     } else {
       fprintf(stderr, "%s: unrecognized option '%s'\n", progname, a);
       return 1;
@@ -487,7 +531,7 @@ static int run_options(lua_State *L, char **argv, int upto) {
       lua_pushinteger(L, n);
       lua_setglobal(L, "NETRUN_THREADS");
     }
-    if (strcmp(a, "--console") == 0)
+    if (strcmp(a, "--console") == 0 || strcmp(a, "--sim") == 0)
       i++;
   }
   return 0;
@@ -523,6 +567,15 @@ static int pmain(lua_State *L) {
     lua_pushinteger(L, 1);
     return 1;
   }
+  if (o.sim) {
+    if (!o.script) {
+      fprintf(stderr, "%s: --sim needs a script\n", progname);
+      lua_pushinteger(L, 1);
+      return 1;
+    }
+    lua_pushinteger(L, run_sim(L, o.sim, argv, argc, o.script));
+    return 1;
+  }
   if (o.script && dofile_args(L, argv, argc, o.script) != LUA_OK) {
     lua_pushinteger(L, 1);
     return 1;
@@ -537,9 +590,33 @@ static int pmain(lua_State *L) {
   return 1;
 }
 
+/* `netrun --sim`: a run must replay in another process, so what Lua
+ * derives from addresses and the time must not vary: the address space is
+ * laid out without randomisation (the process runs itself again so, as
+ * `setarch -R` would), and time() stands still until the simulation's
+ * clock takes over. NETRUN_SIM_ASLR=1 keeps the randomisation. */
+static void prepare_sim(char **argv) {
+  int cur = personality(0xffffffff);
+  const char *keep = getenv("NETRUN_SIM_ASLR");
+  if (cur != -1 && !(cur & ADDR_NO_RANDOMIZE) && !(keep && *keep == '1') &&
+      personality((unsigned long)cur | ADDR_NO_RANDOMIZE) != -1) {
+    execv("/proc/self/exe", argv);
+    personality((unsigned long)cur);     /* (could not: go on as we are) */
+  }
+  netrun_freeze_time(1735689600);        /* netrun.sim's default epoch */
+}
+
 int main(int argc, char **argv) {
   if (argv[0] && argv[0][0])
     progname = "netrun";
+  for (int i = 1; i < argc && argv[i][0] == '-'; i++)
+    if (strcmp(argv[i], "--sim") == 0) {
+      prepare_sim(argv);
+      break;
+    } else if (strcmp(argv[i], "-e") == 0 || strcmp(argv[i], "-l") == 0 ||
+               strcmp(argv[i], "-t") == 0 || strcmp(argv[i], "--console") == 0) {
+      i++;                                /* (an argument, not an option) */
+    }
   start_signal_thread();
   lua_State *L = luaL_newstate();
   if (L == NULL) {

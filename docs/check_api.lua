@@ -82,6 +82,7 @@ end
 local INTERNAL = {
   ["netrun.http"] = {
     attach = "the pool's hand-over of a new connection (lhttp_pool.c calls it)",
+    attach_stream = "a stream = true request's connection init (its codec and handler)",
     request_with = "the request path shared by netrun.http.request and client:request",
     default_tls = "the client's default TLS config, made once per state",
     stats = "the pools' counters, read by netrun.metrics",
@@ -143,6 +144,8 @@ local C_CLASSES = {
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections
   ["netrun.nats.wire"] = false,      -- the C half of netrun.nats's connections
   ["netrun.ctx.handle"] = false,     -- a ctx's anchor, no methods
+  ["netrun.sim.world"] = false,      -- the C half of netrun.sim's world
+  ["netrun.sim.host"] = false,       -- the C half of netrun.sim's hosts
 }
 
 -- Classes written in Lua: where their methods are, from live objects or
@@ -239,6 +242,9 @@ local PRIVATE_MODULES = {
   reload = "hot reload's machinery (netrun.reload is documented)",
   repl = "the REPL, reached through the CLI",
   top = "`netrun top`, reached through the CLI",
+  -- Not private: documented in README ("Testing on virtual time") and its
+  -- header, not yet in ldoc's form (issue 31 left it; remove this row then).
+  sim = "netrun.sim, documented in README for now",
 }
 local lazy_modules = {}
 for _, name in pairs(LAZY) do lazy_modules[name] = true end

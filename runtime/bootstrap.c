@@ -97,9 +97,9 @@ static nr_promise_t *fail_with_raised(int rc) {
 static bool set_inherited(int fd, const nr_channel_opts_t *child) {
   int on = 1;
   return (!child->tcp_nodelay ||
-          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) == 0) &&
+          nr_sys_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) == 0) &&
          (!child->keepalive ||
-          setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) == 0);
+          nr_sys_setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) == 0);
 }
 
 static void reserve_open(void);
@@ -114,7 +114,7 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
     if (ch)
       nr_channel_release(ch);
     else
-      close(fd);
+      nr_sys_close(fd);
     return NULL;
   }
   srv->child_group = o->child_group ? o->child_group : o->group;
@@ -139,15 +139,16 @@ static nr_channel_t *listener_new(const nr_server_opts_t *o, int family,
 
 /* A TCP socket for a listener; with reuseport, one the kernel lets share
  * its address with the other listeners (of this process or another). */
-static int listen_socket(int family, bool reuseport) {
-  int fd = nr__socket(family, SOCK_STREAM);
+static int listen_socket(nr_loop_t *l, int family, bool reuseport) {
+  int fd = nr__socket(l, family, SOCK_STREAM);
   if (fd < 0)
     return fd;
   int on = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) < 0) {
+  nr_sys_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (reuseport &&
+      nr_sys_setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) < 0) {
     int rc = -errno;
-    close(fd);
+    nr_sys_close(fd);
     return nr_raise(rc, "reuseport: SO_REUSEPORT refused: %s", nr__errname(rc));
   }
   return fd;
@@ -172,8 +173,9 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
     return reuseport_bind(o, &ss, len);
   if (ss.ss_family == AF_UNIX && (rc = nr__unix_prepare(&ss, len)) < 0)
     return fail_with_raised(rc);
-  int fd = ss.ss_family == AF_UNIX ? nr__socket(AF_UNIX, SOCK_STREAM)
-                                   : listen_socket(ss.ss_family, o->reuseport);
+  nr_loop_t *l = o->loop ? o->loop : nr_group_next(o->group);
+  int fd = ss.ss_family == AF_UNIX ? nr__socket(l, AF_UNIX, SOCK_STREAM)
+                                   : listen_socket(l, ss.ss_family, o->reuseport);
   if (fd < 0)
     return fail_with_raised(fd);
   if (ss.ss_family == AF_UNIX && o->unix_mode &&
@@ -181,14 +183,14 @@ nr_promise_t *nr_server_bind(const nr_server_opts_t *o) {
     /* bind(2) gives the file the socket's own mode less the umask (Linux
      * af_unix), so the file is born with it: no chmod after, no window. */
     rc = -errno;
-    close(fd);
+    nr_sys_close(fd);
     return fail_with_raised(nr_raise(rc, "%s: fchmod: %s", o->unix_path,
                                      nr__errname(rc)));
   }
   nr_channel_t *ch = listener_new(o, ss.ss_family, fd);
   if (ch == NULL)
     return nr__promise_failed(-ENOMEM, "out of memory");
-  return boot(ch, o->loop ? o->loop : nr_group_next(o->group), &ss, len, true);
+  return boot(ch, l, &ss, len, true);
 }
 
 /* ---- reuseport: one listener per child loop ----------------------------------
@@ -239,7 +241,7 @@ static void rp_sibling_bound(nr_promise_t *p, void *arg) {
 
 /* A sibling listener on loop l, booted; its bind reports to rp. */
 static int rp_boot_sibling(rp_t *rp, nr_loop_t *l, nr_channel_t **out) {
-  int fd = listen_socket(rp->ss.ss_family, true);
+  int fd = listen_socket(l, rp->ss.ss_family, true);
   if (fd < 0)
     return fd;
   rp->o.child_loop = l;
@@ -266,7 +268,7 @@ static void rp_primary_bound(nr_promise_t *p, void *arg) {
     return;
   }
   rp->len = sizeof rp->ss;                   /* the port it got, if 0 */
-  getsockname(nr_channel_fd(pr), (struct sockaddr *)&rp->ss, &rp->len);
+  nr_sys_getsockname(nr_channel_fd(pr), (struct sockaddr *)&rp->ss, &rp->len);
   int n = nr_group_size(rp->o.child_group);
   pr->srv->siblings = calloc((size_t)n, sizeof *pr->srv->siblings);
   if (pr->srv->siblings == NULL) {
@@ -292,12 +294,12 @@ static void rp_primary_bound(nr_promise_t *p, void *arg) {
 
 static nr_promise_t *reuseport_bind(const nr_server_opts_t *o,
                                     struct sockaddr_storage *ss, socklen_t len) {
-  int fd = listen_socket(ss->ss_family, true);
+  nr_loop_t *first = nr_group_loop(o->child_group, 0);
+  int fd = listen_socket(first, ss->ss_family, true);
   if (fd < 0)
     return fail_with_raised(fd);
   rp_t *rp = calloc(1, sizeof *rp);
   nr_promise_t *result = nr_promise_new();
-  nr_loop_t *first = nr_group_loop(o->child_group, 0);
   nr_server_opts_t po = *o;
   po.child_loop = first;
   nr_channel_t *ch = listener_new(&po, ss->ss_family, fd);
@@ -377,15 +379,16 @@ void nr__server_free(nr_server_t *srv) {
 
 /* The first address of a connect to several (o->hosts) whose socket can
  * be made, in *ss and *fd; the list in *out. 0 or an error (raised). */
-static int first_attempt(const nr_connect_opts_t *o, nr_attempts_t **out,
-                         struct sockaddr_storage *ss, socklen_t *len, int *fd) {
+static int first_attempt(nr_loop_t *l, const nr_connect_opts_t *o,
+                         nr_attempts_t **out, struct sockaddr_storage *ss,
+                         socklen_t *len, int *fd) {
   int rc = nr__attempts_new(o->hosts, o->nhosts, o->port, out);
   if (rc < 0)
     return rc;
   for (;;) {
     const struct sockaddr_storage *first = nr__attempts_first(*out, len);
     memcpy(ss, first, *len);
-    if ((*fd = nr__socket(ss->ss_family, SOCK_STREAM)) >= 0)
+    if ((*fd = nr__socket(l, ss->ss_family, SOCK_STREAM)) >= 0)
       return 0;
     if (!nr__attempts_skip_first(*out, *fd)) {
       int code;
@@ -404,8 +407,9 @@ nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
   int fd;
   if (o->group == NULL && o->loop == NULL)
     return nr__promise_failed(-EINVAL, "connect needs a group or a loop");
+  nr_loop_t *l = o->loop ? o->loop : nr_group_next(o->group);
   if (o->nhosts > 1 && o->unix_path == NULL) {
-    int rc = first_attempt(o, &attempts, &ss, &len, &fd);
+    int rc = first_attempt(l, o, &attempts, &ss, &len, &fd);
     if (rc < 0)
       return fail_with_raised(rc);
   } else {
@@ -414,12 +418,12 @@ nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
                      SOCK_STREAM, false, &ss, &len);
     if (rc < 0)
       return fail_with_raised(rc);
-    if ((fd = nr__socket(ss.ss_family, SOCK_STREAM)) < 0)
+    if ((fd = nr__socket(l, ss.ss_family, SOCK_STREAM)) < 0)
       return fail_with_raised(fd);
   }
   nr_channel_t *ch = nr__channel_new(NR__STREAM, ss.ss_family, fd, &o->opts);
   if (ch == NULL) {
-    close(fd);
+    nr_sys_close(fd);
     nr__attempts_free_list(attempts);
     return nr__promise_failed(-ENOMEM, "out of memory");
   }
@@ -437,8 +441,7 @@ nr_promise_t *nr_connect(const nr_connect_opts_t *o) {
   ch->init = o->init;
   ch->init_arg = o->arg;
   su->connect_timeout = o->timeout ? o->timeout : NR_SEC(30);
-  return boot(ch, o->loop ? o->loop : nr_group_next(o->group), &ss, len,
-              false);
+  return boot(ch, l, &ss, len, false);
 }
 
 nr_promise_t *nr_udp_bind(const nr_udp_opts_t *o) {
@@ -450,18 +453,19 @@ nr_promise_t *nr_udp_bind(const nr_udp_opts_t *o) {
                    true, &ss, &len);
   if (rc < 0)
     return fail_with_raised(rc);
-  int fd = nr__socket(ss.ss_family, SOCK_DGRAM);
+  nr_loop_t *l = o->loop ? o->loop : nr_group_next(o->group);
+  int fd = nr__socket(l, ss.ss_family, SOCK_DGRAM);
   if (fd < 0)
     return fail_with_raised(fd);
   nr_channel_t *ch = nr__channel_new(NR__DGRAM, ss.ss_family, fd, &o->opts);
   if (ch == NULL) {
-    close(fd);
+    nr_sys_close(fd);
     return nr__promise_failed(-ENOMEM, "out of memory");
   }
   nr__apply_opts(fd, ss.ss_family, &ch->opts);
   ch->init = o->init;
   ch->init_arg = o->arg;
-  return boot(ch, o->loop ? o->loop : nr_group_next(o->group), &ss, len, true);
+  return boot(ch, l, &ss, len, true);
 }
 
 /* ---- the acceptor ----------------------------------------------------------- */
@@ -492,7 +496,7 @@ static void spawn_child(nr_channel_t *srv_ch, int fd,
   nr_channel_t *ch = nr__channel_new(NR__STREAM, srv_ch->family, fd,
                                      &srv->child);
   if (ch == NULL) {
-    close(fd);
+    nr_sys_close(fd);
     return;
   }
   nr_channel_opts_t opts = ch->opts;
@@ -588,8 +592,8 @@ static int refuse_waiting(nr_channel_t *ch) {
     return -1;
   close(fd);
   for (int c; n < ch->opts.max_reads &&
-              (c = accept4(ch->io.fd, NULL, NULL, SOCK_CLOEXEC)) >= 0; n++)
-    close(c);
+              (c = nr_sys_accept(ch->io.fd, NULL, NULL)) >= 0; n++)
+    nr_sys_close(c);
   reserve_open();
   return n;
 }
@@ -685,7 +689,7 @@ static int accept_queue(nr_channel_t *ch) {
   struct tcp_info ti;
   socklen_t len = sizeof ti;
   if (ch->family == AF_UNIX ||
-      getsockopt(ch->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+      nr_sys_getsockopt(ch->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
     return -1;
   return (int)ti.tcpi_unacked;
 }
@@ -717,8 +721,7 @@ void nr__accept_ready(nr_channel_t *ch) {
   for (int i = 0; i < ch->opts.max_reads && !(ch->st & NR__CLOSED); i++) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    int fd = accept4(ch->io.fd, (struct sockaddr *)&ss, &len,
-                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = nr_sys_accept(ch->io.fd, (struct sockaddr *)&ss, &len);
     if (fd >= 0) {
       spawn_child(ch, fd, &ss, len);
       continue;

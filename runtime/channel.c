@@ -87,7 +87,7 @@ void nr_channel_release(nr_channel_t *ch) {
   if (ch == NULL || atomic_fetch_sub(&ch->refs, 1) != 1)
     return;
   if (ch->io.fd >= 0 && !(ch->st & NR__CLOSED))
-    close(ch->io.fd);                          /* never registered */
+    nr_sys_close(ch->io.fd);                   /* never registered */
   nr_promise_release(atomic_load(&ch->close_future));
   free(ch->raddr_big);
   if (ch->setup) {
@@ -189,7 +189,7 @@ int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   if (!(pub(ch) & NR__OPEN) ||
-      getsockname(ch->io.fd, (struct sockaddr *)&ss, &len) < 0)
+      nr_sys_getsockname(ch->io.fd, (struct sockaddr *)&ss, &len) < 0)
     return -ENOTCONN;
   return nr_format_addr(&ss, len, host, n, port);
 }
@@ -379,6 +379,74 @@ void nr__loop_reap(nr_loop_t *l) {
 
 /* ---- writing ------------------------------------------------------------------ */
 
+/* ---- watches (nr_channel_watch) ----
+ *
+ * A list per channel, told in order. A watch may end itself or another
+ * while they are told: each walk under way on this thread is a frame on
+ * its stack (walks nest: a watch that writes to another channel tells
+ * that one's), and nr_channel_unwatch moves a frame's cursor past the
+ * watch it removes, so no walk reaches freed memory. A change met while
+ * a channel's watches are told (a watch wrote to it) is told as one more
+ * round once this one ends: each watch reads the state itself. The
+ * channel keeps only the list's head (a connection stays within its
+ * memory budget). */
+typedef struct tell_s {
+  nr_channel_t *ch;
+  nr_chwatch_t *next;                  /* the next one told */
+  bool again;                          /* a change met meanwhile */
+  struct tell_s *up;
+} tell_t;
+static _Thread_local tell_t *telling;
+
+void nr_channel_watch(nr_channel_t *ch, nr_chwatch_t *w) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  assert(w->ch == NULL);
+  w->ch = nr_channel_retain(ch);
+  w->prev = NULL;
+  w->next = ch->watches;
+  if (ch->watches)
+    ch->watches->prev = w;
+  ch->watches = w;
+}
+
+void nr_channel_unwatch(nr_chwatch_t *w) {
+  nr_channel_t *ch = w->ch;
+  if (ch == NULL)
+    return;
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  for (tell_t *t = telling; t != NULL; t = t->up)
+    if (t->next == w)
+      t->next = w->next;
+  *(w->prev ? &w->prev->next : &ch->watches) = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  w->ch = NULL;
+  w->prev = w->next = NULL;
+  nr_channel_release(ch);
+}
+
+static void tell_watches(nr_channel_t *ch) {
+  if (ch->watches == NULL)
+    return;
+  for (tell_t *t = telling; t != NULL; t = t->up)
+    if (t->ch == ch) {                 /* told again by a watch: once */
+      t->again = true;                 /* more, after this round */
+      return;
+    }
+  tell_t t = {ch, NULL, false, telling};
+  telling = &t;
+  nr_channel_retain(ch);               /* (the last watch may end) */
+  do {
+    t.again = false;
+    for (nr_chwatch_t *w = ch->watches; w != NULL; w = t.next) {
+      t.next = w->next;
+      w->fn(w, ch);
+    }
+  } while (t.again);
+  telling = t.up;
+  nr_channel_release(ch);
+}
+
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
   if (w && ch->out.pending > ch->opts.write_buffer_high) {
@@ -390,6 +458,7 @@ static void check_writability(nr_channel_t *ch) {
   else
     return;
   nr__pipeline_fire_writability(&ch->pipe);
+  tell_watches(ch);
 }
 
 static void finish_close(nr_channel_t *ch, bool abort);
@@ -441,7 +510,7 @@ static void send_arm(nr_loop_t *l, uint64_t now) {
 static void send_list(nr_channel_t *ch, uint64_t now) {
   nr_loop_t *l = ch->loop;
   ch->send_deadline = now + ch->opts.send_timeout;
-  if (ioctl(ch->io.fd, SIOCOUTQ, &ch->send_outq) < 0)
+  if (nr_sys_ioctl(ch->io.fd, SIOCOUTQ, &ch->send_outq) < 0)
     ch->send_outq = -1;
   nr_channel_t *p = l->send_tail;
   while (p != NULL && p->send_deadline > ch->send_deadline)
@@ -495,7 +564,7 @@ static void send_expire(nr_loop_t *l, uint64_t now) {
   while ((ch = l->send_head) != NULL && ch->send_deadline <= now) {
     int outq = 0;
     send_unlist(ch);
-    if (ioctl(ch->io.fd, SIOCOUTQ, &outq) == 0 && outq < ch->send_outq)
+    if (nr_sys_ioctl(ch->io.fd, SIOCOUTQ, &outq) == 0 && outq < ch->send_outq)
       send_list(ch, now);            /* the peer took bytes: time afresh */
     else
       send_timed_out(ch);
@@ -561,9 +630,8 @@ static void write_stream(nr_channel_t *ch) {
     }
     int n = nr__out_iov(o, iov, MAX_IOV);
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = n == 1 ? send(ch->io.fd, iov[0].iov_base, iov[0].iov_len,
-                              MSG_NOSIGNAL)
-                       : sendmsg(ch->io.fd, &mh, MSG_NOSIGNAL);
+    ssize_t w = n == 1 ? nr_sys_send(ch->io.fd, iov[0].iov_base, iov[0].iov_len)
+                       : nr_sys_sendmsg(ch->io.fd, &mh);
     if (w < 0) {
       if (errno == EINTR)
         continue;
@@ -586,8 +654,8 @@ static void write_dgrams(nr_channel_t *ch) {
   nr_outbound_t *o = &ch->out;
   while (o->dq && o->dq_count > o->dq_unflushed) {
     nr_dgram_t *g = o->dq;
-    ssize_t w = sendto(ch->io.fd, g->data, g->len, MSG_NOSIGNAL,
-                       (struct sockaddr *)&g->addr, g->addrlen);
+    ssize_t w = nr_sys_sendto(ch->io.fd, g->data, g->len,
+                              (struct sockaddr *)&g->addr, g->addrlen);
     if (w < 0 && errno == EINTR)
       continue;
     if (w < 0 && errno == EAGAIN) {
@@ -656,7 +724,7 @@ static void input_closed(nr_channel_t *ch) {
     return;
   }
   ch->st |= NR__INPUT_SHUT;
-  shutdown(ch->io.fd, SHUT_RD);
+  nr_sys_shutdown(ch->io.fd, SHUT_RD);
   nr__channel_update_interest(ch);
   nr_pipeline_fire_user_event(&ch->pipe, (void *)&NR_EVT_INPUT_SHUTDOWN);
 }
@@ -689,7 +757,7 @@ static void read_stream(nr_channel_t *ch) {
    * would stay with every such connection. */
   while (reads < ch->opts.max_reads) {
     size_t want = ch->st & NR__LAGGING ? NR_READ_LAGGING : NR_READ_BUF;
-    ssize_t n = read(ch->io.fd, l->rbuf, want);
+    ssize_t n = nr_sys_read(ch->io.fd, l->rbuf, want);
     if (n > 0) {
       if (reads++ == 0) { /* a read() is answered by data, not by EAGAIN */
         ch->st &= ~NR__READ_REQ;
@@ -745,8 +813,8 @@ static void read_dgrams(nr_channel_t *ch) {
     nr_datagram_t d;
     d.type = NR_MSG_DATAGRAM;
     d.addrlen = sizeof d.addr;
-    ssize_t n = recvfrom(ch->io.fd, l->rbuf, NR_READ_BUF, 0,
-                         (struct sockaddr *)&d.addr, &d.addrlen);
+    ssize_t n = nr_sys_recvfrom(ch->io.fd, l->rbuf, NR_READ_BUF,
+                                (struct sockaddr *)&d.addr, &d.addrlen);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -812,7 +880,7 @@ void nr__channel_connect_done(nr_channel_t *ch) {
 static void finish_connect(nr_channel_t *ch) {
   int err = 0;
   socklen_t len = sizeof err;
-  if (getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+  if (nr_sys_getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
   if (ch->setup->attempts && err != 0) {
     nr__attempt_failed(ch, -err);
@@ -917,11 +985,11 @@ static void finish_close(nr_channel_t *ch, bool abort) {
       nr__io_stop(ch->loop, &ch->io);
     if (abort && ch->kind == NR__STREAM && was_active) {
       struct linger lg = {1, 0};               /* RST, not FIN */
-      setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+      nr_sys_setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     }
     if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
       nr__unlink_socket(su->unix_path, su->unix_dev, su->unix_ino);
-    close(ch->io.fd);          /* (io.fd stays: other threads may read it;
+    nr_sys_close(ch->io.fd);   /* (io.fd stays: other threads may read it;
                                   the loop's own users ask nr_channel_fd) */
   }
   if (ch->loop)
@@ -938,6 +1006,14 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__channel_closed(ch);
   if (td != 0)
     nr__pipeline_teardown(&ch->pipe, td);
+  tell_watches(ch);             /* (closed: each learns it, and lets go) */
+}
+
+int nr_channel_shutdown_output(nr_channel_t *ch) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->st & NR__CLOSED)
+    return -ENOTCONN;
+  return nr_sys_shutdown(ch->io.fd, SHUT_WR) < 0 ? -errno : 0;
 }
 
 /* Counted in the outbound buffer's pending bytes, as if written, with no
@@ -1140,9 +1216,9 @@ static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
     nr__channel_close(ch, true);
     return nr_raise(-ENOMEM, "bind: out of memory");
   }
-  if (bind(ch->io.fd, sa, len) < 0 ||
+  if (nr_sys_bind(ch->io.fd, sa, len) < 0 ||
       (ch->kind == NR__LISTEN &&
-       listen(ch->io.fd, su->backlog > 0 ? su->backlog : 1024) < 0)) {
+       nr_sys_listen(ch->io.fd, su->backlog > 0 ? su->backlog : 1024) < 0)) {
     int err = -errno;
     nr__channel_close(ch, true);
     return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
@@ -1175,7 +1251,7 @@ static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
   if (su->attempts && (memcmp(nr__attempts_first(su->attempts, &first_len), sa,
                               len) != 0 || first_len != len))
     nr__attempts_end(ch);        /* a handler changed the address: that one */
-  if (connect(ch->io.fd, sa, len) == 0) {
+  if (nr_sys_connect(ch->io.fd, sa, len) == 0) {
     connected(ch, p);
     return 0;
   }

@@ -167,7 +167,7 @@ static void stop_racer(nr_channel_t *ch, racer_t *r, bool keep_fd) {
     }
   nr__io_stop(ch->loop, &r->io);
   if (!keep_fd)
-    close(r->io.fd);
+    nr_sys_close(r->io.fd);
   r->ch = NULL;
   if (nr_loop_after_iteration(ch->loop, bury, r) < 0)
     nr_log(NR_LOG_WARN, "connect: out of memory freeing an attempt (leaked)");
@@ -177,7 +177,7 @@ static void stop_racer(nr_channel_t *ch, racer_t *r, bool keep_fd) {
  * in this pass are ignored (channel.c's on_io). */
 static void swap_socket(nr_channel_t *ch) {
   nr__io_stop(ch->loop, &ch->io);
-  close(ch->io.fd);
+  nr_sys_close(ch->io.fd);
   ch->setup->swapped_at = atomic_load_explicit(&ch->loop->iterations,
                                                memory_order_relaxed);
 }
@@ -206,12 +206,12 @@ static int on_racer(nr_loop_t *l, nr_io_t *io, uint32_t events) {
     return 0;                              /* stopped earlier in this pass */
   int err = 0;
   socklen_t len = sizeof err;
-  if (getsockopt(io->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+  if (nr_sys_getsockopt(io->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
   if (err == 0) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    if (getpeername(io->fd, (struct sockaddr *)&ss, &sl) < 0)
+    if (nr_sys_getpeername(io->fd, (struct sockaddr *)&ss, &sl) < 0)
       return 1;                            /* not yet */
     adopt(ch, r);
     nr__channel_connect_done(ch);
@@ -231,7 +231,7 @@ static bool racer_next(nr_channel_t *ch) {
   while (a->next < a->n) {
     int idx = a->next++;
     const struct sockaddr_storage *ss = &a->addrs[idx];
-    int fd = nr__socket(ss->ss_family, SOCK_STREAM);
+    int fd = nr__socket(ch->loop, ss->ss_family, SOCK_STREAM);
     if (fd < 0) {
       record(a, ss, fd);
       continue;
@@ -239,11 +239,11 @@ static bool racer_next(nr_channel_t *ch) {
     nr__apply_opts(fd, ss->ss_family, &ch->opts);
     racer_t *r = calloc(1, sizeof *r);
     int rc = r == NULL ? -ENOMEM
-             : connect(fd, (const struct sockaddr *)ss, addr_len(ss)) == 0 ? 0
+             : nr_sys_connect(fd, (const struct sockaddr *)ss, addr_len(ss)) == 0 ? 0
              : errno == EINPROGRESS ? 1 : -errno;
     if (r == NULL || rc < 0) {
       record(a, ss, rc);
-      close(fd);
+      nr_sys_close(fd);
       free(r);
       continue;
     }
@@ -298,7 +298,7 @@ static int own_try(nr_channel_t *ch, int idx) {
   nr_attempts_t *a = ch->setup->attempts;
   const struct sockaddr_storage *ss = &a->addrs[idx];
   swap_socket(ch);
-  int fd = nr__socket(ss->ss_family, SOCK_STREAM);
+  int fd = nr__socket(ch->loop, ss->ss_family, SOCK_STREAM);
   ch->io.fd = fd;
   if (fd < 0) {
     record(a, ss, fd);
@@ -308,7 +308,7 @@ static int own_try(nr_channel_t *ch, int idx) {
   ch->family = ss->ss_family;
   nr__channel_set_raddr(ch, ss, addr_len(ss));
   int rc = nr__io_start(ch->loop, &ch->io, EPOLLOUT);
-  if (rc == 0 && connect(fd, (const struct sockaddr *)ss, addr_len(ss)) == 0)
+  if (rc == 0 && nr_sys_connect(fd, (const struct sockaddr *)ss, addr_len(ss)) == 0)
     return 0;
   if (rc == 0)
     rc = errno == EINPROGRESS ? 1 : -errno;

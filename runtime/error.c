@@ -31,6 +31,7 @@ const char *nr_strerror(int code) {
   case NR_ETIMEDOUT: return "timeout";
   case NR_EHANDLER: return "handler error";
   case NR_ESENDTIMEOUT: return "send timeout";
+  case NR_ESIMSTUCK: return "simulation stuck: nothing can end this wait";
   default: return code < 0 ? strerror(-code) : "unknown error";
   }
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sim/sim.h"
 
 #define TASK_OWNED 1u
 #define SHUTDOWN_POLL NR_MS(100)   /* confirmShutdown's re-check period */
@@ -67,6 +68,12 @@ int nr__loop_init(nr_loop_t *l, const nr_loop_opts_t *o) {
                          : o->rebuild_threshold < 0 ? 0 : o->rebuild_threshold;
   l->max_pending = o->max_pending;
   l->external = o->external;
+  /* Made on a simulation's thread: simulated for good (runtime/sim/). Its
+   * selector is the simulation's, which never returns early for nothing
+   * (no rebuild), and its "thread" a fiber. */
+  l->sim = nr__sim_attach(l);
+  if (l->sim != NULL)
+    l->rebuild_threshold = 0;
   l->on_start = o->on_start;
   l->on_exit = o->on_exit;
   l->ud = o->ud;
@@ -105,12 +112,14 @@ static void terminate(nr_loop_t *l);
 static void *thread_main(void *arg) {
   nr_loop_t *l = arg;
   nr__loop_set_current(l);
-  char tname[16];
-  snprintf(tname, sizeof tname, "%s", l->name);
-  pthread_setname_np(pthread_self(), tname);
+  if (l->sim == NULL) {            /* (a fiber shares its thread's name) */
+    char tname[16];
+    snprintf(tname, sizeof tname, "%s", l->name);
+    pthread_setname_np(pthread_self(), tname);
+  }
   if (l->on_start)
     l->on_start(l, l->ud);
-  if (l->stall_threshold)
+  if (l->stall_threshold && l->sim == NULL)
     nr__watch_add(l);
   l->last_execution = nr_now();
   nr__loop_run(l);
@@ -121,7 +130,8 @@ static void *thread_main(void *arg) {
 
 static void start_thread(nr_loop_t *l) {
   l->thread_started = true;
-  if (pthread_create(&l->thread, NULL, thread_main, l) != 0) {
+  if (l->sim != NULL ? nr__sim_start(l, thread_main) != 0
+                     : pthread_create(&l->thread, NULL, thread_main, l) != 0) {
     l->thread_started = false;
     nr_log(NR_LOG_ERROR, "%s: cannot start thread: %s", l->name,
            strerror(errno));
@@ -142,7 +152,7 @@ static void ensure_started(nr_loop_t *l) {
 void nr__loop_wakeup(nr_loop_t *l) {
   uint64_t one = 1;
   atomic_fetch_add_explicit(&l->wakeups, 1, memory_order_relaxed);
-  ssize_t n = write(l->wakefd, &one, sizeof one);
+  ssize_t n = nr_sys_write(l->wakefd, &one, sizeof one);
   (void)n;  /* EAGAIN means the counter is saturated: already awake */
 }
 
@@ -494,10 +504,12 @@ void nr_loop_free(nr_loop_t *l) {
       nr__loop_set_current(NULL);
   }
   nr__watch_remove(l);
-  if (l->thread_started && !pthread_equal(l->thread, pthread_self()))
+  if (l->thread_started && l->sim == NULL &&
+      !pthread_equal(l->thread, pthread_self()))
     pthread_join(l->thread, NULL);
   atomic_store(&l->state, NR_TERMINATED);  /* (never started) rejects all */
   nr__selector_close(l);
+  nr__sim_detach(l);
   nr__heap_free(&l->heap);
   for (nr_hook_t *h = l->hooks, *n; h; h = n) {
     n = h->next;
@@ -506,6 +518,9 @@ void nr_loop_free(nr_loop_t *l) {
   l->hooks = NULL;
   nr__loop_release(l);
 }
+
+void nr_loop_retain(nr_loop_t *l) { nr__loop_retain(l); }
+void nr_loop_release(nr_loop_t *l) { nr__loop_release(l); }
 
 nr_loop_t *nr__loop_retain(nr_loop_t *l) {
   atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);

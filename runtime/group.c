@@ -39,7 +39,9 @@ nr_group_t *nr_group_new(const nr_group_opts_t *o) {
   if (g == NULL)
     return NULL;
   memset(g, 0, sizeof *g);
-  g->n = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  /* A simulated host has NR_SIM_CPUS, whatever machine runs it. */
+  g->n = o->threads > 0 ? o->threads
+         : nr_sim_current() ? NR_SIM_CPUS : (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (g->n < 1)
     g->n = 1;
   g->mask = (g->n & (g->n - 1)) == 0 ? (unsigned)g->n - 1 : 0;

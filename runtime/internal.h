@@ -23,6 +23,7 @@
 
 #include "error.h"
 #include "netrun.h"
+#include "sys.h"
 
 #define NR_CACHELINE 64
 
@@ -32,6 +33,19 @@
  * Release) pay nothing. */
 #define NR_ASSERT_LOOP(l) assert((l) == NULL || nr_loop_in_thread(l))
 #define NR_ASSERT_CHANNEL_LOOP(ch) NR_ASSERT_LOOP((ch)->loop)
+
+/* ---- the clock seam (clock.c) -------------------------------------------- */
+
+/* A simulation's clocks and entropy (runtime/sim/): set in nr__clock while
+ * it exists; owns() says whether the calling thread runs on it. */
+typedef struct nr_clock_s {
+  bool (*owns)(void);
+  uint64_t (*now)(void);             /* monotonic ns */
+  uint64_t (*wall)(void);            /* ns since the Unix epoch */
+  void (*random)(void *buf, size_t n);
+} nr_clock_t;
+extern const nr_clock_t *_Atomic nr__clock
+    __attribute__((visibility("hidden")));
 
 /* ---- MPSC queue (Vyukov's intrusive list): wait-free producers --------- */
 
@@ -215,6 +229,9 @@ struct nr_loop_s {
   pthread_t thread;
   bool thread_started;
   nr_promise_t *termination;
+  /* The simulation running this loop (runtime/sim/), NULL for a real
+   * one: set at creation, on the simulation's thread, for good. */
+  struct nr_simloop_s *sim;
   uint64_t stall_threshold, stall_timeout;
   nr_stall_fn on_stall;
   /* watchdog thread only (under its lock) */
@@ -430,7 +447,6 @@ struct nr_channel_s {
   _Atomic int pub;
   nr_loop_t *loop;
   uint64_t id;
-  int kind, family;
   unsigned st;
   unsigned holds;            /* work owed (nr_channel_hold) */
   nr_pipeline_t pipe;
@@ -442,6 +458,8 @@ struct nr_channel_s {
    * sees both. See nr_channel_close_future. */
   nr_promise_t *_Atomic close_future;
   _Atomic bool closed;
+  uint8_t kind, family;              /* (in what `closed` leaves: a channel
+                                        stays within 640 bytes) */
   nr_timer_t *linger_timer;
   uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
   uint64_t goodbye_until;    /* a shutdown leaves it open until then
@@ -467,6 +485,7 @@ struct nr_channel_s {
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
   nr_channel_t *sprev, *snext;       /* loop's send-timeout list */
   uint64_t send_deadline;            /* when listed: closed by then */
+  nr_chwatch_t *watches;             /* nr_channel_watch: told of writability */
 };
 
 nr_channel_t *nr__channel_new(int kind, int family, int fd,
@@ -556,7 +575,8 @@ int nr__unix_addr(const char *path, struct sockaddr_storage *ss,
 int nr__unix_prepare(const struct sockaddr_storage *ss, socklen_t len);
 /* Unlink path only if it is still the socket file (dev, ino) we bound. */
 void nr__unlink_socket(const char *path, dev_t dev, ino_t ino);
-int nr__socket(int family, int type);
+/* A socket for loop l (nr_sys_socket), non-blocking; fd or -errno. */
+int nr__socket(nr_loop_t *l, int family, int type);
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o);
 
 /* executor.c */
@@ -607,6 +627,9 @@ void nr__loop_run(nr_loop_t *l);
  * on_start) until it terminates (before on_exit); loop thread. */
 void nr__watch_add(nr_loop_t *l);
 void nr__watch_remove(nr_loop_t *l);
+/* One sample of a simulated loop at `now`, on its own (the world's)
+ * thread: runtime/sim/ calls it while a run spins on the virtual clock. */
+void nr__watch_check(nr_loop_t *l, uint64_t now);
 
 /* channel.c */
 void nr__channels_close_all(nr_loop_t *l);

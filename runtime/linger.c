@@ -30,7 +30,7 @@ static void end_linger(nr_channel_t *ch) {
   ch->st &= ~NR__LINGER;
   nr__timer_drop(&ch->linger_timer);
   nr__io_stop(ch->loop, &ch->io);
-  close(ch->io.fd);
+  nr_sys_close(ch->io.fd);
   nr__channel_unlink(ch);
 }
 
@@ -49,9 +49,9 @@ void nr_channel_linger(nr_channel_t *ch) {
 bool nr__linger_start(nr_channel_t *ch) {
   int unread = 0;
   if (!(ch->st & NR__LINGER_WANTED) &&
-      (ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0))
+      (nr_sys_ioctl(ch->io.fd, FIONREAD, &unread) < 0 || unread == 0))
     return false;
-  if (shutdown(ch->io.fd, SHUT_WR) < 0 ||
+  if (nr_sys_shutdown(ch->io.fd, SHUT_WR) < 0 ||
       nr__io_modify(ch->loop, &ch->io, EPOLLIN) < 0)
     return false;
   ch->st |= NR__LINGER;
@@ -69,7 +69,7 @@ void nr__linger_drain(nr_channel_t *ch) {
     return;
   }
   for (int i = 0; i < 16; i++) {   /* a flood waits for the next turn */
-    ssize_t n = read(ch->io.fd, l->rbuf, NR_READ_BUF);
+    ssize_t n = nr_sys_read(ch->io.fd, l->rbuf, NR_READ_BUF);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && errno == EAGAIN)

@@ -135,7 +135,9 @@ static int prefix(char *buf, size_t size, int level, const char *thread) {
   static const char *tags[] = {"DEBUG", "INFO", "WARN", "ERROR"};
   struct timespec ts;
   struct tm tm;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t wall = nr_wall_ns();            /* (a simulation's: virtual) */
+  ts.tv_sec = (time_t)(wall / 1000000000ull);
+  ts.tv_nsec = (long)(wall % 1000000000ull);
   gmtime_r(&ts.tv_sec, &tm);
   return snprintf(buf, size, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s [%s] ",
                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,

@@ -28,7 +28,7 @@ static int on_wake(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   (void)events;
   (void)l;
   uint64_t v;
-  ssize_t n = read(io->fd, &v, sizeof v);
+  ssize_t n = nr_sys_read(io->fd, &v, sizeof v);
   (void)n;                       /* EAGAIN: a concurrent read drained it */
   /* A wakeup was asked for (a task, a shutdown, a promise an external loop
    * waits on), so the select did not return prematurely even when no task
@@ -37,24 +37,32 @@ static int on_wake(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   return 1;
 }
 
+int nr_sys_selector(nr_loop_t *l, int *epfd, int *wakefd) {
+  if (l->sim != NULL)
+    return nr__transport->selector(l, epfd, wakefd);
+  *epfd = epoll_create1(EPOLL_CLOEXEC);
+  *wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  return *epfd < 0 || *wakefd < 0 ? -1 : 0;
+}
+
 int nr__selector_open(nr_loop_t *l) {
-  l->epfd = epoll_create1(EPOLL_CLOEXEC);
-  l->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  int rc = nr_sys_selector(l, &l->epfd, &l->wakefd);
   l->nevents = MAX_EVENTS;
   l->events = malloc(sizeof *l->events * (size_t)l->nevents);
-  if (l->epfd < 0 || l->wakefd < 0 || l->events == NULL)
+  if (rc < 0 || l->events == NULL)
     return l->events == NULL ? -ENOMEM : -errno;
   l->wake_io.fd = l->wakefd;
   l->wake_io.cb = on_wake;
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &l->wake_io};
-  return epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->wakefd, &ev) < 0 ? -errno : 0;
+  return nr_sys_epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->wakefd, &ev) < 0 ? -errno
+                                                                     : 0;
 }
 
 void nr__selector_close(nr_loop_t *l) {
   if (l->epfd > 0)
-    close(l->epfd);
+    nr_sys_close(l->epfd);
   if (l->wakefd > 0)
-    close(l->wakefd);
+    nr_sys_close(l->wakefd);
   l->epfd = l->wakefd = -1;
   free(l->events);
   l->events = NULL;
@@ -71,7 +79,7 @@ void nr__selector_close(nr_loop_t *l) {
 
 int nr__io_start(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   struct epoll_event ev = {.events = events, .data.ptr = io};
-  if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, io->fd, &ev) < 0)
+  if (nr_sys_epoll_ctl(l->epfd, EPOLL_CTL_ADD, io->fd, &ev) < 0)
     return -errno;
   io->events = events;
   io->prev = NULL;
@@ -86,14 +94,14 @@ int nr__io_modify(nr_loop_t *l, nr_io_t *io, uint32_t events) {
   if (events == io->events)
     return 0;
   struct epoll_event ev = {.events = events, .data.ptr = io};
-  if (epoll_ctl(l->epfd, EPOLL_CTL_MOD, io->fd, &ev) < 0)
+  if (nr_sys_epoll_ctl(l->epfd, EPOLL_CTL_MOD, io->fd, &ev) < 0)
     return -errno;
   io->events = events;
   return 0;
 }
 
 void nr__io_stop(nr_loop_t *l, nr_io_t *io) {
-  epoll_ctl(l->epfd, EPOLL_CTL_DEL, io->fd, NULL);
+  nr_sys_epoll_ctl(l->epfd, EPOLL_CTL_DEL, io->fd, NULL);
   if (io->prev)
     io->prev->next = io->next;
   else if (l->ios == io)
@@ -203,10 +211,10 @@ typedef struct select_s {
  * seen here, one queued after it sends a wakeup -- and block. */
 static select_t select_events(nr_loop_t *l) {
   select_t s = {0, false, 0};
-  if (l->spin && !l->external)
-    spin_for_tasks(l);
+  if (l->spin && !l->external && l->sim == NULL)
+    spin_for_tasks(l);           /* (virtual time does not pass in a spin) */
   if (nr__loop_has_tasks(l)) {
-    s.n = epoll_wait(l->epfd, l->events, l->nevents, 0);
+    s.n = nr_sys_epoll_wait(l->epfd, l->events, l->nevents, 0, 0);
   } else {
     s.dl = block_deadline(l);
     atomic_store(&l->next_wakeup, s.dl);   /* seq_cst: before the re-check */
@@ -214,8 +222,8 @@ static select_t select_events(nr_loop_t *l) {
       s.blocked = true;
       atomic_store_explicit(&l->busy_since, 0, memory_order_relaxed);
       nr__loop_blocking(l);                 /* a watcher of idle loops */
-      s.n = epoll_wait(l->epfd, l->events, l->nevents,
-                       timeout_ms(s.dl, nr_now()));
+      s.n = nr_sys_epoll_wait(l->epfd, l->events, l->nevents,
+                              timeout_ms(s.dl, nr_now()), s.dl);
     }
     atomic_store_explicit(&l->next_wakeup, NR_AWAKE, memory_order_relaxed);
   }

@@ -42,12 +42,24 @@ typedef struct nr_ctx_s nr_ctx_t;
 #define NR_ETIMEDOUT  (-10007)   /* operation timed out */
 #define NR_EHANDLER   (-10008)   /* a handler raised (message carries details) */
 #define NR_ESENDTIMEOUT (-10020) /* the peer took no bytes for send_timeout */
+#define NR_ESIMSTUCK  (-10030)   /* a simulation's wait that nothing can end */
 
 /* A short, static description of an error code. Any thread. */
 const char *nr_strerror(int code);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t nr_now(void);
+/* The monotonic clock to within the kernel's tick (a few ms, never ahead
+ * of nr_now); wall time in nanoseconds and seconds since the Unix epoch;
+ * n random bytes. Inside a simulation, on its thread, each of these and
+ * nr_now are its virtual clock and its seeded generator (runtime/clock.c,
+ * nr_sim_*); nr_clock_is_virtual says whether the caller is there. Any
+ * thread. */
+uint64_t nr_now_coarse(void);
+uint64_t nr_wall_ns(void);
+int64_t nr_wall_sec(void);
+void nr_random_bytes(void *buf, size_t n);
+bool nr_clock_is_virtual(void);
 #define NR_MS(x) ((uint64_t)(x) * 1000000ull)
 #define NR_SEC(x) ((uint64_t)(x) * 1000000000ull)
 
@@ -138,6 +150,10 @@ typedef struct nr_loop_stats_s {
 nr_loop_t *nr_loop_new(const nr_loop_opts_t *opts);
 /* Free a terminated loop, joining its thread. Not from the loop itself. */
 void nr_loop_free(nr_loop_t *loop);
+/* Keep a loop's memory (its name, state and termination future) past
+ * nr_loop_free, for a handle of a loop that has no group. Any thread. */
+void nr_loop_retain(nr_loop_t *loop);
+void nr_loop_release(nr_loop_t *loop);
 
 /* Any thread. Queue fn(arg); 0, NR_EREJECTED, NR_EFULL or -ENOMEM. */
 int nr_loop_execute(nr_loop_t *loop, nr_task_fn fn, void *arg);
@@ -606,6 +622,26 @@ void nr_channel_linger(nr_channel_t *ch);
  * through the shutdown until `deadline` (nr_now()'s clock), or until it is
  * closed otherwise; the shutdown's own timeout bounds it too. */
 void nr_channel_delay_shutdown_close(nr_channel_t *ch, uint64_t deadline);
+/* Loop thread only. Someone who moves bytes into ch from elsewhere (a
+ * body from another connection) and must stop while ch cannot take more:
+ * w->fn runs each time ch's writability changes (after its pipeline was
+ * told), and once as ch closes. The watch holds a reference to ch until
+ * nr_channel_unwatch (which may be called from fn, for any watch). w is
+ * the caller's (embedded in its state); a watch is on one channel at a
+ * time. Watcher and channel share the loop. */
+typedef struct nr_chwatch_s nr_chwatch_t;
+struct nr_chwatch_s {
+  void (*fn)(nr_chwatch_t *w, nr_channel_t *ch);
+  nr_channel_t *ch;                    /* watched (NULL: none) */
+  nr_chwatch_t *prev, *next;
+};
+void nr_channel_watch(nr_channel_t *ch, nr_chwatch_t *w);
+void nr_channel_unwatch(nr_chwatch_t *w);
+
+/* Half-close: no more bytes go out (shutdown(SHUT_WR)); the peer reads
+ * EOF after what was written. 0 or -errno (-ENOTCONN once closed). Loop
+ * thread only. */
+int nr_channel_shutdown_output(nr_channel_t *ch);
 /* Format an address: "1.2.3.4" / port, or the unix path / -1. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
                              int *port);
@@ -813,6 +849,100 @@ void nr_embedded_close(nr_embedded_t *e);
  * it is closed, so writes to it fail. */
 void nr_embedded_free(nr_embedded_t *e);
 
+/* ---- simulation (runtime/sim/, DESIGN.md §9.4) --------------------------
+ *
+ * A world of simulated hosts on one thread: every loop made on that
+ * thread while the world is entered is simulated -- a fiber stepped by
+ * the world's scheduler in an order drawn from the seed, on the world's
+ * virtual clock (nr_now, timers and timeouts), its sockets and lookups on
+ * the world's in-memory network. All randomness comes from the seed, so a
+ * seed replays the same run; nr_sim_trace_hash digests what happened.
+ * Functions named "simulation's thread" are called there only. */
+typedef struct nr_sim_s nr_sim_t;
+typedef struct nr_sim_host_s nr_sim_host_t;
+/* The CPUs of a simulated host: a group of 0 threads made there has this
+ * many loops, on any machine. */
+#define NR_SIM_CPUS 2
+
+typedef struct nr_sim_opts_s {
+  uint64_t seed;
+  uint64_t latency;          /* one-way, between hosts: default 100 us */
+  int64_t epoch;             /* wall clock at the start, seconds since the
+                                Unix epoch: default 2025-01-01T00:00:00Z */
+  size_t sndbuf, rcvbuf;     /* TCP buffers: default 64 KiB, 128 KiB */
+} nr_sim_opts_t;
+
+/* A new world (not entered); NULL and errno. Any thread. */
+nr_sim_t *nr_sim_new(const nr_sim_opts_t *opts);
+/* Make the calling thread the world's: from here on loops made on it are
+ * simulated. -EBUSY while another world is entered in the process. */
+int nr_sim_enter(nr_sim_t *w);
+/* The thread leaves the world (its loops must have terminated). */
+void nr_sim_leave(nr_sim_t *w);
+/* Drop the caller's reference; the world goes with the last of its loops
+ * and sockets. */
+void nr_sim_release(nr_sim_t *w);
+/* The world the calling thread runs in, or NULL. */
+nr_sim_t *nr_sim_current(void);
+/* Whether loop l is simulated (made in a world). Any thread. */
+bool nr_loop_is_simulated(const nr_loop_t *l);
+
+/* Hosts, by name (case ignored), made on first use with the next address
+ * (10.0.0.1, 10.0.0.2, ...); the first one made is where loops made
+ * outside any host go. Simulation's thread. */
+nr_sim_host_t *nr_sim_host(nr_sim_t *w, const char *name);
+const char *nr_sim_host_name(const nr_sim_host_t *h);
+const char *nr_sim_host_addr(const nr_sim_host_t *h);
+/* The host loops made by the main context go on from now on (NULL: the
+ * first host); returns the previous one. A loop made by a simulated loop
+ * goes on that loop's host. */
+nr_sim_host_t *nr_sim_set_host(nr_sim_t *w, nr_sim_host_t *h);
+/* The host of a simulated loop (NULL for a real one). */
+nr_sim_host_t *nr_sim_loop_host(const nr_loop_t *l);
+
+/* The network: one-way latency between a and b (both ways; a == b: the
+ * host's own loopback), loss of TCP segments (retransmitted later) and UDP
+ * datagrams, UDP duplication and reordering (probabilities 0..1), a
+ * partition between a and b (nothing passes either way; a or b NULL: the
+ * host is cut from every other), heal (every partition ends), a reset of
+ * the TCP connections between a and b (either NULL: any host). */
+void nr_sim_latency(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b,
+                    uint64_t ns);
+void nr_sim_loss(nr_sim_t *w, double p);
+void nr_sim_duplicate(nr_sim_t *w, double p);
+void nr_sim_reorder(nr_sim_t *w, double p);
+void nr_sim_partition(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b);
+void nr_sim_heal(nr_sim_t *w);
+int nr_sim_reset(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b);
+
+/* The world's clock (ns, nr_now's), its seed, a number from its
+ * generator, and a digest of everything that happened so far: every
+ * scheduling choice and every packet with its bytes. */
+uint64_t nr_sim_now(const nr_sim_t *w);
+uint64_t nr_sim_seed(const nr_sim_t *w);
+uint64_t nr_sim_random(nr_sim_t *w);
+uint64_t nr_sim_trace_hash(const nr_sim_t *w);
+/* The clock goes no further than `at` (nr_now's; 0: no limit): a wait
+ * that would need it to fails as stuck (NR_ESIMSTUCK). */
+void nr_sim_limit(nr_sim_t *w, uint64_t at);
+/* Whether the main context's last wait found nothing that could ever
+ * happen (before the limit): every loop idle, nothing scheduled. */
+bool nr_sim_is_stuck(const nr_sim_t *w);
+/* Counters: scheduler steps, packets, connections. */
+typedef struct nr_sim_stats_s {
+  uint64_t steps, events, connections, bytes, datagrams, resets;
+} nr_sim_stats_t;
+void nr_sim_stats(const nr_sim_t *w, nr_sim_stats_t *out);
+
+/* On a simulated loop that may block (an executor): wait for p, other
+ * loops running meanwhile. 0, or NR_ESIMSTUCK when nothing can complete
+ * it. */
+int nr_sim_wait(nr_promise_t *p);
+/* "sim<id>/<host>/" for the caller's world and host, the prefix of what
+ * a host keeps by name (shared dicts: hosts are separate machines); 0 and
+ * "" outside a simulation. */
+int nr_sim_namespace(char *buf, size_t n);
+
 /* ---- for codecs and bindings -------------------------------------------- */
 
 /* What a codec, a native handler or a language binding uses beside the
@@ -826,6 +956,12 @@ void nr_embedded_free(nr_embedded_t *e);
  * written by the loop's thread, read from any: it lives as long as the
  * loop. */
 _Atomic size_t *nr_loop_memory(nr_loop_t *l);
+/* A block of *size bytes (zeroed when the loop starts) at the same address
+ * in every run, for what must not depend on where memory happens to be:
+ * the embedding's first block (a Lua state's, whose address seeds its
+ * string hashes). A simulated loop has one (runtime/sim/: in its fiber's
+ * mapping, on the loop's thread while it runs); NULL for any other. */
+void *nr_loop_scratch(const nr_loop_t *l, size_t *size);
 void *nr_loop_data(const nr_loop_t *loop);
 void nr_loop_set_data(nr_loop_t *loop, void *data);
 void *nr_group_data(const nr_group_t *g);

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "sim/sim.h"
 
 enum { PENDING, SUCCESS, FAILURE, CANCELLED };
 
@@ -257,6 +258,8 @@ static int wait_running(nr_promise_t *p, nr_loop_t *l, uint64_t deadline) {
     if (now >= deadline)
       return NR_ETIMEDOUT;
     nr_loop_run_once(l, deadline - now);
+    if (l->sim != NULL && !nr_promise_is_done(p) && nr__sim_stuck(l))
+      return NR_ESIMSTUCK;       /* a simulation in which nothing can end it */
   }
   return 0;
 }

@@ -26,7 +26,9 @@
  *
  * Never sent to a server: numeric addresses, "localhost" and names under
  * it (RFC 6761 §6.3: loopback, whatever /etc/hosts says, even with none),
- * and names under "invalid" (§6.4: fail at once).
+ * and names under "invalid" (§6.4: fail at once). Inside a simulation
+ * (runtime/sim/), a name is a host's and answers at once with its
+ * address, or fails as not found.
  *
  * Threads: `R` (config, the loop pointer) is shared under R.lock; every
  * query, waiter and watcher belongs to the resolver's thread.
@@ -38,6 +40,7 @@
 #include <sys/time.h>
 
 #include "internal.h"
+#include "sim/sim.h"
 
 #define BUCKETS 256
 #define DEFAULT_INFLIGHT 256
@@ -604,6 +607,10 @@ nr_promise_t *nr_resolve(const char *name, int family, uint64_t timeout) {
   int rc = nr_resolve_local(name, family, &local);
   if (rc < 0)
     return nr__promise_failed(rc, "a numeric address of another family");
+  if (rc == 0)
+    rc = nr__sim_lookup(name, family, &local);   /* a simulation's host */
+  if (rc == -ENOENT)
+    return nr__promise_failed(rc, "Domain name not found");
   nr_promise_t *p = nr_promise_new();
   if (p == NULL)
     return NULL;

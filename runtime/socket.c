@@ -14,6 +14,24 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sim/sim.h"
+
+/* A name a simulation answers (its hosts'), as getaddrinfo would; 1 if
+ * the caller is not in one. */
+static int sim_resolve(const char *host, int port, struct sockaddr_storage *ss,
+                       socklen_t *len) {
+  nr_addrs_t a;
+  int rc = nr__sim_lookup(host, AF_INET, &a);
+  if (rc <= 0)
+    return rc < 0 ? nr_raise(rc, "%s:%d: %s", host, port, nr__errname(rc)) : 1;
+  struct sockaddr_in *in = (struct sockaddr_in *)ss;
+  memset(in, 0, sizeof *in);
+  in->sin_family = AF_INET;
+  in->sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, a.addr[0], &in->sin_addr);
+  *len = sizeof *in;
+  return 0;
+}
 
 int nr__resolve(const char *host, int port, int socktype, bool passive,
                 struct sockaddr_storage *ss, socklen_t *len) {
@@ -24,6 +42,9 @@ int nr__resolve(const char *host, int port, int socktype, bool passive,
    * exists everywhere; connects to localhost try ::1, then it). */
   if (host && nr__is_localhost(host))
     host = "127.0.0.1";
+  int sim = host ? sim_resolve(host, port, ss, len) : 1;
+  if (sim <= 0)
+    return sim;
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = socktype,
                            .ai_flags = passive ? AI_PASSIVE : 0}, *res;
   char serv[16];
@@ -79,21 +100,27 @@ void nr__unlink_socket(const char *path, dev_t dev, ino_t ino) {
     unlink(path);
 }
 
-int nr__socket(int family, int type) {
-  int fd = socket(family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+int nr_sys_socket(nr_loop_t *l, int family, int type) {
+  if (l != NULL && l->sim != NULL)
+    return nr__transport->socket(l, family, type);
+  return socket(family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+}
+
+int nr__socket(nr_loop_t *l, int family, int type) {
+  int fd = nr_sys_socket(l, family, type);
   return fd < 0 ? -errno : fd;
 }
 
 void nr__apply_opts(int fd, int family, const nr_channel_opts_t *o) {
   int on = 1;
   if (family != AF_UNIX && o->tcp_nodelay)
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+    nr_sys_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
   if (family != AF_UNIX && o->keepalive)
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    nr_sys_setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
   if (o->sndbuf > 0)
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o->sndbuf, sizeof o->sndbuf);
+    nr_sys_setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o->sndbuf, sizeof o->sndbuf);
   if (o->rcvbuf > 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o->rcvbuf, sizeof o->rcvbuf);
+    nr_sys_setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o->rcvbuf, sizeof o->rcvbuf);
 }
 
 int nr_format_addr(const struct sockaddr_storage *ss, socklen_t len,

@@ -206,6 +206,15 @@ static void start(void) {
   started = true;
 }
 
+/* A simulated loop has no watchdog thread (runtime/sim/ runs every loop
+ * on one thread): the simulation checks the running loop itself while a
+ * run spins on the virtual clock, as the watchdog samples a real one. */
+void nr__watch_check(nr_loop_t *l, uint64_t now) {
+  pthread_mutex_lock(&wd_lock);
+  check(l, now);
+  pthread_mutex_unlock(&wd_lock);
+}
+
 void nr__watch_add(nr_loop_t *l) {
   uint64_t p = l->stall_threshold / 4;
   if (l->stall_timeout && l->stall_timeout / 4 < p)

@@ -283,4 +283,7 @@ function netrun.connect(opts)
   return done
 end
 
+-- A state made inside a simulation reads its clocks (os.time, ...) there.
+if core.sim_state then require("netrun.sim").patch_state() end
+
 return netrun

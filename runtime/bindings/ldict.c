@@ -36,7 +36,6 @@ number of entries.
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "lnr.h"
 
@@ -134,14 +133,10 @@ static uint64_t hash(const dict_t *d, const char *s, size_t n) {
   return v[0] ^ v[1] ^ v[2] ^ v[3];
 }
 
-/* A fresh random key per dict; getrandom(2) without GRND_NONBLOCK only
- * waits before the kernel's pool is first seeded, early in boot. */
+/* A fresh random key per dict (a simulation's are its seed's). */
 static void seed(dict_t *d) {
   uint64_t k[2];
-  if (getrandom(k, sizeof k, 0) != (ssize_t)sizeof k) {
-    k[0] = nr_now() ^ (uint64_t)(uintptr_t)d;        /* not expected */
-    k[1] = ROTL(k[0], 29) ^ 0x9e3779b97f4a7c15ull;
-  }
+  nr_random_bytes(k, sizeof k);
   d->k0 = k[0];
   d->k1 = k[1];
 }
@@ -725,6 +720,9 @@ static int l_dict(lua_State *L) {
                                     LUA_MAXINTEGER);
   lua_Integer mem = (lua_Integer)lnr_opt_size(&t, "memory", DEFAULT_MEMORY, 1,
                                               LNR_OPT_SIZE_MAX);
+  char ns[128];
+  if (nr_sim_namespace(ns, sizeof ns) > 0)   /* a simulated host's own */
+    name = lua_pushfstring(L, "%s%s", ns, name);
   pthread_mutex_lock(&dicts_lock);
   dict_t *d = dicts;
   while (d && strcmp(d->name, name) != 0)

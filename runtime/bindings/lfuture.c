@@ -378,6 +378,10 @@ static void wake_waiter(nr_promise_t *p, void *arg) {
 }
 
 static void wait_blocking(nr_promise_t *p) {
+  if (nr_loop_is_simulated(nr_loop_current())) {
+    nr_sim_wait(p);              /* a fiber: the others run meanwhile */
+    return;
+  }
   waiter_t w = {.done = false};
   pthread_mutex_init(&w.lock, NULL);
   pthread_cond_init(&w.cond, NULL);

@@ -28,10 +28,12 @@ typedef struct proxy_s {
 void lnr_handle_retain(int kind, void *ptr) {
   switch (kind) {
   case LNR_GROUP: lnr_group_retain(ptr); break;
-  case LNR_LOOP: {
-    lnr_group_t *g = lnr_group_of_loop(ptr);
+  case LNR_LOOP: {                      /* its group, else itself (a main */
+    lnr_group_t *g = lnr_group_of_loop(ptr);  /* loop: a simulation's ends) */
     if (g)
       lnr_group_retain(g);
+    else
+      nr_loop_retain(ptr);
     break;
   }
   case LNR_CHANNEL: nr_channel_retain(ptr); break;
@@ -49,6 +51,8 @@ void lnr_handle_release(int kind, void *ptr) {
     lnr_group_t *g = lnr_group_of_loop(ptr);
     if (g)
       lnr_group_release(g);
+    else
+      nr_loop_release(ptr);
     break;
   }
   case LNR_CHANNEL: nr_channel_release(ptr); break;

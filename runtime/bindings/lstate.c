@@ -106,6 +106,16 @@ void lnr_push_weak_keyed(lua_State *L, int *ref, const void *key,
 
 nr_loop_t *lnr_main_loop(void) { return main_loop; }
 
+nr_loop_t *lnr_swap_main_loop(nr_loop_t *l) {
+  nr_loop_t *old = main_loop;
+  main_loop = l;
+  if (main_state != NULL) {
+    main_state->loop = l;
+    nr_loop_set_data(l, main_state);
+  }
+  return old;
+}
+
 /* ---- protected calls ---------------------------------------------------- */
 
 /* Loop states do not see the main script's globals (DESIGN.md §3: a
@@ -417,6 +427,41 @@ static void *counting_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return alloc_slow(S, ptr, osize, nsize);
 }
 
+/* The allocator of a loop whose memory must not depend on where things
+ * happen to be (the loops that have an nr_loop_scratch): counting_alloc, but
+ * for Lua's first block, its global state, which lives in the loop's
+ * scratch block -- at the same address in every run. Lua seeds a state's
+ * string hashes with that address (and a stack address and the time,
+ * which such a loop fixes too), and the hashes decide the order pairs()
+ * visits string keys in: header fields written from a table, say. So a
+ * run replays that order as well. The scratch's first SCRATCH_HEAD bytes
+ * say whether the block is taken (the scratch comes zeroed). */
+#define SCRATCH_HEAD 16
+
+static void *scratch_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  lnr_state_t *S = ud;
+  size_t size = 0;
+  char *head = nr_loop_scratch(S->loop, &size);
+  if (head == NULL || size <= SCRATCH_HEAD)
+    return counting_alloc(ud, ptr, osize, nsize);
+  char *first = head + SCRATCH_HEAD;
+  size -= SCRATCH_HEAD;
+  if (ptr != NULL && ptr == first) {
+    if (nsize == 0) {                    /* lua_close: the last block */
+      count(S, 0, osize);
+      *head = 0;
+      return NULL;
+    }
+    return nsize <= size ? ptr : NULL;
+  }
+  if (ptr == NULL && nsize > 0 && *head == 0 && nsize <= size) {
+    *head = 1;
+    count(S, nsize, 0);
+    return first;
+  }
+  return counting_alloc(ud, ptr, osize, nsize);
+}
+
 /* What a loop state copies from the state that created its group: the
  * module paths, and the command line (the global `arg`, so that
  * netrun.option reads the same flags in every state, and `netrun -t N`'s
@@ -481,8 +526,13 @@ void lnr_loop_started(nr_loop_t *loop, void *ud) {
   if (S) {
     S->mem_limit = paths->mem_limit ? paths->mem_limit : SIZE_MAX;
     S->memory = nr_loop_memory(loop);  /* read by stats() from any thread */
+    S->loop = loop;                    /* (scratch_alloc reads it) */
   }
-  lua_State *L = S ? lua_newstate(counting_alloc, S) : NULL;
+  size_t scratch;
+  lua_State *L = S == NULL ? NULL
+                 : lua_newstate(nr_loop_scratch(loop, &scratch) ? scratch_alloc
+                                                                : counting_alloc,
+                                S);
   if (L == NULL) {
     nr_log(NR_LOG_ERROR, "%s: cannot create a Lua state", nr_loop_name(loop));
     free(S);

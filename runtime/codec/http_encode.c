@@ -79,7 +79,7 @@ static NOINLINE void format_date(time_t now) {
 }
 
 const char *nr_http_date(void) {
-  time_t now = time(NULL);
+  time_t now = (time_t)nr_wall_sec();
   if (now != date_sec)
     format_date(now);
   return date_buf;

@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "codec/codec.h"
@@ -735,8 +734,7 @@ void *nr_ws_new(const nr_ws_opts_t *o) {
     nr_ws_parser_deflate(&w->parser, o->deflate.peer_context);
   }
   if (o->client) {
-    if (getrandom(&w->rng, sizeof w->rng, 0) != sizeof w->rng)
-      w->rng = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)w;
+    nr_random_bytes(&w->rng, sizeof w->rng);
     w->rng |= 1;
     if (strlen(o->accept) >= sizeof w->accept ||
         (w->request = malloc(o->request_len + 1)) == NULL) {

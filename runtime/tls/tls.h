@@ -137,4 +137,9 @@ int nr_tls_set_host(void *state, const char *host);
  * failed or the channel closed first. A new reference. Loop thread. */
 nr_promise_t *nr_tls_handshake_future(nr_ctx_t *ctx);
 
+/* While on, OpenSSL's randomness is nr_random_bytes (a simulation's
+ * seeded generator on its thread): runtime/sim/ turns it on while a world
+ * is entered (rand.c). Any thread. */
+void nr_tls_simulated_random(bool on);
+
 #endif /* NR_TLS_H */

@@ -120,6 +120,36 @@ static int run_one_(const test_t *t) {
   return 0;
 }
 
+/* ---- helpers for channel tests ---------------------------------------------- */
+
+/* The channel a successful future carries, retained for the caller. */
+static inline nr_channel_t *test_take_channel(nr_promise_t *f) {
+  AWAIT_OK(f);
+  nr_channel_t *ch = nr_channel_retain(nr_promise_value(f));
+  nr_promise_release(f);
+  return ch;
+}
+
+static inline int test_local_port(nr_channel_t *ch) {
+  char host[128];
+  int port = 0;
+  CHECK_EQ(nr_channel_local_address(ch, host, sizeof host, &port), 0);
+  return port;
+}
+
+/* A child_init that makes the channel an echo. */
+static inline int test_echo_read_(nr_ctx_t *ctx, void *msg) {
+  return nr_ctx_write(ctx, msg, NULL);
+}
+static inline int test_echo_flush_(nr_ctx_t *ctx) { return nr_ctx_flush(ctx); }
+static inline void test_echo_init(nr_channel_t *ch, void *arg) {
+  static const nr_handler_t echo = {.type = "echo",
+                                    .channel_read = test_echo_read_,
+                                    .channel_read_complete = test_echo_flush_};
+  (void)arg;
+  CHECK_EQ(nr_pipeline_add_last(nr_channel_pipeline(ch), "echo", &echo, NULL), 0);
+}
+
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;
   signal(SIGPIPE, SIG_IGN);

@@ -29,6 +29,31 @@ pthread_mutex_t lnr_live_lock = PTHREAD_MUTEX_INITIALIZER;
 lnr_group_t *lnr_live;
 static lnr_group_t *default_boss, *default_workers;
 
+/* A simulation's hosts are machines of their own: each has its own
+ * default groups, by its namespace (nr_sim_namespace), under lnr_live_lock. */
+typedef struct sim_defaults_s {
+  struct sim_defaults_s *next;
+  lnr_group_t *boss, *workers;
+  char ns[];
+} sim_defaults_t;
+static sim_defaults_t *sim_defaults;
+
+/* The slot of the caller's default boss or workers group (lnr_live_lock). */
+static lnr_group_t **default_slot(bool boss) {
+  char ns[128];
+  if (nr_sim_namespace(ns, sizeof ns) == 0)
+    return boss ? &default_boss : &default_workers;
+  sim_defaults_t *d = sim_defaults;
+  while (d && strcmp(d->ns, ns) != 0)
+    d = d->next;
+  if (d == NULL && (d = calloc(1, sizeof *d + strlen(ns) + 1)) != NULL) {
+    strcpy(d->ns, ns);
+    d->next = sim_defaults;
+    sim_defaults = d;
+  }
+  return d == NULL ? NULL : boss ? &d->boss : &d->workers;
+}
+
 nr_group_t *lnr_group_core(lnr_group_t *g) { return g->g; }
 
 lnr_group_t *lnr_group_of_loop(nr_loop_t *l) {
@@ -82,6 +107,12 @@ void lnr_group_unlist(lnr_group_t *g) {
     default_boss = NULL;
   if (default_workers == g)
     default_workers = NULL;
+  for (sim_defaults_t *d = sim_defaults; d; d = d->next) {
+    if (d->boss == g)
+      d->boss = NULL;
+    if (d->workers == g)
+      d->workers = NULL;
+  }
   pthread_mutex_unlock(&lnr_live_lock);
   if (listed)
     lnr_group_release(g);
@@ -239,7 +270,8 @@ static int l_executor_group(lua_State *L) { return new_group(L, true); }
 
 lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
   pthread_mutex_lock(&lnr_live_lock);
-  lnr_group_t *g = boss ? default_boss : default_workers;
+  lnr_group_t **slot = default_slot(boss);
+  lnr_group_t *g = slot ? *slot : NULL;
   pthread_mutex_unlock(&lnr_live_lock);
   if (g)
     return g;
@@ -254,7 +286,11 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
   g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
                 MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, NULL);
   pthread_mutex_lock(&lnr_live_lock);
-  lnr_group_t **slot = boss ? &default_boss : &default_workers;
+  slot = default_slot(boss);
+  if (slot == NULL) {                           /* out of memory: unkept */
+    pthread_mutex_unlock(&lnr_live_lock);
+    return g;
+  }
   if (*slot == NULL) {
     *slot = g;
   } else {                                      /* raced: keep the first */

@@ -120,6 +120,10 @@ int lnr_l_run(lua_State *L) {
       shutdown_listed(false, NR_SEC(2));
     nr_loop_run_once(m, UINT64_MAX);  /* until a task: a loop went idle,
                                          a group terminated, work for us */
+    if (nr_sim_current() != NULL && nr_sim_is_stuck(nr_sim_current())) {
+      shutdown_listed(false, NR_SEC(2));   /* a simulated world where */
+      break;                               /* nothing can happen any more */
+    }
   }
   nr_loop_watch_idle(NULL);
   shutdown_listed(true, NR_SEC(2));   /* the daemons, now */
