@@ -120,6 +120,10 @@ local INTERNAL = {
     connect = "netrun.connect's path for a host name (lchannel.c calls it)",
     listen = "netrun.server's and netrun.udp's path for a host name on a loop",
   },
+  ["netrun.sim"] = {
+    main = "what `netrun --sim SEEDS script.lua` runs (bin/netrun.c calls it)",
+    patch_state = "a state's clocks inside a world, set by netrun's init on each loop's state",
+  },
   ["netrun.json"] = {},
   ["netrun.tcp"] = {},      -- (the table netrun.tcp holds only connect)
   ["netrun.websocket"] = {},
@@ -142,7 +146,10 @@ local C_CLASSES = {
   ["netrun.dict"] = { "netrun", "dict" },
   ["netrun.http.pool"] = false,      -- the C half of netrun.http's pools
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections
+  ["netrun.nats.wire"] = false,      -- the C half of netrun.nats's connections
   ["netrun.ctx.handle"] = false,     -- a ctx's anchor, no methods
+  -- (the world and host a program uses are Lua objects wrapping these:
+  -- lua_classes; their C methods are what those call, not public)
   ["netrun.sim.world"] = false,      -- the C half of netrun.sim's world
   ["netrun.sim.host"] = false,       -- the C half of netrun.sim's hosts
 }
@@ -154,6 +161,13 @@ local function lua_classes()
   local redis = netrun.redis
   local stream = require "netrun.stream"
   local cluster = require "netrun.redis.cluster"
+  local nats = netrun.nats
+  local sim = require "netrun.sim"
+  -- A connection's publish is a field of each connection (a C function
+  -- around its wire, made by connect), not of its class: a connection
+  -- cannot be made here without a server, so it is added by hand.
+  local nats_connection = { publish = require("netrun.core").nats.publisher }
+  for k, v in pairs(nats.Conn) do nats_connection[k] = v end
   return {
     { "netrun.http", "client", getmetatable(netrun.http.client {}).__index },
     { "netrun.tcp", "stream", stream.Stream },
@@ -163,6 +177,14 @@ local function lua_classes()
     { "netrun.redis", "cluster", cluster.Cluster },
     -- (a cluster's pipeline records what a client's encodes: the same methods)
     { "netrun.redis", "pipeline", cluster.CPipe },
+    { "netrun.nats", "connection", nats_connection },
+    { "netrun.nats", "subscription", nats.Sub },
+    { "netrun.nats", "msg", nats.Msg },
+    -- (a context is made without I/O: Conn.jetstream's object, on no connection)
+    { "netrun.nats", "jetstream", getmetatable(nats.Conn.jetstream({})).__index },
+    { "netrun.sim", "world", sim.World },
+    { "netrun.sim", "host", sim.Host },
+    { "netrun.sim", "client", sim.Client },
   }
 end
 
@@ -230,9 +252,6 @@ local PRIVATE_MODULES = {
   reload = "hot reload's machinery (netrun.reload is documented)",
   repl = "the REPL, reached through the CLI",
   top = "`netrun top`, reached through the CLI",
-  -- Not private: documented in README ("Testing on virtual time") and its
-  -- header, not yet in ldoc's form (issue 31 left it; remove this row then).
-  sim = "netrun.sim, documented in README for now",
 }
 local lazy_modules = {}
 for _, name in pairs(LAZY) do lazy_modules[name] = true end

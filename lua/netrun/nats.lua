@@ -1,3 +1,39 @@
+--- A NATS client (core NATS, and JetStream publish and API calls):
+-- `netrun.nats`, loaded on first use. Its calls are nats.js's, in Lua's
+-- conventions: network and server failures are `nil, err` (`"closed"`,
+-- `"timeout"`, `"no responders"`, the server's `-ERR` text), programming
+-- errors (a subject with a space, an unknown option) raise at the
+-- caller's line.
+--
+-- A connection lives on the loop that made it (one per loop, as a
+-- lua-resty-redis pool is per worker) and is used there. The calls that
+-- wait (`connect`, `connection:request`, `connection:flush`,
+-- `connection:drain`, `subscription:drain`, `jetstream:publish`,
+-- `jetstream:api`) wait in a coroutine (`netrun.spawn`, a stream
+-- server's, a subscription callback's) and return the value or
+-- `nil, err`; called elsewhere on the loop (a handler, a timer) they
+-- return a future, completed with the value or failed with the error. A
+-- connection or subscription cannot be sent to another loop (the
+-- transfer raises, naming it); a message is plain data and can.
+--
+-- Unless `reconnect = false`, a lost connection reconnects (to the same
+-- server, or another of the URLs given and of the servers announced in
+-- `connect_urls`), sends its subscriptions again, then what was published
+-- meanwhile (held up to `buffer` bytes). The defaults of `connect`'s
+-- options are the fields of `netrun.nats.defaults`. README, "Messaging:
+-- NATS", and its limits table.
+-- @module netrun.nats
+-- @usage
+-- netrun.spawn(function()
+--   local nc = assert(netrun.nats.connect { url = "nats://127.0.0.1:4222" })
+--   local sub = nc:subscribe("orders.*", function(msg)
+--     if msg.reply then msg:respond("ok") end
+--   end, { queue = "workers" })
+--   nc:publish("orders.new", '{"id":1}')
+--   local reply, err = nc:request("svc.price", "AAPL", { timeout = 2 })
+--   nc:drain()
+-- end)
+
 -- netrun.nats: a NATS client (DESIGN.md §9.5), on a channel of netrun's
 -- and the wire of runtime/bindings/lnats.c (which encodes publications,
 -- holds outbound bytes and parses what the server sends, in C).
@@ -99,7 +135,26 @@ M.Conn, M.Sub, M.Msg = Conn, Sub, Msg
 local conns = {}                 -- this state's open connections, by id
 local next_conn = 0
 
--- msg:respond(data [, headers]): publish to the message's reply subject.
+--- A message, as a subscription's callback, `subscription:next` and
+-- `connection:request` give it: a table
+-- `{ subject, data, reply, headers, status, description }`. `data` is
+-- the payload (a string, `""` for none); `reply` the reply subject, or
+-- nil; `headers` `{ name = "value" }` (a name sent more than once:
+-- `{ name = { "a", "b" } }`), names as sent, or nil; `status` and `description` come from a status line
+-- (`NATS/1.0 503`), else nil. A message is plain data: it may be copied to
+-- another loop, where `msg:respond` raises.
+-- @type msg
+
+--- Publish to the message's reply subject, as
+-- `connection:publish(msg.reply, data, nil, headers)` on the connection
+-- that received it.
+-- @function msg:respond
+-- @string[opt=""] data the payload
+-- @tparam[opt] table headers `{ name = "value" | { "a", "b" } }`
+-- @treturn[1] boolean true: sent, or held while reconnecting
+-- @treturn[2] nil
+-- @treturn[2] string `"the message has no reply subject"`, or `connection:publish`'s error
+-- @raise when the message's connection is closed or on another loop
 function Msg:respond(data, headers)
   if self.reply == nil then return nil, "the message has no reply subject" end
   local nc = conns[self._c]
@@ -108,6 +163,8 @@ function Msg:respond(data, headers)
   end
   return nc:publish(self.reply, data, nil, headers)
 end
+
+--- @section end
 
 -- ---- small helpers ------------------------------------------------------
 
@@ -694,8 +751,50 @@ function Conn:_ctl(kind, text)
   end
 end
 
--- netrun.nats.connect(opts) --> connection | nil, err (in a coroutine),
--- else a future of it.
+--- Connect to a NATS server: TCP, its INFO, TLS if either side wants it,
+-- CONNECT (verbose and pedantic off, headers and no_responders on) and a
+-- PING/PONG. The first connect tries each server of the pool once, in
+-- order, and fails with the last one's error; a connection made
+-- reconnects by itself (see the reconnect options). Call it on a loop:
+-- in a coroutine it waits; elsewhere on the loop it returns a future of
+-- the connection.
+-- @tparam table|string opts the options, or a URL alone
+-- @string[opt="nats://127.0.0.1:4222"] opts.url `nats://[user:pass@]host[:port]`, `nats://token@host`, `tls://host[:port]`; several separated by commas
+-- @tparam[opt] {string,...} opts.servers more URLs, after `url`'s
+-- @string[opt] opts.token an authentication token (a URL's own wins)
+-- @string[opt] opts.user a user name (a URL's own wins)
+-- @string[opt] opts.pass its password
+-- @string[opt] opts.name the connection's name, sent in CONNECT
+-- @param[opt] opts.tls `true` (the system's CAs), a `netrun.tls.client` config, or `false` (refuse a server whose INFO requires TLS); `tls://` and a server requiring it upgrade too
+-- @tparam[opt] table opts.options the channel's options (`sndbuf`, `tcp_nodelay`, ...)
+-- @number[opt=5] opts.timeout seconds for one connection attempt, TCP to the handshake's PONG (0: none)
+-- @bool[opt=true] opts.reconnect reconnect after a connection is lost
+-- @int[opt=60] opts.max_reconnects failed attempts per server before it leaves the pool (-1: never); when none is left, the connection closes
+-- @number[opt=2] opts.reconnect_wait seconds between attempts on one server
+-- @number[opt=0.1] opts.reconnect_jitter up to this many seconds more, at random
+-- @number[opt=120] opts.ping_interval seconds between keepalive PINGs (0: none)
+-- @int[opt=2] opts.max_pings_out PINGs left unanswered before the server is taken for dead (dropped, reconnected)
+-- @int[opt=8388608] opts.buffer bytes of publications held while not writing (reconnecting, the server not reading)
+-- @int[opt=65536] opts.pending_msgs messages queued per subscription before more are dropped (slow consumer)
+-- @int[opt=67108864] opts.pending_bytes bytes queued per subscription likewise
+-- @int[opt=65536] opts.max_control_line the longest control line (`INFO`, `MSG ...`) taken from the server
+-- @int[opt=67108864] opts.max_message the largest message (headers and payload) taken from the server
+-- @number[opt=5] opts.request_timeout `connection:request`'s default timeout, seconds
+-- @number[opt=10] opts.flush_timeout `connection:flush`'s default timeout, and how long a publication waits for a full buffer in a coroutine
+-- @number[opt=30] opts.drain_timeout `connection:drain`'s and `subscription:drain`'s default timeout
+-- @int[opt=64] opts.max_servers servers kept in the pool, announced ones included
+-- @bool[opt=false] opts.ignore_discovered keep out the servers announced in `connect_urls`
+-- @bool[opt=true] opts.echo receive this connection's own publications on its subscriptions
+-- @string[opt="_INBOX"] opts.inbox_prefix the prefix of the requests' reply subjects
+-- @tparam[opt] function opts.on_disconnect `(nc, err)`: the connection was lost, reconnecting
+-- @tparam[opt] function opts.on_reconnect `(nc)`: connected again
+-- @tparam[opt] function opts.on_closed `(nc, err)`: closed for good (`err` nil after `connection:close` or `connection:drain`)
+-- @tparam[opt] function opts.on_error `(nc, err, sub)`: a permissions violation, a slow consumer, a callback that raised (without it, they are logged)
+-- @treturn[1] connection
+-- @treturn[2] nil
+-- @treturn[2] string why the last attempt failed: `"timeout"`, the connect's error, `"TLS: ..."`, the server's `-ERR` text (`"Authorization Violation"`)
+-- @raise on the main thread (not a loop), and on a bad option or URL
+-- @usage local nc, err = netrun.nats.connect { servers = { "nats://a:4222", "nats://b:4222" }, name = "api" }
 function M.connect(opts)
   local loop = core.current()
   if loop == nil then
@@ -727,6 +826,29 @@ function M.connect(opts)
 end
 
 -- ---- publishing ------------------------------------------------------------------
+
+--- A connection to a NATS server (or a pool of them), made by `connect`.
+-- It stays on its loop; its calls that wait run in a coroutine there, or
+-- return a future elsewhere on it.
+-- @type connection
+
+--- Publish a message. Without headers, the publication is encoded in C
+-- and written when the loop's iteration ends, with the others made in it
+-- (sooner when many bytes accumulate). While reconnecting it is held (up to `buffer` bytes) and sent
+-- once connected again. When the server does not read and the buffer is
+-- full, a coroutine waits (up to `flush_timeout`) for it to read; other
+-- callers get an error at once. (A field of each connection, made by
+-- `connect`, not a method of the class.)
+-- @function connection:publish
+-- @string subject the subject
+-- @string[opt=""] data the payload
+-- @string[opt] reply a reply subject for the receivers
+-- @tparam[opt] table headers `{ name = "value" | { "a", "b" } }`: names without `:` or spaces, no line breaks
+-- @treturn[1] boolean true: written, or held to be
+-- @treturn[2] nil
+-- @treturn[2] string `"closed"`, `"maximum payload exceeded (the server takes N bytes)"` (headers count), `"reconnect buffer full"`, `"write buffer full (the server does not read)"`, `"write buffer full (timeout)"`
+-- @raise on a subject or reply subject that is empty or has spaces, tabs or line breaks, on bad headers
+-- @usage nc:publish("orders.new", json, nil, { ["Trace-Id"] = id })
 
 -- Publications with headers, and those the wire refused (why: "closed",
 -- "max_payload" or "full").
@@ -789,7 +911,32 @@ local function sub_options(opts)
   return opts
 end
 
--- nc:subscribe(subject [, fn] [, { queue, max, pending_msgs, pending_bytes }])
+--- Subscribe to a subject (wildcards `*` and `>` as NATS has them). The
+-- SUB is sent at once (while reconnecting: once connected, and again
+-- after every reconnect); nothing waits for the server. With a callback,
+-- `fn(msg)` runs on this loop for each message, in order, in a coroutine
+-- of the subscription's own (made on its first message), so it may wait
+-- (make a request, sleep); meanwhile later messages queue, up to
+-- `pending_msgs` messages or `pending_bytes` bytes, past which they are
+-- dropped and counted (`subscription:dropped`) and `on_error` hears
+-- `"slow consumer: messages dropped"` once per episode. A callback that
+-- raises is reported to `on_error`
+-- (`"subscription callback failed: ..."`) and the next message comes. Without a callback, read the
+-- messages with `subscription:next` or `subscription:messages`.
+-- @function connection:subscribe
+-- @string subject the subject
+-- @tparam[opt] function fn `fn(msg)`, given each `msg`
+-- @tparam[opt] table opts (may come second, without `fn`)
+-- @string[opt] opts.queue a queue group: each message goes to one member of the group
+-- @int[opt] opts.max unsubscribe after this many messages (the server is told too)
+-- @int[opt] opts.pending_msgs this subscription's own `pending_msgs`
+-- @int[opt] opts.pending_bytes this subscription's own `pending_bytes`
+-- @treturn[1] subscription
+-- @treturn[2] nil
+-- @treturn[2] string `"closed"`, or `"draining"` (during `connection:drain`)
+-- @raise on a bad subject, callback, queue name or option
+-- @usage local sub = nc:subscribe("orders.*", function(msg) print(msg.subject, msg.data) end,
+--   { queue = "workers" })
 function Conn:subscribe(subject, fn, opts)
   check_subject(subject, "the subject", 2)
   if type(fn) == "table" and opts == nil then fn, opts = nil, fn end
@@ -933,7 +1080,21 @@ function Sub:_finish(keep)
   end
 end
 
--- sub:unsubscribe([max]): at once, or after max messages in all.
+--- @section end
+
+--- A subscription, made by `connection:subscribe`. It stays on its
+-- connection's loop.
+-- @type subscription
+
+--- Unsubscribe: at once, or after `max` messages in all (those received
+-- so far count). At once, the messages still queued are dropped and a
+-- `subscription:next` waiting returns `nil, "closed"`; a callback
+-- running finishes its message. A call on a subscription already ended
+-- does nothing.
+-- @function subscription:unsubscribe
+-- @int[opt] max the messages to take in all before it ends (not more than received: at once)
+-- @treturn boolean true
+-- @raise on a `max` that is not an integer >= 0
 function Sub:unsubscribe(max)
   check_count(max, "max", 2)
   local nc = self.nc
@@ -965,14 +1126,30 @@ function Sub:_drain(timeout)
   return deadline(nc.loop, self.drained, timeout, "drain timeout")
 end
 
--- sub:drain([timeout]) --> true | nil, err
+--- Drain: unsubscribe, then deliver what the server sent before it
+-- took the UNSUB (a PING's round trip tells) and what is queued: with a
+-- callback, the drain completes once the callback has run on all of it;
+-- without one, the queued messages are left for `subscription:next`. In a
+-- coroutine it waits; elsewhere on the loop it returns a future.
+-- @function subscription:drain
+-- @number[opt=drain_timeout] timeout seconds (0: none)
+-- @treturn[1] boolean true
+-- @treturn[2] nil
+-- @treturn[2] string `"drain timeout"`
+-- @raise on a timeout that is not a number >= 0
 function Sub:drain(timeout)
   check_seconds(timeout, "timeout", 2)
   return result(self:_drain(timeout or self.nc.opts.drain_timeout))
 end
 
--- sub:next([timeout]) in a coroutine: the next message, or nil, "timeout"
--- | "closed" (unsubscribed, or the connection closed) | "busy".
+--- The next message of a subscription without a callback, waiting for
+-- it (in a coroutine) if none is queued.
+-- @function subscription:next
+-- @number[opt] timeout seconds (none: wait until a message comes or it ends)
+-- @treturn[1] msg the message
+-- @treturn[2] nil
+-- @treturn[2] string `"timeout"`, `"closed"` (unsubscribed, or the connection closed, and nothing left queued) or `"busy"` (another coroutine waits on it)
+-- @raise outside a coroutine, on a subscription with a callback, on a bad timeout
 function Sub:next(timeout)
   check_seconds(timeout, "timeout", 2)
   if self.fn then error("netrun.nats: sub:next: this subscription has a callback", 2) end
@@ -1006,17 +1183,37 @@ function Sub:next(timeout)
   return m
 end
 
--- for msg in sub:messages() do ... end (until unsubscribed or closed)
+--- An iterator of the messages (`subscription:next` without a timeout),
+-- which ends when the subscription does (unsubscribed, or the connection
+-- closed). In a coroutine.
+-- @function subscription:messages
+-- @treturn function the iterator
+-- @usage for msg in sub:messages() do print(msg.data) end
 function Sub:messages()
   return function() return (self:next()) end
 end
 
+--- The messages dropped because the queue was full (a slow consumer).
+-- @function subscription:dropped
+-- @treturn int the count
 function Sub:dropped() return self.dropped_n end
+
+--- What is queued, not yet handed to the callback or `subscription:next`.
+-- @function subscription:pending
+-- @treturn int messages
+-- @treturn int bytes of their payloads
 function Sub:pending() return self.tail - self.head + 1, self.bytes end
+
+--- The messages the server sent to this subscription (dropped ones
+-- included).
+-- @function subscription:delivered
+-- @treturn int the count
 function Sub:delivered() return self.received end
 function Sub:__tostring()
   return "netrun.nats.subscription(" .. self.subject .. ", sid " .. self.sid .. ")"
 end
+
+--- @section end
 
 -- ---- request/reply -----------------------------------------------------------
 
@@ -1141,7 +1338,23 @@ function Conn:_expire()
   end
 end
 
--- nc:request(subject, data [, { timeout, headers }]) --> msg | nil, err
+--- @type connection
+
+--- Send a request and wait for its first reply. The reply subject is the
+-- connection's inbox (`<inbox_prefix>.<random>.<token>`: one wildcard
+-- subscription, made on the first request, serves them all). In a
+-- coroutine it waits; elsewhere on the loop it returns a future.
+-- @function connection:request
+-- @string subject the subject
+-- @string[opt=""] data the payload
+-- @tparam[opt] table opts
+-- @number[opt=request_timeout] opts.timeout seconds (0: none); a timeout is reported up to 10 ms late
+-- @tparam[opt] table opts.headers `{ name = "value" | { "a", "b" } }`
+-- @treturn[1] msg the reply
+-- @treturn[2] nil
+-- @treturn[2] string `"timeout"`, `"no responders"` (a 503 status without data), `"closed"`, `"malformed header block in the reply"`, or `connection:publish`'s error
+-- @raise on a bad subject, options or headers
+-- @usage local reply, err = nc:request("svc.price", "AAPL", { timeout = 2 })
 function Conn:request(subject, data, opts)
   check_subject(subject, "the subject", 2)
   local timeout, headers = self.opts.request_timeout, nil
@@ -1172,15 +1385,35 @@ function Conn:_flush_future(timeout)
   return deadline(self.loop, p, timeout, "flush timeout")
 end
 
--- nc:flush([timeout]): a round trip to the server (PING/PONG), so that
--- everything published before has been processed by it.
+--- A round trip to the server (PING, PONG): once it returns, the server
+-- has processed everything published before, and the messages it sent
+-- before its PONG have been handed to their subscriptions. While
+-- reconnecting, the PING goes once connected. In a coroutine it waits;
+-- elsewhere on the loop it returns a future.
+-- @function connection:flush
+-- @number[opt=flush_timeout] timeout seconds (0: none)
+-- @treturn[1] boolean true
+-- @treturn[2] nil
+-- @treturn[2] string `"flush timeout"` or `"closed"`
+-- @raise on a timeout that is not a number >= 0
 function Conn:flush(timeout)
   check_seconds(timeout, "timeout", 2)
   return result(self:_flush_future(timeout or self.opts.flush_timeout))
 end
 
--- nc:drain([timeout]): stop every subscription (queued messages are still
--- delivered), flush what was published, then close.
+--- Drain, then close: every subscription is drained
+-- (`subscription:drain`: unsubscribed, what was queued still delivered),
+-- what was published is flushed (`connection:flush`), and the connection
+-- closes, on failure too. Meanwhile `connection:subscribe` returns
+-- `nil, "draining"` and publishing still works; a lost connection is not
+-- reconnected. A second call waits for the first drain. In a coroutine
+-- it waits; elsewhere on the loop it returns a future.
+-- @function connection:drain
+-- @number[opt=drain_timeout] timeout seconds for all of it
+-- @treturn[1] boolean true
+-- @treturn[2] nil
+-- @treturn[2] string `"closed"` (already), `"drain timeout"`, `"flush timeout"`
+-- @raise on a timeout that is not a number >= 0
 function Conn:drain(timeout)
   check_seconds(timeout, "timeout", 2)
   if self.drain_f then return result(self.drain_f) end
@@ -1209,8 +1442,13 @@ function Conn:drain(timeout)
   return result(self.drain_f)
 end
 
--- nc:close(): close now (what was published is still written first);
--- waiting calls fail with "closed". Idempotent.
+--- Close now: what was published and is held is written first (while
+-- connected); requests and flushes waiting fail with `"closed"`,
+-- subscriptions end (their queued messages dropped; `subscription:next`
+-- returns `nil, "closed"`), `on_closed(nc, nil)` runs and
+-- `connection:closed`'s future completes. A second call does nothing.
+-- @function connection:close
+-- @treturn boolean true
 function Conn:close()
   if self.state == "closed" then return true end
   self:_close(nil)
@@ -1252,33 +1490,55 @@ end
 
 -- ---- what a user may ask -------------------------------------------------------
 
--- nc:status() --> "connecting" | "connected" | "reconnecting" | "draining" | "closed"
+--- The connection's state.
+-- @function connection:status
+-- @treturn string `"connected"`, `"reconnecting"`, `"draining"` or `"closed"`
+-- (`"connecting"` only before `connect` returned it)
 function Conn:status() return self.state end
 
--- nc:closed() --> a future completed once the connection is closed.
+--- A future completed (with true) once the connection is closed: by
+-- `connection:close`, `connection:drain`, or when no server is left to
+-- reconnect to.
+-- @function connection:closed
+-- @treturn future
 function Conn:closed() return self.closed_p end
 
--- nc:server_info() --> the server's last INFO (a table), or nil.
+--- The server's last INFO, decoded (`server_id`, `version`,
+-- `max_payload`, `connect_urls`, ...).
+-- @function connection:server_info
+-- @treturn table|nil the INFO
 function Conn:server_info() return self.info end
 
--- nc:stats() --> { in_msgs, in_bytes, out_msgs, out_bytes, reconnects, buffered }
+--- The connection's counters, since `connect`.
+-- @function connection:stats
+-- @treturn table `{ in_msgs, in_bytes, out_msgs, out_bytes, reconnects, buffered }`:
+-- messages received and published and their payload bytes,
+-- reconnections, and bytes held, not yet written
 function Conn:stats()
   local in_msgs, in_bytes, out_msgs, out_bytes, held = self.w:stats()
   return { in_msgs = in_msgs, in_bytes = in_bytes, out_msgs = out_msgs,
            out_bytes = out_bytes, reconnects = self.reconnects, buffered = held }
 end
 
--- nc:last_error() --> why the connection was last lost (or nil).
+--- Why the connection was last lost, or a connection attempt last
+-- failed, or why it closed.
+-- @function connection:last_error
+-- @treturn string|nil the error, nil if none yet
 function Conn:last_error() return self.last_error end
 
--- nc:servers() --> the pool: "host:port" of each server it may reconnect to.
+--- The pool: the servers it may reconnect to, those given and those
+-- announced (less those that failed `max_reconnects` times).
+-- @function connection:servers
+-- @treturn {string,...} `"host:port"` of each
 function Conn:servers()
   local out = {}
   for i, s in ipairs(self.pool) do out[i] = s.key end
   return out
 end
 
--- nc:connected_server() --> "host:port" of the server it is connected to, or nil.
+--- The server it is connected to.
+-- @function connection:connected_server
+-- @treturn string|nil `"host:port"`, nil while not connected
 function Conn:connected_server()
   local link = self.link
   return link and link.phase == "up" and link.server.key or nil
@@ -1290,7 +1550,15 @@ end
 
 -- ---- JetStream -------------------------------------------------------------------
 
--- nc:jetstream([{ timeout, prefix, domain }]) --> a JetStream context.
+--- A JetStream context on this connection (nothing is sent: JetStream's
+-- API is requests on `$JS.API.>` subjects).
+-- @function connection:jetstream
+-- @tparam[opt] table opts
+-- @number[opt=5] opts.timeout seconds each call waits for its answer
+-- @string[opt] opts.domain a JetStream domain: the API prefix becomes `$JS.<domain>.API`
+-- @string[opt="$JS.API"] opts.prefix the API prefix (wins over `domain`)
+-- @treturn jetstream
+-- @raise on options that are not a table, a bad timeout
 function Conn:jetstream(opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("netrun.nats: jetstream: options must be a table, got " .. type(opts), 2)
@@ -1325,8 +1593,26 @@ local function api_future(js, subject, data, headers, timeout)
   return out
 end
 
--- js:publish(subject, data [, { msg_id, expect = {...}, headers, timeout }])
---   --> { stream, seq, duplicate } | nil, err
+--- @section end
+
+--- A JetStream context, made by `connection:jetstream`.
+-- @type jetstream
+
+--- Publish to a stream and wait for its acknowledgement. In a coroutine
+-- it waits; elsewhere on the loop it returns a future.
+-- @function jetstream:publish
+-- @string subject a subject a stream takes
+-- @string[opt=""] data the payload
+-- @tparam[opt] table opts
+-- @string[opt] opts.msg_id `Nats-Msg-Id`: the stream drops a duplicate within its window (`duplicate` in the acknowledgement)
+-- @tparam[opt] table opts.expect `{ stream, last_seq, last_msg_id, last_subject_seq }`: the stream refuses the message unless they hold
+-- @tparam[opt] table opts.headers more headers
+-- @number[opt] opts.timeout seconds (the context's by default)
+-- @treturn[1] table the acknowledgement `{ stream, seq, duplicate, domain }`
+-- @treturn[2] nil
+-- @treturn[2] string `"no responders"` (no stream takes the subject), `"timeout"`, `"closed"`, an error acknowledgement as `"JetStream: <description> (<code> <err_code>)"` (`"JetStream: wrong last sequence: 200 (400 10071)"`)
+-- @raise on a bad subject, options, or an unknown `expect` key
+-- @usage local ack = assert(js:publish("orders.new", data, { msg_id = id }))
 function JS:publish(subject, data, opts)
   check_subject(subject, "the subject", 2)
   local headers, timeout
@@ -1360,9 +1646,18 @@ function JS:publish(subject, data, opts)
   return result(ack)
 end
 
--- js:api(name, request) --> the decoded answer | nil, err: any JetStream
--- API call, e.g. js:api("STREAM.CREATE.ORDERS", { name = "ORDERS",
--- subjects = { "orders.>" }, num_replicas = 3 }).
+--- Any JetStream API call (streams, consumers): a request to
+-- `<prefix>.<name>` with `request` as JSON. In a coroutine it waits;
+-- elsewhere on the loop it returns a future.
+-- @function jetstream:api
+-- @string name the call, e.g. `"STREAM.INFO.ORDERS"`
+-- @tparam[opt] table request its request (nil: an empty body)
+-- @number[opt] timeout seconds (the context's by default)
+-- @treturn[1] table the decoded answer
+-- @treturn[2] nil
+-- @treturn[2] string `"timeout"`, `"no responders"` (no JetStream), `"closed"`, an API error as `"JetStream: <description> (<code> <err_code>)"`
+-- @raise on a name that is not a non-empty string or makes a bad subject
+-- @usage js:api("STREAM.CREATE.ORDERS", { name = "ORDERS", subjects = { "orders.>" }, num_replicas = 3 })
 function JS:api(name, req, timeout)
   if type(name) ~= "string" or name == "" then
     error("netrun.nats: jetstream api: the name must be a string such as " ..
@@ -1372,5 +1667,7 @@ function JS:api(name, req, timeout)
   local body = req == nil and "" or json.encode(req)
   return result(api_future(self, self.prefix .. "." .. name, body, nil, timeout))
 end
+
+--- @section end
 
 return M

@@ -1,3 +1,25 @@
+--- Whole servers on virtual time: `require "netrun.sim"`. `run` makes a
+-- simulated world: every group made meanwhile runs all its loops on this
+-- one thread, stepped in an order drawn from a seed, on a virtual clock
+-- that jumps to the next deadline when nothing can run (`netrun.now()`,
+-- timers, `os.time`, `os.date`, `os.clock`, LuaSocket's `gettime`), its
+-- sockets and name lookups on an in-memory network of hosts with TCP's
+-- semantics (refused, half-close, reset, bounded buffers) and UDP's
+-- (loss, duplication, reordering). The code under test runs unchanged;
+-- the same seed replays the same run, step for step
+-- (`world:trace_hash`). Inside a world `math.random` is seeded from the
+-- seed, and shared dicts and the default groups are each host's own.
+-- `netrun --sim SEEDS script.lua` runs a script, or a file of scenarios
+-- (a table of functions of a world), in a world per seed. README,
+-- "Testing on virtual time".
+-- @module netrun.sim
+-- @usage
+-- local sim = require "netrun.sim"
+-- local status = sim.run({ seed = 42 }, function(world)
+--   world:host("b"):run("examples/http_hello.lua", { port = 80, host = "0.0.0.0" }):await()
+--   return world:client(world:host "a"):request { url = "http://b/" }:await().status
+-- end)
+
 -- netrun.sim: whole servers on virtual time (DESIGN.md §9.4).
 --
 --   local sim = require "netrun.sim"
@@ -122,6 +144,8 @@ end
 
 local World, Host, Client = {}, {}, {}
 World.__index, Host.__index, Client.__index = World, Host, Client
+-- (the classes, where docs/check_api.lua finds their methods)
+sim.World, sim.Host, sim.Client = World, Host, Client
 
 function Host:__tostring() return "netrun.sim.host(" .. self.name .. " " .. self.address .. ")" end
 
@@ -143,6 +167,18 @@ local function hosts_of(world, x, what)
   return { host_of(world, x, what)._h }
 end
 
+--- A simulated world, made by `run` and given to its function. Its calls
+-- run on the main thread (the function's), hosts and names given either
+-- as `host` objects or by name.
+-- @type world
+
+--- A host: a machine of the world, made on first use, whose name
+-- resolves to its address (`"b:8080"`). The world's function runs on the
+-- first host, `"main"`.
+-- @function world:host
+-- @string name a word of at most 63 bytes, without spaces, `:`, `/`, `[` or `]`
+-- @treturn host the same object for the same name
+-- @raise on a bad name, or once the world has ended
 function World:host(name)
   local h = self._hosts[name]
   if h == nil then
@@ -203,6 +239,25 @@ local function run_there(fn, done, ...)
   end)
 end
 
+--- @section end
+
+--- A machine of a world, made by `world:host`. Its fields: `name`, and
+-- `address` (its IPv4 address: `10.0.0.1` for the first host, ...).
+-- @type host
+
+--- Run a function, or a script, on this host: in a coroutine
+-- (`netrun.spawn`, so it may await and sleep) on an executor group of
+-- one thread made on the host (so it may block, as on an executor); the
+-- groups it makes are this host's. A function is copied as any function
+-- sent to a loop. A script runs as `netrun script.lua args` would run
+-- it, its options as the arguments: `{ port = 80 }` is `--port=80` for
+-- `netrun.option` (keys in order), an array as it is.
+-- @function host:run
+-- @tparam function|string what the function, or the script's path
+-- @param ... the function's arguments, or the script's options (a table)
+-- @treturn future completed with the function's (or the script's) result, or failed with its error
+-- @raise when `what` is neither a function nor a string, on options that are not a table
+-- @usage server:run("examples/http_hello.lua", { port = 80, host = "0.0.0.0" }):await()
 function Host:run(what, ...)
   if type(what) ~= "function" and type(what) ~= "string" then
     error("host:run: expected a function or a script's path, got " .. type(what), 2)
@@ -225,6 +280,11 @@ end
 local clients = {}          -- (in a host's loop state) client id -> netrun.http.client
 local next_client = 0
 
+--- An HTTP client on this host (`world:client(host, opts)`): a
+-- `netrun.http.client` made with `opts` on a loop of the host.
+-- @function host:client
+-- @tparam[opt] table opts `netrun.http.client`'s options
+-- @treturn client
 function Host:client(opts)
   if self._group == nil then
     self._group = group_on(self, require("netrun").group, { threads = 1, name = self.name .. ".http" })
@@ -233,6 +293,15 @@ function Host:client(opts)
   return setmetatable({ host = self, id = next_client, opts = opts or {} }, Client)
 end
 
+--- @section end
+
+--- @type world
+
+--- An HTTP client on a host (`host:client`).
+-- @function world:client
+-- @tparam host|string host the host, or its name
+-- @tparam[opt] table opts `netrun.http.client`'s options
+-- @treturn client
 function World:client(h, opts) return host_of(self, h, "client"):client(opts) end
 
 -- On the host's loop: the request on this state's client of that id.
@@ -249,6 +318,17 @@ local function request_there(id, opts, req, done)
 end
 sim._clients = clients
 
+--- @section end
+
+--- An HTTP client on a host of a world, made by `world:client` or
+-- `host:client`: its requests run there, on a `netrun.http.client`.
+-- @type client
+
+--- Make a request from the client's host.
+-- @function client:request
+-- @tparam table req the request, as `netrun.http`'s `client:request` takes it (`{ url = "http://b/" }`, ...)
+-- @treturn future of the response, or failed with the error
+-- @raise when `req` is not a table
 function Client:request(req)
   if type(req) ~= "table" then
     error("client:request: expected a table { url = ... }, got " .. type(req), 2)
@@ -260,14 +340,49 @@ end
 
 -- ---- the world's network and clocks ----------------------------------------------------------
 
+--- @section end
+
+--- @type world
+
+--- The one-way latency between two hosts, both ways (`a == b`: its
+-- loopback); `run`'s `latency` until set.
+-- @function world:latency
+-- @tparam host|string a a host
+-- @tparam host|string b another (or the same)
+-- @number seconds one way
 function World:latency(a, b, seconds)
   self._w:latency(host_of(self, a, "latency")._h, host_of(self, b, "latency")._h, seconds)
 end
+--- Packet loss between all hosts: a lost TCP segment is resent later (a
+-- retransmission timeout), a lost UDP datagram is gone.
+-- @function world:loss
+-- @number p the probability, 0 to 1
+-- @raise on a probability outside 0 to 1
 function World:loss(p) self._w:loss(p) end
+
+--- UDP datagrams delivered twice.
+-- @function world:duplicate
+-- @number p the probability, 0 to 1
+-- @raise on a probability outside 0 to 1
 function World:duplicate(p) self._w:duplicate(p) end
+
+--- UDP datagrams delivered out of order.
+-- @function world:reorder
+-- @number p the probability, 0 to 1
+-- @raise on a probability outside 0 to 1
 function World:reorder(p) self._w:reorder(p) end
+
+--- End every partition: what they held (TCP segments) goes on.
+-- @function world:heal
 function World:heal() self._w:heal() end
 
+--- Partition: nothing passes between `a` and `b` until `world:heal`. TCP
+-- segments are held back (nothing lost: a SYN is retried as Linux does,
+-- and a sender held for 15 minutes gives up with a timeout); UDP
+-- datagrams are lost.
+-- @function world:partition
+-- @tparam host|string|table a a host, its name, or an array of them
+-- @tparam[opt] host|string|table b likewise; nil: every other host
 function World:partition(a, b)
   local as = hosts_of(self, a, "partition")
   local bs = b ~= nil and hosts_of(self, b, "partition") or { false }
@@ -276,10 +391,20 @@ function World:partition(a, b)
   end
 end
 
+--- Reset TCP connections, as a peer's RST would: those between `a` and
+-- `b`, between `a` and any host, or all.
+-- @function world:reset
+-- @tparam[opt] host|string a a host
+-- @tparam[opt] host|string b another
+-- @treturn int the connections reset
 function World:reset(a, b)
   return self._w:reset(a and host_of(self, a, "reset")._h, b and host_of(self, b, "reset")._h)
 end
 
+--- Let virtual seconds pass (the world runs meanwhile). On a host's
+-- loop, `netrun.sleep`.
+-- @function world:sleep
+-- @number seconds
 function World:sleep(seconds)
   local netrun = require "netrun"
   if core.current() ~= nil then return netrun.sleep(seconds) end   -- on a loop
@@ -288,13 +413,44 @@ function World:sleep(seconds)
   p:sync()
 end
 
+--- The virtual clock of `netrun.now()`.
+-- @function world:now
+-- @treturn number seconds
 function World:now() return core.now() end
+
+--- Virtual seconds since the world began.
+-- @function world:elapsed
+-- @treturn number seconds
 function World:elapsed() return core.now() - self._t0 end
+
+--- The virtual wall clock of `os.time()` (from `run`'s `epoch`).
+-- @function world:time
+-- @treturn int seconds since 1970
 function World:time() return math.floor(core.sim_wall()) end
+
+--- The world's seed.
+-- @function world:seed
+-- @treturn int
 function World:seed() return self._w:seed() end
+
+--- A number from the world's generator (drawn from the seed: the same in
+-- every run of it).
+-- @function world:random
+-- @treturn int
 function World:random() return self._w:random() end
+
+--- A digest of every step and packet so far: two runs of one seed that
+-- went the same way have the same.
+-- @function world:trace_hash
+-- @treturn string 16 hexadecimal digits
 function World:trace_hash() return self._w:trace_hash() end
+
+--- The world's counters.
+-- @function world:stats
+-- @treturn table `{ steps, events, connections, bytes, datagrams, resets }`
 function World:stats() return self._w:stats() end
+
+--- @section end
 
 -- ---- running --------------------------------------------------------------------------------
 
@@ -316,6 +472,21 @@ end
 
 local current_world
 
+--- Run `fn(world)` on the main thread in a new world. `fn` may wait
+-- (`future:await()`, `:sync()`, `world:sleep`): waiting is what lets the
+-- world run. When it returns, every simulated group is shut down (on
+-- virtual time) and the world ends. A wait that nothing can end fails
+-- with "simulation stuck" instead of hanging.
+-- @function run
+-- @tparam table opts
+-- @int opts.seed the seed: the same seed replays the same run
+-- @number[opt=0.0001] opts.latency one-way latency between hosts, seconds
+-- @int[opt] opts.epoch the virtual wall clock at the start, seconds since 1970 (2025-01-01T00:00:00Z)
+-- @int[opt=65536] opts.sndbuf a TCP socket's send buffer, bytes
+-- @int[opt=131072] opts.rcvbuf a TCP socket's receive buffer, bytes
+-- @tparam function fn `fn(world)`
+-- @return what `fn` returns
+-- @raise `fn`'s error, or the shutdown's, as `"netrun.sim: seed N: ..."`; on bad options; on a loop, or inside a world
 function sim.run(opts, fn)
   if type(opts) ~= "table" then
     error("netrun.sim.run: expected a table of options { seed = n }, got " .. type(opts), 2)
@@ -346,7 +517,10 @@ function sim.run(opts, fn)
   return table.unpack(r, 2, r.n)
 end
 
--- The world running, or nil (for scripts run by `netrun --sim`).
+--- The world running, or nil: for a script that runs in one (run by
+-- `netrun --sim`) rather than making its own.
+-- @function world
+-- @treturn world|nil
 function sim.world() return current_world end
 
 local function seeds_of(spec)
