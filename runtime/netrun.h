@@ -546,7 +546,8 @@ bool nr_channel_fired_active(const nr_channel_t *ch);
 bool nr_channel_is_server(const nr_channel_t *ch);
 bool nr_channel_is_datagram(const nr_channel_t *ch);
 int nr_channel_fd(const nr_channel_t *ch);
-/* Bytes waiting in the outbound buffer (written but not yet sent). */
+/* Bytes waiting in the outbound buffer (written but not yet sent), and
+ * those a handler holds for the peer (nr_channel_hold_bytes). */
 size_t nr_channel_pending_bytes(const nr_channel_t *ch);
 /* Loop thread only. Work owed to the peer (a request delivered, its
  * response still being computed): while any is held, a graceful shutdown
@@ -554,6 +555,13 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. Bytes a handler keeps for the peer outside the
+ * outbound buffer (HTTP/2 data waiting for the peer's flow-control
+ * window) count toward the water marks as if they had been written (and
+ * in nr_channel_pending_bytes): delta > 0 as it takes them, < 0 as they
+ * go on (or are dropped). So the channel turns unwritable, and its
+ * handlers stop producing, while the peer holds the window shut. */
+void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta);
 /* Loop thread only. A server's accepted channel is "fresh" until its peer
  * has shown it speaks: by default its first byte read. A codec whose
  * messages may drip in a byte at a time (the HTTP server codec's request
@@ -563,6 +571,15 @@ void nr_channel_unhold(nr_channel_t *ch);
  * new ones in. Both do nothing to a channel that is not fresh. */
 void nr_channel_fresh_until_message(nr_channel_t *ch);
 void nr_channel_established(nr_channel_t *ch);
+/* Loop thread only. A codec of an accepted channel says that it waits for
+ * its peer and owes it nothing (idle: the HTTP server codec between
+ * requests, and in a head after the first), or that a TLS server handshake
+ * is under way (handshaking), or no longer. Such a channel is closed with
+ * the fresh ones, oldest accepted first, when accept finds no free
+ * descriptor (nginx's reusable connections). Nothing on a channel that was
+ * not accepted. */
+void nr_channel_set_idle(nr_channel_t *ch, bool idle);
+void nr_channel_set_handshaking(nr_channel_t *ch, bool on);
 /* Loop thread only. Whether ch keeps its loop alive while it is open
  * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
  * an idle pooled connection does not. Ignored once ch has closed. */

@@ -218,6 +218,33 @@ describe("http_server on raw connections", function()
     c:close()
   end)
 
+  -- KNOWN TO FAIL, hence pending: the codec takes each answer for the
+  -- oldest request owed, in the order answers are written, so an answer
+  -- written early for a later request goes out first, labelled for the
+  -- earlier one (seen with this spec and with Python's raw socket: /first
+  -- /second /third answered /second, /third, /first). Un-pend it with the
+  -- fix (RFC 9112 9.3.2: answers in the order of the requests).
+  pending("answers pipelined requests in order when an earlier one is answered last", function()
+    local Later = {}
+    function Later:channel_read(ctx, req)
+      local res = { status = 200, body = req.path }
+      if req.path == "/first" then       -- answered from a timer, after the others
+        ctx.channel:loop():schedule(0.2, function() ctx:write_and_flush(res) end)
+      else
+        ctx:write_and_flush(res)
+      end
+    end
+    local g, p = serve({}, Later)
+    local c = H.client(p)
+    assert(c:send("GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\n\r\n"
+      .. "GET /third HTTP/1.1\r\nHost: x\r\n\r\n"))
+    local got = {}
+    for i = 1, 3 do got[i] = select(3, read_response(c)) end
+    c:close()
+    H.shutdown(g)
+    assert.same({ "/first", "/second", "/third" }, got)
+  end)
+
   it("answers a malformed request line with 400 and closes", function()
     local c = H.client(port)
     assert(c:send("GET /ok HTTP/1.1\r\nHost: h\r\n\r\nNOT A REQUEST\r\n\r\n"))
@@ -432,15 +459,16 @@ describe("http_server timeouts", function()
   local function since(t0) return socket.gettime() - t0 end
 
   it("has nginx's defaults -- 60 s a head, 60 s between body reads, 75 s idle -- and checks them", function()
-    assert.matches("max_headers = 64, header_timeout = 60, body_timeout = 60, keepalive_timeout = 75 }",
+    assert.matches("max_headers = 64, header_timeout = 60, body_timeout = 60, keepalive_timeout = 75,",
                    tostring(netrun.codec.http_server {}), 1, true)
-    assert.matches("header_timeout = 0.25, body_timeout = 0, keepalive_timeout = 1.5 }",
+    assert.matches("header_timeout = 0.25, body_timeout = 0, keepalive_timeout = 1.5,",
                    tostring(netrun.codec.http_server { header_timeout = 0.25, body_timeout = 0,
                                                       keepalive_timeout = 1.5 }), 1, true)
-    assert.has_error(function() netrun.codec.http_server { header_timeout = "1" } end,
-      "netrun.codec.http_server: header_timeout must be a number of seconds, got a string")
+    assert.matches("header_timeout = 1,", tostring(netrun.codec.http_server { header_timeout = "1" }))
+    assert.has_error(function() netrun.codec.http_server { header_timeout = "soon" } end,
+      'netrun.codec.http_server: header_timeout must be a number of seconds from 0 to 1e9, got "soon"')
     assert.has_error(function() netrun.codec.http_server { keepalive_timeout = -1 } end,
-      "netrun.codec.http_server: keepalive_timeout must be 0 (off) or a positive number of seconds, got -1.0")
+      "netrun.codec.http_server: keepalive_timeout must be a number of seconds from 0 to 1e9, got -1")
     assert.has_error(function() netrun.codec.http_server { max_headers = 513 } end,
       "netrun.codec.http_server: max_headers must be an integer from 1 to 512, got 513")
   end)
@@ -962,14 +990,14 @@ end)
 describe("http_server construction", function()
   it("checks its options", function()
     assert.has_error(function() netrun.codec.http_server { max_body = "big" } end,
-      "netrun.codec.http_server: max_body must be an integer from 0 to 1099511627776, got big")
+      'netrun.codec.http_server: max_body must be a size in bytes from 0 to 1099511627776, got "big"')
     assert.has_error(function() netrun.codec.http_server { max_header = 1 } end,
-      "netrun.codec.http_server: max_header must be an integer from 64 to 1073741824, got 1")
-    -- the client codec's options read the same way (one helper, lcodec.c)
+      "netrun.codec.http_server: max_header must be a size in bytes from 64 to 1073741824, got 1")
+    -- the client codec's options read the same way (one family, lopts.c)
     assert.has_error(function() netrun.codec.http_client { max_headers = 0 } end,
       "netrun.codec.http_client: max_headers must be an integer from 1 to 512, got 0")
     assert.has_error(function() netrun.codec.http_client { raw = 1 } end,
-      "netrun.codec.http_client: raw must be a boolean, got a number")
+      "netrun.codec.http_client: raw must be a boolean, got 1")
     assert.matches("max_header = 8192", tostring(netrun.codec.http_server()))
   end)
 end)

@@ -54,6 +54,7 @@
 #include <openssl/x509v3.h>
 
 #include "codec/buf.h"
+#include "codec/http.h"
 #include "tls/handler.h"
 
 /* Its event, registered as the program loads (netrun.h). */
@@ -132,6 +133,17 @@ static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   }
   *written = len;
   return 1;
+}
+
+bool nr__tls_h2_follows(SSL *ssl) {
+  BIO *b = SSL_get_rbio(ssl);
+  tls_t *s = b != NULL ? BIO_get_data(b) : NULL;
+  if (s == NULL || s->ctx == NULL)
+    return false;
+  for (nr_ctx_t *c = nr_ctx_next(s->ctx); c != NULL; c = nr_ctx_next(c))
+    if (nr_http_server_speaks_h2(c))
+      return true;
+  return false;
 }
 
 static long bio_ctrl(BIO *b, int cmd, long num, void *ptr) {
@@ -371,6 +383,19 @@ static void peer_closed(tls_t *s) {
     nr_channel_close_when_idle(ch);
 }
 
+/* The peer updated its keys too often (handshake.c's count_key_update):
+ * say so, close (SSL has no way to send an alert of our choosing). */
+static void key_update_flood(tls_t *s) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "tls: the peer updated its keys too often "
+           "(KeyUpdate: more than %d at once or %d a second)", NR_TLS_KU_BURST,
+           (int)(NR_SEC(1) / NR_TLS_KU_EVERY));
+  s->st = ST_DONE;
+  nr__tls_fail_queue(s, msg);
+  nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
+  nr_ctx_close(s->ctx, NULL);
+}
+
 /* Whether SSL has taken all the input there is: the next SSL_read could
  * only say "want read". */
 static bool input_done(tls_t *s) {
@@ -392,6 +417,10 @@ static void decrypt(tls_t *s, bool last) {
      * SSL_get_error reads. */
     int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
     wrote |= settle(s);           /* a key update's answer, an alert */
+    if (s->ku_over) {
+      key_update_flood(s);        /* what came with the updates is dropped */
+      break;
+    }
     bool done = rc == 1 && input_done(s);
     if (rc == 1) {
       have += n;
@@ -725,10 +754,22 @@ static int tls_close(nr_ctx_t *ctx, nr_promise_t *p) {
 
 /* ---- lifetime ---------------------------------------------------------------------- */
 
+/* A server's handshake under way: the channel may be shed when accept
+ * finds no free descriptor (a peer that drips its ClientHello holds one
+ * as a slowloris does), until the handshake completes. */
+void nr__tls_mark_handshaking(tls_t *s, bool on) {
+  if (s->shedding != on && (s->bundle->server || !on)) {
+    s->shedding = on;
+    nr_channel_set_handshaking(nr_ctx_channel(s->ctx), on);
+  }
+}
+
 static void tls_added(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   s->ctx = ctx;
   nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (s->st == ST_HANDSHAKE)
+    nr__tls_mark_handshaking(s, true);
   if (nr_channel_is_active(ch) && nr_channel_fired_active(ch)) {
     /* Added by hand: the handlers after this one saw channel_active. */
     s->active_seen = s->active_fired = true;
@@ -741,6 +782,7 @@ static void tls_added(nr_ctx_t *ctx) {
 
 static void tls_removed(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
+  nr__tls_mark_handshaking(s, false);
   drain(s);                        /* the way on stays: passed out */
   if (s->flush_owed) {
     s->flush_owed = false;
