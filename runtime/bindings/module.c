@@ -49,8 +49,9 @@
   X(json)          /* json/: core.json */                                   \
   X(redis)         /* lredis.c: core.redis */                               \
   X(stall)         /* lstall.c: the stall watchdog's hook, coroutines */    \
-  X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */ \
-  X(print)         /* lprint.c: print writing whole lines in loop states */
+  X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */  \
+  X(print)         /* lprint.c: print writing whole lines in loop states */ \
+  X(nats)          /* lnats.c: core.nats, the wire under netrun.nats */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
 MODULES(DECLARE)

@@ -341,17 +341,20 @@ static void ssl_reason(tls_t *s, int e, char *buf, size_t n) {
   ERR_clear_error();
 }
 
-/* A handshake refused or a record that does not decrypt: tell the
- * handlers after this one, send SSL's alert, close. */
+/* A handshake refused or a record that does not decrypt: send SSL's
+ * alert, tell the handlers after this one, close. The alert goes first:
+ * it may sit in the outbound buffer uncommitted (written in place), and a
+ * listener of the handshake's future may close the channel, which frees
+ * that buffer. */
 void nr__tls_fail(tls_t *s, int e) {
   char msg[512];
   ssl_reason(s, e, msg, sizeof msg);
   s->st = ST_DONE;
   nr__tls_stop_timer(s);
-  nr__tls_fail_queue(s, msg);
-  nr__tls_settle_hs(s, -EPROTO, msg);
   nr__tls_pass_out(s, NULL);
   nr_ctx_flush(s->ctx);
+  nr__tls_fail_queue(s, msg);
+  nr__tls_settle_hs(s, -EPROTO, msg);
   nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
   nr_ctx_close(s->ctx, NULL);
 }
