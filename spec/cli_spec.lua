@@ -159,10 +159,10 @@ describe("netrun command", function()
 
     local EXPECT = {
       request = "request\t200\tHello, World!\n", listener = "listener\t200\n",
-      timer = "timer fired\n", stream = "stream\tHTTP/1.1 200 OK\n",
+      timer = "timer fired\n", stream = "stream\tHTTP/1.1 200 OK\n", sleep = "slept twice\n",
       executor = "executor\t42\n", idle = "idle\n",
     }
-    for _, mode in ipairs { "request", "listener", "timer", "stream", "executor", "idle" } do
+    for _, mode in ipairs { "request", "listener", "timer", "stream", "sleep", "executor", "idle" } do
       it("(" .. mode .. ")", function()
         local t0 = socket.gettime()
         local out, st = run("timeout -k 1 20 " .. BIN .. " spec/fixtures/one_shot.lua --mode " .. mode
@@ -219,8 +219,8 @@ describe("netrun command", function()
       assert.matches("^done\n", out)
     end)
 
-    for _, mode in ipairs { "server", "interval" } do
-      it("but keeps one with a " .. mode .. " up", function()
+    for _, mode in ipairs { "server", "interval", "sleeper" } do
+      it("but keeps one with a " .. mode .. " up (until SIGTERM)", function()
         local p = H.free_port()
         local pid, log = H.start("spec/fixtures/one_shot.lua --mode " .. mode, p)
         H.eventually(function() return false end, 0.3)      -- (it would have ended by now)
@@ -231,7 +231,10 @@ describe("netrun command", function()
           assert.equal("still here", c:receive("*l"))
           c:close()
         end
+        local t0 = socket.gettime()
         assert.is_true(H.stop(pid))
+        assert.is_true(socket.gettime() - t0 < 5, "SIGTERM took " .. socket.gettime() - t0 .. " s")
+        assert.not_matches("slept", H.read_file(log))
         os.remove(log)
       end)
     end

@@ -292,6 +292,16 @@ describe("a stream whose peer half-closes", function()
     server:close():sync()
   end)
 
+  it("behind TLS starts once the handshake is done: a greeting sent at once, then a return, arrives", function()
+    local tls = netrun.tls.server { cert = dir .. "/server.crt", key = dir .. "/server.key" }
+    local server, port = stream_server(group, function(s) s:send("greetings\n") end, { tls = tls })
+    local out, status = H.run(string.format("timeout 10 openssl s_client -quiet -connect 127.0.0.1:%d " ..
+      "-servername localhost -CAfile %s/ca.crt -verify_return_error < /dev/null", port, dir))
+    assert.equal(0, status, out)
+    assert.matches("\ngreetings\n$", out)      -- after s_client's verify lines
+    server:close():sync()
+  end)
+
   it("a client stream sees its server's half-close as the end and can still send", function()
     local listener = assert(socket.bind("127.0.0.1", 0))
     listener:settimeout(5)

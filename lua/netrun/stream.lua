@@ -268,7 +268,12 @@ function M.attach(ch, fn, timeout)
   }, Handler)
   live[ch] = st
   ch:pipeline():add_last("stream", st)
-  if fn and ch:is_active() then st:channel_active() end
+  -- fn starts at channel_active, which reaches this handler after the
+  -- init that attached it (a server runs init as the child registers)
+  -- and, behind TLS, only once the handshake is done. Starting it here
+  -- because the socket is connected would run it before the handshake:
+  -- a function that sends and returns closed the channel before TLS had
+  -- said a word, and the client got nothing.
   return st
 end
 

@@ -13,6 +13,7 @@
 @module netrun
 */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "lgroup.h"
@@ -28,6 +29,22 @@ static lnr_group_t *live_first(void) {
     lnr_group_retain(g);
   pthread_mutex_unlock(&lnr_live_lock);
   return g;
+}
+
+/* Set once a shutdown of every group was asked (SIGTERM, SIGINT, a
+ * terminal's hangup, core.shutdown_all): from then on the main thread's
+ * own timers (a coroutine of the main chunk in netrun.sleep) keep no
+ * process alive. Any thread sets it, then wakes the main thread. */
+static atomic_bool stop_asked;
+
+static int wake_task(void *arg) {
+  (void)arg;
+  return 0;
+}
+
+static void ask_stop(void) {
+  atomic_store(&stop_asked, true);
+  nr_loop_execute(lnr_main_loop(), wake_task, NULL);   /* it looks again */
 }
 
 /* One look at everything that may keep the process alive: the main
@@ -108,8 +125,15 @@ int lnr_l_run(lua_State *L) {
     while (nr_loop_run_once(m, 0) > 0)
       ;                             /* the main thread's own work first */
     lnr_group_t *g = first_kept();
-    if (g == NULL)
-      break;
+    if (g == NULL) {
+      /* No group to wait for, but the main thread's own timers (a
+       * coroutine the main chunk spawned, in netrun.sleep) keep it,
+       * until a shutdown is asked. */
+      if (atomic_load(&stop_asked) || !nr_loop_is_alive(m, NULL))
+        break;
+      nr_loop_run_once(m, UINT64_MAX);
+      continue;
+    }
     bool done = nr_group_is_terminated(g->g);
     if (done)
       lnr_group_unlist(g);                    /* do not wait for the queued task */
@@ -260,6 +284,7 @@ void lnr_shutdown_groups_async(uint64_t timeout) {
   }
   pthread_mutex_unlock(&lnr_live_lock);
   nr_resolver_cancel_all();          /* nobody waits for a lookup to end */
+  ask_stop();
   if (a != NULL)
     loop_group_terminated(NULL, a);       /* none, or all done already */
 }
@@ -277,5 +302,6 @@ int lnr_l_shutdown_all(lua_State *L) {
     nr_group_shutdown_gracefully(g->g, lnr_ns(quiet), lnr_ns(timeout));
   pthread_mutex_unlock(&lnr_live_lock);
   nr_resolver_cancel_all();
+  ask_stop();
   return 0;
 }
