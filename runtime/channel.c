@@ -913,6 +913,22 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__pipeline_teardown(&ch->pipe, td);
 }
 
+/* Counted in the outbound buffer's pending bytes, as if written, with no
+ * field of their own (an accepted channel's block stays within its
+ * budget: spec/c/test_channel.c): nr_channel_pending_bytes tells what
+ * the peer has yet to take, held here or there, and a channel whose peer
+ * keeps its window shut stays lagging (read_stream) as one that does not
+ * read. A write error or the close fails the buffer and forgets them
+ * with the rest: what the holder gives back after that is gone already. */
+void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  size_t give = delta < 0 ? (size_t)-delta : 0;
+  if (give > ch->out.pending)       /* a failed buffer forgot them (close) */
+    give = ch->out.pending;
+  ch->out.pending = ch->out.pending - give + (delta > 0 ? (size_t)delta : 0);
+  check_writability(ch);
+}
+
 void nr_channel_set_ref(nr_channel_t *ch, bool ref) {
   NR_ASSERT_CHANNEL_LOOP(ch);
   if (!(ch->st & NR__REGISTERED) || ref == !(ch->st & NR__UNREF))

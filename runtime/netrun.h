@@ -546,7 +546,8 @@ bool nr_channel_fired_active(const nr_channel_t *ch);
 bool nr_channel_is_server(const nr_channel_t *ch);
 bool nr_channel_is_datagram(const nr_channel_t *ch);
 int nr_channel_fd(const nr_channel_t *ch);
-/* Bytes waiting in the outbound buffer (written but not yet sent). */
+/* Bytes waiting in the outbound buffer (written but not yet sent), and
+ * those a handler holds for the peer (nr_channel_hold_bytes). */
 size_t nr_channel_pending_bytes(const nr_channel_t *ch);
 /* Loop thread only. Work owed to the peer (a request delivered, its
  * response still being computed): while any is held, a graceful shutdown
@@ -554,6 +555,13 @@ size_t nr_channel_pending_bytes(const nr_channel_t *ch);
  * last hold is released, or when the shutdown times out. */
 void nr_channel_hold(nr_channel_t *ch);
 void nr_channel_unhold(nr_channel_t *ch);
+/* Loop thread only. Bytes a handler keeps for the peer outside the
+ * outbound buffer (HTTP/2 data waiting for the peer's flow-control
+ * window) count toward the water marks as if they had been written (and
+ * in nr_channel_pending_bytes): delta > 0 as it takes them, < 0 as they
+ * go on (or are dropped). So the channel turns unwritable, and its
+ * handlers stop producing, while the peer holds the window shut. */
+void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta);
 /* Loop thread only. A server's accepted channel is "fresh" until its peer
  * has shown it speaks: by default its first byte read. A codec whose
  * messages may drip in a byte at a time (the HTTP server codec's request
@@ -849,6 +857,15 @@ bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg);
 void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
                               bool deferrable);
 uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg);
+/* The token of the read being handled on ctx's pipeline now: the
+ * innermost nr_ctx_fire_read_tokened's, or what a binding that delivers a
+ * read after its fire (a Lua read batch) set with nr_ctx_set_reading
+ * around its handler's call; 0 when none. The HTTP server codec answers
+ * that request with a response written meanwhile. nr_ctx_set_reading
+ * returns the token it replaces, for the caller to put back. Loop
+ * thread. */
+uint64_t nr_ctx_reading(const nr_ctx_t *ctx);
+uint64_t nr_ctx_set_reading(nr_ctx_t *ctx, uint64_t token);
 void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token);
 
 /* Writes with no promise: a write mark stands in for one. */

@@ -218,6 +218,33 @@ describe("http_server on raw connections", function()
     c:close()
   end)
 
+  -- KNOWN TO FAIL, hence pending: the codec takes each answer for the
+  -- oldest request owed, in the order answers are written, so an answer
+  -- written early for a later request goes out first, labelled for the
+  -- earlier one (seen with this spec and with Python's raw socket: /first
+  -- /second /third answered /second, /third, /first). Un-pend it with the
+  -- fix (RFC 9112 9.3.2: answers in the order of the requests).
+  it("answers pipelined requests in order when an earlier one is answered last", function()
+    local Later = {}
+    function Later:channel_read(ctx, req)
+      local res = { status = 200, body = req.path }
+      if req.path == "/first" then       -- answered from a timer, after the others
+        ctx.channel:loop():schedule(0.2, function() ctx:write_and_flush(res) end)
+      else
+        ctx:write_and_flush(res)
+      end
+    end
+    local g, p = serve({}, Later)
+    local c = H.client(p)
+    assert(c:send("GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\n\r\n"
+      .. "GET /third HTTP/1.1\r\nHost: x\r\n\r\n"))
+    local got = {}
+    for i = 1, 3 do got[i] = select(3, read_response(c)) end
+    c:close()
+    H.shutdown(g)
+    assert.same({ "/first", "/second", "/third" }, got)
+  end)
+
   it("answers a malformed request line with 400 and closes", function()
     local c = H.client(port)
     assert(c:send("GET /ok HTTP/1.1\r\nHost: h\r\n\r\nNOT A REQUEST\r\n\r\n"))
