@@ -7,10 +7,13 @@
 --                             [--concurrency 1] [--method GET] [--body S]
 --                             [--timeout 5] [--max-body BYTES] [--follow N]
 --                             [--verbose 1] [--api future|callback]
---                             [--ca FILE] [--insecure]           (or URL=, ...)
+--                             [--ca FILE] [--insecure] [--h2 [yes|no|auto]]  (or URL=, ...)
 -- https: the server's certificate is verified against the system's CAs,
 -- or against --ca FILE (PEM); --insecure verifies nothing (curl's -k: for
 -- a test server with a self-signed certificate, never for real ones).
+-- --h2: HTTP/2 (yes: always, h2c by prior knowledge for http://; auto, the
+-- default: where TLS agrees it; no: HTTP/1.1); requests to an origin are
+-- then multiplexed on one connection.
 -- --api callback uses client:request(opts, callback) (no future per
 -- request) instead of client:request(opts):await().
 -- With --requests 1 (the default) it prints the response: status line,
@@ -33,12 +36,21 @@ local function flag(name)
   local v = option(name)
   return v ~= nil and v ~= "0" and v ~= "false" and v ~= ""
 end
+-- --h2 alone (the last argument, or before another --option) is --h2 yes
+local h2 = option("h2", "auto")
+for i, a in ipairs(arg or {}) do
+  if a == "--h2" and (arg[i + 1] == nil or arg[i + 1]:sub(1, 2) == "--") then h2 = "yes" end
+end
+h2 = ({ yes = true, no = false, auto = "auto" })[h2]
+if h2 == nil then error("fetch: --h2 must be yes, no or auto") end
 local ca, insecure = option("ca"), flag("insecure")
 if ca and insecure then error("fetch: --ca and --insecure: give one (--insecure verifies nothing)") end
-local tls = (ca or insecure) and netrun.tls.client { ca = ca, verify = not insecure } or nil
+local tls = (ca or insecure) and netrun.tls.client {
+  ca = ca, verify = not insecure,
+  alpn = h2 == false and { "http/1.1" } or h2 == true and { "h2" } or { "h2", "http/1.1" } } or nil
 local client = netrun.http.client {
   pool = concurrency, timeout = spec.timeout, max_body = math.tointeger(option("max-body", 1 << 20)),
-  tls = tls,
+  tls = tls, h2 = h2,
 }
 local verbose = requests == 1 or option("verbose", 0) ~= 0
 local api = option("api", "future")

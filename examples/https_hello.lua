@@ -29,7 +29,7 @@ if not cert or not key then
 end
 
 -- Built once: every loop shares its SSL_CTX.
-local tls = netrun.tls.server { cert = cert, key = key, alpn = { "http/1.1" } }
+local tls = netrun.tls.server { cert = cert, key = key, alpn = { "h2", "http/1.1" } }
 
 local response = netrun.codec.http_response {
   status = 200,

@@ -4,7 +4,13 @@
 --   netrun examples/proxy.lua --backend 127.0.0.1:8080 [--port 8000]
 --          [--threads 1] [--pool 64] [--timeout 30] [--max-body 8388608]
 --          [--in-flight 16] [--body-budget 33554432]
---          [--conn-body-budget 16777216]            (or BACKEND=, PORT=, ...)
+--          [--conn-body-budget 16777216] [--backend-h2 no|auto|yes]
+--                                                    (or BACKEND=, PORT=, ...)
+-- Clients may speak HTTP/1.1 or HTTP/2 (h2c, or h2 behind TLS): the server
+-- codec answers each in its own. --backend-h2 yes speaks HTTP/2 to the
+-- backend (h2c by prior knowledge), its requests multiplexed on one
+-- connection; the default (auto) speaks it only to an https backend that
+-- agrees it.
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
@@ -48,10 +54,14 @@ local body_budget = math.tointeger(option("body-budget", 32 * 1024 * 1024))
 local conn_body_budget = math.tointeger(option("conn-body-budget", 16 * 1024 * 1024))
 local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
 
+local backend_h2 = ({ yes = true, no = false, auto = "auto" })[option("backend-h2", "auto")]
+if backend_h2 == nil then error("proxy: --backend-h2 must be yes, no or auto") end
+
 local client = netrun.http.client {
   pool = math.tointeger(option("pool", 64)), keepalive = 60,
   timeout = option("timeout", 30), max_body = max_body,
   raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
+  h2 = backend_h2,
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame

@@ -7,9 +7,11 @@ PACKAGES=(
   gcc make cmake pkg-config             # build
   lua5.4 liblua5.4-dev libedit-dev      # the runtime and its REPL
   lua-busted lua-socket                 # Lua specs and their independent client
+  lua-ldoc lua-markdown luarocks        # the API reference (docs/config.ld), the rockspec
   libssl-dev                            # TLS (OpenSSL 3)
   zlib1g-dev                            # WebSocket permessage-deflate
   libc-ares-dev                         # netrun.dns: the asynchronous resolver
+  libnghttp2-dev                        # HTTP/2
   curl redis-tools netcat-openbsd       # real clients used by tests
   redis-server                          # examples/counter.lua (deploy_spec), the stream client's spec
   openssl                               # test certificates, s_client as a TLS peer
@@ -20,6 +22,8 @@ PACKAGES=(
   lintian                               # checks the Debian package (package_spec)
   nginx nodejs                          # peers: HTTP servers for the client specs, Node's https for TLS
   python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
+  nghttp2-client nghttp2-server h2o     # HTTP/2 peers: nghttp, h2load, nghttpd, h2o
+  python3-h2 python3-hyperframe         # HTTP/2 frames by hand (spec/http2_conformance.py)
 )
 PACKAGES+=("$@")
 

@@ -459,9 +459,9 @@ describe("http_server timeouts", function()
   local function since(t0) return socket.gettime() - t0 end
 
   it("has nginx's defaults -- 60 s a head, 60 s between body reads, 75 s idle -- and checks them", function()
-    assert.matches("max_headers = 64, header_timeout = 60, body_timeout = 60, keepalive_timeout = 75 }",
+    assert.matches("max_headers = 64, header_timeout = 60, body_timeout = 60, keepalive_timeout = 75,",
                    tostring(netrun.codec.http_server {}), 1, true)
-    assert.matches("header_timeout = 0.25, body_timeout = 0, keepalive_timeout = 1.5 }",
+    assert.matches("header_timeout = 0.25, body_timeout = 0, keepalive_timeout = 1.5,",
                    tostring(netrun.codec.http_server { header_timeout = 0.25, body_timeout = 0,
                                                       keepalive_timeout = 1.5 }), 1, true)
     assert.has_error(function() netrun.codec.http_server { header_timeout = "1" } end,

@@ -1,3 +1,10 @@
+--- Host names resolved without blocking a loop:
+-- `netrun.dns`, loaded on first use. `netrun.connect`, `netrun.tcp.connect`
+-- and URLs use it. Per-state settings are fields of the module: `ttl`
+-- (30 s, the most an answer is cached), `negative_ttl` (5 s),
+-- `max_entries` (1024 names, process-wide), `timeout` (10 s a lookup).
+-- @module netrun.dns
+
 -- netrun.dns: host names resolved without blocking a loop (DESIGN.md §8.3).
 --
 -- resolve(name [, { family = "inet" | "inet6" }]) --> future of an array of
@@ -95,6 +102,15 @@ local function lookup(p, name, family, key)
   return p
 end
 
+--- Resolve a host name without blocking a loop: a numeric address and
+-- "localhost" at once, other names by c-ares on the resolver's thread,
+-- answers cached for every state (their TTL, at most `ttl` seconds;
+-- failures `negative_ttl`). Callers of one name share one lookup.
+-- @string name the host name
+-- @tparam[opt] table opts
+-- @string[opt] opts.family "inet" (IPv4) or "inet6" (IPv6); default both
+-- @treturn future of an array of address strings, in the resolver's order (RFC 6724)
+-- @usage local addrs = netrun.dns.resolve("example.com"):await()
 function dns.resolve(name, opts)
   local family = check(name, opts)
   local p = core.promise()
@@ -104,6 +120,11 @@ function dns.resolve(name, opts)
   return lookup(p, name, family, (family or "any") .. " " .. name:lower())
 end
 
+--- The process's resolver settings, from the next lookup on.
+-- @tparam table opts
+-- @param[opt] opts.servers name servers, `{ "127.0.0.1:5353", ... }` or `"a,b"`; false: the system's (or `NETRUN_DNS_SERVERS`)
+-- @int[opt=256] opts.max_inflight distinct names looked up at once
+-- @int[opt=4096] opts.max_waiting names waiting for a slot; past it a lookup fails at once
 function dns.configure(opts)
   if type(opts) ~= "table" then
     error("netrun.dns.configure: expected a table of options, got " .. type(opts), 2)

@@ -1,3 +1,34 @@
+--- The HTTP/1.1 client: `netrun.http`, loaded on first use.
+--
+-- Requests run on the caller's loop, on keep-alive connections pooled per
+-- loop, origin and TLS settings; from the main thread (a script, the REPL)
+-- they run on a loop of a group of their own and `sync`/`await` block until
+-- done. Futures fail with the method, URL and cause (a bad URL, a refused or
+-- timed-out connect, `timeout after N s`, a reset mid-response, a body over
+-- `max_body`, a malformed response); a connection that failed is never
+-- reused, and an idempotent request whose reused connection was closed
+-- before answering is sent once more. Host names resolve through
+-- `netrun.dns`; `https` verifies the server against the system's CAs and
+-- the host name unless a `tls` config says otherwise. The defaults are
+-- fields of the module: `pool` (64), `keepalive` (60), `timeout` (5),
+-- `max_body` (1 MiB), `max_header` (16384), `max_waiting` (1024). Limits:
+-- README, "Limits, timeouts and defaults"; the whole story: README, "HTTP
+-- client".
+-- @module netrun.http
+
+--- A request's options (`request`, `client:request`):
+-- @table request_options
+-- @string url the absolute URL, `http://` or `https://` (for `forward`: the origin only)
+-- @string[opt="GET"] method the method
+-- @tparam[opt] table headers header fields (an array value repeats a field)
+-- @string[opt] body the body (Content-Length is set)
+-- @number[opt=5] timeout seconds for the whole request: lookup, connect, TLS, response (0: none)
+-- @int[opt=1048576] max_body the largest response body
+-- @param[opt] tls a `netrun.tls.client` config
+-- @int[opt=0] follow redirects to follow
+-- @bool[opt=false] follow_downgrade follow a redirect from https to http
+-- @param[opt] forward a request of `netrun.codec.http_server` to send on as it came (proxies)
+
 -- netrun.http: the HTTP/1.1 client (DESIGN.md §8.3) on the native codec
 -- netrun.codec.http_client.
 --
@@ -70,9 +101,15 @@ local core = require "netrun.core"
 
 local M = {
   pool = 64, keepalive = 60, timeout = 5, max_body = 1 << 20, max_header = 16384,
-  max_waiting = 1024,
+  max_waiting = 1024, h2 = "auto",
   unescape = core.http.unescape,         -- + and %XX decoded (the server's)
 }
+
+--- Decode a URL component as the server codec decodes `req.args`: `+` as
+-- a space and `%XX` escapes.
+-- @function unescape
+-- @string s the component
+-- @treturn string the decoded text
 
 local pools = {}              -- client id -> origin [# TLS identity] -> pool (this state's)
 local by_id = {}              -- pool number -> pool (for connections' init)
@@ -135,11 +172,12 @@ end
 
 -- In a new connection's init (on its loop): the codec and the pool's
 -- handler.
-function M.attach(ch, max_header, max_body, raw, id)
-  local key = max_header .. " " .. max_body .. (raw and " raw" or "")
+function M.attach(ch, max_header, max_body, raw, id, h2)
+  local key = max_header .. " " .. max_body .. (raw and " raw" or "") .. " " .. tostring(h2)
   local codec = codecs[key]
   if codec == nil then
-    codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw }
+    codec = core.codec.http_client { max_header = max_header, max_body = max_body, raw = raw,
+                                     h2 = h2 }
     ncodecs = ncodecs + 1
     if ncodecs > 64 then codecs, ncodecs = {}, 1 end   -- (a limit per request
     codecs[key] = codec                                 -- makes one each)
@@ -158,18 +196,22 @@ local function pool_of(client, key, scheme, host, port, max_body, tls)
   if pool ~= nil then return pool end
   npools = npools + 1
   local id, loop = npools, current()
-  local mh, raw = client.max_header, client.raw
+  local mh, raw, h2 = client.max_header, client.raw, client.h2
   -- open a connection for the pool (tls and the time left: the request's
   -- that asked); an error string if it could not even start
   local function connect(P, tls, left)
-    tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil
+    tls = scheme == "https" and (tls or client.tls or M.default_tls(h2)) or nil
     local ok, f = pcall(require("netrun").connect, {
       group = loop, host = host, port = port, timeout = left, tls = tls,
-      init = function(ch) require("netrun.http").attach(ch, mh, max_body, raw, id) end,
+      init = function(ch) require("netrun.http").attach(ch, mh, max_body, raw, id, h2) end,
     })
     if not ok then return tostring(f) end
     f:add_listener(function(cf)
-      if cf:is_success() then return P:connected(cf:result()) end
+      if cf:is_success() then
+        -- (a turn later: TLS completes the future before it tells the
+        -- codec which protocol ALPN agreed, and h2 must be known first)
+        return loop:execute(function() P:connected(cf:result()) end)
+      end
       P:connect_failed("connect: " .. tostring(cf:cause()):gsub("^netrun%.connect: ", ""))
     end)
   end
@@ -187,8 +229,9 @@ local function pool_of(client, key, scheme, host, port, max_body, tls)
   -- (a request with another config's identity goes to another pool)
   pool = core.http.pool { max = client.pool, keepalive = client.keepalive,
                           max_waiting = client.max_waiting,
+                          h2 = h2 == true or (h2 == "auto" and scheme == "https"),
                           connect = connect, empty = empty,
-                          tls = scheme == "https" and (tls or client.tls or M.default_tls()) or nil }
+                          tls = scheme == "https" and (tls or client.tls or M.default_tls(h2)) or nil }
   per[key], by_id[id] = pool, pool
   return pool
 end
@@ -268,7 +311,7 @@ end
 
 local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
                       max_body = true, max_header = true, follow = true, raw = true,
-                      max_waiting = true, follow_downgrade = true }
+                      max_waiting = true, follow_downgrade = true, h2 = true }
 -- A request's options checked: known, of the right types (raises at the
 -- level of the call that gave them: core.http.check_request, in C, as
 -- every request is checked).
@@ -429,12 +472,22 @@ local function request_other(self, opts, callback)
   M.request_with(self, opts, callback)
 end
 
--- client:forwarder { url = origin, headers = {...} } --> forward: a
--- proxy's request path with its options checked once (the origin parsed,
--- its pool found by key): forward(req, callback) is client:request({ url =
--- origin, forward = req, headers = headers }, callback), req a request of
--- netrun.codec.http_server, on a loop. (headers: the table itself, read
--- as each request is written.)
+--- An HTTP client, made by `client`.
+-- @type client
+
+--- A proxy's request path with its options checked once: returns
+-- `forward(req, callback)`, which is `client:request({ url = origin,
+-- forward = req, headers = headers }, callback)` for a request `req` of
+-- `netrun.codec.http_server`, on a loop. The headers table is read as
+-- each request is written. Hop-by-hop fields, Content-Length and Expect
+-- stay behind; fields a handler assigned to `req` win.
+-- @function client:forwarder
+-- @tparam table opts
+-- @string opts.url the origin (`http://backend:8080`; no path)
+-- @tparam[opt] table opts.headers fields added, replacing forwarded ones of the same names
+-- @treturn function forward(req, callback)
+-- @usage local forward = client:forwarder { url = "http://127.0.0.1:8080" }
+-- forward(req, function(res, err) ctx:write(res and res.response or bad_gateway) end)
 function Client:forwarder(opts)
   local what = "netrun.http client:forwarder"
   if getmetatable(self) ~= Client then error(what .. ": call it as client:forwarder { ... }", 2) end
@@ -466,6 +519,24 @@ local function new_id()
   return "c" .. d:incr("clients", 1, 0)
 end
 
+--- @section end
+
+--- An HTTP client: its own pools (per loop, origin and TLS settings) and
+-- defaults for its requests. Made anywhere, used on any loop.
+-- @tparam[opt] table opts
+-- @int[opt=64] opts.pool connections per loop, origin and TLS settings
+-- @int[opt=1024] opts.max_waiting requests waiting for a connection, per pool; past it a request fails at once
+-- @number[opt=60] opts.keepalive seconds an idle pooled connection is kept
+-- @number[opt=5] opts.timeout a request's default timeout, seconds (0: none)
+-- @int[opt=1048576] opts.max_body the largest response body
+-- @int[opt=16384] opts.max_header the largest response head
+-- @param[opt] opts.tls a `netrun.tls.client` config for https
+-- @int[opt=0] opts.follow redirects to follow
+-- @bool[opt=false] opts.follow_downgrade follow https to http redirects
+-- @bool[opt=false] opts.raw responses as `netrun.http.raw_response` (proxies): `res.status`, `res.keep_alive`, `res.response` to write
+-- @treturn client
+-- @usage local client = netrun.http.client { pool = 16, timeout = 2 }
+-- local res = client:request { url = "http://127.0.0.1:8080/" }:await()
 function M.client(opts)
   local what = "netrun.http.client"
   if opts ~= nil and type(opts) ~= "table" then
@@ -486,17 +557,26 @@ function M.client(opts)
       error(what .. ": " .. k .. " must be a boolean, got " .. type(opts[k]), 2)
     end
   end
+  local h2 = opts.h2
+  if h2 == nil then h2 = M.h2 end
+  if h2 ~= "auto" and type(h2) ~= "boolean" then
+    error(what .. ': h2 must be "auto", true or false, got ' .. tostring(h2), 2)
+  end
   return setmetatable({
     id = new_id(), pool = math.tointeger(opts.pool or M.pool),
     keepalive = opts.keepalive or M.keepalive, timeout = opts.timeout or M.timeout,
     tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
     max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
     raw = opts.raw == true, max_waiting = math.tointeger(opts.max_waiting or M.max_waiting),
-    follow_downgrade = opts.follow_downgrade == true,
+    follow_downgrade = opts.follow_downgrade == true, h2 = h2,
   }, Client)
 end
 
 local default_client
+--- Send a request with the default client.
+-- @tparam table opts the request's options (`request_options`)
+-- @treturn future of the response `{ status, reason, version, headers, trailers, body, keep_alive }` (header names in lower case)
+-- @usage local res = netrun.http.request { url = "https://a.example/x" }:await()
 function M.request(opts)
   check_request(opts)
   default_client = default_client or M.client()
@@ -505,11 +585,18 @@ function M.request(opts)
 end
 
 -- The TLS config of https requests that give none: the system's CAs,
--- the host name verified.
-local default_tls
-function M.default_tls()
-  default_tls = default_tls or core.tls.client {}
-  return default_tls
+-- the host name verified; ALPN offering h2 unless h2 is false (only h2
+-- when it is true).
+local default_tls = {}
+local ALPN = { [false] = nil, auto = { "h2", "http/1.1" }, [true] = { "h2" } }
+function M.default_tls(h2)
+  if h2 == nil then h2 = false end
+  local t = default_tls[h2]
+  if t == nil then
+    t = core.tls.client { alpn = ALPN[h2] }
+    default_tls[h2] = t
+  end
+  return t
 end
 
 -- For tests: this state's pools as { [client id] = { [origin] = { idle, total, waiting } } }.
@@ -522,6 +609,14 @@ function M.stats()
   return out
 end
 
+--- @type client
+
+--- Send a request on this client's pools. With a callback, no future is
+-- made: `callback(res)` or `callback(nil, err)` runs on the caller's loop.
+-- @function client:request
+-- @tparam table opts the request's options (`request_options`)
+-- @tparam[opt] function callback `callback(res, err)`
+-- @treturn future|nil of the response (nil with a callback)
 Client.request = core.http.lane { Client = Client, pools = pools, urls = urls,
                                   slow = request_other }
 

@@ -1,6 +1,23 @@
 -- netrun: the public Lua module. The C core (netrun.core) provides groups,
 -- loops, futures, channels, pipelines and shared dicts; this file adds the
 -- parts that are policy rather than mechanism.
+
+--- A Lua-scriptable network runtime: Netty's event loops in C, handlers in Lua.
+--
+-- `local netrun = require "netrun"` (preloaded in every loop's state and in
+-- the `netrun` executable). Groups of single-threaded event loops run
+-- channels (TCP, UDP, Unix sockets) through pipelines of handlers; each
+-- loop thread runs its handlers in its own `lua_State`, and values cross
+-- between states by copy. Durations are seconds as Lua
+-- numbers. Programmer mistakes (a wrong type, an unknown option or handler
+-- name, use after shutdown) raise; runtime failures (a refused connect, a
+-- peer's reset) fail futures or reach `exception_caught`.
+--
+-- `netrun.version` is the version string (`"0.1.0"`). The parts loaded on
+-- first use have pages of their own: `netrun.http`, `netrun.websocket`,
+-- `netrun.tcp` (streams), `netrun.dns`, `netrun.json`, `netrun.metrics`,
+-- `netrun.redis`.
+-- @module netrun
 local core = require "netrun.core"
 
 -- Only the public API (DESIGN.md §4, §8, §9.7) is copied from the core;
@@ -14,7 +31,31 @@ for _, k in ipairs { "group", "executor_group", "current", "promise", "void_prom
   netrun[k] = core[k]
 end
 
--- netrun.log.debug/info/warn/error(fmt, ...): formatted only when enabled.
+--- Logging: `netrun.log`.
+-- @section log
+
+--- Log a line at level debug, formatted with `string.format(fmt, ...)` only
+-- when the level is enabled (`NETRUN_LOG=debug`, or `log.level "debug"`).
+-- Each line names its thread; lines are written by a log thread, off the loops.
+-- @function log.debug
+-- @string fmt a format, or the message itself when no argument follows
+-- @param ... the format's arguments
+
+--- Log a line at level info (the default level); as `log.debug`.
+-- @function log.info
+-- @string fmt a format, or the message
+-- @param ... the format's arguments
+
+--- Log a line at level warn; as `log.debug`.
+-- @function log.warn
+-- @string fmt a format, or the message
+-- @param ... the format's arguments
+
+--- Log a line at level error; as `log.debug`.
+-- @function log.error
+-- @string fmt a format, or the message
+-- @param ... the format's arguments
+
 local LEVELS = { debug = 0, info = 1, warn = 2, error = 3 }
 netrun.log = {}
 for name, level in pairs(LEVELS) do
@@ -27,6 +68,10 @@ for name, level in pairs(LEVELS) do
     end
   end
 end
+
+--- Get or set the process's log level (every state and thread shares it).
+-- @string[opt] name `"debug"`, `"info"`, `"warn"` or `"error"`; an unknown name raises
+-- @treturn string the level now in force, or `"off"`
 function netrun.log.level(name)
   if name ~= nil then
     local level = LEVELS[name] or error("unknown log level '" .. tostring(name) .. "'", 2)
@@ -39,10 +84,14 @@ function netrun.log.level(name)
   return "off"
 end
 
+--- @section end
+
 netrun.shared = { dict = core.dict }
 
--- netrun.all(futures): a future of the array of their results, failed by
--- the first failure. Results are copied into the caller's state.
+--- A future of the results of several futures, in their order; it fails
+-- with the first failure's cause. Results are copied into the caller's state.
+-- @tparam {future,...} futures the futures (an empty array succeeds at once with `{}`)
+-- @treturn future of the array of results
 function netrun.all(futures)
   local all = core.promise()
   local n = #futures
@@ -65,11 +114,16 @@ function netrun.all(futures)
   return all
 end
 
--- netrun.option(name, default): a script's option, for examples and small
--- servers: `--name value` or `--name=value` in the global `arg` (what
--- `netrun script.lua ...` passes), else the environment variable NAME,
--- else default. A numeric default makes the value a number, and a value
--- that is not one raises.
+--[[--
+A script's option: `--name value` or `--name=value` in the global `arg`
+(what `netrun script.lua ...` passes; loop and executor states get the
+command line of the state that made their group), else the environment
+variable `NAME` (upper case, `-` as `_`), else `default`.
+@string name the option's name
+@param[opt] default its default; a number makes the value a number, and a value that is not one raises
+@return the value
+@usage local port = netrun.option("port", 7000)
+]]
 function netrun.option(name, default)
   local value
   local args = rawget(_G, "arg") or {}
@@ -95,10 +149,28 @@ netrun.handler = core.handler
 -- its modules come from, for netrun.reload(); netrun.handler.metrics
 -- serves netrun.metrics.text() over HTTP.
 require("netrun.reload").watch()
+--- Hot reload: re-require, in every loop's state and this one, the Lua
+-- modules whose files changed (also SIGHUP, `netrun reload
+-- CONSOLE_PATH` and the REPL's `:reload`). New connections get the new
+-- code, live ones keep theirs; a module that fails to load leaves the old
+-- one running and says why. Server inits are re-run from their modules.
+-- @return a report of what was reloaded and what failed
 function netrun.reload() return require("netrun.reload").reload() end
 if core.handler.metrics == nil then
+  --- Handlers: `netrun.handler`.
+  -- @section handler
+
+  --- Serves `netrun.metrics.text()` over HTTP: put it after
+  -- `codec.http_server`; a request for its path gets the metrics, others
+  -- go on to the next handler.
+  -- @function handler.metrics
+  -- @tparam[opt] table opts
+  -- @string[opt="/metrics"] opts.path the path it answers
+  -- @return a handler
   core.handler.metrics = function(opts) return require("netrun.metrics").handler(opts) end
 end
+
+--- @section end
 
 -- Parts loaded on first use (a state that never calls out pays nothing):
 -- netrun.json, netrun.dns, netrun.tcp, netrun.http (the client, and
@@ -137,8 +209,27 @@ local function check_tls(what, cfg)
   end
 end
 
--- netrun.server { tls = config, ... }: TLS first in every child pipeline,
--- before the handlers init adds.
+--- Start a server: a listening channel on a boss loop whose accepted
+-- channels each live on a child loop for life (Netty's ServerBootstrap).
+-- The result is a future of the server channel (`channel:local_address`,
+-- `channel:close`, `channel:set_init`).
+-- @tparam table opts the options; an unknown key raises
+-- @tparam[opt] group opts.group the boss group (default: 1 boss loop made once per process); a loop may be given
+-- @tparam[opt] group opts.child_group the loops of the accepted channels (default: the process's workers, #CPUs or `netrun -t N`; `group` alone serves both roles)
+-- @string[opt="0.0.0.0"] opts.host the address or host name to bind (a name is resolved without blocking a loop)
+-- @int[opt] opts.port the port (0 binds an ephemeral one: see `channel:local_address`); a numeric string is taken
+-- @string[opt] opts.unix a Unix socket path instead of host and port
+-- @int[opt] opts.mode the Unix socket file's mode (default: the umask's)
+-- @int[opt=1024] opts.backlog the listen backlog
+-- @bool[opt=false] opts.reuseport one listener per child loop (SO_REUSEPORT), no boss hop
+-- @tparam[opt] table opts.child_options the accepted channels' options: `tcp_nodelay` (true), `keepalive`, `auto_read` (true), `allow_half_closure`, `write_buffer_low` (32768), `write_buffer_high` (65536), `sndbuf`, `rcvbuf`, `send_timeout` (60 s; 0: none)
+-- @tparam[opt] function opts.init `init(ch)`, run on the child's loop for each accepted channel (copied there); it builds the pipeline
+-- @tparam[opt] function opts.stream `fn(s)`, run as a coroutine per connection with a `netrun.tcp` stream (instead of `init`)
+-- @param[opt] opts.tls a `tls.server` config: TLS first in every child pipeline, before what `init` adds
+-- @param[opt] opts.metrics a label for this server's connection counts in `netrun.metrics`
+-- @treturn future of the server channel; it fails when the bind does (`netrun.server: port 80: EACCES: permission denied`)
+-- @usage netrun.server { host = "127.0.0.1", port = 7000,
+--   init = function(ch) ch:pipeline():add_last("echo", Echo) end }:sync()
 function netrun.server(opts)
   if type(opts) ~= "table" or opts.tls == nil then return core.server(opts) end
   check_tls("netrun.server", opts.tls)
@@ -151,12 +242,25 @@ function netrun.server(opts)
   return core.server(o)
 end
 
--- netrun.connect { tls = client_config, ... }: the future completes with
--- the channel once the handshake did, and fails with OpenSSL's reason
--- when it failed (a certificate that does not verify, say), or with the
--- connect's when no address answered (then no handshake began).
 local NOT_CONNECTED = "channel closed before it connected"   -- runtime/tls/handler.c
+
+--- Connect a TCP (or Unix) channel: Netty's Bootstrap. A host name is
+-- resolved off the loop and its addresses tried in turn (RFC 8305).
+-- @tparam table opts the options; an unknown key raises
+-- @tparam[opt] group opts.group where the channel lives (its next loop; a loop may be given, e.g. `ctx:loop()`; default: the process's workers)
+-- @string[opt="127.0.0.1"] opts.host a name, an address, or an array of addresses tried in turn
+-- @int opts.port the port
+-- @string[opt] opts.unix a Unix socket path instead
+-- @number[opt=30] opts.timeout seconds for the whole connect (0: none)
+-- @tparam[opt] table opts.options the channel's options, as `child_options` of `netrun.server` (`send_timeout` none by default)
+-- @tparam[opt] function opts.init `init(ch)`, run on the channel's loop before it connects
+-- @param[opt] opts.tls a `tls.client` config: TLS first in the pipeline, the server name checked against `host`; the future then completes after the handshake
+-- @treturn future of the connected channel; it fails with the connect's (or the handshake's) error
 function netrun.connect(opts)
+  -- With tls, the future completes with the channel once the handshake
+  -- did, and fails with OpenSSL's reason when it failed (a certificate
+  -- that does not verify, say), or with the connect's when no address
+  -- answered (then no handshake began).
   if type(opts) ~= "table" or opts.tls == nil then return core.connect(opts) end
   check_tls("netrun.connect", opts.tls)
   local o = without_tls(opts)

@@ -1,3 +1,12 @@
+--- The process's figures in the Prometheus text exposition format 0.0.4:
+-- `netrun.metrics`, loaded on first use. Every loop's
+-- stats (`netrun_loop_*{loop}`), each server's connections
+-- (`netrun_server_connections{server}`, labelled by `netrun.server`'s
+-- `metrics` option), the HTTP server codec's responses by status, the
+-- Redis cluster client's redirects and retries. Nothing is counted for
+-- it: it sums counters that exist anyway when rendered. README, "Metrics".
+-- @module netrun.metrics
+
 -- netrun.metrics -- the process's figures in the Prometheus text
 -- exposition format 0.0.4 (DESIGN.md §8.5): every loop's stats, each
 -- server's connections, the HTTP codec's responses by status, the Redis
@@ -76,7 +85,8 @@ local function loop_stats()
   return rows
 end
 
--- netrun.metrics.text(): the exposition, every family once.
+--- Render the exposition, every family once.
+-- @treturn string the text, as a scrape wants it
 function M.text()
   local out, loops = {}, loop_stats()
   for _, f in ipairs(LOOP) do
@@ -155,7 +165,12 @@ function Handler:channel_read(ctx, req)
     body = require("netrun.metrics").text() }
 end
 
--- netrun.handler.metrics { path = "/metrics" }
+--- A handler that serves `text()` over HTTP (also `netrun.handler.metrics`):
+-- after `netrun.codec.http_server`, it answers GET and HEAD of its path and
+-- passes every other request on.
+-- @tparam[opt] table opts
+-- @string[opt="/metrics"] opts.path the path it answers
+-- @return the handler
 function M.handler(opts)
   opts = opts or {}
   if type(opts) ~= "table" then

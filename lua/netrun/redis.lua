@@ -1,4 +1,37 @@
--- netrun.redis: a Redis client (DESIGN.md §9.5) on netrun's channels, with
+--- A Redis client (RESP2 and RESP3): `netrun.redis`, loaded on first use.
+--
+-- Every command is a method of a client, named as the command in lower
+-- case (`r:get`, `r:hgetall`, `r:xadd`), or `client:call(name, ...)`;
+-- arguments are strings and numbers. A command returns its reply; a null
+-- reply is `nil` with no error; an error reply is `nil, "ERR ..."` (the
+-- server's text); a failure `nil, "closed"`, `"timeout"`,
+-- `"connect HOST:PORT: ..."` or `"protocol error: ..."`. Inside arrays (and in a
+-- pipeline's result) a null is `netrun.redis.null` (`netrun.json.null`)
+-- and an error reply an object `{ err = "..." }` (`is_error`). RESP3, the
+-- default where the server speaks it, also gives maps as tables, doubles
+-- and booleans.
+--
+-- A command waits for its reply in a coroutine on a loop (`netrun.spawn`,
+-- a stream server's) and never blocks the loop; from the main thread (a
+-- script, the REPL) it runs on a loop of a daemon group and blocks until
+-- done. Each loop keeps its own `pool` connections to the server (1 by
+-- default), opened on first use, and pipelines the commands of all its
+-- coroutines on them; a coroutine that watches, begins a transaction,
+-- subscribes or runs a blocking command (BLPOP, XREAD BLOCK, ...) gets a
+-- connection of its own until it is done. Commands that would change a
+-- shared connection (SELECT, HELLO, RESET, QUIT, MONITOR, CLIENT REPLY)
+-- raise. The defaults are fields of the module: `pool` (1), `timeout` (5),
+-- `max_reply` (64 MiB), `max_depth` (32), `max_line` (64 KiB),
+-- `max_messages` (10,000). README, "Redis", and its limits table.
+-- @module netrun.redis
+-- @usage local r = netrun.redis.connect { url = "redis://:secret@127.0.0.1:6379/0" }
+-- netrun.spawn(function()
+--   assert(r:await())
+--   r:set("k", "v", "EX", 10)   --> "OK"
+--   print(r:get("k"))           --> v
+-- end)
+
+-- netrun.redis: a Redis client on netrun's channels, with
 -- the RESP codec of runtime/bindings/lredis.c. Cluster: netrun/redis/cluster.lua.
 --
 --   local r = netrun.redis.connect { url = "redis://:pass@127.0.0.1:6379/0",
@@ -59,6 +92,12 @@
 local core = require "netrun.core"
 local rcore = core.redis
 
+--- The Redis Cluster hash slot of a key: CRC16 of the key, or of its
+-- `{hash tag}`, modulo 16384 (what `cluster` routes by).
+-- @function slot
+-- @string key
+-- @treturn int the slot, 0 to 16383
+
 local M = {
   pool = 1, timeout = 5, max_reply = 64 << 20, max_depth = 32, max_line = 64 << 10,
   max_messages = 10000,
@@ -82,6 +121,12 @@ Error.__index = Error
 function Error:__tostring() return self.err end
 M.Error = Error
 
+--- Whether a value is an error reply inside an array (a pipeline's
+-- result, EXEC's, MGET's...): an object whose `err` field (and `tostring`)
+-- is the server's text.
+-- @param v a value
+-- @treturn boolean
+-- @function is_error
 local function is_error(v) return type(v) == "table" and getmetatable(v) == Error end
 M.is_error = is_error
 
@@ -330,7 +375,20 @@ local SPECIAL = { WATCH = "watch", MULTI = "multi", EXEC = "exec", DISCARD = "di
                   SUNSUBSCRIBE = "sunsubscribe" }
 M.SPECIAL = SPECIAL
 
--- r:call(name, ...): any command by name.
+--- A client of one Redis server, made by `connect`. Besides the methods
+-- below, every command is a method named as the command in lower case
+-- (`r:hset(k, f, v)` is `r:call("HSET", k, f, v)`).
+-- @type client
+
+--- Run any command by name (`client:multi()` and the others with methods
+-- of their own are called for theirs).
+-- @function client:call
+-- @string name the command, in any case
+-- @param ... its arguments, strings and numbers
+-- @return[1] the reply (`nil` and no error for a null)
+-- @treturn[2] nil
+-- @treturn[2] string the error reply's text, or the failure
+-- @usage r:call("OBJECT", "ENCODING", "k")
 function Client:call(name, ...)
   if type(name) ~= "string" then
     error("netrun.redis: r:call: the command name must be a string, got " .. type(name), 2)
@@ -374,10 +432,19 @@ local function on_bound(self, name, before, after, ...)
   return result(v, err)
 end
 
+--- WATCH keys: the coroutine keeps a connection of its own until `exec`,
+-- `discard` or `unwatch` (in a coroutine on a loop).
+-- @function client:watch
+-- @string ... the keys
+-- @return "OK", or nil, err
 function Client:watch(...)
   return on_bound(self, "WATCH", function(c) c.watching = true end, nil, ...)
 end
 
+--- MULTI: begin a transaction on the coroutine's own connection; the
+-- commands until `exec` answer "QUEUED".
+-- @function client:multi
+-- @return "OK", or nil, err
 function Client:multi()
   return on_bound(self, "MULTI", function(c) c.multi = true end, nil)
 end
@@ -387,14 +454,26 @@ local function done_tx(pool, conn)
   C.unbind(pool, conn)
 end
 
+--- EXEC: run the transaction and give the coroutine's connection back.
+-- @function client:exec
+-- @return[1] the array of the commands' replies
+-- @return[2] nil and no error: a watched key changed, nothing ran
+-- @return[3] nil, err
 function Client:exec()
   return on_bound(self, "EXEC", nil, done_tx)
 end
 
+--- DISCARD: drop the transaction and give the coroutine's connection back.
+-- @function client:discard
+-- @return "OK", or nil, err
 function Client:discard()
   return on_bound(self, "DISCARD", nil, done_tx)
 end
 
+--- UNWATCH: forget the watched keys (and, outside MULTI, give the
+-- coroutine's connection back).
+-- @function client:unwatch
+-- @return "OK", or nil, err
 function Client:unwatch()
   return on_bound(self, "UNWATCH", nil, function(pool, conn)
     conn.watching = false
@@ -418,6 +497,15 @@ setmetatable(Pipeline, { __index = function(t, k)
   return f
 end })
 
+--- The commands of a `client:pipeline` or `client:transaction`, queued
+-- (encoded at once, sent when `fn` returns). Every command is a method
+-- here too (`p:set(k, v)`), returning nothing; its reply is in the result.
+-- @type pipeline
+
+--- Queue any command by name.
+-- @function pipeline:call
+-- @string name the command, in any case
+-- @param ... its arguments, strings and numbers
 function Pipeline:call(name, ...)
   if type(name) ~= "string" then
     error("netrun.redis: p:call: the command name must be a string, got " .. type(name), 2)
@@ -445,8 +533,13 @@ local function sha_of(script)
   return s
 end
 
--- A script in a pipeline: EVALSHA if this server ran it before, else EVAL
--- (a NOSCRIPT answer is retried with EVAL when the pipeline is done).
+--- Queue a Lua script: EVALSHA if this server ran it before, else EVAL (a
+-- NOSCRIPT answer is retried with EVAL when the pipeline is done; a
+-- cluster's pipeline always sends EVAL).
+-- @function pipeline:eval
+-- @string script the script's source
+-- @int numkeys how many of the arguments are keys
+-- @param ... the keys, then the other arguments
 function Pipeline:eval(script, ...)
   if type(script) ~= "string" then
     error("netrun.redis: p:eval: the script must be a string, got " .. type(script), 2)
@@ -515,11 +608,18 @@ local function fix_scripts(self, pool, st, res)
 end
 M.fix_scripts = fix_scripts
 
--- r:pipeline(fn): fn(p) queues commands on p (p:set(...), p:call(...));
--- they leave in one write and the replies come back as an array in the
--- same order (error replies as error objects, nulls as netrun.redis.null;
--- res.n the count), or nil, err if the connection failed. An empty
--- pipeline sends nothing.
+--- @type client
+
+--- Send many commands in one write: `fn(p)` queues them on a `pipeline`
+-- (`p:set(...)`, `p:call(...)`), and their replies come back as one array
+-- in the same order. An empty pipeline sends nothing.
+-- @function client:pipeline
+-- @tparam function fn `fn(p)`, which queues the commands
+-- @treturn[1] table the replies (error replies as `is_error` objects,
+-- nulls as `netrun.redis.null`; `n` the count)
+-- @treturn[2] nil
+-- @treturn[2] string why the connection failed
+-- @usage local res = r:pipeline(function(p) p:incr("n") p:get("n") end)
 function Client:pipeline(fn)
   if type(fn) ~= "function" then
     error("netrun.redis: r:pipeline: expects a function(p), got " .. type(fn), 2)
@@ -542,11 +642,16 @@ function Client:pipeline(fn)
   return res, err
 end
 
--- r:transaction(fn): fn(t) queues commands (as a pipeline) between MULTI
--- and EXEC, sent in one write: EXEC's array of replies, or nil, err (a
--- command the server refused to queue aborts all: "EXECABORT ...").
--- With WATCH before it, on the coroutine's connection, a nil with no
--- error means a watched key changed and nothing ran.
+--- A transaction in one write: `fn(t)` queues commands on a `pipeline`,
+-- sent between MULTI and EXEC. A command the server refused to queue
+-- aborts all ("EXECABORT ..."). After `watch`, on the coroutine's
+-- connection, a nil with no error means a watched key changed and
+-- nothing ran.
+-- @function client:transaction
+-- @tparam function fn `fn(t)`, which queues the commands
+-- @return[1] EXEC's array of replies
+-- @return[2] nil, err
+-- @usage r:transaction(function(t) t:incr("a") t:incr("b") end)   --> { 1, 1 }
 function Client:transaction(fn)
   if type(fn) ~= "function" then
     error("netrun.redis: r:transaction: expects a function(t), got " .. type(fn), 2)
@@ -567,8 +672,14 @@ end
 
 -- ---- scripts --------------------------------------------------------------------
 
--- r:eval(script, numkeys, ...): EVALSHA by the script's SHA-1 (computed
--- once per script), and EVAL when the server answers NOSCRIPT.
+--- Run a Lua script: EVALSHA by its SHA-1 (computed once per script),
+-- and EVAL when the server answers NOSCRIPT.
+-- @function client:eval
+-- @string script the script's source
+-- @int numkeys how many of the arguments are keys
+-- @param ... the keys, then the other arguments
+-- @return the script's reply, or nil, err
+-- @usage r:eval("return redis.call('GET', KEYS[1])", 1, "k")
 function Client:eval(script, ...)
   if type(script) ~= "string" then
     error("netrun.redis: r:eval: the script must be a string, got " .. type(script), 2)
@@ -594,15 +705,45 @@ local function new_id(prefix)
 end
 M.new_id = new_id
 
--- netrun.redis.connect { url = ..., ... } --> client (no I/O yet: the
--- first command connects; r:await() connects now).
+--- @section end
+
+--- A client of one Redis server. Nothing is sent yet: the first command on
+-- a loop connects (`client:await` connects now). Made anywhere, used on
+-- any loop. On every new connection AUTH (or `HELLO 3 AUTH`), SELECT and
+-- the name are sent before any command.
+-- @tparam table opts
+-- @string[opt] opts.url `redis://[[user]:password@]host[:port][/db]`, `rediss://` for TLS
+-- @string[opt="127.0.0.1"] opts.host the server (instead of the URL's)
+-- @int[opt=6379] opts.port
+-- @int[opt=0] opts.db the database (SELECT)
+-- @string[opt] opts.username
+-- @string[opt] opts.password
+-- @string[opt] opts.name the connections' name (CLIENT SETNAME)
+-- @number[opt=5] opts.timeout seconds for the connect and each reply (0: none); a late reply fails its command and closes the connection
+-- @number[opt=timeout] opts.connect_timeout seconds for the connect
+-- @int[opt=1] opts.pool connections per loop
+-- @int[opt=3] opts.resp the protocol, 2 or 3 (3 falls back to 2 where the server lacks HELLO)
+-- @param[opt] opts.tls `true`, `false` or a `netrun.tls.client` config (`rediss://`: the system's CAs, the host name checked)
+-- @int[opt=67108864] opts.max_reply the largest reply, bytes
+-- @int[opt=32] opts.max_depth the deepest nesting of a reply
+-- @int[opt=65536] opts.max_line the longest line of a reply
+-- @int[opt=10000] opts.max_messages unread pub/sub messages before the connection stops reading
+-- @treturn client
+-- @usage local r = netrun.redis.connect { host = "127.0.0.1", pool = 4 }
 function M.connect(opts)
   local s = M.settings("netrun.redis.connect", opts)
   s.id = new_id("r")
   return setmetatable(s, Client)
 end
 
--- r:await(): a connection made and ready on this loop: r, or nil, err.
+--- @type client
+
+--- Connect now: a connection made and ready on this loop (on the main
+-- thread: on the daemon group's).
+-- @function client:await
+-- @treturn[1] client the client
+-- @treturn[2] nil
+-- @treturn[2] string why not
 function Client:await()
   if pools[self.id] == nil and not current() then return on_main(self, "await") end
   local v, err = command(self, "PING")
@@ -610,8 +751,10 @@ function Client:await()
   return self
 end
 
--- r:close(): close this loop's connections of the client (commands after
--- it open new ones).
+--- Close this loop's connections of the client; a command after it opens
+-- new ones.
+-- @function client:close
+-- @treturn boolean true
 function Client:close()
   local pool = pools[self.id]
   if pool == nil then return true end
@@ -625,8 +768,11 @@ function Client:__tostring()
     self.db, self.pool)
 end
 
--- This state's connections of the client: { shared, idle, bound,
--- unread } (unread: pub/sub messages waiting for read_reply).
+--- This loop's connections of the client.
+-- @function client:stats
+-- @treturn table `{ shared, idle, bound, unread }`: connections shared by
+-- the coroutines, kept idle, held by one coroutine, and pub/sub messages
+-- waiting for `client:read_reply`
 function Client:stats()
   local pool = pools[self.id]
   if pool == nil then return { shared = 0, idle = 0, bound = 0, unread = 0 } end
@@ -644,6 +790,24 @@ M.internal = { pools = pools, command = command, pool_of = function(self)
                need_coroutine = need_coroutine }
 require("netrun.redis.pubsub")(M)
 
+--- @section end
+
+--- A Redis Cluster client, with the methods of a `client` (its class:
+-- `cluster`). Each loop fetches the slot map (CLUSTER SHARDS, CLUSTER
+-- SLOTS before Redis 7) on first use; a command goes to the master of its
+-- first key's slot (`slot`). MOVED moves the slot and refreshes the map;
+-- ASK sends the command once to the node named; a failed connection,
+-- TRYAGAIN, CLUSTERDOWN or LOADING refresh the map and send the command
+-- again after a growing delay (so a command may run more than once).
+-- Redirects and retries are counted in `netrun.metrics`.
+-- @tparam table opts the options of `connect` but `url`, `host`, `port` and `db`, and:
+-- @tparam {string,...} opts.nodes seed nodes, `"host:port"`
+-- @string[opt="master"] opts.read_from `"replica"`: read-only commands go to the slot's replicas (READONLY, round robin)
+-- @int[opt=16] opts.max_redirects redirects a command follows before it fails
+-- @int[opt=8] opts.max_retries times a command is sent again after a failure
+-- @number[opt=0.05] opts.retry_delay seconds before the first retry, doubled up to 1 s
+-- @treturn cluster
+-- @usage local c = netrun.redis.cluster { nodes = { "10.0.0.1:6379", "10.0.0.2:6379" } }
 function M.cluster(opts)
   return require("netrun.redis.cluster").new(opts)
 end

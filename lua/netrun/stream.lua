@@ -1,3 +1,18 @@
+--- Streams: sequential code in coroutines over TCP (as
+-- OpenResty's cosockets): `netrun.tcp`, loaded on first use, and
+-- `netrun.server { stream = fn }`. Every wait yields the coroutine, never
+-- the loop; calls must run in a coroutine that `netrun.spawn` (or a stream
+-- server) started, on the stream's loop. Results are LuaSocket's: data, or
+-- nil, err, partial, with err "timeout" (the stream stays usable),
+-- "closed" (the peer closed or the channel failed; partial is what was
+-- left) or "busy" (another coroutine is receiving, or sending). Bounds
+-- (fields of `require "netrun.stream"`, per state): `buffer_limit` (64 KiB
+-- held that no receive asked for; past it reading pauses), `max_line`
+-- (1 MiB: "line too long"), `max_receive` (16 MiB: "too long"), `timeout`
+-- (60 s per operation). A stream is a channel with a pipeline underneath:
+-- codecs and TLS may sit below it.
+-- @module netrun.tcp
+
 -- netrun.stream: sequential code over a channel (DESIGN.md §8.2, OpenResty's
 -- cosockets). netrun.tcp.connect and netrun.server { stream = fn }.
 --
@@ -397,8 +412,16 @@ local function receiving(st)
   return st
 end
 
--- s:receive([pattern]): "*l" (default; a line without its LF or CRLF), a
--- byte count, or "*a" (everything until the peer closes).
+--- A TCP stream, from `connect` or a stream server (`netrun.server { stream = fn }`).
+-- @type stream
+
+--- Receive: a line, a byte count, or everything until the peer closes.
+-- @function stream:receive
+-- @param[opt="*l"] pattern `"*l"` (a line without its LF or CRLF), a number of bytes, or `"*a"`
+-- @treturn[1] string the data
+-- @treturn[2] nil
+-- @treturn[2] string "timeout", "closed", "busy", "line too long" or "too long"
+-- @treturn[2] string what was received before the failure
 function Stream:receive(pattern)
   local st = state(self, "receive")
   in_coroutine("s:receive")
@@ -418,8 +441,13 @@ function Stream:receive(pattern)
   return settle(st, parks, receive_n(st, pattern))
 end
 
--- s:receive_until(delimiter): the bytes up to delimiter (which is
--- consumed, not returned).
+--- Receive the bytes up to a delimiter (consumed, not returned).
+-- @function stream:receive_until
+-- @string delim the delimiter
+-- @treturn[1] string the data
+-- @treturn[2] nil
+-- @treturn[2] string the error
+-- @treturn[2] string what was received
 function Stream:receive_until(delim)
   local st = state(self, "receive_until")
   in_coroutine("s:receive_until")
@@ -440,12 +468,14 @@ local function size_of(data)
   return n
 end
 
--- s:send(data): data is a string or an array of strings (one gathered
--- write). Waits first while the channel is unwritable (its outbound
--- buffer above write_buffer_high); true once the channel took the bytes.
--- A peer that reads as fast as the loop writes never makes the channel
--- unwritable: past buffer_limit bytes sent without a wait, send yields a
--- turn, so a loop of sends shares its loop with the other channels.
+--- Send bytes. Waits first while the channel is unwritable (its
+-- outbound buffer above `write_buffer_high`); past `buffer_limit` bytes
+-- sent without a wait, yields a turn of the loop.
+-- @function stream:send
+-- @param data a string, or an array of strings (one gathered write)
+-- @treturn[1] bool true once the channel took the bytes
+-- @treturn[2] nil
+-- @treturn[2] string "timeout", "closed" or "busy"
 function Stream:send(data)
   local st = state(self, "send")
   in_coroutine("s:send")
@@ -467,8 +497,10 @@ function Stream:send(data)
   return true
 end
 
--- s:settimeout(seconds): the timeout of each following operation; nil:
--- none (wait as long as it takes).
+--- The timeout of each following operation.
+-- @function stream:settimeout
+-- @number[opt] seconds the timeout (nil: none)
+-- @treturn bool true
 function Stream:settimeout(seconds)
   local st = state(self, "settimeout")
   if seconds ~= nil and (type(seconds) ~= "number" or seconds < 0 or seconds ~= seconds) then
@@ -479,6 +511,11 @@ function Stream:settimeout(seconds)
   return true
 end
 
+--- Close the stream (and its channel); every operation then returns nil, "closed".
+-- @function stream:close
+-- @treturn[1] bool true
+-- @treturn[2] nil
+-- @treturn[2] string "closed" when it was closed already
 function Stream:close()
   local st = state(self, "close")
   if st.closed and not st.ch:is_open() then return nil, "closed" end
@@ -489,6 +526,9 @@ function Stream:close()
   return true
 end
 
+--- The channel underneath.
+-- @function stream:channel
+-- @treturn channel
 function Stream:channel()
   return self.ch
 end
@@ -515,11 +555,22 @@ end
 
 local CONNECT_KEYS = { timeout = true, options = true, tls = true }
 
--- netrun.tcp.connect(host, port [, { timeout = seconds, options = {...},
---                                    tls = netrun.tls.client {...} }])
--- --> future of a stream on the caller's loop. timeout bounds the connect
--- (and the lookup of a host name) and is the stream's first operation
--- timeout (default M.timeout).
+--- @section end
+
+--- Connect a stream, on the caller's loop (inside `netrun.spawn`).
+-- @function connect
+-- @string host a host name or address
+-- @int port the port
+-- @tparam[opt] table opts
+-- @number[opt] opts.timeout seconds for the connect (and the lookup), then each operation's timeout (default: `timeout`, 60)
+-- @tparam[opt] table opts.options channel options (`allow_half_closure` is true unless false here)
+-- @param[opt] opts.tls a `netrun.tls.client` config
+-- @treturn future of the stream
+-- @usage netrun.spawn(function()
+--   local s = netrun.tcp.connect("127.0.0.1", 6379, { timeout = 2 }):await()
+--   s:send("PING\r\n")
+--   print(s:receive("*l"))
+-- end)
 function tcp.connect(host, port, opts)
   if type(host) ~= "string" then
     error("netrun.tcp.connect: host must be a string, got " .. type(host), 2)

@@ -1,3 +1,13 @@
+--- WebSocket (RFC 6455): `netrun.websocket`, loaded on
+-- first use, on the native codec `netrun.codec.websocket`: frames parsed
+-- and masked in C, fragments reassembled, text checked as UTF-8, pings
+-- answered, the close handshake done for you. Handlers read
+-- `{ type = "text" | "binary", data = "..." }` and write a string (a text
+-- frame) or `{ type = "binary" | "ping" | "pong" | "close", data, code,
+-- reason }`; the peer's close comes as the user event
+-- `{ type = "close", code, reason }`. README, "WebSocket".
+-- @module netrun.websocket
+
 -- netrun.websocket: WebSocket (RFC 6455, DESIGN.md §8.3) on the native
 -- codec (runtime/codec/ws.c, runtime/bindings/lws.c).
 --
@@ -71,6 +81,24 @@ local function choose(offered, protocols)
   return nil
 end
 
+--- Upgrade an HTTP request to a WebSocket, from the `channel_read` of the
+-- handler after `netrun.codec.http_server` that got the request: answers
+-- 101 (the first of `protocols` the client offered) and puts the WebSocket
+-- codec where the HTTP codec was; bytes the client sent after its request
+-- go to it. The handler keeps its place and reads the messages next. A
+-- request that is no valid upgrade is answered 400, 405 or 426 here. The
+-- 101 is flushed when the handler call returns: add the channel to a
+-- channel group before then, in the same call.
+-- @tparam ctx ctx the handler's ctx
+-- @param req the request
+-- @tparam[opt] table opts the codec's options (`netrun.codec.websocket`: `max_message`, `max_frame`, `close_timeout`, `frame_timeout`, `inflate_ratio`) and:
+-- @tparam[opt] {string,...} opts.protocols subprotocols this server speaks, by preference
+-- @bool[opt=false] opts.deflate accept permessage-deflate when the client offers it
+-- @treturn[1] bool true
+-- @treturn[1] string|nil the protocol chosen
+-- @treturn[2] nil
+-- @treturn[2] string why (the request was answered with an error status)
+-- @usage if req.headers.upgrade then return netrun.websocket.upgrade(ctx, req) end
 function M.upgrade(ctx, req, opts)
   opts = opts or {}
   if type(opts) ~= "table" then
@@ -126,6 +154,20 @@ local function check_header(k, v)
   end
 end
 
+--- Connect a WebSocket client: TCP (TLS for `wss://`), the HTTP handshake,
+-- then a channel whose handlers read and write messages as a server's do.
+-- The handlers `init` adds see `channel_active` once the 101 came. The
+-- codec's options (`max_message`, ...) are taken as `upgrade` takes them.
+-- @tparam table opts
+-- @string opts.url `ws://host[:port][/path]` or `wss://...`
+-- @tparam[opt] function opts.init `init(ch)`, adds the handlers
+-- @tparam[opt] {string,...} opts.protocols subprotocols to offer
+-- @tparam[opt] table opts.headers extra handshake fields
+-- @bool[opt=false] opts.deflate offer permessage-deflate
+-- @number[opt=10] opts.timeout seconds for the connect and the handshake
+-- @param[opt] opts.tls a `netrun.tls.client` config (default: the system's CAs, the URL's host)
+-- @tparam[opt] group opts.group where the channel lives (a loop may be given)
+-- @treturn future of the channel, once the server accepted the handshake
 function M.connect(opts)
   if type(opts) ~= "table" or type(opts.url) ~= "string" then
     error("netrun.websocket.connect: expects { url = \"ws://host:port/path\", ... }", 2)

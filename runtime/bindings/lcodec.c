@@ -14,6 +14,21 @@
  * its tail and its head is converted to Lua values at once (messages are
  * borrowed) and queued in a table held by the object.
  */
+
+/***
+@module netrun
+*/
+
+/***
+Codecs: `netrun.codec`.
+Native frame decoders and encoders (they cost no Lua time). A constructor
+returns a configuration -- plain data, copied like any value, so it may be
+an upvalue of `init` -- and adding it to a pipeline makes a fresh codec for
+that channel; make it once, outside `init`. A frame over its limit reaches
+`exception_caught` with a clear error and is discarded; a decoder holds no
+memory between frames, and stops reading while its channel is unwritable.
+@section codec
+*/
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +161,16 @@ static lcodec_t *new_codec(lua_State *L, int kind, size_t extra) {
 
 #define MAXLEN ((lua_Integer)1 << 40)
 
+/***
+Lines ending in `\n` (or `\r\n`), each a string.
+@function codec.line
+@tparam[opt] table opts
+@int[opt=8192] opts.max_length the longest line
+@bool[opt=true] opts.strip drop the line ending
+@return a codec configuration
+@usage ch:pipeline():add_last("frame", netrun.codec.line { max_length = 8192 })
+*/
+
 static int l_line(lua_State *L) {
   static const char *const keys[] = {"max_length", "strip", NULL};
   check_keys(L, "line", keys);
@@ -156,6 +181,16 @@ static int l_line(lua_State *L) {
   c->strip = strip;
   return 1;
 }
+
+/***
+Frames ending in any of up to 8 delimiters.
+@function codec.delimiter
+@tparam table opts
+@tparam {string,...} opts.delimiters the delimiters, non-empty strings
+@int[opt=8192] opts.max_length the longest frame
+@bool[opt=true] opts.strip drop the delimiter
+@return a codec configuration
+*/
 
 static int l_delimiter(lua_State *L) {
   static const char *const keys[] = {"delimiters", "max_length", "strip",
@@ -195,6 +230,19 @@ static int l_delimiter(lua_State *L) {
   return 1;
 }
 
+/***
+Frames with a big-endian length field (Netty's
+LengthFieldBasedFrameDecoder).
+@function codec.length_field
+@tparam[opt] table opts
+@int[opt=0] opts.offset where the length field starts
+@int[opt=4] opts.length its size in bytes: 1, 2, 3, 4 or 8
+@int[opt=0] opts.adjustment added to the length to get what follows the field
+@int[opt] opts.strip bytes dropped from a frame's start (default: offset + length, the header)
+@int[opt=1048576] opts.max_frame the largest frame
+@return a codec configuration
+*/
+
 static int l_length_field(lua_State *L) {
   static const char *const keys[] = {"offset", "length", "adjustment",
                                      "strip", "max_frame", NULL};
@@ -218,6 +266,17 @@ static int l_length_field(lua_State *L) {
   return 1;
 }
 
+/***
+Encoder: prepends a big-endian length to each message written (gathered,
+not copied).
+@function codec.length_prepender
+@tparam[opt] table opts
+@int[opt=4] opts.length the field's size: 1, 2, 3, 4 or 8
+@int[opt=0] opts.adjustment added to the length written
+@bool[opt=false] opts.includes_length whether the length counts the field itself
+@return a codec configuration
+*/
+
 static int l_length_prepender(lua_State *L) {
   static const char *const keys[] = {"length", "adjustment",
                                      "includes_length", NULL};
@@ -231,6 +290,14 @@ static int l_length_prepender(lua_State *L) {
   c->prepender = p;
   return 1;
 }
+
+/***
+Frames of a fixed length.
+@function codec.fixed_length
+@tparam table opts
+@int opts.length the frame length (required)
+@return a codec configuration
+*/
 
 static int l_fixed_length(lua_State *L) {
   static const char *const keys[] = {"length", NULL};
@@ -249,6 +316,15 @@ static int codec_tostring(lua_State *L) {
   lua_pushfstring(L, "netrun.codec.%s", kind_names[c->kind]);
   return 1;
 }
+
+/***
+How many bytes a decoder of a channel holds in its cumulation (0 on an idle
+connection). On the channel's loop.
+@function codec.buffered
+@tparam channel ch the channel
+@string name the decoder's name in its pipeline
+@treturn int bytes
+*/
 
 /* netrun.codec.buffered(ch, name) --> bytes the decoder `name` holds in
  * its cumulation (0 on an idle connection). On the channel's loop. */
@@ -354,6 +430,23 @@ static void check_exception(lua_State *L, lemb_t *o) {
   lua_error(L);
 }
 
+/*** @section end */
+
+/***
+An embedded channel, made by `embedded`: a pipeline without a socket
+(Netty's EmbeddedChannel), for testing handlers and codecs. What reaches
+the tail inbound and the head outbound is queued for reading; an error
+that reaches the tail is raised by the next call.
+@type embedded
+*/
+
+/***
+Feed messages in at the head, as if read from the socket.
+@function embedded:write_inbound
+@param ... the messages (strings for a decoder)
+@treturn bool whether something reached the tail
+*/
+
 /* ch:write_inbound(msg, ...) --> true if something reached the tail. */
 static int e_write_inbound(lua_State *L) {
   lemb_t *o = check_emb(L);
@@ -371,6 +464,13 @@ static int e_write_inbound(lua_State *L) {
   lua_pushboolean(L, o->in_head < o->in_tail);
   return 1;
 }
+
+/***
+Write messages from the tail, and flush.
+@function embedded:write_outbound
+@param ... the messages
+@treturn bool whether something reached the head
+*/
 
 /* ch:write_outbound(msg, ...) --> true if something reached the head. */
 static int e_write_outbound(lua_State *L) {
@@ -402,10 +502,22 @@ static int dequeue(lua_State *L, lemb_t *o, const char *queue,
   return 1;
 }
 
+/***
+The next message that reached the tail.
+@function embedded:read_inbound
+@return the message, or nil
+*/
+
 static int e_read_inbound(lua_State *L) {
   lemb_t *o = luaL_checkudata(L, 1, EMBEDDED);
   return dequeue(L, o, "inbound", &o->in_head, o->in_tail);
 }
+
+/***
+The next message that reached the head (bytes as one string).
+@function embedded:read_outbound
+@return the message, or nil
+*/
 
 static int e_read_outbound(lua_State *L) {
   lemb_t *o = luaL_checkudata(L, 1, EMBEDDED);
@@ -428,17 +540,41 @@ static int read_all(lua_State *L, int (*one)(lua_State *)) {
   lua_pop(L, 1);
   return 1;
 }
+/***
+Every message queued at the tail, emptying the queue.
+@function embedded:read_all_inbound
+@treturn table an array
+*/
+
 static int e_read_all_inbound(lua_State *L) {
   return read_all(L, e_read_inbound);
 }
+/***
+Every message queued at the head, emptying the queue.
+@function embedded:read_all_outbound
+@treturn table an array
+*/
+
 static int e_read_all_outbound(lua_State *L) {
   return read_all(L, e_read_outbound);
 }
+
+/***
+Raise the first error that reached the tail and was not raised yet.
+@function embedded:check_exception
+*/
 
 static int e_check_exception(lua_State *L) {
   check_exception(L, luaL_checkudata(L, 1, EMBEDDED));
   return 0;
 }
+
+/***
+Close the channel (decoders report incomplete frames) and raise a pending
+error.
+@function embedded:finish
+@treturn bool whether messages are left to read
+*/
 
 /* ch:finish() --> true if messages are left to read. Closes the channel
  * (channel_inactive: decoders report incomplete frames). */
@@ -450,6 +586,11 @@ static int e_finish(lua_State *L) {
   return 1;
 }
 
+/***
+Close without raising; the queues stay readable.
+@function embedded:close
+*/
+
 /* ch:close(): close without raising; the queues stay readable. */
 static int e_close(lua_State *L) {
   lemb_t *o = luaL_checkudata(L, 1, EMBEDDED);
@@ -458,11 +599,23 @@ static int e_close(lua_State *L) {
   return 0;
 }
 
+/***
+The embedded channel as a channel handle.
+@function embedded:channel
+@treturn channel
+*/
+
 static int e_channel(lua_State *L) {
   lemb_t *o = check_emb(L);
   lnr_push_handle(L, LNR_CHANNEL, nr_embedded_channel(o->e));
   return 1;
 }
+
+/***
+Its pipeline.
+@function embedded:pipeline
+@treturn pipeline
+*/
 
 static int e_pipeline(lua_State *L) {
   e_channel(L);
@@ -493,6 +646,19 @@ static int e_tostring(lua_State *L) {
     lua_pushliteral(L, "netrun.embedded(closed)");
   return 1;
 }
+
+/*** @section end */
+
+/***
+An embedded channel on the caller's loop with the handlers added as
+"handler1", "handler2", ...
+@function embedded
+@param ... handlers, codecs
+@treturn embedded
+@usage local ch = netrun.embedded(netrun.codec.line {})
+ch:write_inbound("a\nb\n")
+assert(ch:read_inbound() == "a")
+*/
 
 /* netrun.embedded(h1, h2, ...): an active embedded channel on the caller's
  * loop with the handlers added as "handler1", "handler2", ... */

@@ -20,6 +20,19 @@
  *   do not collide on purpose; the bucket array doubles when entries
  *   outnumber buckets, so chains stay short as the dict fills.
  */
+
+/***
+@module netrun
+*/
+
+/***
+A shared dict (OpenResty's ngx.shared.DICT), made by `shared.dict`:
+a hash table shared by every state of the process, under one mutex, with
+LRU eviction and expiry. Values are copies: nil, booleans, numbers
+(integers stay integers) and strings. Keys are strings. `#d` is its
+number of entries.
+@type dict
+*/
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +384,48 @@ static int store_value(lua_State *L, int mode) {
   return push_status(L, rc);
 }
 
+/***
+Store a value (nil deletes); makes room by evicting the least recently
+used entries when at `capacity` or `memory`.
+@function dict:set
+@string k the key
+@param v the value: nil, boolean, number or string
+@number[opt] ttl seconds it lives (default: forever)
+@treturn[1] bool true
+@treturn[2] nil
+@treturn[2] string "no memory" when even eviction cannot make room
+*/
+/***
+Store a value only if the key is absent.
+@function dict:add
+@string k the key
+@param v the value (nil raises)
+@number[opt] ttl seconds
+@treturn[1] bool true
+@treturn[2] nil
+@treturn[2] string "exists" (or "no memory")
+*/
+/***
+As `set`, but fail with "no memory" instead of evicting.
+@function dict:safe_set
+@string k the key
+@param v the value
+@number[opt] ttl seconds
+@treturn[1] bool true
+@treturn[2] nil
+@treturn[2] string "no memory"
+*/
+/***
+As `add`, but fail with "no memory" instead of evicting.
+@function dict:safe_add
+@string k the key
+@param v the value
+@number[opt] ttl seconds
+@treturn[1] bool true
+@treturn[2] nil
+@treturn[2] string "exists" or "no memory"
+*/
+
 static int d_set(lua_State *L) { return store_value(L, 0); }
 static int d_add(lua_State *L) { return store_value(L, ST_ADD); }
 static int d_safe_set(lua_State *L) { return store_value(L, ST_SAFE); }
@@ -402,6 +457,13 @@ static ssize_t copy_out(dict_t *d, const char *k, size_t n, entry_t *out,
   return rc;
 }
 
+/***
+The value of a key.
+@function dict:get
+@string k the key
+@return the value, or nil (absent or expired)
+*/
+
 /* A string too long for the stack buffer is copied into a Lua userdata
  * made before the lock (so a raise loses nothing), sized by a first look;
  * the value may grow in between, hence the loop. */
@@ -424,6 +486,17 @@ static int d_get(lua_State *L) {
     push_value(L, &v);
   return 1;
 }
+
+/***
+Add to a number, atomically; integers stay integers. The key keeps its TTL.
+@function dict:incr
+@string k the key
+@number by the increment
+@number[opt] init the value to start from when the key is absent (else that fails)
+@treturn[1] number the new value
+@treturn[2] nil
+@treturn[2] string "not found", "not a number" or "no memory"
+*/
 
 static int d_incr(lua_State *L) {
   dict_t *d = check(L);
@@ -468,6 +541,13 @@ static int d_incr(lua_State *L) {
   return 2;
 }
 
+/***
+Delete a key.
+@function dict:delete
+@string k the key
+@treturn bool true
+*/
+
 static int d_delete(lua_State *L) {
   lua_settop(L, 2);
   lua_pushnil(L);
@@ -501,6 +581,13 @@ static size_t copy_keys(dict_t *d, lua_Integer max, char *buf, size_t cap,
   return need;
 }
 
+/***
+The live keys, most recently used first.
+@function dict:keys
+@int[opt=1024] max at most this many (0: all)
+@treturn {string,...}
+*/
+
 /* keys([max = 1024]): sized by a first pass, copied into a userdata made
  * with no lock held, then turned into strings. Keys that grow the list in
  * between (a finalizer run by the allocation may set some) cost another
@@ -529,6 +616,11 @@ static int d_keys(lua_State *L) {
   return 1;
 }
 
+/***
+Delete every entry.
+@function dict:flush_all
+*/
+
 static int d_flush_all(lua_State *L) {
   dict_t *d = check(L);
   pthread_mutex_lock(&d->lock);
@@ -556,6 +648,13 @@ static size_t max_chain(const dict_t *d) {
   }
   return max;
 }
+
+/***
+Counters: `entries`, `bytes`, `capacity`, `memory`, `buckets`,
+`max_chain` (the longest hash chain), `evictions`.
+@function dict:stats
+@treturn table
+*/
 
 /* stats(): entries, bytes, capacity, memory, buckets, max_chain (the
  * longest hash chain: a walk of every bucket, for tests and diagnosis),
@@ -609,6 +708,22 @@ static dict_t *new_dict(const char *name, lua_Integer cap, lua_Integer mem) {
   pthread_mutex_init(&d->lock, NULL);
   return d;
 }
+
+/*** @section end */
+
+/***
+The shared dict of that name, the same from every state and thread (the
+first call's limits hold). It may be an upvalue of a function sent to a
+loop: it crosses as a handle.
+@function shared.dict
+@string name the dict's name
+@tparam[opt] table opts
+@int[opt=10000] opts.capacity the most entries
+@int[opt=67108864] opts.memory the most bytes (keys, values and each entry's header)
+@treturn dict
+@usage local hits = netrun.shared.dict("hits")
+hits:incr("/", 1, 0)
+*/
 
 /* netrun.shared.dict(name [, { capacity = N, memory = BYTES }]): the same
  * dict for the same name, from any state (the first call's limits hold). */

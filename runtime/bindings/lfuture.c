@@ -13,6 +13,10 @@
  * A spawned coroutine is kept in the registry while it lives; await() adds
  * a listener that resumes it on its own loop.
  */
+
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,10 +70,36 @@ static nr_promise_t *check_not_void(lua_State *L, int idx, const char *what) {
   return p;
 }
 
+/***
+The void promise (Netty's voidPromise): `ctx:write(msg, VOID)` or
+`ctx:close(VOID)` makes no future and returns it; a failure goes to
+`exception_caught`. It never completes: `add_listener`, `sync` and `await`
+on it raise; setting it does nothing.
+@function void_promise
+@treturn future
+@usage local VOID = netrun.void_promise()
+function H:channel_read(ctx, msg) ctx:write(msg, VOID) end
+*/
+
 static int l_void_promise(lua_State *L) {
   lnr_push_handle(L, LNR_FUTURE, nr_promise_void());
   return 1;
 }
+
+/***
+A future (Netty's Future and Promise in one handle): the outcome of an
+operation that completes later -- a write, a connect, a submitted task, a
+`promise()` set by hand. Handles may cross states; a value read in another
+state is a copy. Listeners run on the thread and in the state that added
+them.
+@type future
+*/
+
+/***
+Whether this is the void promise (`void_promise`).
+@function future:is_void
+@treturn bool
+*/
 
 static int l_is_void(lua_State *L) {
   lua_pushboolean(L, nr_promise_is_void(check(L, 1)));
@@ -105,10 +135,44 @@ static int complete(lua_State *L, bool success, bool try) {
   return 1;
 }
 
+/***
+Complete the promise with a value; raises if it is already complete.
+@function future:set_success
+@param[opt] v the value (copied when read in another state)
+@treturn future itself
+*/
+/***
+Fail the promise; raises if it is already complete.
+@function future:set_failure
+@param err the cause (turned into a string)
+@treturn future itself
+*/
+/***
+Complete the promise with a value unless it is complete.
+@function future:try_success
+@param[opt] v the value
+@treturn bool whether this call completed it
+*/
+/***
+Fail the promise unless it is complete.
+@function future:try_failure
+@param err the cause
+@treturn bool whether this call completed it
+*/
+
 static int l_set_success(lua_State *L) { return complete(L, true, false); }
 static int l_set_failure(lua_State *L) { return complete(L, false, false); }
 static int l_try_success(lua_State *L) { return complete(L, true, true); }
 static int l_try_failure(lua_State *L) { return complete(L, false, true); }
+
+/*** @section end */
+
+/***
+A new promise, bound to the current loop (or the main thread); complete it
+with `set_success` / `set_failure`.
+@function promise
+@treturn future
+*/
 
 static int l_promise(lua_State *L) {
   lnr_push_promise(L, nr_promise_new());
@@ -139,18 +203,48 @@ static nr_promise_t *check_polled(lua_State *L) {
   return p;
 }
 
+/***
+@type future
+*/
+
+/***
+Whether the future is complete (succeeded, failed or cancelled). On the
+main thread a query first runs the main thread's queued work, so a loop
+polling `is_done` sees it complete.
+@function future:is_done
+@treturn bool
+*/
+
 static int l_is_done(lua_State *L) {
   lua_pushboolean(L, nr_promise_is_done(check_polled(L)));
   return 1;
 }
+/***
+Whether the future succeeded.
+@function future:is_success
+@treturn bool
+*/
+
 static int l_is_success(lua_State *L) {
   lua_pushboolean(L, nr_promise_is_success(check_polled(L)));
   return 1;
 }
+/***
+Whether the future was cancelled.
+@function future:is_cancelled
+@treturn bool
+*/
+
 static int l_is_cancelled(lua_State *L) {
   lua_pushboolean(L, nr_promise_is_cancelled(check_polled(L)));
   return 1;
 }
+
+/***
+The cause of a failed future.
+@function future:cause
+@treturn string|nil the error message, nil unless the future failed
+*/
 
 static int l_cause(lua_State *L) {
   nr_promise_t *p = check_polled(L);
@@ -160,6 +254,13 @@ static int l_cause(lua_State *L) {
     lua_pushnil(L);
   return 1;
 }
+
+/***
+The value of a succeeded future (a copy where it came from another state;
+a channel for a server's or a connect's future).
+@function future:result
+@return the value, nil unless the future succeeded
+*/
 
 /* Push the result of a successful future: a copy of a Lua value, a channel
  * (servers and connects complete in the C core), a lookup's addresses, or
@@ -179,6 +280,13 @@ static int l_result(lua_State *L) {
     lua_pushnil(L);
   return 1;
 }
+
+/***
+Cancel the future (a scheduled task's: the task does not run, or repeats
+no more).
+@function future:cancel
+@treturn bool whether this call cancelled it
+*/
 
 static int l_cancel(lua_State *L) {
   lua_pushboolean(L, nr_promise_cancel(check(L, 1)) == 0);
@@ -212,6 +320,15 @@ static void run_listener(nr_promise_t *p, void *arg) {
   LNR_STACK_END(L, 0);
   free(l);
 }
+
+/***
+Call `fn(f)` once the future is complete (at once, from the loop's queue,
+if it is). The listener runs on the thread and in the state that added it;
+an error it raises is logged.
+@function future:add_listener
+@tparam function fn the listener
+@treturn future itself
+*/
 
 static int l_add_listener(lua_State *L) {
   nr_promise_t *p = check_not_void(L, 1, "add_listener");
@@ -272,6 +389,15 @@ static void wait_blocking(nr_promise_t *p) {
   pthread_cond_destroy(&w.cond);
   pthread_mutex_destroy(&w.lock);
 }
+
+/***
+Block until the future is complete; its result, or raise its cause. On an
+event loop's thread it raises "blocking operation on an event loop" instead
+of deadlocking (an executor group's threads may block); the main thread
+runs its queued work while it waits.
+@function future:sync
+@return the result
+*/
 
 static int l_sync(lua_State *L) {
   nr_promise_t *p = check_not_void(L, 1, "sync");
@@ -425,6 +551,20 @@ static void step(lua_State *L, lua_State *co, int nargs) {
   finish_spawn(L, co, st == LUA_OK);
 }
 
+/*** @section end */
+
+/***
+Run `fn(...)` as a coroutine on the current loop (or the main thread).
+Inside it `future:await` and `sleep` suspend the coroutine, not the loop.
+@function spawn
+@tparam function fn the coroutine's body
+@param ... its arguments
+@treturn future of fn's first result, failed by its error
+@usage netrun.spawn(function()
+  local ch = netrun.connect { host = "127.0.0.1", port = 7000 }:await()
+end)
+*/
+
 static int l_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   int n = lua_gettop(L);
@@ -467,6 +607,17 @@ static int park_on(lua_State *L, nr_promise_t *p) {
   return lua_yieldk(L, 1, 0, await_k);
 }
 
+/***
+@type future
+*/
+
+/***
+Inside `spawn`: suspend the coroutine until the future is complete, then
+return its result or raise its cause. Outside a spawned coroutine: as `sync`.
+@function future:await
+@return the result
+*/
+
 static int l_await(lua_State *L) {
   nr_promise_t *p = check_not_void(L, 1, "await");
   lua_settop(L, 1);
@@ -487,6 +638,14 @@ static int cancel_task(void *arg) {
   nr_promise_release(arg);
   return 0;
 }
+
+/*** @section end */
+
+/***
+Inside `spawn`: suspend the coroutine for `seconds`; raises outside one.
+@function sleep
+@number seconds how long
+*/
 
 static int l_sleep(lua_State *L) {
   double s = lnr_checkseconds(L, 1, "netrun.sleep");

@@ -14,6 +14,10 @@
  * state. Being plain bytes, it is copied when it crosses states (as an
  * upvalue of `init`, say).
  */
+
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <string.h>
 
@@ -115,6 +119,26 @@ static const nr_handler_t *make_idle(lua_State *L, int idx, void **state) {
   return &nr_idle_handler;
 }
 
+/***
+Handlers: `netrun.handler`.
+Native handlers; like codecs, a constructor returns a configuration that
+makes a fresh handler each time it is added to a pipeline.
+@section handler
+*/
+
+/***
+Fires a user event `{ idle = "reader" | "writer" | "all", first = bool }`
+when the channel has read nothing (reader), written nothing (writer), or
+neither (all) for that long (Netty's IdleStateHandler).
+@function handler.idle_state
+@tparam[opt] table opts
+@number[opt=0] opts.reader seconds without a read (0: not watched)
+@number[opt=0] opts.writer seconds without a write
+@number[opt=0] opts.all seconds without either
+@return a handler configuration
+@usage ch:pipeline():add_last("idle", netrun.handler.idle_state { reader = 30 })
+*/
+
 static int l_idle_state(lua_State *L) {
   static const char *const keys[] = {"reader", "writer", "all"};
   const char *what = "netrun.handler.idle_state";
@@ -133,6 +157,15 @@ static const nr_handler_t *make_logging(lua_State *L, int idx, void **state) {
   *state = check_state(L, nr_logging_new(c->level), "logging");
   return &nr_logging_handler;
 }
+
+/***
+Logs every event that passes through it, in both directions, and passes
+it on (Netty's LoggingHandler).
+@function handler.logging
+@tparam[opt] table opts
+@string[opt="debug"] opts.level "debug", "info", "warn" or "error"
+@return a handler configuration
+*/
 
 static int l_logging(lua_State *L) {
   static const char *const levels[] = {"debug", "info", "warn", "error", NULL};
@@ -154,6 +187,24 @@ static const nr_handler_t *make_resp(lua_State *L, int idx, void **state) {
   *state = check_state(L, nr_resp_new(&c->lim), "resp");
   return &nr_resp_handler;
 }
+
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
+
+/***
+RESP (Redis protocol) requests in, each an array of strings (inline
+commands too); replies out as written. Past a limit: `-ERR Protocol
+error: ...`, then close.
+@function codec.resp
+@tparam[opt] table opts
+@int[opt=1048576] opts.max_bulk the largest bulk string
+@int[opt=1024] opts.max_args the most arguments of one command
+@int[opt=65536] opts.max_inline the longest inline command
+@int[opt=67108864] opts.max_request the largest request, headers and data
+@return a codec configuration
+*/
 
 static int l_resp(lua_State *L) {
   const char *what = "netrun.codec.resp";

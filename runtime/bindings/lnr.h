@@ -418,9 +418,10 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level);
  * (2 method, 3 path, 4 headers, 5 body, 6 forward, 7 host; false: none)
  * through ctx (to the client codec before it): 0 when written; 1, err
  * filled, when a field cannot be sent (nothing written); < 0 when the
- * write failed (reported to exception_caught). */
-int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
-                        size_t el);
+ * write failed (reported to exception_caught). `tag` comes back with its
+ * reply (HTTP/2 matches replies to requests by it). */
+int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, uint64_t tag,
+                        char *err, size_t el);
 /* lhttp.c: a server request (netrun.http.request) seen by the client
  * codec that forwards it (lhttp_client.c), without making a Lua value of
  * its fields. Loop thread of L. A field the handler assigned wins over

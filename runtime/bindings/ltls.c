@@ -19,6 +19,10 @@
  * from any state affects all. Its class has __netrun_native, so
  * `pipeline:add_first("tls", config)` makes a handler state of it.
  */
+
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <string.h>
 
@@ -224,8 +228,71 @@ static int new_config(lua_State *L, bool server) {
   return 1;
 }
 
+/***
+TLS: `netrun.tls` (OpenSSL 3).
+A config is a handle whose SSL_CTX is built once and shared by every loop;
+it crosses states by reference. Put it first in a pipeline
+(`pipeline:add_first("tls", config)`), or give it to `netrun.server`,
+`netrun.connect`, `netrun.tcp.connect`, `netrun.http.client`. The
+handshake finishes before `channel_active` reaches the handlers behind it,
+then they get the user event `{ tls = "handshake", version, cipher, alpn,
+server_name, peer = { subject, ... } }`; a failed handshake reaches
+`exception_caught` with OpenSSL's reason and the channel closes; `close`
+sends close_notify.
+@section tls
+*/
+
+/***
+A server config. A bad certificate or key raises.
+@function tls.server
+@tparam table opts
+@string[opt] opts.cert the certificate chain, a PEM file (or `cert_pem`, the PEM text)
+@string[opt] opts.key the private key, a PEM file (or `key_pem`)
+@tparam[opt] {string,...} opts.alpn protocols offered, in order of preference (e.g. `{ "h2", "http/1.1" }`)
+@tparam[opt] table opts.sni extra names: `{ ["b.example"] = { cert = ..., key = ... } }`
+@string[opt] opts.ca CA file to verify client certificates with
+@string[opt="none"] opts.verify client certificates: "none", "optional" or "required"
+@param[opt=1] opts.session_tickets TLS 1.3 tickets per handshake (`true`: 1, `false`: none)
+@string[opt="TLSv1.2"] opts.min_version "TLSv1.2" or "TLSv1.3"
+@number[opt=10] opts.handshake_timeout seconds from `channel_active` (0: none)
+@string[opt] opts.ciphersuites TLS 1.3 suites (OpenSSL's syntax)
+@string[opt] opts.ciphers TLS 1.2 ciphers
+@string[opt] opts.groups key exchange groups
+@return a TLS config
+@usage local tls = netrun.tls.server { cert = "server.crt", key = "server.key" }
+netrun.server { port = 8443, tls = tls, init = ... }
+*/
+/***
+A client config. The server's certificate is verified against `ca` (or the
+system's store) and the host name.
+@function tls.client
+@tparam[opt] table opts
+@string[opt] opts.server_name the name sent (SNI) and verified (default: the host connected to)
+@string[opt] opts.ca CA file (default: the system's store)
+@bool[opt=true] opts.verify verify the server's certificate
+@tparam[opt] {string,...} opts.alpn protocols offered
+@string[opt] opts.cert a client certificate (or `cert_pem`)
+@string[opt] opts.key its key (or `key_pem`)
+@string[opt="TLSv1.2"] opts.min_version "TLSv1.2" or "TLSv1.3"
+@number[opt=10] opts.handshake_timeout seconds (0: none)
+@string[opt] opts.ciphersuites TLS 1.3 suites
+@string[opt] opts.ciphers TLS 1.2 ciphers
+@string[opt] opts.groups key exchange groups
+@return a TLS config
+*/
+
 static int l_server(lua_State *L) { return new_config(L, true); }
 static int l_client(lua_State *L) { return new_config(L, false); }
+
+/***
+Rebuild a config's contexts -- re-reading its files, or from new options --
+for new handshakes; live connections keep theirs. Raises, keeping the old
+contexts, on a bad certificate. (A hot reload does it too.)
+@function tls.reload
+@param config the config
+@tparam[opt] table opts new options, as the constructor's
+@treturn int the config's new generation
+*/
 
 /* netrun.tls.reload(config [, options]): rebuild the contexts -- re-reading
  * the same files, or from new options -- for new handshakes. Raises (and
@@ -282,6 +349,14 @@ static nr_ctx_t *check_tls_ctx(lua_State *L, const char *what) {
     luaL_error(L, "%s: no tls handler named '%s'", what, name);
   return ctx;
 }
+
+/***
+The future of a channel's TLS handshake. On the channel's loop.
+@function tls.handshake
+@tparam channel ch the channel
+@string[opt="tls"] name the TLS handler's name in its pipeline
+@treturn future of the handshake (fails with OpenSSL's reason)
+*/
 
 /* netrun.tls.handshake(ch [, name]) --> future of the handshake. */
 static int l_handshake(lua_State *L) {

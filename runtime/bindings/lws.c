@@ -31,6 +31,15 @@
  * { type = "text" | "binary" | "ping" | "pong" | "close", data = "...",
  *   code = 1000, reason = "..." }  (code and reason: close only).
  */
+
+/***
+@module netrun
+*/
+
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <pthread.h>
@@ -206,6 +215,23 @@ static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
   lua_pop(L, 1);
   return lnr_ns(v);
 }
+
+/***
+The WebSocket codec's configuration (RFC 6455). `netrun.websocket.upgrade`
+and `netrun.websocket.connect` put it in place for you; handlers after it
+read `{ type = "text" | "binary", data = "..." }`, get the peer's close as
+the user event `{ type = "close", code, reason }`, and write a string (a
+text frame) or `{ type = "text" | "binary" | "ping" | "pong" | "close",
+data, code, reason }`.
+@function codec.websocket
+@tparam[opt] table opts
+@int[opt=1048576] opts.max_message one message, fragments summed (past it: close 1009)
+@int[opt] opts.max_frame one frame's payload (default: max_message)
+@number[opt=5] opts.close_timeout seconds to wait for the peer's close (0: none)
+@number[opt=60] opts.frame_timeout seconds from a frame's first byte to its last (0: none)
+@int[opt=64] opts.inflate_ratio what permessage-deflate may inflate, times the compressed bytes (0: none)
+@return a codec configuration
+*/
 
 static int l_websocket(lua_State *L) {
   static const char *const known[] = {"max_message", "max_frame",

@@ -13,6 +13,10 @@
  * Threads: the walks run on the thread of the state they are given; the
  * layout is computed once, before the first state is made.
  */
+
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <stdalign.h>
 #include <stddef.h>
@@ -105,6 +109,12 @@ bool lnr_modules_teardown(lua_State *L) {
 }
 
 /* ---- netrun.core -------------------------------------------------------- */
+
+/***
+The monotonic clock, in seconds (for measuring intervals, not dates).
+@function now
+@treturn number
+*/
 
 /* core.now(): the monotonic clock in seconds. */
 static int l_now(lua_State *L) {

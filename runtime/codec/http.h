@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "codec/buf.h"
+#include "codec/h2.h"
 #include "netrun.h"
 
 /* Its messages (registered by http_parse.c as the program loads). */
@@ -54,6 +55,8 @@ typedef struct nr_http_request_s {
   const char *method, *path, *query, *target;
   size_t method_len, path_len, query_len, target_len;
   int minor;                      /* HTTP/1.<minor>: 0 or 1 (higher reads as 1) */
+  int32_t stream;                 /* HTTP/2: its stream (minor is 1); 0 for
+                                     HTTP/1.x */
   bool keep_alive;                /* HTTP/1.0 and 1.1 rules with Connection */
   bool expect_continue;           /* Expect: 100-continue */
   bool chunked;                   /* the body came chunked */
@@ -218,6 +221,13 @@ typedef struct nr_http_server_opts_s {
    * codec's connections on one loop (body_budget, shared by the codecs
    * configured alike) and by one connection (conn_body_budget); 0: none. */
   uint64_t body_budget, conn_body_budget;
+  /* HTTP/2 (h2.h): when TLS agreed ALPN "h2", on the client preface
+   * (h2c by prior knowledge) and on `Upgrade: h2c`; off: HTTP/1.1 only.
+   * Its limits; the fields above bound each stream's request as they
+   * bound an HTTP/1.1 request, and time the connection (idle, a request
+   * arriving). */
+  bool h2;
+  nr_h2_opts_t h2o;
 } nr_http_server_opts_t;
 
 #define NR_HTTP_HEADER_TIMEOUT NR_SEC(60)
@@ -239,6 +249,10 @@ int nr_http_server_read_complete(nr_ctx_t *ctx);
 int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);
+int nr_http_server_user_event(nr_ctx_t *ctx, void *evt);
+/* Whether the codec at ctx speaks HTTP/2 (its h2 option): a TLS server
+ * offers ALPN "h2" only where such a codec follows it. */
+bool nr_http_server_speaks_h2(const nr_ctx_t *ctx);
 
 /* Responses by status (http_stats.c), for the metrics. Each thread counts
  * in a stripe of its own: no lock-prefixed instruction per response (a

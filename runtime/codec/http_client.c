@@ -23,7 +23,9 @@
 #include <string.h>
 
 #include "codec/codec.h"
+#include "codec/h2.h"
 #include "codec/http_client.h"
+#include "tls/tls.h"
 #include "codec/http_parse.h"
 
 /* The HTTP client's messages, registered as the program loads (netrun.h). */
@@ -480,6 +482,9 @@ typedef struct client_s {
   int depth;                  /* inside read */
   bool dead;                  /* removed during read: free when it returns */
   bool raw;                   /* opts->raw, passed on in each reply */
+  bool tls;                   /* TLS was agreed under the codec */
+  nr_h2_client_t *h2;         /* the connection speaks HTTP/2 (h2.h) */
+  nr_http_client_opts_t o;    /* (its h2 mode, the session's limits) */
 } client_t;
 
 void *nr_http_client_new(const nr_http_client_opts_t *o) {
@@ -488,13 +493,70 @@ void *nr_http_client_new(const nr_http_client_opts_t *o) {
     nr_http_client_parser_init(&c->parser, o->max_header, o->max_body,
                                o->max_headers);
     c->raw = o->raw;
+    c->o = *o;
   }
   return c;
 }
 
 static void client_free(client_t *c) {
+  nr_h2_client_free(c->h2);
   nr_http_client_parser_free(&c->parser);
   free(c);
+}
+
+/* HTTP/2 from now on (TLS agreed "h2", or h2c by prior knowledge). */
+static int start_h2(client_t *c, nr_ctx_t *ctx) {
+  c->ctx = ctx;
+  c->h2 = nr_h2_client_new(ctx, &c->o, c->tls);
+  if (c->h2 == NULL)
+    return nr_raise(-ENOMEM, "http_client: out of memory starting HTTP/2");
+  return 0;
+}
+
+/* Whether a TLS handler comes before ctx in its pipeline. */
+static bool behind_tls(nr_ctx_t *ctx) {
+  for (nr_ctx_t *c = nr_pipeline_first(nr_ctx_pipeline(ctx)); c && c != ctx;
+       c = nr_ctx_next(c))
+    if (strcmp(nr_ctx_handler(c)->type, "tls") == 0)
+      return true;
+  return false;
+}
+
+/* h2 = true on a plain connection: h2c by prior knowledge, from the
+ * start (the handlers after the codec hear of it before they write). */
+int nr_http_client_active(nr_ctx_t *ctx) {
+  client_t *c = nr_ctx_state(ctx);
+  if (c->o.h2 == NR_H2C_ON && c->h2 == NULL && !behind_tls(ctx) &&
+      start_h2(c, ctx) < 0) {
+    nr_err_t err = {-ENOMEM, "http_client: out of memory starting HTTP/2"};
+    nr_ctx_fire_exception(ctx, &err);
+    nr_ctx_close(ctx, NULL);
+  }
+  nr_ctx_fire_active(ctx);
+  return 0;
+}
+
+/* TLS's handshake: ALPN says which protocol (with h2 off, none is asked). */
+int nr_http_client_user_event(nr_ctx_t *ctx, void *evt) {
+  client_t *c = nr_ctx_state(ctx);
+  const nr_tls_event_t *e = evt;
+  if (nr_msg_type(evt) == NR_MSG_TLS_EVENT && e->kind == NR_TLS_HANDSHAKE &&
+      c->h2 == NULL) {
+    c->tls = true;
+    bool h2 = e->alpn != NULL && strcmp(e->alpn, "h2") == 0;
+    if (h2 && c->o.h2 != NR_H2C_OFF && start_h2(c, ctx) < 0) {
+      nr_err_t err = {-ENOMEM, "http_client: out of memory starting HTTP/2"};
+      nr_ctx_fire_exception(ctx, &err);
+      nr_ctx_close(ctx, NULL);
+    } else if (!h2 && c->o.h2 == NR_H2C_ON) {
+      nr_err_t err = {-EPROTO, "http_client: the server did not agree h2 "
+                               "(ALPN) and h2 = true"};
+      nr_ctx_fire_exception(ctx, &err);
+      nr_ctx_close(ctx, NULL);
+    }
+  }
+  nr_ctx_fire_user_event(ctx, evt);
+  return 0;
 }
 
 void nr_http_client_removed(nr_ctx_t *ctx) {
@@ -508,6 +570,9 @@ void nr_http_client_removed(nr_ctx_t *ctx) {
 static int deliver(void *arg, nr_http_reply_t *r) {
   client_t *c = arg;
   r->raw = c->raw;
+  r->tag = 0;                  /* HTTP/1.1: replies come in request order */
+  r->error = NULL;
+  r->retry = r->h2 = false;
   nr_ctx_fire_read(c->ctx, r);
   return c->dead || !nr_channel_is_open(nr_ctx_channel(c->ctx));
 }
@@ -549,7 +614,11 @@ int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg) {
   const nr_bytes_t *b = msg;
   c->ctx = ctx;
   c->depth++;
-  int rc = nr_http_client_feed(&c->parser, b->data, b->len, deliver, c);
+  int rc = 0;
+  if (c->h2 != NULL)
+    nr_h2_client_feed(c->h2, b->data, b->len);
+  else
+    rc = nr_http_client_feed(&c->parser, b->data, b->len, deliver, c);
   c->depth--;
   if (c->dead) {
     client_free(c);
@@ -564,7 +633,11 @@ int nr_http_client_inactive(nr_ctx_t *ctx) {
   client_t *c = nr_ctx_state(ctx);
   c->ctx = ctx;
   c->depth++;
-  int rc = nr_http_client_end(&c->parser, deliver, c);
+  int rc = 0;
+  if (c->h2 != NULL)
+    nr_h2_client_end(c->h2);   /* every stream still open fails */
+  else
+    rc = nr_http_client_end(&c->parser, deliver, c);
   c->depth--;
   if (c->dead) {
     client_free(c);
@@ -586,6 +659,10 @@ int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     return nr_ctx_write(ctx, msg, p);
   client_t *c = nr_ctx_state(ctx);
   const nr_http_call_t *call = msg;
+  if (c->h2 != NULL)
+    return nr_h2_client_write(c->h2, call, p);
+  if (call->cancel)
+    return 0;                  /* (HTTP/1.1: the pool closes the connection) */
   bool head = call->method_len == 4 && memcmp(call->method, "HEAD", 4) == 0;
   if (c->parser.stopped)
     return nr_raise(-EPIPE, "http_client: the connection can carry no more "
@@ -615,6 +692,7 @@ int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
 
 const nr_handler_t nr_http_client_handler = {
     .type = "http_client", .removed = nr_http_client_removed,
-    .inactive = nr_http_client_inactive,
+    .active = nr_http_client_active, .inactive = nr_http_client_inactive,
+    .user_event = nr_http_client_user_event,
     .channel_read = nr_http_client_channel_read,
     .write = nr_http_client_write, .flags = NR_HANDLER_SYNC_WRITE};

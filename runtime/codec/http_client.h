@@ -44,6 +44,10 @@
  * Transfer-Encoding is among the headers. */
 typedef struct nr_http_call_s {
   int type;                       /* NR_MSG_HTTP_CALL */
+  uint64_t tag;                   /* HTTP/2: echoed in the reply (the
+                                     connection answers in any order) */
+  bool cancel;                    /* HTTP/2: reset the stream of `tag`
+                                     (the other fields unused) */
   const char *method, *target;    /* "GET", "/a?b=1" */
   size_t method_len, target_len;
   const nr_http_header_t *headers;
@@ -55,6 +59,12 @@ typedef struct nr_http_call_s {
 /* A response, whole. */
 typedef struct nr_http_reply_s {
   int type;                       /* NR_MSG_HTTP_REPLY */
+  uint64_t tag;                   /* HTTP/2: its request's; 0 on HTTP/1.x */
+  const char *error;              /* HTTP/2: the stream failed (reset, too
+                                     large): why; the rest is unset */
+  bool retry;                     /* ... and the server did not process it
+                                     (REFUSED_STREAM, past a GOAWAY) */
+  bool h2;                        /* came over HTTP/2 */
   int status;                     /* 100..999 */
   int minor;                      /* HTTP/1.<minor> */
   bool keep_alive;                /* the connection may carry another */
@@ -133,9 +143,15 @@ size_t nr_http_call_encode_head(const nr_http_call_t *c, char *out);
 
 /* ---- the handler ------------------------------------------------------------ */
 
+/* HTTP/2: off; where TLS agrees ALPN "h2" (the TLS config must offer it);
+ * always (h2c by prior knowledge on a plain connection; over TLS, a
+ * server that does not agree "h2" fails the connection). */
+enum { NR_H2C_OFF, NR_H2C_AUTO, NR_H2C_ON };
+
 typedef struct nr_http_client_opts_s {
   size_t max_header, max_body, max_headers;
   bool raw;                       /* replies marked raw (see nr_http_reply_t) */
+  int h2;                         /* NR_H2C_* */
 } nr_http_client_opts_t;
 
 /* A handler state for nr_http_client_handler; freed by its removed(). */
@@ -148,5 +164,7 @@ void nr_http_client_removed(nr_ctx_t *ctx);
 int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_client_inactive(nr_ctx_t *ctx);
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
+int nr_http_client_user_event(nr_ctx_t *ctx, void *evt);
+int nr_http_client_active(nr_ctx_t *ctx);
 
 #endif /* NR_CODEC_HTTP_CLIENT_H */

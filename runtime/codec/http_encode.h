@@ -25,6 +25,12 @@
 
 #define DATE_LEN 29           /* an IMF-fixdate */
 
+/* A response the handler should not have written (http_server.c, also
+ * HTTP/2's h2_out.c): -EINVAL raised for the write; with a promise, which
+ * only that fails, the misuse is fired to exception_caught as well. */
+int nr__http_misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), cold));
+
 /* What the user's headers set that netrun would otherwise add. */
 enum { U_SERVER = 1, U_DATE = 2, U_LENGTH = 4, U_CONN = 8, U_CLOSE = 16 };
 

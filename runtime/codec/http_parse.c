@@ -686,6 +686,7 @@ int nr_http_feed(nr_http_parser_t *p, const char *data, size_t len,
    * call, so a connection between requests holds none of it. */
   nr_http_request_t req;
   req.expect_continue = false;
+  req.stream = 0;
   const char *s = cum ? nr_buf_peek(&p->in) : data;
   size_t n = cum ? nr_buf_len(&p->in) : len, off = 0;
   /* Between requests (phase P_HEAD, no head search under way), as the

@@ -37,6 +37,11 @@ bool nr__http_has_token(const char *v, size_t n, const char *tok, size_t tn);
 void nr__http_chunks_start(nr_http_parser_t *p, size_t at);
 long nr__http_decode_chunks(nr_http_parser_t *p, const char *s, size_t n);
 
+/* The path s[0 .. n) (beginning with '/') normalized into out (room for
+ * n bytes) as the server codec gives handlers req.path (see http_parse.c):
+ * its length, or -400 for a path refused. */
+long nr__http_normalize_path(const char *s, size_t n, char *out);
+
 /* Whether p is between requests or within a request's head (not in a
  * body): what the server's timeouts tell apart. */
 bool nr__http_parsing_head(const nr_http_parser_t *p);

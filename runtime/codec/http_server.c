@@ -38,10 +38,12 @@
 #include <time.h>
 
 #include "codec/codec.h"
+#include "codec/h2.h"
 #include "codec/http.h"
 #include "codec/http_encode.h"
 #include "codec/http_hold.h"
 #include "codec/http_parse.h"
+#include "tls/tls.h"
 
 /* ---- the handler ------------------------------------------------------------------------ */
 
@@ -89,6 +91,11 @@ struct nr_http_server_s {
   wait_list_t *list;          /* the list it is in, or NULL */
   nr_http_server_t *prev, *next;   /* in that list */
   uint64_t since;             /* when it joined it (coarse_now) */
+  nr_h2_server_t *h2;         /* the connection speaks HTTP/2 (h2.h) */
+  bool tls;                   /* TLS was agreed under the codec */
+  bool sniffed;               /* the start was checked for the preface */
+  uint8_t nsniff;             /* preface bytes seen so far */
+  nr_http_server_opts_t o;    /* (HTTP/2 limits and switch) */
   /* the body budget (below) */
   uint64_t budget_limit;      /* its loop's budget (0: none) */
   uint64_t conn_limit;        /* its own (0: none) */
@@ -110,6 +117,8 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
   s->timeout[0] = o->header_timeout;
   s->timeout[1] = o->body_timeout;
   s->timeout[2] = o->keepalive_timeout;
+  s->o = *o;
+  s->sniffed = !o->h2;
   s->budget_limit = o->body_budget;
   s->conn_limit = o->conn_body_budget;
   return s;
@@ -269,7 +278,21 @@ static void watch(nr_http_server_t *s, int w) {
  * a read has been parsed: the rest of a request, or the next one. A head
  * is timed from its first byte (however slowly the rest drips in), a body
  * from its last read, an idle time from its start. */
+static void settle_h2(nr_http_server_t *s) {
+  int w = nr_h2_server_waiting(s->h2);
+  if (s->closing || w == NR_H2_OWED)
+    s->wait = W_NONE;
+  else if (w == NR_H2_ARRIVING)
+    watch(s, W_BODY);          /* timed between reads */
+  else if (s->wait != W_IDLE)
+    watch(s, W_IDLE);
+}
+
 static NOINLINE void settle(nr_http_server_t *s) {
+  if (s->h2 != NULL) {
+    settle_h2(s);
+    return;
+  }
   if (s->closing || s->outstanding > 0 || s->in.held || s->pending_error ||
       s->reads_held) {
     s->wait = W_NONE;
@@ -482,7 +505,9 @@ static void budget_leave(nr_http_server_t *s) {
  * closed silently (nginx does both). */
 static void expire(nr_http_server_t *s) {
   nr_inbound_enter_quiet(&s->in);
-  if (s->wait == W_HEAD || s->wait == W_BODY) {
+  if (s->h2 != NULL) {
+    nr_h2_server_expire(s->h2);   /* GOAWAY, then the close */
+  } else if (s->wait == W_HEAD || s->wait == W_BODY) {
     send_error(s, 408);
   } else {
     s->closing = true;
@@ -531,6 +556,7 @@ static void start(nr_http_server_t *s) {
 }
 
 static void server_free(nr_http_server_t *s) {
+  nr_h2_server_free(s->h2);
   unlist(s);
   budget_leave(s);
   if (s->prof != NULL)
@@ -848,6 +874,10 @@ static void abort_answer(nr_http_server_t *s) {
 /* nr_handler_t.read_failed: the handlers raised on request `token`. */
 void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->h2 != NULL) {
+    nr_h2_server_read_failed(s->h2, token);
+    return;
+  }
   unsigned i = slot_of(s, token);
   if (i == RING || s->closing || (s->flags[i] & A_MASK) == A_DONE)
     return;                   /* answered already (exception_caught did) */
@@ -956,9 +986,14 @@ static NOINLINE void finished(nr_http_server_t *s, bool close) {
   }
 }
 
+static bool upgrade_h2c(nr_http_server_t *s, nr_http_request_t *req);
+
 static int deliver(void *arg, int ev, nr_http_request_t *req) {
   nr_http_server_t *s = arg;
   nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (req->switches && ev == NR_HTTP_EV_REQUEST && s->o.h2 && !s->tls &&
+      s->outstanding == 0 && upgrade_h2c(s, req))
+    return NR_HTTP_SWITCHED;   /* the rest of the input is HTTP/2's */
   if (ev == NR_HTTP_EV_CONTINUE) {
     if (s->outstanding > 0)
       s->continue_owed = true;   /* after the responses owed before it */
@@ -1009,10 +1044,32 @@ static void handover(nr_http_server_t *s) {
   }
 }
 
+/* Bytes for the HTTP/2 session (none: what it held); false if s was freed
+ * meanwhile. */
+static bool feed_h2(nr_http_server_t *s, const char *data, size_t len) {
+  nr_inbound_enter(&s->in);
+  if (nr_h2_server_feed(s->h2, data, len) < 0)
+    s->closing = true;
+  if (nr_inbound_leave(&s->in)) {
+    server_free(s);
+    return false;
+  }
+  if (!s->in.removed && !nr_inbound_busy(&s->in))
+    settle(s);
+  return !s->in.removed;
+}
+
 /* Parse bytes (none: what is held); false if s was freed meanwhile. */
 static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   nr_inbound_enter(&s->in);
   int rc = nr_http_feed(&s->parser, data, len, deliver, s);
+  if (s->h2 != NULL && !s->in.removed && nr_buf_len(&s->parser.in) > 0) {
+    nr_buf_t rest = s->parser.in;       /* after `Upgrade: h2c`: HTTP/2 */
+    s->parser.in = NR_BUF_INIT;
+    if (nr_h2_server_feed(s->h2, nr_buf_peek(&rest), nr_buf_len(&rest)) < 0)
+      s->closing = true;
+    nr_buf_free(&rest);
+  }
   if (nr_inbound_leave(&s->in)) {
     handover(s);
     server_free(s);
@@ -1022,7 +1079,8 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
     return false;
   if (s->overflow)
     rc = 503;
-  if (rc > 1 && !s->closing && nr_channel_is_open(nr_ctx_channel(s->ctx))) {
+  if (rc > 1 && s->h2 == NULL && !s->closing &&
+      nr_channel_is_open(nr_ctx_channel(s->ctx))) {
     if (s->outstanding > 0)
       s->pending_error = rc;
     else
@@ -1039,10 +1097,101 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
   return true;
 }
 
+/* HTTP/2 bounds its request bodies itself (h2_server.c): the connection
+ * leaves HTTP/1.1's body budget. */
+static void budget_off(nr_http_server_t *s) {
+  budget_leave(s);
+  s->budget = NULL;
+  hold_reads(s, false);
+}
+
+/* The connection speaks HTTP/2 from now on; false if it failed (the
+ * channel is closing). */
+static bool start_h2(nr_http_server_t *s) {
+  s->sniffed = true;
+  nr_channel_established(nr_ctx_channel(s->ctx));   /* it spoke: not shed */
+  budget_off(s);
+  s->h2 = nr_h2_server_new(s->ctx, &s->in, &s->o);
+  if (s->h2 == NULL) {
+    nr_log(NR_LOG_WARN, "http_server: out of memory starting HTTP/2");
+    s->closing = true;
+    nr_ctx_close(s->ctx, NULL);
+    return false;
+  }
+  return true;
+}
+
+/* The first bytes of a connection, when HTTP/2 is on: the client preface
+ * (h2c by prior knowledge) or HTTP/1.1. A preface split across reads
+ * waits here (its bytes are known: only a count is kept). */
+static int sniff(nr_http_server_t *s, const char *data, size_t len) {
+  size_t want = NR_H2_PREFACE_LEN - s->nsniff, take = len < want ? len : want;
+  if (s->delivered > 0 || nr_buf_len(&s->parser.in) > 0 ||
+      memcmp(data, NR_H2_PREFACE + s->nsniff, take) != 0) {
+    s->sniffed = true;         /* HTTP/1.1 (with what matched before) */
+    size_t had = s->nsniff;
+    if (had > 0 && !feed(s, NR_H2_PREFACE, had))
+      return 0;
+    if (!s->closing && !s->parser.stopped)
+      feed(s, data, len);
+    return 0;
+  }
+  s->nsniff = (uint8_t)(s->nsniff + take);
+  if (s->nsniff < NR_H2_PREFACE_LEN)
+    return 0;
+  if (start_h2(s) && feed_h2(s, NR_H2_PREFACE, NR_H2_PREFACE_LEN) &&
+      len > take && !s->closing)
+    feed_h2(s, data + take, len - take);
+  return 0;
+}
+
+/* `Upgrade: h2c` with HTTP2-Settings (RFC 7540 3.2, kept by RFC 9113 as
+ * deprecated): 101, then the request is stream 1's, answered in HTTP/2.
+ * False when the request does not ask for it (or the switch failed: it
+ * is then answered as HTTP/1.1). */
+static bool upgrade_h2c(nr_http_server_t *s, nr_http_request_t *req) {
+  const nr_http_header_t *settings = NULL;
+  bool h2c = false;
+  for (size_t i = 0; i < req->nheaders; i++) {
+    const nr_http_header_t *h = &req->headers[i];
+    if (nr__http_ieq(h->name, h->name_len, "upgrade", 7))
+      h2c |= nr__http_has_token(h->value, h->value_len, "h2c", 3);
+    else if (nr__http_ieq(h->name, h->name_len, "http2-settings", 14))
+      settings = settings == NULL ? h : req->headers;   /* twice: none */
+  }
+  if (!h2c || settings == NULL || settings == req->headers)
+    return false;
+  nr_h2_server_t *h2 = nr_h2_server_new(s->ctx, &s->in, &s->o);
+  if (h2 == NULL)
+    return false;
+  if (nr_h2_server_upgrade(h2, settings->value, settings->value_len,
+                           req->head) < 0) {
+    nr_h2_server_free(h2);
+    return false;
+  }
+  static const char ok[] = "HTTP/1.1 101 Switching Protocols\r\n"
+                           "Connection: Upgrade\r\nUpgrade: h2c\r\n\r\n";
+  nr_channel_established(nr_ctx_channel(s->ctx));
+  budget_off(s);
+  nr_bytes_t b = NR_BYTES(ok, sizeof ok - 1);
+  nr_ctx_write(s->ctx, &b, NULL);
+  s->h2 = h2;
+  s->sniffed = true;
+  s->wait = W_NONE;
+  nr_h2_server_deliver_upgraded(h2, req);
+  return true;
+}
+
 int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg) {
   nr_http_server_t *s = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
+  if (s->h2 != NULL) {
+    const nr_bytes_t *b = msg;
+    if (!s->closing)
+      feed_h2(s, b->data, b->len);
     return 0;
   }
   if (s->closing || s->parser.stopped)
@@ -1051,6 +1200,8 @@ int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg) {
     return nr_raise(-EBUSY, "http_server: bytes fired into the codec while "
                     "it is delivering a request");
   const nr_bytes_t *b = msg;
+  if (!s->sniffed)
+    return sniff(s, b->data, b->len);
   feed(s, b->data, b->len);
   return 0;
 }
@@ -1062,9 +1213,7 @@ int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg) {
  * write, reported once. Without a promise the pipeline raises the returned
  * error to exception_caught; with one it only fails that promise, so the
  * misuse is fired here as well (a programming error should be heard). */
-static int misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4), cold));
-static int misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
+int nr__http_misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
@@ -1122,7 +1271,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
                                    unsigned i, const nr_http_response_t *r,
                                    nr_promise_t *p) {
   if (r->status < 100 || r->status > 999)
-    return misuse(ctx, p, "http_server: bad status %d", r->status);
+    return nr__http_misuse(ctx, p, "http_server: bad status %d", r->status);
   nr_http_count_status(r->status);
   uint8_t f = s->flags[i];
   size_t need;
@@ -1206,10 +1355,10 @@ static NOINLINE int respond(nr_http_server_t *s, nr_ctx_t *ctx, void *msg,
   bool open_own;
   unsigned i = target(s, nr_ctx_reading(ctx), &open_own);
   if (open_own || (i == RING && s->streams > 0))
-    return misuse(ctx, p, "http_server: a response written while a streamed "
+    return nr__http_misuse(ctx, p, "http_server: a response written while a streamed "
                   "one is open (end it with \"\" or false)");
   if (i == RING)
-    return misuse(ctx, p, "http_server: a response with no request to answer");
+    return nr__http_misuse(ctx, p, "http_server: a response with no request to answer");
   if (nr_msg_type(msg) == NR_MSG_HTTP_PREPARED)
     return write_prepared(s, ctx, i, msg, p);
   return write_response(s, ctx, i, msg, p);
@@ -1294,8 +1443,18 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   return rc;
 }
 
+static NOINLINE int write_h2(nr_http_server_t *s, void *msg,
+                             nr_promise_t *p) {
+  int rc = nr_h2_server_write(s->h2, msg, p);
+  if (!nr_inbound_busy(&s->in))
+    settle(s);                 /* the last answer out: idle from now */
+  return rc;
+}
+
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->h2 != NULL)
+    return write_h2(s, msg, p);
   int type = nr_msg_type(msg);
   if (type == NR_MSG_HTTP_PREPARED && write_plain(s, ctx, msg, p) == 0)
     return 0;
@@ -1322,7 +1481,37 @@ static void parse_held(void *state, nr_ctx_t *ctx) {
 
 int nr_http_server_writability(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->h2 != NULL) {         /* HTTP/2 reads on: WINDOW_UPDATEs unblock */
+    nr_h2_server_writability(s->h2);
+    nr_ctx_fire_writability_changed(ctx);
+    return 0;
+  }
   return nr_inbound_writability(&s->in, ctx, s, parse_held);
+}
+
+/* TLS agreed "h2": HTTP/2 from the first byte. A graceful shutdown:
+ * HTTP/2 says GOAWAY. */
+int nr_http_server_user_event(nr_ctx_t *ctx, void *evt) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (nr_msg_type(evt) == NR_MSG_TLS_EVENT) {
+    const nr_tls_event_t *e = evt;
+    if (e->kind == NR_TLS_HANDSHAKE) {
+      s->tls = true;
+      if (s->o.h2 && s->h2 == NULL && e->alpn != NULL &&
+          strcmp(e->alpn, "h2") == 0 && s->delivered == 0 && start_h2(s))
+        feed_h2(s, NULL, 0);   /* our SETTINGS */
+    }
+  } else if (evt == &NR_EVT_SHUTDOWN && s->h2 != NULL) {
+    nr_h2_server_shutdown(s->h2);
+  }
+  nr_ctx_fire_user_event(ctx, evt);
+  return 0;
+}
+
+bool nr_http_server_speaks_h2(const nr_ctx_t *ctx) {
+  const nr_handler_t *h = nr_ctx_handler(ctx);
+  return h != NULL && h->type != NULL && strcmp(h->type, "http_server") == 0 &&
+         ((const nr_http_server_t *)nr_ctx_state(ctx))->o.h2;
 }
 
 const nr_handler_t nr_http_server_handler = {
@@ -1330,4 +1519,5 @@ const nr_handler_t nr_http_server_handler = {
     .active = nr_http_server_active, .inactive = nr_http_server_inactive,
     .channel_read = nr_http_server_channel_read,
     .writability_changed = nr_http_server_writability,
+    .user_event = nr_http_server_user_event,
     .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};

@@ -112,6 +112,10 @@ static long normalize_path(const char *s, size_t n, char *out) {
   return (long)w;
 }
 
+long nr__http_normalize_path(const char *s, size_t n, char *out) {
+  return normalize_path(s, n, out);
+}
+
 /* Room for n bytes of normalized path: 0 or -500. */
 static int norm_room(nr_http_parser_t *p, size_t n) {
   if (p->norm_cap >= n)

@@ -201,16 +201,41 @@ static int set_algorithms(SSL_CTX *ctx, const nr_tls_opts_t *o, char *err,
   return 0;
 }
 
-/* Servers: the first of the server's protocols the client also offers. */
+/* b's protocols without "h2" (wire format) into w; its length. */
+static unsigned without_h2(const nr_tls_bundle_t *b, unsigned char *w) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < b->alpn_len; i += 1u + b->alpn[i])
+    if (!(b->alpn[i] == 2 && memcmp(b->alpn + i + 1, "h2", 2) == 0)) {
+      memcpy(w + n, b->alpn + i, 1u + b->alpn[i]);
+      n += 1u + b->alpn[i];
+    }
+  return n;
+}
+
+/* Servers: the first of the server's protocols the client also offers --
+ * "h2" only where an HTTP/2 codec follows (a client that agreed it and
+ * found HTTP/1.1 would see its preface dropped). */
 static int alpn_select(SSL *ssl, const unsigned char **out,
                        unsigned char *outlen, const unsigned char *in,
                        unsigned inlen, void *arg) {
-  (void)ssl;
   nr_tls_bundle_t *b = arg;
   unsigned char *o = NULL;
   if (SSL_select_next_proto(&o, outlen, b->alpn, b->alpn_len, in, inlen) !=
       OPENSSL_NPN_NEGOTIATED)
     return SSL_TLSEXT_ERR_NOACK;      /* no common protocol: go on without */
+  if (*outlen == 2 && memcmp(o, "h2", 2) == 0 && !nr__tls_h2_follows(ssl)) {
+    unsigned char rest[sizeof b->alpn];
+    unsigned n = without_h2(b, rest);
+    if (n == 0 || SSL_select_next_proto(&o, outlen, rest, n, in, inlen) !=
+                      OPENSSL_NPN_NEGOTIATED)
+      return SSL_TLSEXT_ERR_NOACK;
+    /* o may point into `rest`, which goes: the same bytes in b's list */
+    for (unsigned i = 0; i < b->alpn_len; i += 1u + b->alpn[i])
+      if (b->alpn[i] == *outlen && memcmp(b->alpn + i + 1, o, *outlen) == 0) {
+        o = b->alpn + i + 1;
+        break;
+      }
+  }
   *out = o;
   return SSL_TLSEXT_ERR_OK;
 }

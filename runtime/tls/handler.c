@@ -54,6 +54,7 @@
 #include <openssl/x509v3.h>
 
 #include "codec/buf.h"
+#include "codec/http.h"
 #include "tls/handler.h"
 
 /* Its event, registered as the program loads (netrun.h). */
@@ -132,6 +133,17 @@ static int out_write(BIO *b, const char *data, size_t len, size_t *written) {
   }
   *written = len;
   return 1;
+}
+
+bool nr__tls_h2_follows(SSL *ssl) {
+  BIO *b = SSL_get_rbio(ssl);
+  tls_t *s = b != NULL ? BIO_get_data(b) : NULL;
+  if (s == NULL || s->ctx == NULL)
+    return false;
+  for (nr_ctx_t *c = nr_ctx_next(s->ctx); c != NULL; c = nr_ctx_next(c))
+    if (nr_http_server_speaks_h2(c))
+      return true;
+  return false;
 }
 
 static long bio_ctrl(BIO *b, int cmd, long num, void *ptr) {

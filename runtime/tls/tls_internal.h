@@ -30,4 +30,9 @@ typedef struct nr_tls_bundle_s {
 nr_tls_bundle_t *nr__tls_config_bundle(nr_tls_config_t *c);
 void nr_tls_bundle_release(nr_tls_bundle_t *b);
 
+/* Servers choosing ALPN: whether a handler after the TLS handler of ssl
+ * speaks HTTP/2 (an HTTP server codec with h2 on), so that "h2" may be
+ * agreed. Loop thread, during the handshake. */
+bool nr__tls_h2_follows(SSL *ssl);
+
 #endif /* NR_TLS_INTERNAL_H */

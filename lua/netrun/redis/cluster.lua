@@ -1,3 +1,6 @@
+--- The Redis Cluster client, `netrun.redis.cluster`.
+-- @module netrun.redis
+
 -- netrun.redis.cluster: a Redis Cluster client with netrun.redis's methods.
 --
 --   local c = netrun.redis.cluster { nodes = { "10.0.0.1:6379", ... },
@@ -518,6 +521,20 @@ local function command(self, name, ...)
   return result(run(st, st.cfg.read_from == "replica" and READS[name], pack(name, ...)))
 end
 
+--- A Redis Cluster client, made by `netrun.redis.cluster`. It has the
+-- methods of a `client` (every command is a method, named in lower case)
+-- with these differences: a command goes to its first key's node, a
+-- pipeline is split by node, a transaction and `cluster:watch` stay on
+-- one node, and a command may be sent again after a failure.
+-- @type cluster
+
+--- Run any command by name, on the node of its first key's slot
+-- (commands without a key: some master), following redirects and
+-- retrying failures.
+-- @function cluster:call
+-- @string name the command, in any case
+-- @param ... its arguments, strings and numbers
+-- @return the reply, or nil, err (`"too many redirects (MOVED ...)"` past `max_redirects`)
 function Cluster:call(name, ...)
   if type(name) ~= "string" then
     error("netrun.redis.cluster: c:call: the command name must be a string, got " .. type(name), 2)
@@ -536,7 +553,11 @@ setmetatable(Cluster, { __index = function(t, k)
   return f
 end })
 
--- c:await(): the slot map fetched on this loop: c, or nil, err.
+--- Fetch the slot map on this loop now (else: on first use).
+-- @function cluster:await
+-- @treturn[1] cluster the client
+-- @treturn[2] nil
+-- @treturn[2] string why no node answered
 function Cluster:await()
   local st = states[self.id] or state_of(self)
   if st == nil then return main_on(self, "await") end
@@ -637,7 +658,14 @@ local function recorded(self, what, fn)
   return st, cmds
 end
 
--- c:pipeline(fn): as r:pipeline, the commands split by node.
+--- As `client:pipeline`: the commands are split by node, sent to every
+-- node at once and their replies put back in order; a command that was
+-- redirected or whose node failed runs again alone.
+-- @function cluster:pipeline
+-- @tparam function fn `fn(p)`, which queues the commands (`p:call`, `p:eval`, `p:set`, ...)
+-- @treturn[1] table the replies in order (error replies as `is_error` objects, nulls as `netrun.redis.null`)
+-- @treturn[2] nil
+-- @treturn[2] string why no slot map could be had
 function Cluster:pipeline(fn)
   local st, cmds = recorded(self, "pipeline", fn)
   if not st then return unpack(cmds, 1, cmds.n) end
@@ -675,8 +703,12 @@ function Cluster:pipeline(fn)
   return res
 end
 
--- c:transaction(fn): MULTI, the commands, EXEC on the node of the first
--- key (again, whole, after a redirect): EXEC's array, or nil, err.
+--- As `client:transaction`, on the node of the first key (all the keys
+-- must share a slot, as the server requires); sent again, whole, after a
+-- redirect.
+-- @function cluster:transaction
+-- @tparam function fn `fn(t)`, which queues the commands
+-- @return EXEC's array, or nil, err
 function Cluster:transaction(fn)
   local st, cmds = recorded(self, "transaction", fn)
   if not st then return unpack(cmds, 1, cmds.n) end
@@ -725,7 +757,13 @@ function Cluster:transaction(fn)
   end
 end
 
--- c:eval(script, numkeys, ...): EVALSHA, and EVAL on NOSCRIPT (per node).
+--- As `client:eval`, on the node of the first key: EVALSHA, and EVAL on
+-- NOSCRIPT.
+-- @function cluster:eval
+-- @string script the script's source
+-- @int numkeys how many of the arguments are keys
+-- @param ... the keys, then the other arguments
+-- @return the script's reply, or nil, err
 function Cluster:eval(script, ...)
   if type(script) ~= "string" then
     error("netrun.redis.cluster: c:eval: the script must be a string, got " .. type(script), 2)
@@ -763,13 +801,33 @@ local function bound_call(self, name, key, after, ...)
   return result(v, err)
 end
 
+--- WATCH keys, on the node of the first one: the coroutine keeps a
+-- connection to that node until `cluster:exec`, `cluster:discard` or
+-- `cluster:unwatch` (the keys must share a slot).
+-- @function cluster:watch
+-- @string key the first key
+-- @string[opt] ... more keys
+-- @return "OK", or nil, err
 function Cluster:watch(key, ...)
   if type(key) ~= "string" then error("netrun.redis.cluster: c:watch: expects keys", 2) end
   return bound_call(self, "WATCH", key, false, key, ...)
 end
+--- MULTI, on the coroutine's connection (after `cluster:watch`: its
+-- node's; else some master's).
+-- @function cluster:multi
+-- @return "OK", or nil, err
 function Cluster:multi() return bound_call(self, "MULTI", nil, false) end
+--- EXEC, and the coroutine's connection given back.
+-- @function cluster:exec
+-- @return EXEC's array; nil and no error if a watched key changed; or nil, err
 function Cluster:exec() return bound_call(self, "EXEC", nil, true) end
+--- DISCARD, and the coroutine's connection given back.
+-- @function cluster:discard
+-- @return "OK", or nil, err
 function Cluster:discard() return bound_call(self, "DISCARD", nil, true) end
+--- UNWATCH, and the coroutine's connection given back.
+-- @function cluster:unwatch
+-- @return "OK", or nil, err
 function Cluster:unwatch() return bound_call(self, "UNWATCH", nil, true) end
 
 -- ---- pub/sub ------------------------------------------------------------------------
@@ -828,12 +886,36 @@ local function subscribe(self, kind, ...)
   return last
 end
 
+--- SUBSCRIBE to channels, on some master (the cluster passes messages
+-- on); read them with `cluster:read_reply`. No callback form, and no
+-- unsubscribe: `cluster:close` ends them.
+-- @function cluster:subscribe
+-- @string ... the channels
+-- @return the last confirmation, or nil, err
+
+--- PSUBSCRIBE to patterns, as `cluster:subscribe`.
+-- @function cluster:psubscribe
+-- @string ... the patterns
+-- @return the last confirmation, or nil, err
+
+--- SSUBSCRIBE to shard channels, each on the master of its slot. A slot
+-- that moves (the server's `"sunsubscribe"` comes as a message) or a node
+-- that fails (`nil, "closed"`) ends those subscriptions: subscribing
+-- again is the caller's to do.
+-- @function cluster:ssubscribe
+-- @string ... the channels
+-- @return the last confirmation, or nil, err
 for _, kind in ipairs { "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE" } do
   Cluster[kind:lower()] = function(self, ...) return subscribe(self, kind, ...) end
 end
 
--- c:read_reply([timeout]): the next message of this coroutine's
--- subscriptions, from any node.
+--- The next message of this coroutine's subscriptions, from any node (as
+-- `client:read_reply`).
+-- @function cluster:read_reply
+-- @number[opt] timeout seconds to wait (none: for ever)
+-- @treturn[1] table the message
+-- @treturn[2] nil
+-- @treturn[2] string `"timeout"`, `"closed"` or `"not subscribed"`
 function Cluster:read_reply(timeout)
   local st = states[self.id]
   local mine = st and st.subs and st.subs[running()]
@@ -846,7 +928,10 @@ function Cluster:read_reply(timeout)
   return R.internal.read_on(conn, timeout)
 end
 
--- c:close(): this loop's connections of the cluster client.
+--- Close this loop's connections of the client (and its slot map); a
+-- command after it starts again.
+-- @function cluster:close
+-- @treturn boolean true
 function Cluster:close()
   local st = states[self.id]
   if st == nil then return true end
@@ -855,13 +940,18 @@ function Cluster:close()
   return true
 end
 
--- For tests: this loop's slot map as { [slot] = "host:port" } for the
--- slots asked, and the number of refreshes.
+--- The master this loop's slot map gives a slot to (for tests and
+-- diagnosis).
+-- @function cluster:slot_owner
+-- @int slot 0 to 16383 (`netrun.redis.slot(key)`)
+-- @treturn ?string `"host:port"`, or nil before the map is fetched
 function Cluster:slot_owner(slot)
   local st = states[self.id]
   local s = st and st.slots[slot + 1]
   return s and s.master
 end
+
+--- @section end
 
 function Cluster:__tostring()
   return string.format("netrun.redis.cluster(%d seeds, pool = %d)", #self.seeds, self.pool)

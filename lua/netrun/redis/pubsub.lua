@@ -1,3 +1,6 @@
+--- Pub/sub of `netrun.redis`'s clients (this file adds the methods).
+-- @module netrun.redis
+
 -- netrun.redis pub/sub (lua/netrun/redis.lua installs it): SUBSCRIBE,
 -- PSUBSCRIBE and SSUBSCRIBE on a connection of the subscribing
 -- coroutine's own, read with r:read_reply(); or a callback.
@@ -176,6 +179,13 @@ return function(M)
   Subscription.__index = Subscription
   M.Subscription = Subscription
 
+  --- A subscription with a callback, made by `client:subscribe(..., fn)`
+  -- (and `psubscribe`, `ssubscribe`).
+  -- @type subscription
+
+  --- Stop it: its connection closes, and with it its subscriptions.
+  -- @function subscription:close
+  -- @treturn boolean true
   function Subscription:close()
     self.closed = true
     if self.conn then C.fail_conn(self.conn, "closed") end
@@ -229,6 +239,51 @@ return function(M)
       return subscribe(self, kind, ...)
     end
   end
+  --- @type client
+
+  --- SUBSCRIBE to channels, on a connection of the coroutine's own: while
+  -- subscribed, the coroutine's other commands go on it too (RESP3; in
+  -- RESP2 the server allows only (un)subscribe and PING there). Read the
+  -- messages with `client:read_reply`; or, with a function as the last
+  -- argument, a coroutine of the client's reads them and calls
+  -- `fn(payload, channel, msg)` for each, in order (an error in it is
+  -- logged), until `subscription:close`.
+  -- @function client:subscribe
+  -- @string ... the channels, then optionally `fn`
+  -- @return[1] the last confirmation, `{ "subscribe", channel, count }`
+  -- @treturn[2] subscription with a function: the subscription (in a
+  -- coroutine, once subscribed)
+  -- @return[3] nil, err
+  -- @usage r:subscribe("news")
+  -- local msg = r:read_reply(5)   --> { "message", "news", "..." }
+
+  --- PSUBSCRIBE to patterns, as `client:subscribe`; messages come as
+  -- `{ "pmessage", pattern, channel, payload }`.
+  -- @function client:psubscribe
+  -- @string ... the patterns, then optionally `fn`
+  -- @return the last confirmation, or a subscription, or nil, err
+
+  --- SSUBSCRIBE to shard channels (Redis 7), as `client:subscribe`;
+  -- messages come as `{ "smessage", channel, payload }`.
+  -- @function client:ssubscribe
+  -- @string ... the channels, then optionally `fn`
+  -- @return the last confirmation, or a subscription, or nil, err
+
+  --- UNSUBSCRIBE from channels (none: all); with no subscription left,
+  -- the coroutine's connection closes.
+  -- @function client:unsubscribe
+  -- @string[opt] ... the channels
+  -- @return the last confirmation, or nil, err
+
+  --- PUNSUBSCRIBE from patterns (none: all), as `client:unsubscribe`.
+  -- @function client:punsubscribe
+  -- @string[opt] ... the patterns
+  -- @return the last confirmation, or nil, err
+
+  --- SUNSUBSCRIBE from shard channels (none: all), as `client:unsubscribe`.
+  -- @function client:sunsubscribe
+  -- @string[opt] ... the channels
+  -- @return the last confirmation, or nil, err
   for _, kind in ipairs { "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "UNSUBSCRIBE",
                           "PUNSUBSCRIBE", "SUNSUBSCRIBE" } do
     Client[kind:lower()] = method(kind)
@@ -273,8 +328,17 @@ return function(M)
     end
   end
 
-  -- r:read_reply([timeout]): the next message of this coroutine's
-  -- subscriptions (see above).
+  --- The next message of this coroutine's subscriptions, in order:
+  -- `{ "message", channel, payload }`, `{ "pmessage", pattern, channel,
+  -- payload }`, `{ "smessage", channel, payload }`, or another push (an
+  -- unasked `"sunsubscribe"` when a shard channel's slot moved). Past the
+  -- client's `max_messages` unread, the connection stops reading from its
+  -- socket until the reader catches up.
+  -- @function client:read_reply
+  -- @number[opt] timeout seconds to wait (none: for ever)
+  -- @treturn[1] table the message
+  -- @treturn[2] nil
+  -- @treturn[2] string `"timeout"` (still subscribed), `"closed"` or `"not subscribed"`
   function Client:read_reply(timeout)
     if timeout ~= nil and (type(timeout) ~= "number" or timeout < 0) then
       error("netrun.redis: r:read_reply: timeout must be a number >= 0, got " .. tostring(timeout), 2)

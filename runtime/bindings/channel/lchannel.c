@@ -8,6 +8,10 @@
  * state, so one handler table can serve every channel of that loop; each
  * state keeps the one it ran last in its part (channel_part_t).
  */
+
+/***
+@module netrun
+*/
 #include <arpa/inet.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -230,6 +234,18 @@ static init_t *init_of(nr_channel_t *ch) {
   pthread_mutex_unlock(&inits_lock);
   return found;
 }
+
+/***
+@type channel
+*/
+
+/***
+On a server channel: channels accepted from now on run `fn` as their init
+(copied to each child loop); live connections keep theirs.
+@function channel:set_init
+@tparam function fn the new init, `fn(ch)`
+@treturn channel itself
+*/
 
 /* server:set_init(fn): channels accepted from now on run fn (copied to
  * their loops like any init); channels already open keep their pipelines. */
@@ -630,6 +646,21 @@ static int l_connect(lua_State *L) {
   lnr_push_promise(L, nr_connect(&o));
   return 1;
 }
+
+/*** @section end */
+
+/***
+Open a UDP channel. Its messages are datagrams,
+`{ data = "...", host = "1.2.3.4", port = 1234 }`, read and written.
+@function udp
+@tparam table opts the options; an unknown key raises
+@tparam[opt] group opts.group where it lives (a loop may be given)
+@string[opt="0.0.0.0"] opts.host the address to bind
+@int[opt=0] opts.port the port to bind (0: an ephemeral one)
+@tparam[opt] table opts.options channel options (`sndbuf`, `rcvbuf`, ...)
+@tparam[opt] function opts.init `init(ch)`, run on its loop
+@treturn future of the channel
+*/
 
 static int l_udp(lua_State *L) {
   const char *what = "netrun.udp";

@@ -9,6 +9,9 @@
  * write runs on the loop. Options and attributes are the loop's own
  * (require_loop raises elsewhere).
  */
+/***
+@module netrun
+*/
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,15 +132,51 @@ static int do_write(lua_State *L, bool flush) {
   return 1;
 }
 
+/***
+A channel: a TCP, Unix or UDP socket with its pipeline, bound to one loop
+for life (`netrun.server`'s children and the server channel itself,
+`netrun.connect`, `netrun.udp`). A handle may be used from any thread: a
+write or close from another thread is queued to the channel's loop with its
+message copied. Stream channels take a string, or an array of strings
+(gathered in one write); datagram messages are
+`{ data = "...", host = "1.2.3.4", port = 1234 }`. `ch1 == ch2` compares
+channels.
+@type channel
+*/
+/***
+Write a message through the whole pipeline, from its tail; it is sent at
+the next flush.
+@function channel:write
+@param msg a string, an array of strings, or what the pipeline's encoders take
+@tparam[opt] future promise a promise to complete instead of a new future (e.g. the void promise)
+@treturn future completed once the bytes are written, failed if they cannot be
+*/
+/***
+Write and flush.
+@function channel:write_and_flush
+@param msg the message
+@tparam[opt] future promise a promise to complete instead of a new future
+@treturn future
+*/
 static int l_write(lua_State *L) { return do_write(L, false); }
 static int l_write_and_flush(lua_State *L) { return do_write(L, true); }
 
+/***
+Flush what was written.
+@function channel:flush
+@treturn channel itself
+*/
 static int l_flush(lua_State *L) {
   nr_channel_flush(check(L, 1));
   lua_settop(L, 1);
   return 1;
 }
 
+/***
+Close the channel, after flushing what it accepted; idempotent.
+@function channel:close
+@treturn future completed once it is closed
+*/
 static int l_close(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
   nr_promise_t *p = nr_promise_new();
@@ -146,11 +185,21 @@ static int l_close(lua_State *L) {
   return 1;
 }
 
+/***
+The future that completes when the channel closes.
+@function channel:close_future
+@treturn future
+*/
 static int l_close_future(lua_State *L) {
   lnr_push_promise(L, nr_promise_retain(nr_channel_close_future(check(L, 1))));
   return 1;
 }
 
+/***
+Ask for one read, when `auto_read` is false.
+@function channel:read
+@treturn channel itself
+*/
 static int l_read(lua_State *L) {
   nr_channel_read(check(L, 1));
   lua_settop(L, 1);
@@ -176,25 +225,63 @@ static int push_address(lua_State *L, int remote) {
   return 2;
 }
 
+/***
+The local address (for a server bound to port 0, the port it got).
+@function channel:local_address
+@treturn string|nil host (a path for a Unix socket), nil once unknown
+@treturn int port
+*/
+/***
+The peer's address.
+@function channel:remote_address
+@treturn string|nil host, nil if not connected
+@treturn int port
+*/
 static int l_local_address(lua_State *L) { return push_address(L, 0); }
 static int l_remote_address(lua_State *L) { return push_address(L, 1); }
 
+/***
+The channel's id, unique in the process.
+@function channel:id
+@treturn int
+*/
 static int l_id(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)nr_channel_id(check(L, 1)));
   return 1;
 }
+/***
+The loop the channel lives on.
+@function channel:loop
+@treturn loop
+*/
 static int l_loop(lua_State *L) {
   lnr_push_handle(L, LNR_LOOP, nr_channel_loop(check(L, 1)));
   return 1;
 }
+/***
+Whether the channel is open (not yet closed).
+@function channel:is_open
+@treturn bool
+*/
 static int l_is_open(lua_State *L) {
   lua_pushboolean(L, nr_channel_is_open(check(L, 1)));
   return 1;
 }
+/***
+Whether the channel is active: connected (bound, for a server or UDP).
+@function channel:is_active
+@treturn bool
+*/
 static int l_is_active(lua_State *L) {
   lua_pushboolean(L, nr_channel_is_active(check(L, 1)));
   return 1;
 }
+/***
+Whether the channel is writable: its outbound buffer is below
+`write_buffer_high` (or has drained below `write_buffer_low` since).
+@function channel:is_writable
+@treturn bool
+*/
 static int l_is_writable(lua_State *L) {
   lua_pushboolean(L, nr_channel_is_writable(check(L, 1)));
   return 1;
@@ -215,6 +302,17 @@ static void push_seconds(lua_State *L, uint64_t ns) {
     lua_pushnumber(L, (lua_Number)ns / 1e9);
 }
 
+/***
+Get or set a channel option: `tcp_nodelay`, `keepalive`, `auto_read`,
+`allow_half_closure`, `write_buffer_low`, `write_buffer_high`, `sndbuf`,
+`rcvbuf`, `send_timeout` (seconds, 0: none). Options other than
+`auto_read` are read and set on the channel's loop only; an unknown name
+raises.
+@function channel:option
+@string name the option
+@param[opt] value a new value
+@return the value (getting), or the channel (setting)
+*/
 static int l_option(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
   const char *name = luaL_checkstring(L, 2);
@@ -298,6 +396,15 @@ static void drop_attrs(nr_promise_t *p, void *arg) {
                                 the attributes with it, close after this */
 }
 
+/***
+Get or set a per-channel attribute. Values live in the channel's loop
+state (read and set them on that loop only), as long as the channel: they
+stay readable through `channel_inactive` and `handler_removed`.
+@function channel:attr
+@param key the key
+@param[opt] value a new value (an explicit nil clears it)
+@return the value (getting), or the channel (setting)
+*/
 static int l_attr(lua_State *L) {
   nr_channel_t *ch = check(L, 1);
   luaL_checkany(L, 2);

@@ -6,6 +6,9 @@
  * Threads: a group is a handle, used from any thread; its list is under
  * its lock, and the channels' own operations hop to their loops.
  */
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -59,6 +62,16 @@ static void left_on_close(nr_promise_t *p, void *arg) {
   free(m);
 }
 
+/***
+A new channel group (Netty's ChannelGroup): a thread-safe set of channels
+that may be written to or closed together, from any thread. A closed
+channel leaves by itself.
+@function channel_group
+@treturn channel_group
+@usage local room = netrun.channel_group()
+room:add(ctx.channel)
+room:write_and_flush("hello all\n")
+*/
 static int l_channel_group(lua_State *L) {
   chgroup_t *g = calloc(1, sizeof *g);
   if (g == NULL)
@@ -70,6 +83,17 @@ static int l_channel_group(lua_State *L) {
   return 1;
 }
 
+/***
+A thread-safe set of channels, made by `channel_group`; `#members` is how
+many it holds.
+@type channel_group
+*/
+/***
+Add a channel; a closed one leaves by itself.
+@function channel_group:add
+@tparam channel ch the channel
+@treturn bool whether it was added (false if it was a member already)
+*/
 static int l_cg_add(lua_State *L) {
   chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
   nr_channel_t *ch = lnr_check_handle(L, 2, LNR_CHANNEL);
@@ -101,6 +125,12 @@ static int l_cg_add(lua_State *L) {
   return 1;
 }
 
+/***
+Remove a channel.
+@function channel_group:remove
+@tparam channel ch the channel
+@treturn bool whether it was a member
+*/
 static int l_cg_remove(lua_State *L) {
   chgroup_t *g = lnr_check_handle(L, 1, LNR_CHGROUP);
   lua_pushboolean(L, cg_remove(g, lnr_check_handle(L, 2, LNR_CHANNEL)));
@@ -189,6 +219,17 @@ static int l_cg_op(lua_State *L, bool close) {
   return 1;
 }
 
+/***
+Write and flush a message to every member (copied to each member's loop).
+@function channel_group:write_and_flush
+@param msg the message
+@treturn future completed once every member's write has, failed if any failed
+*/
+/***
+Close every member.
+@function channel_group:close
+@treturn future completed once every member has closed
+*/
 static int l_cg_write(lua_State *L) { return l_cg_op(L, false); }
 static int l_cg_close(lua_State *L) { return l_cg_op(L, true); }
 

@@ -11,6 +11,10 @@
  * How long the process lives (netrun.run) and shutting every group down
  * are lrun.c's; what both share, lgroup.h's.
  */
+
+/***
+@module netrun
+*/
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -227,6 +231,33 @@ static int new_group(lua_State *L, bool executor) {
   return 1;
 }
 
+/***
+Make a group of event loops (Netty's NioEventLoopGroup): `threads` loops,
+each a thread with its own epoll selector and its own Lua state, started
+on its first task. A channel registered with a loop stays on it for life.
+@function group
+@tparam[opt] table opts the options; an unknown key raises
+@int[opt] opts.threads how many loops (1..1024; default: the number of CPUs, or `netrun -t N`)
+@string[opt="worker"] opts.name the loops are named name-1, name-2, ...
+@int[opt=50] opts.io_ratio percent of a turn given to I/O rather than tasks (1..100; 100: run every task each turn)
+@bool[opt=false] opts.daemon a daemon group keeps no process alive (`netrun.run`)
+@number[opt=1] opts.stall_threshold seconds a task or handler call may run before the stall detector logs it (0: off)
+@number[opt] opts.stall_timeout seconds after which a stuck Lua call is interrupted with "stalled for N s" (default: off)
+@int[opt=1000000] opts.max_pending_tasks tasks queued on one loop before `execute` and `submit` raise
+@int[opt=536870912] opts.lua_memory_limit bytes of Lua memory per loop state (0: none; at least 1 MiB)
+@treturn group the group
+@usage local workers = netrun.group { threads = 4, name = "worker" }
+*/
+/***
+Make a group of executors: task threads with no selector, for blocking work
+(`pipeline:add_last(group, name, h)` runs a handler there). Their threads may
+block in `future:sync`. Options as `group` (`io_ratio` aside; stalls are
+not watched by default); the default name is "executor".
+@function executor_group
+@tparam[opt] table opts the options, as `group`'s
+@treturn group the group
+*/
+
 static int l_group(lua_State *L) { return new_group(L, false); }
 static int l_executor_group(lua_State *L) { return new_group(L, true); }
 
@@ -397,6 +428,22 @@ static lnr_blob_t *pack_task(lua_State *L, int from, int n, const char *what) {
   return lnr_pack(L, from, n, what);
 }
 
+/***
+A group of event loops or executors, made by `group` or `executor_group`.
+`#g` is its number of loops. Work sent to a group goes to `g:next()`;
+functions and arguments are copied into the loop's state (as the `netrun` module says of values).
+@type group
+*/
+
+/***
+Run `fn(...)` on the next loop. `fn` and its arguments are copied to that
+loop's state; an error it raises is logged. Past `max_pending_tasks`
+queued, raises (Netty's RejectedExecutionException); after shutdown, raises.
+@function group:execute
+@tparam function fn the task
+@param ... its arguments
+*/
+
 static int l_execute(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -404,6 +451,15 @@ static int l_execute(lua_State *L) {
   lnr_send_task(L, loop, b, NULL);
   return 0;
 }
+
+/***
+Run `fn(...)` on the next loop; a future of its first result (copied
+back), failed by its error.
+@function group:submit
+@tparam function fn the task
+@param ... its arguments
+@treturn future of fn's first result
+*/
 
 static int l_submit(lua_State *L) {
   nr_loop_t *loop = target_loop(L);
@@ -507,10 +563,31 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   return 1;
 }
 
+/***
+Run `fn(...)` once after `delay` seconds, on the next loop.
+@function group:schedule
+@number delay seconds (0: as soon as possible)
+@tparam function fn the task
+@param ... its arguments
+@treturn future of fn's first result; `cancel()` it to cancel the task
+*/
+
 static int l_schedule(lua_State *L) {
   double d = lnr_checkseconds(L, 2, "schedule");
   return schedule(L, 1, d, 0);
 }
+
+/***
+Run `fn(...)` after `initial` seconds, then every `period` seconds from
+its start times (Netty's scheduleAtFixedRate). A run that raises is logged
+and stops the repetition.
+@function group:schedule_at_fixed_rate
+@number initial seconds before the first run
+@number period seconds between starts (> 0)
+@tparam function fn the task
+@param ... its arguments
+@treturn future that completes only when cancelled or failed; `cancel()` stops it
+*/
 
 static int l_fixed_rate(lua_State *L) {
   double d = lnr_checkseconds(L, 2, "schedule_at_fixed_rate");
@@ -519,6 +596,17 @@ static int l_fixed_rate(lua_State *L) {
     return luaL_error(L, "schedule_at_fixed_rate: period must be > 0");
   return schedule(L, 2, d, (int64_t)lnr_ns(p));
 }
+
+/***
+Run `fn(...)` after `initial` seconds, then again `delay` seconds after
+each run ends (Netty's scheduleWithFixedDelay).
+@function group:schedule_with_fixed_delay
+@number initial seconds before the first run
+@number delay seconds between a run's end and the next start (> 0)
+@tparam function fn the task
+@param ... its arguments
+@treturn future that completes only when cancelled or failed; `cancel()` stops it
+*/
 
 static int l_fixed_delay(lua_State *L) {
   double d = lnr_checkseconds(L, 2, "schedule_with_fixed_delay");
@@ -534,6 +622,17 @@ static double secs(lua_State *L, int idx) {
   return lnr_checkseconds(L, idx, "shutdown_gracefully");
 }
 
+/***
+Shut the group down gracefully: each loop cancels its
+scheduled tasks, closes its channels (flushing what they accepted), runs
+what is queued and terminates once no task ran for `quiet` seconds, or
+after `timeout`. Tasks submitted after the shutdown raise.
+@function group:shutdown_gracefully
+@number[opt=2] quiet the quiet period, seconds
+@number[opt=15] timeout the most it may take, seconds
+@treturn future the termination future
+*/
+
 static int l_shutdown(lua_State *L) {
   double quiet = luaL_opt(L, secs, 2, 2.0);
   double timeout = luaL_opt(L, secs, 3, 15.0);
@@ -547,6 +646,12 @@ static int l_shutdown(lua_State *L) {
   lnr_push_promise(L, nr_promise_retain(p));
   return 1;
 }
+
+/***
+The future that completes once every loop of the group has terminated.
+@function group:termination_future
+@treturn future
+*/
 
 static int l_termination(lua_State *L) {
   lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
@@ -562,6 +667,22 @@ static int l_termination(lua_State *L) {
     lua_pushboolean(L, g ? gfn(g->g) : lfn(lnr_check_handle(L, 1, LNR_LOOP))); \
     return 1;                                                              \
   }
+/***
+Whether a graceful shutdown has begun.
+@function group:is_shutting_down
+@treturn bool
+*/
+/***
+Whether the group is shut down (no task is accepted any more).
+@function group:is_shutdown
+@treturn bool
+*/
+/***
+Whether every loop has terminated.
+@function group:is_terminated
+@treturn bool
+*/
+
 PRED(l_is_shutting_down, nr_group_is_shutting_down, nr_loop_is_shutting_down)
 PRED(l_is_shutdown, nr_group_is_shutdown, nr_loop_is_shutdown)
 PRED(l_is_terminated, nr_group_is_terminated, nr_loop_is_terminated)
@@ -600,6 +721,12 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_setfield(L, -2, "lua_memory");
 }
 
+/***
+The stats of every loop, as `loop:stats` gives them.
+@function group:stats
+@treturn {table,...} one table per loop
+*/
+
 static int l_stats(lua_State *L) {
   lnr_group_t *g = lnr_to_handle(L, 1, LNR_GROUP);
   if (g == NULL) {
@@ -615,11 +742,24 @@ static int l_stats(lua_State *L) {
   return 1;
 }
 
+/***
+The next loop, round robin (a power-of-two mask when the size is one);
+a stalled loop is skipped while it stalls.
+@function group:next
+@treturn loop
+*/
+
 static int l_next(lua_State *L) {
   lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
   lnr_push_handle(L, LNR_LOOP, nr_group_next(g->g));
   return 1;
 }
+
+/***
+The group's loops, in order.
+@function group:loops
+@treturn {loop,...}
+*/
 
 static int l_loops(lua_State *L) {
   lnr_group_t *g = lnr_check_handle(L, 1, LNR_GROUP);
@@ -645,15 +785,123 @@ static int l_group_tostring(lua_State *L) {
   return 1;
 }
 
+/***
+One loop (or executor) of a group: a thread with its own Lua state. Work
+given to a loop runs on it; a function sent to the caller's own loop is not
+copied, so it may capture `ctx` and other loop-local values.
+@type loop
+*/
+
+/***
+Run `fn(...)` on this loop; as `group:execute`.
+@function loop:execute
+@tparam function fn the task
+@param ... its arguments
+*/
+/***
+Run `fn(...)` on this loop; as `group:submit`.
+@function loop:submit
+@tparam function fn the task
+@param ... its arguments
+@treturn future of fn's first result
+*/
+/***
+Run `fn(...)` on this loop after `delay` seconds; as `group:schedule`.
+@function loop:schedule
+@number delay seconds
+@tparam function fn the task
+@param ... its arguments
+@treturn future
+*/
+/***
+As `group:schedule_at_fixed_rate`, on this loop.
+@function loop:schedule_at_fixed_rate
+@number initial seconds
+@number period seconds
+@tparam function fn the task
+@param ... its arguments
+@treturn future
+*/
+/***
+As `group:schedule_with_fixed_delay`, on this loop.
+@function loop:schedule_with_fixed_delay
+@number initial seconds
+@number delay seconds
+@tparam function fn the task
+@param ... its arguments
+@treturn future
+*/
+/***
+Queue a tail task: `fn(...)` runs after the loop's current iteration
+(Netty's executeAfterEventLoopIteration).
+@function loop:after_iteration
+@tparam function fn the task
+@param ... its arguments
+*/
+/***
+Shut this loop down gracefully; as `group:shutdown_gracefully`.
+@function loop:shutdown_gracefully
+@number[opt=2] quiet seconds
+@number[opt=15] timeout seconds
+@treturn future
+*/
+/***
+The future that completes once this loop has terminated.
+@function loop:termination_future
+@treturn future
+*/
+/***
+Whether this loop is shutting down.
+@function loop:is_shutting_down
+@treturn bool
+*/
+/***
+Whether this loop is shut down.
+@function loop:is_shutdown
+@treturn bool
+*/
+/***
+Whether this loop has terminated.
+@function loop:is_terminated
+@treturn bool
+*/
+/***
+This loop's stats: `name`, `state` ("not_started", "started",
+"shutting_down", "shutdown", "terminated"), `pending_tasks`,
+`scheduled_tasks`, `channels`, `tasks_run`, `io_events`, `wakeups`,
+`selector_rebuilds`, `iterations`, `io_time` and `task_time` (seconds),
+`stalls`, `max_busy` (seconds, the longest uninterrupted run) and
+`lua_memory` (bytes).
+@function loop:stats
+@treturn table
+*/
+/***
+The loop's name, e.g. "worker-2".
+@function loop:name
+@treturn string
+*/
+
 static int l_loop_name(lua_State *L) {
   lua_pushstring(L, nr_loop_name(lnr_check_handle(L, 1, LNR_LOOP)));
   return 1;
 }
 
+/***
+Whether the caller runs on this loop's thread.
+@function loop:in_event_loop
+@treturn bool
+*/
+
 static int l_in_event_loop(lua_State *L) {
   lua_pushboolean(L, nr_loop_in_thread(lnr_check_handle(L, 1, LNR_LOOP)));
   return 1;
 }
+
+/***
+The group this loop belongs to.
+@function loop:group
+@treturn group
+*/
 
 static int l_loop_group(lua_State *L) {
   lnr_push_handle(L, LNR_GROUP,
@@ -666,6 +914,14 @@ static int l_loop_tostring(lua_State *L) {
   lua_pushfstring(L, "netrun.loop(%s)", nr_loop_name(l));
   return 1;
 }
+
+/*** @section end */
+
+/***
+The loop running the caller: nil on the main thread.
+@function current
+@treturn loop|nil
+*/
 
 static int l_current(lua_State *L) {
   nr_loop_t *l = nr_loop_current();

@@ -9,6 +9,9 @@
  * lnr_shutdown_groups_async on any (the signal thread). The live list is
  * read under lnr_live_lock.
  */
+/***
+@module netrun
+*/
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -88,6 +91,14 @@ static void shutdown_listed(bool daemons, uint64_t timeout) {
  * shutdown asked meanwhile (SIGTERM, shutdown_gracefully) ends it too,
  * once the groups have terminated. Loops that block with nothing alive
  * wake the main thread (nr_loop_watch_idle), so it looks again. */
+/***
+Run the main thread's work (listeners it added, results sent to it) while
+anything keeps the process alive -- a task, a timer, an open channel --
+then shut the groups down and wait until they terminated. What the
+`netrun` executable does after the script; a script run by `lua5.4`
+calls it at its end.
+@function run
+*/
 int lnr_l_run(lua_State *L) {
   nr_loop_t *m = lnr_main_loop();
   if (nr_loop_current() != m)

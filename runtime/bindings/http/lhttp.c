@@ -91,6 +91,10 @@
  * of a state. Like every native handler configuration it is plain bytes,
  * copied when it crosses states (an upvalue of `init`, say).
  */
+
+/***
+@module netrun
+*/
 #include <assert.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -196,7 +200,7 @@ static bool all_in_block(const nr_http_request_t *r, size_t span) {
 /* The length of the block holding every field, or 0 (a normalized path,
  * a Host added, trailers past the body: copied one by one). */
 static size_t head_block(const nr_http_request_t *r) {
-  if (r->chunked || r->rewritten)
+  if (r->chunked || r->rewritten || r->ntrailers > 0)
     return 0;
   assert(r->ntrailers == 0);
   const char *end = r->query ? r->query + r->query_len : r->path + r->path_len;
@@ -245,7 +249,8 @@ static void push_request(lua_State *L, void *msg) {
                  .target = (uint32_t)(r->target - base),
                  .target_len = (uint32_t)r->target_len,
                  .nheaders = (uint16_t)n, .has_query = r->query != NULL,
-                 .keep_alive = r->keep_alive, .http11 = r->minor != 0};
+                 .keep_alive = r->keep_alive, .http11 = r->minor != 0,
+                 .stream = r->stream};
     for (size_t i = 0; i < n; i++) {
       const nr_http_header_t *h = &r->headers[i];
       q->h[i] = (rhdr_t){(uint32_t)(h->name - base), (uint32_t)h->name_len,
@@ -278,6 +283,7 @@ static void push_request(lua_State *L, void *msg) {
   q->target = put_text(q, &off, r->target, r->target_len);
   q->keep_alive = r->keep_alive;
   q->http11 = r->minor != 0;
+  q->stream = r->stream;
   for (size_t i = 0; i < n; i++) {
     const nr_http_header_t *h = &r->headers[i];
     q->h[i].name_len = (uint32_t)h->name_len;
@@ -344,10 +350,10 @@ static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, F_STREAM, NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "trailers", "args", "target"};
+    "keep_alive", "trailers", "args", "target", "stream"};
 
 /* ---- query arguments ---------------------------------------------------------- */
 
@@ -455,7 +461,15 @@ static void push_field(lua_State *L, int ud, int f) {
     else
       lua_pushnil(L);
     break;
-  case F_VERSION: lua_pushstring(L, q->http11 ? "HTTP/1.1" : "HTTP/1.0"); break;
+  case F_VERSION:
+    lua_pushstring(L, q->stream ? "2" : q->http11 ? "HTTP/1.1" : "HTTP/1.0");
+    break;
+  case F_STREAM:               /* HTTP/2's stream id; nil for HTTP/1.x */
+    if (q->stream)
+      lua_pushinteger(L, q->stream);
+    else
+      lua_pushnil(L);
+    break;
   case F_BODY:
     if (lua_getiuservalue(L, ud, 1) != LUA_TSTRING) {
       lua_pop(L, 1);
@@ -680,6 +694,26 @@ static const nr_handler_t *not_a_handler(lua_State *L, int idx, void **state) {
   return NULL;
 }
 
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
+
+/***
+A prepared HTTP response: encoded once, written many times
+(`ctx:write(hello, VOID)` copies its bytes and adds Date). Not streamed;
+the body is at most 2 GiB.
+@function codec.http_response
+@tparam table res a response table, as a handler writes
+@int[opt=200] res.status the status code (100..999)
+@string[opt] res.reason the reason phrase
+@tparam[opt] table res.headers header fields (lower-case names; an array value repeats the field)
+@string[opt=""] res.body the body
+@return a prepared response (a bad field raises)
+@usage local hello = netrun.codec.http_response { body = "Hello, World!",
+  headers = { ["content-type"] = "text/plain" } }
+*/
+
 static int l_http_response(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = 200,
@@ -770,6 +804,7 @@ static const nr_handler_t lua_http_vt = {
     .channel_read = nr_http_server_channel_read,
     .read_failed = nr_http_server_read_failed,
     .writability_changed = nr_http_server_writability,
+    .user_event = nr_http_server_user_event,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
 /* ---- the constructor ------------------------------------------------------------ */
@@ -811,6 +846,33 @@ static uint64_t opt_seconds(lua_State *L, const char *k, uint64_t d) {
   return v;
 }
 
+/***
+The HTTP/1.1 server codec. The handler after it reads one request per
+message -- a userdata read like a table whose fields are made when first
+read: `method`, `path` (normalized: match on it), `target` (as it came),
+`query`, `args` (the query decoded; a repeated key gives an array),
+`version`, `headers` (lower-case names; repeats joined with ", "),
+`trailers`, `body`, `keep_alive` -- and answers each, in request order, by
+writing (or returning from `channel_read`) a response table
+`{ status = 200, reason, headers = {...}, body = "..." }` or a
+`codec.http_response`. Server, Date and Content-Length are added; with
+`stream = true` the response is chunked: each string written next is a
+chunk, and `""` or `false` ends it. A request over a limit is answered by
+the codec (413, 431, 408) and the connection closed.
+@function codec.http_server
+@tparam[opt] table opts
+@int[opt=8192] opts.max_header request line and headers, bytes
+@int[opt=1048576] opts.max_body the decoded body, bytes
+@int[opt=64] opts.max_headers header and trailer lines (at most 512)
+@number[opt=60] opts.header_timeout seconds for a head, from its first byte (0: off)
+@number[opt=60] opts.body_timeout seconds between two reads of a body (0: off)
+@number[opt=75] opts.keepalive_timeout seconds an idle connection waits for its next request (0: off)
+@int[opt=67108864] opts.body_budget request body bytes held at once by one loop's connections (0: none)
+@int[opt=16777216] opts.conn_body_budget the same for one connection
+@return a codec configuration
+@usage ch:pipeline():add_last("http", netrun.codec.http_server { max_body = 1 << 20 })
+*/
+
 static int l_http_server(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -827,6 +889,23 @@ static int l_http_server(lua_State *L) {
                                           64 << 20, 0, (lua_Integer)1 << 50);
   o.conn_body_budget = (uint64_t)lnr_codec_int(L, "http_server", "conn_body_budget",
                                                16 << 20, 0, (lua_Integer)1 << 50);
+  o.h2 = lnr_codec_bool(L, "http_server", "h2", true);
+  nr_h2_opts_t *h = &o.h2o;
+  h->max_streams = (uint32_t)opt_size(L, "h2_max_streams", NR_H2_MAX_STREAMS,
+                                      1, 1 << 16);
+  h->window = (uint32_t)opt_size(L, "h2_window", NR_H2_WINDOW, 1024,
+                                 (1u << 31) - 1);
+  h->reset_burst = (uint32_t)opt_size(L, "h2_reset_burst", NR_H2_RESET_BURST,
+                                      1, 1 << 30);
+  h->reset_rate = (uint32_t)opt_size(L, "h2_reset_rate", NR_H2_RESET_RATE, 1,
+                                     1 << 30);
+  h->flood_burst = (uint32_t)opt_size(L, "h2_flood_burst", NR_H2_FLOOD_BURST,
+                                      1, 1 << 30);
+  h->flood_rate = (uint32_t)opt_size(L, "h2_flood_rate", NR_H2_FLOOD_RATE, 1,
+                                     1 << 30);
+  h->max_continuations = (uint32_t)opt_size(
+      L, "h2_max_continuations", NR_H2_MAX_CONTINUATIONS, 1, 1024);
+  h->send_timeout = opt_seconds(L, "h2_send_timeout", NR_H2_SEND_TIMEOUT);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -835,15 +914,17 @@ static int l_http_server(lua_State *L) {
 
 static int l_tostring(lua_State *L) {
   conf_t *c = luaL_checkudata(L, 1, CLASS);
-  char b[256];
+  char b[384];
   snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
            "body_budget = %llu, conn_body_budget = %llu, "
            "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
-           "keepalive_timeout = %g }", c->max_header, c->max_body,
+           "keepalive_timeout = %g, h2 = %s, h2_max_streams = %u }",
+           c->max_header, c->max_body,
            (unsigned long long)c->body_budget,
            (unsigned long long)c->conn_body_budget, c->max_headers,
            (double)c->header_timeout / 1e9, (double)c->body_timeout / 1e9,
-           (double)c->keepalive_timeout / 1e9);
+           (double)c->keepalive_timeout / 1e9,
+           c->h2 ? "true" : "false", c->h2o.max_streams);
   lua_pushstring(L, b);
   return 1;
 }

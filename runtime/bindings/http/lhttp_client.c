@@ -51,6 +51,15 @@
  * close) reaches exception_caught as "http_client: <kind>: <cause>" and
  * the channel is closed.
  */
+
+/***
+@module netrun
+*/
+
+/***
+Codecs: `netrun.codec`.
+@section codec
+*/
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -243,6 +252,14 @@ static const nr_handler_t *raw_not_a_handler(lua_State *L, int idx,
 static void push_reply(lua_State *L, void *msg) {
   const nr_http_reply_t *r = msg;
   luaL_checkstack(L, 8, "http_client");
+  if (r->error != NULL) {      /* an HTTP/2 stream that failed */
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, r->error);
+    lua_setfield(L, -2, "error");
+    lua_pushboolean(L, r->retry);
+    lua_setfield(L, -2, "retry");
+    return;
+  }
   if (r->raw && (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
     return;
   lua_createtable(L, 0, 7);
@@ -250,7 +267,7 @@ static void push_reply(lua_State *L, void *msg) {
   lua_setfield(L, -2, "status");
   lua_pushlstring(L, r->reason, r->reason_len);
   lua_setfield(L, -2, "reason");
-  lua_pushstring(L, r->minor == 0 ? "HTTP/1.0" : "HTTP/1.1");
+  lua_pushstring(L, r->h2 ? "2" : r->minor == 0 ? "HTTP/1.0" : "HTTP/1.1");
   lua_setfield(L, -2, "version");
   push_fields(L, r->headers, r->nheaders);
   lua_setfield(L, -2, "headers");
@@ -394,7 +411,8 @@ static int to_forward(lua_State *L, int idx, int how, int fwd,
              f.target_len > 64 ? 64 : (int)f.target_len, f.target);
     return -EINVAL;
   }
-  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .method = f.method,
+  uint64_t tag = c->tag;       /* (the pool's: its reply comes back with it) */
+  *c = (nr_http_call_t){.type = NR_MSG_HTTP_CALL, .tag = tag, .method = f.method,
                         .method_len = f.method_len, .target = f.target,
                         .target_len = f.target_len,
                         .body = f.body_len ? f.body : NULL,
@@ -492,14 +510,14 @@ static int lwrite(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   return rc;
 }
 
-int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
-                        size_t el) {
+int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, uint64_t tag,
+                        char *err, size_t el) {
   int top = lua_gettop(L);
   if (!lua_checkstack(L, 16)) {
     snprintf(err, el, "Lua stack overflow");
     return 1;
   }
-  nr_http_call_t c = {.type = NR_MSG_HTTP_CALL};
+  nr_http_call_t c = {.type = NR_MSG_HTTP_CALL, .tag = tag};
   lnr_hdrs_t h;
   lnr_hdrs_init(&h, L);
   int rc = to_call(L, idx, BY_UVALUE, &c, &h, err, el);
@@ -514,7 +532,8 @@ int lnr_http_write_call(lua_State *L, int idx, nr_ctx_t *ctx, char *err,
 
 static const nr_handler_t lua_vt = {
     .type = "http_client", .removed = nr_http_client_removed,
-    .inactive = nr_http_client_inactive,
+    .active = nr_http_client_active, .inactive = nr_http_client_inactive,
+    .user_event = nr_http_client_user_event,
     .channel_read = nr_http_client_channel_read,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
@@ -622,6 +641,24 @@ static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
   return (size_t)lnr_codec_int(L, "http_client", k, d, min, max);
 }
 
+/***
+The HTTP/1.1 client codec (`netrun.http` pools such channels for you).
+Write request tables `{ method = "GET", path = "/a?x=1", headers = {...},
+body = "..." }` (Host is yours to give; Content-Length is added), and read
+one table per whole response: `{ status, reason, version, headers,
+trailers, body, keep_alive }` (a repeated Set-Cookie is an array).
+Content-Length, chunked (trailers kept apart), bodies until the close, no
+body for HEAD, 204 and 304; 1xx skipped (at most 5); a response framed by
+both Content-Length and Transfer-Encoding is refused.
+@function codec.http_client
+@tparam[opt] table opts
+@int[opt=16384] opts.max_header status line and headers, bytes
+@int[opt=1048576] opts.max_body the decoded body, bytes
+@int[opt=100] opts.max_headers header and trailer lines (at most 512)
+@bool[opt=false] opts.raw responses as prepared responses (`netrun.http.raw_response`), for proxies
+@return a codec configuration
+*/
+
 static int l_http_client(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -630,6 +667,18 @@ static int l_http_client(lua_State *L) {
   o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
   o.max_headers = opt_size(L, "max_headers", 100, 1, NR_HTTP_MAX_HEADERS);
   o.raw = lnr_codec_bool(L, "http_client", "raw", false);
+  o.h2 = NR_H2C_OFF;           /* h2 = "auto" | true | false */
+  if (!lua_isnoneornil(L, 1) && lua_getfield(L, 1, "h2") != LUA_TNIL) {
+    if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0)
+      o.h2 = NR_H2C_AUTO;
+    else if (lua_type(L, -1) == LUA_TBOOLEAN)
+      o.h2 = lua_toboolean(L, -1) ? NR_H2C_ON : NR_H2C_OFF;
+    else
+      luaL_error(L, "netrun.codec.http_client: h2 must be \"auto\", true or "
+                 "false, got %s", luaL_tolstring(L, -1, NULL));
+  }
+  if (!lua_isnoneornil(L, 1))
+    lua_pop(L, 1);
   nr_http_client_opts_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -639,9 +688,11 @@ static int l_http_client(lua_State *L) {
 static int l_tostring(lua_State *L) {
   nr_http_client_opts_t *c = luaL_checkudata(L, 1, CLASS);
   lua_pushfstring(L, CLASS "{ max_header = %I, max_body = %I, "
-                  "max_headers = %I, raw = %s }", (lua_Integer)c->max_header,
+                  "max_headers = %I, raw = %s, h2 = %s }",
+                  (lua_Integer)c->max_header,
                   (lua_Integer)c->max_body, (lua_Integer)c->max_headers,
-                  c->raw ? "true" : "false");
+                  c->raw ? "true" : "false",
+                  c->h2 == NR_H2C_AUTO ? "\"auto\"" : c->h2 ? "true" : "false");
   return 1;
 }
 

@@ -6,6 +6,7 @@
  * pool of its client and origin on this loop; the pool does the rest:
  *
  *   local P = core.http.pool { max = 64, keepalive = 60, max_waiting = 1024,
+ *                              h2 = false,  -- its connections may be HTTP/2
  *                              connect = function(P, tls, timeout) end,
  *                              empty = function(P) end,
  *                              tls = config }     -- https: its TLS config
@@ -64,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/h2.h"
 #include "lhttp_pool.h"
 
 static const nr_handler_t conn_vt;
@@ -129,6 +131,27 @@ static void all_remove(hpool_t *P, hconn_t *c) {
   if (c->aprev) c->aprev->anext = c->anext; else if (P->all == c) P->all = c->anext;
   if (c->anext) c->anext->aprev = c->aprev;
   c->anext = c->aprev = NULL;
+}
+
+/* HTTP/2: a connection carries up to its server's stream limit at once. */
+static bool has_room(const hconn_t *c) {
+  return c->h2 && !c->goaway && !c->dead && c->pool &&
+         c->nflight < c->max_streams;
+}
+
+static void flight_push(hconn_t *c, hreq_t *q) {
+  q->fprev = NULL;
+  q->fnext = c->flight;
+  if (c->flight) c->flight->fprev = q;
+  c->flight = q;
+  c->nflight++;
+}
+
+static void flight_remove(hconn_t *c, hreq_t *q) {
+  if (q->fprev) q->fprev->fnext = q->fnext; else c->flight = q->fnext;
+  if (q->fnext) q->fnext->fprev = q->fprev;
+  q->fprev = q->fnext = NULL;
+  c->nflight--;
 }
 
 /* ---- timers ------------------------------------------------------------------ */
@@ -301,16 +324,23 @@ static void fail(lua_State *L, hreq_t *q, const char *err) {
  * when a field of q cannot be sent -- q failed, nothing written, c still
  * free unless q's callback took or closed it meanwhile. */
 static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
-  c->req = q;
   q->conn = c;
+  if (c->h2) {
+    q->seq = ++c->pool->seq;
+    flight_push(c, q);
+  } else {
+    c->req = q;
+  }
   c->reused = c->used;
   c->used = true;
   push_req(L, q);
   char err[200];
   nr_ctx_t *ctx = c->ctx;
-  int rc = lnr_http_write_call(L, lua_gettop(L), ctx, err, sizeof err);
+  int rc = lnr_http_write_call(L, lua_gettop(L), ctx, q->seq, err, sizeof err);
   lua_pop(L, 1);
   if (rc == 1) {
+    if (c->h2 && q->conn == c)
+      flight_remove(c, q);
     c->req = NULL;
     q->conn = NULL;
     char msg[sizeof err + 32];
@@ -323,19 +353,25 @@ static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
 }
 
 static bool free_conn(const hconn_t *c) {
-  return c->pool && !c->dead && !c->idle && c->req == NULL;
+  return c->pool && !c->dead && !c->idle && c->req == NULL &&
+         (!c->h2 || has_room(c));
 }
 
 /* A connection is free (its response came, it is new, or a request could
- * not be sent on it): to the first request waiting, or idle. */
+ * not be sent on it): to the first request waiting, or idle. An HTTP/2
+ * one takes waiting requests while it has room, and is idle with none in
+ * flight. */
 static void release(lua_State *L, hconn_t *c) {
   hpool_t *P = c->pool;
-  while (P->whead) {
+  while (P->whead && free_conn(c)) {
     hreq_t *q = P->whead;
     wait_remove(P, q);
-    if (start(L, c, q) || !free_conn(c))
+    if (start(L, c, q) && !c->h2)
       return;
   }
+  if (c->pool != P || c->dead || c->idle || c->req != NULL ||
+      c->nflight > 0 || c->goaway)
+    return;                            /* (HTTP/2: streams still in flight) */
   if (P->retired) {                  /* made under settings since changed */
     c->dead = true;
     nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
@@ -378,11 +414,24 @@ static void open_connection(lua_State *L, hpool_t *P, hreq_t *q) {
 }
 
 static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
-  hconn_t *c = P->idle;
+  hconn_t *c = P->h2c;
+  if (c && has_room(c)) {            /* HTTP/2: multiplexed on it */
+    idle_remove(P, c);
+    if (!start(L, c, q) && free_conn(c))
+      release(L, c);
+    return;
+  }
+  c = P->idle;
   if (c) {
     idle_remove(P, c);
     if (!start(L, c, q) && free_conn(c))
       release(L, c);
+    return;
+  }
+  if ((P->h2c && !P->h2c->goaway) ||  /* full: wait for a stream of it */
+      (P->maybe_h2 && !P->h1_seen && P->connecting > 0)) {  /* or for the
+                                           connection opening: HTTP/2? */
+    wait_push(P, q, q->retried);
     return;
   }
   /* waiting: beyond those the connections being opened will take, when
@@ -403,6 +452,8 @@ static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
 
 /* Requests waiting beyond the connections being opened get some. */
 static void lost(lua_State *L, hpool_t *P) {
+  if (P->h2c != NULL || (P->maybe_h2 && !P->h1_seen && P->connecting > 0))
+    return;                  /* (they wait for a stream, or for HTTP/2) */
   while (P->nwait > P->connecting && P->total < P->max && P->self_ref != LUA_NOREF) {
     hreq_t *q = P->whead;
     for (int i = 0; i < P->connecting && q; i++)
@@ -435,6 +486,8 @@ static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry) {
 static void conn_gone(lua_State *L, hconn_t *c) {
   hpool_t *P = c->pool;
   idle_remove(P, c);
+  if (P->h2c == c)
+    P->h2c = NULL;
   if (c->ready && !c->gone) {      /* (one not ready yet stays known to
                                         the pool: connected counts it) */
     c->gone = true;
@@ -499,7 +552,15 @@ static int on_deadline(void *arg) {
     deadline_remove(P, q);
     wait_remove(P, q);
     hconn_t *c = q->conn;
-    if (c && c->req == q) {          /* its answer may still come: dropped */
+    if (c && c->h2) {                /* its stream reset, the connection kept */
+      flight_remove(c, q);
+      q->conn = NULL;
+      nr_http_call_t cancel = {.type = NR_MSG_HTTP_CALL, .tag = q->seq,
+                               .cancel = true};
+      nr_ctx_write(c->ctx, &cancel, NULL);
+      if (c->pool)
+        release(L, c);
+    } else if (c && c->req == q) {   /* its answer may still come: dropped */
       c->req = NULL;
       q->conn = NULL;
       c->dead = true;
@@ -542,6 +603,9 @@ static void h_added(nr_ctx_t *ctx) {
   c->ctx = ctx;
 }
 
+static int h2_reply(nr_ctx_t *ctx, hconn_t *c, hpool_t *P, lua_State *L,
+                    const nr_http_reply_t *r);
+
 static int h_channel_read(nr_ctx_t *ctx, void *msg) {
   hconn_t *c = nr_ctx_state(ctx);
   hpool_t *P = c->pool;
@@ -549,6 +613,8 @@ static int h_channel_read(nr_ctx_t *ctx, void *msg) {
   if (L == NULL || nr_msg_type(msg) != NR_MSG_HTTP_REPLY)
     return 0;
   const nr_http_reply_t *r = msg;
+  if (r->h2)
+    return h2_reply(ctx, c, P, L, r);
   hreq_t *q = c->req;
   if (q == NULL) {                   /* nobody asked: a handler someone added */
     c->dead = true;
@@ -569,6 +635,62 @@ static int h_channel_read(nr_ctx_t *ctx, void *msg) {
   if (!q->done)
     settle(L, q, NULL);
   leave(L, P);
+  return 0;
+}
+
+/* An HTTP/2 reply: to its request by tag; its stream free for the next.
+ * A stream the server refused (or left past its GOAWAY) is sent again,
+ * once, elsewhere; another failure fails its request. */
+static int h2_reply(nr_ctx_t *ctx, hconn_t *c, hpool_t *P, lua_State *L,
+                    const nr_http_reply_t *r) {
+  hreq_t *q = c->flight;
+  while (q && q->seq != r->tag)
+    q = q->fnext;
+  if (q == NULL)
+    return 0;                        /* (a request that timed out) */
+  enter(P);
+  flight_remove(c, q);
+  q->conn = NULL;
+  if (r->error == NULL && !q->done)
+    lnr_push_msg(L, (void *)r);      /* (borrowed: a value before we go on) */
+  release(L, c);
+  if (r->error != NULL)
+    fail_request(L, q, r->error, r->retry);
+  else if (!q->done)
+    settle(L, q, NULL);
+  leave(L, P);
+  (void)ctx;
+  return 0;
+}
+
+/* The codec speaks HTTP/2, or its server's limit or GOAWAY changed. */
+static int h_user_event(nr_ctx_t *ctx, void *evt) {
+  hconn_t *c = nr_ctx_state(ctx);
+  hpool_t *P = c->pool;
+  if (nr_msg_type(evt) != NR_MSG_H2_STATE || P == NULL) {
+    nr_ctx_fire_user_event(ctx, evt);
+    return 0;
+  }
+  const nr_h2_state_t *e = evt;
+  c->h2 = true;
+  c->max_streams = e->max_streams == 0 ? 1
+                   : e->max_streams > 1000 ? 1000 : e->max_streams;
+  c->goaway = e->goaway;
+  if (c->goaway) {
+    if (P->h2c == c)
+      P->h2c = NULL;                 /* new requests: another connection */
+    idle_remove(P, c);
+  } else if (P->h2c == NULL) {
+    P->h2c = c;
+  }
+  lua_State *L = state_of(P);
+  if (L != NULL && c->ready) {       /* (before connected: it releases c) */
+    enter(P);
+    if (!c->goaway)
+      release(L, c);
+    lost(L, P);
+    leave(L, P);
+  }
   return 0;
 }
 
@@ -595,9 +717,13 @@ static void conn_closed(hconn_t *c) {
   if (q)
     q->conn = NULL;
   conn_gone(L, c);
-  if (q) {
-    const char *err = c->err[0] ? c->err : "the connection closed before the response";
+  const char *err = c->err[0] ? c->err : "the connection closed before the response";
+  if (q)
     fail_request(L, q, err, c->reused && strstr(err, "closed before a response"));
+  while ((q = c->flight) != NULL) {  /* HTTP/2: every request in flight */
+    flight_remove(c, q);
+    q->conn = NULL;
+    fail_request(L, q, err, false);
   }
   leave(L, P);
 }
@@ -621,7 +747,7 @@ static void h_removed(nr_ctx_t *ctx) {
 static const nr_handler_t conn_vt = {
     .type = "http_pool", .added = h_added, .removed = h_removed,
     .inactive = h_inactive, .channel_read = h_channel_read,
-    .exception = h_exception};
+    .user_event = h_user_event, .exception = h_exception};
 
 /* p:add_last("client", P): a connection of the pool. */
 static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {
@@ -725,10 +851,13 @@ static int p_connected(lua_State *L) {
     lost(L, P);
   } else {
     c->ready = true;
+    if (!c->h2)
+      P->h1_seen = true;
     if (c->dead || !nr_channel_is_active(ch))
       conn_gone(L, c);
     else
       release(L, c);
+    lost(L, P);              /* HTTP/1.1: more connections for the rest */
   }
   leave(L, P);
   return 0;
@@ -776,10 +905,12 @@ static int p_gc(lua_State *L) {
     n = c->anext;
     c->pool = NULL;
     c->req = NULL;
+    c->flight = NULL;
+    c->nflight = 0;
     c->anext = c->aprev = c->inext = c->iprev = NULL;
     c->idle = false;
   }
-  P->all = P->idle = NULL;
+  P->all = P->idle = P->h2c = NULL;
   P->S = NULL;
   return 0;
 }
@@ -807,10 +938,12 @@ static int l_pool(lua_State *L) {
   lua_getfield(L, 1, "max");
   lua_getfield(L, 1, "keepalive");
   lua_getfield(L, 1, "max_waiting");
-  lua_Integer max = luaL_checkinteger(L, -3);
-  double keepalive = luaL_checknumber(L, -2);
-  lua_Integer max_wait = luaL_optinteger(L, -1, 1024);
-  lua_pop(L, 3);
+  lua_getfield(L, 1, "h2");
+  lua_Integer max = luaL_checkinteger(L, -4);
+  double keepalive = luaL_checknumber(L, -3);
+  lua_Integer max_wait = luaL_optinteger(L, -2, 1024);
+  bool maybe_h2 = lua_toboolean(L, -1);
+  lua_pop(L, 4);
   hpool_t *P = lua_newuserdatauv(L, sizeof *P, 0);
   *P = (hpool_t){.S = S, .loop = loop, .self_ref = LUA_NOREF,
                  .connect_ref = LUA_NOREF, .empty_ref = LUA_NOREF,
@@ -818,7 +951,8 @@ static int l_pool(lua_State *L) {
                  .keepalive = keepalive < 1e9 ? (uint64_t)(keepalive * 1e9)
                                               : (uint64_t)1e18,   /* (~31 years) */
                  .max_wait = max_wait < 0 ? 0 : max_wait > INT_MAX ? INT_MAX
-                                                                   : (int)max_wait};
+                                                                   : (int)max_wait,
+                 .maybe_h2 = maybe_h2};
   luaL_setmetatable(L, POOL_CLASS);
   P->connect_ref = ref_function(L, "connect");
   P->empty_ref = ref_function(L, "empty");

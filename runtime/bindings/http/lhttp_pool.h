@@ -25,6 +25,8 @@ typedef struct hreq hreq_t;
 struct hreq {
   hpool_t *pool;
   hconn_t *conn;              /* in flight on it, or NULL */
+  uint64_t seq;               /* HTTP/2: the tag its reply carries */
+  hreq_t *fprev, *fnext;      /* HTTP/2: its connection's requests in flight */
   hreq_t *wprev, *wnext;      /* the pool's line of waiting requests */
   hreq_t *dprev, *dnext;      /* the pool's deadlines, earliest first */
   uint64_t deadline;          /* nr_now() ns; 0: none */
@@ -43,6 +45,9 @@ struct hconn {
   uint64_t since;             /* idle since (nr_now) */
   bool ready;                 /* connected: counted in total until gone */
   bool idle, dead, gone, used, reused;
+  bool h2, goaway;            /* HTTP/2 (the codec said so); no new streams */
+  unsigned nflight, max_streams;   /* HTTP/2: requests in flight, at most */
+  hreq_t *flight;             /* HTTP/2: those requests */
   char err[200];              /* the first error met */
 };
 
@@ -61,6 +66,12 @@ struct hpool {
   int depth;                  /* entry points running (see enter) */
   hreq_t *spare[32];          /* settled requests, kept (anchored) for reuse */
   int nspare;
+  hconn_t *h2c;               /* its HTTP/2 connection (one: requests are
+                                 multiplexed on it), or NULL */
+  bool maybe_h2;              /* its connections may speak HTTP/2: one is
+                                 opened until the first says which */
+  bool h1_seen;               /* ... and one said HTTP/1.1 */
+  uint64_t seq;               /* the last tag given */
   /* https: the TLS config its connections are made with (retained), and
    * the identity and generation of that config when last looked at; a
    * reload that changed the identity retires the pool (see stale) */

@@ -18,6 +18,7 @@ typedef struct req_s {
   const void *tag;             /* &REQ_TAG: proves the userdata is one */
   const void *pipe;            /* its read's pipeline and token (from the */
   uint64_t token;              /* codec: nr_http_request_t's) */
+  int32_t stream;              /* HTTP/2: its stream; 0 for HTTP/1.x */
   uint32_t method_len, path, path_len, query, query_len, target, target_len;
   uint16_t nheaders, ntrailers;
   bool has_query, keep_alive, http11;

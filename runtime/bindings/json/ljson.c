@@ -34,6 +34,19 @@
  *
  * Decoding is ljson_decode.c's; what both halves share, ljson.h's.
  */
+
+/***
+JSON (RFC 8259): `netrun.json`, loaded on first use, with Lua 5.4's integers
+kept exact. An integer encodes as its digits and a float as the shortest
+text that reads back the same (with ".0" where it would read as an
+integer); a number without fraction or exponent decodes to an integer when
+it fits in 64 bits. `netrun.json.null` is JSON's null (the same as
+lua-cjson's); decoded arrays carry `netrun.json.array_mt`, so an empty one
+encodes as `[]` again, and `netrun.json.empty_array` encodes as `[]`.
+Strings are bytes both ways. Misuse raises at the caller's line, naming
+the cause and where.
+@module netrun.json
+*/
 #include <locale.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -463,6 +476,13 @@ static int encode_value(enc_t *e, int idx) {
 
 /* json.encode(v) --> text; raises "netrun.json.encode: cannot encode
  * function at .handlers[2]" for what JSON cannot hold. */
+/***
+Encode a value as JSON text.
+@param v nil (null), a boolean, a number, a string, or a table (an array
+when its keys are 1..n, else an object with string keys)
+@treturn string the text
+@function encode
+*/
 static int l_encode(lua_State *L) {
   luaL_checkany(L, 1);
   lua_settop(L, 1);
@@ -564,6 +584,18 @@ static void push_settings(lua_State *L) {
 #undef FIELD_I
 #undef FIELD_B
 }
+
+/***
+Process-wide settings (every state follows them), with lua-cjson's names:
+`encode_max_depth` and `decode_max_depth` (1000), `encode_invalid_numbers`
+and `decode_invalid_numbers` (false), `encode_sparse_convert` (false),
+`encode_sparse_ratio` (2), `encode_sparse_safe` (10),
+`encode_number_precision` (0: the shortest that round-trips),
+`encode_empty_table_as_object` (true), `decode_array_with_array_mt` (true).
+@tparam[opt] table settings those to change
+@treturn table every setting
+@function configure
+*/
 
 /* json.configure { setting = value, ... } --> every setting's value now
  * (process-wide); json.configure() only reads them. A setting checked

@@ -7,6 +7,10 @@
  *
  * Threads: the state that runs the call; the settings are read relaxed.
  */
+
+/***
+@module netrun.json
+*/
 #include <locale.h>
 #include <math.h>
 #include <stdint.h>
@@ -374,6 +378,12 @@ static void decode_value(dec_t *d) {
 
 /* json.decode(text) --> value; raises "netrun.json.decode: expected a
  * value but found 'x' at character 7" for text that is not JSON. */
+/***
+Decode JSON text.
+@string text the text
+@return the value (null as `netrun.json.null`)
+@function decode
+*/
 int lnr_json_decode(lua_State *L) {
   if (lua_type(L, 1) != LUA_TSTRING)
     return luaL_error(L, "netrun.json.decode: expected a string, got %s", luaL_typename(L, 1));

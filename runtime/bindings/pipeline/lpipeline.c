@@ -9,6 +9,31 @@
  * only on its channel's loop (check_pipe raises elsewhere); through its
  * channel handle it retains the channel, not the pipeline.
  */
+
+/***
+@module netrun
+*/
+
+/***
+A channel's pipeline (`channel:pipeline()`, `ctx.pipeline`): its handlers
+in order, each under a name. A handler is a Lua table (or an object whose
+methods come through its metatable) with any of the inbound methods
+`handler_added`, `handler_removed`, `channel_registered`,
+`channel_unregistered`, `channel_active`, `channel_inactive`,
+`channel_read(ctx, msg)`, `channel_read_complete`,
+`user_event_triggered(ctx, evt)`, `channel_writability_changed`,
+`exception_caught(ctx, err)`, and the outbound methods
+`bind(ctx, host, port, promise)`, `connect(ctx, host, port, promise)`,
+`disconnect(ctx, promise)`, `close(ctx, promise)`, `read(ctx)`,
+`write(ctx, msg, promise)`, `flush(ctx)`; netrun calls them as methods
+(`h:channel_read(ctx, msg)`), and an absent method passes the event on at
+no cost. A native codec or handler (`netrun.codec.*`, `netrun.handler.*`,
+a `tls` config) may be added as well. An error raised in a handler method
+goes to that handler's `exception_caught`; an exception that reaches the
+tail is logged, an inbound message that reaches it is dropped. Use a
+pipeline on its channel's loop.
+@type pipeline
+*/
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +78,16 @@ void lnr_push_pipeline(lua_State *L, nr_channel_t *ch) {
   push_pipeline_of(L, -1);
   lua_remove(L, -2);
 }
+
+/***
+@type channel
+*/
+
+/***
+The channel's pipeline. Use it on the channel's loop.
+@function channel:pipeline
+@treturn pipeline
+*/
 
 static int l_channel_pipeline(lua_State *L) {
   lnr_check_handle(L, 1, LNR_CHANNEL);
@@ -206,14 +241,63 @@ static int do_add(lua_State *L, adder_fn add, bool with_base) {
   return 1;
 }
 
+/***
+@type pipeline
+*/
+
+/***
+Add a handler at the head.
+@function pipeline:add_first
+@string name its name, unique in the pipeline (a duplicate raises)
+@param h the handler: a table, a native codec or handler, a `tls` config
+@treturn pipeline itself
+*/
+/***
+Add a handler at the tail. Given an executor group first, the handler runs
+on one executor of that group per channel, in its own state; what it does
+with its ctx comes back to the channel's loop as tasks.
+@function pipeline:add_last
+@tparam[opt] group group an executor group to run the handler on
+@string name its name
+@param h the handler
+@treturn pipeline itself
+@usage ch:pipeline():add_last("frame", netrun.codec.line {})
+ch:pipeline():add_last(blocking, "db", Db)
+*/
+
 static int p_add_first(lua_State *L) { return do_add(L, add_first, false); }
 static int p_add_last(lua_State *L) { return do_add(L, add_last, false); }
+/***
+Add a handler before the one named `base` (an unknown base raises).
+@function pipeline:add_before
+@string base the handler to add before
+@string name its name
+@param h the handler
+@treturn pipeline itself
+*/
+
 static int p_add_before(lua_State *L) {
   return do_add(L, nr_pipeline_add_before, true);
 }
+/***
+Add a handler after the one named `base`.
+@function pipeline:add_after
+@string base the handler to add after
+@string name its name
+@param h the handler
+@treturn pipeline itself
+*/
+
 static int p_add_after(lua_State *L) {
   return do_add(L, nr_pipeline_add_after, true);
 }
+
+/***
+Remove a handler (its `handler_removed` runs); an unknown one raises.
+@function pipeline:remove
+@param name_or_handler its name, or the handler itself
+@return the handler removed
+*/
 
 static int p_remove(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);
@@ -226,6 +310,15 @@ static int p_remove(lua_State *L) {
   nr_pipeline_remove(p, nr_ctx_name(c));
   return 1;
 }
+
+/***
+Replace a handler by another, in its place.
+@function pipeline:replace
+@param old the old handler's name, or the handler
+@string name the new one's name
+@param h the new handler
+@return the old handler
+*/
 
 static int p_replace(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);
@@ -246,6 +339,13 @@ static int p_replace(lua_State *L) {
   return 1;
 }
 
+/***
+The handler of that name.
+@function pipeline:get
+@string name the name
+@return the handler, or nil
+*/
+
 static int p_get(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);
   nr_ctx_t *c = nr_pipeline_context(p, luaL_checkstring(L, 2));
@@ -255,6 +355,13 @@ static int p_get(lua_State *L) {
     lnr_push_ctx_handler(L, c);
   return 1;
 }
+
+/***
+The ctx of the handler of that name.
+@function pipeline:context
+@string name the name
+@treturn ctx|nil
+*/
 
 static int p_context(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);
@@ -271,6 +378,12 @@ static int p_context(lua_State *L) {
   return 1;
 }
 
+/***
+The handlers' names, head to tail.
+@function pipeline:names
+@treturn {string,...}
+*/
+
 static int p_names(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);
   lua_newtable(L);
@@ -282,17 +395,35 @@ static int p_names(lua_State *L) {
   return 1;
 }
 
+/***
+The first handler.
+@function pipeline:first
+@return the handler, or nil if the pipeline is empty
+*/
+
 static int p_first(lua_State *L) {
   nr_ctx_t *c = nr_pipeline_first(check_pipe(L, 1));
   c ? lnr_push_ctx_handler(L, c) : lua_pushnil(L);
   return 1;
 }
 
+/***
+The last handler.
+@function pipeline:last
+@return the handler, or nil
+*/
+
 static int p_last(lua_State *L) {
   nr_ctx_t *c = nr_pipeline_last(check_pipe(L, 1));
   c ? lnr_push_ctx_handler(L, c) : lua_pushnil(L);
   return 1;
 }
+
+/***
+The pipeline's channel.
+@function pipeline:channel
+@treturn channel
+*/
 
 static int p_channel(lua_State *L) {
   lpipe_t *p = to_pipe(L, 1);
@@ -305,6 +436,55 @@ static int p_channel(lua_State *L) {
   static int cname(lua_State *L) {                                          \
     return lnr_fire(L, nr_pipeline_head(check_pipe(L, 1)), event);          \
   }
+/***
+Fire `channel_registered` from the head of the pipeline.
+@function pipeline:fire_channel_registered
+@treturn pipeline itself
+*/
+/***
+Fire `channel_unregistered` from the head.
+@function pipeline:fire_channel_unregistered
+@treturn pipeline itself
+*/
+/***
+Fire `channel_active` from the head.
+@function pipeline:fire_channel_active
+@treturn pipeline itself
+*/
+/***
+Fire `channel_inactive` from the head.
+@function pipeline:fire_channel_inactive
+@treturn pipeline itself
+*/
+/***
+Fire `channel_read(msg)` from the head, as if the socket had read it.
+@function pipeline:fire_channel_read
+@param msg the message
+@treturn pipeline itself
+*/
+/***
+Fire `channel_read_complete` from the head.
+@function pipeline:fire_channel_read_complete
+@treturn pipeline itself
+*/
+/***
+Fire `user_event_triggered(evt)` from the head.
+@function pipeline:fire_user_event_triggered
+@param evt the event
+@treturn pipeline itself
+*/
+/***
+Fire `channel_writability_changed` from the head.
+@function pipeline:fire_channel_writability_changed
+@treturn pipeline itself
+*/
+/***
+Fire `exception_caught(err)` from the head.
+@function pipeline:fire_exception_caught
+@param err the error
+@treturn pipeline itself
+*/
+
 PIPE_FIRE(p_fire_registered, LNR_FIRE_REGISTERED)
 PIPE_FIRE(p_fire_unregistered, LNR_FIRE_UNREGISTERED)
 PIPE_FIRE(p_fire_active, LNR_FIRE_ACTIVE)
@@ -328,14 +508,42 @@ static int p_do_write(lua_State *L, bool flush) {
   return 1;
 }
 
+/***
+Write a message from the tail (through every outbound handler).
+@function pipeline:write
+@param msg the message
+@tparam[opt] future promise a promise to complete instead of a new future
+@treturn future
+*/
+/***
+Write and flush from the tail.
+@function pipeline:write_and_flush
+@param msg the message
+@tparam[opt] future promise a promise to complete instead of a new future
+@treturn future
+*/
+
 static int p_write(lua_State *L) { return p_do_write(L, false); }
 static int p_write_and_flush(lua_State *L) { return p_do_write(L, true); }
+
+/***
+Flush from the tail.
+@function pipeline:flush
+@treturn pipeline itself
+*/
 
 static int p_flush(lua_State *L) {
   nr_ctx_flush(nr_pipeline_tail(check_pipe(L, 1)));
   lua_settop(L, 1);
   return 1;
 }
+
+/***
+Close the channel from the tail.
+@function pipeline:close
+@tparam[opt] future promise a promise to complete instead of a new future
+@treturn future
+*/
 
 static int p_close(lua_State *L) {
   nr_pipeline_t *p = check_pipe(L, 1);

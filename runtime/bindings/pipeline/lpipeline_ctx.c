@@ -13,6 +13,25 @@
  * Threads: loop thread only; a ctx is used on its channel's loop, and
  * check_ctx raises elsewhere.
  */
+
+/***
+@module netrun
+*/
+
+/***
+A handler's context in its pipeline (Netty's ChannelHandlerContext), the
+first argument of every handler method: one per handler per channel.
+Events fired from a ctx start at the NEXT handler (inbound: toward the
+tail; outbound: toward the head). A ctx is a table: it keeps the fields
+and methods it was asked for, and may hold a handler's own per-channel
+fields. A handler on an executor group gets a ctx with the same methods
+but `void_promise`, whose calls go to the channel's loop as tasks.
+@type ctx
+@field channel the channel
+@field pipeline the channel's pipeline
+@field name the handler's name
+@field handler the handler
+*/
 #include <stdlib.h>
 #include <string.h>
 
@@ -224,6 +243,55 @@ int lnr_fire(lua_State *L, nr_ctx_t *from, int event) {
   static int cname(lua_State *L) {                                          \
     return lnr_fire(L, check_ctx(L, 1), event);                             \
   }
+/***
+Pass `channel_registered` to the next handler.
+@function ctx:fire_channel_registered
+@treturn ctx itself
+*/
+/***
+Pass `channel_unregistered` on.
+@function ctx:fire_channel_unregistered
+@treturn ctx itself
+*/
+/***
+Pass `channel_active` on.
+@function ctx:fire_channel_active
+@treturn ctx itself
+*/
+/***
+Pass `channel_inactive` on.
+@function ctx:fire_channel_inactive
+@treturn ctx itself
+*/
+/***
+Pass a message on to the next handler's `channel_read`.
+@function ctx:fire_channel_read
+@param msg the message
+@treturn ctx itself
+*/
+/***
+Pass `channel_read_complete` on.
+@function ctx:fire_channel_read_complete
+@treturn ctx itself
+*/
+/***
+Pass a user event on (`user_event_triggered`).
+@function ctx:fire_user_event_triggered
+@param evt the event
+@treturn ctx itself
+*/
+/***
+Pass `channel_writability_changed` on.
+@function ctx:fire_channel_writability_changed
+@treturn ctx itself
+*/
+/***
+Pass an error on to the next handler's `exception_caught`.
+@function ctx:fire_exception_caught
+@param err the error
+@treturn ctx itself
+*/
+
 CTX_FIRE(c_fire_registered, LNR_FIRE_REGISTERED)
 CTX_FIRE(c_fire_unregistered, LNR_FIRE_UNREGISTERED)
 CTX_FIRE(c_fire_active, LNR_FIRE_ACTIVE)
@@ -346,17 +414,54 @@ static int ctx_write(lua_State *L, bool flush) {
 static int c_write(lua_State *L) { return ctx_write(L, false); }
 static int c_write_and_flush(lua_State *L) { return ctx_write(L, true); }
 
+/***
+Write a message toward the head, from this handler (the next outbound
+handler encodes it); it is sent at the next flush. Without a promise the
+future is lazy -- it costs nothing until a method is called on it -- and a
+failure nobody listens to reaches `exception_caught`. A handler of the HTTP
+server codec may instead return its response from `channel_read`.
+@function ctx:write
+@param msg the message (a string, an array of strings, a response table, a prepared response, ...)
+@tparam[opt] future promise a promise to complete, or the void promise (no future at all)
+@treturn future
+*/
+/***
+Write and flush.
+@function ctx:write_and_flush
+@param msg the message
+@tparam[opt] future promise a promise to complete, or the void promise
+@treturn future
+*/
+/***
+Flush, from this handler toward the head.
+@function ctx:flush
+@treturn ctx itself
+*/
+
 static int c_flush(lua_State *L) {
   nr_ctx_flush(check_ctx(L, 1));
   lua_settop(L, 1);
   return 1;
 }
 
+/***
+Ask for a read (with `auto_read` off), from this handler toward the head.
+@function ctx:read
+@treturn ctx itself
+*/
+
 static int c_read(lua_State *L) {
   nr_ctx_read(check_ctx(L, 1));
   lua_settop(L, 1);
   return 1;
 }
+
+/***
+Close the channel, from this handler toward the head.
+@function ctx:close
+@tparam[opt] future promise a promise to complete, or the void promise
+@treturn future
+*/
 
 static int c_close(lua_State *L) {
   nr_ctx_t *ctx = check_ctx(L, 1);
@@ -365,6 +470,12 @@ static int c_close(lua_State *L) {
   return 1;
 }
 
+/***
+The void promise, as `netrun.void_promise()`.
+@function ctx:void_promise
+@treturn future
+*/
+
 /* The void promise (see lfuture.c): ctx:write(msg, ctx:void_promise())
  * makes no future; a failure goes to exception_caught. */
 static int c_void_promise(lua_State *L) {
@@ -372,6 +483,13 @@ static int c_void_promise(lua_State *L) {
   lnr_push_handle(L, LNR_FUTURE, nr_promise_void());
   return 1;
 }
+
+/***
+The channel's loop (a task scheduled there may capture `ctx`).
+@function ctx:loop
+@treturn loop
+@usage ctx:loop():schedule(1, function() ctx:write_and_flush("late\n") end)
+*/
 
 static int c_loop(lua_State *L) {
   lnr_push_handle(L, LNR_LOOP, nr_channel_loop(nr_ctx_channel(check_ctx(L, 1))));

@@ -1,0 +1,192 @@
+/*
+ * h2_internal.h -- what the two halves of the HTTP/2 server share:
+ * h2_server.c (the session, requests in, limits) and h2_out.c (responses
+ * out, the pump). Loop thread only, like the session.
+ *
+ * A stream's record (h2s_t) lives from its first HEADERS to the later of
+ * nghttp2 closing it and the handlers being done with it:
+ *
+ *   S_ARRIVING  headers and body coming in;
+ *   S_READY     whole, in `ready` (delivered after nghttp2_session_mem_recv
+ *               returns, in order);
+ *   S_OWED      delivered: in `owed` (FIFO) until a response head is
+ *               written for it;
+ *   S_SENDING   its response's frames are going out (a streamed one is in
+ *               `streaming` while open); freed once nghttp2 closes it.
+ *
+ * A stream the client resets while the handlers still owe it an answer
+ * stays in its list, `gone`, so that answers written in request order
+ * keep finding their own streams (its answer is dropped); those records
+ * count against 2 x max_streams, past which new streams are refused.
+ */
+#ifndef NR_CODEC_H2_INTERNAL_H
+#define NR_CODEC_H2_INTERNAL_H
+
+#include <nghttp2/nghttp2.h>
+
+#include "codec/buf.h"
+#include "codec/h2.h"
+#include "codec/http.h"
+
+enum { S_ARRIVING, S_READY, S_OWED, S_SENDING };
+
+typedef struct h2hdr_s {
+  uint32_t name, name_len, value, value_len;   /* offsets into text */
+} h2hdr_t;
+
+/* A request's text and fields: inline for the usual request, on the heap
+ * past that. */
+#define TEXT_INLINE 320
+#define HDR_INLINE 16
+
+typedef struct h2text_s {
+  char *p;                    /* small, or the heap */
+  uint32_t len, cap;
+} h2text_t;
+
+/* A header block's fields as they are decoded (a request's, on the
+ * server; a response's, on the client): names and values appended to
+ * the text, offsets kept; trailers after the headers. */
+typedef struct h2fields_s {
+  h2text_t text;              /* the values of pseudo-fields and fields */
+  h2hdr_t *hdr;
+  uint16_t nhdr, ntrl, cap;   /* header and trailer fields in hdr */
+  bool trailers;              /* the fields arriving are trailers */
+  uint32_t list_bytes;        /* the header list's size, RFC 9113 6.5.2 */
+  h2hdr_t hdr_small[HDR_INLINE];
+  char text_small[TEXT_INLINE];
+} h2fields_t;
+
+/* h2_fields.c */
+void nr__h2_fields_init(h2fields_t *f);
+void nr__h2_fields_free(h2fields_t *f);       /* and init again */
+/* Append p[0 .. n) (which may lie in the text itself); false: no memory. */
+bool nr__h2_text_add(h2fields_t *f, const void *p, size_t n);
+/* The same, returning the offset, or -1. */
+int64_t nr__h2_keep(h2fields_t *f, const void *p, size_t n);
+/* A field (a trailer once f->trailers): 0, 431 past max fields, or -1. */
+int nr__h2_add_field(h2fields_t *f, const uint8_t *name, size_t nl,
+                     const uint8_t *value, size_t vl, size_t max);
+
+/* A body nghttp2 frames straight from its bytes (DATA with
+ * NGHTTP2_DATA_FLAG_NO_COPY): the caller's, borrowed while its write
+ * runs, then what the windows held back, copied into `copy` (own). */
+typedef struct h2body_s {
+  const char *data;           /* the bytes not yet framed */
+  size_t len;
+  nr_buf_t copy;              /* ... kept here once the write returned */
+  bool own;                   /* `data` is in `copy`, else borrowed */
+} h2body_t;
+
+/* n bytes of b went into a DATA frame: past them (a copy drops them, and
+ * may shrink, so moves: the rest is read from it afresh). */
+void nr__h2_body_sent(h2body_t *b, size_t n);
+
+typedef struct h2s_s h2s_t;
+struct h2s_s {
+  int32_t id;
+  uint8_t st;                 /* S_* */
+  bool gone;                  /* nghttp2 closed it: answers are dropped */
+  bool head;                  /* a HEAD request */
+  bool streaming;             /* a streamed response is open (listed) */
+  bool discard;               /* ... whose chunks are dropped (HEAD) */
+  bool eof;                   /* the response body ends with `data` */
+  bool deferred;              /* nghttp2 waits for data (resume it) */
+  bool counted;               /* owed: counted in `owing` */
+  bool pinned;                /* its request is being delivered */
+  bool doomed;                /* ... and it was closed meanwhile */
+  int16_t error;              /* answer this status instead of delivering */
+  uint32_t method, method_len, path, path_len, authority, authority_len;
+  uint32_t unacked;           /* body bytes received, window not given back */
+  uint64_t token;             /* its delivery's token */
+  nr_buf_t body;              /* the request body */
+  h2body_t b;                 /* the response body not yet framed */
+  nr_promise_t *p;            /* the response's write promise */
+  h2s_t *prev, *next;         /* in ready, owed or streaming */
+  h2fields_t f;               /* method, path and fields as received
+                                 (last: memset before it) */
+};
+
+typedef struct list_s {
+  h2s_t *head, *tail;
+} list_t;
+
+typedef struct bucket_s {
+  double tokens;
+  uint64_t at;                /* when last refilled (nr_now) */
+} bucket_t;
+
+struct nr_h2_server_s {
+  nghttp2_session *ng;
+  nr_ctx_t *ctx;
+  nr_inbound_t *in;           /* the codec's */
+  nr_h2_opts_t o;
+  size_t max_header, max_body, max_headers;
+  list_t arriving, ready, owed, streaming;
+  h2s_t *cur;                 /* whose request is being delivered */
+  h2s_t *hs;                  /* whose header block is being decoded */
+  unsigned records;           /* h2s_t alive */
+  unsigned owing;             /* delivered, answer not complete: holds */
+  unsigned opened;            /* streams opened by the current read */
+  int32_t max_id;             /* the highest stream the client opened */
+  uint32_t die_code;          /* a callback's reason to end the session */
+  uint64_t delivered;         /* tokens given */
+  size_t buffered;            /* request body bytes held, undelivered */
+  size_t budget;              /* ... past which only the oldest arriving
+                                 stream is given window */
+  uint64_t progress;          /* when DATA last went out (send timeout) */
+  struct done_s *done;        /* promises to complete once out of nghttp2 */
+  size_t ndone, cdone;
+  nr_buf_t gather;            /* frames for a write through handlers */
+  nr_buf_t rest;              /* input not yet given to nghttp2 */
+  bucket_t resets_in, resets_out, flood;
+  size_t held;                /* bytes counted by nr_channel_hold_bytes */
+  nr_timer_t *window_timer;   /* send_timeout while the peer's window
+                                 holds data back */
+  int busy;                   /* in feed or pump: no re-entry */
+  bool dead;                  /* the session ended: closing */
+  bool shutting;              /* a graceful shutdown: GOAWAY sent */
+  bool final_goaway;          /* ... the round trip is over */
+  bool goaway2;               /* ... and the second one is sent */
+  bool wrote;                 /* frames written since the last flush */
+  bool calm;                  /* a limit was passed: ENHANCE_YOUR_CALM */
+  bool pumping;               /* inside nr__h2_pump */
+  nr_codec_resume_t *resume;  /* a task delivers what waited for
+                                 writability */
+};
+
+/* h2_server.c */
+void nr__h2_list_push(list_t *l, h2s_t *s);
+void nr__h2_list_remove(list_t *l, h2s_t *s);
+void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s);
+/* Take a token from b (burst, rate a second): false when empty. */
+bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate);
+/* End the session: GOAWAY with `code`, then the close. */
+void nr__h2_die(nr_h2_server_t *h, uint32_t code);
+/* Whether the close may come now (shutting down, nothing open). */
+void nr__h2_maybe_close(nr_h2_server_t *h);
+
+/* Give back the window of the streams whose bodies arrive (when the
+ * channel is writable and the budget allows, or to the oldest). */
+void nr__h2_credit(nr_h2_server_t *h);
+
+/* h2_out.c */
+/* Complete p (success if ok) once nghttp2 has returned; takes p. */
+void nr__h2_complete(nr_h2_server_t *h, nr_promise_t *p, bool ok);
+/* The session goes: every promise still to complete fails. */
+void nr__h2_fail_done(nr_h2_server_t *h);
+/* Serialise what nghttp2 has queued into the channel; false if the
+ * session failed (then dead). Flushes when asked. */
+bool nr__h2_pump(nr_h2_server_t *h, bool flush);
+/* An answer of the server's own to stream s (400, 413, 431, 500). */
+void nr__h2_answer_status(nr_h2_server_t *h, h2s_t *s, int status);
+/* The response body bytes s holds: counted toward the channel's
+ * writability while the peer's window keeps them. */
+void nr__h2_held(nr_h2_server_t *h, ptrdiff_t delta);
+/* A stream whose answer is complete or dropped: no longer owed. */
+void nr__h2_settled(nr_h2_server_t *h, h2s_t *s);
+void nr__h2_out_callbacks(nghttp2_session_callbacks *cb);
+/* Timers of the send timeout: armed while data waits on the peer. */
+void nr__h2_window_check(nr_h2_server_t *h);
+
+#endif /* NR_CODEC_H2_INTERNAL_H */
