@@ -103,6 +103,13 @@ int nr__http_hold_pop(nr__http_hold_t *h, unsigned i, nr_ctx_t *ctx,
   return rc;
 }
 
+bool nr__http_hold_empty(const nr__http_hold_t *h) {
+  for (unsigned i = 0; h != NULL && i < NR_HTTP_HOLD_SLOTS; i++)
+    if (h->q[i].first != NULL)
+      return false;
+  return true;
+}
+
 size_t nr__http_hold_drop(nr__http_hold_t *h, unsigned i) {
   size_t n = 0;
   while (h != NULL && h->q[i].first != NULL) {

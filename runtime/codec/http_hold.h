@@ -39,6 +39,8 @@ static inline bool nr__http_hold_has(const nr__http_hold_t *h, unsigned i);
  * length. The write's result. */
 int nr__http_hold_pop(nr__http_hold_t *h, unsigned i, nr_ctx_t *ctx,
                       size_t *n);
+/* Whether h holds nothing (NULL: true). */
+bool nr__http_hold_empty(const nr__http_hold_t *h);
 /* Drop what slot i holds, failing its promises (NR_ECLOSED): its answer
  * will never be sent. The bytes dropped. */
 size_t nr__http_hold_drop(nr__http_hold_t *h, unsigned i);

@@ -937,6 +937,10 @@ static NOINLINE int release(nr_http_server_t *s) {
   }
   if (!s->in.removed)
     nr_ctx_flush(s->ctx);
+  if (s->held_out == 0 && nr__http_hold_empty(s->hold)) {
+    nr__http_hold_free(s->hold);        /* (1 KiB a connection otherwise) */
+    s->hold = NULL;
+  }
   if (nr_inbound_leave(&s->in)) {
     server_free(s);
     return -1;
