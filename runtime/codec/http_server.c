@@ -891,13 +891,22 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
 
 static NOINLINE void finished(nr_http_server_t *s, bool close);
 
-static inline void finish_response(nr_http_server_t *s, bool close) {
+/* The oldest request's answer is out: forget it. True when more are
+ * owed. */
+static inline bool forget_oldest(nr_http_server_t *s) {
   if (s->resv != NULL && s->resv[s->oldest] != 0)
     budget_answered(s);
   s->oldest = (s->oldest + 1) % RING;
-  if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
-    nr_channel_unhold(nr_ctx_channel(s->ctx));
-  else if (!close && !(s->flags[s->oldest] & (F_FAILED | A_MASK)))
+  if (--s->outstanding > 0)
+    return true;
+  nr_channel_unhold(nr_ctx_channel(s->ctx));  /* (a close it brings waits
+                                                  for our return) */
+  return false;
+}
+
+static inline void finish_response(nr_http_server_t *s, bool close) {
+  if (forget_oldest(s) && !close &&
+      !(s->flags[s->oldest] & (F_FAILED | A_MASK)))
     return;                    /* the usual when pipelined: more are owed */
   finished(s, close);
 }
@@ -926,11 +935,7 @@ static NOINLINE int release(nr_http_server_t *s) {
         abort_answer(s);
       break;
     } else {                            /* whole: forgotten */
-      if (s->resv != NULL && s->resv[i] != 0)
-        budget_answered(s);
-      s->oldest = (i + 1) % RING;
-      if (--s->outstanding == 0)
-        nr_channel_unhold(ch);
+      forget_oldest(s);
       if (f & F_ACLOSE)
         rc = 1;
     }
