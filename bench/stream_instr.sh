@@ -5,9 +5,11 @@
 # difference is divided by the difference in size, so start-up and
 # shutdown cancel out.
 #
-#   bench/stream_instr.sh            echo: instructions per request (both
+#   bench/stream_instr.sh [MODES]    echo: instructions per request (both
 #                                    sides); line: per byte of a 1 MiB line
-#                                    in 256-byte frames, and of a 64 KiB one
+#                                    in 256-byte frames, and of a 64 KiB one;
+#                                    connect, channel, websocket: per new
+#                                    connection (both sides; default: all)
 #   LUA_TREE=DIR bench/stream_instr.sh   the Lua modules of DIR/lua (another
 #                                    checkout: `git archive REV lua | tar -x -C DIR`)
 #   BUILD=DIR                        the build whose lib/netrun/core.so is used
@@ -34,6 +36,12 @@ per() {   # $1 mode, $2 small, $3 large, $4 unit
     'BEGIN { printf "%-5s %8d: %10.1f instructions per %s\n", m, s, (b - a) / n, u }'
 }
 
-per echo 1000 11000 request
-per line 16384 65536 byte
-per line 65536 1048576 byte
+MODES=("$@")
+((${#MODES[@]})) || MODES=(echo line connect channel websocket)
+for m in "${MODES[@]}"; do
+  case $m in
+    echo) per echo 1000 11000 request ;;
+    line) per line 16384 65536 byte; per line 65536 1048576 byte ;;
+    connect|channel|websocket) per "$m" 100 600 connection ;;
+  esac
+done

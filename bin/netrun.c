@@ -72,10 +72,12 @@ static _Atomic bool hup_reloads;     /* a script runs: SIGHUP reloads */
 static bool hup_stops;               /* started in a terminal: SIGHUP stops */
 
 /* The standard libraries, with os.execute and io.popen that start programs
- * with none of the signals blocked (lspawn.c). */
+ * with none of the signals blocked (lspawn.c) and a print that writes each
+ * line at once (lprint.c). */
 static void open_libs(lua_State *L) {
   luaL_openlibs(L);
   lnr_open_spawn(L);
+  lnr_open_print(L);
 }
 
 #define SHUTDOWN_MARGIN NR_SEC(1)

@@ -545,7 +545,8 @@ static void pause_accept(nr_channel_t *ch, int err) {
  * descriptor, and no other client gets in until their header timeout.
  * So accept asks each loop it serves for its oldest fresh connections
  * (channel.c: accepted, and nothing complete came from them -- no byte, or
- * for the HTTP server codec no whole request head), as many as wait in the
+ * for the HTTP server codec no whole request head --, or idle between
+ * requests, or in a TLS handshake), as many as wait in the
  * listen queue (a listening socket's tcpi_unacked), SHED_BATCH at most,
  * shared among the loops of its child group, and stops accepting until
  * every loop has answered. Then, if any were closed, it accepts again at
@@ -614,8 +615,8 @@ static void shed_over(nr_channel_t *ch, int err) {
     return;
   if (srv->shed_closed > 0) {
     shed_log(ch, "channel %llu: accept: out of descriptors: closed %d "
-             "connection%s that had sent nothing whole since accept, oldest "
-             "first", srv->shed_closed);
+             "connection%s that had sent nothing whole since accept, waited "
+             "idle or in a TLS handshake, oldest first", srv->shed_closed);
     reserve_open();
     resume_now(ch);
     return;

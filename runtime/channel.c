@@ -286,14 +286,14 @@ void nr__channel_unlink(nr_channel_t *ch) {
     ch->lnext->lprev = ch->lprev;
   else
     l->channels_tail = ch->lprev;
-  ch->st &= ~NR__FRESH;
+  ch->st &= ~(NR__FRESH | NR__IDLE | NR__HANDSHAKING);
   atomic_fetch_sub_explicit(&l->channel_count, 1, memory_order_relaxed);
   ch->lprev = NULL;
   ch->lnext = l->graveyard;                  /* the loop's ref waits here */
   l->graveyard = ch;
 }
 
-/* ---- fresh connections, shed when descriptors run out ------------------------
+/* ---- fresh and idle connections, shed when descriptors run out ---------------
  *
  * An accepted channel is fresh (NR__FRESH, set by the acceptor) until its
  * peer shows it speaks: its first byte read, unless a codec said a byte is
@@ -305,7 +305,13 @@ void nr__channel_unlink(nr_channel_t *ch) {
  * (slowloris). The loop's channel list is newest first, so they are found
  * from its tail; a channel that is not fresh is passed over (a walk as long
  * as the established channels older than the fresh ones, only when the
- * table is full). No channel carries anything for it but two bits. */
+ * table is full). Codecs mark two more kinds as sheddable, as nginx's
+ * "reusable" connections: one that waits for its peer's next request and
+ * owes it nothing (NR__IDLE: the HTTP server codec between requests, or
+ * while a head after the first drips in), and one whose TLS handshake is
+ * under way (NR__HANDSHAKING: the TLS server handler, until the handshake
+ * completes). Both are shed with the fresh ones, oldest accepted first. No
+ * channel carries anything for it but these bits. */
 
 void nr_channel_fresh_until_message(nr_channel_t *ch) {
   NR_ASSERT_CHANNEL_LOOP(ch);
@@ -316,6 +322,26 @@ void nr_channel_fresh_until_message(nr_channel_t *ch) {
 void nr_channel_established(nr_channel_t *ch) {
   NR_ASSERT_CHANNEL_LOOP(ch);
   ch->st &= ~(NR__FRESH | NR__FRESH_TO_MESSAGE);
+}
+
+/* Only an accepted channel (one the bootstrap did not make: no setup) is
+ * ever shed. */
+static void mark_sheddable(nr_channel_t *ch, unsigned bit, bool on) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  if (ch->setup != NULL)
+    return;
+  if (on)
+    ch->st |= bit;
+  else
+    ch->st &= ~bit;
+}
+
+void nr_channel_set_idle(nr_channel_t *ch, bool idle) {
+  mark_sheddable(ch, NR__IDLE, idle);
+}
+
+void nr_channel_set_handshaking(nr_channel_t *ch, bool on) {
+  mark_sheddable(ch, NR__HANDSHAKING, on);
 }
 
 /* The first bytes came: enough, unless a codec waits for a message. */
@@ -331,7 +357,8 @@ int nr__loop_shed_fresh(nr_loop_t *l, int max) {
   if (max > 64)
     max = 64;
   for (nr_channel_t *ch = l->channels_tail; ch != NULL && n < max; ch = ch->lprev)
-    if ((ch->st & (NR__FRESH | NR__CLOSED | NR__CLOSING)) == NR__FRESH)
+    if ((ch->st & (NR__FRESH | NR__IDLE | NR__HANDSHAKING)) &&
+        !(ch->st & (NR__CLOSED | NR__CLOSING)))
       v[n++] = nr_channel_retain(ch);
   for (int i = 0; i < n; i++) {        /* (a close may run hooks: the walk
                                           is done first) */

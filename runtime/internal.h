@@ -377,7 +377,11 @@ enum {
                                      nothing yet (nr_channel_established) */
   NR__FRESH_TO_MESSAGE = 1u << 21, /* a byte does not end NR__FRESH: a
                                      codec's first message does */
-  NR__READS_HELD = 1u << 22       /* nr_channel_hold_reads: read nothing */
+  NR__READS_HELD = 1u << 22,      /* nr_channel_hold_reads: read nothing */
+  NR__IDLE = 1u << 23,            /* a codec waits for the peer, owing it
+                                     nothing (nr_channel_set_idle) */
+  NR__HANDSHAKING = 1u << 24      /* a TLS server handshake under way
+                                     (nr_channel_set_handshaking) */
 };
 
 typedef struct nr_server_s {
@@ -498,9 +502,11 @@ void nr__loop_reap(nr_loop_t *l);    /* release channels closed this pass */
  * connections when the table is full and nothing can be freed (for tests:
  * the next listener made opens it again). */
 void nr__accept_reserve_drop(void);
-/* Close (reset) up to max of the loop's oldest fresh channels (NR__FRESH:
- * accepted, their peer silent or still short of a first message); returns
- * how many. The acceptor's answer to a descriptor table that is full. */
+/* Close (reset) up to max of the loop's oldest sheddable channels --
+ * accepted, and their peer silent or still short of a first message
+ * (NR__FRESH), idle between requests (NR__IDLE) or in a TLS handshake
+ * (NR__HANDSHAKING) --, oldest accepted first; returns how many. The
+ * acceptor's answer to a descriptor table that is full. */
 int nr__loop_shed_fresh(nr_loop_t *l, int max);
 extern const nr_handler_t nr__head_handler;
 

@@ -571,6 +571,15 @@ void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta);
  * new ones in. Both do nothing to a channel that is not fresh. */
 void nr_channel_fresh_until_message(nr_channel_t *ch);
 void nr_channel_established(nr_channel_t *ch);
+/* Loop thread only. A codec of an accepted channel says that it waits for
+ * its peer and owes it nothing (idle: the HTTP server codec between
+ * requests, and in a head after the first), or that a TLS server handshake
+ * is under way (handshaking), or no longer. Such a channel is closed with
+ * the fresh ones, oldest accepted first, when accept finds no free
+ * descriptor (nginx's reusable connections). Nothing on a channel that was
+ * not accepted. */
+void nr_channel_set_idle(nr_channel_t *ch, bool idle);
+void nr_channel_set_handshaking(nr_channel_t *ch, bool on);
 /* Loop thread only. Whether ch keeps its loop alive while it is open
  * (nr_loop_is_alive; the default: yes), as Node's socket.ref()/unref():
  * an idle pooled connection does not. Ignored once ch has closed. */

@@ -152,7 +152,7 @@ describe("channels", function()
     assert.has_error(function() ch:option("tcp_nodelay") end)   -- not on its loop
     assert.has_error(function()
       netrun.server { group = group, port = 0, child_options = { write_buffer_low = 10, write_buffer_high = 5 } }
-    end, "child_options: write_buffer_low (10) is above write_buffer_high (5)")
+    end, "netrun.server: child_options.write_buffer_low (10) is above child_options.write_buffer_high (5)")
     assert.has_error(function() netrun.server { group = group, port = 70000 } end,
       "netrun.server: port must be an integer from 0 to 65535, got 70000")
     c:close()
@@ -489,7 +489,7 @@ describe("channels", function()
     server:close():sync()
     assert.is_nil(io.open(path))                 -- its own socket is unlinked at close
     assert.has_error(function() netrun.server { group = group, unix = path, mode = -1 } end,
-      'netrun.server: mode must be a file mode from 0 to 0777 (e.g. tonumber("600", 8))')
+      'netrun.server: mode must be a file mode from 0 to 0777 (e.g. tonumber("600", 8)), got -1')
     os.execute("rm -rf " .. dir)
   end)
 

@@ -197,6 +197,19 @@ describe("netrun command", function()
       assert.matches("\n0\n$", text)
     end)
 
+    it("(prints on three threads at once: every line whole)", function()
+      local out, st = run("timeout -k 1 20 " .. BIN .. " spec/fixtures/one_shot.lua --mode prints")
+      assert.equal(0, st, out:sub(1, 500))
+      local count, bad = {}, {}
+      for line in out:gmatch("[^\n]*\n") do
+        local who, i, xs = line:match("^([%w-]+)\t(%d+)\t(x*)\n$")
+        if who and #xs == tonumber(i) % 50 then count[who] = (count[who] or 0) + 1
+        elseif #bad < 3 then bad[#bad + 1] = line end
+      end
+      assert.same({}, bad)
+      assert.same({ main = 2000, ["printer-1"] = 2000, ["printer-2"] = 2000 }, count)
+    end)
+
     it("(a console alone keeps nothing alive)", function()
       local dir = H.tmpdir()
       local out, st = run("timeout -k 1 20 " .. BIN .. " --console " .. dir .. "/c.sock -e "

@@ -159,13 +159,13 @@ describe("netrun.codec", function()
     local cases = {
       { "length_field", { length = 5 }, "netrun.codec.length_field: length must be 1, 2, 3, 4 or 8" },
       { "length_prepender", { length = 0 }, "netrun.codec.length_prepender: length must be 1, 2, 3, 4 or 8" },
-      { "line", { max_length = 0 }, "netrun.codec.line: max_length must be an integer from 1 to" },
+      { "line", { max_length = 0 }, "netrun.codec.line: max_length must be a size in bytes from 1 to" },
       { "line", { max_len = 10 }, "netrun.codec.line: unknown option 'max_len'" },
-      { "line", { strip = "yes" }, "netrun.codec.line: strip must be a boolean, got a string" },
-      { "delimiter", {}, "netrun.codec.delimiter: delimiters must be an array of 1 to 8 non-empty strings" },
+      { "line", { strip = "yes" }, "netrun.codec.line: strip must be a boolean, got \"yes\"" },
+      { "delimiter", {}, "netrun.codec.delimiter: delimiters must be an array of 1 to 8 strings, got nil" },
       { "delimiter", { delimiters = { "" } }, "netrun.codec.delimiter: delimiters[1] must be a non-empty string" },
-      { "fixed_length", {}, "netrun.codec.fixed_length: length is required" },
-      { "fixed_length", { length = 1.5 }, "netrun.codec.fixed_length: length must be an integer" },
+      { "fixed_length", {}, "netrun.codec.fixed_length: length must be a size in bytes from 1 to 1099511627776, got nil" },
+      { "fixed_length", { length = 1.5 }, "netrun.codec.fixed_length: length must be a size in bytes from 1 to 1099511627776, got 1.5" },
       { "length_field", { offset = 4, max_frame = 6 },
         "netrun.codec.length_field: max_frame (6) must be at least offset + length (8)" },
     }

@@ -383,10 +383,10 @@ describe("streams", function()
   it("misuse raises clear errors", function()
     assert.has_error(function() netrun.tcp.connect("127.0.0.1", 1) end,
       "netrun.tcp.connect: a stream lives on a loop: call it inside netrun.spawn on one (the main thread is not a loop)")
-    assert.has_error(function() netrun.tcp.connect("127.0.0.1", "80") end,
-      "netrun.tcp.connect: port must be an integer, got string")
+    assert.has_error(function() netrun.tcp.connect("127.0.0.1", "http") end,
+      'netrun.tcp.connect: port must be an integer from 1 to 65535, got "http"')
     assert.has_error(function() netrun.server { group = group, port = 0, stream = 42 } end,
-      "netrun.server: stream must be a function, got number")
+      "netrun.server: stream must be a function, got 42")
     local ok, err = pcall(netrun.server, { group = group, port = 0, straem = print })
     assert.is_false(ok)
     assert.matches("did you mean 'stream'", err, 1, true)

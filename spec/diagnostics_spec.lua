@@ -244,9 +244,9 @@ g:shutdown_gracefully(0, 1):sync()
       { function() netrun.udp { group = group, port = 0, hots = "127.0.0.1" } end,
         "netrun.udp: unknown option 'hots' (did you mean 'host'?)" },
       { function() netrun.server { group = group, port = 0, child_options = { tcp_nodelya = true } } end,
-        "netrun.server: child_options: unknown option 'tcp_nodelya' (did you mean 'tcp_nodelay'?)" },
+        "netrun.server: unknown option 'child_options.tcp_nodelya' (did you mean 'child_options.tcp_nodelay'?)" },
       { function() netrun.server { group = group, port = "http" } end,
-        "netrun.server: port must be an integer from 0 to 65535, got string" },
+        'netrun.server: port must be an integer from 0 to 65535, got "http"' },
       { function() netrun.server { group = group, port = 0, backlog = "many" } end,
         "netrun.server: backlog must be an integer" },
     }

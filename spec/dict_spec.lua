@@ -151,7 +151,7 @@ describe("netrun.shared.dict", function()
     assert.is_nil(d:get("b"))
     assert.same({ 1, 3, 4 }, { d:get("a"), d:get("c"), d:get("d") })
     assert.has_error(function() netrun.shared.dict("bad", { capacity = 0 }) end,
-      "netrun.shared.dict: capacity must be >= 1")
+      "netrun.shared.dict: capacity must be an integer >= 1, got 0")
   end)
 
   it("counts correctly when several loops increment at once", function()
@@ -225,7 +225,7 @@ print("finalizers", d:get("from_gc"))']], H.BIN))
     assert.same({ 1024, 1024, 1024 }, { #lru:get("a"), #lru:get("c"), #lru:get("d") })
     assert.equal(64 << 20, netrun.shared.dict("bytes-default"):stats().memory)
     assert.has_error(function() netrun.shared.dict("bad-mem", { memory = 0 }) end,
-      "netrun.shared.dict: memory must be >= 1")
+      "netrun.shared.dict: memory must be a size in bytes from 1 to 1099511627776, got 0")
     d:flush_all()
     assert.equal(0, d:stats().bytes)
   end)

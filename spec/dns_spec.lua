@@ -108,9 +108,9 @@ describe("netrun.dns", function()
 
   it("raises for a bad name, family or setting", function()
     assert.has_error(function() netrun.dns.resolve(42) end,
-      "netrun.dns.resolve: name must be a non-empty string, got number")
+      "netrun.dns.resolve: name must be a non-empty string, got 42")
     assert.has_error(function() netrun.dns.resolve("localhost", { family = "ipx" }) end,
-      'netrun.dns.resolve: family must be "inet", "inet6" or nil, got ipx')
+      'netrun.dns.resolve: family must be "inet" or "inet6", got "ipx"')
     assert.has_error(function() netrun.dns.configure { servers = { "not an address" } } end)
     assert.has_error(function() netrun.dns.configure { max_inflight = 0 } end,
       "netrun.dns.configure: max_inflight must be an integer from 1 to 1000000, got 0")
@@ -366,7 +366,7 @@ describe("netrun.dns", function()
     for a in err:gmatch("([%d%.:]+):" .. free .. ": ECONNREFUSED") do order[#order + 1] = a end
     assert.same({ "127.0.0.1", "::1", "127.0.0.2", "127.0.0.3" }, order)
     assert.has_error(function() netrun.connect { group = group, host = { "a.test" }, port = 1 } end,
-      "netrun.connect: host[1] must be a numeric address, got a.test")
+      'netrun.connect: host[1] must be a numeric address, got "a.test"')
   end)
 
   -- ::1 drops the SYN (its listener's queue is full) while 127.0.0.1

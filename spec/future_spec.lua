@@ -283,9 +283,9 @@ describe("futures", function()
   it("await of a future that completes while the coroutine parks resumes it once", function()
     -- The other loop completes each future at any moment, sometimes
     -- between await's check and its listener: 20000 tries.
-    -- (Under ThreadSanitizer this loop's memory grows with the square of
-    -- the tries -- 2.5 GB at 5000, flat in a plain build -- so sanitizer
-    -- builds try 1000 times.)
+    -- (Sanitizer builds try 1000 times: they are slow. Under
+    -- ThreadSanitizer this loop's memory grew with the square of the tries
+    -- -- 2.5 GB at 5000 -- until bin/tsan_longjmp.c: see the next spec.)
     local tries = H.sanitized and 1000 or 20000
     local l1, l2 = group:loops()[1], group:loops()[2]
     local n = H.sync(l1:submit(function(other, tries)
@@ -296,6 +296,33 @@ describe("futures", function()
       end)
     end, l2, tries), 30)
     assert.equal(tries, H.sync(n, 30))
+  end)
+
+  it("an await costs the same however many came before it on its thread", function()
+    -- An await leaves its C function by Lua's longjmp. When the runtime
+    -- misses those jumps (ThreadSanitizer and Debian's fortified Lua:
+    -- bin/tsan_longjmp.c), its shadow stack grows by a frame per await and
+    -- each later allocation copies it: the sixth thousand awaits cost ~10
+    -- times the first, and a spec awaiting for every byte of a stream
+    -- timed out. Six rounds of 1000 awaits, CPU time each: the last within
+    -- three times the first (the process's CPU: its other threads idle).
+    local t = H.sync(H.sync(group:next():submit(function()
+      return netrun.spawn(function()
+        local loop, t = netrun.current(), {}
+        for round = 1, 6 do
+          local c0 = os.clock()
+          for _ = 1, 1000 do
+            local p = netrun.promise()
+            loop:execute(function() p:set_success(1) end)
+            p:await()
+          end
+          t[round] = os.clock() - c0
+        end
+        return t
+      end)
+    end)), 60)
+    assert(t[6] < 3 * t[1] + 0.02, ("awaits got slower: %.3f s for the first 1000, %.3f s for the sixth")
+      :format(t[1], t[6]))
   end)
 
   it("a promise from elsewhere, completed on a loop whose own promises were collected, is read as a copy", function()

@@ -232,9 +232,9 @@ describe("groups and loops", function()
 
   it("checks its arguments", function()
     assert.has_error(function() netrun.group { threads = -1 } end,
-      "netrun.group: threads must be between 1 and 1024, got -1")
+      "netrun.group: threads must be an integer from 0 to 1024, got -1")
     assert.has_error(function() netrun.group { io_ratio = 0 } end,
-      "netrun.group: io_ratio must be between 1 and 100, got 0")
+      "netrun.group: io_ratio must be an integer from 1 to 100, got 0")
     assert.has_error(function() group:execute("not a function") end)
     assert.has_error(function() group:schedule(-1, function() end) end)
   end)
@@ -322,7 +322,7 @@ describe("graceful shutdown", function()
     -- drained: it takes tasks again
     assert.equal("again", l:submit(function() return "again" end):sync())
     assert.has_error(function() netrun.group { max_pending_tasks = 0 } end,
-      "netrun.group: max_pending_tasks must be >= 1, got 0")
+      "netrun.group: max_pending_tasks must be an integer >= 1, got 0")
     client:close()
     server:close():sync()
     H.shutdown(g)

@@ -461,7 +461,7 @@ describe("netrun.http client", function()
     assert.matches("\r\n\r\n$", raw)       -- no body for HEAD
     s:close()
     assert.has_error(function() netrun.http.client { raw = "yes" } end,
-      "netrun.http.client: raw must be a boolean, got string")
+      'netrun.http.client: raw must be a boolean, got "yes"')
     front:close():sync()
     backend:close():sync()
   end)
@@ -560,7 +560,7 @@ describe("netrun.http client", function()
     assert.equal("GET /old HTTP/1.1\nx-forwarded-for: 1.2.3.4\nhost: 127.0.0.1:" .. bport .. "\n", echo)
     s:close()
     assert.has_error(function() netrun.http.request { url = base, forward = "GET /" } end,
-      "netrun.http.request: forward must be a request of netrun.codec.http_server, got string")
+      'netrun.http.request: forward must be a request of netrun.codec.http_server, got "GET /"')
     front:close():sync()
     backend:close():sync()
   end)
@@ -850,7 +850,7 @@ describe("netrun.http client", function()
     assert.equal("/good", r1[5])
     assert.equal(1, r1[6])
     assert.has_error(function() netrun.http.client { max_waiting = -1 } end,
-      "netrun.http.client: max_waiting must be a number >= 0, got -1")
+      "netrun.http.client: max_waiting must be an integer >= 0, got -1")
     server:close():sync()
   end)
 
@@ -860,7 +860,7 @@ describe("netrun.http client", function()
     assert.equal("/p", res.body)
     local ok, err = pcall(netrun.http.request, { url = "http://127.0.0.1:" .. port .. "/p", forward = true })
     assert.is_false(ok)
-    assert.matches("forward must be a request of netrun.codec.http_server, got boolean", err)
+    assert.matches("forward must be a request of netrun.codec.http_server, got true", err)
     server:close():sync()
   end)
 
@@ -873,7 +873,7 @@ describe("netrun.http client", function()
       function() c:request({ url = "http://127.0.0.1:1/" }, 5) end,
     }
     local want = { "netrun.http.request: unknown option 'bogus'",
-                   "netrun.http.request: timeout must be a number >= 0, got %-1",
+                   "netrun.http.request: timeout must be a number of seconds from 0 to 1e9, got %-1",
                    "netrun.http client: call it as client:request",
                    "netrun.http client: the callback must be a function, got number" }
     for i, f in ipairs(calls) do

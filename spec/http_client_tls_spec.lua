@@ -192,7 +192,7 @@ describe("netrun.http client over TLS", function()
     local c = netrun.http.client { follow = 2, follow_downgrade = true, tls = tls }
     assert.equal("plain /x auth=nil", fetch(c:request { url = url }))
     assert.has_error(function() netrun.http.client { follow_downgrade = "yes" } end,
-      "netrun.http.client: follow_downgrade must be a boolean, got string")
+      "netrun.http.client: follow_downgrade must be a boolean, got \"yes\"")
     plain:close():sync()
     server:close():sync()
   end)

@@ -73,7 +73,7 @@ describe("lua_memory_limit", function()
 
   it("is checked, and 0 turns it off", function()
     assert.has_error(function() netrun.group { lua_memory_limit = 1000 } end,
-      "netrun.group: lua_memory_limit must be 0 (none) or at least 1048576 bytes, got 1000")
+      "netrun.group: lua_memory_limit must be 0 (none) or a size of at least 1048576 bytes, got 1000")
     local g = netrun.group { threads = 1, name = "lmem-off", lua_memory_limit = 0 }
     assert.equal(4e6, g:next():submit(function()
       local t = {} for i = 1, 4e6 do t[i] = i end return #t

@@ -140,7 +140,7 @@ describe("netrun.metrics", function()
     local h = netrun.handler.metrics { path = "/m" }
     assert.equal("/m", h.path)
     assert.has_error(function() netrun.handler.metrics { pth = "/m" } end,
-      "netrun.handler.metrics: unknown option 'pth'")
+      "netrun.handler.metrics: unknown option 'pth' (did you mean 'path'?)")
     assert.has_error(function() netrun.handler.metrics { path = "m" } end)
   end)
 

@@ -12,7 +12,7 @@ local EAGER = { "all", "channel_group", "codec", "connect", "current", "embedded
                 "reload", "run", "server", "shared", "sleep", "spawn", "tls", "udp",
                 "version", "void_promise" }
 -- Loaded on first use (then stored in the module, so pairs shows them).
-local LAZY = { "dns", "http", "json", "metrics", "redis", "tcp", "websocket" }
+local LAZY = { "dns", "http", "json", "metrics", "nats", "redis", "tcp", "websocket" }
 
 local function sorted(t)
   table.sort(t)
@@ -24,7 +24,7 @@ end
 local function keys_of(m)
   local before = {}
   for k in pairs(m) do before[#before + 1] = k end
-  for _, k in ipairs { "dns", "http", "json", "metrics", "redis", "tcp", "websocket" } do
+  for _, k in ipairs(LAZY) do
     assert(m[k] ~= nil, "netrun." .. k .. " is missing")
   end
   local after = {}
@@ -55,7 +55,7 @@ describe("the netrun module", function()
     finally(function() H.shutdown(group) end)
     local res = H.sync(group:submit(function()
       local m = require "netrun"
-      for _, k in ipairs { "dns", "http", "json", "metrics", "redis", "tcp", "websocket" } do
+      for _, k in ipairs(LAZY) do
         assert(m[k] ~= nil, "netrun." .. k .. " is missing on the loop")
       end
       local out = {}

@@ -201,7 +201,7 @@ describe("the stall detector", function()
   it("checks its options", function()
     assert.has_error(function() netrun.group { stall_threshold = -1 } end)
     assert.has_error(function() netrun.group { stall_timeout = "soon" } end,
-      "netrun.group: stall_timeout must be a number of seconds, got string")
+      'netrun.group: stall_timeout must be a number of seconds from 0 to 1e9, got "soon"')
   end)
 end)
 
@@ -395,6 +395,39 @@ describe("a stalled loop and new work", function()
       assert.equal(other, H.sync(g:submit(function() return require("netrun").current():name() end), 2))
     end
     release(held)
+    server:close():sync()
+    H.shutdown(g)
+  end)
+
+  it("with group = g alone, stuck on the listener's loop, accepts nothing until it runs again; none is lost", function()
+    -- (README: the listener lives on one of g's loops; the chooser cannot
+    -- help a stall there. The default boss group, or child_group, keeps
+    -- it off the workers.)
+    local g = netrun.group { threads = 2, name = "ls", stall_threshold = 0.1 }
+    local server = netrun.server { group = g, host = "127.0.0.1", port = 0, init = hold }:sync()
+    local _, port = server:local_address()
+    local stuck = server:loop()
+    stuck:execute(function()                       -- spins until told to stop
+      local d, t = require("netrun").shared.dict("stall_spec"), os.clock()
+      while not d:get("stop") and os.clock() - t < 20 do end
+    end)
+    assert.is_truthy(H.eventually(function() return stuck:stats().stalls > 0 end))
+    local clients = {}
+    for i = 1, 4 do
+      clients[i] = H.client(port)                  -- (the kernel's backlog takes them)
+      clients[i]:settimeout(0.3)
+      assert(clients[i]:send("ping " .. i .. "\n"))
+    end
+    for i = 1, 4 do
+      local line, err = clients[i]:receive("*l")
+      assert.same({ nil, "timeout" }, { line, err })                -- not accepted
+    end
+    dict:set("stop", true)
+    for i = 1, 4 do
+      clients[i]:settimeout(5)
+      assert.equal("pong", clients[i]:receive("*l"))                 -- every one served
+      clients[i]:close()
+    end
     server:close():sync()
     H.shutdown(g)
   end)

@@ -654,7 +654,7 @@ describe("netrun.tls", function()
     e = err_of(netrun.tls.server, { cert = P("server.crt"), key = P("server.key"), verify = "required" })
     assert.truthy(e:find("needs ca", 1, true), e)
     e = err_of(netrun.server, { group = group, port = 0, tls = "nope" })
-    assert.truthy(e:find("netrun.server: tls must be a netrun.tls.server/client config", 1, true), e)
+    assert.truthy(e:find('netrun.server: tls must be a netrun.tls.server config, got "nope"', 1, true), e)
   end)
 
   it("takes PEM text as well as files", function()

@@ -375,7 +375,7 @@ describe("websocket", function()
       out = py("deflate " .. url(ws_server("ratio2", { deflate = true, inflate_ratio = 16 })))
       assert.matches("text 110490\nbinary 16384\nfragments 1606\nrepeated 20\n", out, 1, true)
       assert.error_matches(function() netrun.codec.websocket { inflate_ratio = -1 } end,
-        "inflate_ratio must be a positive integer or 0 %(none%), got %-1")
+        "inflate_ratio must be an integer from 0 to 4294967294, got %-1")
     end)
 
     it("closes a zip bomb with 1009 (100 MB of zeros, max_message 1 MiB)", function()

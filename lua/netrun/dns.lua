@@ -45,8 +45,6 @@ local function split(s)
   return t
 end
 
-local FAMILIES = { inet = true, inet6 = true }
-
 -- Whether a failure says something of the name, to be cached: not the
 -- resolver's bound on lookups (runtime/resolver.c) nor its cancelling
 -- them as the process shuts down.
@@ -54,20 +52,13 @@ local function of_the_name(cause)
   return not (cause:find("(max_inflight, max_waiting)", 1, true) or cause:find("^cancelled"))
 end
 
+local check_resolve = core.options("netrun.dns.resolve", { family = "enum inet inet6" })
+
 local function check(name, opts)
   if type(name) ~= "string" or name == "" then
-    error("netrun.dns.resolve: name must be a non-empty string, got " ..
-      (name == "" and "an empty string" or type(name)), 3)
+    core.option_error("netrun.dns.resolve", "name", name, "a non-empty string")
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    error("netrun.dns.resolve: options must be a table, got " .. type(opts), 3)
-  end
-  local family = opts and opts.family
-  if family ~= nil and not FAMILIES[family] then
-    error("netrun.dns.resolve: family must be \"inet\", \"inet6\" or nil, got " ..
-      tostring(family), 3)
-  end
-  return family
+  return opts ~= nil and check_resolve(opts).family or nil
 end
 
 -- The cache's answer, then the resolver's, into promise p.
@@ -126,9 +117,6 @@ end
 -- @int[opt=256] opts.max_inflight distinct names looked up at once
 -- @int[opt=4096] opts.max_waiting names waiting for a slot; past it a lookup fails at once
 function dns.configure(opts)
-  if type(opts) ~= "table" then
-    error("netrun.dns.configure: expected a table of options, got " .. type(opts), 2)
-  end
   core.dns_configure(opts)
 end
 

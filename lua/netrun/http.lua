@@ -309,19 +309,17 @@ local function following(client, opts, url, method, follow, timeout, target)
   end
 end
 
-local CLIENT_KEYS = { pool = true, keepalive = true, timeout = true, tls = true,
-                      max_body = true, max_header = true, follow = true, raw = true,
-                      max_waiting = true, follow_downgrade = true, h2 = true }
 -- A request's options checked: known, of the right types (raises at the
--- level of the call that gave them: core.http.check_request, in C, as
--- every request is checked).
+-- caller's line: core.http.check_request, in C, as every request is
+-- checked); it returns them, or a copy whose numeric strings are numbers.
 local check_request = core.http.check_request
-
-local function check_number(what, k, v, min)
-  if v ~= nil and (type(v) ~= "number" or v ~= v or v < min) then
-    error(string.format("%s: %s must be a number >= %s, got %s", what, k, min, tostring(v)), 3)
-  end
-end
+-- The client's and the forwarder's, by lopts.c's readers (core.options).
+local check_client = core.options("netrun.http.client", {
+  pool = "integer 1", max_waiting = "integer 0", keepalive = "seconds", timeout = "seconds",
+  max_body = "size 0", max_header = "size 64", follow = "integer 0", raw = "boolean",
+  follow_downgrade = "boolean", tls = "tls.client", h2 = "any" })
+local check_forwarder = core.options("netrun.http client:forwarder",
+  { url = "string!", headers = "table" })
 
 -- Parsed URLs, cached per state (a client fetches the same few URLs
 -- again and again): { scheme, host, port, target, Host header } or
@@ -449,25 +447,22 @@ end
 
 -- client:request(opts) --> future; client:request(opts, callback): on a
 -- loop, no future: callback(res) or callback(nil, err) runs on this loop
--- (cheaper: the response is not copied through a future).
--- client:request(opts) --> future; client:request(opts, callback): on a
--- loop, no future: callback(res) or callback(nil, err) runs on this loop
 -- (cheaper: the response is not copied through a future). Client.request
 -- is core.http.lane's (set at the end): it checks the options and sends
 -- the usual request (a callback, a URL seen before, nothing of its own)
--- itself, in C; any other comes here, checked (errors at level 3: the
--- caller of client:request, past the lane).
+-- itself, in C; any other comes here, checked (errors at the caller of
+-- client:request: core.raise names the first line outside netrun).
 local function request_other(self, opts, callback)
   if getmetatable(self) ~= Client then
-    error("netrun.http client: call it as client:request { ... }", 3)
+    core.raise("netrun.http client: call it as client:request { ... }")
   end
   if callback == nil then return on_loop(self, opts) end
   if type(callback) ~= "function" then
-    error("netrun.http client: the callback must be a function, got " .. type(callback), 3)
+    core.raise("netrun.http client: the callback must be a function, got " .. type(callback))
   end
   if current() == nil then
-    error("netrun.http client: a callback runs on the caller's loop: call request with " ..
-      "one on a loop (the main thread is not one: use the future)", 3)
+    core.raise("netrun.http client: a callback runs on the caller's loop: call request with " ..
+      "one on a loop (the main thread is not one: use the future)")
   end
   M.request_with(self, opts, callback)
 end
@@ -490,18 +485,12 @@ end
 -- forward(req, function(res, err) ctx:write(res and res.response or bad_gateway) end)
 function Client:forwarder(opts)
   local what = "netrun.http client:forwarder"
-  if getmetatable(self) ~= Client then error(what .. ": call it as client:forwarder { ... }", 2) end
-  if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 2) end
-  for k in pairs(opts) do
-    if k ~= "url" and k ~= "headers" then error(what .. ": unknown option '" .. tostring(k) .. "'", 2) end
-  end
+  if getmetatable(self) ~= Client then core.raise(what .. ": call it as client:forwarder { ... }") end
+  opts = check_forwarder(opts)
   local url, headers = opts.url, opts.headers
-  if headers ~= nil and type(headers) ~= "table" then
-    error(what .. ": headers must be a table, got " .. type(headers), 2)
-  end
   local u = parsed(url)
-  if not u[1] then error(what .. ": bad URL: " .. tostring(u[2]), 2) end
-  if u[4] ~= "/" then error(what .. ": the URL names only the origin (no path)", 2) end
+  if not u[1] then core.raise(what .. ": bad URL: " .. tostring(u[2])) end
+  if u[4] ~= "/" then core.raise(what .. ": the URL names only the origin (no path)") end
   local function first(req, cb)         -- (no pool yet: the usual path makes it)
     self:request({ url = url, forward = req, headers = headers }, cb)
   end
@@ -538,36 +527,18 @@ end
 -- @usage local client = netrun.http.client { pool = 16, timeout = 2 }
 -- local res = client:request { url = "http://127.0.0.1:8080/" }:await()
 function M.client(opts)
-  local what = "netrun.http.client"
-  if opts ~= nil and type(opts) ~= "table" then
-    error(what .. ": options must be a table, got " .. type(opts), 2)
-  end
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not CLIENT_KEYS[k] then error(what .. ": unknown option '" .. tostring(k) .. "'", 2) end
-  end
-  check_number(what, "pool", opts.pool, 1)
-  check_number(what, "max_waiting", opts.max_waiting, 0)
-  check_number(what, "keepalive", opts.keepalive, 0)
-  check_number(what, "timeout", opts.timeout, 0)
-  check_number(what, "max_body", opts.max_body, 0)
-  check_number(what, "max_header", opts.max_header, 64)
-  for _, k in ipairs { "raw", "follow_downgrade" } do
-    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
-      error(what .. ": " .. k .. " must be a boolean, got " .. type(opts[k]), 2)
-    end
-  end
+  opts = check_client(opts) or {}
   local h2 = opts.h2
   if h2 == nil then h2 = M.h2 end
   if h2 ~= "auto" and type(h2) ~= "boolean" then
-    error(what .. ': h2 must be "auto", true or false, got ' .. tostring(h2), 2)
+    core.option_error("netrun.http.client", "h2", h2, '"auto", true or false')
   end
   return setmetatable({
-    id = new_id(), pool = math.tointeger(opts.pool or M.pool),
+    id = new_id(), pool = opts.pool or M.pool,
     keepalive = opts.keepalive or M.keepalive, timeout = opts.timeout or M.timeout,
-    tls = opts.tls, max_body = math.tointeger(opts.max_body or M.max_body),
-    max_header = math.tointeger(opts.max_header or M.max_header), follow = opts.follow,
-    raw = opts.raw == true, max_waiting = math.tointeger(opts.max_waiting or M.max_waiting),
+    tls = opts.tls, max_body = opts.max_body or M.max_body,
+    max_header = opts.max_header or M.max_header, follow = opts.follow,
+    raw = opts.raw == true, max_waiting = opts.max_waiting or M.max_waiting,
     follow_downgrade = opts.follow_downgrade == true, h2 = h2,
   }, Client)
 end
@@ -578,7 +549,7 @@ local default_client
 -- @treturn future of the response `{ status, reason, version, headers, trailers, body, keep_alive }` (header names in lower case)
 -- @usage local res = netrun.http.request { url = "https://a.example/x" }:await()
 function M.request(opts)
-  check_request(opts)
+  opts = check_request(opts)
   default_client = default_client or M.client()
   default_client.id = "default"         -- the same pools in every state
   return on_loop(default_client, opts)

@@ -19,6 +19,9 @@
 -- `netrun.redis`.
 -- @module netrun
 local core = require "netrun.core"
+-- Option errors name the caller's line, past netrun's own modules: those
+-- are the files of this directory (runtime/bindings/lopts.c).
+core.options_home()
 
 -- Only the public API (DESIGN.md §4, §8, §9.7) is copied from the core;
 -- what the REPL, the console, reload, metrics and `netrun top` use
@@ -175,10 +178,10 @@ end
 -- Parts loaded on first use (a state that never calls out pays nothing):
 -- netrun.json, netrun.dns, netrun.tcp, netrun.http (the client, and
 -- unescape(s): + and %XX decoded), netrun.websocket, netrun.metrics,
--- netrun.redis.
+-- netrun.redis, netrun.nats (the NATS client).
 local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
                http = "netrun.http", websocket = "netrun.websocket",
-               metrics = "netrun.metrics", redis = "netrun.redis" }
+               metrics = "netrun.metrics", redis = "netrun.redis", nats = "netrun.nats" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end
@@ -195,18 +198,16 @@ netrun.tls = {
   reload = core.tls.reload, handshake = core.tls.handshake,
 }
 
-local function without_tls(opts)
+-- A copy of opts, its init checked: the copy's init is the caller's
+-- (core.server and core.connect check the rest, tls among them).
+local function copy(what, opts)
+  local init = opts.init
+  if init ~= nil and type(init) ~= "function" then
+    core.option_error(what, "init", init, "a function")
+  end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
-  o.tls = nil
-  return o
-end
-
-local function check_tls(what, cfg)
-  if type(cfg) ~= "userdata" or not tostring(cfg):match("^netrun%.tls%.") then
-    error(what .. ": tls must be a netrun.tls.server/client config, got "
-      .. tostring(cfg), 3)
-  end
+  return o, init
 end
 
 --- Start a server: a listening channel on a boss loop whose accepted
@@ -232,9 +233,8 @@ end
 --   init = function(ch) ch:pipeline():add_last("echo", Echo) end }:sync()
 function netrun.server(opts)
   if type(opts) ~= "table" or opts.tls == nil then return core.server(opts) end
-  check_tls("netrun.server", opts.tls)
-  local o = without_tls(opts)
-  local tls, init = opts.tls, opts.init
+  local o, init = copy("netrun.server", opts)
+  local tls = opts.tls
   o.init = function(ch)
     ch:pipeline():add_first("tls", tls)
     if init then init(ch) end
@@ -262,9 +262,8 @@ function netrun.connect(opts)
   -- that does not verify, say), or with the connect's when no address
   -- answered (then no handshake began).
   if type(opts) ~= "table" or opts.tls == nil then return core.connect(opts) end
-  check_tls("netrun.connect", opts.tls)
-  local o = without_tls(opts)
-  local tls, init, host, unix = opts.tls, opts.init, opts.host or "127.0.0.1", opts.unix
+  local o, init = copy("netrun.connect", opts)
+  local tls, host, unix = opts.tls, opts.host or "127.0.0.1", opts.unix
   local done = core.promise()
   o.init = function(ch)
     ch:pipeline():add_first("tls", tls)

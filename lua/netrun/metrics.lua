@@ -165,6 +165,8 @@ function Handler:channel_read(ctx, req)
     body = require("netrun.metrics").text() }
 end
 
+local check_handler = core.options("netrun.handler.metrics", { path = "string" })
+
 --- A handler that serves `text()` over HTTP (also `netrun.handler.metrics`):
 -- after `netrun.codec.http_server`, it answers GET and HEAD of its path and
 -- passes every other request on.
@@ -172,16 +174,10 @@ end
 -- @string[opt="/metrics"] opts.path the path it answers
 -- @return the handler
 function M.handler(opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error("netrun.handler.metrics: options must be a table, got " .. type(opts), 2)
-  end
-  for k in pairs(opts) do
-    if k ~= "path" then error("netrun.handler.metrics: unknown option '" .. tostring(k) .. "'", 2) end
-  end
+  opts = check_handler(opts) or {}
   local path = opts.path or "/metrics"
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" then
-    error("netrun.handler.metrics: path must be a string starting with '/', got " .. tostring(path), 2)
+  if path:sub(1, 1) ~= "/" then
+    core.option_error("netrun.handler.metrics", "path", path, "a string starting with '/'")
   end
   return setmetatable({ path = path }, Handler)
 end

@@ -174,75 +174,50 @@ function M.parse_url(url)
   return u
 end
 
-local KEYS = { url = true, host = true, port = true, db = true, username = true,
-               password = true, timeout = true, connect_timeout = true, tls = true,
-               pool = true, resp = true, name = true, max_reply = true, max_depth = true,
-               max_line = true, max_messages = true }
-M.KEYS = KEYS
+-- The options of a client, checked by lopts.c's readers (core.options):
+-- numeric strings are numbers, sizes may be "64k". The cluster client
+-- takes these but url, host, port and db, and its own.
+local SCHEMA = { url = "string", host = "string", port = "integer 1 65535", db = "integer 0",
+                 username = "string", password = "string", timeout = "seconds",
+                 connect_timeout = "seconds", tls = "any", pool = "integer 1 10000",
+                 resp = "integer 2 3", name = "string", max_reply = "size 64",
+                 max_depth = "integer 1 64", max_line = "size 16", max_messages = "integer 1" }
+M.SCHEMA = SCHEMA
+local check_connect = core.options("netrun.redis.connect", SCHEMA)
 
-local function int_option(what, opts, k, min, max, def)
-  local v = opts[k]
-  if v == nil then return def end
-  local i = math.tointeger(type(v) == "string" and tonumber(v) or v)
-  if i == nil or i < min or (max and i > max) then
-    error(string.format("%s: %s must be an integer from %d%s, got %s", what, k, min,
-      max and (" to " .. max) or "", tostring(v)), 4)
-  end
-  return i
-end
-
-local function seconds_option(what, opts, k, def)
-  local v = opts[k]
-  if v == nil then return def end
-  v = type(v) == "string" and tonumber(v) or v
-  if type(v) ~= "number" or v < 0 or v ~= v then
-    error(string.format("%s: %s must be a number of seconds >= 0, got %s", what, k,
-      tostring(opts[k])), 4)
-  end
-  return v
-end
-
--- The checked settings of a client (plain data: it travels to loops).
--- Shared with the cluster client, which checks its own keys first.
-function M.settings(what, opts, keys)
-  if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not (keys or KEYS)[k] then error(what .. ": unknown option '" .. tostring(k) .. "'", 3) end
-  end
+-- The settings of a client (plain data: it travels to loops) from its
+-- options, checked. Shared with the cluster client, which checks its own.
+function M.settings(what, opts)
   -- Absent values are false, not nil: a client's missing field would be
   -- a command method (Client's __index).
   local s = { db = 0, port = 6379, username = false, password = false, name = false,
               tls = false }
   if opts.url ~= nil then
     local u, why = M.parse_url(opts.url)
-    if not u then error(what .. ": bad url: " .. why, 3) end
+    if not u then core.raise(what .. ": bad url: " .. why) end
     for k, v in pairs(u) do s[k] = v end
   end
   s.host = opts.host or s.host or "127.0.0.1"
-  if type(s.host) ~= "string" then error(what .. ": host must be a string", 3) end
-  s.port = int_option(what, opts, "port", 1, 65535, s.port)
-  s.db = int_option(what, opts, "db", 0, nil, s.db)
+  s.port = opts.port or s.port
+  s.db = opts.db or s.db
   for _, k in ipairs { "username", "password", "name" } do
-    if opts[k] ~= nil then
-      if type(opts[k]) ~= "string" then error(what .. ": " .. k .. " must be a string", 3) end
-      s[k] = opts[k]
-    end
+    if opts[k] ~= nil then s[k] = opts[k] end
   end
-  s.timeout = seconds_option(what, opts, "timeout", M.timeout)
-  s.connect_timeout = seconds_option(what, opts, "connect_timeout", s.timeout)
-  s.pool = int_option(what, opts, "pool", 1, 10000, M.pool)
-  s.resp = int_option(what, opts, "resp", 2, 3, 3)
-  s.max_reply = int_option(what, opts, "max_reply", 64, nil, M.max_reply)
-  s.max_depth = int_option(what, opts, "max_depth", 1, 64, M.max_depth)
-  s.max_line = int_option(what, opts, "max_line", 16, nil, M.max_line)
-  s.max_messages = int_option(what, opts, "max_messages", 1, nil, M.max_messages)
+  s.timeout = opts.timeout or M.timeout
+  s.connect_timeout = opts.connect_timeout or s.timeout
+  s.pool = opts.pool or M.pool
+  s.resp = opts.resp or 3
+  s.max_reply = opts.max_reply or M.max_reply
+  s.max_depth = opts.max_depth or M.max_depth
+  s.max_line = opts.max_line or M.max_line
+  s.max_messages = opts.max_messages or M.max_messages
   local tls = opts.tls
   if tls == true or (tls == nil and s.tls) then
     tls = core.tls.client {}
   elseif tls == false then
     tls = nil
   elseif tls ~= nil and not (type(tls) == "userdata" and tostring(tls):match("^netrun%.tls%.client")) then
-    error(what .. ": tls must be true, false or a netrun.tls.client config, got " .. tostring(tls), 3)
+    core.option_error(what, "tls", tls, "true, false or a netrun.tls.client config")
   end
   s.tls = tls or false
   return s
@@ -731,7 +706,7 @@ M.new_id = new_id
 -- @treturn client
 -- @usage local r = netrun.redis.connect { host = "127.0.0.1", pool = 4 }
 function M.connect(opts)
-  local s = M.settings("netrun.redis.connect", opts)
+  local s = M.settings("netrun.redis.connect", check_connect(opts) or {})
   s.id = new_id("r")
   return setmetatable(s, Client)
 end

@@ -553,7 +553,11 @@ local function half_closing(options)
   return o
 end
 
-local CONNECT_KEYS = { timeout = true, options = true, tls = true }
+-- Its options, checked by lopts.c's readers (core.options); the channel
+-- options by netrun.connect's.
+local check_connect = core.options("netrun.tcp.connect",
+  { timeout = "seconds", options = "table", tls = "tls.client" })
+local option_error = core.option_error
 
 --- @section end
 
@@ -573,25 +577,18 @@ local CONNECT_KEYS = { timeout = true, options = true, tls = true }
 -- end)
 function tcp.connect(host, port, opts)
   if type(host) ~= "string" then
-    error("netrun.tcp.connect: host must be a string, got " .. type(host), 2)
+    option_error("netrun.tcp.connect", "host", host, "a string")
   end
-  if math.type(port) ~= "integer" then
-    error("netrun.tcp.connect: port must be an integer, got " ..
-      (type(port) == "number" and "a float" or type(port)), 2)
+  local n = math.tointeger(port)       -- (as lua_tointegerx: "8080" too)
+  if n == nil or n < 1 or n > 65535 then
+    option_error("netrun.tcp.connect", "port", port, "an integer from 1 to 65535")
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    error("netrun.tcp.connect: options must be a table, got " .. type(opts), 2)
-  end
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not CONNECT_KEYS[k] then
-      error("netrun.tcp.connect: unknown option '" .. tostring(k) .. "'", 2)
-    end
-  end
+  port = n
+  opts = check_connect(opts) or {}
   local loop = core.current()
   if loop == nil then
-    error("netrun.tcp.connect: a stream lives on a loop: call it inside netrun.spawn " ..
-      "on one (the main thread is not a loop)", 2)
+    core.raise("netrun.tcp.connect: a stream lives on a loop: call it inside netrun.spawn " ..
+      "on one (the main thread is not a loop)")
   end
   local timeout = opts.timeout
   local p = core.promise()
@@ -619,9 +616,7 @@ end
 -- stream's handler, which runs fn(stream) per connection.
 function M.server_options(opts)
   local fn, init = opts.stream, opts.init
-  if type(fn) ~= "function" then
-    error("netrun.server: stream must be a function, got " .. type(fn), 0)
-  end
+  if type(fn) ~= "function" then option_error("netrun.server", "stream", fn, "a function") end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.stream = nil

@@ -48,6 +48,21 @@ local function has_token(v, token)
   return false
 end
 
+-- The options, checked by lopts.c's readers (core.options): numeric
+-- strings are numbers, sizes may be "64k".
+local LIMITS = { max_message = "size 1", max_frame = "size 1", close_timeout = "seconds",
+                 frame_timeout = "seconds", inflate_ratio = "integer 0" }
+local function schema(t)
+  for k, v in pairs(LIMITS) do t[k] = v end
+  return t
+end
+local check_upgrade = core.options("netrun.websocket.upgrade",
+  schema { protocols = "strings", deflate = "boolean" })
+local check_connect = core.options("netrun.websocket.connect",
+  schema { url = "string!", protocols = "strings", deflate = "boolean", headers = "table",
+           timeout = "seconds", tls = "tls.client", init = "function", group = "group" })
+local option_error = core.option_error
+
 local configs = {}            -- one codec config per set of limits, per state
 
 local function config(opts)
@@ -81,6 +96,8 @@ local function choose(offered, protocols)
   return nil
 end
 
+local NONE = {}
+
 --- Upgrade an HTTP request to a WebSocket, from the `channel_read` of the
 -- handler after `netrun.codec.http_server` that got the request: answers
 -- 101 (the first of `protocols` the client offered) and puts the WebSocket
@@ -100,10 +117,7 @@ end
 -- @treturn[2] string why (the request was answered with an error status)
 -- @usage if req.headers.upgrade then return netrun.websocket.upgrade(ctx, req) end
 function M.upgrade(ctx, req, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error("netrun.websocket.upgrade: options must be a table, got " .. type(opts), 2)
-  end
+  opts = check_upgrade(opts) or NONE
   local h = req.headers
   if req.method ~= "GET" then
     return refuse(ctx, 405, "websocket upgrade: the method must be GET", { allow = "GET" })
@@ -149,8 +163,12 @@ local function parse_url(url)
 end
 
 local function check_header(k, v)
-  if type(k) ~= "string" or type(v) ~= "string" or find(k, "[^%w%-_]") or find(v, "[\r\n]") then
-    error("netrun.websocket.connect: bad header " .. tostring(k), 3)
+  if type(k) ~= "string" or find(k, "[^%w%-_]") then
+    option_error("netrun.websocket.connect", "headers", k, "a table of header names (letters, " ..
+      "digits, - and _)")
+  end
+  if type(v) ~= "string" or find(v, "[\r\n]") then
+    option_error("netrun.websocket.connect", "headers." .. k, v, "a string without CR or LF")
   end
 end
 
@@ -169,12 +187,10 @@ end
 -- @tparam[opt] group opts.group where the channel lives (a loop may be given)
 -- @treturn future of the channel, once the server accepted the handshake
 function M.connect(opts)
-  if type(opts) ~= "table" or type(opts.url) ~= "string" then
-    error("netrun.websocket.connect: expects { url = \"ws://host:port/path\", ... }", 2)
-  end
+  opts = check_connect(opts)
   local scheme, host, port, path, hostport = parse_url(opts.url)
   if not scheme then
-    error("netrun.websocket.connect: url must be ws:// or wss://host[:port][/path], got " .. opts.url, 2)
+    option_error("netrun.websocket.connect", "url", opts.url, "ws:// or wss://host[:port][/path]")
   end
   local key = core.ws.key()
   local lines = { "GET ", path, " HTTP/1.1\r\nHost: ", hostport,

@@ -96,58 +96,18 @@ static const nr_handler_t *make_handler(lua_State *L, int idx, void **state) {
 
 /* ---- options ------------------------------------------------------------------- */
 
-/* Raise on an option this codec does not know (a typo would otherwise
- * silently keep the default). */
-static void check_keys(lua_State *L, const char *what,
-                       const char *const *known) {
-  if (lua_isnoneornil(L, 1))
-    return;
-  luaL_checktype(L, 1, LUA_TTABLE);
-  char name[64];
-  snprintf(name, sizeof name, "netrun.codec.%s", what);
-  lnr_check_options(L, 1, name, known);
-}
-
-/* Push option `name` (nil when absent). */
-static int opt(lua_State *L, const char *name) {
-  if (lua_isnoneornil(L, 1)) {
-    lua_pushnil(L);
-    return LUA_TNIL;
-  }
-  return lua_getfield(L, 1, name);
-}
-
-lua_Integer lnr_codec_int(lua_State *L, const char *what, const char *name,
-                          lua_Integer def, lua_Integer min, lua_Integer max) {
-  int t = opt(L, name);
-  lua_Integer v = def;
-  if (t != LUA_TNIL) {
+/* length: the bytes of a length field. */
+static size_t opt_field_length(const lnr_opts_t *o) {
+  lua_State *L = o->L;
+  lua_Integer n = 4;
+  if (o->t && lua_getfield(L, o->t, "length") != LUA_TNIL) {
     int ok = 0;
-    v = lua_tointegerx(L, -1, &ok);
-    if (!ok || t != LUA_TNUMBER || v < min || v > max)
-      luaL_error(L, "netrun.codec.%s: %s must be an integer from %I to %I, "
-                 "got %s", what, name, min, max, luaL_tolstring(L, -1, NULL));
+    n = lua_tointegerx(L, -1, &ok);
+    if (!ok || (n != 1 && n != 2 && n != 3 && n != 4 && n != 8))
+      lnr_opt_bad(o, "length", -1, "1, 2, 3, 4 or 8");
   }
-  lua_pop(L, 1);
-  return v;
-}
-
-bool lnr_codec_bool(lua_State *L, const char *what, const char *name,
-                    bool def) {
-  int t = opt(L, name);
-  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
-    luaL_error(L, "netrun.codec.%s: %s must be a boolean, got a %s", what,
-               name, luaL_typename(L, -1));
-  bool v = t == LUA_TNIL ? def : lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return v;
-}
-
-static size_t opt_field_length(lua_State *L, const char *what) {
-  lua_Integer n = lnr_codec_int(L, what, "length", 4, LUA_MININTEGER,
-                                LUA_MAXINTEGER);
-  if (n != 1 && n != 2 && n != 3 && n != 4 && n != 8)
-    luaL_error(L, "netrun.codec.%s: length must be 1, 2, 3, 4 or 8", what);
+  if (o->t)
+    lua_pop(L, 1);
   return (size_t)n;
 }
 
@@ -159,7 +119,7 @@ static lcodec_t *new_codec(lua_State *L, int kind, size_t extra) {
   return c;
 }
 
-#define MAXLEN ((lua_Integer)1 << 40)
+#define MAXLEN LNR_OPT_SIZE_MAX
 
 /***
 Lines ending in `\n` (or `\r\n`), each a string.
@@ -173,9 +133,10 @@ Lines ending in `\n` (or `\r\n`), each a string.
 
 static int l_line(lua_State *L) {
   static const char *const keys[] = {"max_length", "strip", NULL};
-  check_keys(L, "line", keys);
-  size_t max = (size_t)lnr_codec_int(L, "line", "max_length", 8192, 1, MAXLEN);
-  bool strip = lnr_codec_bool(L, "line", "strip", true);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.codec.line", keys, false);
+  size_t max = lnr_opt_size(&o, "max_length", 8192, 1, MAXLEN);
+  bool strip = lnr_opt_boolean(&o, "strip", true);
   lcodec_t *c = new_codec(L, C_LINE, 0);
   c->max_length = max;
   c->strip = strip;
@@ -195,22 +156,24 @@ Frames ending in any of up to 8 delimiters.
 static int l_delimiter(lua_State *L) {
   static const char *const keys[] = {"delimiters", "max_length", "strip",
                                      NULL};
-  check_keys(L, "delimiter", keys);
-  size_t max = (size_t)lnr_codec_int(L, "delimiter", "max_length", 8192, 1,
-                                     MAXLEN);
-  bool strip = lnr_codec_bool(L, "delimiter", "strip", true);
-  int t = opt(L, "delimiters");
-  int n = t == LUA_TTABLE ? (int)lua_rawlen(L, -1) : 0;
-  if (n < 1 || n > NR_MAX_DELIMITERS)
-    return luaL_error(L, "netrun.codec.delimiter: delimiters must be an "
-                      "array of 1 to %d non-empty strings",
-                      NR_MAX_DELIMITERS);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.codec.delimiter", keys, false);
+  size_t max = lnr_opt_size(&o, "max_length", 8192, 1, MAXLEN);
+  bool strip = lnr_opt_boolean(&o, "strip", true);
+  if (o.t)
+    lua_getfield(L, o.t, "delimiters");
+  else
+    lua_pushnil(L);
+  int n = lnr_optv_strings(&o, "delimiters", -1, NR_MAX_DELIMITERS);
   size_t total = 0, lens[NR_MAX_DELIMITERS];
   for (int i = 0; i < n; i++) {
-    if (lua_rawgeti(L, -1, i + 1) != LUA_TSTRING ||
-        (lua_tolstring(L, -1, &lens[i]), lens[i] == 0))
-      return luaL_error(L, "netrun.codec.delimiter: delimiters[%d] must be "
-                        "a non-empty string", i + 1);
+    lua_rawgeti(L, -1, i + 1);
+    lua_tolstring(L, -1, &lens[i]);
+    if (lens[i] == 0) {
+      char k[32];
+      snprintf(k, sizeof k, "delimiters[%d]", i + 1);
+      lnr_opt_bad(&o, k, -1, "a non-empty string");
+    }
     total += lens[i];
     lua_pop(L, 1);
   }
@@ -246,21 +209,20 @@ LengthFieldBasedFrameDecoder).
 static int l_length_field(lua_State *L) {
   static const char *const keys[] = {"offset", "length", "adjustment",
                                      "strip", "max_frame", NULL};
-  const char *w = "length_field";
-  check_keys(L, w, keys);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.codec.length_field", keys, false);
   nr_lenfield_t f = {0};
-  f.offset = (size_t)lnr_codec_int(L, w, "offset", 0, 0, MAXLEN);
-  f.length = opt_field_length(L, w);
-  f.adjustment = lnr_codec_int(L, w, "adjustment", 0, -MAXLEN, MAXLEN);
+  f.offset = (size_t)lnr_opt_integer(&o, "offset", 0, 0, MAXLEN);
+  f.length = opt_field_length(&o);
+  f.adjustment = lnr_opt_integer(&o, "adjustment", 0, -MAXLEN, MAXLEN);
   /* By default the header is stripped: the handler after it sees bodies. */
-  f.strip = (size_t)lnr_codec_int(L, w, "strip",
-                                  (lua_Integer)(f.offset + f.length), 0,
-                                  MAXLEN);
-  f.max_frame = (size_t)lnr_codec_int(L, w, "max_frame", 1 << 20, 1, MAXLEN);
+  f.strip = (size_t)lnr_opt_integer(&o, "strip",
+                                    (lua_Integer)(f.offset + f.length), 0,
+                                    MAXLEN);
+  f.max_frame = lnr_opt_size(&o, "max_frame", 1 << 20, 1, MAXLEN);
   if (f.max_frame < f.offset + f.length)
-    return luaL_error(L, "netrun.codec.length_field: max_frame (%d) must be "
-                      "at least offset + length (%d)", (int)f.max_frame,
-                      (int)(f.offset + f.length));
+    lnr_opts_error(&o, "max_frame (%I) must be at least offset + length (%I)",
+                   (lua_Integer)f.max_frame, (lua_Integer)(f.offset + f.length));
   lcodec_t *c = new_codec(L, C_LENFIELD, 0);
   c->lenfield = f;
   return 1;
@@ -280,12 +242,12 @@ not copied).
 static int l_length_prepender(lua_State *L) {
   static const char *const keys[] = {"length", "adjustment",
                                      "includes_length", NULL};
-  const char *w = "length_prepender";
-  check_keys(L, w, keys);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.codec.length_prepender", keys, false);
   nr_prepender_t p = {0};
-  p.length = opt_field_length(L, w);
-  p.adjustment = lnr_codec_int(L, w, "adjustment", 0, -MAXLEN, MAXLEN);
-  p.includes_length = lnr_codec_bool(L, w, "includes_length", false);
+  p.length = opt_field_length(&o);
+  p.adjustment = lnr_opt_integer(&o, "adjustment", 0, -MAXLEN, MAXLEN);
+  p.includes_length = lnr_opt_boolean(&o, "includes_length", false);
   lcodec_t *c = new_codec(L, C_PREPENDER, 0);
   c->prepender = p;
   return 1;
@@ -301,11 +263,11 @@ Frames of a fixed length.
 
 static int l_fixed_length(lua_State *L) {
   static const char *const keys[] = {"length", NULL};
-  check_keys(L, "fixed_length", keys);
-  if (opt(L, "length") == LUA_TNIL)
-    return luaL_error(L, "netrun.codec.fixed_length: length is required");
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.codec.fixed_length", keys, true);
+  lua_getfield(L, 1, "length");             /* required */
+  size_t n = lnr_optv_size(&o, "length", -1, 1, MAXLEN);
   lua_pop(L, 1);
-  size_t n = (size_t)lnr_codec_int(L, "fixed_length", "length", 0, 1, MAXLEN);
   lcodec_t *c = new_codec(L, C_FIXED, 0);
   c->fixed = n;
   return 1;

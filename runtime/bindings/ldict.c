@@ -681,17 +681,6 @@ static int d_tostring(lua_State *L) {
   return 1;
 }
 
-static lua_Integer opt_limit(lua_State *L, const char *name, lua_Integer dflt) {
-  if (!lua_istable(L, 2))
-    return dflt;
-  lua_getfield(L, 2, name);
-  lua_Integer v = luaL_optinteger(L, -1, dflt);
-  lua_pop(L, 1);
-  if (v < 1)
-    luaL_error(L, "netrun.shared.dict: %s must be >= 1", name);
-  return v;
-}
-
 static dict_t *new_dict(const char *name, lua_Integer cap, lua_Integer mem) {
   dict_t *d = calloc(1, sizeof *d + strlen(name) + 1);
   if (d)
@@ -728,9 +717,14 @@ hits:incr("/", 1, 0)
 /* netrun.shared.dict(name [, { capacity = N, memory = BYTES }]): the same
  * dict for the same name, from any state (the first call's limits hold). */
 static int l_dict(lua_State *L) {
+  static const char *const keys[] = {"capacity", "memory", NULL};
   const char *name = luaL_checkstring(L, 1);
-  lua_Integer cap = opt_limit(L, "capacity", DEFAULT_CAPACITY);
-  lua_Integer mem = opt_limit(L, "memory", DEFAULT_MEMORY);
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 2, "netrun.shared.dict", keys, false);
+  lua_Integer cap = lnr_opt_integer(&t, "capacity", DEFAULT_CAPACITY, 1,
+                                    LUA_MAXINTEGER);
+  lua_Integer mem = (lua_Integer)lnr_opt_size(&t, "memory", DEFAULT_MEMORY, 1,
+                                              LNR_OPT_SIZE_MAX);
   pthread_mutex_lock(&dicts_lock);
   dict_t *d = dicts;
   while (d && strcmp(d->name, name) != 0)

@@ -127,10 +127,11 @@ static int l_lookup(lua_State *L) {
 
 /* servers: an array of "host[:port]" strings, one such string (a
  * comma-separated list), or false for the system's. */
-static void configure_servers(lua_State *L, int idx) {
+static void configure_servers(const lnr_opts_t *o, int idx) {
+  lua_State *L = o->L;
   luaL_Buffer b;
   char err[256];
-  if (lua_toboolean(L, idx) == 0) {
+  if (lua_type(L, idx) == LUA_TBOOLEAN && !lua_toboolean(L, idx)) {
     nr_resolver_set_servers(NULL, err, sizeof err);
     return;
   }
@@ -138,51 +139,36 @@ static void configure_servers(lua_State *L, int idx) {
     lua_pushvalue(L, idx);
   } else if (lua_type(L, idx) == LUA_TTABLE) {
     luaL_buffinit(L, &b);
-    lua_Integer n = luaL_len(L, idx);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
     for (lua_Integer i = 1; i <= n; i++) {
       if (lua_rawgeti(L, idx, i) != LUA_TSTRING)
-        luaL_error(L, "netrun.dns.configure: servers[%d] must be a string, got %s",
-                   (int)i, luaL_typename(L, -1));
+        lnr_opt_bad(o, lua_pushfstring(L, "servers[%I]", (LUAI_UACINT)i), -2,
+                    "a string");
       if (i > 1)
         luaL_addchar(&b, ',');
       luaL_addvalue(&b);
     }
     luaL_pushresult(&b);
   } else {
-    luaL_error(L, "netrun.dns.configure: servers must be an array of "
-               "\"host[:port]\" strings, a string or false, got %s",
-               luaL_typename(L, idx));
+    lnr_opt_bad(o, "servers", idx, "an array of \"host[:port]\" strings, a "
+                "string or false");
   }
   if (nr_resolver_set_servers(lua_tostring(L, -1), err, sizeof err) < 0)
-    luaL_error(L, "netrun.dns.configure: %s", err);
+    lnr_opts_error(o, "%s", err);
   lua_pop(L, 1);
-}
-
-static int opt_count(lua_State *L, int idx, const char *key, int min) {
-  if (lua_getfield(L, idx, key) == LUA_TNIL) {
-    lua_pop(L, 1);
-    return -1;
-  }
-  int isnum;
-  lua_Integer v = lua_tointegerx(L, -1, &isnum);
-  if (!isnum || v < min || v > 1000000)
-    luaL_error(L, "netrun.dns.configure: %s must be an integer from %d to "
-               "1000000, got %s", key, min, luaL_tolstring(L, -1, NULL));
-  lua_pop(L, 1);
-  return (int)v;
 }
 
 /* core.dns_configure { servers = ..., max_inflight = n, max_waiting = n }:
  * for the whole process, from the next lookup on; absent keys keep their
- * setting. */
+ * setting (-1 for the core). */
 static int l_configure(lua_State *L) {
   static const char *const keys[] = {"servers", "max_inflight", "max_waiting", NULL};
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lnr_check_options(L, 1, "netrun.dns.configure", keys);
-  int inflight = opt_count(L, 1, "max_inflight", 1);
-  int waiting = opt_count(L, 1, "max_waiting", 0);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.dns.configure", keys, true);
+  int inflight = (int)lnr_opt_integer(&o, "max_inflight", -1, 1, 1000000);
+  int waiting = (int)lnr_opt_integer(&o, "max_waiting", -1, 0, 1000000);
   if (lua_getfield(L, 1, "servers") != LUA_TNIL)
-    configure_servers(L, lua_gettop(L));
+    configure_servers(&o, lua_gettop(L));
   lua_pop(L, 1);
   nr_resolver_set_limits(inflight, waiting);
   return 0;

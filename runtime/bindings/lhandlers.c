@@ -61,38 +61,6 @@ static void register_msgs(void) {
   lnr_register_msg(NR_MSG_RESP, push_resp);
 }
 
-/* ---- option helpers ------------------------------------------------------ */
-
-static double opt_seconds(lua_State *L, int t, const char *k, const char *what) {
-  double s = 0;
-  if (lua_getfield(L, t, k) != LUA_TNIL)
-    s = lnr_checkseconds(L, -1, what);
-  lua_pop(L, 1);
-  return s;
-}
-
-static size_t opt_size(lua_State *L, int t, const char *k, size_t def,
-                       const char *what) {
-  size_t v = def;
-  if (lua_getfield(L, t, k) != LUA_TNIL) {
-    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)
-      luaL_error(L, "%s: %s must be a positive integer", what, k);
-    v = (size_t)lua_tointeger(L, -1);
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
-/* The options table at 1 (optional), as an absolute index or 0. */
-static int opts(lua_State *L, const char *what) {
-  if (lua_isnoneornil(L, 1))
-    return 0;
-  if (!lua_istable(L, 1))
-    luaL_error(L, "%s: expected an options table, got a %s", what,
-               luaL_typename(L, 1));
-  return 1;
-}
-
 static void *new_native(lua_State *L, size_t size, const char *mt,
                         lnr_native_fn make) {
   void *u = lua_newuserdatauv(L, size, 0);
@@ -140,12 +108,12 @@ neither (all) for that long (Netty's IdleStateHandler).
 */
 
 static int l_idle_state(lua_State *L) {
-  static const char *const keys[] = {"reader", "writer", "all"};
-  const char *what = "netrun.handler.idle_state";
-  int t = opts(L, what);
+  static const char *const keys[] = {"reader", "writer", "all", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.handler.idle_state", keys, false);
   idle_cfg_t cfg = {{0}};
-  for (int k = 0; t && k < 3; k++)
-    cfg.t[k] = lnr_ns(opt_seconds(L, t, keys[k], what));
+  for (int k = 0; k < 3; k++)                 /* seconds; 0: not watched */
+    cfg.t[k] = lnr_opt_seconds(&t, keys[k], 0);
   *(idle_cfg_t *)new_native(L, sizeof cfg, IDLE_MT, make_idle) = cfg;
   return 1;
 }
@@ -168,14 +136,11 @@ it on (Netty's LoggingHandler).
 */
 
 static int l_logging(lua_State *L) {
+  static const char *const keys[] = {"level", NULL};
   static const char *const levels[] = {"debug", "info", "warn", "error", NULL};
-  int t = opts(L, "netrun.handler.logging");
-  logging_cfg_t cfg = {NR_LOG_DEBUG};
-  if (t) {
-    lua_getfield(L, t, "level");
-    cfg.level = luaL_checkoption(L, -1, "debug", levels);
-    lua_pop(L, 1);
-  }
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.handler.logging", keys, false);
+  logging_cfg_t cfg = {lnr_opt_enum(&t, "level", NR_LOG_DEBUG, levels)};
   *(logging_cfg_t *)new_native(L, sizeof cfg, LOGGING_MT, make_logging) = cfg;
   return 1;
 }
@@ -207,16 +172,18 @@ error: ...`, then close.
 */
 
 static int l_resp(lua_State *L) {
-  const char *what = "netrun.codec.resp";
-  int t = opts(L, what);
-  resp_cfg_t cfg = {{NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS, NR_RESP_MAX_INLINE,
-                     NR_RESP_MAX_REQUEST}};
-  if (t) {
-    cfg.lim.max_bulk = opt_size(L, t, "max_bulk", cfg.lim.max_bulk, what);
-    cfg.lim.max_args = opt_size(L, t, "max_args", cfg.lim.max_args, what);
-    cfg.lim.max_inline = opt_size(L, t, "max_inline", cfg.lim.max_inline, what);
-    cfg.lim.max_request = opt_size(L, t, "max_request", cfg.lim.max_request, what);
-  }
+  static const char *const keys[] = {"max_bulk", "max_args", "max_inline",
+                                     "max_request", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.codec.resp", keys, false);
+  nr_resp_limits_t lim = {NR_RESP_MAX_BULK, NR_RESP_MAX_ARGS,
+                          NR_RESP_MAX_INLINE, NR_RESP_MAX_REQUEST};
+  resp_cfg_t cfg = {{
+      lnr_opt_size(&t, "max_bulk", lim.max_bulk, 1, LNR_OPT_SIZE_MAX),
+      (size_t)lnr_opt_integer(&t, "max_args", (lua_Integer)lim.max_args, 1,
+                              LUA_MAXINTEGER),
+      lnr_opt_size(&t, "max_inline", lim.max_inline, 1, LNR_OPT_SIZE_MAX),
+      lnr_opt_size(&t, "max_request", lim.max_request, 1, LNR_OPT_SIZE_MAX)}};
   *(resp_cfg_t *)new_native(L, sizeof cfg, RESP_MT, make_resp) = cfg;
   return 1;
 }

@@ -40,5 +40,8 @@ void lnr_reload_signal(void);
  * an empty signal mask and default SIGINT/SIGTERM/SIGHUP/SIGPIPE, not
  * netrun's blocked ones (lspawn.c). Any thread, on its own state. */
 void lnr_open_spawn(lua_State *L);
+/* print writing each line with one call (lprint.c): lines printed on
+ * several threads at once stay whole. */
+void lnr_open_print(lua_State *L);
 
 #endif /* LNR_MAIN_H */

@@ -19,6 +19,7 @@
 
 #include "lmain.h"
 #include "netrun.h"
+#include "lopts.h"
 
 typedef struct lnr_blob_s lnr_blob_t;
 
@@ -336,9 +337,9 @@ nr_group_t *lnr_group_core(lnr_group_t *g);
 lnr_group_t *lnr_group_of_loop(nr_loop_t *l);
 /* True on an executor group's thread, where sync() may block. */
 bool lnr_loop_may_block(nr_loop_t *l);
-/* The group options stall_threshold and stall_timeout of the table at t
- * (0: none, the defaults) into o (lstall.c); raises on a bad value. */
-void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
+/* The group options stall_threshold and stall_timeout of t (NULL: the
+ * defaults) into o (lstall.c); raises on a bad value. */
+void lnr_stall_options(const lnr_opts_t *t, bool executor,
                        nr_group_opts_t *o);
 /* Publish co as the coroutine running (lnr_state_t.running) until
  * lnr_run_leave(S, the value returned), which must follow before anything
@@ -405,15 +406,19 @@ void lnr_open_state(lua_State *L);
 
 /* ---- what features share -------------------------------------------------------- */
 
-/* A request's options (netrun.http), checked: raises, at the level given
- * (luaL_where's: that of the call that gave them to netrun.http), when
+/* A request's options (netrun.http), checked: raises, at the caller's
+ * line (lnr_push_where: the call that gave them to netrun.http), when
  * the value at idx is not a table of known options of the right types;
  * with base > 0 each option's value is copied to stack slot base +
- * LNR_HOPT_* (slots the caller made; those of absent options are left). */
+ * LNR_HOPT_* (slots the caller made; those of absent options are left).
+ * True if a number option was given as a string ("2.5", "64k"): its
+ * number is what the slot holds, and lnr_http_converted pushes a copy of
+ * the options with the numbers of the slots (the Lua side's). */
 enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
        LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
        LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_N };
-void lnr_http_check_request(lua_State *L, int idx, int base, int level);
+bool lnr_http_check_request(lua_State *L, int idx, int base);
+void lnr_http_converted(lua_State *L, int idx, int base);
 /* Write the request whose fields are the uservalues of the userdata at idx
  * (2 method, 3 path, 4 headers, 5 body, 6 forward, 7 host; false: none)
  * through ctx (to the client codec before it): 0 when written; 1, err
@@ -536,22 +541,7 @@ void lnr_push_weak(lua_State *L, const void *key, const char *mode);
 void lnr_push_weak_keyed(lua_State *L, int *ref, const void *key,
                          const char *mode);
 double lnr_checkseconds(lua_State *L, int idx, const char *what);
-/* Levenshtein distance of two names (64 or more: "far", for long ones). */
-int lnr_edit_distance(const char *a, const char *b);
-/* Raise "<what>: unknown option 'k' (did you mean 'x'?)" for a key of the
- * options table at idx that is not in known (NULL-terminated): a typo
- * would otherwise silently keep the default. */
-void lnr_check_options(lua_State *L, int idx, const char *what,
-                       const char *const *known);
 uint64_t lnr_ns(double seconds);
-/* Option `name` of a netrun.codec.<what> constructor's table (argument 1,
- * which may be absent): def when unset; a value of another type, or an
- * integer out of min..max, raises "netrun.codec.<what>: <name> must be an
- * integer from <min> to <max>, got <value>" (or "a boolean, got a <type>"). */
-lua_Integer lnr_codec_int(lua_State *L, const char *what, const char *name,
-                          lua_Integer def, lua_Integer min, lua_Integer max);
-bool lnr_codec_bool(lua_State *L, const char *what, const char *name,
-                    bool def);
 int lnr_error_code(lua_State *L, const char *prefix, int code, const char *msg);
 /* Register a metatable named `name` with methods and a __tostring. */
 void lnr_new_class(lua_State *L, const char *name, const luaL_Reg *methods,

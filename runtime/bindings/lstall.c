@@ -220,26 +220,13 @@ static void open_coroutines(lua_State *L) {
   lua_pop(L, 2);
 }
 
-static uint64_t opt_seconds(lua_State *L, int t, const char *key,
-                            const char *what, double dflt) {
-  double s = dflt;
-  if (t != 0 && lua_getfield(L, t, key) != LUA_TNIL) {
-    if (!lua_isnumber(L, -1))
-      luaL_error(L, "%s: %s must be a number of seconds, got %s", what, key,
-                 luaL_typename(L, -1));
-    s = lnr_checkseconds(L, -1, what);
-  }
-  if (t != 0)
-    lua_pop(L, 1);
-  return lnr_ns(s);
-}
-
-void lnr_stall_options(lua_State *L, int t, const char *what, bool executor,
+void lnr_stall_options(const lnr_opts_t *t, bool executor,
                        nr_group_opts_t *o) {
   /* Executor groups exist to run blocking work: not watched by default. */
-  o->stall_threshold = opt_seconds(L, t, "stall_threshold", what,
-                                   executor ? 0 : 1);
-  o->stall_timeout = opt_seconds(L, t, "stall_timeout", what, 0);
+  uint64_t threshold = executor ? 0 : NR_SEC(1);
+  o->stall_threshold = t ? lnr_opt_seconds(t, "stall_threshold", threshold)
+                         : threshold;
+  o->stall_timeout = t ? lnr_opt_seconds(t, "stall_timeout", 0) : 0;
   /* A run is reported before, or as, it is interrupted. */
   if (o->stall_timeout &&
       (!o->stall_threshold || o->stall_timeout < o->stall_threshold))

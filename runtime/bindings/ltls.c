@@ -38,60 +38,31 @@ void lnr_tls_release(void *cfg) { nr_tls_config_release(cfg); }
 
 /* ---- options ------------------------------------------------------------- */
 
-static void check_keys(lua_State *L, int t, const char *what,
-                       const char *const *known) {
-  lua_pushnil(L);
-  while (lua_next(L, t)) {
-    lua_pop(L, 1);
-    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    bool ok = false;
-    for (int i = 0; k && known[i]; i++)
-      ok = ok || strcmp(k, known[i]) == 0;
-    if (!ok)
-      luaL_error(L, "%s: unknown option '%s'", what,
-                 k ? k : luaL_typename(L, -1));
-  }
-}
-
-/* A string option (anchored by the options table), or NULL. */
-static const char *opt_str(lua_State *L, int t, const char *k,
-                           const char *what) {
-  int ty = lua_getfield(L, t, k);
-  if (ty != LUA_TNIL && ty != LUA_TSTRING)
-    luaL_error(L, "%s: %s must be a string, got a %s", what, k,
-               luaL_typename(L, -1));
-  const char *s = lua_tostring(L, -1);
-  lua_pop(L, 1);
-  return s;
-}
-
-static void opt_cert(lua_State *L, int t, const char *what,
-                     nr_tls_cert_t *c) {
-  c->cert = opt_str(L, t, "cert", what);
-  c->cert_pem = opt_str(L, t, "cert_pem", what);
-  c->key = opt_str(L, t, "key", what);
-  c->key_pem = opt_str(L, t, "key_pem", what);
+static void opt_cert(const lnr_opts_t *t, nr_tls_cert_t *c) {
+  c->cert = lnr_opt_string(t, "cert", NULL, NULL);
+  c->cert_pem = lnr_opt_string(t, "cert_pem", NULL, NULL);
+  c->key = lnr_opt_string(t, "key", NULL, NULL);
+  c->key_pem = lnr_opt_string(t, "key_pem", NULL, NULL);
   if (c->cert && c->cert_pem)
-    luaL_error(L, "%s: cert and cert_pem are exclusive", what);
+    lnr_opts_error(t, "%scert and %scert_pem are exclusive", t->prefix,
+                   t->prefix);
   if (c->key && c->key_pem)
-    luaL_error(L, "%s: key and key_pem are exclusive", what);
+    lnr_opts_error(t, "%skey and %skey_pem are exclusive", t->prefix,
+                   t->prefix);
   if ((c->cert || c->cert_pem) && !(c->key || c->key_pem))
-    luaL_error(L, "%s: a certificate needs its key (key or key_pem)", what);
+    lnr_opts_error(t, "%scert needs its key (%skey or %skey_pem)", t->prefix,
+                   t->prefix, t->prefix);
 }
 
 /* alpn = { "h2", "http/1.1" }: an array in a userdata the stack keeps. */
-static void opt_alpn(lua_State *L, int t, const char *what, nr_tls_opts_t *o) {
-  if (lua_getfield(L, t, "alpn") == LUA_TNIL) {
-    lua_pop(L, 1);
+static void opt_alpn(const lnr_opts_t *t, nr_tls_opts_t *o) {
+  lua_State *L = t->L;
+  int n = lnr_opt_strings(t, "alpn", 32);
+  if (n == 0)
     return;
-  }
-  if (!lua_istable(L, -1))
-    luaL_error(L, "%s: alpn must be an array of strings", what);
-  int n = (int)lua_rawlen(L, -1);
   const char **v = lua_newuserdatauv(L, sizeof *v * (size_t)(n + 1), 0);
   for (int i = 0; i < n; i++) {
-    if (lua_rawgeti(L, -2, i + 1) != LUA_TSTRING)
-      luaL_error(L, "%s: alpn[%d] must be a string", what, i + 1);
+    lua_rawgeti(L, -2, i + 1);
     v[i] = lua_tostring(L, -1);
     lua_pop(L, 1);                    /* anchored by the alpn table */
   }
@@ -101,16 +72,18 @@ static void opt_alpn(lua_State *L, int t, const char *what, nr_tls_opts_t *o) {
 }
 
 /* sni = { ["b.example"] = { cert = ..., key = ... } } */
-static void opt_sni(lua_State *L, int t, const char *what, nr_tls_opts_t *o) {
+static void opt_sni(const lnr_opts_t *t, nr_tls_opts_t *o) {
   static const char *const keys[] = {"cert", "cert_pem", "key", "key_pem",
                                      NULL};
-  if (lua_getfield(L, t, "sni") == LUA_TNIL) {
+  static const char expect[] = "a table of name = { cert = ..., key = ... }";
+  lua_State *L = t->L;
+  if (lua_getfield(L, t->t, "sni") == LUA_TNIL) {
     lua_pop(L, 1);
     return;
   }
   int s = lua_gettop(L);
   if (!lua_istable(L, s))
-    luaL_error(L, "%s: sni must be a table of name = { cert, key }", what);
+    lnr_opt_bad(t, "sni", s, expect);
   int n = 0;
   for (lua_pushnil(L); lua_next(L, s); lua_pop(L, 1))
     n++;
@@ -119,42 +92,31 @@ static void opt_sni(lua_State *L, int t, const char *what, nr_tls_opts_t *o) {
   int i = 0;
   for (lua_pushnil(L); lua_next(L, s); lua_pop(L, 1), i++) {
     if (lua_type(L, -2) != LUA_TSTRING || !lua_istable(L, -1))
-      luaL_error(L, "%s: sni must be a table of name = { cert, key }", what);
-    char sub[256];
-    snprintf(sub, sizeof sub, "%s: sni '%s'", what, lua_tostring(L, -2));
-    check_keys(L, lua_gettop(L), sub, keys);
-    opt_cert(L, lua_gettop(L), sub, &v[i]);
+      lnr_opt_bad(t, "sni", s, expect);   /* (a name, a table) */
+    char k[48];
+    snprintf(k, sizeof k, "sni[\"%.30s\"]", lua_tostring(L, -2));
+    lnr_opts_t one;
+    lnr_opts_at(&one, t, -1, k, keys);
+    opt_cert(&one, &v[i]);
     if (!v[i].cert && !v[i].cert_pem)
-      luaL_error(L, "%s: needs cert or cert_pem", sub);
+      lnr_opts_error(t, "%s needs cert or cert_pem", k);
     v[i].name = lua_tostring(L, -2);
   }
   o->sni = v;
   o->nsni = n;
 }
 
-static int opt_version(lua_State *L, int t, const char *what) {
-  const char *v = opt_str(L, t, "min_version", what);
-  if (v == NULL || strcmp(v, "TLSv1.2") == 0)
-    return TLS1_2_VERSION;
-  if (strcmp(v, "TLSv1.3") == 0)
-    return TLS1_3_VERSION;
-  return luaL_error(L, "%s: min_version must be \"TLSv1.2\" or \"TLSv1.3\", "
-                    "got \"%s\"", what, v);
-}
-
-static bool opt_bool(lua_State *L, int t, const char *k, bool def,
-                     const char *what) {
-  int ty = lua_getfield(L, t, k);
-  if (ty != LUA_TNIL && ty != LUA_TBOOLEAN)
-    luaL_error(L, "%s: %s must be a boolean, got a %s", what, k,
-               luaL_typename(L, -1));
-  bool v = ty == LUA_TNIL ? def : lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return v;
+void *lnr_optv_tls(const lnr_opts_t *o, const char *k, int idx, bool server) {
+  nr_tls_config_t *c = lnr_to_handle(o->L, idx, LNR_TLS);
+  if (c == NULL || nr_tls_config_is_server(c) != server)
+    lnr_opt_bad(o, k, idx, server ? "a netrun.tls.server config"
+                                  : "a netrun.tls.client config");
+  return c;
 }
 
 /* Read the options table at t into o (strings borrowed from the stack). */
-static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
+static void read_opts(lua_State *L, int t, const char *what, bool server,
+                      nr_tls_opts_t *o) {
   static const char *const skeys[] = {
       "cert", "cert_pem", "key", "key_pem", "alpn", "sni", "ca", "verify",
       "session_tickets", "min_version", "handshake_timeout", "ciphersuites",
@@ -163,53 +125,48 @@ static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
       "server_name", "ca", "verify", "alpn", "cert", "cert_pem", "key",
       "key_pem", "min_version", "handshake_timeout", "ciphersuites",
       "ciphers", "groups", NULL};
-  const char *what = server ? "netrun.tls.server" : "netrun.tls.client";
-  luaL_checktype(L, t, LUA_TTABLE);
-  check_keys(L, t, what, server ? skeys : ckeys);
+  static const char *const versions[] = {"TLSv1.2", "TLSv1.3", NULL};
+  lnr_opts_t r;
+  lnr_opts_open(&r, L, t, what, server ? skeys : ckeys, true);
   memset(o, 0, sizeof *o);
   o->server = server;
-  opt_cert(L, t, what, &o->cert);
+  opt_cert(&r, &o->cert);
   if (server && !o->cert.cert && !o->cert.cert_pem)
-    luaL_error(L, "%s: cert (or cert_pem) is required", what);
-  o->ca = opt_str(L, t, "ca", what);
-  o->ciphersuites = opt_str(L, t, "ciphersuites", what);
-  o->ciphers = opt_str(L, t, "ciphers", what);
-  o->groups = opt_str(L, t, "groups", what);
-  o->min_version = opt_version(L, t, what);
-  opt_alpn(L, t, what, o);
-  o->handshake_timeout = NR_SEC(10);
-  if (lua_getfield(L, t, "handshake_timeout") != LUA_TNIL)
-    o->handshake_timeout = lnr_ns(lnr_checkseconds(L, -1, what));
-  lua_pop(L, 1);
+    lnr_opts_error(&r, "cert (or cert_pem) is required");
+  o->ca = lnr_opt_string(&r, "ca", NULL, NULL);
+  o->ciphersuites = lnr_opt_string(&r, "ciphersuites", NULL, NULL);
+  o->ciphers = lnr_opt_string(&r, "ciphers", NULL, NULL);
+  o->groups = lnr_opt_string(&r, "groups", NULL, NULL);
+  o->min_version = lnr_opt_enum(&r, "min_version", 0, versions) == 0
+                       ? TLS1_2_VERSION : TLS1_3_VERSION;
+  opt_alpn(&r, o);
+  o->handshake_timeout = lnr_opt_seconds(&r, "handshake_timeout", NR_SEC(10));
   if (server) {
     static const char *const modes[] = {"none", "optional", "required", NULL};
-    lua_getfield(L, t, "verify");
-    if (!lua_isnil(L, -1) && !lua_isstring(L, -1))
-      luaL_error(L, "%s: verify must be \"none\", \"optional\" or "
-                 "\"required\"", what);
-    o->verify = luaL_checkoption(L, -1, "none", modes);
-    lua_pop(L, 1);
+    o->verify = lnr_opt_enum(&r, "verify", NR_TLS_VERIFY_NONE, modes);
     if (o->verify != NR_TLS_VERIFY_NONE && o->ca == NULL)
-      luaL_error(L, "%s: verify = \"%s\" needs ca (the CAs of client "
-                 "certificates)", what, modes[o->verify]);
+      lnr_opts_error(&r, "verify = \"%s\" needs ca (the CAs of client "
+                     "certificates)", modes[o->verify]);
     /* session_tickets = true | false | N (TLS 1.3 tickets per handshake) */
-    if (lua_getfield(L, t, "session_tickets") == LUA_TNUMBER) {
-      lua_Integer n = lua_tointeger(L, -1);
-      if (!lua_isinteger(L, -1) || n < 0 || n > 16)
-        luaL_error(L, "%s: session_tickets must be a boolean or a count "
-                   "from 0 to 16", what);
+    if (lua_getfield(L, r.t, "session_tickets") == LUA_TBOOLEAN) {
+      o->session_tickets = lua_toboolean(L, -1);
+    } else if (lua_isnil(L, -1)) {
+      o->session_tickets = true;
+    } else {
+      int ok = 0;
+      lua_Integer n = lua_tointegerx(L, -1, &ok);
+      if (!ok || n < 0 || n > 16)
+        lnr_opt_bad(&r, "session_tickets", -1,
+                    "a boolean or a count from 0 to 16");
       o->session_tickets = n > 0;
       o->tickets = (int)n;
-      lua_pop(L, 1);
-    } else {
-      lua_pop(L, 1);
-      o->session_tickets = opt_bool(L, t, "session_tickets", true, what);
     }
-    opt_sni(L, t, what, o);
+    lua_pop(L, 1);
+    opt_sni(&r, o);
   } else {
-    o->verify = opt_bool(L, t, "verify", true, what) ? NR_TLS_VERIFY_REQUIRED
-                                                     : NR_TLS_VERIFY_NONE;
-    o->server_name = opt_str(L, t, "server_name", what);
+    o->verify = lnr_opt_boolean(&r, "verify", true) ? NR_TLS_VERIFY_REQUIRED
+                                                    : NR_TLS_VERIFY_NONE;
+    o->server_name = lnr_opt_string(&r, "server_name", NULL, NULL);
   }
 }
 
@@ -217,12 +174,12 @@ static void read_opts(lua_State *L, int t, bool server, nr_tls_opts_t *o) {
 
 static int new_config(lua_State *L, bool server) {
   nr_tls_opts_t o;
-  read_opts(L, 1, server, &o);
+  read_opts(L, 1, server ? "netrun.tls.server" : "netrun.tls.client", server,
+            &o);
   char err[1024];
   nr_tls_config_t *c = nr_tls_config_new(&o, err, sizeof err);
   if (c == NULL)
-    return luaL_error(L, "netrun.tls.%s: %s", server ? "server" : "client",
-                      err);
+    lnr_raise(L, "netrun.tls.%s: %s", server ? "server" : "client", err);
   lnr_push_handle(L, LNR_TLS, c);    /* the proxy takes its own reference */
   nr_tls_config_release(c);
   return 1;
@@ -302,10 +259,10 @@ static int l_reload(lua_State *L) {
   nr_tls_opts_t o;
   bool with = !lua_isnoneornil(L, 2);
   if (with)
-    read_opts(L, 2, nr_tls_config_is_server(c), &o);
+    read_opts(L, 2, "netrun.tls.reload", nr_tls_config_is_server(c), &o);
   char err[1024];
   if (nr_tls_config_reload(c, with ? &o : NULL, err, sizeof err) < 0)
-    return luaL_error(L, "netrun.tls.reload: %s", err);
+    lnr_raise(L, "netrun.tls.reload: %s", err);
   lua_pushinteger(L, nr_tls_config_generation(c));
   return 1;
 }

@@ -180,42 +180,6 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   return &lua_ws_vt;
 }
 
-static lua_Integer opt_int(lua_State *L, const char *k, lua_Integer d) {
-  lua_getfield(L, 1, k);
-  lua_Integer v = d;
-  if (!lua_isnil(L, -1)) {
-    if (!lua_isinteger(L, -1) || (v = lua_tointeger(L, -1)) < 1)
-      luaL_error(L, "netrun.codec.websocket: %s must be a positive integer, "
-                 "got %s", k, luaL_tolstring(L, -1, NULL));
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
-/* inflate_ratio: a positive integer, or 0 for none (nil: the default). */
-static uint32_t opt_ratio(lua_State *L) {
-  lua_getfield(L, 1, "inflate_ratio");
-  uint32_t r = 0;
-  if (!lua_isnil(L, -1)) {
-    int ok;
-    lua_Integer v = lua_tointegerx(L, -1, &ok);
-    if (!ok || v < 0 || v >= NR_WS_NO_RATIO)
-      luaL_error(L, "netrun.codec.websocket: inflate_ratio must be a "
-                 "positive integer or 0 (none), got %s",
-                 luaL_tolstring(L, -1, NULL));
-    r = v == 0 ? NR_WS_NO_RATIO : (uint32_t)v;
-  }
-  lua_pop(L, 1);
-  return r;
-}
-
-static uint64_t opt_seconds(lua_State *L, const char *k, double d) {
-  lua_getfield(L, 1, k);
-  double v = lua_isnil(L, -1) ? d : lnr_checkseconds(L, -1, k);
-  lua_pop(L, 1);
-  return lnr_ns(v);
-}
-
 /***
 The WebSocket codec's configuration (RFC 6455). `netrun.websocket.upgrade`
 and `netrun.websocket.connect` put it in place for you; handlers after it
@@ -238,38 +202,32 @@ static int l_websocket(lua_State *L) {
       "close_timeout", "handshake_timeout", "frame_timeout", "client",
       "request", "accept", "deflate", "inflate_ratio",
       NULL};
-  if (lua_isnoneornil(L, 1)) {
-    lua_settop(L, 0);
-    lua_newtable(L);
-  }
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lnr_check_options(L, 1, "netrun.codec.websocket", known);
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.codec.websocket", known, false);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   memset(c, 0, sizeof *c);
-  c->max_message = (size_t)opt_int(L, "max_message", NR_WS_MAX_MESSAGE);
-  c->max_frame = (size_t)opt_int(L, "max_frame", (lua_Integer)c->max_message);
-  c->close_timeout = opt_seconds(L, "close_timeout", 5);
-  c->handshake_timeout = opt_seconds(L, "handshake_timeout", 10);
-  c->frame_timeout = opt_seconds(L, "frame_timeout", 60);
-  c->inflate_ratio = opt_ratio(L);
-  lua_getfield(L, 1, "client");
-  c->client = lua_toboolean(L, -1);
-  lua_getfield(L, 1, "deflate");
-  c->deflate = c->client && lua_toboolean(L, -1);
-  lua_pop(L, 2);
-  if (c->client) {
+  c->max_message = lnr_opt_size(&t, "max_message", NR_WS_MAX_MESSAGE, 1,
+                                LNR_OPT_SIZE_MAX);
+  c->max_frame = lnr_opt_size(&t, "max_frame", c->max_message, 1,
+                              LNR_OPT_SIZE_MAX);
+  c->close_timeout = lnr_opt_seconds(&t, "close_timeout", NR_SEC(5));
+  c->handshake_timeout = lnr_opt_seconds(&t, "handshake_timeout", NR_SEC(10));
+  c->frame_timeout = lnr_opt_seconds(&t, "frame_timeout", NR_SEC(60));
+  /* inflate_ratio: a positive integer, or 0 for none (absent: the default) */
+  lua_Integer r = lnr_opt_integer(&t, "inflate_ratio", -1, 0,
+                                  NR_WS_NO_RATIO - 1);
+  c->inflate_ratio = r < 0 ? 0 : r == 0 ? NR_WS_NO_RATIO : (uint32_t)r;
+  c->client = lnr_opt_boolean(&t, "client", false);
+  c->deflate = c->client && lnr_opt_boolean(&t, "deflate", false);
+  if (c->client) {               /* made by lua/netrun/websocket.lua */
     size_t rl, al;
-    lua_getfield(L, 1, "request");
-    lua_getfield(L, 1, "accept");
-    const char *r = luaL_checklstring(L, -2, &rl);
-    const char *a = luaL_checklstring(L, -1, &al);
+    const char *r = lnr_opt_string(&t, "request", "", &rl);
+    const char *a = lnr_opt_string(&t, "accept", "", &al);
     if (rl > MAX_REQUEST || al >= sizeof c->accept)
-      luaL_error(L, "netrun.codec.websocket: handshake request over %d "
-                 "bytes", MAX_REQUEST);
+      lnr_opts_error(&t, "handshake request over %d bytes", MAX_REQUEST);
     memcpy(c->request, r, rl);
     c->request_len = rl;
     memcpy(c->accept, a, al);
-    lua_pop(L, 2);
   }
   luaL_setmetatable(L, CLASS);
   return 1;

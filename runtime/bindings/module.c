@@ -49,7 +49,9 @@
   X(json)          /* json/: core.json */                                   \
   X(redis)         /* lredis.c: core.redis */                               \
   X(stall)         /* lstall.c: the stall watchdog's hook, coroutines */    \
-  X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */
+  X(spawn)         /* lspawn.c: os.execute and io.popen in loop states */  \
+  X(print)         /* lprint.c: print writing whole lines in loop states */ \
+  X(nats)          /* lnats.c: core.nats, the wire under netrun.nats */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
 MODULES(DECLARE)
@@ -126,6 +128,7 @@ int luaopen_netrun_core(lua_State *L) {
   lnr_state_size();                   /* the layout, before any state */
   lnr_open_state(L);
   lua_newtable(L);
+  lnr_open_opts(L);                   /* the kernel's option readers */
   for (size_t i = 0; i < NMODULES; i++)
     if (modules[i]->open != NULL)
       modules[i]->open(L);

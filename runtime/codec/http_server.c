@@ -85,6 +85,7 @@ struct nr_http_server_s {
   bool overflow;              /* too many unanswered requests */
   nr_inbound_t in;            /* re-entrancy (reads, expiries), backpressure */
   bool started;               /* the first wait (W_FRESH) began */
+  bool idle;                  /* nr_channel_set_idle said so (mark_idle) */
   uint8_t wait;               /* W_*: what the connection waits for */
   uint64_t timeout[3];        /* header, body, keep-alive (ns; 0: none) */
   profile_t *prof;            /* its loop's wait lists for those timeouts */
@@ -252,10 +253,23 @@ static void arm(wait_list_t *l, uint64_t delay) {
   l->timer = nr_loop_schedule(l->prof->loop, delay, 0, on_list_timer, NULL, l);
 }
 
+/* Waiting for the client's next request, or in its head, after a first
+ * one (the first one's head is the fresh mark's: nr_channel_established),
+ * the connection owes nothing and may be shed when the server runs out of
+ * descriptors. Told the channel at each change of s->wait. */
+static inline void mark_idle(nr_http_server_t *s) {
+  bool idle = s->delivered > 0 && (s->wait == W_IDLE || s->wait == W_HEAD);
+  if (__builtin_expect(idle != s->idle, 0)) {
+    s->idle = idle;
+    nr_channel_set_idle(nr_ctx_channel(s->ctx), idle);
+  }
+}
+
 /* The connection begins to wait for its client (w): it joins the tail of
  * its list, which then needs a timer if it has none. */
 static void watch(nr_http_server_t *s, int w) {
   s->wait = (uint8_t)w;
+  mark_idle(s);
   if (s->prof == NULL)
     return;                    /* no timeouts, or no loop */
   wait_list_t *l = &s->prof->list[w];
@@ -296,6 +310,7 @@ static NOINLINE void settle(nr_http_server_t *s) {
   if (s->closing || s->outstanding > 0 || s->in.held || s->pending_error ||
       s->reads_held) {
     s->wait = W_NONE;
+    mark_idle(s);
   } else if (nr_buf_len(&s->parser.in) == 0) {
     if (s->wait != W_IDLE && s->wait != W_FRESH)
       watch(s, W_IDLE);
@@ -585,6 +600,10 @@ void nr_http_server_removed(nr_ctx_t *ctx) {
     nr_channel_unhold(nr_ctx_channel(ctx));
   drop_held(s);
   budget_leave(s);            /* (an upgrade: the next protocol reads on) */
+  if (s->idle) {
+    s->idle = false;
+    nr_channel_set_idle(nr_ctx_channel(ctx), false);
+  }
   if (s->reads_held) {
     s->reads_held = false;
     nr_channel_hold_reads(nr_ctx_channel(ctx), false);
@@ -1025,6 +1044,7 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   if (s->outstanding++ == 0)   /* a shutdown waits for the answers owed */
     nr_channel_hold(ch);
   s->wait = W_NONE;            /* the server's turn: no timeout runs */
+  mark_idle(s);
   s->continue_owed = false;    /* it was for this request: its body came */
   /* Whether the handlers answer now or later, the next requests parse the
    * same, and a close stops them: they may take this one later -- unless

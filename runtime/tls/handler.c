@@ -341,17 +341,20 @@ static void ssl_reason(tls_t *s, int e, char *buf, size_t n) {
   ERR_clear_error();
 }
 
-/* A handshake refused or a record that does not decrypt: tell the
- * handlers after this one, send SSL's alert, close. */
+/* A handshake refused or a record that does not decrypt: send SSL's
+ * alert, tell the handlers after this one, close. The alert goes first:
+ * it may sit in the outbound buffer uncommitted (written in place), and a
+ * listener of the handshake's future may close the channel, which frees
+ * that buffer. */
 void nr__tls_fail(tls_t *s, int e) {
   char msg[512];
   ssl_reason(s, e, msg, sizeof msg);
   s->st = ST_DONE;
   nr__tls_stop_timer(s);
-  nr__tls_fail_queue(s, msg);
-  nr__tls_settle_hs(s, -EPROTO, msg);
   nr__tls_pass_out(s, NULL);
   nr_ctx_flush(s->ctx);
+  nr__tls_fail_queue(s, msg);
+  nr__tls_settle_hs(s, -EPROTO, msg);
   nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
   nr_ctx_close(s->ctx, NULL);
 }
@@ -383,6 +386,19 @@ static void peer_closed(tls_t *s) {
     nr_channel_close_when_idle(ch);
 }
 
+/* The peer updated its keys too often (handshake.c's count_key_update):
+ * say so, close (SSL has no way to send an alert of our choosing). */
+static void key_update_flood(tls_t *s) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "tls: the peer updated its keys too often "
+           "(KeyUpdate: more than %d at once or %d a second)", NR_TLS_KU_BURST,
+           (int)(NR_SEC(1) / NR_TLS_KU_EVERY));
+  s->st = ST_DONE;
+  nr__tls_fail_queue(s, msg);
+  nr_ctx_fire_exception(s->ctx, &(nr_err_t){-EPROTO, msg});
+  nr_ctx_close(s->ctx, NULL);
+}
+
 /* Whether SSL has taken all the input there is: the next SSL_read could
  * only say "want read". */
 static bool input_done(tls_t *s) {
@@ -404,6 +420,10 @@ static void decrypt(tls_t *s, bool last) {
      * SSL_get_error reads. */
     int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(s->ssl, rc);
     wrote |= settle(s);           /* a key update's answer, an alert */
+    if (s->ku_over) {
+      key_update_flood(s);        /* what came with the updates is dropped */
+      break;
+    }
     bool done = rc == 1 && input_done(s);
     if (rc == 1) {
       have += n;
@@ -737,10 +757,22 @@ static int tls_close(nr_ctx_t *ctx, nr_promise_t *p) {
 
 /* ---- lifetime ---------------------------------------------------------------------- */
 
+/* A server's handshake under way: the channel may be shed when accept
+ * finds no free descriptor (a peer that drips its ClientHello holds one
+ * as a slowloris does), until the handshake completes. */
+void nr__tls_mark_handshaking(tls_t *s, bool on) {
+  if (s->shedding != on && (s->bundle->server || !on)) {
+    s->shedding = on;
+    nr_channel_set_handshaking(nr_ctx_channel(s->ctx), on);
+  }
+}
+
 static void tls_added(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
   s->ctx = ctx;
   nr_channel_t *ch = nr_ctx_channel(ctx);
+  if (s->st == ST_HANDSHAKE)
+    nr__tls_mark_handshaking(s, true);
   if (nr_channel_is_active(ch) && nr_channel_fired_active(ch)) {
     /* Added by hand: the handlers after this one saw channel_active. */
     s->active_seen = s->active_fired = true;
@@ -753,6 +785,7 @@ static void tls_added(nr_ctx_t *ctx) {
 
 static void tls_removed(nr_ctx_t *ctx) {
   tls_t *s = nr_ctx_state(ctx);
+  nr__tls_mark_handshaking(s, false);
   drain(s);                        /* the way on stays: passed out */
   if (s->flush_owed) {
     s->flush_owed = false;

@@ -48,6 +48,9 @@ typedef struct tls_s {
   bool peer_shut;                 /* the peer's close_notify came: input is
                                      over, the channel open for writing */
   bool handshaken;                /* the handshake completed (once) */
+  bool shedding;                  /* nr_channel_set_handshaking(true) said */
+  bool ku_over;                   /* the peer updated its keys too often */
+  uint64_t ku_tat;                /* key updates: when the next is due */
   bool removed;                   /* removed during a call: free at its end */
   bool wrote_one;                 /* a write was encrypted in this gather */
   bool flush_owed;                /* a flush waits for the gather's end */
@@ -55,6 +58,11 @@ typedef struct tls_s {
   int busy;
   int gather;                     /* inside tls_channel_read(_complete) */
 } tls_t;
+
+/* Key updates a peer may send: this many at once, then one per
+ * NR_TLS_KU_EVERY (handshake.c's count_key_update). */
+#define NR_TLS_KU_BURST 32
+#define NR_TLS_KU_EVERY NR_MS(100)
 
 /* handler.c's, for the handshake. */
 void nr__tls_flush_out(tls_t *s);
@@ -66,6 +74,9 @@ bool nr__tls_has_out(const tls_t *s);
 int nr__tls_pass_out(tls_t *s, nr_promise_t *p);
 void nr__tls_fail(tls_t *s, int e);
 int nr__tls_encrypt(tls_t *s, const char *data, size_t len, nr_promise_t *p);
+/* A server's handshake under way (on), or over: the channel may be shed
+ * meanwhile when accept finds no free descriptor. */
+void nr__tls_mark_handshaking(tls_t *s, bool on);
 /* handshake.c's: a step of the handshake (false: it failed, or is not
  * done), a read asked for when SSL wants bytes, the deadline armed. */
 bool nr__tls_handshake(tls_t *s);

@@ -50,6 +50,35 @@ fail:
   return -1;
 }
 
+/* ---- key updates ------------------------------------------------------------- */
+
+/* A TLS 1.3 peer may update its keys (KeyUpdate, RFC 8446 4.6.3) when it
+ * likes, and SSL derives a new key for each: ~30 us for a ~40-byte
+ * record, a thousand times what the same bytes of data cost. A peer
+ * sending one byte of data between them (to pass OpenSSL's own count of
+ * key updates with nothing between, as Go's and BoringSSL's) could keep a
+ * loop busy for seconds. Real peers update after gigabytes (AES-GCM's
+ * limit is 2^24.5 records) or hours, so past NR_TLS_KU_BURST at once and
+ * one per NR_TLS_KU_EVERY after (a token bucket, kept as the time the next
+ * update is due: the generic cell rate algorithm) the connection fails
+ * (handler.c's decrypt), as OpenSSL plans to (one per 100 ms). Counted by
+ * SSL's info callback, set once a TLS 1.3 handshake completed: it runs as
+ * SSL's state machine moves, so a record of data costs nothing more; a
+ * key update about seven calls. */
+static void count_key_update(const SSL *ssl, int where, int ret) {
+  (void)ret;
+  if (!(where & SSL_CB_LOOP))
+    return;
+  OSSL_HANDSHAKE_STATE st = SSL_get_state(ssl);
+  if (st != TLS_ST_SR_KEY_UPDATE && st != TLS_ST_CR_KEY_UPDATE)
+    return;                        /* (once per key update received) */
+  tls_t *s = BIO_get_data(SSL_get_rbio(ssl));
+  uint64_t now = nr_now();
+  s->ku_tat = (s->ku_tat > now ? s->ku_tat : now) + NR_TLS_KU_EVERY;
+  if (s->ku_tat - now > NR_TLS_KU_BURST * NR_TLS_KU_EVERY)
+    s->ku_over = true;             /* decrypt() fails the connection */
+}
+
 /* Fire the event that tells the handlers what was agreed. */
 static void fire_event(tls_t *s) {
   nr_tls_event_t ev = {
@@ -83,7 +112,10 @@ static void fire_event(tls_t *s) {
 static void handshake_done(tls_t *s) {
   s->st = ST_OPEN;
   s->handshaken = true;
+  nr__tls_mark_handshaking(s, false);
   nr__tls_stop_timer(s);
+  if (SSL_version(s->ssl) == TLS1_3_VERSION)
+    SSL_set_info_callback(s->ssl, count_key_update);
   pw_t *q = s->queue;
   s->queue = NULL;
   s->qtail = &s->queue;

@@ -73,20 +73,19 @@ M.count = count
 
 -- ---- options ---------------------------------------------------------------------
 
-local KEYS = {}
-for k in pairs(R.KEYS) do KEYS[k] = true end
-KEYS.url, KEYS.host, KEYS.port, KEYS.db = nil, nil, nil, nil
-for _, k in ipairs { "nodes", "read_from", "max_redirects", "max_retries", "retry_delay" } do
-  KEYS[k] = true
+local SCHEMA = { nodes = "strings!", read_from = "enum master replica",
+                 max_redirects = "integer 0", max_retries = "integer 0", retry_delay = "seconds" }
+for k, v in pairs(R.SCHEMA) do
+  if k ~= "url" and k ~= "host" and k ~= "port" and k ~= "db" then SCHEMA[k] = v end
 end
+local check_new = core.options("netrun.redis.cluster", SCHEMA)
 
-local function parse_node(what, s)
-  if type(s) ~= "string" then error(what .. ": nodes must be \"host:port\" strings, got " .. type(s), 4) end
+local function parse_node(what, i, s)
   local host, port = s:match("^%[([%x:.]+)%]:(%d+)$")
   if not host then host, port = s:match("^([^:]+):(%d+)$") end
   port = math.tointeger(tonumber(port))
   if not host or not port or port < 1 or port > 65535 then
-    error(what .. ": bad node '" .. s .. "' (want host:port)", 4)
+    core.option_error(what, "nodes[" .. i .. "]", s, '"host:port"')
   end
   return { host, port }
 end
@@ -97,36 +96,14 @@ M.Cluster = Cluster
 
 function M.new(opts)
   local what = "netrun.redis.cluster"
-  if type(opts) ~= "table" then error(what .. ": options must be a table, got " .. type(opts), 3) end
-  if type(opts.nodes) ~= "table" or #opts.nodes == 0 then
-    error(what .. ": nodes must be an array of \"host:port\" (at least one)", 3)
-  end
-  local rest = {}
-  for k, v in pairs(opts) do
-    if k ~= "nodes" and k ~= "read_from" and k ~= "max_redirects" and k ~= "max_retries" and
-       k ~= "retry_delay" then rest[k] = v end
-    if not KEYS[k] then error(what .. ": unknown option '" .. tostring(k) .. "'", 3) end
-  end
-  local s = R.settings(what, rest, KEYS)
+  opts = check_new(opts)
+  local s = R.settings(what, opts)
   s.seeds = {}
-  for i, n in ipairs(opts.nodes) do s.seeds[i] = parse_node(what, n) end
-  local rf = opts.read_from or "master"
-  if rf ~= "master" and rf ~= "replica" then
-    error(what .. ": read_from must be \"master\" or \"replica\", got " .. tostring(rf), 3)
-  end
-  s.read_from = rf
-  for _, k in ipairs { "max_redirects", "max_retries" } do
-    local v = opts[k]
-    if v ~= nil and (math.type(v) ~= "integer" or v < 0) then
-      error(what .. ": " .. k .. " must be an integer >= 0, got " .. tostring(v), 3)
-    end
-    s[k] = v or M[k]
-  end
-  local d = opts.retry_delay
-  if d ~= nil and (type(d) ~= "number" or d < 0) then
-    error(what .. ": retry_delay must be a number >= 0, got " .. tostring(d), 3)
-  end
-  s.retry_delay = d or M.retry_delay
+  for i, n in ipairs(opts.nodes) do s.seeds[i] = parse_node(what, i, n) end
+  s.read_from = opts.read_from or "master"
+  s.max_redirects = opts.max_redirects or M.max_redirects
+  s.max_retries = opts.max_retries or M.max_retries
+  s.retry_delay = opts.retry_delay or M.retry_delay
   s.db = 0
   s.id = R.new_id("c")
   return setmetatable(s, Cluster)

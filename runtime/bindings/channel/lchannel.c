@@ -173,15 +173,10 @@ static void run_init(nr_channel_t *ch, void *arg) {
   }
 }
 
-static init_t *pack_init(lua_State *L, int opts, bool once, const char *what) {
-  lua_getfield(L, opts, "init");
-  if (lua_isnil(L, -1)) {
-    lua_pop(L, 1);
+static init_t *pack_init(const lnr_opts_t *o, bool once) {
+  lua_State *L = o->L;
+  if (!lnr_opt_function(o, "init"))
     return NULL;
-  }
-  if (!lua_isfunction(L, -1))
-    luaL_error(L, "%s: init must be a function, got %s", what,
-               luaL_typename(L, -1));
   init_t *in = calloc(1, sizeof *in);
   if (in == NULL)
     luaL_error(L, "out of memory");
@@ -318,12 +313,15 @@ static bool free_inits(lua_State *L) {
 /* ---- options -------------------------------------------------------------- */
 
 /* The options each constructor knows, one table each: a key not listed
- * raises (lnr_check_options), so a new option is added here too. */
+ * raises (lnr_opts_open), so a new option is added here too. tls is read
+ * by lua/netrun/init.lua, which puts its handler first; it is checked
+ * here, with the rest. */
 static const char *const server_keys[] = {
     "group", "child_group", "host", "port", "unix", "mode", "backlog",
-    "reuseport", "child_options", "init", "stream", "metrics", NULL};
+    "reuseport", "child_options", "init", "stream", "metrics", "tls", NULL};
 static const char *const connect_keys[] = {
-    "group", "host", "port", "unix", "timeout", "options", "init", NULL};
+    "group", "host", "port", "unix", "timeout", "options", "init", "tls",
+    NULL};
 static const char *const udp_keys[] = {
     "group", "host", "port", "options", "init", NULL};
 static const char *const channel_keys[] = {
@@ -338,149 +336,78 @@ typedef struct place_s {
   nr_loop_t *loop;
 } place_t;
 
-static place_t opt_place(lua_State *L, int t, const char *k, const char *what) {
+static place_t opt_place(const lnr_opts_t *o, const char *k) {
+  lua_State *L = o->L;
   place_t pl = {NULL, NULL};
-  lua_getfield(L, t, k);
-  if (!lua_isnil(L, -1)) {
+  if (lua_getfield(L, o->t, k) != LUA_TNIL) {
     pl.group = lnr_to_handle(L, -1, LNR_GROUP);
     pl.loop = pl.group ? NULL : lnr_to_handle(L, -1, LNR_LOOP);
     if (pl.group == NULL && pl.loop == NULL)
-      luaL_error(L, "%s: %s must be a netrun.group or a netrun.loop, got %s",
-                 what, k, luaL_typename(L, -1));
+      lnr_opt_bad(o, k, -1, "a netrun.group or a netrun.loop");
     if (pl.loop && lnr_group_of_loop(pl.loop) == NULL)
-      luaL_error(L, "%s: %s: the main thread's loop runs no channels; give a "
-                 "group or one of its loops", what, k);
+      lnr_opts_error(o, "%s: the main thread's loop runs no channels; give a "
+                     "group or one of its loops", k);
   }
   lua_pop(L, 1);
   return pl;
 }
 
-/* Option k of the table at t, checked for type: the error names the option
- * and what it got. The value of a string stays anchored by the table. */
-static bool opt_get(lua_State *L, int t, const char *k, int type,
-                    const char *what, const char *expect) {
-  int got = lua_getfield(L, t, k);
-  if (got == LUA_TNIL) {
-    lua_pop(L, 1);
-    return false;
-  }
-  if (got != type || (type == LUA_TNUMBER && !lua_isinteger(L, -1)))
-    luaL_error(L, "%s: %s must be %s, got %s", what, k, expect,
-               got == LUA_TNUMBER ? "a float" : luaL_typename(L, -1));
-  return true;
+/* The channel options in field k of o. send_timeout: 60 s for a server's
+ * children (nginx's send_timeout), none for a channel that connects (its
+ * peer is its own choice). */
+static void channel_opts(const lnr_opts_t *o, const char *k,
+                         nr_channel_opts_t *c, uint64_t send_timeout) {
+  lnr_opts_t s;
+  lnr_opts_sub(&s, o, k, channel_keys);
+  nr_channel_opts_init(c);
+  c->tcp_nodelay = lnr_opt_boolean(&s, "tcp_nodelay", true);
+  c->keepalive = lnr_opt_boolean(&s, "keepalive", false);
+  c->auto_read = lnr_opt_boolean(&s, "auto_read", true);
+  c->allow_half_closure = lnr_opt_boolean(&s, "allow_half_closure", false);
+  c->write_buffer_low = lnr_opt_size(&s, "write_buffer_low", 32768, 0,
+                                     LNR_OPT_SIZE_MAX);
+  c->write_buffer_high = lnr_opt_size(&s, "write_buffer_high", 65536, 0,
+                                      LNR_OPT_SIZE_MAX);
+  c->sndbuf = (int)lnr_opt_size(&s, "sndbuf", 0, 0, INT_MAX);
+  c->rcvbuf = (int)lnr_opt_size(&s, "rcvbuf", 0, 0, INT_MAX);
+  c->send_timeout = lnr_opt_seconds(&s, "send_timeout", send_timeout);
+  if (c->write_buffer_low > c->write_buffer_high)
+    lnr_opts_error(&s, "%swrite_buffer_low (%I) is above %swrite_buffer_high "
+                   "(%I)", s.prefix, (lua_Integer)c->write_buffer_low, s.prefix,
+                   (lua_Integer)c->write_buffer_high);
+  lua_pop(o->L, 1);                  /* the sub-table */
 }
 
-static const char *opt_str(lua_State *L, int t, const char *k, const char *d,
-                           const char *what) {
-  if (!opt_get(L, t, k, LUA_TSTRING, what, "a string"))
-    return d;
-  const char *s = lua_tostring(L, -1);
-  lua_pop(L, 1);                 /* anchored by the options table */
-  return s;
-}
-
-static lua_Integer opt_int(lua_State *L, int t, const char *k, lua_Integer d,
-                           lua_Integer min, lua_Integer max, const char *what) {
-  char expect[80];
-  snprintf(expect, sizeof expect, "an integer from %lld to %lld",
-           (long long)min, (long long)max);
-  if (!opt_get(L, t, k, LUA_TNUMBER, what, expect))
-    return d;
-  lua_Integer v = lua_tointeger(L, -1);
-  if (v < min || v > max)
-    luaL_error(L, "%s: %s must be %s, got %I", what, k, expect, v);
-  lua_pop(L, 1);
-  return v;
-}
-
-static bool opt_bool(lua_State *L, int t, const char *k, bool d,
-                     const char *what) {
-  if (!opt_get(L, t, k, LUA_TBOOLEAN, what, "a boolean"))
-    return d;
-  bool v = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return v;
-}
-
-/* A timeout in seconds (0: none), as nanoseconds. */
-static uint64_t opt_timeout(lua_State *L, int t, const char *k, uint64_t d,
-                            const char *what) {
-  int got = lua_getfield(L, t, k);
-  if (got == LUA_TNIL) {
-    lua_pop(L, 1);
-    return d;
-  }
-  if (got != LUA_TNUMBER || lua_tonumber(L, -1) < 0 ||
-      lua_tonumber(L, -1) > 1e9)
-    luaL_error(L, "%s: %s must be a number of seconds from 0 (none) to 1e9, "
-               "got %s", what, k, got == LUA_TNUMBER
-               ? lua_tostring(L, -1) : luaL_typename(L, -1));
-  uint64_t ns = lnr_ns(lua_tonumber(L, -1));
-  lua_pop(L, 1);
-  return ns;
-}
-
-/* send_timeout: 60 s for a server's children (nginx's send_timeout), none
- * for a channel that connects (its peer is its own choice). */
-static void channel_opts(lua_State *L, int t, const char *field,
-                         const char *what, nr_channel_opts_t *o,
-                         uint64_t send_timeout) {
-  nr_channel_opts_init(o);
-  o->send_timeout = send_timeout;
-  int type = lua_getfield(L, t, field);
-  if (type == LUA_TNIL) {
-    lua_pop(L, 1);
-    return;
-  }
-  char name[96];
-  snprintf(name, sizeof name, "%s: %s", what, field);
-  if (type != LUA_TTABLE)
-    luaL_error(L, "%s must be a table, got %s", name, luaL_typename(L, -1));
-  int c = lua_gettop(L);
-  lnr_check_options(L, c, name, channel_keys);
-  const lua_Integer big = (lua_Integer)1 << 40;
-  o->tcp_nodelay = opt_bool(L, c, "tcp_nodelay", true, name);
-  o->keepalive = opt_bool(L, c, "keepalive", false, name);
-  o->auto_read = opt_bool(L, c, "auto_read", true, name);
-  o->allow_half_closure = opt_bool(L, c, "allow_half_closure", false, name);
-  o->write_buffer_low = (size_t)opt_int(L, c, "write_buffer_low", 32768, 0, big, name);
-  o->write_buffer_high = (size_t)opt_int(L, c, "write_buffer_high", 65536, 0, big, name);
-  o->sndbuf = (int)opt_int(L, c, "sndbuf", 0, 0, INT_MAX, name);
-  o->rcvbuf = (int)opt_int(L, c, "rcvbuf", 0, 0, INT_MAX, name);
-  o->send_timeout = opt_timeout(L, c, "send_timeout", send_timeout, name);
-  if (o->write_buffer_low > o->write_buffer_high)
-    luaL_error(L, "%s: write_buffer_low (%d) is above write_buffer_high (%d)",
-               field, (int)o->write_buffer_low, (int)o->write_buffer_high);
-  lua_pop(L, 1);
-}
-
-static int check_port(lua_State *L, int t, const char *what) {
-  lua_getfield(L, t, "port");
-  bool absent = lua_isnil(L, -1);
-  lua_pop(L, 1);
-  if (absent)
-    luaL_error(L, "%s: port must be an integer from 0 to 65535, got nil", what);
-  return (int)opt_int(L, t, "port", 0, 0, 65535, what);
+/* port: required (0: any free port). */
+static int check_port(const lnr_opts_t *o) {
+  lua_getfield(o->L, o->t, "port");
+  int port = (int)lnr_optv_integer(o, "port", -1, 0, 65535);
+  lua_pop(o->L, 1);
+  return port;
 }
 
 /* A unix socket's file mode (0: the umask's). */
-static int check_mode(lua_State *L, int t, const char *what) {
-  static const char expect[] = "a file mode from 0 to 0777 (e.g. tonumber(\"600\", 8))";
-  if (!opt_get(L, t, "mode", LUA_TNUMBER, what, expect))
-    return 0;
-  lua_Integer mode = lua_tointeger(L, -1);
+static int check_mode(const lnr_opts_t *o) {
+  static const char expect[] =
+      "a file mode from 0 to 0777 (e.g. tonumber(\"600\", 8))";
+  lua_State *L = o->L;
+  lua_Integer mode = 0;
+  if (lua_getfield(L, o->t, "mode") != LUA_TNIL) {
+    int ok = 0;
+    mode = lua_tointegerx(L, -1, &ok);
+    if (!ok || mode < 0 || mode > 0777)
+      lnr_opt_bad(o, "mode", -1, expect);
+  }
   lua_pop(L, 1);
-  if (mode < 0 || mode > 0777)
-    luaL_error(L, "%s: mode must be %s", what, expect);
   return (int)mode;
 }
 
-/* The options table of a constructor, its keys checked. */
-static void check_opts(lua_State *L, const char *what, const char *const *keys) {
-  if (lua_type(L, 1) != LUA_TTABLE)
-    luaL_error(L, "%s: expected a table of options, got %s", what,
-               luaL_typename(L, 1));
-  lnr_check_options(L, 1, what, keys);
+/* tls: a netrun.tls config of the right side (lua/netrun/init.lua adds
+ * its handler). */
+static void check_tls(const lnr_opts_t *o, bool server) {
+  if (lua_getfield(o->L, o->t, "tls") != LUA_TNIL)
+    lnr_optv_tls(o, "tls", -1, server);
+  lua_pop(o->L, 1);
 }
 
 /* ---- creating channels ---------------------------------------------------- */
@@ -545,14 +472,15 @@ static int listen_by_name(lua_State *L, const char *kind) {
 }
 
 static int l_server(lua_State *L) {
-  const char *what = "netrun.server";
-  check_opts(L, what, server_keys);
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.server", server_keys, true);
+  check_tls(&t, true);
   stream_options(L);
   nr_server_opts_t o = {0};
-  place_t g = opt_place(L, 1, "group", what);
-  place_t cg = opt_place(L, 1, "child_group", what);
-  o.reuseport = opt_bool(L, 1, "reuseport", false, what);
-  bool listed = opt_bool(L, 1, "metrics", true, what);
+  place_t g = opt_place(&t, "group");
+  place_t cg = opt_place(&t, "child_group");
+  o.reuseport = lnr_opt_boolean(&t, "reuseport", false);
+  bool listed = lnr_opt_boolean(&t, "metrics", true);
   if (!g.group && !g.loop && !cg.group && !cg.loop) {
     /* reuseport: each worker accepts for itself; no boss group needed */
     g.group = o.reuseport ? NULL : lnr_default_group(L, true);
@@ -566,15 +494,15 @@ static int l_server(lua_State *L) {
   o.loop = g.loop;
   o.child_group = cg.group ? lnr_group_core(cg.group) : NULL;
   o.child_loop = cg.loop;
-  o.unix_path = opt_str(L, 1, "unix", NULL, what);
-  o.host = opt_str(L, 1, "host", "0.0.0.0", what);
-  o.port = o.unix_path ? 0 : check_port(L, 1, what);
-  o.unix_mode = check_mode(L, 1, what);
-  o.backlog = (int)opt_int(L, 1, "backlog", 1024, 1, INT_MAX, what);
-  channel_opts(L, 1, "child_options", what, &o.child, NR_SEC(60));
+  o.unix_path = lnr_opt_string(&t, "unix", NULL, NULL);
+  o.host = lnr_opt_string(&t, "host", "0.0.0.0", NULL);
+  o.port = o.unix_path ? 0 : check_port(&t);
+  o.unix_mode = check_mode(&t);
+  o.backlog = (int)lnr_opt_integer(&t, "backlog", 1024, 1, INT_MAX);
+  channel_opts(&t, "child_options", &o.child, NR_SEC(60));
   if (o.unix_path == NULL && needs_lookup(o.host) && on_loop())
     return listen_by_name(L, "server");
-  init_t *in = pack_init(L, 1, false, what);
+  init_t *in = pack_init(&t, false);
   if (in != NULL)
     in->unlisted = !listed;
   o.child_init = in ? run_init : NULL;
@@ -597,50 +525,50 @@ static int connect_by_name(lua_State *L) {
 /* host = { "::1", "127.0.0.1", ... }: numeric addresses, tried in turn
  * (the core's RFC 8305 connect). The strings stay anchored in the options
  * table at 1; *n of them (at most NR_MAX_ADDRS) go into v. */
-static void opt_hosts(lua_State *L, const char **v, int *n, const char *what) {
-  lua_getfield(L, 1, "host");
-  lua_Integer len = luaL_len(L, -1);
+static void opt_hosts(const lnr_opts_t *t, const char **v, int *n) {
+  lua_State *L = t->L;
+  lua_getfield(L, t->t, "host");
+  lua_Integer len = (lua_Integer)lua_rawlen(L, -1);
   if (len < 1)
-    luaL_error(L, "%s: host must be a string or a non-empty array of "
-               "addresses, got an empty table", what);
+    lnr_opt_bad(t, "host", -1, "a string or a non-empty array of addresses");
   *n = len > NR_MAX_ADDRS ? NR_MAX_ADDRS : (int)len;
   for (int i = 0; i < *n; i++) {
     lua_rawgeti(L, -1, i + 1);
     v[i] = lua_tostring(L, -1);
-    if (lua_type(L, -1) != LUA_TSTRING || !is_address(v[i]))
-      luaL_error(L, "%s: host[%d] must be a numeric address, got %s", what,
-                 i + 1, luaL_tolstring(L, -1, NULL));
+    if (lua_type(L, -1) != LUA_TSTRING || !is_address(v[i])) {
+      char k[32];
+      snprintf(k, sizeof k, "host[%d]", i + 1);
+      lnr_opt_bad(t, k, -1, "a numeric address");
+    }
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
 }
 
 static int l_connect(lua_State *L) {
-  const char *what = "netrun.connect";
-  check_opts(L, what, connect_keys);
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.connect", connect_keys, true);
+  check_tls(&t, false);
   nr_connect_opts_t o = {0};
-  place_t g = opt_place(L, 1, "group", what);
+  place_t g = opt_place(&t, "group");
   if (g.group == NULL && g.loop == NULL)
     g.group = lnr_default_group(L, false);
   o.group = g.group ? lnr_group_core(g.group) : NULL;
   o.loop = g.loop;
-  o.unix_path = opt_str(L, 1, "unix", NULL, what);
+  o.unix_path = lnr_opt_string(&t, "unix", NULL, NULL);
   const char *hosts[NR_MAX_ADDRS];
   bool many = lua_getfield(L, 1, "host") == LUA_TTABLE;
   lua_pop(L, 1);
   if (many)
-    opt_hosts(L, hosts, &o.nhosts, what);
+    opt_hosts(&t, hosts, &o.nhosts);
   o.hosts = many ? hosts : NULL;
-  o.host = many ? NULL : opt_str(L, 1, "host", "127.0.0.1", what);
-  o.port = o.unix_path ? 0 : check_port(L, 1, what);
-  lua_getfield(L, 1, "timeout");
-  o.timeout = lua_isnil(L, -1) ? NR_SEC(30)
-                               : lnr_ns(lnr_checkseconds(L, -1, "netrun.connect"));
-  lua_pop(L, 1);
-  channel_opts(L, 1, "options", what, &o.opts, 0);
+  o.host = many ? NULL : lnr_opt_string(&t, "host", "127.0.0.1", NULL);
+  o.port = o.unix_path ? 0 : check_port(&t);
+  o.timeout = lnr_opt_seconds(&t, "timeout", NR_SEC(30));
+  channel_opts(&t, "options", &o.opts, 0);
   if (o.unix_path == NULL && !many && !is_address(o.host))
     return connect_by_name(L);
-  init_t *in = pack_init(L, 1, true, what);
+  init_t *in = pack_init(&t, true);
   o.init = in ? run_init : NULL;
   o.arg = in;
   lnr_push_promise(L, nr_connect(&o));
@@ -663,20 +591,20 @@ Open a UDP channel. Its messages are datagrams,
 */
 
 static int l_udp(lua_State *L) {
-  const char *what = "netrun.udp";
-  check_opts(L, what, udp_keys);
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.udp", udp_keys, true);
   nr_udp_opts_t o = {0};
-  place_t g = opt_place(L, 1, "group", what);
+  place_t g = opt_place(&t, "group");
   if (g.group == NULL && g.loop == NULL)
     g.group = lnr_default_group(L, false);
   o.group = g.group ? lnr_group_core(g.group) : NULL;
   o.loop = g.loop;
-  o.host = opt_str(L, 1, "host", "0.0.0.0", what);
-  o.port = check_port(L, 1, what);
-  channel_opts(L, 1, "options", what, &o.opts, 0);
+  o.host = lnr_opt_string(&t, "host", "0.0.0.0", NULL);
+  o.port = check_port(&t);
+  channel_opts(&t, "options", &o.opts, 0);
   if (needs_lookup(o.host) && on_loop())
     return listen_by_name(L, "udp");
-  init_t *in = pack_init(L, 1, true, what);
+  init_t *in = pack_init(&t, true);
   o.init = in ? run_init : NULL;
   o.arg = in;
   lnr_push_promise(L, nr_udp_bind(&o));

@@ -121,10 +121,10 @@ static void on_terminated(nr_promise_t *p, void *arg) {
 
 static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
                               int io_ratio, bool executor,
-                              size_t max_pending, size_t mem_limit, int opts) {
+                              size_t max_pending, size_t mem_limit,
+                              const lnr_opts_t *opts) {
   nr_group_opts_t stall = {0};                /* may raise: before calloc */
-  lnr_stall_options(L, opts, executor ? "netrun.executor_group"
-                                      : "netrun.group", executor, &stall);
+  lnr_stall_options(opts, executor, &stall);
   lnr_group_t *g = calloc(1, sizeof *g);
   if (g == NULL)
     luaL_error(L, "netrun.group: out of memory");
@@ -161,71 +161,47 @@ static lnr_group_t *group_new(lua_State *L, const char *name, int threads,
 }
 
 /* The options netrun.group and netrun.executor_group know: a key not
- * listed raises (lnr_check_options), so a new option is added here too.
+ * listed raises (lnr_opts_open), so a new option is added here too.
  * stall_threshold and stall_timeout are read by the stall detector. */
 static const char *const group_keys[] = {
     "threads", "name", "io_ratio", "daemon", "stall_threshold",
     "stall_timeout", "max_pending_tasks", "lua_memory_limit", NULL};
 
-static lua_Integer opt_integer(lua_State *L, int t, const char *k,
-                               lua_Integer dflt, const char *what) {
-  int type = lua_getfield(L, t, k);
-  if (type != LUA_TNIL && !lua_isinteger(L, -1))
-    luaL_error(L, "%s: %s must be an integer, got %s", what, k,
-               type == LUA_TNUMBER ? "a float" : luaL_typename(L, -1));
-  lua_Integer v = type == LUA_TNIL ? dflt : lua_tointeger(L, -1);
-  lua_pop(L, 1);
-  return v;
-}
-
-static int opt_int(lua_State *L, int t, const char *k, int dflt,
-                   const char *what) {
-  lua_Integer v = opt_integer(L, t, k, dflt, what);
-  return v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
+/* lua_memory_limit: 0 (none) or at least LUA_MEMORY_MIN bytes. */
+static size_t opt_memory(const lnr_opts_t *o) {
+  static const char k[] = "lua_memory_limit";
+  size_t mem = LUA_MEMORY_LIMIT;
+  if (o->t && lua_getfield(o->L, o->t, k) != LUA_TNIL) {
+    mem = lnr_optv_size(o, k, -1, 0, LNR_OPT_SIZE_MAX);
+    if (mem != 0 && mem < (size_t)LUA_MEMORY_MIN)
+      lnr_opt_bad(o, k, -1, "0 (none) or a size of at least 1048576 bytes");
+  }
+  if (o->t)
+    lua_pop(o->L, 1);
+  return mem;
 }
 
 static int new_group(lua_State *L, bool executor) {
-  const char *what = executor ? "netrun.executor_group" : "netrun.group";
-  if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
-    return luaL_error(L, "%s: expected a table of options, got %s", what,
-                      luaL_typename(L, 1));
-  if (lua_isnoneornil(L, 1))
-    lua_newtable(L), lua_replace(L, 1);
-  lnr_check_options(L, 1, what, group_keys);
-  int threads = opt_int(L, 1, "threads", 0, what);
-  int ratio = opt_int(L, 1, "io_ratio", 50, what);
-  if (lua_getfield(L, 1, "name") != LUA_TNIL && !lua_isstring(L, -1))
-    return luaL_error(L, "%s: name must be a string, got %s", what,
-                      luaL_typename(L, -1));
-  const char *name = luaL_optstring(L, -1, executor ? "executor" : "worker");
-  if (threads < 0 || threads > 1024)
-    return luaL_error(L, "%s: threads must be between 1 and 1024, got %d",
-                      what, threads);
-  if (ratio < 1 || ratio > 100)
-    return luaL_error(L, "%s: io_ratio must be between 1 and 100, got %d",
-                      what, ratio);
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, executor ? "netrun.executor_group" : "netrun.group",
+                group_keys, false);
+  /* threads = 0: NETRUN_THREADS (`netrun -t N`), else the core's choice */
+  int threads = (int)lnr_opt_integer(&o, "threads", 0, 0, 1024);
+  int ratio = (int)lnr_opt_integer(&o, "io_ratio", 50, 1, 100);
+  const char *name = lnr_opt_string(&o, "name", executor ? "executor"
+                                                         : "worker", NULL);
   if (threads == 0) {
-    lua_getglobal(L, "NETRUN_THREADS");       /* set by `netrun -t N` */
+    lua_getglobal(L, "NETRUN_THREADS");
     threads = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
-  lua_Integer max_pending = opt_integer(L, 1, "max_pending_tasks",
-                                        MAX_PENDING_TASKS, what);
-  if (max_pending < 1)
-    return luaL_error(L, "%s: max_pending_tasks must be >= 1, got %I", what,
-                      max_pending);
-  lua_Integer mem = opt_integer(L, 1, "lua_memory_limit",
-                                (lua_Integer)LUA_MEMORY_LIMIT, what);
-  if (mem != 0 && mem < LUA_MEMORY_MIN)
-    return luaL_error(L, "%s: lua_memory_limit must be 0 (none) or at least "
-                      "%I bytes, got %I", what, LUA_MEMORY_MIN, mem);
-  int dt = lua_getfield(L, 1, "daemon");
-  if (dt != LUA_TNIL && dt != LUA_TBOOLEAN)
-    return luaL_error(L, "%s: daemon must be a boolean, got %s", what,
-                      luaL_typename(L, -1));
-  bool daemon = lua_toboolean(L, -1);
+  lua_Integer max_pending = lnr_opt_integer(&o, "max_pending_tasks",
+                                            MAX_PENDING_TASKS, 1,
+                                            LUA_MAXINTEGER);
+  size_t mem = opt_memory(&o);
+  bool daemon = lnr_opt_boolean(&o, "daemon", false);
   lnr_group_t *g = group_new(L, name, threads, ratio, executor,
-                             (size_t)max_pending, (size_t)mem, 1);
+                             (size_t)max_pending, mem, &o);
   g->daemon = daemon;
   lnr_push_handle(L, LNR_GROUP, g);
   return 1;
@@ -276,7 +252,7 @@ lnr_group_t *lnr_default_group(lua_State *L, bool boss) {
     lua_pop(L, 1);
   }
   g = group_new(L, boss ? "boss" : "worker", threads, 50, false,
-                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, 0);
+                MAX_PENDING_TASKS, LUA_MEMORY_LIMIT, NULL);
   pthread_mutex_lock(&lnr_live_lock);
   lnr_group_t **slot = boss ? &default_boss : &default_workers;
   if (*slot == NULL) {

@@ -818,34 +818,6 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   return &lua_http_vt;
 }
 
-/* Size options: lnr_codec_int, as for the other codecs. */
-static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
-                       lua_Integer min, lua_Integer max) {
-  return (size_t)lnr_codec_int(L, "http_server", k, d, min, max);
-}
-
-/* A timeout in seconds (0: off) as ns; d when absent. */
-static uint64_t opt_seconds(lua_State *L, const char *k, uint64_t d) {
-  if (lua_isnoneornil(L, 1))
-    return d;
-  lua_getfield(L, 1, k);
-  uint64_t v = d;
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TNUMBER)
-      luaL_error(L, "netrun.codec.http_server: %s must be a number of "
-                 "seconds, got a %s", k, luaL_typename(L, -1));
-    lua_Number sec = lua_tonumber(L, -1);
-    if (!(sec >= 0 && sec <= 1e9))     /* NaN fails too */
-      luaL_error(L, "netrun.codec.http_server: %s must be 0 (off) or a "
-                 "positive number of seconds, got %f", k, (double)sec);
-    v = (uint64_t)(sec * 1e9);
-    if (sec > 0 && v == 0)
-      v = 1;
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
 /***
 The HTTP/1.1 server codec. The handler after it reads one request per
 message -- a userdata read like a table whose fields are made when first
@@ -874,38 +846,48 @@ the codec (413, 431, 408) and the connection closed.
 */
 
 static int l_http_server(lua_State *L) {
-  if (!lua_isnoneornil(L, 1))
-    luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {
+      "max_header", "max_body", "max_headers", "header_timeout",
+      "body_timeout", "keepalive_timeout", "body_budget", "conn_body_budget",
+      "h2", "h2_max_streams", "h2_window", "h2_reset_burst", "h2_reset_rate",
+      "h2_flood_burst", "h2_flood_rate", "h2_max_continuations",
+      "h2_send_timeout", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, "netrun.codec.http_server", keys, false);
   conf_t o;
-  o.max_header = opt_size(L, "max_header", 8192, 64, 1 << 30);
-  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
-  o.max_headers = opt_size(L, "max_headers", NR_HTTP_DEFAULT_MAX_HEADERS, 1,
-                           NR_HTTP_MAX_HEADERS);
-  o.header_timeout = opt_seconds(L, "header_timeout", NR_HTTP_HEADER_TIMEOUT);
-  o.body_timeout = opt_seconds(L, "body_timeout", NR_HTTP_BODY_TIMEOUT);
-  o.keepalive_timeout = opt_seconds(L, "keepalive_timeout",
-                                    NR_HTTP_KEEPALIVE_TIMEOUT);
-  o.body_budget = (uint64_t)lnr_codec_int(L, "http_server", "body_budget",
-                                          64 << 20, 0, (lua_Integer)1 << 50);
-  o.conn_body_budget = (uint64_t)lnr_codec_int(L, "http_server", "conn_body_budget",
-                                               16 << 20, 0, (lua_Integer)1 << 50);
-  o.h2 = lnr_codec_bool(L, "http_server", "h2", true);
+  o.max_header = lnr_opt_size(&t, "max_header", 8192, 64, 1 << 30);
+  o.max_body = lnr_opt_size(&t, "max_body", 1 << 20, 0, LNR_OPT_SIZE_MAX);
+  o.max_headers = (size_t)lnr_opt_integer(&t, "max_headers",
+                                          NR_HTTP_DEFAULT_MAX_HEADERS, 1,
+                                          NR_HTTP_MAX_HEADERS);
+  /* timeouts: 0 turns one off */
+  o.header_timeout = lnr_opt_seconds(&t, "header_timeout",
+                                     NR_HTTP_HEADER_TIMEOUT);
+  o.body_timeout = lnr_opt_seconds(&t, "body_timeout", NR_HTTP_BODY_TIMEOUT);
+  o.keepalive_timeout = lnr_opt_seconds(&t, "keepalive_timeout",
+                                        NR_HTTP_KEEPALIVE_TIMEOUT);
+  /* bytes of request bodies held at once, per loop and per connection */
+  o.body_budget = lnr_opt_size(&t, "body_budget", (size_t)64 << 20, 0,
+                               (size_t)1 << 50);
+  o.conn_body_budget = lnr_opt_size(&t, "conn_body_budget", (size_t)16 << 20,
+                                    0, (size_t)1 << 50);
+  o.h2 = lnr_opt_boolean(&t, "h2", true);
   nr_h2_opts_t *h = &o.h2o;
-  h->max_streams = (uint32_t)opt_size(L, "h2_max_streams", NR_H2_MAX_STREAMS,
-                                      1, 1 << 16);
-  h->window = (uint32_t)opt_size(L, "h2_window", NR_H2_WINDOW, 1024,
-                                 (1u << 31) - 1);
-  h->reset_burst = (uint32_t)opt_size(L, "h2_reset_burst", NR_H2_RESET_BURST,
-                                      1, 1 << 30);
-  h->reset_rate = (uint32_t)opt_size(L, "h2_reset_rate", NR_H2_RESET_RATE, 1,
-                                     1 << 30);
-  h->flood_burst = (uint32_t)opt_size(L, "h2_flood_burst", NR_H2_FLOOD_BURST,
-                                      1, 1 << 30);
-  h->flood_rate = (uint32_t)opt_size(L, "h2_flood_rate", NR_H2_FLOOD_RATE, 1,
-                                     1 << 30);
-  h->max_continuations = (uint32_t)opt_size(
-      L, "h2_max_continuations", NR_H2_MAX_CONTINUATIONS, 1, 1024);
-  h->send_timeout = opt_seconds(L, "h2_send_timeout", NR_H2_SEND_TIMEOUT);
+  h->max_streams = (uint32_t)lnr_opt_integer(&t, "h2_max_streams",
+                                             NR_H2_MAX_STREAMS, 1, 1 << 16);
+  h->window = (uint32_t)lnr_opt_size(&t, "h2_window", NR_H2_WINDOW, 1024,
+                                     (1u << 31) - 1);
+  h->reset_burst = (uint32_t)lnr_opt_integer(&t, "h2_reset_burst",
+                                             NR_H2_RESET_BURST, 1, 1 << 30);
+  h->reset_rate = (uint32_t)lnr_opt_integer(&t, "h2_reset_rate",
+                                            NR_H2_RESET_RATE, 1, 1 << 30);
+  h->flood_burst = (uint32_t)lnr_opt_integer(&t, "h2_flood_burst",
+                                             NR_H2_FLOOD_BURST, 1, 1 << 30);
+  h->flood_rate = (uint32_t)lnr_opt_integer(&t, "h2_flood_rate",
+                                            NR_H2_FLOOD_RATE, 1, 1 << 30);
+  h->max_continuations = (uint32_t)lnr_opt_integer(
+      &t, "h2_max_continuations", NR_H2_MAX_CONTINUATIONS, 1, 1024);
+  h->send_timeout = lnr_opt_seconds(&t, "h2_send_timeout", NR_H2_SEND_TIMEOUT);
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);

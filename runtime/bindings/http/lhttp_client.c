@@ -62,7 +62,6 @@ Codecs: `netrun.codec`.
 */
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -539,28 +538,14 @@ static const nr_handler_t lua_vt = {
 
 /* ---- a request's options (netrun.http) ---------------------------------------------- */
 
-/* core.http.check_request(opts): raises, at the level of the call that
- * gave opts (netrun.http's request or client:request), when opts is not
- * a table of known options of the right types. One pass in C, as a
- * request is checked each time it is made: not a Lua loop with a C call
- * per option. */
-static void raise_at(lua_State *L, int level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4), noreturn));
-static void raise_at(lua_State *L, int level, const char *fmt, ...) {
-  char msg[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  luaL_where(L, level);
-  lua_pushfstring(L, "netrun.http.request: %s", msg);
-  lua_concat(L, 2);
-  lua_error(L);
-  abort();                     /* (lua_error does not return) */
-}
+/* core.http.check_request(opts): raises, at the caller's line (outside
+ * netrun.http: lnr_push_where), when opts is not a table of known options
+ * of the right types. One pass in C: a request is checked each time it
+ * is made, and this way that costs a few hundred instructions rather
+ * than a Lua loop and a C call per option. The messages are lopts.c's. */
 
 /* The options, in the order of lnr.h's LNR_HOPT_*, and the type each must
- * have (LUA_TNONE: any). */
+ * have (LUA_TNONE: any; LUA_TNUMBER: a kind of number, below). */
 static const struct { const char *k; size_t n; int t; } options[] = {
 #define OPT(name, type) {name, sizeof name - 1, type}
     OPT("url", LUA_TNONE), OPT("forward", LUA_TUSERDATA),
@@ -569,6 +554,9 @@ static const struct { const char *k; size_t n; int t; } options[] = {
     OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
     OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN)};
 #undef OPT
+static const char *const option_names[] = {
+    "url", "forward", "headers", "method", "body", "timeout", "max_body",
+    "tls", "follow", "follow_downgrade", NULL};
 
 /* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are
  * compared first: most options differ in length. */
@@ -579,10 +567,53 @@ static int option_index(const char *k, size_t n) {
   return -1;
 }
 
-void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
-  if (lua_type(L, idx) != LUA_TTABLE)
-    raise_at(L, level, "options must be a table, got %s", luaL_typename(L, idx));
-  bool forward = false, method_or_body = false;
+/* The number option i at the top, checked (a numeric string too): the
+ * number itself replaces it when it was a string or an integral float;
+ * true then. */
+static bool check_number(const lnr_opts_t *o, int i) {
+  lua_State *L = o->L;
+  const char *k = options[i].k;
+  if (lua_type(L, -1) == LUA_TNUMBER) {      /* the usual: checked inline */
+    if (i == LNR_HOPT_TIMEOUT) {
+      lua_Number s = lua_tonumber(L, -1);
+      if (s >= 0 && s <= 1e9)
+        return false;
+    } else if (lua_isinteger(L, -1)) {
+      lua_Integer v = lua_tointeger(L, -1);
+      if (v >= 0 && (i != LNR_HOPT_MAX_BODY || v <= LNR_OPT_SIZE_MAX))
+        return false;
+    }
+  }
+  if (i == LNR_HOPT_TIMEOUT) {
+    lnr_optv_seconds(o, k, -1);
+    if (lua_type(L, -1) == LUA_TNUMBER)
+      return false;
+    lua_pushnumber(L, lua_tonumber(L, -1));
+  } else {
+    lua_Integer v = i == LNR_HOPT_MAX_BODY
+        ? (lua_Integer)lnr_optv_size(o, k, -1, 0, LNR_OPT_SIZE_MAX)
+        : lnr_optv_integer(o, k, -1, 0, LUA_MAXINTEGER);
+    if (lua_isinteger(L, -1))
+      return false;
+    lua_pushinteger(L, v);
+  }
+  lua_replace(L, -2);
+  return true;
+}
+
+/* A key of the request at idx is not an option: say which, and what it
+ * may have meant (lnr_opts_open's check of the keys). */
+static _Noreturn void unknown_option(lnr_opts_t *o, int idx) {
+  lnr_opts_open(o, o->L, idx, o->what, option_names, true);
+  abort();                      /* (it raised) */
+}
+
+bool lnr_http_check_request(lua_State *L, int idx, int base) {
+  idx = lua_absindex(L, idx);
+  lnr_opts_t o = {.L = L, .t = idx, .what = "netrun.http.request"};
+  if (lua_type(L, idx) != LUA_TTABLE)       /* (raises) */
+    lnr_opts_open(&o, L, idx, o.what, NULL, true);
+  bool forward = false, method_or_body = false, converted = false;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     size_t n = 0;
@@ -591,23 +622,21 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
     int i = k ? option_index(k, n) : -1, t = lua_type(L, -1);
     int want = i >= 0 ? options[i].t : LUA_TNONE;
     if (i < 0)
-      raise_at(L, level, "unknown option '%s'", luaL_tolstring(L, -2, NULL));
+      unknown_option(&o, idx);
     if (want == LUA_TUSERDATA && t == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
       lua_pop(L, 1);                         /* forward = false: none */
       continue;
     }
     if (want == LUA_TUSERDATA) {             /* forward */
       if (!lnr_http_is_request(L, -1))
-        raise_at(L, level, "forward must be a request of netrun.codec.http_server, "
-                 "got %s", luaL_typename(L, -1));
+        lnr_opt_bad(&o, k, -1, "a request of netrun.codec.http_server");
       forward = true;
     } else if (want == LUA_TNUMBER) {
-      if (t != LUA_TNUMBER || !(lua_tonumber(L, -1) >= 0))  /* NaN fails */
-        raise_at(L, level, "%s must be a number >= 0, got %s", k,
-                 luaL_tolstring(L, -1, NULL));
+      converted |= check_number(&o, i);
     } else if (want != LUA_TNONE && t != want) {
-      raise_at(L, level, "%s must be a %s, got %s", k, lua_typename(L, want),
-               luaL_typename(L, -1));
+      lnr_opt_bad(&o, k, -1, want == LUA_TTABLE     ? "a table"
+                             : want == LUA_TBOOLEAN ? "a boolean"
+                                                    : "a string");
     } else if (want == LUA_TSTRING) {        /* method or body */
       method_or_body = true;
     }
@@ -616,13 +645,30 @@ void lnr_http_check_request(lua_State *L, int idx, int base, int level) {
     lua_pop(L, 1);
   }
   if (forward && method_or_body)
-    raise_at(L, level, "forward takes the request's method and body: give neither");
+    lnr_opts_error(&o, "forward takes the request's method and body: give "
+                   "neither");
+  return converted;
 }
 
+void lnr_http_converted(lua_State *L, int idx, int base) {
+  static const int numbers[] = {LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY,
+                                LNR_HOPT_FOLLOW};
+  lnr_push_copy(L, idx);
+  for (int i = 0; i < 3; i++) {
+    lua_pushvalue(L, base + numbers[i]);
+    lua_setfield(L, -2, options[numbers[i]].k);
+  }
+}
+
+/* core.http.check_request(opts) --> opts, or a copy of it whose numeric
+ * strings are numbers. */
 static int l_check_request(lua_State *L) {
-  lua_settop(L, 1);
-  lnr_http_check_request(L, 1, 0, 2);   /* (0 this, 1 netrun.http, 2 its caller) */
-  return 0;
+  lua_settop(L, 1 + LNR_HOPT_N);
+  if (lnr_http_check_request(L, 1, 2))
+    lnr_http_converted(L, 1, 2);
+  else
+    lua_settop(L, 1);
+  return 1;
 }
 
 /* ---- the constructor --------------------------------------------------------------- */
@@ -633,12 +679,6 @@ static const nr_handler_t *make(lua_State *L, int idx, void **state) {
   if (*state == NULL)
     luaL_error(L, CLASS ": out of memory");
   return &lua_vt;
-}
-
-/* Size options: lnr_codec_int, as for the other codecs. */
-static size_t opt_size(lua_State *L, const char *k, lua_Integer d,
-                       lua_Integer min, lua_Integer max) {
-  return (size_t)lnr_codec_int(L, "http_client", k, d, min, max);
 }
 
 /***
@@ -660,25 +700,27 @@ both Content-Length and Transfer-Encoding is refused.
 */
 
 static int l_http_client(lua_State *L) {
-  if (!lua_isnoneornil(L, 1))
-    luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"max_header", "max_body", "max_headers",
+                                     "raw", "h2", NULL};
+  lnr_opts_t t;
+  lnr_opts_open(&t, L, 1, CLASS, keys, false);
   nr_http_client_opts_t o;
-  o.max_header = opt_size(L, "max_header", 16384, 64, 1 << 30);
-  o.max_body = opt_size(L, "max_body", 1 << 20, 0, (lua_Integer)1 << 40);
-  o.max_headers = opt_size(L, "max_headers", 100, 1, NR_HTTP_MAX_HEADERS);
-  o.raw = lnr_codec_bool(L, "http_client", "raw", false);
+  o.max_header = lnr_opt_size(&t, "max_header", 16384, 64, 1 << 30);
+  o.max_body = lnr_opt_size(&t, "max_body", 1 << 20, 0, LNR_OPT_SIZE_MAX);
+  o.max_headers = (size_t)lnr_opt_integer(&t, "max_headers", 100, 1,
+                                          NR_HTTP_MAX_HEADERS);
+  o.raw = lnr_opt_boolean(&t, "raw", false);
   o.h2 = NR_H2C_OFF;           /* h2 = "auto" | true | false */
-  if (!lua_isnoneornil(L, 1) && lua_getfield(L, 1, "h2") != LUA_TNIL) {
-    if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0)
+  if (!lua_isnoneornil(L, 1)) {
+    int ty = lua_getfield(L, 1, "h2");
+    if (ty == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0)
       o.h2 = NR_H2C_AUTO;
-    else if (lua_type(L, -1) == LUA_TBOOLEAN)
+    else if (ty == LUA_TBOOLEAN)
       o.h2 = lua_toboolean(L, -1) ? NR_H2C_ON : NR_H2C_OFF;
-    else
-      luaL_error(L, "netrun.codec.http_client: h2 must be \"auto\", true or "
-                 "false, got %s", luaL_tolstring(L, -1, NULL));
-  }
-  if (!lua_isnoneornil(L, 1))
+    else if (ty != LUA_TNIL)
+      lnr_opt_bad(&t, "h2", -1, "\"auto\", true or false");
     lua_pop(L, 1);
+  }
   nr_http_client_opts_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);

@@ -47,7 +47,11 @@ static int lane_request(lua_State *L) {
     goto slow;                           /* (http.lua says what is wrong) */
   const int o = 4;                       /* the options' slots */
   lua_settop(L, o + LNR_HOPT_N - 1);
-  lnr_http_check_request(L, 2, o, 1);    /* (0 this, 1 its caller) */
+  if (lnr_http_check_request(L, 2, o)) {  /* "2.5": the slow path's numbers */
+    lnr_http_converted(L, 2, o);
+    lua_replace(L, 2);
+    goto slow;
+  }
   nr_loop_t *loop = nr_loop_current();
   if (lua_type(L, 3) != LUA_TFUNCTION || loop == NULL ||
       loop == lnr_main_loop() || !lua_isnil(L, o + LNR_HOPT_TLS) || !lua_isnil(L, o + LNR_HOPT_FOLLOW) ||

@@ -504,42 +504,39 @@ static int l_encode(lua_State *L) {
 
 /* ---- settings -------------------------------------------------------- */
 
-static int opt_int(lua_State *L, const char *name, int lo, int hi) {
-  int isnum;
-  lua_Integer v = lua_tointegerx(L, -1, &isnum);
-  if (!isnum || v < lo || v > hi)
-    luaL_error(L, "netrun.json.configure: %s must be an integer from %d to %d, got %s",
-               name, lo, hi, luaL_tolstring(L, -1, NULL));
-  return (int)v;
+/* The settings configure knows (set_option reads each). */
+static const char *const settings[] = {
+    "encode_max_depth", "decode_max_depth", "encode_invalid_numbers",
+    "decode_invalid_numbers", "encode_sparse_convert", "encode_sparse_ratio",
+    "encode_sparse_safe", "encode_number_precision",
+    "encode_empty_table_as_object", "decode_array_with_array_mt", NULL};
+
+static bool opt_bool(const lnr_opts_t *o, const char *k) {
+  if (!lua_isboolean(o->L, -1))
+    lnr_opt_bad(o, k, -1, "a boolean");
+  return lua_toboolean(o->L, -1);
 }
 
-static bool opt_bool(lua_State *L, const char *name) {
-  if (!lua_isboolean(L, -1))
-    luaL_error(L, "netrun.json.configure: %s must be a boolean, got %s", name,
-               luaL_tolstring(L, -1, NULL));
-  return lua_toboolean(L, -1);
-}
-
-static int opt_invalid(lua_State *L) {
-  if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "null") == 0)
+static int opt_invalid(const lnr_opts_t *o, const char *k) {
+  if (lua_type(o->L, -1) == LUA_TSTRING &&
+      strcmp(lua_tostring(o->L, -1), "null") == 0)
     return INVALID_NULL;
-  if (!lua_isboolean(L, -1))
-    luaL_error(L, "netrun.json.configure: encode_invalid_numbers must be true, false "
-               "or \"null\", got %s", luaL_tolstring(L, -1, NULL));
-  return lua_toboolean(L, -1) ? INVALID_ALLOW : INVALID_RAISE;
+  if (!lua_isboolean(o->L, -1))
+    lnr_opt_bad(o, k, -1, "true, false or \"null\"");
+  return lua_toboolean(o->L, -1) ? INVALID_ALLOW : INVALID_RAISE;
 }
 
 /* The setting named k to the value on top of the stack: checked always,
  * stored only if apply. */
-static void set_option(lua_State *L, const char *k, bool apply) {
-#define INT(f, lo, hi) do { int v_ = opt_int(L, k, lo, hi); if (apply) SET(f, v_); } while (0)
-#define BOOL(f) do { bool v_ = opt_bool(L, k); if (apply) SET(f, v_); } while (0)
+static void set_option(const lnr_opts_t *o, const char *k, bool apply) {
+#define INT(f, lo, hi) do { int v_ = (int)lnr_optv_integer(o, k, -1, lo, hi); if (apply) SET(f, v_); } while (0)
+#define BOOL(f) do { bool v_ = opt_bool(o, k); if (apply) SET(f, v_); } while (0)
   if (strcmp(k, "encode_max_depth") == 0)
     INT(encode_max_depth, 1, 10000);
   else if (strcmp(k, "decode_max_depth") == 0)
     INT(decode_max_depth, 1, 10000);
   else if (strcmp(k, "encode_invalid_numbers") == 0) {
-    int v = opt_invalid(L);
+    int v = opt_invalid(o, k);
     if (apply)
       SET(encode_invalid, v);
   } else if (strcmp(k, "decode_invalid_numbers") == 0)
@@ -556,8 +553,6 @@ static void set_option(lua_State *L, const char *k, bool apply) {
     BOOL(empty_table_as_object);
   else if (strcmp(k, "decode_array_with_array_mt") == 0)
     BOOL(array_mt);
-  else
-    luaL_error(L, "netrun.json.configure: unknown setting '%s'", k);
 #undef INT
 #undef BOOL
 }
@@ -601,16 +596,13 @@ and `decode_invalid_numbers` (false), `encode_sparse_convert` (false),
  * (process-wide); json.configure() only reads them. A setting checked
  * bad raises and changes nothing (all are checked first). */
 static int l_configure(lua_State *L) {
-  if (!lua_isnoneornil(L, 1)) {
-    luaL_checktype(L, 1, LUA_TTABLE);
-    for (int apply = 0; apply < 2; apply++) {
-      lua_pushnil(L);
-      while (lua_next(L, 1)) {
-        if (lua_type(L, -2) != LUA_TSTRING)
-          luaL_error(L, "netrun.json.configure: settings are named by strings");
-        set_option(L, lua_tostring(L, -2), apply);
-        lua_pop(L, 1);
-      }
+  lnr_opts_t o;
+  lnr_opts_open(&o, L, 1, "netrun.json.configure", settings, false);
+  for (int apply = 0; o.t && apply < 2; apply++) {
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+      set_option(&o, lua_tostring(L, -2), apply);
+      lua_pop(L, 1);
     }
   }
   push_settings(L);
