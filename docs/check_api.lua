@@ -82,6 +82,7 @@ end
 local INTERNAL = {
   ["netrun.http"] = {
     attach = "the pool's hand-over of a new connection (lhttp_pool.c calls it)",
+    attach_stream = "a stream = true request's connection init (its codec and handler)",
     request_with = "the request path shared by netrun.http.request and client:request",
     default_tls = "the client's default TLS config, made once per state",
     stats = "the pools' counters, read by netrun.metrics",

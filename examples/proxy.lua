@@ -5,12 +5,18 @@
 --          [--threads 1] [--pool 64] [--timeout 30] [--max-body 8388608]
 --          [--in-flight 16] [--body-budget 33554432]
 --          [--conn-body-budget 16777216] [--backend-h2 no|auto|yes]
---                                                    (or BACKEND=, PORT=, ...)
+--          [--body whole|stream] [--buffer 65536]    (or BACKEND=, PORT=, ...)
 -- Clients may speak HTTP/1.1 or HTTP/2 (h2c, or h2 behind TLS): the server
 -- codec answers each in its own. --backend-h2 yes speaks HTTP/2 to the
 -- backend (h2c by prior knowledge), its requests multiplexed on one
 -- connection; the default (auto) speaks it only to an https backend that
 -- agrees it.
+-- --body stream streams request and response bodies both ways instead of
+-- holding them whole (see "--body stream" below): what a client
+-- connection costs is then about 2 x --buffer whatever the bodies' sizes,
+-- and --max-body 0 means no limit. (The default stays whole for now: the
+-- streamed mode has a backend connection per client connection, not the
+-- pool, and no retries.)
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
@@ -93,6 +99,12 @@ local function response_for(r, err)
   netrun.log.debug("proxy: %s", err)
   return { status = timeout and 504 or 502, headers = { ["content-type"] = "text/plain" },
            body = timeout and "gateway timeout\n" or "bad gateway\n" }
+end
+
+-- A client connection that failed (a reset, a write that failed) closes.
+local function client_failed(_, c, err)
+  netrun.log.debug("proxy: client %s", tostring(err))
+  c:close()
 end
 
 -- The handler of a client connection. Responses go out in request order
@@ -188,22 +200,181 @@ local function proxy_handler()
       closed = true                   -- (answers still coming are dropped)
       c:fire_channel_inactive()
     end,
-    exception_caught = function(_, c, err)
-      netrun.log.debug("proxy: client %s", tostring(err))
-      c:close()
+    exception_caught = client_failed,
+  }
+end
+
+-- ---- --body stream: bodies streamed both ways ----------------------------
+--
+-- Each client connection gets a backend connection of its own (made at its
+-- first request, kept while both live: a tunnel per client) and its
+-- requests go one at a time. A request's head goes on at once; its body,
+-- if any, is read from the client no faster than the backend connection
+-- takes it (req:sink: the server codec reads nothing while that connection
+-- holds more than --buffer bytes unsent) and goes on as it came (its
+-- Content-Length, or chunked). The response comes back the same way: the
+-- backend's head, then its body piece by piece, the backend connection
+-- reading nothing while the client's holds more than --buffer unsent. So
+-- a connection pair holds about 2 x --buffer plus a read each way,
+-- whatever the bodies' sizes (--max-body 0: no limit).
+local stream_bodies = option("body", "whole") == "stream"
+local buffer = math.tointeger(option("buffer", 64 * 1024))
+if not stream_bodies and option("body", "whole") ~= "whole" then
+  error("proxy: --body must be whole or stream")
+end
+if stream_bodies and max_body == 0 then max_body = 1 << 40 end   -- (no limit: 1 TiB)
+
+local REQ_HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
+                  ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
+                  ["proxy-authorization"] = true, ["content-length"] = true, expect = true }
+
+local function stream_handler()
+  local ctx, ch, be                   -- the client's context and channel; the backend's
+  local queue, first, last = {}, 1, 0
+  local busy, paused = false, false   -- a request under way; client reads paused
+  local chunked_up                    -- the request body under way is chunked
+  local reuse                         -- the backend keeps its connection after this answer
+  local closed = false
+  local start
+
+  local function next_request()
+    busy = false
+    if not reuse and be then be:close(); be = nil end
+    if first <= last then
+      local r = queue[first]
+      queue[first] = nil
+      first = first + 1
+      if paused and last - first + 1 < in_flight then paused = false; ch:option("auto_read", true) end
+      return start(r)
+    end
+  end
+
+  local function fail(status)
+    if closed then return end
+    ctx:write_and_flush({ status = status, headers = { ["content-type"] = "text/plain",
+                          connection = "close" }, body = "bad gateway\n" })
+    ctx:close()
+  end
+
+  -- the backend connection's handler: the response, streamed to the client
+  local backend = {
+    channel_read = function(_, bctx, m)
+      if closed then return end
+      if m.type == "body" then
+        if #m.data > 0 then ctx:write(m.data, VOID) end
+        if m.last then
+          ctx:write_and_flush("", VOID)
+          next_request()
+        else
+          ctx:flush()
+          if not ch:is_writable() then bctx.channel:option("auto_read", false) end
+        end
+        return
+      end
+      local h = strip_hop(m.headers)
+      reuse = m.keep_alive
+      if m.streaming then
+        ctx:write({ status = m.status, headers = h, stream = true }, VOID)
+      else
+        ctx:write_and_flush({ status = m.status, headers = h, body = m.body }, VOID)
+        next_request()
+      end
     end,
+    exception_caught = function(_, bctx, err)
+      netrun.log.debug("proxy: backend %s", tostring(err))
+      bctx:close()
+    end,
+    channel_inactive = function(_, bctx)
+      if be == bctx.channel then be = nil end
+      if busy then                    -- in the middle of an answer: the client's goes too
+        if closed then return end
+        closed = true
+        ctx:close()
+      end
+    end,
+  }
+
+  local function send(r)
+    local h = {}
+    for k, v in pairs(r.headers) do if not REQ_HOP[k] then h[k] = v end end
+    h["x-forwarded-for"] = (ch:remote_address())
+    local q = r.query and r.path .. "?" .. r.query or r.path
+    if r.streaming then
+      local len = r.headers["content-length"]
+      chunked_up = len == nil
+      if chunked_up then h["transfer-encoding"] = "chunked" else h["content-length"] = len end
+      be:write({ method = r.method, path = q, headers = h }, VOID)
+      r:sink(be)                      -- its pieces come to channel_read below
+    else
+      be:write_and_flush({ method = r.method, path = q, headers = h, body = r.body }, VOID)
+    end
+  end
+
+  function start(r)
+    busy = true
+    if be and be:is_open() then return send(r) end
+    netrun.connect { group = ctx:loop(), host = bhost, port = tonumber(bport),
+                     options = { write_buffer_low = buffer // 2, write_buffer_high = buffer },
+                     init = function() end }:add_listener(function(f)
+      if closed then if f:is_success() then f:result():close() end return end
+      if not f:is_success() then return fail(502) end
+      be = f:result()
+      be:pipeline():add_last("http", netrun.codec.http_client {
+        max_body = max_body, max_header = 16384, stream = true })
+      be:pipeline():add_last("proxy", backend)
+      send(r)
+    end)
+  end
+
+  return {
+    channel_read = function(_, c, m)
+      if not ch then ctx, ch = c, c.channel end
+      if m.type == "body" then        -- the request body under way, to the backend
+        if not be then return end
+        local d = m.data
+        if chunked_up then
+          if #d > 0 then be:write(string.format("%x\r\n", #d), VOID); be:write(d, VOID); be:write("\r\n", VOID) end
+          if m.last then be:write("0\r\n\r\n", VOID) end
+        elseif #d > 0 then
+          be:write(d, VOID)
+        end
+        be:flush()
+        return
+      end
+      if busy then
+        last = last + 1
+        queue[last] = m
+        if not paused and last - first + 1 >= in_flight then paused = true; ch:option("auto_read", false) end
+        return
+      end
+      start(m)
+    end,
+    channel_writability_changed = function(_, c)
+      if be and c.channel:is_writable() then be:option("auto_read", true) end
+      c:fire_channel_writability_changed()
+    end,
+    channel_inactive = function(_, c)
+      closed = true
+      if be then be:close() end
+      c:fire_channel_inactive()
+    end,
+    exception_caught = client_failed,
   }
 end
 
 -- made once: each channel gets its own codec
 local codec = netrun.codec.http_server { max_body = max_body, body_budget = body_budget,
-                                         conn_body_budget = conn_body_budget }
+                                         conn_body_budget = conn_body_budget,
+                                         body = stream_bodies and "stream" or nil }
 local workers = netrun.group { threads = threads, name = "proxy" }
 netrun.server {
   group = workers, host = option("host", "0.0.0.0"), port = port,
+  child_options = stream_bodies and { write_buffer_low = buffer // 2,
+                                      write_buffer_high = buffer } or nil,
   init = function(ch)
     ch:pipeline():add_last("http", codec)
-    ch:pipeline():add_last("proxy", proxy_handler())
+    ch:pipeline():add_last("proxy", stream_bodies and stream_handler() or proxy_handler())
   end,
 }:sync()
-netrun.log.info("proxy: listening on :%d, backend %s", port, base)
+netrun.log.info("proxy: listening on :%d, backend %s%s", port, base,
+                stream_bodies and ", bodies streamed" or "")

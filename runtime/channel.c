@@ -379,6 +379,74 @@ void nr__loop_reap(nr_loop_t *l) {
 
 /* ---- writing ------------------------------------------------------------------ */
 
+/* ---- watches (nr_channel_watch) ----
+ *
+ * A list per channel, told in order. A watch may end itself or another
+ * while they are told: each walk under way on this thread is a frame on
+ * its stack (walks nest: a watch that writes to another channel tells
+ * that one's), and nr_channel_unwatch moves a frame's cursor past the
+ * watch it removes, so no walk reaches freed memory. A change met while
+ * a channel's watches are told (a watch wrote to it) is told as one more
+ * round once this one ends: each watch reads the state itself. The
+ * channel keeps only the list's head (a connection stays within its
+ * memory budget). */
+typedef struct tell_s {
+  nr_channel_t *ch;
+  nr_chwatch_t *next;                  /* the next one told */
+  bool again;                          /* a change met meanwhile */
+  struct tell_s *up;
+} tell_t;
+static _Thread_local tell_t *telling;
+
+void nr_channel_watch(nr_channel_t *ch, nr_chwatch_t *w) {
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  assert(w->ch == NULL);
+  w->ch = nr_channel_retain(ch);
+  w->prev = NULL;
+  w->next = ch->watches;
+  if (ch->watches)
+    ch->watches->prev = w;
+  ch->watches = w;
+}
+
+void nr_channel_unwatch(nr_chwatch_t *w) {
+  nr_channel_t *ch = w->ch;
+  if (ch == NULL)
+    return;
+  NR_ASSERT_CHANNEL_LOOP(ch);
+  for (tell_t *t = telling; t != NULL; t = t->up)
+    if (t->next == w)
+      t->next = w->next;
+  *(w->prev ? &w->prev->next : &ch->watches) = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  w->ch = NULL;
+  w->prev = w->next = NULL;
+  nr_channel_release(ch);
+}
+
+static void tell_watches(nr_channel_t *ch) {
+  if (ch->watches == NULL)
+    return;
+  for (tell_t *t = telling; t != NULL; t = t->up)
+    if (t->ch == ch) {                 /* told again by a watch: once */
+      t->again = true;                 /* more, after this round */
+      return;
+    }
+  tell_t t = {ch, NULL, false, telling};
+  telling = &t;
+  nr_channel_retain(ch);               /* (the last watch may end) */
+  do {
+    t.again = false;
+    for (nr_chwatch_t *w = ch->watches; w != NULL; w = t.next) {
+      t.next = w->next;
+      w->fn(w, ch);
+    }
+  } while (t.again);
+  telling = t.up;
+  nr_channel_release(ch);
+}
+
 static void check_writability(nr_channel_t *ch) {
   bool w = pub(ch) & NR__WRITABLE;
   if (w && ch->out.pending > ch->opts.write_buffer_high) {
@@ -390,6 +458,7 @@ static void check_writability(nr_channel_t *ch) {
   else
     return;
   nr__pipeline_fire_writability(&ch->pipe);
+  tell_watches(ch);
 }
 
 static void finish_close(nr_channel_t *ch, bool abort);
@@ -938,6 +1007,7 @@ static void finish_close(nr_channel_t *ch, bool abort) {
     nr__channel_closed(ch);
   if (td != 0)
     nr__pipeline_teardown(&ch->pipe, td);
+  tell_watches(ch);             /* (closed: each learns it, and lets go) */
 }
 
 /* Counted in the outbound buffer's pending bytes, as if written, with no

@@ -430,7 +430,6 @@ struct nr_channel_s {
   _Atomic int pub;
   nr_loop_t *loop;
   uint64_t id;
-  int kind, family;
   unsigned st;
   unsigned holds;            /* work owed (nr_channel_hold) */
   nr_pipeline_t pipe;
@@ -442,6 +441,8 @@ struct nr_channel_s {
    * sees both. See nr_channel_close_future. */
   nr_promise_t *_Atomic close_future;
   _Atomic bool closed;
+  uint8_t kind, family;              /* (in what `closed` leaves: a channel
+                                        stays within 640 bytes) */
   nr_timer_t *linger_timer;
   uint64_t linger_until;     /* a lingering close ends by then (NR__LINGER) */
   uint64_t goodbye_until;    /* a shutdown leaves it open until then
@@ -467,6 +468,7 @@ struct nr_channel_s {
   nr_channel_t *lprev, *lnext;       /* loop's channel list / graveyard */
   nr_channel_t *sprev, *snext;       /* loop's send-timeout list */
   uint64_t send_deadline;            /* when listed: closed by then */
+  nr_chwatch_t *watches;             /* nr_channel_watch: told of writability */
 };
 
 nr_channel_t *nr__channel_new(int kind, int family, int fd,

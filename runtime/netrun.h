@@ -606,6 +606,21 @@ void nr_channel_linger(nr_channel_t *ch);
  * through the shutdown until `deadline` (nr_now()'s clock), or until it is
  * closed otherwise; the shutdown's own timeout bounds it too. */
 void nr_channel_delay_shutdown_close(nr_channel_t *ch, uint64_t deadline);
+/* Loop thread only. Someone who moves bytes into ch from elsewhere (a
+ * body from another connection) and must stop while ch cannot take more:
+ * w->fn runs each time ch's writability changes (after its pipeline was
+ * told), and once as ch closes. The watch holds a reference to ch until
+ * nr_channel_unwatch (which may be called from fn, for any watch). w is
+ * the caller's (embedded in its state); a watch is on one channel at a
+ * time. Watcher and channel share the loop. */
+typedef struct nr_chwatch_s nr_chwatch_t;
+struct nr_chwatch_s {
+  void (*fn)(nr_chwatch_t *w, nr_channel_t *ch);
+  nr_channel_t *ch;                    /* watched (NULL: none) */
+  nr_chwatch_t *prev, *next;
+};
+void nr_channel_watch(nr_channel_t *ch, nr_chwatch_t *w);
+void nr_channel_unwatch(nr_chwatch_t *w);
 /* Format an address: "1.2.3.4" / port, or the unix path / -1. */
 int nr_channel_local_address(const nr_channel_t *ch, char *host, size_t n,
                              int *port);

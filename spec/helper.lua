@@ -107,6 +107,15 @@ function H.sync(f, timeout)
   return v
 end
 
+-- Run fn(...) in a coroutine (netrun.spawn) on loop; returns its result,
+-- bounded (`timeout` seconds, default 30).
+function H.on_loop(loop, fn, ...)
+  local spawned = H.sync(loop:submit(function(f, ...)
+    return netrun.spawn(f, ...)
+  end, fn, ...))
+  return H.sync(spawned, 30)
+end
+
 -- Poll pred() until it holds or `timeout` seconds pass, waiting on a
 -- scheduled task between tries (never a bare sleep); returns pred's value.
 function H.eventually(pred, timeout, step)

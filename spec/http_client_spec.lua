@@ -6,13 +6,7 @@ local H = require "spec.helper"
 local netrun = H.netrun
 local socket = H.socket
 
--- Run fn(...) in a coroutine on loop; returns its result (bounded).
-local function on_loop(loop, fn, ...)
-  local spawned = H.sync(loop:submit(function(f, ...)
-    return netrun.spawn(f, ...)
-  end, fn, ...))
-  return H.sync(spawned, 30)
-end
+local on_loop = H.on_loop
 
 -- On a loop: track, got, all. track(name[, also]) is a request's
 -- callback recording in got[name] its calls, when (seconds since now) and

@@ -298,3 +298,73 @@ describe("client:forwarder and request targets", function()
     H.shutdown(group)
   end)
 end)
+
+describe("examples/proxy.lua --body stream", function()
+  local bpid, pid, port
+  local BIG = (H.faults and 16 or 32) * 1024 * 1024
+  local function sha_of_pattern(n)
+    local out = H.run(string.format("python3 -c \"import hashlib,sys;P=bytes(range(256))*4096;" ..
+      "n=%d;h=hashlib.sha256()\nwhile n: k=min(n,len(P));h.update(P[:k]);n-=k\nprint(h.hexdigest())\"", n))
+    return out:match("%x+")
+  end
+  setup(function()
+    local bport = H.free_port()
+    local f = assert(io.popen(string.format("python3 %s/spec/fixtures/stream_backend.py %d > /dev/null 2>&1 & echo $!",
+      H.root, bport)))
+    bpid = tonumber(f:read("l"))
+    f:close()
+    H.eventually(function()
+      local c = socket.tcp()
+      local ok = c:connect("127.0.0.1", bport)
+      c:close()
+      return ok
+    end, 10)
+    port = H.free_port()
+    pid = H.start(H.root .. "/examples/proxy.lua", port,
+      "--backend 127.0.0.1:" .. bport .. " --body stream --max-body 0 --buffer 65536")
+  end)
+  teardown(function()
+    if pid then H.stop(pid) end
+    if bpid then os.execute("kill " .. bpid) end
+  end)
+
+  it("streams uploads (Content-Length and chunked) and downloads both ways, intact, in bounded memory", function()
+    local path = os.tmpname()
+    assert(os.execute(string.format("head -c %d /dev/urandom > %s", BIG, path)))
+    local want = H.run("sha256sum " .. path):match("^%x+")
+    local rss0 = H.rss(pid)
+    local out, st = H.run(string.format("curl -s -T %s http://127.0.0.1:%d/up", path, port))
+    assert.equal(0, st, out)
+    assert.equal(BIG .. " " .. want, out:match("^%d+ %x+"))
+    out, st = H.run(string.format("curl -s -T - http://127.0.0.1:%d/up < %s", port, path))
+    assert.equal(0, st, out)
+    assert.equal(BIG .. " " .. want, out:match("^%d+ %x+"))      -- (chunked: curl reads stdin)
+    out, st = H.run(string.format("curl -s http://127.0.0.1:%d/big/%d | sha256sum", port, BIG))
+    assert.equal(0, st, out)
+    assert.equal(sha_of_pattern(BIG), out:match("^%x+"))
+    -- and small requests over one connection, kept alive
+    out, st = H.run(string.format("curl -s http://127.0.0.1:%d/big/3 -o /dev/null " ..
+      "http://127.0.0.1:%d/up --data-binary abc", port, port))
+    assert.equal(0, st, out)
+    assert.matches("3 ba7816bf", out)           -- (sha256 of "abc")
+    local grown = H.rss(pid) - rss0
+    print(string.format("\n  %d MiB up twice and down once: proxy RSS %+d KiB", BIG >> 20, grown))
+    if not H.sanitized then assert.is_true(grown < 8 * 1024, "RSS grew " .. grown .. " KiB") end
+    os.remove(path)
+  end)
+
+  it("takes no more of an upload than a backend that reads nothing does", function()
+    local rss0 = H.rss(pid)
+    local c = H.client(port)
+    local total = 256 * 1024 * 1024
+    assert(c:send("PUT /silent HTTP/1.1\r\nHost: x\r\nContent-Length: " .. total .. "\r\n\r\n"))
+    c:settimeout(1)                                 -- until 1 s with nothing taken
+    local sent = H.flood(c, string.rep("s", 256 * 1024), total)
+    local grown = H.rss(pid) - rss0
+    print(string.format("\n  a backend that reads nothing: the proxy took %d KiB of 256 MiB, RSS %+d KiB",
+      sent // 1024, grown))
+    assert.is_true(sent < 32 * 1024 * 1024, "the proxy took " .. sent)
+    if not H.sanitized then assert.is_true(grown < 8 * 1024, "RSS grew " .. grown .. " KiB") end
+    c:close()
+  end)
+end)

@@ -21,13 +21,14 @@
 -- @string url the absolute URL, `http://` or `https://` (for `forward`: the origin only)
 -- @string[opt="GET"] method the method
 -- @tparam[opt] table headers header fields (an array value repeats a field)
--- @string[opt] body the body (Content-Length is set)
+-- @param[opt] body the body, a string (Content-Length is set); with `stream`, also a function returning the next chunk, nil at the end (sent chunked)
 -- @number[opt=5] timeout seconds for the whole request: lookup, connect, TLS, response (0: none)
 -- @int[opt=1048576] max_body the largest response body
 -- @param[opt] tls a `netrun.tls.client` config
 -- @int[opt=0] follow redirects to follow
 -- @bool[opt=false] follow_downgrade follow a redirect from https to http
 -- @param[opt] forward a request of `netrun.codec.http_server` to send on as it came (proxies)
+-- @bool[opt=false] stream on a loop: the response head first (no `body`), then its body with `res:read()` (in a coroutine: the next piece, nil at the end, or nil, err) or `res:each(fn)`; a connection of its own, read one piece ahead at most
 
 -- netrun.http: the HTTP/1.1 client (DESIGN.md §8.3) on the native codec
 -- netrun.codec.http_client.
@@ -336,6 +337,209 @@ end
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
                   PATCH = true, OPTIONS = true }
 
+-- ---- streamed responses (stream = true) -------------------------------------------
+
+-- A request whose response body is read as it comes, on a connection of
+-- its own (not pooled: closed once the body ended): its target gets the
+-- head (res, without body) as soon as it is whole; res:read() then
+-- returns the body's next piece, nil at its end, or nil, err. The
+-- connection reads one piece ahead at most: while a piece waits for
+-- res:read(), it reads nothing (the server's send blocks), so a reader
+-- slower than the server holds one read, not the body.
+local streams, nstreams = {}, 0
+
+-- In the connection's init (on its loop): the codec, in streaming mode,
+-- and the request's handler.
+function M.attach_stream(ch, id)
+  local st = streams[id]
+  if st == nil then return ch:close() end
+  st.ch = ch
+  ch:pipeline():add_last("http", core.codec.http_client {
+    max_header = st.max_header, max_body = st.max_body, stream = true })
+  ch:pipeline():add_last("stream", st.handler)
+end
+
+local function stream_request(client, opts, u, method, h, mb, timeout, target)
+  local st = { first = 1, last = 0, max_header = client.max_header, max_body = mb }
+  local loop = current()
+  nstreams = nstreams + 1
+  local id = nstreams
+  streams[id] = st
+  local head_sent, finished = false, false
+  local what = string.format("netrun.http: %s %s", method, opts.url)
+  local timer
+  local function deliver(res, err)
+    if head_sent then return end
+    head_sent = true
+    if timer then timer:cancel(); timer = nil end
+    if type(target) == "function" then
+      local ok, e = xpcall(target, debug.traceback, res, err)
+      if not ok then core.log(3, "netrun.http: a request's callback failed: " .. tostring(e)) end
+    elseif res then target:try_success(res) else target:try_failure(err) end
+  end
+  local function wake()
+    local w = st.waiter
+    if w then st.waiter = nil; w:try_success(true) end
+  end
+  local function finish(err)                -- the body ended, or failed
+    if finished then return end
+    finished = true
+    streams[id] = nil
+    if err and not st.err then st.err = err end
+    st.done = true
+    if st.ch and st.ch:is_open() then st.ch:close() end
+    if not head_sent then
+      return deliver(nil, st.err or (what .. ": the connection closed before a response"))
+    end
+    if st.each then st.each(nil, st.err) end
+    wake()
+  end
+  -- res:each(fn): the callback form -- fn(piece) as each comes (what
+  -- waited first), then fn(nil) at the end or fn(nil, err).
+  local function each(_, fn)
+    if type(fn) ~= "function" then
+      error("res:each(fn): fn must be a function, got " .. type(fn), 2)
+    end
+    st.each = fn
+    for i = st.first, st.last do
+      local d = st[i]
+      st[i] = nil
+      fn(d)
+    end
+    st.first, st.last = 1, 0
+    if st.done then return fn(nil, st.err) end
+    if st.ch then st.ch:option("auto_read", true) end
+  end
+  local function read(_)
+    while true do
+      if st.first <= st.last then
+        local d = st[st.first]
+        st[st.first] = nil
+        st.first = st.first + 1
+        if st.first > st.last then
+          st.first, st.last = 1, 0
+          if not st.done and st.ch then st.ch:option("auto_read", true) end
+        end
+        return d
+      end
+      if st.err then return nil, st.err end
+      if st.done then return nil end
+      st.waiter = core.promise()
+      if st.ch then st.ch:option("auto_read", true) end
+      st.waiter:await()
+    end
+  end
+  st.handler = {
+    channel_read = function(_, ctx, m)
+      if m.type == "body" then
+        if st.each then
+          if #m.data > 0 then st.each(m.data) end
+          if m.last then st.trailers = m.trailers; finish(nil) end
+          return
+        end
+        if #m.data > 0 then
+          st.last = st.last + 1
+          st[st.last] = m.data
+          ctx.channel:option("auto_read", false)   -- until res:read() takes it
+        end
+        if m.last then
+          st.trailers = m.trailers
+          st.done = true
+          finish(nil)
+        end
+        wake()
+        return
+      end
+      if m.streaming then
+        m.streaming = nil
+        m.read, m.each = read, each
+        deliver(m)
+      else                                  -- no body (204, 304, HEAD, 0 bytes)
+        local body = m.body
+        m.body = nil
+        m.read, m.each = read, each
+        if #body > 0 then st.last = 1; st[1] = body end
+        deliver(m)
+        finish(nil)
+      end
+    end,
+    exception_caught = function(_, ctx, err)
+      finish(what .. ": " .. tostring(err))
+    end,
+    channel_writability_changed = function(_, ctx)
+      if st.pump and ctx.channel:is_writable() then st.pump() end
+      ctx:fire_channel_writability_changed()
+    end,
+    channel_inactive = function(_, ctx)
+      if not st.done then
+        finish(what .. (head_sent and ": the connection closed in the middle of the body"
+                                    or ": the connection closed before a response"))
+      end
+    end,
+  }
+  local tls = u[1] == "https" and (opts.tls or client.tls or M.default_tls()) or nil
+  -- the time for the connect, and for the head once the request is sent
+  -- (not while a body function's chunks are going out: an upload takes
+  -- what it takes, each chunk paced by the connection)
+  local function arm()
+    if timer then timer:cancel() end
+    timer = nil
+    if timeout and timeout > 0 and not head_sent then
+      timer = loop:schedule(timeout, function()
+        timer = nil
+        if not head_sent then finish(what .. ": timeout after " .. timeout .. " s") end
+      end)
+    end
+  end
+  arm()
+  local ok, f = pcall(require("netrun").connect, {
+    group = loop, host = u[2], port = u[3], timeout = timeout > 0 and timeout or nil, tls = tls,
+    init = function(ch) require("netrun.http").attach_stream(ch, id) end,
+  })
+  if not ok then return finish(what .. ": " .. tostring(f)) end
+  f:add_listener(function(cf)
+    if not cf:is_success() then
+      return finish(what .. ": connect: " .. tostring(cf:cause()):gsub("^netrun%.connect: ", ""))
+    end
+    local ch = cf:result()
+    if finished then return ch:close() end
+    local body = opts.body
+    if type(body) == "function" then        -- chunked, as the connection takes it
+      h["transfer-encoding"] = "chunked"
+      ch:write({ method = method, path = u[4], headers = h })
+      if timer then timer:cancel(); timer = nil end     -- (armed again at its end)
+      st.pump = function()
+        while st.pump and ch:is_open() do
+          local ok, d = pcall(body)
+          if not ok then
+            st.pump = nil
+            return finish(what .. ": the body function failed: " .. tostring(d))
+          end
+          if d == nil or d == "" then
+            st.pump = nil
+            arm()
+            return ch:write_and_flush("0\r\n\r\n")
+          end
+          if type(d) ~= "string" then
+            st.pump = nil
+            return finish(what .. ": the body function returned a " .. type(d) .. ", not a string")
+          end
+          ch:write(string.format("%x\r\n", #d))
+          ch:write(d)
+          ch:write("\r\n")
+          ch:flush()
+          if not ch:is_writable() then return end   -- on when it drains
+        end
+      end
+      return st.pump()
+    end
+    ch:write_and_flush({ method = method, path = u[4], headers = h, body = body })
+      :add_listener(function(wf)
+        if not wf:is_success() then finish(what .. ": " .. tostring(wf:cause())) end
+      end)
+  end)
+end
+
 -- On a loop: run the request with this client's pools; a future of the
 -- response, or with cb: nothing, and cb(res) or cb(nil, err) later.
 function M.request_with(client, opts, cb)
@@ -402,6 +606,16 @@ function M.request_with(client, opts, cb)
   if tls ~= nil and scheme == "https" and tls ~= client.tls then
     key = key .. "#" .. tls_identity(tls)
   end
+  if opts.stream then
+    if fwd or current() == nil then
+      local err = string.format("netrun.http: %s %s: stream = true takes a request of " ..
+        "its own (no forward), on a loop (netrun.spawn)", method or "forward", tostring(url))
+      if p then p:set_failure(err) else cb(nil, err) end
+      return p
+    end
+    stream_request(client, opts, u, method, h, mb, timeout, cb or p)
+    return p
+  end
   local per = pools[client.id]
   local pool = per and per[key] or pool_of(client, key, scheme, u[2], u[3], mb, tls)
   local target = cb or p
@@ -435,6 +649,9 @@ local main_group
 
 local function on_loop(client, opts)
   if current() ~= nil then return M.request_with(client, opts) end
+  if opts.stream then        -- (res:read() lives in the loop's state)
+    error("netrun.http: stream = true runs on a loop: in netrun.spawn, a handler or a task", 3)
+  end
   main_group = main_group or require("netrun").group { threads = 1, name = "http" }
   local p = core.promise()
   main_group:next():execute(function(c, o, pr)

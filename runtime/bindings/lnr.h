@@ -416,7 +416,8 @@ void lnr_open_state(lua_State *L);
  * the options with the numbers of the slots (the Lua side's). */
 enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
        LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
-       LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_N };
+       LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_STREAM,
+       LNR_HOPT_N };
 bool lnr_http_check_request(lua_State *L, int idx, int base);
 void lnr_http_converted(lua_State *L, int idx, int base);
 /* Write the request whose fields are the uservalues of the userdata at idx

@@ -274,6 +274,7 @@ static void make_callbacks(void) {
 static void fire_reply(nr_h2_client_t *h, cs_t *s) {
   nr_http_reply_t r;
   r.type = NR_MSG_HTTP_REPLY;
+  r.streaming = r.piece = r.last = false;  /* (its body comes whole) */
   r.tag = s->tag;
   r.h2 = true;
   r.error = s->error;

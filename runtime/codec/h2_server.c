@@ -501,6 +501,9 @@ static int build(h2s_t *s, nr_http_request_t *r) {
     return 500;
   const char *t = s->f.text.p;
   r->type = NR_MSG_HTTP_REQUEST;
+  r->streaming = r->last = false;  /* (its body comes whole) */
+  r->codec = NULL;
+  r->content_length = 0;
   r->method = t + s->method;
   r->method_len = s->method_len;
   const char *path = t + s->path, *q = memchr(path, '?', s->path_len);

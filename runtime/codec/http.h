@@ -63,6 +63,9 @@ typedef struct nr_http_request_s {
   bool head;                      /* method HEAD: the response has no body */
   bool switches;                  /* CONNECT, or an Upgrade header: what
                                      follows may not be HTTP */
+  bool streaming;                 /* a streaming parser's head: its body
+                                     follows as NR_HTTP_EV_BODY pieces */
+  bool last;                      /* NR_HTTP_EV_BODY: the body's last piece */
   bool rewritten;                 /* a field is not where the request's
                                      bytes have it: the path normalized,
                                      or Host taken from an absolute-form
@@ -81,6 +84,10 @@ typedef struct nr_http_request_s {
    * raises on that copy fired on later is answered for (a 500). */
   uint64_t token;
   const void *pipeline;
+  /* A streamed head's: the server codec's context, for whoever takes its
+   * body (nr_http_server_claim_body), and the body's framing. */
+  nr_ctx_t *codec;
+  uint64_t content_length;        /* (of a body not chunked) */
   nr_http_header_t headers[NR_HTTP_MAX_HEADERS];
 } nr_http_request_t;
 
@@ -114,6 +121,36 @@ typedef struct nr_http_prepared_s {
   char bytes[];                   /* head; CRLF; body */
 } nr_http_prepared_t;
 
+/* ---- streamed request bodies (the codec's body = "stream") ------------------- */
+
+/* A piece of a streamed request body, as the codec hands it up (fired to
+ * the handlers after it, or given to the sink that claimed the body). */
+#define NR_MSG_HTTP_BODY (NR_MSG_NATIVE + 10)
+typedef struct nr_http_body_s {
+  int type;                       /* NR_MSG_HTTP_BODY */
+  bool last;                      /* the body's end */
+  const char *data;               /* borrowed: valid during the call */
+  size_t len;                     /* never 0 but for the last */
+  const nr_http_header_t *trailers;    /* with the last: a chunked body's */
+  size_t ntrailers;
+  uint64_t token;                 /* its request's read token */
+} nr_http_body_t;
+
+/* A consumer of a streamed body in C (a forwarder), which takes it from
+ * the codec instead of the handlers (nr_http_server_claim_body). Its
+ * callbacks run on the loop, from inside the codec: they must not feed
+ * the codec bytes, and may close channels. */
+typedef struct nr_http_sink_s nr_http_sink_t;
+struct nr_http_sink_s {
+  /* A piece (b->last: the end, after which the codec forgets k). true:
+   * go on; false: the codec reads nothing more until
+   * nr_http_server_resume_body. */
+  bool (*piece)(nr_http_sink_t *k, const nr_http_body_t *b);
+  /* The body will not come whole -- the client left or sent garbage
+   * (why) -- or the codec went away; the codec has forgotten k. */
+  void (*abort)(nr_http_sink_t *k, const char *why);
+};
+
 /* ---- parser --------------------------------------------------------------- */
 
 /* The parser's steps (http_parse.c) speak a local code space, apart from -errno
@@ -132,11 +169,18 @@ enum {
   NR_HTTP_E_VERSION = -505,       /* HTTP version not supported */
 };
 
-enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE };
+enum { NR_HTTP_EV_REQUEST, NR_HTTP_EV_CONTINUE, NR_HTTP_EV_BODY };
 
 /* Receives each complete request (EV_REQUEST) and, for a request with
  * Expect: 100-continue whose body has not all arrived, EV_CONTINUE once
- * (req then holds the request line and headers, no body). A return of
+ * (req then holds the request line and headers, no body). A streaming
+ * parser (p->stream) gives a request with a body as its head (EV_REQUEST
+ * with req->streaming, no body: no EV_CONTINUE) as soon as the head is
+ * whole, then the body in pieces as they arrive (EV_BODY: req->body and
+ * body_len a piece -- borrowed, and never empty but for the last --,
+ * req->last on the last one, which carries a chunked body's trailers in
+ * req->trailers; no other field is set). Chunked framing is decoded;
+ * what one feed brings of a body is one piece. A return of
  * NR_HTTP_PAUSE after a request keeps the rest of the input for a later
  * feed (one of 0 bytes resumes); any other non-zero return stops the
  * parser: the rest of the input is discarded. */
@@ -161,6 +205,16 @@ typedef struct nr_http_parser_s {
   bool continue_sent;
   bool line_ok;                   /* the request line was checked already */
   bool stopped;                   /* the callback stopped it, or an error */
+  /* Streaming (the server's body = "stream"): bodies go to the callback
+   * in pieces, never held whole (see nr_http_cb). */
+  bool stream;                    /* set by the caller after init */
+  bool sbody;                     /* a body is being streamed: then
+                                     content_length counts what is left
+                                     of a known length, or what came of a
+                                     chunked one */
+  uint32_t piece_at, piece_len;   /* a chunked piece's data while it is
+                                     one run of the input (no copy): its
+                                     offset there; 0 bytes: none */
   char *norm;                     /* a normalized path (request.path), kept
                                      until nr_http_feed returns */
   size_t norm_cap;
@@ -221,6 +275,12 @@ typedef struct nr_http_server_opts_s {
    * codec's connections on one loop (body_budget, shared by the codecs
    * configured alike) and by one connection (conn_body_budget); 0: none. */
   uint64_t body_budget, conn_body_budget;
+  /* Bodies as streams (the Lua option body = "stream"): a request with a
+   * body is handed up as its head (req->streaming), its body in pieces
+   * (nr_http_body_t) once someone reads it -- a handler's read
+   * (nr_ctx_read: the outbound read passes the codec), or a sink's claim
+   * -- and not faster than where it goes takes it. */
+  bool stream_bodies;
   /* HTTP/2 (h2.h): when TLS agreed ALPN "h2", on the client preface
    * (h2c by prior knowledge) and on `Upgrade: h2c`; off: HTTP/1.1 only.
    * Its limits; the fields above bound each stream's request as they
@@ -253,6 +313,26 @@ int nr_http_server_user_event(nr_ctx_t *ctx, void *evt);
 /* Whether the codec at ctx speaks HTTP/2 (its h2 option): a TLS server
  * offers ALPN "h2" only where such a codec follows it. */
 bool nr_http_server_speaks_h2(const nr_ctx_t *ctx);
+
+/* The outbound read (nr_ctx_read from a handler after the codec): a
+ * streamed body waiting for one begins to flow (a "100 Continue" goes out
+ * if the client waits for it); the read passes on. */
+int nr_http_server_read(nr_ctx_t *ctx);
+/* Streamed bodies (see nr_http_server_opts_t.stream_bodies), loop thread:
+ * claim_body gives the body of the request `token` of the codec at ctx
+ * (req->codec) to k from now on, and reads it (as nr_http_server_read):
+ * 0, or -ENOENT when that request has no body waiting (answered, gone,
+ * read by a handler already). drop_sink: k lets go before the body ended
+ * -- the rest is not read; the connection closes after the answer.
+ * resume_body: k, which paused, takes more. read_body: the handlers read
+ * the body of `token`, and the codec reads no faster than `sink` (a
+ * channel on this loop, or NULL) takes what they write to it: while it is
+ * unwritable the codec reads nothing (Lua's req:sink(ch)); 0 or
+ * -ENOENT. */
+int nr_http_server_claim_body(nr_ctx_t *ctx, uint64_t token, nr_http_sink_t *k);
+void nr_http_server_drop_sink(nr_ctx_t *ctx, nr_http_sink_t *k);
+void nr_http_server_resume_body(nr_ctx_t *ctx);
+int nr_http_server_read_body(nr_ctx_t *ctx, uint64_t token, nr_channel_t *sink);
 
 /* Responses by status (http_stats.c), for the metrics. Each thread counts
  * in a stripe of its own: no lock-prefixed instruction per response (a

@@ -14,7 +14,8 @@
 
 /* ---- the parser's phases and bounds (http_parse.c, http_chunked.c) ---- */
 
-enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER };
+enum { P_HEAD, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER,
+       P_SBODY };            /* P_SBODY: a streamed body of known length */
 
 /* Bytes allowed in a chunk-size line (size, extensions) before it is
  * called malformed. */

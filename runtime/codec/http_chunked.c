@@ -66,19 +66,42 @@ static long chunk_size_line(nr_http_parser_t *p, const char *s, size_t n) {
     p->scan = p->pos;
     return STEP;
   }
-  if (v > p->max_body - nr_buf_len(&p->body))
+  uint64_t had = p->sbody ? p->content_length : nr_buf_len(&p->body);
+  if (v > p->max_body - had)
     return -413;
+  if (p->sbody)
+    p->content_length = had + v;   /* (a streamed body counts what came) */
   p->chunk_left = v;
   p->phase = P_CHUNK_DATA;
   return STEP;
 }
 
-/* P_CHUNK_DATA: what there is of the chunk, into the body. */
+/* A streamed piece's data s[at .. at + n) (s: what stream_piece was
+ * given, at most STREAM_RUN bytes): the first run of a feed is only
+ * pointed at, by offset (one chunk spanning reads, the usual, costs no
+ * copy); a second one puts both in the body buffer. */
+static int piece_add(nr_http_parser_t *p, const char *s, size_t at, size_t n) {
+  if (p->piece_len == 0 && nr_buf_len(&p->body) == 0) {
+    p->piece_at = (uint32_t)at;
+    p->piece_len = (uint32_t)n;
+    return 0;
+  }
+  if (p->piece_len != 0) {
+    if (nr_buf_append(&p->body, s + p->piece_at, p->piece_len) < 0)
+      return -1;
+    p->piece_len = 0;
+  }
+  return nr_buf_append(&p->body, s + at, n);
+}
+
+/* P_CHUNK_DATA: what there is of the chunk, into the body (or the piece
+ * streamed). */
 static long chunk_data(nr_http_parser_t *p, const char *s, size_t n) {
   size_t take = n - p->pos;
   if (take > p->chunk_left)
     take = (size_t)p->chunk_left;
-  if (nr_buf_append(&p->body, s + p->pos, take) < 0)
+  if (take > 0 && (p->stream ? piece_add(p, s, p->pos, take)
+                             : nr_buf_append(&p->body, s + p->pos, take)) < 0)
     return -500;
   p->pos += take;
   p->chunk_left -= take;

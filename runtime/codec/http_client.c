@@ -36,7 +36,8 @@ __attribute__((constructor)) static void declare_types(void) {
 
 /* What the bytes in hand are: a head being received, then a body framed
  * by its length, by chunks, or by the close. */
-enum { C_HEAD, C_LENGTH, C_CHUNKED, C_CLOSE };
+enum { C_HEAD, C_LENGTH, C_CHUNKED, C_CLOSE,
+       C_SBODY };            /* a streamed body (the parser's stream) */
 
 #define IEQ(a, n, lit) nr__http_ieq((a), (n), lit, sizeof lit - 1)
 
@@ -163,6 +164,7 @@ static int framing(nr_http_client_parser_t *p, const nr_http_header_t *h,
 static int parse_head(nr_http_client_parser_t *p, nr_http_reply_t *r,
                       const char *s, size_t end, int *phase) {
   r->type = NR_MSG_HTTP_REPLY;
+  r->streaming = r->piece = r->last = false;
   r->nheaders = r->ntrailers = 0;
   r->body = "";
   r->body_len = 0;
@@ -209,6 +211,83 @@ static int parse_head(nr_http_client_parser_t *p, nr_http_reply_t *r,
   return 0;
 }
 
+/* ---- streamed bodies ------------------------------------------------------------ */
+
+/* A response whose body is streamed: its head goes up alone (r), the body
+ * follows as pieces (sbody_step). */
+static long stream_head(nr_http_client_parser_t *p, nr_http_reply_t *r,
+                        int phase, size_t end) {
+  nr_http_parser_t *b = &p->base;
+  p->sclose = phase == C_CLOSE;
+  nr__http_stream_start(b, phase == C_CHUNKED, p->length);
+  if (p->sclose)
+    b->content_length = 0;     /* (counts what came, against max_body) */
+  p->phase = C_SBODY;
+  r->streaming = true;
+  return (long)end;
+}
+
+static int chunk_error(nr_http_client_parser_t *p, long e) {
+  p->why = e == -413 ? "response body over max_body"
+           : e == -431 ? "trailers over max_header"
+                       : "bad chunked body";
+  return e == -413 ? NR_HTTPC_TOO_LARGE : e == -431 ? NR_HTTPC_HEADER_TOO_LARGE
+         : e == -500 ? NR_HTTPC_NOMEM : NR_HTTPC_MALFORMED;
+}
+
+/* The body's end: the parser is ready for the next head. */
+static void sbody_over(nr_http_client_parser_t *p) {
+  p->base.sbody = false;
+  p->sclose = false;
+  p->phase = C_LENGTH;         /* (so that next_response resets it all) */
+}
+
+/* The next piece of a streamed body from s[0 .. n), to cb in r (piece):
+ * the bytes used (0: more input is needed), or -error; *halt is what cb
+ * returned. */
+static __attribute__((noinline)) long sbody_step(nr_http_client_parser_t *p, nr_http_reply_t *r,
+                                const char *s, size_t n, nr_http_reply_cb cb,
+                                void *arg, int *halt) {
+  nr_http_parser_t *b = &p->base;
+  nr_http_request_t q;
+  bool piece;
+  long used;
+  if (p->sclose) {
+    if (n > b->max_body - b->content_length) {
+      p->why = "response body over max_body";
+      return -NR_HTTPC_TOO_LARGE;
+    }
+    b->content_length += n;
+    q.body = s;
+    q.body_len = n;
+    q.last = false;
+    q.ntrailers = 0;
+    q.trailers = q.headers;
+    piece = n > 0;
+    used = (long)n;
+  } else {
+    used = nr__http_stream_piece(b, &q, s, n, &piece);
+    if (used < 0)
+      return -chunk_error(p, used);
+  }
+  if (!piece)
+    return used;
+  r->type = NR_MSG_HTTP_REPLY;
+  r->streaming = false;
+  r->piece = true;
+  r->last = q.last;
+  r->body = q.body;
+  r->body_len = q.body_len;
+  r->nheaders = 0;
+  r->ntrailers = q.ntrailers;
+  r->trailers = q.trailers;
+  if (q.last)
+    sbody_over(p);
+  *halt = cb(arg, r);
+  nr__http_stream_piece_done(b);
+  return used;
+}
+
 /* ---- one response ------------------------------------------------------------ */
 
 /* Parse one response at s[0 .. n): its length when whole (r filled in),
@@ -248,6 +327,8 @@ static long parse_one(nr_http_client_parser_t *p, nr_http_reply_t *r,
       p->why = "response body over max_body";
       return -NR_HTTPC_TOO_LARGE;
     }
+    if (p->stream && r->status >= 200 && (phase != C_LENGTH || p->length > 0))
+      return stream_head(p, r, phase, end);
   }
   switch (p->phase) {
   case C_LENGTH:
@@ -355,6 +436,21 @@ int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
   const char *s = cum ? nr_buf_peek(in) : data;
   size_t n = cum ? nr_buf_len(in) : len, off = 0;
   while (off < n) {
+    if (p->phase == C_SBODY) {
+      int halt = 0;
+      r.piece = false;
+      long k = sbody_step(p, &r, s + off, n - off, cb, arg, &halt);
+      if (k < 0)
+        return stop(p, (int)-k);
+      off += (size_t)k;
+      if (r.piece && r.last)
+        next_response(p);
+      if (halt)
+        return stop(p, NR_HTTPC_STOPPED);
+      if (k == 0)
+        break;                 /* framing split across reads: wait */
+      continue;
+    }
     long k = parse_one(p, &r, s + off, n - off);
     if (k < 0)
       return stop(p, (int)-k);
@@ -372,7 +468,10 @@ int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
     p->info = 0;
     answered(p);
     int halt = cb(arg, &r);
-    next_response(p);          /* after: a chunked body lives in base.body */
+    if (r.streaming)
+      p->base.scan = 0;        /* its body follows */
+    else
+      next_response(p);        /* after: a chunked body lives in base.body */
     if (halt)
       return stop(p, NR_HTTPC_STOPPED);
     if (r.status == 101) {     /* what follows is another protocol's */
@@ -394,6 +493,18 @@ int nr_http_client_end(nr_http_client_parser_t *p, nr_http_reply_cb cb,
   if (p->stopped)
     return 0;
   nr_buf_t *in = &p->base.in;
+  if (p->phase == C_SBODY && p->sclose) {
+    nr_http_reply_t r;         /* the end of a body that ran to the close */
+    r.type = NR_MSG_HTTP_REPLY;
+    r.streaming = false;
+    r.piece = r.last = true;
+    r.body = "";
+    r.body_len = r.nheaders = r.ntrailers = 0;
+    r.trailers = r.headers;
+    sbody_over(p);
+    cb(arg, &r);
+    return stop(p, 0);
+  }
   if (p->phase == C_CLOSE) {
     nr_http_reply_t r;
     int phase;
@@ -493,6 +604,7 @@ void *nr_http_client_new(const nr_http_client_opts_t *o) {
     nr_http_client_parser_init(&c->parser, o->max_header, o->max_body,
                                o->max_headers);
     c->raw = o->raw;
+    c->parser.stream = o->stream;
     c->o = *o;
   }
   return c;
@@ -569,6 +681,12 @@ void nr_http_client_removed(nr_ctx_t *ctx) {
 
 static int deliver(void *arg, nr_http_reply_t *r) {
   client_t *c = arg;
+  if (r->piece) {              /* a streamed body's: as the server's pieces */
+    nr_http_body_t b = {NR_MSG_HTTP_BODY, r->last, r->body, r->body_len,
+                        r->trailers, r->ntrailers, 0};
+    nr_ctx_fire_read(c->ctx, &b);
+    return c->dead || !nr_channel_is_open(nr_ctx_channel(c->ctx));
+  }
   r->raw = c->raw;
   r->tag = 0;                  /* HTTP/1.1: replies come in request order */
   r->error = NULL;

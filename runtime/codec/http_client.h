@@ -72,6 +72,11 @@ typedef struct nr_http_reply_s {
   bool raw;                       /* the codec's raw option (for its binding) */
   bool head;                      /* the answer to a HEAD: its Content-Length
                                      is the one a GET would have had */
+  /* Streamed responses (the parser's stream): the head of one whose
+   * body follows in pieces (streaming: body ""), or one of those pieces
+   * (piece: body and body_len, last on the last one, which carries a
+   * chunked body's trailers in trailers/ntrailers; no other field set). */
+  bool streaming, piece, last;
   const char *reason;
   size_t reason_len;
   const char *body;               /* never NULL */
@@ -96,6 +101,8 @@ typedef struct nr_http_client_parser_s {
   unsigned info;                  /* 1xx skipped since the last final response */
   bool stopped;
   bool upgraded;                  /* stopped after a 101: not an error */
+  bool stream;                    /* bodies in pieces (set after init) */
+  bool sclose;                    /* the streamed body runs to the close */
   const char *why;                /* the error's cause, for its message */
 } nr_http_client_parser_t;
 
@@ -151,6 +158,12 @@ enum { NR_H2C_OFF, NR_H2C_AUTO, NR_H2C_ON };
 typedef struct nr_http_client_opts_s {
   size_t max_header, max_body, max_headers;
   bool raw;                       /* replies marked raw (see nr_http_reply_t) */
+  /* Bodies as streams: a response with a body comes as its head
+   * (streaming), then its body as NR_MSG_HTTP_BODY pieces (nr_http_body_t
+   * of codec/http.h, token 0), one per read at most; max_body still
+   * bounds the whole. Whoever reads them paces the connection (its
+   * auto_read): the codec holds no piece. */
+  bool stream;
   int h2;                         /* NR_H2C_* */
 } nr_http_client_opts_t;
 

@@ -49,6 +49,20 @@ bool nr__http_parsing_head(const nr_http_parser_t *p);
  * max_body when it is chunked; 0 between requests or within a head (what
  * the server's body budget reserves). */
 uint64_t nr__http_body_bound(const nr_http_parser_t *p);
+/* Whether a body is being streamed (a streaming parser gave its head). */
+bool nr__http_streaming_body(const nr_http_parser_t *p);
+/* A body streamed in pieces, after its head (the server's body =
+ * "stream", the client's stream = true): start one (chunked, or of
+ * `length` bytes); then each piece from s[0 .. n) -- the bytes used, or
+ * -status (400, 413 over max_body, 431, 500); *piece says whether req
+ * holds one (body, body_len, last; a chunked last's trailers in
+ * req->trailers), when not the bytes used are framing and the rest needs
+ * more input -- and piece_done once it was handed on. The caller resets
+ * p once the last piece went (sbody false, as after a request). */
+void nr__http_stream_start(nr_http_parser_t *p, bool chunked, uint64_t length);
+long nr__http_stream_piece(nr_http_parser_t *p, nr_http_request_t *req,
+                           const char *s, size_t n, bool *piece);
+void nr__http_stream_piece_done(nr_http_parser_t *p);
 /* The body being read has a known length: make the cumulation the
  * request's size at once, so that its bytes are copied once and it holds
  * no slack (an 8 MiB upload takes 8 MiB, not the 16 of doublings). Done

@@ -49,13 +49,18 @@
 
 #define RING NR_HTTP_HOLD_SLOTS
 /* A ring slot's flags: its request's (HEAD, "close after it", HTTP/1.0),
- * F_FAILED (a handler raised on it), and its answer's state: A_OWED (none
- * begun), a streamed answer open (A_CHUNKED, A_RAW for HTTP/1.0, A_DISCARD
- * for a body nobody may see), or A_DONE (whole, held behind an earlier
- * one); F_ACLOSE: the connection closes after that answer. */
-enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8, F_ACLOSE = 128 };
-enum { A_OWED = 0, A_CHUNKED = 0x10, A_RAW = 0x20, A_DISCARD = 0x30,
-       A_DONE = 0x40, A_MASK = 0x70 };
+ * F_FAILED (a handler raised on it), F_BODY (its streamed body is not all
+ * read), and its answer's state: A_OWED (none begun), a streamed answer
+ * open (A_CHUNKED, A_RAW for HTTP/1.0, A_DISCARD for a body nobody may
+ * see), or A_DONE (whole, held behind an earlier one); F_ACLOSE: the
+ * connection closes after that answer. */
+enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8, F_BODY = 16,
+       F_ACLOSE = 0x100 };
+enum { A_OWED = 0, A_CHUNKED = 0x20, A_RAW = 0x40, A_DISCARD = 0x60,
+       A_DONE = 0x80, A_MASK = 0xE0 };
+/* A streamed body (body = "stream"): none; its head delivered, the body
+ * waiting to be read; flowing; paused (its sink is full). */
+enum { B_NONE, B_WAIT, B_FLOW, B_PAUSED };
 
 /* What the connection waits for, as its timeouts see it: W_NONE for the
  * server (a request is being answered, or the codec holds input until the
@@ -74,7 +79,7 @@ struct nr_http_server_s {
   uint64_t delivered;         /* requests delivered: the last one's token */
   unsigned outstanding;       /* delivered, not yet answered */
   unsigned oldest;            /* ring index of the oldest of those */
-  uint8_t flags[RING];
+  uint16_t flags[RING];
   int pending_error;          /* status to answer once nothing is owed */
   unsigned streams;           /* streamed answers open */
   unsigned to;                /* the slot the write in progress answers */
@@ -107,7 +112,20 @@ struct nr_http_server_s {
                                  first body */
   nr_http_server_t *bprev, *bnext;   /* in the budget's line */
   bool bwaiting;              /* in it */
-  bool reads_held;            /* nr_channel_hold_reads by the budget */
+  bool reads_held;            /* nr_channel_hold_reads: by the budget */
+  bool budget_held;           /* (the budget's part) */
+  /* streamed bodies (below) */
+  bool stream_bodies;         /* the option */
+  bool body_held;             /* reads held: a body waits or is paused */
+  bool body_continue;         /* its client waits for "100 Continue" */
+  uint8_t body;               /* B_*: the streamed body under way */
+  int fail_status;            /* a failed request's answer (0: 500) */
+  uint64_t body_token;        /* its request */
+  nr_http_sink_t *sink;       /* a C consumer that claimed it, or NULL */
+  nr_chwatch_t watch;         /* where the handlers write it: pause while
+                                 it is unwritable */
+  nr_codec_resume_t *body_resume;   /* a task parses on */
+  bool halted;                /* given up inside a feed: stop it */
 };
 
 nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
@@ -122,6 +140,8 @@ nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
   s->sniffed = !o->h2;
   s->budget_limit = o->body_budget;
   s->conn_limit = o->conn_body_budget;
+  s->stream_bodies = o->stream_bodies;
+  s->parser.stream = o->stream_bodies;
   return s;
 }
 
@@ -307,8 +327,11 @@ static NOINLINE void settle(nr_http_server_t *s) {
     settle_h2(s);
     return;
   }
-  if (s->closing || s->outstanding > 0 || s->in.held || s->pending_error ||
-      s->reads_held) {
+  if (s->body == B_FLOW && !s->closing && !s->reads_held && !s->in.held) {
+    watch(s, W_BODY);          /* the client's turn, timed between reads,
+                                  whatever is owed */
+  } else if (s->closing || s->outstanding > 0 || s->in.held ||
+             s->pending_error || s->reads_held) {
     s->wait = W_NONE;
     mark_idle(s);
   } else if (nr_buf_len(&s->parser.in) == 0) {
@@ -376,14 +399,22 @@ static void bline_push(nr_http_server_t *s) {
   s->bwaiting = true;
 }
 
-/* Reads held while there is no room, or going on. */
-static void hold_reads(nr_http_server_t *s, bool held) {
+/* The channel's reads as the budget and a streamed body want them: held
+ * while either holds them. */
+static void apply_holds(nr_http_server_t *s) {
+  bool held = s->budget_held || s->body_held;
   if (s->reads_held == held)
     return;
   s->reads_held = held;
   nr_channel_hold_reads(nr_ctx_channel(s->ctx), held);
   if (!held && !nr_inbound_busy(&s->in))
     settle(s);                 /* its timeouts run again */
+}
+
+/* Reads held while there is no room, or going on. */
+static void hold_reads(nr_http_server_t *s, bool held) {
+  s->budget_held = held;
+  apply_holds(s);
 }
 
 /* Is there room for a body of n bytes (n == 0: for reading on between
@@ -431,7 +462,7 @@ static void budget_wake(budget_t *b) {
 static void give(nr_http_server_t *s, uint64_t n) {
   s->held -= n;
   s->budget->held -= n;
-  if (s->reads_held && !s->bwaiting && !nr_inbound_busy(&s->in))
+  if (s->budget_held && !s->bwaiting && !nr_inbound_busy(&s->in))
     gate(s);                   /* it waited for its own answers */
   budget_wake(s->budget);
 }
@@ -469,7 +500,7 @@ static bool gate(nr_http_server_t *s) {
  * none is being read (a body in progress keeps bytes in the parser), its
  * reads go on, and nobody waits (the usual, checked inline). */
 static inline bool budget_idle(const nr_http_server_t *s) {
-  return (s->held | s->admitted) == 0 && !s->reads_held &&
+  return (s->held | s->admitted) == 0 && !s->budget_held &&
          nr_buf_len(&s->parser.in) == 0 && s->budget->head == NULL;
 }
 
@@ -518,10 +549,15 @@ static void budget_leave(nr_http_server_t *s) {
 
 /* The wait ran out: a request half sent gets 408, an idle connection is
  * closed silently (nginx does both). */
+static void fail_body(nr_http_server_t *s, int status, const char *why);
+
 static void expire(nr_http_server_t *s) {
   nr_inbound_enter_quiet(&s->in);
   if (s->h2 != NULL) {
     nr_h2_server_expire(s->h2);   /* GOAWAY, then the close */
+  } else if (s->body != B_NONE) {
+    fail_body(s, 408, "http_server: the request body timed out "
+              "(body_timeout)");
   } else if (s->wait == W_HEAD || s->wait == W_BODY) {
     send_error(s, 408);
   } else {
@@ -571,6 +607,8 @@ static void start(nr_http_server_t *s) {
 }
 
 static void server_free(nr_http_server_t *s) {
+  nr_channel_unwatch(&s->watch);
+  nr_codec_resume_cancel(s->body_resume);
   nr_h2_server_free(s->h2);
   unlist(s);
   budget_leave(s);
@@ -594,8 +632,13 @@ void nr_http_server_added(nr_ctx_t *ctx) {
   start(s);
 }
 
+static void body_gone(nr_http_server_t *s, const char *why);
+
 void nr_http_server_removed(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->body != B_NONE)
+    body_gone(s, "http_server: the codec left the pipeline in the middle "
+              "of a request body");
   if (s->outstanding > 0)     /* nobody will answer them through us */
     nr_channel_unhold(nr_ctx_channel(ctx));
   drop_held(s);
@@ -605,7 +648,7 @@ void nr_http_server_removed(nr_ctx_t *ctx) {
     nr_channel_set_idle(nr_ctx_channel(ctx), false);
   }
   if (s->reads_held) {
-    s->reads_held = false;
+    s->reads_held = s->budget_held = s->body_held = false;
     nr_channel_hold_reads(nr_ctx_channel(ctx), false);
   }
   if (nr_inbound_removed(&s->in, ctx))
@@ -620,6 +663,9 @@ int nr_http_server_active(nr_ctx_t *ctx) {
 
 int nr_http_server_inactive(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->body != B_NONE)
+    body_gone(s, "http_server: the connection closed in the middle of a "
+              "request body");
   s->closing = true;          /* nothing more to read, nothing to time */
   s->wait = W_NONE;
   unlist(s);
@@ -786,13 +832,13 @@ static inline bool holds(const nr_http_server_t *s, unsigned i) {
 }
 
 /* The slot of request `token` while it is owed an answer, else RING. */
-static inline unsigned slot_of(const nr_http_server_t *s, uint64_t token) {
+static inline unsigned slot_owed(const nr_http_server_t *s, uint64_t token) {
   uint64_t k = token - (s->delivered - s->outstanding + 1);
   return token != 0 && k < s->outstanding ? (s->oldest + (unsigned)k) % RING
                                           : RING;
 }
 
-static inline bool streaming(uint8_t f) {
+static inline bool streaming(uint16_t f) {
   unsigned a = f & A_MASK;
   return a != A_OWED && a != A_DONE;
 }
@@ -802,7 +848,7 @@ static inline bool streaming(uint8_t f) {
  * answer open (a response written over it is a mistake). */
 static unsigned target(const nr_http_server_t *s, uint64_t token,
                        bool *open_own) {
-  unsigned i = slot_of(s, token);
+  unsigned i = slot_owed(s, token);
   *open_own = i != RING && streaming(s->flags[i]);
   if (i != RING && (s->flags[i] & A_MASK) == A_OWED)
     return i;
@@ -817,7 +863,7 @@ static unsigned target(const nr_http_server_t *s, uint64_t token,
 /* The slot of the streamed answer a chunk written now belongs to
  * (s->streams > 0). */
 static unsigned stream_slot(const nr_http_server_t *s, uint64_t token) {
-  unsigned i = slot_of(s, token);
+  unsigned i = slot_owed(s, token);
   if (i != RING && streaming(s->flags[i]))
     return i;
   for (unsigned k = 0; k < s->outstanding; k++) {
@@ -868,16 +914,20 @@ static inline void answered(nr_http_server_t *s, unsigned i, bool close) {
   if (!holds(s, i))
     finish_response(s, close);
   else
-    s->flags[i] = (uint8_t)((s->flags[i] & ~A_MASK) | A_DONE |
-                            (close ? F_ACLOSE : 0));
+    s->flags[i] = (uint16_t)((s->flags[i] & ~A_MASK) | A_DONE |
+                             (close ? F_ACLOSE : 0));
 }
 
-/* A handler raised on the request in slot i, whose answer has not begun:
- * a 500 answers it, in its turn. */
+/* A handler raised on the request in slot i (or its body failed:
+ * fail_status), whose answer has not begun: a 500 (or that status)
+ * answers it, in its turn. */
 static void answer_failed(nr_http_server_t *s, unsigned i) {
-  uint8_t f = s->flags[i];
-  bool close = (f & (F_CLOSE | F_HTTP10)) != 0;  /* 1.0: no keep-alive header */
-  write_status(s, i, 500, close, f & F_HEAD, NULL);
+  uint16_t f = s->flags[i];
+  int status = s->fail_status ? s->fail_status : 500;
+  bool close = (f & (F_CLOSE | F_HTTP10 | F_BODY)) != 0 ||  /* 1.0: no */
+               s->fail_status != 0;              /* keep-alive header */
+  s->fail_status = 0;
+  write_status(s, i, status, close, f & F_HEAD, NULL);
   if (!holds(s, i))
     nr_ctx_flush(s->ctx);
   answered(s, i, close);
@@ -890,6 +940,8 @@ static void abort_answer(nr_http_server_t *s) {
   nr_ctx_close(s->ctx, NULL);
 }
 
+static void stop_body(nr_http_server_t *s);
+
 /* nr_handler_t.read_failed: the handlers raised on request `token`. */
 void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
   nr_http_server_t *s = nr_ctx_state(ctx);
@@ -897,9 +949,11 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
     nr_h2_server_read_failed(s->h2, token);
     return;
   }
-  unsigned i = slot_of(s, token);
+  unsigned i = slot_owed(s, token);
   if (i == RING || s->closing || (s->flags[i] & A_MASK) == A_DONE)
     return;                   /* answered already (exception_caught did) */
+  if (s->body != B_NONE && token == s->body_token)
+    stop_body(s);             /* its body goes nowhere now */
   if ((s->flags[i] & A_MASK) == A_OWED)
     answer_failed(s, i);
   else if (holds(s, i))
@@ -946,7 +1000,7 @@ static NOINLINE int release(nr_http_server_t *s) {
       s->held_out -= n;
       nr_channel_hold_bytes(ch, -(ptrdiff_t)n);
     }
-    uint8_t f = s->flags[i];
+    uint16_t f = s->flags[i];
     if (s->in.removed || s->closing || !nr_channel_is_open(ch)) {
       rc = -1;
     } else if ((f & A_MASK) != A_DONE) {  /* owed, or streaming on */
@@ -979,7 +1033,7 @@ static NOINLINE int release(nr_http_server_t *s) {
  * (nginx lingers only on unread or pipelined input too). Bytes already
  * in the socket still make the close linger (start_linger's FIONREAD). */
 static bool client_closes(const nr_http_server_t *s) {
-  uint8_t f = s->flags[(s->oldest + RING - 1) % RING];
+  uint16_t f = s->flags[(s->oldest + RING - 1) % RING];
   return (f & F_CLOSE) && s->outstanding == 0 &&
          nr__http_parsing_head(&s->parser) && nr_buf_len(&s->parser.in) == 0;
 }
@@ -993,6 +1047,8 @@ static NOINLINE void finished(nr_http_server_t *s, bool close) {
       return;
     close = rc;
   }
+  if (close && s->body != B_NONE && s->body_token <= s->delivered - s->outstanding)
+    stop_body(s);              /* answered before its body was all read */
   if (close) {
     s->closing = true;
     drop_held(s);              /* answers to requests after the close */
@@ -1014,11 +1070,269 @@ static NOINLINE void finished(nr_http_server_t *s, bool close) {
   }
 }
 
+static bool feed(nr_http_server_t *s, const char *data, size_t len);
+
+/* ---- streamed bodies ----
+ *
+ * With body = "stream" (the parser's p->stream) a request with a body is
+ * handed up as its head; its body stays unread -- the parser paused, the
+ * channel's reads held -- until someone reads it: a handler's outbound
+ * read (nr_http_server_read), a C sink's claim, or read_body. Then the
+ * pieces flow, fired to the handlers (tokened as their request, so that a
+ * handler raising on one is answered for) or given to the sink, and the
+ * codec stops after a piece while where the body goes cannot take more:
+ * the sink says so, or the channel the handlers write it to (read_body's
+ * sink) is unwritable, or this channel is (a handler echoing the body to
+ * a client that reads nothing). It goes on from a task, as a read would,
+ * when that channel (its watch), the sink, or this channel says so. So a
+ * body holds at most one read here, however long it is, and a client
+ * waiting for "100 Continue" gets it only once its body is read.
+ *
+ * An answer to a request whose body has not all been read closes the
+ * connection after it (F_BODY; the rest is not read: the close lingers
+ * over it). A body cut short -- the client closed, sent bad framing or
+ * more than max_body, or stopped sending for body_timeout -- ends its
+ * sink with the reason (abort), or reaches exception_caught of the
+ * handlers, and is answered (400, 413, 408) in its turn unless its answer
+ * has begun, when the connection closes after it. */
+
+/* The ring slot of request `token` while it is owed, or -1. */
+static int slot_of(const nr_http_server_t *s, uint64_t token) {
+  uint64_t oldest = s->delivered - s->outstanding + 1;
+  if (token < oldest || token > s->delivered)
+    return -1;
+  return (int)((s->oldest + (unsigned)(token - oldest)) % RING);
+}
+
+static void body_hold(nr_http_server_t *s, bool held) {
+  s->body_held = held;
+  apply_holds(s);
+}
+
+/* The body is over (read whole, or given up): its watch ends and its
+ * request is free to be answered keep-alive (when read whole). */
+static void body_over(nr_http_server_t *s, bool whole) {
+  int i = slot_of(s, s->body_token);
+  if (whole && i >= 0)
+    s->flags[i] &= (uint16_t)~F_BODY;
+  s->body = B_NONE;
+  s->sink = NULL;
+  s->body_continue = false;
+  nr_channel_unwatch(&s->watch);
+  if (s->body_held)
+    body_hold(s, false);
+}
+
+/* Nothing more is parsed (the body is given up): from inside a feed the
+ * parser is told to stop (deliver_piece returns 1 on `closing`); outside
+ * one its input goes now. Reads stay held: what the client sends now is
+ * left to the close that follows the answer. */
+static void halt_parser(nr_http_server_t *s) {
+  if (!nr_inbound_busy(&s->in)) {
+    nr_http_parser_free(&s->parser);
+    s->parser.stopped = true;
+  } else {
+    s->halted = true;
+  }
+}
+
+/* The body is given up quietly (its request was answered first, or the
+ * handlers failed on it): a sink is told. */
+static void stop_body(nr_http_server_t *s) {
+  nr_http_sink_t *k = s->sink;
+  body_over(s, false);
+  halt_parser(s);
+  body_hold(s, true);
+  if (k != NULL)
+    k->abort(k, "http_server: the request was answered before its body "
+             "was read");
+}
+
+/* The body is cut short (the client closed, or the codec left): its sink
+ * or the handlers hear why. */
+static void body_gone(nr_http_server_t *s, const char *why) {
+  nr_http_sink_t *k = s->sink;
+  body_over(s, false);
+  if (k != NULL) {
+    k->abort(k, why);
+  } else {
+    nr_err_t err = {-ECONNRESET, why};
+    nr_ctx_fire_exception(s->ctx, &err);
+  }
+}
+
+/* The body went wrong (bad framing, over max_body, a timeout): given up,
+ * told, and its request answered `status` in its turn -- or, if its
+ * answer has begun, the connection closes after it. */
+static void fail_body(nr_http_server_t *s, int status, const char *why) {
+  nr_http_sink_t *k = s->sink;
+  int i = slot_of(s, s->body_token);
+  body_over(s, false);
+  halt_parser(s);
+  body_hold(s, true);
+  if (k != NULL) {
+    k->abort(k, why);
+  } else {
+    nr_err_t err = {status == 413 ? NR_ETOOLONG : -EBADMSG, why};
+    nr_ctx_fire_exception(s->ctx, &err);
+  }
+  if (i < 0 || s->closing)
+    return;                    /* answered already: it closes after */
+  s->flags[i] |= F_CLOSE;
+  if ((s->flags[i] & A_MASK) != A_OWED) {
+    s->flags[i] |= F_ACLOSE;   /* its answer is under way (or held): then
+                                  the close */
+    return;
+  }
+  s->fail_status = status;
+  if (nr_channel_is_open(nr_ctx_channel(s->ctx)))
+    answer_failed(s, (unsigned)i);   /* (held behind earlier answers) */
+}
+
+/* A streamed head: fired, and its body waits to be read (the parser is
+ * told to pause) unless a handler read it meanwhile. */
+static int streamed_head(nr_http_server_t *s, nr_http_request_t *req) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  s->body = B_WAIT;
+  s->body_token = req->token;
+  s->body_continue = req->expect_continue;
+  req->codec = s->ctx;
+  req->body = NULL;
+  nr_ctx_fire_read_tokened(s->ctx, req, req->token, true);
+  if (s->in.removed || s->closing || !nr_channel_is_open(ch) ||
+      s->body == B_NONE)
+    return 1;                  /* (B_NONE: given up meanwhile) */
+  if (s->body == B_WAIT) {
+    body_hold(s, true);
+    return NR_HTTP_PAUSE;      /* until it is read */
+  }
+  return nr_inbound_hold(&s->in, ch) ? NR_HTTP_PAUSE : 0;
+}
+
+/* Whether where the body goes can take more. */
+static bool sink_full(const nr_http_server_t *s) {
+  return s->watch.ch != NULL && nr_channel_is_open(s->watch.ch) &&
+         !nr_channel_is_writable(s->watch.ch);
+}
+
+/* A piece of the body: to the sink, or to the handlers; then stop if
+ * where it goes is full. */
+static int deliver_piece(nr_http_server_t *s, const nr_http_request_t *req) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  nr_http_body_t b = {NR_MSG_HTTP_BODY, req->last, req->body, req->body_len,
+                      req->trailers, req->ntrailers, s->body_token};
+  nr_http_sink_t *k = s->sink;
+  int i = slot_of(s, s->body_token);
+  bool go = true, close = i >= 0 && (s->flags[i] & F_CLOSE);
+  if (req->last)
+    body_over(s, true);        /* (the request may be answered keep-alive) */
+  if (k != NULL)
+    go = k->piece(k, &b);
+  else
+    nr_ctx_fire_read_tokened(s->ctx, &b, b.token, false);
+  if (s->in.removed || s->closing || s->halted || !nr_channel_is_open(ch))
+    return 1;
+  if (req->last)
+    return close ? 1 : nr_inbound_hold(&s->in, ch) ? NR_HTTP_PAUSE : 0;
+  if (s->body == B_NONE)
+    return 1;                  /* given up meanwhile (drop_sink) */
+  if (!go || sink_full(s)) {
+    s->body = B_PAUSED;
+    body_hold(s, true);
+    return NR_HTTP_PAUSE;
+  }
+  return nr_inbound_hold(&s->in, ch) ? NR_HTTP_PAUSE : 0;
+}
+
+/* From the task body_go queued: parse what is held, as a read would. */
+static void body_parse(void *state, nr_ctx_t *ctx) {
+  nr_http_server_t *s = state;
+  if (nr_inbound_busy(&s->in) || s->closing || s->body == B_PAUSED ||
+      !nr_channel_is_open(nr_ctx_channel(ctx)))
+    return;
+  if (nr_buf_len(&s->parser.in) > 0 && feed(s, NULL, 0))
+    nr_ctx_fire_read_complete(ctx);
+}
+
+/* The body may flow: first from its head's wait ("100 Continue" if the
+ * client waits for it), or again after a pause. */
+static void body_go(nr_http_server_t *s) {
+  if (s->body == B_WAIT && s->body_continue) {
+    s->body_continue = false;
+    send_continue(s);
+  }
+  s->body = B_FLOW;
+  body_hold(s, false);
+  if (nr_buf_len(&s->parser.in) > 0)
+    nr_codec_resume(s->ctx, s, &s->body_resume, body_parse);
+  else if (!nr_inbound_busy(&s->in))
+    settle(s);                 /* the client's turn: timed */
+}
+
+/* Where the body goes turned writable (or closed: the handlers' writes
+ * fail there, and they hear it): on. */
+static void sink_changed(nr_chwatch_t *w, nr_channel_t *ch) {
+  nr_http_server_t *s = (nr_http_server_t *)((char *)w -
+                                             offsetof(nr_http_server_t, watch));
+  if (!nr_channel_is_open(ch))
+    nr_channel_unwatch(w);
+  if (s->body == B_PAUSED && !sink_full(s))
+    body_go(s);
+}
+
+int nr_http_server_read(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->body == B_WAIT && s->sink == NULL)
+    body_go(s);
+  return nr_ctx_read(ctx);
+}
+
+int nr_http_server_claim_body(nr_ctx_t *ctx, uint64_t token, nr_http_sink_t *k) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->body != B_WAIT || s->body_token != token || s->closing)
+    return -ENOENT;
+  s->sink = k;
+  body_go(s);
+  return 0;
+}
+
+void nr_http_server_drop_sink(nr_ctx_t *ctx, nr_http_sink_t *k) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->sink != k || s->body == B_NONE)
+    return;
+  body_over(s, false);         /* (F_BODY stays: the answer closes) */
+  halt_parser(s);
+  body_hold(s, true);
+}
+
+void nr_http_server_resume_body(nr_ctx_t *ctx) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->body == B_PAUSED)
+    body_go(s);
+}
+
+int nr_http_server_read_body(nr_ctx_t *ctx, uint64_t token, nr_channel_t *sink) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->body == B_NONE || s->body_token != token || s->sink != NULL ||
+      s->closing)
+    return -ENOENT;
+  if (sink != NULL && sink != s->watch.ch) {
+    nr_channel_unwatch(&s->watch);
+    s->watch.fn = sink_changed;
+    nr_channel_watch(sink, &s->watch);
+  }
+  if (s->body == B_WAIT)
+    body_go(s);
+  return 0;
+}
+
 static bool upgrade_h2c(nr_http_server_t *s, nr_http_request_t *req);
 
 static int deliver(void *arg, int ev, nr_http_request_t *req) {
   nr_http_server_t *s = arg;
   nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  if (ev == NR_HTTP_EV_BODY)
+    return deliver_piece(s, req);
   if (req->switches && ev == NR_HTTP_EV_REQUEST && s->o.h2 && !s->tls &&
       s->outstanding == 0 && upgrade_h2c(s, req))
     return NR_HTTP_SWITCHED;   /* the rest of the input is HTTP/2's */
@@ -1036,7 +1350,7 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
   if (__builtin_expect(s->delivered == 0, 0))
     nr_channel_established(ch);
   uint8_t f = (req->head ? F_HEAD : 0) | (req->keep_alive ? 0 : F_CLOSE) |
-              (req->minor == 0 ? F_HTTP10 : 0);
+              (req->minor == 0 ? F_HTTP10 : 0) | (req->streaming ? F_BODY : 0);
   unsigned slot = (s->oldest + s->outstanding) % RING;
   s->flags[slot] = f;
   if ((req->body_len | s->admitted) != 0 && s->budget != NULL)
@@ -1051,6 +1365,8 @@ static int deliver(void *arg, int ev, nr_http_request_t *req) {
    * it may switch protocols, when what follows is theirs to read. */
   req->token = ++s->delivered;
   req->pipeline = nr_ctx_pipeline(s->ctx);
+  if (req->streaming)
+    return streamed_head(s, req);
   nr_ctx_fire_read_tokened(s->ctx, req, req->token, !req->switches);
   if (s->in.removed && req->switches && nr_channel_is_open(ch))
     return NR_HTTP_SWITCHED;   /* replaced by the new protocol's codec */
@@ -1108,6 +1424,18 @@ static bool feed(nr_http_server_t *s, const char *data, size_t len) {
     return false;
   if (s->overflow)
     rc = 503;
+  if (rc > 1 && s->body != B_NONE) {
+    nr_inbound_enter_quiet(&s->in);    /* (its answer may close: s goes) */
+    fail_body(s, rc, rc == 413 ? "http_server: the request body is over "
+              "max_body" : "http_server: malformed request body");
+    if (nr_inbound_leave(&s->in)) {
+      server_free(s);
+      return false;
+    }
+    if (s->in.removed)
+      return false;
+    rc = 0;                    /* (answered in its turn) */
+  }
   if (rc > 1 && s->h2 == NULL && !s->closing &&
       nr_channel_is_open(nr_ctx_channel(s->ctx))) {
     if (s->outstanding > 0)
@@ -1257,7 +1585,7 @@ int nr__http_misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
 
 /* Connection: close beside any Connection the user set (in a list, close
  * wins); keep-alive for an HTTP/1.0 client that keeps the connection. */
-static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
+static char *put_connection(char *w, uint16_t f, unsigned user, bool close) {
   if (close && !(user & U_CLOSE))
     return PUT_LIT(w, "Connection: close\r\n");
   if (!close && !(user & U_CONN) && (f & F_HTTP10))
@@ -1269,7 +1597,7 @@ static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
  * it: framing, the user's headers, Connection, the blank line (the order
  * of a prepared response's bytes, so that a table and its prepared form
  * -- lhttp_memo.c sends one as the other -- give the same bytes). */
-static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
+static char *put_head(char *w, const nr_http_response_t *r, uint16_t f,
                       unsigned user, bool bodyless, bool close) {
   if (r->stream) {
     if (!bodyless && !(f & F_HTTP10))
@@ -1289,10 +1617,12 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
 #define HEAD_FIXED 128
 
 /* Whether the response to the request with flags f closes the
- * connection: the request asked, or the user's headers say so. (An error
- * answer waiting behind it follows it, and closes.) */
-static bool closes(uint8_t f, unsigned user) {
-  return (f & F_CLOSE) || (user & U_CLOSE);
+ * connection: the request asked, its streamed body has not all been read
+ * (what is left of it cannot be told from a next request), or the user's
+ * headers say so. (An error answer waiting behind it follows it, and
+ * closes.) */
+static bool closes(uint16_t f, unsigned user) {
+  return (f & (F_CLOSE | F_BODY)) || (user & U_CLOSE);
 }
 
 /* A response table for slot i (owed). */
@@ -1302,7 +1632,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   if (r->status < 100 || r->status > 999)
     return nr__http_misuse(ctx, p, "http_server: bad status %d", r->status);
   nr_http_count_status(r->status);
-  uint8_t f = s->flags[i];
+  uint16_t f = s->flags[i];
   size_t need;
   unsigned user = nr__http_user_flags(r, &need);
   bool close = closes(f, user) ||
@@ -1336,7 +1666,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   if (rc < 0)
     return rc;
   if (r->stream) {
-    s->flags[i] |= (uint8_t)((no_body ? A_DISCARD : (f & F_HTTP10) ? A_RAW
+    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD : (f & F_HTTP10) ? A_RAW
                                                                    : A_CHUNKED) |
                              (close ? F_ACLOSE : 0));
     s->streams++;
@@ -1352,7 +1682,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
                                    unsigned i, const nr_http_prepared_t *pr,
                                    nr_promise_t *p) {
   (void)ctx;
-  uint8_t f = s->flags[i];
+  uint16_t f = s->flags[i];
   bool close = closes(f, pr->user);
   nr_http_count_status(pr->status);
   bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
@@ -1438,7 +1768,7 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
     total += parts[k].len;
   int rc = 0;
   if (total == 0) {
-    s->flags[i] &= (uint8_t)~A_MASK;
+    s->flags[i] &= (uint16_t)~A_MASK;
     s->streams--;
     if (how == A_CHUNKED) {
       nr_bytes_t end = NR_BYTES("0\r\n\r\n", 5);
@@ -1547,6 +1877,6 @@ const nr_handler_t nr_http_server_handler = {
     .type = "http_server", .added = nr_http_server_added, .removed = nr_http_server_removed,
     .active = nr_http_server_active, .inactive = nr_http_server_inactive,
     .channel_read = nr_http_server_channel_read,
-    .writability_changed = nr_http_server_writability,
+    .writability_changed = nr_http_server_writability, .read = nr_http_server_read,
     .user_event = nr_http_server_user_event,
     .write = nr_http_server_write, .read_failed = nr_http_server_read_failed};

@@ -103,6 +103,7 @@
 #include <string.h>
 
 #include "lhttp_req.h"
+#include "lhttp_stream.h"
 
 #define CLASS "netrun.codec.http_server"
 
@@ -223,6 +224,15 @@ static uint32_t put_text(req_t *q, uint32_t *off, const char *s, size_t n) {
 
 /* The request's metatable and body, once its fields are in place. */
 static void request_done(lua_State *L, const nr_http_request_t *r) {
+  if (r->streaming) {          /* (rare: a class with __gc of its own) */
+    req_t *q = lua_touserdata(L, -1);
+    q->streaming = true;
+    q->chunked = r->chunked;
+    q->content_length = r->content_length;
+    q->codec = r->codec ? nr_ctx_retain(r->codec) : NULL;
+    luaL_setmetatable(L, REQ_STREAM_CLASS);
+    return;
+  }
   if (lnr_push_ref(L, &lnr_http_part(L)->request_mt_ref) != LUA_TTABLE) {
     lua_pop(L, 1);
     luaL_getmetatable(L, REQ_CLASS);
@@ -267,6 +277,7 @@ static void push_request(lua_State *L, void *msg) {
     len += r->headers[i].name_len + r->headers[i].value_len;
   req_t *q = lua_newuserdatauv(L, sizeof *q + n * sizeof(rhdr_t) + len, 2);
   uint32_t off = 0;
+  memset(q, 0, sizeof *q);
   q->tag = &REQ_TAG;
   q->pipe = r->pipeline;
   q->token = r->token;
@@ -350,10 +361,11 @@ static void push_fields(lua_State *L, const req_t *q, size_t from, size_t n) {
 }
 
 enum { F_NONE, F_METHOD, F_PATH, F_QUERY, F_VERSION, F_HEADERS, F_BODY,
-       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, F_STREAM, NFIELDS };
+       F_KEEP_ALIVE, F_TRAILERS, F_ARGS, F_TARGET, F_STREAM, F_STREAMING,
+       NFIELDS };
 static const char *const field_names[NFIELDS] = {
     NULL, "method", "path", "query", "version", "headers", "body",
-    "keep_alive", "trailers", "args", "target", "stream"};
+    "keep_alive", "trailers", "args", "target", "stream", "streaming"};
 
 /* ---- query arguments ---------------------------------------------------------- */
 
@@ -473,9 +485,13 @@ static void push_field(lua_State *L, int ud, int f) {
   case F_BODY:
     if (lua_getiuservalue(L, ud, 1) != LUA_TSTRING) {
       lua_pop(L, 1);
-      lua_pushliteral(L, "");
+      if (q->streaming)
+        lua_pushnil(L);        /* it follows as messages */
+      else
+        lua_pushliteral(L, "");
     }
     break;
+  case F_STREAMING: lua_pushboolean(L, q->streaming); break;
   case F_KEEP_ALIVE: lua_pushboolean(L, q->keep_alive); break;
   case F_ARGS:               /* made once, kept, like the headers */
     req_fields(L, ud, true);
@@ -509,7 +525,13 @@ static int req_index(lua_State *L) {
       return 1;
     lua_pop(L, 2);
   }
-  push_field(L, 1, field_of(L, 2));
+  int f = field_of(L, 2);
+  if (f == F_NONE && lua_type(L, 2) == LUA_TSTRING &&
+      strcmp(lua_tostring(L, 2), "sink") == 0) {
+    lua_pushcfunction(L, lnr_http_req_sink);
+    return 1;
+  }
+  push_field(L, 1, f);
   return 1;
 }
 
@@ -523,8 +545,11 @@ static int req_newindex(lua_State *L) {
 
 /* All fields in the fields table, which is left pushed. */
 static void req_materialize(lua_State *L, int ud) {
+  const req_t *q = lua_touserdata(L, ud);
   req_fields(L, ud, true);
   for (int f = F_METHOD; f < NFIELDS; f++) {
+    if (f == F_STREAMING && !q->streaming)
+      continue;                /* (a field of streamed requests only) */
     if (lua_getfield(L, -1, field_names[f]) == LUA_TNIL) {
       push_field(L, ud, f);
       lua_setfield(L, -3, field_names[f]);
@@ -567,6 +592,8 @@ static int req_tostring(lua_State *L) {
   return 1;
 }
 
+static int req_gc(lua_State *L);
+
 static void open_request_class(lua_State *L) {
   if (luaL_newmetatable(L, REQ_CLASS)) {
     static const luaL_Reg m[] = {
@@ -580,7 +607,41 @@ static void open_request_class(lua_State *L) {
     lua_pushvalue(L, -1);
     lnr_set_ref(L, &lnr_http_part(L)->request_mt_ref);
   }
-  lua_pop(L, 1);
+  if (luaL_newmetatable(L, REQ_STREAM_CLASS)) {   /* the same, and __gc */
+    luaL_getmetatable(L, REQ_CLASS);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, -5);
+    }
+    lua_pop(L, 1);
+    lua_pushcfunction(L, req_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 2);
+}
+
+/* A streamed request lets go of its codec's context. */
+static int req_gc(lua_State *L) {
+  req_t *q = lua_touserdata(L, 1);
+  if (q != NULL && lua_rawlen(L, 1) >= sizeof *q && q->tag == &REQ_TAG &&
+      q->codec != NULL) {
+    nr_ctx_release(q->codec);
+    q->codec = NULL;
+  }
+  return 0;
+}
+
+bool lnr_http_request_body(lua_State *L, int idx, lnr_http_body_ref_t *b) {
+  const req_t *q = lua_touserdata(L, idx);
+  if (q == NULL || lua_rawlen(L, idx) < sizeof *q || q->tag != &REQ_TAG ||
+      !q->streaming)
+    return false;
+  *b = (lnr_http_body_ref_t){.codec = q->codec, .token = q->token,
+                             .chunked = q->chunked,
+                             .content_length = q->content_length};
+  return true;
 }
 
 /* ---- responses from Lua -------------------------------------------------------- */
@@ -804,6 +865,7 @@ static const nr_handler_t lua_http_vt = {
     .channel_read = nr_http_server_channel_read,
     .read_failed = nr_http_server_read_failed,
     .writability_changed = nr_http_server_writability,
+    .read = nr_http_server_read,
     .user_event = nr_http_server_user_event,
     .write = lwrite, .flags = NR_HANDLER_SYNC_WRITE};
 
@@ -851,7 +913,7 @@ static int l_http_server(lua_State *L) {
       "body_timeout", "keepalive_timeout", "body_budget", "conn_body_budget",
       "h2", "h2_max_streams", "h2_window", "h2_reset_burst", "h2_reset_rate",
       "h2_flood_burst", "h2_flood_rate", "h2_max_continuations",
-      "h2_send_timeout", NULL};
+      "h2_send_timeout", "body", NULL};
   lnr_opts_t t;
   lnr_opts_open(&t, L, 1, "netrun.codec.http_server", keys, false);
   conf_t o;
@@ -888,6 +950,7 @@ static int l_http_server(lua_State *L) {
   h->max_continuations = (uint32_t)lnr_opt_integer(
       &t, "h2_max_continuations", NR_H2_MAX_CONTINUATIONS, 1, 1024);
   h->send_timeout = lnr_opt_seconds(&t, "h2_send_timeout", NR_H2_SEND_TIMEOUT);
+  o.stream_bodies = lnr_http_body_option(L, "netrun.codec.http_server");
   conf_t *c = lua_newuserdatauv(L, sizeof *c, 0);
   *c = o;
   luaL_setmetatable(L, CLASS);
@@ -896,12 +959,13 @@ static int l_http_server(lua_State *L) {
 
 static int l_tostring(lua_State *L) {
   conf_t *c = luaL_checkudata(L, 1, CLASS);
-  char b[384];
-  snprintf(b, sizeof b, CLASS "{ max_header = %zu, max_body = %zu, "
+  char b[448];
+  snprintf(b, sizeof b, CLASS "{ %smax_header = %zu, max_body = %zu, "
            "body_budget = %llu, conn_body_budget = %llu, "
            "max_headers = %zu, header_timeout = %g, body_timeout = %g, "
            "keepalive_timeout = %g, h2 = %s, h2_max_streams = %u }",
-           c->max_header, c->max_body,
+           c->stream_bodies ? "body = \"stream\", " : "", c->max_header,
+           c->max_body,
            (unsigned long long)c->body_budget,
            (unsigned long long)c->conn_body_budget, c->max_headers,
            (double)c->header_timeout / 1e9, (double)c->body_timeout / 1e9,
@@ -914,6 +978,7 @@ static int l_tostring(lua_State *L) {
 static void register_converter(void) {
   lnr_register_msg(NR_MSG_HTTP_REQUEST, push_request);
   lnr_register_msg(NR_MSG_HTTP_PREPARED, push_prepared);
+  lnr_http_stream_register();
 }
 
 static void open_http(lua_State *L) {

@@ -7,6 +7,12 @@
  *     max_body = 1 << 20,     -- decoded body; more: an error
  *     max_headers = 100,      -- header + trailer lines (at most 512)
  *     raw = false,            -- true: responses as prepared responses
+ *     stream = false,         -- true: a response with a body comes as its
+ *                             -- head ({ ..., streaming = true }, no body),
+ *                             -- then { type = "body", data, last } pieces,
+ *                             -- one per read at most (turn the channel's
+ *                             -- auto_read off to pace it); max_body still
+ *                             -- bounds the whole (not with raw)
  *   })
  *
  * Written to it, a request table is encoded (other values pass on):
@@ -259,7 +265,8 @@ static void push_reply(lua_State *L, void *msg) {
     lua_setfield(L, -2, "retry");
     return;
   }
-  if (r->raw && (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
+  if (r->raw && !r->streaming &&
+      (r->keep_alive ? push_raw(L, r) : push_raw_closing(L, r)))
     return;
   lua_createtable(L, 0, 7);
   lua_pushinteger(L, r->status);
@@ -274,8 +281,13 @@ static void push_reply(lua_State *L, void *msg) {
     push_fields(L, r->trailers, r->ntrailers);
     lua_setfield(L, -2, "trailers");
   }
-  lua_pushlstring(L, r->body, r->body_len);
-  lua_setfield(L, -2, "body");
+  if (r->streaming) {          /* its body follows, in pieces */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "streaming");
+  } else {
+    lua_pushlstring(L, r->body, r->body_len);
+    lua_setfield(L, -2, "body");
+  }
   lua_pushboolean(L, r->keep_alive);
   lua_setfield(L, -2, "keep_alive");
 }
@@ -552,11 +564,12 @@ static const struct { const char *k; size_t n; int t; } options[] = {
     OPT("headers", LUA_TTABLE), OPT("method", LUA_TSTRING),
     OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
     OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
-    OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN)};
+    OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN),
+    OPT("stream", LUA_TBOOLEAN)};
 #undef OPT
 static const char *const option_names[] = {
     "url", "forward", "headers", "method", "body", "timeout", "max_body",
-    "tls", "follow", "follow_downgrade", NULL};
+    "tls", "follow", "follow_downgrade", "stream", NULL};
 
 /* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are
  * compared first: most options differ in length. */
@@ -613,7 +626,8 @@ bool lnr_http_check_request(lua_State *L, int idx, int base) {
   lnr_opts_t o = {.L = L, .t = idx, .what = "netrun.http.request"};
   if (lua_type(L, idx) != LUA_TTABLE)       /* (raises) */
     lnr_opts_open(&o, L, idx, o.what, NULL, true);
-  bool forward = false, method_or_body = false, converted = false;
+  bool forward = false, method_or_body = false, converted = false,
+       stream = false, stream_body = false;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     size_t n = 0;
@@ -633,10 +647,15 @@ bool lnr_http_check_request(lua_State *L, int idx, int base) {
       forward = true;
     } else if (want == LUA_TNUMBER) {
       converted |= check_number(&o, i);
+    } else if (i == LNR_HOPT_BODY && t == LUA_TFUNCTION) {
+      stream_body = true;                    /* (with stream = true only) */
+      method_or_body = true;
     } else if (want != LUA_TNONE && t != want) {
       lnr_opt_bad(&o, k, -1, want == LUA_TTABLE     ? "a table"
                              : want == LUA_TBOOLEAN ? "a boolean"
                                                     : "a string");
+    } else if (i == LNR_HOPT_STREAM && lua_toboolean(L, -1)) {
+      stream = true;
     } else if (want == LUA_TSTRING) {        /* method or body */
       method_or_body = true;
     }
@@ -647,6 +666,8 @@ bool lnr_http_check_request(lua_State *L, int idx, int base) {
   if (forward && method_or_body)
     lnr_opts_error(&o, "forward takes the request's method and body: give "
                    "neither");
+  if (stream_body && !stream)
+    lnr_opts_error(&o, "a body that is a function needs stream = true");
   return converted;
 }
 
@@ -701,7 +722,7 @@ both Content-Length and Transfer-Encoding is refused.
 
 static int l_http_client(lua_State *L) {
   static const char *const keys[] = {"max_header", "max_body", "max_headers",
-                                     "raw", "h2", NULL};
+                                     "raw", "h2", "stream", NULL};
   lnr_opts_t t;
   lnr_opts_open(&t, L, 1, CLASS, keys, false);
   nr_http_client_opts_t o;
@@ -710,6 +731,10 @@ static int l_http_client(lua_State *L) {
   o.max_headers = (size_t)lnr_opt_integer(&t, "max_headers", 100, 1,
                                           NR_HTTP_MAX_HEADERS);
   o.raw = lnr_opt_boolean(&t, "raw", false);
+  o.stream = lnr_opt_boolean(&t, "stream", false);
+  if (o.raw && o.stream)
+    lnr_opts_error(&t, "raw and stream cannot go together (a raw response "
+                   "is prepared whole)");
   o.h2 = NR_H2C_OFF;           /* h2 = "auto" | true | false */
   if (!lua_isnoneornil(L, 1)) {
     int ty = lua_getfield(L, 1, "h2");
@@ -730,11 +755,12 @@ static int l_http_client(lua_State *L) {
 static int l_tostring(lua_State *L) {
   nr_http_client_opts_t *c = luaL_checkudata(L, 1, CLASS);
   lua_pushfstring(L, CLASS "{ max_header = %I, max_body = %I, "
-                  "max_headers = %I, raw = %s, h2 = %s }",
+                  "max_headers = %I, raw = %s, h2 = %s%s }",
                   (lua_Integer)c->max_header,
                   (lua_Integer)c->max_body, (lua_Integer)c->max_headers,
                   c->raw ? "true" : "false",
-                  c->h2 == NR_H2C_AUTO ? "\"auto\"" : c->h2 ? "true" : "false");
+                  c->h2 == NR_H2C_AUTO ? "\"auto\"" : c->h2 ? "true" : "false",
+                  c->stream ? ", stream = true" : "");
   return 1;
 }
 

@@ -9,6 +9,7 @@
 #include "lhttp.h"
 
 #define REQ_CLASS "netrun.http.request"
+#define REQ_STREAM_CLASS "netrun.http.request (streamed)"
 
 typedef struct rhdr_s {
   uint32_t name, name_len, value, value_len;   /* offsets into the text */
@@ -22,6 +23,12 @@ typedef struct req_s {
   uint32_t method_len, path, path_len, query, query_len, target, target_len;
   uint16_t nheaders, ntrailers;
   bool has_query, keep_alive, http11;
+  /* A streamed head's (body = "stream"): its body follows as messages,
+   * framed so (chunked, or content_length bytes), from the codec at
+   * `codec` (retained; released by the streamed class's __gc). */
+  bool streaming, chunked;
+  uint64_t content_length;
+  nr_ctx_t *codec;
   rhdr_t h[];                  /* headers, trailers, then the text */
 } req_t;
 
