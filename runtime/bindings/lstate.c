@@ -29,7 +29,9 @@
 int luaopen_netrun_core(lua_State *L);
 
 static const char STATE_KEY = 0;
-static nr_loop_t *main_loop;
+/* The main thread's loop. Other threads read it (a signal thread asking
+ * the main thread to stop), so it is published once made and set up. */
+static _Atomic(nr_loop_t *) main_loop;
 static lnr_state_t *main_state;
 
 /* The last lookup, per thread: a thread runs one state (its loop's, or
@@ -104,16 +106,14 @@ void lnr_push_weak_keyed(lua_State *L, int *ref, const void *key,
   keep_in_ref(L, ref);
 }
 
-nr_loop_t *lnr_main_loop(void) { return main_loop; }
+nr_loop_t *lnr_main_loop(void) { return atomic_load(&main_loop); }
 
 nr_loop_t *lnr_swap_main_loop(nr_loop_t *l) {
-  nr_loop_t *old = main_loop;
-  main_loop = l;
   if (main_state != NULL) {
     main_state->loop = l;
     nr_loop_set_data(l, main_state);
   }
-  return old;
+  return atomic_exchange(&main_loop, l);
 }
 
 /* ---- protected calls ---------------------------------------------------- */
@@ -127,7 +127,7 @@ static const char *global_hint(lua_State *L, const char *msg) {
   static const char pat[] = "a nil value (global '";
   const lnr_state_t *S = state_of(L);
   const char *at = strstr(msg, pat);
-  if (S == NULL || S->main || S->loop == NULL || S->loop == main_loop ||
+  if (S == NULL || S->main || S->loop == NULL || S->loop == lnr_main_loop() ||
       at == NULL)
     return msg;
   const char *name = at + sizeof pat - 1, *end = strchr(name, '\'');
@@ -656,9 +656,9 @@ static int sentinel_gc(lua_State *L) {
     return 0;      /* a loop is stuck and may use all this: the process ends */
   if (main_state && main_state->L == L) {
     lnr_modules_close(main_state);          /* while its loop is there */
-    nr_loop_set_data(main_loop, NULL);
-    nr_loop_free(main_loop);
-    main_loop = NULL;
+    nr_loop_t *m = atomic_exchange(&main_loop, NULL);
+    nr_loop_set_data(m, NULL);
+    nr_loop_free(m);
     free(main_state);
     main_state = NULL;
   }
@@ -683,7 +683,7 @@ void lnr_open_state(lua_State *L) {
     lnr_state_t *S = lua_newuserdatauv(L, lnr_state_size(), 0);
     memset(S, 0, lnr_state_size());
     S->L = L;
-    S->loop = main_loop;
+    S->loop = lnr_main_loop();
     lua_newtable(L);                         /* its parts close with it */
     lua_pushcfunction(L, second_state_gc);
     lua_setfield(L, -2, "__gc");
@@ -693,14 +693,15 @@ void lnr_open_state(lua_State *L) {
     lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
     return;
   }
-  main_loop = nr_loop_new(&(nr_loop_opts_t){.name = "main", .external = true});
+  nr_loop_t *m = nr_loop_new(&(nr_loop_opts_t){.name = "main", .external = true});
   main_state = calloc(1, lnr_state_size());
-  if (main_loop == NULL || main_state == NULL)
+  if (m == NULL || main_state == NULL)
     luaL_error(L, "netrun: cannot create the main loop");
   main_state->L = L;
-  main_state->loop = main_loop;
+  main_state->loop = m;
   main_state->main = true;
-  nr_loop_set_data(main_loop, main_state);
+  nr_loop_set_data(m, main_state);
+  atomic_store(&main_loop, m);              /* set up: others may see it */
   lua_pushlightuserdata(L, main_state);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
   lua_newuserdatauv(L, 1, 0);

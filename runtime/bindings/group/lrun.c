@@ -44,7 +44,9 @@ static int wake_task(void *arg) {
 
 static void ask_stop(void) {
   atomic_store(&stop_asked, true);
-  nr_loop_execute(lnr_main_loop(), wake_task, NULL);   /* it looks again */
+  nr_loop_t *m = lnr_main_loop();          /* NULL before the state is open */
+  if (m != NULL)
+    nr_loop_execute(m, wake_task, NULL);   /* it looks again */
 }
 
 /* One look at everything that may keep the process alive: the main
