@@ -1002,6 +1002,15 @@ bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg);
 void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
                               bool deferrable);
 uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg);
+/* The token of the read being handled on ctx's pipeline now: the
+ * innermost nr_ctx_fire_read_tokened's, or what a binding that delivers a
+ * read after its fire (a Lua read batch) set with nr_ctx_set_reading
+ * around its handler's call; 0 when none. The HTTP server codec answers
+ * that request with a response written meanwhile. nr_ctx_set_reading
+ * returns the token it replaces, for the caller to put back. Loop
+ * thread. */
+uint64_t nr_ctx_reading(const nr_ctx_t *ctx);
+uint64_t nr_ctx_set_reading(nr_ctx_t *ctx, uint64_t token);
 void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token);
 
 /* Writes with no promise: a write mark stands in for one. */

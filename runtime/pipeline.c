@@ -244,6 +244,15 @@ uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg) {
   OWNED(ctx->pipe);
   return msg == ctx->pipe->tokened ? ctx->pipe->token : 0;
 }
+uint64_t nr_ctx_reading(const nr_ctx_t *ctx) {
+  return ctx->pipe->token;
+}
+uint64_t nr_ctx_set_reading(nr_ctx_t *ctx, uint64_t token) {
+  OWNED(ctx->pipe);
+  uint64_t outer = ctx->pipe->token;
+  ctx->pipe->token = token;
+  return outer;
+}
 /* To the nearest handler before ctx that asked (a removed ctx keeps its
  * way back). */
 void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token) {

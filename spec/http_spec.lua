@@ -218,13 +218,12 @@ describe("http_server on raw connections", function()
     c:close()
   end)
 
-  -- KNOWN TO FAIL, hence pending: the codec takes each answer for the
-  -- oldest request owed, in the order answers are written, so an answer
-  -- written early for a later request goes out first, labelled for the
-  -- earlier one (seen with this spec and with Python's raw socket: /first
-  -- /second /third answered /second, /third, /first). Un-pend it with the
-  -- fix (RFC 9112 9.3.2: answers in the order of the requests).
-  pending("answers pipelined requests in order when an earlier one is answered last", function()
+  -- RFC 9112 9.3.2: answers in the order of the requests. Before the codec
+  -- held a later request's answer, each answer was taken for the oldest
+  -- request owed in the order written: /first /second /third went out as
+  -- /second, /third, /first, each labelled for the wrong request (more in
+  -- http_pipelining_spec.lua).
+  it("answers pipelined requests in order when an earlier one is answered last", function()
     local Later = {}
     function Later:channel_read(ctx, req)
       local res = { status = 200, body = req.path }

@@ -4,12 +4,20 @@
  * the requests, and encodes the responses written to it (http_encode.c),
  * in request order. Loop thread only.
  *
- * Answering. Responses go out in request order: the handler keeps a ring
- * of what it must remember about each delivered, unanswered request (HEAD,
- * HTTP/1.0, "close the connection after it"). Once a request that ends the
- * connection is delivered nothing more is parsed. A protocol error waits
- * for the responses still owed, then is answered and the channel closed
- * (after a half-close that lets the client stop sending: close_after_error).
+ * Answering. Responses go out in request order (RFC 9112 9.3.2): the
+ * handler keeps a ring of what it must remember about each delivered,
+ * unanswered request (HEAD, HTTP/1.0, "close the connection after it") and
+ * the state of its answer. A response written while a request is being
+ * handled (its channel_read, through handlers that pass it on: the
+ * pipeline's reading token, nr_ctx_reading) answers that request; one
+ * written later answers the oldest request still owed one (what a handler
+ * that answers in order expects). An answer for a request behind one
+ * still owed is encoded at once but held (http_hold.c) until the answers
+ * before it are out, then written in order ("answering in order" below).
+ * Once a request that ends the connection is delivered nothing more is
+ * parsed. A protocol error waits for the responses still owed, then is
+ * answered and the channel closed (after a half-close that lets the
+ * client stop sending: close_after_error).
  *
  * Encoding. When the codec's writes go straight to the channel's head (no
  * handler between, no promise), a response is encoded in place at the end
@@ -33,18 +41,26 @@
 #include "codec/h2.h"
 #include "codec/http.h"
 #include "codec/http_encode.h"
+#include "codec/http_hold.h"
 #include "codec/http_parse.h"
 #include "tls/tls.h"
 
 /* ---- the handler ------------------------------------------------------------------------ */
 
-#define RING 64
-enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8,
-       F_BODY = 16 };         /* F_BODY: its streamed body is not all read */
+#define RING NR_HTTP_HOLD_SLOTS
+/* A ring slot's flags: its request's (HEAD, "close after it", HTTP/1.0),
+ * F_FAILED (a handler raised on it), F_BODY (its streamed body is not all
+ * read), and its answer's state: A_OWED (none begun), a streamed answer
+ * open (A_CHUNKED, A_RAW for HTTP/1.0, A_DISCARD for a body nobody may
+ * see), or A_DONE (whole, held behind an earlier one); F_ACLOSE: the
+ * connection closes after that answer. */
+enum { F_HEAD = 1, F_CLOSE = 2, F_HTTP10 = 4, F_FAILED = 8, F_BODY = 16,
+       F_ACLOSE = 0x100 };
+enum { A_OWED = 0, A_CHUNKED = 0x20, A_RAW = 0x40, A_DISCARD = 0x60,
+       A_DONE = 0x80, A_MASK = 0xE0 };
 /* A streamed body (body = "stream"): none; its head delivered, the body
  * waiting to be read; flowing; paused (its sink is full). */
 enum { B_NONE, B_WAIT, B_FLOW, B_PAUSED };
-enum { S_NONE, S_CHUNKED, S_RAW, S_DISCARD };
 
 /* What the connection waits for, as its timeouts see it: W_NONE for the
  * server (a request is being answered, or the codec holds input until the
@@ -63,10 +79,12 @@ struct nr_http_server_s {
   uint64_t delivered;         /* requests delivered: the last one's token */
   unsigned outstanding;       /* delivered, not yet answered */
   unsigned oldest;            /* ring index of the oldest of those */
-  uint8_t flags[RING];
+  uint16_t flags[RING];
   int pending_error;          /* status to answer once nothing is owed */
-  int stream;                 /* a streamed response is open: how */
-  bool stream_close;          /* close when that stream ends */
+  unsigned streams;           /* streamed answers open */
+  unsigned to;                /* the slot the write in progress answers */
+  size_t held_out;            /* answer bytes held (counted by the channel) */
+  nr__http_hold_t *hold;      /* what they are, by slot (NULL: none yet) */
   bool closing;               /* answered the last request: read nothing */
   bool continue_owed;         /* a "100 Continue" waits for responses */
   bool overflow;              /* too many unanswered requests */
@@ -327,6 +345,7 @@ static NOINLINE void settle(nr_http_server_t *s) {
 
 static void send_error(nr_http_server_t *s, int status);
 static void server_free(nr_http_server_t *s);
+static void drop_held(nr_http_server_t *s);
 
 /* ---- the body budget ----
  *
@@ -592,6 +611,7 @@ static void server_free(nr_http_server_t *s) {
   if (s->prof != NULL)
     profile_put(s->prof);
   free(s->resv);
+  nr__http_hold_free(s->hold);   /* (dropped with the channel's count first) */
   nr_inbound_free(&s->in);
   nr_http_parser_free(&s->parser);
   free(s);
@@ -617,6 +637,7 @@ void nr_http_server_removed(nr_ctx_t *ctx) {
               "of a request body");
   if (s->outstanding > 0)     /* nobody will answer them through us */
     nr_channel_unhold(nr_ctx_channel(ctx));
+  drop_held(s);
   budget_leave(s);            /* (an upgrade: the next protocol reads on) */
   if (s->idle) {
     s->idle = false;
@@ -645,29 +666,34 @@ int nr_http_server_inactive(nr_ctx_t *ctx) {
   s->wait = W_NONE;
   unlist(s);
   budget_leave(s);
+  drop_held(s);
   nr_ctx_fire_inactive(ctx);
   return 0;
 }
 
-static int write_out(nr_ctx_t *ctx, out_t *o, const char *body, size_t blen,
-                     nr_promise_t *p) {
+static int emit(nr_http_server_t *s, unsigned i, void *msg, nr_promise_t *p);
+
+/* The encoded answer for slot i, and the body after it: on to the next
+ * handler, or held. */
+static int write_out(nr_http_server_t *s, unsigned i, out_t *o,
+                     const char *body, size_t blen, nr_promise_t *p) {
   int rc;
   if (o->direct) {            /* in place: a body too big to copy follows */
-    nr_ctx_write_commit(ctx, o->len);
+    nr_ctx_write_commit(s->ctx, o->len);
     if (blen == 0)
       return 0;
     nr_bytes_t b = NR_BYTES(body, blen);
-    return nr_ctx_write(ctx, &b, p);
+    return emit(s, i, &b, p);
   }
   if (o->failed) {
     rc = nr_raise(-ENOMEM, "http_server: out of memory encoding a response");
   } else if (blen == 0) {
     nr_bytes_t b = NR_BYTES(o->p, o->len);
-    rc = nr_ctx_write(ctx, &b, p);
+    rc = emit(s, i, &b, p);
   } else {
     nr_slice_t v[2] = {{o->p, o->len}, {body, blen}};
     nr_slices_t sl = {NR_MSG_SLICES, v, 2};
-    rc = nr_ctx_write(ctx, &sl, p);
+    rc = emit(s, i, &sl, p);
   }
   nr__http_out_done(o);
   return rc;
@@ -726,10 +752,10 @@ static void close_after_error(nr_http_server_t *s, nr_promise_t *p) {
     nr_promise_release(p);
 }
 
-/* An answer of the codec's own: status, its reason as the plain-text body
- * (none to HEAD); p (or NULL) learns when it has left. */
-static void write_status(nr_http_server_t *s, int status, bool close,
-                         bool head, nr_promise_t *p) {
+/* An answer of the codec's own for slot i: status, its reason as the
+ * plain-text body (none to HEAD); p (or NULL) learns when it has left. */
+static void write_status(nr_http_server_t *s, unsigned i, int status,
+                         bool close, bool head, nr_promise_t *p) {
   out_t o;
   nr__http_out_init(&o);
   const char *reason = nr_http_reason(status);
@@ -746,13 +772,13 @@ static void write_status(nr_http_server_t *s, int status, bool close,
     nr__http_out_str(&o, reason);
     OUT_LIT(&o, "\n");
   }
-  write_out(s->ctx, &o, NULL, 0, p);
+  write_out(s, i, &o, NULL, 0, p);
 }
 
 static void send_error(nr_http_server_t *s, int status) {
   s->closing = true;
   nr_promise_t *p = nr_promise_new();
-  write_status(s, status, true, false, p);
+  write_status(s, s->oldest, status, true, false, p);   /* (none owed) */
   nr_ctx_flush(s->ctx);
   close_after_error(s, p);
 }
@@ -766,28 +792,147 @@ static void send_continue(nr_http_server_t *s) {
   nr_ctx_flush(s->ctx);
 }
 
-/* A response was completed: forget its request, close, or answer a
- * pending error or send a "100 Continue" owed if that was the last
- * response owed before them. */
+/* ---- answering in order ----
+ *
+ * Each delivered request's ring slot says how far its answer has got
+ * (A_*). A response goes to the request being handled now -- the
+ * pipeline's reading token (nr_ctx_reading: set while the request is
+ * fired, and by the Lua read batch while its channel_read runs), when no
+ * answer of its own has begun -- else to the oldest request still owed
+ * one (target); a chunk to the streamed answer of the request being
+ * handled, else to the oldest one open (stream_slot). What is written for
+ * the oldest request goes on at once (the usual case, and the only one
+ * without pipelining); what is written for a later one is held, in write
+ * order, with its promises (emit, http_hold.c), and counted toward the
+ * channel's water marks (nr_channel_hold_bytes), so that a channel
+ * holding answers past write_buffer_high turns unwritable: the codec
+ * parses no further request (deliver: nr_inbound_hold), reads nothing,
+ * and handlers that watch writability stop producing. When the oldest
+ * answer is whole (finish_response), the held answers behind it are sent
+ * in order (release), up to one not yet whole (an open stream then goes
+ * straight on) or still owed. A close after an answer drops what is held
+ * behind it (drop_held), failing the promises of its writes: those
+ * requests were never to be answered.
+ *
+ * A handler that raises on a request (read_failed) gets a 500 written
+ * for that very request, held behind earlier answers like any other; one
+ * whose streamed answer had begun cannot end well: the connection closes
+ * when that answer's turn comes. */
+
+/* Whether what is written for slot i now must wait: i is behind the
+ * oldest request owed, or bytes held for i go first (a write made from
+ * the events of their sending). */
+static inline bool holds(const nr_http_server_t *s, unsigned i) {
+  return i != s->oldest || nr__http_hold_has(s->hold, i);
+}
+
+/* The slot of request `token` while it is owed an answer, else RING. */
+static inline unsigned slot_owed(const nr_http_server_t *s, uint64_t token) {
+  uint64_t k = token - (s->delivered - s->outstanding + 1);
+  return token != 0 && k < s->outstanding ? (s->oldest + (unsigned)k) % RING
+                                          : RING;
+}
+
+static inline bool streaming(uint16_t f) {
+  unsigned a = f & A_MASK;
+  return a != A_OWED && a != A_DONE;
+}
+
+/* The slot a response written now answers (see above), RING when none
+ * may be answered; *open_own: the request being handled has a streamed
+ * answer open (a response written over it is a mistake). */
+static unsigned target(const nr_http_server_t *s, uint64_t token,
+                       bool *open_own) {
+  unsigned i = slot_owed(s, token);
+  *open_own = i != RING && streaming(s->flags[i]);
+  if (i != RING && (s->flags[i] & A_MASK) == A_OWED)
+    return i;
+  for (unsigned k = 0; k < s->outstanding; k++) {
+    i = (s->oldest + k) % RING;
+    if ((s->flags[i] & A_MASK) == A_OWED)
+      return i;
+  }
+  return RING;
+}
+
+/* The slot of the streamed answer a chunk written now belongs to
+ * (s->streams > 0). */
+static unsigned stream_slot(const nr_http_server_t *s, uint64_t token) {
+  unsigned i = slot_owed(s, token);
+  if (i != RING && streaming(s->flags[i]))
+    return i;
+  for (unsigned k = 0; k < s->outstanding; k++) {
+    i = (s->oldest + k) % RING;
+    if (streaming(s->flags[i]))
+      return i;
+  }
+  return s->oldest;            /* (not reached while streams > 0) */
+}
+
+/* Bytes of slot i's answer: on to the next handler, or held. */
+static int emit(nr_http_server_t *s, unsigned i, void *msg, nr_promise_t *p) {
+  if (!holds(s, i))
+    return nr_ctx_write(s->ctx, msg, p);
+  ptrdiff_t n = nr__http_hold_add(&s->hold, i, msg, p);
+  if (n < 0)
+    return nr_raise(-ENOMEM, "http_server: out of memory holding an answer");
+  s->held_out += (size_t)n;
+  nr_channel_hold_bytes(nr_ctx_channel(s->ctx), n);
+  return 0;
+}
+
+/* Room to encode slot i's answer in: in place when it goes on at once. */
+static inline char *begin(nr_http_server_t *s, unsigned i, out_t *o,
+                          size_t need, nr_promise_t *p) {
+  if (!holds(s, i))
+    return out_start(o, s->ctx, need, p);
+  nr__http_out_init(o);
+  return out_reserve(o, need);
+}
+
+/* Everything held is dropped (a close): never to be sent. */
+static void drop_held(nr_http_server_t *s) {
+  nr__http_hold_t *h = s->hold;
+  if (h == NULL)
+    return;
+  s->hold = NULL;              /* (failed promises' listeners may write) */
+  size_t n = nr__http_hold_free(h);
+  s->held_out -= n;
+  nr_channel_hold_bytes(nr_ctx_channel(s->ctx), -(ptrdiff_t)n);
+}
+
 static inline void finish_response(nr_http_server_t *s, bool close);
 
-/* A handler raised on the oldest request owed and left it unanswered: a
- * 500 answers it in its turn, so that no later answer is taken for it. An
- * answer it had begun (a stream) cannot end well: close. */
-static void answer_failed(nr_http_server_t *s) {
-  uint8_t f = s->flags[s->oldest];
-  if (s->stream != S_NONE) {
-    s->closing = true;
-    nr_ctx_close(s->ctx, NULL);
-    return;
-  }
+/* Slot i's answer is whole: its request is forgotten when it is the
+ * oldest, else its answer waits, whole, for its turn. */
+static inline void answered(nr_http_server_t *s, unsigned i, bool close) {
+  if (!holds(s, i))
+    finish_response(s, close);
+  else
+    s->flags[i] = (uint16_t)((s->flags[i] & ~A_MASK) | A_DONE |
+                             (close ? F_ACLOSE : 0));
+}
+
+/* A handler raised on the request in slot i (or its body failed:
+ * fail_status), whose answer has not begun: a 500 (or that status)
+ * answers it, in its turn. */
+static void answer_failed(nr_http_server_t *s, unsigned i) {
+  uint16_t f = s->flags[i];
   int status = s->fail_status ? s->fail_status : 500;
   bool close = (f & (F_CLOSE | F_HTTP10 | F_BODY)) != 0 ||  /* 1.0: no */
                s->fail_status != 0;              /* keep-alive header */
   s->fail_status = 0;
-  write_status(s, status, close, f & F_HEAD, NULL);
-  nr_ctx_flush(s->ctx);
-  finish_response(s, close);
+  write_status(s, i, status, close, f & F_HEAD, NULL);
+  if (!holds(s, i))
+    nr_ctx_flush(s->ctx);
+  answered(s, i, close);
+}
+
+/* An answer begun cannot end well: close (what is held is dropped). */
+static void abort_answer(nr_http_server_t *s) {
+  s->closing = true;
+  drop_held(s);
+  nr_ctx_close(s->ctx, NULL);
 }
 
 static void stop_body(nr_http_server_t *s);
@@ -799,27 +944,81 @@ void nr_http_server_read_failed(nr_ctx_t *ctx, uint64_t token) {
     nr_h2_server_read_failed(s->h2, token);
     return;
   }
-  uint64_t oldest = s->delivered - s->outstanding + 1;
-  if (token < oldest || token > s->delivered || s->closing)
+  unsigned i = slot_owed(s, token);
+  if (i == RING || s->closing || (s->flags[i] & A_MASK) == A_DONE)
     return;                   /* answered already (exception_caught did) */
   if (s->body != B_NONE && token == s->body_token)
     stop_body(s);             /* its body goes nowhere now */
-  s->flags[(s->oldest + (unsigned)(token - oldest)) % RING] |= F_FAILED;
-  if (token == oldest)
-    answer_failed(s);
+  if ((s->flags[i] & A_MASK) == A_OWED)
+    answer_failed(s, i);
+  else if (holds(s, i))
+    s->flags[i] |= F_FAILED;  /* its stream is held: closed in its turn */
+  else
+    abort_answer(s);
 }
 
 static NOINLINE void finished(nr_http_server_t *s, bool close);
 
-static inline void finish_response(nr_http_server_t *s, bool close) {
+/* The oldest request's answer is out: forget it. True when more are
+ * owed. */
+static inline bool forget_oldest(nr_http_server_t *s) {
   if (s->resv != NULL && s->resv[s->oldest] != 0)
     budget_answered(s);
   s->oldest = (s->oldest + 1) % RING;
-  if (--s->outstanding == 0)   /* (a close it brings waits for our return) */
-    nr_channel_unhold(nr_ctx_channel(s->ctx));
-  else if (!close && !(s->flags[s->oldest] & F_FAILED))
+  if (--s->outstanding > 0)
+    return true;
+  nr_channel_unhold(nr_ctx_channel(s->ctx));  /* (a close it brings waits
+                                                  for our return) */
+  return false;
+}
+
+static inline void finish_response(nr_http_server_t *s, bool close) {
+  if (forget_oldest(s) && !close &&
+      !(s->flags[s->oldest] & (F_FAILED | A_MASK)))
     return;                    /* the usual when pipelined: more are owed */
   finished(s, close);
+}
+
+/* The oldest request owed has (part of) its answer held: send it, and
+ * the whole answers after it, up to one still owed or open (which goes
+ * on straight from now). 1: the connection closes after the last one
+ * sent; 0: go on; -1: the codec went away or closed meanwhile. */
+static NOINLINE int release(nr_http_server_t *s) {
+  nr_channel_t *ch = nr_ctx_channel(s->ctx);
+  int rc = 0;
+  nr_inbound_enter_quiet(&s->in);      /* a write's events may remove us */
+  while (rc == 0 && s->outstanding > 0) {
+    unsigned i = s->oldest;
+    while (nr__http_hold_has(s->hold, i) && !s->in.removed) {
+      size_t n;
+      nr__http_hold_pop(s->hold, i, s->ctx, &n);
+      s->held_out -= n;
+      nr_channel_hold_bytes(ch, -(ptrdiff_t)n);
+    }
+    uint16_t f = s->flags[i];
+    if (s->in.removed || s->closing || !nr_channel_is_open(ch)) {
+      rc = -1;
+    } else if ((f & A_MASK) != A_DONE) {  /* owed, or streaming on */
+      if (streaming(f) && (f & F_FAILED))
+        abort_answer(s);
+      break;
+    } else {                            /* whole: forgotten */
+      forget_oldest(s);
+      if (f & F_ACLOSE)
+        rc = 1;
+    }
+  }
+  if (!s->in.removed)
+    nr_ctx_flush(s->ctx);
+  if (s->held_out == 0 && nr__http_hold_empty(s->hold)) {
+    nr__http_hold_free(s->hold);        /* (1 KiB a connection otherwise) */
+    s->hold = NULL;
+  }
+  if (nr_inbound_leave(&s->in)) {
+    server_free(s);
+    return -1;
+  }
+  return rc;
 }
 
 /* The request just answered asked for the close (Connection: close, or
@@ -829,17 +1028,25 @@ static inline void finish_response(nr_http_server_t *s, bool close) {
  * (nginx lingers only on unread or pipelined input too). Bytes already
  * in the socket still make the close linger (start_linger's FIONREAD). */
 static bool client_closes(const nr_http_server_t *s) {
-  uint8_t f = s->flags[(s->oldest + RING - 1) % RING];
+  uint16_t f = s->flags[(s->oldest + RING - 1) % RING];
   return (f & F_CLOSE) && s->outstanding == 0 &&
          nr__http_parsing_head(&s->parser) && nr_buf_len(&s->parser.in) == 0;
 }
 
 /* What finish_response does besides forgetting the request. */
 static NOINLINE void finished(nr_http_server_t *s, bool close) {
+  if (!close && s->outstanding > 0 &&
+      (s->flags[s->oldest] & (F_FAILED | A_MASK))) {
+    int rc = release(s);       /* its turn came */
+    if (rc < 0)
+      return;
+    close = rc;
+  }
   if (close && s->body != B_NONE && s->body_token <= s->delivered - s->outstanding)
     stop_body(s);              /* answered before its body was all read */
   if (close) {
     s->closing = true;
+    drop_held(s);              /* answers to requests after the close */
     /* a client may pipeline past the request that closes: what it sends
      * meanwhile must not turn our close into a reset that destroys the
      * answers it has not read yet -- unless the client closes itself */
@@ -848,8 +1055,7 @@ static NOINLINE void finished(nr_http_server_t *s, bool close) {
     nr_ctx_flush(s->ctx);
     nr_ctx_close(s->ctx, NULL);
   } else if (s->outstanding > 0) {
-    if (s->flags[s->oldest] & F_FAILED)
-      answer_failed(s);       /* its turn came */
+    return;                    /* an answer is owed, or streaming */
   } else if (s->pending_error) {
     send_error(s, s->pending_error);
   } else if (s->continue_owed) {
@@ -903,7 +1109,7 @@ static void body_hold(nr_http_server_t *s, bool held) {
 static void body_over(nr_http_server_t *s, bool whole) {
   int i = slot_of(s, s->body_token);
   if (whole && i >= 0)
-    s->flags[i] &= (uint8_t)~F_BODY;
+    s->flags[i] &= (uint16_t)~F_BODY;
   s->body = B_NONE;
   s->sink = NULL;
   s->body_continue = false;
@@ -968,12 +1174,14 @@ static void fail_body(nr_http_server_t *s, int status, const char *why) {
   if (i < 0 || s->closing)
     return;                    /* answered already: it closes after */
   s->flags[i] |= F_CLOSE;
-  if (i == (int)s->oldest && s->stream != S_NONE)
-    return;                    /* its answer is under way: then the close */
-  s->flags[i] |= F_FAILED;
+  if ((s->flags[i] & A_MASK) != A_OWED) {
+    s->flags[i] |= F_ACLOSE;   /* its answer is under way (or held): then
+                                  the close */
+    return;
+  }
   s->fail_status = status;
-  if (i == (int)s->oldest && nr_channel_is_open(nr_ctx_channel(s->ctx)))
-    answer_failed(s);
+  if (nr_channel_is_open(nr_ctx_channel(s->ctx)))
+    answer_failed(s, (unsigned)i);   /* (held behind earlier answers) */
 }
 
 /* A streamed head: fired, and its body waits to be read (the parser is
@@ -1372,7 +1580,7 @@ int nr__http_misuse(nr_ctx_t *ctx, nr_promise_t *p, const char *fmt, ...) {
 
 /* Connection: close beside any Connection the user set (in a list, close
  * wins); keep-alive for an HTTP/1.0 client that keeps the connection. */
-static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
+static char *put_connection(char *w, uint16_t f, unsigned user, bool close) {
   if (close && !(user & U_CLOSE))
     return PUT_LIT(w, "Connection: close\r\n");
   if (!close && !(user & U_CONN) && (f & F_HTTP10))
@@ -1384,7 +1592,7 @@ static char *put_connection(char *w, uint8_t f, unsigned user, bool close) {
  * it: framing, the user's headers, Connection, the blank line (the order
  * of a prepared response's bytes, so that a table and its prepared form
  * -- lhttp_memo.c sends one as the other -- give the same bytes). */
-static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
+static char *put_head(char *w, const nr_http_response_t *r, uint16_t f,
                       unsigned user, bool bodyless, bool close) {
   if (r->stream) {
     if (!bodyless && !(f & F_HTTP10))
@@ -1403,35 +1611,23 @@ static char *put_head(char *w, const nr_http_response_t *r, uint8_t f,
  * chunk's size line and CRLF: 38 + 24 + 2 + 20 bytes at most. */
 #define HEAD_FIXED 128
 
-/* A response may be written: no stream open, a request to answer. */
-static int check_turn(nr_http_server_t *s, nr_ctx_t *ctx, nr_promise_t *p) {
-  if (s->stream != S_NONE)
-    return nr__http_misuse(ctx, p, "http_server: a response written while a streamed "
-                  "one is open (end it with \"\" or false)");
-  if (s->outstanding == 0)
-    return nr__http_misuse(ctx, p, "http_server: a response with no request to answer");
-  return 0;
-}
-
-/* Whether the response to the oldest request (flags f) closes the
+/* Whether the response to the request with flags f closes the
  * connection: the request asked, its streamed body has not all been read
  * (what is left of it cannot be told from a next request), or the user's
  * headers say so. (An error answer waiting behind it follows it, and
  * closes.) */
-static bool closes(uint8_t f, unsigned user) {
+static bool closes(uint16_t f, unsigned user) {
   return (f & (F_CLOSE | F_BODY)) || (user & U_CLOSE);
 }
 
+/* A response table for slot i (owed). */
 static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
-                                   const nr_http_response_t *r,
+                                   unsigned i, const nr_http_response_t *r,
                                    nr_promise_t *p) {
-  int rc = check_turn(s, ctx, p);
-  if (rc < 0)
-    return rc;
   if (r->status < 100 || r->status > 999)
     return nr__http_misuse(ctx, p, "http_server: bad status %d", r->status);
   nr_http_count_status(r->status);
-  uint8_t f = s->flags[s->oldest];
+  uint16_t f = s->flags[i];
   size_t need;
   unsigned user = nr__http_user_flags(r, &need);
   bool close = closes(f, user) ||
@@ -1447,7 +1643,7 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   size_t copy = chunk || blen <= SMALL_BODY ? blen : 0;
   need += status_room(r->reason) + HEAD_FIXED + copy;
   out_t o;
-  char *w = out_start(&o, ctx, need, p);
+  char *w = begin(s, i, &o, need, p);
   if (w != NULL) {
     w = nr__http_put_status(w, r->status, r->reason, user);
     w = put_head(w, r, f, user, bodyless, close);
@@ -1461,27 +1657,27 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
       w = PUT_LIT(w, "\r\n");
     o.len = (size_t)(w - o.p);
   }
-  rc = write_out(ctx, &o, body, blen - copy, p);
+  int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
   if (r->stream) {
-    s->stream = no_body ? S_DISCARD : (f & F_HTTP10) ? S_RAW : S_CHUNKED;
-    s->stream_close = close;
+    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD : (f & F_HTTP10) ? A_RAW
+                                                                   : A_CHUNKED) |
+                             (close ? F_ACLOSE : 0));
+    s->streams++;
   } else {
-    finish_response(s, close);
+    answered(s, i, close);
   }
   return 0;
 }
 
-/* A prepared response: its bytes, with the date and a Connection line put
- * in, the body copied when small, left out for HEAD. */
+/* A prepared response for slot i (owed): its bytes, with the date and a
+ * Connection line put in, the body copied when small, left out for HEAD. */
 static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
-                                   const nr_http_prepared_t *pr,
+                                   unsigned i, const nr_http_prepared_t *pr,
                                    nr_promise_t *p) {
-  int rc = check_turn(s, ctx, p);
-  if (rc < 0)
-    return rc;
-  uint8_t f = s->flags[s->oldest];
+  (void)ctx;
+  uint16_t f = s->flags[i];
   bool close = closes(f, pr->user);
   nr_http_count_status(pr->status);
   bool no_body = bodyless_status(pr->status) || (f & F_HEAD);
@@ -1490,7 +1686,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
   const char *body = pr->bytes + head + 2;
   out_t o;
   /* Connection: 26 at most */
-  char *w = out_start(&o, ctx, head + 26 + 2 + copy, p);
+  char *w = begin(s, i, &o, head + 26 + 2 + copy, p);
   if (w != NULL) {
     w = put(w, pr->bytes, head);
     w = put_connection(w, f, pr->user, close);
@@ -1499,21 +1695,43 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
       memcpy(o.p + pr->date_at, nr_http_date(), DATE_LEN);
     o.len = (size_t)(w - o.p);
   }
-  rc = write_out(ctx, &o, body, blen - copy, p);
+  int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
-  finish_response(s, close);
+  answered(s, i, close);
   return 0;
 }
 
-/* The usual case of write_prepared -- a keep-alive HTTP/1.1 GET's turn, no
- * stream open, no error waiting, no promise -- is the bytes as they are and
- * the date, encoded in place in the outbound buffer: straight-line code
- * with nothing to decide. 1 when it is not that case. */
+/* A response (table or prepared): for the request it answers (target), or
+ * a mistake. */
+static NOINLINE int respond(nr_http_server_t *s, nr_ctx_t *ctx, void *msg,
+                            nr_promise_t *p) {
+  bool open_own;
+  unsigned i = target(s, nr_ctx_reading(ctx), &open_own);
+  if (open_own || (i == RING && s->streams > 0))
+    return nr__http_misuse(ctx, p, "http_server: a response written while a streamed "
+                  "one is open (end it with \"\" or false)");
+  if (i == RING)
+    return nr__http_misuse(ctx, p, "http_server: a response with no request to answer");
+  if (nr_msg_type(msg) == NR_MSG_HTTP_PREPARED)
+    return write_prepared(s, ctx, i, msg, p);
+  return write_response(s, ctx, i, msg, p);
+}
+
+/* The usual case of write_prepared -- a keep-alive HTTP/1.1 GET's turn,
+ * the oldest request owed (and the one being handled, if any), no error
+ * waiting, no promise -- is the bytes as they are and the date, encoded in
+ * place in the outbound buffer: straight-line code with nothing to
+ * decide. 1 when it is not that case. */
 static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
                               const nr_http_prepared_t *pr, nr_promise_t *p) {
-  if (s->outstanding == 0 || s->flags[s->oldest] != 0 || s->stream ||
+  if (s->outstanding == 0 || s->flags[s->oldest] != 0 ||
       s->pending_error || pr->plain_len == 0 || p != NULL)
+    return 1;
+  /* a later request being handled: its answer is held (k - 1 wraps for
+   * the oldest, k = 0, and for none, token 0) */
+  uint64_t k = nr_ctx_reading(ctx) - (s->delivered - s->outstanding + 1);
+  if (k - 1 < (uint64_t)s->outstanding - 1)
     return 1;
   char *w = nr_ctx_write_reserve(ctx, pr->plain_len);
   if (w == NULL)
@@ -1530,6 +1748,8 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
 /* A byte write while a stream is open: one chunk, or the end. */
 static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
                                 void *msg, nr_promise_t *p) {
+  unsigned i = stream_slot(s, nr_ctx_reading(ctx));
+  int how = s->flags[i] & A_MASK;
   size_t total = 0, n = 1;
   nr_slice_t one, *parts = &one;
   if (nr_msg_type(msg) == NR_MSG_BYTES) {
@@ -1539,28 +1759,29 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
     parts = (nr_slice_t *)sl->v;
     n = sl->n;
   }
-  for (size_t i = 0; i < n; i++)
-    total += parts[i].len;
+  for (size_t k = 0; k < n; k++)
+    total += parts[k].len;
   int rc = 0;
   if (total == 0) {
-    int how = s->stream;
-    s->stream = S_NONE;
-    if (how == S_CHUNKED) {
+    s->flags[i] &= (uint16_t)~A_MASK;
+    s->streams--;
+    if (how == A_CHUNKED) {
       nr_bytes_t end = NR_BYTES("0\r\n\r\n", 5);
-      rc = nr_ctx_write(ctx, &end, p);
+      rc = emit(s, i, &end, p);
     } else if (p) {
       nr_promise_set_success(p, NULL, NULL);
     }
-    finish_response(s, s->stream_close);
+    answered(s, i, s->flags[i] & F_ACLOSE);
     return rc;
   }
-  if (s->stream == S_DISCARD) {
+  if (how == A_DISCARD) {
     if (p)
       nr_promise_set_success(p, NULL, NULL);
     return 0;
   }
-  if (s->stream == S_RAW)
-    return nr_ctx_write(ctx, msg, p);
+  if (how == A_RAW)
+    return emit(s, i, msg, p);
+  (void)ctx;
   char size[24];
   int sl = snprintf(size, sizeof size, "%zx\r\n", total);
   nr_slice_t small[18], *v = n + 2 <= 18 ? small : malloc((n + 2) * sizeof *v);
@@ -1570,7 +1791,7 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   memcpy(v + 1, parts, n * sizeof *v);
   v[n + 1] = (nr_slice_t){"\r\n", 2};
   nr_slices_t out = {NR_MSG_SLICES, v, n + 2};
-  rc = nr_ctx_write(ctx, &out, p);
+  rc = emit(s, i, &out, p);
   if (v != small)
     free(v);
   return rc;
@@ -1589,12 +1810,11 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (s->h2 != NULL)
     return write_h2(s, msg, p);
   int type = nr_msg_type(msg);
-  if (type == NR_MSG_HTTP_PREPARED)
-    return write_plain(s, ctx, msg, p) == 0 ? 0
-           : write_prepared(s, ctx, msg, p);
-  if (type == NR_MSG_HTTP_RESPONSE)
-    return write_response(s, ctx, msg, p);
-  if (s->stream != S_NONE && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
+  if (type == NR_MSG_HTTP_PREPARED && write_plain(s, ctx, msg, p) == 0)
+    return 0;
+  if (type == NR_MSG_HTTP_PREPARED || type == NR_MSG_HTTP_RESPONSE)
+    return respond(s, ctx, msg, p);
+  if (s->streams != 0 && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
     return write_chunk(s, ctx, msg, p);
   return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */
 }

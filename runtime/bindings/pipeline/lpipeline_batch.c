@@ -137,6 +137,8 @@ static void deliver_reads(lua_State *L, lnr_state_t *S, lnr_batch_t *b) {
     S->ctx = ctx;
     S->read_ctx = ctx;                 /* restored by batch_settle */
     S->read_token = batch_token(b, i);
+    nr_ctx_set_reading(ctx, S->read_token);   /* (the HTTP codec answers
+                                                  it: also restored there) */
     lua_call(L, 3, 0);
     if (b->next < b->n && b->may_hold && !nr_channel_is_writable(ch)) {
       b->stalled = true;               /* read_complete now: it flushes */
@@ -151,6 +153,7 @@ static void deliver_reads(lua_State *L, lnr_state_t *S, lnr_batch_t *b) {
 static void deliver_complete(lua_State *L, lnr_state_t *S, lnr_batch_t *b) {
   const lh_t *h = b->owner;
   b->complete = false;
+  nr_ctx_set_reading(b->ctx, 0);       /* no read is being handled */
   if (h == NULL) {
     nr_ctx_fire_read_complete(b->ctx);
   } else if (h->rec->read_complete_ref == LUA_NOREF) {
@@ -215,6 +218,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   bool converting = S->converting;     /* may be called from a handler */
   const void *read_ctx = S->read_ctx;  /* and within one's read */
   uint64_t read_token = S->read_token;
+  uint64_t reading = nr_ctx_reading(ctx);
   LNR_STACK_BEGIN(L);
   S->converting = true;                /* what is made here, unprotected */
   b->draining = true;
@@ -244,6 +248,7 @@ static void batch_settle(lnr_state_t *S, bool complete, bool may_hold) {
   S->converting = converting;
   S->read_ctx = read_ctx;
   S->read_token = read_token;
+  nr_ctx_set_reading(ctx, reading);
   nr_ctx_release(ctx);
 }
 
