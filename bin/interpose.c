@@ -26,8 +26,7 @@
  * runtime itself reads neither (runtime/clock.c: clock_gettime), so the
  * production cost is on these two calls alone; clock_gettime(2) is not
  * interposed (that would put a call on nr_now's path), and a C module
- * that calls it reads the system's clock inside a world (README,
- * "Testing on virtual time").
+ * that calls it reads the system's clock inside a world (docs/guide/simulation.md).
  */
 #include <dlfcn.h>
 #include <stdatomic.h>

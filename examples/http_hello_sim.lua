@@ -3,7 +3,7 @@
 --   netrun --sim 1-100 examples/http_hello_sim.lua     (from the repo's root)
 -- runs every scenario once per seed, in milliseconds of wall time although
 -- they wait minutes of virtual time; a failure prints its seed and the
--- command that replays it. README, "Testing on virtual time".
+-- command that replays it. docs/guide/simulation.md.
 local S = {}
 
 -- nginx's default keep-alive timeout (75 s) closes an idle client: on

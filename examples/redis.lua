@@ -250,7 +250,7 @@ end
 -- exception_caught. A reply is a string or, for a large value, an array
 -- of strings written gathered. A client that pipelines and reads nothing
 -- turns the channel unwritable: the handler then gets the rest of the
--- burst only once the replies have drained (read batches, README), and
+-- burst only once the replies have drained (read batches, docs/guide/handlers-and-pipelines.md), and
 -- the RESP codec reads nothing meanwhile.
 local VOID = netrun.void_promise()
 

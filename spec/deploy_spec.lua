@@ -1,4 +1,4 @@
--- deploy_spec.lua -- the deployment model of the README: several netrun
+-- deploy_spec.lua -- the deployment model of docs/guide/operating.md: several netrun
 -- processes (examples/counter.lua) share state in one Redis through the
 -- stream client, whether each has a port of its own (hosts behind a load
 -- balancer) or all share one port with reuseport. A real redis-server

@@ -1,4 +1,4 @@
--- http2_limits_spec.lua -- the HTTP/2 server's limits (README's limits
+-- http2_limits_spec.lua -- the HTTP/2 server's limits (docs/guide/limits.md's limits
 -- table) under the attacks they are for: each attack (spec/h2/attacks.py,
 -- frames written by hand) runs against a fresh netrun process serving
 -- spec/fixtures/h2_app.lua for at most ATTACK s, and must end with the GOAWAY

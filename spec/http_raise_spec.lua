@@ -149,7 +149,7 @@ describe("a handler that raises on an HTTP request", function()
 end)
 
 -- The same guarantee whatever stands between the codec and the app: the
--- README's netrun.handler.metrics, Lua middleware that passes requests on
+-- netrun.handler.metrics of docs/guide/operating.md, Lua middleware that passes requests on
 -- (as they are, wrapped in a new table, later from a task or a future's
 -- listener), native handlers, several of them, a handler on an executor
 -- group; a real netrun process and curl (one connection: /boom, /ok, /boom).

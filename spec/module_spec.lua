@@ -6,7 +6,7 @@
 local H = require "spec.helper"
 local netrun = H.netrun
 
--- Public, documented in DESIGN.md §4/§8/§9 and the README.
+-- Public, documented in DESIGN.md §4/§8/§9 and docs/guide/.
 local EAGER = { "all", "channel_group", "codec", "connect", "current", "embedded",
                 "executor_group", "group", "handler", "log", "now", "option", "promise",
                 "reload", "run", "server", "shared", "sleep", "spawn", "tls", "udp",

@@ -1,10 +1,10 @@
 -- package_spec.lua -- DESIGN.md §8.5 "Install": `cpack -G DEB` builds the
 -- netrun package. Its contents and dependencies are checked with dpkg-deb,
 -- its documentation against Debian's policy (copyright, changelog.Debian.gz
--- and a README under /usr/share/doc/netrun) and by lintian, which must
--- report no error (skipped, saying so, only where lintian is not installed:
--- scripts/deps.sh installs it), and the extracted tree serves
--- examples/echo.lua. Nothing is installed on the machine (dpkg -i would
+-- and a README, with the guide of docs/guide/, under /usr/share/doc/netrun)
+-- and by lintian, which must report no error (skipped, saying so, only
+-- where lintian is not installed: scripts/deps.sh installs it), and the
+-- extracted tree serves examples/echo.lua. Nothing is installed on the machine (dpkg -i would
 -- be): the package is unpacked in a temporary directory.
 local H = require "spec.helper"
 
@@ -52,7 +52,7 @@ describe("cpack -G DEB", function()
     end
   end)
 
-  it("ships copyright, changelog.Debian.gz and a README under /usr/share/doc/netrun", function()
+  it("ships copyright, changelog.Debian.gz, a README and the guide under /usr/share/doc/netrun", function()
     local list = sh("dpkg-deb -c " .. deb)
     for _, f in ipairs { "copyright", "changelog.Debian.gz", "README.md" } do
       local line = list:match("[^\n]*%./usr/share/doc/netrun/" .. f:gsub("%.", "%%.") .. "\n")
@@ -72,6 +72,16 @@ describe("cpack -G DEB", function()
     assert.matches("^Format: https://www%.debian%.org/doc/packaging%-manuals/copyright%-format/1%.0/", copyright)
     assert.matches("\nFiles: %*\nCopyright: [^\n]+\nLicense: ", copyright)
     assert.matches("^# netrun", H.read_file(doc .. "README.md"))
+    -- the guide the README links to, every page of docs/guide/
+    local pages = H.run("cd " .. root .. "/docs/guide && ls *.md")
+    local n = 0
+    for page in pages:gmatch("[^\n]+") do
+      local line = list:match("[^\n]*%./usr/share/doc/netrun/guide/" .. page:gsub("[%.%-]", "%%%0") .. "\n")
+      assert.is_truthy(line, "guide/" .. page .. " not in /usr/share/doc/netrun:\n" .. list)
+      assert.matches("^%-rw%-r%-%-r%-%- root/root", line)
+      n = n + 1
+    end
+    assert.is_true(n >= 10, n .. " guide pages")
   end)
 
   local have_lintian = H.run("command -v lintian"):match("lintian") ~= nil

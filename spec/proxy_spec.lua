@@ -176,7 +176,7 @@ describe("examples/proxy.lua", function()
     -- (the kernel completes the connects). 12 clients each pipeline 4
     -- POSTs of 8 MiB (384 MiB offered); the proxy's defaults (a body
     -- budget of 32 MiB per loop, 16 MiB per connection) keep its RSS
-    -- within 128 MiB (README: 3 x the budget and 64 KiB per client).
+    -- within 128 MiB (docs/guide/http-client.md: 3 x the budget and 64 KiB per client).
     local silent = assert(socket.bind("127.0.0.1", 0, 128))
     local _, sport = silent:getsockname()
     local port2 = H.free_port()

@@ -239,7 +239,7 @@ describe("README and docs code", function()
     assert.is_true(ran >= 8, ran .. " blocks run")
   end)
 
-  it("the commands of README's first code block and the examples it names exist", function()
+  it("the commands of README's first code block and the examples README and docs/guide name exist", function()
     local first
     for _, b in ipairs(ALL) do
       if b.file == "README.md" then first = b break end
@@ -268,14 +268,21 @@ describe("README and docs code", function()
       end
     end
     assert.is_true(n >= 5, n .. " commands")
-    local fh = assert(io.open(ROOT .. "/README.md"))
-    local text = fh:read("a")
-    fh:close()
+    -- The examples README.md and the guide (docs/guide/) name.
+    local parts = {}
+    for _, file in ipairs(markdown_files()) do
+      if file == "README.md" or file:match("^docs/guide/") then
+        local fh = assert(io.open(ROOT .. "/" .. file))
+        parts[#parts + 1] = fh:read("a")
+        fh:close()
+      end
+    end
+    local text = table.concat(parts, "\n")
     local seen, n = {}, 0
     for path in text:gmatch("examples/([%w_]+%.lua)") do
       if not seen[path] then
         seen[path], n = true, n + 1
-        assert.is_true(io.open(ROOT .. "/examples/" .. path) ~= nil, "README names examples/" .. path .. ", missing")
+        assert.is_true(io.open(ROOT .. "/examples/" .. path) ~= nil, "README or docs/guide names examples/" .. path .. ", missing")
       end
     end
     assert.is_true(n >= 10, n .. " examples named")

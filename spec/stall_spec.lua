@@ -400,7 +400,7 @@ describe("a stalled loop and new work", function()
   end)
 
   it("with group = g alone, stuck on the listener's loop, accepts nothing until it runs again; none is lost", function()
-    -- (README: the listener lives on one of g's loops; the chooser cannot
+    -- (docs/guide/limits.md: the listener lives on one of g's loops; the chooser cannot
     -- help a stall there. The default boss group, or child_group, keeps
     -- it off the workers.)
     local g = netrun.group { threads = 2, name = "ls", stall_threshold = 0.1 }

@@ -12,8 +12,7 @@
 -- the host name unless a `tls` config says otherwise. The defaults are
 -- fields of the module: `pool` (64), `keepalive` (60), `timeout` (5),
 -- `max_body` (1 MiB), `max_header` (16384), `max_waiting` (1024). Limits:
--- README, "Limits, timeouts and defaults"; the whole story: README, "HTTP
--- client".
+-- docs/guide/limits.md; the whole story: docs/guide/http-client.md.
 -- @module netrun.http
 
 --- A request's options (`request`, `client:request`):

@@ -4,7 +4,7 @@
 -- (`netrun_server_connections{server}`, labelled by `netrun.server`'s
 -- `metrics` option), the HTTP server codec's responses by status, the
 -- Redis cluster client's redirects and retries. Nothing is counted for
--- it: it sums counters that exist anyway when rendered. README, "Metrics".
+-- it: it sums counters that exist anyway when rendered. docs/guide/operating.md, "Metrics".
 -- @module netrun.metrics
 
 -- netrun.metrics -- the process's figures in the Prometheus text

@@ -20,8 +20,8 @@
 -- server, or another of the URLs given and of the servers announced in
 -- `connect_urls`), sends its subscriptions again, then what was published
 -- meanwhile (held up to `buffer` bytes). The defaults of `connect`'s
--- options are the fields of `netrun.nats.defaults`. README, "Messaging:
--- NATS", and its limits table.
+-- options are the fields of `netrun.nats.defaults`. See
+-- docs/guide/nats.md and docs/guide/limits.md.
 -- @module netrun.nats
 -- @usage
 -- netrun.spawn(function()

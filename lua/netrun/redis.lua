@@ -22,7 +22,7 @@
 -- shared connection (SELECT, HELLO, RESET, QUIT, MONITOR, CLIENT REPLY)
 -- raise. The defaults are fields of the module: `pool` (1), `timeout` (5),
 -- `max_reply` (64 MiB), `max_depth` (32), `max_line` (64 KiB),
--- `max_messages` (10,000). README, "Redis", and its limits table.
+-- `max_messages` (10,000). docs/guide/redis.md and docs/guide/limits.md.
 -- @module netrun.redis
 -- @usage local r = netrun.redis.connect { url = "redis://:secret@127.0.0.1:6379/0" }
 -- netrun.spawn(function()

@@ -10,8 +10,8 @@
 -- (`world:trace_hash`). Inside a world `math.random` is seeded from the
 -- seed, and shared dicts and the default groups are each host's own.
 -- `netrun --sim SEEDS script.lua` runs a script, or a file of scenarios
--- (a table of functions of a world), in a world per seed. README,
--- "Testing on virtual time".
+-- (a table of functions of a world), in a world per seed. See
+-- docs/guide/simulation.md.
 -- @module netrun.sim
 -- @usage
 -- local sim = require "netrun.sim"

@@ -5,7 +5,7 @@
 -- `{ type = "text" | "binary", data = "..." }` and write a string (a text
 -- frame) or `{ type = "binary" | "ping" | "pong" | "close", data, code,
 -- reason }`; the peer's close comes as the user event
--- `{ type = "close", code, reason }`. README, "WebSocket".
+-- `{ type = "close", code, reason }`. docs/guide/websocket.md.
 -- @module netrun.websocket
 
 -- netrun.websocket: WebSocket (RFC 6455, DESIGN.md §8.3) on the native

@@ -30,8 +30,7 @@
 #include "codec/inbound.h"
 #include "netrun.h"
 
-/* The limits of an HTTP/2 connection (the server's; see README's limits
- * table). Zero fields take the defaults below. */
+/* The limits of an HTTP/2 connection (the server's; see docs/guide/limits.md). Zero fields take the defaults below. */
 typedef struct nr_h2_opts_s {
   uint32_t max_streams;       /* SETTINGS_MAX_CONCURRENT_STREAMS */
   uint32_t window;            /* SETTINGS_INITIAL_WINDOW_SIZE: a request

@@ -14,7 +14,7 @@
  * reading goes on: the peer's WINDOW_UPDATEs are what unblocks our own
  * output, and what it may send meanwhile is bounded below.
  *
- * Limits (each an option, README's limits table): at most max_streams
+ * Limits (each an option, docs/guide/limits.md): at most max_streams
  * open (SETTINGS_MAX_CONCURRENT_STREAMS, nghttp2 refuses more) and
  * 2 x max_streams records alive, resets still owed included (REFUSED_STREAM
  * past it); at most 2 x max_streams streams opened per read (Rapid Reset

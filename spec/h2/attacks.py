@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """attacks.py -- netrun's HTTP/2 server under the attacks its limits are for
-(README's limits table), one at a time against a fresh server running
+(docs/guide/limits.md), one at a time against a fresh server running
 spec/fixtures/h2_app.lua: each attack runs at most ATTACK seconds, as fast
 as one client goes, and must end the connection with GOAWAY (the code
 named) having cost the server less than one CPU-second.
