@@ -586,7 +586,8 @@ function sim.main(spec, script, args, cmdline)
     if scenarios then
       for _, name in ipairs(scenario_names(scenarios)) do
         if only == nil or only == name then
-          ok, err, elapsed, stats = pcall(sim.run, { seed = seed }, function(world)
+          ok, err, elapsed, stats = pcall(sim.run, { seed = seed, epoch = scenarios.epoch },
+            function(world)
             scenarios[name](world)
             return finish(world)
           end)
