@@ -16,7 +16,7 @@ mkdir -p "$out"
 flags=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror
        -Wmissing-prototypes -Wmissing-declarations
        -fno-sanitize-recover=undefined -Iruntime -Iruntime/bindings -Ifuzz -I/usr/include/lua5.4)
-libs=(-llua5.4 -lssl -lcrypto -lz -lcares -lpthread -lm)
+libs=(-llua5.4 -lssl -lcrypto -lz -lcares -lnghttp2 -lpthread -lm)
 # The core (everything under runtime/ but the Lua bindings) is compiled once
 # with the fuzzer's coverage and the sanitizers, two files at a time; each
 # target then only compiles its own file and links.

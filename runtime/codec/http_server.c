@@ -1479,7 +1479,7 @@ static bool start_h2(nr_http_server_t *s) {
 static int sniff(nr_http_server_t *s, const char *data, size_t len) {
   size_t want = NR_H2_PREFACE_LEN - s->nsniff, take = len < want ? len : want;
   if (s->delivered > 0 || nr_buf_len(&s->parser.in) > 0 ||
-      memcmp(data, NR_H2_PREFACE + s->nsniff, take) != 0) {
+      memcmp(data, &NR_H2_PREFACE[s->nsniff], take) != 0) {
     s->sniffed = true;         /* HTTP/1.1 (with what matched before) */
     size_t had = s->nsniff;
     if (had > 0 && !feed(s, NR_H2_PREFACE, had))
