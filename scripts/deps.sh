@@ -24,6 +24,7 @@ PACKAGES=(
   python3-websockets                    # WebSocket peers (spec/websocket_spec.lua)
   nghttp2-client nghttp2-server h2o     # HTTP/2 peers: nghttp, h2load, nghttpd, h2o
   python3-h2 python3-hyperframe         # HTTP/2 frames by hand (spec/http2_conformance.py)
+  nats-server                           # NATS peers (spec/nats_spec.lua, nats_cluster_spec.lua)
 )
 PACKAGES+=("$@")
 
