@@ -167,14 +167,14 @@ describe("netrun.nats against a three-node cluster", function()
       si = assert(S.js:api("STREAM.INFO.SPEC"))
       out.leader, out.messages, out.last = si.cluster.leader, si.state.messages, si.state.last_seq
       out.acked, out.failed, out.lost = 0, S.failed, {}
-      local todo = {}
-      for seq in pairs(S.acked) do todo[#todo + 1] = seq end
-      out.acked = #todo
+      local acked_seqs = {}
+      for seq in pairs(S.acked) do acked_seqs[#acked_seqs + 1] = seq end
+      out.acked = #acked_seqs
       local readers = {}
       for r = 1, 16 do                    -- each acknowledged one read back, 16 at a time
         readers[r] = netrun.spawn(function()
-          for k = r, #todo, 16 do
-            local seq = todo[k]
+          for k = r, #acked_seqs, 16 do
+            local seq = acked_seqs[k]
             local m, e = S.js:api("STREAM.MSG.GET.SPEC", { seq = seq })
             if not m then
               out.lost[#out.lost + 1] = seq .. ": " .. tostring(e)
