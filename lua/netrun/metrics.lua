@@ -123,8 +123,14 @@ function M.text()
     "HTTP requests answered by the server codec, by status code.", rows)
   M.redis_families(out)
   out[#out + 1] = ""
-  return table.concat(out, "\n")
+  return table.concat(out, "\n") .. core.metrics_text()
 end
+
+-- The program's own families (runtime/bindings/lmetrics.c): handles to
+-- C memory shared by every state, updated without a lock.
+M.counter = core.metric_counter
+M.gauge = core.metric_gauge
+M.histogram = core.metric_histogram
 
 -- netrun.redis's cluster client counts its redirects, retries and slot
 -- map refreshes in a shared dict (lua/netrun/redis/cluster.lua); shown
