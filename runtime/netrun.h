@@ -84,6 +84,20 @@ void nr_log_set_level(int level);
 void nr_log_flush(void);
 /* Name of the calling thread as it appears in log lines. */
 const char *nr_thread_name(void);
+/* Files the log thread writes besides stderr (access logs): one per path,
+ * opened for appending, living until the process ends. A line is copied
+ * whole into the file's ring of `buffer` bytes under a lock held only for
+ * the copy, and written by the log thread; when the ring is full (the
+ * disk is slower than the lines come) the line is dropped and counted,
+ * never waited for. nr_log_flush waits for them too. Any thread. */
+typedef struct nr_log_file_s nr_log_file_t;
+/* The file of path (the same one for the same path, its first buffer
+ * kept); NULL and *err (-errno) when it cannot be opened. */
+nr_log_file_t *nr_log_file_open(const char *path, size_t buffer, int *err);
+/* Queue one line (with its newline); false when dropped. */
+bool nr_log_file_write(nr_log_file_t *f, const char *line, size_t n);
+/* Lines queued and lines dropped so far. */
+void nr_log_file_counts(nr_log_file_t *f, uint64_t *lines, uint64_t *dropped);
 
 /* ---- tasks and loops ---------------------------------------------------- */
 

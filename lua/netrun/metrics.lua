@@ -122,6 +122,15 @@ function M.text()
   family(out, "netrun_http_requests_total", "counter",
     "HTTP requests answered by the server codec, by status code.", rows)
   M.redis_families(out)
+  local written, dropped = {}, {}
+  for _, f in ipairs(core.access_log_stats()) do
+    written[#written + 1] = { labels = { "path", f.path }, value = f.lines }
+    dropped[#dropped + 1] = { labels = { "path", f.path }, value = f.dropped }
+  end
+  family(out, "netrun_access_log_lines_total", "counter",
+    "Access log lines queued for the log thread, per file.", written)
+  family(out, "netrun_access_log_dropped_total", "counter",
+    "Access log lines dropped: the file's buffer was full (a slow disk).", dropped)
   out[#out + 1] = ""
   return table.concat(out, "\n") .. core.metrics_text()
 end

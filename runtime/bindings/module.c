@@ -53,7 +53,8 @@
   X(print)         /* lprint.c: print writing whole lines in loop states */ \
   X(nats)          /* lnats.c: core.nats, the wire under netrun.nats */     \
   X(sim)           /* lsim.c: netrun.sim's worlds (lua/netrun/sim.lua) */  \
-  X(metrics)       /* lmetrics.c: netrun.metrics' user families */
+  X(metrics)       /* lmetrics.c: netrun.metrics' user families */          \
+  X(access_log)    /* laccess.c: netrun.handler.access_log */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
 MODULES(DECLARE)

@@ -126,7 +126,35 @@ struct nr_http_server_s {
                                  it is unwritable */
   nr_codec_resume_t *body_resume;   /* a task parses on */
   bool halted;                /* given up inside a feed: stop it */
+  nr_http_seen_fn seen;       /* an observer (an access log), or NULL */
+  void *seen_arg;
 };
+
+/* Tell the observer, if any, of an answer for slot i (RING: none). */
+static NOINLINE void tell(nr_http_server_t *s, unsigned i, int ev, int status,
+                          uint64_t head, uint64_t body) {
+  uint64_t token = 0;
+  unsigned k = (i + RING - s->oldest) % RING;
+  if (i < RING && k < s->outstanding)
+    token = s->delivered - s->outstanding + 1 + k;
+  s->seen(s->seen_arg, ev, token, status, head, body);
+}
+
+#define TELL(s, i, ev, status, head, body)                                    \
+  do {                                                                        \
+    if ((s)->seen != NULL)                                                    \
+      tell(s, i, ev, status, head, body);                                     \
+  } while (0)
+
+bool nr_http_server_is(const nr_ctx_t *ctx) {
+  return nr_ctx_handler(ctx)->added == nr_http_server_added;
+}
+
+void nr_http_server_observe(nr_ctx_t *ctx, nr_http_seen_fn fn, void *arg) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->seen = fn;
+  s->seen_arg = arg;
+}
 
 nr_http_server_t *nr_http_server_new(const nr_http_server_opts_t *o) {
   nr_http_server_t *s = calloc(1, sizeof *s);
@@ -768,10 +796,12 @@ static void write_status(nr_http_server_t *s, unsigned i, int status,
   if (close)
     OUT_LIT(&o, "\r\nConnection: close");
   OUT_LIT(&o, "\r\n\r\n");
+  size_t hlen = o.len;
   if (!head) {
     nr__http_out_str(&o, reason);
     OUT_LIT(&o, "\n");
   }
+  TELL(s, i, NR_HTTP_SEEN_ANSWER, status, hlen, o.len - hlen);
   write_out(s, i, &o, NULL, 0, p);
 }
 
@@ -1657,6 +1687,8 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
       w = PUT_LIT(w, "\r\n");
     o.len = (size_t)(w - o.p);
   }
+  TELL(s, i, r->stream ? NR_HTTP_SEEN_HEAD : NR_HTTP_SEEN_ANSWER, r->status,
+       o.len - copy, blen);
   int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
@@ -1695,6 +1727,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
       memcpy(o.p + pr->date_at, nr_http_date(), DATE_LEN);
     o.len = (size_t)(w - o.p);
   }
+  TELL(s, i, NR_HTTP_SEEN_ANSWER, pr->status, o.len - copy, blen);
   int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
@@ -1741,6 +1774,8 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
     memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
   nr_ctx_write_commit(ctx, pr->plain_len);
   nr_http_count_status(pr->status);
+  TELL(s, s->oldest, NR_HTTP_SEEN_ANSWER, pr->status,
+       pr->plain_len - pr->body_len, pr->body_len);
   finish_response(s, false);
   return 0;
 }
@@ -1762,6 +1797,8 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   for (size_t k = 0; k < n; k++)
     total += parts[k].len;
   int rc = 0;
+  if (how != A_DISCARD || total == 0)
+    TELL(s, i, total == 0 ? NR_HTTP_SEEN_END : NR_HTTP_SEEN_CHUNK, 0, 0, total);
   if (total == 0) {
     s->flags[i] &= (uint16_t)~A_MASK;
     s->streams--;
