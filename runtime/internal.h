@@ -173,6 +173,8 @@ struct nr_loop_s {
   _Atomic uint64_t busy_since;
   _Atomic uintptr_t task_fn;
   _Atomic uint64_t longest_run;     /* ns, timed on the loop (executor.c) */
+  _Atomic uint64_t lag;             /* ns: the last iteration's run, which
+                                       the next one's events waited behind */
   /* written by the watchdog (stall.c), read by stats and the loop */
   _Atomic uint64_t stalls, max_busy, stall_claimed;
   /* Set when the watchdog sees a run in progress (see "the longest run",

@@ -288,6 +288,7 @@ int nr__loop_iteration(nr_loop_t *l) {
     nr__loop_reap(l);                               /* 4. closed channels */
   count_premature(l, ran || handled > 0, &s);       /* 5. */
   l->run_from = 0;                 /* what runs outside an iteration is not timed */
+  atomic_store_explicit(&l->lag, nr_now() - woke, memory_order_relaxed);
   return ran;
 }
 

@@ -158,7 +158,12 @@ typedef struct nr_loop_stats_s {
                                 processing), timed on the loop; or the
                                 watchdog's sample of one still going on */
   uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
+  uint64_t lag_ns;           /* the last iteration's run: how long what the
+                                next one handles waited behind it at most */
 } nr_loop_stats_t;
+/* lag_ns alone, cheaply (netrun.limit's shed_lag reads it per request). Any
+ * thread. */
+uint64_t nr_loop_lag(nr_loop_t *l);
 
 /* Create a loop (not started: the thread starts on the first task). */
 nr_loop_t *nr_loop_new(const nr_loop_opts_t *opts);

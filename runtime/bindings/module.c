@@ -54,7 +54,8 @@
   X(nats)          /* lnats.c: core.nats, the wire under netrun.nats */     \
   X(sim)           /* lsim.c: netrun.sim's worlds (lua/netrun/sim.lua) */  \
   X(metrics)       /* lmetrics.c: netrun.metrics' user families */          \
-  X(access_log)    /* laccess.c: netrun.handler.access_log */
+  X(access_log)    /* laccess.c: netrun.handler.access_log */          \
+  X(limit)         /* llimit.c: core.loop_lag for netrun.limit.shed */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
 MODULES(DECLARE)
