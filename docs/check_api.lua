@@ -144,6 +144,7 @@ local C_CLASSES = {
   ["netrun.xctx"] = { "netrun", "ctx" },
   ["netrun.embedded"] = { "netrun", "embedded" },
   ["netrun.dict"] = { "netrun", "dict" },
+  ["netrun.metric"] = { "netrun.metrics", "metric" },
   ["netrun.http.pool"] = false,      -- the C half of netrun.http's pools
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections
   ["netrun.nats.wire"] = false,      -- the C half of netrun.nats's connections

@@ -29,7 +29,7 @@
  */
 
 /***
-@module netrun
+@module netrun.metrics
 */
 #include <math.h>
 #include <pthread.h>
@@ -470,6 +470,8 @@ static int l_metrics_text(lua_State *L) {
   return 1;
 }
 
+/*** @section end */
+
 /* ---- making a family ------------------------------------------------------ */
 
 static bool valid_name(const char *s, bool colon) {
@@ -671,7 +673,7 @@ static int make(lua_State *L, int type, const char *what) {
 /***
 A counter family (`netrun.metrics.counter`): the same name gives the same
 family from any state; asking again with other labels raises.
-@function metrics.counter
+@function counter
 @tparam table opts
 @string opts.name a Prometheus metric name, not starting with `netrun_`
 @string[opt=""] opts.help
@@ -686,7 +688,7 @@ static int l_counter(lua_State *L) {
 
 /***
 A gauge family (`netrun.metrics.gauge`), options as `metrics.counter`.
-@function metrics.gauge
+@function gauge
 @tparam table opts
 @treturn metric
 */
@@ -697,7 +699,7 @@ static int l_gauge(lua_State *L) {
 /***
 A histogram family (`netrun.metrics.histogram`), options as
 `metrics.counter` plus buckets.
-@function metrics.histogram
+@function histogram
 @tparam table opts
 @tparam[opt] {number,...} opts.buckets upper bounds, increasing (1 to 64;
   Prometheus' defaults, .005 to 10, when absent); +Inf is added

@@ -60,6 +60,7 @@ typedef struct op_s {
 
 struct nr_access_format_s {
   struct nr_access_format_s *next;
+  size_t len;                        /* of the format as given */
   int nops;
   op_t ops[MAX_OPS];
   char text[];                       /* the format; header names lowered */
@@ -147,7 +148,7 @@ const nr_access_format_t *nr_access_format(const char *fmt, char *err,
   pthread_mutex_lock(&formats_lock);
   nr_access_format_t *f = formats;
   for (; f; f = f->next)          /* interned: a copy's text is parsed */
-    if (f->nops >= 0 && strcmp(f->text + n + 1, fmt) == 0)
+    if (f->len == n && memcmp(f->text + n + 1, fmt, n) == 0)
       break;
   pthread_mutex_unlock(&formats_lock);
   if (f)
@@ -156,6 +157,7 @@ const nr_access_format_t *nr_access_format(const char *fmt, char *err,
     snprintf(err, errn, "out of memory");
     return NULL;
   }
+  f->len = n;
   memcpy(f->text, fmt, n + 1);
   memcpy(f->text + n + 1, fmt, n + 1);      /* as given, for interning */
   if (parse(f, err, errn) < 0) {
