@@ -24,7 +24,10 @@
  * Log files (nr_log_file_*: access logs) are rings of their own, under
  * the same lock and drained by the same thread after stderr's ring: a
  * loop only ever copies a line in or drops it (counted), so a slow disk
- * costs lines, never a loop's time. A file's line is dropped whole.
+ * costs lines, never a loop's time. A file's line is dropped whole. As
+ * nginx's access_log buffer= and flush=, a file's lines are taken once an
+ * eighth of its ring is held, else at the thread's tick (LOG_TICK, 1 s):
+ * one wakeup and one write for many lines.
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -44,6 +47,7 @@
 #define RL_WINDOW NR_SEC(1)
 #define RL_SAMPLE 200
 #define FLUSH_WAIT NR_SEC(1)
+#define LOG_TICK 1                    /* s: the log thread's idle wait */
 
 static _Atomic int log_level = -1;
 static _Thread_local const char *thread_name;
@@ -271,7 +275,7 @@ static void *log_thread(void *arg) {
         break;
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_sec += 1;
+      ts.tv_sec += LOG_TICK;
       pthread_cond_timedwait(&lg.more, &lg.lock, &ts);
     }
     int fd = STDERR_FILENO;
@@ -472,7 +476,10 @@ bool nr_log_file_write(nr_log_file_t *f, const char *line, size_t n) {
     f->len += n;
     f->lines++;
     queued = true;
-    pthread_cond_signal(&lg.more);
+    /* nginx's buffer= and flush=: the log thread is woken once an eighth
+     * of the ring is held, else takes the lines at its tick (LOG_TICK) */
+    if (f->len >= f->size / 8 && !lg.writing)
+      pthread_cond_signal(&lg.more);
   } else {
     f->dropped++;
   }
