@@ -158,8 +158,9 @@ typedef struct nr_loop_stats_s {
                                 processing), timed on the loop; or the
                                 watchdog's sample of one still going on */
   uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
-  uint64_t lag_ns;           /* the last iteration's run: how long what the
-                                next one handles waited behind it at most */
+  uint64_t lag_ns;           /* the longest recent run, less the time since
+                                it ended: how long what the loop handles
+                                now may have waited behind it */
 } nr_loop_stats_t;
 /* lag_ns alone, cheaply (netrun.limit's shed_lag reads it per request). Any
  * thread. */

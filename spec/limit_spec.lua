@@ -107,7 +107,7 @@ describe("netrun.limit", function()
     assert.is_true(H.sync(stalled))
     assert.equal(503, (H.read_response(c)))
     assert.is_number(loop:stats().lag)
-    -- the lag is the last iteration's: the next request is served
+    -- the lag runs down with time: the loop serves again within the stall's length
     assert(H.eventually(function() return get(c) == 200 end, 5))
     c:close()
   end)

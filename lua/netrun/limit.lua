@@ -17,7 +17,8 @@
 -- (core.dict_leak, runtime/bindings/ldict.c); limit.conn is dict:incr up
 -- on a connection's first request and down when the channel goes
 -- inactive (a close or a reset alike); shed reads the loop's lag
--- (core.loop_lag: the last iteration's run) per request.
+-- (core.loop_lag: the longest recent run less the time since) per
+-- request.
 -- Across processes (`redis = ...`) is not done.
 local core = require "netrun.core"
 
@@ -206,10 +207,10 @@ end
 
 local check_shed = core.options("netrun.limit.shed", { lag = "seconds!" })
 
---- Shed load: while the loop lags (`loop:stats().lag`, the last
--- iteration's run, which the requests now handled waited behind) more
--- than `lag` seconds, requests are answered 503 at once rather than
--- queued behind it.
+--- Shed load: while the loop lags (`loop:stats().lag`: the longest
+-- recent run less the time since it ended) more than `lag` seconds,
+-- requests are answered 503 at once rather than queued behind it; after
+-- a stall of S seconds that is for about S - lag seconds.
 -- @tparam table opts
 -- @number opts.lag seconds
 -- @return a handler

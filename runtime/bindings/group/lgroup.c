@@ -885,8 +885,10 @@ This loop's stats: `name`, `state` ("not_started", "started",
 `scheduled_tasks`, `channels`, `tasks_run`, `io_events`, `wakeups`,
 `selector_rebuilds`, `iterations`, `io_time` and `task_time` (seconds),
 `stalls`, `max_busy` (seconds, the longest uninterrupted run), `lag`
-(seconds: the last iteration's run, which what the next one handles
-waited behind; `netrun.limit.shed` reads it) and `lua_memory` (bytes).
+(seconds: the longest recent run less the time since it ended -- how
+long what the loop handles now may have waited behind it; a 0.5 s stall
+reads 0.5 right after and 0 half a second later; `netrun.limit.shed`
+reads it) and `lua_memory` (bytes).
 @function loop:stats
 @treturn table
 */
