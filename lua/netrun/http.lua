@@ -654,6 +654,7 @@ local main_group
 local main_world = 0
 
 local function on_loop(client, opts)
+  if opts.upstream ~= nil then require("netrun.upstream").check_request(opts) end
   if current() ~= nil then return M.request_with(client, opts) end
   if opts.stream then        -- (res:read() lives in the loop's state)
     error("netrun.http: stream = true runs on a loop: in netrun.spawn, a handler or a task", 3)

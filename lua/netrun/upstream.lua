@@ -200,18 +200,30 @@ end
 
 -- On a loop: request_with's path for a request with an upstream: each try
 -- a request of its own to a server, with the options given.
-function M.request(http, client, opts, cb)
-  local up = opts.upstream
-  if getmetatable(up) ~= Upstream then
-    core.option_error("netrun.http client:request", "upstream", up, "a netrun.http.upstream")
+-- A request's upstream options checked (on the caller's thread: raises
+-- at its line).
+function M.check_request(opts)
+  if getmetatable(opts.upstream) ~= Upstream then
+    core.option_error("netrun.http client:request", "upstream", opts.upstream,
+                      "a netrun.http.upstream")
   end
   if opts.url ~= nil then
     core.raise("netrun.http client:request: give url or upstream (with path), not both")
   end
-  local path = opts.path or "/"
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" then
+  local path = opts.path
+  if path ~= nil and path:sub(1, 1) ~= "/" then
     core.option_error("netrun.http client:request", "path", path, 'a path ("/x?y=1")')
   end
+  if opts.forward or opts.stream then
+    core.raise("netrun.http client:request: upstream takes neither forward (use " ..
+               "client:forwarder { upstream }) nor stream")
+  end
+end
+
+function M.request(http, client, opts, cb)
+  local up = opts.upstream
+  M.check_request(opts)
+  local path = opts.path or "/"
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.upstream, o.path = nil, nil
