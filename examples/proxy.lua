@@ -407,5 +407,6 @@ netrun.server {
     ch:pipeline():add_last("proxy", stream_bodies and stream_handler() or proxy_handler())
   end,
 }:sync()
-netrun.log.info("proxy: listening on :%d, backend %s%s", port, base,
+netrun.log.info("proxy: listening on :%d, backend %s%s", port,
+                up and table.concat(up.servers, " ") .. (up.health and " (probed)" or "") or base,
                 stream_bodies and ", bodies streamed" or "")

@@ -776,8 +776,8 @@ function M.client(opts)
   }, Client)
 end
 
---- A pool of backends for forwarders and requests: see `upstream` in
--- lua/netrun/upstream.lua (documented there).
+-- A pool of backends for forwarders and requests: `upstream`, documented
+-- in lua/netrun/upstream.lua.
 M.upstream = function(opts) return require("netrun.upstream").new(opts) end
 
 local default_client

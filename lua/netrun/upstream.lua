@@ -260,7 +260,7 @@ end
 
 -- ---- client:forwarder { upstream = up } ------------------------------------------
 
---- forward(req, callback) to the servers of an upstream: `client:forwarder`'s
+-- forward(req, callback) to the servers of an upstream: `client:forwarder`'s
 -- path when given `upstream` (http.lua checked the options).
 function M.forwarder(client, opts)
   local up = opts.upstream
@@ -306,6 +306,7 @@ end
 --- @type upstream
 
 --- Each server's state, as every loop sees it.
+-- @function upstream:status
 -- @treturn {table,...} per server, in the order given: `{ url, up, in_flight, fails, requests, failures }`
 -- @usage for _, s in ipairs(up:status()) do print(s.url, s.up) end
 function Upstream:status()
@@ -320,6 +321,7 @@ end
 
 --- Stop the health probes (the upstream stays usable; servers then come
 -- back after `fail_timeout`).
+-- @function upstream:close
 -- @usage up:close()
 function Upstream:close()
   if self.prober then self.prober:cancel(); self.prober = nil end
