@@ -196,6 +196,14 @@ local function outcome(up, res, err)
   return 1, true
 end
 
+-- The end of a try on server i: counted; a server this took out is logged.
+local function done(up, i, how, err)
+  if up.state:done(i, how) then
+    core.log(2, string.format("%s: %s down (%s)", WHAT, up.servers[i],
+      err or "a 5xx answer"))
+  end
+end
+
 -- ---- client:request { upstream = up, path = ... } ----------------------------------
 
 -- On a loop: request_with's path for a request with an upstream: each try
@@ -245,7 +253,7 @@ function M.request(http, client, opts, cb)
     st:begin(i)
     http.request_with(client, o, function(res, err)
       local how, again = outcome(up, res, err)
-      st:done(i, how)
+      done(up, i, how, err)
       if again and again_ok and tries <= up.retries then return try(err) end
       if p then
         if res then p:set_success(res) else p:set_failure(err) end
@@ -292,7 +300,7 @@ function M.forwarder(client, opts)
       st:begin(i)
       f(req, function(res, err)
         local how, again = outcome(up, res, err)
-        st:done(i, how)
+        done(up, i, how, err)
         if again and tries <= retries and IDEMPOTENT[req.method] and not req.streaming then
           return try(err)
         end
