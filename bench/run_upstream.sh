@@ -74,7 +74,7 @@ reqs=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
 errors=$(awk '/Socket errors/ { print }' "$work/wrk.txt")
 non2xx=$(awk '/Non-2xx/ { print $NF }' "$work/wrk.txt")
 echo "- requests: $reqs; socket errors: ${errors:-none}; non-2xx: ${non2xx:-0}"
-echo "- requests per proxy CPU-second: $(awk -v r="$reqs" -v t=$((t1 - t0)) -v hz="$hz" 'BEGIN { printf "%d", t > 0 ? r / (t / hz) : 0 }')"
+echo "- requests per proxy CPU-second: $(awk -v r="$reqs" -v t=$((t1 - t0)) -v hz="$hz" 'BEGIN { printf "%d", (t > 0 ? r / (t / hz) : 0) }')"
 if [[ -n $down ]]; then
   echo "- the killed backend logged out $((down - killed)) ms after the kill"
   echo "  (the first failed request takes it out before any probe: that is the usual case)"

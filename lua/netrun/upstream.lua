@@ -144,7 +144,7 @@ function M.probe_round(up)
           local ok = res ~= nil and res.status >= 200 and res.status < 400
           local change = st:probe(i, ok)
           if change then
-            core.log(change == "down" and 2 or 3, string.format("%s: %s %s (probe: %s)", WHAT,
+            core.log(change == "down" and 2 or 1, string.format("%s: %s %s (probe: %s)", WHAT,
               url, change, ok and "passed" or (err or ("status " .. res.status))))
           end
         end)
