@@ -240,4 +240,31 @@ describe("examples/proxy.lua with several --backend", function()
     H.stop(pid)
     for _, x in ipairs(b) do if H.alive(x.pid) then H.stop(x.pid) end end
   end)
+
+  it("reaches an https backend verified with --backend-ca, and sticks a hash key", function()
+    local dir = H.tmpdir()
+    assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))
+    local t, a = backend("tls", "--tls " .. dir), backend("a")
+    local port = H.free_port()
+    local pid = H.start(H.root .. "/examples/proxy.lua", port, string.format(
+      "--backend https://127.0.0.1:%d --backend %s --backend-ca %s --balance hash " ..
+      "--hash-header x-user", t.port, a.addr, dir .. "/ca.crt"))
+    local pc = netrun.http.client { timeout = 5 * slow }
+    local names = {}
+    for u = 1, 8 do
+      for _ = 1, 3 do
+        local res = H.sync(pc:request { url = "http://127.0.0.1:" .. port .. "/h",
+                                        headers = { ["x-user"] = "u" .. u } }, 20)
+        assert.equal(200, res.status)
+        names[u] = names[u] or res.headers["x-backend"]
+        assert.equal(names[u], res.headers["x-backend"])
+      end
+    end
+    local got = {}
+    for _, n in ipairs(names) do got[n] = true end
+    assert.same({ tls = true, a = true }, got)
+    H.stop(pid)
+    H.stop(t.pid)
+    H.stop(a.pid)
+  end)
 end)
