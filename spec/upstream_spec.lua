@@ -235,7 +235,15 @@ describe("examples/proxy.lua with several --backend", function()
     res = H.sync(pc:request { url = "http://127.0.0.1:" .. port2 .. "/p", method = "POST",
                               body = "x" }, 20)
     assert.equal(200, res.status)          -- the dead one is out now
-    assert.equal("a POST /p", res.body)
+    assert.equal("a POST /p x", res.body)
+    H.stop(pid2)
+    -- a PUT whose first backend is dead goes to the other, body and all
+    pid2 = H.start(H.root .. "/examples/proxy.lua", port2, string.format(
+      "--backend 127.0.0.1:%d --backend %s --retries 2", H.free_port(), b[1].addr))
+    res = H.sync(pc:request { url = "http://127.0.0.1:" .. port2 .. "/u", method = "PUT",
+                              body = "payload" }, 20)
+    assert.equal(200, res.status)
+    assert.equal("a PUT /u payload", res.body)
     H.stop(pid2)
     H.stop(pid)
     for _, x in ipairs(b) do if H.alive(x.pid) then H.stop(x.pid) end end
