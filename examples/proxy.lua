@@ -69,6 +69,7 @@ local backend = backends[1]
 local bhost, bport = backend:match("^%[?([^%]]+)%]?:(%d+)$")
 local balance, health_path = option("balance"), option("health-path")
 local retries, backend_ca = option("retries"), option("backend-ca")
+local backend_tls = backend_ca and netrun.tls.client { ca = backend_ca } or nil
 local up
 if #backends > 1 or not bhost or balance or health_path or retries or backend_ca then
   up = netrun.http.upstream {
@@ -78,7 +79,7 @@ if #backends > 1 or not bhost or balance or health_path or retries or backend_ca
                                fails = math.tointeger(option("health-fails", 1)),
                                passes = math.tointeger(option("health-passes", 1)) } or nil,
     fails = math.tointeger(option("max-fails", 1)), fail_timeout = option("fail-timeout", 10),
-    tls = backend_ca and netrun.tls.client { ca = backend_ca } or nil,
+    tls = backend_tls,
   }
   if option("body", "whole") == "stream" then
     error("proxy: --body stream takes one host:port --backend (an upstream's streamed mode is not there yet)")
@@ -98,6 +99,7 @@ local client = netrun.http.client {
   timeout = option("timeout", 30), max_body = max_body,
   raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
   h2 = backend_h2,
+  tls = backend_tls,   -- (the upstream's too: its forwarders take the client's pools)
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame

@@ -162,8 +162,8 @@ end
 
 -- ---- picking and outcomes --------------------------------------------------------
 
--- This state's round-robin turn per upstream (the state's own: a table
--- keyed by the upstream's handle, which is one proxy per state).
+-- This state's round-robin turn per upstream, the server picked last (the
+-- state's own: a table keyed by the upstream's handle, one proxy per state).
 local turns = setmetatable({}, { __mode = "k" })
 
 -- The server for a request (r: what a hash function gets; headers: where
@@ -175,9 +175,11 @@ local function pick(up, r, headers, tried)
     if type(h) == "function" then key = h(r) elseif headers then key = headers[h] end
     if key ~= nil then return st:pick(2, tostring(key), tried) end
   end
-  local t = (turns[st] or 0) + 1
-  turns[st] = t
-  return st:pick(up.balance == 1 and 1 or 0, t, tried)
+  -- the turn goes on from the server picked last (so a server out of use
+  -- does not double its follower's share)
+  local i = st:pick(up.balance == 1 and 1 or 0, (turns[st] or 0) + 1, tried)
+  if i then turns[st] = i end
+  return i
 end
 
 -- What an answer or a failure means: the outcome for the server's counts
