@@ -44,8 +44,8 @@ t0=$(ticks $proxy)
 taskset -c 1 wrk -t1 -c$CONNS -d"${DUR}"s "http://127.0.0.1:$PROXY/" >"$work/wrk.txt" &
 wrk=$!
 sleep "$(awk -v d="$DUR" 'BEGIN { print d / 3 }')"
-kill -KILL "$victim"
 killed=$(ms)
+kill -KILL "$victim"
 sleep "$(awk -v d="$DUR" 'BEGIN { print d / 3 }')"
 taskset -c 1 "$work/http_baseline" "${PORTS[1]}" 2>/dev/null &
 pids+=($!)
