@@ -191,6 +191,16 @@ describe("netrun.http.upstream", function()
   end)
 end)
 
+describe("netrun.options", function()
+  it("returns every value of an option given several times, else the environment's, split at commas", function()
+    local script = [[echo 'local n = require "netrun"; print(table.concat(n.options("backend"), ",") .. "|" .. tostring(n.option("backend")) .. "|" .. #n.options("none"))' | ]]
+    local out = H.run(script .. "env -u BACKEND " .. H.BIN .. " - --backend a:1 --port 3 --backend=b:2 --backend")
+    assert.equal("a:1,b:2|a:1|0\n", out)
+    out = H.run(script .. "BACKEND='c:3, d:4' " .. H.BIN .. " -")
+    assert.equal("c:3,d:4|c:3, d:4|0\n", out)
+  end)
+end)
+
 describe("examples/proxy.lua with several --backend", function()
   it("answers every GET while a backend dies and comes back, 502 for a POST it cannot place", function()
     local b = { backend("a"), backend("b"), backend("c") }
