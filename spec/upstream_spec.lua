@@ -128,6 +128,28 @@ describe("netrun.http.upstream", function()
     H.stop(live.pid)
   end)
 
+  it("is one pool for every loop: a failure seen on one loop takes the server out for all", function()
+    local live = backend("live")
+    local dead = "127.0.0.1:" .. H.free_port()
+    local up = netrun.http.upstream { servers = { dead, live.addr }, retries = 1 }
+    local g = netrun.group { threads = 2, name = "users" }
+    local function on(loop)
+      return H.on_loop(loop, function(u)
+        local c = require("netrun").http.client { timeout = 5 }
+        local res = c:request({ upstream = u, path = "/l" }):await()
+        return res.headers["x-backend"] .. " " .. tostring(u:status()[1].up)
+      end, up)
+    end
+    local l1, l2 = g:next(), g:next()
+    assert.are_not.equal(l1, l2)
+    assert.equal("live false", on(l1))   -- tried the dead one first, then the live one
+    assert.equal("live false", on(l2))   -- its turn starts at the dead one: passed over
+    local s = up:status()
+    assert.same({ 1, 2 }, { s[1].requests, s[2].requests })
+    H.shutdown(g)
+    H.stop(live.pid)
+  end)
+
   it("sticks a hash key to a server; least_conn prefers the idle server", function()
     local b = { backend("a"), backend("b"), backend("c") }
     local servers = { b[1].addr, b[2].addr, b[3].addr }
