@@ -288,10 +288,11 @@ function M.forwarder(client, opts)
     end
   end
   local retries = up.retries
+  local by_field = up.balance == 2 and type(up.hash) == "string"
   return function(req, cb)
     local tried, tries = 0, 0
     local function try(last_err)
-      local i = pick(up, req, up.balance == 2 and req.headers, tried)
+      local i = pick(up, req, by_field and req.headers, tried)   -- (read only then)
       if i == nil then return cb(nil, last_err) end
       tried, tries = tried | (1 << (i - 1)), tries + 1
       local f = fwd[i]
