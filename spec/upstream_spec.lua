@@ -122,7 +122,8 @@ describe("netrun.http.upstream", function()
     assert.is_false(s[1].up)              -- the dead one is out (fails = 1)
     -- another upstream, the dead one first again: the GET is retried
     up = netrun.http.upstream { servers = { dead, live.addr }, retries = 1 }
-    assert.equal("live", (get(up)))
+    local name, res = get(up)
+    assert.equal("live", name, tostring(res))
     s = up:status()
     assert.same({ 1, 1 }, { s[1].requests, s[2].requests })
     H.stop(live.pid)
