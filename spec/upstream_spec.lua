@@ -14,11 +14,30 @@ local socket = H.socket
 local FIXTURE = H.root .. "/spec/fixtures/upstream_backend.lua"
 local slow = H.sanitized and 5 or 1          -- sanitizer builds run ~5x slower
 
+-- Every process a test starts, stopped after it whatever happened (a
+-- failed assertion leaves none behind).
+local started = {}
+local function started_pid(pid)
+  started[#started + 1] = pid
+  return pid
+end
+
 local function backend(name, args, port)
   port = port or H.free_port()
-  local pid = H.start(FIXTURE, port, "--name " .. name .. " " .. (args or ""))
+  local pid = started_pid(H.start(FIXTURE, port, "--name " .. name .. " " .. (args or "")))
   return { pid = pid, port = port, addr = "127.0.0.1:" .. port }
 end
+
+local function proxy(port, args)
+  return started_pid(H.start(H.root .. "/examples/proxy.lua", port, args))
+end
+
+after_each(function()
+  for _, pid in ipairs(started) do
+    if H.alive(pid) then H.stop(pid) end
+  end
+  started = {}
+end)
 
 local function kill(b)
   os.execute("kill -KILL " .. b.pid)
@@ -228,7 +247,7 @@ describe("examples/proxy.lua with several --backend", function()
   it("answers every GET while a backend dies and comes back, 502 for a POST it cannot place", function()
     local b = { backend("a"), backend("b"), backend("c") }
     local port = H.free_port()
-    local pid = H.start(H.root .. "/examples/proxy.lua", port, string.format(
+    local pid = proxy(port, string.format(
       "--backend %s --backend %s --backend %s --health-path /health --health-interval %g " ..
       "--retries 2 --timeout %g", b[1].addr, b[2].addr, b[3].addr, 0.2 * slow, 2 * slow))
     local pc = netrun.http.client { timeout = 5 * slow }
@@ -260,7 +279,7 @@ describe("examples/proxy.lua with several --backend", function()
     -- a POST whose backend is dead: 502, not sent to another (a proxy
     -- whose first pick is a dead backend: the live one would answer 200)
     local port2 = H.free_port()
-    local pid2 = H.start(H.root .. "/examples/proxy.lua", port2, string.format(
+    local pid2 = proxy(port2, string.format(
       "--backend 127.0.0.1:%d --backend %s --retries 2", H.free_port(), b[1].addr))
     local res = H.sync(pc:request { url = "http://127.0.0.1:" .. port2 .. "/p", method = "POST",
                                     body = "x" }, 20)
@@ -271,7 +290,7 @@ describe("examples/proxy.lua with several --backend", function()
     assert.equal("a POST /p x", res.body)
     H.stop(pid2)
     -- a PUT whose first backend is dead goes to the other, body and all
-    pid2 = H.start(H.root .. "/examples/proxy.lua", port2, string.format(
+    pid2 = proxy(port2, string.format(
       "--backend 127.0.0.1:%d --backend %s --retries 2", H.free_port(), b[1].addr))
     res = H.sync(pc:request { url = "http://127.0.0.1:" .. port2 .. "/u", method = "PUT",
                               body = "payload" }, 20)
@@ -287,7 +306,7 @@ describe("examples/proxy.lua with several --backend", function()
     assert(H.run("bash " .. H.root .. "/spec/fixtures/tls/make_certs.sh " .. dir))
     local t, a = backend("tls", "--tls " .. dir), backend("a")
     local port = H.free_port()
-    local pid = H.start(H.root .. "/examples/proxy.lua", port, string.format(
+    local pid = proxy(port, string.format(
       "--backend https://127.0.0.1:%d --backend %s --backend-ca %s --balance hash " ..
       "--hash-header x-user", t.port, a.addr, dir .. "/ca.crt"))
     local pc = netrun.http.client { timeout = 5 * slow }
