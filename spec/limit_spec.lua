@@ -99,10 +99,16 @@ describe("netrun.limit", function()
     -- stall the loop for 0.5 s; a request sent meanwhile waits behind it
     local loop = one:loops()[1]
     local stalled = loop:submit(function()
-      local until_ = require("netrun.core").now() + 0.5
-      while require("netrun.core").now() < until_ do end
+      local nr = require "netrun"
+      nr.shared.dict("limit_spec_stall"):set("stalling", true)
+      local until_ = nr.now() + 0.5
+      while nr.now() < until_ do end
       return true
     end)
+    -- send only once the stall runs: sent earlier, the request could be
+    -- read in the same wake-up as the task, before it, and be served
+    local flag = netrun.shared.dict("limit_spec_stall")
+    assert(H.eventually(function() return flag:get("stalling") end, 5))
     assert(c:send("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
     assert.is_true(H.sync(stalled))
     assert.equal(503, (H.read_response(c)))
