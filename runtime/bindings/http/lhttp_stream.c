@@ -36,9 +36,13 @@
 /* { type = "body", data, last [, trailers] } */
 static void push_body(lua_State *L, void *msg) {
   const nr_http_body_t *b = msg;
-  lua_createtable(L, 0, b->ntrailers ? 4 : 3);
+  lua_createtable(L, 0, 3 + (b->ntrailers > 0) + (b->stream != 0));
   lua_pushliteral(L, "body");
   lua_setfield(L, -2, "type");
+  if (b->stream != 0) {        /* HTTP/2: its request's req.stream */
+    lua_pushinteger(L, b->stream);
+    lua_setfield(L, -2, "stream");
+  }
   lua_pushlstring(L, b->data, b->len);
   lua_setfield(L, -2, "data");
   lua_pushboolean(L, b->last);
