@@ -86,6 +86,34 @@ describe("HTTP/2 request bodies as streams", function()
     assert.equal(sum, r.sum)
   end)
 
+  it("takes a Node http2 client's upload, written in pieces, with its trailers", function()
+    local path = os.tmpname() .. ".js"
+    local f = assert(io.open(path, "w"))
+    f:write(([[
+      const http2 = require('http2');
+      const c = http2.connect('http://127.0.0.1:%d');
+      const r = c.request({':method': 'POST', ':path': '/sum'}, {waitForTrailers: true});
+      r.on('wantTrailers', () => r.sendTrailers({'x-sum': 'node'}));
+      let b = '';
+      r.on('data', d => b += d);
+      r.on('end', () => { console.log(b); c.close(); });
+      const piece = Buffer.alloc(100000, 'n');
+      let left = 20;
+      (function more() {
+        while (left > 0) { left--; if (!r.write(piece)) return r.once('drain', more); }
+        r.end();
+      })();
+    ]]):format(port))
+    f:close()
+    local out, st = H.run("timeout " .. 20 * slow .. " node " .. path)
+    os.remove(path)
+    assert.equal(0, st, out)
+    local r = json.decode(out)
+    assert.equal(2000000, r.n)
+    assert.equal(("n"):byte() * (2000000 // 997), r.sum)
+    assert.equal("node", r.trailers["x-sum"])
+  end)
+
   it("gives window only as bodies are read: stalled, sunk, reset, interleaved, answered early", function()
     local out, st = H.run(("NETRUN_TIMEOUT_SCALE=%d timeout %d %s %s/spec/h2/uploads.py --bin %s")
                           :format(slow, 60 * slow, PY, H.root, H.BIN))
