@@ -155,6 +155,19 @@ describe("HTTP/2 request bodies as streams", function()
     assert.equal(200, r.early.after)
   end)
 
+  it("resets a body read but not sent for body_timeout, that stream only", function()
+    local out, st = H.run(("NETRUN_TIMEOUT_SCALE=%d timeout %d %s %s/spec/h2/uploads.py --bin %s --case slow --codec '{ body_timeout = 0.5 }'")
+                          :format(slow, 30 * slow, PY, H.root, H.BIN))
+    assert.equal(0, st, out)
+    local r = json.decode(out:match("({.*})%s*$")).slow
+    assert.is_nil(r.fail, r.fail)
+    assert.equal(8, r.rst)                      -- CANCEL
+    assert.is_true(r.after >= 0.45, "after " .. r.after .. " s")
+    assert.equal(200, r.other)                  -- the other stream was answered
+    assert.equal(1, #r.events)
+    assert.matches("body_timeout", r.events[1], 1, true)
+  end)
+
   it("keeps max_body over streamed bodies: RST_STREAM and the handler told", function()
     local lport = H.free_port()
     local lpid = H.start(APP, lport, "--codec '{ max_body = 100000 }'")

@@ -24,7 +24,11 @@
  * exception_caught, unless its answer was complete (then it is dropped
  * quietly); a body nobody read when its answer ended is refused with
  * RST_STREAM NO_ERROR (RFC 9113 8.1), as HTTP/1.1 closes after such an
- * answer.
+ * answer. A body being read that gets no DATA from the client for
+ * body_timeout (all it sent handed up, its window open: the client's
+ * turn) is reset (RST_STREAM CANCEL) and its handlers told, the other
+ * streams going on: a slowloris upload holds one stream, not the
+ * connection.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -49,6 +53,7 @@ struct h2sb_s {
   const char *why;
   uint32_t unacked;           /* bytes handed up, window not given back */
   uint64_t got;               /* bytes received (max_body) */
+  uint64_t since;             /* when the client's turn began (timeout) */
   uint64_t token;             /* its request's read token */
   nr_buf_t pending;           /* received, not yet handed up */
   nr_http_header_t *trl;      /* its trailers, copied at the end */
@@ -75,9 +80,18 @@ static void body_free(nr_h2_server_t *h, h2sb_t *sb) {
   free(sb);
 }
 
+static void timer_stop(nr_h2_server_t *h) {
+  if (h->body_timer != NULL) {
+    nr_timer_cancel(h->body_timer);
+    nr_timer_release(h->body_timer);
+    h->body_timer = NULL;
+  }
+}
+
 void nr__h2_bodies_free(nr_h2_server_t *h) {
   nr_codec_resume_cancel(h->body_resume);
   h->body_resume = NULL;
+  timer_stop(h);
   while (h->bodies_head != NULL)
     body_free(h, h->bodies_head);
 }
@@ -112,6 +126,7 @@ void nr__h2_body_data(nr_h2_server_t *h, h2s_t *s, const uint8_t *d,
   if (sb->cut)
     return;
   sb->got += n;
+  sb->since = nr_now();
   if (sb->got > h->max_body) {
     cut(sb, NR_ETOOLONG, "http2: the request body is larger than max_body");
     nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
@@ -193,6 +208,7 @@ static void give(nr_h2_server_t *h, h2sb_t *sb) {
     return;
   nghttp2_session_consume_stream(h->ng, sb->id, sb->unacked);
   sb->unacked = 0;
+  sb->since = nr_now();        /* the client's turn from now */
 }
 
 /* Fire what sb has to say: its cut, or a piece. false: the codec went. */
@@ -230,6 +246,64 @@ static bool step(nr_h2_server_t *h, h2sb_t *sb) {
   return alive(h);
 }
 
+/* ---- body_timeout ------------------------------------------------------------- */
+
+/* Whether sb waits on the client: read, not ended, everything it sent
+ * handed up and its window given back. */
+static bool awaited(nr_h2_server_t *h, const h2sb_t *sb) {
+  return sb->state == B_FLOW && sb->delivered && !sb->ended && !sb->cut &&
+         sb->s != NULL && sb->unacked == 0 && nr_buf_len(&sb->pending) == 0 &&
+         !full(h, sb);
+}
+
+static void timer_check(nr_h2_server_t *h);
+
+static int timer_fired(void *arg) {
+  nr_h2_server_t *h = arg;
+  nr_timer_release(h->body_timer);
+  h->body_timer = NULL;
+  if (h->dead)
+    return 0;
+  uint64_t now = nr_now();
+  bool any = false;
+  for (h2sb_t *sb = h->bodies_head; sb != NULL; sb = sb->next)
+    if (awaited(h, sb) && now - sb->since >= h->body_timeout) {
+      cut(sb, NR_ETIMEDOUT, "http2: no request body data for body_timeout");
+      nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, sb->id,
+                                NGHTTP2_CANCEL);
+      any = true;
+    }
+  if (any) {
+    nr__h2_bodies_later(h);    /* (told from there) */
+    if (!nr__h2_pump(h, true))
+      return 0;
+  }
+  timer_check(h);
+  return 0;
+}
+
+/* Arm the timer for the body that has waited on the client the longest
+ * (none: no timer). */
+static void timer_check(nr_h2_server_t *h) {
+  uint64_t first = UINT64_MAX;
+  if (h->body_timeout > 0 && !h->dead)
+    for (h2sb_t *sb = h->bodies_head; sb != NULL; sb = sb->next)
+      if (awaited(h, sb) && sb->since < first)
+        first = sb->since;
+  if (first == UINT64_MAX) {
+    timer_stop(h);
+    return;
+  }
+  if (h->body_timer != NULL)
+    return;                    /* (it checks again as it fires) */
+  uint64_t now = nr_now(), end = first + h->body_timeout;
+  h->body_timer = nr_loop_schedule(nr_channel_loop(nr_ctx_channel(h->ctx)),
+                                   end > now ? end - now : 0, 0, timer_fired,
+                                   NULL, h);
+}
+
+/* ---- handed up, continued ----------------------------------------------------------- */
+
 void nr__h2_bodies_go(nr_h2_server_t *h) {
   if (h->bodies_busy || h->dead)
     return;
@@ -240,6 +314,8 @@ void nr__h2_bodies_go(nr_h2_server_t *h) {
       break;
   }
   h->bodies_busy = false;
+  if (alive(h))
+    timer_check(h);
 }
 
 static void bodies_task(void *state, nr_ctx_t *ctx) {
@@ -281,6 +357,8 @@ int nr_h2_server_read_body(nr_h2_server_t *h, uint64_t token,
     sb->watch.fn = sink_changed;
     nr_channel_watch(sink, &sb->watch);
   }
+  if (sb->state == B_WAIT)
+    sb->since = nr_now();
   sb->state = B_FLOW;
   nr__h2_bodies_later(h);
   return 0;
@@ -291,6 +369,7 @@ void nr_h2_server_read(nr_h2_server_t *h) {
   for (h2sb_t *sb = h->bodies_head; sb != NULL; sb = sb->next)
     if (sb->delivered && sb->state == B_WAIT) {
       sb->state = B_FLOW;
+      sb->since = nr_now();
       any = true;
     }
   if (any)

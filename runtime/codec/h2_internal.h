@@ -160,6 +160,8 @@ struct nr_h2_server_s {
   bool bodies_busy;           /* in nr__h2_bodies_go: no re-entry */
   struct h2sb_s *bodies_head, *bodies_tail;
   nr_codec_resume_t *body_resume;
+  uint64_t body_timeout;      /* ns a body read may wait on the client */
+  nr_timer_t *body_timer;     /* ... armed while one does */
 };
 
 /* h2_server.c */

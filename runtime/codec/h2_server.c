@@ -657,6 +657,7 @@ nr_h2_server_t *nr_h2_server_new(nr_ctx_t *ctx, nr_inbound_t *in,
   h->max_body = o->max_body;
   h->max_headers = o->max_headers;
   h->stream_bodies = o->stream_bodies;
+  h->body_timeout = o->body_timeout;
   h->budget = o->max_body > (1u << 20) ? o->max_body : (1u << 20);
   uint64_t now = nr_now();
   h->resets_in = h->resets_out = (bucket_t){h->o.reset_burst, now};

@@ -5,6 +5,7 @@ is the backpressure (a body nobody reads, or whose sink is full, gets no
 window), streams stay independent, bodies are cut short by RST_STREAM.
 
     spec/h2/uploads.py --bin build/bin/netrun      (prints one JSON line)
+    spec/h2/uploads.py --bin ... --case slow --codec '{ body_timeout = 0.5 }'
 
 spec/http2_body_spec.lua runs it and asserts what it prints.
 """
@@ -219,17 +220,41 @@ def case_early(srv):
     return {"status": st, "rst": code, "after": st3}
 
 
+def case_slow(srv):
+    """(body_timeout = 0.5) A body read, then nothing more from the client
+    (its window open): that stream is reset and its handler told; another
+    stream started meanwhile is answered, the connection goes on."""
+    c, fl = fresh(srv)
+    c.request(1, "/sum", "POST", end_stream=False)
+    fl.send(1, b"s" * 1000, end=False)
+    t0 = time.monotonic()
+    c.request(3, "/whole")
+    other = c.response(3, 10 * SCALE)[0]
+    code = None
+    while code is None and time.monotonic() - t0 < 10 * SCALE:
+        f = c.read(10 * SCALE)
+        if f is not None and f[0] == RST_STREAM and f[2] == 1:
+            code = struct.unpack(">I", f[3])[0]
+    after = time.monotonic() - t0
+    c.request(5, "/events")
+    events = json.loads(c.response(5, 10 * SCALE)[2])["events"]
+    c.close()
+    return {"rst": code, "after": round(after, 3), "other": other, "events": events}
+
+
 CASES = [("stall", case_stall), ("sink", case_sink), ("reset", case_reset),
-         ("interleave", case_interleave), ("early", case_early)]
+         ("interleave", case_interleave), ("early", case_early),
+         ("slow", case_slow)]
 
 
 def main():
     binary = sys.argv[sys.argv.index("--bin") + 1]
     only = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else None
     out = {}
-    with Server(binary, APP) as srv:
+    codec = sys.argv[sys.argv.index("--codec") + 1] if "--codec" in sys.argv else "{}"
+    with Server(binary, APP, ["--codec", codec]) as srv:
         for name, fn in CASES:
-            if only and name != only:
+            if (only and name != only) or (not only and name == "slow"):
                 continue
             try:
                 out[name] = fn(srv)
