@@ -32,6 +32,7 @@
  */
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,7 +216,9 @@ static void give(nr_h2_server_t *h, h2sb_t *sb) {
 static bool step(nr_h2_server_t *h, h2sb_t *sb) {
   if (sb->cut) {
     bool tell = sb->delivered && !sb->quiet;
-    nr_err_t err = {sb->err, sb->why};
+    char why[160];             /* which stream: several bodies may flow */
+    snprintf(why, sizeof why, "%s (stream %d)", sb->why, (int)sb->id);
+    nr_err_t err = {sb->err, why};
     body_free(h, sb);
     if (tell)
       nr_ctx_fire_exception(h->ctx, &err);
