@@ -4,7 +4,7 @@
 -- stream } pieces, as HTTP/1.1 gives them; flow control is the
 -- backpressure (spec/h2/uploads.py drives the frames by hand); curl over
 -- h2c and TLS, netrun's own h2 client, and examples/proxy.lua --body
--- stream between an h2 client and an HTTP/1.1 backend.
+-- stream between an h2 client and an HTTP/1.1 backend (40 uploads at once too).
 local H = require "spec.helper"
 local netrun = H.netrun
 local json = netrun.json
@@ -197,6 +197,13 @@ describe("HTTP/2 request bodies as streams", function()
       assert.equal(2 * 1024 * 1024 + 5, r.n)
       assert.equal(sum, r.sum)
       assert.equal(json.null, r.stream)       -- the backend heard HTTP/1.1
+      os.remove(path)
+      -- 40 uploads at once on one connection (more than --in-flight, 16):
+      -- they go one at a time, the others' bodies waiting in their windows
+      path = upload_file(100000)
+      local out = H.run(("timeout %d h2load -n 40 -c 1 -m 40 -d %s http://127.0.0.1:%d/sum")
+                        :format(20 * slow, path, pport))
+      assert.matches("40 succeeded", out, 1, true)
       os.remove(path)
     end)
     for _, p in ipairs { proxy, backend } do assert.is_true(H.stop(p)) end
