@@ -106,6 +106,27 @@ static void close_after_error(nr_http_server_t *s, nr_promise_t *p) {
     nr_promise_release(p);
 }
 
+/* ---- the observer (an access log: nr_http_server_observe) ---------------- */
+
+NOINLINE void nr__hs_tell(nr_http_server_t *s, unsigned i, int ev, int status,
+                          uint64_t head, uint64_t body) {
+  uint64_t token = 0;
+  unsigned k = (i + RING - s->oldest) % RING;
+  if (i < RING && k < s->outstanding)
+    token = s->delivered - s->outstanding + 1 + k;
+  s->seen(s->seen_arg, ev, token, status, head, body);
+}
+
+bool nr_http_server_is(const nr_ctx_t *ctx) {
+  return nr_ctx_handler(ctx)->added == nr_http_server_added;
+}
+
+void nr_http_server_observe(nr_ctx_t *ctx, nr_http_seen_fn fn, void *arg) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->seen = fn;
+  s->seen_arg = arg;
+}
+
 /* An answer of the codec's own for slot i: status, its reason as the
  * plain-text body (none to HEAD); p (or NULL) learns when it has left. */
 void nr__hs_write_status(nr_http_server_t *s, unsigned i, int status,
@@ -122,10 +143,12 @@ void nr__hs_write_status(nr_http_server_t *s, unsigned i, int status,
   if (close)
     OUT_LIT(&o, "\r\nConnection: close");
   OUT_LIT(&o, "\r\n\r\n");
+  size_t hlen = o.len;
   if (!head) {
     nr__http_out_str(&o, reason);
     OUT_LIT(&o, "\n");
   }
+  TELL(s, i, NR_HTTP_SEEN_ANSWER, status, hlen, o.len - hlen);
   write_out(s, i, &o, NULL, 0, p);
 }
 
@@ -297,6 +320,8 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
       w = PUT_LIT(w, "\r\n");
     o.len = (size_t)(w - o.p);
   }
+  TELL(s, i, r->stream ? NR_HTTP_SEEN_HEAD : NR_HTTP_SEEN_ANSWER, r->status,
+       o.len - copy, blen);
   int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
@@ -335,6 +360,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
       memcpy(o.p + pr->date_at, nr_http_date(), DATE_LEN);
     o.len = (size_t)(w - o.p);
   }
+  TELL(s, i, NR_HTTP_SEEN_ANSWER, pr->status, o.len - copy, blen);
   int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
@@ -381,6 +407,8 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
     memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
   nr_ctx_write_commit(ctx, pr->plain_len);
   nr_http_count_status(pr->status);
+  TELL(s, s->oldest, NR_HTTP_SEEN_ANSWER, pr->status,
+       pr->plain_len - pr->body_len, pr->body_len);
   finish_response(s, false);
   return 0;
 }
@@ -402,6 +430,8 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   for (size_t k = 0; k < n; k++)
     total += parts[k].len;
   int rc = 0;
+  if (how != A_DISCARD || total == 0)
+    TELL(s, i, total == 0 ? NR_HTTP_SEEN_END : NR_HTTP_SEEN_CHUNK, 0, 0, total);
   if (total == 0) {
     s->flags[i] &= (uint16_t)~A_MASK;
     s->streams--;
