@@ -377,7 +377,12 @@ local function stream_handler()
       if busy then
         last = last + 1
         queue[last] = m
-        if not paused and last - first + 1 >= in_flight then paused = true; ch:option("auto_read", false) end
+        -- (an HTTP/2 client's requests are bounded by its streams, each
+        -- unread body by its window; pausing its reads would stop the body
+        -- under way too)
+        if not paused and not m.stream and last - first + 1 >= in_flight then
+          paused = true; ch:option("auto_read", false)
+        end
         return
       end
       start(m)

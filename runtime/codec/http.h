@@ -134,6 +134,8 @@ typedef struct nr_http_body_s {
   const nr_http_header_t *trailers;    /* with the last: a chunked body's */
   size_t ntrailers;
   uint64_t token;                 /* its request's read token */
+  int32_t stream;                 /* HTTP/2: its request's stream; 0 for
+                                     HTTP/1.x */
 } nr_http_body_t;
 
 /* A consumer of a streamed body in C (a forwarder), which takes it from

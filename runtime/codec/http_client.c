@@ -683,7 +683,7 @@ static int deliver(void *arg, nr_http_reply_t *r) {
   client_t *c = arg;
   if (r->piece) {              /* a streamed body's: as the server's pieces */
     nr_http_body_t b = {NR_MSG_HTTP_BODY, r->last, r->body, r->body_len,
-                        r->trailers, r->ntrailers, 0};
+                        r->trailers, r->ntrailers, 0, 0};
     nr_ctx_fire_read(c->ctx, &b);
     return c->dead || !nr_channel_is_open(nr_ctx_channel(c->ctx));
   }
