@@ -772,6 +772,14 @@ int nr_http_client_inactive(nr_ctx_t *ctx) {
   return 0;
 }
 
+bool nr_http_client_set_stream(nr_ctx_t *ctx, bool on) {
+  client_t *c = nr_ctx_state(ctx);
+  if (c->h2 != NULL || c->parser.stopped)
+    return false;
+  c->parser.stream = on;
+  return true;
+}
+
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
   if (nr_msg_type(msg) != NR_MSG_HTTP_CALL)
     return nr_ctx_write(ctx, msg, p);

@@ -179,5 +179,11 @@ int nr_http_client_inactive(nr_ctx_t *ctx);
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_client_user_event(nr_ctx_t *ctx, void *evt);
 int nr_http_client_active(nr_ctx_t *ctx);
+/* Loop thread. The connection's next responses come streamed (on) or
+ * whole, whatever the option said: a forwarder that streams one exchange
+ * on a pooled connection (lhttp_xfer.c) turns it on for that exchange.
+ * ctx: the codec's context. False when the codec speaks HTTP/2 or can
+ * carry no more responses. */
+bool nr_http_client_set_stream(nr_ctx_t *ctx, bool on);
 
 #endif /* NR_CODEC_HTTP_CLIENT_H */

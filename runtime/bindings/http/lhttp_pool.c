@@ -72,6 +72,7 @@ static const nr_handler_t conn_vt;
 static void acquire(lua_State *L, hpool_t *P, hreq_t *q);
 static void lost(lua_State *L, hpool_t *P);
 static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry);
+static lua_State *state_of(hpool_t *P);
 
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
 
@@ -270,6 +271,11 @@ static void push_method(lua_State *L, int u) {
  * callback is logged: it never reaches a connection. */
 static void settle(lua_State *L, hreq_t *q, const char *err) {
   int res = err ? 0 : lua_gettop(L);
+  if (q->x != NULL) {                /* a streamed exchange's state goes */
+    hxfer_t *x = q->x;
+    q->x = NULL;
+    lnr_xfer_free(x, err);
+  }
   deadline_remove(q->pool, q);
   q->done = true;
   push_req(L, q);
@@ -286,7 +292,8 @@ static void settle(lua_State *L, hreq_t *q, const char *err) {
   lua_pushcfunction(L, lnr_msgh);
   lua_getiuservalue(L, u, UV_TARGET);
   if (q->callback) {
-    if (err) lua_pushnil(L);
+    if (err && q->gone) lua_pushboolean(L, 0);
+    else if (err) lua_pushnil(L);
     lua_pushvalue(L, res);
     if (lua_pcall(L, err ? 2 : 1, 0, -3 - (err ? 1 : 0)) != LUA_OK)
       lnr_log_error(L, "netrun.http: a request's callback failed");
@@ -324,6 +331,10 @@ static void fail(lua_State *L, hreq_t *q, const char *err) {
  * when a field of q cannot be sent -- q failed, nothing written, c still
  * free unless q's callback took or closed it meanwhile. */
 static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
+  if (q->x != NULL && c->h2) {
+    fail(L, q, "a streamed exchange needs HTTP/1.1 to the backend");
+    return false;
+  }
   q->conn = c;
   if (c->h2) {
     q->seq = ++c->pool->seq;
@@ -349,6 +360,14 @@ static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
     return false;
   }
   nr_ctx_flush(ctx);
+  const char *why = q->x != NULL && q->conn == c ? lnr_xfer_start(q->x, c) : NULL;
+  if (why != NULL) {
+    c->req = NULL;
+    q->conn = NULL;
+    c->dead = true;
+    nr_ctx_close(ctx, NULL);         /* (its head went: not reusable) */
+    fail(L, q, why);
+  }
   return true;
 }
 
@@ -498,6 +517,43 @@ static void conn_gone(lua_State *L, hconn_t *c) {
   }
 }
 
+/* ---- streamed exchanges (lhttp_xfer.c) ------------------------------------------ */
+
+void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err) {
+  hpool_t *P = q->pool;
+  hconn_t *c = q->conn != NULL && q->conn->req == q ? q->conn : NULL;
+  if (c != NULL) {
+    c->req = NULL;
+    q->conn = NULL;
+  }
+  hxfer_t *x = q->x;                 /* freed first: c may go to another */
+  q->x = NULL;
+  if (x != NULL)
+    lnr_xfer_free(x, err);
+  lua_State *L = P ? state_of(P) : NULL;
+  if (c != NULL && (!keep || L == NULL || c->pool == NULL)) {
+    c->dead = true;
+    nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
+  }
+  if (L == NULL || q->done)
+    return;
+  enter(P);
+  wait_remove(P, q);
+  if (c != NULL && !c->dead)
+    release(L, c);
+  if (err != NULL) {
+    fail(L, q, err);
+  } else {
+    lua_pushboolean(L, 1);
+    settle(L, q, NULL);
+  }
+  leave(L, P);
+}
+
+void lnr_pool_xfer_untime(hreq_t *q) { deadline_remove(q->pool, q); }
+
+void lnr_pool_xfer_gone(hreq_t *q) { q->gone = true; }
+
 /* ---- TLS settings that changed ----------------------------------------------------- */
 
 /* The pool's TLS config was reloaded with other settings (another
@@ -610,12 +666,26 @@ static int h_channel_read(nr_ctx_t *ctx, void *msg) {
   hconn_t *c = nr_ctx_state(ctx);
   hpool_t *P = c->pool;
   lua_State *L = P ? state_of(P) : NULL;
-  if (L == NULL || nr_msg_type(msg) != NR_MSG_HTTP_REPLY)
+  if (L == NULL)
     return 0;
+  if (nr_msg_type(msg) != NR_MSG_HTTP_REPLY) {
+    if (c->req != NULL && c->req->x != NULL) {   /* its body's pieces */
+      enter(P);
+      lnr_xfer_read(c->req->x, msg);
+      leave(L, P);
+    }
+    return 0;
+  }
   const nr_http_reply_t *r = msg;
   if (r->h2)
     return h2_reply(ctx, c, P, L, r);
   hreq_t *q = c->req;
+  if (q != NULL && q->x != NULL) {   /* a streamed exchange's */
+    enter(P);
+    lnr_xfer_read(q->x, msg);
+    leave(L, P);
+    return 0;
+  }
   if (q == NULL) {                   /* nobody asked: a handler someone added */
     c->dead = true;
     nr_ctx_close(ctx, NULL);
@@ -719,13 +789,23 @@ static void conn_closed(hconn_t *c) {
   conn_gone(L, c);
   const char *err = c->err[0] ? c->err : "the connection closed before the response";
   if (q)
-    fail_request(L, q, err, c->reused && strstr(err, "closed before a response"));
+    fail_request(L, q, err, c->reused && strstr(err, "closed before a response") &&
+                 (q->x == NULL || lnr_xfer_may_retry(q->x)));
   while ((q = c->flight) != NULL) {  /* HTTP/2: every request in flight */
     flight_remove(c, q);
     q->conn = NULL;
     fail_request(L, q, err, false);
   }
   leave(L, P);
+}
+
+/* A streamed exchange's body goes on when the backend drains. */
+static int h_writability(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->req != NULL && c->req->x != NULL)
+    lnr_xfer_writable(c->req->x);
+  nr_ctx_fire_writability_changed(ctx);
+  return 0;
 }
 
 static int h_inactive(nr_ctx_t *ctx) {
@@ -747,7 +827,8 @@ static void h_removed(nr_ctx_t *ctx) {
 static const nr_handler_t conn_vt = {
     .type = "http_pool", .added = h_added, .removed = h_removed,
     .inactive = h_inactive, .channel_read = h_channel_read,
-    .user_event = h_user_event, .exception = h_exception};
+    .user_event = h_user_event, .exception = h_exception,
+    .writability_changed = h_writability};
 
 /* p:add_last("client", P): a connection of the pool. */
 static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {

@@ -21,6 +21,7 @@ enum { UV_TARGET = 1, UV_METHOD, UV_PATH, UV_HEADERS, UV_BODY, UV_FORWARD,
 typedef struct hpool hpool_t;
 typedef struct hconn hconn_t;
 typedef struct hreq hreq_t;
+typedef struct hxfer hxfer_t;   /* a streamed exchange (lhttp_xfer.c) */
 
 struct hreq {
   hpool_t *pool;
@@ -34,6 +35,9 @@ struct hreq {
   int ref;                    /* anchors the userdata until settled */
   bool callback;              /* the target is a function (else a promise) */
   bool waiting, timed, retried, done;
+  bool gone;                  /* a streamed exchange's client side is over:
+                                 its callback gets false, not nil */
+  hxfer_t *x;                 /* streamed (a stream forwarder's), or NULL */
 };
 
 struct hconn {
@@ -99,6 +103,30 @@ hreq_t *lnr_pool_new_req(lua_State *L, hpool_t *P, bool callback,
 /* Send the request userdata on top of the stack (popped) through P (at
  * stack index pidx). */
 void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q);
+
+/* Streamed exchanges (lhttp_xfer.c; see its header). The pool's side:
+ * xfer_end ends q's exchange -- its connection back to the pool when
+ * keep, else closed -- and settles q: cb(true), or (nil or false, err);
+ * xfer_untime: q's timeout no longer runs (its response head came);
+ * xfer_gone: q's client side is over (cb gets false). */
+void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err);
+void lnr_pool_xfer_untime(hreq_t *q);
+void lnr_pool_xfer_gone(hreq_t *q);
+/* The exchange's side: new (req, the client's ctx at those stack
+ * indices; raises), the head's fields pushed (the forwarder's headers at
+ * `headers`, with the body's framing), started on c once the head is
+ * written (NULL, or why it cannot go on), a message of c, c writable,
+ * whether q may be sent again elsewhere (nothing taken yet), freed as q
+ * settles (err: failed; the client's connection closes if its answer had
+ * begun). */
+hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer);
+void lnr_xfer_push_headers(lua_State *L, hxfer_t *x, int req, int headers);
+void lnr_xfer_bind(hxfer_t *x, hreq_t *q);      /* x is q's */
+const char *lnr_xfer_start(hxfer_t *x, hconn_t *c);
+void lnr_xfer_read(hxfer_t *x, void *msg);
+void lnr_xfer_writable(hxfer_t *x);
+bool lnr_xfer_may_retry(hxfer_t *x);
+void lnr_xfer_free(hxfer_t *x, const char *err);
 
 /* core.http.lane and core.http.forwarder (lhttp_lane.c). */
 int lnr_http_lane(lua_State *L);
