@@ -53,7 +53,9 @@ struct hxfer {
   nr_http_sink_t sink;        /* the request body's consumer */
   nr_chwatch_t cwatch;        /* the client's channel: writability, close */
   hreq_t *q;                  /* its request in the pool */
-  hconn_t *c;                 /* the backend connection, once started */
+  nr_ctx_t *bctx;             /* the backend connection's pool handler,
+                                 once started (retained: the connection
+                                 may go before the exchange) */
   nr_ctx_t *cctx;             /* the client handler's (retained): writes
                                  go through the server codec before it */
   nr_ctx_t *codec;            /* the server codec with the body (retained
@@ -72,7 +74,7 @@ static hxfer_t *of_watch(nr_chwatch_t *w) {
 }
 
 static nr_channel_t *backend(const hxfer_t *x) {
-  return x->c && x->c->ctx ? nr_ctx_channel(x->c->ctx) : NULL;
+  return x->bctx && !nr_ctx_is_removed(x->bctx) ? nr_ctx_channel(x->bctx) : NULL;
 }
 
 /* The backend's reads held (the client cannot take more) or not. */
@@ -96,7 +98,7 @@ static bool body_piece(nr_http_sink_t *k, const nr_http_body_t *b) {
   nr_channel_t *ch = backend(x);
   if (ch == NULL || !nr_channel_is_open(ch))
     return false;              /* (its close ends the exchange) */
-  nr_ctx_t *out = x->c->ctx;
+  nr_ctx_t *out = x->bctx;
   if (x->chunked) {
     char size[24];
     int n = snprintf(size, sizeof size, "%zx\r\n", b->len);
@@ -127,7 +129,7 @@ static bool body_piece(nr_http_sink_t *k, const nr_http_body_t *b) {
       lnr_pool_xfer_end(x->q, x->keep, NULL);
     return true;
   }
-  if (x->c == NULL || !nr_channel_is_writable(ch)) {
+  if (!nr_channel_is_writable(ch)) {
     x->body_paused = true;     /* on when the backend drains */
     return false;
   }
@@ -249,7 +251,7 @@ const char *lnr_xfer_start(hxfer_t *x, hconn_t *c) {
   nr_ctx_t *http = nr_pipeline_context(nr_ctx_pipeline(c->ctx), "http");
   if (http == NULL || !nr_http_client_set_stream(http, true))
     return "the backend connection cannot stream (HTTP/2, or done)";
-  x->c = c;
+  x->bctx = nr_ctx_retain(c->ctx);
   nr_channel_t *ch = nr_ctx_channel(c->ctx);
   nr_channel_set_option(ch, "write_buffer_high", (int)x->buffer);
   nr_channel_set_option(ch, "write_buffer_low", (int)(x->buffer / 2));
@@ -267,19 +269,22 @@ const char *lnr_xfer_start(hxfer_t *x, hconn_t *c) {
 bool lnr_xfer_may_retry(hxfer_t *x) {
   if (x->codec != NULL || x->head_sent)
     return false;              /* a body taken, or an answer begun */
-  x->c = NULL;
+  if (x->bctx != NULL)
+    nr_ctx_release(x->bctx);
+  x->bctx = NULL;
   return true;
 }
 
 void lnr_xfer_free(hxfer_t *x, const char *err) {
-  if (x->c != NULL) {
+  if (backend(x) != NULL) {
     hold_backend(x, false);
-    nr_ctx_t *http = x->c->ctx ? nr_pipeline_context(nr_ctx_pipeline(x->c->ctx),
-                                                     "http") : NULL;
+    nr_ctx_t *http = nr_pipeline_context(nr_ctx_pipeline(x->bctx), "http");
     if (http != NULL && nr_ctx_handler(http) != NULL &&
         strcmp(nr_ctx_handler(http)->type, "http_client") == 0)
       nr_http_client_set_stream(http, false);
   }
+  if (x->bctx != NULL)
+    nr_ctx_release(x->bctx);
   if (x->claimed && !nr_ctx_is_removed(x->codec))
     nr_http_server_drop_sink(x->codec, &x->sink);
   nr_channel_unwatch(&x->cwatch);
