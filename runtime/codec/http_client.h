@@ -101,6 +101,9 @@ typedef struct nr_http_client_parser_s {
   unsigned info;                  /* 1xx skipped since the last final response */
   bool stopped;
   bool upgraded;                  /* stopped after a 101: not an error */
+  nr_buf_t rest;                  /* after a 101: the bytes that followed
+                                     it in its read, for the next protocol
+                                     (the handler passes them on) */
   bool stream;                    /* bodies in pieces (set after init) */
   bool sclose;                    /* the streamed body runs to the close */
   const char *why;                /* the error's cause, for its message */

@@ -554,6 +554,23 @@ void lnr_pool_xfer_untime(hreq_t *q) { deadline_remove(q->pool, q); }
 
 void lnr_pool_xfer_gone(hreq_t *q) { q->gone = true; }
 
+void lnr_pool_xfer_detach(hreq_t *q) {
+  hconn_t *c = q->conn;
+  if (c == NULL || c->req != q)
+    return;
+  c->req = NULL;
+  q->conn = NULL;
+  c->upgraded = true;
+  hpool_t *P = c->pool;
+  lua_State *L = P ? state_of(P) : NULL;
+  if (L != NULL) {
+    enter(P);
+    conn_gone(L, c);
+    leave(L, P);
+  }
+  c->pool = NULL;
+}
+
 /* ---- TLS settings that changed ----------------------------------------------------- */
 
 /* The pool's TLS config was reloaded with other settings (another
@@ -664,6 +681,10 @@ static int h2_reply(nr_ctx_t *ctx, hconn_t *c, hpool_t *P, lua_State *L,
 
 static int h_channel_read(nr_ctx_t *ctx, void *msg) {
   hconn_t *c = nr_ctx_state(ctx);
+  if (c->upgraded) {                 /* a tunnel's bytes */
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
   hpool_t *P = c->pool;
   lua_State *L = P ? state_of(P) : NULL;
   if (L == NULL)
@@ -809,7 +830,10 @@ static int h_writability(nr_ctx_t *ctx) {
 }
 
 static int h_inactive(nr_ctx_t *ctx) {
-  conn_closed(nr_ctx_state(ctx));
+  hconn_t *c = nr_ctx_state(ctx);
+  conn_closed(c);
+  if (c->upgraded)
+    nr_ctx_fire_inactive(ctx);       /* (the tunnel's) */
   return 0;
 }
 

@@ -50,6 +50,8 @@ struct hconn {
   bool ready;                 /* connected: counted in total until gone */
   bool idle, dead, gone, used, reused;
   bool h2, goaway;            /* HTTP/2 (the codec said so); no new streams */
+  bool upgraded;              /* a tunnel's now (lhttp_tunnel.c): out of
+                                 the pool, its bytes passed on */
   unsigned nflight, max_streams;   /* HTTP/2: requests in flight, at most */
   hreq_t *flight;             /* HTTP/2: those requests */
   char err[200];              /* the first error met */
@@ -112,6 +114,13 @@ void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q);
 void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err);
 void lnr_pool_xfer_untime(hreq_t *q);
 void lnr_pool_xfer_gone(hreq_t *q);
+/* q's connection switched protocols: out of the pool (a tunnel's). */
+void lnr_pool_xfer_detach(hreq_t *q);
+/* lhttp_tunnel.c: the client's connection (its handler's ctx, after the
+ * server codec, which the tunnel replaces) and the backend's (its pool
+ * handler's ctx, after which the tunnel goes) tunnel bytes both ways.
+ * 0 or -errno. */
+int lnr_tunnel_start(nr_ctx_t *client, nr_ctx_t *backend);
 /* The exchange's side: new (req, the client's ctx at those stack
  * indices; raises), the head's fields pushed (the forwarder's headers at
  * `headers`, with the body's framing), started on c once the head is

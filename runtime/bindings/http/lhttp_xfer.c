@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "lhttp_pool.h"
+#include "codec/http_parse.h"
 #include "lhttp_stream.h"
 #include "pipeline/lpipeline.h"
 
@@ -65,6 +66,8 @@ struct hxfer {
   bool chunked;               /* the body goes chunked */
   bool claimed, body_done, body_paused;
   bool head_sent, resp_done, held, keep;
+  bool upgrade;               /* the request asks to switch protocols */
+  bool tunnel;                /* ... and the backend agreed: a tunnel now */
 };
 
 static hxfer_t *of_sink(nr_http_sink_t *k) { return (hxfer_t *)k; }
@@ -177,8 +180,8 @@ static void client_changed(nr_chwatch_t *w, nr_channel_t *ch) {
  * Content-Length kept), streamed when a body follows. */
 static void write_head(hxfer_t *x, const nr_http_reply_t *r) {
   nr_http_header_t small[32], *kept = small;
-  if (r->nheaders > sizeof small / sizeof small[0] &&
-      (kept = malloc(r->nheaders * sizeof *kept)) == NULL) {
+  if (r->nheaders + 2 > sizeof small / sizeof small[0] &&
+      (kept = malloc((r->nheaders + 2) * sizeof *kept)) == NULL) {
     close_client(x);
     return;
   }
@@ -186,10 +189,15 @@ static void write_head(hxfer_t *x, const nr_http_reply_t *r) {
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
     if (!lnr_http_hop_by_hop(h->name, h->name_len) ||
-        (r->head && h->name_len == 14 &&
+        ((r->head || (r->streaming && !r->chunked)) && h->name_len == 14 &&
          strncasecmp(h->name, "content-length", 14) == 0))
       kept[n++] = *h;
+    else if (r->status == 101 && h->name_len == 7 &&
+             strncasecmp(h->name, "upgrade", 7) == 0)
+      kept[n++] = *h;          /* a switch: the protocol the backend took */
   }
+  if (r->status == 101)
+    kept[n++] = (nr_http_header_t){"Connection", "upgrade", 10, 7};
   nr_http_response_t res = {.type = NR_MSG_HTTP_RESPONSE, .status = r->status,
                             .headers = kept, .nheaders = n,
                             .body = r->body, .body_len = r->body_len,
@@ -200,6 +208,26 @@ static void write_head(hxfer_t *x, const nr_http_reply_t *r) {
     free(kept);
 }
 
+/* The backend switched protocols: if the client asked, the 101 goes to
+ * it and the two connections become a tunnel (lhttp_tunnel.c), out of the
+ * pool; if not, the backend is not to be trusted: closed, and the client
+ * gets a 502 (cb(nil, err)). */
+static void switched(hxfer_t *x, const nr_http_reply_t *r) {
+  if (!x->upgrade) {
+    lnr_pool_xfer_end(x->q, false, "the backend switched protocols (101) "
+                      "though the request did not ask to");
+    return;
+  }
+  write_head(x, r);
+  nr_ctx_flush(x->cctx);
+  x->tunnel = true;
+  if (lnr_tunnel_start(x->cctx, x->bctx) < 0)
+    close_client(x);
+  lnr_pool_xfer_detach(x->q);
+  lnr_pool_xfer_gone(x->q);
+  lnr_pool_xfer_end(x->q, false, "switched protocols: a tunnel now");
+}
+
 /* A message of the backend connection while the exchange has it. */
 void lnr_xfer_read(hxfer_t *x, void *msg) {
   nr_channel_t *cch = nr_ctx_channel(x->cctx);
@@ -207,6 +235,8 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
   if (type == NR_MSG_HTTP_REPLY) {
     const nr_http_reply_t *r = msg;
     lnr_pool_xfer_untime(x->q);  /* (the timeout bounds the wait for the head) */
+    if (r->status == 101)
+      return switched(x, r);
     x->keep = r->keep_alive;
     write_head(x, r);
     if (r->streaming) {
@@ -288,12 +318,30 @@ void lnr_xfer_free(hxfer_t *x, const char *err) {
   if (x->claimed && !nr_ctx_is_removed(x->codec))
     nr_http_server_drop_sink(x->codec, &x->sink);
   nr_channel_unwatch(&x->cwatch);
-  if (err != NULL && x->head_sent)
+  if (err != NULL && x->head_sent && !x->tunnel)
     close_client(x);           /* its response cannot be completed */
   if (x->codec != NULL)
     nr_ctx_release(x->codec);
   nr_ctx_release(x->cctx);
   free(x);
+}
+
+/* Whether the request asks to switch protocols (Upgrade, with upgrade
+ * among its Connection tokens): its Upgrade value then (*v, *n). */
+static bool asks_upgrade(lua_State *L, int req, const char **v, size_t *n) {
+  nr_http_header_t f[NR_HTTP_MAX_HEADERS];
+  size_t k = lnr_http_forward_fields(L, req, f, NR_HTTP_MAX_HEADERS);
+  bool conn = false;
+  *v = NULL;
+  for (size_t i = 0; i < k && i < NR_HTTP_MAX_HEADERS; i++) {
+    if (f[i].name_len == 7 && strncasecmp(f[i].name, "upgrade", 7) == 0) {
+      *v = f[i].value;
+      *n = f[i].value_len;
+    } else if (f[i].name_len == 10 && strncasecmp(f[i].name, "connection", 10) == 0) {
+      conn = conn || nr__http_has_token(f[i].value, f[i].value_len, "upgrade", 7);
+    }
+  }
+  return conn && *v != NULL;
 }
 
 hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer) {
@@ -309,6 +357,9 @@ hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer) {
   x->cwatch.fn = client_changed;
   x->cctx = nr_ctx_retain(cctx);
   x->buffer = buffer;
+  const char *up;
+  size_t upn;
+  x->upgrade = asks_upgrade(L, req, &up, &upn);
   if (body) {
     x->codec = nr_ctx_retain(b.codec);
     x->token = b.token;
@@ -324,7 +375,7 @@ void lnr_xfer_bind(hxfer_t *x, hreq_t *q) {
 }
 
 void lnr_xfer_push_headers(lua_State *L, hxfer_t *x, int req, int headers) {
-  if (x->codec == NULL) {
+  if (x->codec == NULL && !x->upgrade) {
     lua_pushvalue(L, headers);
     return;
   }
@@ -337,7 +388,17 @@ void lnr_xfer_push_headers(lua_State *L, hxfer_t *x, int req, int headers) {
       lua_rawset(L, -4);
     }
   }
-  if (x->chunked) {
+  if (x->upgrade) {            /* asked of the backend in turn */
+    const char *up;
+    size_t n;
+    asks_upgrade(L, req, &up, &n);
+    lua_pushlstring(L, up, n);
+    lua_setfield(L, -2, "upgrade");
+    lua_pushliteral(L, "upgrade");
+    lua_setfield(L, -2, "connection");
+  }
+  if (x->codec == NULL) {
+  } else if (x->chunked) {
     lua_pushliteral(L, "chunked");
     lua_setfield(L, -2, "transfer-encoding");
   } else {
