@@ -274,7 +274,7 @@ static void settle(lua_State *L, hreq_t *q, const char *err) {
   if (q->x != NULL) {                /* a streamed exchange's state goes */
     hxfer_t *x = q->x;
     q->x = NULL;
-    lnr_xfer_free(x, err);
+    lnr_xfer_free(x, err, false);
   }
   deadline_remove(q->pool, q);
   q->done = true;
@@ -526,20 +526,21 @@ void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err) {
     c->req = NULL;
     q->conn = NULL;
   }
+  lua_State *L = P ? state_of(P) : NULL;
+  bool reuse = c != NULL && keep && err == NULL && L != NULL && c->pool != NULL;
+  if (c != NULL && !reuse) {
+    c->dead = true;                  /* closed by the exchange as it goes */
+    c = NULL;                        /* (and maybe freed meanwhile) */
+  }
   hxfer_t *x = q->x;                 /* freed first: c may go to another */
   q->x = NULL;
   if (x != NULL)
-    lnr_xfer_free(x, err);
-  lua_State *L = P ? state_of(P) : NULL;
-  if (c != NULL && (!keep || L == NULL || c->pool == NULL)) {
-    c->dead = true;
-    nr_ctx_close(c->ctx, NULL);      /* (inactive: gone) */
-  }
+    lnr_xfer_free(x, err, reuse);
   if (L == NULL || q->done)
     return;
   enter(P);
   wait_remove(P, q);
-  if (c != NULL && !c->dead)
+  if (c != NULL)
     release(L, c);
   if (err != NULL) {
     fail(L, q, err);

@@ -126,8 +126,8 @@ int lnr_tunnel_start(nr_ctx_t *client, nr_ctx_t *backend);
  * `headers`, with the body's framing), started on c once the head is
  * written (NULL, or why it cannot go on), a message of c, c writable,
  * whether q may be sent again elsewhere (nothing taken yet), freed as q
- * settles (err: failed; the client's connection closes if its answer had
- * begun). */
+ * settles (err: failed, the backend connection reset, and the client's
+ * closed if its answer had begun; else closed unless reuse). */
 hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer);
 void lnr_xfer_push_headers(lua_State *L, hxfer_t *x, int req, int headers);
 void lnr_xfer_bind(hxfer_t *x, hreq_t *q);      /* x is q's */
@@ -135,7 +135,7 @@ const char *lnr_xfer_start(hxfer_t *x, hconn_t *c);
 void lnr_xfer_read(hxfer_t *x, void *msg);
 void lnr_xfer_writable(hxfer_t *x);
 bool lnr_xfer_may_retry(hxfer_t *x);
-void lnr_xfer_free(hxfer_t *x, const char *err);
+void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse);
 
 /* core.http.lane and core.http.forwarder (lhttp_lane.c). */
 int lnr_http_lane(lua_State *L);

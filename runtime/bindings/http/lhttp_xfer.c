@@ -90,8 +90,24 @@ static void hold_backend(hxfer_t *x, bool held) {
 }
 
 static void close_client(hxfer_t *x) {
-  if (nr_channel_is_open(nr_ctx_channel(x->cctx)))
+  if (nr_channel_is_open(nr_ctx_channel(x->cctx))) {
+    nr_ctx_flush(x->cctx);     /* (what was written goes first) */
     nr_ctx_close(x->cctx, NULL);
+  }
+}
+
+/* The response is whole before the body was all sent (the backend
+ * answered without reading it): the rest is not read -- the server codec
+ * closes the client's connection after the answer -- told before the
+ * answer ends, so that the codec does not abort the sink as it closes. */
+static void early(hxfer_t *x) {
+  if (x->body_done || x->codec == NULL)
+    return;
+  x->keep = false;             /* (the backend may be reading body bytes) */
+  if (x->claimed && !nr_ctx_is_removed(x->codec)) {
+    x->claimed = false;
+    nr_http_server_drop_sink(x->codec, &x->sink);
+  }
 }
 
 /* ---- the request body, to the backend ------------------------------------------ */
@@ -238,6 +254,8 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
     if (r->status == 101)
       return switched(x, r);
     x->keep = r->keep_alive;
+    if (!r->streaming)
+      early(x);
     write_head(x, r);
     if (r->streaming) {
       nr_ctx_flush(x->cctx);
@@ -255,24 +273,14 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
         hold_backend(x, true);
       return;
     }
+    early(x);
     nr_ctx_write(x->cctx, &NR_BYTES("", 0), NULL);   /* the end */
   } else {
     return;
   }
   nr_ctx_flush(x->cctx);
   x->resp_done = true;
-  if (x->body_done || x->codec == NULL) {
-    lnr_pool_xfer_end(x->q, x->keep, NULL);
-    return;
-  }
-  /* answered before the body was all sent: the rest is not read (the
-   * client's connection closes after the answer), and the backend's
-   * connection goes (it may still be reading body bytes) */
-  if (x->claimed && !nr_ctx_is_removed(x->codec)) {
-    x->claimed = false;
-    nr_http_server_drop_sink(x->codec, &x->sink);
-  }
-  lnr_pool_xfer_end(x->q, false, NULL);
+  lnr_pool_xfer_end(x->q, x->keep, NULL);
 }
 
 /* ---- its life --------------------------------------------------------------------- */
@@ -305,8 +313,14 @@ bool lnr_xfer_may_retry(hxfer_t *x) {
   return true;
 }
 
-void lnr_xfer_free(hxfer_t *x, const char *err) {
-  if (backend(x) != NULL) {
+void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse) {
+  if (backend(x) != NULL && err != NULL && !x->tunnel) {
+    nr_channel_abort(backend(x));   /* failed midway: what it sends or
+                                       holds is of no use (a reset, not a
+                                       lingering close over held reads) */
+  } else if (backend(x) != NULL && !reuse && !x->tunnel) {
+    nr_ctx_close(x->bctx, NULL);
+  } else if (backend(x) != NULL) {
     hold_backend(x, false);
     nr_ctx_t *http = nr_pipeline_context(nr_ctx_pipeline(x->bctx), "http");
     if (http != NULL && nr_ctx_handler(http) != NULL &&
