@@ -821,6 +821,15 @@ static void conn_closed(hconn_t *c) {
   leave(L, P);
 }
 
+/* A streamed exchange's pieces written to the client go out together. */
+static int h_read_complete(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->req != NULL && c->req->x != NULL)
+    lnr_xfer_read_complete(c->req->x);
+  nr_ctx_fire_read_complete(ctx);
+  return 0;
+}
+
 /* A streamed exchange's body goes on when the backend drains. */
 static int h_writability(nr_ctx_t *ctx) {
   hconn_t *c = nr_ctx_state(ctx);
@@ -853,7 +862,8 @@ static const nr_handler_t conn_vt = {
     .type = "http_pool", .added = h_added, .removed = h_removed,
     .inactive = h_inactive, .channel_read = h_channel_read,
     .user_event = h_user_event, .exception = h_exception,
-    .writability_changed = h_writability};
+    .writability_changed = h_writability,
+    .channel_read_complete = h_read_complete};
 
 /* p:add_last("client", P): a connection of the pool. */
 static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {

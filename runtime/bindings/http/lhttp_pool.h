@@ -134,6 +134,7 @@ void lnr_xfer_bind(hxfer_t *x, hreq_t *q);      /* x is q's */
 const char *lnr_xfer_start(hxfer_t *x, hconn_t *c);
 void lnr_xfer_read(hxfer_t *x, void *msg);
 void lnr_xfer_writable(hxfer_t *x);
+void lnr_xfer_read_complete(hxfer_t *x);     /* what went to the client flushed */
 bool lnr_xfer_may_retry(hxfer_t *x);
 void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse);
 

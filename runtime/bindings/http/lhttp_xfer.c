@@ -257,18 +257,13 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
     if (!r->streaming)
       early(x);
     write_head(x, r);
-    if (r->streaming) {
-      nr_ctx_flush(x->cctx);
-      if (!nr_channel_is_writable(cch))
-        hold_backend(x, true);
-      return;
-    }
+    if (r->streaming)
+      return;                  /* (flushed with the body's first piece) */
   } else if (type == NR_MSG_HTTP_BODY && x->head_sent && !x->resp_done) {
     const nr_http_body_t *b = msg;
     if (b->len > 0)
       nr_ctx_write(x->cctx, &NR_BYTES(b->data, b->len), NULL);
-    if (!b->last) {
-      nr_ctx_flush(x->cctx);
+    if (!b->last) {            /* flushed as the backend's read ends */
       if (!nr_channel_is_writable(cch))
         hold_backend(x, true);
       return;
@@ -283,6 +278,11 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
   lnr_pool_xfer_end(x->q, x->keep, NULL);
 }
 
+void lnr_xfer_read_complete(hxfer_t *x) {
+  if (x->head_sent && !x->tunnel)
+    nr_ctx_flush(x->cctx);
+}
+
 /* ---- its life --------------------------------------------------------------------- */
 
 const char *lnr_xfer_start(hxfer_t *x, hconn_t *c) {
@@ -291,8 +291,11 @@ const char *lnr_xfer_start(hxfer_t *x, hconn_t *c) {
     return "the backend connection cannot stream (HTTP/2, or done)";
   x->bctx = nr_ctx_retain(c->ctx);
   nr_channel_t *ch = nr_ctx_channel(c->ctx);
-  nr_channel_set_option(ch, "write_buffer_high", (int)x->buffer);
-  nr_channel_set_option(ch, "write_buffer_low", (int)(x->buffer / 2));
+  const nr_channel_opts_t *o = nr_channel_options(ch);
+  if (o->write_buffer_high != x->buffer) {   /* (a set costs syscalls) */
+    nr_channel_set_option(ch, "write_buffer_high", (int)x->buffer);
+    nr_channel_set_option(ch, "write_buffer_low", (int)(x->buffer / 2));
+  }
   if (x->codec == NULL) {
     x->body_done = true;
     return NULL;
