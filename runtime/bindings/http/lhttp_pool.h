@@ -138,6 +138,24 @@ void lnr_xfer_read_complete(hxfer_t *x);     /* what went to the client flushed 
 bool lnr_xfer_may_retry(hxfer_t *x);
 void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse);
 
+/* lhttp_pool.c's entry points for lhttp_pool_lua.c: an entry point runs
+ * between enter and leave (the pool empties as the last one leaves); a
+ * request to a connection or in line (acquire); waiting requests get
+ * connections opened (lost); a free connection to a waiting request or
+ * idle (release); a connection gone (conn_gone); a deadline kept in order;
+ * a timer dropped; the pool connections' handler (make_conn: P:add_last). */
+void lnr_pool_enter(hpool_t *P);
+void lnr_pool_leave(lua_State *L, hpool_t *P);
+void lnr_pool_acquire(lua_State *L, hpool_t *P, hreq_t *q);
+void lnr_pool_lost(lua_State *L, hpool_t *P);
+void lnr_pool_release(lua_State *L, hconn_t *c);
+void lnr_pool_conn_gone(lua_State *L, hconn_t *c);
+void lnr_pool_fail_first(lua_State *L, hpool_t *P, const char *msg);
+void lnr_pool_deadline_insert(hpool_t *P, hreq_t *q);
+void lnr_pool_drop_timer(nr_timer_t **t);
+extern const nr_handler_t lnr_pool_conn_vt;
+const nr_handler_t *lnr_pool_make_conn(lua_State *L, int idx, void **state);
+
 /* core.http.lane and core.http.forwarder (lhttp_lane.c). */
 int lnr_http_lane(lua_State *L);
 int lnr_http_forwarder(lua_State *L);
