@@ -11,17 +11,17 @@
 -- backend (h2c by prior knowledge), its requests multiplexed on one
 -- connection; the default (auto) speaks it only to an https backend that
 -- agrees it.
--- --body stream streams request and response bodies both ways instead of
--- holding them whole (see "--body stream" below): what a client
--- connection costs is then about 2 x --buffer whatever the bodies' sizes,
--- and --max-body 0 means no limit. (The default stays whole for now: the
--- streamed mode has a backend connection per client connection, not the
--- pool, and no retries.)
+-- Bodies are streamed both ways by default (--body stream, see "--body
+-- stream" below): what a client connection costs is about 2 x --buffer
+-- whatever the bodies' sizes, --max-body bounds a request body (0: no
+-- limit), and a WebSocket (any Upgrade answered 101) is tunnelled.
+-- --body whole holds them whole instead (described next; the default
+-- with --backend-h2 yes, as streaming speaks HTTP/1.1 to the backend).
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
--- Bodies are bounded, not streamed: a request or response body is held
--- whole, up to --max-body. What request bodies hold is counted in bytes
+-- --body whole: bodies are bounded, not streamed: a request or response
+-- body is held whole, up to --max-body. What request bodies hold is counted in bytes
 -- by the server codec (its body budget): at most --body-budget per loop
 -- and --conn-body-budget per client connection, from a body's head until
 -- its answer is written (so bodies waiting for a connection to the
@@ -60,7 +60,8 @@ local body_budget = math.tointeger(option("body-budget", 32 * 1024 * 1024))
 local conn_body_budget = math.tointeger(option("conn-body-budget", 16 * 1024 * 1024))
 local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
 
-local body_mode = option("body", "stream")
+local body_mode = option("body", option("backend-h2") == "yes" and "whole" or "stream")  -- (streamed:
+                                                                     -- HTTP/1.1 to the backend)
 if body_mode ~= "stream" and body_mode ~= "whole" then error("proxy: --body must be stream or whole") end
 local stream_bodies = body_mode == "stream"
 local buffer = math.tointeger(option("buffer", 64 * 1024))
@@ -213,17 +214,21 @@ end
 
 -- ---- --body stream: bodies streamed both ways ----------------------------
 --
--- Each client connection gets a backend connection of its own (made at its
--- first request, kept while both live: a tunnel per client) and its
--- requests go one at a time. A request's head goes on at once; its body,
--- if any, is read from the client no faster than the backend connection
--- takes it (req:sink: the server codec reads nothing while that connection
--- holds more than --buffer bytes unsent) and goes on as it came (its
--- Content-Length, or chunked). The response comes back the same way: the
--- backend's head, then its body piece by piece, the backend connection
--- reading nothing while the client's holds more than --buffer unsent. So
--- a connection pair holds about 2 x --buffer plus a read each way,
--- whatever the bodies' sizes (--max-body 0: no limit).
+-- A client connection's requests go one at a time, each to a pooled
+-- backend connection through a stream forwarder (client:forwarder {
+-- stream = true }, in C): the head at once, the body, if any, read from
+-- the client no faster than the backend connection takes it (the server
+-- codec reads nothing while that connection holds more than --buffer
+-- bytes unsent) and sent on as it came (its Content-Length, or chunked);
+-- the response back the same way, the backend connection reading nothing
+-- while the client's holds more than --buffer unsent. So a client
+-- connection holds about 2 x --buffer plus a read each way, whatever the
+-- bodies' sizes. The backend connection goes back to the pool after a
+-- complete exchange only. A request with Upgrade goes with it, and a 101
+-- makes the two connections a byte tunnel (a WebSocket), bounded the same
+-- way. An answer given before the body was all read ends the client's
+-- connection after it (the rest unread); a body cut short either way
+-- closes the other side.
 local function stream_handler()
   local ctx, ch, forward              -- the connection's, at its first request
   local queue, first, last = {}, 1, 0

@@ -121,6 +121,16 @@ describe("examples/proxy.lua, bodies streamed", function()
     assert.matches("00 01 02", out)
   end)
 
+  it("keeps the backend's Content-Length on a streamed answer (no chunks), over one kept-alive connection", function()
+    local out, st = H.run(string.format("curl -s -i http://127.0.0.1:%d/big/10 http://127.0.0.1:%d/big/20 -w '[%%{num_connects}]'",
+      port, port))
+    assert.equal(0, st, out)
+    assert.matches("\r\n[Cc]ontent%-[Ll]ength: 10\r\n", out)
+    assert.matches("\r\n[Cc]ontent%-[Ll]ength: 20\r\n", out)
+    assert.is_nil(out:lower():find("transfer-encoding", 1, true))
+    assert.matches("%[1%].*%[0%]$", out)                  -- (the second reused it)
+  end)
+
   it("answers 502 to a 101 the backend gave though the request did not ask to switch", function()
     local out = H.run(string.format("curl -s -i -m 5 http://127.0.0.1:%d/switch", port))
     assert.matches("^HTTP/1.1 502 ", out)
