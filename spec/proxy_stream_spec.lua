@@ -32,7 +32,7 @@ describe("examples/proxy.lua, bodies streamed", function()
     assert(listening(bport), "fwd_backend.py did not start")
     port = H.free_port()
     pid = H.start(H.root .. "/examples/proxy.lua", port,
-      "--backend 127.0.0.1:" .. bport .. " --max-body 0 --buffer 65536 --timeout 5")
+      "--backend 127.0.0.1:" .. bport .. " --max-body 0 --buffer 65536 --timeout 2")
   end)
   teardown(function()
     if pid then H.stop(pid) end
@@ -119,6 +119,25 @@ describe("examples/proxy.lua, bodies streamed", function()
     if not H.sanitized then assert.is_true(grown < 8 * 1024, "RSS grew " .. grown .. " KiB") end
     local out = H.run(string.format("curl -s -m 5 http://127.0.0.1:%d/big/3 | od -An -tx1", port))
     assert.matches("00 01 02", out)
+  end)
+
+  it("bounds each wait by --timeout, not the exchange: a slow upload passes, a stalled answer ends", function()
+    local n = 16 * 1024 * 1024                        -- (read over ~2.6 s: 64 KiB per 10 ms)
+    local t0 = socket.gettime()
+    local path = os.tmpname()
+    assert(os.execute(string.format("head -c %d /dev/zero > %s", n, path)))
+    local out, st = H.run(string.format("curl -s -m 20 -T %s http://127.0.0.1:%d/crawl", path, port))
+    os.remove(path)
+    assert.equal(0, st, out)
+    assert.matches("^" .. n .. " ", out)
+    local took = socket.gettime() - t0
+    t0 = socket.gettime()
+    out, st = H.run(string.format("curl -s -m 20 -o /dev/null -w '%%{size_download}' http://127.0.0.1:%d/stall/1000000", port))
+    local stalled = socket.gettime() - t0
+    assert.equal(18, st, out)                          -- (partial: closed after --timeout)
+    assert.equal("500000", out)
+    assert.is_true(stalled < 10, "the stalled answer lasted " .. stalled .. " s")
+    print(string.format("\n  a %.1f s upload passed a 2 s timeout; a stalled answer ended after %.1f s", took, stalled))
   end)
 
   it("keeps the backend's Content-Length on a streamed answer (no chunks), over one kept-alive connection", function()

@@ -558,7 +558,13 @@ void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err) {
   lnr_pool_leave(L, P);
 }
 
-void lnr_pool_xfer_untime(hreq_t *q) { deadline_remove(q->pool, q); }
+void lnr_pool_xfer_retime(hreq_t *q) {
+  if (!q->timed || q->timeout <= 0 || q->timeout >= 1e9)
+    return;
+  deadline_remove(q->pool, q);
+  q->deadline = nr_now() + (uint64_t)(q->timeout * 1e9);
+  lnr_pool_deadline_insert(q->pool, q);
+}
 
 void lnr_pool_xfer_gone(hreq_t *q) { q->gone = true; }
 

@@ -109,10 +109,11 @@ void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q);
 /* Streamed exchanges (lhttp_xfer.c; see its header). The pool's side:
  * xfer_end ends q's exchange -- its connection back to the pool when
  * keep, else closed -- and settles q: cb(true), or (nil or false, err);
- * xfer_untime: q's timeout no longer runs (its response head came);
+ * xfer_retime: q's timeout runs afresh from now (the exchange moved: its
+ * timeout bounds each wait, for the head and between pieces);
  * xfer_gone: q's client side is over (cb gets false). */
 void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err);
-void lnr_pool_xfer_untime(hreq_t *q);
+void lnr_pool_xfer_retime(hreq_t *q);
 void lnr_pool_xfer_gone(hreq_t *q);
 /* q's connection switched protocols: out of the pool (a tunnel's). */
 void lnr_pool_xfer_detach(hreq_t *q);

@@ -148,6 +148,7 @@ static bool body_piece(nr_http_sink_t *k, const nr_http_body_t *b) {
       lnr_pool_xfer_end(x->q, x->keep, NULL);
     return true;
   }
+  lnr_pool_xfer_retime(x->q);
   if (!nr_channel_is_writable(ch)) {
     x->body_paused = true;     /* on when the backend drains */
     return false;
@@ -250,7 +251,7 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
   int type = nr_msg_type(msg);
   if (type == NR_MSG_HTTP_REPLY) {
     const nr_http_reply_t *r = msg;
-    lnr_pool_xfer_untime(x->q);  /* (the timeout bounds the wait for the head) */
+    lnr_pool_xfer_retime(x->q);  /* (the timeout bounds each wait) */
     if (r->status == 101)
       return switched(x, r);
     x->keep = r->keep_alive;
@@ -264,6 +265,7 @@ void lnr_xfer_read(hxfer_t *x, void *msg) {
     if (b->len > 0)
       nr_ctx_write(x->cctx, &NR_BYTES(b->data, b->len), NULL);
     if (!b->last) {            /* flushed as the backend's read ends */
+      lnr_pool_xfer_retime(x->q);
       if (!nr_channel_is_writable(cch))
         hold_backend(x, true);
       return;
