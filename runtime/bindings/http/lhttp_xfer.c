@@ -66,11 +66,23 @@ struct hxfer {
   bool chunked;               /* the body goes chunked */
   bool claimed, body_done, body_paused;
   bool head_sent, resp_done, held, keep;
+  int depth;                  /* calls into it running (hold) */
+  bool dead;                  /* ended while a call ran: freed by the last */
   bool upgrade;               /* the request asks to switch protocols */
   bool tunnel;                /* ... and the backend agreed: a tunnel now */
 };
 
 static hxfer_t *of_sink(nr_http_sink_t *k) { return (hxfer_t *)k; }
+
+/* A write can end the exchange under the caller (a client's connection
+ * that closes after its answer, a peer that resets): a call holds x, and
+ * checks x->dead after each write; the last to let go frees it. */
+static void hold(hxfer_t *x) { x->depth++; }
+
+static void let_go(hxfer_t *x) {
+  if (--x->depth == 0 && x->dead)
+    free(x);
+}
 
 static hxfer_t *of_watch(nr_chwatch_t *w) {
   return (hxfer_t *)((char *)w - offsetof(hxfer_t, cwatch));
@@ -112,12 +124,23 @@ static void early(hxfer_t *x) {
 
 /* ---- the request body, to the backend ------------------------------------------ */
 
+static bool send_piece(hxfer_t *x, nr_ctx_t *out, const nr_http_body_t *b);
+
 static bool body_piece(nr_http_sink_t *k, const nr_http_body_t *b) {
   hxfer_t *x = of_sink(k);
   nr_channel_t *ch = backend(x);
   if (ch == NULL || !nr_channel_is_open(ch))
     return false;              /* (its close ends the exchange) */
-  nr_ctx_t *out = x->bctx;
+  nr_ctx_t *out = nr_ctx_retain(x->bctx);  /* (x may end midway) */
+  hold(x);
+  bool go = send_piece(x, out, b);
+  nr_ctx_release(out);
+  let_go(x);
+  return go;
+}
+
+static bool send_piece(hxfer_t *x, nr_ctx_t *out, const nr_http_body_t *b) {
+  nr_channel_t *ch = nr_ctx_channel(out);
   if (x->chunked) {
     char size[24];
     int n = snprintf(size, sizeof size, "%zx\r\n", b->len);
@@ -141,11 +164,11 @@ static bool body_piece(nr_http_sink_t *k, const nr_http_body_t *b) {
     nr_ctx_write(out, &NR_BYTES(b->data, b->len), NULL);
   }
   nr_ctx_flush(out);
+  if (x->dead)
+    return false;
   if (b->last) {
     x->body_done = true;
     x->claimed = false;        /* (the codec forgot the sink) */
-    if (x->resp_done)
-      lnr_pool_xfer_end(x->q, x->keep, NULL);
     return true;
   }
   lnr_pool_xfer_retime(x->q);
@@ -185,8 +208,12 @@ static void client_changed(nr_chwatch_t *w, nr_channel_t *ch) {
   hxfer_t *x = of_watch(w);
   if (!nr_channel_is_open(ch)) {
     nr_channel_unwatch(w);
+    if (x->dead)
+      return;
+    hold(x);
     lnr_pool_xfer_gone(x->q);
     lnr_pool_xfer_end(x->q, false, "the client's connection closed");
+    let_go(x);
     return;
   }
   if (x->held && nr_channel_is_writable(ch))
@@ -246,42 +273,56 @@ static void switched(hxfer_t *x, const nr_http_reply_t *r) {
 }
 
 /* A message of the backend connection while the exchange has it. */
-void lnr_xfer_read(hxfer_t *x, void *msg) {
-  nr_channel_t *cch = nr_ctx_channel(x->cctx);
+/* The message; true when the response ended (the exchange with it). */
+static bool response(hxfer_t *x, nr_ctx_t *cctx, void *msg) {
   int type = nr_msg_type(msg);
   if (type == NR_MSG_HTTP_REPLY) {
     const nr_http_reply_t *r = msg;
     lnr_pool_xfer_retime(x->q);  /* (the timeout bounds each wait) */
-    if (r->status == 101)
-      return switched(x, r);
+    if (r->status == 101) {
+      switched(x, r);
+      return false;
+    }
     x->keep = r->keep_alive;
     if (!r->streaming)
       early(x);
     write_head(x, r);
-    if (r->streaming)
-      return;                  /* (flushed with the body's first piece) */
+    if (r->streaming || x->dead)
+      return false;            /* (flushed with the body's first piece) */
   } else if (type == NR_MSG_HTTP_BODY && x->head_sent && !x->resp_done) {
     const nr_http_body_t *b = msg;
     if (b->len > 0)
-      nr_ctx_write(x->cctx, &NR_BYTES(b->data, b->len), NULL);
+      nr_ctx_write(cctx, &NR_BYTES(b->data, b->len), NULL);
+    if (x->dead)
+      return false;
     if (!b->last) {            /* flushed as the backend's read ends */
       lnr_pool_xfer_retime(x->q);
-      if (!nr_channel_is_writable(cch))
+      if (!nr_channel_is_writable(nr_ctx_channel(cctx)))
         hold_backend(x, true);
-      return;
+      return false;
     }
     early(x);
-    nr_ctx_write(x->cctx, &NR_BYTES("", 0), NULL);   /* the end */
+    nr_ctx_write(cctx, &NR_BYTES("", 0), NULL);   /* the end */
   } else {
-    return;
+    return false;
   }
-  nr_ctx_flush(x->cctx);
-  x->resp_done = true;
-  lnr_pool_xfer_end(x->q, x->keep, NULL);
+  nr_ctx_flush(cctx);          /* (an answer that closes may end x here) */
+  return !x->dead;
+}
+
+void lnr_xfer_read(hxfer_t *x, void *msg) {
+  nr_ctx_t *cctx = nr_ctx_retain(x->cctx);   /* (x may end midway) */
+  hold(x);
+  if (response(x, cctx, msg)) {
+    x->resp_done = true;
+    lnr_pool_xfer_end(x->q, x->keep, NULL);
+  }
+  nr_ctx_release(cctx);
+  let_go(x);
 }
 
 void lnr_xfer_read_complete(hxfer_t *x) {
-  if (x->head_sent && !x->tunnel)
+  if (x->head_sent && !x->tunnel && !x->dead)
     nr_ctx_flush(x->cctx);
 }
 
@@ -342,7 +383,10 @@ void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse) {
   if (x->codec != NULL)
     nr_ctx_release(x->codec);
   nr_ctx_release(x->cctx);
-  free(x);
+  x->cctx = x->bctx = x->codec = NULL;
+  x->dead = true;
+  if (x->depth == 0)
+    free(x);
 }
 
 /* Whether the request asks to switch protocols (Upgrade, with upgrade
