@@ -422,7 +422,7 @@ hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer) {
   x->buffer = buffer;
   const char *up;
   size_t upn;
-  x->upgrade = asks_upgrade(L, req, &up, &upn);
+  x->upgrade = asks_upgrade(L, req, &up, &upn);   /* (its value: later) */
   if (body) {
     x->codec = nr_ctx_retain(b.codec);
     x->token = b.token;
@@ -460,11 +460,10 @@ void lnr_xfer_push_headers(lua_State *L, hxfer_t *x, int req, int headers) {
     lua_pushliteral(L, "upgrade");
     lua_setfield(L, -2, "connection");
   }
-  if (x->codec == NULL) {
-  } else if (x->chunked) {
+  if (x->codec != NULL && x->chunked) {         /* the body's framing */
     lua_pushliteral(L, "chunked");
     lua_setfield(L, -2, "transfer-encoding");
-  } else {
+  } else if (x->codec != NULL) {
     lnr_http_body_ref_t b;
     lnr_http_request_body(L, req, &b);
     lua_pushfstring(L, "%I", (LUAI_UACINT)b.content_length);
