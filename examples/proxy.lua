@@ -1,7 +1,10 @@
 -- proxy.lua -- a reverse proxy in Lua: the native HTTP server codec faces
 -- clients, each request goes to the backend through a keep-alive pool
 -- (netrun.http.client, one pool per loop) and its response comes back.
---   netrun examples/proxy.lua --backend 127.0.0.1:8080 [--port 8000]
+--   netrun examples/proxy.lua --backend 127.0.0.1:8080 [--backend ...] [--port 8000]
+--          [--balance round_robin|least_conn|hash] [--hash-header NAME]
+--          [--health-path /health --health-interval 2] [--retries 1]
+--          [--max-fails 1] [--fail-timeout 10] [--backend-ca FILE]
 --          [--threads 1] [--pool 64] [--timeout 30] [--max-body 8388608]
 --          [--in-flight 16] [--body-budget 33554432]
 --          [--conn-body-budget 16777216] [--backend-h2 no|auto|yes]
@@ -16,7 +19,8 @@
 -- whatever the bodies' sizes, --max-body bounds a request body (0: no
 -- limit), and a WebSocket (any Upgrade answered 101) is tunnelled.
 -- --body whole holds them whole instead (described next; the default
--- with --backend-h2 yes, as streaming speaks HTTP/1.1 to the backend).
+-- with --backend-h2 yes, as streaming speaks HTTP/1.1 to the backend, and
+-- with an upstream, whose streamed mode is not there yet).
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
@@ -51,17 +55,45 @@ local netrun = require "netrun"
 local option = netrun.option
 local port = option("port", 8000)
 local threads = option("threads", 1)
-local backend = option("backend") or error("proxy: --backend host:port is required")
+-- --backend may be given several times (or BACKEND=a,b): an upstream
+-- (netrun.http.upstream) then spreads the requests over them (--balance
+-- round_robin|least_conn|hash, --hash-header NAME for hash), takes out a
+-- backend that fails (and, with --health-path P, one that fails GET P every
+-- --health-interval S seconds; those probes bring it back), and sends an
+-- idempotent request whose backend failed to another (--retries N, 1).
+-- A backend may be https://host:port (verified against the system's CAs,
+-- or --backend-ca FILE). One plain host:port backend and none of those
+-- options: the forwarder goes straight to it, as before.
+local backends = netrun.options("backend")
+if #backends == 0 then error("proxy: --backend host:port is required") end
+local backend = backends[1]
 local bhost, bport = backend:match("^%[?([^%]]+)%]?:(%d+)$")
-if not bhost then error("proxy: --backend must be host:port, got " .. backend) end
+local balance, health_path = option("balance"), option("health-path")
+local retries, backend_ca = option("retries"), option("backend-ca")
+local backend_tls = backend_ca and netrun.tls.client { ca = backend_ca } or nil
+local up
+if #backends > 1 or not bhost or balance or health_path or retries or backend_ca then
+  up = netrun.http.upstream {
+    servers = backends, balance = balance, hash = option("hash-header"),
+    retries = retries and math.tointeger(tonumber(retries)),
+    health = health_path and { path = health_path, interval = option("health-interval", 2),
+                               fails = math.tointeger(option("health-fails", 1)),
+                               passes = math.tointeger(option("health-passes", 1)) } or nil,
+    fails = math.tointeger(option("max-fails", 1)), fail_timeout = option("fail-timeout", 10),
+    tls = backend_tls,
+  }
+  if option("body", "whole") == "stream" then
+    error("proxy: --body stream takes one host:port --backend (an upstream's streamed mode is not there yet)")
+  end
+end
 local max_body = math.tointeger(option("max-body", 8 * 1024 * 1024))
 local in_flight = math.tointeger(option("in-flight", 16))
 local body_budget = math.tointeger(option("body-budget", 32 * 1024 * 1024))
 local conn_body_budget = math.tointeger(option("conn-body-budget", 16 * 1024 * 1024))
-local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
+local base = bhost and "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
 
-local body_mode = option("body", option("backend-h2") == "yes" and "whole" or "stream")  -- (streamed:
-                                                                     -- HTTP/1.1 to the backend)
+-- (streamed by default: to one HTTP/1.1 backend, not yet an upstream's)
+local body_mode = option("body", (up or option("backend-h2") == "yes") and "whole" or "stream")
 if body_mode ~= "stream" and body_mode ~= "whole" then error("proxy: --body must be stream or whole") end
 local stream_bodies = body_mode == "stream"
 local buffer = math.tointeger(option("buffer", 64 * 1024))
@@ -76,6 +108,7 @@ local client = netrun.http.client {
   max_body = stream_bodies and 1 << 40 or max_body,  -- (streamed responses: no limit)
   raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
   h2 = backend_h2,
+  tls = backend_tls,   -- (the upstream's too: its forwarders take the client's pools)
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
@@ -190,8 +223,9 @@ local function proxy_handler()
       if not ch then
         ctx, ch = c, c.channel
         write, write_and_flush = c.write, c.write_and_flush
-        forward = client:forwarder { url = base,
-                                     headers = { ["x-forwarded-for"] = (ch:remote_address()) } }
+        local xff = { ["x-forwarded-for"] = (ch:remote_address()) }
+        forward = up and client:forwarder { upstream = up, headers = xff }
+                  or client:forwarder { url = base, headers = xff }
       end
       if first > last and sent - head < in_flight and writable then
         return send(req)              -- nothing waits: at once
@@ -294,5 +328,6 @@ netrun.server {
     ch:pipeline():add_last("proxy", stream_bodies and stream_handler() or proxy_handler())
   end,
 }:sync()
-netrun.log.info("proxy: listening on :%d, backend %s%s", port, base,
+netrun.log.info("proxy: listening on :%d, backend %s%s", port,
+                up and table.concat(up.servers, " ") .. (up.health and " (probed)" or "") or base,
                 stream_bodies and ", bodies streamed" or "")
