@@ -258,7 +258,7 @@ static char *put_connection(char *w, uint16_t f, unsigned user, bool close) {
 static char *put_head(char *w, const nr_http_response_t *r, uint16_t f,
                       unsigned user, bool bodyless, bool close) {
   if (r->stream) {
-    if (!bodyless && !(f & F_HTTP10))
+    if (!bodyless && !(f & F_HTTP10) && !(user & U_LENGTH))
       w = PUT_LIT(w, "Transfer-Encoding: chunked\r\n");
   } else if (!bodyless && !(user & U_LENGTH)) {
     w = PUT_LIT(w, "Content-Length: ");
@@ -293,16 +293,19 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   uint16_t f = s->flags[i];
   size_t need;
   unsigned user = nr__http_user_flags(r, &need);
+  /* a stream whose length the user's headers give goes as it is
+   * written (a proxy's, with its backend's Content-Length) */
+  bool sized = r->stream && (user & U_LENGTH);
   bool close = closes(f, user) ||
-               (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
-                                                  close ends the body */
+               (r->stream && (f & F_HTTP10) && !sized);  /* no chunked in
+                                                  1.0: the close ends it */
   bool bodyless = bodyless_status(r->status);
   bool no_body = bodyless || (f & F_HEAD);
   const char *body = no_body ? NULL : r->body;
   size_t blen = no_body || body == NULL ? 0 : r->body_len;
   /* the body given with a stream goes as its first chunk; a small one is
    * copied (one copy now beats a second slice) */
-  bool chunk = r->stream && blen > 0 && !(f & F_HTTP10);
+  bool chunk = r->stream && blen > 0 && !(f & F_HTTP10) && !sized;
   size_t copy = chunk || blen <= SMALL_BODY ? blen : 0;
   need += status_room(r->reason) + HEAD_FIXED + copy;
   out_t o;
@@ -326,8 +329,8 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   if (rc < 0)
     return rc;
   if (r->stream) {
-    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD : (f & F_HTTP10) ? A_RAW
-                                                                   : A_CHUNKED) |
+    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD : (f & F_HTTP10) || sized
+                                                                   ? A_RAW : A_CHUNKED) |
                              (close ? F_ACLOSE : 0));
     s->streams++;
   } else {
