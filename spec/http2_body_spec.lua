@@ -178,8 +178,13 @@ describe("HTTP/2 request bodies as streams", function()
       assert.is_nil(out:match('"n":300000'))
       os.remove(path)
       local r = curl_json("--http2-prior-knowledge http://127.0.0.1:" .. lport .. "/events")
-      assert.equal(1, #r.events)
-      assert.matches("larger than max_body", r.events[1], 1, true)
+      -- (curl may also reset the connection once its upload is refused)
+      local told = 0
+      for _, e in ipairs(r.events) do
+        if e:find("larger than max_body", 1, true) then told = told + 1
+        else assert.matches("ECONNRESET", e, 1, true) end
+      end
+      assert.equal(1, told, table.concat(r.events, " | "))
     end)
     assert.is_true(H.stop(lpid))
     assert(ok, err)
