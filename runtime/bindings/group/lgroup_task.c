@@ -292,6 +292,19 @@ static int schedule(lua_State *L, int nargs_before_fn, double delay,
   return 1;
 }
 
+/* The two repeating schedules: `initial` and then `every` seconds (> 0,
+ * `every` named as the method's doc names it), its sign the kind of
+ * repetition as nr_loop_schedule takes it (+: a fixed rate, from start
+ * times; -: a fixed delay, from each run's end). */
+static int repeating(lua_State *L, const char *method, const char *every,
+                     int sign) {
+  double d = lnr_checkseconds(L, 2, method);
+  double p = lnr_checkseconds(L, 3, method);
+  if (p <= 0)
+    return luaL_error(L, "%s: %s must be > 0", method, every);
+  return schedule(L, 2, d, sign * (int64_t)lnr_ns(p));
+}
+
 /***
 Run `fn(...)` once after `delay` seconds, on the next loop.
 @function group:schedule
@@ -319,11 +332,7 @@ and stops the repetition.
 */
 
 int lnr_l_fixed_rate(lua_State *L) {
-  double d = lnr_checkseconds(L, 2, "schedule_at_fixed_rate");
-  double p = lnr_checkseconds(L, 3, "schedule_at_fixed_rate");
-  if (p <= 0)
-    return luaL_error(L, "schedule_at_fixed_rate: period must be > 0");
-  return schedule(L, 2, d, (int64_t)lnr_ns(p));
+  return repeating(L, "schedule_at_fixed_rate", "period", 1);
 }
 
 /***
@@ -338,9 +347,5 @@ each run ends (Netty's scheduleWithFixedDelay).
 */
 
 int lnr_l_fixed_delay(lua_State *L) {
-  double d = lnr_checkseconds(L, 2, "schedule_with_fixed_delay");
-  double p = lnr_checkseconds(L, 3, "schedule_with_fixed_delay");
-  if (p <= 0)
-    return luaL_error(L, "schedule_with_fixed_delay: delay must be > 0");
-  return schedule(L, 2, d, -(int64_t)lnr_ns(p));
+  return repeating(L, "schedule_with_fixed_delay", "delay", -1);
 }
