@@ -195,7 +195,7 @@ void lnr_xfer_writable(hxfer_t *x) {
   if (x->body_paused && x->claimed && ch != NULL && nr_channel_is_writable(ch) &&
       !nr_ctx_is_removed(x->codec)) {
     x->body_paused = false;
-    nr_http_server_resume_body(x->codec);
+    nr_http_server_resume_body(x->codec, &x->sink);
   }
 }
 
