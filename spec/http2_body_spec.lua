@@ -214,4 +214,30 @@ describe("HTTP/2 request bodies as streams", function()
     for _, p in ipairs { proxy, backend } do assert.is_true(H.stop(p)) end
     assert(ok, err)
   end)
+  it("examples/proxy.lua --body stream: an h2 client's reset mid-upload closes that backend connection, the next stream goes on", function()
+    local bport, pport = H.free_port(), H.free_port()
+    local backend = H.start(APP, bport, "--codec '{ h2 = false }'")
+    local proxy = H.start(H.root .. "/examples/proxy.lua", pport,
+                          "--backend 127.0.0.1:" .. bport .. " --body stream")
+    local ok, err = pcall(function()
+      local out, st = H.run(("NETRUN_TIMEOUT_SCALE=%d timeout %d %s %s/spec/h2/proxy_uploads.py --port %d")
+                            :format(slow, 60 * slow, PY, H.root, pport))
+      assert.equal(0, st, out)
+      local r = json.decode(out:match("({.*})%s*$"))
+      assert.is_nil(r.fail, r.fail)
+      assert.equal(200, r.status)                -- the next stream, on the same connection
+      assert.equal(300000, r.n)
+      assert.is_true(r.intact)
+      -- the backend connection that had part of the reset body was closed
+      -- (not pooled: the next upload came whole on another)
+      local ev = curl_json("http://127.0.0.1:" .. bport .. "/events").events
+      local cut = 0
+      for _, e in ipairs(ev) do
+        if e:find("closed in the middle of a request body", 1, true) then cut = cut + 1 end
+      end
+      assert.equal(1, cut, table.concat(ev, " | "))
+    end)
+    for _, p in ipairs { proxy, backend } do assert.is_true(H.stop(p)) end
+    assert(ok, err)
+  end)
 end)
