@@ -640,8 +640,7 @@ bool lnr_http_request_body(lua_State *L, int idx, lnr_http_body_ref_t *b) {
     return false;
   *b = (lnr_http_body_ref_t){.codec = q->codec, .token = q->token,
                              .chunked = q->chunked,
-                             .content_length = q->content_length,
-                             .stream = q->stream};
+                             .content_length = q->content_length};
   return true;
 }
 

@@ -15,13 +15,12 @@
 
 /* A streamed server request's body, as its userdata knows it: the codec
  * that has it (retained by the request; check nr_ctx_is_removed before
- * use), its request's token, its framing, its HTTP/2 stream. */
+ * use), its request's token, its framing. */
 typedef struct lnr_http_body_ref_s {
   nr_ctx_t *codec;
   uint64_t token;
   bool chunked;
   uint64_t content_length;
-  int32_t stream;             /* HTTP/2: its stream; 0 for HTTP/1.1 */
 } lnr_http_body_ref_t;
 
 /* lhttp_client.c: whether a field is hop-by-hop or framing (RFC 9110

@@ -439,7 +439,9 @@ hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer) {
     x->codec = nr_ctx_retain(b.codec);
     x->token = b.token;
     x->chunked = b.chunked;
-    x->h2 = b.stream != 0;
+    lua_getfield(L, req, "stream");   /* (its HTTP/2 stream, or nil) */
+    x->h2 = lua_toboolean(L, -1);
+    lua_pop(L, 1);
   }
   nr_channel_watch(nr_ctx_channel(cctx), &x->cwatch);
   return x;
