@@ -116,6 +116,16 @@ typedef struct bucket_s {
   uint64_t at;                /* when last refilled (nr_now) */
 } bucket_t;
 
+#define RESET_RING 32
+
+/* Where the frame scan is (h2_scan.c): in a payload, or in a header
+ * carried across reads (with a PRIORITY's 5 bytes). */
+typedef struct h2scan_s {
+  uint32_t skip;              /* bytes before the next frame header */
+  uint8_t n;                  /* header bytes carried in b */
+  uint8_t b[14];
+} h2scan_t;
+
 struct nr_h2_server_s {
   nghttp2_session *ng;
   nr_ctx_t *ctx;
@@ -153,9 +163,25 @@ struct nr_h2_server_s {
   bool pumping;               /* inside nr__h2_pump */
   nr_codec_resume_t *resume;  /* a task delivers what waited for
                                  writability */
+  int32_t reset[RESET_RING];  /* the streams the server reset last: */
+  unsigned nreset;            /* their late frames are ignored */
+  h2scan_t scan;              /* (starts past the client preface) */
 };
 
+/* h2_scan.c */
+/* The server reset stream id (its late frames are not an error). */
+void nr__h2_reset_sent(nr_h2_server_t *h, int32_t id);
+/* nghttp2's on_begin_frame callback (HEADERS on closed streams). */
+int nr__h2_on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd,
+                          void *ud);
+/* Scan p[0 .. n) ahead of nghttp2: the bytes that may go to it; *code is
+ * then 0, or the connection error the next frame is. */
+size_t nr__h2_scan(nr_h2_server_t *h, const uint8_t *p, size_t n,
+                   uint32_t *code);
+
 /* h2_server.c */
+/* A frame that does no work: a flood token (ENHANCE_YOUR_CALM past). */
+void nr__h2_flood(nr_h2_server_t *h);
 void nr__h2_list_push(list_t *l, h2s_t *s);
 void nr__h2_list_remove(list_t *l, h2s_t *s);
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s);

@@ -103,10 +103,11 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
                          void *ud) {
   (void)ng;
   nr_h2_server_t *h = ud;
-  if (f->hd.type == NGHTTP2_RST_STREAM &&
-      !nr__h2_take(&h->resets_out, h->o.reset_burst, h->o.reset_rate))
-    h->calm = true;            /* MadeYouReset: the client makes us reset */
-  else if (f->hd.type == NGHTTP2_DATA && f->hd.length > 0 &&
+  if (f->hd.type == NGHTTP2_RST_STREAM) {
+    nr__h2_reset_sent(h, f->hd.stream_id);
+    if (!nr__h2_take(&h->resets_out, h->o.reset_burst, h->o.reset_rate))
+      h->calm = true;          /* MadeYouReset: the client makes us reset */
+  } else if (f->hd.type == NGHTTP2_DATA && f->hd.length > 0 &&
            h->flood.tokens < h->o.flood_burst)
     h->flood.tokens += 1;      /* its WINDOW_UPDATEs are earned */
   return 0;

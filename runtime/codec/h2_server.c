@@ -97,7 +97,7 @@ static void earn(nr_h2_server_t *h) {
     h->flood.tokens += 1;
 }
 
-static void flood(nr_h2_server_t *h) {
+void nr__h2_flood(nr_h2_server_t *h) {
   if (!nr__h2_take(&h->flood, h->o.flood_burst, h->o.flood_rate))
     h->calm = true;
 }
@@ -262,7 +262,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
   }
   case NGHTTP2_DATA:
     if (f->hd.length == 0 && !end)
-      flood(h);
+      nr__h2_flood(h);
     else if (f->hd.length > 0)
       earn(h);
     if (end)
@@ -274,18 +274,17 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
     break;
   case NGHTTP2_PING:
     if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
-      flood(h);
+      nr__h2_flood(h);
     else if (h->shutting && !h->final_goaway &&
              memcmp(f->ping.opaque_data, "netrun-g", 8) == 0)
       h->final_goaway = true;  /* sent after mem_recv returns */
     break;
   case NGHTTP2_SETTINGS:
     if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
-      flood(h);
+      nr__h2_flood(h);
     break;
-  case NGHTTP2_WINDOW_UPDATE:
-  case NGHTTP2_PRIORITY:
-    flood(h);
+  case NGHTTP2_WINDOW_UPDATE:   /* (PRIORITY: h2_scan.c) */
+    nr__h2_flood(h);
     break;
   }
   return 0;
@@ -332,32 +331,12 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   return 0;
 }
 
-/* RFC 9113 5.1.1: a client's new stream must be numbered above all its
- * earlier ones. nghttp2 ignores a HEADERS whose stream it does not know
- * (its trailers may be for a stream it reset); closed streams it keeps
- * for a while (as many as max_streams), so a HEADERS below the highest
- * stream seen, on a stream it neither has nor remembers, opens a stream
- * out of order: PROTOCOL_ERROR. */
-static int on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd,
-                          void *ud) {
-  nr_h2_server_t *h = ud;
-  if (hd->type != NGHTTP2_HEADERS || hd->stream_id == 0)
-    return 0;
-  if (hd->stream_id > h->max_id) {
-    h->max_id = hd->stream_id;
-  } else if ((hd->stream_id & 1) &&
-             nghttp2_session_find_stream(ng, hd->stream_id) == NULL) {
-    h->die_code = NGHTTP2_PROTOCOL_ERROR;
-    return NGHTTP2_ERR_CALLBACK_FAILURE;
-  }
-  return 0;
-}
-
 static void make_callbacks(void) {
   nghttp2_session_callbacks *cb;
   if (nghttp2_session_callbacks_new(&cb) != 0)
     return;
-  nghttp2_session_callbacks_set_on_begin_frame_callback(cb, on_begin_frame);
+  nghttp2_session_callbacks_set_on_begin_frame_callback(cb,
+                                                        nr__h2_on_begin_frame);
   nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
   nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
@@ -394,13 +373,14 @@ static bool method_first(h2s_t *s) {
   if (!nr__h2_text_add(&s->f, s->f.text.p, d))  /* room for it, then moved to the front */
     return false;
   char *t = s->f.text.p;
-  char *m = malloc(d ? d : 1);
+  char small[32], *m = d <= sizeof small ? small : malloc(d);
   if (m == NULL)
     return false;
   memcpy(m, t + s->method, d);
   memmove(t + d, t, len);
   memcpy(t, m, d);
-  free(m);
+  if (m != small)              /* (a method is a short token: malloc and */
+    free(m);                   /* free cost 135 instructions a request) */
   s->path += d;
   s->authority += d;
   for (unsigned i = 0; i < (unsigned)s->f.nhdr + s->f.ntrl; i++)
@@ -599,6 +579,7 @@ static nghttp2_option *make_options(const nr_h2_opts_t *o) {
   if (nghttp2_option_new(&opt) != 0)
     return NULL;
   nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_no_closed_streams(opt, 1);   /* (h2_scan.c) */
   nghttp2_option_set_max_continuations(opt, o->max_continuations);
   /* ours end in ENHANCE_YOUR_CALM first; nghttp2's is the backstop */
   nghttp2_option_set_stream_reset_rate_limit(opt, 2ull * o->reset_burst,
@@ -626,6 +607,7 @@ nr_h2_server_t *nr_h2_server_new(nr_ctx_t *ctx, nr_inbound_t *in,
   uint64_t now = nr_now();
   h->resets_in = h->resets_out = (bucket_t){h->o.reset_burst, now};
   h->flood = (bucket_t){h->o.flood_burst, now};
+  h->scan.skip = NR_H2_PREFACE_LEN;   /* (fed like any bytes) */
   nghttp2_option *opt = make_options(&h->o);
   int rc = opt ? nghttp2_session_server_new3(&h->ng, callbacks, h, opt,
                                              nr_h2_mem())
@@ -634,14 +616,10 @@ nr_h2_server_t *nr_h2_server_new(nr_ctx_t *ctx, nr_inbound_t *in,
   nghttp2_settings_entry iv[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, h->o.max_streams},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, h->o.window},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)h->max_header}};
-  /* Closed streams are kept (nghttp2's default, as many as max_streams):
-   * RFC 9113 5.1 asks for STREAM_CLOSED on frames after a stream's close,
-   * and 5.1.1 for PROTOCOL_ERROR on a stream id below one used, which
-   * nghttp2 tells only for streams it remembers (300 instructions a
-   * request, measured; NO_RFC7540_PRIORITIES would drop them). */
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)h->max_header},
+      {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1}};   /* (h2_scan.c) */
   if (rc != 0 ||
-      nghttp2_submit_settings(h->ng, NGHTTP2_FLAG_NONE, iv, 3) != 0) {
+      nghttp2_submit_settings(h->ng, NGHTTP2_FLAG_NONE, iv, 4) != 0) {
     nr_h2_server_free(h);
     return NULL;
   }
@@ -718,8 +696,17 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
   if (h->dead)
     return -1;
   h->opened = 0;
-  if (len > 0) {
-    ssize_t rv = nghttp2_session_mem_recv(h->ng, (const uint8_t *)data, len);
+  uint32_t bad = 0;
+  if (len > 0)                 /* the frames nghttp2 would let by */
+    len = nr__h2_scan(h, (const uint8_t *)data, len, &bad);
+  if (len > 0 || bad) {
+    ssize_t rv = len > 0 ? nghttp2_session_mem_recv(h->ng,
+                                                    (const uint8_t *)data, len)
+                         : 0;
+    if (rv >= 0 && bad) {
+      h->die_code = h->die_code ? h->die_code : bad;
+      rv = NGHTTP2_ERR_CALLBACK_FAILURE;
+    }
     if (rv < 0) {
       nr_log(NR_LOG_DEBUG, "http2: %s", nghttp2_strerror((int)rv));
       nr__h2_die(h, h->die_code ? h->die_code : fatal_code((int)rv));
