@@ -82,6 +82,11 @@ typedef struct h2body_s {
  * may shrink, so moves: the rest is read from it afresh). */
 void nr__h2_body_sent(h2body_t *b, size_t n);
 
+/* What a request's fields were (h2_check.c). */
+enum { HF_METHOD = 1, HF_SCHEME = 2, HF_PATH = 4, HF_AUTHORITY = 8,
+       HF_HOST = 16, HF_REGULAR = 32, HF_CONNECT = 64, HF_OPTIONS = 128,
+       HF_PATH_REGULAR = 256, HF_PATH_STAR = 512, HF_SCHEME_HTTP = 1024 };
+
 typedef struct h2s_s h2s_t;
 struct h2s_s {
   int32_t id;
@@ -96,6 +101,10 @@ struct h2s_s {
   bool pinned;                /* its request is being delivered */
   bool doomed;                /* ... and it was closed meanwhile */
   int16_t error;              /* answer this status instead of delivering */
+  bool reset;                 /* malformed: reset, never delivered */
+  uint16_t hf;                /* HF_*: what its fields were (h2_check.c) */
+  int64_t clen;               /* its Content-Length, or -1 */
+  uint64_t got;               /* body bytes received */
   uint32_t method, method_len, path, path_len, authority, authority_len;
   uint32_t unacked;           /* body bytes received, window not given back */
   uint64_t token;             /* its delivery's token */
@@ -178,6 +187,14 @@ int nr__h2_on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd,
  * then 0, or the connection error the next frame is. */
 size_t nr__h2_scan(nr_h2_server_t *h, const uint8_t *p, size_t n,
                    uint32_t *code);
+
+/* h2_check.c: the HTTP rules nghttp2's HTTP messaging (off) checked. */
+void nr__h2_check_init(void);
+/* A request's field: 0, or -1 when it makes the request malformed. */
+int nr__h2_check_field(h2s_t *s, const uint8_t *name, size_t nl,
+                       const uint8_t *value, size_t vl);
+/* The request's pseudo-fields once its header block ended: whether whole. */
+bool nr__h2_check_request(const h2s_t *s);
 
 /* h2_server.c */
 /* A frame that does no work: a flood token (ENHANCE_YOUR_CALM past). */

@@ -139,6 +139,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   memset(s, 0, offsetof(h2s_t, f));
   nr__h2_fields_init(&s->f);
   s->id = id;
+  s->clen = -1;
   if (nghttp2_session_set_stream_user_data(ng, id, s) != 0) {
     nr_h2_free(s);
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -147,6 +148,13 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   nr__h2_list_push(&h->arriving, s);
   h->hs = s;
   return 0;
+}
+
+/* A malformed request (h2_check.c): reset, its frames ignored from now. */
+static void malformed(nr_h2_server_t *h, h2s_t *s) {
+  s->reset = true;
+  nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, s->id,
+                            NGHTTP2_PROTOCOL_ERROR);
 }
 
 static bool is(const uint8_t *a, size_t n, const char *lit, size_t ln) {
@@ -183,8 +191,8 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
   nr_h2_server_t *h = ud;
   h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
                  ? h->hs : stream_of(ng, f->hd.stream_id);
-  if (s == NULL || s->st != S_ARRIVING)
-    return 0;                  /* refused: decoded only */
+  if (s == NULL || s->st != S_ARRIVING || s->reset)
+    return 0;                  /* refused or reset: decoded only */
   /* A block that decodes into far more than the limit (an HPACK bomb:
    * a large field indexed once, then referenced by one-byte indices)
    * would cost decoding to its end: past 4 x max_header the connection
@@ -198,6 +206,10 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
     return 0;
   if (s->f.list_bytes > h->max_header) {
     s->error = 431;
+    return 0;
+  }
+  if (nr__h2_check_field(s, name, nl, value, vl) < 0) {
+    malformed(h, s);
     return 0;
   }
   if (nl > 0 && name[0] == ':') {
@@ -219,8 +231,13 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
   nr_h2_server_t *h = ud;
   nghttp2_session_consume_connection(ng, len);  /* streams bound the rest */
   h2s_t *s = stream_of(ng, id);
-  if (s == NULL || s->st != S_ARRIVING)
+  if (s == NULL || s->st != S_ARRIVING || s->reset)
     return 0;
+  s->got += len;
+  if (s->clen >= 0 && s->got > (uint64_t)s->clen) {
+    malformed(h, s);           /* more than its Content-Length */
+    return 0;
+  }
   if (!s->error && nr_buf_len(&s->body) + len > h->max_body) {
     s->error = 413;
     h->buffered -= nr_buf_len(&s->body);
@@ -241,12 +258,21 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
 }
 
 static void whole(nr_h2_server_t *h, h2s_t *s) {
-  if (s == NULL || s->st != S_ARRIVING)
+  if (s == NULL || s->st != S_ARRIVING || s->reset)
     return;
   nr__h2_list_remove(&h->arriving, s);
   s->st = S_READY;
   nr__h2_list_push(&h->ready, s);
   earn(h);
+}
+
+/* The client ended s: whole, if its body is as long as it said. */
+static void ended(nr_h2_server_t *h, h2s_t *s) {
+  if (s != NULL && s->st == S_ARRIVING && !s->reset && !s->error &&
+      s->clen >= 0 && s->got != (uint64_t)s->clen)
+    malformed(h, s);
+  else
+    whole(h, s);
 }
 
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
@@ -255,9 +281,14 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
   bool end = f->hd.flags & NGHTTP2_FLAG_END_STREAM;
   switch (f->hd.type) {
   case NGHTTP2_HEADERS: {
-    h2s_t *s = stream_of(ng, f->hd.stream_id);
-    if (end || (s != NULL && s->error))
-      whole(h, s);             /* (an error is answered without its body) */
+    h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
+                   ? h->hs : stream_of(ng, f->hd.stream_id);
+    if (s != NULL && s->st == S_ARRIVING && !s->reset && !s->error &&
+        (f->headers.cat == NGHTTP2_HCAT_REQUEST ? !nr__h2_check_request(s)
+                                                : !end))
+      malformed(h, s);         /* (trailers end the stream) */
+    else if (end || (s != NULL && s->error))
+      ended(h, s);             /* (an error is answered without its body) */
     break;
   }
   case NGHTTP2_DATA:
@@ -266,7 +297,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
     else if (f->hd.length > 0)
       earn(h);
     if (end)
-      whole(h, stream_of(ng, f->hd.stream_id));
+      ended(h, stream_of(ng, f->hd.stream_id));
     break;
   case NGHTTP2_RST_STREAM:
     if (!nr__h2_take(&h->resets_in, h->o.reset_burst, h->o.reset_rate))
@@ -335,6 +366,7 @@ static void make_callbacks(void) {
   nghttp2_session_callbacks *cb;
   if (nghttp2_session_callbacks_new(&cb) != 0)
     return;
+  nr__h2_check_init();
   nghttp2_session_callbacks_set_on_begin_frame_callback(cb,
                                                         nr__h2_on_begin_frame);
   nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
@@ -580,6 +612,7 @@ static nghttp2_option *make_options(const nr_h2_opts_t *o) {
     return NULL;
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_no_closed_streams(opt, 1);   /* (h2_scan.c) */
+  nghttp2_option_set_no_http_messaging(opt, 1);   /* (h2_check.c) */
   nghttp2_option_set_max_continuations(opt, o->max_continuations);
   /* ours end in ENHANCE_YOUR_CALM first; nghttp2's is the backstop */
   nghttp2_option_set_stream_reset_rate_limit(opt, 2ull * o->reset_burst,
