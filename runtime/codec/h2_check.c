@@ -166,7 +166,7 @@ int nr__h2_check_field(h2s_t *s, const uint8_t *n, size_t nl,
     if (f == 0)
       return -1;
     s->hf |= f;
-    return 0;
+    return (int)f;
   }
   s->hf |= HF_REGULAR;
   if (nl == 0 || !all(n, nl, C_NAME) || !good_value(v, vl))

@@ -190,7 +190,8 @@ size_t nr__h2_scan(nr_h2_server_t *h, const uint8_t *p, size_t n,
 
 /* h2_check.c: the HTTP rules nghttp2's HTTP messaging (off) checked. */
 void nr__h2_check_init(void);
-/* A request's field: 0, or -1 when it makes the request malformed. */
+/* A request's field: 0 (a field), the HF_* flag of a pseudo-field, or
+ * -1 when it makes the request malformed. */
 int nr__h2_check_field(h2s_t *s, const uint8_t *name, size_t nl,
                        const uint8_t *value, size_t vl);
 /* The request's pseudo-fields once its header block ended: whether whole. */

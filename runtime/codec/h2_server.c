@@ -162,18 +162,18 @@ static bool is(const uint8_t *a, size_t n, const char *lit, size_t ln) {
 }
 #define IS(a, n, lit) is((a), (n), lit, sizeof lit - 1)
 
-/* A pseudo-header (nghttp2 checked which may come, and their order). */
-static bool pseudo(h2s_t *s, const uint8_t *name, size_t nl,
-                   const uint8_t *value, size_t vl) {
+/* A pseudo-header, known by its HF_* flag (h2_check.c checked which may
+ * come, and their order). */
+static bool pseudo(h2s_t *s, int which, const uint8_t *value, size_t vl) {
   uint32_t *at, *len;
-  if (IS(name, nl, ":method"))
+  if (which == HF_METHOD)
     at = &s->method, len = &s->method_len;
-  else if (IS(name, nl, ":path"))
+  else if (which == HF_PATH)
     at = &s->path, len = &s->path_len;
-  else if (IS(name, nl, ":authority"))
+  else if (which == HF_AUTHORITY)
     at = &s->authority, len = &s->authority_len;
   else
-    return true;               /* :scheme, :protocol */
+    return true;               /* :scheme */
   int64_t v = nr__h2_keep(&s->f, value, vl);
   if (v < 0)
     return false;
@@ -208,12 +208,13 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
     s->error = 431;
     return 0;
   }
-  if (nr__h2_check_field(s, name, nl, value, vl) < 0) {
+  int which = nr__h2_check_field(s, name, nl, value, vl);
+  if (which < 0) {
     malformed(h, s);
     return 0;
   }
-  if (nl > 0 && name[0] == ':') {
-    if (!pseudo(s, name, nl, value, vl))
+  if (which > 0) {             /* a pseudo-header */
+    if (!pseudo(s, which, value, vl))
       s->error = 500;
     return 0;
   }
@@ -328,8 +329,7 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   if (s == NULL)
     return 0;
   if (h->hs == s)
-    h->hs = NULL;
-  nghttp2_session_set_stream_user_data(ng, id, NULL);
+    h->hs = NULL;               /* (nghttp2 forgets the stream: none kept) */
   switch (s->st) {
   case S_ARRIVING:
     nr__h2_list_remove(&h->arriving, s);
