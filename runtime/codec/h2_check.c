@@ -171,38 +171,18 @@ int nr__h2_check_field(h2s_t *s, const uint8_t *n, size_t nl,
   s->hf |= HF_REGULAR;
   if (nl == 0 || !all(n, nl, C_NAME) || !good_value(v, vl))
     return -1;
-  switch (nl) {
-  case 2:
-    if (EQ(n, nl, "te") && !ieq(v, vl, "trailers", 8))
+  if (nl == 4 && EQ(n, nl, "host")) {
+    if (vl == 0 || (s->hf & HF_HOST) || !all(v, vl, C_AUTH))
       return -1;
-    break;
-  case 4:
-    if (EQ(n, nl, "host")) {
-      if (vl == 0 || (s->hf & HF_HOST) || !all(v, vl, C_AUTH))
-        return -1;
-      s->hf |= HF_HOST;
-    }
-    break;
-  case 7:
-    if (EQ(n, nl, "upgrade"))
+    s->hf |= HF_HOST;
+  } else if (nl == 14 && EQ(n, nl, "content-length")) {
+    if (!content_length(s, v, vl))
       return -1;
-    break;
-  case 10:
-    if (EQ(n, nl, "connection") || EQ(n, nl, "keep-alive"))
+  } else if (nl == 2 && EQ(n, nl, "te")) {
+    if (!ieq(v, vl, "trailers", 8))
       return -1;
-    break;
-  case 14:
-    if (EQ(n, nl, "content-length") && !content_length(s, v, vl))
-      return -1;
-    break;
-  case 16:
-    if (EQ(n, nl, "proxy-connection"))
-      return -1;
-    break;
-  case 17:
-    if (EQ(n, nl, "transfer-encoding"))
-      return -1;
-    break;
+  } else if (nr__h2_connection_field((const char *)n, nl)) {
+    return -1;
   }
   return 0;
 }

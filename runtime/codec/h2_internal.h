@@ -215,6 +215,8 @@ void nr__h2_maybe_close(nr_h2_server_t *h);
 void nr__h2_credit(nr_h2_server_t *h);
 
 /* h2_out.c */
+/* A field only HTTP/1.1 has (Connection, Upgrade, TE, ...), any case. */
+bool nr__h2_connection_field(const char *name, size_t len);
 /* Complete p (success if ok) once nghttp2 has returned; takes p. */
 void nr__h2_complete(nr_h2_server_t *h, nr_promise_t *p, bool ok);
 /* The session goes: every promise still to complete fails. */

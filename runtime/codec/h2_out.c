@@ -271,8 +271,9 @@ void nr__h2_settled(nr_h2_server_t *h, h2s_t *s) {
     nr_channel_unhold(nr_ctx_channel(h->ctx));
 }
 
-/* Header fields HTTP/2 forbids (RFC 9113 8.2.2): the connection's own. */
-static bool connection_specific(const char *n, size_t l) {
+/* Header fields HTTP/2 forbids (RFC 9113 8.2.2): the connection's own
+ * (TE among them: a request's "trailers" is h2_check.c's to allow). */
+bool nr__h2_connection_field(const char *n, size_t l) {
   switch (l) {
   case 2: return nr__http_ieq(n, l, "te", 2);   /* (only "trailers" is
                                                     allowed: not sent) */
@@ -479,7 +480,7 @@ static int write_response(nr_h2_server_t *h, const nr_http_response_t *r,
             r->body ? r->body_len : 0);
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *f = &r->headers[i];
-    if (!connection_specific(f->name, f->name_len))
+    if (!nr__h2_connection_field(f->name, f->name_len))
       nv_add(a, f->name, f->name_len, f->value, f->value_len);
   }
   return submit(h, s, a, r->body, r->body ? r->body_len : 0, r->stream,
@@ -505,7 +506,7 @@ static void prepared_fields(nvs_t *a, const nr_http_prepared_t *pr,
     size_t nl = (size_t)(colon - line);
     if ((size_t)(v - head) == pr->date_at && pr->date_at != 0)
       nv_add(a, line, nl, nr_http_date(), DATE_LEN);
-    else if (!connection_specific(line, nl))
+    else if (!nr__h2_connection_field(line, nl))
       nv_add(a, line, nl, v, (size_t)(eol - v));
     line = eol + 2;
   }
