@@ -197,14 +197,17 @@ int nr__h2_check_field(h2s_t *s, const uint8_t *name, size_t nl,
 /* The request's pseudo-fields once its header block ended: whether whole. */
 bool nr__h2_check_request(const h2s_t *s);
 
-/* h2_server.c */
 /* A frame that does no work: a flood token (ENHANCE_YOUR_CALM past). */
 void nr__h2_flood(nr_h2_server_t *h);
+/* Useful work (a request, DATA with bytes) earns a flood token back. */
+void nr__h2_earn(nr_h2_server_t *h);
+/* Take a token from b (burst, rate a second): false when empty. */
+bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate);
+
+/* h2_server.c */
 void nr__h2_list_push(list_t *l, h2s_t *s);
 void nr__h2_list_remove(list_t *l, h2s_t *s);
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s);
-/* Take a token from b (burst, rate a second): false when empty. */
-bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate);
 /* End the session: GOAWAY with `code`, then the close. */
 void nr__h2_die(nr_h2_server_t *h, uint32_t code);
 /* Whether the close may come now (shutting down, nothing open). */

@@ -24,10 +24,37 @@
  * PROTOCOL_ERROR. Frames on a stream the server reset lately are late,
  * not wrong: nghttp2 ignores them, their window counted. PRIORITY frames
  * drain the flood bucket here (on_frame_recv no longer sees them).
+ *
+ * And the token buckets the server's limits drain (h2_server.c says
+ * which frames): resets either way, frames that do no work.
  */
 #include <string.h>
 
 #include "codec/h2_internal.h"
+
+/* ---- token buckets -------------------------------------------------------------- */
+
+bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate) {
+  uint64_t now = nr_now();
+  b->tokens += (double)(now - b->at) * rate / 1e9;
+  if (b->tokens > burst)
+    b->tokens = burst;
+  b->at = now;
+  if (b->tokens < 1)
+    return false;
+  b->tokens -= 1;
+  return true;
+}
+
+void nr__h2_earn(nr_h2_server_t *h) {
+  if (h->flood.tokens < h->o.flood_burst)
+    h->flood.tokens += 1;
+}
+
+void nr__h2_flood(nr_h2_server_t *h) {
+  if (!nr__h2_take(&h->flood, h->o.flood_burst, h->o.flood_rate))
+    h->calm = true;
+}
 
 void nr__h2_reset_sent(nr_h2_server_t *h, int32_t id) {
   h->reset[h->nreset++ % RESET_RING] = id;

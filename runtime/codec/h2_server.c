@@ -77,31 +77,6 @@ void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s) {
   nr_h2_free(s);
 }
 
-/* ---- token buckets -------------------------------------------------------------- */
-
-bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate) {
-  uint64_t now = nr_now();
-  b->tokens += (double)(now - b->at) * rate / 1e9;
-  if (b->tokens > burst)
-    b->tokens = burst;
-  b->at = now;
-  if (b->tokens < 1)
-    return false;
-  b->tokens -= 1;
-  return true;
-}
-
-/* Useful work earns a flood token back. */
-static void earn(nr_h2_server_t *h) {
-  if (h->flood.tokens < h->o.flood_burst)
-    h->flood.tokens += 1;
-}
-
-void nr__h2_flood(nr_h2_server_t *h) {
-  if (!nr__h2_take(&h->flood, h->o.flood_burst, h->o.flood_rate))
-    h->calm = true;
-}
-
 /* ---- requests in (nghttp2's callbacks: they record, nothing more) ------------------ */
 
 static nghttp2_session_callbacks *callbacks;
@@ -264,7 +239,7 @@ static void whole(nr_h2_server_t *h, h2s_t *s) {
   nr__h2_list_remove(&h->arriving, s);
   s->st = S_READY;
   nr__h2_list_push(&h->ready, s);
-  earn(h);
+  nr__h2_earn(h);
 }
 
 /* The client ended s: whole, if its body is as long as it said. */
@@ -296,7 +271,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
     if (f->hd.length == 0 && !end)
       nr__h2_flood(h);
     else if (f->hd.length > 0)
-      earn(h);
+      nr__h2_earn(h);
     if (end)
       ended(h, stream_of(ng, f->hd.stream_id));
     break;
