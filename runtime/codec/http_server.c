@@ -875,7 +875,9 @@ static int emit(nr_http_server_t *s, unsigned i, void *msg, nr_promise_t *p) {
     return nr_ctx_write(s->ctx, msg, p);
   ptrdiff_t n = nr__http_hold_add(&s->hold, i, msg, p);
   if (n < 0)
-    return nr_raise(-ENOMEM, "http_server: out of memory holding an answer");
+    return nr_raise((int)n, n == -ENOMEM ? "http_server: out of memory "
+                    "holding an answer" : "http_server: a file region ended "
+                    "early, or could not be read");
   s->held_out += (size_t)n;
   nr_channel_hold_bytes(nr_ctx_channel(s->ctx), n);
   return 0;
@@ -1594,7 +1596,7 @@ static char *put_connection(char *w, uint16_t f, unsigned user, bool close) {
  * -- lhttp_memo.c sends one as the other -- give the same bytes). */
 static char *put_head(char *w, const nr_http_response_t *r, uint16_t f,
                       unsigned user, bool bodyless, bool close) {
-  if (r->stream) {
+  if (r->stream && !(user & U_LENGTH)) {   /* (a sized stream: the user's) */
     if (!bodyless && !(f & F_HTTP10))
       w = PUT_LIT(w, "Transfer-Encoding: chunked\r\n");
   } else if (!bodyless && !(user & U_LENGTH)) {
@@ -1630,16 +1632,19 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   uint16_t f = s->flags[i];
   size_t need;
   unsigned user = nr__http_user_flags(r, &need);
+  /* a stream with the user's Content-Length is sized: its bytes go as
+   * they are (a static file's body), and the length frames it */
+  bool sized = r->stream && (user & U_LENGTH);
   bool close = closes(f, user) ||
-               (r->stream && (f & F_HTTP10));  /* no chunked in 1.0: the
-                                                  close ends the body */
+               (r->stream && !sized && (f & F_HTTP10));  /* no chunked in
+                                              1.0: the close ends the body */
   bool bodyless = bodyless_status(r->status);
   bool no_body = bodyless || (f & F_HEAD);
   const char *body = no_body ? NULL : r->body;
   size_t blen = no_body || body == NULL ? 0 : r->body_len;
   /* the body given with a stream goes as its first chunk; a small one is
    * copied (one copy now beats a second slice) */
-  bool chunk = r->stream && blen > 0 && !(f & F_HTTP10);
+  bool chunk = r->stream && blen > 0 && !(f & F_HTTP10) && !sized;
   size_t copy = chunk || blen <= SMALL_BODY ? blen : 0;
   need += status_room(r->reason) + HEAD_FIXED + copy;
   out_t o;
@@ -1661,8 +1666,8 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   if (rc < 0)
     return rc;
   if (r->stream) {
-    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD : (f & F_HTTP10) ? A_RAW
-                                                                   : A_CHUNKED) |
+    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD
+                               : (f & F_HTTP10) || sized ? A_RAW : A_CHUNKED) |
                              (close ? F_ACLOSE : 0));
     s->streams++;
   } else {
@@ -1745,6 +1750,28 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
   return 0;
 }
 
+/* A file region while a stream is open (a static file's body): as it is
+ * in a sized or HTTP/1.0 stream, framed as one chunk in a chunked one,
+ * dropped for HEAD. A region of no bytes is not the end. */
+static NOINLINE int write_file_chunk(nr_http_server_t *s, unsigned i, int how,
+                                     nr_file_region_t *r, nr_promise_t *p) {
+  if (how == A_DISCARD || r->len == 0) {
+    if (p)
+      nr_promise_set_success(p, NULL, NULL);
+    return 0;
+  }
+  if (how == A_RAW)
+    return emit(s, i, r, p);
+  char size[24];
+  int sl = snprintf(size, sizeof size, "%zx\r\n", r->len);
+  nr_bytes_t b = NR_BYTES(size, (size_t)sl);
+  int rc = emit(s, i, &b, NULL);
+  if (rc == 0)
+    rc = emit(s, i, r, NULL);
+  b = NR_BYTES("\r\n", 2);
+  return rc == 0 ? emit(s, i, &b, p) : rc;
+}
+
 /* A byte write while a stream is open: one chunk, or the end. */
 static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
                                 void *msg, nr_promise_t *p) {
@@ -1752,6 +1779,8 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   int how = s->flags[i] & A_MASK;
   size_t total = 0, n = 1;
   nr_slice_t one, *parts = &one;
+  if (nr_msg_type(msg) == NR_MSG_FILE)
+    return write_file_chunk(s, i, how, msg, p);
   if (nr_msg_type(msg) == NR_MSG_BYTES) {
     one = (nr_slice_t){((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len};
   } else {
@@ -1814,7 +1843,8 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     return 0;
   if (type == NR_MSG_HTTP_PREPARED || type == NR_MSG_HTTP_RESPONSE)
     return respond(s, ctx, msg, p);
-  if (s->streams != 0 && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
+  if (s->streams != 0 &&
+      (type == NR_MSG_BYTES || type == NR_MSG_SLICES || type == NR_MSG_FILE))
     return write_chunk(s, ctx, msg, p);
   return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */
 }
