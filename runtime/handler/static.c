@@ -258,28 +258,31 @@ static void pump(conn_t *c) {
   if (c->pumping)
     return;
   c->pumping = true;
-  bool wrote = false;
+  /* the flush may drain the socket at once and make the channel writable
+   * again -- its event, nested, finds us pumping: so ask again after it */
   while (c->jobs != NULL && !c->removed && c->budget > 0 &&
          nr_channel_is_writable(ch)) {
-    job_t *j = c->jobs;
-    int rc = step(c, j);
-    wrote = true;
-    if (rc < 0 || c->removed) {
-      drop_jobs(c);
-      break;
+    while (c->jobs != NULL && !c->removed && c->budget > 0 &&
+           nr_channel_is_writable(ch)) {
+      job_t *j = c->jobs;
+      int rc = step(c, j);
+      if (rc < 0 || c->removed) {
+        drop_jobs(c);
+        break;
+      }
+      if (rc == 1) {          /* the stream's end */
+        nr_bytes_t end = NR_BYTES("", 0);
+        c->jobs = j->next;
+        if (c->jobs == NULL)
+          c->tail = &c->jobs;
+        uint64_t token = j->token;
+        job_free(j);
+        write_as(c, token, &end);
+      }
     }
-    if (rc == 1) {            /* the stream's end */
-      nr_bytes_t end = NR_BYTES("", 0);
-      c->jobs = j->next;
-      if (c->jobs == NULL)
-        c->tail = &c->jobs;
-      uint64_t token = j->token;
-      job_free(j);
-      write_as(c, token, &end);
-    }
+    if (!c->removed)
+      nr_ctx_flush(c->ctx);
   }
-  if (wrote && !c->removed)
-    nr_ctx_flush(c->ctx);
   if (c->jobs != NULL && !c->removed && c->budget == 0 && !c->task) {
     nr_ctx_retain(c->ctx);
     if (nr_loop_after_iteration(nr_channel_loop(ch), next_turn, c) == 0)

@@ -23,6 +23,8 @@ static bool digits(const char *v, size_t n, size_t *i, uint64_t *out,
   while (*i < n && v[*i] >= '0' && v[*i] <= '9') {
     if (x > (UINT64_C(1) << 62) / 5) {     /* x * 10 would pass 2^63 */
       *big = true;
+      while (*i < n && v[*i] >= '0' && v[*i] <= '9')
+        (*i)++;
       return false;
     }
     x = x * 10 + (uint64_t)(v[*i] - '0');
