@@ -285,7 +285,7 @@ static void pump(conn_t *c) {
   }
   if (c->jobs != NULL && !c->removed && c->budget == 0 && !c->task) {
     nr_ctx_retain(c->ctx);
-    if (nr_loop_after_iteration(nr_channel_loop(ch), next_turn, c) == 0)
+    if (nr_loop_execute(nr_channel_loop(ch), next_turn, c) == 0)
       c->task = true;
     else
       nr_ctx_release(c->ctx);
