@@ -32,7 +32,8 @@
 #include "codec/http.h"
 #include "handler/static_internal.h"
 
-#define PIECE 65536               /* a pread piece (TLS, HTTP/2) */
+#define PIECE NR__SCACHE_BUF         /* a pread piece (TLS, HTTP/2) */
+_Static_assert(NR__SCACHE_BUF >= NR_STATIC_SMALL, "a small body fits");
 #define BOUNDARY "00000000netrun_static"
 
 void nr_static_cfg_init(nr_static_cfg_t *c) {
@@ -70,14 +71,18 @@ typedef struct conn_s {
   bool task;                  /* a turn's task is queued (holds ctx) */
   bool removed;
   bool pumping;
+  unsigned busy;              /* calls under way: a removal inside one
+                                 (a close) leaves the freeing to it */
 } conn_t;
 
-static _Thread_local char *buf;    /* the loop's piece buffer */
-
-static char *piece_buf(void) {
-  if (buf == NULL)
-    buf = malloc(PIECE > NR_STATIC_SMALL ? PIECE : NR_STATIC_SMALL);
-  return buf;
+/* Enter and leave a call that may see the handler removed. leave: true
+ * when it was, and c is gone. */
+static void enter(conn_t *c) { c->busy++; }
+static bool leave(conn_t *c) {
+  if (--c->busy > 0 || !c->removed || c->task)
+    return false;
+  free(c);
+  return true;
 }
 
 /* ---- headers of a request ---- */
@@ -214,7 +219,7 @@ static int step(conn_t *c, job_t *j) {
     nr_file_region_t fr = {NR_MSG_FILE, j->f->fd, r->first + j->pos, (size_t)n};
     rc = write_as(c, j->token, &fr);
   } else {
-    char *b = piece_buf();
+    char *b = nr__scache_buf(c->cache);
     if (n > PIECE)
       n = PIECE;
     if (b == NULL || !read_all(j->f->fd, b, (size_t)n, r->first + j->pos)) {
@@ -258,6 +263,7 @@ static void pump(conn_t *c) {
   if (c->pumping)
     return;
   c->pumping = true;
+  enter(c);
   /* the flush may drain the socket at once and make the channel writable
    * again -- its event, nested, finds us pumping: so ask again after it */
   while (c->jobs != NULL && !c->removed && c->budget > 0 &&
@@ -291,17 +297,18 @@ static void pump(conn_t *c) {
       nr_ctx_release(c->ctx);
   }
   c->pumping = false;
+  leave(c);
 }
 
 static int next_turn(void *arg) {
   conn_t *c = arg;
   nr_ctx_t *ctx = c->ctx;
   c->task = false;
-  if (c->removed) {
+  if (c->removed && c->busy == 0) {
     free(c);
-  } else {
+  } else if (!c->removed) {
     c->budget = c->cfg->max_chunk;
-    pump(c);
+    pump(c);                  /* (which frees c if it is removed meanwhile) */
   }
   nr_ctx_release(ctx);
   return 0;
@@ -492,7 +499,7 @@ static int answer(conn_t *c, const nr_http_request_t *q, nr__sfile_t *f,
   nr_http_response_t r = {.type = NR_MSG_HTTP_RESPONSE, .status = status,
                           .headers = hd.h, .nheaders = hd.n};
   if (q->head || len <= NR_STATIC_SMALL) {
-    char *b = q->head ? NULL : piece_buf();
+    char *b = q->head ? NULL : nr__scache_buf(c->cache);
     size_t blen = 0;
     int rc;
     if (!q->head && (b == NULL || !assemble(j, b, &blen))) {
@@ -508,7 +515,7 @@ static int answer(conn_t *c, const nr_http_request_t *q, nr__sfile_t *f,
   }
   r.stream = true;
   int rc = nr_ctx_write(c->ctx, &r, NULL);
-  if (rc < 0) {
+  if (rc < 0 || c->removed) {         /* (closed under the write) */
     job_free(j);
     return rc;
   }
@@ -537,13 +544,23 @@ static int redirect(conn_t *c, const nr_http_request_t *q) {
   return rc;
 }
 
+static int serve(conn_t *c, nr_ctx_t *ctx, const nr_http_request_t *q);
+
 static int st_read(nr_ctx_t *ctx, void *msg) {
   conn_t *c = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_HTTP_REQUEST) {
     nr_ctx_fire_read(ctx, msg);
     return 0;
   }
-  const nr_http_request_t *q = msg;
+  enter(c);
+  int rc = serve(c, ctx, msg);
+  leave(c);
+  return rc;
+}
+
+/* A request: answered, or passed on. */
+static int serve(conn_t *c, nr_ctx_t *ctx, const nr_http_request_t *q) {
+  void *msg = (void *)q;
   bool get = q->method_len == 3 && memcmp(q->method, "GET", 3) == 0;
   if (!(get || q->head) || q->streaming) {
     nr_ctx_fire_read(ctx, msg);           /* not ours: the next handler's */
@@ -576,7 +593,7 @@ static int st_read(nr_ctx_t *ctx, void *msg) {
 static int st_writability(nr_ctx_t *ctx) {
   conn_t *c = nr_ctx_state(ctx);
   if (c->jobs != NULL && nr_channel_is_writable(nr_ctx_channel(ctx)))
-    pump(c);
+    pump(c);                  /* (c may be gone after it) */
   nr_ctx_fire_writability_changed(ctx);
   return 0;
 }
@@ -597,8 +614,9 @@ static void st_removed(nr_ctx_t *ctx) {
   drop_jobs(c);
   nr__scache_release(c->cache);
   c->removed = true;
-  if (!c->task)
-    free(c);                  /* else the turn's task frees it */
+  if (!c->task && c->busy == 0)
+    free(c);                  /* else the call under way, or the turn's
+                                 task, frees it */
 }
 
 void *nr_static_new(const nr_static_cfg_t *cfg) {

@@ -23,7 +23,14 @@ struct nr__scache_s {
   nr__sfile_t **table;
   nr__sfile_t *head, *tail;   /* LRU */
   nr__scache_t *next;         /* the thread's list */
+  char *buf;                  /* the loop's piece buffer (made on use) */
 };
+
+char *nr__scache_buf(nr__scache_t *k) {
+  if (k->buf == NULL)
+    k->buf = malloc(NR__SCACHE_BUF);
+  return k->buf;
+}
 
 static _Thread_local nr__scache_t *caches;
 
@@ -77,6 +84,7 @@ void nr__scache_release(nr__scache_t *k) {
   }
   close(k->rootfd);
   free(k->table);
+  free(k->buf);
   free(k);
 }
 

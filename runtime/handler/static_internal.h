@@ -43,6 +43,10 @@ typedef struct nr__scache_s nr__scache_t;
  * NULL when out of memory or the root cannot be opened (*err). */
 nr__scache_t *nr__scache_get(const nr_static_cfg_t *c, int *err);
 void nr__scache_release(nr__scache_t *k);
+/* A buffer of NR__SCACHE_BUF bytes of the cache's (so of its loop), for
+ * reading pieces of files into; NULL when out of memory. */
+#define NR__SCACHE_BUF 65536
+char *nr__scache_buf(nr__scache_t *k);
 const nr_static_cfg_t *nr__scache_cfg(const nr__scache_t *k);
 
 /* The entry for rel (len bytes, no NUL needed), opened now if the cache
