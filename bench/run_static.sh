@@ -141,7 +141,7 @@ if [[ ${INSTR:-0} == 1 ]]; then
     callgrind_control -d "$vpid" >/dev/null
     kill "$vpid"; wait "$vpid" 2>/dev/null || true
     local ir
-    ir=$(cat "$out"* | awk '/^summary:/ {s += $2} END {print s}')
+    ir=$(cat "$out"* | awk '/^totals:/ {s += $2} END {print s}')
     echo "- $name, $file: $((ir / reqs)) instructions per request ($reqs requests)"
   }
   echo
