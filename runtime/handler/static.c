@@ -58,6 +58,7 @@ struct job_s {
   int nparts, part;           /* part: the one being sent */
   bool multi, prefixed;       /* multipart; this part's header went */
   bool region;                /* file regions (sendfile), else pread */
+  bool h2;                    /* on an HTTP/2 stream */
   uint64_t pos;               /* bytes of this part sent */
   nr_static_range_t r[];      /* nparts */
 };
@@ -266,11 +267,20 @@ static void pump(conn_t *c) {
   enter(c);
   /* the flush may drain the socket at once and make the channel writable
    * again -- its event, nested, finds us pumping: so ask again after it */
-  while (c->jobs != NULL && !c->removed && c->budget > 0 &&
+  bool defer = false;
+  while (!defer && c->jobs != NULL && !c->removed && c->budget > 0 &&
          nr_channel_is_writable(ch)) {
     while (c->jobs != NULL && !c->removed && c->budget > 0 &&
            nr_channel_is_writable(ch)) {
       job_t *j = c->jobs;
+      /* HTTP/2 gives a chunk to the stream whose request is being read
+       * (the pipeline's token does not steer it): while another request
+       * is, this job's bytes wait for the task */
+      uint64_t now = nr_ctx_reading(c->ctx);
+      if (j->h2 && now != 0 && now != j->token) {
+        defer = true;
+        break;
+      }
       int rc = step(c, j);
       if (rc < 0 || c->removed) {
         drop_jobs(c);
@@ -289,7 +299,8 @@ static void pump(conn_t *c) {
     if (!c->removed)
       nr_ctx_flush(c->ctx);
   }
-  if (c->jobs != NULL && !c->removed && c->budget == 0 && !c->task) {
+  if (c->jobs != NULL && !c->removed && (c->budget == 0 || defer) &&
+      !c->task) {
     nr_ctx_retain(c->ctx);
     if (nr_loop_execute(nr_channel_loop(ch), next_turn, c) == 0)
       c->task = true;
@@ -521,6 +532,7 @@ static int answer(conn_t *c, const nr_http_request_t *q, nr__sfile_t *f,
   }
   j->token = nr_ctx_reading(c->ctx);
   j->region = plain(c, q);
+  j->h2 = q->stream != 0;
   *c->tail = j;
   c->tail = &j->next;
   if (c->jobs == j)
