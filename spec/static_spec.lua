@@ -274,6 +274,32 @@ describe("handler.static", function()
   end)
 end)
 
+describe("handler.static's open file cache", function()
+  -- descriptors this process holds on files under the root
+  local function open_files()
+    local n = 0
+    local st = io.open("/proc/self/stat")          -- (this process's, not ls's)
+    local pid = st:read("a"):match("^(%d+)")
+    st:close()
+    local ls = io.popen("ls -l /proc/" .. pid .. "/fd/ 2>/dev/null")
+    for line in ls:lines() do
+      if line:find(root .. "/", 1, true) then n = n + 1 end
+    end
+    ls:close()
+    return n
+  end
+
+  it("keeps at most cache.max files open, and closes them at shutdown", function()
+    local group, port = serve { cache = { max = 2 }, precompressed = false }
+    for _, name in ipairs { "a.txt", "page.HTML", "data.xyz", "app.js", "only.css" } do
+      assert.equal(200, (curl(port, "/" .. name)))
+    end
+    assert.equal(2, open_files())
+    H.shutdown(group)
+    assert.equal(0, open_files())
+  end)
+end)
+
 describe("handler.static under attack", function()
   for _, sendfile in ipairs { true, false } do
     local how = sendfile and "sendfile" or "pread"
