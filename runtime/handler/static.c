@@ -238,6 +238,8 @@ static int step(conn_t *c, job_t *j) {
     j->part++;
     j->pos = 0;
     j->prefixed = false;
+    if (j->part == j->nparts)
+      return step(c, j);      /* the end at once: it needs no budget */
   }
   return 0;
 }
