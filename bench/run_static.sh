@@ -27,6 +27,10 @@ root=$work/root
 mkdir -p "$root"
 head -c 1024 /dev/urandom > "$root/1k.bin"
 head -c $((1 << 20)) /dev/urandom > "$root/1m.bin"
+# nginx's worker runs as nobody when started as root: it must read them
+# (mktemp's directory is 0700; a 403 would pass for a fast answer)
+chmod 755 "$work" "$root"
+chmod 644 "$root"/*.bin
 
 mkdir -p "$work/nginx/logs"
 cat > "$work/nginx/nginx.conf" <<EOF
@@ -61,6 +65,12 @@ ngx_master=$!
 wait_port $NR_PORT
 wait_port $NGX_PORT
 ngx_pids="$ngx_master $(pgrep -P "$ngx_master" | head -1)"
+for port in $NR_PORT $NGX_PORT; do     # both answer the whole files
+  for f in 1k.bin:1024 1m.bin:1048576; do
+    got=$(curl -s -o /dev/null -w '%{http_code} %{size_download}' "http://127.0.0.1:$port/${f%%:*}")
+    [[ $got == "200 ${f##*:}" ]] || { echo "port $port: /${f%%:*}: $got" >&2; exit 1; }
+  done
+done
 
 # one PORT FILE CONNS PIDS...: prints "req_per_cpu_s req_s".
 one() {
