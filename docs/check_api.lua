@@ -145,6 +145,7 @@ local C_CLASSES = {
   ["netrun.embedded"] = { "netrun", "embedded" },
   ["netrun.dict"] = { "netrun", "dict" },
   ["netrun.http.pool"] = false,      -- the C half of netrun.http's pools
+  ["netrun.upstream_state"] = false, -- the C half of netrun.http.upstream (shared counts)
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections
   ["netrun.nats.wire"] = false,      -- the C half of netrun.nats's connections
   ["netrun.ctx.handle"] = false,     -- a ctx's anchor, no methods
@@ -170,6 +171,7 @@ local function lua_classes()
   for k, v in pairs(nats.Conn) do nats_connection[k] = v end
   return {
     { "netrun.http", "client", getmetatable(netrun.http.client {}).__index },
+    { "netrun.http", "upstream", require("netrun.upstream").Upstream },
     { "netrun.tcp", "stream", stream.Stream },
     { "netrun.redis", "client", getmetatable(redis.connect { host = "127.0.0.1", port = 1 }).__index },
     { "netrun.redis", "pipeline", redis.PipelineMT.__index },
@@ -252,6 +254,7 @@ local PRIVATE_MODULES = {
   reload = "hot reload's machinery (netrun.reload is documented)",
   repl = "the REPL, reached through the CLI",
   top = "`netrun top`, reached through the CLI",
+  upstream = "netrun.http.upstream's Lua half (documented in netrun.http)",
 }
 local lazy_modules = {}
 for _, name in pairs(LAZY) do lazy_modules[name] = true end

@@ -1,7 +1,10 @@
 -- proxy.lua -- a reverse proxy in Lua: the native HTTP server codec faces
 -- clients, each request goes to the backend through a keep-alive pool
 -- (netrun.http.client, one pool per loop) and its response comes back.
---   netrun examples/proxy.lua --backend 127.0.0.1:8080 [--port 8000]
+--   netrun examples/proxy.lua --backend 127.0.0.1:8080 [--backend ...] [--port 8000]
+--          [--balance round_robin|least_conn|hash] [--hash-header NAME]
+--          [--health-path /health --health-interval 2] [--retries 1]
+--          [--max-fails 1] [--fail-timeout 10] [--backend-ca FILE]
 --          [--threads 1] [--pool 64] [--timeout 30] [--max-body 8388608]
 --          [--in-flight 16] [--body-budget 33554432]
 --          [--conn-body-budget 16777216] [--backend-h2 no|auto|yes]
@@ -51,14 +54,42 @@ local netrun = require "netrun"
 local option = netrun.option
 local port = option("port", 8000)
 local threads = option("threads", 1)
-local backend = option("backend") or error("proxy: --backend host:port is required")
+-- --backend may be given several times (or BACKEND=a,b): an upstream
+-- (netrun.http.upstream) then spreads the requests over them (--balance
+-- round_robin|least_conn|hash, --hash-header NAME for hash), takes out a
+-- backend that fails (and, with --health-path P, one that fails GET P every
+-- --health-interval S seconds; those probes bring it back), and sends an
+-- idempotent request whose backend failed to another (--retries N, 1).
+-- A backend may be https://host:port (verified against the system's CAs,
+-- or --backend-ca FILE). One plain host:port backend and none of those
+-- options: the forwarder goes straight to it, as before.
+local backends = netrun.options("backend")
+if #backends == 0 then error("proxy: --backend host:port is required") end
+local backend = backends[1]
 local bhost, bport = backend:match("^%[?([^%]]+)%]?:(%d+)$")
-if not bhost then error("proxy: --backend must be host:port, got " .. backend) end
+local balance, health_path = option("balance"), option("health-path")
+local retries, backend_ca = option("retries"), option("backend-ca")
+local backend_tls = backend_ca and netrun.tls.client { ca = backend_ca } or nil
+local up
+if #backends > 1 or not bhost or balance or health_path or retries or backend_ca then
+  up = netrun.http.upstream {
+    servers = backends, balance = balance, hash = option("hash-header"),
+    retries = retries and math.tointeger(tonumber(retries)),
+    health = health_path and { path = health_path, interval = option("health-interval", 2),
+                               fails = math.tointeger(option("health-fails", 1)),
+                               passes = math.tointeger(option("health-passes", 1)) } or nil,
+    fails = math.tointeger(option("max-fails", 1)), fail_timeout = option("fail-timeout", 10),
+    tls = backend_tls,
+  }
+  if option("body", "whole") == "stream" then
+    error("proxy: --body stream takes one host:port --backend (an upstream's streamed mode is not there yet)")
+  end
+end
 local max_body = math.tointeger(option("max-body", 8 * 1024 * 1024))
 local in_flight = math.tointeger(option("in-flight", 16))
 local body_budget = math.tointeger(option("body-budget", 32 * 1024 * 1024))
 local conn_body_budget = math.tointeger(option("conn-body-budget", 16 * 1024 * 1024))
-local base = "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
+local base = bhost and "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
 
 local backend_h2 = ({ yes = true, no = false, auto = "auto" })[option("backend-h2", "auto")]
 if backend_h2 == nil then error("proxy: --backend-h2 must be yes, no or auto") end
@@ -68,6 +99,7 @@ local client = netrun.http.client {
   timeout = option("timeout", 30), max_body = max_body,
   raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
   h2 = backend_h2,
+  tls = backend_tls,   -- (the upstream's too: its forwarders take the client's pools)
 }
 
 -- Hop-by-hop fields (RFC 9110 7.6.1) stay on their hop; the codecs frame
@@ -182,8 +214,9 @@ local function proxy_handler()
       if not ch then
         ctx, ch = c, c.channel
         write, write_and_flush = c.write, c.write_and_flush
-        forward = client:forwarder { url = base,
-                                     headers = { ["x-forwarded-for"] = (ch:remote_address()) } }
+        local xff = { ["x-forwarded-for"] = (ch:remote_address()) }
+        forward = up and client:forwarder { upstream = up, headers = xff }
+                  or client:forwarder { url = base, headers = xff }
       end
       if first > last and sent - head < in_flight and writable then
         return send(req)              -- nothing waits: at once
@@ -376,5 +409,6 @@ netrun.server {
     ch:pipeline():add_last("proxy", stream_bodies and stream_handler() or proxy_handler())
   end,
 }:sync()
-netrun.log.info("proxy: listening on :%d, backend %s%s", port, base,
+netrun.log.info("proxy: listening on :%d, backend %s%s", port,
+                up and table.concat(up.servers, " ") .. (up.health and " (probed)" or "") or base,
                 stream_bodies and ", bodies streamed" or "")

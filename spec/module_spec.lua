@@ -8,7 +8,7 @@ local netrun = H.netrun
 
 -- Public, documented in DESIGN.md §4/§8/§9 and docs/guide/.
 local EAGER = { "all", "channel_group", "codec", "connect", "current", "embedded",
-                "executor_group", "group", "handler", "log", "now", "option", "promise",
+                "executor_group", "group", "handler", "log", "now", "option", "options", "promise",
                 "reload", "run", "server", "shared", "sleep", "spawn", "tls", "udp",
                 "version", "void_promise" }
 -- Loaded on first use (then stored in the module, so pairs shows them).

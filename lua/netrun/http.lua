@@ -18,6 +18,8 @@
 --- A request's options (`request`, `client:request`):
 -- @table request_options
 -- @string url the absolute URL, `http://` or `https://` (for `forward`: the origin only)
+-- @tparam[opt] upstream upstream instead of url: a pool of servers (`netrun.http.upstream`); each try goes to one of them, an idempotent request that failed to another
+-- @string[opt="/"] path with upstream: the path and query
 -- @string[opt="GET"] method the method
 -- @tparam[opt] table headers header fields (an array value repeats a field)
 -- @param[opt] body the body, a string (Content-Length is set); with `stream`, also a function returning the next chunk, nil at the end (sent chunked)
@@ -319,7 +321,7 @@ local check_client = core.options("netrun.http.client", {
   max_body = "size 0", max_header = "size 64", follow = "integer 0", raw = "boolean",
   follow_downgrade = "boolean", tls = "tls.client", h2 = "any" })
 local check_forwarder = core.options("netrun.http client:forwarder",
-  { url = "string!", headers = "table" })
+  { url = "string", upstream = "table", headers = "table" })
 
 -- Parsed URLs, cached per state (a client fetches the same few URLs
 -- again and again): { scheme, host, port, target, Host header } or
@@ -542,6 +544,9 @@ end
 -- On a loop: run the request with this client's pools; a future of the
 -- response, or with cb: nothing, and cb(res) or cb(nil, err) later.
 function M.request_with(client, opts, cb)
+  if opts.upstream ~= nil then          -- a server of the pool per try
+    return require("netrun.upstream").request(M, client, opts, cb)
+  end
   local url = opts.url
   local u = urls[url]                   -- (nil for a nil url: parsed says why)
   if u == nil then
@@ -649,6 +654,7 @@ local main_group
 local main_world = 0
 
 local function on_loop(client, opts)
+  if opts.upstream ~= nil then require("netrun.upstream").check_request(opts) end
   if current() ~= nil then return M.request_with(client, opts) end
   if opts.stream then        -- (res:read() lives in the loop's state)
     error("netrun.http: stream = true runs on a loop: in netrun.spawn, a handler or a task", 3)
@@ -700,6 +706,7 @@ end
 -- @function client:forwarder
 -- @tparam table opts
 -- @string opts.url the origin (`http://backend:8080`; no path)
+-- @tparam[opt] upstream opts.upstream instead of url: a pool of servers (`netrun.http.upstream`), the server picked per request, an idempotent request that failed sent to another
 -- @tparam[opt] table opts.headers fields added, replacing forwarded ones of the same names
 -- @treturn function forward(req, callback)
 -- @usage local forward = client:forwarder { url = "http://127.0.0.1:8080" }
@@ -708,6 +715,11 @@ function Client:forwarder(opts)
   local what = "netrun.http client:forwarder"
   if getmetatable(self) ~= Client then core.raise(what .. ": call it as client:forwarder { ... }") end
   opts = check_forwarder(opts)
+  if opts.upstream ~= nil then
+    if opts.url ~= nil then core.raise(what .. ": give url or upstream, not both") end
+    return require("netrun.upstream").forwarder(self, opts)
+  end
+  if opts.url == nil then core.option_error(what, "url", nil, "a string (or give upstream)") end
   local url, headers = opts.url, opts.headers
   local u = parsed(url)
   if not u[1] then core.raise(what .. ": bad URL: " .. tostring(u[2])) end
@@ -763,6 +775,10 @@ function M.client(opts)
     follow_downgrade = opts.follow_downgrade == true, h2 = h2,
   }, Client)
 end
+
+-- A pool of backends for forwarders and requests: `upstream`, documented
+-- in lua/netrun/upstream.lua.
+M.upstream = function(opts) return require("netrun.upstream").new(opts) end
 
 local default_client
 --- Send a request with the default client.

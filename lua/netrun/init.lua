@@ -144,6 +144,39 @@ function netrun.option(name, default)
   return value
 end
 
+--[[--
+Every value of a script's option given several times (`--backend a
+--backend b`, or `--backend=a`), in order; else the environment variable
+`NAME` split at commas (`BACKEND=a,b`); else an empty array.
+@string name the option's name
+@treturn {string,...} the values
+@usage local backends = netrun.options("backend")
+]]
+function netrun.options(name)
+  local values = {}
+  local args = rawget(_G, "arg") or {}
+  local flag = "--" .. name
+  local eq = "^" .. flag:gsub("%-", "%%-") .. "=(.*)$"
+  local i = 1
+  while i <= #args do
+    if args[i] == flag and args[i + 1] ~= nil then
+      values[#values + 1] = args[i + 1]
+      i = i + 1
+    else
+      local v = args[i]:match(eq)
+      if v then values[#values + 1] = v end
+    end
+    i = i + 1
+  end
+  if #values == 0 then
+    local env = os.getenv((name:upper():gsub("%-", "_")))
+    if env then
+      for v in env:gmatch("[^,%s]+") do values[#values + 1] = v end
+    end
+  end
+  return values
+end
+
 -- Batteries: native handlers from the C side (core.codec, core.handler).
 netrun.codec = core.codec
 netrun.handler = core.handler

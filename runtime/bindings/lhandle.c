@@ -1,7 +1,7 @@
 /*
  * lhandle.c -- netrun handles in Lua: thread-safe reference-counted C
  * objects (groups, loops, channels, futures, dicts, channel groups, TLS
- * configs) seen
+ * configs, upstreams' shared state) seen
  * through one proxy userdata per state. The proxy holds a reference; its
  * __gc/__close drops it. Proxies are cached per state in a weak table, so a
  * handle that comes back (in a transfer, as ctx.channel) is the same value.
@@ -13,7 +13,8 @@
 
 const char *const lnr_kind_names[] = {
     "?", "netrun.group", "netrun.loop", "netrun.channel", "netrun.future",
-    "netrun.dict", "netrun.channel_group", "netrun.tls"};
+    "netrun.dict", "netrun.channel_group", "netrun.tls",
+    "netrun.upstream_state"};
 
 typedef struct proxy_s {
   const char *tag;            /* &CLASS_KEYS[kind]: proves the userdata is ours */
@@ -40,6 +41,7 @@ void lnr_handle_retain(int kind, void *ptr) {
   case LNR_FUTURE: nr_promise_retain(ptr); break;
   case LNR_CHGROUP: lnr_chgroup_retain(ptr); break;
   case LNR_TLS: lnr_tls_retain(ptr); break;
+  case LNR_UPSTREAM: lnr_upstream_retain(ptr); break;
   default: break;                       /* dicts live as long as the process */
   }
 }
@@ -59,6 +61,7 @@ void lnr_handle_release(int kind, void *ptr) {
   case LNR_FUTURE: nr_promise_release(ptr); break;
   case LNR_CHGROUP: lnr_chgroup_release(ptr); break;
   case LNR_TLS: lnr_tls_release(ptr); break;
+  case LNR_UPSTREAM: lnr_upstream_release(ptr); break;
   default: break;
   }
 }

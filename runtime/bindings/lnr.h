@@ -236,7 +236,7 @@ void lnr_log_error(lua_State *L, const char *what);
 
 /* Handle kinds that cross threads by reference count. */
 enum { LNR_GROUP = 1, LNR_LOOP, LNR_CHANNEL, LNR_FUTURE, LNR_DICT,
-       LNR_CHGROUP, LNR_TLS, LNR_NKINDS };
+       LNR_CHGROUP, LNR_TLS, LNR_UPSTREAM, LNR_NKINDS };
 
 struct lnr_blob_s {
   nr_task_t task;             /* lets a blob travel as a task */
@@ -383,6 +383,8 @@ void lnr_chgroup_retain(void *cg);
 void lnr_chgroup_release(void *cg);
 void lnr_tls_retain(void *cfg);
 void lnr_tls_release(void *cfg);
+void lnr_upstream_retain(void *u);   /* http/lupstream.c */
+void lnr_upstream_release(void *u);
 /* Push a lookup's answer: an array of address strings, its TTL as `ttl`. */
 void lnr_push_addrs(lua_State *L, const nr_addrs_t *a);
 /* Default groups for servers and clients without one (created lazily). */
@@ -420,7 +422,7 @@ nr_loop_t *lnr_swap_main_loop(nr_loop_t *l);
 enum { LNR_HOPT_URL, LNR_HOPT_FORWARD, LNR_HOPT_HEADERS, LNR_HOPT_METHOD,
        LNR_HOPT_BODY, LNR_HOPT_TIMEOUT, LNR_HOPT_MAX_BODY, LNR_HOPT_TLS,
        LNR_HOPT_FOLLOW, LNR_HOPT_FOLLOW_DOWNGRADE, LNR_HOPT_STREAM,
-       LNR_HOPT_N };
+       LNR_HOPT_UPSTREAM, LNR_HOPT_PATH, LNR_HOPT_N };
 bool lnr_http_check_request(lua_State *L, int idx, int base);
 void lnr_http_converted(lua_State *L, int idx, int base);
 /* Write the request whose fields are the uservalues of the userdata at idx

@@ -42,6 +42,7 @@
   X(http)          /* http/lhttp*.c: the HTTP server codec, requests */     \
   X(http_client)   /* http/lhttp_client.c: the HTTP client codec */         \
   X(http_pool)     /* http/lhttp_pool.c, lhttp_lane.c: netrun.http */       \
+  X(upstream)      /* http/lupstream.c: netrun.http.upstream's state */     \
   X(handlers)      /* lhandlers.c: idle_state, logging, resp */             \
   X(tls)           /* ltls.c: TLS configs and handlers */                   \
   X(websocket)     /* lws.c: the WebSocket codec */                         \

@@ -565,11 +565,12 @@ static const struct { const char *k; size_t n; int t; } options[] = {
     OPT("body", LUA_TSTRING), OPT("timeout", LUA_TNUMBER),
     OPT("max_body", LUA_TNUMBER), OPT("tls", LUA_TNONE),
     OPT("follow", LUA_TNUMBER), OPT("follow_downgrade", LUA_TBOOLEAN),
-    OPT("stream", LUA_TBOOLEAN)};
+    OPT("stream", LUA_TBOOLEAN), OPT("upstream", LUA_TTABLE),
+    OPT("path", LUA_TSTRING)};
 #undef OPT
 static const char *const option_names[] = {
     "url", "forward", "headers", "method", "body", "timeout", "max_body",
-    "tls", "follow", "follow_downgrade", "stream", NULL};
+    "tls", "follow", "follow_downgrade", "stream", "upstream", "path", NULL};
 
 /* The option named k (its LNR_HOPT_*), or -1: no such option. Lengths are
  * compared first: most options differ in length. */

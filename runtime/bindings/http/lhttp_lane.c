@@ -56,6 +56,7 @@ static int lane_request(lua_State *L) {
   if (lua_type(L, 3) != LUA_TFUNCTION || loop == NULL ||
       loop == lnr_main_loop() || !lua_isnil(L, o + LNR_HOPT_TLS) || !lua_isnil(L, o + LNR_HOPT_FOLLOW) ||
       !lua_isnil(L, o + LNR_HOPT_MAX_BODY) || !lua_isnil(L, o + LNR_HOPT_STREAM) ||
+      !lua_isnil(L, o + LNR_HOPT_UPSTREAM) ||    /* (upstream.lua picks) */
       lua_type(L, o + LNR_HOPT_URL) != LUA_TSTRING)
     goto slow;
   if (get(L, 1, K_FOLLOW) != LUA_TNIL)
