@@ -479,7 +479,7 @@ static int answer(conn_t *c, const nr_http_request_t *q, nr__sfile_t *f,
   int n = rh && max > 0 && range_applies(q, f)
               ? nr_static_ranges(rh->value, rh->value_len, f->size, j->r, max)
               : 0;
-  char crange[80], ctype[128];
+  char crange[80];
   int status = 200;
   if (n < 0) {
     snprintf(crange, sizeof crange, "bytes */%llu", (unsigned long long)f->size);
@@ -505,7 +505,6 @@ static int answer(conn_t *c, const nr_http_request_t *q, nr__sfile_t *f,
       add(&hd, "Content-Range", crange);
     }
   }
-  (void)ctype;
   uint64_t len = body_length(j, f->size);
   snprintf(hd.len, sizeof hd.len, "%llu", (unsigned long long)len);
   add(&hd, "Content-Length", hd.len);
