@@ -15,7 +15,7 @@
 # keep-alive, both with one worker, as bench/run_proxy.sh) in front of the
 # C baseline, wrk -t1 -c16 unpipelined (the backend is not measured).
 #
-#   bench/instr.sh [CASES...]   cases: c prepared table dynamic luv redis-set
+#   bench/instr.sh [CASES...]   cases: c prepared observed table dynamic luv redis-set
 #                               redis-get netrun-set netrun-get proxy
 #                               nginx-proxy client client-https (default all)
 #
@@ -70,6 +70,8 @@ server_cmd() {   # $1 case, $2 port: the server's command line
     c) echo "$work/http_baseline $2" ;;
     prepared) echo "$build/bin/netrun $here/examples/http_hello.lua --port $2 --threads 1" ;;
     table) echo "$build/bin/netrun $here/examples/http_hello.lua --port $2 --threads 1 --response table" ;;
+    observed) echo "$build/bin/netrun $here/examples/http_hello.lua --port $2 --threads 1 \
+      --observe $work/access.log" ;;
     dynamic) echo "$build/bin/netrun $here/examples/http_hello.lua --port $2 --threads 1 \
       --response dynamic" ;;
     luv) echo "lua5.4 $here/bench/luv_http.lua $2" ;;
@@ -107,7 +109,7 @@ wait_port() {
 
 load() {   # $1 case, $2 port, $3 seconds/requests scale: prints requests answered
   case $1 in
-    c|prepared|table|dynamic|luv|proxy|nginx-proxy)
+    c|prepared|observed|table|dynamic|luv|proxy|nginx-proxy)
       local script=(-s "$work/pipeline.lua")
       [[ $PIPE == 16 && $1 != *proxy ]] || script=()
       timeout 60 wrk -t1 -c16 -d"$3"s "${script[@]}" "http://127.0.0.1:$2/" |

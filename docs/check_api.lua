@@ -144,6 +144,7 @@ local C_CLASSES = {
   ["netrun.xctx"] = { "netrun", "ctx" },
   ["netrun.embedded"] = { "netrun", "embedded" },
   ["netrun.dict"] = { "netrun", "dict" },
+  ["netrun.metric"] = { "netrun.metrics", "metric" },
   ["netrun.http.pool"] = false,      -- the C half of netrun.http's pools
   ["netrun.upstream_state"] = false, -- the C half of netrun.http.upstream (shared counts)
   ["netrun.redis.codec"] = false,    -- the C half of netrun.redis's connections

@@ -4,6 +4,7 @@
 --                                  [--response prepared|table|dynamic]
 --                                  [--header-timeout S] [--body-timeout S]
 --                                  [--keepalive-timeout S]   (or PORT=N ...)
+--                                  [--observe ACCESS_LOG]
 -- Keep-alive and pipelining are handled by the codec: the handler writes
 -- one response per request and flushes once per read.
 local netrun = require "netrun"
@@ -60,6 +61,23 @@ if mode == "dynamic" then
     ctx:write({ status = 200, headers = TEXT, body = BODIES[turn] }, VOID)
   end
 end
+-- --observe FILE: what an observed service pays (DESIGN.md §9.8, measured
+-- by bench/instr.sh's `observed` case): an access log line per request to
+-- FILE, a labelled counter and a histogram updated per request.
+local observe = option("observe", nil)
+local access_log
+if observe then
+  local requests = netrun.metrics.counter { name = "hello_requests_total", labels = { "code" } }
+  local sizes = netrun.metrics.histogram { name = "hello_response_bytes", buckets = { 16, 256, 4096 } }
+  local OK, plain = { code = "200" }, Hello.channel_read
+  function Hello:channel_read(ctx, req)
+    requests:inc(1, OK)
+    sizes:observe(13)
+    return plain(self, ctx, req)
+  end
+  access_log = netrun.handler.access_log { path = observe,
+    format = '$remote_addr "$request" $status $body_bytes_sent $request_time' }
+end
 function Hello:channel_read_complete(ctx) ctx:flush() end
 function Hello:exception_caught(ctx, err)
   -- a peer that resets its connection is routine, not a warning
@@ -78,7 +96,9 @@ local server = netrun.server {
   host = option("host", "127.0.0.1"),
   port = port,
   init = function(ch)
-    ch:pipeline():add_last("http", http):add_last("hello", Hello)
+    ch:pipeline():add_last("http", http)
+    if access_log then ch:pipeline():add_last("log", access_log) end
+    ch:pipeline():add_last("hello", Hello)
   end,
 }:sync()
 

@@ -14,17 +14,18 @@
 -- backend (h2c by prior knowledge), its requests multiplexed on one
 -- connection; the default (auto) speaks it only to an https backend that
 -- agrees it.
--- --body stream streams request and response bodies both ways instead of
--- holding them whole (see "--body stream" below): what a client
--- connection costs is then about 2 x --buffer whatever the bodies' sizes,
--- and --max-body 0 means no limit. (The default stays whole for now: the
--- streamed mode has a backend connection per client connection, not the
--- pool, and no retries.)
+-- Bodies are streamed both ways by default (--body stream, see "--body
+-- stream" below): what a client connection costs is about 2 x --buffer
+-- whatever the bodies' sizes, --max-body bounds a request body (0: no
+-- limit), and a WebSocket (any Upgrade answered 101) is tunnelled.
+-- --body whole holds them whole instead (described next; the default
+-- with --backend-h2 yes, as streaming speaks HTTP/1.1 to the backend, and
+-- with an upstream, whose streamed mode is not there yet).
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
--- Bodies are bounded, not streamed: a request or response body is held
--- whole, up to --max-body. What request bodies hold is counted in bytes
+-- --body whole: bodies are bounded, not streamed: a request or response
+-- body is held whole, up to --max-body. What request bodies hold is counted in bytes
 -- by the server codec (its body budget): at most --body-budget per loop
 -- and --conn-body-budget per client connection, from a body's head until
 -- its answer is written (so bodies waiting for a connection to the
@@ -91,12 +92,20 @@ local body_budget = math.tointeger(option("body-budget", 32 * 1024 * 1024))
 local conn_body_budget = math.tointeger(option("conn-body-budget", 16 * 1024 * 1024))
 local base = bhost and "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
 
+-- (streamed by default: to one HTTP/1.1 backend, not yet an upstream's)
+local body_mode = option("body", (up or option("backend-h2") == "yes") and "whole" or "stream")
+if body_mode ~= "stream" and body_mode ~= "whole" then error("proxy: --body must be stream or whole") end
+local stream_bodies = body_mode == "stream"
+local buffer = math.tointeger(option("buffer", 64 * 1024))
+if stream_bodies and max_body == 0 then max_body = 1 << 40 end   -- (no limit: 1 TiB)
+
 local backend_h2 = ({ yes = true, no = false, auto = "auto" })[option("backend-h2", "auto")]
 if backend_h2 == nil then error("proxy: --backend-h2 must be yes, no or auto") end
 
 local client = netrun.http.client {
   pool = math.tointeger(option("pool", 64)), keepalive = 60,
-  timeout = option("timeout", 30), max_body = max_body,
+  timeout = option("timeout", 30),
+  max_body = stream_bodies and 1 << 40 or max_body,  -- (streamed responses: no limit)
   raw = true,      -- responses ready to write, hop-by-hop fields dropped in C
   h2 = backend_h2,
   tls = backend_tls,   -- (the upstream's too: its forwarders take the client's pools)
@@ -239,156 +248,71 @@ end
 
 -- ---- --body stream: bodies streamed both ways ----------------------------
 --
--- Each client connection gets a backend connection of its own (made at its
--- first request, kept while both live: a tunnel per client) and its
--- requests go one at a time. A request's head goes on at once; its body,
--- if any, is read from the client no faster than the backend connection
--- takes it (req:sink: the server codec reads nothing while that connection
--- holds more than --buffer bytes unsent) and goes on as it came (its
--- Content-Length, or chunked). The response comes back the same way: the
--- backend's head, then its body piece by piece, the backend connection
--- reading nothing while the client's holds more than --buffer unsent. So
--- a connection pair holds about 2 x --buffer plus a read each way,
--- whatever the bodies' sizes (--max-body 0: no limit).
-local stream_bodies = option("body", "whole") == "stream"
-local buffer = math.tointeger(option("buffer", 64 * 1024))
-if not stream_bodies and option("body", "whole") ~= "whole" then
-  error("proxy: --body must be whole or stream")
-end
-if stream_bodies and max_body == 0 then max_body = 1 << 40 end   -- (no limit: 1 TiB)
-
-local REQ_HOP = { connection = true, ["keep-alive"] = true, te = true, trailer = true,
-                  ["transfer-encoding"] = true, upgrade = true, ["proxy-connection"] = true,
-                  ["proxy-authorization"] = true, ["content-length"] = true, expect = true }
-
+-- A client connection's requests go one at a time, each to a pooled
+-- backend connection through a stream forwarder (client:forwarder {
+-- stream = true }, in C): the head at once, the body, if any, read from
+-- the client no faster than the backend connection takes it (the server
+-- codec reads nothing while that connection holds more than --buffer
+-- bytes unsent) and sent on as it came (its Content-Length, or chunked);
+-- the response back the same way, the backend connection reading nothing
+-- while the client's holds more than --buffer unsent. So a client
+-- connection holds about 2 x --buffer plus a read each way, whatever the
+-- bodies' sizes. The backend connection goes back to the pool after a
+-- complete exchange only. A request with Upgrade goes with it, and a 101
+-- makes the two connections a byte tunnel (a WebSocket), bounded the same
+-- way. An answer given before the body was all read ends the client's
+-- connection after it (the rest unread); a body cut short either way
+-- closes the other side.
 local function stream_handler()
-  local ctx, ch, be                   -- the client's context and channel; the backend's
+  local ctx, ch, forward              -- the connection's, at its first request
   local queue, first, last = {}, 1, 0
-  local busy, paused = false, false   -- a request under way; client reads paused
-  local chunked_up                    -- the request body under way is chunked
-  local reuse                         -- the backend keeps its connection after this answer
-  local closed = false
+  local busy, paused, closed = false, false, false
   local start
 
-  local function next_request()
+  -- the exchange's end: true, the next request may go; nil, nothing was
+  -- written (the backend could not be reached or failed before its
+  -- head): answer it here; false, the client's connection is done
+  local function done(ok, err)
     busy = false
-    if not reuse and be then be:close(); be = nil end
+    if closed or ok == false then return end
+    if ok == nil then ctx:write_and_flush(response_for(nil, err), VOID) end
     if first <= last then
       local r = queue[first]
       queue[first] = nil
       first = first + 1
-      if paused and last - first + 1 < in_flight then paused = false; ch:option("auto_read", true) end
+      if first > last then first, last = 1, 0 end
+      if paused then paused = false; ch:option("auto_read", true) end
       return start(r)
-    end
-  end
-
-  local function fail(status)
-    if closed then return end
-    ctx:write_and_flush({ status = status, headers = { ["content-type"] = "text/plain",
-                          connection = "close" }, body = "bad gateway\n" })
-    ctx:close()
-  end
-
-  -- the backend connection's handler: the response, streamed to the client
-  local backend = {
-    channel_read = function(_, bctx, m)
-      if closed then return end
-      if m.type == "body" then
-        if #m.data > 0 then ctx:write(m.data, VOID) end
-        if m.last then
-          ctx:write_and_flush("", VOID)
-          next_request()
-        else
-          ctx:flush()
-          if not ch:is_writable() then bctx.channel:option("auto_read", false) end
-        end
-        return
-      end
-      local h = strip_hop(m.headers)
-      reuse = m.keep_alive
-      if m.streaming then
-        ctx:write({ status = m.status, headers = h, stream = true }, VOID)
-      else
-        ctx:write_and_flush({ status = m.status, headers = h, body = m.body }, VOID)
-        next_request()
-      end
-    end,
-    exception_caught = function(_, bctx, err)
-      netrun.log.debug("proxy: backend %s", tostring(err))
-      bctx:close()
-    end,
-    channel_inactive = function(_, bctx)
-      if be == bctx.channel then be = nil end
-      if busy then                    -- in the middle of an answer: the client's goes too
-        if closed then return end
-        closed = true
-        ctx:close()
-      end
-    end,
-  }
-
-  local function send(r)
-    local h = {}
-    for k, v in pairs(r.headers) do if not REQ_HOP[k] then h[k] = v end end
-    h["x-forwarded-for"] = (ch:remote_address())
-    local q = r.query and r.path .. "?" .. r.query or r.path
-    if r.streaming then
-      local len = r.headers["content-length"]
-      chunked_up = len == nil
-      if chunked_up then h["transfer-encoding"] = "chunked" else h["content-length"] = len end
-      be:write({ method = r.method, path = q, headers = h }, VOID)
-      r:sink(be)                      -- its pieces come to channel_read below
-    else
-      be:write_and_flush({ method = r.method, path = q, headers = h, body = r.body }, VOID)
     end
   end
 
   function start(r)
     busy = true
-    if be and be:is_open() then return send(r) end
-    netrun.connect { group = ctx:loop(), host = bhost, port = tonumber(bport),
-                     options = { write_buffer_low = buffer // 2, write_buffer_high = buffer },
-                     init = function() end }:add_listener(function(f)
-      if closed then if f:is_success() then f:result():close() end return end
-      if not f:is_success() then return fail(502) end
-      be = f:result()
-      be:pipeline():add_last("http", netrun.codec.http_client {
-        max_body = max_body, max_header = 16384, stream = true })
-      be:pipeline():add_last("proxy", backend)
-      send(r)
-    end)
+    forward(r, done, ctx)
   end
 
   return {
-    channel_read = function(_, c, m)
-      if not ch then ctx, ch = c, c.channel end
-      if m.type == "body" then        -- the request body under way, to the backend
-        if not be then return end
-        local d = m.data
-        if chunked_up then
-          if #d > 0 then be:write(string.format("%x\r\n", #d), VOID); be:write(d, VOID); be:write("\r\n", VOID) end
-          if m.last then be:write("0\r\n\r\n", VOID) end
-        elseif #d > 0 then
-          be:write(d, VOID)
-        end
-        be:flush()
-        return
+    channel_read = function(_, c, req)
+      if not ch then
+        ctx, ch = c, c.channel
+        forward = client:forwarder { url = base, stream = true, buffer = buffer,
+                                     headers = { ["x-forwarded-for"] = (ch:remote_address()) } }
       end
-      if busy then
+      if busy then                    -- (pipelined: one at a time)
         last = last + 1
-        queue[last] = m
-        if not paused and last - first + 1 >= in_flight then paused = true; ch:option("auto_read", false) end
+        queue[last] = req
+        -- (an HTTP/2 client's requests are bounded by its streams, each
+        -- unread body by its window; pausing its reads would stop the body
+        -- under way too)
+        if not paused and not req.stream and last - first + 1 >= in_flight then
+          paused = true; ch:option("auto_read", false)
+        end
         return
       end
-      start(m)
-    end,
-    channel_writability_changed = function(_, c)
-      if be and c.channel:is_writable() then be:option("auto_read", true) end
-      c:fire_channel_writability_changed()
+      start(req)
     end,
     channel_inactive = function(_, c)
       closed = true
-      if be then be:close() end
       c:fire_channel_inactive()
     end,
     exception_caught = client_failed,

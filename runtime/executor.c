@@ -575,6 +575,14 @@ void nr_loop_stats(const nr_loop_t *cl, nr_loop_stats_t *o) {
   uint64_t since = atomic_load_explicit(&l->busy_since, memory_order_relaxed),
            now = nr_now();
   o->busy_ns = since && now > since ? now - since : 0;
+  o->lag_ns = nr_loop_lag(l);
+}
+
+uint64_t nr_loop_lag(nr_loop_t *l) {
+  uint64_t lag = atomic_load_explicit(&l->lag, memory_order_relaxed),
+           at = atomic_load_explicit(&l->lag_at, memory_order_relaxed),
+           now = nr_now();
+  return now < at ? lag : lag > now - at ? lag - (now - at) : 0;
 }
 
 uint64_t nr_loop_stall_mark(nr_loop_t *l) {

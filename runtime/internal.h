@@ -178,6 +178,11 @@ struct nr_loop_s {
   _Atomic uint64_t busy_since;
   _Atomic uintptr_t task_fn;
   _Atomic uint64_t longest_run;     /* ns, timed on the loop (executor.c) */
+  /* The lag (nr_loop_lag): at lag_at (ns), the longest run still owed,
+   * run down by the time since (a run's events waited behind it; a stall
+   * is felt until its length has passed again, not only one iteration
+   * later). Written by the loop at each iteration's end. */
+  _Atomic uint64_t lag, lag_at;
   /* written by the watchdog (stall.c), read by stats and the loop */
   _Atomic uint64_t stalls, max_busy, stall_claimed;
   /* Set when the watchdog sees a run in progress (see "the longest run",

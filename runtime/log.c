@@ -20,7 +20,16 @@
  * wait): at exit (atexit), when netrun.run() returns, before _exit.
  * Each line names its thread: the loop's name, or "main". The level comes
  * from NETRUN_LOG once, at first use.
+ *
+ * Log files (nr_log_file_*: access logs) are rings of their own, under
+ * the same lock and drained by the same thread after stderr's ring: a
+ * loop only ever copies a line in or drops it (counted), so a slow disk
+ * costs lines, never a loop's time. A file's line is dropped whole. As
+ * nginx's access_log buffer= and flush=, a file's lines are taken once an
+ * eighth of its ring is held, else at the thread's tick (LOG_TICK, 1 s):
+ * one wakeup and one write for many lines.
  */
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -38,6 +47,7 @@
 #define RL_WINDOW NR_SEC(1)
 #define RL_SAMPLE 200
 #define FLUSH_WAIT NR_SEC(1)
+#define LOG_TICK 1                    /* s: the log thread's idle wait */
 
 static _Atomic int log_level = -1;
 static _Thread_local const char *thread_name;
@@ -59,6 +69,17 @@ static struct {
   rl_slot_t rl[RL_SLOTS];
   char ring[RING_SIZE];
 } lg = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+struct nr_log_file_s {
+  struct nr_log_file_s *next;
+  int fd;
+  size_t head, len, size;             /* its ring, as lg's */
+  uint64_t lines, dropped;
+  char *ring;
+  char path[];
+};
+
+static nr_log_file_t *files;          /* under lg.lock */
 
 static int level_from_env(void) {
   const char *s = getenv("NETRUN_LOG");
@@ -88,13 +109,14 @@ const char *nr_thread_name(void) {
 
 /* ---- writing ------------------------------------------------------------------ */
 
-/* Write all of buf to stderr; a non-blocking stderr is waited for with
- * poll. Gives up on an error: there is nowhere left to report it. */
-static void write_all(const char *buf, size_t n) {
+/* Write all of buf to fd (stderr or a log file); a non-blocking one is
+ * waited for with poll. Gives up on an error: there is nowhere left to
+ * report it. */
+static void write_fd(int fd, const char *buf, size_t n) {
   while (n > 0) {
-    ssize_t w = write(STDERR_FILENO, buf, n);
+    ssize_t w = write(fd, buf, n);
     if (w < 0 && errno == EAGAIN) {
-      struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
       poll(&p, 1, 100);
       continue;
     }
@@ -237,24 +259,36 @@ static bool rl_pass(int level, const char *text, size_t n, uint64_t now) {
 
 /* ---- the log thread --------------------------------------------------------------- */
 
+static size_t file_take(nr_log_file_t *f, char *out);
+static nr_log_file_t *file_pending(void);
+static void write_fd(int fd, const char *buf, size_t n);
+
 static void *log_thread(void *arg) {
   (void)arg;
   static char out[CHUNK];
   pthread_mutex_lock(&lg.lock);
   for (;;) {
-    while (lg.len == 0) {
+    nr_log_file_t *f = NULL;
+    while (lg.len == 0 && (f = file_pending()) == NULL) {
       rl_sweep(nr_now(), false);
       if (lg.len)
         break;
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_sec += 1;
+      ts.tv_sec += LOG_TICK;
       pthread_cond_timedwait(&lg.more, &lg.lock, &ts);
     }
-    size_t n = ring_take(out);
+    int fd = STDERR_FILENO;
+    size_t n;
+    if (lg.len > 0) {
+      n = ring_take(out);
+    } else {
+      n = file_take(f, out);
+      fd = f->fd;
+    }
     lg.writing = true;
     pthread_mutex_unlock(&lg.lock);
-    write_all(out, n);
+    write_fd(fd, out, n);
     pthread_mutex_lock(&lg.lock);
     lg.writing = false;
     lg.written += n;
@@ -271,6 +305,8 @@ static void atfork_parent(void) { pthread_mutex_unlock(&lg.lock); }
 static void atfork_child(void) {
   lg.started = lg.writing = false;
   lg.head = lg.len = 0;
+  for (nr_log_file_t *f = files; f; f = f->next)
+    f->head = f->len = 0;
   pthread_mutex_unlock(&lg.lock);
 }
 
@@ -313,7 +349,7 @@ void nr_log_flush(void) {
     pthread_cond_signal(&lg.more);
     uint64_t seen = lg.written - 1;
     struct timespec ts;
-    while (lg.len || lg.writing || lg.dropped) {
+    while (lg.len || lg.writing || lg.dropped || file_pending()) {
       if (lg.written != seen) {         /* progress: wait FLUSH_WAIT more */
         seen = lg.written;
         uint64_t end = nr_now() + FLUSH_WAIT;
@@ -348,7 +384,7 @@ void nr_vlog(int level, const char *fmt, va_list ap) {
     char out[CHUNK];
     size_t k;
     while ((k = ring_take(out)) > 0)
-      write_all(out, k);
+      write_fd(STDERR_FILENO, out, k);
   }
   pthread_mutex_unlock(&lg.lock);
 }
@@ -358,4 +394,108 @@ void nr_log(int level, const char *fmt, ...) {
   va_start(ap, fmt);
   nr_vlog(level, fmt, ap);
   va_end(ap);
+}
+
+/* ---- log files ------------------------------------------------------------------- */
+
+/* The first file with lines queued (lock held), or NULL. */
+static nr_log_file_t *file_pending(void) {
+  for (nr_log_file_t *f = files; f; f = f->next)
+    if (f->len > 0)
+      return f;
+  return NULL;
+}
+
+/* Up to CHUNK bytes of f's whole lines into out (lock held). */
+static size_t file_take(nr_log_file_t *f, char *out) {
+  size_t n = f->len < CHUNK ? f->len : CHUNK;
+  size_t first = n < f->size - f->head ? n : f->size - f->head;
+  memcpy(out, f->ring + f->head, first);
+  memcpy(out + first, f->ring, n - first);
+  while (n > 0 && out[n - 1] != '\n')
+    n--;
+  f->head = (f->head + n) % f->size;
+  f->len -= n;
+  return n;
+}
+
+nr_log_file_t *nr_log_file_open(const char *path, size_t buffer, int *err) {
+  pthread_mutex_lock(&lg.lock);
+  nr_log_file_t *f = files;
+  while (f && strcmp(f->path, path) != 0)
+    f = f->next;
+  pthread_mutex_unlock(&lg.lock);
+  if (f)
+    return f;
+  size_t plen = strlen(path);
+  if (buffer < CHUNK)
+    buffer = CHUNK;                    /* a line always fits a take */
+  if ((f = calloc(1, sizeof *f + plen + 1)) == NULL ||
+      (f->ring = malloc(buffer)) == NULL) {
+    free(f);
+    *err = -ENOMEM;
+    return NULL;
+  }
+  memcpy(f->path, path, plen + 1);
+  f->size = buffer;
+  f->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (f->fd < 0) {
+    *err = -errno;
+    free(f->ring);
+    free(f);
+    return NULL;
+  }
+  pthread_mutex_lock(&lg.lock);
+  nr_log_file_t *twin = files;        /* opened meanwhile by another */
+  while (twin && strcmp(twin->path, path) != 0)
+    twin = twin->next;
+  if (twin == NULL) {
+    f->next = files;
+    files = f;
+  }
+  pthread_mutex_unlock(&lg.lock);
+  if (twin) {
+    close(f->fd);
+    free(f->ring);
+    free(f);
+    f = twin;
+  }
+  return f;
+}
+
+bool nr_log_file_write(nr_log_file_t *f, const char *line, size_t n) {
+  bool queued = false;
+  pthread_mutex_lock(&lg.lock);
+  if (!lg.started)
+    start();
+  if (n <= f->size - f->len && n < CHUNK) {
+    size_t tail = (f->head + f->len) % f->size;
+    size_t first = n < f->size - tail ? n : f->size - tail;
+    memcpy(f->ring + tail, line, first);
+    memcpy(f->ring, line + first, n - first);
+    f->len += n;
+    f->lines++;
+    queued = true;
+    /* nginx's buffer= and flush=: the log thread is woken once an eighth
+     * of the ring is held, else takes the lines at its tick (LOG_TICK) */
+    if (f->len >= f->size / 8 && !lg.writing)
+      pthread_cond_signal(&lg.more);
+  } else {
+    f->dropped++;
+  }
+  if (lg.sync_mode) {                 /* no log thread could be made */
+    char out[CHUNK];
+    size_t k;
+    while ((k = file_take(f, out)) > 0)
+      write_fd(f->fd, out, k);
+  }
+  pthread_mutex_unlock(&lg.lock);
+  return queued;
+}
+
+void nr_log_file_counts(nr_log_file_t *f, uint64_t *lines, uint64_t *dropped) {
+  pthread_mutex_lock(&lg.lock);
+  *lines = f->lines;
+  *dropped = f->dropped;
+  pthread_mutex_unlock(&lg.lock);
 }

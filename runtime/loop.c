@@ -278,6 +278,17 @@ static void count_premature(nr_loop_t *l, bool worked, const select_t *s) {
   }
 }
 
+/* The lag after a run from woke to now: the longer of this run and what
+ * is left of the lag before it (internal.h, "lag"). */
+static void note_lag(nr_loop_t *l, uint64_t woke) {
+  uint64_t now = nr_now(), run = now - woke;
+  uint64_t lag = atomic_load_explicit(&l->lag, memory_order_relaxed),
+           at = atomic_load_explicit(&l->lag_at, memory_order_relaxed);
+  uint64_t left = lag > now - at ? lag - (now - at) : 0;
+  atomic_store_explicit(&l->lag, run > left ? run : left, memory_order_relaxed);
+  atomic_store_explicit(&l->lag_at, now, memory_order_relaxed);
+}
+
 int nr__loop_iteration(nr_loop_t *l) {
   nr__stat_add(&l->iterations, 1);
   select_t s = select_events(l);                    /* 1. select */
@@ -288,6 +299,7 @@ int nr__loop_iteration(nr_loop_t *l) {
     nr__loop_reap(l);                               /* 4. closed channels */
   count_premature(l, ran || handled > 0, &s);       /* 5. */
   l->run_from = 0;                 /* what runs outside an iteration is not timed */
+  note_lag(l, woke);
   return ran;
 }
 

@@ -84,6 +84,20 @@ void nr_log_set_level(int level);
 void nr_log_flush(void);
 /* Name of the calling thread as it appears in log lines. */
 const char *nr_thread_name(void);
+/* Files the log thread writes besides stderr (access logs): one per path,
+ * opened for appending, living until the process ends. A line is copied
+ * whole into the file's ring of `buffer` bytes under a lock held only for
+ * the copy, and written by the log thread; when the ring is full (the
+ * disk is slower than the lines come) the line is dropped and counted,
+ * never waited for. nr_log_flush waits for them too. Any thread. */
+typedef struct nr_log_file_s nr_log_file_t;
+/* The file of path (the same one for the same path, its first buffer
+ * kept); NULL and *err (-errno) when it cannot be opened. */
+nr_log_file_t *nr_log_file_open(const char *path, size_t buffer, int *err);
+/* Queue one line (with its newline); false when dropped. */
+bool nr_log_file_write(nr_log_file_t *f, const char *line, size_t n);
+/* Lines queued and lines dropped so far. */
+void nr_log_file_counts(nr_log_file_t *f, uint64_t *lines, uint64_t *dropped);
 
 /* ---- tasks and loops ---------------------------------------------------- */
 
@@ -144,7 +158,13 @@ typedef struct nr_loop_stats_s {
                                 processing), timed on the loop; or the
                                 watchdog's sample of one still going on */
   uint64_t busy_ns;          /* how long the current run has lasted, 0 idle */
+  uint64_t lag_ns;           /* the longest recent run, less the time since
+                                it ended: how long what the loop handles
+                                now may have waited behind it */
 } nr_loop_stats_t;
+/* lag_ns alone, cheaply (netrun.limit's shed_lag reads it per request). Any
+ * thread. */
+uint64_t nr_loop_lag(nr_loop_t *l);
 
 /* Create a loop (not started: the thread starts on the first task). */
 nr_loop_t *nr_loop_new(const nr_loop_opts_t *opts);

@@ -87,6 +87,12 @@ describe("HTTP/2 limits under attack", function()
     assert.is_true(r.seconds >= 0.9, "after " .. r.seconds .. " s")
   end)
 
+  it("a streamed answer to a peer that never opens its window: GOAWAY after the send timeout", function()
+    local r = attack("shut_window_stream")   -- h2_send_timeout = 1
+    ends(r, "FLOW_CONTROL_ERROR")
+    assert.is_true(r.seconds >= 0.9, "after " .. r.seconds .. " s")
+  end)
+
   it("an idle connection: GOAWAY NO_ERROR after keepalive_timeout", function()
     local r = attack("idle")              -- keepalive_timeout = 0.5
     ends(r, "NO_ERROR")

@@ -172,3 +172,123 @@ describe("netrun.metrics of a process with a console", function()
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+-- The program's own families (netrun.metrics.counter / gauge / histogram,
+-- DESIGN.md §9.6): updated from several loops at once without a lock,
+-- rendered after netrun's, read back by the Prometheus parser.
+describe("netrun.metrics user families", function()
+  if not have_parser then
+    it("needs python3-prometheus-client", function() pending("scripts/deps.sh installs it") end)
+    return
+  end
+  local group
+  setup(function() group = netrun.group { threads = 2, name = "usermetrics" } end)
+  teardown(function() H.shutdown(group) end)
+
+  it("adds up exactly the counts of two loops updating at once", function()
+    local c = netrun.metrics.counter { name = "spec_loops_total", help = "Updates.", labels = { "who" } }
+    local g = netrun.metrics.gauge { name = "spec_loops_gauge" }
+    local N = 50000
+    local fs = {}
+    for _, l in ipairs(group:loops()) do
+      fs[#fs + 1] = l:submit(function()
+        -- the same family, by handle (an upvalue) and by name
+        local same = require("netrun").metrics.counter { name = "spec_loops_total", help = "Updates.", labels = { "who" } }
+        for i = 1, N do
+          c:inc(1, { who = "both" })
+          same:inc(2, { who = i % 2 == 0 and "even" or "odd" })
+          g:inc()
+          g:dec(0.5)
+        end
+        return true
+      end)
+    end
+    for _, f in ipairs(fs) do assert.is_true(H.sync(f, 20)) end
+    assert.equal(2 * N, c:get { who = "both" })
+    assert.equal(2 * N, c:get { who = "even" })
+    assert.equal(2 * N, c:get { who = "odd" })
+    assert.equal(N, g:get())
+    local rows = parse(netrun.metrics.text())
+    local r = find(rows, "spec_loops_total", { who = "both" })
+    assert.equal("counter", r.type)
+    assert.equal(2 * N, r.value)
+    assert.equal(N, find(rows, "spec_loops_gauge").value)
+  end)
+
+  it("counts requests of a server on two loops, buckets cumulative, scraped with curl", function()
+    local hist = netrun.metrics.histogram { name = "spec_size_bytes", help = "Sizes.",
+                                            labels = { "method" }, buckets = { 10, 100, 1000 } }
+    local reqs = netrun.metrics.counter { name = "spec_requests_total", labels = { "code" } }
+    local server = netrun.server { group = group, host = "127.0.0.1", port = 0, init = function(ch)
+      ch:pipeline():add_last("http", netrun.codec.http_server {})
+      ch:pipeline():add_last("metrics", netrun.handler.metrics {})
+      ch:pipeline():add_last("app", { channel_read = function(_, ctx, req)
+        local n = tonumber(req.path:match("%d+")) or 0
+        hist:observe(n, { method = req.method })
+        reqs:inc(1, { code = 200 })            -- a number label reads as its string
+        ctx:write_and_flush { status = 200, body = "ok" }
+      end })
+    end }:sync()
+    finally(function() server:close():sync() end)
+    local port = select(2, server:local_address())
+    -- 4 connections (spread over the loops by the kernel), 5 sizes each
+    local urls = {}
+    for _, n in ipairs { 5, 10, 50, 500, 5000 } do urls[#urls + 1] = "http://127.0.0.1:" .. port .. "/" .. n end
+    for _ = 1, 4 do
+      local _, st = H.run("curl -s -o /dev/null " .. table.concat(urls, " -o /dev/null "))
+      assert.equal(0, st)
+    end
+    local out, st = H.run("curl -s http://127.0.0.1:" .. port .. "/metrics")
+    assert.equal(0, st)
+    local rows = parse(out)
+    local function bucket(le) return find(rows, "spec_size_bytes_bucket", { method = "GET", le = le }).value end
+    assert.equal(8, bucket("10"))            -- 5 and 10 (le is inclusive)
+    assert.equal(12, bucket("100"))
+    assert.equal(16, bucket("1000"))
+    assert.equal(20, bucket("+Inf"))
+    assert.equal(20, find(rows, "spec_size_bytes_count", { method = "GET" }).value)
+    assert.equal(4 * 5565, find(rows, "spec_size_bytes_sum", { method = "GET" }).value)
+    assert.equal("histogram", find(rows, "spec_size_bytes_count").type)
+    assert.equal(20, find(rows, "spec_requests_total", { code = "200" }).value)
+  end)
+
+  it("bounds the label sets: past max_series updates go to one _overflow series", function()
+    local c = netrun.metrics.counter { name = "spec_bounded_total", labels = { "path" }, max_series = 3 }
+    for i = 1, 10 do c:inc(1, { path = "/" .. i }) end
+    assert.equal(1, c:get { path = "/3" })
+    assert.equal(7, c:get { path = "/9" })     -- the overflow series
+    local rows = parse(netrun.metrics.text())
+    assert.equal(7, find(rows, "spec_bounded_total", { path = "_overflow" }).value)
+    assert.is_nil(find(rows, "spec_bounded_total", { path = "/4" }))
+  end)
+
+  it("raises clear errors for bad names, buckets, labels and clashes", function()
+    local M = netrun.metrics
+    assert.has_error(function() M.counter { name = "1x" } end,
+      "netrun.metrics.counter: name 1x is not a valid metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
+    assert.has_error(function() M.counter { name = "a-b" } end)
+    assert.has_error(function() M.counter { name = "netrun_mine" } end,
+      "netrun.metrics.counter: name netrun_mine: the prefix netrun_ is netrun's own")
+    assert.has_error(function() M.counter { help = "x" } end, "netrun.metrics.counter: name is required")
+    assert.has_error(function() M.counter { nam = "x" } end,
+      "netrun.metrics.counter: unknown option 'nam' (did you mean 'name'?)")
+    assert.has_error(function() M.histogram { name = "h_bad", buckets = { 1, 1 } } end,
+      "netrun.metrics.histogram: buckets must be finite and increasing, got 1.0 after 1.0")
+    assert.has_error(function() M.histogram { name = "h_bad", buckets = {} } end)
+    assert.has_error(function() M.histogram { name = "h_bad", labels = { "le" } } end)
+    assert.has_error(function() M.counter { name = "c_bad", labels = { "a b" } } end)
+    assert.has_error(function() M.counter { name = "c_bad", buckets = { 1 } } end,
+      "netrun.metrics.counter: buckets: only a histogram has buckets")
+    local c = M.counter { name = "spec_errors_total", labels = { "kind" } }
+    assert.has_error(function() c:inc(1, { kind = true }) end,
+      "metric spec_errors_total: label kind must be a string or a number, got true")
+    assert.has_error(function() c:inc(1, { kind = "a", other = "b" }) end,
+      'metric spec_errors_total: unknown label "other"')
+    assert.has_error(function() c:inc(1) end, "metric spec_errors_total: labels must be a table, got nil")
+    assert.has_error(function() c:inc(-1, { kind = "a" }) end)
+    assert.has_error(function() c:set(1, { kind = "a" }) end, "metric spec_errors_total is a counter: it has no set")
+    assert.has_error(function() M.gauge { name = "spec_errors_total" } end,
+      "netrun.metrics.gauge: spec_errors_total is already a counter of other labels or buckets")
+    assert.equal(c, M.counter { name = "spec_errors_total", labels = { "kind" } })
+  end)
+end)

@@ -12,7 +12,7 @@ local EAGER = { "all", "channel_group", "codec", "connect", "current", "embedded
                 "reload", "run", "server", "shared", "sleep", "spawn", "tls", "udp",
                 "version", "void_promise" }
 -- Loaded on first use (then stored in the module, so pairs shows them).
-local LAZY = { "dns", "http", "json", "metrics", "nats", "redis", "tcp", "websocket" }
+local LAZY = { "dns", "http", "json", "limit", "metrics", "nats", "redis", "tcp", "websocket" }
 
 local function sorted(t)
   table.sort(t)

@@ -321,7 +321,7 @@ local check_client = core.options("netrun.http.client", {
   max_body = "size 0", max_header = "size 64", follow = "integer 0", raw = "boolean",
   follow_downgrade = "boolean", tls = "tls.client", h2 = "any" })
 local check_forwarder = core.options("netrun.http client:forwarder",
-  { url = "string", upstream = "table", headers = "table" })
+  { url = "string", upstream = "table", headers = "table", stream = "boolean", buffer = "size 1" })
 
 -- Parsed URLs, cached per state (a client fetches the same few URLs
 -- again and again): { scheme, host, port, target, Host header } or
@@ -708,6 +708,15 @@ end
 -- @string opts.url the origin (`http://backend:8080`; no path)
 -- @tparam[opt] upstream opts.upstream instead of url: a pool of servers (`netrun.http.upstream`), the server picked per request, an idempotent request that failed sent to another
 -- @tparam[opt] table opts.headers fields added, replacing forwarded ones of the same names
+-- @bool[opt=false] opts.stream stream the exchange in C: `forward(req, callback, ctx)`
+-- takes a request of a `body = "stream"` codec (or any), sends its body to a pooled
+-- backend connection as it arrives and writes the response to `ctx` (the client
+-- handler's) piece by piece; `callback(true)` when the exchange is over,
+-- `callback(nil, err)` when nothing was written (answer 502/504),
+-- `callback(false, err)` when the client's connection is done (closed, or answered
+-- by the codec)
+-- @int[opt=65536] opts.buffer with `stream`: the bytes held per direction (the
+-- backend connection's write_buffer_high; give the client's the same)
 -- @treturn function forward(req, callback)
 -- @usage local forward = client:forwarder { url = "http://127.0.0.1:8080" }
 -- forward(req, function(res, err) ctx:write(res and res.response or bad_gateway) end)
@@ -717,6 +726,7 @@ function Client:forwarder(opts)
   opts = check_forwarder(opts)
   if opts.upstream ~= nil then
     if opts.url ~= nil then core.raise(what .. ": give url or upstream, not both") end
+    if opts.stream then core.raise(what .. ": stream = true takes a url (not yet an upstream)") end
     return require("netrun.upstream").forwarder(self, opts)
   end
   if opts.url == nil then core.option_error(what, "url", nil, "a string (or give upstream)") end
@@ -724,6 +734,16 @@ function Client:forwarder(opts)
   local u = parsed(url)
   if not u[1] then core.raise(what .. ": bad URL: " .. tostring(u[2])) end
   if u[4] ~= "/" then core.raise(what .. ": the URL names only the origin (no path)") end
+  if opts.stream then                   -- (no pool yet, or a stale one: made)
+    if self.h2 == true then core.raise(what .. ": stream = true speaks HTTP/1.1 to the backend (h2 = true)") end
+    local function pool()
+      local per = pools[self.id]
+      if per then per[u[6]] = nil end
+      return pool_of(self, u[6], u[1], u[2], u[3], self.max_body, nil)
+    end
+    return core.http.forwarder(self, pools, u[6], u[5], headers, url, pool,
+                               math.tointeger(opts.buffer or 65536))
+  end
   local function first(req, cb)         -- (no pool yet: the usual path makes it)
     self:request({ url = url, forward = req, headers = headers }, cb)
   end

@@ -211,10 +211,11 @@ end
 -- Parts loaded on first use (a state that never calls out pays nothing):
 -- netrun.json, netrun.dns, netrun.tcp, netrun.http (the client, and
 -- unescape(s): + and %XX decoded), netrun.websocket, netrun.metrics,
--- netrun.redis, netrun.nats (the NATS client).
+-- netrun.redis, netrun.nats (the NATS client), netrun.limit.
 local LAZY = { json = "netrun.json", dns = "netrun.dns", tcp = "netrun.stream",
                http = "netrun.http", websocket = "netrun.websocket",
-               metrics = "netrun.metrics", redis = "netrun.redis", nats = "netrun.nats" }
+               metrics = "netrun.metrics", redis = "netrun.redis", nats = "netrun.nats",
+               limit = "netrun.limit" }
 setmetatable(netrun, { __index = function(t, k)
   local name = LAZY[k]
   if name == nil then return nil end

@@ -122,9 +122,24 @@ function M.text()
   family(out, "netrun_http_requests_total", "counter",
     "HTTP requests answered by the server codec, by status code.", rows)
   M.redis_families(out)
+  local written, dropped = {}, {}
+  for _, f in ipairs(core.access_log_stats()) do
+    written[#written + 1] = { labels = { "path", f.path }, value = f.lines }
+    dropped[#dropped + 1] = { labels = { "path", f.path }, value = f.dropped }
+  end
+  family(out, "netrun_access_log_lines_total", "counter",
+    "Access log lines queued for the log thread, per file.", written)
+  family(out, "netrun_access_log_dropped_total", "counter",
+    "Access log lines dropped: the file's buffer was full (a slow disk).", dropped)
   out[#out + 1] = ""
-  return table.concat(out, "\n")
+  return table.concat(out, "\n") .. core.metrics_text()
 end
+
+-- The program's own families (runtime/bindings/lmetrics.c): handles to
+-- C memory shared by every state, updated without a lock.
+M.counter = core.metric_counter
+M.gauge = core.metric_gauge
+M.histogram = core.metric_histogram
 
 -- netrun.redis's cluster client counts its redirects, retries and slot
 -- map refreshes in a shared dict (lua/netrun/redis/cluster.lua); shown

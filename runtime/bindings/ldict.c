@@ -738,6 +738,40 @@ static int l_dict(lua_State *L) {
   return 1;
 }
 
+/* core.dict_leak(d, key, rate, burst): one request through nginx's
+ * limit_req leaky bucket for key (lua/netrun/limit.lua), in one step under
+ * the dict's lock so that loops sharing the dict count exactly. The key
+ * holds the time (nr_now's, s) its bucket is empty again -- the GCRA form
+ * of nginx's excess: excess = (empty_at - now) * rate. A request makes it
+ * max(empty_at + 1 / rate, now) (a new key: now), and is refused when
+ * that is more than burst requests ahead, leaving it unchanged. The entry
+ * expires when its bucket is empty. Returns the delay (s: the excess over
+ * the rate, 0 within it) or nil. */
+static int l_dict_leak(lua_State *L) {
+  dict_t *d = lnr_check_handle(L, 1, LNR_DICT);
+  size_t n;
+  const char *k = luaL_checklstring(L, 2, &n);
+  double rate = luaL_checknumber(L, 3), burst = luaL_checknumber(L, 4);
+  uint64_t ns = nr_now();
+  double now = (double)ns / 1e9, delay = -1;
+  pthread_mutex_lock(&d->lock);
+  entry_t *e = find(d, k, n, hash(d, k, n));
+  double at = e && e->type == V_FLT ? e->v.n + 1 / rate : now;
+  if (at < now)
+    at = now;
+  if ((at - now) * rate <= burst + 1e-9) {
+    entry_t val = {.type = V_FLT, .v.n = at};
+    if (store(d, k, n, &val, ns + (uint64_t)((at - now) * 1e9) + NR_SEC(1),
+              0) == 0)
+      delay = at - now;
+  }
+  pthread_mutex_unlock(&d->lock);
+  if (delay < 0)
+    return 0;
+  lua_pushnumber(L, delay);
+  return 1;
+}
+
 /* The process's teardown: every dict is freed. */
 static bool free_dicts(lua_State *L) {
   (void)L;
@@ -779,6 +813,7 @@ static void open_dict(lua_State *L) {
   lnr_new_class(L, lnr_kind_names[LNR_DICT], methods, meta);
   lnr_handle_class(L, LNR_DICT);
   static const luaL_Reg funcs[] = {{"dict", l_dict}, {"log", l_log},
+                                   {"dict_leak", l_dict_leak},
                                    {"log_level", l_log_level}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }

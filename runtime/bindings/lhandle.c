@@ -14,7 +14,7 @@
 const char *const lnr_kind_names[] = {
     "?", "netrun.group", "netrun.loop", "netrun.channel", "netrun.future",
     "netrun.dict", "netrun.channel_group", "netrun.tls",
-    "netrun.upstream_state"};
+    "netrun.upstream_state", "netrun.metric"};
 
 typedef struct proxy_s {
   const char *tag;            /* &CLASS_KEYS[kind]: proves the userdata is ours */
@@ -42,7 +42,7 @@ void lnr_handle_retain(int kind, void *ptr) {
   case LNR_CHGROUP: lnr_chgroup_retain(ptr); break;
   case LNR_TLS: lnr_tls_retain(ptr); break;
   case LNR_UPSTREAM: lnr_upstream_retain(ptr); break;
-  default: break;                       /* dicts live as long as the process */
+  default: break;               /* dicts, metrics live as long as the process */
   }
 }
 

@@ -236,7 +236,7 @@ void lnr_log_error(lua_State *L, const char *what);
 
 /* Handle kinds that cross threads by reference count. */
 enum { LNR_GROUP = 1, LNR_LOOP, LNR_CHANNEL, LNR_FUTURE, LNR_DICT,
-       LNR_CHGROUP, LNR_TLS, LNR_UPSTREAM, LNR_NKINDS };
+       LNR_CHGROUP, LNR_TLS, LNR_UPSTREAM, LNR_METRIC, LNR_NKINDS };
 
 struct lnr_blob_s {
   nr_task_t task;             /* lets a blob travel as a task */

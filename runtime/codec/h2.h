@@ -84,6 +84,14 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len);
 /* A write from the handlers (see the header comment). 0 or an error
  * raised (nr_raise) for a misuse. */
 int nr_h2_server_write(nr_h2_server_t *h, void *msg, nr_promise_t *p);
+/* Streamed request bodies (body = "stream", h2_body.c): the handlers
+ * read the body of `token`, no faster than `sink` (a channel on this
+ * loop, or NULL: the connection) takes: 0, or -ENOENT when no body of
+ * that request waits. nr_h2_server_read (the outbound read, ctx:read()):
+ * every body waiting begins to flow. */
+int nr_h2_server_read_body(nr_h2_server_t *h, uint64_t token,
+                           nr_channel_t *sink);
+void nr_h2_server_read(nr_h2_server_t *h);
 /* The handlers raised on the request of `token`: 500 on its stream. */
 void nr_h2_server_read_failed(nr_h2_server_t *h, uint64_t token);
 /* The channel's writability changed: held requests and window-blocked

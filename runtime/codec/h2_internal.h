@@ -102,6 +102,7 @@ struct h2s_s {
   nr_buf_t body;              /* the request body */
   h2body_t b;                 /* the response body not yet framed */
   nr_promise_t *p;            /* the response's write promise */
+  struct h2sb_s *sb;          /* its request body, streamed (h2_body.c) */
   h2s_t *prev, *next;         /* in ready, owed or streaming */
   h2fields_t f;               /* method, path and fields as received
                                  (last: memset before it) */
@@ -153,6 +154,14 @@ struct nr_h2_server_s {
   bool pumping;               /* inside nr__h2_pump */
   nr_codec_resume_t *resume;  /* a task delivers what waited for
                                  writability */
+  /* body = "stream" (h2_body.c): heads are delivered before their
+   * bodies, which are listed here until their end is told */
+  bool stream_bodies;
+  bool bodies_busy;           /* in nr__h2_bodies_go: no re-entry */
+  struct h2sb_s *bodies_head, *bodies_tail;
+  nr_codec_resume_t *body_resume;
+  uint64_t body_timeout;      /* ns a body read may wait on the client */
+  nr_timer_t *body_timer;     /* ... armed while one does */
 };
 
 /* h2_server.c */
@@ -188,5 +197,34 @@ void nr__h2_settled(nr_h2_server_t *h, h2s_t *s);
 void nr__h2_out_callbacks(nghttp2_session_callbacks *cb);
 /* Timers of the send timeout: armed while data waits on the peer. */
 void nr__h2_window_check(nr_h2_server_t *h);
+
+/* h2_body.c: request bodies as streams (the codec's body = "stream").
+ * A request whose HEADERS leave the stream open is delivered at once,
+ * its body following in pieces once a handler reads it; the stream's
+ * window is given back as the pieces are handed up, and not while where
+ * they go (the sink, else the connection) is unwritable. A body's state
+ * (h2sb_t) may outlive its record: its end, or its cut, is told after
+ * nghttp2 has returned. */
+typedef struct h2sb_s h2sb_t;
+/* s's HEADERS left the stream open: its body will stream (false: no
+ * memory, answered 500). */
+bool nr__h2_body_open(nr_h2_server_t *h, h2s_t *s);
+/* DATA of s, from nghttp2's callback: kept, bounded by the window. */
+void nr__h2_body_data(nr_h2_server_t *h, h2s_t *s, const uint8_t *d,
+                      size_t n);
+/* END_STREAM on s (its trailers, if any, in s->f). */
+void nr__h2_body_end(nr_h2_server_t *h, h2s_t *s);
+/* s's record goes (nghttp2 closed the stream, or the session ends). */
+void nr__h2_body_detach(nr_h2_server_t *h, h2s_t *s);
+/* s was delivered with token: its body may be read from now on. */
+void nr__h2_body_delivered(h2s_t *s);
+/* Hand up what may go (outside nghttp2, inside the codec's inbound
+ * enter/leave); give back windows. */
+void nr__h2_bodies_go(nr_h2_server_t *h);
+/* Queue nr__h2_bodies_go from a task (writability changed). */
+void nr__h2_bodies_later(nr_h2_server_t *h);
+void nr__h2_bodies_free(nr_h2_server_t *h);
+/* An answer's END_STREAM went out on s (h2_out.c). */
+void nr__h2_body_answered(nr_h2_server_t *h, h2s_t *s);
 
 #endif /* NR_CODEC_H2_INTERNAL_H */

@@ -101,7 +101,6 @@ static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf,
 
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
                          void *ud) {
-  (void)ng;
   nr_h2_server_t *h = ud;
   if (f->hd.type == NGHTTP2_RST_STREAM &&
       !nr__h2_take(&h->resets_out, h->o.reset_burst, h->o.reset_rate))
@@ -109,6 +108,12 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
   else if (f->hd.type == NGHTTP2_DATA && f->hd.length > 0 &&
            h->flood.tokens < h->o.flood_burst)
     h->flood.tokens += 1;      /* its WINDOW_UPDATEs are earned */
+  if (h->bodies_head != NULL && (f->hd.flags & NGHTTP2_FLAG_END_STREAM) &&
+      (f->hd.type == NGHTTP2_DATA || f->hd.type == NGHTTP2_HEADERS)) {
+    h2s_t *s = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
+    if (s != NULL)             /* a streamed request body left unread */
+      nr__h2_body_answered(h, s);
+  }
   return 0;
 }
 

@@ -62,6 +62,8 @@ static void drop_request(nr_h2_server_t *h, h2s_t *s) {
 }
 
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s) {
+  if (s->sb != NULL)
+    nr__h2_body_detach(h, s);
   if (s->b.own)
     nr__h2_held(h, -(ptrdiff_t)s->b.len);
   nr_buf_free(&s->b.copy);
@@ -183,7 +185,7 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
   nr_h2_server_t *h = ud;
   h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
                  ? h->hs : stream_of(ng, f->hd.stream_id);
-  if (s == NULL || s->st != S_ARRIVING)
+  if (s == NULL || (s->st != S_ARRIVING && !(s->sb != NULL && s->f.trailers)))
     return 0;                  /* refused: decoded only */
   /* A block that decodes into far more than the limit (an HPACK bomb:
    * a large field indexed once, then referenced by one-byte indices)
@@ -219,6 +221,10 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
   nr_h2_server_t *h = ud;
   nghttp2_session_consume_connection(ng, len);  /* streams bound the rest */
   h2s_t *s = stream_of(ng, id);
+  if (s != NULL && s->sb != NULL) {
+    nr__h2_body_data(h, s, data, len);   /* streamed: h2_body.c */
+    return 0;
+  }
   if (s == NULL || s->st != S_ARRIVING)
     return 0;
   if (!s->error && nr_buf_len(&s->body) + len > h->max_body) {
@@ -256,8 +262,16 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
   switch (f->hd.type) {
   case NGHTTP2_HEADERS: {
     h2s_t *s = stream_of(ng, f->hd.stream_id);
-    if (end || (s != NULL && s->error))
+    if (s != NULL && s->sb != NULL) {
+      if (end)                 /* a streamed body's trailers */
+        nr__h2_body_end(h, s);
+    } else if (end || (s != NULL && s->error)) {
       whole(h, s);             /* (an error is answered without its body) */
+    } else if (s != NULL && h->stream_bodies && s->st == S_ARRIVING) {
+      if (!nr__h2_body_open(h, s))   /* its head goes now, its body */
+        s->error = 500;        /* after it */
+      whole(h, s);
+    }
     break;
   }
   case NGHTTP2_DATA:
@@ -265,8 +279,13 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
       flood(h);
     else if (f->hd.length > 0)
       earn(h);
-    if (end)
-      whole(h, stream_of(ng, f->hd.stream_id));
+    if (end) {
+      h2s_t *s = stream_of(ng, f->hd.stream_id);
+      if (s != NULL && s->sb != NULL)
+        nr__h2_body_end(h, s);
+      else
+        whole(h, s);
+    }
     break;
   case NGHTTP2_RST_STREAM:
     if (!nr__h2_take(&h->resets_in, h->o.reset_burst, h->o.reset_rate))
@@ -300,6 +319,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   if (h->hs == s)
     h->hs = NULL;
   nghttp2_session_set_stream_user_data(ng, id, NULL);
+  if (s->sb != NULL)
+    nr__h2_body_detach(h, s);
   switch (s->st) {
   case S_ARRIVING:
     nr__h2_list_remove(&h->arriving, s);
@@ -546,6 +567,13 @@ static __attribute__((noinline)) void deliver(nr_h2_server_t *h, h2s_t *s) {
     nr_channel_hold(nr_ctx_channel(h->ctx));
   s->counted = true;
   s->token = ++h->delivered;
+  if (s->sb != NULL) {         /* its body follows (h2_body.c) */
+    nr__h2_body_delivered(s);
+    req.streaming = true;
+    req.body = NULL;
+    req.ntrailers = 0;
+    req.codec = h->ctx;
+  }
   req.token = s->token;        /* (a copy fired on later is answered for) */
   req.pipeline = nr_ctx_pipeline(h->ctx);
   h->cur = s;
@@ -557,6 +585,12 @@ static __attribute__((noinline)) void deliver(nr_h2_server_t *h, h2s_t *s) {
   drop_request(h, s);
   if (s->doomed)
     nr_h2_free(s);
+}
+
+/* Hand up streamed bodies' pieces; false when the codec went away. */
+static bool bodies_go(nr_h2_server_t *h) {
+  nr__h2_bodies_go(h);
+  return !h->in->removed && nr_channel_is_open(nr_ctx_channel(h->ctx));
 }
 
 /* Deliver what is ready, in order, while the channel takes answers;
@@ -622,6 +656,8 @@ nr_h2_server_t *nr_h2_server_new(nr_ctx_t *ctx, nr_inbound_t *in,
   h->max_header = o->max_header;
   h->max_body = o->max_body;
   h->max_headers = o->max_headers;
+  h->stream_bodies = o->stream_bodies;
+  h->body_timeout = o->body_timeout;
   h->budget = o->max_body > (1u << 20) ? o->max_body : (1u << 20);
   uint64_t now = nr_now();
   h->resets_in = h->resets_out = (bucket_t){h->o.reset_burst, now};
@@ -673,6 +709,7 @@ void nr_h2_server_free(nr_h2_server_t *h) {
       nr__h2_list_remove(ng_lists[i], s);
       nr__h2_stream_free(h, s);
     }
+  nr__h2_bodies_free(h);
   if (h->ng != NULL)
     nghttp2_session_del(h->ng);  /* (its callbacks no longer find records) */
   nr__h2_fail_done(h);         /* the connection ended first */
@@ -733,6 +770,8 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
   after(h);
   if (!h->dead && !deliver_ready(h))
     return -1;                 /* the codec is gone */
+  if (h->bodies_head != NULL && !bodies_go(h))
+    return -1;
   if (h->dead)
     return -1;
   nr__h2_credit(h);
@@ -743,64 +782,6 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
                           NGHTTP2_NO_ERROR, NULL, 0);
   }
   return nr__h2_pump(h, true) ? 0 : -1;
-}
-
-/* ---- upgrade from HTTP/1.1 -------------------------------------------------------- */
-
-static int b64url(int c) {
-  return c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26
-         : c >= '0' && c <= '9' ? c - '0' + 52 : c == '-' || c == '+' ? 62
-         : c == '_' || c == '/' ? 63 : -1;
-}
-
-int nr_h2_server_upgrade(nr_h2_server_t *h, const char *v, size_t n,
-                         bool head) {
-  uint8_t out[256];            /* 6 bytes a setting; 42 settings at most */
-  size_t o = 0;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (size_t i = 0; i < n && v[i] != '='; i++) {
-    int d = b64url((unsigned char)v[i]);
-    if (d < 0 || o == sizeof out)
-      return -EINVAL;
-    acc = acc << 6 | (uint32_t)d;
-    if ((bits += 6) >= 8) {
-      bits -= 8;
-      out[o++] = (uint8_t)(acc >> bits);
-    }
-  }
-  if (nghttp2_session_upgrade2(h->ng, out, o, head, NULL) != 0)
-    return -EINVAL;
-  h2s_t *s = nr_h2_alloc(sizeof *s);
-  if (s == NULL)
-    return -ENOMEM;
-  memset(s, 0, offsetof(h2s_t, f));
-  nr__h2_fields_init(&s->f);
-  s->id = 1;
-  s->head = head;
-  s->st = S_OWED;
-  nghttp2_session_set_stream_user_data(h->ng, 1, s);
-  h->records++;
-  return 0;
-}
-
-void nr_h2_server_deliver_upgraded(nr_h2_server_t *h, void *msg) {
-  nr_http_request_t *req = msg;
-  h2s_t *s = stream_of(h->ng, 1);
-  if (s == NULL)
-    return;
-  nr__h2_list_push(&h->owed, s);
-  if (h->owing++ == 0)
-    nr_channel_hold(nr_ctx_channel(h->ctx));
-  s->counted = true;
-  s->token = ++h->delivered;
-  req->stream = 1;
-  req->token = s->token;
-  req->pipeline = nr_ctx_pipeline(h->ctx);
-  h->cur = s;
-  nr_ctx_fire_read_tokened(h->ctx, req, s->token, false);
-  if (h->cur == s)
-    h->cur = NULL;
 }
 
 /* ---- the codec's other events ------------------------------------------------------ */
@@ -828,7 +809,7 @@ static void go_on(void *state, nr_ctx_t *ctx) {
   if (h->dead || !h->in->held || nr_inbound_busy(h->in))
     return;
   nr_inbound_enter(h->in);   /* (clears held) */
-  bool ok = deliver_ready(h);
+  bool ok = deliver_ready(h) && (h->bodies_head == NULL || bodies_go(h));
   bool freed = nr_inbound_leave(h->in);
   if (freed || !ok)
     return;                    /* (the codec's removal frees h) */
@@ -841,6 +822,7 @@ void nr_h2_server_writability(nr_h2_server_t *h) {
   if (h->dead || h->pumping)
     return;
   if (nr_channel_is_writable(nr_ctx_channel(h->ctx))) {
+    nr__h2_bodies_later(h);
     if (h->in->held)
       nr_codec_resume(h->ctx, h, &h->resume, go_on);
     else if (!nr_inbound_busy(h->in))

@@ -138,6 +138,8 @@ typedef struct nr_http_body_s {
   const nr_http_header_t *trailers;    /* with the last: a chunked body's */
   size_t ntrailers;
   uint64_t token;                 /* its request's read token */
+  int32_t stream;                 /* HTTP/2: its request's stream; 0 for
+                                     HTTP/1.x */
 } nr_http_body_t;
 
 /* A consumer of a streamed body in C (a forwarder), which takes it from
@@ -314,6 +316,24 @@ int nr_http_server_channel_read(nr_ctx_t *ctx, void *msg);
 int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_server_writability(nr_ctx_t *ctx);
 int nr_http_server_user_event(nr_ctx_t *ctx, void *evt);
+
+/* An observer of an HTTP/1.1 connection's answers (an access log,
+ * handler/access_log.c): told of every answer the codec encodes, the
+ * handlers' and its own (a 500 for a handler that raised, a 400 for a
+ * request it could not parse), at the time it is encoded, with the token
+ * of the request it answers (0: none was delivered). ev is
+ * NR_HTTP_SEEN_ANSWER for a whole answer (head and body bytes),
+ * NR_HTTP_SEEN_HEAD for a streamed one's head, NR_HTTP_SEEN_CHUNK for
+ * each of its pieces and NR_HTTP_SEEN_END for its end. HTTP/2 streams are
+ * not observed. Loop thread. */
+enum { NR_HTTP_SEEN_ANSWER, NR_HTTP_SEEN_HEAD, NR_HTTP_SEEN_CHUNK,
+       NR_HTTP_SEEN_END };
+typedef void (*nr_http_seen_fn)(void *arg, int ev, uint64_t token, int status,
+                                uint64_t head_bytes, uint64_t body_bytes);
+/* Whether ctx is an HTTP server codec's (C or Lua-wrapped). */
+bool nr_http_server_is(const nr_ctx_t *ctx);
+/* Set (fn NULL: clear) the observer of the codec at ctx. */
+void nr_http_server_observe(nr_ctx_t *ctx, nr_http_seen_fn fn, void *arg);
 /* Whether the codec at ctx speaks HTTP/2 (its h2 option): a TLS server
  * offers ALPN "h2" only where such a codec follows it. */
 bool nr_http_server_speaks_h2(const nr_ctx_t *ctx);

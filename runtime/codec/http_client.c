@@ -380,6 +380,7 @@ void nr_http_client_parser_init(nr_http_client_parser_t *p, size_t max_header,
 
 void nr_http_client_parser_free(nr_http_client_parser_t *p) {
   nr_http_parser_free(&p->base);
+  nr_buf_free(&p->rest);
 }
 
 int nr_http_client_expect(nr_http_client_parser_t *p, unsigned flags) {
@@ -476,6 +477,10 @@ int nr_http_client_feed(nr_http_client_parser_t *p, const char *data,
       return stop(p, NR_HTTPC_STOPPED);
     if (r.status == 101) {     /* what follows is another protocol's */
       p->upgraded = true;
+      if (off < n && nr_buf_append(&p->rest, s + off, n - off) < 0) {
+        p->why = "out of memory";
+        return stop(p, NR_HTTPC_NOMEM);
+      }
       return stop(p, 0);
     }
   }
@@ -683,7 +688,7 @@ static int deliver(void *arg, nr_http_reply_t *r) {
   client_t *c = arg;
   if (r->piece) {              /* a streamed body's: as the server's pieces */
     nr_http_body_t b = {NR_MSG_HTTP_BODY, r->last, r->body, r->body_len,
-                        r->trailers, r->ntrailers, 0};
+                        r->trailers, r->ntrailers, 0, 0};
     nr_ctx_fire_read(c->ctx, &b);
     return c->dead || !nr_channel_is_open(nr_ctx_channel(c->ctx));
   }
@@ -718,14 +723,28 @@ static void failed(client_t *c, nr_ctx_t *ctx, int rc) {
   nr_ctx_close(ctx, NULL);
 }
 
+/* After a 101, what came with it goes to the handlers (a tunnel, or the
+ * next protocol's codec), as bytes. */
+static void handover(client_t *c, nr_ctx_t *ctx) {
+  nr_buf_t rest = c->parser.rest;
+  c->parser.rest = NR_BUF_INIT;
+  nr_bytes_t b = NR_BYTES(nr_buf_peek(&rest), nr_buf_len(&rest));
+  nr_ctx_fire_read(ctx, &b);
+  nr_buf_free(&rest);
+}
+
 int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg) {
   client_t *c = nr_ctx_state(ctx);
   if (nr_msg_type(msg) != NR_MSG_BYTES) {
     nr_ctx_fire_read(ctx, msg);
     return 0;
   }
-  if (c->parser.stopped)
-    return 0;                  /* after an error or an upgrade */
+  if (c->parser.stopped) {      /* after an error, or an upgrade: then the
+                                  next protocol's bytes, to the handlers */
+    if (c->parser.upgraded)
+      nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
   if (c->depth > 0)
     return nr_raise(-EBUSY, "http_client: bytes fired into the codec while "
                     "it is delivering a response");
@@ -744,6 +763,8 @@ int nr_http_client_channel_read(nr_ctx_t *ctx, void *msg) {
   }
   if (rc > NR_HTTPC_STOPPED)
     failed(c, ctx, rc);
+  else if (c->parser.upgraded && nr_buf_len(&c->parser.rest) > 0)
+    handover(c, ctx);
   return 0;
 }
 
@@ -770,6 +791,14 @@ int nr_http_client_inactive(nr_ctx_t *ctx) {
   }
   nr_ctx_fire_inactive(ctx);
   return 0;
+}
+
+bool nr_http_client_set_stream(nr_ctx_t *ctx, bool on) {
+  client_t *c = nr_ctx_state(ctx);
+  if (c->h2 != NULL || c->parser.stopped)
+    return false;
+  c->parser.stream = on;
+  return true;
 }
 
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {

@@ -101,6 +101,9 @@ typedef struct nr_http_client_parser_s {
   unsigned info;                  /* 1xx skipped since the last final response */
   bool stopped;
   bool upgraded;                  /* stopped after a 101: not an error */
+  nr_buf_t rest;                  /* after a 101: the bytes that followed
+                                     it in its read, for the next protocol
+                                     (the handler passes them on) */
   bool stream;                    /* bodies in pieces (set after init) */
   bool sclose;                    /* the streamed body runs to the close */
   const char *why;                /* the error's cause, for its message */
@@ -179,5 +182,11 @@ int nr_http_client_inactive(nr_ctx_t *ctx);
 int nr_http_client_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p);
 int nr_http_client_user_event(nr_ctx_t *ctx, void *evt);
 int nr_http_client_active(nr_ctx_t *ctx);
+/* Loop thread. The connection's next responses come streamed (on) or
+ * whole, whatever the option said: a forwarder that streams one exchange
+ * on a pooled connection (lhttp_xfer.c) turns it on for that exchange.
+ * ctx: the codec's context. False when the codec speaks HTTP/2 or can
+ * carry no more responses. */
+bool nr_http_client_set_stream(nr_ctx_t *ctx, bool on);
 
 #endif /* NR_CODEC_HTTP_CLIENT_H */

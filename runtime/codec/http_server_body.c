@@ -161,7 +161,7 @@ static bool sink_full(const nr_http_server_t *s) {
 int nr__hs_deliver_piece(nr_http_server_t *s, const nr_http_request_t *req) {
   nr_channel_t *ch = nr_ctx_channel(s->ctx);
   nr_http_body_t b = {NR_MSG_HTTP_BODY, req->last, req->body, req->body_len,
-                      req->trailers, req->ntrailers, s->body_token};
+                      req->trailers, req->ntrailers, s->body_token, 0};
   nr_http_sink_t *k = s->sink;
   int i = slot_of(s, s->body_token);
   bool go = true, close = i >= 0 && (s->flags[i] & F_CLOSE);
@@ -223,7 +223,9 @@ static void sink_changed(nr_chwatch_t *w, nr_channel_t *ch) {
 
 int nr_http_server_read(nr_ctx_t *ctx) {
   nr_http_server_t *s = nr_ctx_state(ctx);
-  if (s->body == B_WAIT && s->sink == NULL)
+  if (s->h2 != NULL)
+    nr_h2_server_read(s->h2);  /* every body waiting (h2_body.c) */
+  else if (s->body == B_WAIT && s->sink == NULL)
     body_go(s);
   return nr_ctx_read(ctx);
 }
@@ -254,6 +256,8 @@ void nr_http_server_resume_body(nr_ctx_t *ctx) {
 
 int nr_http_server_read_body(nr_ctx_t *ctx, uint64_t token, nr_channel_t *sink) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->h2 != NULL)
+    return s->closing ? -ENOENT : nr_h2_server_read_body(s->h2, token, sink);
   if (s->body == B_NONE || s->body_token != token || s->sink != NULL ||
       s->closing)
     return -ENOENT;

@@ -112,7 +112,19 @@ struct nr_http_server_s {
                                  it is unwritable */
   nr_codec_resume_t *body_resume;   /* a task parses on */
   bool halted;                /* given up inside a feed: stop it */
+  nr_http_seen_fn seen;       /* an observer (an access log), or NULL */
+  void *seen_arg;
 };
+
+/* Tell the observer, if any, of an answer for slot i (RING: none):
+ * http_server_write.c. */
+void nr__hs_tell(nr_http_server_t *s, unsigned i, int ev, int status,
+                 uint64_t head, uint64_t body);
+#define TELL(s, i, ev, status, head, body)                                    \
+  do {                                                                        \
+    if ((s)->seen != NULL)                                                    \
+      nr__hs_tell(s, i, ev, status, head, body);                              \
+  } while (0)
 
 /* A loop's body budget (see "the body budget" below). */
 struct budget_s {

@@ -106,6 +106,27 @@ static void close_after_error(nr_http_server_t *s, nr_promise_t *p) {
     nr_promise_release(p);
 }
 
+/* ---- the observer (an access log: nr_http_server_observe) ---------------- */
+
+NOINLINE void nr__hs_tell(nr_http_server_t *s, unsigned i, int ev, int status,
+                          uint64_t head, uint64_t body) {
+  uint64_t token = 0;
+  unsigned k = (i + RING - s->oldest) % RING;
+  if (i < RING && k < s->outstanding)
+    token = s->delivered - s->outstanding + 1 + k;
+  s->seen(s->seen_arg, ev, token, status, head, body);
+}
+
+bool nr_http_server_is(const nr_ctx_t *ctx) {
+  return nr_ctx_handler(ctx)->added == nr_http_server_added;
+}
+
+void nr_http_server_observe(nr_ctx_t *ctx, nr_http_seen_fn fn, void *arg) {
+  nr_http_server_t *s = nr_ctx_state(ctx);
+  s->seen = fn;
+  s->seen_arg = arg;
+}
+
 /* An answer of the codec's own for slot i: status, its reason as the
  * plain-text body (none to HEAD); p (or NULL) learns when it has left. */
 void nr__hs_write_status(nr_http_server_t *s, unsigned i, int status,
@@ -122,10 +143,12 @@ void nr__hs_write_status(nr_http_server_t *s, unsigned i, int status,
   if (close)
     OUT_LIT(&o, "\r\nConnection: close");
   OUT_LIT(&o, "\r\n\r\n");
+  size_t hlen = o.len;
   if (!head) {
     nr__http_out_str(&o, reason);
     OUT_LIT(&o, "\n");
   }
+  TELL(s, i, NR_HTTP_SEEN_ANSWER, status, hlen, o.len - hlen);
   write_out(s, i, &o, NULL, 0, p);
 }
 
@@ -236,8 +259,8 @@ static char *put_connection(char *w, uint16_t f, unsigned user, bool close) {
  * -- lhttp_memo.c sends one as the other -- give the same bytes). */
 static char *put_head(char *w, const nr_http_response_t *r, uint16_t f,
                       unsigned user, bool bodyless, bool close) {
-  if (r->stream && !(user & U_LENGTH)) {   /* (a sized stream: the user's) */
-    if (!bodyless && !(f & F_HTTP10))
+  if (r->stream) {
+    if (!bodyless && !(f & F_HTTP10) && !(user & U_LENGTH))
       w = PUT_LIT(w, "Transfer-Encoding: chunked\r\n");
   } else if (!bodyless && !(user & U_LENGTH)) {
     w = PUT_LIT(w, "Content-Length: ");
@@ -272,12 +295,12 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
   uint16_t f = s->flags[i];
   size_t need;
   unsigned user = nr__http_user_flags(r, &need);
-  /* a stream with the user's Content-Length is sized: its bytes go as
-   * they are (a static file's body), and the length frames it */
+  /* a stream whose length the user's headers give goes as it is
+   * written (a proxy's, with its backend's Content-Length) */
   bool sized = r->stream && (user & U_LENGTH);
   bool close = closes(f, user) ||
-               (r->stream && !sized && (f & F_HTTP10));  /* no chunked in
-                                              1.0: the close ends the body */
+               (r->stream && (f & F_HTTP10) && !sized);  /* no chunked in
+                                                  1.0: the close ends it */
   bool bodyless = bodyless_status(r->status);
   bool no_body = bodyless || (f & F_HEAD);
   const char *body = no_body ? NULL : r->body;
@@ -302,12 +325,14 @@ static NOINLINE int write_response(nr_http_server_t *s, nr_ctx_t *ctx,
       w = PUT_LIT(w, "\r\n");
     o.len = (size_t)(w - o.p);
   }
+  TELL(s, i, r->stream ? NR_HTTP_SEEN_HEAD : NR_HTTP_SEEN_ANSWER, r->status,
+       o.len - copy, blen);
   int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
   if (r->stream) {
-    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD
-                               : (f & F_HTTP10) || sized ? A_RAW : A_CHUNKED) |
+    s->flags[i] |= (uint16_t)((no_body ? A_DISCARD : (f & F_HTTP10) || sized
+                                                                   ? A_RAW : A_CHUNKED) |
                              (close ? F_ACLOSE : 0));
     s->streams++;
   } else {
@@ -340,6 +365,7 @@ static NOINLINE int write_prepared(nr_http_server_t *s, nr_ctx_t *ctx,
       memcpy(o.p + pr->date_at, nr_http_date(), DATE_LEN);
     o.len = (size_t)(w - o.p);
   }
+  TELL(s, i, NR_HTTP_SEEN_ANSWER, pr->status, o.len - copy, blen);
   int rc = write_out(s, i, &o, body, blen - copy, p);
   if (rc < 0)
     return rc;
@@ -386,6 +412,8 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
     memcpy(w + pr->date_at, nr_http_date(), DATE_LEN);
   nr_ctx_write_commit(ctx, pr->plain_len);
   nr_http_count_status(pr->status);
+  TELL(s, s->oldest, NR_HTTP_SEEN_ANSWER, pr->status,
+       pr->plain_len - pr->body_len, pr->body_len);
   finish_response(s, false);
   return 0;
 }
@@ -431,6 +459,8 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   for (size_t k = 0; k < n; k++)
     total += parts[k].len;
   int rc = 0;
+  if (how != A_DISCARD || total == 0)
+    TELL(s, i, total == 0 ? NR_HTTP_SEEN_END : NR_HTTP_SEEN_CHUNK, 0, 0, total);
   if (total == 0) {
     s->flags[i] &= (uint16_t)~A_MASK;
     s->streams--;

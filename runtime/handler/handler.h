@@ -44,4 +44,19 @@ extern const nr_handler_t nr_logging_handler;
  * handler's name, then passed on unchanged. NULL on out of memory. */
 void *nr_logging_new(int level);
 
+/* ---- access log (nginx's log_format / access_log) ---------------------------- */
+
+/* A parsed format of nginx's variables ($remote_addr, $request, $status,
+ * $http_<name>, ...; access_log.c lists them), kept for the process's
+ * life (the same text gives the same one). NULL and a message in err
+ * for an unknown variable or a format too long. Any thread. */
+typedef struct nr_access_format_s nr_access_format_t;
+const nr_access_format_t *nr_access_format(const char *fmt, char *err,
+                                           size_t errn);
+
+/* After an HTTP/1.1 server codec: a line per answer in format f, queued
+ * to file (nr_log_file_open). NULL on out of memory. */
+extern const nr_handler_t nr_access_log_handler;
+void *nr_access_log_new(const nr_access_format_t *f, nr_log_file_t *file);
+
 #endif /* NR_HANDLER_H */

@@ -8,7 +8,8 @@ named) having cost the server less than one CPU-second.
     spec/h2/attacks.py --bin build/bin/netrun CASE   (prints one JSON line)
     cases: rapid_reset streams_per_read continuation made_you_reset
            ping_flood settings_flood empty_data_flood window_update_flood
-           hpack_bomb shut_window idle concurrency upload_slow_reader
+           hpack_bomb shut_window shut_window_stream idle concurrency
+           upload_slow_reader
 
 spec/http2_limits_spec.lua runs each and asserts what it prints.
 """
@@ -279,6 +280,17 @@ def shut_window(srv):
     return result(srv, cpu0, a, rss=srv.rss())
 
 
+def shut_window_stream(srv):
+    """The same with a streamed answer (1 MiB in 64 chunks written at
+    once): its chunks wait on the window, held, until h2_send_timeout."""
+    a = Attack(srv.port, local_settings=[(INITIAL_WINDOW_SIZE, 0)])
+    a.c.send(frame(HEADERS, END_STREAM | END_HEADERS, 1,
+                   headers_block(a.c.enc, "/stream?n=64&size=16384")))
+    cpu0 = srv.cpu()
+    a.run(lambda: (time.sleep(0.05), b"")[1])
+    return result(srv, cpu0, a, rss=srv.rss())
+
+
 def idle(srv):
     """A connection that opens and says nothing more: keepalive_timeout
     (0.5 s here)."""
@@ -388,6 +400,7 @@ CASES = {
     "window_update_flood": (window_update_flood, "{}"),
     "hpack_bomb": (hpack_bomb, "{}"),
     "shut_window": (shut_window, "{ h2_send_timeout = 1 }"),
+    "shut_window_stream": (shut_window_stream, "{ h2_send_timeout = 1 }"),
     "idle": (idle, "{ keepalive_timeout = 0.5 }"),
     "concurrency": (concurrency, "{}"),
     "upload_slow_reader": (upload_slow_reader, "{}"),

@@ -724,6 +724,8 @@ static void push_stats(lua_State *L, nr_loop_t *loop) {
   lua_setfield(L, -2, "stalls");
   lua_pushnumber(L, (double)st.max_busy_ns / 1e9);
   lua_setfield(L, -2, "max_busy");
+  lua_pushnumber(L, (double)st.lag_ns / 1e9);
+  lua_setfield(L, -2, "lag");
   if (loop == lnr_main_loop())
     lua_pushinteger(L, (lua_Integer)lua_gc(L, LUA_GCCOUNT, 0) * 1024);
   else   /* a loop state counts its bytes on its loop; none before it starts
@@ -882,8 +884,11 @@ This loop's stats: `name`, `state` ("not_started", "started",
 "shutting_down", "shutdown", "terminated"), `pending_tasks`,
 `scheduled_tasks`, `channels`, `tasks_run`, `io_events`, `wakeups`,
 `selector_rebuilds`, `iterations`, `io_time` and `task_time` (seconds),
-`stalls`, `max_busy` (seconds, the longest uninterrupted run) and
-`lua_memory` (bytes).
+`stalls`, `max_busy` (seconds, the longest uninterrupted run), `lag`
+(seconds: the longest recent run less the time since it ended -- how
+long what the loop handles now may have waited behind it; a 0.5 s stall
+reads 0.5 right after and 0 half a second later; `netrun.limit.shed`
+reads it) and `lua_memory` (bytes).
 @function loop:stats
 @treturn table
 */

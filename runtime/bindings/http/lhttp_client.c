@@ -75,6 +75,7 @@ Codecs: `netrun.codec`.
 
 #include "codec/http_client.h"
 #include "lhttp.h"
+#include "lhttp_stream.h"
 
 #define CLASS "netrun.codec.http_client"
 
@@ -142,7 +143,7 @@ static void push_fields(lua_State *L, const nr_http_header_t *h, size_t n) {
 /* Hop-by-hop fields and the framing, which the codec writing the
  * message gives its own hop. Told apart by length first: most fields of
  * a message are none of them, and one compare then settles it. */
-static bool hop_by_hop(const char *n, size_t len) {
+bool lnr_http_hop_by_hop(const char *n, size_t len) {
 #define IS(lit) (strncasecmp(n, lit, len) == 0)
   switch (len) {
   case 2: return IS("te");
@@ -179,7 +180,7 @@ static bool push_raw(lua_State *L, const nr_http_reply_t *r) {
   size_t n = 0;
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *h = &r->headers[i];
-    if (!hop_by_hop(h->name, h->name_len) || (r->head && h->name_len == 14 &&
+    if (!lnr_http_hop_by_hop(h->name, h->name_len) || (r->head && h->name_len == 14 &&
                                               strncasecmp(h->name, "content-length", 14) == 0))
       kept[n++] = *h;
   }
@@ -318,7 +319,7 @@ static bool origin_form(const char *s, size_t n) {
 /* Fields a forwarded request leaves behind besides the hop-by-hop ones:
  * the server codec answered its Expect already. */
 static bool not_forwarded(const char *n, size_t len) {
-  return hop_by_hop(n, len) || (len == 6 && strncasecmp(n, "expect", 6) == 0);
+  return lnr_http_hop_by_hop(n, len) || (len == 6 && strncasecmp(n, "expect", 6) == 0);
 }
 
 /* Is name among h->v[0 .. n) (the fields the writer gave)? */

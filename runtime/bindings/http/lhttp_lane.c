@@ -136,13 +136,30 @@ slow:                                    /* http.lua's, with what was given */
 
 /* ---- a forwarder: a proxy's requests with their options set once -------------- */
 
-enum { F_CLIENT = 1, F_POOLS, F_KEY, F_HOST, F_HEADERS, F_URL, F_SLOW, F_POOL_MT,
-       F_ID, F_TIMEOUT, F_N = F_TIMEOUT };
+enum { F_CLIENT = 1, F_POOLS, F_KEY, F_HOST, F_HEADERS, F_URL, F_SLOW, F_BUFFER,
+       F_POOL_MT, F_ID, F_TIMEOUT, F_N = F_TIMEOUT };
+
+/* A stream forwarder's pool when none was found: `slow` makes it. */
+static hpool_t *made_pool(lua_State *L) {
+  lua_settop(L, 4);                      /* (the pool at 5) */
+  lua_pushvalue(L, lua_upvalueindex(F_SLOW));
+  lua_call(L, 0, 1);
+  hpool_t *P = lua_touserdata(L, 5);
+  if (P == NULL || !lua_getmetatable(L, 5) ||
+      !lua_rawequal(L, -1, lua_upvalueindex(F_POOL_MT)) || P->S == NULL)
+    luaL_error(L, "netrun.http forwarder: no pool for the backend");
+  lua_settop(L, 5);
+  return P;
+}
 
 /* forward(req, callback): client:request({ url, forward = req, headers },
- * callback) with the options checked when the forwarder was made. */
+ * callback) with the options checked when the forwarder was made. A
+ * stream forwarder's forward(req, callback, ctx) streams the exchange
+ * (lhttp_xfer.c). */
 static int forward_call(lua_State *L) {
-  lua_settop(L, 2);
+  lua_Integer buffer = lua_tointeger(L, lua_upvalueindex(F_BUFFER));
+  const int nargs = buffer > 0 ? 3 : 2, pidx = nargs + 2;
+  lua_settop(L, nargs);
   if (!lnr_http_is_request(L, 1))
     return luaL_error(L, "netrun.http forwarder: forward(req, callback): req "
                       "must be a request of netrun.codec.http_server, got %s",
@@ -164,8 +181,10 @@ static int forward_call(lua_State *L) {
               !lua_rawequal(L, -1, lua_upvalueindex(F_POOL_MT)) || P->S == NULL ||
               stale(L, P)))
       P = NULL;
-    lua_settop(L, 4);                    /* the pool at 4 */
+    lua_settop(L, pidx);                 /* the pool at pidx */
   }
+  if (P == NULL && buffer > 0)
+    P = made_pool(L);
   if (P == NULL) {                       /* no pool yet: http.lua makes it */
     lua_settop(L, 2);
     lua_pushvalue(L, lua_upvalueindex(F_SLOW));
@@ -177,7 +196,16 @@ static int forward_call(lua_State *L) {
   lua_rawget(L, lua_upvalueindex(F_CLIENT));
   double timeout = lua_tonumber(L, -1);
   lua_pop(L, 1);
+  hxfer_t *x = NULL;
+  if (buffer > 0) {
+    x = lnr_xfer_new(L, 1, 3, (size_t)buffer);
+    lua_pushvalue(L, lua_upvalueindex(F_HEADERS));
+    lnr_xfer_push_headers(L, x, 1, pidx + 1);
+    lua_replace(L, pidx + 1);            /* the head's fields */
+  }
   hreq_t *q = lnr_pool_new_req(L, P, true, timeout);
+  if (x != NULL)
+    lnr_xfer_bind(x, q);
   const int u = lua_gettop(L);
   static const struct { int uv, from; } set[] = {
       {UV_TARGET, 2}, {UV_FORWARD, 1}, {UV_HEADERS, -F_HEADERS},
@@ -187,11 +215,17 @@ static int forward_call(lua_State *L) {
                                      : lua_upvalueindex(-set[i].from));
     lua_setiuservalue(L, u, set[i].uv);
   }
-  lnr_pool_send_req(L, P, 4, q);
+  if (x != NULL) {
+    lua_pushvalue(L, pidx + 1);
+    lua_setiuservalue(L, u, UV_HEADERS);
+  }
+  lnr_pool_send_req(L, P, pidx, q);
   return 0;
 }
 
-/* core.http.forwarder(client, pools, key, host, headers, url, slow) */
+/* core.http.forwarder(client, pools, key, host, headers, url, slow
+ * [, buffer]): buffer > 0 makes a stream forwarder, whose slow() returns
+ * the pool */
 int lnr_http_forwarder(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -199,7 +233,9 @@ int lnr_http_forwarder(lua_State *L) {
   luaL_checkstring(L, 4);
   luaL_checkstring(L, 6);
   luaL_checktype(L, 7, LUA_TFUNCTION);
+  lua_Integer buffer = luaL_optinteger(L, 8, 0);
   lua_settop(L, 7);
+  lua_pushinteger(L, buffer < 0 ? 0 : buffer > INT_MAX ? INT_MAX : buffer);
   luaL_getmetatable(L, POOL_CLASS);
   lua_pushliteral(L, "id");
   lua_pushliteral(L, "timeout");

@@ -56,7 +56,8 @@
  * limit or timeout of its own, its pool made), sends it without a Lua
  * function call; any other goes to http.lua's `slow`, checked. A
  * forwarder does the same for a proxy's forward(req, cb) with options
- * checked when it was made.
+ * checked when it was made. (What Lua calls -- core.http.pool and the
+ * pool's methods -- is in lhttp_pool_lua.c.)
  */
 #include <errno.h>
 #include <limits.h>
@@ -68,10 +69,8 @@
 #include "codec/h2.h"
 #include "lhttp_pool.h"
 
-static const nr_handler_t conn_vt;
-static void acquire(lua_State *L, hpool_t *P, hreq_t *q);
-static void lost(lua_State *L, hpool_t *P);
 static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry);
+static lua_State *state_of(hpool_t *P);
 
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
 
@@ -159,7 +158,7 @@ static void flight_remove(hconn_t *c, hreq_t *q) {
 static int on_deadline(void *arg);
 static int on_sweep(void *arg);
 
-static void drop_timer(nr_timer_t **t) {
+void lnr_pool_drop_timer(nr_timer_t **t) {
   if (*t) {
     nr_timer_cancel(*t);
     nr_timer_release(*t);
@@ -170,7 +169,7 @@ static void drop_timer(nr_timer_t **t) {
 static void arm_deadline(hpool_t *P) {
   if (P->dhead == NULL || (P->dtimer && P->dat <= P->dhead->deadline))
     return;
-  drop_timer(&P->dtimer);
+  lnr_pool_drop_timer(&P->dtimer);
   uint64_t now = nr_now(), at = P->dhead->deadline;
   P->dat = at;
   P->dtimer = nr_loop_schedule(P->loop, at > now ? at - now : 0, 0, on_deadline,
@@ -179,7 +178,7 @@ static void arm_deadline(hpool_t *P) {
 
 /* In deadline order; from the tail: most requests have the client's
  * timeout and come last. */
-static void deadline_insert(hpool_t *P, hreq_t *q) {
+void lnr_pool_deadline_insert(hpool_t *P, hreq_t *q) {
   hreq_t *after = P->dtail;
   while (after && after->deadline > q->deadline)
     after = after->dprev;
@@ -216,13 +215,13 @@ static bool busy(const hpool_t *P) {
  * inactive at once). As the outermost leaves, a pool with nothing left
  * lets go of itself (http.lua's empty forgets it; a request sent to it
  * later holds it again): never while an outer one still uses it. */
-static void enter(hpool_t *P) { P->depth++; }
+void lnr_pool_enter(hpool_t *P) { P->depth++; }
 
-static void leave(lua_State *L, hpool_t *P) {
+void lnr_pool_leave(lua_State *L, hpool_t *P) {
   if (--P->depth > 0 || busy(P) || P->self_ref == LUA_NOREF)
     return;
-  drop_timer(&P->dtimer);
-  drop_timer(&P->sweeper);
+  lnr_pool_drop_timer(&P->dtimer);
+  lnr_pool_drop_timer(&P->sweeper);
   int ref = P->self_ref;
   lua_rawgeti(L, LUA_REGISTRYINDEX, P->empty_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
@@ -270,6 +269,11 @@ static void push_method(lua_State *L, int u) {
  * callback is logged: it never reaches a connection. */
 static void settle(lua_State *L, hreq_t *q, const char *err) {
   int res = err ? 0 : lua_gettop(L);
+  if (q->x != NULL) {                /* a streamed exchange's state goes */
+    hxfer_t *x = q->x;
+    q->x = NULL;
+    lnr_xfer_free(x, err, false);
+  }
   deadline_remove(q->pool, q);
   q->done = true;
   push_req(L, q);
@@ -286,7 +290,8 @@ static void settle(lua_State *L, hreq_t *q, const char *err) {
   lua_pushcfunction(L, lnr_msgh);
   lua_getiuservalue(L, u, UV_TARGET);
   if (q->callback) {
-    if (err) lua_pushnil(L);
+    if (err && q->gone) lua_pushboolean(L, 0);
+    else if (err) lua_pushnil(L);
     lua_pushvalue(L, res);
     if (lua_pcall(L, err ? 2 : 1, 0, -3 - (err ? 1 : 0)) != LUA_OK)
       lnr_log_error(L, "netrun.http: a request's callback failed");
@@ -324,6 +329,10 @@ static void fail(lua_State *L, hreq_t *q, const char *err) {
  * when a field of q cannot be sent -- q failed, nothing written, c still
  * free unless q's callback took or closed it meanwhile. */
 static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
+  if (q->x != NULL && c->h2) {
+    fail(L, q, "a streamed exchange needs HTTP/1.1 to the backend");
+    return false;
+  }
   q->conn = c;
   if (c->h2) {
     q->seq = ++c->pool->seq;
@@ -349,6 +358,14 @@ static bool start(lua_State *L, hconn_t *c, hreq_t *q) {
     return false;
   }
   nr_ctx_flush(ctx);
+  const char *why = q->x != NULL && q->conn == c ? lnr_xfer_start(q->x, c) : NULL;
+  if (why != NULL) {
+    c->req = NULL;
+    q->conn = NULL;
+    c->dead = true;
+    nr_ctx_close(ctx, NULL);         /* (its head went: not reusable) */
+    fail(L, q, why);
+  }
   return true;
 }
 
@@ -361,7 +378,7 @@ static bool free_conn(const hconn_t *c) {
  * not be sent on it): to the first request waiting, or idle. An HTTP/2
  * one takes waiting requests while it has room, and is idle with none in
  * flight. */
-static void release(lua_State *L, hconn_t *c) {
+void lnr_pool_release(lua_State *L, hconn_t *c) {
   hpool_t *P = c->pool;
   while (P->whead && free_conn(c)) {
     hreq_t *q = P->whead;
@@ -413,19 +430,19 @@ static void open_connection(lua_State *L, hpool_t *P, hreq_t *q) {
   lua_pop(L, 1);
 }
 
-static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
+void lnr_pool_acquire(lua_State *L, hpool_t *P, hreq_t *q) {
   hconn_t *c = P->h2c;
   if (c && has_room(c)) {            /* HTTP/2: multiplexed on it */
     idle_remove(P, c);
     if (!start(L, c, q) && free_conn(c))
-      release(L, c);
+      lnr_pool_release(L, c);
     return;
   }
   c = P->idle;
   if (c) {
     idle_remove(P, c);
     if (!start(L, c, q) && free_conn(c))
-      release(L, c);
+      lnr_pool_release(L, c);
     return;
   }
   if ((P->h2c && !P->h2c->goaway) ||  /* full: wait for a stream of it */
@@ -451,7 +468,7 @@ static void acquire(lua_State *L, hpool_t *P, hreq_t *q) {
 }
 
 /* Requests waiting beyond the connections being opened get some. */
-static void lost(lua_State *L, hpool_t *P) {
+void lnr_pool_lost(lua_State *L, hpool_t *P) {
   if (P->h2c != NULL || (P->maybe_h2 && !P->h1_seen && P->connecting > 0))
     return;                  /* (they wait for a stream, or for HTTP/2) */
   while (P->nwait > P->connecting && P->total < P->max && P->self_ref != LUA_NOREF) {
@@ -475,15 +492,24 @@ static void fail_request(lua_State *L, hreq_t *q, const char *err, bool retry) {
     if (again) {
       q->retried = true;
       q->conn = NULL;
-      acquire(L, q->pool, q);
+      lnr_pool_acquire(L, q->pool, q);
       return;
     }
   }
   fail(L, q, err);
 }
 
+/* The first request waiting fails with msg (a connect that failed). */
+void lnr_pool_fail_first(lua_State *L, hpool_t *P, const char *msg) {
+  hreq_t *q = P->whead;
+  if (q) {
+    wait_remove(P, q);
+    fail(L, q, msg);
+  }
+}
+
 /* A ready connection is gone: no longer counted. */
-static void conn_gone(lua_State *L, hconn_t *c) {
+void lnr_pool_conn_gone(lua_State *L, hconn_t *c) {
   hpool_t *P = c->pool;
   idle_remove(P, c);
   if (P->h2c == c)
@@ -494,8 +520,69 @@ static void conn_gone(lua_State *L, hconn_t *c) {
     P->total--;
     all_remove(P, c);
     c->pool = NULL;
-    lost(L, P);
+    lnr_pool_lost(L, P);
   }
+}
+
+/* ---- streamed exchanges (lhttp_xfer.c) ------------------------------------------ */
+
+void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err) {
+  hpool_t *P = q->pool;
+  hconn_t *c = q->conn != NULL && q->conn->req == q ? q->conn : NULL;
+  if (c != NULL) {
+    c->req = NULL;
+    q->conn = NULL;
+  }
+  lua_State *L = P ? state_of(P) : NULL;
+  bool reuse = c != NULL && keep && err == NULL && L != NULL && c->pool != NULL;
+  if (c != NULL && !reuse) {
+    c->dead = true;                  /* closed by the exchange as it goes */
+    c = NULL;                        /* (and maybe freed meanwhile) */
+  }
+  hxfer_t *x = q->x;                 /* freed first: c may go to another */
+  q->x = NULL;
+  if (x != NULL)
+    lnr_xfer_free(x, err, reuse);
+  if (L == NULL || q->done)
+    return;
+  lnr_pool_enter(P);
+  wait_remove(P, q);
+  if (c != NULL)
+    lnr_pool_release(L, c);
+  if (err != NULL) {
+    fail(L, q, err);
+  } else {
+    lua_pushboolean(L, 1);
+    settle(L, q, NULL);
+  }
+  lnr_pool_leave(L, P);
+}
+
+void lnr_pool_xfer_retime(hreq_t *q) {
+  if (!q->timed || q->timeout <= 0 || q->timeout >= 1e9)
+    return;
+  deadline_remove(q->pool, q);
+  q->deadline = nr_now() + (uint64_t)(q->timeout * 1e9);
+  lnr_pool_deadline_insert(q->pool, q);
+}
+
+void lnr_pool_xfer_gone(hreq_t *q) { q->gone = true; }
+
+void lnr_pool_xfer_detach(hreq_t *q) {
+  hconn_t *c = q->conn;
+  if (c == NULL || c->req != q)
+    return;
+  c->req = NULL;
+  q->conn = NULL;
+  c->upgraded = true;
+  hpool_t *P = c->pool;
+  lua_State *L = P ? state_of(P) : NULL;
+  if (L != NULL) {
+    lnr_pool_enter(P);
+    lnr_pool_conn_gone(L, c);
+    lnr_pool_leave(L, P);
+  }
+  c->pool = NULL;
 }
 
 /* ---- TLS settings that changed ----------------------------------------------------- */
@@ -513,14 +600,14 @@ bool lnr_pool_reloaded(lua_State *L, hpool_t *P) {
     P->tls_gen = g;                          /* rebuilt alike: nothing changed */
     return false;
   }
-  enter(P);
+  lnr_pool_enter(P);
   P->retired = true;
   for (hconn_t *c; (c = P->idle) != NULL;) {
     idle_remove(P, c);
     c->dead = true;
     nr_ctx_close(c->ctx, NULL);
   }
-  leave(L, P);
+  lnr_pool_leave(L, P);
   return true;
 }
 
@@ -537,7 +624,7 @@ static lua_State *timer_ran(hpool_t *P, nr_timer_t **t) {
   *t = NULL;
   lua_State *L = state_of(P);
   if (L)
-    enter(P);
+    lnr_pool_enter(P);
   return L;
 }
 
@@ -559,7 +646,7 @@ static int on_deadline(void *arg) {
                                .cancel = true};
       nr_ctx_write(c->ctx, &cancel, NULL);
       if (c->pool)
-        release(L, c);
+        lnr_pool_release(L, c);
     } else if (c && c->req == q) {   /* its answer may still come: dropped */
       c->req = NULL;
       q->conn = NULL;
@@ -571,7 +658,7 @@ static int on_deadline(void *arg) {
     fail(L, q, msg);
   }
   arm_deadline(P);
-  leave(L, P);
+  lnr_pool_leave(L, P);
   return 0;
 }
 
@@ -592,7 +679,7 @@ static int on_sweep(void *arg) {
     c = P->idle;                     /* (the list may have changed) */
   }
   arm_sweeper(P, P->keepalive / 2 + 10000000);
-  leave(L, P);
+  lnr_pool_leave(L, P);
   return 0;
 }
 
@@ -608,20 +695,38 @@ static int h2_reply(nr_ctx_t *ctx, hconn_t *c, hpool_t *P, lua_State *L,
 
 static int h_channel_read(nr_ctx_t *ctx, void *msg) {
   hconn_t *c = nr_ctx_state(ctx);
+  if (c->upgraded) {                 /* a tunnel's bytes */
+    nr_ctx_fire_read(ctx, msg);
+    return 0;
+  }
   hpool_t *P = c->pool;
   lua_State *L = P ? state_of(P) : NULL;
-  if (L == NULL || nr_msg_type(msg) != NR_MSG_HTTP_REPLY)
+  if (L == NULL)
     return 0;
+  if (nr_msg_type(msg) != NR_MSG_HTTP_REPLY) {
+    if (c->req != NULL && c->req->x != NULL) {   /* its body's pieces */
+      lnr_pool_enter(P);
+      lnr_xfer_read(c->req->x, msg);
+      lnr_pool_leave(L, P);
+    }
+    return 0;
+  }
   const nr_http_reply_t *r = msg;
   if (r->h2)
     return h2_reply(ctx, c, P, L, r);
   hreq_t *q = c->req;
+  if (q != NULL && q->x != NULL) {   /* a streamed exchange's */
+    lnr_pool_enter(P);
+    lnr_xfer_read(q->x, msg);
+    lnr_pool_leave(L, P);
+    return 0;
+  }
   if (q == NULL) {                   /* nobody asked: a handler someone added */
     c->dead = true;
     nr_ctx_close(ctx, NULL);
     return 0;
   }
-  enter(P);
+  lnr_pool_enter(P);
   if (!q->done)                      /* (borrowed: made a value before the */
     lnr_push_msg(L, msg);            /* close below ends the codec's input) */
   c->req = NULL;
@@ -630,11 +735,11 @@ static int h_channel_read(nr_ctx_t *ctx, void *msg) {
     c->dead = true;
     nr_ctx_close(ctx, NULL);         /* (inactive: gone) */
   } else {
-    release(L, c);
+    lnr_pool_release(L, c);
   }
   if (!q->done)
     settle(L, q, NULL);
-  leave(L, P);
+  lnr_pool_leave(L, P);
   return 0;
 }
 
@@ -648,17 +753,17 @@ static int h2_reply(nr_ctx_t *ctx, hconn_t *c, hpool_t *P, lua_State *L,
     q = q->fnext;
   if (q == NULL)
     return 0;                        /* (a request that timed out) */
-  enter(P);
+  lnr_pool_enter(P);
   flight_remove(c, q);
   q->conn = NULL;
   if (r->error == NULL && !q->done)
     lnr_push_msg(L, (void *)r);      /* (borrowed: a value before we go on) */
-  release(L, c);
+  lnr_pool_release(L, c);
   if (r->error != NULL)
     fail_request(L, q, r->error, r->retry);
   else if (!q->done)
     settle(L, q, NULL);
-  leave(L, P);
+  lnr_pool_leave(L, P);
   (void)ctx;
   return 0;
 }
@@ -685,11 +790,11 @@ static int h_user_event(nr_ctx_t *ctx, void *evt) {
   }
   lua_State *L = state_of(P);
   if (L != NULL && c->ready) {       /* (before connected: it releases c) */
-    enter(P);
+    lnr_pool_enter(P);
     if (!c->goaway)
-      release(L, c);
-    lost(L, P);
-    leave(L, P);
+      lnr_pool_release(L, c);
+    lnr_pool_lost(L, P);
+    lnr_pool_leave(L, P);
   }
   return 0;
 }
@@ -711,25 +816,47 @@ static void conn_closed(hconn_t *c) {
   lua_State *L = P ? state_of(P) : NULL;
   if (L == NULL)
     return;
-  enter(P);
+  lnr_pool_enter(P);
   hreq_t *q = c->req;
   c->req = NULL;
   if (q)
     q->conn = NULL;
-  conn_gone(L, c);
+  lnr_pool_conn_gone(L, c);
   const char *err = c->err[0] ? c->err : "the connection closed before the response";
   if (q)
-    fail_request(L, q, err, c->reused && strstr(err, "closed before a response"));
+    fail_request(L, q, err, c->reused && strstr(err, "closed before a response") &&
+                 (q->x == NULL || lnr_xfer_may_retry(q->x)));
   while ((q = c->flight) != NULL) {  /* HTTP/2: every request in flight */
     flight_remove(c, q);
     q->conn = NULL;
     fail_request(L, q, err, false);
   }
-  leave(L, P);
+  lnr_pool_leave(L, P);
+}
+
+/* A streamed exchange's pieces written to the client go out together. */
+static int h_read_complete(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->req != NULL && c->req->x != NULL)
+    lnr_xfer_read_complete(c->req->x);
+  nr_ctx_fire_read_complete(ctx);
+  return 0;
+}
+
+/* A streamed exchange's body goes on when the backend drains. */
+static int h_writability(nr_ctx_t *ctx) {
+  hconn_t *c = nr_ctx_state(ctx);
+  if (c->req != NULL && c->req->x != NULL)
+    lnr_xfer_writable(c->req->x);
+  nr_ctx_fire_writability_changed(ctx);
+  return 0;
 }
 
 static int h_inactive(nr_ctx_t *ctx) {
-  conn_closed(nr_ctx_state(ctx));
+  hconn_t *c = nr_ctx_state(ctx);
+  conn_closed(c);
+  if (c->upgraded)
+    nr_ctx_fire_inactive(ctx);       /* (the tunnel's) */
   return 0;
 }
 
@@ -744,13 +871,15 @@ static void h_removed(nr_ctx_t *ctx) {
   free(c);
 }
 
-static const nr_handler_t conn_vt = {
+const nr_handler_t lnr_pool_conn_vt = {
     .type = "http_pool", .added = h_added, .removed = h_removed,
     .inactive = h_inactive, .channel_read = h_channel_read,
-    .user_event = h_user_event, .exception = h_exception};
+    .user_event = h_user_event, .exception = h_exception,
+    .writability_changed = h_writability,
+    .channel_read_complete = h_read_complete};
 
 /* p:add_last("client", P): a connection of the pool. */
-static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {
+const nr_handler_t *lnr_pool_make_conn(lua_State *L, int idx, void **state) {
   hpool_t *P = luaL_checkudata(L, idx, POOL_CLASS);
   hconn_t *c = calloc(1, sizeof *c);
   if (c == NULL)
@@ -760,230 +889,5 @@ static const nr_handler_t *make_conn(lua_State *L, int idx, void **state) {
   if (P->all) P->all->aprev = c;
   P->all = c;
   *state = c;
-  return &conn_vt;
+  return &lnr_pool_conn_vt;
 }
-
-/* ---- Lua ------------------------------------------------------------------------------ */
-
-static hpool_t *check_pool(lua_State *L) {
-  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
-  if (P->S == NULL)
-    luaL_error(L, POOL_CLASS ": closed");
-  return P;
-}
-
-static void hold(lua_State *L, hpool_t *P, int idx) {
-  if (P->self_ref == LUA_NOREF) {
-    lua_pushvalue(L, idx);
-    P->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  }
-}
-
-/* Send the request userdata on top of the stack (popped) through P (at
- * stack index pidx). */
-void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q) {
-  q->pool = P;
-  if (q->ref == LUA_NOREF)
-    q->ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  else
-    lua_pop(L, 1);                       /* (a spare: anchored) */
-  hold(L, P, pidx);
-  enter(P);
-  if (q->deadline)
-    deadline_insert(P, q);
-  acquire(L, P, q);
-  leave(L, P);
-}
-
-/* Push a new request (a spare of P's if it has one; its uservalues nil). */
-hreq_t *lnr_pool_new_req(lua_State *L, hpool_t *P, bool callback,
-                         double timeout) {
-  hreq_t *q;
-  int ref = LUA_NOREF;
-  if (P->nspare > 0) {
-    q = P->spare[--P->nspare];
-    ref = q->ref;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-  } else {
-    q = lua_newuserdatauv(L, sizeof *q, UV_N);
-  }
-  *q = (hreq_t){.callback = callback, .timeout = timeout, .ref = ref};
-  if (timeout > 0 && timeout < 1e9)  /* (longer: none, ~31 years) */
-    q->deadline = nr_now() + (uint64_t)(timeout * 1e9);
-  return q;
-}
-
-/* P:send(target, method, path, headers, body, forward, host, url, timeout, tls)
- * --> true; false (nothing done) when the pool takes no more requests:
- * its TLS config changed since it was made (http.lua then makes another). */
-static int p_send(lua_State *L) {
-  hpool_t *P = check_pool(L);
-  if (stale(L, P)) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  lua_settop(L, 11);
-  double timeout = luaL_optnumber(L, 10, 0);
-  hreq_t *q = lnr_pool_new_req(L, P, lua_type(L, 2) == LUA_TFUNCTION, timeout);
-  int u = lua_gettop(L);
-  static const int from[] = {[UV_TARGET] = 2, [UV_METHOD] = 3, [UV_PATH] = 4,
-                             [UV_HEADERS] = 5, [UV_BODY] = 6, [UV_FORWARD] = 7,
-                             [UV_HOST] = 8, [UV_URL] = 9, [UV_TLS] = 11};
-  for (int i = 1; i <= UV_N; i++) {
-    lua_pushvalue(L, from[i]);
-    lua_setiuservalue(L, u, i);
-  }
-  lnr_pool_send_req(L, P, 1, q);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* P:connected(ch) */
-static int p_connected(lua_State *L) {
-  hpool_t *P = check_pool(L);
-  nr_channel_t *ch = lnr_check_handle(L, 2, LNR_CHANNEL);
-  enter(P);
-  P->connecting--;
-  nr_ctx_t *ctx = nr_pipeline_context(nr_channel_pipeline(ch), "client");
-  hconn_t *c = ctx && nr_ctx_handler(ctx) == &conn_vt ? nr_ctx_state(ctx) : NULL;
-  if (c == NULL || c->pool != P) {   /* gone meanwhile */
-    P->total--;
-    lost(L, P);
-  } else {
-    c->ready = true;
-    if (!c->h2)
-      P->h1_seen = true;
-    if (c->dead || !nr_channel_is_active(ch))
-      conn_gone(L, c);
-    else
-      release(L, c);
-    lost(L, P);              /* HTTP/1.1: more connections for the rest */
-  }
-  leave(L, P);
-  return 0;
-}
-
-/* P:connect_failed(message): the first request waiting fails with it. */
-static int p_connect_failed(lua_State *L) {
-  hpool_t *P = check_pool(L);
-  const char *msg = luaL_checkstring(L, 2);
-  enter(P);
-  P->connecting--;
-  P->total--;
-  hreq_t *q = P->whead;
-  if (q) {
-    wait_remove(P, q);
-    fail(L, q, msg);
-  }
-  lost(L, P);
-  leave(L, P);
-  return 0;
-}
-
-static int p_stats(lua_State *L) {
-  hpool_t *P = check_pool(L);
-  lua_createtable(L, 0, 3);
-  lua_pushinteger(L, P->nidle);
-  lua_setfield(L, -2, "idle");
-  lua_pushinteger(L, P->total);
-  lua_setfield(L, -2, "total");
-  lua_pushinteger(L, P->nwait);
-  lua_setfield(L, -2, "waiting");
-  return 1;
-}
-
-/* The state closes: connections left are detached (their handlers free
- * themselves), timers dropped. */
-static int p_gc(lua_State *L) {
-  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
-  drop_timer(&P->dtimer);
-  drop_timer(&P->sweeper);
-  if (P->tls != NULL)
-    nr_tls_config_release(P->tls);
-  P->tls = NULL;
-  for (hconn_t *c = P->all, *n; c; c = n) {
-    n = c->anext;
-    c->pool = NULL;
-    c->req = NULL;
-    c->flight = NULL;
-    c->nflight = 0;
-    c->anext = c->aprev = c->inext = c->iprev = NULL;
-    c->idle = false;
-  }
-  P->all = P->idle = P->h2c = NULL;
-  P->S = NULL;
-  return 0;
-}
-
-static int p_tostring(lua_State *L) {
-  hpool_t *P = luaL_checkudata(L, 1, POOL_CLASS);
-  lua_pushfstring(L, POOL_CLASS " (%d connections, %d idle, %d waiting)",
-                  P->total, P->nidle, P->nwait);
-  return 1;
-}
-
-static int ref_function(lua_State *L, const char *k) {
-  if (lua_getfield(L, 1, k) != LUA_TFUNCTION)
-    luaL_error(L, "core.http.pool: %s must be a function", k);
-  return luaL_ref(L, LUA_REGISTRYINDEX);
-}
-
-/* core.http.pool { max, keepalive, max_waiting, connect, empty, tls } */
-static int l_pool(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lnr_state_t *S = lnr_state(L);
-  nr_loop_t *loop = nr_loop_current();
-  if (S == NULL || loop == NULL || loop == lnr_main_loop())
-    return luaL_error(L, "core.http.pool: on a loop only");
-  lua_getfield(L, 1, "max");
-  lua_getfield(L, 1, "keepalive");
-  lua_getfield(L, 1, "max_waiting");
-  lua_getfield(L, 1, "h2");
-  lua_Integer max = luaL_checkinteger(L, -4);
-  double keepalive = luaL_checknumber(L, -3);
-  lua_Integer max_wait = luaL_optinteger(L, -2, 1024);
-  bool maybe_h2 = lua_toboolean(L, -1);
-  lua_pop(L, 4);
-  hpool_t *P = lua_newuserdatauv(L, sizeof *P, 0);
-  *P = (hpool_t){.S = S, .loop = loop, .self_ref = LUA_NOREF,
-                 .connect_ref = LUA_NOREF, .empty_ref = LUA_NOREF,
-                 .max = max < 1 ? 1 : max > 1 << 20 ? 1 << 20 : (int)max,
-                 .keepalive = keepalive < 1e9 ? (uint64_t)(keepalive * 1e9)
-                                              : (uint64_t)1e18,   /* (~31 years) */
-                 .max_wait = max_wait < 0 ? 0 : max_wait > INT_MAX ? INT_MAX
-                                                                   : (int)max_wait,
-                 .maybe_h2 = maybe_h2};
-  luaL_setmetatable(L, POOL_CLASS);
-  P->connect_ref = ref_function(L, "connect");
-  P->empty_ref = ref_function(L, "empty");
-  if (lua_getfield(L, 1, "tls") != LUA_TNIL) {
-    P->tls = nr_tls_config_retain(lnr_check_handle(L, -1, LNR_TLS));
-    P->tls_gen = nr_tls_config_generation(P->tls);
-    nr_tls_config_identity(P->tls, P->tls_id);  /* (after the generation) */
-  }
-  lua_pop(L, 1);
-  return 1;
-}
-
-static void open_http_pool(lua_State *L) {
-  static const luaL_Reg methods[] = {
-      {"send", p_send}, {"connected", p_connected},
-      {"connect_failed", p_connect_failed}, {"stats", p_stats}, {NULL, NULL}};
-  lnr_native_class(L, POOL_CLASS, make_conn, p_tostring);
-  luaL_getmetatable(L, POOL_CLASS);
-  luaL_newlib(L, methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, p_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
-  lua_getfield(L, -1, "http");                 /* made by the http row, before */
-  lua_pushcfunction(L, l_pool);
-  lua_setfield(L, -2, "pool");
-  lua_pushcfunction(L, lnr_http_lane);
-  lua_setfield(L, -2, "lane");
-  lua_pushcfunction(L, lnr_http_forwarder);
-  lua_setfield(L, -2, "forwarder");
-  lua_pop(L, 1);
-}
-
-lnr_module_t lnr_http_pool_module = {.name = "http_pool", .open = open_http_pool};

@@ -21,6 +21,7 @@ enum { UV_TARGET = 1, UV_METHOD, UV_PATH, UV_HEADERS, UV_BODY, UV_FORWARD,
 typedef struct hpool hpool_t;
 typedef struct hconn hconn_t;
 typedef struct hreq hreq_t;
+typedef struct hxfer hxfer_t;   /* a streamed exchange (lhttp_xfer.c) */
 
 struct hreq {
   hpool_t *pool;
@@ -34,6 +35,9 @@ struct hreq {
   int ref;                    /* anchors the userdata until settled */
   bool callback;              /* the target is a function (else a promise) */
   bool waiting, timed, retried, done;
+  bool gone;                  /* a streamed exchange's client side is over:
+                                 its callback gets false, not nil */
+  hxfer_t *x;                 /* streamed (a stream forwarder's), or NULL */
 };
 
 struct hconn {
@@ -46,6 +50,8 @@ struct hconn {
   bool ready;                 /* connected: counted in total until gone */
   bool idle, dead, gone, used, reused;
   bool h2, goaway;            /* HTTP/2 (the codec said so); no new streams */
+  bool upgraded;              /* a tunnel's now (lhttp_tunnel.c): out of
+                                 the pool, its bytes passed on */
   unsigned nflight, max_streams;   /* HTTP/2: requests in flight, at most */
   hreq_t *flight;             /* HTTP/2: those requests */
   char err[200];              /* the first error met */
@@ -99,6 +105,57 @@ hreq_t *lnr_pool_new_req(lua_State *L, hpool_t *P, bool callback,
 /* Send the request userdata on top of the stack (popped) through P (at
  * stack index pidx). */
 void lnr_pool_send_req(lua_State *L, hpool_t *P, int pidx, hreq_t *q);
+
+/* Streamed exchanges (lhttp_xfer.c; see its header). The pool's side:
+ * xfer_end ends q's exchange -- its connection back to the pool when
+ * keep, else closed -- and settles q: cb(true), or (nil or false, err);
+ * xfer_retime: q's timeout runs afresh from now (the exchange moved: its
+ * timeout bounds each wait, for the head and between pieces);
+ * xfer_gone: q's client side is over (cb gets false). */
+void lnr_pool_xfer_end(hreq_t *q, bool keep, const char *err);
+void lnr_pool_xfer_retime(hreq_t *q);
+void lnr_pool_xfer_gone(hreq_t *q);
+/* q's connection switched protocols: out of the pool (a tunnel's). */
+void lnr_pool_xfer_detach(hreq_t *q);
+/* lhttp_tunnel.c: the client's connection (its handler's ctx, after the
+ * server codec, which the tunnel replaces) and the backend's (its pool
+ * handler's ctx, after which the tunnel goes) tunnel bytes both ways.
+ * 0 or -errno. */
+int lnr_tunnel_start(nr_ctx_t *client, nr_ctx_t *backend);
+/* The exchange's side: new (req, the client's ctx at those stack
+ * indices; raises), the head's fields pushed (the forwarder's headers at
+ * `headers`, with the body's framing), started on c once the head is
+ * written (NULL, or why it cannot go on), a message of c, c writable,
+ * whether q may be sent again elsewhere (nothing taken yet), freed as q
+ * settles (err: failed, the backend connection reset, and the client's
+ * closed if its answer had begun; else closed unless reuse). */
+hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer);
+void lnr_xfer_push_headers(lua_State *L, hxfer_t *x, int req, int headers);
+void lnr_xfer_bind(hxfer_t *x, hreq_t *q);      /* x is q's */
+const char *lnr_xfer_start(hxfer_t *x, hconn_t *c);
+void lnr_xfer_read(hxfer_t *x, void *msg);
+void lnr_xfer_writable(hxfer_t *x);
+void lnr_xfer_read_complete(hxfer_t *x);     /* what went to the client flushed */
+bool lnr_xfer_may_retry(hxfer_t *x);
+void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse);
+
+/* lhttp_pool.c's entry points for lhttp_pool_lua.c: an entry point runs
+ * between enter and leave (the pool empties as the last one leaves); a
+ * request to a connection or in line (acquire); waiting requests get
+ * connections opened (lost); a free connection to a waiting request or
+ * idle (release); a connection gone (conn_gone); a deadline kept in order;
+ * a timer dropped; the pool connections' handler (make_conn: P:add_last). */
+void lnr_pool_enter(hpool_t *P);
+void lnr_pool_leave(lua_State *L, hpool_t *P);
+void lnr_pool_acquire(lua_State *L, hpool_t *P, hreq_t *q);
+void lnr_pool_lost(lua_State *L, hpool_t *P);
+void lnr_pool_release(lua_State *L, hconn_t *c);
+void lnr_pool_conn_gone(lua_State *L, hconn_t *c);
+void lnr_pool_fail_first(lua_State *L, hpool_t *P, const char *msg);
+void lnr_pool_deadline_insert(hpool_t *P, hreq_t *q);
+void lnr_pool_drop_timer(nr_timer_t **t);
+extern const nr_handler_t lnr_pool_conn_vt;
+const nr_handler_t *lnr_pool_make_conn(lua_State *L, int idx, void **state);
 
 /* core.http.lane and core.http.forwarder (lhttp_lane.c). */
 int lnr_http_lane(lua_State *L);

@@ -21,6 +21,13 @@
  * a body, however long. Requests without a body come whole, as with body
  * = "whole" (req.streaming false, req.body "").
  *
+ * HTTP/2 (h2_body.c): the same, per stream; pieces also carry
+ *   stream = req.stream
+ * since several bodies may flow at once. req:sink() (no channel) reads
+ * that request's body; ctx:read() every body of the connection waiting.
+ * Flow control is the backpressure: a stream's window reopens only as
+ * its pieces are handed up and `ch` (else the connection) is writable.
+ *
  * An answer written before the body was all read closes the connection
  * after it (what is left is not read). A body cut short -- the client
  * closed, sent bad chunk framing or more than max_body, or sent nothing
@@ -36,9 +43,13 @@
 /* { type = "body", data, last [, trailers] } */
 static void push_body(lua_State *L, void *msg) {
   const nr_http_body_t *b = msg;
-  lua_createtable(L, 0, b->ntrailers ? 4 : 3);
+  lua_createtable(L, 0, 3 + (b->ntrailers > 0) + (b->stream != 0));
   lua_pushliteral(L, "body");
   lua_setfield(L, -2, "type");
+  if (b->stream != 0) {        /* HTTP/2: its request's req.stream */
+    lua_pushinteger(L, b->stream);
+    lua_setfield(L, -2, "stream");
+  }
   lua_pushlstring(L, b->data, b->len);
   lua_setfield(L, -2, "data");
   lua_pushboolean(L, b->last);

@@ -23,6 +23,10 @@ typedef struct lnr_http_body_ref_s {
   uint64_t content_length;
 } lnr_http_body_ref_t;
 
+/* lhttp_client.c: whether a field is hop-by-hop or framing (RFC 9110
+ * 7.6.1): a codec writing the message gives it its own hop. */
+bool lnr_http_hop_by_hop(const char *name, size_t len);
+
 /* lhttp.c: whether the value at idx is a streamed server request (*b
  * filled in). */
 bool lnr_http_request_body(lua_State *L, int idx, lnr_http_body_ref_t *b);

@@ -142,6 +142,9 @@ void lnr_batch_forget(lh_t *h);
 
 /* Make the ctx table of a Lua handler's context, if not yet made. */
 void lnr_ensure_ctx(nr_ctx_t *ctx);
+/* The C context of the ctx table at idx, on its loop; raises otherwise
+ * (a forwarder writes a response through it: lhttp_xfer.c). */
+nr_ctx_t *lnr_check_ctx(lua_State *L, int idx);
 /* Push a new ctx table for ctx (retains it). */
 void lnr_push_ctx(lua_State *L, nr_ctx_t *ctx);
 /* The Lua value of a context's handler: the table, or the native type. */

@@ -115,6 +115,8 @@ static nr_ctx_t *check_ctx(lua_State *L, int idx) {
   return ctx;
 }
 
+nr_ctx_t *lnr_check_ctx(lua_State *L, int idx) { return check_ctx(L, idx); }
+
 /* A Lua handler's ctx table is made when the handler is first called or
  * asked for (p:context), not when it is added: idle connections hold
  * none. */
