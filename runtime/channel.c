@@ -437,8 +437,9 @@ static void write_stream(nr_channel_t *ch) {
     }
     int n = nr__out_iov(o, iov, MAX_IOV);
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = n == 1 ? nr_sys_send(ch->io.fd, iov[0].iov_base, iov[0].iov_len)
-                       : nr_sys_sendmsg(ch->io.fd, &mh);
+    ssize_t w = n == 0 ? nr__out_sendfile(o, ch->io.fd)  /* a file region */
+                : n == 1 ? nr_sys_send(ch->io.fd, iov[0].iov_base, iov[0].iov_len)
+                         : nr_sys_sendmsg(ch->io.fd, &mh);
     if (w < 0) {
       if (errno == EINTR)
         continue;
@@ -772,6 +773,8 @@ static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
                           i + 1 == s->n ? p : NULL);
     if (s->n == 0 && p)
       nr_promise_set_success(p, NULL, NULL);
+  } else if (ch->kind == NR__STREAM && type == NR_MSG_FILE) {
+    rc = nr__out_append_file(ch->loop, &ch->out, msg, p);
   } else if (ch->kind != NR__LISTEN) {
     rc = unwritable(ch, msg);
   } else {

@@ -362,6 +362,7 @@ enum {
   NR_MSG_DATAGRAM,           /* nr_datagram_t */
   NR_MSG_LUA,                /* a Lua value (runtime/bindings/) */
   NR_MSG_EVENT,              /* nr_event_t */
+  NR_MSG_FILE,               /* nr_file_region_t */
   NR_MSG_NATIVE = 16,        /* first tag of netrun's own handlers */
   NR_MSG_USER = 1000         /* first tag free for applications */
 };
@@ -402,6 +403,21 @@ typedef struct nr_slices_s {
   const nr_slice_t *v;
   size_t n;
 } nr_slices_t;
+
+/* A region of an open file, written to a stream channel as if its bytes
+ * were (Netty's FileRegion): the channel sends it with sendfile(2) as the
+ * socket drains, so it holds no memory for it; it counts toward the
+ * water marks by its length. The channel keeps a dup of fd (the writer
+ * may close its own at once). A file found shorter than the region when
+ * its turn comes closes the channel with ENODATA: the peer was promised
+ * the bytes. Handlers that transform bytes (TLS) do not take it: read
+ * the file into bytes for them. */
+typedef struct nr_file_region_s {
+  int type;                  /* NR_MSG_FILE */
+  int fd;
+  uint64_t offset;
+  size_t len;
+} nr_file_region_t;
 
 /* A datagram: bytes and the peer's address (destination on write). */
 typedef struct nr_datagram_s {
