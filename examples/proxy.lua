@@ -317,7 +317,16 @@ local function stream_handler()
       closed = true
       c:fire_channel_inactive()
     end,
-    exception_caught = client_failed,
+    -- an HTTP/2 stream's body cut short before its turn (the client reset
+    -- it, or sent less than its content-length): that stream only -- its
+    -- turn finds the body gone and answers 502, dropped with the stream
+    exception_caught = function(h, c, err)
+      if tostring(err):find("%(stream %d+%)") then
+        netrun.log.debug("proxy: client %s", tostring(err))
+        return
+      end
+      return client_failed(h, c, err)
+    end,
   }
 end
 

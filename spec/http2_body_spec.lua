@@ -231,6 +231,11 @@ describe("HTTP/2 request bodies as streams", function()
       assert.equal(200, r.status)                -- the next stream, on the same connection
       assert.equal(300000, r.n)
       assert.is_true(r.intact)
+      -- a stream reset for a body shorter than its content-length while
+      -- it waits its turn: that stream only, the others come whole
+      assert.matches("PROTOCOL_ERROR", r.short)
+      assert.is_true(r.beside_short)
+      assert.is_true(r.after_short)
       -- the backend connection that had part of the reset body was closed
       -- (not pooled: the next upload came whole on another)
       local ev = curl_json("http://127.0.0.1:" .. bport .. "/events").events
@@ -238,7 +243,8 @@ describe("HTTP/2 request bodies as streams", function()
       for _, e in ipairs(ev) do
         if e:find("closed in the middle of a request body", 1, true) then cut = cut + 1 end
       end
-      assert.equal(1, cut, table.concat(ev, " | "))
+      -- (the short body's too, if its head reached the backend first)
+      assert.is_true(cut >= 1 and cut <= 2, table.concat(ev, " | "))
     end)
   end)
 end)

@@ -41,6 +41,30 @@ def main():
         st, _, b = c.response(3, 10 * SCALE)
         r = json.loads(b)
         out = {"status": st, "n": r["n"], "intact": r["sum"] == sum997(data)}
+        # a body shorter than its content-length: nghttp2 resets that
+        # stream (PROTOCOL_ERROR) while it waits its turn behind stream 5,
+        # whose upload is under way; stream 5 and the next still go on
+        a = pattern(50000, 5)
+        c.request(5, "/sum", "POST", end_stream=False)
+        fl.send(5, a[:1000], end=False)
+        c.request(7, "/sum", "POST", end_stream=False,
+                  extra=[("content-length", "1000")])
+        fl.send(7, pattern(500), end=True)
+        try:
+            c.response(7, 10 * SCALE)
+            out["short"] = "answered"
+        except Fail as e:
+            out["short"] = str(e)
+        fl.send(5, a[1000:])
+        st, _, b = c.response(5, 10 * SCALE)
+        r = json.loads(b)
+        out["beside_short"] = st == 200 and r["n"] == len(a) and r["sum"] == sum997(a)
+        data = pattern(100000, 3)
+        c.request(9, "/sum", "POST", end_stream=False)
+        fl.send(9, data)
+        st, _, b = c.response(9, 10 * SCALE)
+        r = json.loads(b)
+        out["after_short"] = st == 200 and r["n"] == len(data) and r["sum"] == sum997(data)
         c.close()
     except Fail as e:
         out = {"fail": str(e)}
