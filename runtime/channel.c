@@ -4,6 +4,9 @@
  * the loop's shared buffer, flushes with gathered writes, writability,
  * half-close, and the two-phase close. Loop thread only, except where a
  * public function says "any thread": those hop to the loop with a task.
+ * The close, bind and connect, the send timeout, shedding and the
+ * any-thread entry points are files of their own (channel_internal.h
+ * lists them).
  *
  * Lifetime: the creator's reference becomes the loop's at registration. A
  * close unregisters the channel at once but parks it in the loop's
@@ -13,16 +16,11 @@
 #include <assert.h>
 #include <netinet/in.h>
 #include <stdio.h>
-#include <sys/ioctl.h>
 #include <sys/uio.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <linux/sockios.h>
+#include "channel_internal.h"
 
-#include "internal.h"
-
-#define CLOSE_LINGER NR_SEC(30)   /* longest drain of flushed data at close */
 #define MAX_IOV 64
 
 static _Atomic uint64_t next_id = 1;
@@ -198,6 +196,11 @@ static const struct sockaddr_storage *peer(const nr_channel_t *ch) {
   return ch->raddr_big ? ch->raddr_big
                        : (const struct sockaddr_storage *)(const void *)&ch->raddr;
 }
+const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch) {
+  return peer(ch);
+}
+
+
 
 int nr__channel_set_raddr(nr_channel_t *ch, const void *sa, socklen_t len) {
   if (len <= sizeof ch->raddr && ((const struct sockaddr *)sa)->sa_family != AF_UNIX) {
@@ -293,90 +296,6 @@ void nr__channel_unlink(nr_channel_t *ch) {
   l->graveyard = ch;
 }
 
-/* ---- fresh and idle connections, shed when descriptors run out ---------------
- *
- * An accepted channel is fresh (NR__FRESH, set by the acceptor) until its
- * peer shows it speaks: its first byte read, unless a codec said a byte is
- * not enough (nr_channel_fresh_until_message: the HTTP server codec, whose
- * request head may drip in a byte a second), then the codec's first whole
- * message (nr_channel_established). When accept fails for want of a
- * descriptor, the acceptor asks each loop it serves to close its oldest
- * fresh channels: those that took a descriptor the longest for nothing
- * (slowloris). The loop's channel list is newest first, so they are found
- * from its tail; a channel that is not fresh is passed over (a walk as long
- * as the established channels older than the fresh ones, only when the
- * table is full). Codecs mark two more kinds as sheddable, as nginx's
- * "reusable" connections: one that waits for its peer's next request and
- * owes it nothing (NR__IDLE: the HTTP server codec between requests, or
- * while a head after the first drips in), and one whose TLS handshake is
- * under way (NR__HANDSHAKING: the TLS server handler, until the handshake
- * completes). Both are shed with the fresh ones, oldest accepted first. No
- * channel carries anything for it but these bits. */
-
-void nr_channel_fresh_until_message(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  if (ch->st & NR__FRESH)
-    ch->st |= NR__FRESH_TO_MESSAGE;
-}
-
-void nr_channel_established(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  ch->st &= ~(NR__FRESH | NR__FRESH_TO_MESSAGE);
-}
-
-/* Only an accepted channel (one the bootstrap did not make: no setup) is
- * ever shed. */
-static void mark_sheddable(nr_channel_t *ch, unsigned bit, bool on) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  if (ch->setup != NULL)
-    return;
-  if (on)
-    ch->st |= bit;
-  else
-    ch->st &= ~bit;
-}
-
-void nr_channel_set_idle(nr_channel_t *ch, bool idle) {
-  mark_sheddable(ch, NR__IDLE, idle);
-}
-
-void nr_channel_set_handshaking(nr_channel_t *ch, bool on) {
-  mark_sheddable(ch, NR__HANDSHAKING, on);
-}
-
-/* The first bytes came: enough, unless a codec waits for a message. */
-static void first_bytes(nr_channel_t *ch) {
-  if (!(ch->st & NR__FRESH_TO_MESSAGE))
-    ch->st &= ~NR__FRESH;
-}
-
-int nr__loop_shed_fresh(nr_loop_t *l, int max) {
-  NR_ASSERT_LOOP(l);
-  nr_channel_t *v[64];
-  int n = 0;
-  if (max > 64)
-    max = 64;
-  for (nr_channel_t *ch = l->channels_tail; ch != NULL && n < max; ch = ch->lprev)
-    if ((ch->st & (NR__FRESH | NR__IDLE | NR__HANDSHAKING)) &&
-        !(ch->st & (NR__CLOSED | NR__CLOSING)))
-      v[n++] = nr_channel_retain(ch);
-  for (int i = 0; i < n; i++) {        /* (a close may run hooks: the walk
-                                          is done first) */
-    nr__channel_close(v[i], true);
-    nr_channel_release(v[i]);
-  }
-  return n;
-}
-
-void nr__loop_reap(nr_loop_t *l) {
-  nr_channel_t *ch = l->graveyard;
-  l->graveyard = NULL;
-  for (nr_channel_t *n; ch; ch = n) {
-    n = ch->lnext;
-    nr_channel_release(ch);
-  }
-}
-
 /* ---- writing ------------------------------------------------------------------ */
 
 /* ---- watches (nr_channel_watch) ----
@@ -425,7 +344,7 @@ void nr_channel_unwatch(nr_chwatch_t *w) {
   nr_channel_release(ch);
 }
 
-static void tell_watches(nr_channel_t *ch) {
+void nr__channel_tell_watches(nr_channel_t *ch) {
   if (ch->watches == NULL)
     return;
   for (tell_t *t = telling; t != NULL; t = t->up)
@@ -458,144 +377,32 @@ static void check_writability(nr_channel_t *ch) {
   else
     return;
   nr__pipeline_fire_writability(&ch->pipe);
-  tell_watches(ch);
+  nr__channel_tell_watches(ch);
 }
 
-static void finish_close(nr_channel_t *ch, bool abort);
-static void do_write(nr_channel_t *ch);
-
-/* ---- send timeout ---------------------------------------------------------------
- *
- * No channel has a timer of its own, and a socket that keeps up costs
- * nothing: a stream channel joins its loop's list only when a write meets
- * EAGAIN (NR__WAIT_OUT: already an epoll_ctl), is stamped again when an
- * EPOLLOUT write makes progress (moving to the tail), and leaves when it
- * has drained or closes. The list is kept in deadline order (equal
- * timeouts, the usual case, insert at the tail), so one loop timer, armed
- * for the head's deadline, finds the channels whose peer took nothing for
- * send_timeout. EPOLLOUT comes only once a third of the socket's send
- * buffer is free, which a slow but steady reader may take longer than the
- * timeout to make room for: so the kernel's unacknowledged bytes
- * (SIOCOUTQ) are noted at each stamp, and a channel whose queue shrank
- * meanwhile is stamped again instead of closed. A shutting-down loop
- * cancels its timers: close_each then checks the list every turn, as it
- * does the linger's bound. */
-
-static int send_timer_fired(void *arg);
-
-static void send_unlist(nr_channel_t *ch) {
-  if (!(ch->st & NR__SEND_LISTED))
-    return;
-  nr_loop_t *l = ch->loop;
-  *(ch->sprev ? &ch->sprev->snext : &l->send_head) = ch->snext;
-  *(ch->snext ? &ch->snext->sprev : &l->send_tail) = ch->sprev;
-  ch->sprev = ch->snext = NULL;
-  ch->st &= ~NR__SEND_LISTED;
-}
-
-/* Arm the list's timer for its head, unless armed as early already. */
-static void send_arm(nr_loop_t *l, uint64_t now) {
-  uint64_t at = l->send_head->send_deadline;
-  if (l->send_timer != NULL) {
-    if (l->send_at <= at)
-      return;
-    nr_timer_cancel(l->send_timer);          /* (a shorter timeout came) */
-    nr_timer_release(l->send_timer);
-  }
-  l->send_timer = nr_loop_schedule(l, at > now ? at - now : 0, 0,
-                                   send_timer_fired, NULL, l);
-  l->send_at = at;
-}
-
-static void send_list(nr_channel_t *ch, uint64_t now) {
-  nr_loop_t *l = ch->loop;
-  ch->send_deadline = now + ch->opts.send_timeout;
-  if (nr_sys_ioctl(ch->io.fd, SIOCOUTQ, &ch->send_outq) < 0)
-    ch->send_outq = -1;
-  nr_channel_t *p = l->send_tail;
-  while (p != NULL && p->send_deadline > ch->send_deadline)
-    p = p->sprev;
-  ch->sprev = p;
-  ch->snext = p ? p->snext : l->send_head;
-  *(ch->snext ? &ch->snext->sprev : &l->send_tail) = ch;
-  *(p ? &p->snext : &l->send_head) = ch;
-  ch->st |= NR__SEND_LISTED;
-  if (l->send_head == ch)
-    send_arm(l, now);
-}
-
-/* After a write: join, restamp (the peer took bytes) or leave the list.
- * One test when the channel is not blocked. */
-static inline void send_watch(nr_channel_t *ch, uint64_t written_before) {
-  if (!(ch->st & (NR__WAIT_OUT | NR__SEND_LISTED)))
-    return;
-  if (!(ch->st & NR__WAIT_OUT) || ch->opts.send_timeout == 0 ||
-      ch->kind != NR__STREAM) {
-    send_unlist(ch);
-  } else if (!(ch->st & NR__SEND_LISTED) ||
-             ch->out.written != written_before) {
-    send_unlist(ch);
-    send_list(ch, nr_now());
-  }
-}
-
-/* What Netty's WriteTimeoutHandler does, then a reset: the pending writes
- * fail with the cause, exception_caught hears it, and the channel closes
- * abortively however a handler closes it (a graceful close would wait on
- * the very peer that does not read). */
-static void send_timed_out(nr_channel_t *ch) {
-  if (ch->st & NR__CLOSED)
-    return;
-  char msg[160];
-  snprintf(msg, sizeof msg, "send timeout: the peer took none of %llu "
-           "pending bytes for %.3g s",
-           (unsigned long long)(ch->out.flushed - ch->out.written),
-           (double)ch->opts.send_timeout / 1e9);
-  ch->st |= NR__SEND_TIMED_OUT;
-  nr_channel_retain(ch);
-  nr__out_fail_all(ch->loop, &ch->out, NR_ESENDTIMEOUT, msg);
-  nr_pipeline_fire_exception(&ch->pipe, &(nr_err_t){NR_ESENDTIMEOUT, msg});
-  nr__channel_close(ch, true);
-  nr_channel_release(ch);
-}
-
-static void send_expire(nr_loop_t *l, uint64_t now) {
-  nr_channel_t *ch;
-  while ((ch = l->send_head) != NULL && ch->send_deadline <= now) {
-    int outq = 0;
-    send_unlist(ch);
-    if (nr_sys_ioctl(ch->io.fd, SIOCOUTQ, &outq) == 0 && outq < ch->send_outq)
-      send_list(ch, now);            /* the peer took bytes: time afresh */
-    else
-      send_timed_out(ch);
-  }
-}
-
-static int send_timer_fired(void *arg) {
-  nr_loop_t *l = arg;
-  nr_timer_release(l->send_timer);     /* this one: the loop holds its own */
-  l->send_timer = NULL;
-  uint64_t now = nr_now();
-  send_expire(l, now);
-  if (l->send_head != NULL)
-    send_arm(l, now);
-  return 0;
-}
-
-void nr_channel_set_send_timeout(nr_channel_t *ch, uint64_t ns) {
+/* Counted in the outbound buffer's pending bytes, as if written, with no
+ * field of their own (an accepted channel's block stays within its
+ * budget: spec/c/test_channel.c): nr_channel_pending_bytes tells what
+ * the peer has yet to take, held here or there, and a channel whose peer
+ * keeps its window shut stays lagging (read_stream) as one that does not
+ * read. A write error or the close fails the buffer and forgets them
+ * with the rest: what the holder gives back after that is gone already. */
+void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta) {
   NR_ASSERT_CHANNEL_LOOP(ch);
-  ch->opts.send_timeout = ns;
-  if (ch->st & NR__CLOSED)
-    return;
-  send_unlist(ch);
-  send_watch(ch, ch->out.written);
+  size_t give = delta < 0 ? (size_t)-delta : 0;
+  if (give > ch->out.pending)       /* a failed buffer forgot them (close) */
+    give = ch->out.pending;
+  ch->out.pending = ch->out.pending - give + (delta > 0 ? (size_t)delta : 0);
+  check_writability(ch);
 }
+
+
 
 static int flush_task(void *arg) {
   nr_channel_t *ch = arg;
   ch->st &= ~NR__FLUSH_TASK;
   if (!(ch->st & NR__CLOSED) && !(ch->st & NR__WAIT_OUT))
-    do_write(ch);
+    nr__channel_do_write(ch);
   nr_channel_release(ch);
   return 0;
 }
@@ -616,7 +423,7 @@ static void write_failed(nr_channel_t *ch, int err) {
   char msg[160];
   snprintf(msg, sizeof msg, "write: %s", nr__errname(err));
   nr__out_fail_all(ch->loop, &ch->out, err, msg);
-  finish_close(ch, true);
+  nr__channel_finish_close(ch, true);
 }
 
 static void write_stream(nr_channel_t *ch) {
@@ -630,8 +437,9 @@ static void write_stream(nr_channel_t *ch) {
     }
     int n = nr__out_iov(o, iov, MAX_IOV);
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = n == 1 ? nr_sys_send(ch->io.fd, iov[0].iov_base, iov[0].iov_len)
-                       : nr_sys_sendmsg(ch->io.fd, &mh);
+    ssize_t w = n == 0 ? nr__out_sendfile(o, ch->io.fd)  /* a file region */
+                : n == 1 ? nr_sys_send(ch->io.fd, iov[0].iov_base, iov[0].iov_len)
+                         : nr_sys_sendmsg(ch->io.fd, &mh);
     if (w < 0) {
       if (errno == EINTR)
         continue;
@@ -687,7 +495,7 @@ static bool drained(const nr_channel_t *ch) {
          (ch->out.dq == NULL || ch->out.dq_count == ch->out.dq_unflushed);
 }
 
-static void do_write(nr_channel_t *ch) {
+void nr__channel_do_write(nr_channel_t *ch) {
   uint64_t written = ch->out.written;
   if (ch->kind == NR__DGRAM)
     write_dgrams(ch);
@@ -699,13 +507,13 @@ static void do_write(nr_channel_t *ch) {
     ch->st &= ~NR__WAIT_OUT;
     nr__channel_update_interest(ch);
   }
-  send_watch(ch, written);
+  nr__channel_send_watch(ch, written);
   check_writability(ch);
   /* Ask again: a writability handler may have written, flushed and closed
    * meanwhile (its flush runs a nested do_write), and what it flushed must
    * still reach the peer before the close completes. */
   if ((ch->st & NR__CLOSING) && drained(ch))
-    finish_close(ch, false);
+    nr__channel_finish_close(ch, false);
 }
 
 /* ---- reading ------------------------------------------------------------------ */
@@ -762,7 +570,7 @@ static void read_stream(nr_channel_t *ch) {
       if (reads++ == 0) { /* a read() is answered by data, not by EAGAIN */
         ch->st &= ~NR__READ_REQ;
         if (__builtin_expect(ch->st & NR__FRESH, 0))
-          first_bytes(ch);
+          nr__channel_first_bytes(ch);
       }
       nr_bytes_t b = NR_BYTES(l->rbuf, (size_t)n);
       bool full = (size_t)n == want;
@@ -838,325 +646,6 @@ static void read_dgrams(nr_channel_t *ch) {
     nr__channel_update_interest(ch);
 }
 
-/* ---- connecting --------------------------------------------------------------- */
-
-static void connected(nr_channel_t *ch, nr_promise_t *p) {
-  ch->st &= ~NR__CONNECTING;
-  nr__attempts_end(ch);
-  if (ch->setup)
-    nr__timer_drop(&ch->setup->connect_timer);
-  nr__channel_set_active(ch);
-  if (p)
-    nr_promise_set_success(p, nr_channel_retain(ch),
-                           (void (*)(void *))nr_channel_release);
-}
-
-static void connect_failed(nr_channel_t *ch, int err, const char *msg) {
-  nr_promise_t *p = ch->setup->connect_promise;
-  ch->setup->connect_promise = NULL;
-  if (p) {
-    nr_promise_set_failure(p, err, msg);
-    nr_promise_release(p);
-  }
-  nr__channel_close(ch, true);
-}
-
-void nr__channel_connect_fail(nr_channel_t *ch, int err, const char *msg) {
-  connect_failed(ch, err, msg);
-}
-
-const struct sockaddr_storage *nr__channel_raddr(const nr_channel_t *ch) {
-  return peer(ch);
-}
-
-void nr__channel_connect_done(nr_channel_t *ch) {
-  nr_promise_t *p = ch->setup->connect_promise;
-  ch->setup->connect_promise = NULL;
-  connected(ch, p);
-  if (p)
-    nr_promise_release(p);
-}
-
-static void finish_connect(nr_channel_t *ch) {
-  int err = 0;
-  socklen_t len = sizeof err;
-  if (nr_sys_getsockopt(ch->io.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-    err = errno;
-  if (ch->setup->attempts && err != 0) {
-    nr__attempt_failed(ch, -err);
-    return;
-  }
-  if (err != 0) {
-    char host[128], msg[256];
-    int port = 0;
-    nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
-    snprintf(msg, sizeof msg, "%s:%d: %s", host, port, nr__errname(-err));
-    connect_failed(ch, -err, msg);
-    return;
-  }
-  nr__channel_connect_done(ch);
-}
-
-static int connect_timed_out(void *arg) {
-  nr_channel_t *ch = arg;
-  if (ch->st & NR__CONNECTING) {
-    char host[128], msg[256];
-    int port = 0;
-    nr_format_addr(peer(ch), ch->rlen, host, sizeof host, &port);
-    int n = snprintf(msg, sizeof msg, "%s:%d: connect timed out after %.3g s",
-                     host, port, (double)ch->setup->connect_timeout / 1e9);
-    if (ch->setup->attempts) {   /* what the addresses tried before said */
-      int code;
-      const char *before = nr__attempts_message(ch->setup->attempts, &code);
-      if (*before && n > 0 && (size_t)n < sizeof msg)
-        snprintf(msg + n, sizeof msg - (size_t)n, "; %s", before);
-    }
-    connect_failed(ch, NR_ETIMEDOUT, msg);
-  }
-  return 0;
-}
-
-/* ---- closing ------------------------------------------------------------------ */
-
-static int linger_expired(void *arg) {
-  nr_channel_t *ch = arg;
-  if (ch->st & NR__CLOSING) {
-    nr_log(NR_LOG_WARN, "channel %llu: peer did not read %llu pending bytes "
-           "within the close linger; resetting",
-           (unsigned long long)ch->id,
-           (unsigned long long)(ch->out.flushed - ch->out.written));
-    finish_close(ch, true);
-  }
-  return 0;
-}
-
-void nr__channel_close(nr_channel_t *ch, bool abort) {
-  if (ch->st & NR__CLOSED)
-    return;
-  if ((ch->st & NR__CLOSING) && !abort)
-    return;
-  atomic_fetch_and(&ch->pub, ~NR__OPEN);
-  if (!abort && (ch->st & NR__REGISTERED)) {
-    nr__out_fail_unflushed(ch->loop, &ch->out, NR_ECLOSED);
-    bool pending = ch->out.written < ch->out.flushed || ch->out.dq != NULL;
-    if (pending && (pub(ch) & NR__ACTIVE)) {
-      /* Flush what was already flushed-to-channel, then close. */
-      ch->st |= NR__CLOSING;
-      nr__channel_update_interest(ch);
-      ch->linger_timer = nr_loop_schedule(ch->loop, CLOSE_LINGER, 0,
-                                          linger_expired, NULL, ch);
-      if (!(ch->st & NR__WAIT_OUT))
-        do_write(ch);
-      return;
-    }
-  }
-  finish_close(ch, abort);
-}
-
-
-static void finish_close(nr_channel_t *ch, bool abort) {
-  if (ch->st & NR__CLOSED)
-    return;
-  send_unlist(ch);
-  if (ch->st & NR__SEND_TIMED_OUT)
-    abort = true;
-  bool was_active = pub(ch) & NR__ACTIVE;
-  ch->st = (ch->st | NR__CLOSED) & ~NR__CLOSING;
-  atomic_store(&ch->pub, 0);
-  nr__timer_drop(&ch->linger_timer);
-  if (ch->srv)
-    nr__timer_drop(&ch->srv->backoff_timer);
-  nr_setup_t *su = ch->setup;
-  if (su) {
-    nr__timer_drop(&su->connect_timer);
-    nr__attempts_end(ch);
-    if (su->connect_promise) {
-      nr_promise_set_failure(su->connect_promise, NR_ECLOSED,
-                             "channel closed before the connect completed");
-      nr_promise_release(su->connect_promise);
-      su->connect_promise = NULL;
-    }
-  }
-  bool linger = !abort && was_active && ch->kind == NR__STREAM &&
-                (ch->st & NR__REGISTERED) && !(ch->st & NR__INPUT_SHUT) &&
-                nr__linger_start(ch);
-  if (!linger) {
-    if (ch->st & NR__REGISTERED)
-      nr__io_stop(ch->loop, &ch->io);
-    if (abort && ch->kind == NR__STREAM && was_active) {
-      struct linger lg = {1, 0};               /* RST, not FIN */
-      nr_sys_setsockopt(ch->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    }
-    if (ch->kind == NR__LISTEN && (ch->st & NR__UNLINK_PATH))
-      nr__unlink_socket(su->unix_path, su->unix_dev, su->unix_ino);
-    nr_sys_close(ch->io.fd);   /* (io.fd stays: other threads may read it;
-                                  the loop's own users ask nr_channel_fd) */
-  }
-  if (ch->loop)
-    nr__out_fail_all(ch->loop, &ch->out, NR_ECLOSED, "channel closed");
-  unsigned td = was_active ? NR__TD_INACTIVE : 0;
-  if (ch->st & NR__REGISTERED) {
-    td |= NR__TD_UNREGISTERED | NR__TD_DESTROY;
-    ch->st &= ~NR__REGISTERED;
-    if (!linger)
-      nr__channel_unlink(ch);                  /* else the linger's end does */
-  }
-  /* A reuseport server's close future waits for its other listeners. */
-  if (ch->srv == NULL || !nr__server_closed(ch))
-    nr__channel_closed(ch);
-  if (td != 0)
-    nr__pipeline_teardown(&ch->pipe, td);
-  tell_watches(ch);             /* (closed: each learns it, and lets go) */
-}
-
-int nr_channel_shutdown_output(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  if (ch->st & NR__CLOSED)
-    return -ENOTCONN;
-  return nr_sys_shutdown(ch->io.fd, SHUT_WR) < 0 ? -errno : 0;
-}
-
-/* Counted in the outbound buffer's pending bytes, as if written, with no
- * field of their own (an accepted channel's block stays within its
- * budget: spec/c/test_channel.c): nr_channel_pending_bytes tells what
- * the peer has yet to take, held here or there, and a channel whose peer
- * keeps its window shut stays lagging (read_stream) as one that does not
- * read. A write error or the close fails the buffer and forgets them
- * with the rest: what the holder gives back after that is gone already. */
-void nr_channel_hold_bytes(nr_channel_t *ch, ptrdiff_t delta) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  size_t give = delta < 0 ? (size_t)-delta : 0;
-  if (give > ch->out.pending)       /* a failed buffer forgot them (close) */
-    give = ch->out.pending;
-  ch->out.pending = ch->out.pending - give + (delta > 0 ? (size_t)delta : 0);
-  check_writability(ch);
-}
-
-void nr_channel_set_ref(nr_channel_t *ch, bool ref) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  if (!(ch->st & NR__REGISTERED) || ref == !(ch->st & NR__UNREF))
-    return;                          /* closed, or so already */
-  ch->st ^= NR__UNREF;
-  if (ref)
-    atomic_fetch_sub(&ch->loop->channel_unrefs, 1);
-  else
-    atomic_fetch_add(&ch->loop->channel_unrefs, 1);
-}
-
-void nr_channel_hold(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  ch->holds++;
-}
-
-static int close_idle_task(void *arg) {
-  nr_channel_t *ch = arg;
-  if (ch->holds == 0 && (ch->st & NR__CLOSE_IDLE_PIPE))
-    nr_pipeline_close(&ch->pipe, NULL);
-  else if (ch->holds == 0 && !(nr_loop_is_shutting_down(ch->loop) &&
-                               nr__loop_held(ch->loop)))
-    nr__channel_close(ch, false);  /* (work owed to the loop: close_each's) */
-  nr_channel_release(ch);
-  return 0;
-}
-
-void nr_channel_close_when_idle(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  if (ch->st & (NR__CLOSING | NR__CLOSED | NR__CLOSE_IDLE))
-    return;                      /* closing already, or a shutdown will */
-  ch->st |= NR__CLOSE_IDLE | NR__CLOSE_IDLE_PIPE;
-  nr__channel_update_interest(ch);
-  if (ch->holds == 0 &&
-      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
-    nr_channel_release(ch);
-    nr_pipeline_close(&ch->pipe, NULL);
-  }
-}
-
-/* The last hold goes with the answer's write, whose flush may still come
- * (write_and_flush, a read batch's read_complete): close from a task. */
-void nr_channel_unhold(nr_channel_t *ch) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  assert(ch->holds > 0);
-  if (--ch->holds == 0 && (ch->st & NR__CLOSE_IDLE) &&
-      nr_loop_execute(ch->loop, close_idle_task, nr_channel_retain(ch)) < 0) {
-    nr_channel_release(ch);
-    nr__channel_close(ch, false);
-  }
-}
-
-void nr_channel_delay_shutdown_close(nr_channel_t *ch, uint64_t deadline) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  ch->goodbye_until = deadline;
-}
-
-/* A graceful shutdown's first word to an open stream channel: its
- * handlers may say goodbye (and delay the close). True if it is to be
- * left open for now. */
-static bool tell_shutdown(nr_channel_t *ch) {
-  if (!(ch->st & NR__SHUTDOWN_TOLD) && ch->kind == NR__STREAM &&
-      (pub(ch) & NR__ACTIVE) && !(ch->st & (NR__CLOSING | NR__CLOSED))) {
-    ch->st |= NR__SHUTDOWN_TOLD;
-    nr_pipeline_fire_user_event(&ch->pipe, (void *)&NR_EVT_SHUTDOWN);
-  }
-  return !(ch->st & NR__CLOSED) && ch->goodbye_until != 0 &&
-         nr_now() < ch->goodbye_until;
-}
-
-/* Close every channel of a shutting-down loop (Netty's closeAll): flushed
- * data still drains. Each is told first (NR_EVT_SHUTDOWN), and one whose
- * handlers say goodbye stays open until it ends or its deadline. A
- * channel that holds work owed (nr_channel_hold) stops reading and closes
- * when the work is done; while work is owed to the loop itself
- * (nr_loop_hold: an answer computed elsewhere, for any of them), every
- * channel does, but a listener, which owes nothing: it closes at once,
- * and no connection comes in meanwhile. With abort, reset whatever is
- * left. */
-static void close_each(nr_loop_t *l, bool abort) {
-  send_expire(l, nr_now());      /* the loop's timers are cancelled by now */
-  bool loop_held = !abort && nr__loop_held(l);
-  size_t n = 0, i = 0;
-  for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
-    n++;
-  if (n == 0)
-    return;
-  nr_channel_t **v = malloc(n * sizeof *v);
-  if (v == NULL)
-    return;
-  for (nr_channel_t *ch = l->channels; ch; ch = ch->lnext)
-    v[i++] = nr_channel_retain(ch);
-  for (i = 0; i < n; i++) {
-    if (!abort && tell_shutdown(v[i])) {
-      nr_channel_release(v[i]);
-      continue;
-    }
-    if (v[i]->st & NR__LINGER) {
-      nr__linger_shutdown(v[i], abort);
-    } else if (!abort && (v[i]->holds > 0 ||
-                          (loop_held && v[i]->kind != NR__LISTEN))) {
-      if (!(v[i]->st & NR__CLOSE_IDLE)) {
-        v[i]->st |= NR__CLOSE_IDLE;
-        nr__channel_update_interest(v[i]);
-      }
-    } else if (abort || !(v[i]->st & NR__CLOSING)) {
-      nr__channel_close(v[i], abort);
-    }
-    nr_channel_release(v[i]);
-  }
-  free(v);
-}
-
-void nr__channels_close_all(nr_loop_t *l) { close_each(l, false); }
-
-void nr__channels_abort_all(nr_loop_t *l) {
-  close_each(l, true);
-  if (l->send_timer != NULL) {
-    nr_timer_cancel(l->send_timer);
-    nr_timer_release(l->send_timer);
-    l->send_timer = NULL;
-  }
-  nr__loop_reap(l);
-}
-
 /* ---- readiness ----------------------------------------------------------------- */
 
 /* Whether the event is for a socket the channel had before connect.c gave
@@ -1182,11 +671,11 @@ static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
     return 1;
   }
   if (ch->st & NR__CONNECTING) {
-    finish_connect(ch);
+    nr__channel_finish_connect(ch);
     return 1;
   }
   if ((events & (EPOLLOUT | EPOLLERR)) && (ch->st & NR__WAIT_OUT))
-    do_write(ch);
+    nr__channel_do_write(ch);
   if (ch->st & NR__CLOSED)
     return 1;
   if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
@@ -1203,79 +692,6 @@ static int on_io(nr_loop_t *l, nr_io_t *io, uint32_t events) {
 }
 
 /* ---- the head: outbound operations become syscalls ------------------------------- */
-
-static int head_bind(nr_ctx_t *ctx, const struct sockaddr *sa, socklen_t len,
-                     nr_promise_t *p) {
-  nr_channel_t *ch = nr_ctx_channel(ctx);
-  char host[128];
-  int port = 0;
-  nr_format_addr((const struct sockaddr_storage *)sa, len, host, sizeof host,
-                  &port);
-  nr_setup_t *su = nr__channel_setup(ch);
-  if (su == NULL) {
-    nr__channel_close(ch, true);
-    return nr_raise(-ENOMEM, "bind: out of memory");
-  }
-  if (nr_sys_bind(ch->io.fd, sa, len) < 0 ||
-      (ch->kind == NR__LISTEN &&
-       nr_sys_listen(ch->io.fd, su->backlog > 0 ? su->backlog : 1024) < 0)) {
-    int err = -errno;
-    nr__channel_close(ch, true);
-    return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
-                     : nr_raise(err, "%s: %s", host, nr__errname(err));
-  }
-  struct stat st;
-  if (sa->sa_family == AF_UNIX &&
-      (su->unix_path = strdup(((const struct sockaddr_un *)sa)->sun_path)) &&
-      lstat(su->unix_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
-    su->unix_dev = st.st_dev;
-    su->unix_ino = st.st_ino;
-    ch->st |= NR__UNLINK_PATH;
-  }
-  nr__channel_set_active(ch);
-  if (p)
-    nr_promise_set_success(p, nr_channel_retain(ch),
-                           (void (*)(void *))nr_channel_release);
-  return 0;
-}
-
-static int head_connect(nr_ctx_t *ctx, const struct sockaddr *sa,
-                        socklen_t len, nr_promise_t *p) {
-  nr_channel_t *ch = nr_ctx_channel(ctx);
-  nr_setup_t *su = nr__channel_setup(ch);
-  if (su == NULL || nr__channel_set_raddr(ch, sa, len) < 0) {
-    nr__channel_close(ch, true);
-    return nr_raise(-ENOMEM, "connect: out of memory");
-  }
-  socklen_t first_len;
-  if (su->attempts && (memcmp(nr__attempts_first(su->attempts, &first_len), sa,
-                              len) != 0 || first_len != len))
-    nr__attempts_end(ch);        /* a handler changed the address: that one */
-  if (nr_sys_connect(ch->io.fd, sa, len) == 0) {
-    connected(ch, p);
-    return 0;
-  }
-  int err = -errno;
-  if (err != -EINPROGRESS && su->attempts == NULL) {
-    int port = 0;
-    char host[128];
-    nr_format_addr(peer(ch), len, host, sizeof host, &port);
-    nr__channel_close(ch, true);
-    return port >= 0 ? nr_raise(err, "%s:%d: %s", host, port, nr__errname(err))
-                     : nr_raise(err, "%s: %s", host, nr__errname(err));
-  }
-  ch->st |= NR__CONNECTING;
-  su->connect_promise = p ? nr_promise_retain(p) : NULL;
-  nr__channel_update_interest(ch);
-  if (su->connect_timeout)
-    su->connect_timer = nr_loop_schedule(ch->loop, su->connect_timeout, 0,
-                                         connect_timed_out, NULL, ch);
-  if (su->attempts && err == -EINPROGRESS)
-    nr__attempts_arm(ch);        /* the next address in a while, */
-  else if (su->attempts)
-    nr__attempt_failed(ch, err); /* or now */
-  return 0;
-}
 
 static void complete_on_close(nr_promise_t *f, void *arg) {
   (void)f;
@@ -1357,6 +773,8 @@ static int head_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
                           i + 1 == s->n ? p : NULL);
     if (s->n == 0 && p)
       nr_promise_set_success(p, NULL, NULL);
+  } else if (ch->kind == NR__STREAM && type == NR_MSG_FILE) {
+    rc = nr__out_append_file(ch->loop, &ch->out, msg, p);
   } else if (ch->kind != NR__LISTEN) {
     rc = unwritable(ch, msg);
   } else {
@@ -1393,186 +811,11 @@ static int head_flush(nr_ctx_t *ctx) {
   nr_channel_t *ch = nr_ctx_channel(ctx);
   nr__out_flush(&ch->out);
   if (!(ch->st & (NR__WAIT_OUT | NR__CLOSED)))
-    do_write(ch);
+    nr__channel_do_write(ch);
   return 0;
 }
 
 const nr_handler_t nr__head_handler = {
-    .type = "head", .bind = head_bind, .connect = head_connect,
+    .type = "head", .bind = nr__head_bind, .connect = nr__head_connect,
     .disconnect = head_close, .close = head_close, .read = head_read,
     .write = head_write, .flush = head_flush};
-
-/* ---- any-thread entry points ----------------------------------------------------- */
-
-typedef struct write_job_s {
-  nr_channel_t *ch;
-  nr_promise_t *p;
-  bool flush;
-  size_t len;
-  char data[];
-} write_job_t;
-
-static int write_task(void *arg) {
-  write_job_t *j = arg;
-  nr_bytes_t b = NR_BYTES(j->data, j->len);
-  if (j->len > 0 || j->p)
-    nr_pipeline_write(&j->ch->pipe, &b, j->p);
-  if (j->flush)
-    nr_pipeline_flush(&j->ch->pipe);
-  nr_promise_release(j->p);
-  nr_channel_release(j->ch);
-  free(j);
-  return 0;
-}
-
-int nr_channel_write(nr_channel_t *ch, const void *data, size_t len,
-                     bool flush, nr_promise_t *p) {
-  if (ch->loop && nr__in_loop(ch->loop)) {
-    nr_bytes_t b = NR_BYTES(data, len);
-    int rc = nr_pipeline_write(&ch->pipe, &b, p);
-    if (flush)
-      nr_pipeline_flush(&ch->pipe);
-    return rc;
-  }
-  write_job_t *j = malloc(sizeof *j + len);
-  if (j == NULL)
-    return -ENOMEM;
-  j->ch = nr_channel_retain(ch);
-  j->p = p ? nr_promise_retain(p) : NULL;
-  j->flush = flush;
-  j->len = len;
-  memcpy(j->data, data, len);
-  if (ch->loop == NULL || nr_loop_execute(ch->loop, write_task, j) < 0) {
-    if (p)
-      nr_promise_set_failure(p, NR_ECLOSED, "write on a closed channel");
-    nr_promise_release(j->p);
-    nr_channel_release(ch);
-    free(j);
-    return NR_ECLOSED;
-  }
-  return 0;
-}
-
-static int flush_pipeline_task(void *arg) {
-  nr_channel_t *ch = arg;
-  nr_pipeline_flush(&ch->pipe);
-  nr_channel_release(ch);
-  return 0;
-}
-
-/* Run fn(ch) on the channel's loop, now if already there. */
-static int on_loop(nr_channel_t *ch, nr_task_fn fn) {
-  nr_channel_retain(ch);
-  if (ch->loop && nr__in_loop(ch->loop))
-    return fn(ch);
-  if (ch->loop == NULL || nr_loop_execute(ch->loop, fn, ch) < 0) {
-    nr_channel_release(ch);
-    return NR_ECLOSED;
-  }
-  return 0;
-}
-
-int nr_channel_flush(nr_channel_t *ch) {
-  return on_loop(ch, flush_pipeline_task);
-}
-
-typedef struct close_job_s {
-  nr_channel_t *ch;
-  nr_promise_t *p;
-} close_job_t;
-
-static int close_pipeline_task(void *arg) {
-  close_job_t *j = arg;
-  nr_pipeline_close(&j->ch->pipe, j->p);
-  nr_promise_release(j->p);
-  nr_channel_release(j->ch);
-  free(j);
-  return 0;
-}
-
-int nr_channel_close(nr_channel_t *ch, nr_promise_t *p) {
-  close_job_t *j = malloc(sizeof *j);
-  if (j == NULL)
-    return -ENOMEM;
-  j->ch = nr_channel_retain(ch);
-  j->p = p ? nr_promise_retain(p) : NULL;
-  if (ch->loop && nr__in_loop(ch->loop))
-    return close_pipeline_task(j);
-  if (ch->loop == NULL || nr_loop_execute(ch->loop, close_pipeline_task, j) < 0) {
-    /* The loop is gone, so the channel is closed already. */
-    if (p)
-      nr_promise_set_success(p, NULL, NULL);
-    nr_promise_release(j->p);
-    nr_channel_release(ch);
-    free(j);
-  }
-  return 0;
-}
-
-static int abort_task(void *arg) {
-  nr_channel_t *ch = arg;
-  nr__channel_close(ch, true);
-  nr_channel_release(ch);
-  return 0;
-}
-
-int nr_channel_abort(nr_channel_t *ch) { return on_loop(ch, abort_task); }
-
-static int read_task(void *arg) {
-  nr_channel_t *ch = arg;
-  if (!(ch->st & NR__CLOSED))
-    nr_ctx_read(&ch->pipe.tail);
-  nr_channel_release(ch);
-  return 0;
-}
-
-int nr_channel_read(nr_channel_t *ch) { return on_loop(ch, read_task); }
-
-static int auto_read_on(void *arg) {
-  nr_channel_t *ch = arg;
-  ch->opts.auto_read = 1;
-  nr__channel_update_interest(ch);
-  nr_channel_release(ch);
-  return 0;
-}
-
-static int auto_read_off(void *arg) {
-  nr_channel_t *ch = arg;
-  ch->opts.auto_read = 0;
-  nr__channel_update_interest(ch);
-  nr_channel_release(ch);
-  return 0;
-}
-
-int nr_channel_set_auto_read(nr_channel_t *ch, bool on) {
-  return on_loop(ch, on ? auto_read_on : auto_read_off);
-}
-
-int nr_channel_set_option(nr_channel_t *ch, const char *name, int v) {
-  NR_ASSERT_CHANNEL_LOOP(ch);
-  nr_channel_opts_t *o = &ch->opts;
-  if (strcmp(name, "auto_read") == 0) {
-    o->auto_read = v;
-    nr__channel_update_interest(ch);
-    return 0;
-  }
-  if (strcmp(name, "write_buffer_low") == 0 && v >= 0)
-    o->write_buffer_low = (size_t)v;
-  else if (strcmp(name, "write_buffer_high") == 0 && v > 0)
-    ch->out.high = o->write_buffer_high = (size_t)v;
-  else if (strcmp(name, "allow_half_closure") == 0)
-    o->allow_half_closure = v;
-  else if (strcmp(name, "tcp_nodelay") == 0)
-    o->tcp_nodelay = v;
-  else if (strcmp(name, "keepalive") == 0)
-    o->keepalive = v;
-  else if (strcmp(name, "sndbuf") == 0)
-    o->sndbuf = v;
-  else if (strcmp(name, "rcvbuf") == 0)
-    o->rcvbuf = v;
-  else
-    return -ENOENT;
-  if (!(ch->st & NR__CLOSED))
-    nr__apply_opts(ch->io.fd, ch->family, o);
-  return 0;
-}

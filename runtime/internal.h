@@ -117,6 +117,11 @@ void nr__io_stop(nr_loop_t *loop, nr_io_t *io);
 typedef struct nr_chunk_s {
   struct nr_chunk_s *next;
   size_t cap, start, end;
+  /* A file region (NR_MSG_FILE) instead of bytes: its own descriptor (a
+   * dup, closed as the chunk goes) and the file offset of position 0;
+   * cap == end (no room to append to), no data. -1 for bytes. */
+  int fd;
+  uint64_t foff;
   char data[];
 } nr_chunk_t;
 
@@ -353,6 +358,16 @@ static inline void nr__out_commit(nr_outbound_t *o, size_t m) {
 int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
                          nr_promise_t *p);
 void nr__out_flush(nr_outbound_t *o);
+/* Append a file region (outfile.c): a dup of r->fd, so the caller keeps
+ * its own; counted in pending like bytes. 0 or -errno. */
+int nr__out_append_file(nr_loop_t *l, nr_outbound_t *o,
+                        const nr_file_region_t *r, nr_promise_t *p);
+/* The head chunk is a file region: send its flushed part to the socket
+ * (sendfile(2); a simulated socket gets it through a buffer). The bytes
+ * sent, or -1 and errno; a file that ends before its region does (it was
+ * truncated) is -1 with ENODATA, for the caller to fail the channel: its
+ * peer was promised those bytes. */
+ssize_t nr__out_sendfile(nr_outbound_t *o, int sock);
 /* The socket took no more (EAGAIN), and its peer may take nothing for
  * long: a head chunk (16 KiB or more) written past its half keeps its room
  * for the bytes left in it, so they move to a chunk of their size (and a

@@ -23,9 +23,9 @@ static struct {
 } types[NR_MSG_TYPES] = {
     {NR_MSG_BYTES, "bytes"},     {NR_MSG_SLICES, "slices"},
     {NR_MSG_DATAGRAM, "datagram"}, {NR_MSG_LUA, "lua"},
-    {NR_MSG_EVENT, "event"},
+    {NR_MSG_EVENT, "event"},     {NR_MSG_FILE, "file_region"},
 };
-static int ntypes = 5;
+static int ntypes = 6;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int find_locked(int type, const char *name) {

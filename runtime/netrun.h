@@ -362,6 +362,7 @@ enum {
   NR_MSG_DATAGRAM,           /* nr_datagram_t */
   NR_MSG_LUA,                /* a Lua value (runtime/bindings/) */
   NR_MSG_EVENT,              /* nr_event_t */
+  NR_MSG_FILE,               /* nr_file_region_t */
   NR_MSG_NATIVE = 16,        /* first tag of netrun's own handlers */
   NR_MSG_USER = 1000         /* first tag free for applications */
 };
@@ -402,6 +403,21 @@ typedef struct nr_slices_s {
   const nr_slice_t *v;
   size_t n;
 } nr_slices_t;
+
+/* A region of an open file, written to a stream channel as if its bytes
+ * were (Netty's FileRegion): the channel sends it with sendfile(2) as the
+ * socket drains, so it holds no memory for it; it counts toward the
+ * water marks by its length. The channel keeps a dup of fd (the writer
+ * may close its own at once). A file found shorter than the region when
+ * its turn comes closes the channel with ENODATA: the peer was promised
+ * the bytes. Handlers that transform bytes (TLS) do not take it: read
+ * the file into bytes for them. */
+typedef struct nr_file_region_s {
+  int type;                  /* NR_MSG_FILE */
+  int fd;
+  uint64_t offset;
+  size_t len;
+} nr_file_region_t;
 
 /* A datagram: bytes and the peer's address (destination on write). */
 typedef struct nr_datagram_s {
@@ -869,207 +885,10 @@ void nr_embedded_close(nr_embedded_t *e);
  * it is closed, so writes to it fail. */
 void nr_embedded_free(nr_embedded_t *e);
 
-/* ---- simulation (runtime/sim/, DESIGN.md §9.4) --------------------------
- *
- * A world of simulated hosts on one thread: every loop made on that
- * thread while the world is entered is simulated -- a fiber stepped by
- * the world's scheduler in an order drawn from the seed, on the world's
- * virtual clock (nr_now, timers and timeouts), its sockets and lookups on
- * the world's in-memory network. All randomness comes from the seed, so a
- * seed replays the same run; nr_sim_trace_hash digests what happened.
- * Functions named "simulation's thread" are called there only. */
-typedef struct nr_sim_s nr_sim_t;
-typedef struct nr_sim_host_s nr_sim_host_t;
-/* The CPUs of a simulated host: a group of 0 threads made there has this
- * many loops, on any machine. */
-#define NR_SIM_CPUS 2
-
-typedef struct nr_sim_opts_s {
-  uint64_t seed;
-  uint64_t latency;          /* one-way, between hosts: default 100 us */
-  int64_t epoch;             /* wall clock at the start, seconds since the
-                                Unix epoch: default 2025-01-01T00:00:00Z */
-  size_t sndbuf, rcvbuf;     /* TCP buffers: default 64 KiB, 128 KiB */
-} nr_sim_opts_t;
-
-/* A new world (not entered); NULL and errno. Any thread. */
-nr_sim_t *nr_sim_new(const nr_sim_opts_t *opts);
-/* Make the calling thread the world's: from here on loops made on it are
- * simulated. -EBUSY while another world is entered in the process. */
-int nr_sim_enter(nr_sim_t *w);
-/* The thread leaves the world (its loops must have terminated). */
-void nr_sim_leave(nr_sim_t *w);
-/* Drop the caller's reference; the world goes with the last of its loops
- * and sockets. */
-void nr_sim_release(nr_sim_t *w);
-/* The world the calling thread runs in, or NULL. */
-nr_sim_t *nr_sim_current(void);
-/* Whether loop l is simulated (made in a world). Any thread. */
-bool nr_loop_is_simulated(const nr_loop_t *l);
-
-/* Hosts, by name (case ignored), made on first use with the next address
- * (10.0.0.1, 10.0.0.2, ...); the first one made is where loops made
- * outside any host go. Simulation's thread. */
-nr_sim_host_t *nr_sim_host(nr_sim_t *w, const char *name);
-const char *nr_sim_host_name(const nr_sim_host_t *h);
-const char *nr_sim_host_addr(const nr_sim_host_t *h);
-/* The host loops made by the main context go on from now on (NULL: the
- * first host); returns the previous one. A loop made by a simulated loop
- * goes on that loop's host. */
-nr_sim_host_t *nr_sim_set_host(nr_sim_t *w, nr_sim_host_t *h);
-/* The host of a simulated loop (NULL for a real one). */
-nr_sim_host_t *nr_sim_loop_host(const nr_loop_t *l);
-
-/* The network: one-way latency between a and b (both ways; a == b: the
- * host's own loopback), loss of TCP segments (retransmitted later) and UDP
- * datagrams, UDP duplication and reordering (probabilities 0..1), a
- * partition between a and b (nothing passes either way; a or b NULL: the
- * host is cut from every other), heal (every partition ends), a reset of
- * the TCP connections between a and b (either NULL: any host). */
-void nr_sim_latency(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b,
-                    uint64_t ns);
-void nr_sim_loss(nr_sim_t *w, double p);
-void nr_sim_duplicate(nr_sim_t *w, double p);
-void nr_sim_reorder(nr_sim_t *w, double p);
-void nr_sim_partition(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b);
-void nr_sim_heal(nr_sim_t *w);
-int nr_sim_reset(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b);
-
-/* The world's clock (ns, nr_now's), its seed, a number from its
- * generator, and a digest of everything that happened so far: every
- * scheduling choice and every packet with its bytes. */
-uint64_t nr_sim_now(const nr_sim_t *w);
-uint64_t nr_sim_seed(const nr_sim_t *w);
-uint64_t nr_sim_random(nr_sim_t *w);
-uint64_t nr_sim_trace_hash(const nr_sim_t *w);
-/* The clock goes no further than `at` (nr_now's; 0: no limit): a wait
- * that would need it to fails as stuck (NR_ESIMSTUCK). */
-void nr_sim_limit(nr_sim_t *w, uint64_t at);
-/* Whether the main context's last wait found nothing that could ever
- * happen (before the limit): every loop idle, nothing scheduled. */
-bool nr_sim_is_stuck(const nr_sim_t *w);
-/* Counters: scheduler steps, packets, connections. */
-typedef struct nr_sim_stats_s {
-  uint64_t steps, events, connections, bytes, datagrams, resets;
-} nr_sim_stats_t;
-void nr_sim_stats(const nr_sim_t *w, nr_sim_stats_t *out);
-
-/* On a simulated loop that may block (an executor): wait for p, other
- * loops running meanwhile. 0, or NR_ESIMSTUCK when nothing can complete
- * it. */
-int nr_sim_wait(nr_promise_t *p);
-/* "sim<id>/<host>/" for the caller's world and host, the prefix of what
- * a host keeps by name (shared dicts: hosts are separate machines); 0 and
- * "" outside a simulation. */
-int nr_sim_namespace(char *buf, size_t n);
-
-/* ---- for codecs and bindings -------------------------------------------- */
-
-/* What a codec, a native handler or a language binding uses beside the
- * API above: a loop's and a group's slot for the embedding, reads that may
- * wait or that carry a token, writes that cost no promise, and error text
- * for messages only the embedding knows. An application's own C code
- * needs none of it. */
-
-/* The embedding's data on a loop and on a group (the Lua bindings: the
- * loop's state), and a counter of the memory it spends for the loop,
- * written by the loop's thread, read from any: it lives as long as the
- * loop. */
-_Atomic size_t *nr_loop_memory(nr_loop_t *l);
-/* A block of *size bytes (zeroed when the loop starts) at the same address
- * in every run, for what must not depend on where memory happens to be:
- * the embedding's first block (a Lua state's, whose address seeds its
- * string hashes). A simulated loop has one (runtime/sim/: in its fiber's
- * mapping, on the loop's thread while it runs); NULL for any other. */
-void *nr_loop_scratch(const nr_loop_t *l, size_t *size);
-void *nr_loop_data(const nr_loop_t *loop);
-void nr_loop_set_data(nr_loop_t *loop, void *data);
-void *nr_group_data(const nr_group_t *g);
-void nr_group_set_data(nr_group_t *g, void *data);
-/* Loop thread only: the mark of the work running now (a stall's mark while
- * that stall goes on; it changes with every task and every iteration). */
-uint64_t nr_loop_stall_mark(nr_loop_t *loop);
-/* Any thread: true for the first caller with this mark -- the one that
- * reports the stall (the loop thread, or the watchdog when it cannot). */
-bool nr_loop_stall_claim(nr_loop_t *loop, uint64_t mark);
-
-/* Error text for a message a channel cannot write: the describer says what
- * the message is ("a number (42)") in buf, for a type the core does not
- * know (the Lua bindings describe NR_MSG_LUA), and where it was written
- * ("app.lua:12"), if it knows, in where (else ""). Set once, before any
- * loop runs; called on the writing loop's thread while the message is
- * valid (the write that made it has not returned). */
-typedef void (*nr_msg_describe_fn)(const void *msg, char *buf, size_t size,
-                                   char *where, size_t wsize);
-void nr_set_msg_describer(nr_msg_describe_fn fn);
-
-/* Reads. */
-/* A read the handlers may take later, in order, up to the channel_read_complete
- * that ends the read (a Lua handler then runs a read's messages in one
- * protected call). A producer fires a message so when nothing it does next
- * depends on what the handlers do with it: it would parse and fire the
- * same messages either way, and a close stops the rest. Native handlers
- * see no difference; one that passes the message on as it is keeps the
- * permission. */
-void nr_ctx_fire_read_deferrable(nr_ctx_t *ctx, void *msg);
-void nr_pipeline_fire_read_deferrable(nr_pipeline_t *p, void *msg);
-/* Whether the read of msg now being delivered may be taken later. */
-bool nr_ctx_read_deferrable(const nr_ctx_t *ctx, const void *msg);
-/* nr_ctx_fire_read(_deferrable) of a message the producer wants to hear
- * about if a handler fails on it: token (not 0) names it to the producer's
- * read_failed. A consumer asks for the token while msg is delivered, and
- * reports a failure with nr_ctx_read_failed from its own ctx. */
-void nr_ctx_fire_read_tokened(nr_ctx_t *ctx, void *msg, uint64_t token,
-                              bool deferrable);
-uint64_t nr_ctx_read_token(const nr_ctx_t *ctx, const void *msg);
-/* The token of the read being handled on ctx's pipeline now: the
- * innermost nr_ctx_fire_read_tokened's, or what a binding that delivers a
- * read after its fire (a Lua read batch) set with nr_ctx_set_reading
- * around its handler's call; 0 when none. The HTTP server codec answers
- * that request with a response written meanwhile. nr_ctx_set_reading
- * returns the token it replaces, for the caller to put back. Loop
- * thread. */
-uint64_t nr_ctx_reading(const nr_ctx_t *ctx);
-uint64_t nr_ctx_set_reading(nr_ctx_t *ctx, uint64_t token);
-void nr_ctx_read_failed(nr_ctx_t *ctx, uint64_t token);
-
-/* Writes with no promise: a write mark stands in for one. */
-/* The handler's write either fails (returns an error) or, before it
- * returns, passes everything on to the next handler's write, the promise
- * with the last part. Writes through such handlers land in the outbound
- * buffer at once, so a write mark can stand in for a promise (see
- * nr_channel_write_mark): the bindings then make futures lazily. */
-#define NR_HANDLER_SYNC_WRITE 1u
-
-/* Loop thread only. A stream channel's write mark: the offset at which
- * everything written so far ends. Marks only grow. A write made without a
- * promise can be watched later by the mark taken right after it:
- * nr_channel_watch_write completes p when the bytes up to mark are
- * written (at once if they are), or fails it if they were dropped. This
- * lets bindings hand out write futures that cost nothing until used. */
-uint64_t nr_channel_write_mark(const nr_channel_t *ch);
-/* Loop thread only: whether bytes or datagrams were written and not
- * flushed yet. */
-bool nr_channel_has_unflushed(const nr_channel_t *ch);
-int nr_channel_watch_write(nr_channel_t *ch, uint64_t mark, nr_promise_t *p);
-/* True when a write from ctx reaches the head of a stream channel through
- * no outbound handler, or only through NR_HANDLER_SYNC_WRITE ones (so its
- * bytes land in the outbound buffer at once, and nr_channel_write_mark
- * tells where they end). */
-bool nr_ctx_writes_to_head(const nr_ctx_t *ctx);
-/* Writing in place, for encoders: when a write from ctx would go straight
- * to the head of an open stream channel (no outbound handler between),
- * nr_ctx_write_reserve returns room for n bytes at the end of its outbound
- * buffer, else NULL (write as usual; NULL also when out of memory). The
- * caller writes there, calling nothing that could write meanwhile, then
- * nr_ctx_write_commit appends the m bytes written (0 < m <= n) as a
- * promise-less nr_ctx_write of them would. Loop thread, inside ctx's
- * handler's own write. */
-char *nr_ctx_write_reserve(nr_ctx_t *ctx, size_t n);
-void nr_ctx_write_commit(nr_ctx_t *ctx, size_t m);
-/* nr_ctx_write without a promise (failures go to exception_caught, as
- * always without one), returning the first error any handler on the way
- * reported -- which a handler that passed the write on may not return. */
-int nr_ctx_write_void(nr_ctx_t *ctx, void *msg);
+/* The simulation's API, and what codecs and bindings use beside the API
+ * above, in headers of their own (each includes this one, and this one
+ * them: either name brings in all). */
+#include "netrun_sim.h"
+#include "netrun_embed.h"
 
 #endif /* NETRUN_H */

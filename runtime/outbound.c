@@ -10,8 +10,11 @@
  * promise completes when `written` passes its end offset; writes without a
  * promise cost no bookkeeping. Datagrams are kept whole, one entry each.
  * Empty buffers hold no memory, so idle connections cost no buffer space.
+ * A file region is a chunk of its own with no bytes (outfile.c): the
+ * iovecs stop at it, and it goes out by sendfile when it is the head.
  */
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -36,12 +39,16 @@ nr_chunk_t *nr__chunk_get(nr_loop_t *l, size_t need, bool exact) {
   }
   c->next = NULL;
   c->start = c->end = 0;
+  c->fd = -1;
   return c;
 }
 
 void nr__chunk_put(nr_loop_t *l, nr_chunk_t *c) {
   NR_ASSERT_LOOP(l);
-  if (c->cap == NR_CHUNK_SIZE && l->chunk_cached < CHUNK_CACHE_MAX) {
+  if (c->fd >= 0) {                   /* a file region (outfile.c) */
+    close(c->fd);
+    free(c);
+  } else if (c->cap == NR_CHUNK_SIZE && l->chunk_cached < CHUNK_CACHE_MAX) {
     c->next = l->chunk_cache;
     l->chunk_cache = c;
     l->chunk_cached++;
@@ -162,7 +169,8 @@ int nr__out_append_dgram(nr_outbound_t *o, const nr_datagram_t *d,
 
 void nr__out_trim_head(nr_loop_t *l, nr_outbound_t *o) {
   nr_chunk_t *c = o->head;
-  if (c == NULL || c->cap < NR_CHUNK_SIZE || c->start < c->cap / 2)
+  if (c == NULL || c->fd >= 0 || c->cap < NR_CHUNK_SIZE ||
+      c->start < c->cap / 2)
     return;                   /* (an exact small one, or mostly unwritten;
                                  each move at least halves the room, so a
                                  large write is copied once at most) */
@@ -188,6 +196,8 @@ int nr__out_iov(nr_outbound_t *o, struct iovec *iov, int max) {
   uint64_t left = o->flushed - o->written;
   int n = 0;
   for (nr_chunk_t *c = o->head; c && left > 0 && n < max; c = c->next) {
+    if (c->fd >= 0)
+      break;                  /* a file region: sent by nr__out_sendfile */
     size_t len = c->end - c->start;
     if (len > left)
       len = (size_t)left;

@@ -120,6 +120,8 @@ describe("groups and loops", function()
     local ts = done:sync()
     f:cancel()
     for i = 2, 4 do assert.is_true(ts[i] - ts[i - 1] >= 0.018, "runs too close") end
+    assert.has_error(function() l:schedule_with_fixed_delay(0, 0, function() end) end,
+      "schedule_with_fixed_delay: delay must be > 0")
   end)
 
   it("a periodic task that raises is logged, stops, and fails its future", function()

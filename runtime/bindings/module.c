@@ -56,7 +56,8 @@
   X(sim)           /* lsim.c: netrun.sim's worlds (lua/netrun/sim.lua) */  \
   X(metrics)       /* lmetrics.c: netrun.metrics' user families */          \
   X(access_log)    /* laccess.c: netrun.handler.access_log */          \
-  X(limit)         /* llimit.c: core.loop_lag for netrun.limit.shed */
+  X(limit)         /* llimit.c: core.loop_lag for netrun.limit.shed */ \
+  X(static)        /* lstatic.c: netrun.handler.static (handler/static*.c) */
 
 #define DECLARE(name) extern lnr_module_t lnr_##name##_module;
 MODULES(DECLARE)

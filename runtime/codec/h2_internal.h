@@ -82,6 +82,11 @@ typedef struct h2body_s {
  * may shrink, so moves: the rest is read from it afresh). */
 void nr__h2_body_sent(h2body_t *b, size_t n);
 
+/* What a request's fields were (h2_check.c). */
+enum { HF_METHOD = 1, HF_SCHEME = 2, HF_PATH = 4, HF_AUTHORITY = 8,
+       HF_HOST = 16, HF_REGULAR = 32, HF_CONNECT = 64, HF_OPTIONS = 128,
+       HF_PATH_REGULAR = 256, HF_PATH_STAR = 512, HF_SCHEME_HTTP = 1024 };
+
 typedef struct h2s_s h2s_t;
 struct h2s_s {
   int32_t id;
@@ -96,6 +101,10 @@ struct h2s_s {
   bool pinned;                /* its request is being delivered */
   bool doomed;                /* ... and it was closed meanwhile */
   int16_t error;              /* answer this status instead of delivering */
+  bool reset;                 /* malformed: reset, never delivered */
+  uint16_t hf;                /* HF_*: what its fields were (h2_check.c) */
+  int64_t clen;               /* its Content-Length, or -1 */
+  uint64_t got;               /* body bytes received */
   uint32_t method, method_len, path, path_len, authority, authority_len;
   uint32_t unacked;           /* body bytes received, window not given back */
   uint64_t token;             /* its delivery's token */
@@ -116,6 +125,16 @@ typedef struct bucket_s {
   double tokens;
   uint64_t at;                /* when last refilled (nr_now) */
 } bucket_t;
+
+#define RESET_RING 32
+
+/* Where the frame scan is (h2_scan.c): in a payload, or in a header
+ * carried across reads (with a PRIORITY's 5 bytes). */
+typedef struct h2scan_s {
+  uint32_t skip;              /* bytes before the next frame header */
+  uint8_t n;                  /* header bytes carried in b */
+  uint8_t b[14];
+} h2scan_t;
 
 struct nr_h2_server_s {
   nghttp2_session *ng;
@@ -162,14 +181,42 @@ struct nr_h2_server_s {
   nr_codec_resume_t *body_resume;
   uint64_t body_timeout;      /* ns a body read may wait on the client */
   nr_timer_t *body_timer;     /* ... armed while one does */
+  int32_t reset[RESET_RING];  /* the streams the server reset last: */
+  unsigned nreset;            /* their late frames are ignored */
+  h2scan_t scan;              /* (starts past the client preface) */
 };
+
+/* h2_scan.c */
+/* The server reset stream id (its late frames are not an error). */
+void nr__h2_reset_sent(nr_h2_server_t *h, int32_t id);
+/* nghttp2's on_begin_frame callback (HEADERS on closed streams). */
+int nr__h2_on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd,
+                          void *ud);
+/* Scan p[0 .. n) ahead of nghttp2: the bytes that may go to it; *code is
+ * then 0, or the connection error the next frame is. */
+size_t nr__h2_scan(nr_h2_server_t *h, const uint8_t *p, size_t n,
+                   uint32_t *code);
+
+/* h2_check.c: the HTTP rules nghttp2's HTTP messaging (off) checked. */
+void nr__h2_check_init(void);
+/* A request's field: 0 (a field), the HF_* flag of a pseudo-field, or
+ * -1 when it makes the request malformed. */
+int nr__h2_check_field(h2s_t *s, const uint8_t *name, size_t nl,
+                       const uint8_t *value, size_t vl);
+/* The request's pseudo-fields once its header block ended: whether whole. */
+bool nr__h2_check_request(const h2s_t *s);
+
+/* A frame that does no work: a flood token (ENHANCE_YOUR_CALM past). */
+void nr__h2_flood(nr_h2_server_t *h);
+/* Useful work (a request, DATA with bytes) earns a flood token back. */
+void nr__h2_earn(nr_h2_server_t *h);
+/* Take a token from b (burst, rate a second): false when empty. */
+bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate);
 
 /* h2_server.c */
 void nr__h2_list_push(list_t *l, h2s_t *s);
 void nr__h2_list_remove(list_t *l, h2s_t *s);
 void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s);
-/* Take a token from b (burst, rate a second): false when empty. */
-bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate);
 /* End the session: GOAWAY with `code`, then the close. */
 void nr__h2_die(nr_h2_server_t *h, uint32_t code);
 /* Whether the close may come now (shutting down, nothing open). */
@@ -180,6 +227,8 @@ void nr__h2_maybe_close(nr_h2_server_t *h);
 void nr__h2_credit(nr_h2_server_t *h);
 
 /* h2_out.c */
+/* A field only HTTP/1.1 has (Connection, Upgrade, TE, ...), any case. */
+bool nr__h2_connection_field(const char *name, size_t len);
 /* Complete p (success if ok) once nghttp2 has returned; takes p. */
 void nr__h2_complete(nr_h2_server_t *h, nr_promise_t *p, bool ok);
 /* The session goes: every promise still to complete fails. */

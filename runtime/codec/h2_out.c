@@ -102,10 +102,11 @@ static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf,
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
                          void *ud) {
   nr_h2_server_t *h = ud;
-  if (f->hd.type == NGHTTP2_RST_STREAM &&
-      !nr__h2_take(&h->resets_out, h->o.reset_burst, h->o.reset_rate))
-    h->calm = true;            /* MadeYouReset: the client makes us reset */
-  else if (f->hd.type == NGHTTP2_DATA && f->hd.length > 0 &&
+  if (f->hd.type == NGHTTP2_RST_STREAM) {
+    nr__h2_reset_sent(h, f->hd.stream_id);
+    if (!nr__h2_take(&h->resets_out, h->o.reset_burst, h->o.reset_rate))
+      h->calm = true;          /* MadeYouReset: the client makes us reset */
+  } else if (f->hd.type == NGHTTP2_DATA && f->hd.length > 0 &&
            h->flood.tokens < h->o.flood_burst)
     h->flood.tokens += 1;      /* its WINDOW_UPDATEs are earned */
   if (h->bodies_head != NULL && (f->hd.flags & NGHTTP2_FLAG_END_STREAM) &&
@@ -275,8 +276,9 @@ void nr__h2_settled(nr_h2_server_t *h, h2s_t *s) {
     nr_channel_unhold(nr_ctx_channel(h->ctx));
 }
 
-/* Header fields HTTP/2 forbids (RFC 9113 8.2.2): the connection's own. */
-static bool connection_specific(const char *n, size_t l) {
+/* Header fields HTTP/2 forbids (RFC 9113 8.2.2): the connection's own
+ * (TE among them: a request's "trailers" is h2_check.c's to allow). */
+bool nr__h2_connection_field(const char *n, size_t l) {
   switch (l) {
   case 2: return nr__http_ieq(n, l, "te", 2);   /* (only "trailers" is
                                                     allowed: not sent) */
@@ -483,7 +485,7 @@ static int write_response(nr_h2_server_t *h, const nr_http_response_t *r,
             r->body ? r->body_len : 0);
   for (size_t i = 0; i < r->nheaders; i++) {
     const nr_http_header_t *f = &r->headers[i];
-    if (!connection_specific(f->name, f->name_len))
+    if (!nr__h2_connection_field(f->name, f->name_len))
       nv_add(a, f->name, f->name_len, f->value, f->value_len);
   }
   return submit(h, s, a, r->body, r->body ? r->body_len : 0, r->stream,
@@ -509,7 +511,7 @@ static void prepared_fields(nvs_t *a, const nr_http_prepared_t *pr,
     size_t nl = (size_t)(colon - line);
     if ((size_t)(v - head) == pr->date_at && pr->date_at != 0)
       nv_add(a, line, nl, nr_http_date(), DATE_LEN);
-    else if (!connection_specific(line, nl))
+    else if (!nr__h2_connection_field(line, nl))
       nv_add(a, line, nl, v, (size_t)(eol - v));
     line = eol + 2;
   }

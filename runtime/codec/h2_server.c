@@ -79,31 +79,6 @@ void nr__h2_stream_free(nr_h2_server_t *h, h2s_t *s) {
   nr_h2_free(s);
 }
 
-/* ---- token buckets -------------------------------------------------------------- */
-
-bool nr__h2_take(bucket_t *b, uint32_t burst, uint32_t rate) {
-  uint64_t now = nr_now();
-  b->tokens += (double)(now - b->at) * rate / 1e9;
-  if (b->tokens > burst)
-    b->tokens = burst;
-  b->at = now;
-  if (b->tokens < 1)
-    return false;
-  b->tokens -= 1;
-  return true;
-}
-
-/* Useful work earns a flood token back. */
-static void earn(nr_h2_server_t *h) {
-  if (h->flood.tokens < h->o.flood_burst)
-    h->flood.tokens += 1;
-}
-
-static void flood(nr_h2_server_t *h) {
-  if (!nr__h2_take(&h->flood, h->o.flood_burst, h->o.flood_rate))
-    h->calm = true;
-}
-
 /* ---- requests in (nghttp2's callbacks: they record, nothing more) ------------------ */
 
 static nghttp2_session_callbacks *callbacks;
@@ -141,6 +116,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   memset(s, 0, offsetof(h2s_t, f));
   nr__h2_fields_init(&s->f);
   s->id = id;
+  s->clen = -1;
   if (nghttp2_session_set_stream_user_data(ng, id, s) != 0) {
     nr_h2_free(s);
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -151,23 +127,30 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   return 0;
 }
 
+/* A malformed request (h2_check.c): reset, its frames ignored from now. */
+static void malformed(nr_h2_server_t *h, h2s_t *s) {
+  s->reset = true;
+  nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, s->id,
+                            NGHTTP2_PROTOCOL_ERROR);
+}
+
 static bool is(const uint8_t *a, size_t n, const char *lit, size_t ln) {
   return n == ln && memcmp(a, lit, n) == 0;
 }
 #define IS(a, n, lit) is((a), (n), lit, sizeof lit - 1)
 
-/* A pseudo-header (nghttp2 checked which may come, and their order). */
-static bool pseudo(h2s_t *s, const uint8_t *name, size_t nl,
-                   const uint8_t *value, size_t vl) {
+/* A pseudo-header, known by its HF_* flag (h2_check.c checked which may
+ * come, and their order). */
+static bool pseudo(h2s_t *s, int which, const uint8_t *value, size_t vl) {
   uint32_t *at, *len;
-  if (IS(name, nl, ":method"))
+  if (which == HF_METHOD)
     at = &s->method, len = &s->method_len;
-  else if (IS(name, nl, ":path"))
+  else if (which == HF_PATH)
     at = &s->path, len = &s->path_len;
-  else if (IS(name, nl, ":authority"))
+  else if (which == HF_AUTHORITY)
     at = &s->authority, len = &s->authority_len;
   else
-    return true;               /* :scheme, :protocol */
+    return true;               /* :scheme */
   int64_t v = nr__h2_keep(&s->f, value, vl);
   if (v < 0)
     return false;
@@ -185,8 +168,9 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
   nr_h2_server_t *h = ud;
   h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
                  ? h->hs : stream_of(ng, f->hd.stream_id);
-  if (s == NULL || (s->st != S_ARRIVING && !(s->sb != NULL && s->f.trailers)))
-    return 0;                  /* refused: decoded only */
+  if (s == NULL || s->reset ||
+      (s->st != S_ARRIVING && !(s->sb != NULL && s->f.trailers)))
+    return 0;                  /* refused or reset: decoded only */
   /* A block that decodes into far more than the limit (an HPACK bomb:
    * a large field indexed once, then referenced by one-byte indices)
    * would cost decoding to its end: past 4 x max_header the connection
@@ -202,8 +186,13 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
     s->error = 431;
     return 0;
   }
-  if (nl > 0 && name[0] == ':') {
-    if (!pseudo(s, name, nl, value, vl))
+  int which = nr__h2_check_field(s, name, nl, value, vl);
+  if (which < 0) {
+    malformed(h, s);
+    return 0;
+  }
+  if (which > 0) {             /* a pseudo-header */
+    if (!pseudo(s, which, value, vl))
       s->error = 500;
     return 0;
   }
@@ -221,11 +210,20 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
   nr_h2_server_t *h = ud;
   nghttp2_session_consume_connection(ng, len);  /* streams bound the rest */
   h2s_t *s = stream_of(ng, id);
-  if (s != NULL && s->sb != NULL) {
+  if (s == NULL || s->reset)
+    return 0;
+  if (s->sb != NULL || s->st == S_ARRIVING) {
+    s->got += len;
+    if (s->clen >= 0 && s->got > (uint64_t)s->clen) {
+      malformed(h, s);         /* more than its Content-Length */
+      return 0;
+    }
+  }
+  if (s->sb != NULL) {
     nr__h2_body_data(h, s, data, len);   /* streamed: h2_body.c */
     return 0;
   }
-  if (s == NULL || s->st != S_ARRIVING)
+  if (s->st != S_ARRIVING)
     return 0;
   if (!s->error && nr_buf_len(&s->body) + len > h->max_body) {
     s->error = 413;
@@ -247,12 +245,21 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
 }
 
 static void whole(nr_h2_server_t *h, h2s_t *s) {
-  if (s == NULL || s->st != S_ARRIVING)
+  if (s == NULL || s->st != S_ARRIVING || s->reset)
     return;
   nr__h2_list_remove(&h->arriving, s);
   s->st = S_READY;
   nr__h2_list_push(&h->ready, s);
-  earn(h);
+  nr__h2_earn(h);
+}
+
+/* The client ended s: whole, if its body is as long as it said. */
+static void ended(nr_h2_server_t *h, h2s_t *s) {
+  if (s != NULL && s->st == S_ARRIVING && !s->reset && !s->error &&
+      s->clen >= 0 && s->got != (uint64_t)s->clen)
+    malformed(h, s);
+  else
+    whole(h, s);
 }
 
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
@@ -261,12 +268,21 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
   bool end = f->hd.flags & NGHTTP2_FLAG_END_STREAM;
   switch (f->hd.type) {
   case NGHTTP2_HEADERS: {
-    h2s_t *s = stream_of(ng, f->hd.stream_id);
-    if (s != NULL && s->sb != NULL) {
-      if (end)                 /* a streamed body's trailers */
+    h2s_t *s = h->hs != NULL && h->hs->id == f->hd.stream_id
+                   ? h->hs : stream_of(ng, f->hd.stream_id);
+    if (s != NULL && s->reset)
+      break;
+    if (s != NULL && s->st == S_ARRIVING && s->sb == NULL && !s->error &&
+        (f->headers.cat == NGHTTP2_HCAT_REQUEST ? !nr__h2_check_request(s)
+                                                : !end)) {
+      malformed(h, s);         /* (trailers end the stream) */
+    } else if (s != NULL && s->sb != NULL) {
+      if (!end || (s->clen >= 0 && s->got != (uint64_t)s->clen))
+        malformed(h, s);       /* a streamed body's trailers */
+      else
         nr__h2_body_end(h, s);
     } else if (end || (s != NULL && s->error)) {
-      whole(h, s);             /* (an error is answered without its body) */
+      ended(h, s);             /* (an error is answered without its body) */
     } else if (s != NULL && h->stream_bodies && s->st == S_ARRIVING) {
       if (!nr__h2_body_open(h, s))   /* its head goes now, its body */
         s->error = 500;        /* after it */
@@ -276,15 +292,19 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
   }
   case NGHTTP2_DATA:
     if (f->hd.length == 0 && !end)
-      flood(h);
+      nr__h2_flood(h);
     else if (f->hd.length > 0)
-      earn(h);
+      nr__h2_earn(h);
     if (end) {
       h2s_t *s = stream_of(ng, f->hd.stream_id);
-      if (s != NULL && s->sb != NULL)
-        nr__h2_body_end(h, s);
-      else
-        whole(h, s);
+      if (s != NULL && s->sb != NULL && !s->reset) {
+        if (s->clen >= 0 && s->got != (uint64_t)s->clen)
+          malformed(h, s);     /* shorter than its Content-Length */
+        else
+          nr__h2_body_end(h, s);
+      } else {
+        ended(h, s);
+      }
     }
     break;
   case NGHTTP2_RST_STREAM:
@@ -293,18 +313,17 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
     break;
   case NGHTTP2_PING:
     if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
-      flood(h);
+      nr__h2_flood(h);
     else if (h->shutting && !h->final_goaway &&
              memcmp(f->ping.opaque_data, "netrun-g", 8) == 0)
       h->final_goaway = true;  /* sent after mem_recv returns */
     break;
   case NGHTTP2_SETTINGS:
     if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
-      flood(h);
+      nr__h2_flood(h);
     break;
-  case NGHTTP2_WINDOW_UPDATE:
-  case NGHTTP2_PRIORITY:
-    flood(h);
+  case NGHTTP2_WINDOW_UPDATE:   /* (PRIORITY: h2_scan.c) */
+    nr__h2_flood(h);
     break;
   }
   return 0;
@@ -353,32 +372,13 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
   return 0;
 }
 
-/* RFC 9113 5.1.1: a client's new stream must be numbered above all its
- * earlier ones. nghttp2 ignores a HEADERS whose stream it does not know
- * (its trailers may be for a stream it reset); closed streams it keeps
- * for a while (as many as max_streams), so a HEADERS below the highest
- * stream seen, on a stream it neither has nor remembers, opens a stream
- * out of order: PROTOCOL_ERROR. */
-static int on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd,
-                          void *ud) {
-  nr_h2_server_t *h = ud;
-  if (hd->type != NGHTTP2_HEADERS || hd->stream_id == 0)
-    return 0;
-  if (hd->stream_id > h->max_id) {
-    h->max_id = hd->stream_id;
-  } else if ((hd->stream_id & 1) &&
-             nghttp2_session_find_stream(ng, hd->stream_id) == NULL) {
-    h->die_code = NGHTTP2_PROTOCOL_ERROR;
-    return NGHTTP2_ERR_CALLBACK_FAILURE;
-  }
-  return 0;
-}
-
 static void make_callbacks(void) {
   nghttp2_session_callbacks *cb;
   if (nghttp2_session_callbacks_new(&cb) != 0)
     return;
-  nghttp2_session_callbacks_set_on_begin_frame_callback(cb, on_begin_frame);
+  nr__h2_check_init();
+  nghttp2_session_callbacks_set_on_begin_frame_callback(cb,
+                                                        nr__h2_on_begin_frame);
   nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
   nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
@@ -415,13 +415,14 @@ static bool method_first(h2s_t *s) {
   if (!nr__h2_text_add(&s->f, s->f.text.p, d))  /* room for it, then moved to the front */
     return false;
   char *t = s->f.text.p;
-  char *m = malloc(d ? d : 1);
+  char small[32], *m = d <= sizeof small ? small : malloc(d);
   if (m == NULL)
     return false;
   memcpy(m, t + s->method, d);
   memmove(t + d, t, len);
   memcpy(t, m, d);
-  free(m);
+  if (m != small)              /* (a method is a short token: malloc and */
+    free(m);                   /* free cost 135 instructions a request) */
   s->path += d;
   s->authority += d;
   for (unsigned i = 0; i < (unsigned)s->f.nhdr + s->f.ntrl; i++)
@@ -633,6 +634,8 @@ static nghttp2_option *make_options(const nr_h2_opts_t *o) {
   if (nghttp2_option_new(&opt) != 0)
     return NULL;
   nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_no_closed_streams(opt, 1);   /* (h2_scan.c) */
+  nghttp2_option_set_no_http_messaging(opt, 1);   /* (h2_check.c) */
   nghttp2_option_set_max_continuations(opt, o->max_continuations);
   /* ours end in ENHANCE_YOUR_CALM first; nghttp2's is the backstop */
   nghttp2_option_set_stream_reset_rate_limit(opt, 2ull * o->reset_burst,
@@ -662,6 +665,7 @@ nr_h2_server_t *nr_h2_server_new(nr_ctx_t *ctx, nr_inbound_t *in,
   uint64_t now = nr_now();
   h->resets_in = h->resets_out = (bucket_t){h->o.reset_burst, now};
   h->flood = (bucket_t){h->o.flood_burst, now};
+  h->scan.skip = NR_H2_PREFACE_LEN;   /* (fed like any bytes) */
   nghttp2_option *opt = make_options(&h->o);
   int rc = opt ? nghttp2_session_server_new3(&h->ng, callbacks, h, opt,
                                              nr_h2_mem())
@@ -670,14 +674,10 @@ nr_h2_server_t *nr_h2_server_new(nr_ctx_t *ctx, nr_inbound_t *in,
   nghttp2_settings_entry iv[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, h->o.max_streams},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, h->o.window},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)h->max_header}};
-  /* Closed streams are kept (nghttp2's default, as many as max_streams):
-   * RFC 9113 5.1 asks for STREAM_CLOSED on frames after a stream's close,
-   * and 5.1.1 for PROTOCOL_ERROR on a stream id below one used, which
-   * nghttp2 tells only for streams it remembers (300 instructions a
-   * request, measured; NO_RFC7540_PRIORITIES would drop them). */
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)h->max_header},
+      {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1}};   /* (h2_scan.c) */
   if (rc != 0 ||
-      nghttp2_submit_settings(h->ng, NGHTTP2_FLAG_NONE, iv, 3) != 0) {
+      nghttp2_submit_settings(h->ng, NGHTTP2_FLAG_NONE, iv, 4) != 0) {
     nr_h2_server_free(h);
     return NULL;
   }
@@ -755,8 +755,17 @@ int nr_h2_server_feed(nr_h2_server_t *h, const char *data, size_t len) {
   if (h->dead)
     return -1;
   h->opened = 0;
-  if (len > 0) {
-    ssize_t rv = nghttp2_session_mem_recv(h->ng, (const uint8_t *)data, len);
+  uint32_t bad = 0;
+  if (len > 0)                 /* the frames nghttp2 would let by */
+    len = nr__h2_scan(h, (const uint8_t *)data, len, &bad);
+  if (len > 0 || bad) {
+    ssize_t rv = len > 0 ? nghttp2_session_mem_recv(h->ng,
+                                                    (const uint8_t *)data, len)
+                         : 0;
+    if (rv >= 0 && bad) {
+      h->die_code = h->die_code ? h->die_code : bad;
+      rv = NGHTTP2_ERR_CALLBACK_FAILURE;
+    }
     if (rv < 0) {
       nr_log(NR_LOG_DEBUG, "http2: %s", nghttp2_strerror((int)rv));
       nr__h2_die(h, h->die_code ? h->die_code : fatal_code((int)rv));

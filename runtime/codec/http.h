@@ -99,8 +99,12 @@ typedef struct nr_http_response_s {
   size_t nheaders;
   const char *body;
   size_t body_len;
-  bool stream;                    /* body follows as chunks: byte writes,
-                                     ended by a zero-length write */
+  bool stream;                    /* body follows as chunks: byte writes
+                                     (or file regions), ended by a
+                                     zero-length write. Sized when the
+                                     headers have Content-Length: the
+                                     writes go as they are, and must add
+                                     up to it (a static file's body) */
 } nr_http_response_t;
 
 /* A response encoded once, to be written many times: the status line,

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codec/http_hold.h"
 
@@ -49,6 +50,30 @@ static seg_t *room(struct nr__http_hold_q *q, size_t n) {
   return s;
 }
 
+/* A file region is read into the hold (what is held is bytes, counted
+ * toward the water marks like any held answer, so the writer stops at
+ * the high mark). A file shorter than its region: -ENODATA. */
+static ptrdiff_t hold_file(struct nr__http_hold_q *q, const nr_file_region_t *r,
+                           nr_promise_t *p) {
+  seg_t *s = room(q, r->len);
+  if (s == NULL)
+    return -ENOMEM;
+  size_t got = 0;
+  while (got < r->len) {
+    ssize_t k = pread(r->fd, s->data + s->len + got, r->len - got,
+                      (off_t)(r->offset + got));
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      return k < 0 ? -errno : -ENODATA;
+    got += (size_t)k;
+  }
+  s->len += got;
+  if (p != NULL)
+    s->p = nr_promise_retain(p);
+  return (ptrdiff_t)got;
+}
+
 ptrdiff_t nr__http_hold_add(nr__http_hold_t **h, unsigned i, const void *msg,
                             nr_promise_t *p) {
   if (*h == NULL && (*h = calloc(1, sizeof **h)) == NULL)
@@ -56,6 +81,8 @@ ptrdiff_t nr__http_hold_add(nr__http_hold_t **h, unsigned i, const void *msg,
   nr_slice_t one;
   const nr_slice_t *v = &one;
   size_t n = 1, total = 0;
+  if (nr_msg_type(msg) == NR_MSG_FILE)
+    return hold_file(&(*h)->q[i], msg, p);
   if (nr_msg_type(msg) == NR_MSG_BYTES) {
     one = (nr_slice_t){((const nr_bytes_t *)msg)->data,
                        ((const nr_bytes_t *)msg)->len};

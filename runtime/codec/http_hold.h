@@ -25,7 +25,8 @@
 
 typedef struct nr__http_hold_s nr__http_hold_t;
 
-/* Keep a copy of msg's bytes (NR_MSG_BYTES or NR_MSG_SLICES) for slot i,
+/* Keep a copy of msg's bytes (NR_MSG_BYTES or NR_MSG_SLICES; a file
+ * region's are read: -ENODATA if the file is shorter) for slot i,
  * after what it holds; p (or NULL) is retained and completes when they
  * are written. *h is made at the first use. The bytes kept, or -ENOMEM
  * (p untouched: the caller fails it). */

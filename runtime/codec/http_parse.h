@@ -63,6 +63,11 @@ void nr__http_stream_start(nr_http_parser_t *p, bool chunked, uint64_t length);
 long nr__http_stream_piece(nr_http_parser_t *p, nr_http_request_t *req,
                            const char *s, size_t n, bool *piece);
 void nr__http_stream_piece_done(nr_http_parser_t *p);
+/* The server's parser (p->stream) at a head with a body, `end` bytes
+ * long: the body's state set up, the head handed up alone (req->streaming).
+ * end, or -413 (over max_body). */
+long nr__http_stream_head(nr_http_parser_t *p, nr_http_request_t *req,
+                          long end);
 /* The body being read has a known length: make the cumulation the
  * request's size at once, so that its bytes are copied once and it holds
  * no slack (an 8 MiB upload takes 8 MiB, not the 16 of doublings). Done

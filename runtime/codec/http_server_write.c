@@ -206,7 +206,9 @@ static int emit(nr_http_server_t *s, unsigned i, void *msg, nr_promise_t *p) {
     return nr_ctx_write(s->ctx, msg, p);
   ptrdiff_t n = nr__http_hold_add(&s->hold, i, msg, p);
   if (n < 0)
-    return nr_raise(-ENOMEM, "http_server: out of memory holding an answer");
+    return nr_raise((int)n, n == -ENOMEM ? "http_server: out of memory "
+                    "holding an answer" : "http_server: a file region ended "
+                    "early, or could not be read");
   s->held_out += (size_t)n;
   nr_channel_hold_bytes(nr_ctx_channel(s->ctx), n);
   return 0;
@@ -416,6 +418,28 @@ static inline int write_plain(nr_http_server_t *s, nr_ctx_t *ctx,
   return 0;
 }
 
+/* A file region while a stream is open (a static file's body): as it is
+ * in a sized or HTTP/1.0 stream, framed as one chunk in a chunked one,
+ * dropped for HEAD. A region of no bytes is not the end. */
+static NOINLINE int write_file_chunk(nr_http_server_t *s, unsigned i, int how,
+                                     nr_file_region_t *r, nr_promise_t *p) {
+  if (how == A_DISCARD || r->len == 0) {
+    if (p)
+      nr_promise_set_success(p, NULL, NULL);
+    return 0;
+  }
+  if (how == A_RAW)
+    return emit(s, i, r, p);
+  char size[24];
+  int sl = snprintf(size, sizeof size, "%zx\r\n", r->len);
+  nr_bytes_t b = NR_BYTES(size, (size_t)sl);
+  int rc = emit(s, i, &b, NULL);
+  if (rc == 0)
+    rc = emit(s, i, r, NULL);
+  b = NR_BYTES("\r\n", 2);
+  return rc == 0 ? emit(s, i, &b, p) : rc;
+}
+
 /* A byte write while a stream is open: one chunk, or the end. */
 static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
                                 void *msg, nr_promise_t *p) {
@@ -423,6 +447,8 @@ static NOINLINE int write_chunk(nr_http_server_t *s, nr_ctx_t *ctx,
   int how = s->flags[i] & A_MASK;
   size_t total = 0, n = 1;
   nr_slice_t one, *parts = &one;
+  if (nr_msg_type(msg) == NR_MSG_FILE)
+    return write_file_chunk(s, i, how, msg, p);
   if (nr_msg_type(msg) == NR_MSG_BYTES) {
     one = (nr_slice_t){((nr_bytes_t *)msg)->data, ((nr_bytes_t *)msg)->len};
   } else {
@@ -487,7 +513,8 @@ int nr_http_server_write(nr_ctx_t *ctx, void *msg, nr_promise_t *p) {
     return 0;
   if (type == NR_MSG_HTTP_PREPARED || type == NR_MSG_HTTP_RESPONSE)
     return respond(s, ctx, msg, p);
-  if (s->streams != 0 && (type == NR_MSG_BYTES || type == NR_MSG_SLICES))
+  if (s->streams != 0 &&
+      (type == NR_MSG_BYTES || type == NR_MSG_SLICES || type == NR_MSG_FILE))
     return write_chunk(s, ctx, msg, p);
   return nr_ctx_write(ctx, msg, p);  /* raw bytes pass through */
 }

@@ -30,73 +30,18 @@
  * Linux's does after tcp_retries2. world:reset resets connections at once.
  *
  * Every delivery, handshake step and reset is traced (world.c) with its
- * bytes. Threads: the world's thread.
+ * bytes. The records are tcp.h's; socket options, names and ioctls are
+ * tcp_opts.c's. Threads: the world's thread.
  */
 #include <linux/sockios.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 
-#include "world.h"
+#include "tcp.h"
 
 #define SYN_RETRIES 6
 #define RTO_MIN NR_MS(200)
 #define GIVE_UP NR_SEC(900)            /* tcp_retries2 = 15: ~924 s */
-
-enum { T_NEW, T_LISTEN, T_SYN_SENT, T_EST, T_CLOSED };
-
-typedef struct seg_s {
-  struct seg_s *next;
-  uint64_t at;                         /* when it arrives */
-  size_t len, off;
-  char data[];
-} seg_t;
-
-typedef struct pipe_s {
-  seg_t *head, *tail;                  /* sent, not yet arrived */
-  size_t sendq;
-  seg_t *rhead, *rtail;                /* arrived, not yet read */
-  size_t recvq;
-  bool fin, eof;                       /* FIN sent (after the data), arrived */
-  uint64_t fin_at;
-  bool scheduled;                      /* a delivery event is queued */
-  bool full;                           /* held back: the receiver is full */
-  uint64_t cut_since;                  /* held back by a partition: since */
-} pipe_t;
-
-typedef struct sim_conn_s {
-  uint64_t id;
-  int refs;                            /* open endpoints + queued events */
-  struct sim_tcp_s *ep[2];
-  nr_sim_host_t *host[2];
-  struct sockaddr_in addr[2];
-  bool nowhere;                        /* no host has the address */
-  pipe_t p[2];                         /* p[i]: from side i */
-  struct sim_conn_s *prev, *next;      /* the world's list */
-} sim_conn_t;
-
-typedef struct sim_tcp_s {
-  sim_fd_t base;
-  int state, side;
-  bool bound, rd_shut, wr_shut, linger0, reuseport, reset;
-  int err;                             /* SO_ERROR */
-  struct sockaddr_in local;
-  sim_conn_t *conn;
-  size_t sndbuf, rcvbuf;
-  struct sim_tcp_s *hnext;             /* the host's bound sockets */
-  struct sim_tcp_s *qhead, *qtail, *qnext;   /* accept queue */
-  int nq, backlog;
-  int syn_tries;
-  uint64_t syn_start;
-} sim_tcp_t;
-
-static sim_tcp_t *get(int fd) { return (sim_tcp_t *)sim_fd_get(fd, SFD_TCP); }
-
-static int fail(int err) {
-  errno = err;
-  return -1;
-}
-
-static nr_sim_host_t *host(const sim_tcp_t *t) { return t->base.host; }
 
 /* ---- connections ------------------------------------------------------------------ */
 
@@ -361,7 +306,7 @@ int sim_tcp_reset(nr_sim_t *w, nr_sim_host_t *a, nr_sim_host_t *b) {
 int sim_tcp_socket(nr_sim_t *w, nr_sim_host_t *h) {
   sim_tcp_t *t = calloc(1, sizeof *t);
   if (t == NULL)
-    return fail(ENOMEM);
+    return sim_tcp_fail(ENOMEM);
   t->base.kind = SFD_TCP;
   t->base.w = w;
   t->base.host = h;
@@ -395,10 +340,10 @@ static int take_addr(const struct sockaddr *sa, socklen_t len, uint32_t *ip,
     else if (memcmp(b, zero, 10) == 0 && b[10] == 0xff && b[11] == 0xff)
       *ip = (uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15];
     else
-      return fail(EADDRNOTAVAIL);
+      return sim_tcp_fail(EADDRNOTAVAIL);
     return 0;
   }
-  return fail(EAFNOSUPPORT);
+  return sim_tcp_fail(EAFNOSUPPORT);
 }
 
 static bool overlap(uint32_t a, uint32_t b) { return a == 0 || b == 0 || a == b; }
@@ -423,20 +368,20 @@ static uint16_t ephemeral(nr_sim_host_t *h, sim_tcp_t *t, uint32_t ip) {
 }
 
 static int t_bind(int fd, const struct sockaddr *sa, socklen_t len) {
-  sim_tcp_t *t = get(fd);
+  sim_tcp_t *t = sim_tcp_get(fd);
   uint32_t ip;
   uint16_t port;
   if (t == NULL || take_addr(sa, len, &ip, &port) < 0)
     return -1;
   if (t->bound || t->state != T_NEW)
-    return fail(EINVAL);
-  nr_sim_host_t *h = host(t);
+    return sim_tcp_fail(EINVAL);
+  nr_sim_host_t *h = sim_tcp_host(t);
   if (ip != 0 && (ip >> 24) != 127 && ip != h->ip)
-    return fail(EADDRNOTAVAIL);
+    return sim_tcp_fail(EADDRNOTAVAIL);
   if (port == 0 && (port = ephemeral(h, t, ip)) == 0)
-    return fail(EADDRINUSE);
+    return sim_tcp_fail(EADDRINUSE);
   if (in_use(h, t, ip, port))
-    return fail(EADDRINUSE);
+    return sim_tcp_fail(EADDRINUSE);
   sim_sockaddr(&t->local, ip, port);
   t->bound = true;
   t->hnext = h->listeners;
@@ -447,7 +392,7 @@ static int t_bind(int fd, const struct sockaddr *sa, socklen_t len) {
 static void unbind(sim_tcp_t *t) {
   if (!t->bound)
     return;
-  for (sim_tcp_t **pp = &host(t)->listeners; *pp; pp = &(*pp)->hnext)
+  for (sim_tcp_t **pp = &sim_tcp_host(t)->listeners; *pp; pp = &(*pp)->hnext)
     if (*pp == t) {
       *pp = t->hnext;
       break;
@@ -456,11 +401,11 @@ static void unbind(sim_tcp_t *t) {
 }
 
 static int t_listen(int fd, int backlog) {
-  sim_tcp_t *t = get(fd);
+  sim_tcp_t *t = sim_tcp_get(fd);
   if (t == NULL)
     return -1;
   if (t->state != T_NEW && t->state != T_LISTEN)
-    return fail(EINVAL);
+    return sim_tcp_fail(EINVAL);
   if (!t->bound) {
     struct sockaddr_in any;
     sim_sockaddr(&any, 0, 0);
@@ -591,26 +536,26 @@ static void ev_syn(nr_sim_t *w, void *obj, uint64_t arg) {
 }
 
 static int t_connect(int fd, const struct sockaddr *sa, socklen_t len) {
-  sim_tcp_t *t = get(fd);
+  sim_tcp_t *t = sim_tcp_get(fd);
   uint32_t ip;
   uint16_t port;
   if (t == NULL || take_addr(sa, len, &ip, &port) < 0)
     return -1;
   if (t->state == T_SYN_SENT)
-    return fail(EALREADY);
+    return sim_tcp_fail(EALREADY);
   if (t->state == T_EST)
-    return fail(EISCONN);
+    return sim_tcp_fail(EISCONN);
   if (t->state != T_NEW)
-    return fail(t->state == T_CLOSED ? ECONNABORTED : EINVAL);
+    return sim_tcp_fail(t->state == T_CLOSED ? ECONNABORTED : EINVAL);
   nr_sim_t *w = t->base.w;
-  nr_sim_host_t *h = host(t);
+  nr_sim_host_t *h = sim_tcp_host(t);
   if (ip == 0)
     ip = SIM_LOOPBACK;
   if ((ip >> 24) != 10 && (ip >> 24) != 127)
-    return fail(ENETUNREACH);
+    return sim_tcp_fail(ENETUNREACH);
   sim_conn_t *c = conn_new(w);
   if (c == NULL)
-    return fail(ENOMEM);
+    return sim_tcp_fail(ENOMEM);
   bool chosen = t->bound && sim_port(&t->local) != 0;
   unbind(t);                               /* a connected socket owns no port */
   if (!chosen) {
@@ -631,18 +576,18 @@ static int t_connect(int fd, const struct sockaddr *sa, socklen_t len) {
   t->state = T_SYN_SENT;
   t->syn_start = w->now;
   send_syn(w, c);
-  return fail(EINPROGRESS);
+  return sim_tcp_fail(EINPROGRESS);
 }
 
 static int t_accept(int fd, struct sockaddr *sa, socklen_t *len) {
-  sim_tcp_t *l = get(fd);
+  sim_tcp_t *l = sim_tcp_get(fd);
   if (l == NULL)
     return -1;
   if (l->state != T_LISTEN)
-    return fail(EINVAL);
+    return sim_tcp_fail(EINVAL);
   sim_tcp_t *s = l->qhead;
   if (s == NULL)
-    return fail(EAGAIN);
+    return sim_tcp_fail(EAGAIN);
   l->qhead = s->qnext;
   if (l->qhead == NULL)
     l->qtail = NULL;
@@ -689,14 +634,14 @@ static uint64_t arrival(nr_sim_t *w, sim_conn_t *c, int dir) {
 }
 
 static ssize_t t_sendmsg(int fd, const struct msghdr *m) {
-  sim_tcp_t *t = get(fd);
+  sim_tcp_t *t = sim_tcp_get(fd);
   if (t == NULL)
     return -1;
   int e = unusable(t);
   if (e)
-    return fail(e);
+    return sim_tcp_fail(e);
   if (t->wr_shut)
-    return fail(EPIPE);
+    return sim_tcp_fail(EPIPE);
   nr_sim_t *w = t->base.w;
   sim_conn_t *c = t->conn;
   pipe_t *p = &c->p[t->side];
@@ -704,11 +649,11 @@ static ssize_t t_sendmsg(int fd, const struct msghdr *m) {
   for (size_t i = 0; i < m->msg_iovlen; i++)
     total += m->msg_iov[i].iov_len;
   if (room == 0 && total > 0)
-    return fail(EAGAIN);
+    return sim_tcp_fail(EAGAIN);
   size_t n = total < room ? total : room;
   seg_t *s = malloc(sizeof *s + n);
   if (s == NULL)
-    return fail(ENOBUFS);
+    return sim_tcp_fail(ENOBUFS);
   for (size_t i = 0, at = 0; i < m->msg_iovlen && at < n; i++) {
     size_t k = m->msg_iov[i].iov_len < n - at ? m->msg_iov[i].iov_len : n - at;
     memcpy(s->data + at, m->msg_iov[i].iov_base, k);
@@ -726,21 +671,21 @@ static ssize_t t_sendmsg(int fd, const struct msghdr *m) {
 }
 
 static ssize_t t_read(int fd, void *buf, size_t n) {
-  sim_tcp_t *t = get(fd);
+  sim_tcp_t *t = sim_tcp_get(fd);
   if (t == NULL)
     return -1;
   if (t->state == T_CLOSED && !t->err)
     return 0;                              /* after the reset was told */
   int e = unusable(t);
   if (e)
-    return fail(e);
+    return sim_tcp_fail(e);
   if (t->rd_shut)
     return 0;
   nr_sim_t *w = t->base.w;
   sim_conn_t *c = t->conn;
   pipe_t *p = &c->p[1 - t->side];
   if (p->recvq == 0)
-    return p->eof ? 0 : fail(EAGAIN);
+    return p->eof ? 0 : sim_tcp_fail(EAGAIN);
   size_t got = 0;
   char *out = buf;
   while (p->rhead && got < n) {
@@ -769,11 +714,11 @@ static ssize_t t_read(int fd, void *buf, size_t n) {
 }
 
 static int t_shutdown(int fd, int how) {
-  sim_tcp_t *t = get(fd);
+  sim_tcp_t *t = sim_tcp_get(fd);
   if (t == NULL)
     return -1;
   if (t->state != T_EST)
-    return fail(ENOTCONN);
+    return sim_tcp_fail(ENOTCONN);
   nr_sim_t *w = t->base.w;
   if ((how == SHUT_RD || how == SHUT_RDWR) && !t->rd_shut) {
     t->rd_shut = true;
@@ -843,84 +788,9 @@ int sim_tcp_close(sim_fd_t *d) {
   return 0;
 }
 
-/* ---- options and names ------------------------------------------------------------------------------ */
-
-static int t_getsockopt(int fd, int level, int name, void *v, socklen_t *len) {
-  sim_tcp_t *t = get(fd);
-  if (t == NULL)
-    return -1;
-  int out = 0;
-  if (level == SOL_SOCKET && name == SO_ERROR) {
-    out = t->err;
-    t->err = 0;
-  } else if (level == SOL_SOCKET && name == SO_SNDBUF) {
-    out = (int)t->sndbuf;
-  } else if (level == SOL_SOCKET && name == SO_RCVBUF) {
-    out = (int)t->rcvbuf;
-  }
-  if (*len >= sizeof out) {
-    memcpy(v, &out, sizeof out);
-    *len = sizeof out;
-  }
-  return 0;
-}
-
-static int t_setsockopt(int fd, int level, int name, const void *v,
-                        socklen_t len) {
-  sim_tcp_t *t = get(fd);
-  if (t == NULL)
-    return -1;
-  int i = 0;
-  if (len >= sizeof i)
-    memcpy(&i, v, sizeof i);
-  if (level == SOL_SOCKET && name == SO_LINGER && len >= sizeof(struct linger)) {
-    const struct linger *lg = v;
-    t->linger0 = lg->l_onoff && lg->l_linger == 0;
-  } else if (level == SOL_SOCKET && name == SO_REUSEPORT) {
-    t->reuseport = i != 0;
-  } else if (level == SOL_SOCKET && name == SO_SNDBUF && i > 0) {
-    t->sndbuf = (size_t)i * 2;             /* as Linux doubles it */
-  } else if (level == SOL_SOCKET && name == SO_RCVBUF && i > 0) {
-    t->rcvbuf = (size_t)i * 2;
-  }
-  return 0;                                /* the rest: accepted, no effect */
-}
-
-static int t_getsockname(int fd, struct sockaddr *sa, socklen_t *len) {
-  sim_tcp_t *t = get(fd);
-  if (t == NULL)
-    return -1;
-  sim_addr_out(&t->local, sa, len);
-  return 0;
-}
-
-static int t_getpeername(int fd, struct sockaddr *sa, socklen_t *len) {
-  sim_tcp_t *t = get(fd);
-  if (t == NULL)
-    return -1;
-  if (t->state != T_EST)
-    return fail(ENOTCONN);
-  sim_addr_out(&t->conn->addr[1 - t->side], sa, len);
-  return 0;
-}
-
-static int t_ioctl(int fd, unsigned long req, int *arg) {
-  sim_tcp_t *t = get(fd);
-  if (t == NULL)
-    return -1;
-  sim_conn_t *c = t->conn;
-  if (req == SIOCOUTQ)
-    *arg = c ? (int)c->p[t->side].sendq : 0;
-  else if (req == FIONREAD)
-    *arg = c ? (int)c->p[1 - t->side].recvq : 0;
-  else
-    return fail(ENOTTY);
-  return 0;
-}
-
 const nr_transport_t sim_tcp_ops = {
     .bind = t_bind, .listen = t_listen, .accept = t_accept,
     .connect = t_connect, .read = t_read, .sendmsg = t_sendmsg,
-    .shutdown = t_shutdown, .getsockopt = t_getsockopt,
-    .setsockopt = t_setsockopt, .getsockname = t_getsockname,
-    .getpeername = t_getpeername, .ioctl = t_ioctl};
+    .shutdown = t_shutdown, .getsockopt = sim_tcp_getsockopt,
+    .setsockopt = sim_tcp_setsockopt, .getsockname = sim_tcp_getsockname,
+    .getpeername = sim_tcp_getpeername, .ioctl = sim_tcp_ioctl};

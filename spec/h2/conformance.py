@@ -308,6 +308,17 @@ def _(c):
     c.connection_error([STREAM_CLOSED, PROTOCOL_ERROR])
 
 
+@case("5.1", "closed (RST_STREAM sent by the server): late DATA and trailers are ignored")
+def _(c):
+    fields(c, 1, BASE + [("X-Upper", "1")], end=False)   # reset: PROTOCOL_ERROR
+    c.stream_error(1, [PROTOCOL_ERROR])
+    c.send(frame(DATA, 0, 1, b"late"))   # in flight when the reset was sent
+    fields(c, 1, [("x-late", "1")])
+    c.alive()
+    c.request(3)
+    ok_response(c, 3)
+
+
 @case("5.1", "closed: CONTINUATION is PROTOCOL_ERROR")
 def _(c):
     c.request(1)

@@ -1,7 +1,8 @@
 /*
- * lgroup.h -- what lgroup.c (groups, loops, their Lua classes) and lrun.c
- * (netrun.run, shutting every group down) share: a group's proxy and the
- * list of live groups. Private to the group module.
+ * lgroup.h -- what lgroup.c (groups, loops, their Lua classes),
+ * lgroup_task.c (sending them work) and lrun.c (netrun.run, shutting
+ * every group down) share: a group's proxy, the list of live groups, the
+ * task methods. Private to the group module.
  */
 #ifndef LGROUP_H
 #define LGROUP_H
@@ -31,6 +32,15 @@ int lnr_l_shutdown_all(lua_State *L);
 bool lnr_groups_teardown(lua_State *L);
 /* Take g off the live list (it has terminated): the list's reference goes. */
 void lnr_group_unlist(lnr_group_t *g);
+/* The group's and loop's task methods (lgroup_task.c): execute, submit,
+ * after_iteration, schedule, schedule_at_fixed_rate,
+ * schedule_with_fixed_delay. */
+int lnr_l_execute(lua_State *L);
+int lnr_l_submit(lua_State *L);
+int lnr_l_after_iteration(lua_State *L);
+int lnr_l_schedule(lua_State *L);
+int lnr_l_fixed_rate(lua_State *L);
+int lnr_l_fixed_delay(lua_State *L);
 /* nr_loop_state_t's names, as stats and logs show them. */
 extern const char *const lnr_loop_state_names[];
 
