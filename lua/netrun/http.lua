@@ -712,9 +712,10 @@ end
 -- takes a request of a `body = "stream"` codec (or any), sends its body to a pooled
 -- backend connection as it arrives and writes the response to `ctx` (the client
 -- handler's) piece by piece; `callback(true)` when the exchange is over,
--- `callback(nil, err)` when nothing was written (answer 502/504),
--- `callback(false, err)` when the client's connection is done (closed, or answered
--- by the codec)
+-- `callback(nil, err, again)` when nothing was written (answer 502/504; `again`:
+-- nothing of the request's body was taken from the client either),
+-- `callback(false, err, cut)` when the client's connection is done (closed, or
+-- answered by the codec; `cut`: the backend failed after its head went on)
 -- @int[opt=65536] opts.buffer with `stream`: the bytes held per direction (the
 -- backend connection's write_buffer_high; give the client's the same)
 -- @treturn function forward(req, callback)
