@@ -19,8 +19,9 @@
 -- whatever the bodies' sizes, --max-body bounds a request body (0: no
 -- limit), and a WebSocket (any Upgrade answered 101) is tunnelled.
 -- --body whole holds them whole instead (described next; the default
--- with --backend-h2 yes, as streaming speaks HTTP/1.1 to the backend, and
--- with an upstream, whose streamed mode is not there yet).
+-- with --backend-h2 yes, as streaming speaks HTTP/1.1 to the backend).
+-- Several backends stream the same way (the upstream picks one per
+-- request; see --backend below).
 -- Answers of its own: 502 when the backend cannot be reached or answers
 -- badly (or with a body over --max-body), 504 past --timeout.
 --
@@ -60,7 +61,10 @@ local threads = option("threads", 1)
 -- round_robin|least_conn|hash, --hash-header NAME for hash), takes out a
 -- backend that fails (and, with --health-path P, one that fails GET P every
 -- --health-interval S seconds; those probes bring it back), and sends an
--- idempotent request whose backend failed to another (--retries N, 1).
+-- idempotent request whose backend failed to another (--retries N, 1):
+-- streamed, only while nothing of its answer went to the client and
+-- nothing of its body was read from the client (a GET; a PUT whose
+-- backend could not be reached); with --body whole, any idempotent one.
 -- A backend may be https://host:port (verified against the system's CAs,
 -- or --backend-ca FILE). One plain host:port backend and none of those
 -- options: the forwarder goes straight to it, as before.
@@ -82,9 +86,6 @@ if #backends > 1 or not bhost or balance or health_path or retries or backend_ca
     fails = math.tointeger(option("max-fails", 1)), fail_timeout = option("fail-timeout", 10),
     tls = backend_tls,
   }
-  if option("body", "whole") == "stream" then
-    error("proxy: --body stream takes one host:port --backend (an upstream's streamed mode is not there yet)")
-  end
 end
 local max_body = math.tointeger(option("max-body", 8 * 1024 * 1024))
 local in_flight = math.tointeger(option("in-flight", 16))
@@ -92,8 +93,8 @@ local body_budget = math.tointeger(option("body-budget", 32 * 1024 * 1024))
 local conn_body_budget = math.tointeger(option("conn-body-budget", 16 * 1024 * 1024))
 local base = bhost and "http://" .. (bhost:find(":", 1, true) and "[" .. bhost .. "]" or bhost) .. ":" .. bport
 
--- (streamed by default: to one HTTP/1.1 backend, not yet an upstream's)
-local body_mode = option("body", (up or option("backend-h2") == "yes") and "whole" or "stream")
+-- (streamed by default: to HTTP/1.1 backends, one or an upstream's)
+local body_mode = option("body", option("backend-h2") == "yes" and "whole" or "stream")
 if body_mode ~= "stream" and body_mode ~= "whole" then error("proxy: --body must be stream or whole") end
 local stream_bodies = body_mode == "stream"
 local buffer = math.tointeger(option("buffer", 64 * 1024))
@@ -297,8 +298,10 @@ local function stream_handler()
     channel_read = function(_, c, req)
       if not ch then
         ctx, ch = c, c.channel
-        forward = client:forwarder { url = base, stream = true, buffer = buffer,
-                                     headers = { ["x-forwarded-for"] = (ch:remote_address()) } }
+        local xff = { ["x-forwarded-for"] = (ch:remote_address()) }
+        forward = up and client:forwarder { upstream = up, stream = true, buffer = buffer,
+                                            headers = xff }
+                  or client:forwarder { url = base, stream = true, buffer = buffer, headers = xff }
       end
       if busy then                    -- (pipelined: one at a time)
         last = last + 1

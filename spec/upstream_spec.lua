@@ -29,7 +29,8 @@ local function backend(name, args, port)
 end
 
 local function proxy(port, args)
-  return started_pid(H.start(H.root .. "/examples/proxy.lua", port, args))
+  local pid, log = H.start(H.root .. "/examples/proxy.lua", port, args)
+  return started_pid(pid), log
 end
 
 after_each(function()
@@ -55,6 +56,11 @@ local function get(up, path, headers)
 end
 
 local function up_of(up, i) return up:status()[i].up end
+
+-- The requests a backend process has seen (the fixture's /hits).
+local function hits(b)
+  return tonumber(H.sync(client:request { url = "http://" .. b.addr .. "/hits" }, 10).body)
+end
 
 describe("netrun.http.upstream", function()
   it("refuses bad options, naming the field", function()
@@ -284,8 +290,10 @@ describe("examples/proxy.lua with several --backend", function()
     local res = H.sync(pc:request { url = "http://127.0.0.1:" .. port2 .. "/p", method = "POST",
                                     body = "x" }, 20)
     assert.equal(502, res.status)
+    local before = hits(b[1])
     res = H.sync(pc:request { url = "http://127.0.0.1:" .. port2 .. "/p", method = "POST",
                               body = "x" }, 20)
+    assert.equal(before + 1, hits(b[1]))   -- the first POST never reached it
     assert.equal(200, res.status)          -- the dead one is out now
     assert.equal("a POST /p x", res.body)
     H.stop(pid2)
@@ -299,6 +307,56 @@ describe("examples/proxy.lua with several --backend", function()
     H.stop(pid2)
     H.stop(pid)
     for _, x in ipairs(b) do if H.alive(x.pid) then H.stop(x.pid) end end
+  end)
+
+  it("streams by default: no GET of a bounded concurrent load fails while one of three backends is killed", function()
+    local b = { backend("a"), backend("b"), backend("c") }
+    local port = H.free_port()
+    local pid, log = proxy(port, string.format("--backend %s --backend %s --backend %s " ..
+      "--retries 2 --timeout %g", b[1].addr, b[2].addr, b[3].addr, 2 * slow))
+    assert.matches("bodies streamed", H.read_file(log))
+    local pc = netrun.http.client { timeout = 5 * slow, pool = 8 }
+    local base = "http://127.0.0.1:" .. port
+    -- a PUT's body goes on
+    local res = H.sync(pc:request { url = base .. "/up", method = "PUT", body = "chunk" }, 20)
+    assert.equal(200, res.status)
+    assert.matches("PUT /up chunk$", res.body)
+    local failed, seen, answered = 0, {}, 0
+    for round = 1, 24 do                     -- 8 in flight at a time
+      if round == 7 then os.execute("kill -KILL " .. b[2].pid) end
+      local fs = {}
+      for i = 1, 8 do fs[i] = pc:request { url = base .. "/g" .. round .. "-" .. i } end
+      for i = 1, 8 do
+        local ok, r = pcall(H.sync, fs[i], 20)
+        if ok and r.status == 200 then
+          answered = answered + 1
+          seen[r.headers["x-backend"]] = true
+        else
+          failed = failed + 1
+          print(ok and r.status or r)
+        end
+      end
+    end
+    assert.equal(0, failed)
+    assert.equal(192, answered)
+    assert.same({ a = true, b = true, c = true }, seen)
+    H.stop(pid)
+  end)
+
+  it("streamed: a backend cut after its head closes the client's connection and is not retried", function()
+    local cut, good = backend("cut", "--mode cut"), backend("good")
+    local port = H.free_port()
+    local pid = proxy(port, string.format("--backend %s --backend %s --retries 2 --timeout %g",
+                                          cut.addr, good.addr, 2 * slow))
+    local pc = netrun.http.client { timeout = 5 * slow }
+    local ok, e = pcall(H.sync, pc:request { url = "http://127.0.0.1:" .. port .. "/x" }, 20)
+    assert.is_false(ok)                      -- the head came, then the end
+    assert.matches("middle of a response", tostring(e))
+    assert.equal(0, hits(good))              -- not sent again: its head had gone on
+    -- the cut counted against its backend (fails = 1): the next GET goes to good
+    local res = H.sync(pc:request { url = "http://127.0.0.1:" .. port .. "/y" }, 20)
+    assert.equal("good", res.headers["x-backend"])
+    H.stop(pid)
   end)
 
   it("reaches an https backend verified with --backend-ca, and sticks a hash key", function()

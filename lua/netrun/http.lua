@@ -706,15 +706,16 @@ end
 -- @function client:forwarder
 -- @tparam table opts
 -- @string opts.url the origin (`http://backend:8080`; no path)
--- @tparam[opt] upstream opts.upstream instead of url: a pool of servers (`netrun.http.upstream`), the server picked per request, an idempotent request that failed sent to another
+-- @tparam[opt] upstream opts.upstream instead of url: a pool of servers (`netrun.http.upstream`), the server picked per request, an idempotent request that failed sent to another (with `stream`: only while nothing of its answer went to the client and nothing of its body was taken from it)
 -- @tparam[opt] table opts.headers fields added, replacing forwarded ones of the same names
 -- @bool[opt=false] opts.stream stream the exchange in C: `forward(req, callback, ctx)`
 -- takes a request of a `body = "stream"` codec (or any), sends its body to a pooled
 -- backend connection as it arrives and writes the response to `ctx` (the client
 -- handler's) piece by piece; `callback(true)` when the exchange is over,
--- `callback(nil, err)` when nothing was written (answer 502/504),
--- `callback(false, err)` when the client's connection is done (closed, or answered
--- by the codec)
+-- `callback(nil, err, again)` when nothing was written (answer 502/504; `again`:
+-- nothing of the request's body was taken from the client either),
+-- `callback(false, err, cut)` when the client's connection is done (closed, or
+-- answered by the codec; `cut`: the backend failed after its head went on)
 -- @int[opt=65536] opts.buffer with `stream`: the bytes held per direction (the
 -- backend connection's write_buffer_high; give the client's the same)
 -- @treturn function forward(req, callback)
@@ -726,7 +727,9 @@ function Client:forwarder(opts)
   opts = check_forwarder(opts)
   if opts.upstream ~= nil then
     if opts.url ~= nil then core.raise(what .. ": give url or upstream, not both") end
-    if opts.stream then core.raise(what .. ": stream = true takes a url (not yet an upstream)") end
+    if opts.stream and self.h2 == true then
+      core.raise(what .. ": stream = true speaks HTTP/1.1 to the backend (h2 = true)")
+    end
     return require("netrun.upstream").forwarder(self, opts)
   end
   if opts.url == nil then core.option_error(what, "url", nil, "a string (or give upstream)") end

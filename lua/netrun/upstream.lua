@@ -21,7 +21,12 @@
 --    whole response is in) is sent to another server, up to `retries`
 --    times, when it is idempotent (GET, HEAD, OPTIONS, TRACE, PUT,
 --    DELETE) and its body is not a stream; any other gets the failure
---    (a proxy answers 502).
+--    (a proxy answers 502). A streamed forwarder's (stream = true) is
+--    sent again on the same terms only while nothing of its answer went
+--    to the client and nothing of its body was taken from the client's
+--    connection (a bodyless GET, or one whose server could not be
+--    reached); past that the failure stands (before the head: 502/504;
+--    after it: the client's connection closes).
 -- Round robin's turn is per loop (as nginx's is per worker).
 -- @module netrun.http
 local core = require "netrun.core"
@@ -270,6 +275,56 @@ end
 
 -- ---- client:forwarder { upstream = up } ------------------------------------------
 
+-- forward(req, callback, ctx) with stream = true: each try a streamed
+-- exchange (lhttp_xfer.c) on the picked server's stream forwarder. Its
+-- callback says what a failure means: cb(nil, err, again) -- nothing went
+-- to the client, and `again` when nothing of the request's body was taken
+-- from it either: another server may take an idempotent request --;
+-- cb(false, err, cut) -- the client's side is over, `cut` when the
+-- backend failed after its head went on (its failure; else the client's:
+-- neither). fail_5xx does not apply: the answer goes on as it comes.
+local function stream_forwarder(client, opts, up)
+  local headers, st, retries = opts.headers, up.state, up.retries
+  for _, url in ipairs(up.servers) do
+    if up.tls and url:sub(1, 6) == "https:" and up.tls ~= client.tls then
+      core.raise("netrun.http client:forwarder: stream = true takes the client's tls: give " ..
+                 "the client the upstream's tls config")
+    end
+  end
+  local fwd = {}                          -- each server's stream forwarder, made on first use
+  local by_field = up.balance == 2 and type(up.hash) == "string"
+  return function(req, cb, ctx)
+    local tried, tries = 0, 0
+    local again_ok = IDEMPOTENT[req.method]
+    local function try(last_err)
+      local i = pick(up, req, by_field and req.headers, tried)
+      if i == nil then return cb(nil, last_err) end
+      tried, tries = tried | (1 << (i - 1)), tries + 1
+      local f = fwd[i]
+      if f == nil then
+        f = client:forwarder { url = up.servers[i], headers = headers, stream = true,
+                               buffer = opts.buffer }
+        fwd[i] = f
+      end
+      st:begin(i)
+      f(req, function(ok, err, flag)
+        if ok then
+          done(up, i, 0)
+          return cb(true)
+        elseif ok == false then
+          done(up, i, flag and 1 or 2, err)
+          return cb(false, err)
+        end
+        local how, again = outcome(up, nil, err)
+        done(up, i, how, err)
+        if again and flag and again_ok and tries <= retries then return try(err) end
+        cb(nil, err)
+      end, ctx)
+    end
+    try()
+  end
+end
+
 -- forward(req, callback) to the servers of an upstream: `client:forwarder`'s
 -- path when given `upstream` (http.lua checked the options).
 function M.forwarder(client, opts)
@@ -277,6 +332,7 @@ function M.forwarder(client, opts)
   if getmetatable(up) ~= Upstream then
     core.option_error("netrun.http client:forwarder", "upstream", up, "a netrun.http.upstream")
   end
+  if opts.stream then return stream_forwarder(client, opts, up) end
   local headers, st = opts.headers, up.state
   local fwd = {}                          -- each server's forwarder, made on first use
   for i, url in ipairs(up.servers) do

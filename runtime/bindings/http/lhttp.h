@@ -22,7 +22,7 @@ typedef struct lnr_http_memo_s lnr_http_memo_t;
  * message (lnr_push_ref), the checked header strings and the response
  * memo. */
 typedef struct lnr_http_part_s {
-  int request_mt_ref;          /* lhttp.c: the request metatable */
+  int request_mt_ref;          /* lhttp_request.c: the request metatable */
   int key_refs[5];             /* lhttp.c: a response table's field names */
   int checked_ref;             /* lhttp_fields.c: anchors `checked` */
   int raw_mt_ref;              /* lhttp_client.c: raw responses' metatable */

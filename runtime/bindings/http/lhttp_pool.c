@@ -293,7 +293,10 @@ static void settle(lua_State *L, hreq_t *q, const char *err) {
     if (err && q->gone) lua_pushboolean(L, 0);
     else if (err) lua_pushnil(L);
     lua_pushvalue(L, res);
-    if (lua_pcall(L, err ? 2 : 1, 0, -3 - (err ? 1 : 0)) != LUA_OK)
+    int n = err ? 2 : 1;       /* streamed: may it go again, or was it cut */
+    if (err && q->streamed && ++n)
+      lua_pushboolean(L, q->gone ? q->cut : !q->taken);
+    if (lua_pcall(L, n, 0, -2 - n) != LUA_OK)
       lnr_log_error(L, "netrun.http: a request's callback failed");
   } else {
     lua_getfield(L, -1, err ? "try_failure" : "try_success");

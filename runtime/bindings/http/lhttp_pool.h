@@ -37,6 +37,12 @@ struct hreq {
   bool waiting, timed, retried, done;
   bool gone;                  /* a streamed exchange's client side is over:
                                  its callback gets false, not nil */
+  bool streamed;              /* a streamed exchange's (a failure's callback
+                                 gets a third value, below) */
+  bool taken;                 /* ... whose request body was claimed: not to
+                                 be sent again (cb(nil, err, false)) */
+  bool cut;                   /* ... whose backend failed after its head went
+                                 to the client (cb(false, err, true)) */
   hxfer_t *x;                 /* streamed (a stream forwarder's), or NULL */
 };
 

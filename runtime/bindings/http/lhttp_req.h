@@ -1,7 +1,7 @@
 /*
- * lhttp_req.h -- a request object's layout, shared by lhttp.c (which
- * makes requests and their fields) and lhttp_forward.c (which forwards
- * them). Private to the http module; loop thread only.
+ * lhttp_req.h -- a request object's layout, shared by lhttp_request.c
+ * (which makes requests and their fields), lhttp.c (which registers and
+ * opens them) and lhttp_forward.c (which forwards them). Private to the http module; loop thread only.
  */
 #ifndef LNR_HTTP_REQ_H
 #define LNR_HTTP_REQ_H
@@ -32,7 +32,7 @@ typedef struct req_s {
   rhdr_t h[];                  /* headers, trailers, then the text */
 } req_t;
 
-/* Its address tags a request userdata (lhttp.c). */
+/* Its address tags a request userdata (lhttp_request.c). */
 extern const char lnr_http_req_tag;
 #define REQ_TAG lnr_http_req_tag
 
@@ -53,5 +53,12 @@ static inline int req_fields(lua_State *L, int ud, bool make) {
   lua_setiuservalue(L, ud, 2);
   return 1;
 }
+
+/* lhttp_request.c's entry points for lhttp.c: the converter of
+ * NR_MSG_HTTP_REQUEST, the request classes made in a state, and
+ * netrun.http.unescape(s). */
+void lnr_http_push_request(lua_State *L, void *msg);
+void lnr_http_request_class_open(lua_State *L);
+int lnr_http_unescape(lua_State *L);
 
 #endif

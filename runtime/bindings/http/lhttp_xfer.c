@@ -9,9 +9,14 @@
  *   forward(req, cb, ctx)   -- ctx: the client handler's, after the server
  *                           -- codec; the response is written through it
  *   cb(true)                -- the exchange is over: ctx may take the next
- *   cb(nil, err)            -- nothing was written: answer it (502, 504)
- *   cb(false, err)          -- the client's side is over (its connection
- *                           -- closes, or the codec answers it itself)
+ *   cb(nil, err, again)     -- nothing was written: answer it (502, 504);
+ *                           -- again: nothing of the request's body was
+ *                           -- taken from the client (none, or its claim
+ *                           -- never came), so another server may take it
+ *   cb(false, err, cut)     -- the client's side is over (its connection
+ *                           -- closes, or the codec answers it itself);
+ *                           -- cut: because the backend failed after its
+ *                           -- head went on (the backend's fault)
  *
  * The pool (lhttp_pool.c) gives the request a connection and writes its
  * head with the body's framing (Content-Length as it came, else chunked);
@@ -355,6 +360,7 @@ const char *lnr_xfer_start(hxfer_t *x, hconn_t *c) {
       nr_http_server_claim_body(x->codec, x->token, &x->sink) < 0)
     return "the client's request body is gone";
   x->claimed = true;
+  x->q->taken = true;          /* (not to be sent again, from here on) */
   return NULL;
 }
 
@@ -387,11 +393,14 @@ void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse) {
     nr_http_server_drop_sink(x->codec, &x->sink);
   nr_channel_unwatch(&x->cwatch);
   if (err != NULL && x->head_sent && x->cut && !x->resp_done &&
-      nr_channel_is_open(nr_ctx_channel(x->cctx)))
+      nr_channel_is_open(nr_ctx_channel(x->cctx))) {
     nr_ctx_write_and_flush(x->cctx, &NR_BYTES("", 0), NULL);  /* (its
                                   stream is reset: the end frees it) */
-  else if (err != NULL && x->head_sent && !x->tunnel)
+  } else if (err != NULL && x->head_sent && !x->tunnel) {
+    if (x->q != NULL && !x->q->gone)
+      x->q->gone = x->q->cut = true;   /* cb(false, err, true), not nil */
     close_client(x);           /* its response cannot be completed */
+  }
   if (x->codec != NULL)
     nr_ctx_release(x->codec);
   nr_ctx_release(x->cctx);
@@ -449,6 +458,7 @@ hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer) {
 
 void lnr_xfer_bind(hxfer_t *x, hreq_t *q) {
   x->q = q;
+  q->streamed = true;
   q->x = x;
 }
 
