@@ -268,14 +268,16 @@ local function stream_handler()
   local ctx, ch, forward              -- the connection's, at its first request
   local queue, first, last = {}, 1, 0
   local busy, paused, closed = false, false, false
-  local start
+  local start, current
 
   -- the exchange's end: true, the next request may go; nil, nothing was
   -- written (the backend could not be reached or failed before its
-  -- head): answer it here; false, the client's connection is done
+  -- head): answer it here; false, the client's connection is done -- or,
+  -- over HTTP/2, that request's stream (the client reset it): the next
+  -- stream goes on
   local function done(ok, err)
     busy = false
-    if closed or ok == false then return end
+    if closed or (ok == false and not current.stream) then return end
     if ok == nil then ctx:write_and_flush(response_for(nil, err), VOID) end
     if first <= last then
       local r = queue[first]
@@ -288,7 +290,7 @@ local function stream_handler()
   end
 
   function start(r)
-    busy = true
+    busy, current = true, r
     forward(r, done, ctx)
   end
 
@@ -318,7 +320,16 @@ local function stream_handler()
       closed = true
       c:fire_channel_inactive()
     end,
-    exception_caught = client_failed,
+    -- an HTTP/2 stream's body cut short before its turn (the client reset
+    -- it, or sent less than its content-length): that stream only -- its
+    -- turn finds the body gone and answers 502, dropped with the stream
+    exception_caught = function(h, c, err)
+      if tostring(err):find("%(stream %d+%)") then
+        netrun.log.debug("proxy: client %s", tostring(err))
+        return
+      end
+      return client_failed(h, c, err)
+    end,
   }
 end
 

@@ -92,6 +92,15 @@ int nr_h2_server_write(nr_h2_server_t *h, void *msg, nr_promise_t *p);
 int nr_h2_server_read_body(nr_h2_server_t *h, uint64_t token,
                            nr_channel_t *sink);
 void nr_h2_server_read(nr_h2_server_t *h);
+/* A C sink (nr_http_sink_t, http.h) claims the body of `token` (0, or
+ * -ENOENT: none waits unread), takes more after it paused (resume), or
+ * lets go before the end (drop: the stream is refused after its answer).
+ * The stream's window goes back only as the sink takes its pieces. */
+struct nr_http_sink_s;
+int nr_h2_server_claim_body(nr_h2_server_t *h, uint64_t token,
+                            struct nr_http_sink_s *k);
+void nr_h2_server_resume_sink(nr_h2_server_t *h, struct nr_http_sink_s *k);
+void nr_h2_server_drop_sink(nr_h2_server_t *h, struct nr_http_sink_s *k);
 /* The handlers raised on the request of `token`: 500 on its stream. */
 void nr_h2_server_read_failed(nr_h2_server_t *h, uint64_t token);
 /* The channel's writability changed: held requests and window-blocked

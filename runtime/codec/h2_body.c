@@ -60,6 +60,9 @@ struct h2sb_s {
   nr_http_header_t *trl;      /* its trailers, copied at the end */
   size_t ntrl;
   nr_chwatch_t watch;         /* the sink (req:sink(ch)), if any */
+  nr_http_sink_t *sink;       /* a C consumer that claimed it, if any */
+  bool paused;                /* ... which said stop: its window waits */
+  bool dropped;               /* ... which let go: refused after the answer */
   h2sb_t *prev, *next;        /* in the session's bodies */
 };
 
@@ -93,8 +96,13 @@ void nr__h2_bodies_free(nr_h2_server_t *h) {
   nr_codec_resume_cancel(h->body_resume);
   h->body_resume = NULL;
   timer_stop(h);
-  while (h->bodies_head != NULL)
+  while (h->bodies_head != NULL) {
+    nr_http_sink_t *k = h->bodies_head->sink;
     body_free(h, h->bodies_head);
+    if (k != NULL)             /* (as HTTP/1.1's codec tells it, leaving) */
+      k->abort(k, "http2: the connection closed before the request body "
+               "ended");
+  }
 }
 
 /* ---- from nghttp2's callbacks: recorded only ------------------------------------ */
@@ -184,9 +192,31 @@ void nr__h2_body_detach(nr_h2_server_t *h, h2s_t *s) {
     nr__h2_bodies_later(h);
 }
 
-void nr__h2_body_delivered(h2s_t *s) {
+/* The body's framing for whoever passes it on over HTTP/1.1 (a
+ * forwarder, lhttp_xfer.c): its content-length (nghttp2 holds the DATA to
+ * it), else chunked. */
+static void framing(nr_http_request_t *r) {
+  for (size_t i = 0; i < r->nheaders; i++) {
+    const nr_http_header_t *f = &r->headers[i];
+    if (f->name_len != 14 || memcmp(f->name, "content-length", 14) != 0)
+      continue;
+    uint64_t v = 0;
+    size_t j = 0;
+    for (; j < f->value_len && f->value[j] >= '0' && f->value[j] <= '9' &&
+           v < UINT64_MAX / 10 - 1; j++)
+      v = v * 10 + (uint64_t)(f->value[j] - '0');
+    if (j > 0 && j == f->value_len) {
+      r->content_length = v;
+      return;
+    }
+  }
+  r->chunked = true;
+}
+
+void nr__h2_body_delivered(h2s_t *s, nr_http_request_t *r) {
   s->sb->token = s->token;
   s->sb->delivered = true;
+  framing(r);
 }
 
 /* ---- handed up ---------------------------------------------------------------- */
@@ -197,6 +227,8 @@ static bool alive(nr_h2_server_t *h) {
 
 /* Whether where sb's pieces go can take more now. */
 static bool full(nr_h2_server_t *h, const h2sb_t *sb) {
+  if (sb->sink != NULL)
+    return sb->paused;         /* (it says when it takes more) */
   nr_channel_t *k = sb->watch.ch;
   if (k != NULL && nr_channel_is_open(k))
     return !nr_channel_is_writable(k);
@@ -214,6 +246,14 @@ static void give(nr_h2_server_t *h, h2sb_t *sb) {
 
 /* Fire what sb has to say: its cut, or a piece. false: the codec went. */
 static bool step(nr_h2_server_t *h, h2sb_t *sb) {
+  if (sb->cut && sb->sink != NULL) {
+    nr_http_sink_t *k = sb->sink;
+    char why[160];
+    snprintf(why, sizeof why, "%s (stream %d)", sb->why, (int)sb->id);
+    body_free(h, sb);
+    k->abort(k, why);
+    return alive(h);
+  }
   if (sb->cut) {
     bool tell = sb->delivered && !sb->quiet;
     char why[160];             /* which stream: several bodies may flow */
@@ -233,11 +273,16 @@ static bool step(nr_h2_server_t *h, h2sb_t *sb) {
   }
   nr_http_body_t b = {NR_MSG_HTTP_BODY, sb->ended, n ? nr_buf_peek(&sb->pending) : "",
                       n, sb->trl, sb->ended ? sb->ntrl : 0, sb->token, sb->id};
-  h2s_t *cur = h->cur;
-  if (sb->s != NULL && sb->s->st == S_OWED)
-    h->cur = sb->s;            /* an answer written now is this stream's */
-  nr_ctx_fire_read_tokened(h->ctx, &b, b.token, false);
-  h->cur = cur;
+  if (sb->sink != NULL) {
+    if (!sb->sink->piece(sb->sink, &b) && !b.last && sb->sink != NULL)
+      sb->paused = true;       /* until nr_h2_server_resume_sink */
+  } else {
+    h2s_t *cur = h->cur;
+    if (sb->s != NULL && sb->s->st == S_OWED)
+      h->cur = sb->s;          /* an answer written now is this stream's */
+    nr_ctx_fire_read_tokened(h->ctx, &b, b.token, false);
+    h->cur = cur;
+  }
   if (b.last) {
     body_free(h, sb);
   } else {
@@ -348,12 +393,25 @@ static void sink_changed(nr_chwatch_t *w, nr_channel_t *ch) {
   nr__h2_bodies_later(sb->h);
 }
 
-int nr_h2_server_read_body(nr_h2_server_t *h, uint64_t token,
-                           nr_channel_t *sink) {
+/* The body of request `token` still to be read by someone, or NULL. */
+static h2sb_t *body_of(nr_h2_server_t *h, uint64_t token) {
   h2sb_t *sb = h->bodies_head;
   while (sb != NULL && !(sb->delivered && sb->token == token && !sb->cut))
     sb = sb->next;
-  if (sb == NULL || h->dead)
+  return sb == NULL || h->dead || sb->sink != NULL || sb->dropped ? NULL : sb;
+}
+
+static h2sb_t *body_of_sink(nr_h2_server_t *h, const nr_http_sink_t *k) {
+  h2sb_t *sb = h->bodies_head;
+  while (sb != NULL && sb->sink != k)
+    sb = sb->next;
+  return sb;
+}
+
+int nr_h2_server_read_body(nr_h2_server_t *h, uint64_t token,
+                           nr_channel_t *sink) {
+  h2sb_t *sb = body_of(h, token);
+  if (sb == NULL)
     return -ENOENT;
   if (sink != NULL && sink != sb->watch.ch) {
     nr_channel_unwatch(&sb->watch);
@@ -370,13 +428,53 @@ int nr_h2_server_read_body(nr_h2_server_t *h, uint64_t token,
 void nr_h2_server_read(nr_h2_server_t *h) {
   bool any = false;
   for (h2sb_t *sb = h->bodies_head; sb != NULL; sb = sb->next)
-    if (sb->delivered && sb->state == B_WAIT) {
+    if (sb->delivered && sb->state == B_WAIT && !sb->dropped) {
       sb->state = B_FLOW;
       sb->since = nr_now();
       any = true;
     }
   if (any)
     nr__h2_bodies_later(h);
+}
+
+/* ---- claimed by a C sink (a forwarder, nr_http_sink_t) --------------------------- */
+
+/* The sink takes the pieces as they are handed up; the stream's window
+ * goes back as it takes them, and not while it says stop (piece returned
+ * false) until it resumes: what the stream holds stays within its window
+ * whatever the sink's pace, the other streams going on. */
+int nr_h2_server_claim_body(nr_h2_server_t *h, uint64_t token,
+                            nr_http_sink_t *k) {
+  h2sb_t *sb = body_of(h, token);
+  if (sb == NULL || sb->state != B_WAIT)
+    return -ENOENT;            /* (read by the handlers already) */
+  sb->sink = k;
+  sb->paused = false;
+  sb->state = B_FLOW;
+  sb->since = nr_now();
+  nr__h2_bodies_later(h);
+  return 0;
+}
+
+void nr_h2_server_resume_sink(nr_h2_server_t *h, nr_http_sink_t *k) {
+  h2sb_t *sb = body_of_sink(h, k);
+  if (sb != NULL && sb->paused) {
+    sb->paused = false;
+    nr__h2_bodies_later(h);
+  }
+}
+
+/* k lets go before the body ended: the rest is read by nobody, and the
+ * stream is refused (RST_STREAM NO_ERROR) once its answer ended, as a
+ * body nobody read (HTTP/1.1 closes the connection after the answer). */
+void nr_h2_server_drop_sink(nr_h2_server_t *h, nr_http_sink_t *k) {
+  h2sb_t *sb = body_of_sink(h, k);
+  if (sb == NULL)
+    return;
+  sb->sink = NULL;
+  sb->paused = false;
+  sb->dropped = sb->quiet = true;
+  sb->state = B_WAIT;          /* (refused as its END_STREAM goes out) */
 }
 
 /* An answer's END_STREAM went out on s: a body nobody read is refused

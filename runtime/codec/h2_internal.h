@@ -265,8 +265,9 @@ void nr__h2_body_data(nr_h2_server_t *h, h2s_t *s, const uint8_t *d,
 void nr__h2_body_end(nr_h2_server_t *h, h2s_t *s);
 /* s's record goes (nghttp2 closed the stream, or the session ends). */
 void nr__h2_body_detach(nr_h2_server_t *h, h2s_t *s);
-/* s was delivered with token: its body may be read from now on. */
-void nr__h2_body_delivered(h2s_t *s);
+/* s was delivered with token: its body may be read from now on; r gets
+ * the body's framing (content_length, else chunked) for a forwarder. */
+void nr__h2_body_delivered(h2s_t *s, nr_http_request_t *r);
 /* Hand up what may go (outside nghttp2, inside the codec's inbound
  * enter/leave); give back windows. */
 void nr__h2_bodies_go(nr_h2_server_t *h);

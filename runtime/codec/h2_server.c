@@ -569,7 +569,7 @@ static __attribute__((noinline)) void deliver(nr_h2_server_t *h, h2s_t *s) {
   s->counted = true;
   s->token = ++h->delivered;
   if (s->sb != NULL) {         /* its body follows (h2_body.c) */
-    nr__h2_body_delivered(s);
+    nr__h2_body_delivered(s, &req);
     req.streaming = true;
     req.body = NULL;
     req.ntrailers = 0;

@@ -347,15 +347,17 @@ int nr_http_server_read(nr_ctx_t *ctx);
  * (req->codec) to k from now on, and reads it (as nr_http_server_read):
  * 0, or -ENOENT when that request has no body waiting (answered, gone,
  * read by a handler already). drop_sink: k lets go before the body ended
- * -- the rest is not read; the connection closes after the answer.
- * resume_body: k, which paused, takes more. read_body: the handlers read
- * the body of `token`, and the codec reads no faster than `sink` (a
- * channel on this loop, or NULL) takes what they write to it: while it is
- * unwritable the codec reads nothing (Lua's req:sink(ch)); 0 or
- * -ENOENT. */
+ * -- the rest is not read; the connection closes after the answer (an
+ * HTTP/2 stream is refused after it, RST_STREAM NO_ERROR). resume_body:
+ * k, which paused, takes more. An HTTP/2 request's body is claimed the
+ * same way, its stream's window given back only as k takes the pieces.
+ * read_body: the handlers read the body of `token`, and the codec reads
+ * no faster than `sink` (a channel on this loop, or NULL) takes what they
+ * write to it: while it is unwritable the codec reads nothing (Lua's
+ * req:sink(ch)); 0 or -ENOENT. */
 int nr_http_server_claim_body(nr_ctx_t *ctx, uint64_t token, nr_http_sink_t *k);
 void nr_http_server_drop_sink(nr_ctx_t *ctx, nr_http_sink_t *k);
-void nr_http_server_resume_body(nr_ctx_t *ctx);
+void nr_http_server_resume_body(nr_ctx_t *ctx, nr_http_sink_t *k);
 int nr_http_server_read_body(nr_ctx_t *ctx, uint64_t token, nr_channel_t *sink);
 
 /* Responses by status (http_stats.c), for the metrics. Each thread counts

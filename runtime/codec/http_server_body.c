@@ -232,6 +232,8 @@ int nr_http_server_read(nr_ctx_t *ctx) {
 
 int nr_http_server_claim_body(nr_ctx_t *ctx, uint64_t token, nr_http_sink_t *k) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->h2 != NULL)
+    return s->closing ? -ENOENT : nr_h2_server_claim_body(s->h2, token, k);
   if (s->body != B_WAIT || s->body_token != token || s->closing)
     return -ENOENT;
   s->sink = k;
@@ -241,6 +243,10 @@ int nr_http_server_claim_body(nr_ctx_t *ctx, uint64_t token, nr_http_sink_t *k) 
 
 void nr_http_server_drop_sink(nr_ctx_t *ctx, nr_http_sink_t *k) {
   nr_http_server_t *s = nr_ctx_state(ctx);
+  if (s->h2 != NULL) {
+    nr_h2_server_drop_sink(s->h2, k);
+    return;
+  }
   if (s->sink != k || s->body == B_NONE)
     return;
   body_over(s, false);         /* (F_BODY stays: the answer closes) */
@@ -248,9 +254,11 @@ void nr_http_server_drop_sink(nr_ctx_t *ctx, nr_http_sink_t *k) {
   body_hold(s, true);
 }
 
-void nr_http_server_resume_body(nr_ctx_t *ctx) {
+void nr_http_server_resume_body(nr_ctx_t *ctx, nr_http_sink_t *k) {
   nr_http_server_t *s = nr_ctx_state(ctx);
-  if (s->body == B_PAUSED)
+  if (s->h2 != NULL)
+    nr_h2_server_resume_sink(s->h2, k);
+  else if (s->body == B_PAUSED && s->sink == k)
     body_go(s);
 }
 

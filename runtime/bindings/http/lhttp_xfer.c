@@ -75,6 +75,8 @@ struct hxfer {
   bool dead;                  /* ended while a call ran: freed by the last */
   bool upgrade;               /* the request asks to switch protocols */
   bool tunnel;                /* ... and the backend agreed: a tunnel now */
+  bool h2;                    /* the body is an HTTP/2 stream's */
+  bool cut;                   /* ... which the client reset (or the codec) */
 };
 
 static hxfer_t *of_sink(nr_http_sink_t *k) { return (hxfer_t *)k; }
@@ -186,12 +188,18 @@ static bool send_piece(hxfer_t *x, nr_ctx_t *out, const nr_http_body_t *b) {
 
 /* The client's body will not come whole: the backend, which has a part
  * of it, cannot be reused; the client's connection is the codec's to end
- * (it answers 400/408/413 itself, or closes). */
+ * (it answers 400/408/413 itself, or closes). An HTTP/2 stream's body was
+ * cut with its stream, the connection's other streams going on: nothing
+ * answered yet, cb(nil, err) -- the answer written for it is dropped, and
+ * the next stream's is not taken for it; a streamed answer under way is
+ * ended (dropped too), and cb(false). */
 static void body_abort(nr_http_sink_t *k, const char *why) {
   hxfer_t *x = of_sink(k);
   x->claimed = false;
   x->keep = false;
-  lnr_pool_xfer_gone(x->q);
+  x->cut = x->h2;
+  if (!x->h2 || x->head_sent)
+    lnr_pool_xfer_gone(x->q);
   lnr_pool_xfer_end(x->q, false, why);
 }
 
@@ -200,7 +208,7 @@ void lnr_xfer_writable(hxfer_t *x) {
   if (x->body_paused && x->claimed && ch != NULL && nr_channel_is_writable(ch) &&
       !nr_ctx_is_removed(x->codec)) {
     x->body_paused = false;
-    nr_http_server_resume_body(x->codec);
+    nr_http_server_resume_body(x->codec, &x->sink);
   }
 }
 
@@ -384,7 +392,11 @@ void lnr_xfer_free(hxfer_t *x, const char *err, bool reuse) {
   if (x->claimed && !nr_ctx_is_removed(x->codec))
     nr_http_server_drop_sink(x->codec, &x->sink);
   nr_channel_unwatch(&x->cwatch);
-  if (err != NULL && x->head_sent && !x->tunnel) {
+  if (err != NULL && x->head_sent && x->cut && !x->resp_done &&
+      nr_channel_is_open(nr_ctx_channel(x->cctx))) {
+    nr_ctx_write_and_flush(x->cctx, &NR_BYTES("", 0), NULL);  /* (its
+                                  stream is reset: the end frees it) */
+  } else if (err != NULL && x->head_sent && !x->tunnel) {
     if (x->q != NULL && !x->q->gone)
       x->q->gone = x->q->cut = true;   /* cb(false, err, true), not nil */
     close_client(x);           /* its response cannot be completed */
@@ -436,6 +448,9 @@ hxfer_t *lnr_xfer_new(lua_State *L, int req, int ctx, size_t buffer) {
     x->codec = nr_ctx_retain(b.codec);
     x->token = b.token;
     x->chunked = b.chunked;
+    lua_getfield(L, req, "stream");   /* (its HTTP/2 stream, or nil) */
+    x->h2 = lua_toboolean(L, -1);
+    lua_pop(L, 1);
   }
   nr_channel_watch(nr_ctx_channel(cctx), &x->cwatch);
   return x;
