@@ -8,6 +8,7 @@
 # master+worker summed), median of RUNS after a 2 s warm-up, the proxies
 # taking turns run by run. Prints a markdown table.
 #   bash bench/run_proxy.sh [DURATION_S] [RUNS]
+#   PROXY_ARGS="--body whole" bash bench/run_proxy.sh ...   (proxy.lua's flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
@@ -43,7 +44,7 @@ names=("netrun examples/proxy.lua" "nginx proxy_pass (upstream keepalive 64)")
 ports=(18191 18192)
 declare -A procs
 taskset -c 0 build/http-bench/bin/netrun examples/proxy.lua --port 18191 --threads 1 \
-  --backend 127.0.0.1:$BACKEND >/dev/null 2>&1 &
+  --backend 127.0.0.1:$BACKEND ${PROXY_ARGS:-} >/dev/null 2>&1 &
 pids+=($!); procs[0]=$!
 taskset -c 0 nginx -p "$work/nginx" -c nginx.conf 2>"$work/nginx/err.log" &
 pids+=($!)
